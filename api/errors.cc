@@ -1,0 +1,52 @@
+// Status → HTTP mapping.
+#include "api/errors.h"
+
+namespace hr::api {
+
+int http_status_for(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return 200;
+    case StatusCode::kInvalidArgument: return 400;
+    case StatusCode::kUnauthenticated: return 401;
+    case StatusCode::kNotFound: return 404;
+    case StatusCode::kConflict: return 409;
+    case StatusCode::kFailedPrecondition: return 409;
+    case StatusCode::kTooLarge: return 413;
+    case StatusCode::kResourceExhausted: return 429;
+    case StatusCode::kUnavailable: return 503;
+    case StatusCode::kDeadlineExceeded: return 504;
+    case StatusCode::kCancelled: return 499;
+    case StatusCode::kInternal: return 500;
+  }
+  return 500;
+}
+
+int error_code_for(StatusCode code) {
+  switch (code) {
+    case StatusCode::kInvalidArgument: return 1001;
+    case StatusCode::kUnauthenticated: return 1002;
+    case StatusCode::kNotFound: return 1004;
+    case StatusCode::kConflict: return 1009;
+    case StatusCode::kFailedPrecondition: return 1010;
+    case StatusCode::kTooLarge: return 1013;
+    case StatusCode::kResourceExhausted: return 3040;
+    case StatusCode::kUnavailable: return 1503;
+    case StatusCode::kDeadlineExceeded: return 1504;
+    case StatusCode::kCancelled: return 1499;
+    case StatusCode::kInternal: return 1500;
+    case StatusCode::kOk: return 0;
+  }
+  return 1500;
+}
+
+nlohmann::json error_body(const Status& status, std::optional<int> index) {
+  nlohmann::json err = {{"code", error_code_for(status.code())},
+                        {"type", status_code_name(status.code())},
+                        {"message", status.message()}};
+  if (!status.field().empty()) err["field"] = status.field();
+  if (index) err["index"] = *index;
+  return {{"success", false}, {"errors", nlohmann::json::array({err})},
+          {"messages", nlohmann::json::array()}, {"result", nullptr}};
+}
+
+}  // namespace hr::api

@@ -1,0 +1,19 @@
+// The one place where a Status becomes an HTTP status and a JSON error body:
+//   {"success": false, "errors": [{"code": 1001, "message": "...", "field": "...", "index": 3}],
+//    "messages": [], "result": null}
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+
+#include "base/status.h"
+
+namespace hr::api {
+
+int http_status_for(StatusCode code);
+// Stable numeric error codes for clients (3040 is Workers AI's "Out of capacity").
+int error_code_for(StatusCode code);
+nlohmann::json error_body(const Status& status, std::optional<int> index = std::nullopt);
+
+}  // namespace hr::api

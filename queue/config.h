@@ -1,0 +1,21 @@
+// Where the shared state lives: the Postgres and Redis URLs every process needs. Filled from
+// --database-url / HEADROOM_DATABASE_URL and --redis-url / HEADROOM_REDIS_URL (or a config file).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "base/status.h"
+
+namespace hr::queue {
+
+struct StoreConfig {
+  std::string database_url = "postgresql://headroom@127.0.0.1:5432/headroom";
+  std::string redis_url = "redis://127.0.0.1:6379/0";
+
+  void bind(CLI::App& app, bool with_redis = true);
+  [[nodiscard]] Status validate() const;
+};
+
+}  // namespace hr::queue

@@ -1,0 +1,33 @@
+// Postgres connection and error mapping.
+#include "queue/pg.h"
+
+namespace hr::queue {
+
+Result<std::unique_ptr<pqxx::connection>> pg_connect(const std::string& url) {
+  try {
+    return std::make_unique<pqxx::connection>(url);
+  } catch (const std::exception& e) {
+    return pg_error(e, "connect");
+  }
+}
+
+Status pg_error(const std::exception& e, std::string_view op) {
+  std::string what = e.what();
+  while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
+  std::string msg = "postgres " + std::string(op) + ": " + what;
+  if (dynamic_cast<const pqxx::broken_connection*>(&e) != nullptr ||
+      dynamic_cast<const pqxx::in_doubt_error*>(&e) != nullptr) {
+    return Status(StatusCode::kUnavailable, msg);
+  }
+  if (auto* sql = dynamic_cast<const pqxx::sql_error*>(&e)) {
+    const std::string& state = sql->sqlstate();
+    // Class 08 (connection exception), 57P (operator intervention, e.g. shutdown), 53 (resources).
+    if (state.rfind("08", 0) == 0 || state.rfind("57P", 0) == 0 || state.rfind("53", 0) == 0) {
+      return Status(StatusCode::kUnavailable, msg);
+    }
+    if (state == "40001" || state == "40P01") return Status(StatusCode::kConflict, msg);
+  }
+  return Status(StatusCode::kInternal, msg);
+}
+
+}  // namespace hr::queue

@@ -1,0 +1,30 @@
+#include "api/errors.h"
+
+#include <gtest/gtest.h>
+
+namespace hr::api {
+namespace {
+
+TEST(ErrorsTest, StatusesMapToDocumentedHttpCodes) {
+  EXPECT_EQ(http_status_for(StatusCode::kInvalidArgument), 400);
+  EXPECT_EQ(http_status_for(StatusCode::kUnauthenticated), 401);
+  EXPECT_EQ(http_status_for(StatusCode::kNotFound), 404);
+  EXPECT_EQ(http_status_for(StatusCode::kConflict), 409);
+  EXPECT_EQ(http_status_for(StatusCode::kTooLarge), 413);
+  EXPECT_EQ(http_status_for(StatusCode::kResourceExhausted), 429);
+  EXPECT_EQ(http_status_for(StatusCode::kUnavailable), 503);
+}
+
+TEST(ErrorsTest, BodyNamesFieldAndIndex) {
+  auto body = error_body(invalid_argument("role must be one of ...", "messages[0].role"), 7);
+  EXPECT_EQ(body["success"], false);
+  ASSERT_EQ(body["errors"].size(), 1u);
+  EXPECT_EQ(body["errors"][0]["field"], "messages[0].role");
+  EXPECT_EQ(body["errors"][0]["index"], 7);
+  EXPECT_EQ(body["errors"][0]["code"], 1001);
+  EXPECT_EQ(error_body(Status(StatusCode::kResourceExhausted, "Out of capacity"))["errors"][0]["code"],
+            3040);
+}
+
+}  // namespace
+}  // namespace hr::api

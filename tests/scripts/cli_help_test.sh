@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Every subcommand's --help lists its options (with their HEADROOM_* environment names).
+set -euo pipefail
+bin=$1
+fail=0
+check() {  # check "<args>" "<expected substring>"
+  local out
+  out=$("$bin" $1 2>&1) || true
+  if ! grep -qF -- "$2" <<<"$out"; then
+    echo "FAIL: '$bin $1' does not mention '$2'"; echo "$out" | head -20; fail=1
+  fi
+}
+check "--help" "migrate"
+check "--help" "--log-format"
+for cmd in serve api worker dispatcher migrate; do
+  check "$cmd --help" "--database-url"
+  check "$cmd --help" "HEADROOM_DATABASE_URL"
+done
+check "worker --help" "--max-utilization"
+check "serve --help" "--model"
+check "version --help" "Usage"
+# A bad option value is a clear error, not a crash.
+out=$("$bin" --log-format xml version 2>&1) && { echo "FAIL: bad --log-format accepted"; fail=1; }
+grep -q "log-format" <<<"$out" || { echo "FAIL: error does not name log-format: $out"; fail=1; }
+out=$("$bin" migrate --database-url mysql://x 2>&1) && { echo "FAIL: bad URL accepted"; fail=1; }
+grep -q "database-url" <<<"$out" || { echo "FAIL: error does not name database-url: $out"; fail=1; }
+[ $fail -eq 0 ] && echo "cli_help: ok"
+exit $fail

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# scripts/services.sh runs two independent stacks side by side: separate ports and data; writing
+# to one is invisible in the other; stopping one leaves the other running.
+set -euo pipefail
+services=$1
+a=$(mktemp -d /tmp/hr-stack-a.XXXXXX); b=$(mktemp -d /tmp/hr-stack-b.XXXXXX)
+chmod 755 "$a" "$b"
+cleanup() { "$services" stop "$a" >/dev/null 2>&1 || true; "$services" stop "$b" >/dev/null 2>&1 || true; rm -rf "$a" "$b"; }
+trap cleanup EXIT
+PG_PORT= REDIS_PORT= "$services" start "$a"
+PG_PORT= REDIS_PORT= "$services" start "$b"
+url() { (source "$1/env"; eval echo "\$$2"); }
+pa=$(url "$a" HEADROOM_DATABASE_URL); pb=$(url "$b" HEADROOM_DATABASE_URL)
+ra=$(url "$a" HEADROOM_REDIS_URL); rb=$(url "$b" HEADROOM_REDIS_URL)
+[ "$pa" != "$pb" ] || { echo "FAIL: same Postgres URL $pa"; exit 1; }
+[ "$ra" != "$rb" ] || { echo "FAIL: same Redis URL $ra"; exit 1; }
+psql -q "$pa" -c "CREATE TABLE only_in_a (x int)"
+redis-cli -u "$ra" set only_in_a 1 >/dev/null
+[ "$(psql -tA "$pb" -c "SELECT count(*) FROM pg_tables WHERE tablename = 'only_in_a'")" = "0" ] \
+  || { echo "FAIL: table leaked into stack b"; exit 1; }
+[ "$(redis-cli -u "$rb" exists only_in_a)" = "0" ] || { echo "FAIL: key leaked into stack b"; exit 1; }
+[ "$(redis-cli -u "$ra" config get appendonly | tail -1)" = "yes" ] || { echo "FAIL: appendonly"; exit 1; }
+[ "$(redis-cli -u "$ra" config get maxmemory-policy | tail -1)" = "noeviction" ] || { echo "FAIL: policy"; exit 1; }
+[ "$(psql -tA "$pa" -c "SHOW fsync")" = "on" ] || { echo "FAIL: fsync off"; exit 1; }
+"$services" stop "$a" >/dev/null
+if "$services" status "$a" >/dev/null; then echo "FAIL: stack a still running"; exit 1; fi
+"$services" status "$b" >/dev/null || { echo "FAIL: stopping a stopped b"; exit 1; }
+# A restart keeps the same ports and data.
+"$services" start "$a" >/dev/null
+[ "$(url "$a" HEADROOM_DATABASE_URL)" = "$pa" ] || { echo "FAIL: port changed on restart"; exit 1; }
+[ "$(psql -tA "$pa" -c "SELECT count(*) FROM pg_tables WHERE tablename = 'only_in_a'")" = "1" ] \
+  || { echo "FAIL: data lost on restart"; exit 1; }
+echo "services_two_stacks: ok"

@@ -1,0 +1,149 @@
+// headroom: one binary, several roles. Parses the command line (flags > HEADROOM_* environment >
+// config file), sets up logging and runs the chosen subcommand.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <string>
+
+#include "base/cli.h"
+#include "base/log.h"
+#include "engine/device.h"
+#include "queue/config.h"
+#include "queue/migrate.h"
+#include "workers/worker_config.h"
+
+namespace {
+
+struct GlobalConfig {
+  std::string config_file;
+  std::string log_level = "info";
+  std::string log_format = "text";
+};
+
+struct MigrateCommand {
+  hr::queue::StoreConfig store;
+  std::string migrations_dir;
+};
+
+int run_migrate(const MigrateCommand& cmd) {
+  std::vector<hr::queue::Migration> files;
+  if (cmd.migrations_dir.empty()) {
+    files = hr::queue::bundled_migrations();
+  } else {
+    auto loaded = hr::queue::load_migrations_dir(cmd.migrations_dir);
+    if (!loaded.is_ok()) {
+      hr::log::error("migrate.failed", {{"error", loaded.status()}});
+      return 1;
+    }
+    files = std::move(loaded).value();
+  }
+  auto report = hr::queue::migrate(cmd.store.database_url, files);
+  if (!report.is_ok()) {
+    hr::log::error("migrate.failed", {{"error", report.status()}});
+    return 1;
+  }
+  hr::log::info("migrate.done", {{"applied", static_cast<int64_t>(report->applied.size())},
+                                 {"already_applied", report->num_already_applied}});
+  return 0;
+}
+
+int run_version() {
+  std::printf("headroom %s\n", HEADROOM_VERSION);
+  std::printf("cuda backend: %s\n", hr::engine::cuda_compiled() ? "compiled" : "not compiled");
+  for (const auto& gpu : hr::engine::list_gpus()) {
+    std::printf("gpu %d: %s (sm_%d%d, %zu MiB)\n", gpu.index, gpu.name.c_str(), gpu.compute_major,
+                gpu.compute_minor, gpu.total_memory_bytes >> 20);
+  }
+  return 0;
+}
+
+int not_yet(const char* name) {
+  hr::log::error("command.unavailable",
+                 {{"command", name}, {"reason", "this role is not part of this build yet"}});
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Headroom: asynchronous (flex) LLM inference", "headroom"};
+  app.require_subcommand(1);
+  GlobalConfig global;
+  hr::cli::add(app, "--config", global.config_file,
+               "Config file of key = value lines, [subcommand] sections allowed");
+  hr::cli::add(app, "--log-level", global.log_level, "debug, info, warn or error");
+  hr::cli::add(app, "--log-format", global.log_format, "text (key=value) or json");
+
+  MigrateCommand migrate;
+  CLI::App* migrate_cmd = app.add_subcommand("migrate", "Apply database migrations in order");
+  migrate.store.bind(*migrate_cmd, /*with_redis=*/false);
+  hr::cli::add(*migrate_cmd, "--migrations-dir", migrate.migrations_dir,
+               "Read NNNN_name.sql files from this folder instead of the built-in ones");
+
+  CLI::App* version_cmd = app.add_subcommand("version", "Print the version and the devices");
+
+  hr::queue::StoreConfig serve_store;
+  hr::workers::WorkerConfig serve_worker;
+  CLI::App* serve_cmd =
+      app.add_subcommand("serve", "API + worker + dispatcher in one process for one machine");
+  serve_store.bind(*serve_cmd);
+  serve_worker.bind(*serve_cmd);
+
+  hr::queue::StoreConfig api_store;
+  CLI::App* api_cmd = app.add_subcommand("api", "Stateless HTTP front");
+  api_store.bind(*api_cmd);
+
+  hr::queue::StoreConfig worker_store;
+  hr::workers::WorkerConfig worker;
+  CLI::App* worker_cmd = app.add_subcommand("worker", "Host one engine instance");
+  worker_store.bind(*worker_cmd);
+  worker.bind(*worker_cmd);
+
+  hr::queue::StoreConfig dispatcher_store;
+  CLI::App* dispatcher_cmd =
+      app.add_subcommand("dispatcher", "Postgres→Redis relay, lease janitor, webhook delivery");
+  dispatcher_store.bind(*dispatcher_cmd);
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (!global.config_file.empty()) {
+    auto file = hr::cli::read_config_file(global.config_file);
+    hr::Status st = file.is_ok() ? hr::cli::apply_config_file(app, *file) : file.status();
+    if (!st.is_ok()) {
+      std::fprintf(stderr, "headroom: %s\n", st.to_string().c_str());
+      return 2;
+    }
+  }
+  auto level = hr::log::parse_level(global.log_level);
+  auto format = hr::log::parse_format(global.log_format);
+  if (!level.is_ok() || !format.is_ok()) {
+    std::fprintf(stderr, "headroom: %s\n",
+                 (!level.is_ok() ? level.status() : format.status()).to_string().c_str());
+    return 2;
+  }
+  hr::log::set_level(*level);
+  hr::log::set_format(*format);
+
+  auto validate = [](const hr::Status& st) {
+    if (st.is_ok()) return true;
+    std::fprintf(stderr, "headroom: %s\n", st.to_string().c_str());
+    return false;
+  };
+  if (migrate_cmd->parsed()) {
+    return validate(migrate.store.validate()) ? run_migrate(migrate) : 2;
+  }
+  if (version_cmd->parsed()) return run_version();
+  if (serve_cmd->parsed()) {
+    if (!validate(serve_store.validate()) || !validate(serve_worker.validate())) return 2;
+    return not_yet("serve");
+  }
+  if (api_cmd->parsed()) return validate(api_store.validate()) ? not_yet("api") : 2;
+  if (worker_cmd->parsed()) {
+    if (!validate(worker_store.validate()) || !validate(worker.validate())) return 2;
+    return not_yet("worker");
+  }
+  if (dispatcher_cmd->parsed()) {
+    return validate(dispatcher_store.validate()) ? not_yet("dispatcher") : 2;
+  }
+  return 2;
+}

@@ -1,0 +1,33 @@
+// WorkerConfig flags and validation.
+#include "workers/worker_config.h"
+
+#include "base/cli.h"
+
+namespace hr::workers {
+
+void WorkerConfig::bind(CLI::App& app) {
+  cli::add(app, "--model", model_dir, "Hugging Face model folder to serve");
+  cli::add(app, "--name", model_name, "Model name clients use (e.g. @hr/tiny-reverse)");
+  cli::add(app, "--worker-name", worker_name, "Worker identity in leases (default host:pid)");
+  cli::add(app, "--lease-seconds", lease_seconds, "Lease length for async requests");
+  cli::add(app, "--heartbeat-ms", heartbeat_ms, "Registration heartbeat period");
+  cli::add(app, "--reserve-slots", reserve_slots, "Sequence slots kept free for sync bursts");
+  cli::add(app, "--max-utilization", max_utilization,
+           "Stop pulling async work above this busy fraction (0..1)");
+  cli::add(app, "--drain-seconds", drain_seconds, "On SIGTERM, time to finish or release leases");
+}
+
+Status WorkerConfig::validate() const {
+  if (model_dir.empty()) return invalid_argument("--model must name a folder", "model");
+  if (model_name.empty()) return invalid_argument("--name must not be empty", "name");
+  if (lease_seconds < 2) return invalid_argument("--lease-seconds must be at least 2", "lease-seconds");
+  if (heartbeat_ms < 50) return invalid_argument("--heartbeat-ms must be at least 50", "heartbeat-ms");
+  if (reserve_slots < 0) return invalid_argument("--reserve-slots must be >= 0", "reserve-slots");
+  if (max_utilization <= 0 || max_utilization > 1) {
+    return invalid_argument("--max-utilization must be in (0, 1]", "max-utilization");
+  }
+  if (drain_seconds < 0) return invalid_argument("--drain-seconds must be >= 0", "drain-seconds");
+  return Status::ok();
+}
+
+}  // namespace hr::workers

@@ -1,0 +1,27 @@
+// Configuration of one worker process: which model it hosts and under what name, and the
+// thresholds that decide how much async work it pulls.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "base/status.h"
+
+namespace hr::workers {
+
+struct WorkerConfig {
+  std::string model_dir = "models/tiny-reverse";  // Hugging Face folder
+  std::string model_name = "@hr/tiny-reverse";    // the name clients use
+  std::string worker_name;                        // default: host:pid
+  int lease_seconds = 30;
+  int heartbeat_ms = 1000;
+  int reserve_slots = 2;             // sequence slots always kept free for sync bursts
+  double max_utilization = 0.95;     // stop pulling above this busy fraction
+  int drain_seconds = 30;            // SIGTERM: time to finish or release leases
+
+  void bind(CLI::App& app);
+  [[nodiscard]] Status validate() const;
+};
+
+}  // namespace hr::workers
