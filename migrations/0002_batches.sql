@@ -54,7 +54,8 @@ CREATE TABLE requests (
   body              text NOT NULL,               -- the normalized request, JSON
   status            text NOT NULL DEFAULT 'queued' CHECK (status IN ('queued', 'running',
                       'completed', 'failed', 'cancelled', 'expired')),
-  attempt           integer NOT NULL DEFAULT 0,  -- fences late writes from stale leases
+  attempt           integer NOT NULL DEFAULT 0,  -- leases taken; fences late writes from stale ones
+  num_failures      integer NOT NULL DEFAULT 0,  -- failed attempts and expired leases
   lease_owner       text,
   lease_expires_at  timestamptz,
   result            text,                        -- JSON
@@ -80,6 +81,13 @@ CREATE TABLE outbox (
   processed_at  timestamptz
 );
 CREATE INDEX outbox_pending_idx ON outbox (id) WHERE processed_at IS NULL;
+
+-- What the dispatchers last saw of Redis (its run id and epoch marker), to notice a Redis that
+-- restarted or lost its data and must be refilled from Postgres.
+CREATE TABLE redis_state (
+  key    text PRIMARY KEY,
+  value  text NOT NULL
+);
 
 CREATE TABLE files (
   id          uuid PRIMARY KEY,

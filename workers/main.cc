@@ -10,6 +10,7 @@
 #include "engine/device.h"
 #include "queue/config.h"
 #include "queue/migrate.h"
+#include "workers/roles.h"
 #include "workers/worker_config.h"
 
 namespace {
@@ -82,16 +83,21 @@ int main(int argc, char** argv) {
 
   CLI::App* version_cmd = app.add_subcommand("version", "Print the version and the devices");
 
-  hr::queue::StoreConfig serve_store;
-  hr::workers::WorkerConfig serve_worker;
+  hr::workers::ServeConfig serve;
   CLI::App* serve_cmd =
       app.add_subcommand("serve", "API + worker + dispatcher in one process for one machine");
-  serve_store.bind(*serve_cmd);
-  serve_worker.bind(*serve_cmd);
+  serve.store.bind(*serve_cmd);
+  serve.api.bind(*serve_cmd);
+  serve.worker.bind(*serve_cmd);
+  hr::cli::add(*serve_cmd, "--api-key", serve.api_key,
+               "Key for the default account (HEADROOM_API_KEY); a new one is printed when unset");
+  hr::cli::add(*serve_cmd, "--account", serve.account, "Name of the default account");
 
   hr::queue::StoreConfig api_store;
+  hr::api::ApiConfig api_config;
   CLI::App* api_cmd = app.add_subcommand("api", "Stateless HTTP front");
   api_store.bind(*api_cmd);
+  api_config.bind(*api_cmd);
 
   hr::queue::StoreConfig worker_store;
   hr::workers::WorkerConfig worker;
@@ -100,9 +106,24 @@ int main(int argc, char** argv) {
   worker.bind(*worker_cmd);
 
   hr::queue::StoreConfig dispatcher_store;
+  hr::queue::DispatcherOptions dispatcher;
   CLI::App* dispatcher_cmd =
       app.add_subcommand("dispatcher", "Postgres→Redis relay, lease janitor, webhook delivery");
   dispatcher_store.bind(*dispatcher_cmd);
+  hr::cli::add(*dispatcher_cmd, "--dispatcher-name", dispatcher.name,
+               "Name used when reclaiming stream entries");
+  hr::cli::add(*dispatcher_cmd, "--max-attempts", dispatcher.max_attempts,
+               "Expired leases before a request ends failed");
+  hr::cli::add(*dispatcher_cmd, "--reclaim-idle-ms", dispatcher.reclaim_idle_ms,
+               "Pending stream entries idle this long are reclaimed");
+
+  hr::queue::StoreConfig keys_store;
+  std::string key_account;
+  CLI::App* keys_cmd = app.add_subcommand("keys", "Manage API keys");
+  keys_cmd->require_subcommand(1);
+  CLI::App* keys_create = keys_cmd->add_subcommand("create", "Create a key and print it once");
+  keys_store.bind(*keys_create, /*with_redis=*/false);
+  keys_create->add_option("--account", key_account, "Account name (created if new)")->required();
 
   CLI11_PARSE(app, argc, argv);
 
@@ -134,16 +155,27 @@ int main(int argc, char** argv) {
   }
   if (version_cmd->parsed()) return run_version();
   if (serve_cmd->parsed()) {
-    if (!validate(serve_store.validate()) || !validate(serve_worker.validate())) return 2;
-    return not_yet("serve");
+    if (!validate(serve.store.validate()) || !validate(serve.api.validate()) ||
+        !validate(serve.worker.validate())) {
+      return 2;
+    }
+    return hr::workers::run_serve(serve);
   }
-  if (api_cmd->parsed()) return validate(api_store.validate()) ? not_yet("api") : 2;
+  if (api_cmd->parsed()) {
+    if (!validate(api_store.validate()) || !validate(api_config.validate())) return 2;
+    return hr::workers::run_api(api_config, api_store);
+  }
   if (worker_cmd->parsed()) {
     if (!validate(worker_store.validate()) || !validate(worker.validate())) return 2;
     return not_yet("worker");
   }
   if (dispatcher_cmd->parsed()) {
-    return validate(dispatcher_store.validate()) ? not_yet("dispatcher") : 2;
+    if (!validate(dispatcher_store.validate())) return 2;
+    return hr::workers::run_dispatcher(dispatcher_store, dispatcher);
+  }
+  if (keys_create->parsed()) {
+    return validate(keys_store.validate()) ? hr::workers::run_keys_create(keys_store, key_account)
+                                           : 2;
   }
   return 2;
 }

@@ -1,0 +1,508 @@
+// Routes and handlers of the async API.
+#include "api/async_api.h"
+
+#include <pqxx/pqxx>
+
+#include <map>
+#include <unordered_set>
+
+#include "api/errors.h"
+#include "base/cli.h"
+#include "base/clock.h"
+#include "base/hash.h"
+#include "base/ids.h"
+#include "base/log.h"
+#include "base/url.h"
+#include "queue/pg.h"
+#include "queue/redis.h"
+#include "queue/store.h"
+
+namespace hr::api {
+
+namespace http = boost::beast::http;
+using nlohmann::json;
+
+void ApiConfig::bind(CLI::App& app) {
+  cli::add(app, "--host", host, "Address to listen on");
+  cli::add(app, "--port", port, "HTTP port to listen on (0: any free port)");
+  cli::add(app, "--io-threads", io_threads, "Threads running HTTP I/O");
+  cli::add(app, "--handler-threads", handler_threads,
+           "Threads running request handlers (one database connection each)");
+  cli::add(app, "--body-limit-bytes", body_limit_bytes, "Largest accepted request body");
+  cli::add(app, "--max-batch-requests", max_batch_requests, "Most requests in one batch");
+  cli::add(app, "--served-model", models,
+           "A served model as NAME:CONTEXT_LENGTH (repeatable)")
+      ->delimiter(',');
+}
+
+Status ApiConfig::validate() const {
+  if (port < 0 || port > 65535) return invalid_argument("--port must be 0..65535", "port");
+  if (io_threads < 1 || handler_threads < 1) {
+    return invalid_argument("--io-threads and --handler-threads must be at least 1", "io-threads");
+  }
+  if (body_limit_bytes < 1024) {
+    return invalid_argument("--body-limit-bytes must be at least 1024", "body-limit-bytes");
+  }
+  if (max_batch_requests < 1) {
+    return invalid_argument("--max-batch-requests must be at least 1", "max-batch-requests");
+  }
+  return model_specs().status();
+}
+
+Result<std::vector<ModelSpec>> ApiConfig::model_specs() const {
+  std::vector<ModelSpec> out;
+  for (const std::string& m : models) {
+    size_t colon = m.rfind(':');
+    if (colon == std::string::npos || colon == 0) {
+      return invalid_argument("--served-model must look like NAME:CONTEXT_LENGTH, got " + m,
+                              "served-model");
+    }
+    ModelSpec spec;
+    spec.name = m.substr(0, colon);
+    try {
+      spec.context_length = std::stoi(m.substr(colon + 1));
+    } catch (...) {
+      spec.context_length = 0;
+    }
+    if (spec.context_length < 1) {
+      return invalid_argument("--served-model context length must be a positive integer: " + m,
+                              "served-model");
+    }
+    out.push_back(spec);
+  }
+  return out;
+}
+
+HttpServerOptions ApiConfig::server_options() const {
+  HttpServerOptions o;
+  o.host = host;
+  o.port = static_cast<uint16_t>(port);
+  o.io_threads = io_threads;
+  o.handler_threads = handler_threads;
+  o.body_limit_bytes = static_cast<size_t>(body_limit_bytes);
+  return o;
+}
+
+Result<int64_t> parse_duration_ms(const std::string& text, const std::string& field) {
+  if (text.size() < 2) return invalid_argument("duration must look like 24h, 90m or 30s", field);
+  char unit = text.back();
+  int64_t mult = unit == 's' ? 1000 : unit == 'm' ? 60000 : unit == 'h' ? 3600000
+                 : unit == 'd' ? 86400000 : 0;
+  int64_t n = 0;
+  for (size_t i = 0; i + 1 < text.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(text[i])) || n > 1000000) mult = 0;
+    n = n * 10 + (text[i] - '0');
+  }
+  if (mult == 0 || n <= 0) return invalid_argument("duration must look like 24h, 90m or 30s", field);
+  int64_t ms = n * mult;
+  if (ms > 7LL * 86400000) return invalid_argument("duration must be at most 7d", field);
+  return ms;
+}
+
+namespace {
+
+HttpResponse error_response(const Status& st, std::optional<int> index = std::nullopt) {
+  HttpResponse res = json_response(static_cast<unsigned>(http_status_for(st.code())),
+                                   error_body(st, index).dump());
+  if (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kResourceExhausted) {
+    res.set(http::field::retry_after, "1");
+  }
+  return res;
+}
+
+HttpResponse ok_response(json result, unsigned status = 200) {
+  json body = {{"result", std::move(result)}, {"success", true},
+               {"errors", json::array()}, {"messages", json::array()}};
+  return json_response(status, body.dump());
+}
+
+std::map<std::string, std::string> parse_query(std::string_view q) {
+  std::map<std::string, std::string> out;
+  while (!q.empty()) {
+    size_t amp = q.find('&');
+    std::string_view kv = q.substr(0, amp);
+    size_t eq = kv.find('=');
+    out[percent_decode(kv.substr(0, eq))] =
+        eq == std::string_view::npos ? "" : percent_decode(kv.substr(eq + 1));
+    q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
+  }
+  return out;
+}
+
+json progress_of(const queue::BatchInfo& b) {
+  return {{"total", b.num_total}, {"completed", b.num_completed}, {"failed", b.num_failed},
+          {"cancelled", b.num_cancelled}, {"expired", b.num_expired}};
+}
+
+json summary_of(const queue::BatchInfo& b) {
+  json j = {{"request_id", b.id}, {"model", b.model}, {"status", b.status},
+            {"progress", progress_of(b)}, {"created_at", b.created_at_ms / 1000}};
+  if (b.finished_at_ms) j["finished_at"] = *b.finished_at_ms / 1000;
+  if (b.deadline_ms) j["deadline"] = *b.deadline_ms / 1000;
+  return j;
+}
+
+json usage_of(const queue::BatchInfo& b) {
+  return {{"prompt_tokens", b.prompt_tokens}, {"completion_tokens", b.completion_tokens},
+          {"total_tokens", b.prompt_tokens + b.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", b.cached_tokens}}}};
+}
+
+json response_of(const queue::RequestResult& r) {
+  json j = {{"id", r.idx}, {"external_reference", r.custom_id ? json(*r.custom_id) : json(nullptr)},
+            {"success", r.status == "completed"}};
+  if (r.status == "completed" && r.result_json) {
+    j["result"] = json::parse(*r.result_json, nullptr, false);
+  } else if (r.error_json) {
+    j["error"] = json::parse(*r.error_json, nullptr, false);
+  } else if (r.status == "cancelled") {
+    j["error"] = {{"code", "cancelled"}, {"message", "the batch was cancelled"}};
+  } else if (r.status == "queued" || r.status == "running") {
+    j["status"] = r.status;
+  }
+  if (r.status != "completed") j["status"] = r.status;
+  return j;
+}
+
+}  // namespace
+
+struct AsyncApi::Impl {
+  ApiConfig config;
+  queue::StoreConfig store;
+  std::vector<ModelSpec> models;
+  BatchLimits limits;
+
+  std::mutex auth_mu;
+  struct CachedKey {
+    std::string account_id;
+    int64_t expires_ms;
+  };
+  std::unordered_map<std::string, CachedKey> auth_cache;  // guarded by auth_mu; key = sha256 hex
+
+  // One connection per handler thread, reopened after a failure.
+  Result<pqxx::connection*> conn() {
+    thread_local std::unique_ptr<pqxx::connection> c;
+    if (c && !c->is_open()) c.reset();
+    if (!c) {
+      HR_ASSIGN_OR_RETURN(c, queue::pg_connect(store.database_url));
+    }
+    return c.get();
+  }
+
+  // A database error drops the thread's connection so the next call reconnects.
+  HttpResponse db_error(const Status& st) {
+    log::warn("api.db_error", {{"error", st}});
+    if (st.code() == StatusCode::kUnavailable) {
+      return error_response(Status(StatusCode::kUnavailable,
+                                   "the database is unavailable; retry later"));
+    }
+    return error_response(st);
+  }
+
+  Result<std::string> authenticate(const HttpRequest& req) {
+    auto it = req.find(http::field::authorization);
+    if (it == req.end()) {
+      return Status(StatusCode::kUnauthenticated, "missing API key: send Authorization: Bearer <key>",
+                    "Authorization");
+    }
+    std::string_view v(it->value().data(), it->value().size());
+    if (v.size() < 8 || (v.substr(0, 7) != "Bearer " && v.substr(0, 7) != "bearer ")) {
+      return Status(StatusCode::kUnauthenticated, "Authorization must be 'Bearer <key>'",
+                    "Authorization");
+    }
+    std::string key(v.substr(7));
+    std::string digest = to_hex(sha256(key));
+    int64_t now = SystemClock::instance().now_unix_ms();
+    {
+      std::lock_guard<std::mutex> lock(auth_mu);
+      auto c = auth_cache.find(digest);
+      if (c != auth_cache.end() && c->second.expires_ms > now) return c->second.account_id;
+    }
+    HR_ASSIGN_OR_RETURN(pqxx::connection * c, conn());
+    Result<std::string> account = queue::authenticate(*c, key);
+    if (!account.is_ok()) {
+      if (account.status().code() == StatusCode::kUnauthenticated) {
+        return Status(StatusCode::kUnauthenticated, "invalid API key", "Authorization");
+      }
+      return account.status();
+    }
+    std::lock_guard<std::mutex> lock(auth_mu);
+    if (auth_cache.size() > 10000) auth_cache.clear();
+    auth_cache[digest] = {*account, now + 30000};
+    return account;
+  }
+
+  const ModelSpec* find_model(const std::string& name) const {
+    for (const auto& m : models) {
+      if (m.name == name) return &m;
+    }
+    return nullptr;
+  }
+
+  HttpResponse handle(const HttpRequest& req);
+  HttpResponse readyz();
+  HttpResponse run_model(const HttpRequest& req, const std::string& account,
+                         const std::string& model, const std::map<std::string, std::string>& query);
+  HttpResponse submit(const HttpRequest& req, const std::string& account, const ModelSpec& model,
+                      const json& body);
+  HttpResponse poll(const std::string& account, const std::string& request_id,
+                    bool include_partial);
+  HttpResponse cancel(const std::string& account, const std::string& request_id);
+  HttpResponse list(const std::string& account, const std::map<std::string, std::string>& query);
+};
+
+AsyncApi::AsyncApi(ApiConfig config, queue::StoreConfig store) : impl_(std::make_unique<Impl>()) {
+  impl_->config = std::move(config);
+  impl_->store = std::move(store);
+  impl_->models = impl_->config.model_specs().value();
+  impl_->limits.max_requests = impl_->config.max_batch_requests;
+}
+
+AsyncApi::~AsyncApi() = default;
+
+HttpResponse AsyncApi::handle(const HttpRequest& req) { return impl_->handle(req); }
+
+HttpResponse AsyncApi::Impl::readyz() {
+  json checks = json::object();
+  bool ok = true;
+  Result<pqxx::connection*> c = conn();
+  Status pg = c.status();
+  if (pg.is_ok()) {
+    pg = queue::pg_guard("ping", [&]() -> Status {
+      pqxx::nontransaction(**c).exec("SELECT 1");
+      return Status::ok();
+    });
+  }
+  checks["postgres"] = pg.is_ok() ? "ok" : pg.message();
+  ok = ok && pg.is_ok();
+  thread_local std::unique_ptr<queue::RedisClient> redis;
+  Status rs = Status::ok();
+  if (!redis) {
+    auto r = queue::RedisClient::connect(store.redis_url, 1000);
+    if (r.is_ok()) redis = std::move(r).value(); else rs = r.status();
+  }
+  if (redis) {
+    auto pong = redis->command({"PING"});
+    if (!pong.is_ok()) rs = pong.status();
+  }
+  checks["redis"] = rs.is_ok() ? "ok" : rs.message();
+  ok = ok && rs.is_ok();
+  return json_response(ok ? 200 : 503, json{{"ready", ok}, {"checks", checks}}.dump());
+}
+
+HttpResponse AsyncApi::Impl::handle(const HttpRequest& req) {
+  std::string_view target(req.target().data(), req.target().size());
+  size_t qpos = target.find('?');
+  std::string path = std::string(target.substr(0, qpos));
+  auto query = parse_query(qpos == std::string_view::npos ? "" : target.substr(qpos + 1));
+  if (path == "/healthz") return json_response(200, R"({"status":"ok"})");
+  if (path == "/readyz") return readyz();
+
+  Result<std::string> account = authenticate(req);
+  if (!account.is_ok()) {
+    if (account.status().code() == StatusCode::kUnavailable) return db_error(account.status());
+    return error_response(account.status());
+  }
+  const std::string& acct = *account;
+
+  auto is_post = req.method() == http::verb::post;
+  auto is_get = req.method() == http::verb::get;
+  if (path.rfind("/ai/run/", 0) == 0 && is_post) {
+    return run_model(req, acct, percent_decode(path.substr(8)), query);
+  }
+  if (path.rfind("/accounts/", 0) == 0) {
+    size_t run = path.find("/ai/run/");
+    if (run != std::string::npos && is_post) {
+      std::string path_account = path.substr(10, run - 10);
+      if (path_account != acct) return error_response(not_found("unknown account " + path_account));
+      return run_model(req, acct, percent_decode(path.substr(run + 8)), query);
+    }
+  }
+  if (path == "/v1/async" && is_get) return list(acct, query);
+  if (path.rfind("/v1/async/", 0) == 0) {
+    std::string rest = path.substr(10);
+    if (rest.size() > 7 && rest.ends_with("/cancel") && is_post) {
+      return cancel(acct, rest.substr(0, rest.size() - 7));
+    }
+    if (is_get && rest.find('/') == std::string::npos) {
+      return poll(acct, rest, query.count("include") && query.at("include") == "partial");
+    }
+  }
+  return error_response(not_found("no route for " + std::string(req.method_string()) + " " + path));
+}
+
+HttpResponse AsyncApi::Impl::run_model(const HttpRequest& req, const std::string& account,
+                                       const std::string& model_name,
+                                       const std::map<std::string, std::string>& query) {
+  json body = json::parse(req.body(), nullptr, false);
+  if (body.is_discarded()) {
+    return error_response(invalid_argument("body is not valid JSON", "body"));
+  }
+  if (!body.is_object()) return error_response(invalid_argument("body must be a JSON object", "body"));
+  if (body.contains("request_id")) {
+    if (!body["request_id"].is_string()) {
+      return error_response(invalid_argument("'request_id' must be a string", "request_id"));
+    }
+    return poll(account, body["request_id"], query.count("include") && query.at("include") == "partial");
+  }
+  const ModelSpec* model = find_model(model_name);
+  if (model == nullptr) {
+    return error_response(invalid_argument("unknown model '" + model_name + "'", "model"));
+  }
+  bool queued = query.count("queueRequest") && query.at("queueRequest") == "true";
+  if (body.contains("queueRequest")) queued = body["queueRequest"] == true;
+  if (body.contains("options") && body["options"].is_object() &&
+      body["options"].contains("queueRequest")) {
+    queued = body["options"]["queueRequest"] == true;
+  }
+  if (queued) return submit(req, account, *model, body);
+  return error_response(Status(StatusCode::kResourceExhausted,
+                               "Out of capacity: no worker is serving " + model_name + " yet"));
+}
+
+HttpResponse AsyncApi::Impl::submit(const HttpRequest& req, const std::string& account,
+                                    const ModelSpec& model, const json& body) {
+  static const std::unordered_set<std::string> kTopLevel = {
+      "requests", "queueRequest", "options", "completion_window", "metadata", "webhook_url",
+      "webhook_events", "webhook_secret"};
+  for (const auto& [key, value] : body.items()) {
+    if (!kTopLevel.count(key)) {
+      return error_response(invalid_argument("unknown field '" + key + "'", key));
+    }
+  }
+  queue::NewBatch batch;
+  batch.account_id = account;
+  batch.model = model.name;
+  std::optional<BatchError> err = parse_batch(body, model, limits, &batch.requests);
+  if (err) return error_response(err->status, err->index);
+  if (body.contains("completion_window")) {
+    if (!body["completion_window"].is_string()) {
+      return error_response(invalid_argument("'completion_window' must be a string like 24h",
+                                             "completion_window"));
+    }
+    Result<int64_t> ms = parse_duration_ms(body["completion_window"], "completion_window");
+    if (!ms.is_ok()) return error_response(ms.status());
+    batch.deadline_unix_ms = SystemClock::instance().now_unix_ms() + *ms;
+  }
+  if (body.contains("metadata")) {
+    if (!body["metadata"].is_object()) {
+      return error_response(invalid_argument("'metadata' must be an object", "metadata"));
+    }
+    batch.metadata_json = body["metadata"].dump();
+  }
+  auto idem = req.find("Idempotency-Key");
+  if (idem != req.end()) {
+    std::string key(idem->value());
+    if (key.empty() || key.size() > 255) {
+      return error_response(invalid_argument("Idempotency-Key must be 1 to 255 characters",
+                                             "Idempotency-Key"));
+    }
+    batch.idempotency_key = key;
+  }
+  batch.request_hash = sha256(req.body());
+  Result<pqxx::connection*> c = conn();
+  if (!c.is_ok()) return db_error(c.status());
+  Result<queue::SubmitResult> r = queue::submit_batch(**c, batch);
+  if (!r.is_ok()) {
+    if (r.status().code() == StatusCode::kConflict) return error_response(r.status());
+    return db_error(r.status());
+  }
+  log::info("batch.submitted", {{"batch", r->batch_id}, {"model", model.name},
+                                {"num_requests", static_cast<int64_t>(batch.requests.size())},
+                                {"replayed", r->replayed}});
+  return ok_response({{"status", "queued"}, {"request_id", r->batch_id}, {"model", model.name}});
+}
+
+HttpResponse AsyncApi::Impl::poll(const std::string& account, const std::string& request_id,
+                                  bool include_partial) {
+  if (!parse_uuid(request_id).is_ok()) {
+    return error_response(invalid_argument("request_id is not a valid id", "request_id"));
+  }
+  Result<pqxx::connection*> c = conn();
+  if (!c.is_ok()) return db_error(c.status());
+  Result<queue::BatchInfo> b = queue::get_batch(**c, account, request_id);
+  if (!b.is_ok()) {
+    if (b.status().code() == StatusCode::kNotFound) {
+      return error_response(not_found("no such request_id: " + request_id));
+    }
+    return db_error(b.status());
+  }
+  json result = summary_of(*b);
+  if (b->is_terminal() || include_partial) {
+    Result<std::vector<queue::RequestResult>> rs = queue::get_results(**c, b->id, include_partial);
+    if (!rs.is_ok()) return db_error(rs.status());
+    json responses = json::array();
+    for (const auto& r : *rs) responses.push_back(response_of(r));
+    result["responses"] = std::move(responses);
+    result["usage"] = usage_of(*b);
+  }
+  return ok_response(std::move(result));
+}
+
+HttpResponse AsyncApi::Impl::cancel(const std::string& account, const std::string& request_id) {
+  if (!parse_uuid(request_id).is_ok()) {
+    return error_response(invalid_argument("request_id is not a valid id", "request_id"));
+  }
+  Result<pqxx::connection*> c = conn();
+  if (!c.is_ok()) return db_error(c.status());
+  Result<queue::CancelResult> r = queue::cancel_batch(**c, account, request_id);
+  if (!r.is_ok()) {
+    if (r.status().code() == StatusCode::kNotFound) {
+      return error_response(not_found("no such request_id: " + request_id));
+    }
+    return db_error(r.status());
+  }
+  json result = summary_of(r->batch);
+  result["cancelled_now"] = r->num_cancelled_now;
+  result["already_cancelled"] = r->already_requested;
+  if (r->batch.is_terminal() && !r->batch.cancel_requested) {
+    result["message"] = "the batch had already finished; nothing to cancel";
+  }
+  return ok_response(std::move(result));
+}
+
+HttpResponse AsyncApi::Impl::list(const std::string& account,
+                                  const std::map<std::string, std::string>& query) {
+  queue::ListQuery q;
+  if (auto it = query.find("limit"); it != query.end()) {
+    try {
+      q.limit = std::stoi(it->second);
+    } catch (...) {
+      q.limit = 0;
+    }
+    if (q.limit < 1 || q.limit > 100) {
+      return error_response(invalid_argument("limit must be 1 to 100", "limit"));
+    }
+  }
+  if (auto it = query.find("status"); it != query.end() && !it->second.empty()) {
+    static const std::unordered_set<std::string> kStatuses = {
+        "queued", "running", "completed", "completed_with_errors", "failed", "cancelled",
+        "expired"};
+    if (!kStatuses.count(it->second)) {
+      return error_response(invalid_argument("unknown status '" + it->second + "'", "status"));
+    }
+    q.status = it->second;
+  }
+  if (auto it = query.find("after"); it != query.end() && !it->second.empty()) {
+    if (!parse_uuid(it->second).is_ok()) {
+      return error_response(invalid_argument("after must be a request_id", "after"));
+    }
+    q.after = it->second;
+  }
+  Result<pqxx::connection*> c = conn();
+  if (!c.is_ok()) return db_error(c.status());
+  int want = q.limit;
+  q.limit = want + 1;
+  Result<std::vector<queue::BatchInfo>> r = queue::list_batches(**c, account, q);
+  if (!r.is_ok()) return db_error(r.status());
+  bool has_more = static_cast<int>(r->size()) > want;
+  json data = json::array();
+  for (int i = 0; i < std::min<int>(want, static_cast<int>(r->size())); ++i) {
+    data.push_back(summary_of((*r)[i]));
+  }
+  json result = {{"data", data}, {"has_more", has_more}};
+  if (!data.empty()) result["last_id"] = data.back()["request_id"];
+  return ok_response(std::move(result));
+}
+
+}  // namespace hr::api

@@ -1,0 +1,54 @@
+// The Workers-AI-shaped async API: submit with queueRequest, poll by request_id, cancel, list,
+// plus /healthz and /readyz. Authenticates every call (except health) with a Bearer key and scopes
+// every query to the caller's account. Thread-safe: handle() runs on many threads at once, each
+// with its own Postgres connection.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "api/batch_request.h"
+#include "api/http_server.h"
+#include "base/status.h"
+#include "queue/config.h"
+
+namespace hr::api {
+
+struct ApiConfig {
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  int io_threads = 2;
+  int handler_threads = 8;
+  int64_t body_limit_bytes = 10 << 20;
+  int max_batch_requests = 100000;
+  // Served models as NAME:CONTEXT_LENGTH; a batch for one of these is accepted even while no
+  // worker for it is up.
+  std::vector<std::string> models = {"@hr/tiny-reverse:128"};
+
+  void bind(CLI::App& app);
+  [[nodiscard]] Status validate() const;
+  [[nodiscard]] Result<std::vector<ModelSpec>> model_specs() const;
+  HttpServerOptions server_options() const;
+};
+
+class AsyncApi {
+ public:
+  AsyncApi(ApiConfig config, queue::StoreConfig store);
+  ~AsyncApi();
+
+  HttpResponse handle(const HttpRequest& req);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// "24h", "90m", "30s", "2d" → milliseconds; errors name `field`.
+[[nodiscard]] Result<int64_t> parse_duration_ms(const std::string& text, const std::string& field);
+
+}  // namespace hr::api

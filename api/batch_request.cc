@@ -1,0 +1,195 @@
+// Request validation.
+#include "api/batch_request.h"
+
+#include <unordered_set>
+
+namespace hr::api {
+namespace {
+
+using nlohmann::json;
+
+Status bad(const std::string& msg, const std::string& field) { return invalid_argument(msg, field); }
+
+bool is_int(const json& v) { return v.is_number_integer() || v.is_number_unsigned(); }
+
+}  // namespace
+
+Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
+                                    const BatchLimits& limits) {
+  if (!req.is_object()) return bad("each request must be a JSON object", "");
+  static const std::unordered_set<std::string> kKnown = {
+      "messages", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+      "external_reference", "custom_id", "frequency_penalty", "presence_penalty",
+      "repetition_penalty", "stream", "model", "max_completion_tokens"};
+  for (const auto& [key, value] : req.items()) {
+    if (!kKnown.count(key)) return bad("unknown field '" + key + "'", key);
+  }
+  json out = json::object();
+  bool has_messages = req.contains("messages");
+  bool has_prompt = req.contains("prompt");
+  if (has_messages == has_prompt) {
+    return bad("give exactly one of 'messages' or 'prompt'", has_messages ? "prompt" : "messages");
+  }
+  if (has_messages) {
+    const json& msgs = req["messages"];
+    if (!msgs.is_array() || msgs.empty()) return bad("'messages' must be a non-empty array", "messages");
+    json norm = json::array();
+    for (size_t i = 0; i < msgs.size(); ++i) {
+      std::string f = "messages[" + std::to_string(i) + "]";
+      const json& m = msgs[i];
+      if (!m.is_object()) return bad("each message must be an object", f);
+      if (!m.contains("role") || !m["role"].is_string()) return bad("'role' must be a string", f + ".role");
+      std::string role = m["role"];
+      if (role != "system" && role != "user" && role != "assistant" && role != "tool" &&
+          role != "developer") {
+        return bad("role must be one of system, user, assistant, tool, developer", f + ".role");
+      }
+      if (!m.contains("content") || !m["content"].is_string()) {
+        return bad("'content' must be a string", f + ".content");
+      }
+      norm.push_back({{"role", role}, {"content", m["content"]}});
+    }
+    out["messages"] = std::move(norm);
+  } else {
+    if (!req["prompt"].is_string() || req["prompt"].get_ref<const std::string&>().empty()) {
+      return bad("'prompt' must be a non-empty string", "prompt");
+    }
+    out["prompt"] = req["prompt"];
+  }
+  int max_tokens = std::min(256, model.context_length);
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    if (!req.contains(key) || req[key].is_null()) continue;
+    if (!is_int(req[key])) return bad(std::string("'") + key + "' must be an integer", key);
+    int64_t v = req[key].get<int64_t>();
+    if (v < 1 || v > model.context_length) {
+      return bad(std::string("'") + key + "' must be between 1 and the model's context length (" +
+                     std::to_string(model.context_length) + ")",
+                 key);
+    }
+    max_tokens = static_cast<int>(v);
+  }
+  out["max_tokens"] = max_tokens;
+  auto number = [&](const char* key, double lo, double hi, double def) -> Result<double> {
+    if (!req.contains(key) || req[key].is_null()) return def;
+    if (!req[key].is_number()) return bad(std::string("'") + key + "' must be a number", key);
+    double v = req[key].get<double>();
+    if (v < lo || v > hi) {
+      return bad(std::string("'") + key + "' must be between " + std::to_string(lo) + " and " +
+                     std::to_string(hi),
+                 key);
+    }
+    return v;
+  };
+  HR_ASSIGN_OR_RETURN(double temperature, number("temperature", 0.0, 5.0, 0.6));
+  HR_ASSIGN_OR_RETURN(double top_p, number("top_p", 0.0, 1.0, 1.0));
+  HR_ASSIGN_OR_RETURN(double fp, number("frequency_penalty", -2.0, 2.0, 0.0));
+  HR_ASSIGN_OR_RETURN(double pp, number("presence_penalty", -2.0, 2.0, 0.0));
+  HR_ASSIGN_OR_RETURN(double rp, number("repetition_penalty", 0.0, 2.0, 1.0));
+  (void)fp;
+  (void)pp;
+  (void)rp;
+  if (top_p == 0.0) return bad("'top_p' must be greater than 0", "top_p");
+  out["temperature"] = temperature;
+  out["top_p"] = top_p;
+  if (req.contains("top_k") && !req["top_k"].is_null()) {
+    if (!is_int(req["top_k"]) || req["top_k"].get<int64_t>() < 0 ||
+        req["top_k"].get<int64_t>() > 1000) {
+      return bad("'top_k' must be an integer between 0 and 1000", "top_k");
+    }
+    out["top_k"] = req["top_k"];
+  }
+  if (req.contains("seed") && !req["seed"].is_null()) {
+    if (!is_int(req["seed"]) || req["seed"].get<int64_t>() < 0) {
+      return bad("'seed' must be a non-negative integer", "seed");
+    }
+    out["seed"] = req["seed"];
+  }
+  if (req.contains("stop") && !req["stop"].is_null()) {
+    const json& s = req["stop"];
+    json stops = json::array();
+    if (s.is_string()) {
+      stops.push_back(s);
+    } else if (s.is_array()) {
+      for (const auto& e : s) {
+        if (!e.is_string() || e.get_ref<const std::string&>().empty()) {
+          return bad("'stop' entries must be non-empty strings", "stop");
+        }
+        stops.push_back(e);
+      }
+    } else {
+      return bad("'stop' must be a string or an array of strings", "stop");
+    }
+    if (static_cast<int>(stops.size()) > limits.max_stop_sequences) {
+      return bad("at most " + std::to_string(limits.max_stop_sequences) + " stop sequences",
+                 "stop");
+    }
+    out["stop"] = std::move(stops);
+  }
+  if (req.contains("stream") && !req["stream"].is_null() &&
+      !(req["stream"].is_boolean() && !req["stream"].get<bool>())) {
+    return bad("queued requests cannot stream", "stream");
+  }
+  if (req.contains("model") && !req["model"].is_null() &&
+      (!req["model"].is_string() || req["model"].get<std::string>() != model.name)) {
+    return bad("'model' must match the batch's model " + model.name, "model");
+  }
+  return out;
+}
+
+std::optional<BatchError> parse_batch(const json& body, const ModelSpec& model,
+                                      const BatchLimits& limits,
+                                      std::vector<queue::NewRequest>* out) {
+  if (!body.is_object()) return BatchError{bad("body must be a JSON object", ""), std::nullopt};
+  if (!body.contains("requests")) {
+    return BatchError{bad("'requests' is required when queueRequest is true", "requests"),
+                      std::nullopt};
+  }
+  const json& reqs = body["requests"];
+  if (!reqs.is_array()) return BatchError{bad("'requests' must be an array", "requests"), std::nullopt};
+  if (reqs.empty()) return BatchError{bad("'requests' must not be empty", "requests"), std::nullopt};
+  if (static_cast<int64_t>(reqs.size()) > limits.max_requests) {
+    return BatchError{Status(StatusCode::kTooLarge,
+                             "a batch holds at most " + std::to_string(limits.max_requests) +
+                                 " requests; this one has " + std::to_string(reqs.size()),
+                             "requests"),
+                      std::nullopt};
+  }
+  out->clear();
+  out->reserve(reqs.size());
+  std::unordered_set<std::string> refs;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    int idx = static_cast<int>(i);
+    Result<json> norm = normalize_chat_request(reqs[i], model, limits);
+    if (!norm.is_ok()) {
+      const Status& s = norm.status();
+      std::string field = "requests[" + std::to_string(i) + "]";
+      if (!s.field().empty()) field += "." + s.field();
+      return BatchError{Status(s.code(), s.message(), field), idx};
+    }
+    queue::NewRequest nr;
+    for (const char* key : {"external_reference", "custom_id"}) {
+      if (!reqs[i].contains(key) || reqs[i][key].is_null()) continue;
+      std::string field = "requests[" + std::to_string(i) + "]." + key;
+      if (!reqs[i][key].is_string()) return BatchError{bad(std::string("'") + key + "' must be a string", field), idx};
+      std::string ref = reqs[i][key];
+      if (ref.empty() || static_cast<int>(ref.size()) > limits.max_reference_length) {
+        return BatchError{bad(std::string("'") + key + "' must be 1 to " +
+                                  std::to_string(limits.max_reference_length) + " characters",
+                              field),
+                          idx};
+      }
+      if (nr.custom_id && *nr.custom_id != ref) {
+        return BatchError{bad("external_reference and custom_id differ", field), idx};
+      }
+      if (!nr.custom_id && !refs.insert(ref).second) {
+        return BatchError{bad("duplicate " + std::string(key) + " '" + ref + "'", field), idx};
+      }
+      nr.custom_id = ref;
+    }
+    nr.body = norm->dump();
+    out->push_back(std::move(nr));
+  }
+  return std::nullopt;
+}
+
+}  // namespace hr::api

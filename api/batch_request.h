@@ -1,0 +1,45 @@
+// Validation and normalization of submitted requests, before anything is written. Pure functions:
+// a bad request gives a Status naming the field (e.g. "messages[0].role") and the index of the
+// first bad request in the batch.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "queue/store.h"
+
+namespace hr::api {
+
+struct ModelSpec {
+  std::string name;
+  int context_length = 2048;
+};
+
+struct BatchLimits {
+  int max_requests = 100000;
+  int max_stop_sequences = 4;
+  int max_reference_length = 256;
+};
+
+struct BatchError {
+  Status status;
+  std::optional<int> index;
+};
+
+// Validates one chat request (Workers-AI / OpenAI fields) and returns its normalized JSON:
+// {"messages": [...]} or {"prompt": "..."}, plus max_tokens, temperature, top_p, top_k, seed, stop.
+[[nodiscard]] Result<nlohmann::json> normalize_chat_request(const nlohmann::json& req,
+                                                            const ModelSpec& model,
+                                                            const BatchLimits& limits);
+
+// Validates a whole {"requests": [...]} body into store requests; on error, names the index.
+[[nodiscard]] std::optional<BatchError> parse_batch(const nlohmann::json& body,
+                                                    const ModelSpec& model,
+                                                    const BatchLimits& limits,
+                                                    std::vector<queue::NewRequest>* out);
+
+}  // namespace hr::api

@@ -1,0 +1,185 @@
+// Beast plumbing: acceptor, sessions, the handler pool.
+#include "api/http_server.h"
+
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/beast/core.hpp>
+
+#include <chrono>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "api/errors.h"
+#include "base/log.h"
+
+namespace hr::api {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+HttpResponse json_response(unsigned status, const std::string& body, unsigned version,
+                           bool keep_alive) {
+  HttpResponse res{static_cast<http::status>(status), version};
+  res.set(http::field::content_type, "application/json");
+  res.set(http::field::server, "headroom");
+  res.keep_alive(keep_alive);
+  res.body() = body;
+  res.prepare_payload();
+  return res;
+}
+
+struct HttpServer::Impl {
+  HttpServerOptions options;
+  Handler handler;
+  asio::io_context ioc;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  tcp::acceptor acceptor{ioc};
+  asio::thread_pool pool;
+  std::vector<std::thread> threads;
+  std::atomic<int> in_flight{0};
+  std::atomic<bool> stopping{false};
+
+  Impl(HttpServerOptions o, Handler h)
+      : options(std::move(o)), handler(std::move(h)),
+        pool(static_cast<size_t>(options.handler_threads)) {}
+
+  void do_accept();
+};
+
+namespace {
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket&& socket, HttpServer::Impl* server)
+      : stream_(std::move(socket)), server_(server) {}
+
+  void start() {
+    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->do_read(); });
+  }
+
+ private:
+  void do_read() {
+    if (server_->stopping) return close();
+    parser_.emplace();
+    parser_->body_limit(server_->options.body_limit_bytes);
+    stream_.expires_after(std::chrono::seconds(server_->options.read_timeout_s));
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       self->on_read(ec);
+                     });
+  }
+
+  void on_read(beast::error_code ec) {
+    if (ec == http::error::body_limit) {
+      Status st(StatusCode::kTooLarge, "request body is larger than the limit of " +
+                                           std::to_string(server_->options.body_limit_bytes) +
+                                           " bytes",
+                "body");
+      return write(json_response(413, error_body(st).dump(), 11, false));
+    }
+    if (ec) return close();
+    HttpRequest req = parser_->release();
+    ++server_->in_flight;
+    asio::post(server_->pool, [self = shared_from_this(), req = std::move(req)]() mutable {
+      HttpResponse res;
+      try {
+        res = self->server_->handler(req);
+      } catch (const std::exception& e) {
+        log::error("http.handler_exception", {{"error", e.what()}});
+        res = json_response(500, error_body(internal_error("internal error")).dump());
+      }
+      res.version(req.version());
+      res.keep_alive(req.keep_alive() && res.keep_alive() && !self->server_->stopping);
+      asio::post(self->stream_.get_executor(), [self, res = std::move(res)]() mutable {
+        self->write(std::move(res));
+        --self->server_->in_flight;
+      });
+    });
+  }
+
+  void write(HttpResponse res) {
+    auto sp = std::make_shared<HttpResponse>(std::move(res));
+    stream_.expires_after(std::chrono::seconds(server_->options.write_timeout_s));
+    http::async_write(stream_, *sp, [self = shared_from_this(), sp](beast::error_code ec, size_t) {
+      if (ec || !sp->keep_alive()) return self->close();
+      self->do_read();
+    });
+  }
+
+  void close() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  HttpServer::Impl* server_;
+};
+
+}  // namespace
+
+void HttpServer::Impl::do_accept() {
+  acceptor.async_accept(asio::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec) {
+      if (!acceptor.is_open()) return;
+    } else {
+      std::make_shared<Session>(std::move(socket), this)->start();
+    }
+    do_accept();
+  });
+}
+
+HttpServer::HttpServer(HttpServerOptions options, Handler handler)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(handler))) {}
+
+HttpServer::~HttpServer() { stop(); }
+
+Status HttpServer::start() {
+  beast::error_code ec;
+  auto address = asio::ip::make_address(impl_->options.host, ec);
+  if (ec) return invalid_argument("bad listen address " + impl_->options.host, "host");
+  tcp::endpoint ep{address, impl_->options.port};
+  impl_->acceptor.open(ep.protocol(), ec);
+  if (!ec) impl_->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) impl_->acceptor.bind(ep, ec);
+  if (!ec) impl_->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return unavailable("cannot listen on " + impl_->options.host + ":" +
+                       std::to_string(impl_->options.port) + ": " + ec.message());
+  }
+  bound_port_ = impl_->acceptor.local_endpoint().port();
+  impl_->work.emplace(impl_->ioc.get_executor());
+  impl_->do_accept();
+  for (int i = 0; i < impl_->options.io_threads; ++i) {
+    impl_->threads.emplace_back([this] { impl_->ioc.run(); });
+  }
+  return Status::ok();
+}
+
+void HttpServer::stop() {
+  if (!impl_ || impl_->threads.empty() || impl_->stopping.exchange(true)) return;
+  asio::post(impl_->ioc, [this] {
+    beast::error_code ec;
+    impl_->acceptor.close(ec);
+  });
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(impl_->options.drain_timeout_s);
+  while (impl_->in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  // Let the last responses reach their sockets.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  impl_->work.reset();
+  impl_->ioc.stop();
+  for (auto& t : impl_->threads) t.join();
+  impl_->threads.clear();
+  impl_->pool.join();
+}
+
+}  // namespace hr::api

@@ -1,0 +1,56 @@
+// A multi-threaded HTTP/1.1 server on Boost.Beast: keep-alive, a body limit, read/write timeouts
+// and graceful shutdown (stop accepting, finish in-flight requests). I/O runs on `io_threads`;
+// each request's handler runs on a separate pool of `handler_threads`, so blocking database work
+// never stalls the event loop. Thread-safe: start/stop may be called from any thread.
+#pragma once
+
+#include <boost/beast/http.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+
+namespace hr::api {
+
+using HttpRequest = boost::beast::http::request<boost::beast::http::string_body>;
+using HttpResponse = boost::beast::http::response<boost::beast::http::string_body>;
+using Handler = std::function<HttpResponse(const HttpRequest&)>;
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8080;  // 0: any free port
+  int io_threads = 2;
+  int handler_threads = 8;
+  size_t body_limit_bytes = 10 << 20;
+  int read_timeout_s = 30;
+  int write_timeout_s = 30;
+  int drain_timeout_s = 30;
+};
+
+class HttpServer {
+ public:
+  HttpServer(HttpServerOptions options, Handler handler);
+  ~HttpServer();
+
+  // Binds and starts serving. kUnavailable when the address cannot be bound.
+  [[nodiscard]] Status start();
+  uint16_t port() const { return bound_port_; }
+  // Stops accepting, waits (up to drain_timeout_s) for in-flight requests, then stops.
+  void stop();
+
+  struct Impl;  // implementation detail, public only so sessions can reach it
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  std::atomic<uint16_t> bound_port_{0};
+};
+
+// A JSON response with the right content type.
+HttpResponse json_response(unsigned status, const std::string& body, unsigned version = 11,
+                           bool keep_alive = true);
+
+}  // namespace hr::api

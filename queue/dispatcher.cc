@@ -1,0 +1,289 @@
+// Relay, janitor and resync.
+#include "queue/dispatcher.h"
+
+#include <map>
+#include <thread>
+
+#include "base/ids.h"
+#include "base/log.h"
+#include "queue/pg.h"
+#include "queue/store.h"
+#include "queue/stream.h"
+
+namespace hr::queue {
+
+Result<std::unique_ptr<Dispatcher>> Dispatcher::create(const std::string& database_url,
+                                                       const std::string& redis_url,
+                                                       DispatcherOptions options) {
+  HR_ASSIGN_OR_RETURN(auto pg, pg_connect(database_url));
+  HR_ASSIGN_OR_RETURN(auto redis, RedisClient::connect(redis_url));
+  return std::unique_ptr<Dispatcher>(
+      new Dispatcher(database_url, std::move(pg), std::move(redis), std::move(options)));
+}
+
+Dispatcher::Dispatcher(std::string database_url, std::unique_ptr<pqxx::connection> pg,
+                       std::unique_ptr<RedisClient> redis, DispatcherOptions options)
+    : database_url_(std::move(database_url)), pg_(std::move(pg)), redis_(std::move(redis)),
+      options_(std::move(options)) {}
+
+Status Dispatcher::reconnect_pg() {
+  if (pg_ && pg_->is_open()) return Status::ok();
+  HR_ASSIGN_OR_RETURN(pg_, pg_connect(database_url_));
+  return Status::ok();
+}
+
+Result<int> Dispatcher::relay_once() {
+  HR_RETURN_IF_ERROR(reconnect_pg());
+  int relayed = 0;
+  Status st = pg_guard("relay", [&]() -> Status {
+    pqxx::work tx(*pg_);
+    pqxx::result batches = tx.exec(
+        "SELECT id::text, model, num_dispatched, num_total FROM batches "
+        "WHERE num_dispatched < num_total AND status IN ('queued', 'running') "
+        "ORDER BY id LIMIT 8 FOR UPDATE SKIP LOCKED");
+    for (const auto& b : batches) {
+      std::string id = b[0].as<std::string>();
+      std::string model = b[1].as<std::string>();
+      int from = b[2].as<int>();
+      int total = b[3].as<int>();
+      pqxx::result rows = tx.exec_params(
+          "SELECT idx FROM requests WHERE batch_id = $1::uuid AND idx >= $2 "
+          "AND status = 'queued' ORDER BY idx LIMIT $3",
+          id, from, options_.relay_chunk);
+      std::vector<RequestRef> refs;
+      refs.reserve(rows.size());
+      for (const auto& r : rows) refs.push_back({id, r[0].as<int>()});
+      if (!refs.empty()) {
+        Status s = ensure_group(*redis_, model);
+        if (s.is_ok()) s = enqueue(*redis_, model, refs);
+        if (!s.is_ok()) return s;  // the transaction rolls back; the cursor stays
+      }
+      int cursor = static_cast<int>(rows.size()) < options_.relay_chunk ? total
+                                                                         : refs.back().idx + 1;
+      tx.exec_params("UPDATE batches SET num_dispatched = $2 WHERE id = $1::uuid", id, cursor);
+      relayed += static_cast<int>(refs.size());
+    }
+    tx.commit();
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  return relayed;
+}
+
+Result<std::pair<int, int>> Dispatcher::requeue_expired_leases() {
+  HR_RETURN_IF_ERROR(reconnect_pg());
+  std::map<std::string, std::vector<RequestRef>> requeue;  // model → refs
+  int num_failed = 0;
+  int num_requeued = 0;
+  Status st = pg_guard("requeue expired", [&]() -> Status {
+    pqxx::work tx(*pg_);
+    pqxx::result r = tx.exec_params(
+        "WITH expired AS (SELECT batch_id, idx FROM requests "
+        "  WHERE status = 'running' AND lease_expires_at < now() "
+        "  ORDER BY lease_expires_at LIMIT 1000 FOR UPDATE SKIP LOCKED) "
+        "UPDATE requests r SET "
+        "  status = CASE WHEN r.num_failures + 1 >= $1 THEN 'failed' ELSE 'queued' END, "
+        "  error = CASE WHEN r.num_failures + 1 >= $1 THEN "
+        "    '{\"code\":\"lease_expired\",\"message\":\"the worker running this request stopped "
+        "responding too many times\"}' ELSE r.error END, "
+        "  finished_at = CASE WHEN r.num_failures + 1 >= $1 THEN now() END, "
+        "  num_failures = r.num_failures + 1, lease_owner = NULL, lease_expires_at = NULL "
+        "FROM expired e WHERE r.batch_id = e.batch_id AND r.idx = e.idx "
+        "RETURNING r.batch_id::text, r.idx, r.status, "
+        "  (SELECT model FROM batches WHERE id = r.batch_id)",
+        options_.max_attempts);
+    std::map<std::string, int> failed_per_batch;
+    for (const auto& row : r) {
+      if (row[2].as<std::string>() == "failed") {
+        ++failed_per_batch[row[0].as<std::string>()];
+      } else {
+        requeue[row[3].as<std::string>()].push_back({row[0].as<std::string>(), row[1].as<int>()});
+        ++num_requeued;
+      }
+    }
+    for (const auto& [batch, n] : failed_per_batch) {
+      tx.exec_params("UPDATE batches SET num_failed = num_failed + $2 WHERE id = $1::uuid", batch,
+                     n);
+      finish_batch_if_done(tx, batch);
+      num_failed += n;
+    }
+    tx.commit();
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  // Committed as queued: if this enqueue fails, the reclaim/resync paths still recover them.
+  for (const auto& [model, refs] : requeue) {
+    HR_RETURN_IF_ERROR(ensure_group(*redis_, model));
+    HR_RETURN_IF_ERROR(enqueue(*redis_, model, refs));
+  }
+  if (num_requeued + num_failed > 0) {
+    log::info("janitor.leases_expired", {{"requeued", num_requeued}, {"failed", num_failed}});
+  }
+  return std::make_pair(num_requeued, num_failed);
+}
+
+Result<int> Dispatcher::expire_deadlines() {
+  HR_RETURN_IF_ERROR(reconnect_pg());
+  int expired = 0;
+  Status st = pg_guard("expire deadlines", [&]() -> Status {
+    std::vector<std::string> due;
+    {
+      pqxx::nontransaction tx(*pg_);
+      for (const auto& row : tx.exec("SELECT id::text FROM batches WHERE deadline IS NOT NULL "
+                                     "AND finished_at IS NULL AND deadline < now() LIMIT 100")) {
+        due.push_back(row[0].as<std::string>());
+      }
+    }
+    for (const std::string& id : due) {
+      pqxx::work tx(*pg_);
+      pqxx::result r = tx.exec_params(
+          "UPDATE requests SET status = 'expired', finished_at = now(), error = "
+          "'{\"code\":\"batch_expired\",\"message\":\"the batch deadline passed before this "
+          "request ran\"}' WHERE batch_id = $1::uuid AND status = 'queued'",
+          id);
+      int n = static_cast<int>(r.affected_rows());
+      if (n > 0) {
+        tx.exec_params("UPDATE batches SET num_expired = num_expired + $2 WHERE id = $1::uuid",
+                       id, n);
+      }
+      finish_batch_if_done(tx, id);
+      tx.commit();
+      expired += n;
+    }
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  return expired;
+}
+
+Result<bool> Dispatcher::resync_if_redis_lost() {
+  HR_RETURN_IF_ERROR(reconnect_pg());
+  HR_ASSIGN_OR_RETURN(RedisReply info, redis_->command({"INFO", "server"}));
+  std::string run_id;
+  size_t p = info.str.find("run_id:");
+  if (p != std::string::npos) run_id = info.str.substr(p + 7, 40);
+  HR_ASSIGN_OR_RETURN(RedisReply set, redis_->command({"SET", "hr:epoch",
+                                                       new_uuid_v4().to_string(), "NX"}));
+  (void)set;
+  HR_ASSIGN_OR_RETURN(RedisReply epoch, redis_->command({"GET", "hr:epoch"}));
+  std::string observed = run_id + "/" + epoch.str;
+  bool resynced = false;
+  int rewound = 0;
+  Status st = pg_guard("resync", [&]() -> Status {
+    pqxx::work tx(*pg_);
+    pqxx::result r = tx.exec(
+        "SELECT value FROM redis_state WHERE key = 'observed' FOR UPDATE");
+    if (!r.empty() && r[0][0].as<std::string>() == observed) return Status::ok();
+    tx.exec_params(
+        "INSERT INTO redis_state (key, value) VALUES ('observed', $1) "
+        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        observed);
+    pqxx::result rw = tx.exec(
+        "UPDATE batches SET num_dispatched = 0 WHERE finished_at IS NULL AND num_dispatched > 0");
+    rewound = static_cast<int>(rw.affected_rows());
+    tx.commit();
+    resynced = true;
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  if (resynced) log::warn("dispatcher.redis_resync", {{"observed", observed}, {"batches", rewound}});
+  return resynced;
+}
+
+Result<int> Dispatcher::reclaim_idle_entries() {
+  HR_RETURN_IF_ERROR(reconnect_pg());
+  std::vector<std::string> models;
+  Status st = pg_guard("models", [&]() -> Status {
+    pqxx::nontransaction tx(*pg_);
+    for (const auto& row : tx.exec("SELECT DISTINCT model FROM batches WHERE finished_at IS NULL")) {
+      models.push_back(row[0].as<std::string>());
+    }
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  int reclaimed = 0;
+  for (const std::string& model : models) {
+    HR_RETURN_IF_ERROR(ensure_group(*redis_, model));
+    HR_ASSIGN_OR_RETURN(RedisReply r,
+                        redis_->command({"XAUTOCLAIM", stream_key(model), kConsumerGroup,
+                                         options_.name, std::to_string(options_.reclaim_idle_ms),
+                                         "0", "COUNT", "1000"}));
+    if (r.is_error() || r.elements.size() < 2 || r.elements[1].elements.empty()) continue;
+    std::vector<std::string> ids;
+    std::string keys = "[";
+    for (const RedisReply& e : r.elements[1].elements) {
+      ids.push_back(e.elements[0].str);
+      if (e.elements.size() < 2) continue;
+      std::string b;
+      std::string i;
+      const auto& f = e.elements[1].elements;
+      for (size_t k = 0; k + 1 < f.size(); k += 2) {
+        if (f[k].str == "b") b = f[k + 1].str;
+        if (f[k].str == "i") i = f[k + 1].str;
+      }
+      if (b.empty() || i.empty()) continue;
+      if (keys.size() > 1) keys += ',';
+      keys += "{\"b\":\"" + b + "\",\"i\":" + std::to_string(std::atoi(i.c_str())) + "}";
+    }
+    keys += "]";
+    std::vector<RequestRef> still_queued;
+    Status q = pg_guard("reclaim", [&]() -> Status {
+      pqxx::nontransaction tx(*pg_);
+      for (const auto& row : tx.exec_params(
+               "SELECT r.batch_id::text, r.idx FROM requests r JOIN jsonb_to_recordset($1::jsonb) "
+               "AS t(b uuid, i int) ON r.batch_id = t.b AND r.idx = t.i WHERE r.status = 'queued'",
+               keys)) {
+        still_queued.push_back({row[0].as<std::string>(), row[1].as<int>()});
+      }
+      return Status::ok();
+    });
+    if (!q.is_ok()) return q;
+    HR_RETURN_IF_ERROR(enqueue(*redis_, model, still_queued));
+    HR_RETURN_IF_ERROR(ack_and_delete(*redis_, model, ids));
+    reclaimed += static_cast<int>(ids.size());
+  }
+  return reclaimed;
+}
+
+Result<TickReport> Dispatcher::tick() {
+  TickReport rep;
+  HR_ASSIGN_OR_RETURN(rep.resynced, resync_if_redis_lost());
+  HR_ASSIGN_OR_RETURN(auto leases, requeue_expired_leases());
+  rep.requeued = leases.first;
+  rep.failed = leases.second;
+  HR_ASSIGN_OR_RETURN(rep.expired, expire_deadlines());
+  HR_ASSIGN_OR_RETURN(rep.reclaimed, reclaim_idle_entries());
+  for (;;) {
+    HR_ASSIGN_OR_RETURN(int n, relay_once());
+    rep.relayed += n;
+    if (n == 0) break;
+  }
+  return rep;
+}
+
+void Dispatcher::run(const std::atomic<bool>& stop) {
+  std::unique_ptr<pqxx::connection> listener;
+  while (!stop.load()) {
+    Result<TickReport> r = tick();
+    if (!r.is_ok()) {
+      log::warn("dispatcher.tick_failed", {{"error", r.status()}});
+      pg_.reset();
+      listener.reset();
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.tick_ms));
+      continue;
+    }
+    if (r->relayed > 0) log::debug("dispatcher.relayed", {{"requests", r->relayed}});
+    try {
+      if (!listener) {
+        listener = std::make_unique<pqxx::connection>(database_url_);
+        pqxx::nontransaction(*listener).exec("LISTEN hr_dispatch");
+      }
+      listener->await_notification(0, options_.tick_ms * 1000);
+    } catch (const std::exception& e) {
+      listener.reset();
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.tick_ms));
+    }
+  }
+}
+
+}  // namespace hr::queue

@@ -1,0 +1,69 @@
+// The dispatcher's duties, each one safe to run in several processes at once:
+//  - relay: pushes committed, not yet dispatched requests from Postgres into the per-model Redis
+//    streams, advancing a per-batch cursor (a crash between XADD and COMMIT only duplicates
+//    entries, and duplicates are dropped when a worker fails to lease them);
+//  - janitor: re-queues requests whose lease expired (or fails them after max attempts), expires
+//    requests of batches past their deadline, and reclaims stream entries stuck in a dead
+//    consumer's pending list;
+//  - resync: notices a Redis that restarted or lost its data (run id / epoch marker) and rewinds
+//    every open batch's cursor so the relay re-sends everything still queued.
+// Not thread-safe: one Dispatcher per thread.
+#pragma once
+
+#include <pqxx/pqxx>
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "queue/redis.h"
+
+namespace hr::queue {
+
+struct DispatcherOptions {
+  std::string name = "dispatcher";  // consumer name used when reclaiming entries
+  int relay_chunk = 5000;           // requests pushed per batch per pass
+  int max_attempts = 5;             // expired leases before a request ends failed
+  int reclaim_idle_ms = 60000;      // pending entries idle this long are reclaimed
+  int tick_ms = 500;                // janitor period in run()
+};
+
+struct TickReport {
+  int relayed = 0;
+  int requeued = 0;
+  int failed = 0;
+  int expired = 0;
+  int reclaimed = 0;
+  bool resynced = false;
+};
+
+class Dispatcher {
+ public:
+  [[nodiscard]] static Result<std::unique_ptr<Dispatcher>> create(const std::string& database_url,
+                                                                  const std::string& redis_url,
+                                                                  DispatcherOptions options);
+
+  [[nodiscard]] Result<int> relay_once();
+  // Returns {requeued, failed}.
+  [[nodiscard]] Result<std::pair<int, int>> requeue_expired_leases();
+  [[nodiscard]] Result<int> expire_deadlines();
+  [[nodiscard]] Result<bool> resync_if_redis_lost();
+  [[nodiscard]] Result<int> reclaim_idle_entries();
+  // One pass of every duty (relay until caught up).
+  [[nodiscard]] Result<TickReport> tick();
+  // Runs tick() until `stop`, waking early on NOTIFY hr_dispatch. Errors are logged and retried.
+  void run(const std::atomic<bool>& stop);
+
+ private:
+  Dispatcher(std::string database_url, std::unique_ptr<pqxx::connection> pg,
+             std::unique_ptr<RedisClient> redis, DispatcherOptions options);
+  Status reconnect_pg();
+
+  std::string database_url_;
+  std::unique_ptr<pqxx::connection> pg_;
+  std::unique_ptr<RedisClient> redis_;
+  DispatcherOptions options_;
+};
+
+}  // namespace hr::queue

@@ -1,0 +1,285 @@
+// Worker-side leases.
+#include "queue/lease.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <map>
+
+#include "queue/pg.h"
+#include "queue/store.h"
+
+namespace hr::queue {
+namespace {
+
+nlohmann::json lease_keys(const std::vector<Lease>& leases) {
+  nlohmann::json arr = nlohmann::json::array();
+  for (const Lease& l : leases) arr.push_back({{"b", l.ref.batch_id}, {"i", l.ref.idx}, {"a", l.attempt}});
+  return arr;
+}
+
+std::vector<std::string> entry_ids(const std::vector<Lease>& leases) {
+  std::vector<std::string> ids;
+  for (const Lease& l : leases) {
+    if (!l.entry_id.empty()) ids.push_back(l.entry_id);
+  }
+  return ids;
+}
+
+std::string key_of(const std::string& batch, int idx) { return batch + ":" + std::to_string(idx); }
+
+}  // namespace
+
+Result<std::unique_ptr<LeaseClient>> LeaseClient::create(const std::string& database_url,
+                                                         const std::string& redis_url,
+                                                         LeaseOptions options) {
+  if (options.model.empty() || options.owner.empty()) {
+    return invalid_argument("lease client needs a model and an owner");
+  }
+  HR_ASSIGN_OR_RETURN(auto pg, pg_connect(database_url));
+  HR_ASSIGN_OR_RETURN(auto redis, RedisClient::connect(redis_url));
+  return std::unique_ptr<LeaseClient>(
+      new LeaseClient(std::move(pg), std::move(redis), std::move(options)));
+}
+
+LeaseClient::LeaseClient(std::unique_ptr<pqxx::connection> pg, std::unique_ptr<RedisClient> redis,
+                         LeaseOptions options)
+    : pg_(std::move(pg)), redis_(std::move(redis)), options_(std::move(options)) {}
+
+Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
+  std::vector<Lease> out;
+  if (max <= 0) return out;
+  if (!group_ready_) {
+    HR_RETURN_IF_ERROR(ensure_group(*redis_, options_.model));
+    group_ready_ = true;
+  }
+  HR_ASSIGN_OR_RETURN(
+      RedisReply reply,
+      redis_->blocking_command({"XREADGROUP", "GROUP", kConsumerGroup, options_.owner, "COUNT",
+                                std::to_string(max), "BLOCK", std::to_string(block_ms), "STREAMS",
+                                stream_key(options_.model), ">"},
+                               block_ms));
+  if (reply.is_error()) {
+    if (reply.str.rfind("NOGROUP", 0) == 0) group_ready_ = false;  // Redis lost it: recreate
+    return unavailable("redis XREADGROUP: " + reply.str);
+  }
+  if (reply.is_nil() || reply.elements.empty()) return out;
+  // [[stream, [[id, [field, value, ...]], ...]]]
+  std::vector<std::pair<std::string, RequestRef>> entries;
+  for (const RedisReply& e : reply.elements[0].elements[1].elements) {
+    RequestRef ref;
+    const auto& fields = e.elements[1].elements;
+    for (size_t f = 0; f + 1 < fields.size(); f += 2) {
+      if (fields[f].str == "b") ref.batch_id = fields[f + 1].str;
+      if (fields[f].str == "i") ref.idx = std::atoi(fields[f + 1].str.c_str());
+    }
+    entries.emplace_back(e.elements[0].str, std::move(ref));
+  }
+  nlohmann::json keys = nlohmann::json::array();
+  for (const auto& [id, ref] : entries) {
+    if (!ref.batch_id.empty()) keys.push_back({{"b", ref.batch_id}, {"i", ref.idx}});
+  }
+  std::map<std::string, Lease> claimed;
+  Status st = pg_guard("claim", [&]() -> Status {
+    pqxx::work tx(*pg_);
+    pqxx::result r = tx.exec_params(
+        "WITH t AS (SELECT DISTINCT b, i FROM jsonb_to_recordset($1::jsonb) AS t(b uuid, i int)), "
+        "claimed AS ("
+        "  UPDATE requests r SET status = 'running', attempt = r.attempt + 1, lease_owner = $2, "
+        "    lease_expires_at = now() + make_interval(secs => $3::double precision / 1000), "
+        "    started_at = coalesce(r.started_at, now()) "
+        "  FROM t, batches bt "
+        "  WHERE r.batch_id = t.b AND r.idx = t.i AND r.status = 'queued' AND bt.id = r.batch_id "
+        "    AND bt.cancel_requested_at IS NULL AND (bt.deadline IS NULL OR bt.deadline > now()) "
+        "  RETURNING r.batch_id, r.idx, r.attempt, r.num_failures, r.body, bt.api_shape), "
+        "started AS ("
+        "  UPDATE batches SET status = 'running', started_at = now() "
+        "  WHERE id IN (SELECT DISTINCT batch_id FROM claimed) AND status = 'queued' RETURNING 1) "
+        "SELECT batch_id::text, idx, attempt, num_failures, body, api_shape FROM claimed",
+        keys.dump(), options_.owner, options_.lease_ms);
+    tx.commit();
+    for (const auto& row : r) {
+      Lease l;
+      l.ref.batch_id = row[0].as<std::string>();
+      l.ref.idx = row[1].as<int>();
+      l.attempt = row[2].as<int>();
+      l.num_failures = row[3].as<int>();
+      l.body = row[4].as<std::string>();
+      l.api_shape = row[5].as<std::string>();
+      claimed.emplace(key_of(l.ref.batch_id, l.ref.idx), std::move(l));
+    }
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  std::vector<std::string> dropped;
+  for (auto& [id, ref] : entries) {
+    auto it = claimed.find(key_of(ref.batch_id, ref.idx));
+    if (it == claimed.end() || !it->second.entry_id.empty()) {
+      dropped.push_back(id);  // ended, leased elsewhere, cancelled, past deadline, or a duplicate
+      continue;
+    }
+    it->second.entry_id = id;
+    out.push_back(it->second);
+  }
+  HR_RETURN_IF_ERROR(ack_and_delete(*redis_, options_.model, dropped));
+  return out;
+}
+
+Result<std::vector<RequestRef>> LeaseClient::renew(const std::vector<Lease>& leases) {
+  std::vector<RequestRef> lost;
+  if (leases.empty()) return lost;
+  std::map<std::string, bool> kept;
+  Status st = pg_guard("renew", [&]() -> Status {
+    pqxx::work tx(*pg_);
+    pqxx::result r = tx.exec_params(
+        "UPDATE requests r SET lease_expires_at = now() + make_interval(secs => "
+        "  $3::double precision / 1000) "
+        "FROM jsonb_to_recordset($1::jsonb) AS t(b uuid, i int, a int) "
+        "WHERE r.batch_id = t.b AND r.idx = t.i AND r.attempt = t.a AND r.status = 'running' "
+        "  AND r.lease_owner = $2 "
+        "RETURNING r.batch_id::text, r.idx",
+        lease_keys(leases).dump(), options_.owner, options_.lease_ms);
+    tx.commit();
+    for (const auto& row : r) kept[key_of(row[0].as<std::string>(), row[1].as<int>())] = true;
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  for (const Lease& l : leases) {
+    if (!kept.count(key_of(l.ref.batch_id, l.ref.idx))) lost.push_back(l.ref);
+  }
+  return lost;
+}
+
+Result<std::vector<bool>> LeaseClient::finish(const std::vector<Lease>& leases,
+                                              const std::vector<std::string>& statuses,
+                                              const std::vector<std::string>& results,
+                                              const std::vector<std::string>& errors,
+                                              const std::vector<std::array<int, 3>>& usage) {
+  std::vector<bool> accepted(leases.size(), false);
+  if (leases.empty()) return accepted;
+  nlohmann::json rows = nlohmann::json::array();
+  for (size_t k = 0; k < leases.size(); ++k) {
+    nlohmann::json row = {{"b", leases[k].ref.batch_id}, {"i", leases[k].ref.idx},
+                          {"a", leases[k].attempt},      {"s", statuses[k]},
+                          {"pt", usage[k][0]},           {"ct", usage[k][1]},
+                          {"cc", usage[k][2]}};
+    row["res"] = results[k].empty() ? nlohmann::json(nullptr) : nlohmann::json(results[k]);
+    row["err"] = errors[k].empty() ? nlohmann::json(nullptr) : nlohmann::json(errors[k]);
+    rows.push_back(std::move(row));
+  }
+  std::map<std::string, bool> done;
+  Status st = pg_guard("finish", [&]() -> Status {
+    pqxx::work tx(*pg_);
+    pqxx::result r = tx.exec_params(
+        "WITH t AS (SELECT * FROM jsonb_to_recordset($1::jsonb) AS t(b uuid, i int, a int, "
+        "  s text, res text, err text, pt int, ct int, cc int)) "
+        "UPDATE requests r SET status = t.s, result = t.res, error = t.err, "
+        "  prompt_tokens = t.pt, completion_tokens = t.ct, cached_tokens = t.cc, "
+        "  finished_at = now(), lease_owner = NULL, lease_expires_at = NULL "
+        "FROM t WHERE r.batch_id = t.b AND r.idx = t.i AND r.attempt = t.a "
+        "  AND r.status = 'running' "
+        "RETURNING r.batch_id::text, r.idx, r.status, t.pt, t.ct, t.cc",
+        rows.dump());
+    struct Delta {
+      int completed = 0, failed = 0;
+      int64_t pt = 0, ct = 0, cc = 0;
+    };
+    std::map<std::string, Delta> per_batch;  // ordered: batch rows are locked in id order
+    for (const auto& row : r) {
+      std::string b = row[0].as<std::string>();
+      done[key_of(b, row[1].as<int>())] = true;
+      Delta& d = per_batch[b];
+      (row[2].as<std::string>() == "completed" ? d.completed : d.failed) += 1;
+      d.pt += row[3].as<int64_t>();
+      d.ct += row[4].as<int64_t>();
+      d.cc += row[5].as<int64_t>();
+    }
+    for (const auto& [b, d] : per_batch) {
+      tx.exec_params(
+          "UPDATE batches SET num_completed = num_completed + $2, num_failed = num_failed + $3, "
+          "prompt_tokens = prompt_tokens + $4, completion_tokens = completion_tokens + $5, "
+          "cached_tokens = cached_tokens + $6 WHERE id = $1::uuid",
+          b, d.completed, d.failed, d.pt, d.ct, d.cc);
+      finish_batch_if_done(tx, b);
+    }
+    tx.commit();
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  for (size_t k = 0; k < leases.size(); ++k) {
+    accepted[k] = done.count(key_of(leases[k].ref.batch_id, leases[k].ref.idx)) > 0;
+  }
+  HR_RETURN_IF_ERROR(ack_and_delete(*redis_, options_.model, entry_ids(leases)));
+  return accepted;
+}
+
+Result<std::vector<bool>> LeaseClient::complete(const std::vector<Completion>& completions) {
+  std::vector<Lease> leases;
+  std::vector<std::string> statuses, results, errors;
+  std::vector<std::array<int, 3>> usage;
+  for (const Completion& c : completions) {
+    leases.push_back(c.lease);
+    statuses.push_back("completed");
+    results.push_back(c.result_json);
+    errors.emplace_back();
+    usage.push_back({c.prompt_tokens, c.completion_tokens, c.cached_tokens});
+  }
+  return finish(leases, statuses, results, errors, usage);
+}
+
+Result<std::vector<bool>> LeaseClient::fail(const std::vector<Failure>& failures) {
+  std::vector<Lease> final_leases, retry;
+  std::vector<std::string> statuses, results, errors;
+  std::vector<std::array<int, 3>> usage;
+  std::vector<size_t> final_index, retry_index;
+  for (size_t k = 0; k < failures.size(); ++k) {
+    const Failure& f = failures[k];
+    std::string err = nlohmann::json{{"code", f.code}, {"message", f.message}}.dump();
+    if (f.retryable && f.lease.num_failures + 1 < options_.max_attempts) {
+      retry.push_back(f.lease);
+      retry_index.push_back(k);
+      continue;
+    }
+    final_leases.push_back(f.lease);
+    final_index.push_back(k);
+    statuses.push_back("failed");
+    results.emplace_back();
+    errors.push_back(err);
+    usage.push_back({0, 0, 0});
+  }
+  std::vector<bool> accepted(failures.size(), false);
+  HR_ASSIGN_OR_RETURN(auto fin, finish(final_leases, statuses, results, errors, usage));
+  for (size_t k = 0; k < fin.size(); ++k) accepted[final_index[k]] = fin[k];
+  if (!retry.empty()) {
+    HR_RETURN_IF_ERROR(requeue(retry, /*count_failure=*/true));
+    for (size_t k : retry_index) accepted[k] = true;
+  }
+  return accepted;
+}
+
+Status LeaseClient::release(const std::vector<Lease>& leases) {
+  return requeue(leases, /*count_failure=*/false);
+}
+
+Status LeaseClient::requeue(const std::vector<Lease>& leases, bool count_failure) {
+  if (leases.empty()) return Status::ok();
+  std::vector<RequestRef> requeued;
+  Status st = pg_guard("release", [&]() -> Status {
+    pqxx::work tx(*pg_);
+    pqxx::result r = tx.exec_params(
+        "UPDATE requests r SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL, "
+        "  num_failures = r.num_failures + $2 "
+        "FROM jsonb_to_recordset($1::jsonb) AS t(b uuid, i int, a int) "
+        "WHERE r.batch_id = t.b AND r.idx = t.i AND r.attempt = t.a AND r.status = 'running' "
+        "RETURNING r.batch_id::text, r.idx",
+        lease_keys(leases).dump(), count_failure ? 1 : 0);
+    tx.commit();
+    for (const auto& row : r) requeued.push_back({row[0].as<std::string>(), row[1].as<int>()});
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  HR_RETURN_IF_ERROR(enqueue(*redis_, options_.model, requeued));
+  return ack_and_delete(*redis_, options_.model, entry_ids(leases));
+}
+
+}  // namespace hr::queue

@@ -1,0 +1,89 @@
+// The worker side of the queue: pull requests for one model from its Redis stream, take leases on
+// them in Postgres (one statement for the whole pull), renew, complete, fail and release them.
+// Every write after the pull is fenced by (batch, index, attempt): a stale worker whose lease was
+// taken over can no longer change the request. Postgres commits first; then the stream entries are
+// acknowledged and deleted. Not thread-safe: one LeaseClient per thread.
+#pragma once
+
+#include <pqxx/pqxx>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "queue/redis.h"
+#include "queue/stream.h"
+
+namespace hr::queue {
+
+struct LeaseOptions {
+  std::string model;
+  std::string owner;         // worker identity, also the Redis consumer name
+  int lease_ms = 30000;
+  int max_attempts = 3;      // a request that fails (or loses its lease) this often ends failed
+};
+
+struct Lease {
+  RequestRef ref;
+  int attempt = 0;
+  int num_failures = 0;      // earlier failed attempts and expired leases
+  std::string body;          // the request JSON
+  std::string api_shape;     // "workers_ai" or "openai"
+  std::string entry_id;      // Redis stream entry
+};
+
+struct Completion {
+  Lease lease;
+  std::string result_json;
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  int cached_tokens = 0;
+};
+
+struct Failure {
+  Lease lease;
+  std::string code;
+  std::string message;
+  bool retryable = false;
+};
+
+class LeaseClient {
+ public:
+  [[nodiscard]] static Result<std::unique_ptr<LeaseClient>> create(const std::string& database_url,
+                                                                   const std::string& redis_url,
+                                                                   LeaseOptions options);
+
+  // Reads up to `max` entries (waiting up to `block_ms` for the first) and leases the requests
+  // that are still queued. Entries for requests that ended or are leased elsewhere are dropped.
+  [[nodiscard]] Result<std::vector<Lease>> pull(int max, int block_ms);
+  // Extends the leases; returns the ones that were lost (taken over or ended) — stop working on them.
+  [[nodiscard]] Result<std::vector<RequestRef>> renew(const std::vector<Lease>& leases);
+  // Records results. Returns, for each completion, whether it was accepted (false: fenced out).
+  [[nodiscard]] Result<std::vector<bool>> complete(const std::vector<Completion>& completions);
+  // Records failures: retryable ones go back to the queue until max_attempts, the rest end failed.
+  [[nodiscard]] Result<std::vector<bool>> fail(const std::vector<Failure>& failures);
+  // Hands back unstarted work: queued again, not counted as a failure.
+  [[nodiscard]] Status release(const std::vector<Lease>& leases);
+
+  const LeaseOptions& options() const { return options_; }
+
+ private:
+  LeaseClient(std::unique_ptr<pqxx::connection> pg, std::unique_ptr<RedisClient> redis,
+              LeaseOptions options);
+  Status requeue(const std::vector<Lease>& leases, bool count_failure);
+  // Ends `outcomes` (status per request) fenced by attempt and updates the batch counters.
+  Result<std::vector<bool>> finish(const std::vector<Lease>& leases,
+                                   const std::vector<std::string>& statuses,
+                                   const std::vector<std::string>& results,
+                                   const std::vector<std::string>& errors,
+                                   const std::vector<std::array<int, 3>>& usage);
+
+  std::unique_ptr<pqxx::connection> pg_;
+  std::unique_ptr<RedisClient> redis_;
+  LeaseOptions options_;
+  bool group_ready_ = false;
+};
+
+}  // namespace hr::queue

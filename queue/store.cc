@@ -1,0 +1,309 @@
+// The batch store.
+#include "queue/store.h"
+
+#include <nlohmann/json.hpp>
+
+#include "base/hash.h"
+#include "base/ids.h"
+#include "queue/pg.h"
+
+namespace hr::queue {
+namespace {
+
+constexpr const char* kBatchColumns =
+    "id::text, model, api_shape, status, num_total, num_completed, num_failed, num_cancelled, "
+    "num_expired, prompt_tokens, completion_tokens, cached_tokens, "
+    "(extract(epoch FROM created_at) * 1000)::bigint, "
+    "(extract(epoch FROM started_at) * 1000)::bigint, "
+    "(extract(epoch FROM finished_at) * 1000)::bigint, "
+    "(extract(epoch FROM deadline) * 1000)::bigint, cancel_requested_at IS NOT NULL";
+
+std::optional<int64_t> opt_i64(const pqxx::field& f) {
+  if (f.is_null()) return std::nullopt;
+  return f.as<int64_t>();
+}
+
+BatchInfo batch_from_row(const pqxx::row& r) {
+  BatchInfo b;
+  b.id = r[0].as<std::string>();
+  b.model = r[1].as<std::string>();
+  b.api_shape = r[2].as<std::string>();
+  b.status = r[3].as<std::string>();
+  b.num_total = r[4].as<int>();
+  b.num_completed = r[5].as<int>();
+  b.num_failed = r[6].as<int>();
+  b.num_cancelled = r[7].as<int>();
+  b.num_expired = r[8].as<int>();
+  b.prompt_tokens = r[9].as<int64_t>();
+  b.completion_tokens = r[10].as<int64_t>();
+  b.cached_tokens = r[11].as<int64_t>();
+  b.created_at_ms = r[12].as<int64_t>();
+  b.started_at_ms = opt_i64(r[13]);
+  b.finished_at_ms = opt_i64(r[14]);
+  b.deadline_ms = opt_i64(r[15]);
+  b.cancel_requested = r[16].as<bool>();
+  return b;
+}
+
+std::string event_type_for(const std::string& status) {
+  if (status == "completed" || status == "completed_with_errors") return "batch.completed";
+  return "batch." + status;
+}
+
+void write_event(pqxx::work& tx, const std::string& type, const std::string& account_id,
+                 const std::string& batch_id, const nlohmann::json& data) {
+  std::string event_id = new_uuid_v7().to_string();
+  nlohmann::json payload = {{"id", event_id}, {"type", type}, {"data", data}};
+  tx.exec_params(
+      "INSERT INTO outbox (event_id, event_type, account_id, batch_id, payload) "
+      "VALUES ($1, $2, $3, $4, $5::jsonb)",
+      event_id, type, account_id, batch_id, payload.dump());
+}
+
+}  // namespace
+
+bool BatchInfo::is_terminal() const { return finished_at_ms.has_value(); }
+
+Result<CreatedKey> create_api_key(pqxx::connection& conn, const std::string& account) {
+  CreatedKey out;
+  out.key = "hr_" + random_hex(24);
+  HR_ASSIGN_OR_RETURN(out.account_id, ensure_api_key(conn, account, out.key));
+  return out;
+}
+
+Result<std::string> ensure_api_key(pqxx::connection& conn, const std::string& account,
+                                   const std::string& key) {
+  if (account.empty() || account.size() > 128) {
+    return invalid_argument("account name must be 1 to 128 characters", "account");
+  }
+  if (key.size() < 16) return invalid_argument("API keys must be at least 16 characters", "key");
+  std::string account_id;
+  Status st = pg_guard("create key", [&]() -> Status {
+    pqxx::work tx(conn);
+    tx.exec_params("INSERT INTO accounts (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+                   new_uuid_v4().to_string(), account);
+    account_id = tx.exec_params1("SELECT id::text FROM accounts WHERE name = $1", account)[0]
+                     .as<std::string>();
+    pqxx::result existing = tx.exec_params(
+        "SELECT account_id::text FROM api_keys WHERE key_hash = decode($1, 'hex')",
+        to_hex(sha256(key)));
+    if (!existing.empty()) {
+      if (existing[0][0].as<std::string>() != account_id) {
+        return Status(StatusCode::kConflict, "this key belongs to another account", "key");
+      }
+      tx.commit();
+      return Status::ok();
+    }
+    tx.exec_params(
+        "INSERT INTO api_keys (id, account_id, key_hash, prefix) "
+        "VALUES ($1, $2, decode($3, 'hex'), $4)",
+        new_uuid_v4().to_string(), account_id, to_hex(sha256(key)), key.substr(0, 7));
+    tx.commit();
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  return account_id;
+}
+
+Result<std::string> authenticate(pqxx::connection& conn, const std::string& key) {
+  std::string account_id;
+  Status st = pg_guard("authenticate", [&]() -> Status {
+    pqxx::nontransaction tx(conn);
+    pqxx::result r = tx.exec_params(
+        "SELECT account_id::text FROM api_keys WHERE key_hash = decode($1, 'hex') "
+        "AND revoked_at IS NULL",
+        to_hex(sha256(key)));
+    if (r.empty()) return Status(StatusCode::kUnauthenticated, "invalid API key");
+    account_id = r[0][0].as<std::string>();
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  return account_id;
+}
+
+Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch) {
+  SubmitResult out;
+  Status st = pg_guard("submit", [&]() -> Status {
+    pqxx::work tx(conn);
+    std::string id = new_uuid_v7().to_string();
+    std::optional<std::string> deadline;
+    if (batch.deadline_unix_ms) deadline = std::to_string(*batch.deadline_unix_ms);
+    pqxx::result inserted = tx.exec_params(
+        "INSERT INTO batches (id, account_id, model, api_shape, status, num_total, priority, "
+        "deadline, idempotency_key, request_hash, metadata) "
+        "VALUES ($1, $2, $3, $4, 'queued', $5, $6, to_timestamp($7::bigint / 1000.0), $8, "
+        "decode($9, 'hex'), $10::jsonb) "
+        "ON CONFLICT (account_id, idempotency_key) WHERE idempotency_key IS NOT NULL "
+        "DO NOTHING RETURNING id::text",
+        id, batch.account_id, batch.model, batch.api_shape,
+        static_cast<int>(batch.requests.size()), batch.priority, deadline, batch.idempotency_key,
+        to_hex(batch.request_hash), batch.metadata_json);
+    if (inserted.empty()) {
+      pqxx::row prior = tx.exec_params1(
+          "SELECT id::text, encode(request_hash, 'hex') FROM batches "
+          "WHERE account_id = $1 AND idempotency_key = $2",
+          batch.account_id, batch.idempotency_key);
+      if (prior[1].as<std::string>() != to_hex(batch.request_hash)) {
+        return Status(StatusCode::kConflict,
+                      "Idempotency-Key was already used with a different request body",
+                      "Idempotency-Key");
+      }
+      out.batch_id = prior[0].as<std::string>();
+      out.replayed = true;
+      return Status::ok();
+    }
+    {
+      pqxx::stream_to copy(tx, "requests",
+                           std::vector<std::string>{"batch_id", "idx", "custom_id", "body"});
+      int idx = 0;
+      for (const NewRequest& r : batch.requests) {
+        if (r.custom_id) {
+          copy << std::make_tuple(id, idx, *r.custom_id, r.body);
+        } else {
+          copy << std::make_tuple(id, idx, nullptr, r.body);
+        }
+        ++idx;
+      }
+      copy.complete();
+    }
+    write_event(tx, "batch.queued", batch.account_id, id,
+                {{"id", id}, {"status", "queued"}, {"model", batch.model},
+                 {"request_counts", {{"total", batch.requests.size()}, {"completed", 0},
+                                     {"failed", 0}}}});
+    tx.exec("NOTIFY hr_dispatch");
+    tx.commit();
+    out.batch_id = id;
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  return out;
+}
+
+Result<BatchInfo> get_batch(pqxx::connection& conn, const std::string& account_id,
+                            const std::string& batch_id) {
+  BatchInfo out;
+  Status st = pg_guard("get batch", [&]() -> Status {
+    pqxx::nontransaction tx(conn);
+    pqxx::result r = tx.exec_params(std::string("SELECT ") + kBatchColumns +
+                                        " FROM batches WHERE id = $1::uuid AND account_id = $2",
+                                    batch_id, account_id);
+    if (r.empty()) return not_found("no such batch: " + batch_id);
+    out = batch_from_row(r[0]);
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  return out;
+}
+
+Result<std::vector<RequestResult>> get_results(pqxx::connection& conn, const std::string& batch_id,
+                                               bool include_pending) {
+  std::vector<RequestResult> out;
+  Status st = pg_guard("get results", [&]() -> Status {
+    pqxx::nontransaction tx(conn);
+    std::string sql =
+        "SELECT idx, custom_id, status, result, error, coalesce(prompt_tokens, 0), "
+        "coalesce(completion_tokens, 0), coalesce(cached_tokens, 0) FROM requests "
+        "WHERE batch_id = $1::uuid";
+    if (!include_pending) sql += " AND status NOT IN ('queued', 'running')";
+    sql += " ORDER BY idx";
+    pqxx::result r = tx.exec_params(sql, batch_id);
+    out.reserve(r.size());
+    for (const auto& row : r) {
+      RequestResult rr;
+      rr.idx = row[0].as<int>();
+      if (!row[1].is_null()) rr.custom_id = row[1].as<std::string>();
+      rr.status = row[2].as<std::string>();
+      if (!row[3].is_null()) rr.result_json = row[3].as<std::string>();
+      if (!row[4].is_null()) rr.error_json = row[4].as<std::string>();
+      rr.prompt_tokens = row[5].as<int>();
+      rr.completion_tokens = row[6].as<int>();
+      rr.cached_tokens = row[7].as<int>();
+      out.push_back(std::move(rr));
+    }
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  return out;
+}
+
+std::optional<std::string> finish_batch_if_done(pqxx::work& tx, const std::string& batch_id) {
+  pqxx::result r = tx.exec_params(
+      "UPDATE batches SET finished_at = now(), status = CASE "
+      "  WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' "
+      "  WHEN num_expired > 0 THEN 'expired' "
+      "  WHEN num_failed = num_total THEN 'failed' "
+      "  WHEN num_failed > 0 THEN 'completed_with_errors' "
+      "  ELSE 'completed' END "
+      "WHERE id = $1::uuid AND finished_at IS NULL "
+      "  AND num_completed + num_failed + num_cancelled + num_expired = num_total "
+      "RETURNING status, account_id::text, model, num_total, num_completed, num_failed, "
+      "  num_cancelled, num_expired, prompt_tokens, completion_tokens, cached_tokens",
+      batch_id);
+  if (r.empty()) return std::nullopt;
+  const pqxx::row& row = r[0];
+  std::string status = row[0].as<std::string>();
+  nlohmann::json data = {
+      {"id", batch_id},
+      {"status", status},
+      {"model", row[2].as<std::string>()},
+      {"request_counts",
+       {{"total", row[3].as<int>()}, {"completed", row[4].as<int>()}, {"failed", row[5].as<int>()},
+        {"cancelled", row[6].as<int>()}, {"expired", row[7].as<int>()}}},
+      {"usage",
+       {{"prompt_tokens", row[8].as<int64_t>()}, {"completion_tokens", row[9].as<int64_t>()},
+        {"cached_tokens", row[10].as<int64_t>()}}}};
+  write_event(tx, event_type_for(status), row[1].as<std::string>(), batch_id, data);
+  return status;
+}
+
+Result<CancelResult> cancel_batch(pqxx::connection& conn, const std::string& account_id,
+                                  const std::string& batch_id) {
+  CancelResult out;
+  Status st = pg_guard("cancel", [&]() -> Status {
+    // Lock order everywhere: request rows first, then batch rows (in id order).
+    pqxx::work tx(conn);
+    pqxx::result owned = tx.exec_params(
+        "SELECT cancel_requested_at IS NOT NULL, finished_at IS NOT NULL FROM batches "
+        "WHERE id = $1::uuid AND account_id = $2",
+        batch_id, account_id);
+    if (owned.empty()) return not_found("no such batch: " + batch_id);
+    out.already_requested = owned[0][0].as<bool>();
+    if (!out.already_requested && !owned[0][1].as<bool>()) {
+      pqxx::result cancelled = tx.exec_params(
+          "UPDATE requests SET status = 'cancelled', finished_at = now() "
+          "WHERE batch_id = $1::uuid AND status = 'queued'",
+          batch_id);
+      out.num_cancelled_now = static_cast<int>(cancelled.affected_rows());
+      tx.exec_params(
+          "UPDATE batches SET num_cancelled = num_cancelled + $2, "
+          "cancel_requested_at = coalesce(cancel_requested_at, now()) WHERE id = $1::uuid",
+          batch_id, out.num_cancelled_now);
+      finish_batch_if_done(tx, batch_id);
+    }
+    out.batch = batch_from_row(tx.exec_params1(
+        std::string("SELECT ") + kBatchColumns + " FROM batches WHERE id = $1::uuid", batch_id));
+    tx.commit();
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  return out;
+}
+
+Result<std::vector<BatchInfo>> list_batches(pqxx::connection& conn, const std::string& account_id,
+                                            const ListQuery& query) {
+  std::vector<BatchInfo> out;
+  Status st = pg_guard("list", [&]() -> Status {
+    pqxx::nontransaction tx(conn);
+    pqxx::result r = tx.exec_params(
+        std::string("SELECT ") + kBatchColumns +
+            " FROM batches WHERE account_id = $1 AND ($2::text IS NULL OR status = $2) "
+            "AND ($3::uuid IS NULL OR id < $3::uuid) ORDER BY id DESC LIMIT $4",
+        account_id, query.status, query.after, query.limit);
+    for (const auto& row : r) out.push_back(batch_from_row(row));
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  return out;
+}
+
+}  // namespace hr::queue

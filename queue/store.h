@@ -1,0 +1,123 @@
+// The batch store on Postgres: accounts and API keys, submitting a batch (one transaction: batch
+// row, request rows by COPY, outbox event), reading status and results, cancelling and listing.
+// Every read and write is scoped to an account: another account's batch is kNotFound.
+// Functions take a connection owned by the caller's thread.
+#pragma once
+
+#include <pqxx/pqxx>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace hr::queue {
+
+struct CreatedKey {
+  std::string account_id;
+  std::string key;  // shown once; only its SHA-256 is stored
+};
+
+// Creates the account if it does not exist and a new key for it.
+[[nodiscard]] Result<CreatedKey> create_api_key(pqxx::connection& conn, const std::string& account);
+// Stores a caller-chosen key for the account (e.g. HEADROOM_API_KEY in `serve`); idempotent.
+[[nodiscard]] Result<std::string> ensure_api_key(pqxx::connection& conn, const std::string& account,
+                                                 const std::string& key);
+// The account id owning `key`; kUnauthenticated when unknown or revoked.
+[[nodiscard]] Result<std::string> authenticate(pqxx::connection& conn, const std::string& key);
+
+struct NewRequest {
+  std::optional<std::string> custom_id;
+  std::string body;  // normalized request JSON
+};
+
+struct NewBatch {
+  std::string account_id;
+  std::string model;
+  std::string api_shape = "workers_ai";  // or "openai"
+  int priority = 0;
+  std::optional<int64_t> deadline_unix_ms;
+  std::optional<std::string> idempotency_key;
+  std::string request_hash;  // raw SHA-256 of the submitted body
+  std::optional<std::string> metadata_json;
+  std::vector<NewRequest> requests;
+};
+
+struct SubmitResult {
+  std::string batch_id;
+  bool replayed = false;  // an earlier submit with the same Idempotency-Key and body
+};
+
+// Writes the batch durably. Returns after COMMIT. kConflict when the Idempotency-Key was used
+// with a different body.
+[[nodiscard]] Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch);
+
+struct BatchInfo {
+  std::string id;
+  std::string model;
+  std::string api_shape;
+  std::string status;
+  int num_total = 0;
+  int num_completed = 0;
+  int num_failed = 0;
+  int num_cancelled = 0;
+  int num_expired = 0;
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;
+  int64_t created_at_ms = 0;
+  std::optional<int64_t> started_at_ms;
+  std::optional<int64_t> finished_at_ms;
+  std::optional<int64_t> deadline_ms;
+  bool cancel_requested = false;
+  bool is_terminal() const;
+};
+
+[[nodiscard]] Result<BatchInfo> get_batch(pqxx::connection& conn, const std::string& account_id,
+                                          const std::string& batch_id);
+
+struct RequestResult {
+  int idx = 0;
+  std::optional<std::string> custom_id;
+  std::string status;
+  std::optional<std::string> result_json;
+  std::optional<std::string> error_json;
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  int cached_tokens = 0;
+};
+
+// Finished requests of a batch in input order (with `include_pending`, every request).
+[[nodiscard]] Result<std::vector<RequestResult>> get_results(pqxx::connection& conn,
+                                                             const std::string& batch_id,
+                                                             bool include_pending);
+
+struct CancelResult {
+  BatchInfo batch;
+  bool already_requested = false;  // a second cancel: nothing changed
+  int num_cancelled_now = 0;       // queued requests that this call cancelled
+};
+
+// Cancels the queued requests; running ones finish and keep their results. Idempotent.
+[[nodiscard]] Result<CancelResult> cancel_batch(pqxx::connection& conn,
+                                                const std::string& account_id,
+                                                const std::string& batch_id);
+
+struct ListQuery {
+  std::optional<std::string> status;
+  int limit = 20;
+  std::optional<std::string> after;  // a batch id: list those older than it
+};
+
+[[nodiscard]] Result<std::vector<BatchInfo>> list_batches(pqxx::connection& conn,
+                                                          const std::string& account_id,
+                                                          const ListQuery& query);
+
+// Moves the batch to its terminal status and writes the batch event to the outbox when every
+// request has ended. Call inside the transaction that ended the last requests. Returns the
+// terminal status, or nullopt when requests remain.
+std::optional<std::string> finish_batch_if_done(pqxx::work& tx, const std::string& batch_id);
+
+}  // namespace hr::queue

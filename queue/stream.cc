@@ -1,0 +1,47 @@
+// Per-model Redis streams.
+#include "queue/stream.h"
+
+namespace hr::queue {
+
+std::string stream_key(const std::string& model) { return "hr:stream:" + model; }
+
+Status ensure_group(RedisClient& redis, const std::string& model) {
+  HR_ASSIGN_OR_RETURN(RedisReply r, redis.command({"XGROUP", "CREATE", stream_key(model),
+                                                   kConsumerGroup, "0", "MKSTREAM"}));
+  if (r.is_error() && r.str.rfind("BUSYGROUP", 0) != 0) {
+    return unavailable("redis XGROUP CREATE: " + r.str);
+  }
+  return Status::ok();
+}
+
+Status enqueue(RedisClient& redis, const std::string& model, const std::vector<RequestRef>& refs) {
+  if (refs.empty()) return Status::ok();
+  std::string key = stream_key(model);
+  std::vector<std::vector<std::string>> cmds;
+  cmds.reserve(refs.size());
+  for (const RequestRef& r : refs) {
+    cmds.push_back({"XADD", key, "*", "b", r.batch_id, "i", std::to_string(r.idx)});
+  }
+  HR_ASSIGN_OR_RETURN(auto replies, redis.pipeline(cmds));
+  for (const auto& r : replies) {
+    if (r.is_error()) return unavailable("redis XADD: " + r.str);
+  }
+  return Status::ok();
+}
+
+Status ack_and_delete(RedisClient& redis, const std::string& model,
+                      const std::vector<std::string>& entry_ids) {
+  if (entry_ids.empty()) return Status::ok();
+  std::string key = stream_key(model);
+  std::vector<std::string> ack = {"XACK", key, kConsumerGroup};
+  std::vector<std::string> del = {"XDEL", key};
+  ack.insert(ack.end(), entry_ids.begin(), entry_ids.end());
+  del.insert(del.end(), entry_ids.begin(), entry_ids.end());
+  HR_ASSIGN_OR_RETURN(auto replies, redis.pipeline({ack, del}));
+  for (const auto& r : replies) {
+    if (r.is_error()) return unavailable("redis XACK/XDEL: " + r.str);
+  }
+  return Status::ok();
+}
+
+}  // namespace hr::queue

@@ -1,0 +1,160 @@
+// api, dispatcher, serve and keys.
+#include "workers/roles.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <thread>
+
+#include "api/http_server.h"
+#include "base/log.h"
+#include "queue/migrate.h"
+#include "queue/pg.h"
+#include "queue/store.h"
+
+namespace hr::workers {
+namespace {
+
+// Blocks SIGINT/SIGTERM in every thread started after this, so the main thread can wait for them.
+sigset_t block_stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+int wait_for_stop_signal(const sigset_t& set) {
+  int sig = 0;
+  sigwait(&set, &sig);
+  log::info("process.stopping", {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}});
+  return sig;
+}
+
+}  // namespace
+
+int run_keys_create(const queue::StoreConfig& store, const std::string& account) {
+  auto conn = queue::pg_connect(store.database_url);
+  if (!conn.is_ok()) {
+    std::fprintf(stderr, "headroom: %s\n", conn.status().to_string().c_str());
+    return 1;
+  }
+  auto key = queue::create_api_key(**conn, account);
+  if (!key.is_ok()) {
+    std::fprintf(stderr, "headroom: %s\n", key.status().to_string().c_str());
+    return 1;
+  }
+  std::printf("%s\n", key->key.c_str());
+  std::fprintf(stderr, "account %s (%s): store this key now, it is not shown again\n",
+               account.c_str(), key->account_id.c_str());
+  return 0;
+}
+
+int run_api(const api::ApiConfig& config, const queue::StoreConfig& store) {
+  sigset_t set = block_stop_signals();
+  api::AsyncApi async_api(config, store);
+  api::HttpServer server(config.server_options(),
+                         [&](const api::HttpRequest& r) { return async_api.handle(r); });
+  Status st = server.start();
+  if (!st.is_ok()) {
+    log::error("api.start_failed", {{"error", st}});
+    return 1;
+  }
+  log::info("api.listening", {{"host", config.host}, {"port", static_cast<int>(server.port())}});
+  wait_for_stop_signal(set);
+  server.stop();
+  log::info("api.stopped");
+  return 0;
+}
+
+int run_dispatcher(const queue::StoreConfig& store, const queue::DispatcherOptions& options) {
+  sigset_t set = block_stop_signals();
+  std::atomic<bool> stop{false};
+  std::thread loop([&] {
+    for (;;) {
+      auto d = queue::Dispatcher::create(store.database_url, store.redis_url, options);
+      if (d.is_ok()) {
+        (*d)->run(stop);
+        return;
+      }
+      log::warn("dispatcher.connect_failed", {{"error", d.status()}});
+      for (int i = 0; i < 10 && !stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (stop) return;
+    }
+  });
+  log::info("dispatcher.started", {{"name", options.name}});
+  wait_for_stop_signal(set);
+  stop = true;
+  loop.join();
+  return 0;
+}
+
+int run_serve(const ServeConfig& config) {
+  sigset_t set = block_stop_signals();
+  if (config.migrate) {
+    auto report = queue::migrate(config.store.database_url, queue::bundled_migrations());
+    if (!report.is_ok()) {
+      log::error("serve.migrate_failed", {{"error", report.status()}});
+      return 1;
+    }
+  }
+  {
+    auto conn = queue::pg_connect(config.store.database_url);
+    if (!conn.is_ok()) {
+      log::error("serve.db_unavailable", {{"error", conn.status()}});
+      return 1;
+    }
+    if (config.api_key.empty()) {
+      auto key = queue::create_api_key(**conn, config.account);
+      if (!key.is_ok()) {
+        log::error("serve.key_failed", {{"error", key.status()}});
+        return 1;
+      }
+      std::printf("API key for account '%s' (set HEADROOM_API_KEY to choose your own): %s\n",
+                  config.account.c_str(), key->key.c_str());
+      std::fflush(stdout);
+    } else {
+      auto id = queue::ensure_api_key(**conn, config.account, config.api_key);
+      if (!id.is_ok()) {
+        log::error("serve.key_failed", {{"error", id.status()}});
+        return 1;
+      }
+    }
+  }
+  std::atomic<bool> stop{false};
+  std::thread dispatcher([&] {
+    while (!stop) {
+      auto d = queue::Dispatcher::create(config.store.database_url, config.store.redis_url,
+                                         config.dispatcher);
+      if (d.is_ok()) {
+        (*d)->run(stop);
+        return;
+      }
+      log::warn("dispatcher.connect_failed", {{"error", d.status()}});
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+  });
+  api::AsyncApi async_api(config.api, config.store);
+  api::HttpServer server(config.api.server_options(),
+                         [&](const api::HttpRequest& r) { return async_api.handle(r); });
+  Status st = server.start();
+  if (!st.is_ok()) {
+    log::error("serve.start_failed", {{"error", st}});
+    stop = true;
+    dispatcher.join();
+    return 1;
+  }
+  log::info("serve.listening", {{"url", "http://" + config.api.host + ":" +
+                                             std::to_string(server.port())}});
+  wait_for_stop_signal(set);
+  server.stop();
+  stop = true;
+  dispatcher.join();
+  log::info("serve.stopped");
+  return 0;
+}
+
+}  // namespace hr::workers

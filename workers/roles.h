@@ -1,0 +1,31 @@
+// The long-running roles of the headroom binary: api, dispatcher and serve (everything in one
+// process). Each runs until SIGINT or SIGTERM, then shuts down gracefully, and returns an exit code.
+#pragma once
+
+#include <string>
+
+#include "api/async_api.h"
+#include "queue/config.h"
+#include "queue/dispatcher.h"
+#include "workers/worker_config.h"
+
+namespace hr::workers {
+
+struct ServeConfig {
+  api::ApiConfig api;
+  queue::StoreConfig store;
+  queue::DispatcherOptions dispatcher;
+  WorkerConfig worker;
+  std::string api_key;  // HEADROOM_API_KEY: the default account's key
+  std::string account = "default";
+  bool migrate = true;  // apply migrations at start
+};
+
+int run_api(const api::ApiConfig& api, const queue::StoreConfig& store);
+int run_dispatcher(const queue::StoreConfig& store, const queue::DispatcherOptions& options);
+int run_serve(const ServeConfig& config);
+
+// `headroom keys create --account NAME`: prints a new key once.
+int run_keys_create(const queue::StoreConfig& store, const std::string& account);
+
+}  // namespace hr::workers
