@@ -1,0 +1,78 @@
+// Request validation and normalization, without servers.
+#include "api/batch_request.h"
+
+#include <gtest/gtest.h>
+
+#include "api/async_api.h"
+
+namespace hr::api {
+namespace {
+
+using nlohmann::json;
+
+const ModelSpec kModel{"@hr/tiny-reverse", 128};
+
+TEST(BatchRequestTest, NormalizesWithDefaults) {
+  auto r = normalize_chat_request(
+      json{{"messages", {{{"role", "user"}, {"content", "reverse: hi"}}}}, {"stop", "x"}}, kModel,
+      {});
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ((*r)["max_tokens"], 128);
+  EXPECT_DOUBLE_EQ((*r)["temperature"].get<double>(), 0.6);
+  EXPECT_EQ((*r)["stop"], json::array({"x"}));
+  EXPECT_EQ((*r)["messages"][0]["content"], "reverse: hi");
+}
+
+TEST(BatchRequestTest, NamesTheBadField) {
+  struct Case {
+    json req;
+    std::string field;
+  } cases[] = {
+      {json::array(), ""},
+      {json{{"prompt", 3}}, "prompt"},
+      {json{{"prompt", ""}}, "prompt"},
+      {json{{"messages", json::array()}}, "messages"},
+      {json{{"messages", {{{"role", "user"}}}}}, "messages[0].content"},
+      {json{{"prompt", "x"}, {"top_p", 0}}, "top_p"},
+      {json{{"prompt", "x"}, {"top_k", -1}}, "top_k"},
+      {json{{"prompt", "x"}, {"seed", 1.5}}, "seed"},
+      {json{{"prompt", "x"}, {"stop", {"a", "b", "c", "d", "e"}}}, "stop"},
+      {json{{"prompt", "x"}, {"stream", true}}, "stream"},
+      {json{{"prompt", "x"}, {"model", "@other/model"}}, "model"},
+      {json{{"prompt", "x"}, {"max_tokens", 0}}, "max_tokens"},
+  };
+  for (const auto& c : cases) {
+    auto r = normalize_chat_request(c.req, kModel, {});
+    ASSERT_FALSE(r.is_ok()) << c.req.dump();
+    EXPECT_EQ(r.status().field(), c.field) << c.req.dump();
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(BatchRequestTest, BatchErrorsCarryIndexAndPath) {
+  std::vector<queue::NewRequest> out;
+  auto err = parse_batch(json{{"requests", {{{"prompt", "ok"}}, {{"prompt", "ok"}, {"top_k", "x"}}}}},
+                         kModel, {}, &out);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->index, 1);
+  EXPECT_EQ(err->status.field(), "requests[1].top_k");
+  auto ok = parse_batch(json{{"requests", {{{"prompt", "a"}, {"custom_id", "c"}}, {{"prompt", "b"}}}}},
+                        kModel, {}, &out);
+  EXPECT_FALSE(ok.has_value());
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(*out[0].custom_id, "c");
+  EXPECT_FALSE(out[1].custom_id.has_value());
+}
+
+TEST(BatchRequestTest, Durations) {
+  EXPECT_EQ(parse_duration_ms("24h", "w").value(), 86400000);
+  EXPECT_EQ(parse_duration_ms("90m", "w").value(), 5400000);
+  EXPECT_EQ(parse_duration_ms("2s", "w").value(), 2000);
+  EXPECT_FALSE(parse_duration_ms("h", "w").is_ok());
+  EXPECT_FALSE(parse_duration_ms("10x", "w").is_ok());
+  EXPECT_FALSE(parse_duration_ms("-1h", "w").is_ok());
+  EXPECT_FALSE(parse_duration_ms("30d", "w").is_ok());
+}
+
+}  // namespace
+}  // namespace hr::api

@@ -1,0 +1,275 @@
+// Leases, relay and janitor against real Postgres and Redis, driven by a test consumer built on
+// the queue library.
+#include "queue/lease.h"
+
+#include <gtest/gtest.h>
+#include <pqxx/pqxx>
+
+#include <atomic>
+#include <set>
+#include <thread>
+
+#include "base/ids.h"
+#include "queue/dispatcher.h"
+#include "queue/migrate.h"
+#include "queue/store.h"
+#include "tests/testing/test_db.h"
+
+namespace hr::queue {
+namespace {
+
+class LeaseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    redis_ = hr::testing::redis_url();
+    ASSERT_TRUE(db_.ok());
+    ASSERT_FALSE(redis_.empty());
+    ASSERT_TRUE(migrate(db_.url(), bundled_migrations()).is_ok());
+    conn_ = std::make_unique<pqxx::connection>(db_.url());
+    auto key = create_api_key(*conn_, "acct");
+    ASSERT_TRUE(key.is_ok());
+    account_ = key->account_id;
+    model_ = "@test/q-" + random_hex(4);
+  }
+
+  std::string submit(int n, std::optional<int64_t> deadline_ms = std::nullopt) {
+    NewBatch b;
+    b.account_id = account_;
+    b.model = model_;
+    b.deadline_unix_ms = deadline_ms;
+    for (int i = 0; i < n; ++i) b.requests.push_back({std::nullopt, "{\"prompt\":\"p\"}"});
+    auto r = submit_batch(*conn_, b);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    return r.is_ok() ? r->batch_id : "";
+  }
+
+  std::unique_ptr<Dispatcher> dispatcher() {
+    auto d = Dispatcher::create(db_.url(), redis_, {});
+    EXPECT_TRUE(d.is_ok());
+    return std::move(d).value();
+  }
+
+  std::unique_ptr<LeaseClient> consumer(const std::string& owner, int lease_ms = 30000,
+                                        int max_attempts = 3) {
+    auto c = LeaseClient::create(db_.url(), redis_, {model_, owner, lease_ms, max_attempts});
+    EXPECT_TRUE(c.is_ok());
+    return std::move(c).value();
+  }
+
+  int64_t scalar(const std::string& sql) {
+    pqxx::nontransaction tx(*conn_);
+    return tx.exec1(sql)[0].as<int64_t>();
+  }
+
+  std::string status_of(const std::string& batch) {
+    return get_batch(*conn_, account_, batch).value().status;
+  }
+
+  static std::vector<Completion> completions(const std::vector<Lease>& leases,
+                                             const std::string& tag) {
+    std::vector<Completion> out;
+    for (const Lease& l : leases) out.push_back({l, "{\"response\":\"" + tag + "\"}", 5, 2, 0});
+    return out;
+  }
+
+  hr::testing::TestDatabase db_;
+  std::string redis_;
+  std::unique_ptr<pqxx::connection> conn_;
+  std::string account_;
+  std::string model_;
+};
+
+TEST_F(LeaseTest, RelayPullCompleteFinishesTheBatchOnce) {
+  std::string batch = submit(50);
+  auto d = dispatcher();
+  auto tick = d->tick();
+  ASSERT_TRUE(tick.is_ok()) << tick.status().to_string();
+  EXPECT_EQ(tick->relayed, 50);
+  EXPECT_EQ(scalar("SELECT num_dispatched FROM batches"), 50);
+  auto c = consumer("w1");
+  auto leases = c->pull(100, 1000);
+  ASSERT_TRUE(leases.is_ok()) << leases.status().to_string();
+  ASSERT_EQ(leases->size(), 50u);
+  EXPECT_EQ(status_of(batch), "running");
+  EXPECT_EQ(scalar("SELECT count(*) FROM requests WHERE status = 'running' AND attempt = 1 "
+                   "AND lease_owner = 'w1'"),
+            50);
+  auto accepted = c->complete(completions(*leases, "ok"));
+  ASSERT_TRUE(accepted.is_ok());
+  EXPECT_EQ(std::count(accepted->begin(), accepted->end(), true), 50);
+  auto info = get_batch(*conn_, account_, batch).value();
+  EXPECT_EQ(info.status, "completed");
+  EXPECT_EQ(info.num_completed, 50);
+  EXPECT_EQ(info.prompt_tokens, 250);
+  EXPECT_EQ(scalar("SELECT count(*) FROM outbox WHERE event_type = 'batch.queued'"), 1);
+  EXPECT_EQ(scalar("SELECT count(*) FROM outbox WHERE event_type = 'batch.completed'"), 1);
+  // Nothing left behind in the stream.
+  auto again = c->pull(100, 100);
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_TRUE(again->empty());
+}
+
+TEST_F(LeaseTest, StaleConsumersLateCompletionIsRefused) {
+  std::string batch = submit(1);
+  auto d = dispatcher();
+  ASSERT_TRUE(d->tick().is_ok());
+  auto slow = consumer("slow", /*lease_ms=*/200);
+  auto a = slow->pull(1, 1000);
+  ASSERT_TRUE(a.is_ok());
+  ASSERT_EQ(a->size(), 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  auto requeued = d->requeue_expired_leases();
+  ASSERT_TRUE(requeued.is_ok());
+  EXPECT_EQ(requeued->first, 1);
+  auto fast = consumer("fast");
+  auto b = fast->pull(1, 1000);
+  ASSERT_TRUE(b.is_ok());
+  ASSERT_EQ(b->size(), 1u);
+  EXPECT_EQ((*b)[0].attempt, 2);
+  ASSERT_TRUE(fast->complete(completions(*b, "fast")).value()[0]);
+  // The stale worker's write is fenced out, and so is its renewal.
+  EXPECT_FALSE(slow->complete(completions(*a, "slow")).value()[0]);
+  EXPECT_EQ(slow->renew(*a).value().size(), 1u);
+  EXPECT_EQ(scalar("SELECT count(*) FROM requests WHERE result LIKE '%fast%'"), 1);
+  EXPECT_EQ(get_batch(*conn_, account_, batch).value().num_completed, 1);
+}
+
+TEST_F(LeaseTest, DeadConsumersLeasesAreRequeuedAndCompletedOnce) {
+  std::string batch = submit(10);
+  auto d = dispatcher();
+  ASSERT_TRUE(d->tick().is_ok());
+  {
+    auto dying = consumer("dying", /*lease_ms=*/300);
+    auto got = dying->pull(10, 1000);
+    ASSERT_TRUE(got.is_ok());
+    ASSERT_EQ(got->size(), 10u);
+  }  // dies holding every lease
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto tick = d->tick();
+  ASSERT_TRUE(tick.is_ok());
+  EXPECT_EQ(tick->requeued, 10);
+  auto survivor = consumer("survivor");
+  auto got = survivor->pull(20, 1000);
+  ASSERT_TRUE(got.is_ok());
+  ASSERT_EQ(got->size(), 10u);
+  auto accepted = survivor->complete(completions(*got, "ok")).value();
+  EXPECT_EQ(std::count(accepted.begin(), accepted.end(), true), 10);
+  EXPECT_EQ(status_of(batch), "completed");
+  EXPECT_EQ(scalar("SELECT count(*) FROM requests WHERE attempt = 2 AND num_failures = 1"), 10);
+}
+
+TEST_F(LeaseTest, RenewKeepsLeasesAlive) {
+  submit(2);
+  auto d = dispatcher();
+  ASSERT_TRUE(d->tick().is_ok());
+  auto c = consumer("w", /*lease_ms=*/300);
+  auto got = c->pull(2, 1000).value();
+  for (int i = 0; i < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    auto lost = c->renew(got);
+    ASSERT_TRUE(lost.is_ok());
+    EXPECT_TRUE(lost->empty());
+    EXPECT_EQ(d->requeue_expired_leases().value().first, 0);
+  }
+  EXPECT_TRUE(c->complete(completions(got, "ok")).value()[1]);
+}
+
+TEST_F(LeaseTest, FailuresRetryThenEndFailed) {
+  std::string batch = submit(2);
+  auto d = dispatcher();
+  ASSERT_TRUE(d->tick().is_ok());
+  auto c = consumer("w", 30000, /*max_attempts=*/2);
+  auto got = c->pull(2, 1000).value();
+  ASSERT_EQ(got.size(), 2u);
+  // One succeeds; the other fails retryably, comes back, and fails again for good.
+  ASSERT_TRUE(c->complete(completions({got[0]}, "ok")).value()[0]);
+  ASSERT_TRUE(c->fail({{got[1], "oom", "out of memory", true}}).value()[0]);
+  EXPECT_EQ(status_of(batch), "running");
+  auto again = c->pull(2, 1000).value();
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].num_failures, 1);
+  ASSERT_TRUE(c->fail({{again[0], "oom", "out of memory again", true}}).value()[0]);
+  auto info = get_batch(*conn_, account_, batch).value();
+  EXPECT_EQ(info.status, "completed_with_errors");
+  EXPECT_EQ(info.num_failed, 1);
+  EXPECT_EQ(scalar("SELECT count(*) FROM requests WHERE error LIKE '%out of memory again%'"), 1);
+}
+
+TEST_F(LeaseTest, ReleasedWorkGoesBackWithoutCountingAFailure) {
+  submit(3);
+  auto d = dispatcher();
+  ASSERT_TRUE(d->tick().is_ok());
+  auto c = consumer("w");
+  auto got = c->pull(3, 1000).value();
+  ASSERT_EQ(got.size(), 3u);
+  ASSERT_TRUE(c->release(got).is_ok());
+  EXPECT_EQ(scalar("SELECT count(*) FROM requests WHERE status = 'queued' AND num_failures = 0"), 3);
+  auto again = c->pull(3, 1000).value();
+  EXPECT_EQ(again.size(), 3u);
+}
+
+TEST_F(LeaseTest, DeadlinePassedExpiresUnstartedRequests) {
+  int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                       std::chrono::system_clock::now().time_since_epoch()).count();
+  std::string batch = submit(4, now_ms + 800);
+  auto d = dispatcher();
+  ASSERT_TRUE(d->tick().is_ok());
+  auto c = consumer("w");
+  auto got = c->pull(1, 1000).value();  // one starts in time
+  ASSERT_EQ(got.size(), 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  EXPECT_TRUE(c->pull(3, 200).value().empty());  // the rest are past the deadline
+  auto tick = d->tick();
+  ASSERT_TRUE(tick.is_ok());
+  EXPECT_EQ(tick->expired, 3);
+  EXPECT_EQ(status_of(batch), "running");  // the started one may still finish
+  ASSERT_TRUE(c->complete(completions(got, "ok")).value()[0]);
+  auto info = get_batch(*conn_, account_, batch).value();
+  EXPECT_EQ(info.status, "expired");
+  EXPECT_EQ(info.num_completed, 1);
+  EXPECT_EQ(info.num_expired, 3);
+  EXPECT_EQ(scalar("SELECT count(*) FROM outbox WHERE event_type = 'batch.expired'"), 1);
+}
+
+TEST_F(LeaseTest, TwoDispatchersAndTwoConsumersCompleteEachRequestOnce) {
+  const int n = 2000;
+  std::string batch = submit(n);
+  std::atomic<bool> stop{false};
+  std::atomic<int> accepted{0};
+  std::atomic<int> rejected{0};
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 2; ++k) {
+    threads.emplace_back([&, k] {
+      auto d = dispatcher();
+      DispatcherOptions o;
+      o.name = "d" + std::to_string(k);
+      while (!stop) {
+        (void)d->tick();
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    });
+    threads.emplace_back([&, k] {
+      auto c = consumer("c" + std::to_string(k));
+      while (!stop) {
+        auto got = c->pull(64, 100);
+        if (!got.is_ok() || got->empty()) continue;
+        auto r = c->complete(completions(*got, "c" + std::to_string(k)));
+        if (!r.is_ok()) continue;
+        for (bool b : *r) (b ? accepted : rejected) += 1;
+      }
+    });
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (status_of(batch) != "completed" && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  stop = true;
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(status_of(batch), "completed");
+  EXPECT_EQ(accepted.load(), n);
+  EXPECT_EQ(scalar("SELECT count(*) FROM requests WHERE status = 'completed' AND attempt = 1"), n);
+  EXPECT_EQ(scalar("SELECT count(*) FROM outbox WHERE event_type = 'batch.completed'"), 1);
+}
+
+}  // namespace
+}  // namespace hr::queue

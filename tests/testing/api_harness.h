@@ -1,0 +1,56 @@
+// An in-process API server on a free port over a migrated database, with two accounts ("alice"
+// and "bob") and a model name unique to the test, so tests can share one Redis.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "api/async_api.h"
+#include "api/http_server.h"
+#include "tests/testing/http_client.h"
+#include "tests/testing/test_db.h"
+
+namespace hr::testing {
+
+class ApiHarness {
+ public:
+  // Uses a fresh TestDatabase on the shared test server and the shared test Redis.
+  ApiHarness();
+  // The same with limits for the API (0 keeps the default).
+  ApiHarness(int max_batch_requests, int64_t body_limit_bytes);
+  // Uses the given service locations (e.g. a PrivateStack's).
+  ApiHarness(const std::string& database_url, const std::string& redis_url);
+  ~ApiHarness();
+
+  bool ok() const { return ok_; }
+  int port() const { return server_ ? server_->port() : 0; }
+  const std::string& model() const { return model_; }
+  const std::string& database_url() const { return database_url_; }
+  const std::string& redis_url() const { return redis_url_; }
+  const std::string& key_a() const { return key_a_; }
+  const std::string& key_b() const { return key_b_; }
+  api::ApiConfig& config() { return config_; }
+
+  HttpResult post(const std::string& target, const std::string& body, const std::string& key,
+                  std::map<std::string, std::string> headers = {});
+  HttpResult get(const std::string& target, const std::string& key);
+  // Submits {"requests": [...]} for the harness model; returns the request_id or "".
+  std::string submit(const nlohmann::json& requests, const std::string& key);
+  // Runs a single-value SQL query on the harness database.
+  int64_t scalar(const std::string& sql);
+
+ private:
+  void init();
+  std::unique_ptr<TestDatabase> db_;
+  std::string database_url_;
+  std::string redis_url_;
+  std::string model_;
+  std::string key_a_;
+  std::string key_b_;
+  api::ApiConfig config_;
+  std::unique_ptr<api::AsyncApi> api_;
+  std::unique_ptr<api::HttpServer> server_;
+  bool ok_ = false;
+};
+
+}  // namespace hr::testing

@@ -1,0 +1,49 @@
+// Test HTTP client on Beast.
+#include "tests/testing/http_client.h"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+namespace hr::testing {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = boost::asio::ip::tcp;
+
+HttpResult http_call(const std::string& method, int port, const std::string& target,
+                     const std::string& body, const std::map<std::string, std::string>& headers) {
+  HttpResult out;
+  try {
+    boost::asio::io_context ioc;
+    beast::tcp_stream stream(ioc);
+    stream.connect(tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"),
+                                 static_cast<unsigned short>(port)));
+    http::request<http::string_body> req{http::string_to_verb(method), target, 11};
+    req.set(http::field::host, "127.0.0.1");
+    for (const auto& [k, v] : headers) req.set(k, v);
+    if (!body.empty() || method == "POST") {
+      req.set(http::field::content_type, "application/json");
+      req.body() = body;
+      req.prepare_payload();
+    }
+    http::write(stream, req);
+    beast::flat_buffer buffer;
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(1ull << 30);
+    http::read(stream, buffer, parser);
+    auto res = parser.release();
+    out.status = static_cast<int>(res.result_int());
+    out.body = res.body();
+    for (const auto& f : res) out.headers[std::string(f.name_string())] = std::string(f.value());
+    beast::error_code ec;
+    stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+  } catch (const std::exception& e) {
+    out.status = 0;
+    out.body = e.what();
+  }
+  return out;
+}
+
+}  // namespace hr::testing
