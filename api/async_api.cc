@@ -167,6 +167,7 @@ json response_of(const queue::RequestResult& r) {
 }  // namespace
 
 struct AsyncApi::Impl {
+  static thread_local int64_t parse_ns_;  // JSON parse time of the current request, for logs
   ApiConfig config;
   queue::StoreConfig store;
   std::vector<ModelSpec> models;
@@ -251,6 +252,8 @@ struct AsyncApi::Impl {
   HttpResponse list(const std::string& account, const std::map<std::string, std::string>& query);
 };
 
+thread_local int64_t AsyncApi::Impl::parse_ns_ = 0;
+
 AsyncApi::AsyncApi(ApiConfig config, queue::StoreConfig store) : impl_(std::make_unique<Impl>()) {
   impl_->config = std::move(config);
   impl_->store = std::move(store);
@@ -334,7 +337,9 @@ HttpResponse AsyncApi::Impl::handle(const HttpRequest& req) {
 HttpResponse AsyncApi::Impl::run_model(const HttpRequest& req, const std::string& account,
                                        const std::string& model_name,
                                        const std::map<std::string, std::string>& query) {
+  int64_t t0 = steady_now_ns();
   json body = json::parse(req.body(), nullptr, false);
+  parse_ns_ = steady_now_ns() - t0;
   if (body.is_discarded()) {
     return error_response(invalid_argument("body is not valid JSON", "body"));
   }
@@ -373,8 +378,7 @@ HttpResponse AsyncApi::Impl::submit(const HttpRequest& req, const std::string& a
   queue::NewBatch batch;
   batch.account_id = account;
   batch.model = model.name;
-  std::optional<BatchError> err = parse_batch(body, model, limits, &batch.requests);
-  if (err) return error_response(err->status, err->index);
+  if (auto err = check_batch_envelope(body, limits)) return error_response(err->status, err->index);
   if (body.contains("completion_window")) {
     if (!body["completion_window"].is_string()) {
       return error_response(invalid_argument("'completion_window' must be a string like 24h",
@@ -402,14 +406,28 @@ HttpResponse AsyncApi::Impl::submit(const HttpRequest& req, const std::string& a
   batch.request_hash = sha256(req.body());
   Result<pqxx::connection*> c = conn();
   if (!c.is_ok()) return db_error(c.status());
+  // Each request is validated as it streams into COPY, so validation overlaps with the database
+  // storing the rows before it; the first bad request rolls the whole batch back.
+  const json& reqs = body["requests"];
+  std::unordered_set<std::string> seen;
+  std::optional<BatchError> bad_request;
+  batch.num_requests = reqs.size();
+  batch.produce = [&](size_t i, queue::NewRequest* out) -> Status {
+    bad_request = parse_batch_request(reqs, i, model, limits, &seen, out);
+    return bad_request ? bad_request->status : Status::ok();
+  };
+  int64_t t1 = steady_now_ns();
   Result<queue::SubmitResult> r = queue::submit_batch(**c, batch);
+  int64_t store_ns = steady_now_ns() - t1;
+  if (bad_request) return error_response(bad_request->status, bad_request->index);
   if (!r.is_ok()) {
     if (r.status().code() == StatusCode::kConflict) return error_response(r.status());
     return db_error(r.status());
   }
   log::info("batch.submitted", {{"batch", r->batch_id}, {"model", model.name},
                                 {"num_requests", static_cast<int64_t>(batch.requests.size())},
-                                {"replayed", r->replayed}});
+                                {"replayed", r->replayed}, {"parse_ms", parse_ns_ / 1000000},
+                                {"validate_and_store_ms", store_ns / 1000000}});
   return ok_response({{"status", "queued"}, {"request_id", r->batch_id}, {"model", model.name}});
 }
 

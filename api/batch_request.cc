@@ -89,8 +89,9 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
   (void)pp;
   (void)rp;
   if (top_p == 0.0) return bad("'top_p' must be greater than 0", "top_p");
-  out["temperature"] = temperature;
-  out["top_p"] = top_p;
+  // Defaults are the worker's; only what the caller set is stored.
+  if (req.contains("temperature") && !req["temperature"].is_null()) out["temperature"] = temperature;
+  if (req.contains("top_p") && !req["top_p"].is_null()) out["top_p"] = top_p;
   if (req.contains("top_k") && !req["top_k"].is_null()) {
     if (!is_int(req["top_k"]) || req["top_k"].get<int64_t>() < 0 ||
         req["top_k"].get<int64_t>() > 1000) {
@@ -136,9 +137,7 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
   return out;
 }
 
-std::optional<BatchError> parse_batch(const json& body, const ModelSpec& model,
-                                      const BatchLimits& limits,
-                                      std::vector<queue::NewRequest>* out) {
+std::optional<BatchError> check_batch_envelope(const json& body, const BatchLimits& limits) {
   if (!body.is_object()) return BatchError{bad("body must be a JSON object", ""), std::nullopt};
   if (!body.contains("requests")) {
     return BatchError{bad("'requests' is required when queueRequest is true", "requests"),
@@ -154,39 +153,59 @@ std::optional<BatchError> parse_batch(const json& body, const ModelSpec& model,
                              "requests"),
                       std::nullopt};
   }
+  return std::nullopt;
+}
+
+std::optional<BatchError> parse_batch_request(const json& reqs, size_t i, const ModelSpec& model,
+                                              const BatchLimits& limits,
+                                              std::unordered_set<std::string>* seen,
+                                              queue::NewRequest* out) {
+  int idx = static_cast<int>(i);
+  const json& req = reqs[i];
+  Result<json> norm = normalize_chat_request(req, model, limits);
+  if (!norm.is_ok()) {
+    const Status& s = norm.status();
+    std::string field = "requests[" + std::to_string(i) + "]";
+    if (!s.field().empty()) field += "." + s.field();
+    return BatchError{Status(s.code(), s.message(), field), idx};
+  }
+  out->custom_id.reset();
+  for (const char* key : {"external_reference", "custom_id"}) {
+    if (!req.contains(key) || req[key].is_null()) continue;
+    std::string field = "requests[" + std::to_string(i) + "]." + key;
+    if (!req[key].is_string()) {
+      return BatchError{bad(std::string("'") + key + "' must be a string", field), idx};
+    }
+    const std::string& ref = req[key].get_ref<const std::string&>();
+    if (ref.empty() || static_cast<int>(ref.size()) > limits.max_reference_length) {
+      return BatchError{bad(std::string("'") + key + "' must be 1 to " +
+                                std::to_string(limits.max_reference_length) + " characters",
+                            field),
+                        idx};
+    }
+    if (out->custom_id && *out->custom_id != ref) {
+      return BatchError{bad("external_reference and custom_id differ", field), idx};
+    }
+    if (!out->custom_id && !seen->insert(ref).second) {
+      return BatchError{bad("duplicate " + std::string(key) + " '" + ref + "'", field), idx};
+    }
+    out->custom_id = ref;
+  }
+  out->body = norm->dump();
+  return std::nullopt;
+}
+
+std::optional<BatchError> parse_batch(const json& body, const ModelSpec& model,
+                                      const BatchLimits& limits,
+                                      std::vector<queue::NewRequest>* out) {
+  if (auto err = check_batch_envelope(body, limits)) return err;
+  const json& reqs = body["requests"];
   out->clear();
   out->reserve(reqs.size());
-  std::unordered_set<std::string> refs;
+  std::unordered_set<std::string> seen;
   for (size_t i = 0; i < reqs.size(); ++i) {
-    int idx = static_cast<int>(i);
-    Result<json> norm = normalize_chat_request(reqs[i], model, limits);
-    if (!norm.is_ok()) {
-      const Status& s = norm.status();
-      std::string field = "requests[" + std::to_string(i) + "]";
-      if (!s.field().empty()) field += "." + s.field();
-      return BatchError{Status(s.code(), s.message(), field), idx};
-    }
     queue::NewRequest nr;
-    for (const char* key : {"external_reference", "custom_id"}) {
-      if (!reqs[i].contains(key) || reqs[i][key].is_null()) continue;
-      std::string field = "requests[" + std::to_string(i) + "]." + key;
-      if (!reqs[i][key].is_string()) return BatchError{bad(std::string("'") + key + "' must be a string", field), idx};
-      std::string ref = reqs[i][key];
-      if (ref.empty() || static_cast<int>(ref.size()) > limits.max_reference_length) {
-        return BatchError{bad(std::string("'") + key + "' must be 1 to " +
-                                  std::to_string(limits.max_reference_length) + " characters",
-                              field),
-                          idx};
-      }
-      if (nr.custom_id && *nr.custom_id != ref) {
-        return BatchError{bad("external_reference and custom_id differ", field), idx};
-      }
-      if (!nr.custom_id && !refs.insert(ref).second) {
-        return BatchError{bad("duplicate " + std::string(key) + " '" + ref + "'", field), idx};
-      }
-      nr.custom_id = ref;
-    }
-    nr.body = norm->dump();
+    if (auto err = parse_batch_request(reqs, i, model, limits, &seen, &nr)) return err;
     out->push_back(std::move(nr));
   }
   return std::nullopt;

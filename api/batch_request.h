@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "base/status.h"
@@ -35,6 +36,15 @@ struct BatchError {
 [[nodiscard]] Result<nlohmann::json> normalize_chat_request(const nlohmann::json& req,
                                                             const ModelSpec& model,
                                                             const BatchLimits& limits);
+
+// Checks the batch envelope: {"requests": [...]} with 1..max_requests elements.
+[[nodiscard]] std::optional<BatchError> check_batch_envelope(const nlohmann::json& body,
+                                                             const BatchLimits& limits);
+
+// Validates request `i` of `reqs` into a store request, checking custom ids against `seen`.
+[[nodiscard]] std::optional<BatchError> parse_batch_request(
+    const nlohmann::json& reqs, size_t i, const ModelSpec& model, const BatchLimits& limits,
+    std::unordered_set<std::string>* seen, queue::NewRequest* out);
 
 // Validates a whole {"requests": [...]} body into store requests; on error, names the index.
 [[nodiscard]] std::optional<BatchError> parse_batch(const nlohmann::json& body,

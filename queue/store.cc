@@ -108,11 +108,11 @@ Result<std::string> ensure_api_key(pqxx::connection& conn, const std::string& ac
 Result<std::string> authenticate(pqxx::connection& conn, const std::string& key) {
   std::string account_id;
   Status st = pg_guard("authenticate", [&]() -> Status {
+    conn.prepare("hr_authenticate",
+                 "SELECT account_id::text FROM api_keys WHERE key_hash = decode($1, 'hex') "
+                 "AND revoked_at IS NULL");
     pqxx::nontransaction tx(conn);
-    pqxx::result r = tx.exec_params(
-        "SELECT account_id::text FROM api_keys WHERE key_hash = decode($1, 'hex') "
-        "AND revoked_at IS NULL",
-        to_hex(sha256(key)));
+    pqxx::result r = tx.exec_prepared("hr_authenticate", to_hex(sha256(key)));
     if (r.empty()) return Status(StatusCode::kUnauthenticated, "invalid API key");
     account_id = r[0][0].as<std::string>();
     return Status::ok();
@@ -136,7 +136,7 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
         "ON CONFLICT (account_id, idempotency_key) WHERE idempotency_key IS NOT NULL "
         "DO NOTHING RETURNING id::text",
         id, batch.account_id, batch.model, batch.api_shape,
-        static_cast<int>(batch.requests.size()), batch.priority, deadline, batch.idempotency_key,
+        static_cast<int>(batch.size()), batch.priority, deadline, batch.idempotency_key,
         to_hex(batch.request_hash), batch.metadata_json);
     if (inserted.empty()) {
       pqxx::row prior = tx.exec_params1(
@@ -155,20 +155,26 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
     {
       pqxx::stream_to copy(tx, "requests",
                            std::vector<std::string>{"batch_id", "idx", "custom_id", "body"});
-      int idx = 0;
-      for (const NewRequest& r : batch.requests) {
-        if (r.custom_id) {
-          copy << std::make_tuple(id, idx, *r.custom_id, r.body);
+      NewRequest produced;
+      for (size_t idx = 0; idx < batch.size(); ++idx) {
+        const NewRequest* r = &produced;
+        if (batch.produce) {
+          Status st = batch.produce(idx, &produced);
+          if (!st.is_ok()) return st;  // rolls back: nothing of the batch is stored
         } else {
-          copy << std::make_tuple(id, idx, nullptr, r.body);
+          r = &batch.requests[idx];
         }
-        ++idx;
+        if (r->custom_id) {
+          copy << std::make_tuple(id, static_cast<int>(idx), *r->custom_id, r->body);
+        } else {
+          copy << std::make_tuple(id, static_cast<int>(idx), nullptr, r->body);
+        }
       }
       copy.complete();
     }
     write_event(tx, "batch.queued", batch.account_id, id,
                 {{"id", id}, {"status", "queued"}, {"model", batch.model},
-                 {"request_counts", {{"total", batch.requests.size()}, {"completed", 0},
+                 {"request_counts", {{"total", batch.size()}, {"completed", 0},
                                      {"failed", 0}}}});
     tx.exec("NOTIFY hr_dispatch");
     tx.commit();
@@ -183,10 +189,11 @@ Result<BatchInfo> get_batch(pqxx::connection& conn, const std::string& account_i
                             const std::string& batch_id) {
   BatchInfo out;
   Status st = pg_guard("get batch", [&]() -> Status {
+    // Polling is the hottest read: a prepared statement skips parsing and planning.
+    conn.prepare("hr_get_batch", std::string("SELECT ") + kBatchColumns +
+                                     " FROM batches WHERE id = $1::uuid AND account_id = $2");
     pqxx::nontransaction tx(conn);
-    pqxx::result r = tx.exec_params(std::string("SELECT ") + kBatchColumns +
-                                        " FROM batches WHERE id = $1::uuid AND account_id = $2",
-                                    batch_id, account_id);
+    pqxx::result r = tx.exec_prepared("hr_get_batch", batch_id, account_id);
     if (r.empty()) return not_found("no such batch: " + batch_id);
     out = batch_from_row(r[0]);
     return Status::ok();

@@ -7,6 +7,7 @@
 #include <pqxx/pqxx>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,6 +44,12 @@ struct NewBatch {
   std::string request_hash;  // raw SHA-256 of the submitted body
   std::optional<std::string> metadata_json;
   std::vector<NewRequest> requests;
+  // Alternatively, a producer called for i = 0..num_requests-1 while the rows stream into COPY, so
+  // validating request i overlaps with the database storing rows < i. A non-OK Status rolls the
+  // whole batch back and is returned.
+  std::function<Status(size_t i, NewRequest* out)> produce;
+  size_t num_requests = 0;
+  size_t size() const { return produce ? num_requests : requests.size(); }
 };
 
 struct SubmitResult {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the product on this machine: installs what is missing, builds (Release), starts Postgres and
 # Redis under .headroom/ in the checkout, applies migrations and starts `headroom serve` with the
-# bundled model. Ctrl-C stops everything it started. HEADROOM_PORT picks the HTTP port (8080).
+# bundled model. Ctrl-C stops everything it started. HEADROOM_PORT picks the HTTP port (8080);
+# HEADROOM_API_KEY the default account's key (else one is made and kept in .headroom/api_key).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -20,8 +21,26 @@ trap 'exit 130' INT TERM
 build-release/headroom migrate
 port=${HEADROOM_PORT:-8080}
 export HEADROOM_PORT=$port
-echo
-echo "Headroom is starting on http://127.0.0.1:$port (Ctrl-C stops it and its services)"
+if [ -z "${HEADROOM_API_KEY:-}" ]; then
+  if [ ! -s "$root/.headroom/api_key" ]; then
+    echo "hr_$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')" >"$root/.headroom/api_key"
+  fi
+  HEADROOM_API_KEY=$(cat "$root/.headroom/api_key")
+fi
+export HEADROOM_API_KEY
+cat <<EOF
+
+Headroom is starting on http://127.0.0.1:$port (Ctrl-C stops it and its services).
+API key: $HEADROOM_API_KEY
+
+Submit a batch:
+  curl -s -X POST "http://127.0.0.1:$port/ai/run/@hr/tiny-reverse?queueRequest=true" \\
+    -H "Authorization: Bearer $HEADROOM_API_KEY" \\
+    -d '{"requests": [{"messages": [{"role": "user", "content": "reverse: hello world"}]}]}'
+Poll it (with the request_id from the answer):
+  curl -s "http://127.0.0.1:$port/v1/async/REQUEST_ID" -H "Authorization: Bearer $HEADROOM_API_KEY"
+
+EOF
 build-release/headroom serve --model "$root/models/tiny-reverse" &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; exit 130' INT TERM
