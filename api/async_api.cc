@@ -182,18 +182,36 @@ struct AsyncApi::Impl {
 
   // One connection per handler thread, reopened after a failure.
   Result<pqxx::connection*> conn() {
-    thread_local std::unique_ptr<pqxx::connection> c;
+    std::unique_ptr<pqxx::connection>& c = thread_conn();
     if (c && !c->is_open()) c.reset();
     if (!c) {
       HR_ASSIGN_OR_RETURN(c, queue::pg_connect(store.database_url));
     }
     return c.get();
   }
+  static std::unique_ptr<pqxx::connection>& thread_conn() {
+    thread_local std::unique_ptr<pqxx::connection> c;
+    return c;
+  }
+
+  // Runs a read on this thread's connection; if the connection turns out to be broken (e.g. the
+  // server restarted since it was opened), reconnects and tries once more.
+  template <typename T, typename Fn>
+  Result<T> read_with_retry(Fn&& fn) {
+    for (int attempt = 0;; ++attempt) {
+      Result<pqxx::connection*> c = conn();
+      if (!c.is_ok()) return c.status();
+      Result<T> r = fn(**c);
+      if (r.is_ok() || r.status().code() != StatusCode::kUnavailable || attempt == 1) return r;
+      thread_conn().reset();
+    }
+  }
 
   // A database error drops the thread's connection so the next call reconnects.
   HttpResponse db_error(const Status& st) {
     log::warn("api.db_error", {{"error", st}});
     if (st.code() == StatusCode::kUnavailable) {
+      thread_conn().reset();
       return error_response(Status(StatusCode::kUnavailable,
                                    "the database is unavailable; retry later"));
     }
@@ -219,8 +237,8 @@ struct AsyncApi::Impl {
       auto c = auth_cache.find(digest);
       if (c != auth_cache.end() && c->second.expires_ms > now) return c->second.account_id;
     }
-    HR_ASSIGN_OR_RETURN(pqxx::connection * c, conn());
-    Result<std::string> account = queue::authenticate(*c, key);
+    Result<std::string> account = read_with_retry<std::string>(
+        [&](pqxx::connection& c) { return queue::authenticate(c, key); });
     if (!account.is_ok()) {
       if (account.status().code() == StatusCode::kUnauthenticated) {
         return Status(StatusCode::kUnauthenticated, "invalid API key", "Authorization");
@@ -436,9 +454,8 @@ HttpResponse AsyncApi::Impl::poll(const std::string& account, const std::string&
   if (!parse_uuid(request_id).is_ok()) {
     return error_response(invalid_argument("request_id is not a valid id", "request_id"));
   }
-  Result<pqxx::connection*> c = conn();
-  if (!c.is_ok()) return db_error(c.status());
-  Result<queue::BatchInfo> b = queue::get_batch(**c, account, request_id);
+  Result<queue::BatchInfo> b = read_with_retry<queue::BatchInfo>(
+      [&](pqxx::connection& c) { return queue::get_batch(c, account, request_id); });
   if (!b.is_ok()) {
     if (b.status().code() == StatusCode::kNotFound) {
       return error_response(not_found("no such request_id: " + request_id));
@@ -447,7 +464,8 @@ HttpResponse AsyncApi::Impl::poll(const std::string& account, const std::string&
   }
   json result = summary_of(*b);
   if (b->is_terminal() || include_partial) {
-    Result<std::vector<queue::RequestResult>> rs = queue::get_results(**c, b->id, include_partial);
+    Result<std::vector<queue::RequestResult>> rs = read_with_retry<std::vector<queue::RequestResult>>(
+        [&](pqxx::connection& c) { return queue::get_results(c, b->id, include_partial); });
     if (!rs.is_ok()) return db_error(rs.status());
     json responses = json::array();
     for (const auto& r : *rs) responses.push_back(response_of(r));
@@ -507,11 +525,10 @@ HttpResponse AsyncApi::Impl::list(const std::string& account,
     }
     q.after = it->second;
   }
-  Result<pqxx::connection*> c = conn();
-  if (!c.is_ok()) return db_error(c.status());
   int want = q.limit;
   q.limit = want + 1;
-  Result<std::vector<queue::BatchInfo>> r = queue::list_batches(**c, account, q);
+  Result<std::vector<queue::BatchInfo>> r = read_with_retry<std::vector<queue::BatchInfo>>(
+      [&](pqxx::connection& c) { return queue::list_batches(c, account, q); });
   if (!r.is_ok()) return db_error(r.status());
   bool has_more = static_cast<int>(r->size()) > want;
   json data = json::array();

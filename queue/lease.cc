@@ -39,12 +39,24 @@ Result<std::unique_ptr<LeaseClient>> LeaseClient::create(const std::string& data
   HR_ASSIGN_OR_RETURN(auto pg, pg_connect(database_url));
   HR_ASSIGN_OR_RETURN(auto redis, RedisClient::connect(redis_url));
   return std::unique_ptr<LeaseClient>(
-      new LeaseClient(std::move(pg), std::move(redis), std::move(options)));
+      new LeaseClient(database_url, std::move(pg), std::move(redis), std::move(options)));
 }
 
-LeaseClient::LeaseClient(std::unique_ptr<pqxx::connection> pg, std::unique_ptr<RedisClient> redis,
-                         LeaseOptions options)
-    : pg_(std::move(pg)), redis_(std::move(redis)), options_(std::move(options)) {}
+LeaseClient::LeaseClient(std::string database_url, std::unique_ptr<pqxx::connection> pg,
+                         std::unique_ptr<RedisClient> redis, LeaseOptions options)
+    : database_url_(std::move(database_url)), pg_(std::move(pg)), redis_(std::move(redis)),
+      options_(std::move(options)) {}
+
+Status LeaseClient::ensure_pg() {
+  if (pg_ && pg_->is_open()) return Status::ok();
+  HR_ASSIGN_OR_RETURN(pg_, pg_connect(database_url_));
+  return Status::ok();
+}
+
+Status LeaseClient::track(Status st) {
+  if (st.code() == StatusCode::kUnavailable) pg_.reset();
+  return st;
+}
 
 Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
   std::vector<Lease> out;
@@ -80,6 +92,7 @@ Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
     if (!ref.batch_id.empty()) keys.push_back({{"b", ref.batch_id}, {"i", ref.idx}});
   }
   std::map<std::string, Lease> claimed;
+  HR_RETURN_IF_ERROR(ensure_pg());
   Status st = pg_guard("claim", [&]() -> Status {
     pqxx::work tx(*pg_);
     pqxx::result r = tx.exec_params(
@@ -110,7 +123,7 @@ Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
     }
     return Status::ok();
   });
-  if (!st.is_ok()) return st;
+  if (!st.is_ok()) return track(st);
   std::vector<std::string> dropped;
   for (auto& [id, ref] : entries) {
     auto it = claimed.find(key_of(ref.batch_id, ref.idx));
@@ -129,6 +142,7 @@ Result<std::vector<RequestRef>> LeaseClient::renew(const std::vector<Lease>& lea
   std::vector<RequestRef> lost;
   if (leases.empty()) return lost;
   std::map<std::string, bool> kept;
+  HR_RETURN_IF_ERROR(ensure_pg());
   Status st = pg_guard("renew", [&]() -> Status {
     pqxx::work tx(*pg_);
     pqxx::result r = tx.exec_params(
@@ -143,7 +157,7 @@ Result<std::vector<RequestRef>> LeaseClient::renew(const std::vector<Lease>& lea
     for (const auto& row : r) kept[key_of(row[0].as<std::string>(), row[1].as<int>())] = true;
     return Status::ok();
   });
-  if (!st.is_ok()) return st;
+  if (!st.is_ok()) return track(st);
   for (const Lease& l : leases) {
     if (!kept.count(key_of(l.ref.batch_id, l.ref.idx))) lost.push_back(l.ref);
   }
@@ -168,6 +182,7 @@ Result<std::vector<bool>> LeaseClient::finish(const std::vector<Lease>& leases,
     rows.push_back(std::move(row));
   }
   std::map<std::string, bool> done;
+  HR_RETURN_IF_ERROR(ensure_pg());
   Status st = pg_guard("finish", [&]() -> Status {
     pqxx::work tx(*pg_);
     pqxx::result r = tx.exec_params(
@@ -205,7 +220,7 @@ Result<std::vector<bool>> LeaseClient::finish(const std::vector<Lease>& leases,
     tx.commit();
     return Status::ok();
   });
-  if (!st.is_ok()) return st;
+  if (!st.is_ok()) return track(st);
   for (size_t k = 0; k < leases.size(); ++k) {
     accepted[k] = done.count(key_of(leases[k].ref.batch_id, leases[k].ref.idx)) > 0;
   }
@@ -264,6 +279,7 @@ Status LeaseClient::release(const std::vector<Lease>& leases) {
 Status LeaseClient::requeue(const std::vector<Lease>& leases, bool count_failure) {
   if (leases.empty()) return Status::ok();
   std::vector<RequestRef> requeued;
+  HR_RETURN_IF_ERROR(ensure_pg());
   Status st = pg_guard("release", [&]() -> Status {
     pqxx::work tx(*pg_);
     pqxx::result r = tx.exec_params(
@@ -277,7 +293,7 @@ Status LeaseClient::requeue(const std::vector<Lease>& leases, bool count_failure
     for (const auto& row : r) requeued.push_back({row[0].as<std::string>(), row[1].as<int>()});
     return Status::ok();
   });
-  if (!st.is_ok()) return st;
+  if (!st.is_ok()) return track(st);
   HR_RETURN_IF_ERROR(enqueue(*redis_, options_.model, requeued));
   return ack_and_delete(*redis_, options_.model, entry_ids(leases));
 }

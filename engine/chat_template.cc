@@ -1,0 +1,102 @@
+// Built-in chat template renderers.
+#include "engine/chat_template.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace hr::engine {
+
+Result<ChatFormat> detect_chat_format(const std::string& t, const std::string& override_name) {
+  if (!override_name.empty()) {
+    if (override_name == "headroom") return ChatFormat::kHeadroom;
+    if (override_name == "llama3") return ChatFormat::kLlama3;
+    if (override_name == "chatml") return ChatFormat::kChatMl;
+    if (override_name == "mistral") return ChatFormat::kMistral;
+    return invalid_argument("unknown chat template '" + override_name +
+                                "' (headroom, llama3, chatml, mistral)",
+                            "chat-template");
+  }
+  if (t.find("<|start_header_id|>") != std::string::npos) return ChatFormat::kLlama3;
+  if (t.find("<|im_start|>") != std::string::npos) return ChatFormat::kChatMl;
+  if (t.find("[INST]") != std::string::npos) return ChatFormat::kMistral;
+  if (t.find("<|user|>") != std::string::npos && t.find("<|assistant|>") != std::string::npos) {
+    return ChatFormat::kHeadroom;
+  }
+  return invalid_argument(
+      "the model's chat_template is not one of the built-in formats; choose one with "
+      "--chat-template (headroom, llama3, chatml, mistral)",
+      "chat-template");
+}
+
+Result<ChatFormat> load_chat_format(const std::string& dir, const std::string& override_name) {
+  std::string tmpl;
+  std::ifstream in(dir + "/tokenizer_config.json");
+  if (in) {
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+    if (!j.is_discarded() && j.contains("chat_template") && j["chat_template"].is_string()) {
+      tmpl = j["chat_template"];
+    }
+  }
+  return detect_chat_format(tmpl, override_name);
+}
+
+Result<std::string> render_chat(ChatFormat format, const std::vector<ChatMessage>& messages,
+                                const std::string& bos, const std::string& eos) {
+  if (messages.empty()) return invalid_argument("no messages", "messages");
+  std::string out;
+  switch (format) {
+    case ChatFormat::kHeadroom:
+      out = bos;
+      for (size_t i = 0; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        if (m.role == "user") {
+          out += "<|user|>" + m.content;
+        } else if (m.role == "assistant") {
+          out += "<|assistant|>" + m.content + eos;
+        } else {
+          return invalid_argument("this model's chat format has no '" + m.role + "' role",
+                                  "messages[" + std::to_string(i) + "].role");
+        }
+      }
+      out += "<|assistant|>";
+      return out;
+    case ChatFormat::kLlama3:
+      out = "<|begin_of_text|>";
+      for (const ChatMessage& m : messages) {
+        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + m.content + "<|eot_id|>";
+      }
+      out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      return out;
+    case ChatFormat::kChatMl:
+      for (const ChatMessage& m : messages) {
+        out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      }
+      out += "<|im_start|>assistant\n";
+      return out;
+    case ChatFormat::kMistral: {
+      out = bos;
+      std::string system;
+      for (size_t i = 0; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        if (m.role == "system") {
+          system += m.content + "\n\n";
+        } else if (m.role == "user") {
+          out += "[INST] " + system + m.content + " [/INST]";
+          system.clear();
+        } else if (m.role == "assistant") {
+          out += m.content + eos;
+        } else {
+          return invalid_argument("Mistral's chat format has no '" + m.role + "' role",
+                                  "messages[" + std::to_string(i) + "].role");
+        }
+      }
+      return out;
+    }
+  }
+  return internal_error("unknown chat format");
+}
+
+}  // namespace hr::engine

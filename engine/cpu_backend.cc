@@ -1,0 +1,203 @@
+// CPU forward pass over a flattened batch with a paged KV cache.
+#include "engine/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace hr::engine {
+
+void rms_norm(const float* x, const float* w, int n, float eps, float* out) {
+  float ss = 0;
+  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+  float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (int i = 0; i < n; ++i) out[i] = x[i] * scale * w[i];
+}
+
+void apply_rope(float* vec, int head_dim, int position, const float* inv_freq) {
+  int half = head_dim / 2;
+  for (int i = 0; i < half; ++i) {
+    float angle = static_cast<float>(position) * inv_freq[i];
+    float c = std::cos(angle);
+    float s = std::sin(angle);
+    float a = vec[i];
+    float b = vec[i + half];
+    vec[i] = a * c - b * s;
+    vec[i + half] = b * c + a * s;
+  }
+}
+
+namespace {
+
+// y[m, n] = x[m, k] · w[n, k]^T (+ y when accumulate). Small products run on one thread: waking
+// OpenBLAS's pool costs more than it saves below about a million multiply-adds.
+void gemm_xwt(const float* x, const float* w, float* y, int m, int n, int k, bool accumulate) {
+  static const int max_threads = openblas_get_num_threads();
+  double work = static_cast<double>(m) * n * k;
+  openblas_set_num_threads(work < 4e6 ? 1 : max_threads);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k,
+              accumulate ? 1.0f : 0.0f, y, n);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CpuBackend>> CpuBackend::create(std::shared_ptr<const ModelWeights> weights,
+                                                       CpuBackendOptions options) {
+  if (options.block_size < 1) return invalid_argument("block size must be positive", "block-size");
+  if (options.num_threads < 0 || options.num_threads > 256) {
+    return invalid_argument("thread count must be 0 (one per core) to 256", "threads");
+  }
+  const ModelConfig& c = weights->config;
+  size_t per_block = 2ull * static_cast<size_t>(c.num_layers) * options.block_size *
+                     static_cast<size_t>(c.kv_size()) * sizeof(float);
+  int num_blocks = static_cast<int>(options.kv_cache_bytes / per_block);
+  if (num_blocks < 1) {
+    return invalid_argument("KV cache budget of " + std::to_string(options.kv_cache_bytes) +
+                                " bytes holds no block (one takes " + std::to_string(per_block) + ")",
+                            "kv-cache-bytes");
+  }
+  return std::unique_ptr<CpuBackend>(new CpuBackend(std::move(weights), options, num_blocks));
+}
+
+CpuBackend::CpuBackend(std::shared_ptr<const ModelWeights> weights, CpuBackendOptions options,
+                       int num_blocks)
+    : weights_(std::move(weights)), options_(options), num_blocks_(num_blocks),
+      pool_(options.num_threads > 0 ? options.num_threads
+                                    : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))) {
+  const ModelConfig& c = weights_->config;
+  rope_inv_freq_ = c.rope_inv_freq();
+  size_t layer_elems = static_cast<size_t>(num_blocks_) * options_.block_size * c.kv_size();
+  k_cache_.assign(static_cast<size_t>(c.num_layers), std::vector<float>(layer_elems, 0.0f));
+  v_cache_.assign(static_cast<size_t>(c.num_layers), std::vector<float>(layer_elems, 0.0f));
+}
+
+size_t CpuBackend::kv_cache_bytes() const {
+  const ModelConfig& c = weights_->config;
+  return 2ull * c.num_layers * num_blocks_ * options_.block_size * c.kv_size() * sizeof(float);
+}
+
+Status CpuBackend::forward(const StepInput& in, float* logits) {
+  const ModelWeights& w = *weights_;
+  const ModelConfig& c = w.config;
+  const int T = in.num_tokens, D = c.hidden_size, F = c.intermediate_size;
+  const int Q = c.q_size(), KV = c.kv_size(), hd = c.head_dim;
+  const int nh = c.num_heads, nkv = c.num_kv_heads, group = nh / nkv;
+  const int bs = options_.block_size;
+  const int QKV = Q + 2 * KV;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (T <= 0) return invalid_argument("empty step");
+  for (int t = 0; t < T; ++t) {
+    if (in.token_ids[t] < 0 || in.token_ids[t] >= c.vocab_size) {
+      return invalid_argument("token id " + std::to_string(in.token_ids[t]) + " is out of range");
+    }
+  }
+  x_.resize(static_cast<size_t>(T) * D);
+  h_.resize(static_cast<size_t>(T) * D);
+  qkv_.resize(static_cast<size_t>(T) * QKV);
+  attn_.resize(static_cast<size_t>(T) * Q);
+  gu_.resize(static_cast<size_t>(T) * 2 * F);
+  act_.resize(static_cast<size_t>(T) * F);
+
+  // Sequence of each token row.
+  std::vector<int> seq_of(static_cast<size_t>(T));
+  for (int s = 0; s < in.num_seqs; ++s) {
+    for (int t = in.seq_start[s]; t < in.seq_start[s + 1]; ++t) seq_of[t] = s;
+  }
+  auto slot_of = [&](int s, int pos) -> size_t {
+    int block = in.block_table[static_cast<size_t>(s) * in.max_blocks_per_seq + pos / bs];
+    return (static_cast<size_t>(block) * bs + pos % bs) * KV;
+  };
+
+  for (int t = 0; t < T; ++t) {
+    std::memcpy(&x_[static_cast<size_t>(t) * D], &w.embed[static_cast<size_t>(in.token_ids[t]) * D],
+                sizeof(float) * D);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int li = 0; li < c.num_layers; ++li) {
+    const LayerWeights& L = w.layers[static_cast<size_t>(li)];
+    float* kc = k_cache_[static_cast<size_t>(li)].data();
+    float* vc = v_cache_[static_cast<size_t>(li)].data();
+    pool_.parallel_for(T, 16, [&](int t0, int t1) {
+      for (int t = t0; t < t1; ++t) {
+        rms_norm(&x_[static_cast<size_t>(t) * D], L.input_norm.data(), D, eps,
+                 &h_[static_cast<size_t>(t) * D]);
+      }
+    });
+    gemm_xwt(h_.data(), L.wqkv.data(), qkv_.data(), T, QKV, D, false);
+    pool_.parallel_for(T, 16, [&](int t0, int t1) {
+    for (int t = t0; t < t1; ++t) {
+      float* row = &qkv_[static_cast<size_t>(t) * QKV];
+      if (!L.bqkv.empty()) {
+        for (int i = 0; i < QKV; ++i) row[i] += L.bqkv[i];
+      }
+      int pos = in.positions[t];
+      for (int h = 0; h < nh; ++h) apply_rope(row + h * hd, hd, pos, rope_inv_freq_.data());
+      for (int h = 0; h < nkv; ++h) apply_rope(row + Q + h * hd, hd, pos, rope_inv_freq_.data());
+      size_t slot = slot_of(seq_of[t], pos);
+      std::memcpy(kc + slot, row + Q, sizeof(float) * KV);
+      std::memcpy(vc + slot, row + Q + KV, sizeof(float) * KV);
+    }
+    });
+    // Paged attention: token t attends to positions [0, positions[t]] of its sequence.
+    pool_.parallel_for(T * nh, 8, [&](int w0, int w1) {
+      std::vector<float> scores;
+      for (int w = w0; w < w1; ++w) {
+        int t = w / nh;
+        int h = w % nh;
+        int s = seq_of[t];
+        int pos = in.positions[t];
+        int kvh = h / group;
+        const float* q = &qkv_[static_cast<size_t>(t) * QKV + h * hd];
+        float* out = &attn_[static_cast<size_t>(t) * Q + h * hd];
+        scores.resize(static_cast<size_t>(pos) + 1);
+        float mx = -INFINITY;
+        for (int p = 0; p <= pos; ++p) {
+          const float* k = kc + slot_of(s, p) + kvh * hd;
+          float dot = 0;
+          for (int i = 0; i < hd; ++i) dot += q[i] * k[i];
+          scores[p] = dot * scale;
+          mx = std::max(mx, scores[p]);
+        }
+        float sum = 0;
+        for (int p = 0; p <= pos; ++p) {
+          scores[p] = std::exp(scores[p] - mx);
+          sum += scores[p];
+        }
+        std::fill(out, out + hd, 0.0f);
+        for (int p = 0; p <= pos; ++p) {
+          const float* v = vc + slot_of(s, p) + kvh * hd;
+          float pw = scores[p] / sum;
+          for (int i = 0; i < hd; ++i) out[i] += pw * v[i];
+        }
+      }
+    });
+    gemm_xwt(attn_.data(), L.wo.data(), x_.data(), T, D, Q, /*accumulate=*/true);
+    pool_.parallel_for(T, 16, [&](int t0, int t1) {
+      for (int t = t0; t < t1; ++t) {
+        rms_norm(&x_[static_cast<size_t>(t) * D], L.post_norm.data(), D, eps,
+                 &h_[static_cast<size_t>(t) * D]);
+      }
+    });
+    gemm_xwt(h_.data(), L.w_gate_up.data(), gu_.data(), T, 2 * F, D, false);
+    pool_.parallel_for(T, std::max(2, 65536 / F), [&](int t0, int t1) {
+      for (int t = t0; t < t1; ++t) {
+        const float* g = &gu_[static_cast<size_t>(t) * 2 * F];
+        const float* u = g + F;
+        float* a = &act_[static_cast<size_t>(t) * F];
+        for (int i = 0; i < F; ++i) a[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      }
+    });
+    gemm_xwt(act_.data(), L.w_down.data(), x_.data(), T, D, F, /*accumulate=*/true);
+  }
+  final_.resize(static_cast<size_t>(in.num_logits) * D);
+  for (int i = 0; i < in.num_logits; ++i) {
+    int row = in.logits_rows[i];
+    rms_norm(&x_[static_cast<size_t>(row) * D], w.final_norm.data(), D, eps, &final_[static_cast<size_t>(i) * D]);
+  }
+  gemm_xwt(final_.data(), w.lm_head_data(), logits, in.num_logits, c.vocab_size, D, false);
+  return Status::ok();
+}
+
+}  // namespace hr::engine

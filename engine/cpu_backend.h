@@ -1,0 +1,53 @@
+// The CPU backend: the reference implementation every GPU kernel is checked against. fp32
+// throughout; GEMMs through OpenBLAS (multithreaded), attention and elementwise work split across
+// threads with a small fork-join pool. The paged KV cache is one host allocation per layer for K and for V.
+// forward() is called by one thread at a time.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/thread_pool.h"
+#include "engine/weights.h"
+
+namespace hr::engine {
+
+struct CpuBackendOptions {
+  int block_size = 16;
+  size_t kv_cache_bytes = 64ull << 20;
+  int num_threads = 0;  // 0: one per core
+};
+
+class CpuBackend final : public Backend {
+ public:
+  [[nodiscard]] static Result<std::unique_ptr<CpuBackend>> create(
+      std::shared_ptr<const ModelWeights> weights, CpuBackendOptions options);
+
+  const char* name() const override { return "cpu"; }
+  int vocab_size() const override { return weights_->config.vocab_size; }
+  int block_size() const override { return options_.block_size; }
+  int num_kv_blocks() const override { return num_blocks_; }
+  size_t weight_bytes() const override { return weights_->num_bytes(); }
+  size_t kv_cache_bytes() const override;
+  [[nodiscard]] Status forward(const StepInput& in, float* logits) override;
+
+ private:
+  CpuBackend(std::shared_ptr<const ModelWeights> weights, CpuBackendOptions options, int num_blocks);
+
+  std::shared_ptr<const ModelWeights> weights_;
+  CpuBackendOptions options_;
+  int num_blocks_;
+  ThreadPool pool_;
+  std::vector<float> rope_inv_freq_;         // [head_dim / 2]
+  std::vector<std::vector<float>> k_cache_;  // per layer: [num_blocks, block_size, kv_heads, head_dim]
+  std::vector<std::vector<float>> v_cache_;  // same
+  // Activation scratch, grown to the largest step seen.
+  std::vector<float> x_, h_, qkv_, attn_, gu_, act_, final_;
+};
+
+// Reference ops shared with the kernel tests.
+void rms_norm(const float* x, const float* w, int n, float eps, float* out);
+void apply_rope(float* vec, int head_dim, int position, const float* inv_freq);
+
+}  // namespace hr::engine

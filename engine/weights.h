@@ -1,0 +1,40 @@
+// Model weights in fp32 host memory, laid out for batched GEMMs: q/k/v fused into one matrix and
+// gate/up fused into another, so one step issues one GEMM per projection for the whole batch.
+// Immutable after loading; shared read-only by backend threads.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/model_config.h"
+
+namespace hr::engine {
+
+struct LayerWeights {
+  std::vector<float> input_norm;  // [D]
+  std::vector<float> post_norm;   // [D]
+  std::vector<float> wqkv;        // [q + 2 kv, D]
+  std::vector<float> bqkv;        // [q + 2 kv] or empty
+  std::vector<float> wo;          // [D, q]
+  std::vector<float> w_gate_up;   // [2 F, D]: gate rows, then up rows
+  std::vector<float> w_down;      // [D, F]
+};
+
+struct ModelWeights {
+  ModelConfig config;
+  std::vector<float> embed;       // [V, D]
+  std::vector<float> final_norm;  // [D]
+  std::vector<float> lm_head;     // [V, D]; empty when tied to embed
+  std::vector<LayerWeights> layers;
+
+  const float* lm_head_data() const { return lm_head.empty() ? embed.data() : lm_head.data(); }
+  size_t num_bytes() const;
+  size_t num_parameters() const;
+};
+
+// Loads config.json and the safetensors weights of a Hugging Face folder, converting to fp32.
+// Errors name the missing or misshapen tensor.
+[[nodiscard]] Result<ModelWeights> load_weights(const std::string& dir);
+
+}  // namespace hr::engine
