@@ -1,0 +1,64 @@
+// The paged KV cache's bookkeeping: fixed-size blocks with reference counts, and prefix caching.
+// A full block is identified by a hash chain over (parent hash, its token ids); unreferenced
+// cached blocks stay in LRU order and are evicted only when a new block is needed. Cached blocks
+// also keep their token ids, so a hash collision can never return wrong K/V. Plain C++ (no backend
+// memory); used by the scheduler's thread only.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+namespace hr::engine {
+
+class BlockManager {
+ public:
+  BlockManager(int num_blocks, int block_size);
+
+  int block_size() const { return block_size_; }
+  int num_blocks() const { return static_cast<int>(blocks_.size()); }
+  // Blocks that can be handed out now: free plus unreferenced cached ones.
+  int num_available() const { return static_cast<int>(free_.size() + lru_.size()); }
+  int num_cached() const { return static_cast<int>(by_hash_.size()); }
+
+  // Finds cached blocks holding the longest run of full blocks at the start of `tokens`, covering
+  // at most `max_tokens` tokens; takes a reference on each and appends them and their hashes.
+  // Returns the number of tokens covered.
+  int acquire_prefix(const std::vector<int32_t>& tokens, int max_tokens, std::vector<int>* blocks,
+                     std::vector<uint64_t>* hashes);
+  // A new empty block with one reference, evicting the least recently used cached block if
+  // needed; nullopt when none is available.
+  std::optional<int> allocate();
+  // Drops one reference from each block; unreferenced cached blocks join the LRU list.
+  void release(const std::vector<int>& blocks);
+  // Marks `block` as holding the full block `tokens[0, block_size)` after `parent_hash`, making it
+  // findable by later prefixes. Returns its hash.
+  uint64_t commit_full(int block, uint64_t parent_hash, const int32_t* tokens);
+
+  int64_t num_prefix_queries() const { return num_queries_; }
+  int64_t num_prefix_hit_blocks() const { return num_hits_; }
+
+  static uint64_t chain_hash(uint64_t parent, const int32_t* tokens, int n);
+
+ private:
+  struct Block {
+    int ref = 0;
+    uint64_t hash = 0;  // 0: not cached
+    std::vector<int32_t> tokens;
+    std::list<int>::iterator lru_pos;
+    bool in_lru = false;
+  };
+  void uncache(int id);
+
+  int block_size_;
+  std::vector<Block> blocks_;
+  std::vector<int> free_;                      // never-cached or evicted, ref 0
+  std::list<int> lru_;                         // cached, ref 0; front = least recently used
+  std::unordered_map<uint64_t, int> by_hash_;  // cached blocks
+  int64_t num_queries_ = 0;
+  int64_t num_hits_ = 0;
+};
+
+}  // namespace hr::engine

@@ -1,0 +1,107 @@
+// The inference engine: requests in, tokens out. Each step() plans a batch with the scheduler,
+// runs it on the backend, samples, streams text deltas through callbacks, and finishes requests
+// on EOS, stop tokens, stop strings or max_tokens. Owned and driven by one thread (the worker's
+// step loop); the callbacks run on that thread.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/backend.h"
+#include "engine/block_manager.h"
+#include "engine/scheduler.h"
+#include "engine/tokenizer.h"
+
+namespace hr::engine {
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled };
+const char* finish_reason_name(FinishReason r);
+
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  int cached_tokens = 0;
+};
+
+struct TokenEvent {
+  int64_t id = 0;
+  int32_t token = -1;         // -1 for the final event of a cancelled request
+  std::string text_delta;     // complete UTF-8, stop strings removed
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  Usage usage;                // filled on the final event
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+  RequestClass cls = RequestClass::kSync;
+  int priority = 0;
+  std::function<void(const TokenEvent&)> on_event;
+};
+
+struct EngineOptions {
+  SchedulerConfig scheduler;
+  int max_model_len = 0;  // 0: the model's max_position_embeddings
+};
+
+struct StepStats {
+  int num_seqs = 0;
+  int num_tokens = 0;
+  int num_prefill_tokens = 0;
+  int num_decode_tokens = 0;
+  int num_preempted = 0;
+  int num_finished = 0;
+};
+
+class Engine {
+ public:
+  // `tokenizer` may be null (then no text deltas or stop strings).
+  [[nodiscard]] static Result<std::unique_ptr<Engine>> create(
+      std::shared_ptr<Backend> backend, std::shared_ptr<const Tokenizer> tokenizer,
+      int max_position_embeddings, EngineOptions options);
+
+  // Queues a request; its id. Errors for an empty or too long prompt (naming the field).
+  [[nodiscard]] Result<int64_t> add(GenerationRequest request);
+  // Finishes the request now (its final event says kCancelled). Unknown ids are ignored.
+  void cancel(int64_t id);
+  // Runs one step; an empty plan (nothing to do) is not an error.
+  [[nodiscard]] Result<StepStats> step();
+  bool has_work() const { return scheduler_.has_work(); }
+  Headroom headroom() const { return scheduler_.headroom(); }
+  const BlockManager& blocks() const { return blocks_; }
+  const Backend& backend() const { return *backend_; }
+  int num_active() const { return static_cast<int>(active_.size()); }
+
+ private:
+  struct Active {
+    std::unique_ptr<Sequence> seq;
+    std::function<void(const TokenEvent&)> on_event;
+    std::unique_ptr<StreamDecoder> decoder;
+    std::string held;  // text held back: it may be the start of a stop string
+  };
+  Engine(std::shared_ptr<Backend> backend, std::shared_ptr<const Tokenizer> tokenizer,
+         int max_model_len, EngineOptions options);
+  // Appends the sampled token; returns true when the request finished.
+  bool advance(Active& a, int32_t token);
+  void finish(Active& a, FinishReason reason, int32_t token, std::string delta);
+
+  std::shared_ptr<Backend> backend_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  int max_model_len_;
+  EngineOptions options_;
+  BlockManager blocks_;
+  Scheduler scheduler_;
+  std::unordered_map<int64_t, Active> active_;
+  int64_t next_id_ = 1;
+  int64_t next_arrival_ = 0;
+  // Step buffers, reused.
+  std::vector<int32_t> token_ids_, positions_, seq_start_, block_table_, logits_rows_;
+  std::vector<float> logits_;
+};
+
+}  // namespace hr::engine

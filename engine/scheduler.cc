@@ -1,0 +1,197 @@
+// The step scheduler.
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "base/check.h"
+
+namespace hr::engine {
+namespace {
+
+// Lower sorts first = runs first.
+bool runs_before(const Sequence* a, const Sequence* b) {
+  if (a->cls != b->cls) return a->cls < b->cls;
+  if (a->priority != b->priority) return a->priority > b->priority;
+  return a->arrival < b->arrival;
+}
+
+int blocks_for(int tokens, int block_size) { return (tokens + block_size - 1) / block_size; }
+
+}  // namespace
+
+Scheduler::Scheduler(SchedulerConfig config, BlockManager* blocks)
+    : config_(config), blocks_(blocks) {}
+
+void Scheduler::add(Sequence* seq) {
+  if (seq->cls == RequestClass::kSync) {
+    waiting_sync_.push_back(seq);
+  } else {
+    waiting_async_.push_back(seq);
+  }
+}
+
+// The running sequence that ranks last among those ranked after `for_seq` (async before sync,
+// then lowest priority, then latest arrival), or `for_seq` itself when allowed and nothing ranks
+// lower. Sync sequences are preempted only by earlier sync sequences, when memory is exhausted.
+Sequence* Scheduler::pick_victim(const Sequence* for_seq, bool allow_self) const {
+  Sequence* victim = nullptr;
+  for (Sequence* s : running_) {
+    if (s == for_seq) continue;
+    if (!runs_before(for_seq, s)) continue;
+    if (victim == nullptr || runs_before(victim, s)) victim = s;
+  }
+  if (victim == nullptr && allow_self && for_seq->running) victim = const_cast<Sequence*>(for_seq);
+  return victim;
+}
+
+void Scheduler::preempt(Sequence* victim, StepPlan* plan, int* budget) {
+  for (auto it = plan->seqs.begin(); it != plan->seqs.end(); ++it) {
+    if (it->seq == victim) {
+      *budget += it->num_tokens;
+      plan->num_tokens -= it->num_tokens;
+      plan->seqs.erase(it);
+      break;
+    }
+  }
+  blocks_->release(victim->blocks);
+  victim->blocks.clear();
+  victim->block_hashes.clear();
+  victim->num_computed = 0;
+  victim->running = false;
+  ++victim->num_preemptions;
+  running_.erase(std::find(running_.begin(), running_.end(), victim));
+  if (victim->cls == RequestClass::kSync) {
+    waiting_sync_.push_front(victim);
+  } else {
+    waiting_async_.push_back(victim);
+  }
+  plan->preempted.push_back(victim);
+}
+
+// Makes room for `n` more tokens of `seq`, preempting lower-ranked async sequences if needed.
+bool Scheduler::grow(Sequence* seq, int n, bool allow_self, StepPlan* plan, int* budget) {
+  int need = blocks_for(seq->num_computed + n, blocks_->block_size()) -
+             static_cast<int>(seq->blocks.size());
+  while (need > blocks_->num_available()) {
+    Sequence* victim = pick_victim(seq, allow_self);
+    if (victim == nullptr) return false;
+    preempt(victim, plan, budget);
+    if (victim == seq) return false;
+  }
+  for (int i = 0; i < need; ++i) seq->blocks.push_back(*blocks_->allocate());
+  return true;
+}
+
+StepPlan Scheduler::schedule() {
+  StepPlan plan;
+  int budget = config_.max_batched_tokens;
+  std::sort(running_.begin(), running_.end(), runs_before);
+  std::stable_sort(waiting_async_.begin(), waiting_async_.end(), runs_before);
+  auto plan_seq = [&](Sequence* seq, bool was_running) -> bool {
+    int remaining = static_cast<int>(seq->tokens.size()) - seq->num_computed;
+    int n = std::min({remaining, budget, config_.max_prefill_chunk});
+    if (n <= 0) return false;
+    if (!grow(seq, n, was_running, &plan, &budget)) return false;
+    n = std::min(n, budget);  // preemption may not refund, but never overdraw
+    plan.seqs.push_back({seq, n, seq->num_computed + n == static_cast<int>(seq->tokens.size())});
+    plan.num_tokens += n;
+    budget -= n;
+    return true;
+  };
+  auto admit = [&](Sequence* seq) -> bool {
+    if (static_cast<int>(running_.size()) >= config_.max_num_seqs) {
+      Sequence* victim = pick_victim(seq, false);
+      if (victim == nullptr) return false;
+      preempt(victim, &plan, &budget);
+    }
+    if (seq->num_computed == 0 && seq->blocks.empty()) {
+      // Reuse cached full blocks, always leaving the last token to compute (it yields logits).
+      int covered = blocks_->acquire_prefix(seq->tokens, static_cast<int>(seq->tokens.size()) - 1,
+                                            &seq->blocks, &seq->block_hashes);
+      seq->num_computed = covered;
+      if (seq->num_cached_prompt < 0) seq->num_cached_prompt = std::min(covered, seq->num_prompt);
+    }
+    seq->running = true;
+    running_.push_back(seq);
+    if (!plan_seq(seq, /*was_running=*/false)) {
+      // Not even one token fits: back to waiting, keeping nothing.
+      running_.pop_back();
+      seq->running = false;
+      blocks_->release(seq->blocks);
+      seq->blocks.clear();
+      seq->block_hashes.clear();
+      seq->num_computed = 0;
+      return false;
+    }
+    return true;
+  };
+  for (RequestClass cls : {RequestClass::kSync, RequestClass::kAsync}) {
+    std::vector<Sequence*> snapshot = running_;
+    for (Sequence* seq : snapshot) {
+      if (seq->cls != cls || !seq->running) continue;
+      if (budget <= 0) break;
+      plan_seq(seq, /*was_running=*/true);
+    }
+    if (cls == RequestClass::kSync) {
+      while (!waiting_sync_.empty() && budget > 0) {
+        Sequence* seq = waiting_sync_.front();
+        if (!admit(seq)) break;
+        waiting_sync_.pop_front();
+      }
+    } else {
+      std::stable_sort(waiting_async_.begin(), waiting_async_.end(), runs_before);
+      while (!waiting_async_.empty() && budget > 0 && waiting_sync_.empty()) {
+        Sequence* seq = waiting_async_.front();
+        waiting_async_.erase(waiting_async_.begin());
+        if (!admit(seq)) {
+          waiting_async_.insert(waiting_async_.begin(), seq);
+          break;
+        }
+      }
+    }
+  }
+  last_budget_left_ = budget;
+  return plan;
+}
+
+void Scheduler::complete(const StepPlan& plan) {
+  const int bs = blocks_->block_size();
+  for (const ScheduledSeq& s : plan.seqs) {
+    Sequence* seq = s.seq;
+    seq->num_computed += s.num_tokens;
+    while (static_cast<int>(seq->block_hashes.size()) < seq->num_computed / bs) {
+      size_t i = seq->block_hashes.size();
+      uint64_t parent = i == 0 ? 0 : seq->block_hashes[i - 1];
+      seq->block_hashes.push_back(
+          blocks_->commit_full(seq->blocks[i], parent, seq->tokens.data() + i * bs));
+    }
+  }
+}
+
+void Scheduler::remove(Sequence* seq) {
+  auto it = std::find(running_.begin(), running_.end(), seq);
+  if (it != running_.end()) running_.erase(it);
+  auto ws = std::find(waiting_sync_.begin(), waiting_sync_.end(), seq);
+  if (ws != waiting_sync_.end()) waiting_sync_.erase(ws);
+  auto wa = std::find(waiting_async_.begin(), waiting_async_.end(), seq);
+  if (wa != waiting_async_.end()) waiting_async_.erase(wa);
+  blocks_->release(seq->blocks);
+  seq->blocks.clear();
+  seq->running = false;
+}
+
+Headroom Scheduler::headroom() const {
+  Headroom h;
+  h.free_seq_slots = config_.max_num_seqs - static_cast<int>(running_.size());
+  h.free_kv_blocks = blocks_->num_available();
+  h.total_kv_blocks = blocks_->num_blocks();
+  h.token_budget_left = last_budget_left_;
+  h.waiting_sync = static_cast<int>(waiting_sync_.size());
+  h.waiting_async = static_cast<int>(waiting_async_.size());
+  for (const Sequence* s : running_) {
+    (s->cls == RequestClass::kSync ? h.running_sync : h.running_async) += 1;
+  }
+  return h;
+}
+
+}  // namespace hr::engine

@@ -1,0 +1,101 @@
+// Continuous batching: which sequences run in the next step and how many of their tokens.
+// A per-step token budget with chunked prefill; two classes, sync before async (async ordered by
+// numeric priority, then arrival); when sync needs room, running async sequences are preempted
+// (blocks released — full ones stay in the prefix cache — and recomputed later), victims chosen
+// lowest priority, latest arrival first. "No room" is a normal outcome. Plain C++; driven by
+// the engine's thread.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "engine/sampler.h"
+
+namespace hr::engine {
+
+enum class RequestClass { kSync = 0, kAsync = 1 };
+
+struct Sequence {
+  int64_t id = 0;
+  RequestClass cls = RequestClass::kSync;
+  int priority = 0;      // async only: higher runs first
+  int64_t arrival = 0;   // admission order
+  std::vector<int32_t> tokens;  // prompt, then generated
+  int num_prompt = 0;
+  int num_computed = 0;         // tokens whose K/V is in the cache
+  std::vector<int> blocks;      // block table
+  std::vector<uint64_t> block_hashes;  // of the committed full blocks
+  int num_cached_prompt = -1;   // prompt tokens found in the prefix cache at first admission
+  int num_preemptions = 0;
+  bool running = false;
+  bool finished = false;
+  SamplingParams params;
+  std::mt19937_64 rng;
+
+  int num_generated() const { return static_cast<int>(tokens.size()) - num_prompt; }
+};
+
+struct SchedulerConfig {
+  int max_num_seqs = 64;
+  int max_batched_tokens = 512;
+  int max_prefill_chunk = 512;
+};
+
+struct ScheduledSeq {
+  Sequence* seq = nullptr;
+  int num_tokens = 0;    // new tokens computed this step
+  bool sample = false;   // the step finishes its tokens: sample the next one
+};
+
+struct StepPlan {
+  std::vector<ScheduledSeq> seqs;
+  std::vector<Sequence*> preempted;
+  int num_tokens = 0;
+  bool empty() const { return seqs.empty(); }
+};
+
+struct Headroom {
+  int free_seq_slots = 0;
+  int free_kv_blocks = 0;
+  int total_kv_blocks = 0;
+  int token_budget_left = 0;  // in the last planned step
+  int waiting_sync = 0;
+  int waiting_async = 0;
+  int running_sync = 0;
+  int running_async = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(SchedulerConfig config, BlockManager* blocks);
+
+  void add(Sequence* seq);
+  // Plans the next step. Blocks for the planned tokens are allocated.
+  StepPlan schedule();
+  // After the backend ran `plan`: advances computed counts and caches newly full blocks.
+  void complete(const StepPlan& plan);
+  // Removes a finished or cancelled sequence and releases its blocks.
+  void remove(Sequence* seq);
+  Headroom headroom() const;
+  bool has_work() const { return !running_.empty() || !waiting_sync_.empty() || !waiting_async_.empty(); }
+  const SchedulerConfig& config() const { return config_; }
+
+ private:
+  bool grow(Sequence* seq, int num_new_tokens, bool allow_self, StepPlan* plan, int* budget);
+  Sequence* pick_victim(const Sequence* for_seq, bool allow_self) const;
+  void preempt(Sequence* victim, StepPlan* plan, int* budget);
+
+  SchedulerConfig config_;
+  BlockManager* blocks_;
+  std::vector<Sequence*> running_;
+  std::deque<Sequence*> waiting_sync_;
+  std::vector<Sequence*> waiting_async_;
+  int last_budget_left_ = 0;
+};
+
+}  // namespace hr::engine

@@ -1,0 +1,209 @@
+// The engine on the bundled model: batch invariance, chunked prefill, prefix caching and
+// preemption all give the same greedy answers as one request alone (and as PyTorch).
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "engine/chat_template.h"
+#include "engine/cpu_backend.h"
+#include "engine/weights.h"
+
+namespace hr::engine {
+namespace {
+
+const std::string kModelDir = std::string(HEADROOM_SOURCE_DIR) + "/models/tiny-reverse";
+
+struct Fixture {
+  std::shared_ptr<const ModelWeights> weights;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  nlohmann::json cases;
+
+  static Fixture& get() {
+    static Fixture f = [] {
+      Fixture x;
+      x.weights = std::make_shared<const ModelWeights>(load_weights(kModelDir).value());
+      x.tokenizer = std::shared_ptr<const Tokenizer>(Tokenizer::load(kModelDir).value().release());
+      std::ifstream in(kModelDir + "/reference.json");
+      std::stringstream ss;
+      ss << in.rdbuf();
+      x.cases = nlohmann::json::parse(ss.str())["cases"];
+      return x;
+    }();
+    return f;
+  }
+
+  std::unique_ptr<Engine> engine(SchedulerConfig sc, int block_size = 16, size_t kv_bytes = 8 << 20) {
+    auto backend = CpuBackend::create(weights, {block_size, kv_bytes, 1});
+    EXPECT_TRUE(backend.is_ok());
+    EngineOptions o;
+    o.scheduler = sc;
+    return Engine::create(std::shared_ptr<Backend>(std::move(backend).value()), tokenizer,
+                          weights->config.max_position_embeddings, o)
+        .value();
+  }
+};
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::string text;
+  FinishReason reason = FinishReason::kNone;
+  Usage usage;
+};
+
+// Adds every prompt, runs to completion, returns outcomes in order.
+std::vector<Outcome> run_all(Engine& e, const std::vector<std::vector<int32_t>>& prompts,
+                             RequestClass cls = RequestClass::kSync, SamplingParams params = {}) {
+  std::vector<Outcome> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest r;
+    r.prompt = prompts[i];
+    r.params = params;
+    if (r.params.max_tokens == 256) r.params.max_tokens = 40;
+    r.cls = cls;
+    r.on_event = [&out, i](const TokenEvent& ev) {
+      if (ev.token >= 0) out[i].tokens.push_back(ev.token);
+      out[i].text += ev.text_delta;
+      if (ev.finished) {
+        out[i].reason = ev.finish_reason;
+        out[i].usage = ev.usage;
+      }
+    };
+    EXPECT_TRUE(e.add(std::move(r)).is_ok());
+  }
+  for (int guard = 0; e.has_work() && guard < 10000; ++guard) EXPECT_TRUE(e.step().is_ok());
+  return out;
+}
+
+std::vector<std::vector<int32_t>> prompts(int n, int offset = 0) {
+  std::vector<std::vector<int32_t>> p;
+  for (int i = 0; i < n; ++i) {
+    p.push_back(Fixture::get().cases[static_cast<size_t>(offset + i)]["prompt_ids"].get<std::vector<int32_t>>());
+  }
+  return p;
+}
+
+std::vector<int32_t> expected(int i) {
+  return Fixture::get().cases[static_cast<size_t>(i)]["output_ids"].get<std::vector<int32_t>>();
+}
+
+TEST(EngineTest, BatchOf32EqualsEachAloneAndPyTorch) {
+  auto& f = Fixture::get();
+  auto batch = f.engine({64, 512, 512});
+  auto together = run_all(*batch, prompts(32));
+  for (int i = 0; i < 32; ++i) {
+    auto alone_engine = f.engine({64, 512, 512});
+    auto alone = run_all(*alone_engine, prompts(1, i));
+    EXPECT_EQ(together[static_cast<size_t>(i)].tokens, alone[0].tokens) << i;
+    EXPECT_EQ(together[static_cast<size_t>(i)].tokens, expected(i)) << i;
+    std::string text = f.cases[static_cast<size_t>(i)]["text"];
+    EXPECT_EQ(together[static_cast<size_t>(i)].text, std::string(text.rbegin(), text.rend()));
+    EXPECT_EQ(together[static_cast<size_t>(i)].reason, FinishReason::kStop);
+    EXPECT_EQ(together[static_cast<size_t>(i)].usage.prompt_tokens,
+              static_cast<int>(prompts(1, i)[0].size()));
+  }
+}
+
+TEST(EngineTest, TinyChunkedPrefillEqualsUnchunked) {
+  auto& f = Fixture::get();
+  auto chunked = f.engine({8, 8, 3});
+  auto out = run_all(*chunked, prompts(12, 40));
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(out[static_cast<size_t>(i)].tokens, expected(40 + i)) << i;
+}
+
+TEST(EngineTest, PrefixCacheHitEqualsMissAndReportsCachedTokens) {
+  auto& f = Fixture::get();
+  auto e = f.engine({8, 512, 512}, /*block_size=*/4);
+  auto first = run_all(*e, prompts(1, 7));
+  EXPECT_EQ(first[0].usage.cached_tokens, 0);
+  auto second = run_all(*e, prompts(1, 7));
+  EXPECT_EQ(second[0].tokens, first[0].tokens);
+  int prompt_len = static_cast<int>(prompts(1, 7)[0].size());
+  EXPECT_EQ(second[0].usage.cached_tokens, (prompt_len - 1) / 4 * 4);
+  EXPECT_GT(second[0].usage.cached_tokens, 0);
+  EXPECT_GT(e->blocks().num_prefix_hit_blocks(), 0);
+}
+
+TEST(EngineTest, PreemptedAsyncRequestsEqualUndisturbedOnes) {
+  auto& f = Fixture::get();
+  // A KV cache of 32 blocks of 4 tokens: not enough for everything at once.
+  const ModelConfig& c = f.weights->config;
+  size_t block_bytes = 2ull * c.num_layers * 4 * c.kv_size() * sizeof(float);
+  auto e = f.engine({16, 64, 64}, 4, 32 * block_bytes);
+  std::vector<Outcome> async_out(4), sync_out(4);
+  auto add = [&](std::vector<Outcome>& out, int i, int case_index, RequestClass cls) {
+    GenerationRequest r;
+    r.prompt = prompts(1, case_index)[0];
+    r.params.max_tokens = 40;
+    r.cls = cls;
+    r.on_event = [&out, i](const TokenEvent& ev) {
+      if (ev.token >= 0) out[static_cast<size_t>(i)].tokens.push_back(ev.token);
+      if (ev.finished) out[static_cast<size_t>(i)].reason = ev.finish_reason;
+    };
+    ASSERT_TRUE(e->add(std::move(r)).is_ok());
+  };
+  for (int i = 0; i < 4; ++i) add(async_out, i, 100 + i, RequestClass::kAsync);
+  for (int s = 0; s < 6; ++s) ASSERT_TRUE(e->step().is_ok());
+  EXPECT_GE(e->headroom().running_async, 2);
+  int preempted = 0;
+  for (int i = 0; i < 4; ++i) add(sync_out, i, 110 + i, RequestClass::kSync);
+  auto st = e->step();
+  ASSERT_TRUE(st.is_ok());
+  preempted += st->num_preempted;
+  EXPECT_GT(preempted, 0) << "sync arrivals should have preempted async work";
+  EXPECT_GE(e->headroom().running_sync, 1);
+  for (int guard = 0; e->has_work() && guard < 10000; ++guard) ASSERT_TRUE(e->step().is_ok());
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(async_out[static_cast<size_t>(i)].tokens, expected(100 + i)) << i;
+    EXPECT_EQ(sync_out[static_cast<size_t>(i)].tokens, expected(110 + i)) << i;
+  }
+}
+
+TEST(EngineTest, SamplingIsReproducibleWithASeedAndStopsWork) {
+  auto& f = Fixture::get();
+  SamplingParams p;
+  p.temperature = 1.5f;
+  p.top_k = 20;
+  p.top_p = 0.9f;
+  p.seed = 42;
+  auto a = run_all(*f.engine({8, 512, 512}), prompts(3, 20), RequestClass::kSync, p);
+  auto b = run_all(*f.engine({8, 512, 512}), prompts(3, 20), RequestClass::kSync, p);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(a[static_cast<size_t>(i)].tokens, b[static_cast<size_t>(i)].tokens);
+
+  int long_case = 0;
+  while (f.cases[static_cast<size_t>(long_case)]["text"].get<std::string>().size() < 8) ++long_case;
+  SamplingParams len;
+  len.max_tokens = 3;
+  auto l = run_all(*f.engine({8, 512, 512}), prompts(1, long_case), RequestClass::kSync, len);
+  EXPECT_EQ(l[0].tokens.size(), 3u);
+  EXPECT_EQ(l[0].reason, FinishReason::kLength);
+
+  // Stop at the third character of the answer: the text ends before it.
+  std::string text = f.cases[static_cast<size_t>(long_case)]["text"];
+  std::string answer(text.rbegin(), text.rend());
+  ASSERT_GE(answer.size(), 4u);
+  SamplingParams stop;
+  stop.stop = {answer.substr(2, 2)};
+  auto s = run_all(*f.engine({8, 512, 512}), prompts(1, long_case), RequestClass::kSync, stop);
+  EXPECT_EQ(s[0].reason, FinishReason::kStop);
+  EXPECT_EQ(s[0].text, answer.substr(0, answer.find(answer.substr(2, 2))));
+}
+
+TEST(EngineTest, BadRequestsAreErrors) {
+  auto e = Fixture::get().engine({8, 512, 512});
+  GenerationRequest empty;
+  EXPECT_EQ(e->add(std::move(empty)).status().field(), "prompt");
+  GenerationRequest too_long;
+  too_long.prompt.assign(200, 65);
+  EXPECT_EQ(e->add(std::move(too_long)).status().field(), "messages");
+  GenerationRequest bad_token;
+  bad_token.prompt = {1, 99999};
+  EXPECT_FALSE(e->add(std::move(bad_token)).is_ok());
+}
+
+}  // namespace
+}  // namespace hr::engine
