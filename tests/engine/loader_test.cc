@@ -1,0 +1,174 @@
+// Loader, config and tokenizer errors are clear Status values naming the culprit, never crashes.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/chat_template.h"
+#include "engine/model_config.h"
+#include "engine/safetensors.h"
+#include "engine/tokenizer.h"
+#include "engine/weights.h"
+
+namespace hr::engine {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kModelDir = std::string(HEADROOM_SOURCE_DIR) + "/models/tiny-reverse";
+
+class LoaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("hr-loader-" + std::to_string(::getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}) {
+      fs::copy_file(kModelDir + "/" + f, dir_ / f, fs::copy_options::overwrite_existing);
+    }
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string read(const std::string& f) {
+    std::ifstream in(dir_ / f, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  void write(const std::string& f, const std::string& data) {
+    std::ofstream out(dir_ / f, std::ios::binary | std::ios::trunc);
+    out << data;
+  }
+  fs::path dir_;
+};
+
+TEST_F(LoaderTest, TheBundledModelLoads) {
+  auto w = load_weights(dir_.string());
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  EXPECT_EQ(w->config.num_kv_heads, 2);
+  EXPECT_GT(w->num_parameters(), 900000u);
+}
+
+TEST_F(LoaderTest, CorruptHeaderLength) {
+  std::string data = read("model.safetensors");
+  uint64_t huge = 1ull << 40;
+  std::memcpy(data.data(), &huge, 8);
+  write("model.safetensors", data);
+  auto w = load_weights(dir_.string());
+  ASSERT_FALSE(w.is_ok());
+  EXPECT_NE(w.status().message().find("header length"), std::string::npos) << w.status().message();
+}
+
+TEST_F(LoaderTest, TruncatedFileNamesTheTensor) {
+  std::string data = read("model.safetensors");
+  write("model.safetensors", data.substr(0, data.size() - 1000));
+  auto w = load_weights(dir_.string());
+  ASSERT_FALSE(w.is_ok());
+  // The message names the first tensor (in header order) that runs past the end.
+  EXPECT_NE(w.status().message().find("tensor model."), std::string::npos) << w.status().message();
+  EXPECT_NE(w.status().message().find("truncated"), std::string::npos) << w.status().message();
+}
+
+TEST_F(LoaderTest, GarbageHeader) {
+  std::string data = read("model.safetensors");
+  data[10] = '{';
+  data[11] = '{';
+  write("model.safetensors", data);
+  EXPECT_FALSE(load_weights(dir_.string()).is_ok());
+  write("model.safetensors", "abc");
+  EXPECT_FALSE(load_weights(dir_.string()).is_ok());
+}
+
+TEST_F(LoaderTest, MissingTensorAndWrongShapeAreNamed) {
+  std::string cfg = read("config.json");
+  // One more layer than the file has: layer 4's tensors are missing.
+  std::string more = cfg;
+  more.replace(more.find("\"num_hidden_layers\": 4"), 22, "\"num_hidden_layers\": 5");
+  write("config.json", more);
+  auto w = load_weights(dir_.string());
+  ASSERT_FALSE(w.is_ok());
+  EXPECT_NE(w.status().message().find("model.layers.4.input_layernorm.weight"), std::string::npos)
+      << w.status().message();
+  std::string wider = cfg;
+  wider.replace(wider.find("\"intermediate_size\": 512"), 24, "\"intermediate_size\": 640");
+  write("config.json", wider);
+  w = load_weights(dir_.string());
+  ASSERT_FALSE(w.is_ok());
+  EXPECT_NE(w.status().message().find("mlp.gate_proj.weight has shape [512, 128], expected [640, 128]"),
+            std::string::npos)
+      << w.status().message();
+}
+
+TEST(ModelConfigTest, BadConfigsAreClear) {
+  EXPECT_EQ(parse_model_config("[]").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(parse_model_config(R"({"model_type": "gpt2"})").status().field(), "model_type");
+  EXPECT_EQ(parse_model_config(R"({"model_type": "llama", "vocab_size": 10})").status().field(),
+            "hidden_size");
+  auto c = parse_model_config(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 64,
+      "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "num_key_value_heads": 3})");
+  EXPECT_EQ(c.status().field(), "num_key_value_heads");
+  auto q = parse_model_config(R"({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 64,
+      "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})");
+  ASSERT_TRUE(q.is_ok()) << q.status().to_string();
+  EXPECT_TRUE(q->qkv_bias);
+  EXPECT_EQ(q->head_dim, 16);
+  auto inv = q->rope_inv_freq();
+  ASSERT_EQ(inv.size(), 8u);
+  EXPECT_FLOAT_EQ(inv[0], 1.0f);  // high frequencies are not scaled
+}
+
+TEST(TokenizerTest, ErrorsAndUtf8Streaming) {
+  EXPECT_FALSE(Tokenizer::from_json("not json", "").is_ok());
+  EXPECT_EQ(Tokenizer::from_json(R"({"model": {"type": "WordPiece"}})", "").status().field(),
+            "model.type");
+  auto tok = Tokenizer::load(kModelDir);
+  ASSERT_TRUE(tok.is_ok());
+  // "é" is two bytes: the first alone must not be emitted.
+  std::string s = "é€x";
+  auto ids = (*tok)->encode(s);
+  ASSERT_EQ(ids.size(), 6u);
+  StreamDecoder d(**tok);
+  std::string out;
+  std::vector<std::string> deltas;
+  for (int32_t id : ids) deltas.push_back(d.push(id));
+  EXPECT_EQ(deltas[0], "");
+  EXPECT_EQ(deltas[1], "é");
+  EXPECT_EQ(deltas[2], "");
+  EXPECT_EQ(deltas[3], "");
+  EXPECT_EQ(deltas[4], "€");
+  EXPECT_EQ(deltas[5], "x");
+  EXPECT_EQ((*tok)->decode(ids), s);
+}
+
+TEST(TokenizerTest, PreTokenizerSplitsLikeGpt2AndLlama3) {
+  EXPECT_EQ(pre_tokenize("Hello world's 123  x", 0),
+            (std::vector<std::string>{"Hello", " world", "'s", " 123", " ", " x"}));
+  EXPECT_EQ(pre_tokenize("Hello 12345!\n\nok", 1),
+            (std::vector<std::string>{"Hello", " ", "123", "45", "!\n\n", "ok"}));
+}
+
+TEST(ChatTemplateTest, FormatsAndUnknownTemplates) {
+  EXPECT_EQ(*detect_chat_format("{{ '<|im_start|>' }}"), ChatFormat::kChatMl);
+  EXPECT_EQ(*detect_chat_format("<|start_header_id|>"), ChatFormat::kLlama3);
+  EXPECT_EQ(*detect_chat_format("[INST]"), ChatFormat::kMistral);
+  auto unknown = detect_chat_format("{{ messages }}");
+  ASSERT_FALSE(unknown.is_ok());
+  EXPECT_EQ(unknown.status().field(), "chat-template");
+  EXPECT_NE(unknown.status().message().find("--chat-template"), std::string::npos);
+  EXPECT_EQ(*render_chat(ChatFormat::kChatMl, {{"system", "be brief"}, {"user", "hi"}}, "", ""),
+            "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  EXPECT_EQ(*render_chat(ChatFormat::kLlama3, {{"user", "hi"}}, "", ""),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(*render_chat(ChatFormat::kMistral, {{"user", "hi"}, {"assistant", "yo"}, {"user", "go"}},
+                         "<s>", "</s>"),
+            "<s>[INST] hi [/INST]yo</s>[INST] go [/INST]");
+  EXPECT_EQ(render_chat(ChatFormat::kHeadroom, {{"system", "x"}, {"user", "y"}}, "<s>", "</s>")
+                .status()
+                .field(),
+            "messages[0].role");
+}
+
+}  // namespace
+}  // namespace hr::engine

@@ -1,0 +1,151 @@
+// The scheduler stepped by hand, asserting each step: admission order, token budget and chunking,
+// preemption victims, prefix-cache reuse and headroom.
+#include "engine/scheduler.h"
+
+#include <gtest/gtest.h>
+
+namespace hr::engine {
+namespace {
+
+struct Harness {
+  BlockManager blocks;
+  Scheduler sched;
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  int64_t arrival = 0;
+
+  Harness(int num_blocks, int block_size, SchedulerConfig c)
+      : blocks(num_blocks, block_size), sched(c, &blocks) {}
+
+  Sequence* add(RequestClass cls, int prompt_len, int priority = 0, int first_token = 1) {
+    auto s = std::make_unique<Sequence>();
+    s->id = static_cast<int64_t>(seqs.size());
+    s->cls = cls;
+    s->priority = priority;
+    s->arrival = arrival++;
+    for (int i = 0; i < prompt_len; ++i) s->tokens.push_back(first_token + i);
+    s->num_prompt = prompt_len;
+    sched.add(s.get());
+    seqs.push_back(std::move(s));
+    return seqs.back().get();
+  }
+
+  // Plans and completes one step, appending a token to each sequence that sampled.
+  StepPlan step() {
+    StepPlan p = sched.schedule();
+    sched.complete(p);
+    for (const auto& s : p.seqs) {
+      if (s.sample) s.seq->tokens.push_back(7);
+    }
+    return p;
+  }
+};
+
+int tokens_of(const StepPlan& p, const Sequence* s) {
+  for (const auto& x : p.seqs) {
+    if (x.seq == s) return x.num_tokens;
+  }
+  return 0;
+}
+
+TEST(SchedulerTest, SyncIsAdmittedBeforeEarlierAsync) {
+  Harness h(64, 4, {8, 10, 10});
+  Sequence* a = h.add(RequestClass::kAsync, 8);
+  Sequence* s = h.add(RequestClass::kSync, 8);
+  StepPlan p = h.step();
+  EXPECT_EQ(tokens_of(p, s), 8);  // sync first, whole prompt
+  EXPECT_EQ(tokens_of(p, a), 2);  // async gets what is left of the budget
+  EXPECT_EQ(p.num_tokens, 10);
+  p = h.step();
+  EXPECT_EQ(tokens_of(p, s), 1);  // decode
+  EXPECT_EQ(tokens_of(p, a), 6);  // rest of the prompt
+  EXPECT_TRUE(p.seqs[1].sample);
+}
+
+TEST(SchedulerTest, BudgetAndChunkingPerStep) {
+  Harness h(64, 4, {8, 6, 4});
+  Sequence* s = h.add(RequestClass::kSync, 10);
+  std::vector<int> chunks;
+  for (int i = 0; i < 4; ++i) {
+    StepPlan p = h.step();
+    EXPECT_LE(p.num_tokens, 6);
+    chunks.push_back(tokens_of(p, s));
+  }
+  EXPECT_EQ(chunks, (std::vector<int>{4, 4, 2, 1}));  // chunk limit 4, then the decode
+  EXPECT_EQ(s->num_computed, 11);
+}
+
+TEST(SchedulerTest, SyncArrivalPreemptsLowestPriorityLatestAsync) {
+  // 6 blocks of 4 tokens; three async sequences take 2 blocks each.
+  Harness h(6, 4, {8, 64, 64});
+  Sequence* low_old = h.add(RequestClass::kAsync, 8, /*priority=*/0);
+  Sequence* high = h.add(RequestClass::kAsync, 8, /*priority=*/5);
+  Sequence* low_new = h.add(RequestClass::kAsync, 8, /*priority=*/0);
+  h.step();
+  EXPECT_TRUE(low_old->running && high->running && low_new->running);
+  EXPECT_EQ(h.blocks.num_available(), 0);
+  Sequence* sync = h.add(RequestClass::kSync, 6, 0, /*first_token=*/100);
+  StepPlan p = h.step();
+  ASSERT_GE(p.preempted.size(), 1u);
+  EXPECT_EQ(p.preempted[0], low_new);  // lowest priority, latest arrival
+  EXPECT_TRUE(sync->running);
+  EXPECT_EQ(tokens_of(p, sync), 6);
+  EXPECT_FALSE(low_new->running);
+  EXPECT_EQ(low_new->num_computed, 0);
+  EXPECT_EQ(low_new->num_preemptions, 1);
+  EXPECT_TRUE(high->running);
+}
+
+TEST(SchedulerTest, NoRoomIsNotAnErrorAndHeadroomSaysSo) {
+  Harness h(2, 4, {1, 64, 64});
+  Sequence* a = h.add(RequestClass::kAsync, 6);
+  Sequence* b = h.add(RequestClass::kAsync, 6);
+  StepPlan p = h.step();
+  EXPECT_EQ(tokens_of(p, a), 6);
+  EXPECT_EQ(tokens_of(p, b), 0);  // no free slot: b waits
+  Headroom hr = h.sched.headroom();
+  EXPECT_EQ(hr.free_seq_slots, 0);
+  EXPECT_EQ(hr.waiting_async, 1);
+  EXPECT_EQ(hr.running_async, 1);
+  EXPECT_EQ(hr.total_kv_blocks, 2);
+}
+
+TEST(SchedulerTest, PrefixCacheReusesFullBlocksAndLeavesTheLastToken) {
+  Harness h(16, 4, {4, 64, 64});
+  Sequence* a = h.add(RequestClass::kSync, 9);
+  h.step();
+  h.sched.remove(a);  // a's two full blocks stay cached
+  EXPECT_EQ(h.blocks.num_cached(), 2);
+  Sequence* b = h.add(RequestClass::kSync, 9);  // same tokens
+  StepPlan p = h.step();
+  EXPECT_EQ(b->num_cached_prompt, 8);
+  EXPECT_EQ(tokens_of(p, b), 1);
+  Sequence* c = h.add(RequestClass::kSync, 8);  // exactly two blocks: the last must be recomputed
+  p = h.step();
+  EXPECT_EQ(c->num_cached_prompt, 4);
+  EXPECT_EQ(tokens_of(p, c), 4);
+}
+
+TEST(BlockManagerTest, LruEvictionOnlyWhenNeeded) {
+  BlockManager bm(3, 2);
+  std::vector<int32_t> t = {1, 2, 3, 4};
+  auto b0 = *bm.allocate();
+  auto b1 = *bm.allocate();
+  uint64_t h0 = bm.commit_full(b0, 0, t.data());
+  bm.commit_full(b1, h0, t.data() + 2);
+  bm.release({b0, b1});
+  EXPECT_EQ(bm.num_available(), 3);
+  EXPECT_EQ(bm.num_cached(), 2);
+  auto fresh = bm.allocate();  // the free block first, no eviction
+  ASSERT_TRUE(fresh.has_value());
+  EXPECT_EQ(bm.num_cached(), 2);
+  auto evicting = bm.allocate();  // now the least recently used cached block goes
+  ASSERT_TRUE(evicting.has_value());
+  EXPECT_EQ(*evicting, b0);
+  EXPECT_EQ(bm.num_cached(), 1);
+  std::vector<int> blocks;
+  std::vector<uint64_t> hashes;
+  EXPECT_EQ(bm.acquire_prefix(t, 4, &blocks, &hashes), 0);  // the chain starts at the evicted block
+}
+
+}  // namespace
+}  // namespace hr::engine
