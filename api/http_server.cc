@@ -39,7 +39,8 @@ struct HttpServer::Impl {
   Handler handler;
   asio::io_context ioc;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
-  tcp::acceptor acceptor{ioc};
+  // On its own strand: accepting and closing (at stop) never run at the same time.
+  tcp::acceptor acceptor{asio::make_strand(ioc)};
   asio::thread_pool pool;
   std::vector<std::thread> threads;
   std::atomic<int> in_flight{0};
@@ -165,7 +166,7 @@ Status HttpServer::start() {
 
 void HttpServer::stop() {
   if (!impl_ || impl_->threads.empty() || impl_->stopping.exchange(true)) return;
-  asio::post(impl_->ioc, [this] {
+  asio::post(impl_->acceptor.get_executor(), [this] {
     beast::error_code ec;
     impl_->acceptor.close(ec);
   });

@@ -32,11 +32,16 @@ void apply_rope(float* vec, int head_dim, int position, const float* inv_freq) {
 namespace {
 
 // y[m, n] = x[m, k] · w[n, k]^T (+ y when accumulate). Small products run on one thread: waking
-// OpenBLAS's pool costs more than it saves below about a million multiply-adds.
+// OpenBLAS's pool costs more than it saves for small weight matrices and few rows.
 void gemm_xwt(const float* x, const float* w, float* y, int m, int n, int k, bool accumulate) {
   static const int max_threads = openblas_get_num_threads();
-  double work = static_cast<double>(m) * n * k;
-  openblas_set_num_threads(work < 4e6 ? 1 : max_threads);
+  double weights = static_cast<double>(n) * k;
+  bool threaded = weights >= 1e6 || weights * m >= 4e6;
+  openblas_set_num_threads(threaded ? max_threads : 1);
+  if (m == 1) {  // decode of one sequence: a matrix-vector product, bound by reading w
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w, k, x, 1, accumulate ? 1.0f : 0.0f, y, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k,
               accumulate ? 1.0f : 0.0f, y, n);
 }

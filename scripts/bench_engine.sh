@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Engine benchmark on the CPU backend: decode tokens/s at batch 1, 8 and 32 and prefill tokens/s,
+# on the bundled model and on a ~100M-parameter random-weight Llama written on the fly (in
+# .headroom/bench-model-100m, not committed), with the machine's streaming-read bandwidth measured
+# in the same run. The last line of output is one JSON object.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+scripts/setup.sh >/dev/null
+cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build-release -j "${HEADROOM_JOBS:-2}" --target headroom_engine_bench >/dev/null
+bench=build-release/tests/headroom_engine_bench
+big=$root/.headroom/bench-model-100m
+if [ ! -f "$big/model.safetensors" ]; then
+  $bench --make-random-model "$big" --tokenizer-from models/tiny-reverse
+fi
+tiny_json=$($bench --model models/tiny-reverse | tail -1)
+big_json=$($bench --model "$big" | tail -1)
+python3 - "$tiny_json" "$big_json" <<'PY'
+import json, sys
+tiny, big = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+print(json.dumps({
+    "batch32_over_batch1": big["batch32_over_batch1"],
+    "batch1_bandwidth_fraction": big["batch1_bandwidth_fraction"],
+    "goals": {"batch32_over_batch1": ">= 6", "batch1_bandwidth_fraction": ">= 0.5"},
+    "tiny": tiny, "model_100m": big}))
+PY
