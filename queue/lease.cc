@@ -65,12 +65,15 @@ Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
     HR_RETURN_IF_ERROR(ensure_group(*redis_, options_.model));
     group_ready_ = true;
   }
-  HR_ASSIGN_OR_RETURN(
-      RedisReply reply,
-      redis_->blocking_command({"XREADGROUP", "GROUP", kConsumerGroup, options_.owner, "COUNT",
-                                std::to_string(max), "BLOCK", std::to_string(block_ms), "STREAMS",
-                                stream_key(options_.model), ">"},
-                               block_ms));
+  // BLOCK 0 would wait forever: without a wait, leave BLOCK out.
+  std::vector<std::string> cmd = {"XREADGROUP", "GROUP", kConsumerGroup, options_.owner, "COUNT",
+                                  std::to_string(max)};
+  if (block_ms > 0) {
+    cmd.push_back("BLOCK");
+    cmd.push_back(std::to_string(block_ms));
+  }
+  cmd.insert(cmd.end(), {"STREAMS", stream_key(options_.model), ">"});
+  HR_ASSIGN_OR_RETURN(RedisReply reply, redis_->blocking_command(cmd, block_ms));
   if (reply.is_error()) {
     if (reply.str.rfind("NOGROUP", 0) == 0) group_ready_ = false;  // Redis lost it: recreate
     return unavailable("redis XREADGROUP: " + reply.str);

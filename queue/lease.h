@@ -55,7 +55,7 @@ class LeaseClient {
                                                                    const std::string& redis_url,
                                                                    LeaseOptions options);
 
-  // Reads up to `max` entries (waiting up to `block_ms` for the first) and leases the requests
+  // Reads up to `max` entries (waiting up to `block_ms` for the first; 0: no wait) and leases the requests
   // that are still queued. Entries for requests that ended or are leased elsewhere are dropped.
   [[nodiscard]] Result<std::vector<Lease>> pull(int max, int block_ms);
   // Extends the leases; returns the ones that were lost (taken over or ended) — stop working on them.

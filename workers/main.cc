@@ -58,11 +58,6 @@ int run_version() {
   return 0;
 }
 
-int not_yet(const char* name) {
-  hr::log::error("command.unavailable",
-                 {{"command", name}, {"reason", "this role is not part of this build yet"}});
-  return 2;
-}
 
 }  // namespace
 
@@ -167,7 +162,7 @@ int main(int argc, char** argv) {
   }
   if (worker_cmd->parsed()) {
     if (!validate(worker_store.validate()) || !validate(worker.validate())) return 2;
-    return not_yet("worker");
+    return hr::workers::run_worker(worker, worker_store);
   }
   if (dispatcher_cmd->parsed()) {
     if (!validate(dispatcher_store.validate())) return 2;

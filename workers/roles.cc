@@ -13,6 +13,7 @@
 #include "queue/migrate.h"
 #include "queue/pg.h"
 #include "queue/store.h"
+#include "workers/worker.h"
 
 namespace hr::workers {
 namespace {
@@ -67,6 +68,24 @@ int run_api(const api::ApiConfig& config, const queue::StoreConfig& store) {
   wait_for_stop_signal(set);
   server.stop();
   log::info("api.stopped");
+  return 0;
+}
+
+int run_worker(const WorkerConfig& config, const queue::StoreConfig& store) {
+  sigset_t set = block_stop_signals();
+  auto worker = Worker::create(config, store);
+  if (!worker.is_ok()) {
+    log::error("worker.start_failed", {{"error", worker.status()}});
+    return 1;
+  }
+  Status st = (*worker)->start();
+  if (!st.is_ok()) {
+    log::error("worker.start_failed", {{"error", st}});
+    return 1;
+  }
+  log::info("worker.started", {{"model", config.model_name}});
+  wait_for_stop_signal(set);
+  (*worker)->stop();
   return 0;
 }
 
@@ -137,10 +156,21 @@ int run_serve(const ServeConfig& config) {
       std::this_thread::sleep_for(std::chrono::seconds(1));
     }
   });
-  api::AsyncApi async_api(config.api, config.store);
-  api::HttpServer server(config.api.server_options(),
+  auto worker = Worker::create(config.worker, config.store);
+  if (!worker.is_ok()) {
+    log::error("serve.worker_failed", {{"error", worker.status()}});
+    stop = true;
+    dispatcher.join();
+    return 1;
+  }
+  // The API serves exactly the worker's model, with its context length.
+  api::ApiConfig api_config = config.api;
+  api_config.models = {config.worker.model_name + ":" + std::to_string((*worker)->context_length())};
+  api::AsyncApi async_api(api_config, config.store);
+  api::HttpServer server(api_config.server_options(),
                          [&](const api::HttpRequest& r) { return async_api.handle(r); });
   Status st = server.start();
+  if (st.is_ok()) st = (*worker)->start();
   if (!st.is_ok()) {
     log::error("serve.start_failed", {{"error", st}});
     stop = true;
@@ -151,6 +181,7 @@ int run_serve(const ServeConfig& config) {
                                              std::to_string(server.port())}});
   wait_for_stop_signal(set);
   server.stop();
+  (*worker)->stop();
   stop = true;
   dispatcher.join();
   log::info("serve.stopped");

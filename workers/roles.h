@@ -22,6 +22,7 @@ struct ServeConfig {
 };
 
 int run_api(const api::ApiConfig& api, const queue::StoreConfig& store);
+int run_worker(const WorkerConfig& worker, const queue::StoreConfig& store);
 int run_dispatcher(const queue::StoreConfig& store, const queue::DispatcherOptions& options);
 int run_serve(const ServeConfig& config);
 

@@ -15,6 +15,12 @@ void WorkerConfig::bind(CLI::App& app) {
   cli::add(app, "--max-utilization", max_utilization,
            "Stop pulling async work above this busy fraction (0..1)");
   cli::add(app, "--drain-seconds", drain_seconds, "On SIGTERM, time to finish or release leases");
+  cli::add(app, "--max-num-seqs", max_num_seqs, "Sequences the engine runs at once");
+  cli::add(app, "--max-batched-tokens", max_batched_tokens, "Tokens per engine step");
+  cli::add(app, "--max-pull", max_pull, "Most requests taken from the queue at once");
+  cli::add(app, "--kv-cache-bytes", kv_cache_bytes, "KV cache size in bytes");
+  cli::add(app, "--chat-template", chat_template,
+           "Override the chat template: headroom, llama3, chatml or mistral");
 }
 
 Status WorkerConfig::validate() const {
@@ -27,6 +33,13 @@ Status WorkerConfig::validate() const {
     return invalid_argument("--max-utilization must be in (0, 1]", "max-utilization");
   }
   if (drain_seconds < 0) return invalid_argument("--drain-seconds must be >= 0", "drain-seconds");
+  if (max_num_seqs < 1 || max_batched_tokens < 1 || max_pull < 1) {
+    return invalid_argument("--max-num-seqs, --max-batched-tokens and --max-pull must be positive",
+                            "max-num-seqs");
+  }
+  if (reserve_slots >= max_num_seqs) {
+    return invalid_argument("--reserve-slots must be below --max-num-seqs", "reserve-slots");
+  }
   return Status::ok();
 }
 

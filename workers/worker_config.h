@@ -19,6 +19,11 @@ struct WorkerConfig {
   int reserve_slots = 2;             // sequence slots always kept free for sync bursts
   double max_utilization = 0.95;     // stop pulling above this busy fraction
   int drain_seconds = 30;            // SIGTERM: time to finish or release leases
+  int max_num_seqs = 32;             // sequences the engine runs at once
+  int max_batched_tokens = 512;      // tokens per engine step
+  int max_pull = 64;                 // most requests taken from the queue at once
+  size_t kv_cache_bytes = 64ull << 20;
+  std::string chat_template;         // override: headroom, llama3, chatml, mistral
 
   void bind(CLI::App& app);
   [[nodiscard]] Status validate() const;

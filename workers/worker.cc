@@ -1,0 +1,252 @@
+// The worker's step loop.
+#include "workers/worker.h"
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <chrono>
+#include <unordered_map>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "engine/chat_template.h"
+#include "engine/cpu_backend.h"
+#include "engine/tokenizer.h"
+#include "engine/weights.h"
+#include "queue/lease.h"
+
+namespace hr::workers {
+
+using nlohmann::json;
+
+struct LoadedModel {
+  std::shared_ptr<const engine::ModelWeights> weights;
+  std::shared_ptr<const engine::Tokenizer> tokenizer;
+  engine::ChatFormat chat_format = engine::ChatFormat::kHeadroom;
+  std::unique_ptr<engine::Engine> engine;
+};
+
+namespace {
+
+// Turns a stored request body into the engine's request; errors name the field.
+Result<engine::GenerationRequest> to_generation(const json& body, const LoadedModel& m) {
+  std::vector<engine::ChatMessage> messages;
+  if (body.contains("messages")) {
+    for (const auto& msg : body["messages"]) {
+      messages.push_back({msg.value("role", ""), msg.value("content", "")});
+    }
+  } else {
+    messages.push_back({"user", body.value("prompt", "")});
+  }
+  HR_ASSIGN_OR_RETURN(std::string text, engine::render_chat(m.chat_format, messages,
+                                                            m.tokenizer->bos_text(),
+                                                            m.tokenizer->eos_text()));
+  engine::GenerationRequest r;
+  r.prompt = m.tokenizer->encode(text);
+  r.cls = engine::RequestClass::kAsync;
+  r.params.max_tokens = body.value("max_tokens", 256);
+  r.params.temperature = body.value("temperature", 0.6f);
+  r.params.top_p = body.value("top_p", 1.0f);
+  r.params.top_k = body.value("top_k", 0);
+  if (body.contains("seed")) r.params.seed = body["seed"].get<uint64_t>();
+  if (body.contains("stop")) r.params.stop = body["stop"].get<std::vector<std::string>>();
+  return r;
+}
+
+std::string default_worker_name() {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return std::string(host) + ":" + std::to_string(getpid());
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& config,
+                                               const queue::StoreConfig& store) {
+  std::unique_ptr<Worker> w(new Worker(config, store));
+  if (w->config_.worker_name.empty()) w->config_.worker_name = default_worker_name();
+  auto m = std::make_unique<LoadedModel>();
+  HR_ASSIGN_OR_RETURN(auto weights, engine::load_weights(config.model_dir));
+  m->weights = std::make_shared<const engine::ModelWeights>(std::move(weights));
+  HR_ASSIGN_OR_RETURN(auto tok, engine::Tokenizer::load(config.model_dir));
+  m->tokenizer = std::shared_ptr<const engine::Tokenizer>(tok.release());
+  HR_ASSIGN_OR_RETURN(m->chat_format, engine::load_chat_format(config.model_dir, config.chat_template));
+  HR_ASSIGN_OR_RETURN(auto backend,
+                      engine::CpuBackend::create(m->weights, {16, config.kv_cache_bytes, 0}));
+  engine::EngineOptions eo;
+  eo.scheduler.max_num_seqs = config.max_num_seqs;
+  eo.scheduler.max_batched_tokens = config.max_batched_tokens;
+  eo.scheduler.max_prefill_chunk = config.max_batched_tokens;
+  HR_ASSIGN_OR_RETURN(m->engine,
+                      engine::Engine::create(std::shared_ptr<engine::Backend>(std::move(backend)),
+                                             m->tokenizer,
+                                             m->weights->config.max_position_embeddings, eo));
+  log::info("worker.model_loaded",
+            {{"model", config.model_name}, {"dir", config.model_dir},
+             {"parameters", static_cast<int64_t>(m->weights->num_parameters())},
+             {"kv_blocks", m->engine->headroom().total_kv_blocks}});
+  w->model_ = std::move(m);
+  return w;
+}
+
+Worker::Worker(WorkerConfig config, queue::StoreConfig store)
+    : config_(std::move(config)), store_(std::move(store)) {}
+
+Worker::~Worker() { stop(); }
+
+int Worker::context_length() const { return model_->weights->config.max_position_embeddings; }
+
+Status Worker::start() {
+  thread_ = std::thread([this] { loop(); });
+  return Status::ok();
+}
+
+void Worker::stop() {
+  if (!thread_.joinable()) return;
+  stopping_ = true;
+  thread_.join();
+}
+
+void Worker::loop() {
+  engine::Engine& eng = *model_->engine;
+  std::unique_ptr<queue::LeaseClient> leases;
+  struct Running {
+    queue::Lease lease;
+    std::string text;
+  };
+  std::unordered_map<int64_t, Running> running;  // engine id → lease
+  std::vector<queue::Completion> done;
+  std::vector<queue::Failure> failed;
+  int64_t last_renew = steady_now_ns();
+  int64_t drain_deadline = 0;
+  const int64_t renew_every_ns = static_cast<int64_t>(config_.lease_seconds) * 1000000000 / 3;
+
+  auto flush = [&]() {
+    if (!leases) return;
+    if (!done.empty()) {
+      auto r = leases->complete(done);
+      if (r.is_ok()) {
+        stats_.completed += static_cast<int64_t>(done.size());
+        done.clear();
+      } else {
+        log::warn("worker.complete_failed", {{"error", r.status()}});  // retried next step
+      }
+    }
+    if (!failed.empty()) {
+      auto r = leases->fail(failed);
+      if (r.is_ok()) {
+        stats_.failed += static_cast<int64_t>(failed.size());
+        failed.clear();
+      }
+    }
+  };
+
+  while (true) {
+    if (!leases) {
+      queue::LeaseOptions lo{config_.model_name, config_.worker_name, config_.lease_seconds * 1000, 3};
+      auto c = queue::LeaseClient::create(store_.database_url, store_.redis_url, lo);
+      if (!c.is_ok()) {
+        log::warn("worker.queue_unavailable", {{"error", c.status()}});
+        if (stopping_) break;
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        continue;
+      }
+      leases = std::move(c).value();
+    }
+    bool stopping = stopping_.load();
+    if (stopping && drain_deadline == 0) {
+      drain_deadline = steady_now_ns() + static_cast<int64_t>(config_.drain_seconds) * 1000000000;
+    }
+    // Pull only into headroom.
+    engine::Headroom h = eng.headroom();
+    int credits = 0;
+    if (!stopping && h.waiting_sync == 0 && h.waiting_async == 0) {
+      credits = std::min(h.free_seq_slots - config_.reserve_slots, config_.max_pull);
+      int blocks_per_request = 4;
+      credits = std::min(credits, (h.free_kv_blocks - config_.reserve_slots * blocks_per_request) /
+                                      blocks_per_request);
+    }
+    if (credits > 0) {
+      auto got = leases->pull(credits, eng.has_work() ? 0 : 200);
+      if (!got.is_ok()) {
+        log::warn("worker.pull_failed", {{"error", got.status()}});
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      } else {
+        for (queue::Lease& l : *got) {
+          ++stats_.pulled;
+          json body = json::parse(l.body, nullptr, false);
+          auto gen = body.is_discarded() ? Result<engine::GenerationRequest>(invalid_argument("bad body"))
+                                         : to_generation(body, *model_);
+          if (!gen.is_ok()) {
+            failed.push_back({l, "invalid_request", gen.status().message(), false});
+            continue;
+          }
+          int64_t id_slot = 0;
+          auto* runs = &running;
+          auto* out_done = &done;
+          gen->on_event = [runs, out_done, &id_slot](const engine::TokenEvent& ev) {
+            auto it = runs->find(ev.id);
+            if (it == runs->end()) return;
+            it->second.text += ev.text_delta;
+            if (!ev.finished) return;
+            json usage = {{"prompt_tokens", ev.usage.prompt_tokens},
+                          {"completion_tokens", ev.usage.completion_tokens},
+                          {"total_tokens", ev.usage.prompt_tokens + ev.usage.completion_tokens},
+                          {"prompt_tokens_details", {{"cached_tokens", ev.usage.cached_tokens}}}};
+            json result = {{"response", it->second.text}, {"usage", usage},
+                           {"finish_reason", engine::finish_reason_name(ev.finish_reason)}};
+            out_done->push_back({it->second.lease, result.dump(), ev.usage.prompt_tokens,
+                                 ev.usage.completion_tokens, ev.usage.cached_tokens});
+            runs->erase(it);
+          };
+          (void)id_slot;
+          auto id = eng.add(std::move(gen).value());
+          if (!id.is_ok()) {
+            failed.push_back({l, "invalid_request", id.status().message(), false});
+            continue;
+          }
+          running.emplace(*id, Running{l, ""});
+        }
+      }
+    }
+    if (eng.has_work()) {
+      auto st = eng.step();
+      ++stats_.steps;
+      if (!st.is_ok()) log::error("worker.step_failed", {{"error", st.status()}});
+    } else if (credits <= 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(stopping ? 1 : 20));
+    }
+    flush();
+    if (steady_now_ns() - last_renew > renew_every_ns && !running.empty()) {
+      std::vector<queue::Lease> held;
+      for (const auto& [id, r] : running) held.push_back(r.lease);
+      auto lost = leases->renew(held);
+      if (lost.is_ok()) {
+        for (const auto& ref : *lost) {
+          for (auto it = running.begin(); it != running.end(); ++it) {
+            if (it->second.lease.ref == ref) {
+              eng.cancel(it->first);
+              running.erase(it);
+              break;
+            }
+          }
+        }
+      }
+      last_renew = steady_now_ns();
+    }
+    if (stopping && (running.empty() || steady_now_ns() > drain_deadline)) break;
+  }
+  // Hand back what did not finish in time.
+  if (leases && !running.empty()) {
+    std::vector<queue::Lease> rest;
+    for (const auto& [id, r] : running) {
+      rest.push_back(r.lease);
+      eng.cancel(id);
+    }
+    if (leases->release(rest).is_ok()) stats_.released += static_cast<int64_t>(rest.size());
+  }
+  flush();
+  log::info("worker.stopped", {{"completed", stats_.completed.load()}, {"released", stats_.released.load()}});
+}
+
+}  // namespace hr::workers

@@ -1,0 +1,58 @@
+// A worker: one engine instance that pulls async requests for its model from the queue only into
+// the headroom the engine reports (free sequence slots minus a reserve kept for sync bursts, KV
+// blocks, no sync request waiting, busy fraction under a threshold), runs them, and records each
+// result in the queue. Leases are renewed while requests run; on stop, unstarted work is released
+// and running work is finished within the drain deadline or released.
+// Thread-safety: start()/stop() from any one thread; everything else runs on the worker's own
+// step-loop thread, which owns the engine and the lease client.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "base/status.h"
+#include "engine/engine.h"
+#include "queue/config.h"
+#include "workers/worker_config.h"
+
+namespace hr::workers {
+
+struct LoadedModel;
+
+struct WorkerStats {
+  std::atomic<int64_t> pulled{0};
+  std::atomic<int64_t> completed{0};
+  std::atomic<int64_t> failed{0};
+  std::atomic<int64_t> released{0};
+  std::atomic<int64_t> steps{0};
+};
+
+class Worker {
+ public:
+  // Loads the model (weights, tokenizer, chat template) and builds the engine.
+  [[nodiscard]] static Result<std::unique_ptr<Worker>> create(const WorkerConfig& config,
+                                                              const queue::StoreConfig& store);
+  ~Worker();
+
+  [[nodiscard]] Status start();
+  // Stops pulling; finishes running async requests until `drain_seconds`, then releases the rest.
+  void stop();
+  const WorkerStats& stats() const { return stats_; }
+  // The model's context length (for the API's validation in `serve`).
+  int context_length() const;
+
+ private:
+  Worker(WorkerConfig config, queue::StoreConfig store);
+  void loop();
+
+  WorkerConfig config_;
+  queue::StoreConfig store_;
+  std::unique_ptr<LoadedModel> model_;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+  WorkerStats stats_;
+};
+
+}  // namespace hr::workers
