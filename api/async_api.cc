@@ -443,7 +443,7 @@ HttpResponse AsyncApi::Impl::submit(const HttpRequest& req, const std::string& a
     return db_error(r.status());
   }
   log::info("batch.submitted", {{"batch", r->batch_id}, {"model", model.name},
-                                {"num_requests", static_cast<int64_t>(batch.requests.size())},
+                                {"num_requests", static_cast<int64_t>(batch.size())},
                                 {"replayed", r->replayed}, {"parse_ms", parse_ns_ / 1000000},
                                 {"validate_and_store_ms", store_ns / 1000000}});
   return ok_response({{"status", "queued"}, {"request_id", r->batch_id}, {"model", model.name}});
