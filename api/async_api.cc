@@ -3,6 +3,7 @@
 
 #include <pqxx/pqxx>
 
+#include <atomic>
 #include <map>
 #include <unordered_set>
 
@@ -168,6 +169,7 @@ json response_of(const queue::RequestResult& r) {
 
 struct AsyncApi::Impl {
   static thread_local int64_t parse_ns_;  // JSON parse time of the current request, for logs
+  std::atomic<SyncInference*> sync{nullptr};
   ApiConfig config;
   queue::StoreConfig store;
   std::vector<ModelSpec> models;
@@ -268,6 +270,10 @@ struct AsyncApi::Impl {
                     bool include_partial);
   HttpResponse cancel(const std::string& account, const std::string& request_id);
   HttpResponse list(const std::string& account, const std::map<std::string, std::string>& query);
+  // Validates and runs one sync request; on success returns the answer and the normalized body.
+  Result<SyncAnswer> run_sync(const json& body, const ModelSpec& model);
+  HttpResponse chat_completions(const HttpRequest& req);
+  HttpResponse models_list();
 };
 
 thread_local int64_t AsyncApi::Impl::parse_ns_ = 0;
@@ -280,6 +286,8 @@ AsyncApi::AsyncApi(ApiConfig config, queue::StoreConfig store) : impl_(std::make
 }
 
 AsyncApi::~AsyncApi() = default;
+
+void AsyncApi::set_sync_inference(SyncInference* sync) { impl_->sync = sync; }
 
 HttpResponse AsyncApi::handle(const HttpRequest& req) { return impl_->handle(req); }
 
@@ -340,6 +348,8 @@ HttpResponse AsyncApi::Impl::handle(const HttpRequest& req) {
     }
   }
   if (path == "/v1/async" && is_get) return list(acct, query);
+  if (path == "/v1/chat/completions" && is_post) return chat_completions(req);
+  if (path == "/v1/models" && is_get) return models_list();
   if (path.rfind("/v1/async/", 0) == 0) {
     std::string rest = path.substr(10);
     if (rest.size() > 7 && rest.ends_with("/cancel") && is_post) {
@@ -379,8 +389,77 @@ HttpResponse AsyncApi::Impl::run_model(const HttpRequest& req, const std::string
     queued = body["options"]["queueRequest"] == true;
   }
   if (queued) return submit(req, account, *model, body);
-  return error_response(Status(StatusCode::kResourceExhausted,
-                               "Out of capacity: no worker is serving " + model_name + " yet"));
+  json request = body;
+  request.erase("queueRequest");
+  Result<SyncAnswer> answer = run_sync(request, *model);
+  if (!answer.is_ok()) return error_response(answer.status());
+  json usage = {{"prompt_tokens", answer->prompt_tokens},
+                {"completion_tokens", answer->completion_tokens},
+                {"total_tokens", answer->prompt_tokens + answer->completion_tokens},
+                {"prompt_tokens_details", {{"cached_tokens", answer->cached_tokens}}}};
+  return ok_response({{"response", answer->text}, {"usage", usage}});
+}
+
+Result<SyncAnswer> AsyncApi::Impl::run_sync(const json& body, const ModelSpec& model) {
+  bool reject_if_busy = body.contains("options") && body["options"].is_object() &&
+                        body["options"].value("rejectIfBusy", false);
+  json request = body;
+  request.erase("options");
+  if (request.contains("stream") && request["stream"] == true) {
+    return invalid_argument("streaming responses are not available yet; send stream: false",
+                            "stream");
+  }
+  request.erase("stream");
+  Result<json> norm = normalize_chat_request(request, model, limits);
+  if (!norm.is_ok()) return norm.status();
+  SyncInference* s = sync.load();
+  if (s == nullptr) {
+    return Status(StatusCode::kResourceExhausted,
+                  "Out of capacity: no worker is serving " + model.name + " here");
+  }
+  return s->run(*norm, reject_if_busy, 2000);
+}
+
+HttpResponse AsyncApi::Impl::chat_completions(const HttpRequest& req) {
+  json body = json::parse(req.body(), nullptr, false);
+  if (body.is_discarded() || !body.is_object()) {
+    return error_response(invalid_argument("body is not a JSON object", "body"));
+  }
+  if (!body.contains("model") || !body["model"].is_string()) {
+    return error_response(invalid_argument("'model' is required", "model"));
+  }
+  const ModelSpec* model = find_model(body["model"]);
+  if (model == nullptr) {
+    return error_response(invalid_argument("unknown model '" + body["model"].get<std::string>() + "'",
+                                           "model"));
+  }
+  // OpenAI fields this server does not use but clients commonly send.
+  for (const char* key : {"n", "user", "logprobs", "stream_options"}) body.erase(key);
+  Result<SyncAnswer> a = run_sync(body, *model);
+  if (!a.is_ok()) return error_response(a.status());
+  json out = {
+      {"id", "chatcmpl-" + new_uuid_v4().to_string()},
+      {"object", "chat.completion"},
+      {"created", SystemClock::instance().now_unix_ms() / 1000},
+      {"model", model->name},
+      {"choices", json::array({{{"index", 0},
+                                {"message", {{"role", "assistant"}, {"content", a->text}}},
+                                {"finish_reason", a->finish_reason},
+                                {"logprobs", nullptr}}})},
+      {"usage", {{"prompt_tokens", a->prompt_tokens},
+                 {"completion_tokens", a->completion_tokens},
+                 {"total_tokens", a->prompt_tokens + a->completion_tokens},
+                 {"prompt_tokens_details", {{"cached_tokens", a->cached_tokens}}}}}};
+  return json_response(200, out.dump());
+}
+
+HttpResponse AsyncApi::Impl::models_list() {
+  json data = json::array();
+  for (const auto& m : models) {
+    data.push_back({{"id", m.name}, {"object", "model"}, {"created", 0}, {"owned_by", "headroom"},
+                    {"context_length", m.context_length}});
+  }
+  return json_response(200, json{{"object", "list"}, {"data", data}}.dump());
 }
 
 HttpResponse AsyncApi::Impl::submit(const HttpRequest& req, const std::string& account,

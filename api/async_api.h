@@ -14,6 +14,7 @@
 
 #include "api/batch_request.h"
 #include "api/http_server.h"
+#include "api/sync_inference.h"
 #include "base/status.h"
 #include "queue/config.h"
 
@@ -42,6 +43,8 @@ class AsyncApi {
   ~AsyncApi();
 
   HttpResponse handle(const HttpRequest& req);
+  // Where sync requests run (the in-process worker in `serve`); none: sync calls answer 429.
+  void set_sync_inference(SyncInference* sync);
 
  private:
   struct Impl;

@@ -167,6 +167,7 @@ int run_serve(const ServeConfig& config) {
   api::ApiConfig api_config = config.api;
   api_config.models = {config.worker.model_name + ":" + std::to_string((*worker)->context_length())};
   api::AsyncApi async_api(api_config, config.store);
+  async_api.set_sync_inference(worker->get());
   api::HttpServer server(api_config.server_options(),
                          [&](const api::HttpRequest& r) { return async_api.handle(r); });
   Status st = server.start();

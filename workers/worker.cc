@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <future>
 #include <unordered_map>
 
 #include "base/clock.h"
@@ -29,7 +30,8 @@ struct LoadedModel {
 namespace {
 
 // Turns a stored request body into the engine's request; errors name the field.
-Result<engine::GenerationRequest> to_generation(const json& body, const LoadedModel& m) {
+Result<engine::GenerationRequest> to_generation(const json& body, const LoadedModel& m,
+                                                engine::RequestClass cls) {
   std::vector<engine::ChatMessage> messages;
   if (body.contains("messages")) {
     for (const auto& msg : body["messages"]) {
@@ -43,7 +45,7 @@ Result<engine::GenerationRequest> to_generation(const json& body, const LoadedMo
                                                             m.tokenizer->eos_text()));
   engine::GenerationRequest r;
   r.prompt = m.tokenizer->encode(text);
-  r.cls = engine::RequestClass::kAsync;
+  r.cls = cls;
   r.params.max_tokens = body.value("max_tokens", 256);
   r.params.temperature = body.value("temperature", 0.6f);
   r.params.top_p = body.value("top_p", 1.0f);
@@ -87,6 +89,33 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& config,
              {"kv_blocks", m->engine->headroom().total_kv_blocks}});
   w->model_ = std::move(m);
   return w;
+}
+
+struct Worker::SyncJob {
+  engine::GenerationRequest request;
+  std::string text;
+  std::promise<Result<api::SyncAnswer>> done;
+};
+
+Result<api::SyncAnswer> Worker::run(const json& request, bool reject_if_busy, int queue_timeout_ms) {
+  if (stopping_) return Status(StatusCode::kResourceExhausted, "Out of capacity: the worker is stopping");
+  if (reject_if_busy && free_slots_.load() <= config_.reserve_slots / 2) {
+    return Status(StatusCode::kResourceExhausted, "Out of capacity");
+  }
+  HR_ASSIGN_OR_RETURN(auto gen, to_generation(request, *model_, engine::RequestClass::kSync));
+  auto job = std::make_shared<SyncJob>();
+  job->request = std::move(gen);
+  auto future = job->done.get_future();
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    inbox_.push_back(job);
+  }
+  // The answer's own generation time is bounded by max_tokens; the wait covers queueing too.
+  auto deadline = std::chrono::milliseconds(queue_timeout_ms) + std::chrono::seconds(120);
+  if (future.wait_for(deadline) != std::future_status::ready) {
+    return Status(StatusCode::kDeadlineExceeded, "the request did not finish in time");
+  }
+  return future.get();
 }
 
 Worker::Worker(WorkerConfig config, queue::StoreConfig store)
@@ -153,12 +182,30 @@ void Worker::loop() {
       }
       leases = std::move(c).value();
     }
+    // Sync requests first: they enter the engine's sync class, ahead of all async work.
+    std::vector<std::shared_ptr<SyncJob>> jobs;
+    {
+      std::lock_guard<std::mutex> lock(inbox_mu_);
+      jobs.swap(inbox_);
+    }
+    for (auto& job : jobs) {
+      job->request.on_event = [job](const engine::TokenEvent& ev) {
+        job->text += ev.text_delta;
+        if (!ev.finished) return;
+        job->done.set_value(api::SyncAnswer{job->text, engine::finish_reason_name(ev.finish_reason),
+                                            ev.usage.prompt_tokens, ev.usage.completion_tokens,
+                                            ev.usage.cached_tokens});
+      };
+      auto id = eng.add(std::move(job->request));
+      if (!id.is_ok()) job->done.set_value(id.status());
+    }
     bool stopping = stopping_.load();
     if (stopping && drain_deadline == 0) {
       drain_deadline = steady_now_ns() + static_cast<int64_t>(config_.drain_seconds) * 1000000000;
     }
     // Pull only into headroom.
     engine::Headroom h = eng.headroom();
+    free_slots_ = h.free_seq_slots;
     int credits = 0;
     if (!stopping && h.waiting_sync == 0 && h.waiting_async == 0) {
       credits = std::min(h.free_seq_slots - config_.reserve_slots, config_.max_pull);
@@ -176,7 +223,7 @@ void Worker::loop() {
           ++stats_.pulled;
           json body = json::parse(l.body, nullptr, false);
           auto gen = body.is_discarded() ? Result<engine::GenerationRequest>(invalid_argument("bad body"))
-                                         : to_generation(body, *model_);
+                                         : to_generation(body, *model_, engine::RequestClass::kAsync);
           if (!gen.is_ok()) {
             failed.push_back({l, "invalid_request", gen.status().message(), false});
             continue;
@@ -234,7 +281,12 @@ void Worker::loop() {
       }
       last_renew = steady_now_ns();
     }
-    if (stopping && (running.empty() || steady_now_ns() > drain_deadline)) break;
+    if (stopping && (!eng.has_work() || steady_now_ns() > drain_deadline)) break;
+  }
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    for (auto& job : inbox_) job->done.set_value(unavailable("the worker stopped"));
+    inbox_.clear();
   }
   // Hand back what did not finish in time.
   if (leases && !running.empty()) {

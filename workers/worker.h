@@ -10,8 +10,11 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <mutex>
 #include <thread>
+#include <vector>
 
+#include "api/sync_inference.h"
 #include "base/status.h"
 #include "engine/engine.h"
 #include "queue/config.h"
@@ -29,7 +32,7 @@ struct WorkerStats {
   std::atomic<int64_t> steps{0};
 };
 
-class Worker {
+class Worker final : public api::SyncInference {
  public:
   // Loads the model (weights, tokenizer, chat template) and builds the engine.
   [[nodiscard]] static Result<std::unique_ptr<Worker>> create(const WorkerConfig& config,
@@ -40,6 +43,9 @@ class Worker {
   // Stops pulling; finishes running async requests until `drain_seconds`, then releases the rest.
   void stop();
   const WorkerStats& stats() const { return stats_; }
+  // Runs one sync request on this worker's engine, ahead of async work (thread-safe).
+  [[nodiscard]] Result<api::SyncAnswer> run(const nlohmann::json& request, bool reject_if_busy,
+                                            int queue_timeout_ms) override;
   // The model's context length (for the API's validation in `serve`).
   int context_length() const;
 
@@ -50,6 +56,10 @@ class Worker {
   WorkerConfig config_;
   queue::StoreConfig store_;
   std::unique_ptr<LoadedModel> model_;
+  struct SyncJob;
+  std::mutex inbox_mu_;
+  std::vector<std::shared_ptr<SyncJob>> inbox_;  // guarded by inbox_mu_
+  std::atomic<int> free_slots_{0};               // the engine's, as of the last step
   std::atomic<bool> stopping_{false};
   std::thread thread_;
   WorkerStats stats_;

@@ -30,6 +30,7 @@ class ApiHarness {
   const std::string& key_a() const { return key_a_; }
   const std::string& key_b() const { return key_b_; }
   api::ApiConfig& config() { return config_; }
+  api::AsyncApi& api() { return *api_; }
 
   HttpResult post(const std::string& target, const std::string& body, const std::string& key,
                   std::map<std::string, std::string> headers = {});

@@ -181,5 +181,56 @@ TEST(WorkerE2eTest, StopReleasesOrFinishesEverythingItHeld) {
   check_answers(wait_done(h, id, 120), texts);
 }
 
+TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
+  testing::ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  DispatcherThread d(h.database_url(), h.redis_url());
+  auto w = make_worker(h, "w");
+  ASSERT_TRUE(w);
+  h.api().set_sync_inference(w.get());
+  ASSERT_TRUE(w->start().is_ok());
+  auto backlog = random_texts(2000, 4);
+  json reqs = json::array();
+  for (const auto& t : backlog) reqs.push_back({{"prompt", "reverse: " + t}, {"temperature", 0}});
+  std::string id = h.submit(reqs, h.key_a());
+  ASSERT_FALSE(id.empty());
+  // Wait until async work is actually running.
+  for (int i = 0; i < 100 && w->stats().pulled.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto texts = random_texts(10, 5);
+  for (const auto& t : texts) {
+    auto r = h.post("/v1/chat/completions",
+                    json{{"model", h.model()},
+                         {"messages", {{{"role", "user"}, {"content", "reverse: " + t}}}},
+                         {"temperature", 0}}
+                        .dump(),
+                    h.key_a());
+    ASSERT_EQ(r.status, 200) << r.body;
+    json j = r.json();
+    EXPECT_EQ(j["object"], "chat.completion");
+    EXPECT_EQ(j["choices"][0]["message"]["content"], greedy_alone(t));
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+    EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 0);
+    auto cf = h.post("/ai/run/" + h.model(), json{{"prompt", "reverse: " + t}, {"temperature", 0}}.dump(),
+                     h.key_a());
+    ASSERT_EQ(cf.status, 200) << cf.body;
+    EXPECT_EQ(cf.json()["result"]["response"], greedy_alone(t));
+  }
+  // The backlog was still running while sync requests were answered.
+  json progress = h.get("/v1/async/" + id, h.key_a()).json()["result"];
+  EXPECT_NE(progress["status"], "completed");
+  auto models = h.get("/v1/models", h.key_a());
+  EXPECT_EQ(models.json()["data"][0]["id"], h.model());
+  auto stream = h.post("/v1/chat/completions",
+                       json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                            {"stream", true}}.dump(),
+                       h.key_a());
+  EXPECT_EQ(stream.status, 400);
+  EXPECT_EQ(stream.json()["errors"][0]["field"], "stream");
+  h.api().set_sync_inference(nullptr);
+  w->stop();
+}
+
 }  // namespace
 }  // namespace hr::workers

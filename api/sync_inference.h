@@ -1,0 +1,33 @@
+// The API's view of synchronous inference: something that runs one validated chat request now and
+// returns its answer. In `serve` it is the in-process worker; the API never links the engine.
+// Implementations are thread-safe: run() is called from many handler threads at once and blocks
+// until the answer is ready, the deadline passes, or there is no capacity.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "base/status.h"
+
+namespace hr::api {
+
+struct SyncAnswer {
+  std::string text;
+  std::string finish_reason;  // stop, length
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  int cached_tokens = 0;
+};
+
+class SyncInference {
+ public:
+  virtual ~SyncInference() = default;
+  // `request` is normalized by normalize_chat_request(). kResourceExhausted when there is no room
+  // (at once with reject_if_busy, else after waiting `queue_timeout_ms`); kInvalidArgument for a
+  // request the model cannot take (e.g. too long), naming the field.
+  [[nodiscard]] virtual Result<SyncAnswer> run(const nlohmann::json& request, bool reject_if_busy,
+                                               int queue_timeout_ms) = 0;
+};
+
+}  // namespace hr::api
