@@ -39,6 +39,9 @@ Submit a batch:
     -d '{"requests": [{"messages": [{"role": "user", "content": "reverse: hello world"}]}]}'
 Poll it (with the request_id from the answer):
   curl -s "http://127.0.0.1:$port/v1/async/REQUEST_ID" -H "Authorization: Bearer $HEADROOM_API_KEY"
+Ask synchronously (OpenAI shape):
+  curl -s http://127.0.0.1:$port/v1/chat/completions -H "Authorization: Bearer $HEADROOM_API_KEY" \\
+    -d '{"model": "@hr/tiny-reverse", "messages": [{"role": "user", "content": "reverse: hello"}]}'
 
 EOF
 build-release/headroom serve --model "$root/models/tiny-reverse" &
