@@ -23,7 +23,7 @@ trap cleanup EXIT
 scripts/services.sh start "$svc" >/dev/null
 # shellcheck disable=SC1091
 source "$svc/env"
-bin=build-release/workers/headroom
+bin=build-release/headroom
 $bin --log-level warn migrate
 key=$($bin keys create --account bench 2>/dev/null)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

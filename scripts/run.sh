@@ -9,7 +9,7 @@ cd "$root"
 
 scripts/setup.sh
 cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build-release -j "${HEADROOM_JOBS:-2}"
+cmake --build build-release -j "${HEADROOM_JOBS:-2}" --target headroom
 
 scripts/services.sh start "$root/.headroom"
 # shellcheck disable=SC1091
