@@ -15,28 +15,21 @@ namespace hr::queue {
 Result<std::unique_ptr<Dispatcher>> Dispatcher::create(const std::string& database_url,
                                                        const std::string& redis_url,
                                                        DispatcherOptions options) {
-  HR_ASSIGN_OR_RETURN(auto pg, pg_connect(database_url));
+  HR_RETURN_IF_ERROR(pg_connect(database_url).status());  // fail fast when unreachable
   HR_ASSIGN_OR_RETURN(auto redis, RedisClient::connect(redis_url));
   return std::unique_ptr<Dispatcher>(
-      new Dispatcher(database_url, std::move(pg), std::move(redis), std::move(options)));
+      new Dispatcher(database_url, std::move(redis), std::move(options)));
 }
 
-Dispatcher::Dispatcher(std::string database_url, std::unique_ptr<pqxx::connection> pg,
-                       std::unique_ptr<RedisClient> redis, DispatcherOptions options)
-    : database_url_(std::move(database_url)), pg_(std::move(pg)), redis_(std::move(redis)),
+Dispatcher::Dispatcher(std::string database_url, std::unique_ptr<RedisClient> redis,
+                       DispatcherOptions options)
+    : database_url_(database_url), pg_(std::move(database_url)), redis_(std::move(redis)),
       options_(std::move(options)) {}
 
-Status Dispatcher::reconnect_pg() {
-  if (pg_ && pg_->is_open()) return Status::ok();
-  HR_ASSIGN_OR_RETURN(pg_, pg_connect(database_url_));
-  return Status::ok();
-}
-
 Result<int> Dispatcher::relay_once() {
-  HR_RETURN_IF_ERROR(reconnect_pg());
   int relayed = 0;
-  Status st = pg_guard("relay", [&]() -> Status {
-    pqxx::work tx(*pg_);
+  Status st = pg_.run("relay", [&](pqxx::connection& pg) -> Status {
+    pqxx::work tx(pg);
     pqxx::result batches = tx.exec(
         "SELECT id::text, model, num_dispatched, num_total FROM batches "
         "WHERE num_dispatched < num_total AND status IN ('queued', 'running') "
@@ -71,12 +64,11 @@ Result<int> Dispatcher::relay_once() {
 }
 
 Result<std::pair<int, int>> Dispatcher::requeue_expired_leases() {
-  HR_RETURN_IF_ERROR(reconnect_pg());
   std::map<std::string, std::vector<RequestRef>> requeue;  // model → refs
   int num_failed = 0;
   int num_requeued = 0;
-  Status st = pg_guard("requeue expired", [&]() -> Status {
-    pqxx::work tx(*pg_);
+  Status st = pg_.run("requeue expired", [&](pqxx::connection& pg) -> Status {
+    pqxx::work tx(pg);
     pqxx::result r = tx.exec_params(
         "WITH expired AS (SELECT batch_id, idx FROM requests "
         "  WHERE status = 'running' AND lease_expires_at < now() "
@@ -123,19 +115,18 @@ Result<std::pair<int, int>> Dispatcher::requeue_expired_leases() {
 }
 
 Result<int> Dispatcher::expire_deadlines() {
-  HR_RETURN_IF_ERROR(reconnect_pg());
   int expired = 0;
-  Status st = pg_guard("expire deadlines", [&]() -> Status {
+  Status st = pg_.run("expire deadlines", [&](pqxx::connection& pg) -> Status {
     std::vector<std::string> due;
     {
-      pqxx::nontransaction tx(*pg_);
+      pqxx::nontransaction tx(pg);
       for (const auto& row : tx.exec("SELECT id::text FROM batches WHERE deadline IS NOT NULL "
                                      "AND finished_at IS NULL AND deadline < now() LIMIT 100")) {
         due.push_back(row[0].as<std::string>());
       }
     }
     for (const std::string& id : due) {
-      pqxx::work tx(*pg_);
+      pqxx::work tx(pg);
       pqxx::result r = tx.exec_params(
           "UPDATE requests SET status = 'expired', finished_at = now(), error = "
           "'{\"code\":\"batch_expired\",\"message\":\"the batch deadline passed before this "
@@ -157,7 +148,6 @@ Result<int> Dispatcher::expire_deadlines() {
 }
 
 Result<bool> Dispatcher::resync_if_redis_lost() {
-  HR_RETURN_IF_ERROR(reconnect_pg());
   HR_ASSIGN_OR_RETURN(RedisReply info, redis_->command({"INFO", "server"}));
   std::string run_id;
   size_t p = info.str.find("run_id:");
@@ -169,8 +159,8 @@ Result<bool> Dispatcher::resync_if_redis_lost() {
   std::string observed = run_id + "/" + epoch.str;
   bool resynced = false;
   int rewound = 0;
-  Status st = pg_guard("resync", [&]() -> Status {
-    pqxx::work tx(*pg_);
+  Status st = pg_.run("resync", [&](pqxx::connection& pg) -> Status {
+    pqxx::work tx(pg);
     pqxx::result r = tx.exec(
         "SELECT value FROM redis_state WHERE key = 'observed' FOR UPDATE");
     if (!r.empty() && r[0][0].as<std::string>() == observed) return Status::ok();
@@ -191,10 +181,9 @@ Result<bool> Dispatcher::resync_if_redis_lost() {
 }
 
 Result<int> Dispatcher::reclaim_idle_entries() {
-  HR_RETURN_IF_ERROR(reconnect_pg());
   std::vector<std::string> models;
-  Status st = pg_guard("models", [&]() -> Status {
-    pqxx::nontransaction tx(*pg_);
+  Status st = pg_.run("models", [&](pqxx::connection& pg) -> Status {
+    pqxx::nontransaction tx(pg);
     for (const auto& row : tx.exec("SELECT DISTINCT model FROM batches WHERE finished_at IS NULL")) {
       models.push_back(row[0].as<std::string>());
     }
@@ -227,8 +216,8 @@ Result<int> Dispatcher::reclaim_idle_entries() {
     }
     keys += "]";
     std::vector<RequestRef> still_queued;
-    Status q = pg_guard("reclaim", [&]() -> Status {
-      pqxx::nontransaction tx(*pg_);
+    Status q = pg_.run("reclaim", [&](pqxx::connection& pg) -> Status {
+      pqxx::nontransaction tx(pg);
       for (const auto& row : tx.exec_params(
                "SELECT r.batch_id::text, r.idx FROM requests r JOIN jsonb_to_recordset($1::jsonb) "
                "AS t(b uuid, i int) ON r.batch_id = t.b AND r.idx = t.i WHERE r.status = 'queued'",

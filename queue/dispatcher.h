@@ -17,6 +17,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "queue/pg.h"
 #include "queue/redis.h"
 
 namespace hr::queue {
@@ -56,12 +57,11 @@ class Dispatcher {
   void run(const std::atomic<bool>& stop);
 
  private:
-  Dispatcher(std::string database_url, std::unique_ptr<pqxx::connection> pg,
-             std::unique_ptr<RedisClient> redis, DispatcherOptions options);
-  Status reconnect_pg();
+  Dispatcher(std::string database_url, std::unique_ptr<RedisClient> redis,
+             DispatcherOptions options);
 
   std::string database_url_;
-  std::unique_ptr<pqxx::connection> pg_;
+  PgSession pg_;
   std::unique_ptr<RedisClient> redis_;
   DispatcherOptions options_;
 };

@@ -36,27 +36,15 @@ Result<std::unique_ptr<LeaseClient>> LeaseClient::create(const std::string& data
   if (options.model.empty() || options.owner.empty()) {
     return invalid_argument("lease client needs a model and an owner");
   }
-  HR_ASSIGN_OR_RETURN(auto pg, pg_connect(database_url));
+  HR_RETURN_IF_ERROR(pg_connect(database_url).status());  // fail fast when unreachable
   HR_ASSIGN_OR_RETURN(auto redis, RedisClient::connect(redis_url));
   return std::unique_ptr<LeaseClient>(
-      new LeaseClient(database_url, std::move(pg), std::move(redis), std::move(options)));
+      new LeaseClient(database_url, std::move(redis), std::move(options)));
 }
 
-LeaseClient::LeaseClient(std::string database_url, std::unique_ptr<pqxx::connection> pg,
-                         std::unique_ptr<RedisClient> redis, LeaseOptions options)
-    : database_url_(std::move(database_url)), pg_(std::move(pg)), redis_(std::move(redis)),
-      options_(std::move(options)) {}
-
-Status LeaseClient::ensure_pg() {
-  if (pg_ && pg_->is_open()) return Status::ok();
-  HR_ASSIGN_OR_RETURN(pg_, pg_connect(database_url_));
-  return Status::ok();
-}
-
-Status LeaseClient::track(Status st) {
-  if (st.code() == StatusCode::kUnavailable) pg_.reset();
-  return st;
-}
+LeaseClient::LeaseClient(std::string database_url, std::unique_ptr<RedisClient> redis,
+                         LeaseOptions options)
+    : pg_(std::move(database_url)), redis_(std::move(redis)), options_(std::move(options)) {}
 
 Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
   std::vector<Lease> out;
@@ -95,9 +83,8 @@ Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
     if (!ref.batch_id.empty()) keys.push_back({{"b", ref.batch_id}, {"i", ref.idx}});
   }
   std::map<std::string, Lease> claimed;
-  HR_RETURN_IF_ERROR(ensure_pg());
-  Status st = pg_guard("claim", [&]() -> Status {
-    pqxx::work tx(*pg_);
+  Status st = pg_.run("claim", [&](pqxx::connection& pg) -> Status {
+    pqxx::work tx(pg);
     pqxx::result r = tx.exec_params(
         "WITH t AS (SELECT DISTINCT b, i FROM jsonb_to_recordset($1::jsonb) AS t(b uuid, i int)), "
         "claimed AS ("
@@ -126,7 +113,7 @@ Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
     }
     return Status::ok();
   });
-  if (!st.is_ok()) return track(st);
+  if (!st.is_ok()) return st;
   std::vector<std::string> dropped;
   for (auto& [id, ref] : entries) {
     auto it = claimed.find(key_of(ref.batch_id, ref.idx));
@@ -145,9 +132,8 @@ Result<std::vector<RequestRef>> LeaseClient::renew(const std::vector<Lease>& lea
   std::vector<RequestRef> lost;
   if (leases.empty()) return lost;
   std::map<std::string, bool> kept;
-  HR_RETURN_IF_ERROR(ensure_pg());
-  Status st = pg_guard("renew", [&]() -> Status {
-    pqxx::work tx(*pg_);
+  Status st = pg_.run("renew", [&](pqxx::connection& pg) -> Status {
+    pqxx::work tx(pg);
     pqxx::result r = tx.exec_params(
         "UPDATE requests r SET lease_expires_at = now() + make_interval(secs => "
         "  $3::double precision / 1000) "
@@ -160,7 +146,7 @@ Result<std::vector<RequestRef>> LeaseClient::renew(const std::vector<Lease>& lea
     for (const auto& row : r) kept[key_of(row[0].as<std::string>(), row[1].as<int>())] = true;
     return Status::ok();
   });
-  if (!st.is_ok()) return track(st);
+  if (!st.is_ok()) return st;
   for (const Lease& l : leases) {
     if (!kept.count(key_of(l.ref.batch_id, l.ref.idx))) lost.push_back(l.ref);
   }
@@ -185,9 +171,8 @@ Result<std::vector<bool>> LeaseClient::finish(const std::vector<Lease>& leases,
     rows.push_back(std::move(row));
   }
   std::map<std::string, bool> done;
-  HR_RETURN_IF_ERROR(ensure_pg());
-  Status st = pg_guard("finish", [&]() -> Status {
-    pqxx::work tx(*pg_);
+  Status st = pg_.run("finish", [&](pqxx::connection& pg) -> Status {
+    pqxx::work tx(pg);
     pqxx::result r = tx.exec_params(
         "WITH t AS (SELECT * FROM jsonb_to_recordset($1::jsonb) AS t(b uuid, i int, a int, "
         "  s text, res text, err text, pt int, ct int, cc int)) "
@@ -223,7 +208,7 @@ Result<std::vector<bool>> LeaseClient::finish(const std::vector<Lease>& leases,
     tx.commit();
     return Status::ok();
   });
-  if (!st.is_ok()) return track(st);
+  if (!st.is_ok()) return st;
   for (size_t k = 0; k < leases.size(); ++k) {
     accepted[k] = done.count(key_of(leases[k].ref.batch_id, leases[k].ref.idx)) > 0;
   }
@@ -282,9 +267,8 @@ Status LeaseClient::release(const std::vector<Lease>& leases) {
 Status LeaseClient::requeue(const std::vector<Lease>& leases, bool count_failure) {
   if (leases.empty()) return Status::ok();
   std::vector<RequestRef> requeued;
-  HR_RETURN_IF_ERROR(ensure_pg());
-  Status st = pg_guard("release", [&]() -> Status {
-    pqxx::work tx(*pg_);
+  Status st = pg_.run("release", [&](pqxx::connection& pg) -> Status {
+    pqxx::work tx(pg);
     pqxx::result r = tx.exec_params(
         "UPDATE requests r SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL, "
         "  num_failures = r.num_failures + $2 "
@@ -296,7 +280,7 @@ Status LeaseClient::requeue(const std::vector<Lease>& leases, bool count_failure
     for (const auto& row : r) requeued.push_back({row[0].as<std::string>(), row[1].as<int>()});
     return Status::ok();
   });
-  if (!st.is_ok()) return track(st);
+  if (!st.is_ok()) return st;
   HR_RETURN_IF_ERROR(enqueue(*redis_, options_.model, requeued));
   return ack_and_delete(*redis_, options_.model, entry_ids(leases));
 }

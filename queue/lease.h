@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "queue/pg.h"
 #include "queue/redis.h"
 #include "queue/stream.h"
 
@@ -70,12 +71,7 @@ class LeaseClient {
   const LeaseOptions& options() const { return options_; }
 
  private:
-  LeaseClient(std::string database_url, std::unique_ptr<pqxx::connection> pg,
-              std::unique_ptr<RedisClient> redis, LeaseOptions options);
-  // Reconnects to Postgres when the last operation found the connection broken.
-  Status ensure_pg();
-  // Drops a broken connection so the next call reconnects; passes `st` through.
-  Status track(Status st);
+  LeaseClient(std::string database_url, std::unique_ptr<RedisClient> redis, LeaseOptions options);
   Status requeue(const std::vector<Lease>& leases, bool count_failure);
   // Ends `outcomes` (status per request) fenced by attempt and updates the batch counters.
   Result<std::vector<bool>> finish(const std::vector<Lease>& leases,
@@ -84,8 +80,7 @@ class LeaseClient {
                                    const std::vector<std::string>& errors,
                                    const std::vector<std::array<int, 3>>& usage);
 
-  std::string database_url_;
-  std::unique_ptr<pqxx::connection> pg_;
+  PgSession pg_;
   std::unique_ptr<RedisClient> redis_;
   LeaseOptions options_;
   bool group_ready_ = false;

@@ -30,4 +30,31 @@ Status pg_guard(std::string_view op, Fn&& fn) {
   }
 }
 
+// A Postgres connection that reopens itself: run() connects on first use, and a failure that
+// means the connection is gone (kUnavailable) drops it so the next run() reconnects.
+// Not thread-safe: one PgSession per thread.
+class PgSession {
+ public:
+  explicit PgSession(std::string url) : url_(std::move(url)) {}
+
+  // Runs fn(connection) and converts libpqxx exceptions into a Status.
+  template <typename Fn>
+  Status run(std::string_view op, Fn&& fn) {
+    if (conn_ && !conn_->is_open()) conn_.reset();
+    if (!conn_) {
+      Result<std::unique_ptr<pqxx::connection>> c = pg_connect(url_);
+      if (!c.is_ok()) return c.status();
+      conn_ = std::move(c).value();
+    }
+    Status st = pg_guard(op, [&]() -> Status { return fn(*conn_); });
+    if (st.code() == StatusCode::kUnavailable) conn_.reset();
+    return st;
+  }
+  void reset() { conn_.reset(); }
+
+ private:
+  std::string url_;
+  std::unique_ptr<pqxx::connection> conn_;
+};
+
 }  // namespace hr::queue
