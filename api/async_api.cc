@@ -273,6 +273,7 @@ struct AsyncApi::Impl {
   // Validates and runs one sync request; on success returns the answer and the normalized body.
   Result<SyncAnswer> run_sync(const json& body, const ModelSpec& model);
   HttpResponse chat_completions(const HttpRequest& req);
+  Reply chat_completions_stream(json body);
   HttpResponse models_list();
 };
 
@@ -290,6 +291,19 @@ AsyncApi::~AsyncApi() = default;
 void AsyncApi::set_sync_inference(SyncInference* sync) { impl_->sync = sync; }
 
 HttpResponse AsyncApi::handle(const HttpRequest& req) { return impl_->handle(req); }
+
+Reply AsyncApi::handle_streaming(const HttpRequest& req) {
+  std::string_view target(req.target().data(), req.target().size());
+  if (req.method() == http::verb::post && target == "/v1/chat/completions") {
+    json body = json::parse(req.body(), nullptr, false);
+    if (body.is_object() && body.value("stream", false)) {
+      Result<std::string> account = impl_->authenticate(req);
+      if (!account.is_ok()) return {error_response(account.status()), nullptr};
+      return impl_->chat_completions_stream(body);
+    }
+  }
+  return {impl_->handle(req), nullptr};
+}
 
 HttpResponse AsyncApi::Impl::readyz() {
   json checks = json::object();
@@ -451,6 +465,103 @@ HttpResponse AsyncApi::Impl::chat_completions(const HttpRequest& req) {
                  {"total_tokens", a->prompt_tokens + a->completion_tokens},
                  {"prompt_tokens_details", {{"cached_tokens", a->cached_tokens}}}}}};
   return json_response(200, out.dump());
+}
+
+// OpenAI chat.completion.chunk events over SSE, ending with data: [DONE].
+Reply AsyncApi::Impl::chat_completions_stream(json body) {
+  if (!body.contains("model") || !body["model"].is_string()) {
+    return {error_response(invalid_argument("'model' is required", "model")), nullptr};
+  }
+  const ModelSpec* model = find_model(body["model"]);
+  if (model == nullptr) {
+    return {error_response(invalid_argument(
+                "unknown model '" + body["model"].get<std::string>() + "'", "model")),
+            nullptr};
+  }
+  bool include_usage = body.contains("stream_options") && body["stream_options"].is_object() &&
+                       body["stream_options"].value("include_usage", false);
+  bool reject_if_busy = body.contains("options") && body["options"].is_object() &&
+                        body["options"].value("rejectIfBusy", false);
+  for (const char* key : {"n", "user", "logprobs", "stream_options", "stream", "options"}) {
+    body.erase(key);
+  }
+  Result<json> norm = normalize_chat_request(body, *model, limits);
+  if (!norm.is_ok()) return {error_response(norm.status()), nullptr};
+  SyncInference* s = sync.load();
+  if (s == nullptr) {
+    return {error_response(Status(StatusCode::kResourceExhausted,
+                                  "Out of capacity: no worker is serving " + model->name + " here")),
+            nullptr};
+  }
+  Result<std::unique_ptr<SyncStream>> started = s->start_stream(*norm, reject_if_busy);
+  if (!started.is_ok()) return {error_response(started.status()), nullptr};
+  struct State {
+    std::unique_ptr<SyncStream> stream;
+    std::string id = "chatcmpl-" + new_uuid_v4().to_string();
+    int64_t created = SystemClock::instance().now_unix_ms() / 1000;
+    std::string model;
+    bool include_usage = false;
+    int phase = 0;  // 0: role, 1: deltas, 2: usage, 3: done
+  };
+  auto st = std::make_shared<State>();
+  st->stream = std::move(started).value();
+  st->model = model->name;
+  st->include_usage = include_usage;
+  auto event = [st](json delta, json finish_reason, json usage) {
+    json chunk = {{"id", st->id}, {"object", "chat.completion.chunk"}, {"created", st->created},
+                  {"model", st->model}, {"choices", json::array()}};
+    if (!delta.is_null()) {
+      chunk["choices"].push_back(
+          {{"index", 0}, {"delta", delta}, {"finish_reason", finish_reason}, {"logprobs", nullptr}});
+    }
+    if (!usage.is_null()) chunk["usage"] = usage;
+    return "data: " + chunk.dump() + "\n\n";
+  };
+  Reply reply;
+  reply.response = json_response(200, "");
+  reply.response.set(http::field::content_type, "text/event-stream");
+  reply.response.set(http::field::cache_control, "no-cache");
+  reply.stream = [st, event](std::string* out) -> bool {
+    switch (st->phase) {
+      case 0:
+        st->phase = 1;
+        *out = event({{"role", "assistant"}, {"content", ""}}, nullptr, nullptr);
+        return true;
+      case 1: {
+        std::string delta;
+        if (st->stream->next(&delta)) {
+          *out = event({{"content", delta}}, nullptr, nullptr);
+          return true;
+        }
+        st->phase = 2;
+        if (!st->stream->status().is_ok()) {
+          *out = "data: " + error_body(st->stream->status()).dump() + "\n\n";
+          st->phase = 3;
+          *out += "data: [DONE]\n\n";
+          return true;
+        }
+        const SyncAnswer& a = st->stream->answer();
+        *out = event(json::object(), a.finish_reason, nullptr);
+        return true;
+      }
+      case 2: {
+        st->phase = 3;
+        const SyncAnswer& a = st->stream->answer();
+        if (st->include_usage) {
+          *out = event(nullptr, nullptr,
+                       {{"prompt_tokens", a.prompt_tokens},
+                        {"completion_tokens", a.completion_tokens},
+                        {"total_tokens", a.prompt_tokens + a.completion_tokens},
+                        {"prompt_tokens_details", {{"cached_tokens", a.cached_tokens}}}});
+        }
+        *out += "data: [DONE]\n\n";
+        return true;
+      }
+      default:
+        return false;
+    }
+  };
+  return reply;
 }
 
 HttpResponse AsyncApi::Impl::models_list() {

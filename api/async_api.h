@@ -43,6 +43,8 @@ class AsyncApi {
   ~AsyncApi();
 
   HttpResponse handle(const HttpRequest& req);
+  // handle(), plus streamed answers (server-sent events) for `stream: true`.
+  Reply handle_streaming(const HttpRequest& req);
   // Where sync requests run (the in-process worker in `serve`); none: sync calls answer 429.
   void set_sync_inference(SyncInference* sync);
 

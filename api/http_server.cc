@@ -6,6 +6,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 
 #include <chrono>
@@ -36,7 +37,7 @@ HttpResponse json_response(unsigned status, const std::string& body, unsigned ve
 
 struct HttpServer::Impl {
   HttpServerOptions options;
-  Handler handler;
+  StreamingHandler handler;
   asio::io_context ioc;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   // On its own strand: accepting and closing (at stop) never run at the same time.
@@ -46,7 +47,7 @@ struct HttpServer::Impl {
   std::atomic<int> in_flight{0};
   std::atomic<bool> stopping{false};
 
-  Impl(HttpServerOptions o, Handler h)
+  Impl(HttpServerOptions o, StreamingHandler h)
       : options(std::move(o)), handler(std::move(h)),
         pool(static_cast<size_t>(options.handler_threads)) {}
 
@@ -88,20 +89,83 @@ class Session : public std::enable_shared_from_this<Session> {
     HttpRequest req = parser_->release();
     ++server_->in_flight;
     asio::post(server_->pool, [self = shared_from_this(), req = std::move(req)]() mutable {
-      HttpResponse res;
+      Reply reply;
       try {
-        res = self->server_->handler(req);
+        reply = self->server_->handler(req);
       } catch (const std::exception& e) {
         log::error("http.handler_exception", {{"error", e.what()}});
-        res = json_response(500, error_body(internal_error("internal error")).dump());
+        reply.response = json_response(500, error_body(internal_error("internal error")).dump());
+        reply.stream = nullptr;
       }
+      HttpResponse& res = reply.response;
       res.version(req.version());
       res.keep_alive(req.keep_alive() && res.keep_alive() && !self->server_->stopping);
+      if (reply.stream) {
+        asio::post(self->stream_.get_executor(),
+                   [self, res = std::move(res), stream = std::move(reply.stream)]() mutable {
+                     self->start_stream(std::move(res), std::move(stream));
+                   });
+        return;
+      }
       asio::post(self->stream_.get_executor(), [self, res = std::move(res)]() mutable {
         self->write(std::move(res));
         --self->server_->in_flight;
       });
     });
+  }
+
+  // Streams: headers with chunked encoding, then each piece the stream yields (pulled on the
+  // handler pool, written on this session's strand), then the last chunk.
+  void start_stream(HttpResponse res, BodyStream stream) {
+    auto header = std::make_shared<http::response<http::empty_body>>(res.result(), res.version());
+    for (const auto& f : res) {
+      if (f.name() == http::field::content_length) continue;  // the body is chunked
+      header->set(f.name_string(), f.value());
+    }
+    header->keep_alive(res.keep_alive());
+    header->chunked(true);
+    auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*header);
+    stream_.expires_after(std::chrono::seconds(server_->options.write_timeout_s));
+    http::async_write_header(stream_, *sr,
+                             [self = shared_from_this(), header, sr, stream = std::move(stream)](
+                                 beast::error_code ec, size_t) mutable {
+                               if (ec) return self->end_stream(false);
+                               self->pump(std::make_shared<BodyStream>(std::move(stream)),
+                                          header->keep_alive());
+                             });
+  }
+
+  void pump(std::shared_ptr<BodyStream> stream, bool keep_alive) {
+    asio::post(server_->pool, [self = shared_from_this(), stream, keep_alive] {
+      auto chunk = std::make_shared<std::string>();
+      bool more = false;
+      try {
+        more = (*stream)(chunk.get());
+      } catch (const std::exception& e) {
+        log::error("http.stream_exception", {{"error", e.what()}});
+      }
+      asio::post(self->stream_.get_executor(), [self, stream, chunk, more, keep_alive] {
+        self->stream_.expires_after(std::chrono::seconds(self->server_->options.write_timeout_s));
+        if (!more) {
+          asio::async_write(self->stream_, http::make_chunk_last(),
+                            [self, keep_alive](beast::error_code ec, size_t) {
+                              self->end_stream(!ec && keep_alive);
+                            });
+          return;
+        }
+        asio::async_write(self->stream_, http::make_chunk(asio::buffer(*chunk)),
+                          [self, stream, chunk, keep_alive](beast::error_code ec, size_t) {
+                            if (ec) return self->end_stream(false);
+                            self->pump(stream, keep_alive);
+                          });
+      });
+    });
+  }
+
+  void end_stream(bool keep_alive) {
+    --server_->in_flight;
+    if (keep_alive && !server_->stopping) return do_read();
+    close();
   }
 
   void write(HttpResponse res) {
@@ -137,8 +201,13 @@ void HttpServer::Impl::do_accept() {
   });
 }
 
-HttpServer::HttpServer(HttpServerOptions options, Handler handler)
+HttpServer::HttpServer(HttpServerOptions options, StreamingHandler handler)
     : impl_(std::make_unique<Impl>(std::move(options), std::move(handler))) {}
+
+HttpServer::HttpServer(HttpServerOptions options, Handler handler)
+    : HttpServer(std::move(options), StreamingHandler([h = std::move(handler)](const HttpRequest& r) {
+        return Reply{h(r), nullptr};
+      })) {}
 
 HttpServer::~HttpServer() { stop(); }
 

@@ -19,6 +19,16 @@ namespace hr::api {
 using HttpRequest = boost::beast::http::request<boost::beast::http::string_body>;
 using HttpResponse = boost::beast::http::response<boost::beast::http::string_body>;
 using Handler = std::function<HttpResponse(const HttpRequest&)>;
+// A body produced piece by piece (server-sent events): called repeatedly on a handler thread, it
+// blocks until the next piece, appends it to `chunk` and returns true, or returns false at the end.
+using BodyStream = std::function<bool(std::string* chunk)>;
+// A handler's answer: a whole response, or (when `stream` is set) the response's status and
+// headers followed by a chunked body from `stream`.
+struct Reply {
+  HttpResponse response;
+  BodyStream stream;
+};
+using StreamingHandler = std::function<Reply(const HttpRequest&)>;
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
@@ -34,6 +44,7 @@ struct HttpServerOptions {
 class HttpServer {
  public:
   HttpServer(HttpServerOptions options, Handler handler);
+  HttpServer(HttpServerOptions options, StreamingHandler handler);
   ~HttpServer();
 
   // Binds and starts serving. kUnavailable when the address cannot be bound.

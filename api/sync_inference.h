@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <memory>
 #include <string>
 
 #include "base/status.h"
@@ -20,9 +21,22 @@ struct SyncAnswer {
   int cached_tokens = 0;
 };
 
+// The pieces of one streamed answer. next() blocks until the next text delta (true) or the end
+// (false; then answer() holds the totals, or status() the failure). Used by one thread.
+class SyncStream {
+ public:
+  virtual ~SyncStream() = default;
+  virtual bool next(std::string* delta) = 0;
+  virtual const Status& status() const = 0;
+  virtual const SyncAnswer& answer() const = 0;
+};
+
 class SyncInference {
  public:
   virtual ~SyncInference() = default;
+  // Like run(), but the answer arrives as it is generated.
+  [[nodiscard]] virtual Result<std::unique_ptr<SyncStream>> start_stream(
+      const nlohmann::json& request, bool reject_if_busy) = 0;
   // `request` is normalized by normalize_chat_request(). kResourceExhausted when there is no room
   // (at once with reject_if_busy, else after waiting `queue_timeout_ms`); kInvalidArgument for a
   // request the model cannot take (e.g. too long), naming the field.

@@ -58,7 +58,9 @@ int run_api(const api::ApiConfig& config, const queue::StoreConfig& store) {
   sigset_t set = block_stop_signals();
   api::AsyncApi async_api(config, store);
   api::HttpServer server(config.server_options(),
-                         [&](const api::HttpRequest& r) { return async_api.handle(r); });
+                         api::StreamingHandler([&](const api::HttpRequest& r) {
+                           return async_api.handle_streaming(r);
+                         }));
   Status st = server.start();
   if (!st.is_ok()) {
     log::error("api.start_failed", {{"error", st}});
@@ -169,7 +171,9 @@ int run_serve(const ServeConfig& config) {
   api::AsyncApi async_api(api_config, config.store);
   async_api.set_sync_inference(worker->get());
   api::HttpServer server(api_config.server_options(),
-                         [&](const api::HttpRequest& r) { return async_api.handle(r); });
+                         api::StreamingHandler([&](const api::HttpRequest& r) {
+                           return async_api.handle_streaming(r);
+                         }));
   Status st = server.start();
   if (st.is_ok()) st = (*worker)->start();
   if (!st.is_ok()) {

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <future>
 #include <unordered_map>
 
@@ -91,11 +93,76 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& config,
   return w;
 }
 
+// One sync request: its deltas and final answer, handed from the step loop to the waiting
+// handler thread under `mu`.
 struct Worker::SyncJob {
   engine::GenerationRequest request;
   std::string text;
   std::promise<Result<api::SyncAnswer>> done;
+  bool streaming = false;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::string> deltas;  // guarded by mu
+  bool finished = false;           // guarded by mu
+  Status status;                   // guarded by mu
+  api::SyncAnswer answer;          // guarded by mu
 };
+
+namespace {
+
+class WorkerStream final : public api::SyncStream {
+ public:
+  explicit WorkerStream(std::shared_ptr<Worker::SyncJob> job) : job_(std::move(job)) {}
+  bool next(std::string* delta) override {
+    std::unique_lock<std::mutex> lock(job_->mu);
+    job_->cv.wait(lock, [&] { return !job_->deltas.empty() || job_->finished; });
+    if (!job_->deltas.empty()) {
+      *delta = std::move(job_->deltas.front());
+      job_->deltas.pop_front();
+      return true;
+    }
+    status_ = job_->status;
+    answer_ = job_->answer;
+    return false;
+  }
+  const Status& status() const override { return status_; }
+  const api::SyncAnswer& answer() const override { return answer_; }
+
+ private:
+  std::shared_ptr<Worker::SyncJob> job_;
+  Status status_;
+  api::SyncAnswer answer_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<api::SyncStream>> Worker::start_stream(const json& request,
+                                                              bool reject_if_busy) {
+  if (stopping_) return Status(StatusCode::kResourceExhausted, "Out of capacity: the worker is stopping");
+  if (reject_if_busy && free_slots_.load() <= config_.reserve_slots / 2) {
+    return Status(StatusCode::kResourceExhausted, "Out of capacity");
+  }
+  HR_ASSIGN_OR_RETURN(auto gen, to_generation(request, *model_, engine::RequestClass::kSync));
+  auto job = std::make_shared<SyncJob>();
+  job->request = std::move(gen);
+  job->streaming = true;
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    inbox_.push_back(job);
+  }
+  return std::unique_ptr<api::SyncStream>(new WorkerStream(job));
+}
+
+void Worker::fail_job(SyncJob& job, const Status& st) {
+  if (!job.streaming) {
+    job.done.set_value(st);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(job.mu);
+  job.finished = true;
+  job.status = st;
+  job.cv.notify_one();
+}
 
 Result<api::SyncAnswer> Worker::run(const json& request, bool reject_if_busy, int queue_timeout_ms) {
   if (stopping_) return Status(StatusCode::kResourceExhausted, "Out of capacity: the worker is stopping");
@@ -191,13 +258,26 @@ void Worker::loop() {
     for (auto& job : jobs) {
       job->request.on_event = [job](const engine::TokenEvent& ev) {
         job->text += ev.text_delta;
-        if (!ev.finished) return;
-        job->done.set_value(api::SyncAnswer{job->text, engine::finish_reason_name(ev.finish_reason),
-                                            ev.usage.prompt_tokens, ev.usage.completion_tokens,
-                                            ev.usage.cached_tokens});
+        api::SyncAnswer answer;
+        if (ev.finished) {
+          answer = api::SyncAnswer{job->text, engine::finish_reason_name(ev.finish_reason),
+                                   ev.usage.prompt_tokens, ev.usage.completion_tokens,
+                                   ev.usage.cached_tokens};
+        }
+        if (job->streaming) {
+          std::lock_guard<std::mutex> lock(job->mu);
+          if (!ev.text_delta.empty()) job->deltas.push_back(ev.text_delta);
+          if (ev.finished) {
+            job->finished = true;
+            job->answer = answer;
+          }
+          job->cv.notify_one();
+        } else if (ev.finished) {
+          job->done.set_value(answer);
+        }
       };
       auto id = eng.add(std::move(job->request));
-      if (!id.is_ok()) job->done.set_value(id.status());
+      if (!id.is_ok()) fail_job(*job, id.status());
     }
     bool stopping = stopping_.load();
     if (stopping && drain_deadline == 0) {
@@ -285,7 +365,7 @@ void Worker::loop() {
   }
   {
     std::lock_guard<std::mutex> lock(inbox_mu_);
-    for (auto& job : inbox_) job->done.set_value(unavailable("the worker stopped"));
+    for (auto& job : inbox_) fail_job(*job, unavailable("the worker stopped"));
     inbox_.clear();
   }
   // Hand back what did not finish in time.

@@ -46,8 +46,12 @@ class Worker final : public api::SyncInference {
   // Runs one sync request on this worker's engine, ahead of async work (thread-safe).
   [[nodiscard]] Result<api::SyncAnswer> run(const nlohmann::json& request, bool reject_if_busy,
                                             int queue_timeout_ms) override;
+  [[nodiscard]] Result<std::unique_ptr<api::SyncStream>> start_stream(
+      const nlohmann::json& request, bool reject_if_busy) override;
   // The model's context length (for the API's validation in `serve`).
   int context_length() const;
+
+ struct SyncJob;  // a sync request handed to the step loop (defined in worker.cc)
 
  private:
   Worker(WorkerConfig config, queue::StoreConfig store);
@@ -56,7 +60,7 @@ class Worker final : public api::SyncInference {
   WorkerConfig config_;
   queue::StoreConfig store_;
   std::unique_ptr<LoadedModel> model_;
-  struct SyncJob;
+  static void fail_job(SyncJob& job, const Status& st);
   std::mutex inbox_mu_;
   std::vector<std::shared_ptr<SyncJob>> inbox_;  // guarded by inbox_mu_
   std::atomic<int> free_slots_{0};               // the engine's, as of the last step

@@ -222,12 +222,43 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   EXPECT_NE(progress["status"], "completed");
   auto models = h.get("/v1/models", h.key_a());
   EXPECT_EQ(models.json()["data"][0]["id"], h.model());
+  // Streaming: server-sent chat.completion.chunk events whose deltas add up to the answer.
+  std::string t = texts[0];
   auto stream = h.post("/v1/chat/completions",
-                       json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "x"}}}},
-                            {"stream", true}}.dump(),
+                       json{{"model", h.model()},
+                            {"messages", {{{"role", "user"}, {"content", "reverse: " + t}}}},
+                            {"temperature", 0}, {"stream", true},
+                            {"stream_options", {{"include_usage", true}}}}
+                           .dump(),
                        h.key_a());
-  EXPECT_EQ(stream.status, 400);
-  EXPECT_EQ(stream.json()["errors"][0]["field"], "stream");
+  ASSERT_EQ(stream.status, 200) << stream.body;
+  EXPECT_EQ(stream.headers["Content-Type"], "text/event-stream");
+  std::string text;
+  int events = 0;
+  bool done = false, usage = false;
+  std::string finish;
+  for (size_t pos = 0; (pos = stream.body.find("data: ", pos)) != std::string::npos;) {
+    size_t end = stream.body.find("\n\n", pos);
+    std::string data = stream.body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    json chunk = json::parse(data);
+    EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+    ++events;
+    if (!chunk["choices"].empty()) {
+      text += chunk["choices"][0]["delta"].value("content", "");
+      if (chunk["choices"][0]["finish_reason"].is_string()) finish = chunk["choices"][0]["finish_reason"];
+    }
+    if (chunk.contains("usage")) usage = chunk["usage"]["completion_tokens"].get<int>() > 0;
+  }
+  EXPECT_TRUE(done);
+  EXPECT_TRUE(usage);
+  EXPECT_EQ(finish, "stop");
+  EXPECT_GT(events, 3);
+  EXPECT_EQ(text, greedy_alone(t));
   h.api().set_sync_inference(nullptr);
   w->stop();
 }
