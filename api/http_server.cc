@@ -115,7 +115,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // Streams: headers with chunked encoding, then each piece the stream yields (pulled on the
-  // handler pool, written on this session's strand), then the last chunk.
+  // handler pool, written on this connection's strand), then the last chunk.
   void start_stream(HttpResponse res, BodyStream stream) {
     auto header = std::make_shared<http::response<http::empty_body>>(res.result(), res.version());
     for (const auto& f : res) {

@@ -1,6 +1,8 @@
 // Relay, janitor and resync.
 #include "queue/dispatcher.h"
 
+#include <nlohmann/json.hpp>
+
 #include <map>
 #include <thread>
 
@@ -199,7 +201,7 @@ Result<int> Dispatcher::reclaim_idle_entries() {
                                          "0", "COUNT", "1000"}));
     if (r.is_error() || r.elements.size() < 2 || r.elements[1].elements.empty()) continue;
     std::vector<std::string> ids;
-    std::string keys = "[";
+    nlohmann::json keys = nlohmann::json::array();
     for (const RedisReply& e : r.elements[1].elements) {
       ids.push_back(e.elements[0].str);
       if (e.elements.size() < 2) continue;
@@ -211,17 +213,15 @@ Result<int> Dispatcher::reclaim_idle_entries() {
         if (f[k].str == "i") i = f[k + 1].str;
       }
       if (b.empty() || i.empty()) continue;
-      if (keys.size() > 1) keys += ',';
-      keys += "{\"b\":\"" + b + "\",\"i\":" + std::to_string(std::atoi(i.c_str())) + "}";
+      keys.push_back({{"b", b}, {"i", std::atoi(i.c_str())}});
     }
-    keys += "]";
     std::vector<RequestRef> still_queued;
     Status q = pg_.run("reclaim", [&](pqxx::connection& pg) -> Status {
       pqxx::nontransaction tx(pg);
       for (const auto& row : tx.exec_params(
                "SELECT r.batch_id::text, r.idx FROM requests r JOIN jsonb_to_recordset($1::jsonb) "
                "AS t(b uuid, i int) ON r.batch_id = t.b AND r.idx = t.i WHERE r.status = 'queued'",
-               keys)) {
+               keys.dump())) {
         still_queued.push_back({row[0].as<std::string>(), row[1].as<int>()});
       }
       return Status::ok();

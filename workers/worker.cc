@@ -308,10 +308,9 @@ void Worker::loop() {
             failed.push_back({l, "invalid_request", gen.status().message(), false});
             continue;
           }
-          int64_t id_slot = 0;
           auto* runs = &running;
           auto* out_done = &done;
-          gen->on_event = [runs, out_done, &id_slot](const engine::TokenEvent& ev) {
+          gen->on_event = [runs, out_done](const engine::TokenEvent& ev) {
             auto it = runs->find(ev.id);
             if (it == runs->end()) return;
             it->second.text += ev.text_delta;
@@ -326,7 +325,6 @@ void Worker::loop() {
                                  ev.usage.completion_tokens, ev.usage.cached_tokens});
             runs->erase(it);
           };
-          (void)id_slot;
           auto id = eng.add(std::move(gen).value());
           if (!id.is_ok()) {
             failed.push_back({l, "invalid_request", id.status().message(), false});
