@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "base/status.h"
 
@@ -24,6 +25,15 @@ struct StepInput {
   int num_logits = 0;
 };
 
+// How one logits row is sampled on the device (backends that sample there): the sampler's
+// parameters and 64 bits drawn from the sequence's generator for this step.
+struct SampleSpec {
+  float temperature = 0.0f;  // <= 0: greedy
+  float top_p = 1.0f;
+  int top_k = 0;
+  uint64_t random = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -36,6 +46,13 @@ class Backend {
   // Writes the new tokens' K/V into their cache slots, runs the model, and writes
   // logits [num_logits, vocab] to `logits` (host memory).
   [[nodiscard]] virtual Status forward(const StepInput& in, float* logits) = 0;
+  // Backends that sample on the device (so only token ids come back) say so here and implement
+  // forward_sample: the step as forward(), then one token per logits row into `tokens` (host).
+  virtual bool samples_on_device() const { return false; }
+  [[nodiscard]] virtual Status forward_sample(const StepInput& in, const SampleSpec* specs,
+                                              int32_t* tokens) {
+    return internal_error(std::string(name()) + " backend does not sample on the device");
+  }
 };
 
 }  // namespace hr::engine

@@ -29,6 +29,40 @@ void apply_rope(float* vec, int head_dim, int position, const float* inv_freq) {
   }
 }
 
+void attend(const float* q, const float* k_cache, const float* v_cache, const int32_t* block_table_row,
+            int block_size, int kv_size, int kv_head, int head_dim, int pos, float scale,
+            std::vector<float>& scores, float* out) {
+  auto at = [&](const float* cache, int p) {
+    size_t slot = static_cast<size_t>(block_table_row[p / block_size]) * block_size + p % block_size;
+    return cache + slot * kv_size + static_cast<size_t>(kv_head) * head_dim;
+  };
+  scores.resize(static_cast<size_t>(pos) + 1);
+  float mx = -INFINITY;
+  for (int p = 0; p <= pos; ++p) {
+    const float* k = at(k_cache, p);
+    float dot = 0;
+    for (int i = 0; i < head_dim; ++i) dot += q[i] * k[i];
+    scores[p] = dot * scale;
+    mx = std::max(mx, scores[p]);
+  }
+  float sum = 0;
+  for (int p = 0; p <= pos; ++p) {
+    scores[p] = std::exp(scores[p] - mx);
+    sum += scores[p];
+  }
+  std::fill(out, out + head_dim, 0.0f);
+  for (int p = 0; p <= pos; ++p) {
+    const float* v = at(v_cache, p);
+    float pw = scores[p] / sum;
+    for (int i = 0; i < head_dim; ++i) out[i] += pw * v[i];
+  }
+}
+
+void silu_mul(const float* gate_up, int ffn, float* out) {
+  const float* u = gate_up + ffn;
+  for (int i = 0; i < ffn; ++i) out[i] = gate_up[i] / (1.0f + std::exp(-gate_up[i])) * u[i];
+}
+
 namespace {
 
 // y[m, n] = x[m, k] · w[n, k]^T (+ y when accumulate). Small products run on one thread: waking
@@ -156,26 +190,8 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
         int kvh = h / group;
         const float* q = &qkv_[static_cast<size_t>(t) * QKV + h * hd];
         float* out = &attn_[static_cast<size_t>(t) * Q + h * hd];
-        scores.resize(static_cast<size_t>(pos) + 1);
-        float mx = -INFINITY;
-        for (int p = 0; p <= pos; ++p) {
-          const float* k = kc + slot_of(s, p) + kvh * hd;
-          float dot = 0;
-          for (int i = 0; i < hd; ++i) dot += q[i] * k[i];
-          scores[p] = dot * scale;
-          mx = std::max(mx, scores[p]);
-        }
-        float sum = 0;
-        for (int p = 0; p <= pos; ++p) {
-          scores[p] = std::exp(scores[p] - mx);
-          sum += scores[p];
-        }
-        std::fill(out, out + hd, 0.0f);
-        for (int p = 0; p <= pos; ++p) {
-          const float* v = vc + slot_of(s, p) + kvh * hd;
-          float pw = scores[p] / sum;
-          for (int i = 0; i < hd; ++i) out[i] += pw * v[i];
-        }
+        attend(q, kc, vc, in.block_table + static_cast<size_t>(s) * in.max_blocks_per_seq, bs, KV, kvh,
+               hd, pos, scale, scores, out);
       }
     });
     gemm_xwt(attn_.data(), L.wo.data(), x_.data(), T, D, Q, /*accumulate=*/true);
@@ -188,10 +204,7 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
     gemm_xwt(h_.data(), L.w_gate_up.data(), gu_.data(), T, 2 * F, D, false);
     pool_.parallel_for(T, std::max(2, 65536 / F), [&](int t0, int t1) {
       for (int t = t0; t < t1; ++t) {
-        const float* g = &gu_[static_cast<size_t>(t) * 2 * F];
-        const float* u = g + F;
-        float* a = &act_[static_cast<size_t>(t) * F];
-        for (int i = 0; i < F; ++i) a[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+        silu_mul(&gu_[static_cast<size_t>(t) * 2 * F], F, &act_[static_cast<size_t>(t) * F]);
       }
     });
     gemm_xwt(act_.data(), L.w_down.data(), x_.data(), T, D, F, /*accumulate=*/true);

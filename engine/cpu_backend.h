@@ -49,5 +49,12 @@ class CpuBackend final : public Backend {
 // Reference ops shared with the kernel tests.
 void rms_norm(const float* x, const float* w, int n, float eps, float* out);
 void apply_rope(float* vec, int head_dim, int position, const float* inv_freq);
+// One query head's causal attention over positions [0, pos] of a paged cache whose slots hold
+// kv_size floats ([slots, kv_heads, head_dim]); `scores` is scratch. Writes head_dim outputs.
+void attend(const float* q, const float* k_cache, const float* v_cache, const int32_t* block_table_row,
+            int block_size, int kv_size, int kv_head, int head_dim, int pos, float scale,
+            std::vector<float>& scores, float* out);
+// SwiGLU's activation for one row: out[i] = silu(gate_up[i]) * gate_up[ffn + i].
+void silu_mul(const float* gate_up, int ffn, float* out);
 
 }  // namespace hr::engine

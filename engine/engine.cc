@@ -181,8 +181,21 @@ Result<StepStats> Engine::step() {
   in.logits_rows = logits_rows_.data();
   in.num_logits = static_cast<int>(logits_rows_.size());
   const int V = backend_->vocab_size();
-  logits_.resize(static_cast<size_t>(std::max(1, in.num_logits)) * V);
-  HR_RETURN_IF_ERROR(backend_->forward(in, logits_.data()));
+  const bool on_device = backend_->samples_on_device();
+  if (on_device) {
+    // The device samples; each row gets its sequence's parameters and a draw from its generator.
+    specs_.clear();
+    for (const ScheduledSeq& ss : plan.seqs) {
+      if (!ss.sample) continue;
+      const SamplingParams& p = ss.seq->params;
+      specs_.push_back({p.temperature, p.top_p, p.top_k, ss.seq->rng()});
+    }
+    sampled_.resize(specs_.size());
+    HR_RETURN_IF_ERROR(backend_->forward_sample(in, specs_.data(), sampled_.data()));
+  } else {
+    logits_.resize(static_cast<size_t>(std::max(1, in.num_logits)) * V);
+    HR_RETURN_IF_ERROR(backend_->forward(in, logits_.data()));
+  }
   scheduler_.complete(plan);
   stats.num_seqs = num_seqs;
   stats.num_tokens = in.num_tokens;
@@ -190,7 +203,8 @@ Result<StepStats> Engine::step() {
   for (const ScheduledSeq& ss : plan.seqs) {
     if (!ss.sample) continue;
     Sequence& s = *ss.seq;
-    int32_t token = sample_token(&logits_[static_cast<size_t>(row++) * V], V, s.params, s.rng);
+    int32_t token = on_device ? sampled_[static_cast<size_t>(row++)]
+                              : sample_token(&logits_[static_cast<size_t>(row++) * V], V, s.params, s.rng);
     auto it = active_.find(s.id);
     if (advance(it->second, token)) {
       active_.erase(it);

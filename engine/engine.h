@@ -102,6 +102,8 @@ class Engine {
   // Step buffers, reused.
   std::vector<int32_t> token_ids_, positions_, seq_start_, block_table_, logits_rows_;
   std::vector<float> logits_;
+  std::vector<SampleSpec> specs_;
+  std::vector<int32_t> sampled_;
 };
 
 }  // namespace hr::engine

@@ -13,7 +13,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "engine/chat_template.h"
-#include "engine/cpu_backend.h"
+#include "engine/backend_factory.h"
 #include "engine/tokenizer.h"
 #include "engine/weights.h"
 #include "queue/lease.h"
@@ -75,20 +75,25 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& config,
   HR_ASSIGN_OR_RETURN(auto tok, engine::Tokenizer::load(config.model_dir));
   m->tokenizer = std::shared_ptr<const engine::Tokenizer>(tok.release());
   HR_ASSIGN_OR_RETURN(m->chat_format, engine::load_chat_format(config.model_dir, config.chat_template));
-  HR_ASSIGN_OR_RETURN(auto backend,
-                      engine::CpuBackend::create(m->weights, {16, config.kv_cache_bytes, 0}));
+  engine::BackendSpec spec;
+  spec.device = config.device;
+  spec.kv_cache_bytes = config.kv_cache_bytes;
+  spec.max_num_tokens = config.max_batched_tokens;
+  spec.max_num_seqs = config.max_num_seqs;
+  HR_ASSIGN_OR_RETURN(auto backend, engine::make_backend(m->weights, spec));
   engine::EngineOptions eo;
   eo.scheduler.max_num_seqs = config.max_num_seqs;
   eo.scheduler.max_batched_tokens = config.max_batched_tokens;
   eo.scheduler.max_prefill_chunk = config.max_batched_tokens;
   HR_ASSIGN_OR_RETURN(m->engine,
-                      engine::Engine::create(std::shared_ptr<engine::Backend>(std::move(backend)),
+                      engine::Engine::create(std::move(backend),
                                              m->tokenizer,
                                              m->weights->config.max_position_embeddings, eo));
   log::info("worker.model_loaded",
             {{"model", config.model_name}, {"dir", config.model_dir},
              {"parameters", static_cast<int64_t>(m->weights->num_parameters())},
-             {"kv_blocks", m->engine->headroom().total_kv_blocks}});
+             {"kv_blocks", m->engine->headroom().total_kv_blocks},
+             {"backend", m->engine->backend().name()}});
   w->model_ = std::move(m);
   return w;
 }

@@ -2,6 +2,7 @@
 #include "workers/worker_config.h"
 
 #include "base/cli.h"
+#include "engine/backend_factory.h"
 
 namespace hr::workers {
 
@@ -18,7 +19,9 @@ void WorkerConfig::bind(CLI::App& app) {
   cli::add(app, "--max-num-seqs", max_num_seqs, "Sequences the engine runs at once");
   cli::add(app, "--max-batched-tokens", max_batched_tokens, "Tokens per engine step");
   cli::add(app, "--max-pull", max_pull, "Most requests taken from the queue at once");
-  cli::add(app, "--kv-cache-bytes", kv_cache_bytes, "KV cache size in bytes");
+  cli::add(app, "--kv-cache-bytes", kv_cache_bytes,
+           "KV cache size in bytes (with --device cuda, 0: 90% of the GPU memory left after loading)");
+  cli::add(app, "--device", device, "Compute device: cpu, cuda or cuda:N");
   cli::add(app, "--chat-template", chat_template,
            "Override the chat template: headroom, llama3, chatml or mistral");
 }
@@ -37,6 +40,7 @@ Status WorkerConfig::validate() const {
     return invalid_argument("--max-num-seqs, --max-batched-tokens and --max-pull must be positive",
                             "max-num-seqs");
   }
+  HR_RETURN_IF_ERROR(engine::check_device(device));
   if (reserve_slots >= max_num_seqs) {
     return invalid_argument("--reserve-slots must be below --max-num-seqs", "reserve-slots");
   }

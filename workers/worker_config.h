@@ -23,6 +23,7 @@ struct WorkerConfig {
   int max_batched_tokens = 512;      // tokens per engine step
   int max_pull = 64;                 // most requests taken from the queue at once
   size_t kv_cache_bytes = 64ull << 20;
+  std::string device = "cpu";  // cpu | cuda | cuda:N
   std::string chat_template;         // override: headroom, llama3, chatml, mistral
 
   void bind(CLI::App& app);

@@ -1,0 +1,137 @@
+// The CUDA backend: bf16 weights and paged KV cache in GPU memory, fp32 residual stream and
+// accumulation, cuBLASLt GEMMs, and our kernels (kernels/) for the embedding gather, fused
+// residual-add + RMSNorm, RoPE + KV write, paged attention (tiled prefill, split-K decode),
+// SiLU-and-multiply and sampling. Each step's host inputs travel in one pinned buffer and one copy;
+// with forward_sample only token ids come back. One stream; forward calls from one thread at a time.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "engine/attention_plan.h"
+#include "engine/backend.h"
+#include "engine/cuda_gemm.h"
+#include "engine/weights.h"
+
+namespace hr::engine {
+
+struct CudaBackendOptions {
+  int device = 0;
+  int block_size = 16;
+  size_t kv_cache_bytes = 0;        // 0: kv_cache_fraction of the memory left after weights
+  double kv_cache_fraction = 0.9;   // of free device memory once weights and buffers are in place
+  int max_num_tokens = 8192;        // tokens per step (activation buffers are sized for it)
+  int max_num_seqs = 256;           // sequences per step
+  bool cuda_graphs = true;          // replay captured graphs for decode steps
+};
+
+class CudaBackend final : public Backend {
+ public:
+  // Uploads `weights` (converted to bf16). Errors name the option at fault or the CUDA call.
+  [[nodiscard]] static Result<std::unique_ptr<CudaBackend>> create(const ModelWeights& weights,
+                                                                   CudaBackendOptions options);
+  // A model of `config`'s shape with uniform random bf16 weights made on the GPU (benchmarks).
+  [[nodiscard]] static Result<std::unique_ptr<CudaBackend>> create_random(const ModelConfig& config,
+                                                                          uint64_t seed,
+                                                                          CudaBackendOptions options);
+  ~CudaBackend() override;
+
+  const char* name() const override { return "cuda"; }
+  int vocab_size() const override { return config_.vocab_size; }
+  int block_size() const override { return options_.block_size; }
+  int num_kv_blocks() const override { return num_blocks_; }
+  size_t weight_bytes() const override { return weight_bytes_; }
+  size_t kv_cache_bytes() const override;
+  [[nodiscard]] Status forward(const StepInput& in, float* logits) override;
+  bool samples_on_device() const override { return true; }
+  [[nodiscard]] Status forward_sample(const StepInput& in, const SampleSpec* specs,
+                                      int32_t* tokens) override;
+  const ModelConfig& config() const { return config_; }
+  // Turns decode-graph replay on or off from the next step (benchmarks compare the two).
+  void set_cuda_graphs(bool on) { options_.cuda_graphs = on; }
+  // Device memory free once weights and buffers were in place (what the KV cache was cut from),
+  // and free after the KV cache too.
+  size_t free_before_kv_bytes() const { return free_before_kv_; }
+  size_t free_memory_bytes() const { return free_after_init_; }
+
+ private:
+  struct Layer {
+    __nv_bfloat16* wqkv = nullptr;       // [Q + 2 KV, D]
+    float* bqkv = nullptr;               // [Q + 2 KV] or null
+    __nv_bfloat16* wo = nullptr;         // [D, Q]
+    __nv_bfloat16* w_gate_up = nullptr;  // [2 F, D]
+    __nv_bfloat16* w_down = nullptr;     // [D, F]
+    float* input_norm = nullptr;         // [D]
+    float* post_norm = nullptr;          // [D]
+  };
+  struct StepLayout;  // offsets of one step's inputs in the staging buffers
+
+  CudaBackend(const ModelConfig& config, CudaBackendOptions options);
+  [[nodiscard]] Status check_options() const;
+  [[nodiscard]] Status open_device();
+  [[nodiscard]] Status allocate_weights();
+  [[nodiscard]] Status upload(void* dst, const std::vector<float>& src, bool bf16);
+  [[nodiscard]] Status fill_random(uint64_t seed);
+  [[nodiscard]] Status init_runtime();
+  [[nodiscard]] Status alloc(void** p, size_t bytes, const char* what);
+  // Validates the step, packs its inputs, and enqueues the whole forward pass up to the logits
+  // (and the sampled tokens when `specs` is given): replaying a captured graph for decode steps.
+  [[nodiscard]] Status enqueue(const StepInput& in, const SampleSpec* specs);
+  // Validation, attention planning, and the packed inputs' copy to the device.
+  [[nodiscard]] Status prepare(const StepInput& in, const SampleSpec* specs, bool graph_shape, StepLayout* lay);
+  // Every kernel of the step, reading the packed inputs (capturable: no host synchronisation).
+  [[nodiscard]] Status launch_step(const StepLayout& lay, bool sample);
+  // True for steps a graph can replay: every sequence decodes one token and is sampled.
+  bool graph_step(const StepInput& in) const;
+  void clear_graphs();
+
+  ModelConfig config_;
+  CudaBackendOptions options_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CublasLtGemm> gemm_;
+  std::vector<void*> allocations_;
+  size_t weight_bytes_ = 0;
+  size_t free_before_kv_ = 0;
+  size_t free_after_init_ = 0;
+  int num_sms_ = 0;
+  int num_blocks_ = 0;
+  int max_partials_ = 0;
+
+  __nv_bfloat16* embed_ = nullptr;    // [V, D]
+  __nv_bfloat16* lm_head_ = nullptr;  // [V, D] (embed_ when tied)
+  float* final_norm_ = nullptr;       // [D]
+  float* inv_freq_ = nullptr;         // [head_dim / 2]
+  std::vector<Layer> layers_;
+  std::vector<__nv_bfloat16*> k_cache_, v_cache_;  // per layer: [num_blocks * block_size, KV_heads, hd]
+
+  // Activations, sized for max_num_tokens (T) and max_num_seqs (S) rows.
+  float* x_ = nullptr;               // [T, D] residual stream
+  float* delta_ = nullptr;           // [T, D] o_proj / down_proj output
+  __nv_bfloat16* h_ = nullptr;       // [T, D] normalised
+  float* qkv_ = nullptr;             // [T, Q + 2 KV]
+  __nv_bfloat16* q_ = nullptr;       // [T, Q] rotated queries
+  __nv_bfloat16* attn_ = nullptr;    // [T, Q]
+  __nv_bfloat16* gate_up_ = nullptr; // [T, 2 F]
+  __nv_bfloat16* act_ = nullptr;     // [T, F]
+  __nv_bfloat16* final_ = nullptr;   // [S, D]
+  float* logits_ = nullptr;          // [S, V]
+  int32_t* tokens_ = nullptr;        // [S]
+  float* partial_out_ = nullptr;     // [max_partials, num_heads, head_dim]
+  float* partial_ml_ = nullptr;      // [max_partials, num_heads, 2]
+
+  // One step's packed inputs: pinned host buffer and its device copy (grown on demand).
+  char* host_staging_ = nullptr;
+  char* dev_staging_ = nullptr;
+  size_t staging_bytes_ = 0;
+  int32_t* host_tokens_ = nullptr;  // pinned [S]
+  AttentionPlan plan_;  // reused each step
+  // Decode graphs by (batch size, sampled on device, block-table width).
+  std::map<std::tuple<int, bool, int>, cudaGraphExec_t> graphs_;
+};
+
+}  // namespace hr::engine

@@ -1,0 +1,89 @@
+// cuBLASLt GEMM plans. Row-major y = x · w^T is column-major y^T = w · x^T: A = w (k x n,
+// transposed), B = x (k x m), D = y^T (n x m).
+#include "engine/cuda_gemm.h"
+
+#include <string>
+
+namespace hr::engine {
+namespace {
+
+Status lt_error(const char* op, cublasStatus_t s) {
+  return internal_error(std::string("cuBLASLt ") + op + " failed: status " + std::to_string(static_cast<int>(s)));
+}
+
+}  // namespace
+
+#define HR_LT(op, expr)                                          \
+  do {                                                           \
+    cublasStatus_t hr_lt_ = (expr);                              \
+    if (hr_lt_ != CUBLAS_STATUS_SUCCESS) return lt_error(op, hr_lt_); \
+  } while (0)
+
+Result<std::unique_ptr<CublasLtGemm>> CublasLtGemm::create(size_t workspace_bytes) {
+  std::unique_ptr<CublasLtGemm> g(new CublasLtGemm());
+  HR_LT("create", cublasLtCreate(&g->handle_));
+  if (workspace_bytes > 0) {
+    cudaError_t err = cudaMalloc(&g->workspace_, workspace_bytes);
+    if (err != cudaSuccess) {
+      return internal_error(std::string("cudaMalloc of the GEMM workspace: ") + cudaGetErrorString(err));
+    }
+    g->workspace_bytes_ = workspace_bytes;
+  }
+  return g;
+}
+
+CublasLtGemm::~CublasLtGemm() {
+  for (auto& [key, p] : plans_) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.d);
+    cublasLtMatmulDescDestroy(p.op);
+  }
+  if (workspace_) cudaFree(workspace_);
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+Result<const CublasLtGemm::Plan*> CublasLtGemm::plan(int m, int n, int k, GemmOut out) {
+  auto key = std::make_tuple(m, n, k, static_cast<int>(out));
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return &it->second;
+  Plan p;
+  const cudaDataType_t dt = out == GemmOut::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  HR_LT("matmul desc", cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+  HR_LT("set transa", cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof trans_a));
+  HR_LT("set transb", cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof trans_b));
+  HR_LT("layout a", cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k, n, k));
+  HR_LT("layout b", cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k, m, k));
+  HR_LT("layout d", cublasLtMatrixLayoutCreate(&p.d, dt, n, m, n));
+  cublasLtMatmulPreference_t pref;
+  HR_LT("preference", cublasLtMatmulPreferenceCreate(&pref));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
+                                       sizeof workspace_bytes_);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.d);
+    cublasLtMatmulDescDestroy(p.op);
+    return internal_error("cuBLASLt has no algorithm for a " + std::to_string(m) + "x" + std::to_string(n) +
+                          "x" + std::to_string(k) + " bf16 GEMM");
+  }
+  p.algo = result.algo;
+  return &plans_.emplace(key, p).first->second;
+}
+
+Status CublasLtGemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, GemmOut out, int m,
+                         int n, int k, cudaStream_t stream) {
+  if (m <= 0) return Status::ok();
+  HR_ASSIGN_OR_RETURN(const Plan* p, plan(m, n, k, out));
+  const float alpha = 1.0f, beta = 0.0f;
+  HR_LT("matmul", cublasLtMatmul(handle_, p->op, &alpha, w, p->a, x, p->b, &beta, y, p->d, y, p->d,
+                                 &p->algo, workspace_, workspace_bytes_, stream));
+  return Status::ok();
+}
+
+}  // namespace hr::engine

@@ -1,0 +1,32 @@
+// Embedding gather, 16-byte loads.
+#include "kernels/embedding.cuh"
+#include "kernels/internal/common.cuh"
+
+namespace hr::kernels {
+namespace {
+
+__global__ void embedding_gather_kernel(const __nv_bfloat16* table, const int32_t* ids, int dim,
+                                        float* out) {
+  const int t = blockIdx.x;
+  const uint4* row = reinterpret_cast<const uint4*>(table + static_cast<size_t>(ids[t]) * dim);
+  float4* dst = reinterpret_cast<float4*>(out + static_cast<size_t>(t) * dim);
+  for (int v = threadIdx.x; v < dim / 8; v += blockDim.x) {
+    float f[8];
+    internal::bf16x8_to_float(row[v], f);
+    dst[2 * v] = make_float4(f[0], f[1], f[2], f[3]);
+    dst[2 * v + 1] = make_float4(f[4], f[5], f[6], f[7]);
+  }
+}
+
+}  // namespace
+
+cudaError_t embedding_gather(const __nv_bfloat16* table, const int32_t* ids, int num_tokens, int dim,
+                             float* out, cudaStream_t stream) {
+  if (num_tokens < 0 || dim <= 0 || dim % 8 != 0) return cudaErrorInvalidValue;
+  if (!internal::aligned16(table) || !internal::aligned16(out)) return cudaErrorMisalignedAddress;
+  if (num_tokens == 0) return cudaSuccess;
+  embedding_gather_kernel<<<num_tokens, 128, 0, stream>>>(table, ids, dim, out);
+  return cudaGetLastError();
+}
+
+}  // namespace hr::kernels

@@ -1,0 +1,46 @@
+// Fills, grid-stride.
+#include "kernels/fill.cuh"
+
+namespace hr::kernels {
+namespace {
+
+__device__ __forceinline__ uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+__global__ void fill_uniform_bf16_kernel(__nv_bfloat16* out, size_t n, float scale, uint64_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float u = static_cast<float>(mix(seed ^ mix(i)) >> 40) * 0x1.0p-24f;  // [0, 1)
+    out[i] = __float2bfloat16_rn((2.0f * u - 1.0f) * scale);
+  }
+}
+
+__global__ void fill_f32_kernel(float* out, size_t n, float value) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    out[i] = value;
+  }
+}
+
+}  // namespace
+
+cudaError_t fill_uniform_bf16(__nv_bfloat16* out, size_t n, float scale, uint64_t seed,
+                              cudaStream_t stream) {
+  if (!out && n) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  fill_uniform_bf16_kernel<<<1024, 256, 0, stream>>>(out, n, scale, seed);
+  return cudaGetLastError();
+}
+
+cudaError_t fill_f32(float* out, size_t n, float value, cudaStream_t stream) {
+  if (!out && n) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  fill_f32_kernel<<<1024, 256, 0, stream>>>(out, n, value);
+  return cudaGetLastError();
+}
+
+}  // namespace hr::kernels

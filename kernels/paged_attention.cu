@@ -1,0 +1,269 @@
+// Paged attention: a block of 4 warps per (work item, KV head). Rows r = token * group + head
+// within the group; warp w owns rows w, w + 4, ... and keeps their running max, sum and output
+// accumulators in registers (lane owns dims lane, lane + 32, ...). K/V tiles are staged in shared
+// memory as fp32; the next tile's 16-byte loads are issued before the current tile is computed.
+#include <mutex>
+
+#include "kernels/internal/common.cuh"
+#include "kernels/paged_attention.cuh"
+
+namespace hr::kernels {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kTile = kAttentionKeyTile;
+
+template <int HD, int RPW>
+struct AttentionSmem {
+  static constexpr int kRows = kWarps * RPW;
+  static constexpr int kQ = kRows * HD;
+  static constexpr int kK = kTile * (HD + 1);  // padded: lanes read different rows
+  static constexpr int kV = kTile * HD;
+  static constexpr int kP = kRows * kTile;
+  static constexpr size_t kBytes = sizeof(float) * (kQ + kK + kV + kP);
+};
+
+template <int HD>
+struct KvTileLoader {
+  static constexpr int kVecPerRow = HD / 8;
+  static constexpr int kVecs = kTile * kVecPerRow;
+  static constexpr int kPerThread = (kVecs + kThreads - 1) / kThreads;
+  uint4 k[kPerThread];
+  uint4 v[kPerThread];
+
+  __device__ void load(const PagedAttentionParams& p, const int32_t* table, int kvh, int t0,
+                       int kv_end) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int e = threadIdx.x + i * kThreads;
+      const int j = e / kVecPerRow, c = (e % kVecPerRow) * 8;
+      const int pos = t0 + j;
+      if (e < kVecs && pos < kv_end) {
+        const int block = table[pos / p.block_size];
+        const size_t off =
+            ((static_cast<size_t>(block) * p.block_size + pos % p.block_size) * p.num_kv_heads + kvh) *
+                HD + c;
+        k[i] = *reinterpret_cast<const uint4*>(p.k_cache + off);
+        v[i] = *reinterpret_cast<const uint4*>(p.v_cache + off);
+      } else {
+        k[i] = make_uint4(0, 0, 0, 0);
+        v[i] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+
+  __device__ void store(float* k_s, float* v_s) const {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int e = threadIdx.x + i * kThreads;
+      if (e >= kVecs) continue;
+      const int j = e / kVecPerRow, c = (e % kVecPerRow) * 8;
+      float f[8];
+      internal::bf16x8_to_float(k[i], f);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) k_s[j * (HD + 1) + c + q] = f[q];
+      internal::bf16x8_to_float(v[i], f);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) v_s[j * HD + c + q] = f[q];
+    }
+  }
+};
+
+template <int HD, int RPW>
+__global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedAttentionParams p,
+                                                                   const AttentionWorkItem* items) {
+  using Smem = AttentionSmem<HD, RPW>;
+  constexpr int kDpl = HD / 32;  // output dims per lane
+  extern __shared__ float smem[];
+  float* q_s = smem;
+  float* k_s = q_s + Smem::kQ;
+  float* v_s = k_s + Smem::kK;
+  float* p_s = v_s + Smem::kV;
+
+  const AttentionWorkItem it = items[blockIdx.x];
+  const int kvh = blockIdx.y;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int rows = it.q_len * group;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t* table = p.block_table + static_cast<size_t>(it.seq) * p.max_blocks_per_seq;
+
+  KvTileLoader<HD> loader;
+  loader.load(p, table, kvh, it.kv_begin, it.kv_end);
+
+  for (int e = threadIdx.x; e < rows * HD; e += kThreads) {
+    const int r = e / HD, d = e % HD;
+    const int tok = it.q_row + r / group, head = kvh * group + r % group;
+    q_s[e] = __bfloat162float(p.q[(static_cast<size_t>(tok) * p.num_heads + head) * HD + d]) * p.scale;
+  }
+
+  float m[RPW], l[RPW], acc[RPW][kDpl];
+  int qpos[RPW];
+#pragma unroll
+  for (int jr = 0; jr < RPW; ++jr) {
+    const int r = warp + kWarps * jr;
+    m[jr] = -INFINITY;
+    l[jr] = 0.0f;
+    qpos[jr] = r < rows ? p.positions[it.q_row + r / group] : -1;
+#pragma unroll
+    for (int dd = 0; dd < kDpl; ++dd) acc[jr][dd] = 0.0f;
+  }
+
+  for (int t0 = it.kv_begin; t0 < it.kv_end; t0 += kTile) {
+    __syncthreads();  // the previous tile's K/V/P are no longer read
+    loader.store(k_s, v_s);
+    __syncthreads();
+    if (t0 + kTile < it.kv_end) loader.load(p, table, kvh, t0 + kTile, it.kv_end);
+
+    const int key = t0 + lane;
+    float s[RPW];
+#pragma unroll
+    for (int jr = 0; jr < RPW; ++jr) s[jr] = 0.0f;
+    const float* k_row = k_s + lane * (HD + 1);
+#pragma unroll 8
+    for (int d = 0; d < HD; ++d) {
+      const float kd = k_row[d];
+#pragma unroll
+      for (int jr = 0; jr < RPW; ++jr) {
+        const int r = warp + kWarps * jr;
+        if (r < rows) s[jr] += q_s[r * HD + d] * kd;
+      }
+    }
+#pragma unroll
+    for (int jr = 0; jr < RPW; ++jr) {
+      const int r = warp + kWarps * jr;
+      if (r >= rows) continue;  // uniform across the warp
+      const bool valid = key < it.kv_end && key <= qpos[jr];
+      const float sc = valid ? s[jr] : -INFINITY;
+      const float m_new = fmaxf(m[jr], internal::warp_max(sc));
+      const float pe = valid ? __expf(sc - m_new) : 0.0f;
+      const float alpha = m[jr] == -INFINITY ? 0.0f : __expf(m[jr] - m_new);
+      l[jr] = l[jr] * alpha + internal::warp_sum(pe);
+      m[jr] = m_new;
+      p_s[r * kTile + lane] = pe;
+#pragma unroll
+      for (int dd = 0; dd < kDpl; ++dd) acc[jr][dd] *= alpha;
+    }
+    __syncwarp();
+#pragma unroll 4
+    for (int j = 0; j < kTile; ++j) {
+      float v[kDpl];
+#pragma unroll
+      for (int dd = 0; dd < kDpl; ++dd) v[dd] = v_s[j * HD + lane + 32 * dd];
+#pragma unroll
+      for (int jr = 0; jr < RPW; ++jr) {
+        const int r = warp + kWarps * jr;
+        if (r >= rows) continue;
+        const float pj = p_s[r * kTile + j];
+#pragma unroll
+        for (int dd = 0; dd < kDpl; ++dd) acc[jr][dd] += pj * v[dd];
+      }
+    }
+  }
+
+#pragma unroll
+  for (int jr = 0; jr < RPW; ++jr) {
+    const int r = warp + kWarps * jr;
+    if (r >= rows) continue;
+    const int tok = it.q_row + r / group, head = kvh * group + r % group;
+    const float inv = l[jr] > 0.0f ? 1.0f / l[jr] : 0.0f;
+    if (it.partial < 0) {
+      __nv_bfloat16* o = p.out + (static_cast<size_t>(tok) * p.num_heads + head) * HD;
+#pragma unroll
+      for (int dd = 0; dd < kDpl; ++dd) o[lane + 32 * dd] = __float2bfloat16_rn(acc[jr][dd] * inv);
+    } else {
+      const size_t slot = static_cast<size_t>(it.partial) * p.num_heads + head;
+      float* o = p.partial_out + slot * HD;
+#pragma unroll
+      for (int dd = 0; dd < kDpl; ++dd) o[lane + 32 * dd] = acc[jr][dd] * inv;
+      if (lane == 0) {
+        p.partial_ml[slot * 2] = m[jr];
+        p.partial_ml[slot * 2 + 1] = l[jr];
+      }
+    }
+  }
+}
+
+__global__ void paged_attention_combine_kernel(PagedAttentionParams p,
+                                               const AttentionCombineItem* items) {
+  const AttentionCombineItem it = items[blockIdx.x];
+  const int head = blockIdx.y;
+  float mx = -INFINITY;
+  for (int s = 0; s < it.num_splits; ++s) {
+    mx = fmaxf(mx, p.partial_ml[(static_cast<size_t>(it.first_partial + s) * p.num_heads + head) * 2]);
+  }
+  for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
+    float num = 0.0f, den = 0.0f;
+    for (int s = 0; s < it.num_splits; ++s) {
+      const size_t slot = static_cast<size_t>(it.first_partial + s) * p.num_heads + head;
+      const float ms = p.partial_ml[slot * 2], ls = p.partial_ml[slot * 2 + 1];
+      if (ls <= 0.0f) continue;
+      const float w = ls * __expf(ms - mx);
+      num += w * p.partial_out[slot * p.head_dim + d];
+      den += w;
+    }
+    p.out[(static_cast<size_t>(it.q_row) * p.num_heads + head) * p.head_dim + d] =
+        __float2bfloat16_rn(den > 0.0f ? num / den : 0.0f);
+  }
+}
+
+template <int HD, int RPW>
+cudaError_t launch(const PagedAttentionParams& p, const AttentionWorkItem* items, int num_items,
+                   cudaStream_t stream) {
+  constexpr size_t kBytes = AttentionSmem<HD, RPW>::kBytes;
+  static std::once_flag once;
+  static cudaError_t attr_err = cudaSuccess;
+  std::call_once(once, [] {
+    attr_err = cudaFuncSetAttribute(paged_attention_kernel<HD, RPW>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
+  });
+  if (attr_err != cudaSuccess) return attr_err;
+  dim3 grid(num_items, p.num_kv_heads);
+  paged_attention_kernel<HD, RPW><<<grid, kThreads, kBytes, stream>>>(p, items);
+  return cudaGetLastError();
+}
+
+template <int RPW>
+cudaError_t launch_for_head_dim(const PagedAttentionParams& p, const AttentionWorkItem* items,
+                                int num_items, cudaStream_t stream) {
+  switch (p.head_dim) {
+    case 32: return launch<32, RPW>(p, items, num_items, stream);
+    case 64: return launch<64, RPW>(p, items, num_items, stream);
+    case 128: return launch<128, RPW>(p, items, num_items, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+cudaError_t paged_attention(const PagedAttentionParams& p, const AttentionWorkItem* items,
+                            int num_items, bool decode, cudaStream_t stream) {
+  if (num_items < 0 || p.num_heads <= 0 || p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0 ||
+      p.block_size <= 0 || p.max_blocks_per_seq <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (!p.q || !p.k_cache || !p.v_cache || !p.block_table || !p.positions || !p.out || !items) {
+    return cudaErrorInvalidValue;
+  }
+  if (!internal::aligned16(p.k_cache) || !internal::aligned16(p.v_cache)) return cudaErrorMisalignedAddress;
+  const int group = p.num_heads / p.num_kv_heads;
+  if (group > (decode ? kAttentionDecodeRows : kAttentionPrefillRows)) return cudaErrorInvalidValue;
+  if (num_items == 0) return cudaSuccess;
+  constexpr int kDecodeRpw = kAttentionDecodeRows / kWarps;
+  constexpr int kPrefillRpw = kAttentionPrefillRows / kWarps;
+  return decode ? launch_for_head_dim<kDecodeRpw>(p, items, num_items, stream)
+                : launch_for_head_dim<kPrefillRpw>(p, items, num_items, stream);
+}
+
+cudaError_t paged_attention_combine(const PagedAttentionParams& p, const AttentionCombineItem* items,
+                                    int num_items, cudaStream_t stream) {
+  if (num_items < 0 || !p.partial_out || !p.partial_ml || !p.out || p.head_dim <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_items == 0) return cudaSuccess;
+  dim3 grid(num_items, p.num_heads);
+  paged_attention_combine_kernel<<<grid, p.head_dim, 0, stream>>>(p, items);
+  return cudaGetLastError();
+}
+
+}  // namespace hr::kernels

@@ -1,0 +1,62 @@
+// Paged attention over the flattened batch, flash-attention style: each work item is one query
+// tile of one sequence (a prefill chunk of up to 64 / group tokens, or one decoding token), run for
+// one KV head with all the query heads of its GQA group, streaming K/V in 32-position tiles through
+// the block table with an online softmax. Causal: a query at position p sees positions <= p.
+// Long decodes are split over the key range (flash-decoding): each split writes a partial result
+// that paged_attention_combine merges.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace hr::kernels {
+
+struct AttentionWorkItem {
+  int32_t seq;       // row of block_table
+  int32_t q_row;     // first query token row of the flattened batch
+  int32_t q_len;     // query tokens in this item
+  int32_t kv_begin;  // first key position read
+  int32_t kv_end;    // one past the last key position read (<= last query position + 1)
+  int32_t partial;   // -1: write out; else this split's slot in partial_out (then q_len == 1)
+};
+
+struct AttentionCombineItem {
+  int32_t q_row;          // token row of the flattened batch
+  int32_t first_partial;  // its splits occupy partial slots [first_partial, first_partial + num_splits)
+  int32_t num_splits;
+};
+
+struct PagedAttentionParams {
+  const __nv_bfloat16* q = nullptr;        // [num_tokens, num_heads, head_dim], rotated
+  const __nv_bfloat16* k_cache = nullptr;  // [num_blocks * block_size, num_kv_heads, head_dim]
+  const __nv_bfloat16* v_cache = nullptr;  // same
+  const int32_t* block_table = nullptr;    // [num_seqs, max_blocks_per_seq]
+  const int32_t* positions = nullptr;      // [num_tokens]
+  __nv_bfloat16* out = nullptr;            // [num_tokens, num_heads, head_dim]
+  float* partial_out = nullptr;            // [num_partials, num_heads, head_dim], normalised
+  float* partial_ml = nullptr;             // [num_partials, num_heads, 2]: running max, sum
+  int max_blocks_per_seq = 0;
+  int block_size = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;  // 32, 64 or 128
+  float scale = 0.0f;
+};
+
+// Rows (query tokens x group heads) one work item may hold: decode items (q_len == 1) use the
+// small-tile kernel and may have up to kAttentionDecodeRows rows; others up to kAttentionPrefillRows.
+constexpr int kAttentionDecodeRows = 8;
+constexpr int kAttentionPrefillRows = 64;
+constexpr int kAttentionKeyTile = 32;
+
+// Runs `num_items` work items (all decode items, or all prefill items: `decode` says which).
+cudaError_t paged_attention(const PagedAttentionParams& p, const AttentionWorkItem* items,
+                            int num_items, bool decode, cudaStream_t stream);
+
+// Merges the splits of each combine item into out.
+cudaError_t paged_attention_combine(const PagedAttentionParams& p, const AttentionCombineItem* items,
+                                    int num_items, cudaStream_t stream);
+
+}  // namespace hr::kernels

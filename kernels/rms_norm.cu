@@ -1,0 +1,41 @@
+// Fused residual add + RMSNorm: one block per row, fp32 sums.
+#include "kernels/internal/common.cuh"
+#include "kernels/rms_norm.cuh"
+
+namespace hr::kernels {
+namespace {
+
+__global__ void add_rms_norm_kernel(AddRmsNormParams p) {
+  __shared__ float scratch[32];
+  const int i = blockIdx.x;
+  const int r = p.rows ? p.rows[i] : i;
+  float* x = p.x + static_cast<size_t>(r) * p.dim;
+  const float* d = p.delta ? p.delta + static_cast<size_t>(r) * p.dim : nullptr;
+  float ss = 0.0f;
+  for (int c = threadIdx.x; c < p.dim; c += blockDim.x) {
+    float v = x[c];
+    if (d) {
+      v += d[c];
+      x[c] = v;
+    }
+    ss += v * v;
+  }
+  ss = internal::block_sum(ss, scratch);
+  const float scale = rsqrtf(ss / static_cast<float>(p.dim) + p.eps);
+  __nv_bfloat16* out = p.out + static_cast<size_t>(i) * p.dim;
+  for (int c = threadIdx.x; c < p.dim; c += blockDim.x) {
+    out[c] = __float2bfloat16_rn(x[c] * scale * p.weight[c]);
+  }
+}
+
+}  // namespace
+
+cudaError_t add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream) {
+  if (p.num_rows < 0 || p.dim <= 0 || !p.x || !p.weight || !p.out) return cudaErrorInvalidValue;
+  if (p.num_rows == 0) return cudaSuccess;
+  int threads = p.dim >= 4096 ? 512 : p.dim >= 1024 ? 256 : 128;
+  add_rms_norm_kernel<<<p.num_rows, threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace hr::kernels

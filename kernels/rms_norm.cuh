@@ -1,0 +1,26 @@
+// RMSNorm fused with the residual add: x[r] += delta[r]; out[i] = bf16(x[r] / rms(x[r]) * weight),
+// for r = rows[i] (or i when rows is null). The residual stream x stays fp32.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace hr::kernels {
+
+struct AddRmsNormParams {
+  float* x = nullptr;             // [*, dim] residual stream, updated in place
+  const float* delta = nullptr;   // [*, dim] added to x first; null: no add
+  const float* weight = nullptr;  // [dim]
+  const int32_t* rows = nullptr;  // [num_rows] rows of x to normalise; null: rows 0..num_rows-1
+  __nv_bfloat16* out = nullptr;   // [num_rows, dim]
+  int num_rows = 0;
+  int dim = 0;
+  float eps = 1e-5f;
+};
+
+// When rows is given, the add happens only for the listed rows.
+cudaError_t add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream);
+
+}  // namespace hr::kernels

@@ -1,0 +1,61 @@
+// RoPE + KV cache write: one block per token; each thread rotates (head, pair) elements.
+#include "kernels/internal/common.cuh"
+#include "kernels/rope_kv.cuh"
+
+namespace hr::kernels {
+namespace {
+
+__global__ void rope_write_kv_kernel(RopeKvParams p) {
+  const int t = blockIdx.x;
+  const int hd = p.head_dim, half = hd / 2;
+  const int q_size = p.num_heads * hd, kv_size = p.num_kv_heads * hd;
+  const int width = q_size + 2 * kv_size;
+  const float* row = p.qkv + static_cast<size_t>(t) * width;
+  const float pos = static_cast<float>(p.positions[t]);
+  const size_t slot = static_cast<size_t>(p.slot_mapping[t]) * kv_size;
+  // Rotations: query heads, then key heads.
+  const int num_pairs = (p.num_heads + p.num_kv_heads) * half;
+  for (int e = threadIdx.x; e < num_pairs; e += blockDim.x) {
+    const int h = e / half, i = e % half;
+    const int base = h * hd;  // key heads follow the query heads in the row
+    float a = row[base + i], b = row[base + i + half];
+    if (p.bias) {
+      a += p.bias[base + i];
+      b += p.bias[base + i + half];
+    }
+    float s, c;
+    sincosf(pos * p.inv_freq[i], &s, &c);
+    const float ra = a * c - b * s, rb = b * c + a * s;
+    if (h < p.num_heads) {
+      __nv_bfloat16* q = p.q_out + static_cast<size_t>(t) * q_size + base;
+      q[i] = __float2bfloat16_rn(ra);
+      q[i + half] = __float2bfloat16_rn(rb);
+    } else {
+      __nv_bfloat16* k = p.k_cache + slot + (base - q_size);
+      k[i] = __float2bfloat16_rn(ra);
+      k[i + half] = __float2bfloat16_rn(rb);
+    }
+  }
+  for (int e = threadIdx.x; e < kv_size; e += blockDim.x) {
+    float v = row[q_size + kv_size + e];
+    if (p.bias) v += p.bias[q_size + kv_size + e];
+    p.v_cache[slot + e] = __float2bfloat16_rn(v);
+  }
+}
+
+}  // namespace
+
+cudaError_t rope_write_kv(const RopeKvParams& p, cudaStream_t stream) {
+  if (p.num_tokens < 0 || p.num_heads <= 0 || p.num_kv_heads <= 0 || p.head_dim <= 0 ||
+      p.head_dim % 2 != 0 || p.num_heads % p.num_kv_heads != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (!p.qkv || !p.positions || !p.slot_mapping || !p.inv_freq || !p.q_out || !p.k_cache || !p.v_cache) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.num_tokens == 0) return cudaSuccess;
+  rope_write_kv_kernel<<<p.num_tokens, 256, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace hr::kernels

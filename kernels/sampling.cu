@@ -1,0 +1,144 @@
+// Sampling: block-wide argmax, threshold bisections, and an id-ordered prefix walk.
+#include "kernels/internal/common.cuh"
+#include "kernels/sampling.cuh"
+
+namespace hr::kernels {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kBisections = 40;
+
+__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+struct ArgMax {
+  float v;
+  int i;
+};
+
+__device__ __forceinline__ ArgMax better(ArgMax a, ArgMax b) {
+  if (b.v > a.v || (b.v == a.v && b.i < a.i)) return b;
+  return a;
+}
+
+__device__ ArgMax block_argmax(ArgMax a, ArgMax* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    ArgMax b{__shfl_xor_sync(0xffffffffu, a.v, o), __shfl_xor_sync(0xffffffffu, a.i, o)};
+    a = better(a, b);
+  }
+  __syncthreads();
+  if (lane == 0) scratch[warp] = a;
+  __syncthreads();
+  a = lane < kThreads / 32 ? scratch[lane] : ArgMax{-INFINITY, 0x7fffffff};
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    ArgMax b{__shfl_xor_sync(0xffffffffu, a.v, o), __shfl_xor_sync(0xffffffffu, a.i, o)};
+    a = better(a, b);
+  }
+  return a;
+}
+
+__global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, int vocab,
+                                                          const SampleParams* params, int32_t* tokens) {
+  __shared__ float scratch[32];
+  __shared__ ArgMax am_scratch[32];
+  __shared__ float chunk_sums[kThreads];
+  const int row = blockIdx.x;
+  const float* x = logits + static_cast<size_t>(row) * vocab;
+  const SampleParams sp = params[row];
+
+  ArgMax best{-INFINITY, 0x7fffffff};
+  float lo_z = INFINITY;
+  for (int i = threadIdx.x; i < vocab; i += kThreads) {
+    best = better(best, ArgMax{x[i], i});
+    lo_z = fminf(lo_z, x[i]);
+  }
+  best = block_argmax(best, am_scratch);
+  if (sp.temperature <= 0.0f || sp.top_k == 1) {
+    if (threadIdx.x == 0) tokens[row] = best.i;
+    return;
+  }
+  const float mx = best.v;
+  const float inv_t = 1.0f / sp.temperature;
+  // z = (logit - max) / T <= 0. The kept set is {z >= tau}.
+  float tau = -INFINITY;
+  if (sp.top_k > 1 && sp.top_k < vocab) {
+    float lo = -internal::block_max(-lo_z, scratch);  // min logit: every token kept
+    float hi = mx;
+    for (int it = 0; it < kBisections; ++it) {
+      const float mid = 0.5f * (lo + hi);
+      float cnt = 0.0f;
+      for (int i = threadIdx.x; i < vocab; i += kThreads) cnt += x[i] >= mid ? 1.0f : 0.0f;
+      cnt = internal::block_sum(cnt, scratch);
+      if (cnt >= static_cast<float>(sp.top_k)) lo = mid; else hi = mid;
+    }
+    tau = lo;  // count(logit >= lo) >= k
+  }
+  auto mass_above = [&](float t) {
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < vocab; i += kThreads) {
+      if (x[i] >= t) s += __expf((x[i] - mx) * inv_t);
+    }
+    return internal::block_sum(s, scratch);
+  };
+  const float total = mass_above(tau);
+  if (sp.top_p < 1.0f) {
+    const float target = sp.top_p * total;
+    float lo = tau == -INFINITY ? -internal::block_max(-lo_z, scratch) : tau;
+    float hi = mx;
+    for (int it = 0; it < kBisections; ++it) {
+      const float mid = 0.5f * (lo + hi);
+      if (mass_above(mid) >= target) lo = mid; else hi = mid;
+    }
+    tau = lo;
+  }
+  // Walk the kept tokens in id order: each thread sums one contiguous chunk, the chunk holding
+  // the draw is found from the chunks' prefix sums, and its thread scans it.
+  const int chunk = (vocab + kThreads - 1) / kThreads;
+  const int begin = threadIdx.x * chunk, end = min(vocab, begin + chunk);
+  float s = 0.0f;
+  for (int i = begin; i < end; ++i) {
+    if (x[i] >= tau) s += __expf((x[i] - mx) * inv_t);
+  }
+  chunk_sums[threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float kept = 0.0f;
+    for (int c = 0; c < kThreads; ++c) kept += chunk_sums[c];
+    const double u01 = static_cast<double>(splitmix64(sp.random) >> 11) * 0x1.0p-53;
+    float u = static_cast<float>(u01) * kept;
+    int c = 0;
+    while (c < kThreads - 1 && (chunk_sums[c] < u || chunk_sums[c] == 0.0f)) {
+      u -= chunk_sums[c];
+      ++c;
+    }
+    // The last token with a kept id in that chunk, unless the prefix reaches u sooner.
+    int pick = best.i;
+    const int cb = c * chunk, ce = min(vocab, cb + chunk);
+    for (int i = cb; i < ce; ++i) {
+      if (x[i] < tau) continue;
+      pick = i;
+      u -= __expf((x[i] - mx) * inv_t);
+      if (u <= 0.0f) break;
+    }
+    tokens[row] = pick;
+  }
+}
+
+}  // namespace
+
+cudaError_t sample_tokens(const float* logits, int num_rows, int vocab, const SampleParams* params,
+                          int32_t* tokens, cudaStream_t stream) {
+  if (num_rows < 0 || vocab <= 0 || !logits || !params || !tokens) return cudaErrorInvalidValue;
+  if (num_rows == 0) return cudaSuccess;
+  sample_kernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, params, tokens);
+  return cudaGetLastError();
+}
+
+}  // namespace hr::kernels

@@ -1,0 +1,420 @@
+// Each CUDA kernel against its CPU reference (the CPU backend's own functions where they exist):
+// random inputs without ties, odd sizes, block-boundary lengths, GQA ratios 1, 4 and 8, outputs
+// poisoned before each launch. Skips without a device.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "engine/attention_plan.h"
+#include "engine/cpu_backend.h"
+#include "engine/cuda_gemm.h"
+#include "engine/device.h"
+#include "engine/model_config.h"
+#include "kernels/embedding.cuh"
+#include "kernels/paged_attention.cuh"
+#include "kernels/rms_norm.cuh"
+#include "kernels/rope_kv.cuh"
+#include "kernels/sampling.cuh"
+#include "kernels/silu_mul.cuh"
+
+namespace hr::engine {
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (list_gpus().empty()) GTEST_SKIP() << "no CUDA device present"
+
+uint16_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float bf16_value(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// Rounds in place to bf16 and returns the bits.
+std::vector<uint16_t> to_bf16(std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    out[i] = bf16_bits(v[i]);
+    v[i] = bf16_value(out[i]);
+  }
+  return out;
+}
+
+std::vector<float> random_vec(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// A device buffer holding a copy of a host vector; poisoned with 0xFF bytes when empty-initialised.
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit DeviceBuffer(size_t count) : n(count) {
+    EXPECT_EQ(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T)), cudaSuccess);
+    cudaMemset(ptr, 0xFF, n * sizeof(T));
+  }
+  explicit DeviceBuffer(const std::vector<T>& v) : DeviceBuffer(v.size()) {
+    cudaMemcpy(ptr, v.data(), n * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  std::vector<T> get() const {
+    std::vector<T> v(n);
+    EXPECT_EQ(cudaMemcpy(v.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+};
+#define BF(p) reinterpret_cast<__nv_bfloat16*>(p)
+
+std::vector<float> bf16_to_float(const std::vector<uint16_t>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_value(v[i]);
+  return out;
+}
+
+// ‖a − b‖ / ‖b‖.
+double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    num += (a[i] - b[i]) * static_cast<double>(a[i] - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+TEST(CudaKernelsTest, EmbeddingGatherCopiesRows) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(1);
+  const int V = 37, D = 136, T = 11;
+  std::vector<float> table = random_vec(static_cast<size_t>(V) * D, rng);
+  DeviceBuffer<uint16_t> d_table(to_bf16(table));
+  std::vector<int32_t> ids(T);
+  for (int& id : ids) id = static_cast<int>(rng() % V);
+  DeviceBuffer<int32_t> d_ids(ids);
+  DeviceBuffer<float> d_out(static_cast<size_t>(T) * D);
+  ASSERT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, T, D, d_out.ptr, nullptr), cudaSuccess);
+  auto out = d_out.get();
+  for (int t = 0; t < T; ++t) {
+    for (int i = 0; i < D; ++i) ASSERT_EQ(out[t * D + i], table[ids[t] * D + i]) << t << "," << i;
+  }
+  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, T, 100, d_out.ptr, nullptr),
+            cudaErrorInvalidValue);
+}
+
+TEST(CudaKernelsTest, AddRmsNormMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(2);
+  for (int D : {128, 1000, 4096}) {
+    const int R = 9;
+    std::vector<float> x = random_vec(static_cast<size_t>(R) * D, rng);
+    std::vector<float> delta = random_vec(x.size(), rng);
+    std::vector<float> w = random_vec(D, rng, 0.5f, 1.5f);
+    std::vector<int32_t> rows = {7, 2, 4};
+    DeviceBuffer<float> d_x(x), d_delta(delta), d_w(w);
+    DeviceBuffer<int32_t> d_rows(rows);
+    DeviceBuffer<uint16_t> d_out(rows.size() * D);
+    kernels::AddRmsNormParams p;
+    p.x = d_x.ptr;
+    p.delta = d_delta.ptr;
+    p.weight = d_w.ptr;
+    p.rows = d_rows.ptr;
+    p.out = BF(d_out.ptr);
+    p.num_rows = static_cast<int>(rows.size());
+    p.dim = D;
+    p.eps = 1e-5f;
+    ASSERT_EQ(kernels::add_rms_norm(p, nullptr), cudaSuccess);
+    auto out = bf16_to_float(d_out.get());
+    auto x_after = d_x.get();
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const int r = rows[i];
+      std::vector<float> xr(x.begin() + r * D, x.begin() + (r + 1) * D), ref(D);
+      for (int c = 0; c < D; ++c) xr[c] += delta[r * D + c];
+      rms_norm(xr.data(), w.data(), D, 1e-5f, ref.data());
+      std::vector<float> got(out.begin() + i * D, out.begin() + (i + 1) * D);
+      EXPECT_LT(rel_error(got, ref), 5e-3) << "D=" << D << " row " << r;
+      for (int c = 0; c < D; ++c) ASSERT_EQ(x_after[r * D + c], xr[c]);
+    }
+    // Rows not listed are left alone.
+    for (int c = 0; c < D; ++c) ASSERT_EQ(x_after[0 * D + c], x[c]);
+  }
+}
+
+TEST(CudaKernelsTest, RopeWritesRotatedQueriesAndCacheSlots) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(3);
+  auto cfg = parse_model_config(R"({"model_type":"llama","vocab_size":10,"hidden_size":512,
+      "intermediate_size":64,"num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":2,
+      "max_position_embeddings":131072,"rope_theta":500000.0,
+      "rope_scaling":{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,
+      "original_max_position_embeddings":8192}})");
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  const int nh = 8, nkv = 2, hd = 64, T = 5, Q = nh * hd, KV = nkv * hd, W = Q + 2 * KV, slots = 40;
+  std::vector<float> inv_freq = cfg->rope_inv_freq();
+  std::vector<float> qkv = random_vec(static_cast<size_t>(T) * W, rng), bias = random_vec(W, rng, -0.1f, 0.1f);
+  std::vector<int32_t> pos = {0, 15, 16, 5000, 70000}, slot = {3, 17, 16, 39, 0};
+  DeviceBuffer<float> d_qkv(qkv), d_bias(bias), d_inv(inv_freq);
+  DeviceBuffer<int32_t> d_pos(pos), d_slot(slot);
+  DeviceBuffer<uint16_t> d_q(static_cast<size_t>(T) * Q), d_k(static_cast<size_t>(slots) * KV),
+      d_v(static_cast<size_t>(slots) * KV);
+  kernels::RopeKvParams p;
+  p.qkv = d_qkv.ptr;
+  p.bias = d_bias.ptr;
+  p.positions = d_pos.ptr;
+  p.slot_mapping = d_slot.ptr;
+  p.inv_freq = d_inv.ptr;
+  p.q_out = BF(d_q.ptr);
+  p.k_cache = BF(d_k.ptr);
+  p.v_cache = BF(d_v.ptr);
+  p.num_tokens = T;
+  p.num_heads = nh;
+  p.num_kv_heads = nkv;
+  p.head_dim = hd;
+  ASSERT_EQ(kernels::rope_write_kv(p, nullptr), cudaSuccess);
+  auto q = bf16_to_float(d_q.get()), k = bf16_to_float(d_k.get()), v = bf16_to_float(d_v.get());
+  auto kraw = d_k.get();
+  std::set<int> written(slot.begin(), slot.end());
+  for (int t = 0; t < T; ++t) {
+    std::vector<float> row(qkv.begin() + t * W, qkv.begin() + (t + 1) * W);
+    for (int i = 0; i < W; ++i) row[i] += bias[i];
+    for (int h = 0; h < nh + nkv; ++h) apply_rope(row.data() + h * hd, hd, pos[t], inv_freq.data());
+    std::vector<float> gq(q.begin() + t * Q, q.begin() + (t + 1) * Q), rq(row.begin(), row.begin() + Q);
+    EXPECT_LT(rel_error(gq, rq), 5e-3) << "token " << t;
+    std::vector<float> gk(k.begin() + slot[t] * KV, k.begin() + (slot[t] + 1) * KV),
+        rk(row.begin() + Q, row.begin() + Q + KV);
+    EXPECT_LT(rel_error(gk, rk), 5e-3) << "token " << t;
+    std::vector<float> gv(v.begin() + slot[t] * KV, v.begin() + (slot[t] + 1) * KV),
+        rv(row.begin() + Q + KV, row.end());
+    EXPECT_LT(rel_error(gv, rv), 5e-3) << "token " << t;
+  }
+  for (int s = 0; s < slots; ++s) {
+    if (written.count(s)) continue;
+    for (int i = 0; i < KV; ++i) ASSERT_EQ(kraw[s * KV + i], 0xFFFF) << "slot " << s << " was written";
+  }
+}
+
+TEST(CudaKernelsTest, SiluMulMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(4);
+  for (int F : {1000, 1024, 13}) {
+    const int T = 3;
+    std::vector<float> gu = random_vec(static_cast<size_t>(T) * 2 * F, rng, -4.0f, 4.0f);
+    DeviceBuffer<uint16_t> d_gu(to_bf16(gu)), d_out(static_cast<size_t>(T) * F);
+    ASSERT_EQ(kernels::silu_mul(BF(d_gu.ptr), T, F, BF(d_out.ptr), nullptr), cudaSuccess);
+    auto out = bf16_to_float(d_out.get());
+    std::vector<float> ref(static_cast<size_t>(T) * F);
+    for (int t = 0; t < T; ++t) silu_mul(&gu[static_cast<size_t>(t) * 2 * F], F, &ref[static_cast<size_t>(t) * F]);
+    EXPECT_LT(rel_error(out, ref), 5e-3) << "F=" << F;
+  }
+}
+
+struct AttentionCase {
+  int num_heads, num_kv_heads, head_dim;
+};
+
+// Sequences with various cached lengths and new-token counts in one step, through the planner
+// (with a small or large multiprocessor count, to force or avoid decode splits), against the CPU
+// backend's attend().
+void check_attention(const AttentionCase& ac, int num_sms, std::mt19937& rng) {
+  const int nh = ac.num_heads, nkv = ac.num_kv_heads, hd = ac.head_dim, bs = 16, KV = nkv * hd;
+  // (context length after the step, new tokens in the step)
+  std::vector<std::pair<int, int>> seqs = {{1, 1}, {15, 1}, {16, 1}, {17, 1}, {100, 1}, {513, 1},
+                                           {33, 33}, {70, 37}, {16, 16}, {130, 3}, {200, 200}};
+  const int max_blocks = 40;
+  std::vector<int32_t> table(seqs.size() * max_blocks);
+  std::vector<int32_t> free_blocks(seqs.size() * max_blocks);
+  std::iota(free_blocks.begin(), free_blocks.end(), 0);
+  std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = free_blocks[i];
+  const int num_blocks = static_cast<int>(free_blocks.size());
+  std::vector<float> kc = random_vec(static_cast<size_t>(num_blocks) * bs * KV, rng),
+                     vc = random_vec(kc.size(), rng);
+  std::vector<int32_t> ids, positions, seq_start = {0};
+  for (auto [ctx, n] : seqs) {
+    for (int p = ctx - n; p < ctx; ++p) positions.push_back(p);
+    seq_start.push_back(static_cast<int32_t>(positions.size()));
+  }
+  const int T = static_cast<int>(positions.size());
+  std::vector<float> q = random_vec(static_cast<size_t>(T) * nh * hd, rng);
+  DeviceBuffer<uint16_t> d_q(to_bf16(q)), d_k(to_bf16(kc)), d_v(to_bf16(vc)),
+      d_out(static_cast<size_t>(T) * nh * hd);
+  DeviceBuffer<int32_t> d_table(table), d_pos(positions);
+  StepInput in;
+  in.num_tokens = T;
+  in.num_seqs = static_cast<int>(seqs.size());
+  in.positions = positions.data();
+  in.seq_start = seq_start.data();
+  in.block_table = table.data();
+  in.max_blocks_per_seq = max_blocks;
+  AttentionPlan plan;
+  const int max_partials = 1024;
+  ASSERT_TRUE(plan_attention(in, {nh, nkv, num_sms, max_partials}, &plan).is_ok());
+  if (num_sms > 100 && nh / nkv <= kernels::kAttentionDecodeRows) {
+    EXPECT_GT(plan.combine.size(), 0u) << "a small batch on a large GPU splits its decodes";
+  }
+  DeviceBuffer<kernels::AttentionWorkItem> d_dec(plan.decode), d_pre(plan.prefill);
+  DeviceBuffer<kernels::AttentionCombineItem> d_comb(plan.combine);
+  DeviceBuffer<float> d_po(static_cast<size_t>(max_partials) * nh * hd), d_pml(static_cast<size_t>(max_partials) * nh * 2);
+  kernels::PagedAttentionParams p;
+  p.q = BF(d_q.ptr);
+  p.k_cache = BF(d_k.ptr);
+  p.v_cache = BF(d_v.ptr);
+  p.block_table = d_table.ptr;
+  p.positions = d_pos.ptr;
+  p.out = BF(d_out.ptr);
+  p.partial_out = d_po.ptr;
+  p.partial_ml = d_pml.ptr;
+  p.max_blocks_per_seq = max_blocks;
+  p.block_size = bs;
+  p.num_heads = nh;
+  p.num_kv_heads = nkv;
+  p.head_dim = hd;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  ASSERT_EQ(kernels::paged_attention(p, d_dec.ptr, static_cast<int>(plan.decode.size()), true, nullptr), cudaSuccess);
+  ASSERT_EQ(kernels::paged_attention(p, d_pre.ptr, static_cast<int>(plan.prefill.size()), false, nullptr), cudaSuccess);
+  ASSERT_EQ(kernels::paged_attention_combine(p, d_comb.ptr, static_cast<int>(plan.combine.size()), nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  auto out = bf16_to_float(d_out.get());
+  std::vector<float> scores, ref(hd);
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    for (int t = seq_start[s]; t < seq_start[s + 1]; ++t) {
+      for (int h = 0; h < nh; ++h) {
+        attend(&q[(static_cast<size_t>(t) * nh + h) * hd], kc.data(), vc.data(), &table[s * max_blocks], bs, KV,
+               h / (nh / nkv), hd, positions[t], p.scale, scores, ref.data());
+        std::vector<float> got(out.begin() + (static_cast<size_t>(t) * nh + h) * hd,
+                               out.begin() + (static_cast<size_t>(t) * nh + h + 1) * hd);
+        ASSERT_LT(rel_error(got, ref), 2e-2) << "heads " << nh << "/" << nkv << " hd " << hd << " sms " << num_sms
+                                             << " seq " << s << " pos " << positions[t] << " head " << h;
+      }
+    }
+  }
+}
+
+TEST(CudaKernelsTest, PagedAttentionMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(5);
+  for (AttentionCase ac : {AttentionCase{4, 4, 32}, AttentionCase{8, 8, 64}, AttentionCase{32, 8, 128},
+                           AttentionCase{16, 2, 128}, AttentionCase{16, 1, 64}}) {
+    for (int sms : {1, 132}) check_attention(ac, sms, rng);
+  }
+}
+
+TEST(CudaKernelsTest, GemmMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(6);
+  auto gemm = CublasLtGemm::create(8 << 20);
+  ASSERT_TRUE(gemm.is_ok()) << gemm.status().to_string();
+  for (auto [m, n, k] : {std::tuple{3, 257, 136}, std::tuple{64, 1000, 4096}, std::tuple{1, 4096, 512}}) {
+    std::vector<float> x = random_vec(static_cast<size_t>(m) * k, rng), w = random_vec(static_cast<size_t>(n) * k, rng);
+    DeviceBuffer<uint16_t> d_x(to_bf16(x)), d_w(to_bf16(w)), d_y16(static_cast<size_t>(m) * n);
+    DeviceBuffer<float> d_y(static_cast<size_t>(m) * n);
+    ASSERT_TRUE((*gemm)->run(BF(d_x.ptr), BF(d_w.ptr), d_y.ptr, GemmOut::kF32, m, n, k, nullptr).is_ok());
+    ASSERT_TRUE((*gemm)->run(BF(d_x.ptr), BF(d_w.ptr), d_y16.ptr, GemmOut::kBF16, m, n, k, nullptr).is_ok());
+    std::vector<float> ref(static_cast<size_t>(m) * n);
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int c = 0; c < k; ++c) acc += static_cast<double>(x[i * k + c]) * w[j * k + c];
+        ref[i * n + j] = static_cast<float>(acc);
+      }
+    }
+    EXPECT_LT(rel_error(d_y.get(), ref), 1e-4) << m << "x" << n << "x" << k;
+    EXPECT_LT(rel_error(bf16_to_float(d_y16.get()), ref), 5e-3) << m << "x" << n << "x" << k;
+  }
+}
+
+// Runs the sampler over `rows` copies of one logits row with the given parameters and randoms.
+std::vector<int32_t> sample_rows(const std::vector<float>& logits, int rows, kernels::SampleParams sp) {
+  const int V = static_cast<int>(logits.size());
+  std::vector<float> all;
+  std::vector<kernels::SampleParams> params;
+  for (int r = 0; r < rows; ++r) {
+    all.insert(all.end(), logits.begin(), logits.end());
+    params.push_back(sp);
+    params.back().random = 0x1234567ull * (r + 1);
+  }
+  DeviceBuffer<float> d_logits(all);
+  DeviceBuffer<kernels::SampleParams> d_params(params);
+  DeviceBuffer<int32_t> d_tokens(static_cast<size_t>(rows));
+  EXPECT_EQ(kernels::sample_tokens(d_logits.ptr, rows, V, d_params.ptr, d_tokens.ptr, nullptr), cudaSuccess);
+  return d_tokens.get();
+}
+
+TEST(CudaKernelsTest, SamplingGreedyTopKTopPAndSeeds) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(7);
+  const int V = 50000;
+  std::vector<float> logits = random_vec(V, rng, -5.0f, 5.0f);
+  logits[31337] = 9.0f;  // a clear maximum
+  std::vector<int> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  kernels::SampleParams greedy;
+  for (int32_t t : sample_rows(logits, 3, greedy)) EXPECT_EQ(t, 31337);
+  kernels::SampleParams k1{1.0f, 1.0f, 1};
+  for (int32_t t : sample_rows(logits, 3, k1)) EXPECT_EQ(t, 31337);
+  // top-k 5: only the five highest, and more than one of them over 400 draws.
+  kernels::SampleParams k5{2.0f, 1.0f, 5};
+  std::set<int32_t> top5(order.begin(), order.begin() + 5), seen;
+  for (int32_t t : sample_rows(logits, 400, k5)) {
+    EXPECT_TRUE(top5.count(t)) << t;
+    seen.insert(t);
+  }
+  EXPECT_GT(seen.size(), 1u);
+  // top-p: the smallest set of highest-probability tokens whose mass reaches p. Ten distinct high
+  // logits over a low tail, so that the set's edge is far from p.
+  std::vector<float> peaked = random_vec(V, rng, -12.0f, -10.0f);
+  for (int i = 0; i < 10; ++i) peaked[100 + 7 * i] = 6.0f - 0.3f * static_cast<float>(i);
+  std::vector<int> by_logit(V);
+  std::iota(by_logit.begin(), by_logit.end(), 0);
+  std::sort(by_logit.begin(), by_logit.end(), [&](int a, int b) { return peaked[a] > peaked[b]; });
+  double total = 0;
+  for (float l : peaked) total += std::exp(static_cast<double>(l) - 6.0);
+  std::set<int32_t> nucleus;
+  double acc = 0, before = 0;
+  for (int id : by_logit) {
+    nucleus.insert(id);
+    before = acc;
+    acc += std::exp(static_cast<double>(peaked[id]) - 6.0) / total;
+    if (acc >= 0.5) break;
+  }
+  ASSERT_LT(before, 0.49);
+  ASSERT_GT(acc, 0.51);
+  kernels::SampleParams pp{1.0f, 0.5f, 0};
+  std::set<int32_t> seen_p;
+  for (int32_t t : sample_rows(peaked, 400, pp)) {
+    EXPECT_TRUE(nucleus.count(t)) << t;
+    seen_p.insert(t);
+  }
+  EXPECT_EQ(seen_p.size(), nucleus.size());
+  // Same random, same token; the frequencies follow softmax(logits / T).
+  std::vector<float> small = {0.0f, 1.0f, 2.0f, -1.0f, 0.5f, 1.5f, -0.5f, 0.25f};
+  kernels::SampleParams t1{1.0f, 1.0f, 0};
+  auto a = sample_rows(small, 4000, t1), b = sample_rows(small, 4000, t1);
+  EXPECT_EQ(a, b);
+  double z = 0;
+  for (float l : small) z += std::exp(l);
+  std::map<int, int> counts;
+  for (int32_t t : a) counts[t]++;
+  for (int i = 0; i < 8; ++i) {
+    double p = std::exp(small[i]) / z, expect = 4000 * p, sigma = std::sqrt(4000 * p * (1 - p));
+    EXPECT_NEAR(counts[i], expect, 5 * sigma) << "token " << i;
+  }
+}
+
+}  // namespace
+}  // namespace hr::engine
