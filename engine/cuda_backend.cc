@@ -9,6 +9,7 @@
 #include "engine/attention_plan.h"
 #include "kernels/embedding.cuh"
 #include "kernels/fill.cuh"
+#include "kernels/gemv.cuh"
 #include "kernels/paged_attention.cuh"
 #include "kernels/rms_norm.cuh"
 #include "kernels/rope_kv.cuh"
@@ -33,6 +34,11 @@ uint16_t to_bf16_bits(float f) {
 
 size_t align16(size_t n) { return (n + 15) & ~size_t{15}; }
 
+// Steps of up to this many tokens use the GEMV kernel: on an H100 it reads the 8B model's weight
+// matrices at 0.60-1.0 of copy bandwidth for one row against cuBLASLt's 0.45-0.91, but falls behind
+// cuBLASLt by 8 rows (bench_gpu.sh's weight_read_fraction).
+constexpr int kGemvRows = 1;
+
 }  // namespace
 
 #define HR_CUDA(op, expr)                                                   \
@@ -55,6 +61,7 @@ CudaBackend::CudaBackend(const ModelConfig& config, CudaBackendOptions options)
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
   clear_graphs();
+  for (cudaEvent_t e : mark_events_) cudaEventDestroy(e);
   gemm_.reset();
   for (void* p : allocations_) cudaFree(p);
   if (host_staging_) cudaFreeHost(host_staging_);
@@ -386,7 +393,9 @@ Status CudaBackend::launch_step(const StepLayout& lay, bool sample) {
   const auto* d_slots = reinterpret_cast<const int32_t*>(d + lay.slots);
   const auto* d_logits_rows = reinterpret_cast<const int32_t*>(d + lay.logits_rows);
 
+  mark("start");
   HR_CUDA("embedding", kernels::embedding_gather(embed_, d_tokens, T, D, x_, stream_));
+  mark("embedding");
   kernels::AddRmsNormParams norm;
   norm.x = x_;
   norm.num_rows = T;
@@ -422,11 +431,14 @@ Status CudaBackend::launch_step(const StepLayout& lay, bool sample) {
     norm.delta = li == 0 ? nullptr : delta_;
     norm.weight = W.input_norm;
     HR_CUDA("input norm", kernels::add_rms_norm(norm, stream_));
-    HR_RETURN_IF_ERROR(gemm_->run(h_, W.wqkv, qkv_, GemmOut::kF32, T, QKV, D, stream_));
+    mark("norm");
+    HR_RETURN_IF_ERROR(matmul(h_, W.wqkv, qkv_, GemmOut::kF32, T, QKV, D));
+    mark("qkv_proj");
     rope.bias = W.bqkv;
     rope.k_cache = k_cache_[static_cast<size_t>(li)];
     rope.v_cache = v_cache_[static_cast<size_t>(li)];
     HR_CUDA("rope and KV write", kernels::rope_write_kv(rope, stream_));
+    mark("rope_kv");
     attn.k_cache = rope.k_cache;
     attn.v_cache = rope.v_cache;
     HR_CUDA("decode attention",
@@ -439,13 +451,19 @@ Status CudaBackend::launch_step(const StepLayout& lay, bool sample) {
             kernels::paged_attention_combine(
                 attn, reinterpret_cast<const kernels::AttentionCombineItem*>(d + lay.combine_items),
                 lay.num_combine, stream_));
-    HR_RETURN_IF_ERROR(gemm_->run(attn_, W.wo, delta_, GemmOut::kF32, T, D, Q, stream_));
+    mark("attention");
+    HR_RETURN_IF_ERROR(matmul(attn_, W.wo, delta_, GemmOut::kF32, T, D, Q));
+    mark("o_proj");
     norm.delta = delta_;
     norm.weight = W.post_norm;
     HR_CUDA("post-attention norm", kernels::add_rms_norm(norm, stream_));
-    HR_RETURN_IF_ERROR(gemm_->run(h_, W.w_gate_up, gate_up_, GemmOut::kBF16, T, 2 * F, D, stream_));
+    mark("norm");
+    HR_RETURN_IF_ERROR(matmul(h_, W.w_gate_up, gate_up_, GemmOut::kBF16, T, 2 * F, D));
+    mark("gate_up_proj");
     HR_CUDA("silu_mul", kernels::silu_mul(gate_up_, T, F, act_, stream_));
-    HR_RETURN_IF_ERROR(gemm_->run(act_, W.w_down, delta_, GemmOut::kF32, T, D, F, stream_));
+    mark("silu_mul");
+    HR_RETURN_IF_ERROR(matmul(act_, W.w_down, delta_, GemmOut::kF32, T, D, F));
+    mark("down_proj");
   }
   if (L == 0) return Status::ok();
   norm.delta = delta_;
@@ -454,17 +472,28 @@ Status CudaBackend::launch_step(const StepLayout& lay, bool sample) {
   norm.num_rows = L;
   norm.out = final_;
   HR_CUDA("final norm", kernels::add_rms_norm(norm, stream_));
-  HR_RETURN_IF_ERROR(gemm_->run(final_, lm_head_, logits_, GemmOut::kF32, L, V, D, stream_));
+  HR_RETURN_IF_ERROR(matmul(final_, lm_head_, logits_, GemmOut::kF32, L, V, D));
+  mark("lm_head");
   if (sample) {
     HR_CUDA("sampling", kernels::sample_tokens(logits_, L, V,
                                                reinterpret_cast<const kernels::SampleParams*>(d + lay.sample_params),
                                                tokens_, stream_));
   }
+  mark("sampling");
   return Status::ok();
 }
 
+Status CudaBackend::matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, GemmOut out, int m, int n,
+                           int k) {
+  if (options_.small_batch_gemv && m <= kGemvRows && k % 8 == 0) {
+    HR_CUDA("gemv", kernels::gemv(x, w, y, out == GemmOut::kBF16, m, n, k, stream_));
+    return Status::ok();
+  }
+  return gemm_->run(x, w, y, out, m, n, k, stream_);
+}
+
 bool CudaBackend::graph_step(const StepInput& in) const {
-  if (!options_.cuda_graphs || in.num_tokens != in.num_seqs || in.num_logits != in.num_seqs ||
+  if (!options_.cuda_graphs || profiling_ || in.num_tokens != in.num_seqs || in.num_logits != in.num_seqs ||
       config_.num_heads / config_.num_kv_heads > kernels::kAttentionDecodeRows) {
     return false;
   }
@@ -507,6 +536,36 @@ Status CudaBackend::enqueue(const StepInput& in, const SampleSpec* specs) {
   return Status::ok();
 }
 
+void CudaBackend::mark(const char* phase) {
+  if (!profiling_) return;
+  if (num_marks_ == mark_events_.size()) {
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreate(&e) != cudaSuccess) return;
+    mark_events_.push_back(e);
+    mark_names_.emplace_back();
+  }
+  mark_names_[num_marks_] = phase;
+  cudaEventRecord(mark_events_[num_marks_++], stream_);
+}
+
+void CudaBackend::collect_marks() {
+  if (!profiling_ || num_marks_ == 0) return;
+  for (size_t i = 1; i < num_marks_; ++i) {
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, mark_events_[i - 1], mark_events_[i]) == cudaSuccess) profile_[mark_names_[i]] += ms;
+  }
+  num_marks_ = 0;
+  ++profiled_steps_;
+}
+
+void CudaBackend::set_profiling(bool on) {
+  profiling_ = on;
+  profile_.clear();
+  profiled_steps_ = 0;
+  num_marks_ = 0;
+  clear_graphs();
+}
+
 Status CudaBackend::forward(const StepInput& in, float* logits) {
   HR_RETURN_IF_ERROR(enqueue(in, nullptr));
   if (in.num_logits > 0) {
@@ -514,6 +573,7 @@ Status CudaBackend::forward(const StepInput& in, float* logits) {
                                               cudaMemcpyDeviceToHost, stream_));
   }
   HR_CUDA("running the step", cudaStreamSynchronize(stream_));
+  collect_marks();
   return Status::ok();
 }
 
@@ -524,6 +584,7 @@ Status CudaBackend::forward_sample(const StepInput& in, const SampleSpec* specs,
                                               cudaMemcpyDeviceToHost, stream_));
   }
   HR_CUDA("running the step", cudaStreamSynchronize(stream_));
+  collect_marks();
   std::memcpy(tokens, host_tokens_, static_cast<size_t>(in.num_logits) * 4);
   return Status::ok();
 }

@@ -10,6 +10,7 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -28,6 +29,7 @@ struct CudaBackendOptions {
   int max_num_tokens = 8192;        // tokens per step (activation buffers are sized for it)
   int max_num_seqs = 256;           // sequences per step
   bool cuda_graphs = true;          // replay captured graphs for decode steps
+  bool small_batch_gemv = true;     // our GEMV kernel for steps of up to 8 tokens, else cuBLASLt
 };
 
 class CudaBackend final : public Backend {
@@ -52,8 +54,21 @@ class CudaBackend final : public Backend {
   [[nodiscard]] Status forward_sample(const StepInput& in, const SampleSpec* specs,
                                       int32_t* tokens) override;
   const ModelConfig& config() const { return config_; }
-  // Turns decode-graph replay on or off from the next step (benchmarks compare the two).
-  void set_cuda_graphs(bool on) { options_.cuda_graphs = on; }
+  // Turns decode-graph replay and the small-batch GEMV on or off from the next step (benchmarks
+  // compare them).
+  void set_cuda_graphs(bool on) {
+    options_.cuda_graphs = on;
+    clear_graphs();
+  }
+  // Per-phase GPU time (ms summed over the steps run since profiling was turned on; graphs are
+  // not used meanwhile), for benchmarks.
+  void set_profiling(bool on);
+  const std::map<std::string, double>& profile() const { return profile_; }
+  int profiled_steps() const { return profiled_steps_; }
+  void set_small_batch_gemv(bool on) {
+    options_.small_batch_gemv = on;
+    clear_graphs();
+  }
   // Device memory free once weights and buffers were in place (what the KV cache was cut from),
   // and free after the KV cache too.
   size_t free_before_kv_bytes() const { return free_before_kv_; }
@@ -86,9 +101,15 @@ class CudaBackend final : public Backend {
   [[nodiscard]] Status prepare(const StepInput& in, const SampleSpec* specs, bool graph_shape, StepLayout* lay);
   // Every kernel of the step, reading the packed inputs (capturable: no host synchronisation).
   [[nodiscard]] Status launch_step(const StepLayout& lay, bool sample);
+  // y = x · w^T: the GEMV kernel for few rows, cuBLASLt otherwise.
+  [[nodiscard]] Status matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, GemmOut out, int m, int n,
+                              int k);
   // True for steps a graph can replay: every sequence decodes one token and is sampled.
   bool graph_step(const StepInput& in) const;
   void clear_graphs();
+  // Profiling: records an event closing `phase` (a no-op unless profiling).
+  void mark(const char* phase);
+  void collect_marks();
 
   ModelConfig config_;
   CudaBackendOptions options_;
@@ -132,6 +153,12 @@ class CudaBackend final : public Backend {
   AttentionPlan plan_;  // reused each step
   // Decode graphs by (batch size, sampled on device, block-table width).
   std::map<std::tuple<int, bool, int>, cudaGraphExec_t> graphs_;
+  bool profiling_ = false;
+  std::vector<cudaEvent_t> mark_events_;
+  std::vector<std::string> mark_names_;
+  size_t num_marks_ = 0;
+  std::map<std::string, double> profile_;
+  int profiled_steps_ = 0;
 };
 
 }  // namespace hr::engine

@@ -1,10 +1,12 @@
-// Paged attention: a block of 4 warps per (work item, KV head). Rows r = token * group + head
+// Paged attention. Prefill items go to the tensor-core kernel (prefill_attention_tc.cu); decode
+// items run here: a block of 4 warps per (work item, KV head). Rows r = token * group + head
 // within the group; warp w owns rows w, w + 4, ... and keeps their running max, sum and output
 // accumulators in registers (lane owns dims lane, lane + 32, ...). K/V tiles are staged in shared
 // memory as fp32; the next tile's 16-byte loads are issued before the current tile is computed.
 #include <mutex>
 
 #include "kernels/internal/common.cuh"
+#include "kernels/internal/prefill_attention_tc.cuh"
 #include "kernels/paged_attention.cuh"
 
 namespace hr::kernels {
@@ -246,13 +248,12 @@ cudaError_t paged_attention(const PagedAttentionParams& p, const AttentionWorkIt
     return cudaErrorInvalidValue;
   }
   if (!internal::aligned16(p.k_cache) || !internal::aligned16(p.v_cache)) return cudaErrorMisalignedAddress;
+  if (num_items == 0) return cudaSuccess;
   const int group = p.num_heads / p.num_kv_heads;
   if (group > (decode ? kAttentionDecodeRows : kAttentionPrefillRows)) return cudaErrorInvalidValue;
-  if (num_items == 0) return cudaSuccess;
+  if (!decode) return internal::prefill_attention_tc(p, items, num_items, stream);
   constexpr int kDecodeRpw = kAttentionDecodeRows / kWarps;
-  constexpr int kPrefillRpw = kAttentionPrefillRows / kWarps;
-  return decode ? launch_for_head_dim<kDecodeRpw>(p, items, num_items, stream)
-                : launch_for_head_dim<kPrefillRpw>(p, items, num_items, stream);
+  return launch_for_head_dim<kDecodeRpw>(p, items, num_items, stream);
 }
 
 cudaError_t paged_attention_combine(const PagedAttentionParams& p, const AttentionCombineItem* items,

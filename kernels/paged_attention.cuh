@@ -1,7 +1,7 @@
 // Paged attention over the flattened batch, flash-attention style: each work item is one query
 // tile of one sequence (a prefill chunk of up to 64 / group tokens, or one decoding token), run for
-// one KV head with all the query heads of its GQA group, streaming K/V in 32-position tiles through
-// the block table with an online softmax. Causal: a query at position p sees positions <= p.
+// one KV head with all the query heads of its GQA group, streaming K/V tiles through the block
+// table with an online softmax (prefill tiles on tensor cores, decodes on CUDA cores). Causal: a query at position p sees positions <= p.
 // Long decodes are split over the key range (flash-decoding): each split writes a partial result
 // that paged_attention_combine merges.
 #pragma once

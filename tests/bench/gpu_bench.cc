@@ -15,9 +15,13 @@
 #include <string>
 
 #include "engine/cuda_backend.h"
+#include "engine/cuda_gemm.h"
+#include "kernels/fill.cuh"
+#include "kernels/gemv.cuh"
 #include "engine/engine.h"
 
 using namespace hr::engine;
+namespace kernels = hr::kernels;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
@@ -61,8 +65,9 @@ struct DecodeResult {
 };
 
 // `batch` prompts, prefilled, then `steps` timed decode steps with every sequence decoding.
-hr::Result<DecodeResult> decode_rate(std::shared_ptr<Backend> backend, int batch, int prompt_len, int steps,
-                                     int max_tokens_per_step, std::mt19937& rng) {
+// With `profile`, the timed steps run without graphs and their per-phase GPU times are kept there.
+hr::Result<DecodeResult> decode_rate(std::shared_ptr<CudaBackend> backend, int batch, int prompt_len, int steps,
+                                     int max_tokens_per_step, std::mt19937& rng, json* profile = nullptr) {
   EngineOptions eo;
   eo.scheduler.max_num_seqs = batch;
   eo.scheduler.max_batched_tokens = max_tokens_per_step;
@@ -88,13 +93,20 @@ hr::Result<DecodeResult> decode_rate(std::shared_ptr<Backend> backend, int batch
       elapsed += dt;
       ++timed;
     }
+    if (profile && decode_steps == warmup) backend->set_profiling(true);
+    if (profile && timed == steps && backend->profiled_steps() > 0) {
+      for (const auto& [phase, ms] : backend->profile()) {
+        (*profile)[phase] = std::round(ms / backend->profiled_steps() * 1000) / 1000;
+      }
+      backend->set_profiling(false);
+    }
   }
   if (timed == 0) return hr::internal_error("no full decode steps were measured");
   return DecodeResult{batch * timed / elapsed, elapsed / timed};
 }
 
 // `count` prompts of `len` tokens, one output token each; prompt tokens per second.
-hr::Result<double> prefill_rate(std::shared_ptr<Backend> backend, int count, int len, int max_tokens_per_step,
+hr::Result<double> prefill_rate(std::shared_ptr<CudaBackend> backend, int count, int len, int max_tokens_per_step,
                                 std::mt19937& rng) {
   EngineOptions eo;
   eo.scheduler.max_num_seqs = count;
@@ -111,6 +123,63 @@ hr::Result<double> prefill_rate(std::shared_ptr<Backend> backend, int count, int
   auto t0 = Clock::now();
   while (engine->has_work()) HR_RETURN_IF_ERROR(engine->step().status());
   return static_cast<double>(count) * len / secs(t0);
+}
+
+// Small-batch matrix products at the model's shapes: our GEMV kernel and cuBLASLt, as the fraction
+// of the copy bandwidth reached reading the weights (median of 30 runs; weight copies rotated so
+// that no run reads from L2).
+json gemv_vs_cublaslt(const ModelConfig& c, double bw) {
+  auto gemm = CublasLtGemm::create(32ull << 20);
+  if (!gemm.is_ok()) return json::object();
+  const int D = c.hidden_size, F = c.intermediate_size;
+  const int shapes[][2] = {{c.q_size() + 2 * c.kv_size(), D}, {D, c.q_size()}, {2 * F, D}, {D, F}, {c.vocab_size, D}};
+  const char* names[] = {"qkv", "o", "gate_up", "down", "lm_head"};
+  json out = json::object();
+  __nv_bfloat16* x = nullptr;
+  float* y = nullptr;
+  cudaMalloc(&x, 8ull * 32768 * 2);
+  cudaMalloc(&y, 8ull * c.vocab_size * 4);
+  kernels::fill_uniform_bf16(x, 8ull * 32768, 1.0f, 7, nullptr);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (int si = 0; si < 5; ++si) {
+    const int n = shapes[si][0], k = shapes[si][1];
+    const size_t bytes = static_cast<size_t>(n) * k * 2;
+    const int copies = static_cast<int>(std::max<size_t>(1, (400ull << 20) / bytes + 1));
+    std::vector<__nv_bfloat16*> ws(static_cast<size_t>(copies));
+    for (auto& w : ws) {
+      cudaMalloc(&w, bytes);
+      kernels::fill_uniform_bf16(w, bytes / 2, 0.02f, 11, nullptr);
+    }
+    for (int m : {1, 2, 4, 8}) {
+      for (int impl = 0; impl < 2; ++impl) {
+        std::vector<float> ms;
+        for (int r = 0; r < 33; ++r) {
+          __nv_bfloat16* w = ws[static_cast<size_t>(r % copies)];
+          cudaEventRecord(e0);
+          if (impl == 0) {
+            kernels::gemv(x, w, y, false, m, n, k, nullptr);
+          } else {
+            (void)(*gemm)->run(x, w, y, GemmOut::kF32, m, n, k, nullptr);
+          }
+          cudaEventRecord(e1);
+          cudaEventSynchronize(e1);
+          float t = 0;
+          cudaEventElapsedTime(&t, e0, e1);
+          if (r >= 3) ms.push_back(t);
+        }
+        std::sort(ms.begin(), ms.end());
+        const double frac = bytes / (ms[ms.size() / 2] / 1e3) / bw;
+        out[std::string(names[si]) + "_m" + std::to_string(m)][impl == 0 ? "gemv" : "cublaslt"] =
+            std::round(frac * 1000) / 1000;
+      }
+    }
+    for (auto* w : ws) cudaFree(w);
+  }
+  cudaFree(x);
+  cudaFree(y);
+  return out;
 }
 
 std::vector<int> parse_list(const std::string& s) {
@@ -152,6 +221,8 @@ int main(int argc, char** argv) {
     }
   }
   const double bw = copy_bandwidth();
+  const json gemv_bw = gemv_vs_cublaslt(c, bw);
+  std::printf("weight-read bandwidth fraction, gemv vs cuBLASLt: %s\n", gemv_bw.dump().c_str());
   CudaBackendOptions o;
   o.max_num_tokens = max_tokens;
   o.max_num_seqs = 256;
@@ -179,8 +250,17 @@ int main(int argc, char** argv) {
     std::printf("decode batch %d: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s, r->step_s * 1e3);
     std::fflush(stdout);
   }
-  // The same decode steps launched kernel by kernel, without graph replay.
-  json no_graphs = json::object();
+  // The same decode steps without graph replay, and with cuBLASLt in place of the GEMV kernel.
+  json no_graphs = json::object(), no_gemv = json::object();
+  backend->set_small_batch_gemv(false);
+  for (int b : parse_list(batches)) {
+    if (b > 8) continue;
+    auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng);
+    if (!r.is_ok()) return 1;
+    no_gemv[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
+    std::printf("decode batch %d with cuBLASLt only: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s, r->step_s * 1e3);
+  }
+  backend->set_small_batch_gemv(true);
   backend->set_cuda_graphs(false);
   for (int b : parse_list(batches)) {
     if (b > 16) continue;
@@ -193,8 +273,26 @@ int main(int argc, char** argv) {
     std::printf("decode batch %d without graphs: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s, r->step_s * 1e3);
   }
   backend->set_cuda_graphs(true);
+  // Where the time goes: per-phase GPU milliseconds per step (kernels launched one by one).
+  json decode_profile = json::object(), prefill_profile = json::object();
+  for (int b : parse_list(batches)) {
+    if (b != 1 && b != 256) continue;
+    json prof = json::object();
+    auto r = decode_rate(backend, b, prompt, 8, max_tokens, rng, &prof);
+    if (!r.is_ok()) return 1;
+    decode_profile[std::to_string(b)] = prof;
+  }
   auto pre = prefill_rate(backend, 1, prefill_len, max_tokens, rng);  // warm-up
   if (pre.is_ok()) pre = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
+  if (pre.is_ok()) {
+    backend->set_profiling(true);
+    auto profiled = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
+    for (const auto& [phase, ms] : backend->profile()) {
+      prefill_profile[phase] = std::round(ms / std::max(1, backend->profiled_steps()) * 1000) / 1000;
+    }
+    backend->set_profiling(false);
+    if (!profiled.is_ok()) pre = profiled;
+  }
   if (!pre.is_ok()) {
     std::fprintf(stderr, "gpu_bench: prefill: %s\n", pre.status().to_string().c_str());
     return 1;
@@ -210,6 +308,10 @@ int main(int argc, char** argv) {
       {"decode_tok_s", decode},
       {"decode_step_ms", step_ms},
       {"decode_tok_s_without_graphs", no_graphs},
+      {"decode_tok_s_cublaslt_only", no_gemv},
+      {"weight_read_fraction", gemv_bw},
+      {"decode_profile_ms_per_step", decode_profile},
+      {"prefill_profile_ms_per_step", prefill_profile},
       {"prefill_tok_s", std::round(*pre * 10) / 10},
       {"kv_cache_bytes", backend->kv_cache_bytes()},
       {"kv_cache_tokens", static_cast<long>(backend->num_kv_blocks()) * backend->block_size()},

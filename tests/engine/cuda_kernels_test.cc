@@ -18,6 +18,7 @@
 #include "engine/device.h"
 #include "engine/model_config.h"
 #include "kernels/embedding.cuh"
+#include "kernels/gemv.cuh"
 #include "kernels/paged_attention.cuh"
 #include "kernels/rms_norm.cuh"
 #include "kernels/rope_kv.cuh"
@@ -334,6 +335,40 @@ TEST(CudaKernelsTest, GemmMatchesReference) {
     }
     EXPECT_LT(rel_error(d_y.get(), ref), 1e-4) << m << "x" << n << "x" << k;
     EXPECT_LT(rel_error(bf16_to_float(d_y16.get()), ref), 5e-3) << m << "x" << n << "x" << k;
+  }
+}
+
+TEST(CudaKernelsTest, GemvMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(8);
+  for (auto [n, k] : {std::pair{257, 136}, std::pair{1000, 4096}, std::pair{33, 1064}}) {
+    for (int m = 1; m <= kernels::kGemvMaxRows; ++m) {
+      std::vector<float> x = random_vec(static_cast<size_t>(m) * k, rng), w = random_vec(static_cast<size_t>(n) * k, rng);
+      DeviceBuffer<uint16_t> d_x(to_bf16(x)), d_w(to_bf16(w)), d_y16(static_cast<size_t>(m + 1) * n);
+      DeviceBuffer<float> d_y(static_cast<size_t>(m + 1) * n);  // one spare row: must stay untouched
+      ASSERT_EQ(kernels::gemv(BF(d_x.ptr), BF(d_w.ptr), d_y.ptr, false, m, n, k, nullptr), cudaSuccess);
+      ASSERT_EQ(kernels::gemv(BF(d_x.ptr), BF(d_w.ptr), d_y16.ptr, true, m, n, k, nullptr), cudaSuccess);
+      std::vector<float> ref(static_cast<size_t>(m) * n);
+      for (int i = 0; i < m; ++i) {
+        for (int j = 0; j < n; ++j) {
+          double acc = 0;
+          for (int c = 0; c < k; ++c) acc += static_cast<double>(x[i * k + c]) * w[j * k + c];
+          ref[i * n + j] = static_cast<float>(acc);
+        }
+      }
+      auto y = d_y.get();
+      auto y16 = d_y16.get();
+      for (int j = 0; j < n; ++j) {
+        uint32_t bits;
+        std::memcpy(&bits, &y[static_cast<size_t>(m) * n + j], 4);
+        ASSERT_EQ(bits, 0xFFFFFFFFu) << "spare row written, m=" << m;
+        ASSERT_EQ(y16[static_cast<size_t>(m) * n + j], 0xFFFF) << "spare row written, m=" << m;
+      }
+      y.resize(ref.size());
+      y16.resize(ref.size());
+      EXPECT_LT(rel_error(y, ref), 1e-5) << m << "x" << n << "x" << k;
+      EXPECT_LT(rel_error(bf16_to_float(y16), ref), 5e-3) << m << "x" << n << "x" << k;
+    }
   }
 }
 
