@@ -30,12 +30,13 @@ Status check_device(const std::string& device) {
   return Status::ok();
 }
 
-Result<std::shared_ptr<Backend>> make_backend(std::shared_ptr<const ModelWeights> weights,
-                                              const BackendSpec& spec) {
+Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir, const BackendSpec& spec) {
   HR_RETURN_IF_ERROR(check_device(spec.device));
   HR_ASSIGN_OR_RETURN(int index, parse_device(spec.device));
   if (index < 0) {
-    HR_ASSIGN_OR_RETURN(auto cpu, CpuBackend::create(weights, {spec.block_size, spec.kv_cache_bytes, 0}));
+    HR_ASSIGN_OR_RETURN(ModelWeights weights, load_weights(model_dir));
+    HR_ASSIGN_OR_RETURN(auto cpu, CpuBackend::create(std::make_shared<const ModelWeights>(std::move(weights)),
+                                                     {spec.block_size, spec.kv_cache_bytes, 0}));
     return std::shared_ptr<Backend>(std::move(cpu));
   }
 #ifdef HEADROOM_HAVE_CUDA
@@ -45,7 +46,7 @@ Result<std::shared_ptr<Backend>> make_backend(std::shared_ptr<const ModelWeights
   o.kv_cache_bytes = spec.kv_cache_bytes;
   o.max_num_tokens = spec.max_num_tokens;
   o.max_num_seqs = spec.max_num_seqs;
-  HR_ASSIGN_OR_RETURN(auto cuda, CudaBackend::create(*weights, o));
+  HR_ASSIGN_OR_RETURN(auto cuda, CudaBackend::create_from_dir(model_dir, o));
   return std::shared_ptr<Backend>(std::move(cuda));
 #else
   return invalid_argument("this build has no CUDA backend", "device");

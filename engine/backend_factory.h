@@ -21,7 +21,9 @@ struct BackendSpec {
 
 // Validates the device string alone (for config validation before loading anything).
 [[nodiscard]] Status check_device(const std::string& device);
-[[nodiscard]] Result<std::shared_ptr<Backend>> make_backend(std::shared_ptr<const ModelWeights> weights,
+// Loads the Hugging Face folder `model_dir` onto the device: the CPU backend reads fp32 weights,
+// the CUDA backend uploads bf16 straight from the safetensors files.
+[[nodiscard]] Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
                                                             const BackendSpec& spec);
 
 }  // namespace hr::engine

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "engine/attention_plan.h"
+#include "engine/safetensors.h"
 #include "kernels/embedding.cuh"
 #include "kernels/fill.cuh"
 #include "kernels/gemv.cuh"
@@ -35,11 +36,19 @@ uint16_t to_bf16_bits(float f) {
 size_t align16(size_t n) { return (n + 15) & ~size_t{15}; }
 
 // Steps of up to this many tokens use the GEMV kernel: on an H100 it reads the 8B model's weight
-// matrices at 0.60-1.0 of copy bandwidth for one row against cuBLASLt's 0.45-0.91, but falls behind
-// cuBLASLt by 8 rows (bench_gpu.sh's weight_read_fraction).
-constexpr int kGemvRows = 1;
+// matrices at 0.56-1.0 of copy bandwidth for one or two rows against cuBLASLt's 0.45-0.92, ties at
+// four and falls behind by eight (bench_gpu.sh's weight_read_fraction).
+constexpr int kGemvRows = 2;
 
 }  // namespace
+
+#define HR_CUDA_OF(backend, op, expr)                                        \
+  do {                                                                       \
+    cudaError_t hr_cuda_err_ = (expr);                                       \
+    if (hr_cuda_err_ != cudaSuccess) {                                       \
+      return cuda_error(std::string(op).c_str(), hr_cuda_err_, (backend)->options_.device); \
+    }                                                                        \
+  } while (0)
 
 #define HR_CUDA(op, expr)                                                   \
   do {                                                                      \
@@ -241,22 +250,71 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelWeights& w, 
   HR_RETURN_IF_ERROR(b->check_options());
   HR_RETURN_IF_ERROR(b->open_device());
   HR_RETURN_IF_ERROR(b->allocate_weights());
-  HR_RETURN_IF_ERROR(b->upload(b->embed_, w.embed, true));
-  if (b->lm_head_ != b->embed_) HR_RETURN_IF_ERROR(b->upload(b->lm_head_, w.lm_head, true));
-  HR_RETURN_IF_ERROR(b->upload(b->final_norm_, w.final_norm, false));
-  for (size_t i = 0; i < w.layers.size(); ++i) {
-    const LayerWeights& s = w.layers[i];
-    Layer& d = b->layers_[i];
-    HR_RETURN_IF_ERROR(b->upload(d.wqkv, s.wqkv, true));
-    if (d.bqkv) HR_RETURN_IF_ERROR(b->upload(d.bqkv, s.bqkv, false));
-    HR_RETURN_IF_ERROR(b->upload(d.wo, s.wo, true));
-    HR_RETURN_IF_ERROR(b->upload(d.w_gate_up, s.w_gate_up, true));
-    HR_RETURN_IF_ERROR(b->upload(d.w_down, s.w_down, true));
-    HR_RETURN_IF_ERROR(b->upload(d.input_norm, s.input_norm, false));
-    HR_RETURN_IF_ERROR(b->upload(d.post_norm, s.post_norm, false));
+  for (const WeightPiece& piece : weight_pieces(w.config)) {
+    const std::vector<float>* src = nullptr;
+    const LayerWeights* l = piece.layer >= 0 ? &w.layers[static_cast<size_t>(piece.layer)] : nullptr;
+    switch (piece.slot) {
+      case WeightSlot::kEmbed: src = &w.embed; break;
+      case WeightSlot::kLmHead: src = &w.lm_head; break;
+      case WeightSlot::kFinalNorm: src = &w.final_norm; break;
+      case WeightSlot::kInputNorm: src = &l->input_norm; break;
+      case WeightSlot::kPostNorm: src = &l->post_norm; break;
+      case WeightSlot::kQkv: src = &l->wqkv; break;
+      case WeightSlot::kQkvBias: src = &l->bqkv; break;
+      case WeightSlot::kO: src = &l->wo; break;
+      case WeightSlot::kGateUp: src = &l->w_gate_up; break;
+      case WeightSlot::kDown: src = &l->w_down; break;
+    }
+    if (piece.offset != 0) continue;  // the fused vector goes up whole with its first piece
+    HR_RETURN_IF_ERROR(b->upload(b->slot_data(piece.slot, piece.layer), *src, !is_vector_slot(piece.slot)));
   }
   HR_RETURN_IF_ERROR(b->init_runtime());
   return b;
+}
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create_from_dir(const std::string& dir,
+                                                                  CudaBackendOptions options) {
+  HR_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(dir));
+  HR_ASSIGN_OR_RETURN(auto st, SafetensorsModel::open_dir(dir));
+  std::unique_ptr<CudaBackend> b(new CudaBackend(config, options));
+  HR_RETURN_IF_ERROR(b->check_options());
+  HR_RETURN_IF_ERROR(b->open_device());
+  HR_RETURN_IF_ERROR(b->allocate_weights());
+  std::vector<uint16_t> h16;
+  std::vector<float> h32;
+  for (const WeightPiece& piece : weight_pieces(config)) {
+    size_t n = 1;
+    for (int64_t d : piece.shape) n *= static_cast<size_t>(d);
+    char* dst = static_cast<char*>(b->slot_data(piece.slot, piece.layer));
+    if (is_vector_slot(piece.slot)) {
+      h32.resize(n);
+      HR_RETURN_IF_ERROR(st->read_f32(piece.name, piece.shape, h32.data()));
+      HR_CUDA_OF(b, "uploading " + piece.name, cudaMemcpy(dst + piece.offset * 4, h32.data(), n * 4, cudaMemcpyHostToDevice));
+    } else {
+      h16.resize(n);
+      HR_RETURN_IF_ERROR(st->read_bf16(piece.name, piece.shape, h16.data()));
+      HR_CUDA_OF(b, "uploading " + piece.name, cudaMemcpy(dst + piece.offset * 2, h16.data(), n * 2, cudaMemcpyHostToDevice));
+    }
+  }
+  HR_RETURN_IF_ERROR(b->init_runtime());
+  return b;
+}
+
+void* CudaBackend::slot_data(WeightSlot slot, int layer) const {
+  const Layer* l = layer >= 0 ? &layers_[static_cast<size_t>(layer)] : nullptr;
+  switch (slot) {
+    case WeightSlot::kEmbed: return embed_;
+    case WeightSlot::kLmHead: return lm_head_;
+    case WeightSlot::kFinalNorm: return final_norm_;
+    case WeightSlot::kInputNorm: return l->input_norm;
+    case WeightSlot::kPostNorm: return l->post_norm;
+    case WeightSlot::kQkv: return l->wqkv;
+    case WeightSlot::kQkvBias: return l->bqkv;
+    case WeightSlot::kO: return l->wo;
+    case WeightSlot::kGateUp: return l->w_gate_up;
+    case WeightSlot::kDown: return l->w_down;
+  }
+  return nullptr;
 }
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::create_random(const ModelConfig& config, uint64_t seed,
@@ -540,19 +598,30 @@ void CudaBackend::mark(const char* phase) {
   if (!profiling_) return;
   if (num_marks_ == mark_events_.size()) {
     cudaEvent_t e = nullptr;
-    if (cudaEventCreate(&e) != cudaSuccess) return;
+    if (cudaEventCreate(&e) != cudaSuccess) {
+      cudaGetLastError();  // not a kernel's failure: keep it from being reported as one
+      return;
+    }
     mark_events_.push_back(e);
     mark_names_.emplace_back();
   }
   mark_names_[num_marks_] = phase;
-  cudaEventRecord(mark_events_[num_marks_++], stream_);
+  if (cudaEventRecord(mark_events_[num_marks_], stream_) == cudaSuccess) {
+    ++num_marks_;
+  } else {
+    cudaGetLastError();
+  }
 }
 
 void CudaBackend::collect_marks() {
   if (!profiling_ || num_marks_ == 0) return;
   for (size_t i = 1; i < num_marks_; ++i) {
     float ms = 0;
-    if (cudaEventElapsedTime(&ms, mark_events_[i - 1], mark_events_[i]) == cudaSuccess) profile_[mark_names_[i]] += ms;
+    if (cudaEventElapsedTime(&ms, mark_events_[i - 1], mark_events_[i]) == cudaSuccess) {
+      profile_[mark_names_[i]] += ms;
+    } else {
+      cudaGetLastError();
+    }
   }
   num_marks_ = 0;
   ++profiled_steps_;

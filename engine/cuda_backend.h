@@ -37,6 +37,10 @@ class CudaBackend final : public Backend {
   // Uploads `weights` (converted to bf16). Errors name the option at fault or the CUDA call.
   [[nodiscard]] static Result<std::unique_ptr<CudaBackend>> create(const ModelWeights& weights,
                                                                    CudaBackendOptions options);
+  // Uploads the Hugging Face folder's safetensors weights straight to the device as bf16 (norms
+  // and biases fp32), without an fp32 copy on the host. Errors name the tensor or option.
+  [[nodiscard]] static Result<std::unique_ptr<CudaBackend>> create_from_dir(const std::string& dir,
+                                                                            CudaBackendOptions options);
   // A model of `config`'s shape with uniform random bf16 weights made on the GPU (benchmarks).
   [[nodiscard]] static Result<std::unique_ptr<CudaBackend>> create_random(const ModelConfig& config,
                                                                           uint64_t seed,
@@ -91,6 +95,8 @@ class CudaBackend final : public Backend {
   [[nodiscard]] Status open_device();
   [[nodiscard]] Status allocate_weights();
   [[nodiscard]] Status upload(void* dst, const std::vector<float>& src, bool bf16);
+  // The device matrix or vector that a checkpoint tensor's slot lives in.
+  void* slot_data(WeightSlot slot, int layer) const;
   [[nodiscard]] Status fill_random(uint64_t seed);
   [[nodiscard]] Status init_runtime();
   [[nodiscard]] Status alloc(void** p, size_t bytes, const char* what);

@@ -226,8 +226,8 @@ const TensorView* SafetensorsModel::find(const std::string& name) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
-Status SafetensorsModel::read_f32(const std::string& name, const std::vector<int64_t>& shape,
-                                  float* out) const {
+Result<const TensorView*> SafetensorsModel::checked(const std::string& name,
+                                                    const std::vector<int64_t>& shape) const {
   const TensorView* t = find(name);
   if (t == nullptr) return invalid_argument("missing tensor " + name, name);
   if (t->shape != shape) {
@@ -240,6 +240,12 @@ Status SafetensorsModel::read_f32(const std::string& name, const std::vector<int
                                 str(shape),
                             name);
   }
+  return t;
+}
+
+Status SafetensorsModel::read_f32(const std::string& name, const std::vector<int64_t>& shape,
+                                  float* out) const {
+  HR_ASSIGN_OR_RETURN(const TensorView* t, checked(name, shape));
   int64_t n = t->num_elements();
   if (t->dtype == DType::kF32) {
     std::memcpy(out, t->data, static_cast<size_t>(n) * 4);
@@ -249,6 +255,28 @@ Status SafetensorsModel::read_f32(const std::string& name, const std::vector<int
       uint16_t v;
       std::memcpy(&v, src + i, 2);
       out[i] = t->dtype == DType::kBF16 ? bf16_to_f32(v) : f16_to_f32(v);
+    }
+  }
+  return Status::ok();
+}
+
+Status SafetensorsModel::read_bf16(const std::string& name, const std::vector<int64_t>& shape,
+                                   uint16_t* out) const {
+  HR_ASSIGN_OR_RETURN(const TensorView* t, checked(name, shape));
+  int64_t n = t->num_elements();
+  if (t->dtype == DType::kBF16) {
+    std::memcpy(out, t->data, static_cast<size_t>(n) * 2);
+  } else if (t->dtype == DType::kF32) {
+    for (int64_t i = 0; i < n; ++i) {
+      float v;
+      std::memcpy(&v, t->data + 4 * i, 4);
+      out[i] = f32_to_bf16(v);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t v;
+      std::memcpy(&v, t->data + 2 * i, 2);
+      out[i] = f32_to_bf16(f16_to_f32(v));
     }
   }
   return Status::ok();

@@ -42,10 +42,15 @@ class SafetensorsModel {
   // Copies the tensor into fp32 (converting f16/bf16); errors when the shape differs.
   [[nodiscard]] Status read_f32(const std::string& name, const std::vector<int64_t>& shape,
                                 float* out) const;
+  // The same into bf16 (copied as is when the file holds bf16, else rounded to nearest even).
+  [[nodiscard]] Status read_bf16(const std::string& name, const std::vector<int64_t>& shape,
+                                 uint16_t* out) const;
 
  private:
   SafetensorsModel() = default;
   Status add_file(const std::string& path);
+  // The tensor, when it exists with this shape; errors name it.
+  Result<const TensorView*> checked(const std::string& name, const std::vector<int64_t>& shape) const;
 
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::map<std::string, TensorView> tensors_;

@@ -29,36 +29,57 @@ size_t ModelWeights::num_parameters() const {
 
 size_t ModelWeights::num_bytes() const { return num_parameters() * sizeof(float); }
 
+std::vector<WeightPiece> weight_pieces(const ModelConfig& c) {
+  const int64_t D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
+  const int64_t Q = c.q_size(), KV = c.kv_size();
+  using S = WeightSlot;
+  std::vector<WeightPiece> out = {
+      {"model.embed_tokens.weight", {V, D}, S::kEmbed},
+      {"model.norm.weight", {D}, S::kFinalNorm},
+  };
+  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {V, D}, S::kLmHead});
+  for (int i = 0; i < c.num_layers; ++i) {
+    std::string p = "model.layers." + std::to_string(i) + ".";
+    auto at = [](int64_t n) { return static_cast<size_t>(n); };
+    out.push_back({p + "input_layernorm.weight", {D}, S::kInputNorm, i});
+    out.push_back({p + "post_attention_layernorm.weight", {D}, S::kPostNorm, i});
+    out.push_back({p + "self_attn.q_proj.weight", {Q, D}, S::kQkv, i, 0});
+    out.push_back({p + "self_attn.k_proj.weight", {KV, D}, S::kQkv, i, at(Q * D)});
+    out.push_back({p + "self_attn.v_proj.weight", {KV, D}, S::kQkv, i, at((Q + KV) * D)});
+    if (c.qkv_bias) {
+      out.push_back({p + "self_attn.q_proj.bias", {Q}, S::kQkvBias, i, 0});
+      out.push_back({p + "self_attn.k_proj.bias", {KV}, S::kQkvBias, i, at(Q)});
+      out.push_back({p + "self_attn.v_proj.bias", {KV}, S::kQkvBias, i, at(Q + KV)});
+    }
+    out.push_back({p + "self_attn.o_proj.weight", {D, Q}, S::kO, i});
+    out.push_back({p + "mlp.gate_proj.weight", {F, D}, S::kGateUp, i, 0});
+    out.push_back({p + "mlp.up_proj.weight", {F, D}, S::kGateUp, i, at(F * D)});
+    out.push_back({p + "mlp.down_proj.weight", {D, F}, S::kDown, i});
+  }
+  return out;
+}
+
 Result<ModelWeights> load_weights(const std::string& dir) {
   ModelWeights w;
   HR_ASSIGN_OR_RETURN(w.config, load_model_config(dir));
   HR_ASSIGN_OR_RETURN(auto st, SafetensorsModel::open_dir(dir));
-  const ModelConfig& c = w.config;
-  const int64_t D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
-  const int64_t Q = c.q_size(), KV = c.kv_size();
-  HR_RETURN_IF_ERROR(read_into(*st, "model.embed_tokens.weight", {V, D}, &w.embed));
-  HR_RETURN_IF_ERROR(read_into(*st, "model.norm.weight", {D}, &w.final_norm));
-  if (!c.tie_word_embeddings) {
-    HR_RETURN_IF_ERROR(read_into(*st, "lm_head.weight", {V, D}, &w.lm_head));
-  }
-  w.layers.resize(static_cast<size_t>(c.num_layers));
-  for (int i = 0; i < c.num_layers; ++i) {
-    std::string p = "model.layers." + std::to_string(i) + ".";
-    LayerWeights& l = w.layers[static_cast<size_t>(i)];
-    HR_RETURN_IF_ERROR(read_into(*st, p + "input_layernorm.weight", {D}, &l.input_norm));
-    HR_RETURN_IF_ERROR(read_into(*st, p + "post_attention_layernorm.weight", {D}, &l.post_norm));
-    HR_RETURN_IF_ERROR(read_into(*st, p + "self_attn.q_proj.weight", {Q, D}, &l.wqkv, 0));
-    HR_RETURN_IF_ERROR(read_into(*st, p + "self_attn.k_proj.weight", {KV, D}, &l.wqkv, Q * D));
-    HR_RETURN_IF_ERROR(read_into(*st, p + "self_attn.v_proj.weight", {KV, D}, &l.wqkv, (Q + KV) * D));
-    if (c.qkv_bias) {
-      HR_RETURN_IF_ERROR(read_into(*st, p + "self_attn.q_proj.bias", {Q}, &l.bqkv, 0));
-      HR_RETURN_IF_ERROR(read_into(*st, p + "self_attn.k_proj.bias", {KV}, &l.bqkv, Q));
-      HR_RETURN_IF_ERROR(read_into(*st, p + "self_attn.v_proj.bias", {KV}, &l.bqkv, Q + KV));
+  w.layers.resize(static_cast<size_t>(w.config.num_layers));
+  for (const WeightPiece& piece : weight_pieces(w.config)) {
+    LayerWeights* l = piece.layer >= 0 ? &w.layers[static_cast<size_t>(piece.layer)] : nullptr;
+    std::vector<float>* dst = nullptr;
+    switch (piece.slot) {
+      case WeightSlot::kEmbed: dst = &w.embed; break;
+      case WeightSlot::kLmHead: dst = &w.lm_head; break;
+      case WeightSlot::kFinalNorm: dst = &w.final_norm; break;
+      case WeightSlot::kInputNorm: dst = &l->input_norm; break;
+      case WeightSlot::kPostNorm: dst = &l->post_norm; break;
+      case WeightSlot::kQkv: dst = &l->wqkv; break;
+      case WeightSlot::kQkvBias: dst = &l->bqkv; break;
+      case WeightSlot::kO: dst = &l->wo; break;
+      case WeightSlot::kGateUp: dst = &l->w_gate_up; break;
+      case WeightSlot::kDown: dst = &l->w_down; break;
     }
-    HR_RETURN_IF_ERROR(read_into(*st, p + "self_attn.o_proj.weight", {D, Q}, &l.wo));
-    HR_RETURN_IF_ERROR(read_into(*st, p + "mlp.gate_proj.weight", {F, D}, &l.w_gate_up, 0));
-    HR_RETURN_IF_ERROR(read_into(*st, p + "mlp.up_proj.weight", {F, D}, &l.w_gate_up, F * D));
-    HR_RETURN_IF_ERROR(read_into(*st, p + "mlp.down_proj.weight", {D, F}, &l.w_down));
+    HR_RETURN_IF_ERROR(read_into(*st, piece.name, piece.shape, dst, piece.offset));
   }
   return w;
 }

@@ -3,6 +3,7 @@
 // Immutable after loading; shared read-only by backend threads.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,23 @@ struct ModelWeights {
   size_t num_bytes() const;
   size_t num_parameters() const;
 };
+
+// Where each checkpoint tensor goes in the fused layout above: one list for every loader (the
+// fp32 host loader below, the CUDA backend's direct bf16 upload).
+enum class WeightSlot { kEmbed, kLmHead, kFinalNorm, kInputNorm, kPostNorm, kQkv, kQkvBias, kO, kGateUp, kDown };
+struct WeightPiece {
+  std::string name;             // checkpoint tensor name
+  std::vector<int64_t> shape;   // expected shape
+  WeightSlot slot;
+  int layer = -1;               // for per-layer slots
+  size_t offset = 0;            // first element inside the slot's fused matrix
+};
+std::vector<WeightPiece> weight_pieces(const ModelConfig& c);
+// Norm weights and biases stay fp32 on every backend; the matrices may be bf16.
+inline bool is_vector_slot(WeightSlot s) {
+  return s == WeightSlot::kFinalNorm || s == WeightSlot::kInputNorm || s == WeightSlot::kPostNorm ||
+         s == WeightSlot::kQkvBias;
+}
 
 // Loads config.json and the safetensors weights of a Hugging Face folder, converting to fp32.
 // Errors name the missing or misshapen tensor.

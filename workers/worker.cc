@@ -15,7 +15,7 @@
 #include "engine/chat_template.h"
 #include "engine/backend_factory.h"
 #include "engine/tokenizer.h"
-#include "engine/weights.h"
+#include "engine/model_config.h"
 #include "queue/lease.h"
 
 namespace hr::workers {
@@ -23,7 +23,7 @@ namespace hr::workers {
 using nlohmann::json;
 
 struct LoadedModel {
-  std::shared_ptr<const engine::ModelWeights> weights;
+  engine::ModelConfig config;
   std::shared_ptr<const engine::Tokenizer> tokenizer;
   engine::ChatFormat chat_format = engine::ChatFormat::kHeadroom;
   std::unique_ptr<engine::Engine> engine;
@@ -70,8 +70,7 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& config,
   std::unique_ptr<Worker> w(new Worker(config, store));
   if (w->config_.worker_name.empty()) w->config_.worker_name = default_worker_name();
   auto m = std::make_unique<LoadedModel>();
-  HR_ASSIGN_OR_RETURN(auto weights, engine::load_weights(config.model_dir));
-  m->weights = std::make_shared<const engine::ModelWeights>(std::move(weights));
+  HR_ASSIGN_OR_RETURN(m->config, engine::load_model_config(config.model_dir));
   HR_ASSIGN_OR_RETURN(auto tok, engine::Tokenizer::load(config.model_dir));
   m->tokenizer = std::shared_ptr<const engine::Tokenizer>(tok.release());
   HR_ASSIGN_OR_RETURN(m->chat_format, engine::load_chat_format(config.model_dir, config.chat_template));
@@ -80,7 +79,7 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& config,
   spec.kv_cache_bytes = config.kv_cache_bytes;
   spec.max_num_tokens = config.max_batched_tokens;
   spec.max_num_seqs = config.max_num_seqs;
-  HR_ASSIGN_OR_RETURN(auto backend, engine::make_backend(m->weights, spec));
+  HR_ASSIGN_OR_RETURN(auto backend, engine::make_backend(config.model_dir, spec));
   engine::EngineOptions eo;
   eo.scheduler.max_num_seqs = config.max_num_seqs;
   eo.scheduler.max_batched_tokens = config.max_batched_tokens;
@@ -88,10 +87,10 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& config,
   HR_ASSIGN_OR_RETURN(m->engine,
                       engine::Engine::create(std::move(backend),
                                              m->tokenizer,
-                                             m->weights->config.max_position_embeddings, eo));
+                                             m->config.max_position_embeddings, eo));
   log::info("worker.model_loaded",
             {{"model", config.model_name}, {"dir", config.model_dir},
-             {"parameters", static_cast<int64_t>(m->weights->num_parameters())},
+             {"weight_bytes", static_cast<int64_t>(m->engine->backend().weight_bytes())},
              {"kv_blocks", m->engine->headroom().total_kv_blocks},
              {"backend", m->engine->backend().name()}});
   w->model_ = std::move(m);
@@ -195,7 +194,7 @@ Worker::Worker(WorkerConfig config, queue::StoreConfig store)
 
 Worker::~Worker() { stop(); }
 
-int Worker::context_length() const { return model_->weights->config.max_position_embeddings; }
+int Worker::context_length() const { return model_->config.max_position_embeddings; }
 
 Status Worker::start() {
   thread_ = std::thread([this] { loop(); });

@@ -77,7 +77,10 @@ hr::Result<DecodeResult> decode_rate(std::shared_ptr<CudaBackend> backend, int b
   for (int i = 0; i < batch; ++i) {
     GenerationRequest r;
     r.prompt = random_prompt(rng, prompt_len, backend->vocab_size());
-    r.params.max_tokens = warmup + steps + 2;
+    // Early sequences start decoding while later ones are still prefilled in chunks: enough tokens
+    // that all of them are decoding together for warmup + steps steps.
+    const int prefill_steps = (batch * prompt_len + max_tokens_per_step - 1) / max_tokens_per_step;
+    r.params.max_tokens = warmup + steps + 2 + prefill_steps;
     r.params.ignore_eos = true;
     HR_RETURN_IF_ERROR(engine->add(std::move(r)).status());
   }
@@ -256,7 +259,10 @@ int main(int argc, char** argv) {
   for (int b : parse_list(batches)) {
     if (b > 8) continue;
     auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng);
-    if (!r.is_ok()) return 1;
+    if (!r.is_ok()) {
+      std::fprintf(stderr, "gpu_bench: batch %d with cuBLASLt only: %s\n", b, r.status().to_string().c_str());
+      return 1;
+    }
     no_gemv[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
     std::printf("decode batch %d with cuBLASLt only: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s, r->step_s * 1e3);
   }
@@ -279,7 +285,10 @@ int main(int argc, char** argv) {
     if (b != 1 && b != 256) continue;
     json prof = json::object();
     auto r = decode_rate(backend, b, prompt, 8, max_tokens, rng, &prof);
-    if (!r.is_ok()) return 1;
+    if (!r.is_ok()) {
+      std::fprintf(stderr, "gpu_bench: profiling batch %d: %s\n", b, r.status().to_string().c_str());
+      return 1;
+    }
     decode_profile[std::to_string(b)] = prof;
   }
   auto pre = prefill_rate(backend, 1, prefill_len, max_tokens, rng);  // warm-up

@@ -118,6 +118,29 @@ TEST(CudaBackendTest, LogitsMatchCpuBackend) {
   }
 }
 
+// Uploading straight from the safetensors files gives the same weights as converting the host's
+// fp32 copy: the same logits, bit for bit.
+TEST(CudaBackendTest, UploadFromFilesEqualsUploadFromHostWeights) {
+  SKIP_WITHOUT_GPU();
+  auto a = CudaBackend::create(*tiny_weights(), small_options());
+  auto b = CudaBackend::create_from_dir(kModelDir, small_options());
+  ASSERT_TRUE(a.is_ok() && b.is_ok()) << b.status().to_string();
+  EXPECT_EQ((*a)->weight_bytes(), (*b)->weight_bytes());
+  Step st;
+  st.ids = {256, 258, 114, 101, 118, 101, 114, 115, 101, 58, 32, 104, 105, 259};
+  for (int i = 0; i < static_cast<int>(st.ids.size()); ++i) st.positions.push_back(i);
+  st.seq_start = {0, static_cast<int32_t>(st.ids.size())};
+  st.table.assign(st.max_blocks, 0);
+  for (int i = 0; i < st.max_blocks; ++i) st.table[i] = i;
+  st.rows = {static_cast<int32_t>(st.ids.size()) - 1};
+  std::vector<float> la((*a)->vocab_size()), lb(la.size());
+  ASSERT_TRUE((*a)->forward(st.input(1), la.data()).is_ok());
+  ASSERT_TRUE((*b)->forward(st.input(1), lb.data()).is_ok());
+  EXPECT_EQ(la, lb);
+  auto missing = CudaBackend::create_from_dir(source_dir() + "/models/no-such-model", small_options());
+  EXPECT_FALSE(missing.is_ok());
+}
+
 // Greedy generation of every reference prompt, all submitted at once to an engine on the GPU.
 // Decode steps replay CUDA graphs by default; the same run without them must agree as well.
 void check_greedy_against_pytorch(bool cuda_graphs) {
