@@ -12,7 +12,7 @@ Status plan_attention(const StepInput& in, const AttentionPlanParams& p, Attenti
   plan->combine.clear();
   plan->num_partials = 0;
   const int nkv = p.num_kv_heads, group = p.num_heads / p.num_kv_heads;
-  const bool decode_kernel = group <= kernels::kAttentionDecodeRows;
+  const bool decode_kernel = !p.tensor_core_decode && group <= kernels::kAttentionDecodeRows;
   const int prefill_tile = kernels::kAttentionPrefillRows / group;
   constexpr int kTile = kernels::kAttentionKeyTile;
   int num_decode_seqs = 0;

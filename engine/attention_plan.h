@@ -1,6 +1,6 @@
 // How one step's attention is cut into kernel work items (kernels/paged_attention.cuh): decoding
 // sequences become one item each, split over the key range (flash-decoding) when there are too few
-// of them to fill the GPU; prefill chunks become tiles of up to 64 / group query tokens, longest
+// of them to fill the GPU; prefill chunks become tiles of up to 128 / group query tokens, longest
 // first. Pure host code, shared by the CUDA backend and the kernel tests.
 #pragma once
 
@@ -27,6 +27,8 @@ struct AttentionPlanParams {
   // Every decoding sequence gets the same number of splits, whatever its length (some may be
   // empty), so that the item counts depend on the batch size alone (CUDA graph replay).
   bool fixed_splits = false;
+  // Decoding tokens go to the tensor-core kernel too (with the prefill items), not the decode kernel.
+  bool tensor_core_decode = false;
 };
 
 // Fills `plan` (cleared first) for the step. Errors for a sequence without tokens.

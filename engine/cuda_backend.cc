@@ -357,7 +357,8 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
       }
     }
   }
-  HR_RETURN_IF_ERROR(plan_attention(in, {c.num_heads, nkv, num_sms_, max_partials_, graph_shape}, &plan_));
+  HR_RETURN_IF_ERROR(plan_attention(
+      in, {c.num_heads, nkv, num_sms_, max_partials_, graph_shape, options_.tensor_core_decode}, &plan_));
   const auto& decode = plan_.decode;
   const auto& prefill = plan_.prefill;
   const auto& combine = plan_.combine;

@@ -29,7 +29,8 @@ struct CudaBackendOptions {
   int max_num_tokens = 8192;        // tokens per step (activation buffers are sized for it)
   int max_num_seqs = 256;           // sequences per step
   bool cuda_graphs = true;          // replay captured graphs for decode steps
-  bool small_batch_gemv = true;     // our GEMV kernel for steps of up to 8 tokens, else cuBLASLt
+  bool small_batch_gemv = true;     // our GEMV kernel for steps of up to 2 tokens, else cuBLASLt
+  bool tensor_core_decode = true;   // decoding tokens' attention on the tensor-core kernel
 };
 
 class CudaBackend final : public Backend {
@@ -69,6 +70,10 @@ class CudaBackend final : public Backend {
   void set_profiling(bool on);
   const std::map<std::string, double>& profile() const { return profile_; }
   int profiled_steps() const { return profiled_steps_; }
+  void set_tensor_core_decode(bool on) {
+    options_.tensor_core_decode = on;
+    clear_graphs();
+  }
   void set_small_batch_gemv(bool on) {
     options_.small_batch_gemv = on;
     clear_graphs();

@@ -7,6 +7,8 @@ namespace {
 
 __global__ void embedding_gather_kernel(const __nv_bfloat16* table, const int32_t* ids, int dim,
                                         float* out) {
+  internal::pdl_launch_dependents();
+  internal::pdl_wait();
   const int t = blockIdx.x;
   const uint4* row = reinterpret_cast<const uint4*>(table + static_cast<size_t>(ids[t]) * dim);
   float4* dst = reinterpret_cast<float4*>(out + static_cast<size_t>(t) * dim);
@@ -25,8 +27,7 @@ cudaError_t embedding_gather(const __nv_bfloat16* table, const int32_t* ids, int
   if (num_tokens < 0 || dim <= 0 || dim % 8 != 0) return cudaErrorInvalidValue;
   if (!internal::aligned16(table) || !internal::aligned16(out)) return cudaErrorMisalignedAddress;
   if (num_tokens == 0) return cudaSuccess;
-  embedding_gather_kernel<<<num_tokens, 128, 0, stream>>>(table, ids, dim, out);
-  return cudaGetLastError();
+  return internal::launch(embedding_gather_kernel, dim3(num_tokens), dim3(128), 0, stream, table, ids, dim, out);
 }
 
 }  // namespace hr::kernels

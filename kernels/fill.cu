@@ -1,5 +1,6 @@
 // Fills, grid-stride.
 #include "kernels/fill.cuh"
+#include "kernels/internal/common.cuh"
 
 namespace hr::kernels {
 namespace {
@@ -12,6 +13,8 @@ __device__ __forceinline__ uint64_t mix(uint64_t x) {
 }
 
 __global__ void fill_uniform_bf16_kernel(__nv_bfloat16* out, size_t n, float scale, uint64_t seed) {
+  internal::pdl_launch_dependents();
+  internal::pdl_wait();
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const float u = static_cast<float>(mix(seed ^ mix(i)) >> 40) * 0x1.0p-24f;  // [0, 1)
@@ -20,6 +23,8 @@ __global__ void fill_uniform_bf16_kernel(__nv_bfloat16* out, size_t n, float sca
 }
 
 __global__ void fill_f32_kernel(float* out, size_t n, float value) {
+  internal::pdl_launch_dependents();
+  internal::pdl_wait();
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     out[i] = value;
@@ -32,15 +37,13 @@ cudaError_t fill_uniform_bf16(__nv_bfloat16* out, size_t n, float scale, uint64_
                               cudaStream_t stream) {
   if (!out && n) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  fill_uniform_bf16_kernel<<<1024, 256, 0, stream>>>(out, n, scale, seed);
-  return cudaGetLastError();
+  return internal::launch(fill_uniform_bf16_kernel, dim3(1024), dim3(256), 0, stream, out, n, scale, seed);
 }
 
 cudaError_t fill_f32(float* out, size_t n, float value, cudaStream_t stream) {
   if (!out && n) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  fill_f32_kernel<<<1024, 256, 0, stream>>>(out, n, value);
-  return cudaGetLastError();
+  return internal::launch(fill_f32_kernel, dim3(1024), dim3(256), 0, stream, out, n, value);
 }
 
 }  // namespace hr::kernels

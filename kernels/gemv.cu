@@ -12,11 +12,18 @@ constexpr int kUnroll = 8;
 template <int M>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const __nv_bfloat16* x, const __nv_bfloat16* w,
                                                                    void* y, bool y_bf16, int n, int k) {
+  internal::pdl_launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int col = blockIdx.x * kWarpsPerBlock + warp;
   if (col >= n) return;
   const uint4* wrow = reinterpret_cast<const uint4*>(w + static_cast<size_t>(col) * k);
   const int num_vec = k / 8;
+  // The weights are constant: pull this warp's first pieces into L2 while the previous kernel ends.
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    if (lane + 32 * u < num_vec) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(wrow + lane + 32 * u));
+  }
+  internal::pdl_wait();
   float acc[M];
 #pragma unroll
   for (int i = 0; i < M; ++i) acc[i] = 0.0f;
@@ -67,8 +74,7 @@ template <int M>
 cudaError_t launch(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_bf16, int n, int k,
                    cudaStream_t stream) {
   const int blocks = (n + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  gemv_kernel<M><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(x, w, y, y_bf16, n, k);
-  return cudaGetLastError();
+  return internal::launch(gemv_kernel<M>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream, x, w, y, y_bf16, n, k);
 }
 
 }  // namespace

@@ -75,6 +75,8 @@ struct KvTileLoader {
 template <int HD, int RPW>
 __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedAttentionParams p,
                                                                    const AttentionWorkItem* items) {
+  internal::pdl_launch_dependents();
+  internal::pdl_wait();
   using Smem = AttentionSmem<HD, RPW>;
   constexpr int kDpl = HD / 32;  // output dims per lane
   extern __shared__ float smem[];
@@ -188,6 +190,8 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedAttentio
 
 __global__ void paged_attention_combine_kernel(PagedAttentionParams p,
                                                const AttentionCombineItem* items) {
+  internal::pdl_launch_dependents();
+  internal::pdl_wait();
   const AttentionCombineItem it = items[blockIdx.x];
   const int head = blockIdx.y;
   float mx = -INFINITY;
@@ -221,8 +225,7 @@ cudaError_t launch(const PagedAttentionParams& p, const AttentionWorkItem* items
   });
   if (attr_err != cudaSuccess) return attr_err;
   dim3 grid(num_items, p.num_kv_heads);
-  paged_attention_kernel<HD, RPW><<<grid, kThreads, kBytes, stream>>>(p, items);
-  return cudaGetLastError();
+  return internal::launch(paged_attention_kernel<HD, RPW>, grid, dim3(kThreads), kBytes, stream, p, items);
 }
 
 template <int RPW>
@@ -263,8 +266,7 @@ cudaError_t paged_attention_combine(const PagedAttentionParams& p, const Attenti
   }
   if (num_items == 0) return cudaSuccess;
   dim3 grid(num_items, p.num_heads);
-  paged_attention_combine_kernel<<<grid, p.head_dim, 0, stream>>>(p, items);
-  return cudaGetLastError();
+  return internal::launch(paged_attention_combine_kernel, grid, dim3(p.head_dim), 0, stream, p, items);
 }
 
 }  // namespace hr::kernels

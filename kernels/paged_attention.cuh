@@ -1,5 +1,5 @@
 // Paged attention over the flattened batch, flash-attention style: each work item is one query
-// tile of one sequence (a prefill chunk of up to 64 / group tokens, or one decoding token), run for
+// tile of one sequence (a prefill chunk of up to 128 / group tokens, or one decoding token), run for
 // one KV head with all the query heads of its GQA group, streaming K/V tiles through the block
 // table with an online softmax (prefill tiles on tensor cores, decodes on CUDA cores). Causal: a query at position p sees positions <= p.
 // Long decodes are split over the key range (flash-decoding): each split writes a partial result
@@ -48,7 +48,7 @@ struct PagedAttentionParams {
 // Rows (query tokens x group heads) one work item may hold: decode items (q_len == 1) use the
 // small-tile kernel and may have up to kAttentionDecodeRows rows; others up to kAttentionPrefillRows.
 constexpr int kAttentionDecodeRows = 8;
-constexpr int kAttentionPrefillRows = 64;
+constexpr int kAttentionPrefillRows = 128;
 constexpr int kAttentionKeyTile = 32;
 
 // Runs `num_items` work items (all decode items, or all prefill items: `decode` says which).

@@ -1,10 +1,10 @@
-// Prefill attention on tensor cores, flash-attention style: one block of 4 warps per (work item,
-// KV head), 64 query rows (token x group head), key tiles of 64 positions gathered from the paged
-// cache into shared memory. Each warp owns 16 rows: S = Q K^T with bf16 WMMA (fp32 accumulate),
-// the online softmax in fp32 on its rows, P (bf16) V accumulated into the warp's rows of an fp32
-// output tile in shared memory, rescaled by exp(m_old - m_new) before each tile's product.
-#include <mma.h>
-
+// Paged attention on tensor cores, FlashAttention-2 style: one block of 8 warps per (work item, KV
+// head), 128 query rows (token x group head, 16 per warp), key tiles of 64 positions gathered from
+// the paged cache into shared memory with cp.async, two tiles in flight. Each warp keeps its
+// scores, softmax state and output accumulators in registers: S = Q K^T and O += P V are
+// mma.sync m16n8k16 bf16 products with fp32 accumulation, and P goes from the S accumulators
+// straight into the A operand of the second product (the m16n8 accumulator layout matches the
+// m16k16 operand layout pairwise). Warps whose 16 rows are all padding skip the arithmetic.
 #include <mutex>
 
 #include "kernels/internal/common.cuh"
@@ -13,39 +13,88 @@
 namespace hr::kernels::internal {
 namespace {
 
-using namespace nvcuda;
-
-constexpr int kWarps = 4;
+constexpr int kRows = kAttentionPrefillRows;  // 128
+constexpr int kWarps = kRows / 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kRows = kAttentionPrefillRows;  // 64 = kWarps * 16
-constexpr int kKeys = 64;                     // keys per tile
+constexpr int kKeys = 64;  // keys per tile
 
 template <int HD>
 struct TcSmem {
-  static constexpr int kLdH = HD + 8;     // bf16 row stride of Q, K, V (padding against bank conflicts)
-  static constexpr int kLdS = kKeys + 4;  // fp32 row stride of S
-  static constexpr int kLdP = kKeys + 8;  // bf16 row stride of P
-  static constexpr int kLdO = HD + 4;     // fp32 row stride of O
-  static constexpr size_t kQ = 0;
-  static constexpr size_t kK = kQ + sizeof(__nv_bfloat16) * kRows * kLdH;
-  static constexpr size_t kV = kK + sizeof(__nv_bfloat16) * kKeys * kLdH;
-  static constexpr size_t kS = kV + sizeof(__nv_bfloat16) * kKeys * kLdH;
-  static constexpr size_t kP = kS + sizeof(float) * kRows * kLdS;
-  static constexpr size_t kO = kP + sizeof(__nv_bfloat16) * kRows * kLdP;
-  static constexpr size_t kBytes = kO + sizeof(float) * kRows * kLdO;
+  static constexpr int kLd = HD + 8;  // bf16 row stride: 16-byte rows, conflict-free fragment loads
+  static constexpr int kQ = kRows * kLd;
+  static constexpr int kKv = kKeys * kLd;  // one K or V tile
+  static constexpr size_t kBytes = sizeof(__nv_bfloat16) * (kQ + 4 * kKv);  // Q, 2 x (K, V)
 };
 
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, asynchronously; zero-filled when !valid.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// c (16x8 fp32) += a (16x16 bf16, row) * b (16x8 bf16, col).
+__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
 template <int HD>
-__global__ void __launch_bounds__(kThreads) prefill_attention_tc_kernel(PagedAttentionParams p,
-                                                                        const AttentionWorkItem* items) {
+__device__ __forceinline__ void load_kv_tile(const PagedAttentionParams& p, const int32_t* table, int kvh, int t0,
+                                             int kv_end, __nv_bfloat16* k_s, __nv_bfloat16* v_s) {
   using Sm = TcSmem<HD>;
+  constexpr int kVecPerRow = HD / 8;
+  for (int e = threadIdx.x; e < kKeys * kVecPerRow; e += kThreads) {
+    const int j = e / kVecPerRow, c = (e % kVecPerRow) * 8;
+    const int pos = t0 + j;
+    const bool valid = pos < kv_end;
+    size_t off = 0;
+    if (valid) {
+      const int block = table[pos / p.block_size];
+      off = ((static_cast<size_t>(block) * p.block_size + pos % p.block_size) * p.num_kv_heads + kvh) * HD + c;
+    }
+    cp_async16(k_s + j * Sm::kLd + c, p.k_cache + off, valid);
+    cp_async16(v_s + j * Sm::kLd + c, p.v_cache + off, valid);
+  }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kThreads, 2) prefill_attention_tc_kernel(PagedAttentionParams p,
+                                                                        const AttentionWorkItem* items) {
+  pdl_launch_dependents();
+  pdl_wait();
+  using Sm = TcSmem<HD>;
+  constexpr int kChunks = HD / 16;  // k-chunks of Q K^T, and pairs of 8-wide output tiles
   extern __shared__ __align__(128) unsigned char smem[];
-  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem + Sm::kQ);
-  __nv_bfloat16* k_s = reinterpret_cast<__nv_bfloat16*>(smem + Sm::kK);
-  __nv_bfloat16* v_s = reinterpret_cast<__nv_bfloat16*>(smem + Sm::kV);
-  float* s_s = reinterpret_cast<float*>(smem + Sm::kS);
-  __nv_bfloat16* p_s = reinterpret_cast<__nv_bfloat16*>(smem + Sm::kP);
-  float* o_s = reinterpret_cast<float*>(smem + Sm::kO);
+  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* kv_s = q_s + Sm::kQ;  // stage s: K at kv_s + 2 s kKv, V after it
 
   const AttentionWorkItem it = items[blockIdx.x];
   const int kvh = blockIdx.y;
@@ -53,126 +102,154 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_tc_kernel(PagedAtt
   const int rows = it.q_len * group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t* table = p.block_table + static_cast<size_t>(it.seq) * p.max_blocks_per_seq;
-  constexpr int kVecPerRow = HD / 8;
+  const int num_tiles = (it.kv_end - it.kv_begin + kKeys - 1) / kKeys;
 
-  // Q rows (zeros past `rows`), and a zeroed output tile.
+  // Q rows (zeros past `rows`) and the first K/V tile, asynchronously.
+  constexpr int kVecPerRow = HD / 8;
   for (int e = threadIdx.x; e < kRows * kVecPerRow; e += kThreads) {
     const int r = e / kVecPerRow, c = (e % kVecPerRow) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < rows) {
-      const int tok = it.q_row + r / group, head = kvh * group + r % group;
-      v = *reinterpret_cast<const uint4*>(p.q + (static_cast<size_t>(tok) * p.num_heads + head) * HD + c);
-    }
-    *reinterpret_cast<uint4*>(q_s + r * Sm::kLdH + c) = v;
+    const bool valid = r < rows;
+    size_t off = 0;
+    if (valid) off = (static_cast<size_t>(it.q_row + r / group) * p.num_heads + kvh * group + r % group) * HD + c;
+    cp_async16(q_s + r * Sm::kLd + c, p.q + off, valid);
   }
-  for (int e = threadIdx.x; e < kRows * HD; e += kThreads) o_s[(e / HD) * Sm::kLdO + e % HD] = 0.0f;
+  if (num_tiles > 0) load_kv_tile<HD>(p, table, kvh, it.kv_begin, it.kv_end, kv_s, kv_s + Sm::kKv);
+  cp_async_commit();
 
-  // Softmax state: lanes 2i and 2i+1 share row 16 * warp + i, each holding half of its columns.
-  const int my_row = warp * 16 + lane / 2, half = lane % 2;
-  const int my_qpos = my_row < rows ? p.positions[it.q_row + my_row / group] : -1;
-  float m = -INFINITY, l = 0.0f;
-
-  __syncthreads();
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> qa[HD / 16];
+  // This lane's two rows within the warp's 16: r_a = lane / 4 and r_b = r_a + 8.
+  const int r_a = warp * 16 + lane / 4, r_b = r_a + 8;
+  const int qpos_a = r_a < rows ? p.positions[it.q_row + r_a / group] : -1;
+  const int qpos_b = r_b < rows ? p.positions[it.q_row + r_b / group] : -1;
+  const bool active = warp * 16 < rows;  // warp-uniform
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+  float o[2 * kChunks][4];
 #pragma unroll
-  for (int k = 0; k < HD / 16; ++k) wmma::load_matrix_sync(qa[k], q_s + warp * 16 * Sm::kLdH + k * 16, Sm::kLdH);
+  for (int n = 0; n < 2 * kChunks; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-  for (int t0 = it.kv_begin; t0 < it.kv_end; t0 += kKeys) {
-    __syncthreads();  // every warp is done with the previous K/V tile
-    for (int e = threadIdx.x; e < kKeys * kVecPerRow; e += kThreads) {
-      const int j = e / kVecPerRow, c = (e % kVecPerRow) * 8;
-      const int pos = t0 + j;
-      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-      if (pos < it.kv_end) {
-        const int block = table[pos / p.block_size];
-        const size_t off =
-            ((static_cast<size_t>(block) * p.block_size + pos % p.block_size) * p.num_kv_heads + kvh) * HD + c;
-        kv = *reinterpret_cast<const uint4*>(p.k_cache + off);
-        vv = *reinterpret_cast<const uint4*>(p.v_cache + off);
-      }
-      *reinterpret_cast<uint4*>(k_s + j * Sm::kLdH + c) = kv;
-      *reinterpret_cast<uint4*>(v_s + j * Sm::kLdH + c) = vv;
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int t0 = it.kv_begin + tile * kKeys;
+    if (tile + 1 < num_tiles) {
+      __nv_bfloat16* next = kv_s + ((tile + 1) % 2) * 2 * Sm::kKv;
+      load_kv_tile<HD>(p, table, kvh, t0 + kKeys, it.kv_end, next, next + Sm::kKv);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
     __syncthreads();
-
-    // S (16 rows x 64 keys for this warp) = Q K^T.
+    const __nv_bfloat16* k_s = kv_s + (tile % 2) * 2 * Sm::kKv;
+    const __nv_bfloat16* v_s = k_s + Sm::kKv;
+    if (active) {
+      // S = Q K^T: 16 rows x 64 keys as eight 16x8 tiles.
+      float s[kKeys / 8][4];
 #pragma unroll
-    for (int n = 0; n < kKeys / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::fill_fragment(acc, 0.0f);
+      for (int n = 0; n < kKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-      for (int k = 0; k < HD / 16; ++k) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> kb;
-        wmma::load_matrix_sync(kb, k_s + n * 16 * Sm::kLdH + k * 16, Sm::kLdH);
-        wmma::mma_sync(acc, qa[k], kb, acc);
+      for (int kc = 0; kc < kChunks; ++kc) {
+        uint32_t a[4];
+        ldmatrix_x4(a, q_s + (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * Sm::kLd + kc * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int n = 0; n < kKeys / 8; ++n) {
+          const __nv_bfloat16* kp = k_s + (n * 8 + lane / 4) * Sm::kLd + kc * 16 + (lane % 4) * 2;
+          mma16816(s[n], a, *reinterpret_cast<const uint32_t*>(kp), *reinterpret_cast<const uint32_t*>(kp + 8));
+        }
       }
-      wmma::store_matrix_sync(s_s + warp * 16 * Sm::kLdS + n * 16, acc, Sm::kLdS, wmma::mem_row_major);
-    }
-    __syncwarp();
-
-    // Online softmax over this row's 32 columns of the tile, combined with the partner lane.
-    float* srow = s_s + my_row * Sm::kLdS + half * 32;
-    float tile_max = -INFINITY;
-#pragma unroll 8
-    for (int c = 0; c < 32; ++c) {
-      const int key = t0 + half * 32 + c;
-      const bool valid = key < it.kv_end && key <= my_qpos;
-      const float sc = valid ? srow[c] * p.scale : -INFINITY;
-      srow[c] = sc;
-      tile_max = fmaxf(tile_max, sc);
-    }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    const float m_new = fmaxf(m, tile_max);
-    const float alpha = m == -INFINITY ? 0.0f : __expf(m - m_new);
-    __nv_bfloat16* prow = p_s + my_row * Sm::kLdP + half * 32;
-    float sum = 0.0f;
-#pragma unroll 8
-    for (int c = 0; c < 32; ++c) {
-      const float pe = srow[c] == -INFINITY ? 0.0f : __expf(srow[c] - m_new);
-      sum += pe;
-      prow[c] = __float2bfloat16_rn(pe);
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    l = l * alpha + sum;
-    m = m_new;
-    float* orow = o_s + my_row * Sm::kLdO + half * (HD / 2);
-#pragma unroll 8
-    for (int c = 0; c < HD / 2; ++c) orow[c] *= alpha;
-    __syncwarp();
-
-    // O (16 rows x HD) += P V.
+      // Mask, scale, and the online softmax over this tile (rows shared by a lane quad).
+      float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
-    for (int n = 0; n < HD / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      float* o_tile = o_s + warp * 16 * Sm::kLdO + n * 16;
-      wmma::load_matrix_sync(acc, o_tile, Sm::kLdO, wmma::mem_row_major);
+      for (int n = 0; n < kKeys / 8; ++n) {
+        const int key = t0 + n * 8 + (lane % 4) * 2;
 #pragma unroll
-      for (int k = 0; k < kKeys / 16; ++k) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> pa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> vb;
-        wmma::load_matrix_sync(pa, p_s + warp * 16 * Sm::kLdP + k * 16, Sm::kLdP);
-        wmma::load_matrix_sync(vb, v_s + k * 16 * Sm::kLdH + n * 16, Sm::kLdH);
-        wmma::mma_sync(acc, pa, vb, acc);
+        for (int e = 0; e < 2; ++e) {
+          const bool ok = key + e < it.kv_end;
+          s[n][e] = ok && key + e <= qpos_a ? s[n][e] * p.scale : -INFINITY;
+          s[n][2 + e] = ok && key + e <= qpos_b ? s[n][2 + e] * p.scale : -INFINITY;
+          mx_a = fmaxf(mx_a, s[n][e]);
+          mx_b = fmaxf(mx_b, s[n][2 + e]);
+        }
       }
-      wmma::store_matrix_sync(o_tile, acc, Sm::kLdO, wmma::mem_row_major);
+#pragma unroll
+      for (int off = 1; off < 4; off <<= 1) {
+        mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+        mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+      }
+      const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+      const float alpha_a = m_a == -INFINITY ? 0.0f : __expf(m_a - mn_a);
+      const float alpha_b = m_b == -INFINITY ? 0.0f : __expf(m_b - mn_b);
+      float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          s[n][e] = s[n][e] == -INFINITY ? 0.0f : __expf(s[n][e] - mn_a);
+          s[n][2 + e] = s[n][2 + e] == -INFINITY ? 0.0f : __expf(s[n][2 + e] - mn_b);
+          sum_a += s[n][e];
+          sum_b += s[n][2 + e];
+        }
+      }
+#pragma unroll
+      for (int off = 1; off < 4; off <<= 1) {
+        sum_a += __shfl_xor_sync(0xffffffffu, sum_a, off);
+        sum_b += __shfl_xor_sync(0xffffffffu, sum_b, off);
+      }
+      l_a = l_a * alpha_a + sum_a;
+      l_b = l_b * alpha_b + sum_b;
+      m_a = mn_a;
+      m_b = mn_b;
+#pragma unroll
+      for (int n = 0; n < 2 * kChunks; ++n) {
+        o[n][0] *= alpha_a;
+        o[n][1] *= alpha_a;
+        o[n][2] *= alpha_b;
+        o[n][3] *= alpha_b;
+      }
+      // O += P V, 16 keys at a time; V fragments through ldmatrix.trans, two 8-wide tiles per load.
+#pragma unroll
+      for (int kc = 0; kc < kKeys / 16; ++kc) {
+        uint32_t a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                         pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                         pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+        for (int nc = 0; nc < kChunks; ++nc) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, v_s + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * Sm::kLd + nc * 16 + (lane / 16) * 8);
+          mma16816(o[2 * nc], a, b[0], b[1]);
+          mma16816(o[2 * nc + 1], a, b[2], b[3]);
+        }
+      }
     }
-    __syncwarp();
+    __syncthreads();  // the next iteration's loads overwrite this stage
   }
+  cp_async_wait<0>();  // an item with no keys still has its Q copy in flight
 
-  if (my_row >= rows) return;
-  const int tok = it.q_row + my_row / group, head = kvh * group + my_row % group;
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  const float* orow = o_s + my_row * Sm::kLdO + half * (HD / 2);
-  if (it.partial < 0) {
-    __nv_bfloat16* o = p.out + (static_cast<size_t>(tok) * p.num_heads + head) * HD + half * (HD / 2);
-    for (int c = 0; c < HD / 2; ++c) o[c] = __float2bfloat16_rn(orow[c] * inv);
-  } else {
-    const size_t slot = static_cast<size_t>(it.partial) * p.num_heads + head;
-    float* o = p.partial_out + slot * HD + half * (HD / 2);
-    for (int c = 0; c < HD / 2; ++c) o[c] = orow[c] * inv;
-    if (half == 0) {
-      p.partial_ml[slot * 2] = m;
-      p.partial_ml[slot * 2 + 1] = l;
+  if (!active) return;
+  // Each lane writes columns (lane % 4) * 2 + {0, 1} of every 8-wide tile, for rows r_a and r_b.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = half ? r_b : r_a;
+    if (r >= rows) continue;
+    const float l = half ? l_b : l_a, m = half ? m_b : m_a;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int tok = it.q_row + r / group, head = kvh * group + r % group;
+    if (it.partial < 0) {
+      __nv_bfloat16* out = p.out + (static_cast<size_t>(tok) * p.num_heads + head) * HD + (lane % 4) * 2;
+#pragma unroll
+      for (int n = 0; n < 2 * kChunks; ++n) {
+        *reinterpret_cast<__nv_bfloat162*>(out + n * 8) =
+            __floats2bfloat162_rn(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
+      }
+    } else {
+      const size_t slot = static_cast<size_t>(it.partial) * p.num_heads + head;
+      float* out = p.partial_out + slot * HD + (lane % 4) * 2;
+#pragma unroll
+      for (int n = 0; n < 2 * kChunks; ++n) {
+        out[n * 8] = o[n][2 * half] * inv;
+        out[n * 8 + 1] = o[n][2 * half + 1] * inv;
+      }
+      if (lane % 4 == 0) {
+        p.partial_ml[slot * 2] = m;
+        p.partial_ml[slot * 2 + 1] = l;
+      }
     }
   }
 }
@@ -189,8 +266,7 @@ cudaError_t launch_tc(const PagedAttentionParams& p, const AttentionWorkItem* it
   });
   if (attr_err != cudaSuccess) return attr_err;
   dim3 grid(num_items, p.num_kv_heads);
-  prefill_attention_tc_kernel<HD><<<grid, kThreads, kBytes, stream>>>(p, items);
-  return cudaGetLastError();
+  return launch(prefill_attention_tc_kernel<HD>, grid, dim3(kThreads), kBytes, stream, p, items);
 }
 
 }  // namespace

@@ -6,6 +6,8 @@ namespace hr::kernels {
 namespace {
 
 __global__ void add_rms_norm_kernel(AddRmsNormParams p) {
+  internal::pdl_launch_dependents();
+  internal::pdl_wait();
   __shared__ float scratch[32];
   const int i = blockIdx.x;
   const int r = p.rows ? p.rows[i] : i;
@@ -34,8 +36,7 @@ cudaError_t add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream) {
   if (p.num_rows < 0 || p.dim <= 0 || !p.x || !p.weight || !p.out) return cudaErrorInvalidValue;
   if (p.num_rows == 0) return cudaSuccess;
   int threads = p.dim >= 4096 ? 512 : p.dim >= 1024 ? 256 : 128;
-  add_rms_norm_kernel<<<p.num_rows, threads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return internal::launch(add_rms_norm_kernel, dim3(p.num_rows), dim3(threads), 0, stream, p);
 }
 
 }  // namespace hr::kernels

@@ -6,6 +6,8 @@ namespace hr::kernels {
 namespace {
 
 __global__ void rope_write_kv_kernel(RopeKvParams p) {
+  internal::pdl_launch_dependents();
+  internal::pdl_wait();
   const int t = blockIdx.x;
   const int hd = p.head_dim, half = hd / 2;
   const int q_size = p.num_heads * hd, kv_size = p.num_kv_heads * hd;
@@ -54,8 +56,7 @@ cudaError_t rope_write_kv(const RopeKvParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (p.num_tokens == 0) return cudaSuccess;
-  rope_write_kv_kernel<<<p.num_tokens, 256, 0, stream>>>(p);
-  return cudaGetLastError();
+  return internal::launch(rope_write_kv_kernel, dim3(p.num_tokens), dim3(256), 0, stream, p);
 }
 
 }  // namespace hr::kernels

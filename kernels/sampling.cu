@@ -46,6 +46,8 @@ __device__ ArgMax block_argmax(ArgMax a, ArgMax* scratch) {
 
 __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, int vocab,
                                                           const SampleParams* params, int32_t* tokens) {
+  internal::pdl_launch_dependents();
+  internal::pdl_wait();
   __shared__ float scratch[32];
   __shared__ ArgMax am_scratch[32];
   __shared__ float chunk_sums[kThreads];
@@ -137,8 +139,7 @@ cudaError_t sample_tokens(const float* logits, int num_rows, int vocab, const Sa
                           int32_t* tokens, cudaStream_t stream) {
   if (num_rows < 0 || vocab <= 0 || !logits || !params || !tokens) return cudaErrorInvalidValue;
   if (num_rows == 0) return cudaSuccess;
-  sample_kernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, params, tokens);
-  return cudaGetLastError();
+  return internal::launch(sample_kernel, dim3(num_rows), dim3(kThreads), 0, stream, logits, vocab, params, tokens);
 }
 
 }  // namespace hr::kernels

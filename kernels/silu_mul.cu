@@ -8,6 +8,8 @@ namespace {
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
 
 __global__ void silu_mul_vec_kernel(const __nv_bfloat16* gate_up, int ffn, __nv_bfloat16* out) {
+  internal::pdl_launch_dependents();
+  internal::pdl_wait();
   const int t = blockIdx.y;
   const int v = blockIdx.x * blockDim.x + threadIdx.x;  // vector index within the row
   if (v >= ffn / 8) return;
@@ -21,6 +23,8 @@ __global__ void silu_mul_vec_kernel(const __nv_bfloat16* gate_up, int ffn, __nv_
 }
 
 __global__ void silu_mul_kernel(const __nv_bfloat16* gate_up, int ffn, __nv_bfloat16* out) {
+  internal::pdl_launch_dependents();
+  internal::pdl_wait();
   const int t = blockIdx.y;
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= ffn) return;
@@ -39,12 +43,11 @@ cudaError_t silu_mul(const __nv_bfloat16* gate_up, int num_tokens, int ffn, __nv
   const int threads = 256;
   if (ffn % 8 == 0 && internal::aligned16(gate_up) && internal::aligned16(out)) {
     dim3 grid((ffn / 8 + threads - 1) / threads, num_tokens);
-    silu_mul_vec_kernel<<<grid, threads, 0, stream>>>(gate_up, ffn, out);
+    return internal::launch(silu_mul_vec_kernel, grid, dim3(threads), 0, stream, gate_up, ffn, out);
   } else {
     dim3 grid((ffn + threads - 1) / threads, num_tokens);
-    silu_mul_kernel<<<grid, threads, 0, stream>>>(gate_up, ffn, out);
+    return internal::launch(silu_mul_kernel, grid, dim3(threads), 0, stream, gate_up, ffn, out);
   }
-  return cudaGetLastError();
 }
 
 }  // namespace hr::kernels

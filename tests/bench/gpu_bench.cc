@@ -18,6 +18,7 @@
 #include "engine/cuda_gemm.h"
 #include "kernels/fill.cuh"
 #include "kernels/gemv.cuh"
+#include "kernels/launch.cuh"
 #include "engine/engine.h"
 
 using namespace hr::engine;
@@ -267,6 +268,37 @@ int main(int argc, char** argv) {
     std::printf("decode batch %d with cuBLASLt only: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s, r->step_s * 1e3);
   }
   backend->set_small_batch_gemv(true);
+  // Without programmatic dependent launch.
+  json no_pdl = json::object();
+  kernels::set_programmatic_launch(false);
+  backend->set_cuda_graphs(true);  // recaptures
+  for (int b : parse_list(batches)) {
+    if (b > 16) continue;
+    auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng);
+    if (!r.is_ok()) {
+      std::fprintf(stderr, "gpu_bench: batch %d without PDL: %s\n", b, r.status().to_string().c_str());
+      return 1;
+    }
+    no_pdl[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
+    std::printf("decode batch %d without programmatic launch: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s,
+                r->step_s * 1e3);
+  }
+  kernels::set_programmatic_launch(true);
+  backend->set_cuda_graphs(true);
+  // Decode attention on the CUDA-core decode kernel instead of the tensor-core kernel.
+  json tc_decode = json::object();
+  backend->set_tensor_core_decode(false);
+  for (int b : parse_list(batches)) {
+    auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng);
+    if (!r.is_ok()) {
+      std::fprintf(stderr, "gpu_bench: batch %d with the decode kernel: %s\n", b, r.status().to_string().c_str());
+      return 1;
+    }
+    tc_decode[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
+    std::printf("decode batch %d, CUDA-core decode attention: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s,
+                r->step_s * 1e3);
+  }
+  backend->set_tensor_core_decode(true);
   backend->set_cuda_graphs(false);
   for (int b : parse_list(batches)) {
     if (b > 16) continue;
@@ -318,6 +350,8 @@ int main(int argc, char** argv) {
       {"decode_step_ms", step_ms},
       {"decode_tok_s_without_graphs", no_graphs},
       {"decode_tok_s_cublaslt_only", no_gemv},
+      {"decode_tok_s_cuda_core_attention", tc_decode},
+      {"decode_tok_s_without_programmatic_launch", no_pdl},
       {"weight_read_fraction", gemv_bw},
       {"decode_profile_ms_per_step", decode_profile},
       {"prefill_profile_ms_per_step", prefill_profile},

@@ -230,7 +230,7 @@ struct AttentionCase {
 // Sequences with various cached lengths and new-token counts in one step, through the planner
 // (with a small or large multiprocessor count, to force or avoid decode splits), against the CPU
 // backend's attend().
-void check_attention(const AttentionCase& ac, int num_sms, std::mt19937& rng) {
+void check_attention(const AttentionCase& ac, int num_sms, bool tc_decode, std::mt19937& rng) {
   const int nh = ac.num_heads, nkv = ac.num_kv_heads, hd = ac.head_dim, bs = 16, KV = nkv * hd;
   // (context length after the step, new tokens in the step)
   std::vector<std::pair<int, int>> seqs = {{1, 1}, {15, 1}, {16, 1}, {17, 1}, {100, 1}, {513, 1},
@@ -263,7 +263,10 @@ void check_attention(const AttentionCase& ac, int num_sms, std::mt19937& rng) {
   in.max_blocks_per_seq = max_blocks;
   AttentionPlan plan;
   const int max_partials = 1024;
-  ASSERT_TRUE(plan_attention(in, {nh, nkv, num_sms, max_partials}, &plan).is_ok());
+  ASSERT_TRUE(plan_attention(in, {nh, nkv, num_sms, max_partials, false, tc_decode}, &plan).is_ok());
+  if (tc_decode) {
+    EXPECT_TRUE(plan.decode.empty());
+  }
   if (num_sms > 100 && nh / nkv <= kernels::kAttentionDecodeRows) {
     EXPECT_GT(plan.combine.size(), 0u) << "a small batch on a large GPU splits its decodes";
   }
@@ -299,6 +302,7 @@ void check_attention(const AttentionCase& ac, int num_sms, std::mt19937& rng) {
         std::vector<float> got(out.begin() + (static_cast<size_t>(t) * nh + h) * hd,
                                out.begin() + (static_cast<size_t>(t) * nh + h + 1) * hd);
         ASSERT_LT(rel_error(got, ref), 2e-2) << "heads " << nh << "/" << nkv << " hd " << hd << " sms " << num_sms
+                                             << " tc_decode " << tc_decode
                                              << " seq " << s << " pos " << positions[t] << " head " << h;
       }
     }
@@ -310,7 +314,9 @@ TEST(CudaKernelsTest, PagedAttentionMatchesReference) {
   std::mt19937 rng(5);
   for (AttentionCase ac : {AttentionCase{4, 4, 32}, AttentionCase{8, 8, 64}, AttentionCase{32, 8, 128},
                            AttentionCase{16, 2, 128}, AttentionCase{16, 1, 64}}) {
-    for (int sms : {1, 132}) check_attention(ac, sms, rng);
+    for (int sms : {1, 132}) {
+      for (bool tc_decode : {false, true}) check_attention(ac, sms, tc_decode, rng);
+    }
   }
 }
 

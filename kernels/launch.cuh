@@ -1,0 +1,12 @@
+// How our kernels are launched: with programmatic dependent launch (Hopper) on by default, so that
+// a kernel's blocks are scheduled while the previous kernel in the stream drains; every kernel
+// waits for its predecessor's results before reading or writing anything it shares. The switch is
+// process-wide (benchmarks compare both modes).
+#pragma once
+
+namespace hr::kernels {
+
+void set_programmatic_launch(bool on);
+bool programmatic_launch();
+
+}  // namespace hr::kernels
