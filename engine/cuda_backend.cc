@@ -11,6 +11,7 @@
 #include "kernels/embedding.cuh"
 #include "kernels/fill.cuh"
 #include "kernels/gemv.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/paged_attention.cuh"
 #include "kernels/rms_norm.cuh"
 #include "kernels/rope_kv.cuh"
@@ -62,6 +63,7 @@ struct CudaBackend::StepLayout {
          prefill_items = 0, combine_items = 0, sample_params = 0, total = 0;
   int num_tokens = 0, num_logits = 0, max_blocks_per_seq = 0;
   int num_decode = 0, num_prefill = 0, num_combine = 0;
+  bool fused = false;  // the small-batch path with norms and activation folded into GEMVs
 };
 
 CudaBackend::CudaBackend(const ModelConfig& config, CudaBackendOptions options)
@@ -210,6 +212,9 @@ Status CudaBackend::init_runtime() {
   HR_RETURN_IF_ERROR(act(&final_, S * D * 2, "activations"));
   HR_RETURN_IF_ERROR(act(&logits_, S * V * 4, "logits"));
   HR_RETURN_IF_ERROR(act(&tokens_, S * 4, "tokens"));
+  HR_RETURN_IF_ERROR(act(&x2_, static_cast<size_t>(kernels::kGemvMaxFusedRows) * D * 4, "activations"));
+  sumsq_bytes_ = static_cast<size_t>(2 * c.num_layers) * kernels::kGemvMaxFusedRows * 4;
+  HR_RETURN_IF_ERROR(act(&sumsq_, sumsq_bytes_, "norm sums"));
   max_partials_ = std::max(8 * num_sms_, 64);
   HR_RETURN_IF_ERROR(act(&partial_out_, static_cast<size_t>(max_partials_) * c.num_heads * c.head_dim * 4,
                          "attention partials"));
@@ -372,6 +377,8 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   lay.num_decode = static_cast<int>(decode.size());
   lay.num_prefill = static_cast<int>(prefill.size());
   lay.num_combine = static_cast<int>(combine.size());
+  lay.fused = options_.small_batch_gemv && options_.fused_small_batch && T <= kGemvRows &&
+              T <= kernels::kGemvMaxFusedRows && uniform_decode(in);
   size_t off = 0;
   auto place = [&](size_t bytes) {
     size_t at = off;
@@ -452,6 +459,8 @@ Status CudaBackend::launch_step(const StepLayout& lay, bool sample) {
   const auto* d_slots = reinterpret_cast<const int32_t*>(d + lay.slots);
   const auto* d_logits_rows = reinterpret_cast<const int32_t*>(d + lay.logits_rows);
 
+  const ProgrammaticLaunch pl = options_.programmatic_launch;
+  kernels::set_programmatic_launch(pl == ProgrammaticLaunch::kOn || (pl == ProgrammaticLaunch::kAuto && !lay.fused));
   mark("start");
   HR_CUDA("embedding", kernels::embedding_gather(embed_, d_tokens, T, D, x_, stream_));
   mark("embedding");
@@ -485,13 +494,26 @@ Status CudaBackend::launch_step(const StepLayout& lay, bool sample) {
   rope.num_kv_heads = nkv;
   rope.head_dim = c.head_dim;
 
+  // Small uniform decode steps run each layer as four GEMVs with the norms, the residual adds and
+  // the activation folded in; the residual stream then alternates between x_ and x2_, and each
+  // residual write accumulates its rows' sums of squares into sumsq_ for the next norm.
+  const bool fused = lay.fused;
+  float* r_in = x_;
+  float* r_alt = x2_;
+  const float* s_in = nullptr;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (fused) HR_CUDA("zeroing norm sums", cudaMemsetAsync(sumsq_, 0, sumsq_bytes_, stream_));
   for (int li = 0; li < c.num_layers; ++li) {
     const Layer& W = layers_[static_cast<size_t>(li)];
-    norm.delta = li == 0 ? nullptr : delta_;
-    norm.weight = W.input_norm;
-    HR_CUDA("input norm", kernels::add_rms_norm(norm, stream_));
-    mark("norm");
-    HR_RETURN_IF_ERROR(matmul(h_, W.wqkv, qkv_, GemmOut::kF32, T, QKV, D));
+    if (!fused || li == 0) {
+      norm.delta = li == 0 ? nullptr : delta_;
+      norm.weight = W.input_norm;
+      HR_CUDA("input norm", kernels::add_rms_norm(norm, stream_));
+      mark("norm");
+      HR_RETURN_IF_ERROR(matmul(h_, W.wqkv, qkv_, GemmOut::kF32, T, QKV, D));
+    } else {
+      HR_RETURN_IF_ERROR(gemv_normed(r_in, s_in, W.input_norm, eps, W.wqkv, qkv_, false, T, QKV, D));
+    }
     mark("qkv_proj");
     rope.bias = W.bqkv;
     rope.k_cache = k_cache_[static_cast<size_t>(li)];
@@ -511,6 +533,19 @@ Status CudaBackend::launch_step(const StepLayout& lay, bool sample) {
                 attn, reinterpret_cast<const kernels::AttentionCombineItem*>(d + lay.combine_items),
                 lay.num_combine, stream_));
     mark("attention");
+    if (fused) {
+      float* sums = sumsq_ + static_cast<size_t>(2 * li) * kernels::kGemvMaxFusedRows;
+      HR_RETURN_IF_ERROR(gemv_residual(attn_, W.wo, r_in, r_alt, sums, T, D, Q));
+      mark("o_proj");
+      // Each warp computes a gate row and its up row and writes SwiGLU's activation.
+      HR_RETURN_IF_ERROR(gemv_normed(r_alt, sums, W.post_norm, eps, W.w_gate_up, act_, true, T, F, D, true));
+      mark("gate_up_proj");
+      float* next_sums = sums + kernels::kGemvMaxFusedRows;
+      HR_RETURN_IF_ERROR(gemv_residual(act_, W.w_down, r_alt, r_in, next_sums, T, D, F));
+      s_in = next_sums;
+      mark("down_proj");
+      continue;
+    }
     HR_RETURN_IF_ERROR(matmul(attn_, W.wo, delta_, GemmOut::kF32, T, D, Q));
     mark("o_proj");
     norm.delta = delta_;
@@ -525,13 +560,17 @@ Status CudaBackend::launch_step(const StepLayout& lay, bool sample) {
     mark("down_proj");
   }
   if (L == 0) return Status::ok();
-  norm.delta = delta_;
-  norm.weight = final_norm_;
-  norm.rows = d_logits_rows;
-  norm.num_rows = L;
-  norm.out = final_;
-  HR_CUDA("final norm", kernels::add_rms_norm(norm, stream_));
-  HR_RETURN_IF_ERROR(matmul(final_, lm_head_, logits_, GemmOut::kF32, L, V, D));
+  if (fused) {
+    HR_RETURN_IF_ERROR(gemv_normed(r_in, s_in, final_norm_, eps, lm_head_, logits_, false, L, V, D));
+  } else {
+    norm.delta = delta_;
+    norm.weight = final_norm_;
+    norm.rows = d_logits_rows;
+    norm.num_rows = L;
+    norm.out = final_;
+    HR_CUDA("final norm", kernels::add_rms_norm(norm, stream_));
+    HR_RETURN_IF_ERROR(matmul(final_, lm_head_, logits_, GemmOut::kF32, L, V, D));
+  }
   mark("lm_head");
   if (sample) {
     HR_CUDA("sampling", kernels::sample_tokens(logits_, L, V,
@@ -545,21 +584,65 @@ Status CudaBackend::launch_step(const StepLayout& lay, bool sample) {
 Status CudaBackend::matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, GemmOut out, int m, int n,
                            int k) {
   if (options_.small_batch_gemv && m <= kGemvRows && k % 8 == 0) {
-    HR_CUDA("gemv", kernels::gemv(x, w, y, out == GemmOut::kBF16, m, n, k, stream_));
+    kernels::GemvParams p;
+    p.w = w;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    p.x = x;
+    p.y = y;
+    p.y_bf16 = out == GemmOut::kBF16;
+    HR_CUDA("gemv", kernels::gemv(p, stream_));
     return Status::ok();
   }
   return gemm_->run(x, w, y, out, m, n, k, stream_);
 }
 
-bool CudaBackend::graph_step(const StepInput& in) const {
-  if (!options_.cuda_graphs || profiling_ || in.num_tokens != in.num_seqs || in.num_logits != in.num_seqs ||
-      config_.num_heads / config_.num_kv_heads > kernels::kAttentionDecodeRows) {
-    return false;
-  }
+Status CudaBackend::gemv_normed(const float* resid, const float* sumsq, const float* norm_weight, float eps,
+                                const __nv_bfloat16* w, void* y, bool y_bf16, int m, int n, int k, bool swiglu) {
+  kernels::GemvParams p;
+  p.w = w;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.input = kernels::GemvInput::kRmsNorm;
+  p.resid = resid;
+  p.resid_sumsq = sumsq;
+  p.norm_weight = norm_weight;
+  p.eps = eps;
+  p.y = y;
+  p.y_bf16 = y_bf16;
+  p.swiglu = swiglu;
+  HR_CUDA("normed gemv", kernels::gemv(p, stream_));
+  return Status::ok();
+}
+
+Status CudaBackend::gemv_residual(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* resid_in,
+                                  float* resid_out, float* sumsq, int m, int n, int k) {
+  kernels::GemvParams p;
+  p.w = w;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.x = x;
+  p.resid_in = resid_in;
+  p.resid_out = resid_out;
+  p.out_sumsq = sumsq;
+  HR_CUDA("residual gemv", kernels::gemv(p, stream_));
+  return Status::ok();
+}
+
+bool CudaBackend::uniform_decode(const StepInput& in) {
+  if (in.num_tokens != in.num_seqs || in.num_logits != in.num_seqs) return false;
   for (int s = 0; s < in.num_seqs; ++s) {
     if (in.seq_start[s + 1] != s + 1 || in.logits_rows[s] != s) return false;
   }
   return true;
+}
+
+bool CudaBackend::graph_step(const StepInput& in) const {
+  return options_.cuda_graphs && !profiling_ &&
+         config_.num_heads / config_.num_kv_heads <= kernels::kAttentionDecodeRows && uniform_decode(in);
 }
 
 void CudaBackend::clear_graphs() {

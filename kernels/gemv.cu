@@ -1,5 +1,6 @@
 // GEMV for few rows: one warp per output column n; each lane streams 16-byte pieces of w's row n
-// (eight in flight, marked evict-first) and multiplies them with the same pieces of every x row (small, cached).
+// (eight in flight, marked evict-first, the first ones prefetched into L2 before waiting for the
+// previous kernel) and multiplies them with the matching pieces of every input row (small, cached).
 #include "kernels/gemv.cuh"
 #include "kernels/internal/common.cuh"
 
@@ -9,89 +10,194 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 constexpr int kUnroll = 8;
 
-template <int M>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const __nv_bfloat16* x, const __nv_bfloat16* w,
-                                                                   void* y, bool y_bf16, int n, int k) {
-  internal::pdl_launch_dependents();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int col = blockIdx.x * kWarpsPerBlock + warp;
-  if (col >= n) return;
-  const uint4* wrow = reinterpret_cast<const uint4*>(w + static_cast<size_t>(col) * k);
-  const int num_vec = k / 8;
-  // The weights are constant: pull this warp's first pieces into L2 while the previous kernel ends.
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    if (lane + 32 * u < num_vec) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(wrow + lane + 32 * u));
+// Input row i's elements [8 v, 8 v + 8) as floats.
+template <GemvInput IN>
+__device__ __forceinline__ void load_input(const GemvParams& p, int i, int v, float scale, float* xf) {
+  if constexpr (IN == GemvInput::kBf16) {
+    internal::bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(p.x + static_cast<size_t>(i) * p.k) + v), xf);
+  } else {
+    const float4* r = reinterpret_cast<const float4*>(p.resid + static_cast<size_t>(i) * p.k) + 2 * v;
+    const float4* w = reinterpret_cast<const float4*>(p.norm_weight) + 2 * v;
+    const float4 r0 = __ldg(r), r1 = __ldg(r + 1), w0 = __ldg(w), w1 = __ldg(w + 1);
+    xf[0] = r0.x * scale * w0.x;
+    xf[1] = r0.y * scale * w0.y;
+    xf[2] = r0.z * scale * w0.z;
+    xf[3] = r0.w * scale * w0.w;
+    xf[4] = r1.x * scale * w1.x;
+    xf[5] = r1.y * scale * w1.y;
+    xf[6] = r1.z * scale * w1.z;
+    xf[7] = r1.w * scale * w1.w;
   }
-  internal::pdl_wait();
-  float acc[M];
-#pragma unroll
-  for (int i = 0; i < M; ++i) acc[i] = 0.0f;
+}
+
+// acc[r][i] += w_r[8 v, 8 v + 8) · input_i[8 v, 8 v + 8) for R weight rows and M input rows.
+template <int M, int R, GemvInput IN>
+__device__ __forceinline__ void accumulate(const GemvParams& p, const uint4* const* wrow, int num_vec, int lane,
+                                           const float* scale, float (*acc)[M]) {
   int v = lane;
   for (; v + 32 * (kUnroll - 1) < num_vec; v += 32 * kUnroll) {
-    uint4 wv[kUnroll];
+    uint4 wv[R][kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) wv[u] = __ldcs(wrow + v + 32 * u);  // streamed: read once
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) wv[r][u] = __ldcs(wrow[r] + v + 32 * u);  // streamed: read once
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      float wf[8];
-      internal::bf16x8_to_float(wv[u], wf);
 #pragma unroll
       for (int i = 0; i < M; ++i) {
         float xf[8];
-        internal::bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(i) * k) + v + 32 * u), xf);
+        load_input<IN>(p, i, v + 32 * u, scale[i], xf);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[i] += wf[j] * xf[j];
+        for (int r = 0; r < R; ++r) {
+          float wf[8];
+          internal::bf16x8_to_float(wv[r][u], wf);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[r][i] += wf[j] * xf[j];
+        }
       }
     }
   }
   for (; v < num_vec; v += 32) {
-    float wf[8];
-    internal::bf16x8_to_float(__ldcs(wrow + v), wf);
 #pragma unroll
     for (int i = 0; i < M; ++i) {
       float xf[8];
-      internal::bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(i) * k) + v), xf);
+      load_input<IN>(p, i, v, scale[i], xf);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[i] += wf[j] * xf[j];
-    }
-  }
+      for (int r = 0; r < R; ++r) {
+        float wf[8];
+        internal::bf16x8_to_float(__ldcs(wrow[r] + v), wf);
 #pragma unroll
-  for (int i = 0; i < M; ++i) {
-    const float s = internal::warp_sum(acc[i]);
-    if (lane == 0) {
-      const size_t at = static_cast<size_t>(i) * n + col;
-      if (y_bf16) {
-        reinterpret_cast<__nv_bfloat16*>(y)[at] = __float2bfloat16_rn(s);
-      } else {
-        reinterpret_cast<float*>(y)[at] = s;
+        for (int j = 0; j < 8; ++j) acc[r][i] += wf[j] * xf[j];
       }
     }
   }
 }
 
+enum class GemvOut { kStore, kSwiglu, kResidual };
+
+template <int M, GemvInput IN, GemvOut OUT>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvParams p) {
+  constexpr int R = OUT == GemvOut::kSwiglu ? 2 : 1;  // weight rows per warp
+  internal::pdl_launch_dependents();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int col = blockIdx.x * kWarpsPerBlock + warp;
+  const bool active = col < p.n;  // warp-uniform
+  const uint4* wrow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    wrow[r] = reinterpret_cast<const uint4*>(p.w + (static_cast<size_t>(active ? col : 0) + r * p.n) * p.k);
+  }
+  const int num_vec = p.k / 8;
+  // The weights are constant: pull this warp's first pieces into L2 while the previous kernel ends.
+  if (active) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (lane + 32 * u < num_vec) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(wrow[r] + lane + 32 * u));
+      }
+    }
+  }
+  internal::pdl_wait();
+  float scale[M];
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    scale[i] = IN == GemvInput::kRmsNorm ? rsqrtf(p.resid_sumsq[i] / static_cast<float>(p.k) + p.eps) : 1.0f;
+  }
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
+  }
+  if (active) accumulate<M, R, IN>(p, wrow, num_vec, lane, scale, acc);
+  if constexpr (OUT == GemvOut::kResidual) {
+    __shared__ float squares[M][kWarpsPerBlock];
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      const float s = internal::warp_sum(acc[0][i]);
+      if (lane == 0) {
+        float r = 0.0f;
+        if (active) {
+          const size_t at = static_cast<size_t>(i) * p.n + col;
+          r = p.resid_in[at] + s;
+          p.resid_out[at] = r;
+        }
+        squares[i][warp] = r * r;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < M) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarpsPerBlock; ++w) sum += squares[threadIdx.x][w];
+      atomicAdd(p.out_sumsq + threadIdx.x, sum);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      const float s = internal::warp_sum(acc[0][i]);
+      const float u = R == 2 ? internal::warp_sum(acc[R - 1][i]) : 0.0f;
+      if (lane == 0 && active) {
+        const size_t at = static_cast<size_t>(i) * p.n + col;
+        if (OUT == GemvOut::kSwiglu) {
+          reinterpret_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16_rn(s / (1.0f + __expf(-s)) * u);
+        } else if (p.y_bf16) {
+          reinterpret_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16_rn(s);
+        } else {
+          reinterpret_cast<float*>(p.y)[at] = s;
+        }
+      }
+    }
+  }
+}
+
+template <int M, GemvInput IN, GemvOut OUT>
+cudaError_t launch_gemv(const GemvParams& p, cudaStream_t stream) {
+  const int blocks = (p.n + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  return internal::launch(gemv_kernel<M, IN, OUT>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream, p);
+}
+
+template <int M, GemvInput IN>
+cudaError_t launch_out(const GemvParams& p, cudaStream_t stream) {
+  if (p.resid_out) return launch_gemv<M, IN, GemvOut::kResidual>(p, stream);
+  if (p.swiglu) return launch_gemv<M, IN, GemvOut::kSwiglu>(p, stream);
+  return launch_gemv<M, IN, GemvOut::kStore>(p, stream);
+}
+
 template <int M>
-cudaError_t launch(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_bf16, int n, int k,
-                   cudaStream_t stream) {
-  const int blocks = (n + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  return internal::launch(gemv_kernel<M>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream, x, w, y, y_bf16, n, k);
+cudaError_t launch_fused(const GemvParams& p, cudaStream_t stream) {
+  return p.input == GemvInput::kRmsNorm ? launch_out<M, GemvInput::kRmsNorm>(p, stream)
+                                        : launch_out<M, GemvInput::kBf16>(p, stream);
 }
 
 }  // namespace
 
-cudaError_t gemv(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_bf16, int m, int n, int k,
-                 cudaStream_t stream) {
-  if (m < 1 || m > kGemvMaxRows || n < 1 || k < 8 || k % 8 != 0 || !x || !w || !y) return cudaErrorInvalidValue;
-  if (!internal::aligned16(x) || !internal::aligned16(w)) return cudaErrorMisalignedAddress;
-  switch (m) {
-    case 1: return launch<1>(x, w, y, y_bf16, n, k, stream);
-    case 2: return launch<2>(x, w, y, y_bf16, n, k, stream);
-    case 3: return launch<3>(x, w, y, y_bf16, n, k, stream);
-    case 4: return launch<4>(x, w, y, y_bf16, n, k, stream);
-    case 5: return launch<5>(x, w, y, y_bf16, n, k, stream);
-    case 6: return launch<6>(x, w, y, y_bf16, n, k, stream);
-    case 7: return launch<7>(x, w, y, y_bf16, n, k, stream);
-    default: return launch<8>(x, w, y, y_bf16, n, k, stream);
+cudaError_t gemv(const GemvParams& p, cudaStream_t stream) {
+  if (p.m < 1 || p.m > kGemvMaxRows || p.n < 1 || p.k < 8 || p.k % 8 != 0 || !p.w) return cudaErrorInvalidValue;
+  const bool fused = p.input != GemvInput::kBf16 || p.resid_out != nullptr || p.swiglu;
+  if (fused && p.m > kGemvMaxFusedRows) return cudaErrorInvalidValue;
+  if (p.input == GemvInput::kRmsNorm ? (!p.resid || !p.resid_sumsq || !p.norm_weight) : !p.x) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.resid_out ? (!p.resid_in || !p.out_sumsq || p.resid_in == p.resid_out || p.swiglu) : !p.y) {
+    return cudaErrorInvalidValue;
+  }
+  if (!internal::aligned16(p.w) || (p.x && !internal::aligned16(p.x)) || (p.resid && !internal::aligned16(p.resid)) ||
+      (p.norm_weight && !internal::aligned16(p.norm_weight))) {
+    return cudaErrorMisalignedAddress;
+  }
+  if (fused) return p.m == 1 ? launch_fused<1>(p, stream) : launch_fused<2>(p, stream);
+  switch (p.m) {
+    case 1: return launch_gemv<1, GemvInput::kBf16, GemvOut::kStore>(p, stream);
+    case 2: return launch_gemv<2, GemvInput::kBf16, GemvOut::kStore>(p, stream);
+    case 3: return launch_gemv<3, GemvInput::kBf16, GemvOut::kStore>(p, stream);
+    case 4: return launch_gemv<4, GemvInput::kBf16, GemvOut::kStore>(p, stream);
+    case 5: return launch_gemv<5, GemvInput::kBf16, GemvOut::kStore>(p, stream);
+    case 6: return launch_gemv<6, GemvInput::kBf16, GemvOut::kStore>(p, stream);
+    case 7: return launch_gemv<7, GemvInput::kBf16, GemvOut::kStore>(p, stream);
+    default: return launch_gemv<8, GemvInput::kBf16, GemvOut::kStore>(p, stream);
   }
 }
 

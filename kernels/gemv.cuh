@@ -1,5 +1,9 @@
 // Matrix-vector products for decode steps with few rows: y[m, n] = x[m, k] · w[n, k]^T for
 // m <= kGemvMaxRows, bound by reading w once at full memory bandwidth (cuBLASLt handles larger m).
+// For m <= kGemvMaxFusedRows the input may be the RMS-normalised residual stream (from its rows'
+// sums of squares), the output may be SwiGLU's activation (each warp computing a gate row and its
+// up row), or a residual update that also accumulates the new rows' sums of squares: a decode
+// layer then needs no separate norm or activation kernels.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,10 +12,34 @@
 namespace hr::kernels {
 
 constexpr int kGemvMaxRows = 8;
+constexpr int kGemvMaxFusedRows = 2;
 
-// x: [m, k] bf16; w: [n, k] bf16; y: [m, n], fp32 when y_bf16 is false, else bf16. k a multiple
-// of 8 and x, w 16-byte aligned.
-cudaError_t gemv(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_bf16, int m, int n, int k,
-                 cudaStream_t stream);
+enum class GemvInput {
+  kBf16,     // x: [m, k] bf16
+  kRmsNorm,  // resid [m, k] fp32, resid_sumsq [m], norm_weight [k]: resid * rsqrt(sumsq / k + eps) * w
+};
+
+struct GemvParams {
+  const __nv_bfloat16* w = nullptr;  // [n, k] bf16, 16-byte aligned
+  int m = 0, n = 0, k = 0;           // k a multiple of 8
+  GemvInput input = GemvInput::kBf16;
+  const __nv_bfloat16* x = nullptr;
+  const float* resid = nullptr;
+  const float* resid_sumsq = nullptr;
+  const float* norm_weight = nullptr;
+  float eps = 1e-5f;
+  // Output y [m, n] (fp32, or bf16 when y_bf16) ...
+  void* y = nullptr;
+  bool y_bf16 = false;
+  // ... with swiglu, w has 2n rows (gate rows, then up rows) and y[i, j] = bf16(silu(gate_j) * up_j) ...
+  bool swiglu = false;
+  // ... or, when resid_out is set, the residual update resid_out = resid_in + x · w^T, with each
+  // row's sum of squares added into out_sumsq [m] (zeroed by the caller). resid_out != resid_in.
+  const float* resid_in = nullptr;
+  float* resid_out = nullptr;
+  float* out_sumsq = nullptr;
+};
+
+cudaError_t gemv(const GemvParams& p, cudaStream_t stream);
 
 }  // namespace hr::kernels

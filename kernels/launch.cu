@@ -1,14 +1,12 @@
 // The launch-mode switch.
-#include <atomic>
-
 #include "kernels/launch.cuh"
 
 namespace hr::kernels {
 namespace {
-std::atomic<bool> g_programmatic{true};
+thread_local bool t_programmatic = true;
 }  // namespace
 
-void set_programmatic_launch(bool on) { g_programmatic.store(on, std::memory_order_relaxed); }
-bool programmatic_launch() { return g_programmatic.load(std::memory_order_relaxed); }
+void set_programmatic_launch(bool on) { t_programmatic = on; }
+bool programmatic_launch() { return t_programmatic; }
 
 }  // namespace hr::kernels

@@ -1,7 +1,7 @@
 // How our kernels are launched: with programmatic dependent launch (Hopper) on by default, so that
 // a kernel's blocks are scheduled while the previous kernel in the stream drains; every kernel
-// waits for its predecessor's results before reading or writing anything it shares. The switch is
-// process-wide (benchmarks compare both modes).
+// waits for its predecessor's results before reading or writing anything it shares. The switch
+// applies to launches from the calling thread (a backend sets it for its own steps).
 #pragma once
 
 namespace hr::kernels {

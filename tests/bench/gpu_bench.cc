@@ -18,7 +18,6 @@
 #include "engine/cuda_gemm.h"
 #include "kernels/fill.cuh"
 #include "kernels/gemv.cuh"
-#include "kernels/launch.cuh"
 #include "engine/engine.h"
 
 using namespace hr::engine;
@@ -163,7 +162,14 @@ json gemv_vs_cublaslt(const ModelConfig& c, double bw) {
           __nv_bfloat16* w = ws[static_cast<size_t>(r % copies)];
           cudaEventRecord(e0);
           if (impl == 0) {
-            kernels::gemv(x, w, y, false, m, n, k, nullptr);
+            kernels::GemvParams gp;
+            gp.w = w;
+            gp.m = m;
+            gp.n = n;
+            gp.k = k;
+            gp.x = x;
+            gp.y = y;
+            kernels::gemv(gp, nullptr);
           } else {
             (void)(*gemm)->run(x, w, y, GemmOut::kF32, m, n, k, nullptr);
           }
@@ -268,23 +274,40 @@ int main(int argc, char** argv) {
     std::printf("decode batch %d with cuBLASLt only: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s, r->step_s * 1e3);
   }
   backend->set_small_batch_gemv(true);
-  // Without programmatic dependent launch.
-  json no_pdl = json::object();
-  kernels::set_programmatic_launch(false);
-  backend->set_cuda_graphs(true);  // recaptures
+  // Without the fused small-batch path (separate norm and SiLU kernels).
+  json no_fused = json::object();
+  backend->set_fused_small_batch(false);
   for (int b : parse_list(batches)) {
-    if (b > 16) continue;
+    if (b > 2) continue;
     auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng);
     if (!r.is_ok()) {
-      std::fprintf(stderr, "gpu_bench: batch %d without PDL: %s\n", b, r.status().to_string().c_str());
+      std::fprintf(stderr, "gpu_bench: batch %d unfused: %s\n", b, r.status().to_string().c_str());
       return 1;
     }
-    no_pdl[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
-    std::printf("decode batch %d without programmatic launch: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s,
+    no_fused[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
+    std::printf("decode batch %d without the fused small-batch path: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s,
                 r->step_s * 1e3);
   }
-  kernels::set_programmatic_launch(true);
-  backend->set_cuda_graphs(true);
+  backend->set_fused_small_batch(true);
+  // Programmatic dependent launch always on, and always off (the default turns it off for the
+  // fused one- and two-token steps only).
+  json pdl_on = json::object(), pdl_off = json::object();
+  for (auto mode : {ProgrammaticLaunch::kOn, ProgrammaticLaunch::kOff}) {
+    backend->set_programmatic_launch(mode);
+    for (int b : parse_list(batches)) {
+      if (b > 16) continue;
+      auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng);
+      if (!r.is_ok()) {
+        std::fprintf(stderr, "gpu_bench: batch %d, launch mode: %s\n", b, r.status().to_string().c_str());
+        return 1;
+      }
+      const bool on = mode == ProgrammaticLaunch::kOn;
+      (on ? pdl_on : pdl_off)[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
+      std::printf("decode batch %d, programmatic launch %s: %.1f tok/s (%.2f ms/step)\n", b, on ? "on" : "off",
+                  r->tok_s, r->step_s * 1e3);
+    }
+  }
+  backend->set_programmatic_launch(ProgrammaticLaunch::kAuto);
   // Decode attention on the CUDA-core decode kernel instead of the tensor-core kernel.
   json tc_decode = json::object();
   backend->set_tensor_core_decode(false);
@@ -351,7 +374,9 @@ int main(int argc, char** argv) {
       {"decode_tok_s_without_graphs", no_graphs},
       {"decode_tok_s_cublaslt_only", no_gemv},
       {"decode_tok_s_cuda_core_attention", tc_decode},
-      {"decode_tok_s_without_programmatic_launch", no_pdl},
+      {"decode_tok_s_programmatic_launch_on", pdl_on},
+      {"decode_tok_s_programmatic_launch_off", pdl_off},
+      {"decode_tok_s_unfused_small_batch", no_fused},
       {"weight_read_fraction", gemv_bw},
       {"decode_profile_ms_per_step", decode_profile},
       {"prefill_profile_ms_per_step", prefill_profile},

@@ -352,8 +352,17 @@ TEST(CudaKernelsTest, GemvMatchesReference) {
       std::vector<float> x = random_vec(static_cast<size_t>(m) * k, rng), w = random_vec(static_cast<size_t>(n) * k, rng);
       DeviceBuffer<uint16_t> d_x(to_bf16(x)), d_w(to_bf16(w)), d_y16(static_cast<size_t>(m + 1) * n);
       DeviceBuffer<float> d_y(static_cast<size_t>(m + 1) * n);  // one spare row: must stay untouched
-      ASSERT_EQ(kernels::gemv(BF(d_x.ptr), BF(d_w.ptr), d_y.ptr, false, m, n, k, nullptr), cudaSuccess);
-      ASSERT_EQ(kernels::gemv(BF(d_x.ptr), BF(d_w.ptr), d_y16.ptr, true, m, n, k, nullptr), cudaSuccess);
+      kernels::GemvParams gp;
+      gp.w = BF(d_w.ptr);
+      gp.m = m;
+      gp.n = n;
+      gp.k = k;
+      gp.x = BF(d_x.ptr);
+      gp.y = d_y.ptr;
+      ASSERT_EQ(kernels::gemv(gp, nullptr), cudaSuccess);
+      gp.y = d_y16.ptr;
+      gp.y_bf16 = true;
+      ASSERT_EQ(kernels::gemv(gp, nullptr), cudaSuccess);
       std::vector<float> ref(static_cast<size_t>(m) * n);
       for (int i = 0; i < m; ++i) {
         for (int j = 0; j < n; ++j) {
@@ -375,6 +384,98 @@ TEST(CudaKernelsTest, GemvMatchesReference) {
       EXPECT_LT(rel_error(y, ref), 1e-5) << m << "x" << n << "x" << k;
       EXPECT_LT(rel_error(bf16_to_float(y16), ref), 5e-3) << m << "x" << n << "x" << k;
     }
+  }
+}
+
+// The fused modes: input RMS-normalised from the residual stream's sums of squares, SwiGLU's
+// activation as output, and the residual update that accumulates the new rows' sums of squares.
+TEST(CudaKernelsTest, FusedGemvModesMatchReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(9);
+  const int n = 1000, k = 1024;
+  for (int m = 1; m <= kernels::kGemvMaxFusedRows; ++m) {
+    std::vector<float> w = random_vec(static_cast<size_t>(n) * k, rng);
+    DeviceBuffer<uint16_t> d_w(to_bf16(w));
+    // Normalised input.
+    std::vector<float> resid = random_vec(static_cast<size_t>(m) * k, rng, -2.0f, 2.0f);
+    std::vector<float> nw = random_vec(k, rng, 0.5f, 1.5f), sumsq(m, 0.0f);
+    for (int i = 0; i < m; ++i) {
+      for (int c = 0; c < k; ++c) sumsq[i] += resid[i * k + c] * resid[i * k + c];
+    }
+    DeviceBuffer<float> d_resid(resid), d_nw(nw), d_sumsq(sumsq), d_y(static_cast<size_t>(m) * n);
+    kernels::GemvParams gp;
+    gp.w = BF(d_w.ptr);
+    gp.m = m;
+    gp.n = n;
+    gp.k = k;
+    gp.input = kernels::GemvInput::kRmsNorm;
+    gp.resid = d_resid.ptr;
+    gp.resid_sumsq = d_sumsq.ptr;
+    gp.norm_weight = d_nw.ptr;
+    gp.eps = 1e-5f;
+    gp.y = d_y.ptr;
+    ASSERT_EQ(kernels::gemv(gp, nullptr), cudaSuccess);
+    std::vector<float> ref(static_cast<size_t>(m) * n), h(k);
+    for (int i = 0; i < m; ++i) {
+      rms_norm(&resid[i * k], nw.data(), k, 1e-5f, h.data());
+      for (int j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int c = 0; c < k; ++c) acc += static_cast<double>(h[c]) * w[j * k + c];
+        ref[i * n + j] = static_cast<float>(acc);
+      }
+    }
+    EXPECT_LT(rel_error(d_y.get(), ref), 1e-4) << "rms-norm input, m=" << m;
+    // SwiGLU output: gate rows then up rows in w2 (2n rows), y = silu(gate) * up.
+    std::vector<float> w2 = random_vec(static_cast<size_t>(2) * n * k, rng);
+    DeviceBuffer<uint16_t> d_w2(to_bf16(w2)), d_act(static_cast<size_t>(m) * n);
+    kernels::GemvParams sp = gp;
+    sp.w = BF(d_w2.ptr);
+    sp.y = d_act.ptr;
+    sp.y_bf16 = true;
+    sp.swiglu = true;
+    ASSERT_EQ(kernels::gemv(sp, nullptr), cudaSuccess);
+    std::vector<float> aref(static_cast<size_t>(m) * n), gu(2 * n);
+    for (int i = 0; i < m; ++i) {
+      rms_norm(&resid[i * k], nw.data(), k, 1e-5f, h.data());
+      for (int j = 0; j < 2 * n; ++j) {
+        double acc = 0;
+        for (int c = 0; c < k; ++c) acc += static_cast<double>(h[c]) * w2[static_cast<size_t>(j) * k + c];
+        gu[j] = static_cast<float>(acc);
+      }
+      silu_mul(gu.data(), n, &aref[static_cast<size_t>(i) * n]);
+    }
+    EXPECT_LT(rel_error(bf16_to_float(d_act.get()), aref), 5e-3) << "swiglu output, m=" << m;
+    // Residual update as output, accumulating the new rows' sums of squares.
+    std::vector<float> xin = random_vec(static_cast<size_t>(m) * k, rng, -3.0f, 3.0f);
+    std::vector<float> rin = random_vec(static_cast<size_t>(m) * n, rng);
+    DeviceBuffer<uint16_t> d_xin(to_bf16(xin));
+    DeviceBuffer<float> d_rin(rin), d_rout(static_cast<size_t>(m) * n), d_sums(std::vector<float>(m, 0.0f));
+    kernels::GemvParams rp;
+    rp.w = BF(d_w.ptr);
+    rp.m = m;
+    rp.n = n;
+    rp.k = k;
+    rp.x = BF(d_xin.ptr);
+    rp.resid_in = d_rin.ptr;
+    rp.resid_out = d_rout.ptr;
+    rp.out_sumsq = d_sums.ptr;
+    ASSERT_EQ(kernels::gemv(rp, nullptr), cudaSuccess);
+    std::vector<float> rref(static_cast<size_t>(m) * n);
+    std::vector<double> sref(m, 0.0);
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int c = 0; c < k; ++c) acc += static_cast<double>(xin[i * k + c]) * w[j * k + c];
+        rref[i * n + j] = rin[i * n + j] + static_cast<float>(acc);
+        sref[i] += static_cast<double>(rref[i * n + j]) * rref[i * n + j];
+      }
+    }
+    EXPECT_LT(rel_error(d_rout.get(), rref), 1e-4) << "residual output, m=" << m;
+    auto sums = d_sums.get();
+    for (int i = 0; i < m; ++i) EXPECT_NEAR(sums[i], sref[i], 1e-4 * sref[i]) << "row " << i;
+    // Three rows are refused in the fused modes.
+    rp.m = 3;
+    EXPECT_EQ(kernels::gemv(rp, nullptr), cudaErrorInvalidValue);
   }
 }
 
