@@ -41,6 +41,15 @@ size_t align16(size_t n) { return (n + 15) & ~size_t{15}; }
 // four and falls behind by eight (bench_gpu.sh's weight_read_fraction).
 constexpr int kGemvRows = 2;
 
+kernels::GemvParams gemv_params(const __nv_bfloat16* w, int m, int n, int k) {
+  kernels::GemvParams p;
+  p.w = w;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  return p;
+}
+
 }  // namespace
 
 #define HR_CUDA_OF(backend, op, expr)                                        \
@@ -256,20 +265,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelWeights& w, 
   HR_RETURN_IF_ERROR(b->open_device());
   HR_RETURN_IF_ERROR(b->allocate_weights());
   for (const WeightPiece& piece : weight_pieces(w.config)) {
-    const std::vector<float>* src = nullptr;
-    const LayerWeights* l = piece.layer >= 0 ? &w.layers[static_cast<size_t>(piece.layer)] : nullptr;
-    switch (piece.slot) {
-      case WeightSlot::kEmbed: src = &w.embed; break;
-      case WeightSlot::kLmHead: src = &w.lm_head; break;
-      case WeightSlot::kFinalNorm: src = &w.final_norm; break;
-      case WeightSlot::kInputNorm: src = &l->input_norm; break;
-      case WeightSlot::kPostNorm: src = &l->post_norm; break;
-      case WeightSlot::kQkv: src = &l->wqkv; break;
-      case WeightSlot::kQkvBias: src = &l->bqkv; break;
-      case WeightSlot::kO: src = &l->wo; break;
-      case WeightSlot::kGateUp: src = &l->w_gate_up; break;
-      case WeightSlot::kDown: src = &l->w_down; break;
-    }
+    const std::vector<float>* src = &w.slot(piece.slot, piece.layer);
     if (piece.offset != 0) continue;  // the fused vector goes up whole with its first piece
     HR_RETURN_IF_ERROR(b->upload(b->slot_data(piece.slot, piece.layer), *src, !is_vector_slot(piece.slot)));
   }
@@ -584,11 +580,7 @@ Status CudaBackend::launch_step(const StepLayout& lay, bool sample) {
 Status CudaBackend::matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, GemmOut out, int m, int n,
                            int k) {
   if (options_.small_batch_gemv && m <= kGemvRows && k % 8 == 0) {
-    kernels::GemvParams p;
-    p.w = w;
-    p.m = m;
-    p.n = n;
-    p.k = k;
+    kernels::GemvParams p = gemv_params(w, m, n, k);
     p.x = x;
     p.y = y;
     p.y_bf16 = out == GemmOut::kBF16;
@@ -600,11 +592,7 @@ Status CudaBackend::matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, void*
 
 Status CudaBackend::gemv_normed(const float* resid, const float* sumsq, const float* norm_weight, float eps,
                                 const __nv_bfloat16* w, void* y, bool y_bf16, int m, int n, int k, bool swiglu) {
-  kernels::GemvParams p;
-  p.w = w;
-  p.m = m;
-  p.n = n;
-  p.k = k;
+  kernels::GemvParams p = gemv_params(w, m, n, k);
   p.input = kernels::GemvInput::kRmsNorm;
   p.resid = resid;
   p.resid_sumsq = sumsq;
@@ -619,11 +607,7 @@ Status CudaBackend::gemv_normed(const float* resid, const float* sumsq, const fl
 
 Status CudaBackend::gemv_residual(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* resid_in,
                                   float* resid_out, float* sumsq, int m, int n, int k) {
-  kernels::GemvParams p;
-  p.w = w;
-  p.m = m;
-  p.n = n;
-  p.k = k;
+  kernels::GemvParams p = gemv_params(w, m, n, k);
   p.x = x;
   p.resid_in = resid_in;
   p.resid_out = resid_out;

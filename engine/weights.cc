@@ -27,6 +27,28 @@ size_t ModelWeights::num_parameters() const {
   return n;
 }
 
+std::vector<float>& ModelWeights::slot(WeightSlot s, int layer) {
+  LayerWeights* l = layer >= 0 ? &layers[static_cast<size_t>(layer)] : nullptr;
+  switch (s) {
+    case WeightSlot::kEmbed: return embed;
+    case WeightSlot::kLmHead: return lm_head;
+    case WeightSlot::kFinalNorm: return final_norm;
+    case WeightSlot::kInputNorm: return l->input_norm;
+    case WeightSlot::kPostNorm: return l->post_norm;
+    case WeightSlot::kQkv: return l->wqkv;
+    case WeightSlot::kQkvBias: return l->bqkv;
+    case WeightSlot::kO: return l->wo;
+    case WeightSlot::kGateUp: return l->w_gate_up;
+    case WeightSlot::kDown: return l->w_down;
+  }
+  HR_CHECK(false) << "unknown weight slot";
+  return embed;
+}
+
+const std::vector<float>& ModelWeights::slot(WeightSlot s, int layer) const {
+  return const_cast<ModelWeights*>(this)->slot(s, layer);
+}
+
 size_t ModelWeights::num_bytes() const { return num_parameters() * sizeof(float); }
 
 std::vector<WeightPiece> weight_pieces(const ModelConfig& c) {
@@ -65,20 +87,7 @@ Result<ModelWeights> load_weights(const std::string& dir) {
   HR_ASSIGN_OR_RETURN(auto st, SafetensorsModel::open_dir(dir));
   w.layers.resize(static_cast<size_t>(w.config.num_layers));
   for (const WeightPiece& piece : weight_pieces(w.config)) {
-    LayerWeights* l = piece.layer >= 0 ? &w.layers[static_cast<size_t>(piece.layer)] : nullptr;
-    std::vector<float>* dst = nullptr;
-    switch (piece.slot) {
-      case WeightSlot::kEmbed: dst = &w.embed; break;
-      case WeightSlot::kLmHead: dst = &w.lm_head; break;
-      case WeightSlot::kFinalNorm: dst = &w.final_norm; break;
-      case WeightSlot::kInputNorm: dst = &l->input_norm; break;
-      case WeightSlot::kPostNorm: dst = &l->post_norm; break;
-      case WeightSlot::kQkv: dst = &l->wqkv; break;
-      case WeightSlot::kQkvBias: dst = &l->bqkv; break;
-      case WeightSlot::kO: dst = &l->wo; break;
-      case WeightSlot::kGateUp: dst = &l->w_gate_up; break;
-      case WeightSlot::kDown: dst = &l->w_down; break;
-    }
+    std::vector<float>* dst = &w.slot(piece.slot, piece.layer);
     HR_RETURN_IF_ERROR(read_into(*st, piece.name, piece.shape, dst, piece.offset));
   }
   return w;

@@ -12,6 +12,9 @@
 
 namespace hr::engine {
 
+// Where a checkpoint tensor goes (see weight_pieces below).
+enum class WeightSlot { kEmbed, kLmHead, kFinalNorm, kInputNorm, kPostNorm, kQkv, kQkvBias, kO, kGateUp, kDown };
+
 struct LayerWeights {
   std::vector<float> input_norm;  // [D]
   std::vector<float> post_norm;   // [D]
@@ -30,13 +33,15 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 
   const float* lm_head_data() const { return lm_head.empty() ? embed.data() : lm_head.data(); }
+  // The vector holding a checkpoint piece's slot (per-layer slots of `layer`).
+  std::vector<float>& slot(WeightSlot s, int layer);
+  const std::vector<float>& slot(WeightSlot s, int layer) const;
   size_t num_bytes() const;
   size_t num_parameters() const;
 };
 
 // Where each checkpoint tensor goes in the fused layout above: one list for every loader (the
 // fp32 host loader below, the CUDA backend's direct bf16 upload).
-enum class WeightSlot { kEmbed, kLmHead, kFinalNorm, kInputNorm, kPostNorm, kQkv, kQkvBias, kO, kGateUp, kDown };
 struct WeightPiece {
   std::string name;             // checkpoint tensor name
   std::vector<int64_t> shape;   // expected shape

@@ -3,8 +3,6 @@
 // within the group; warp w owns rows w, w + 4, ... and keeps their running max, sum and output
 // accumulators in registers (lane owns dims lane, lane + 32, ...). K/V tiles are staged in shared
 // memory as fp32; the next tile's 16-byte loads are issued before the current tile is computed.
-#include <mutex>
-
 #include "kernels/internal/common.cuh"
 #include "kernels/internal/prefill_attention_tc.cuh"
 #include "kernels/paged_attention.cuh"
@@ -217,12 +215,7 @@ template <int HD, int RPW>
 cudaError_t launch(const PagedAttentionParams& p, const AttentionWorkItem* items, int num_items,
                    cudaStream_t stream) {
   constexpr size_t kBytes = AttentionSmem<HD, RPW>::kBytes;
-  static std::once_flag once;
-  static cudaError_t attr_err = cudaSuccess;
-  std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(paged_attention_kernel<HD, RPW>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
-  });
+  cudaError_t attr_err = internal::allow_dynamic_smem_once<paged_attention_kernel<HD, RPW>>(kBytes);
   if (attr_err != cudaSuccess) return attr_err;
   dim3 grid(num_items, p.num_kv_heads);
   return internal::launch(paged_attention_kernel<HD, RPW>, grid, dim3(kThreads), kBytes, stream, p, items);

@@ -5,8 +5,6 @@
 // mma.sync m16n8k16 bf16 products with fp32 accumulation, and P goes from the S accumulators
 // straight into the A operand of the second product (the m16n8 accumulator layout matches the
 // m16k16 operand layout pairwise). Warps whose 16 rows are all padding skip the arithmetic.
-#include <mutex>
-
 #include "kernels/internal/common.cuh"
 #include "kernels/internal/prefill_attention_tc.cuh"
 
@@ -258,12 +256,7 @@ template <int HD>
 cudaError_t launch_tc(const PagedAttentionParams& p, const AttentionWorkItem* items, int num_items,
                       cudaStream_t stream) {
   constexpr size_t kBytes = TcSmem<HD>::kBytes;
-  static std::once_flag once;
-  static cudaError_t attr_err = cudaSuccess;
-  std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(prefill_attention_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(kBytes));
-  });
+  cudaError_t attr_err = allow_dynamic_smem_once<prefill_attention_tc_kernel<HD>>(kBytes);
   if (attr_err != cudaSuccess) return attr_err;
   dim3 grid(num_items, p.num_kv_heads);
   return launch(prefill_attention_tc_kernel<HD>, grid, dim3(kThreads), kBytes, stream, p, items);

@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <mutex>
 #include <utility>
 
 #include <cstdint>
@@ -95,6 +96,17 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
   cfg.attrs = attr;
   cfg.numAttrs = programmatic_launch() ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// Raises `Kernel`'s dynamic shared-memory limit to `bytes`, once per kernel.
+template <auto Kernel>
+cudaError_t allow_dynamic_smem_once(size_t bytes) {
+  static std::once_flag once;
+  static cudaError_t err = cudaSuccess;
+  std::call_once(once, [&] {
+    err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  });
+  return err;
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
