@@ -246,5 +246,15 @@ TEST(CudaBackendTest, RefusesBadSteps) {
   EXPECT_EQ(tiny.status().field(), "kv-cache-bytes");
 }
 
+// Without a device (or with a wrong index) the backend is refused with a clear error, no crash.
+TEST(CudaBackendTest, MissingDeviceIsAClearError) {
+  CudaBackendOptions o = small_options();
+  o.device = list_gpus().empty() ? 0 : 64;
+  auto b = CudaBackend::create(*tiny_weights(), o);
+  ASSERT_FALSE(b.is_ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(b.status().message().find("no CUDA device"), std::string::npos) << b.status().to_string();
+}
+
 }  // namespace
 }  // namespace hr::engine

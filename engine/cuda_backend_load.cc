@@ -1,0 +1,273 @@
+// CUDA backend construction: options, device memory for weights, activations and the KV cache,
+// and the weights themselves (from host fp32 weights, straight from safetensors files, or random
+// on the device).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "engine/cuda_backend.h"
+#include "engine/internal/cuda_status.h"
+#include "engine/safetensors.h"
+#include "kernels/fill.cuh"
+
+namespace hr::engine {
+namespace {
+
+uint16_t to_bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                       // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+
+}  // namespace
+
+Status CudaBackend::check_options() const {
+  const ModelConfig& c = config_;
+  if (options_.block_size < 1) return invalid_argument("block size must be positive", "block-size");
+  if (options_.max_num_tokens < 1 || options_.max_num_tokens > 65535) {
+    return invalid_argument("max tokens per step must be 1 to 65535", "max-batched-tokens");
+  }
+  if (options_.max_num_seqs < 1) return invalid_argument("max sequences per step must be positive", "max-num-seqs");
+  if (options_.kv_cache_fraction <= 0 || options_.kv_cache_fraction > 0.98) {
+    return invalid_argument("KV cache fraction must be in (0, 0.98]", "kv-cache-fraction");
+  }
+  if (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128) {
+    return invalid_argument("the CUDA backend supports head_dim 32, 64 or 128, not " +
+                            std::to_string(c.head_dim), "head_dim");
+  }
+  if (c.num_heads / c.num_kv_heads > kernels::kAttentionPrefillRows) {
+    return invalid_argument("GQA groups above 64 query heads per KV head are not supported", "num_attention_heads");
+  }
+  if (c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0) {
+    return invalid_argument("hidden_size and intermediate_size must be multiples of 8", "hidden_size");
+  }
+  return Status::ok();
+}
+
+Status CudaBackend::open_device() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || options_.device >= count) {
+    cudaGetLastError();
+    return unavailable("no CUDA device " + std::to_string(options_.device) + " here (" + std::to_string(count) +
+                       " visible); use --device cpu or another index");
+  }
+  HR_CUDA("selecting the device", cudaSetDevice(options_.device));
+  HR_CUDA("creating a stream", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  return Status::ok();
+}
+
+Status CudaBackend::alloc(void** p, size_t bytes, const char* what) {
+  cudaError_t err = cudaMalloc(p, std::max<size_t>(bytes, 16));
+  if (err != cudaSuccess) {
+    return internal::cuda_error(std::string("allocating ") + what + " (" + std::to_string(bytes) + " bytes)", err,
+                                options_.device);
+  }
+  allocations_.push_back(*p);
+  return Status::ok();
+}
+
+Status CudaBackend::allocate_weights() {
+  const ModelConfig& c = config_;
+  const size_t D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
+  const size_t QKV = c.q_size() + 2 * c.kv_size();
+  auto bf16 = [&](__nv_bfloat16** p, size_t n, const char* what) {
+    weight_bytes_ += n * 2;
+    return alloc(reinterpret_cast<void**>(p), n * 2, what);
+  };
+  auto f32 = [&](float** p, size_t n, const char* what) {
+    weight_bytes_ += n * 4;
+    return alloc(reinterpret_cast<void**>(p), n * 4, what);
+  };
+  HR_RETURN_IF_ERROR(bf16(&embed_, V * D, "embed_tokens"));
+  if (c.tie_word_embeddings) {
+    lm_head_ = embed_;
+  } else {
+    HR_RETURN_IF_ERROR(bf16(&lm_head_, V * D, "lm_head"));
+  }
+  HR_RETURN_IF_ERROR(f32(&final_norm_, D, "norm"));
+  layers_.resize(static_cast<size_t>(c.num_layers));
+  for (Layer& L : layers_) {
+    HR_RETURN_IF_ERROR(bf16(&L.wqkv, QKV * D, "qkv_proj"));
+    if (c.qkv_bias) HR_RETURN_IF_ERROR(f32(&L.bqkv, QKV, "qkv bias"));
+    HR_RETURN_IF_ERROR(bf16(&L.wo, D * c.q_size(), "o_proj"));
+    HR_RETURN_IF_ERROR(bf16(&L.w_gate_up, 2 * F * D, "gate_up_proj"));
+    HR_RETURN_IF_ERROR(bf16(&L.w_down, D * F, "down_proj"));
+    HR_RETURN_IF_ERROR(f32(&L.input_norm, D, "input_layernorm"));
+    HR_RETURN_IF_ERROR(f32(&L.post_norm, D, "post_attention_layernorm"));
+  }
+  return Status::ok();
+}
+
+Status CudaBackend::upload(void* dst, const std::vector<float>& src, bool bf16) {
+  if (!bf16) {
+    HR_CUDA("uploading weights", cudaMemcpy(dst, src.data(), src.size() * 4, cudaMemcpyHostToDevice));
+    return Status::ok();
+  }
+  std::vector<uint16_t> tmp(src.size());
+  for (size_t i = 0; i < src.size(); ++i) tmp[i] = to_bf16_bits(src[i]);
+  HR_CUDA("uploading weights", cudaMemcpy(dst, tmp.data(), tmp.size() * 2, cudaMemcpyHostToDevice));
+  return Status::ok();
+}
+
+Status CudaBackend::fill_random(uint64_t seed) {
+  const ModelConfig& c = config_;
+  const size_t D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
+  const size_t QKV = c.q_size() + 2 * c.kv_size();
+  // Uniform with the standard deviation of a 1/sqrt(fan_in) initialisation.
+  auto fill = [&](__nv_bfloat16* p, size_t n, size_t fan_in) {
+    float scale = std::sqrt(3.0f / static_cast<float>(fan_in));
+    return kernels::fill_uniform_bf16(p, n, scale, seed++, stream_);
+  };
+  HR_CUDA("random weights", fill(embed_, V * D, D));
+  if (lm_head_ != embed_) HR_CUDA("random weights", fill(lm_head_, V * D, D));
+  HR_CUDA("random weights", kernels::fill_f32(final_norm_, D, 1.0f, stream_));
+  for (Layer& L : layers_) {
+    HR_CUDA("random weights", fill(L.wqkv, QKV * D, D));
+    if (L.bqkv) HR_CUDA("random weights", kernels::fill_f32(L.bqkv, QKV, 0.0f, stream_));
+    HR_CUDA("random weights", fill(L.wo, D * c.q_size(), c.q_size()));
+    HR_CUDA("random weights", fill(L.w_gate_up, 2 * F * D, D));
+    HR_CUDA("random weights", fill(L.w_down, D * F, F));
+    HR_CUDA("random weights", kernels::fill_f32(L.input_norm, D, 1.0f, stream_));
+    HR_CUDA("random weights", kernels::fill_f32(L.post_norm, D, 1.0f, stream_));
+  }
+  HR_CUDA("random weights", cudaStreamSynchronize(stream_));
+  return Status::ok();
+}
+
+Status CudaBackend::init_runtime() {
+  const ModelConfig& c = config_;
+  const size_t T = options_.max_num_tokens, S = options_.max_num_seqs;
+  const size_t D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
+  const size_t Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
+  HR_CUDA("reading device attributes",
+          cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, options_.device));
+  HR_ASSIGN_OR_RETURN(gemm_, CublasLtGemm::create(32ull << 20));
+  std::vector<float> inv_freq = c.rope_inv_freq();
+  HR_RETURN_IF_ERROR(alloc(reinterpret_cast<void**>(&inv_freq_), inv_freq.size() * 4, "rope"));
+  HR_RETURN_IF_ERROR(upload(inv_freq_, inv_freq, false));
+  auto act = [&](auto** p, size_t bytes, const char* what) {
+    return alloc(reinterpret_cast<void**>(p), bytes, what);
+  };
+  HR_RETURN_IF_ERROR(act(&x_, T * D * 4, "activations"));
+  HR_RETURN_IF_ERROR(act(&delta_, T * D * 4, "activations"));
+  HR_RETURN_IF_ERROR(act(&h_, T * D * 2, "activations"));
+  HR_RETURN_IF_ERROR(act(&qkv_, T * QKV * 4, "activations"));
+  HR_RETURN_IF_ERROR(act(&q_, T * Q * 2, "activations"));
+  HR_RETURN_IF_ERROR(act(&attn_, T * Q * 2, "activations"));
+  HR_RETURN_IF_ERROR(act(&gate_up_, T * 2 * F * 2, "activations"));
+  HR_RETURN_IF_ERROR(act(&act_, T * F * 2, "activations"));
+  HR_RETURN_IF_ERROR(act(&final_, S * D * 2, "activations"));
+  HR_RETURN_IF_ERROR(act(&logits_, S * V * 4, "logits"));
+  HR_RETURN_IF_ERROR(act(&tokens_, S * 4, "tokens"));
+  HR_RETURN_IF_ERROR(act(&x2_, static_cast<size_t>(kernels::kGemvMaxFusedRows) * D * 4, "activations"));
+  sumsq_bytes_ = static_cast<size_t>(2 * c.num_layers) * kernels::kGemvMaxFusedRows * 4;
+  HR_RETURN_IF_ERROR(act(&sumsq_, sumsq_bytes_, "norm sums"));
+  max_partials_ = std::max(8 * num_sms_, 64);
+  HR_RETURN_IF_ERROR(act(&partial_out_, static_cast<size_t>(max_partials_) * c.num_heads * c.head_dim * 4,
+                         "attention partials"));
+  HR_RETURN_IF_ERROR(act(&partial_ml_, static_cast<size_t>(max_partials_) * c.num_heads * 2 * 4,
+                         "attention partials"));
+  HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(&host_tokens_), S * 4, 0));
+
+  // The KV cache takes the rest (or the budget given).
+  size_t free_bytes = 0, total_bytes = 0;
+  HR_CUDA("reading free memory", cudaMemGetInfo(&free_bytes, &total_bytes));
+  free_before_kv_ = free_bytes;
+  const size_t per_block = 2ull * c.num_layers * options_.block_size * KV * 2;
+  size_t budget = options_.kv_cache_bytes > 0
+                      ? options_.kv_cache_bytes
+                      : static_cast<size_t>(static_cast<double>(free_bytes) * options_.kv_cache_fraction);
+  if (budget > free_bytes) {
+    return invalid_argument("KV cache budget of " + std::to_string(budget) + " bytes exceeds the " +
+                            std::to_string(free_bytes) + " bytes free on the device", "kv-cache-bytes");
+  }
+  num_blocks_ = static_cast<int>(std::min<size_t>(budget / per_block, 1u << 30));
+  if (num_blocks_ < 1) {
+    return invalid_argument("KV cache budget of " + std::to_string(budget) + " bytes holds no block (one takes " +
+                            std::to_string(per_block) + ")", "kv-cache-bytes");
+  }
+  const size_t layer_bytes = static_cast<size_t>(num_blocks_) * options_.block_size * KV * 2;
+  k_cache_.resize(static_cast<size_t>(c.num_layers));
+  v_cache_.resize(static_cast<size_t>(c.num_layers));
+  for (int l = 0; l < c.num_layers; ++l) {
+    HR_RETURN_IF_ERROR(act(&k_cache_[static_cast<size_t>(l)], layer_bytes, "KV cache"));
+    HR_RETURN_IF_ERROR(act(&v_cache_[static_cast<size_t>(l)], layer_bytes, "KV cache"));
+  }
+  HR_CUDA("reading free memory", cudaMemGetInfo(&free_after_init_, &total_bytes));
+  return Status::ok();
+}
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelWeights& w, CudaBackendOptions options) {
+  std::unique_ptr<CudaBackend> b(new CudaBackend(w.config, options));
+  HR_RETURN_IF_ERROR(b->check_options());
+  HR_RETURN_IF_ERROR(b->open_device());
+  HR_RETURN_IF_ERROR(b->allocate_weights());
+  for (const WeightPiece& piece : weight_pieces(w.config)) {
+    const std::vector<float>* src = &w.slot(piece.slot, piece.layer);
+    if (piece.offset != 0) continue;  // the fused vector goes up whole with its first piece
+    HR_RETURN_IF_ERROR(b->upload(b->slot_data(piece.slot, piece.layer), *src, !is_vector_slot(piece.slot)));
+  }
+  HR_RETURN_IF_ERROR(b->init_runtime());
+  return b;
+}
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create_from_dir(const std::string& dir,
+                                                                  CudaBackendOptions options) {
+  HR_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(dir));
+  HR_ASSIGN_OR_RETURN(auto st, SafetensorsModel::open_dir(dir));
+  std::unique_ptr<CudaBackend> b(new CudaBackend(config, options));
+  HR_RETURN_IF_ERROR(b->check_options());
+  HR_RETURN_IF_ERROR(b->open_device());
+  HR_RETURN_IF_ERROR(b->allocate_weights());
+  std::vector<uint16_t> h16;
+  std::vector<float> h32;
+  for (const WeightPiece& piece : weight_pieces(config)) {
+    size_t n = 1;
+    for (int64_t d : piece.shape) n *= static_cast<size_t>(d);
+    char* dst = static_cast<char*>(b->slot_data(piece.slot, piece.layer));
+    if (is_vector_slot(piece.slot)) {
+      h32.resize(n);
+      HR_RETURN_IF_ERROR(st->read_f32(piece.name, piece.shape, h32.data()));
+      HR_CUDA_OF(b, "uploading " + piece.name, cudaMemcpy(dst + piece.offset * 4, h32.data(), n * 4, cudaMemcpyHostToDevice));
+    } else {
+      h16.resize(n);
+      HR_RETURN_IF_ERROR(st->read_bf16(piece.name, piece.shape, h16.data()));
+      HR_CUDA_OF(b, "uploading " + piece.name, cudaMemcpy(dst + piece.offset * 2, h16.data(), n * 2, cudaMemcpyHostToDevice));
+    }
+  }
+  HR_RETURN_IF_ERROR(b->init_runtime());
+  return b;
+}
+
+void* CudaBackend::slot_data(WeightSlot slot, int layer) const {
+  const Layer* l = layer >= 0 ? &layers_[static_cast<size_t>(layer)] : nullptr;
+  switch (slot) {
+    case WeightSlot::kEmbed: return embed_;
+    case WeightSlot::kLmHead: return lm_head_;
+    case WeightSlot::kFinalNorm: return final_norm_;
+    case WeightSlot::kInputNorm: return l->input_norm;
+    case WeightSlot::kPostNorm: return l->post_norm;
+    case WeightSlot::kQkv: return l->wqkv;
+    case WeightSlot::kQkvBias: return l->bqkv;
+    case WeightSlot::kO: return l->wo;
+    case WeightSlot::kGateUp: return l->w_gate_up;
+    case WeightSlot::kDown: return l->w_down;
+  }
+  return nullptr;
+}
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create_random(const ModelConfig& config, uint64_t seed,
+                                                                CudaBackendOptions options) {
+  std::unique_ptr<CudaBackend> b(new CudaBackend(config, options));
+  HR_RETURN_IF_ERROR(b->check_options());
+  HR_RETURN_IF_ERROR(b->open_device());
+  HR_RETURN_IF_ERROR(b->allocate_weights());
+  HR_RETURN_IF_ERROR(b->fill_random(seed));
+  HR_RETURN_IF_ERROR(b->init_runtime());
+  return b;
+}
+
+}  // namespace hr::engine
