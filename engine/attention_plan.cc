@@ -14,7 +14,8 @@ Status plan_attention(const StepInput& in, const AttentionPlanParams& p, Attenti
   const int nkv = p.num_kv_heads, group = p.num_heads / p.num_kv_heads;
   const bool decode_kernel = !p.tensor_core_decode && group <= kernels::kAttentionDecodeRows;
   const int prefill_tile = kernels::kAttentionPrefillRows / group;
-  constexpr int kTile = kernels::kAttentionKeyTile;
+  // Splits are whole tiles of the kernel that will run them.
+  const int kTile = decode_kernel ? kernels::kAttentionKeyTile : kernels::kAttentionTcKeyTile;
   int num_decode_seqs = 0;
   for (int s = 0; s < in.num_seqs; ++s) num_decode_seqs += in.seq_start[s + 1] - in.seq_start[s] == 1;
   int want_splits = 1;

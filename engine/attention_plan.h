@@ -22,7 +22,7 @@ struct AttentionPlan {
 struct AttentionPlanParams {
   int num_heads = 0;
   int num_kv_heads = 0;
-  int num_sms = 1;        // blocks wanted in flight: about two per multiprocessor
+  int num_sms = 1;        // the GPU's multiprocessors: splits aim at two blocks per multiprocessor
   int max_partials = 0;   // capacity of the partial-result buffers
   // Every decoding sequence gets the same number of splits, whatever its length (some may be
   // empty), so that the item counts depend on the batch size alone (CUDA graph replay).

@@ -133,6 +133,7 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
     }
     host_staging_ = nullptr;
     dev_staging_ = nullptr;
+    staging_bytes_ = 0;  // until both allocations below succeed
     clear_graphs();  // they captured the old buffer's address
     size_t bytes = std::max<size_t>(lay.total * 2, 1 << 20);
     HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(&host_staging_), bytes, 0));
@@ -358,8 +359,7 @@ bool CudaBackend::uniform_decode(const StepInput& in) {
 }
 
 bool CudaBackend::graph_step(const StepInput& in) const {
-  return options_.cuda_graphs && !profiling_ &&
-         config_.num_heads / config_.num_kv_heads <= kernels::kAttentionDecodeRows && uniform_decode(in);
+  return options_.cuda_graphs && !profiling_ && uniform_decode(in);
 }
 
 void CudaBackend::clear_graphs() {

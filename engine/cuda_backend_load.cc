@@ -12,17 +12,6 @@
 #include "kernels/fill.cuh"
 
 namespace hr::engine {
-namespace {
-
-uint16_t to_bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                       // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-
-}  // namespace
 
 Status CudaBackend::check_options() const {
   const ModelConfig& c = config_;
@@ -39,7 +28,7 @@ Status CudaBackend::check_options() const {
                             std::to_string(c.head_dim), "head_dim");
   }
   if (c.num_heads / c.num_kv_heads > kernels::kAttentionPrefillRows) {
-    return invalid_argument("GQA groups above 64 query heads per KV head are not supported", "num_attention_heads");
+    return invalid_argument("GQA groups above 128 query heads per KV head are not supported", "num_attention_heads");
   }
   if (c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0) {
     return invalid_argument("hidden_size and intermediate_size must be multiples of 8", "hidden_size");
@@ -107,7 +96,7 @@ Status CudaBackend::upload(void* dst, const std::vector<float>& src, bool bf16) 
     return Status::ok();
   }
   std::vector<uint16_t> tmp(src.size());
-  for (size_t i = 0; i < src.size(); ++i) tmp[i] = to_bf16_bits(src[i]);
+  for (size_t i = 0; i < src.size(); ++i) tmp[i] = f32_to_bf16(src[i]);
   HR_CUDA("uploading weights", cudaMemcpy(dst, tmp.data(), tmp.size() * 2, cudaMemcpyHostToDevice));
   return Status::ok();
 }

@@ -33,21 +33,20 @@ Result<std::unique_ptr<CublasLtGemm>> CublasLtGemm::create(size_t workspace_byte
 }
 
 CublasLtGemm::~CublasLtGemm() {
-  for (auto& [key, p] : plans_) {
-    cublasLtMatrixLayoutDestroy(p.a);
-    cublasLtMatrixLayoutDestroy(p.b);
-    cublasLtMatrixLayoutDestroy(p.d);
-    cublasLtMatmulDescDestroy(p.op);
-  }
+  for (auto& [key, p] : plans_) destroy(p);
   if (workspace_) cudaFree(workspace_);
   if (handle_) cublasLtDestroy(handle_);
 }
 
-Result<const CublasLtGemm::Plan*> CublasLtGemm::plan(int m, int n, int k, GemmOut out) {
-  auto key = std::make_tuple(m, n, k, static_cast<int>(out));
-  auto it = plans_.find(key);
-  if (it != plans_.end()) return &it->second;
-  Plan p;
+void CublasLtGemm::destroy(Plan& p) {
+  if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+  if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+  if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+  if (p.op) cublasLtMatmulDescDestroy(p.op);
+  p = Plan{};
+}
+
+Status CublasLtGemm::build(Plan& p, int m, int n, int k, GemmOut out) {
   const cudaDataType_t dt = out == GemmOut::kF32 ? CUDA_R_32F : CUDA_R_16BF;
   HR_LT("matmul desc", cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
@@ -65,14 +64,23 @@ Result<const CublasLtGemm::Plan*> CublasLtGemm::plan(int m, int n, int k, GemmOu
   cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
-    cublasLtMatrixLayoutDestroy(p.a);
-    cublasLtMatrixLayoutDestroy(p.b);
-    cublasLtMatrixLayoutDestroy(p.d);
-    cublasLtMatmulDescDestroy(p.op);
-    return internal_error("cuBLASLt has no algorithm for a " + std::to_string(m) + "x" + std::to_string(n) +
-                          "x" + std::to_string(k) + " bf16 GEMM");
+    return internal_error("cuBLASLt has no algorithm for a " + std::to_string(m) + "x" + std::to_string(n) + "x" +
+                          std::to_string(k) + " bf16 GEMM");
   }
   p.algo = result.algo;
+  return Status::ok();
+}
+
+Result<const CublasLtGemm::Plan*> CublasLtGemm::plan(int m, int n, int k, GemmOut out) {
+  auto key = std::make_tuple(m, n, k, static_cast<int>(out));
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return &it->second;
+  Plan p;
+  Status built = build(p, m, n, k, out);
+  if (!built.is_ok()) {
+    destroy(p);  // whatever was created before the failure
+    return built;
+  }
   return &plans_.emplace(key, p).first->second;
 }
 

@@ -36,7 +36,10 @@ class CublasLtGemm {
     cublasLtMatmulAlgo_t algo{};
   };
   CublasLtGemm() = default;
+  // The cached plan for the shape, built on first use.
   Result<const Plan*> plan(int m, int n, int k, GemmOut out);
+  Status build(Plan& p, int m, int n, int k, GemmOut out);
+  static void destroy(Plan& p);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;

@@ -5,19 +5,13 @@
 namespace hr::kernels {
 namespace {
 
-__device__ __forceinline__ uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 __global__ void fill_uniform_bf16_kernel(__nv_bfloat16* out, size_t n, float scale, uint64_t seed) {
   internal::pdl_launch_dependents();
   internal::pdl_wait();
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float u = static_cast<float>(mix(seed ^ mix(i)) >> 40) * 0x1.0p-24f;  // [0, 1)
+    const uint64_t bits = internal::splitmix64(seed ^ internal::splitmix64(i));
+    const float u = static_cast<float>(bits >> 40) * 0x1.0p-24f;  // [0, 1)
     out[i] = __float2bfloat16_rn((2.0f * u - 1.0f) * scale);
   }
 }

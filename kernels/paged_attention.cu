@@ -215,7 +215,7 @@ template <int HD, int RPW>
 cudaError_t launch(const PagedAttentionParams& p, const AttentionWorkItem* items, int num_items,
                    cudaStream_t stream) {
   constexpr size_t kBytes = AttentionSmem<HD, RPW>::kBytes;
-  cudaError_t attr_err = internal::allow_dynamic_smem_once<paged_attention_kernel<HD, RPW>>(kBytes);
+  cudaError_t attr_err = internal::allow_dynamic_smem<paged_attention_kernel<HD, RPW>>(kBytes);
   if (attr_err != cudaSuccess) return attr_err;
   dim3 grid(num_items, p.num_kv_heads);
   return internal::launch(paged_attention_kernel<HD, RPW>, grid, dim3(kThreads), kBytes, stream, p, items);

@@ -1,7 +1,8 @@
 // Paged attention over the flattened batch, flash-attention style: each work item is one query
 // tile of one sequence (a prefill chunk of up to 128 / group tokens, or one decoding token), run for
 // one KV head with all the query heads of its GQA group, streaming K/V tiles through the block
-// table with an online softmax (prefill tiles on tensor cores, decodes on CUDA cores). Causal: a query at position p sees positions <= p.
+// table with an online softmax: prefill tiles on tensor cores; decodes on the CUDA-core decode
+// kernel (decode == true) or, routed with the prefill items, on tensor cores too. Causal: a query at position p sees positions <= p.
 // Long decodes are split over the key range (flash-decoding): each split writes a partial result
 // that paged_attention_combine merges.
 #pragma once
@@ -49,7 +50,8 @@ struct PagedAttentionParams {
 // small-tile kernel and may have up to kAttentionDecodeRows rows; others up to kAttentionPrefillRows.
 constexpr int kAttentionDecodeRows = 8;
 constexpr int kAttentionPrefillRows = 128;
-constexpr int kAttentionKeyTile = 32;
+constexpr int kAttentionKeyTile = 32;    // keys per tile of the CUDA-core decode kernel
+constexpr int kAttentionTcKeyTile = 64;  // keys per tile of the tensor-core kernel
 
 // Runs `num_items` work items (all decode items, or all prefill items: `decode` says which).
 cudaError_t paged_attention(const PagedAttentionParams& p, const AttentionWorkItem* items,

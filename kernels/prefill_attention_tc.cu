@@ -14,7 +14,7 @@ namespace {
 constexpr int kRows = kAttentionPrefillRows;  // 128
 constexpr int kWarps = kRows / 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kKeys = 64;  // keys per tile
+constexpr int kKeys = kAttentionTcKeyTile;
 
 template <int HD>
 struct TcSmem {
@@ -101,6 +101,19 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_tc_kernel(Paged
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t* table = p.block_table + static_cast<size_t>(it.seq) * p.max_blocks_per_seq;
   const int num_tiles = (it.kv_end - it.kv_begin + kKeys - 1) / kKeys;
+  if (num_tiles <= 0) {
+    // An empty split (decode graphs give every sequence the same number of splits): it weighs
+    // nothing in the combine.
+    for (int r = threadIdx.x; r < rows; r += kThreads) {
+      const int head = kvh * group + r % group;
+      if (it.partial >= 0) {
+        const size_t slot = static_cast<size_t>(it.partial) * p.num_heads + head;
+        p.partial_ml[slot * 2] = -INFINITY;
+        p.partial_ml[slot * 2 + 1] = 0.0f;
+      }
+    }
+    return;
+  }
 
   // Q rows (zeros past `rows`) and the first K/V tile, asynchronously.
   constexpr int kVecPerRow = HD / 8;
@@ -256,7 +269,7 @@ template <int HD>
 cudaError_t launch_tc(const PagedAttentionParams& p, const AttentionWorkItem* items, int num_items,
                       cudaStream_t stream) {
   constexpr size_t kBytes = TcSmem<HD>::kBytes;
-  cudaError_t attr_err = allow_dynamic_smem_once<prefill_attention_tc_kernel<HD>>(kBytes);
+  cudaError_t attr_err = allow_dynamic_smem<prefill_attention_tc_kernel<HD>>(kBytes);
   if (attr_err != cudaSuccess) return attr_err;
   dim3 grid(num_items, p.num_kv_heads);
   return launch(prefill_attention_tc_kernel<HD>, grid, dim3(kThreads), kBytes, stream, p, items);

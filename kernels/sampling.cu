@@ -8,12 +8,6 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kBisections = 40;
 
-__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 struct ArgMax {
   float v;
@@ -113,7 +107,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
   if (threadIdx.x == 0) {
     float kept = 0.0f;
     for (int c = 0; c < kThreads; ++c) kept += chunk_sums[c];
-    const double u01 = static_cast<double>(splitmix64(sp.random) >> 11) * 0x1.0p-53;
+    const double u01 = static_cast<double>(internal::splitmix64(sp.random) >> 11) * 0x1.0p-53;
     float u = static_cast<float>(u01) * kept;
     int c = 0;
     while (c < kThreads - 1 && (chunk_sums[c] < u || chunk_sums[c] == 0.0f)) {

@@ -7,8 +7,8 @@
 
 namespace hr::kernels::internal {
 
-// Runs prefill work items (up to kAttentionPrefillRows rows each) with bf16 WMMA products and
-// fp32 accumulation. head_dim 32, 64 or 128.
+// Runs work items of up to kAttentionPrefillRows rows each (prefill tiles, and decodes routed here)
+// with bf16 mma.sync products and fp32 accumulation. head_dim 32, 64 or 128.
 cudaError_t prefill_attention_tc(const PagedAttentionParams& p, const AttentionWorkItem* items,
                                  int num_items, cudaStream_t stream);
 

@@ -17,6 +17,7 @@
 #include "engine/cuda_gemm.h"
 #include "engine/device.h"
 #include "engine/model_config.h"
+#include "engine/safetensors.h"
 #include "kernels/embedding.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/paged_attention.cuh"
@@ -31,24 +32,12 @@ namespace {
 #define SKIP_WITHOUT_GPU() \
   if (list_gpus().empty()) GTEST_SKIP() << "no CUDA device present"
 
-uint16_t bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-float bf16_value(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 // Rounds in place to bf16 and returns the bits.
 std::vector<uint16_t> to_bf16(std::vector<float>& v) {
   std::vector<uint16_t> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) {
-    out[i] = bf16_bits(v[i]);
-    v[i] = bf16_value(out[i]);
+    out[i] = f32_to_bf16(v[i]);
+    v[i] = bf16_to_f32(out[i]);
   }
   return out;
 }
@@ -83,7 +72,7 @@ struct DeviceBuffer {
 
 std::vector<float> bf16_to_float(const std::vector<uint16_t>& v) {
   std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_value(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_f32(v[i]);
   return out;
 }
 
@@ -230,7 +219,7 @@ struct AttentionCase {
 // Sequences with various cached lengths and new-token counts in one step, through the planner
 // (with a small or large multiprocessor count, to force or avoid decode splits), against the CPU
 // backend's attend().
-void check_attention(const AttentionCase& ac, int num_sms, bool tc_decode, std::mt19937& rng) {
+void check_attention(const AttentionCase& ac, int num_sms, bool tc_decode, bool fixed_splits, std::mt19937& rng) {
   const int nh = ac.num_heads, nkv = ac.num_kv_heads, hd = ac.head_dim, bs = 16, KV = nkv * hd;
   // (context length after the step, new tokens in the step)
   std::vector<std::pair<int, int>> seqs = {{1, 1}, {15, 1}, {16, 1}, {17, 1}, {100, 1}, {513, 1},
@@ -263,7 +252,7 @@ void check_attention(const AttentionCase& ac, int num_sms, bool tc_decode, std::
   in.max_blocks_per_seq = max_blocks;
   AttentionPlan plan;
   const int max_partials = 1024;
-  ASSERT_TRUE(plan_attention(in, {nh, nkv, num_sms, max_partials, false, tc_decode}, &plan).is_ok());
+  ASSERT_TRUE(plan_attention(in, {nh, nkv, num_sms, max_partials, fixed_splits, tc_decode}, &plan).is_ok());
   if (tc_decode) {
     EXPECT_TRUE(plan.decode.empty());
   }
@@ -302,7 +291,7 @@ void check_attention(const AttentionCase& ac, int num_sms, bool tc_decode, std::
         std::vector<float> got(out.begin() + (static_cast<size_t>(t) * nh + h) * hd,
                                out.begin() + (static_cast<size_t>(t) * nh + h + 1) * hd);
         ASSERT_LT(rel_error(got, ref), 2e-2) << "heads " << nh << "/" << nkv << " hd " << hd << " sms " << num_sms
-                                             << " tc_decode " << tc_decode
+                                             << " tc_decode " << tc_decode << " fixed_splits " << fixed_splits
                                              << " seq " << s << " pos " << positions[t] << " head " << h;
       }
     }
@@ -315,7 +304,9 @@ TEST(CudaKernelsTest, PagedAttentionMatchesReference) {
   for (AttentionCase ac : {AttentionCase{4, 4, 32}, AttentionCase{8, 8, 64}, AttentionCase{32, 8, 128},
                            AttentionCase{16, 2, 128}, AttentionCase{16, 1, 64}}) {
     for (int sms : {1, 132}) {
-      for (bool tc_decode : {false, true}) check_attention(ac, sms, tc_decode, rng);
+      for (bool tc_decode : {false, true}) {
+        for (bool fixed_splits : {false, true}) check_attention(ac, sms, tc_decode, fixed_splits, rng);
+      }
     }
   }
 }
