@@ -60,14 +60,19 @@ class CudaBackend final : public Backend {
   int block_size() const override { return options_.block_size; }
   int num_kv_blocks() const override { return num_blocks_; }
   size_t weight_bytes() const override { return weight_bytes_; }
+  // Weight bytes one decode token reads: everything but the embedding table (one row of it is
+  // gathered), unless the table is also the LM head.
+  size_t decode_weight_bytes() const {
+    const size_t table = static_cast<size_t>(config_.vocab_size) * config_.hidden_size * 2;
+    return config_.tie_word_embeddings ? weight_bytes_ : weight_bytes_ - table;
+  }
   size_t kv_cache_bytes() const override;
   [[nodiscard]] Status forward(const StepInput& in, float* logits) override;
   bool samples_on_device() const override { return true; }
   [[nodiscard]] Status forward_sample(const StepInput& in, const SampleSpec* specs,
                                       int32_t* tokens) override;
   const ModelConfig& config() const { return config_; }
-  // Turns decode-graph replay and the small-batch GEMV on or off from the next step (benchmarks
-  // compare them).
+  // Benchmark switches, each effective from the next step (and dropping captured graphs).
   void set_cuda_graphs(bool on) {
     options_.cuda_graphs = on;
     clear_graphs();
