@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "api/errors.h"
+#include "api/webhooks_api.h"
 #include "base/cli.h"
 #include "base/clock.h"
 #include "base/hash.h"
@@ -17,6 +18,7 @@
 #include "queue/pg.h"
 #include "queue/redis.h"
 #include "queue/store.h"
+#include "queue/webhooks.h"
 
 namespace hr::api {
 
@@ -34,6 +36,7 @@ void ApiConfig::bind(CLI::App& app) {
   cli::add(app, "--served-model", models,
            "A served model as NAME:CONTEXT_LENGTH (repeatable)")
       ->delimiter(',');
+  bind_webhook_allow(app, webhook_allow);
 }
 
 Status ApiConfig::validate() const {
@@ -47,6 +50,7 @@ Status ApiConfig::validate() const {
   if (max_batch_requests < 1) {
     return invalid_argument("--max-batch-requests must be at least 1", "max-batch-requests");
   }
+  HR_RETURN_IF_ERROR(AddressPolicy::parse(webhook_allow).status());
   return model_specs().status();
 }
 
@@ -101,21 +105,6 @@ Result<int64_t> parse_duration_ms(const std::string& text, const std::string& fi
 }
 
 namespace {
-
-HttpResponse error_response(const Status& st, std::optional<int> index = std::nullopt) {
-  HttpResponse res = json_response(static_cast<unsigned>(http_status_for(st.code())),
-                                   error_body(st, index).dump());
-  if (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kResourceExhausted) {
-    res.set(http::field::retry_after, "1");
-  }
-  return res;
-}
-
-HttpResponse ok_response(json result, unsigned status = 200) {
-  json body = {{"result", std::move(result)}, {"success", true},
-               {"errors", json::array()}, {"messages", json::array()}};
-  return json_response(status, body.dump());
-}
 
 std::map<std::string, std::string> parse_query(std::string_view q) {
   std::map<std::string, std::string> out;
@@ -172,6 +161,7 @@ struct AsyncApi::Impl {
   std::atomic<SyncInference*> sync{nullptr};
   ApiConfig config;
   queue::StoreConfig store;
+  WebhookApiContext webhooks;
   std::vector<ModelSpec> models;
   BatchLimits limits;
 
@@ -284,6 +274,10 @@ AsyncApi::AsyncApi(ApiConfig config, queue::StoreConfig store) : impl_(std::make
   impl_->store = std::move(store);
   impl_->models = impl_->config.model_specs().value();
   impl_->limits.max_requests = impl_->config.max_batch_requests;
+  Impl* impl = impl_.get();
+  impl_->webhooks.policy = AddressPolicy::parse(impl_->config.webhook_allow).value();
+  impl_->webhooks.conn = [impl] { return impl->conn(); };
+  impl_->webhooks.db_error = [impl](const Status& st) { return impl->db_error(st); };
 }
 
 AsyncApi::~AsyncApi() = default;
@@ -362,6 +356,9 @@ HttpResponse AsyncApi::Impl::handle(const HttpRequest& req) {
     }
   }
   if (path == "/v1/async" && is_get) return list(acct, query);
+  if (path.rfind("/v1/webhooks", 0) == 0) {
+    if (auto r = handle_webhooks(req, path, query, acct, webhooks)) return std::move(*r);
+  }
   if (path == "/v1/chat/completions" && is_post) return chat_completions(req);
   if (path == "/v1/models" && is_get) return models_list();
   if (path.rfind("/v1/async/", 0) == 0) {
@@ -601,6 +598,39 @@ HttpResponse AsyncApi::Impl::submit(const HttpRequest& req, const std::string& a
       return error_response(invalid_argument("'metadata' must be an object", "metadata"));
     }
     batch.metadata_json = body["metadata"].dump();
+  }
+  if (body.contains("webhook_url")) {
+    const json& url = body["webhook_url"];
+    if (!url.is_string()) {
+      return error_response(invalid_argument("'webhook_url' must be a string", "webhook_url"));
+    }
+    Status st = check_webhook_url(url, webhooks.policy, "webhook_url");
+    if (!st.is_ok()) return error_response(st);
+    batch.webhook_url = url.get<std::string>();
+  }
+  if (body.contains("webhook_events")) {
+    const json& ev = body["webhook_events"];
+    std::vector<std::string> types;
+    if (ev.is_array()) {
+      for (const auto& e : ev) types.push_back(e.is_string() ? e.get<std::string>() : "");
+    }
+    Status st = ev.is_array() ? queue::check_event_types(types, "webhook_events")
+                              : invalid_argument("'webhook_events' must be an array of event types",
+                                                 "webhook_events");
+    if (!st.is_ok()) return error_response(st);
+    batch.webhook_events = types;
+  }
+  if (body.contains("webhook_secret")) {
+    const json& secret = body["webhook_secret"];
+    Status st = secret.is_string() ? queue::check_webhook_secret(secret, "webhook_secret")
+                                   : invalid_argument("'webhook_secret' must be a string",
+                                                      "webhook_secret");
+    if (!st.is_ok()) return error_response(st);
+    batch.webhook_secret = secret.get<std::string>();
+  }
+  if ((batch.webhook_events || batch.webhook_secret) && !batch.webhook_url) {
+    return error_response(invalid_argument(
+        "webhook_events and webhook_secret need a webhook_url", "webhook_url"));
   }
   auto idem = req.find("Idempotency-Key");
   if (idem != req.end()) {

@@ -30,6 +30,8 @@ struct ApiConfig {
   // Served models as NAME:CONTEXT_LENGTH; a batch for one of these is accepted even while no
   // worker for it is up.
   std::vector<std::string> models = {"@hr/tiny-reverse:128"};
+  // Non-public webhook targets accepted anyway (CIDRs, "loopback", "private").
+  std::vector<std::string> webhook_allow;
 
   void bind(CLI::App& app);
   [[nodiscard]] Status validate() const;

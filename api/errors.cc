@@ -49,4 +49,19 @@ nlohmann::json error_body(const Status& status, std::optional<int> index) {
           {"messages", nlohmann::json::array()}, {"result", nullptr}};
 }
 
+HttpResponse error_response(const Status& st, std::optional<int> index) {
+  HttpResponse res = json_response(static_cast<unsigned>(http_status_for(st.code())),
+                                   error_body(st, index).dump());
+  if (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kResourceExhausted) {
+    res.set(boost::beast::http::field::retry_after, "1");
+  }
+  return res;
+}
+
+HttpResponse ok_response(nlohmann::json result, unsigned status) {
+  nlohmann::json body = {{"result", std::move(result)}, {"success", true},
+                         {"errors", nlohmann::json::array()}, {"messages", nlohmann::json::array()}};
+  return json_response(status, body.dump());
+}
+
 }  // namespace hr::api

@@ -7,6 +7,7 @@
 
 #include <optional>
 
+#include "api/http_server.h"
 #include "base/status.h"
 
 namespace hr::api {
@@ -15,5 +16,10 @@ int http_status_for(StatusCode code);
 // Stable numeric error codes for clients (3040 is Workers AI's "Out of capacity").
 int error_code_for(StatusCode code);
 nlohmann::json error_body(const Status& status, std::optional<int> index = std::nullopt);
+
+// The error as an HTTP response (Retry-After: 1 on retryable ones).
+HttpResponse error_response(const Status& status, std::optional<int> index = std::nullopt);
+// A success in the Cloudflare envelope: {"result": ..., "success": true, "errors": [], ...}.
+HttpResponse ok_response(nlohmann::json result, unsigned status = 200);
 
 }  // namespace hr::api

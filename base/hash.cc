@@ -5,6 +5,8 @@
 #include <openssl/hmac.h>
 #include <openssl/sha.h>
 
+#include <cctype>
+
 namespace hr {
 
 std::string sha256(std::string_view data) {
@@ -41,6 +43,26 @@ std::string base64_encode(std::string_view bytes) {
                           reinterpret_cast<const unsigned char*>(bytes.data()),
                           static_cast<int>(bytes.size()));
   out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+std::optional<std::string> base64_decode(std::string_view text) {
+  if (text.size() % 4 != 0) return std::nullopt;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    bool pad = c == '=' && (i + 1 == text.size() || (i + 2 == text.size() && text.back() == '='));
+    bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '/' || pad;
+    if (!ok) return std::nullopt;
+  }
+  std::string out(3 * (text.size() / 4), '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(text.data()),
+                          static_cast<int>(text.size()));
+  if (n < 0) return std::nullopt;
+  // EVP_DecodeBlock counts padding as zero bytes; drop them.
+  size_t pad = 0;
+  if (!text.empty() && text.back() == '=') pad = text.size() >= 2 && text[text.size() - 2] == '=' ? 2 : 1;
+  out.resize(static_cast<size_t>(n) - pad);
   return out;
 }
 

@@ -3,9 +3,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/clock.h"
 #include "base/hash.h"
 #include "base/ids.h"
 #include "queue/pg.h"
+#include "queue/webhooks.h"
 
 namespace hr::queue {
 namespace {
@@ -50,17 +52,21 @@ std::string event_type_for(const std::string& status) {
   return "batch." + status;
 }
 
+}  // namespace
+
 void write_event(pqxx::work& tx, const std::string& type, const std::string& account_id,
-                 const std::string& batch_id, const nlohmann::json& data) {
+                 const std::optional<std::string>& batch_id, const nlohmann::json& data) {
   std::string event_id = new_uuid_v7().to_string();
-  nlohmann::json payload = {{"id", event_id}, {"type", type}, {"data", data}};
+  nlohmann::json payload = {{"id", event_id},
+                            {"type", type},
+                            {"created_at", SystemClock::instance().now_unix_ms() / 1000},
+                            {"data", data}};
   tx.exec_params(
       "INSERT INTO outbox (event_id, event_type, account_id, batch_id, payload) "
       "VALUES ($1, $2, $3, $4, $5::jsonb)",
       event_id, type, account_id, batch_id, payload.dump());
+  tx.exec("NOTIFY hr_webhook");
 }
-
-}  // namespace
 
 bool BatchInfo::is_terminal() const { return finished_at_ms.has_value(); }
 
@@ -128,16 +134,32 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
     std::string id = new_uuid_v7().to_string();
     std::optional<std::string> deadline;
     if (batch.deadline_unix_ms) deadline = std::to_string(*batch.deadline_unix_ms);
+    std::optional<std::string> events;
+    bool wants_request_events = false;
+    if (batch.webhook_events) {
+      events = "{";
+      for (const std::string& e : *batch.webhook_events) {
+        events->append(events->size() > 1 ? "," : "").append(e);
+        wants_request_events = wants_request_events || e == "request.completed";
+      }
+      *events += "}";
+    }
+    // Request-level events are written for batches whose webhook asks for them, or when an
+    // enabled endpoint of the account subscribes to them.
     pqxx::result inserted = tx.exec_params(
         "INSERT INTO batches (id, account_id, model, api_shape, status, num_total, priority, "
-        "deadline, idempotency_key, request_hash, metadata) "
+        "deadline, idempotency_key, request_hash, metadata, webhook_url, webhook_events, "
+        "webhook_secret, request_events) "
         "VALUES ($1, $2, $3, $4, 'queued', $5, $6, to_timestamp($7::bigint / 1000.0), $8, "
-        "decode($9, 'hex'), $10::jsonb) "
+        "decode($9, 'hex'), $10::jsonb, $11, $12::text[], $13, $14 OR EXISTS (SELECT 1 FROM "
+        "webhook_endpoints WHERE account_id = $2 AND enabled "
+        "AND 'request.completed' = ANY (event_types))) "
         "ON CONFLICT (account_id, idempotency_key) WHERE idempotency_key IS NOT NULL "
         "DO NOTHING RETURNING id::text",
         id, batch.account_id, batch.model, batch.api_shape,
         static_cast<int>(batch.size()), batch.priority, deadline, batch.idempotency_key,
-        to_hex(batch.request_hash), batch.metadata_json);
+        to_hex(batch.request_hash), batch.metadata_json, batch.webhook_url, events,
+        batch.webhook_secret, wants_request_events && batch.webhook_url.has_value());
     if (inserted.empty()) {
       pqxx::row prior = tx.exec_params1(
           "SELECT id::text, encode(request_hash, 'hex') FROM batches "
@@ -172,6 +194,7 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
       }
       copy.complete();
     }
+    if (batch.webhook_url && !batch.webhook_secret) ensure_signing_secret(tx, batch.account_id);
     write_event(tx, "batch.queued", batch.account_id, id,
                 {{"id", id}, {"status", "queued"}, {"model", batch.model},
                  {"request_counts", {{"total", batch.size()}, {"completed", 0},

@@ -4,6 +4,7 @@
 // Functions take a connection owned by the caller's thread.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <pqxx/pqxx>
 
 #include <cstdint>
@@ -43,6 +44,11 @@ struct NewBatch {
   std::optional<std::string> idempotency_key;
   std::string request_hash;  // raw SHA-256 of the submitted body
   std::optional<std::string> metadata_json;
+  // Completion webhook for this batch (checked by the caller), the events it receives (default:
+  // every batch.* event) and its own secret (default: the account's signing secret).
+  std::optional<std::string> webhook_url;
+  std::optional<std::vector<std::string>> webhook_events;
+  std::optional<std::string> webhook_secret;
   std::vector<NewRequest> requests;
   // Alternatively, a producer called for i = 0..num_requests-1 while the rows stream into COPY, so
   // validating request i overlaps with the database storing rows < i. A non-OK Status rolls the
@@ -126,5 +132,10 @@ struct ListQuery {
 // request has ended. Call inside the transaction that ended the last requests. Returns the
 // terminal status, or nullopt when requests remain.
 std::optional<std::string> finish_batch_if_done(pqxx::work& tx, const std::string& batch_id);
+
+// Writes one event to the outbox (and wakes the webhook dispatcher at commit). `data` is the
+// event's small payload; the envelope {id, type, created_at, data} is added here.
+void write_event(pqxx::work& tx, const std::string& type, const std::string& account_id,
+                 const std::optional<std::string>& batch_id, const nlohmann::json& data);
 
 }  // namespace hr::queue

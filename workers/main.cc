@@ -82,7 +82,9 @@ int main(int argc, char** argv) {
   CLI::App* serve_cmd =
       app.add_subcommand("serve", "API + worker + dispatcher in one process for one machine");
   serve.store.bind(*serve_cmd);
+  serve.api.webhook_allow = {"loopback"};  // one machine: local receivers are the common case
   serve.api.bind(*serve_cmd);
+  serve.webhooks.bind(*serve_cmd, /*with_allow=*/false);
   serve.worker.bind(*serve_cmd);
   hr::cli::add(*serve_cmd, "--api-key", serve.api_key,
                "Key for the default account (HEADROOM_API_KEY); a new one is printed when unset");
@@ -111,6 +113,8 @@ int main(int argc, char** argv) {
                "Expired leases before a request ends failed");
   hr::cli::add(*dispatcher_cmd, "--reclaim-idle-ms", dispatcher.reclaim_idle_ms,
                "Pending stream entries idle this long are reclaimed");
+  hr::api::WebhookOptions dispatcher_webhooks;
+  dispatcher_webhooks.bind(*dispatcher_cmd, /*with_allow=*/true);
 
   hr::queue::StoreConfig keys_store;
   std::string key_account;
@@ -151,7 +155,7 @@ int main(int argc, char** argv) {
   if (version_cmd->parsed()) return run_version();
   if (serve_cmd->parsed()) {
     if (!validate(serve.store.validate()) || !validate(serve.api.validate()) ||
-        !validate(serve.worker.validate())) {
+        !validate(serve.worker.validate()) || !validate(serve.webhooks.validate())) {
       return 2;
     }
     return hr::workers::run_serve(serve);
@@ -165,8 +169,8 @@ int main(int argc, char** argv) {
     return hr::workers::run_worker(worker, worker_store);
   }
   if (dispatcher_cmd->parsed()) {
-    if (!validate(dispatcher_store.validate())) return 2;
-    return hr::workers::run_dispatcher(dispatcher_store, dispatcher);
+    if (!validate(dispatcher_store.validate()) || !validate(dispatcher_webhooks.validate())) return 2;
+    return hr::workers::run_dispatcher(dispatcher_store, dispatcher, dispatcher_webhooks);
   }
   if (keys_create->parsed()) {
     return validate(keys_store.validate()) ? hr::workers::run_keys_create(keys_store, key_account)

@@ -35,6 +35,23 @@ int wait_for_stop_signal(const sigset_t& set) {
   return sig;
 }
 
+// Delivers webhooks until `stop` (nothing when disabled), reconnecting after failures.
+std::thread start_webhooks(const std::string& database_url, const api::WebhookOptions& options,
+                           const std::atomic<bool>& stop) {
+  if (options.disabled) return std::thread();
+  return std::thread([database_url, options, &stop] {
+    while (!stop) {
+      auto d = api::WebhookDispatcher::create(database_url, options);
+      if (d.is_ok()) {
+        (*d)->run(stop);
+        return;
+      }
+      log::warn("webhooks.start_failed", {{"error", d.status()}});
+      for (int i = 0; i < 10 && !stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+}
+
 }  // namespace
 
 int run_keys_create(const queue::StoreConfig& store, const std::string& account) {
@@ -91,9 +108,11 @@ int run_worker(const WorkerConfig& config, const queue::StoreConfig& store) {
   return 0;
 }
 
-int run_dispatcher(const queue::StoreConfig& store, const queue::DispatcherOptions& options) {
+int run_dispatcher(const queue::StoreConfig& store, const queue::DispatcherOptions& options,
+                   const api::WebhookOptions& webhooks) {
   sigset_t set = block_stop_signals();
   std::atomic<bool> stop{false};
+  std::thread webhook_thread = start_webhooks(store.database_url, webhooks, stop);
   std::thread loop([&] {
     for (;;) {
       auto d = queue::Dispatcher::create(store.database_url, store.redis_url, options);
@@ -106,10 +125,11 @@ int run_dispatcher(const queue::StoreConfig& store, const queue::DispatcherOptio
       if (stop) return;
     }
   });
-  log::info("dispatcher.started", {{"name", options.name}});
+  log::info("dispatcher.started", {{"name", options.name}, {"webhooks", !webhooks.disabled}});
   wait_for_stop_signal(set);
   stop = true;
   loop.join();
+  if (webhook_thread.joinable()) webhook_thread.join();
   return 0;
 }
 
@@ -146,6 +166,19 @@ int run_serve(const ServeConfig& config) {
     }
   }
   std::atomic<bool> stop{false};
+  api::WebhookOptions webhooks = config.webhooks;
+  webhooks.allow = config.api.webhook_allow;
+  if (AddressPolicy::parse(webhooks.allow).value().allows_loopback()) {
+    log::warn("serve.webhooks_allow_loopback",
+              {{"allow", config.api.webhook_allow.empty() ? "" : config.api.webhook_allow[0]},
+               {"note", "webhook targets on this machine are allowed (development default); "
+                        "set --webhook-allow '' in production"}});
+  }
+  std::thread webhook_thread = start_webhooks(config.store.database_url, webhooks, stop);
+  auto stop_background = [&] {
+    stop = true;
+    if (webhook_thread.joinable()) webhook_thread.join();
+  };
   std::thread dispatcher([&] {
     while (!stop) {
       auto d = queue::Dispatcher::create(config.store.database_url, config.store.redis_url,
@@ -161,7 +194,7 @@ int run_serve(const ServeConfig& config) {
   auto worker = Worker::create(config.worker, config.store);
   if (!worker.is_ok()) {
     log::error("serve.worker_failed", {{"error", worker.status()}});
-    stop = true;
+    stop_background();
     dispatcher.join();
     return 1;
   }
@@ -178,7 +211,7 @@ int run_serve(const ServeConfig& config) {
   if (st.is_ok()) st = (*worker)->start();
   if (!st.is_ok()) {
     log::error("serve.start_failed", {{"error", st}});
-    stop = true;
+    stop_background();
     dispatcher.join();
     return 1;
   }
@@ -187,7 +220,7 @@ int run_serve(const ServeConfig& config) {
   wait_for_stop_signal(set);
   server.stop();
   (*worker)->stop();
-  stop = true;
+  stop_background();
   dispatcher.join();
   log::info("serve.stopped");
   return 0;

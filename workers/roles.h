@@ -5,6 +5,7 @@
 #include <string>
 
 #include "api/async_api.h"
+#include "api/webhook_dispatcher.h"
 #include "queue/config.h"
 #include "queue/dispatcher.h"
 #include "workers/worker_config.h"
@@ -15,6 +16,7 @@ struct ServeConfig {
   api::ApiConfig api;
   queue::StoreConfig store;
   queue::DispatcherOptions dispatcher;
+  api::WebhookOptions webhooks;  // its allow-list is the API's --webhook-allow
   WorkerConfig worker;
   std::string api_key;  // HEADROOM_API_KEY: the default account's key
   std::string account = "default";
@@ -23,7 +25,8 @@ struct ServeConfig {
 
 int run_api(const api::ApiConfig& api, const queue::StoreConfig& store);
 int run_worker(const WorkerConfig& worker, const queue::StoreConfig& store);
-int run_dispatcher(const queue::StoreConfig& store, const queue::DispatcherOptions& options);
+int run_dispatcher(const queue::StoreConfig& store, const queue::DispatcherOptions& options,
+                   const api::WebhookOptions& webhooks);
 int run_serve(const ServeConfig& config);
 
 // `headroom keys create --account NAME`: prints a new key once.

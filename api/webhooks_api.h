@@ -1,0 +1,44 @@
+// The webhook admin API, scoped to the caller's account:
+//   POST/GET /v1/webhooks, GET/PATCH/DELETE /v1/webhooks/{id},
+//   POST /v1/webhooks/{id}/rotate-secret, GET /v1/webhooks/{id}/deliveries,
+//   GET /v1/webhooks/signing-secret, POST /v1/webhooks/signing-secret/rotate,
+//   GET /v1/webhooks/deliveries (?batch_id=&status=), POST /v1/webhooks/deliveries/{id}/retry.
+// Plus the edge check of a webhook target URL, shared with batch submission. Thread-safe.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <pqxx/pqxx>
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "api/http_server.h"
+#include "base/net.h"
+#include "base/status.h"
+
+namespace hr::api {
+
+struct WebhookApiContext {
+  std::function<Result<pqxx::connection*>()> conn;      // this thread's connection
+  std::function<HttpResponse(const Status&)> db_error;  // a database failure as a response
+  AddressPolicy policy;                                 // which targets may be registered
+  int64_t default_grace_ms = 24LL * 3600 * 1000;        // old secret keeps signing this long
+};
+
+// Registers --webhook-allow: non-public targets allowed anyway (CIDRs, "loopback", "private").
+void bind_webhook_allow(CLI::App& app, std::vector<std::string>& allow);
+
+// Handles a /v1/webhooks route; nullopt when `path` is not one.
+std::optional<HttpResponse> handle_webhooks(const HttpRequest& req, const std::string& path,
+                                            const std::map<std::string, std::string>& query,
+                                            const std::string& account,
+                                            const WebhookApiContext& ctx);
+
+// A webhook target must be an http(s) URL without credentials, at most 2048 characters, whose
+// host resolves only to addresses the policy allows. Errors name `field`.
+[[nodiscard]] Status check_webhook_url(const std::string& url, const AddressPolicy& policy,
+                                       const std::string& field);
+
+}  // namespace hr::api

@@ -1,0 +1,65 @@
+// Which addresses an outbound call to a user-given URL (a webhook) may reach. Resolves a host and
+// refuses loopback, private, link-local (cloud metadata), shared, multicast, reserved and
+// documentation ranges, IPv4 and IPv6 (including IPv4 embedded in IPv6: mapped, NAT64, 6to4),
+// unless an allow-list names them. Callers connect to exactly the addresses checked here rather
+// than resolving again, so a DNS answer that changes between check and connect (rebinding) cannot
+// slip through. Thread-safe.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace hr {
+
+struct IpAddress {
+  bool v6 = false;
+  std::array<uint8_t, 16> bytes{};  // IPv4 in bytes[0..3]
+  std::string to_string() const;
+};
+
+[[nodiscard]] Result<IpAddress> parse_ip(std::string_view text);
+
+struct Cidr {
+  IpAddress base;
+  int prefix = 0;
+  bool contains(const IpAddress& a) const;
+};
+
+// "10.0.0.0/8", "::1/128" or a bare address (a /32 or /128).
+[[nodiscard]] Result<Cidr> parse_cidr(std::string_view text);
+
+// Why `a` must not be reached from a user-given URL ("loopback", "private", ...), or nullopt when
+// it is a public address.
+std::optional<std::string> forbidden_range(const IpAddress& a);
+
+class AddressPolicy {
+ public:
+  // Entries are CIDRs or the words "loopback" (127.0.0.0/8, ::1) and "private" (every range
+  // forbidden_range() names). An empty list allows public addresses only.
+  [[nodiscard]] static Result<AddressPolicy> parse(const std::vector<std::string>& allow);
+
+  // OK when `a` is public or allowed; kInvalidArgument naming `field` otherwise.
+  [[nodiscard]] Status check(const IpAddress& a, std::string_view host,
+                             std::string_view field) const;
+  bool allows_loopback() const;
+  const std::vector<Cidr>& allowed() const { return allow_; }
+
+ private:
+  std::vector<Cidr> allow_;
+  bool allow_all_ = false;
+};
+
+// Resolves `host` (a name or an address literal) and checks every address; any forbidden one
+// refuses the whole host. kInvalidArgument naming `field` when refused; kUnavailable when the
+// name does not resolve (which may pass).
+[[nodiscard]] Result<std::vector<IpAddress>> resolve_checked(const std::string& host,
+                                                             const AddressPolicy& policy,
+                                                             std::string_view field);
+
+}  // namespace hr
