@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "api/webhook_dispatcher.h"
@@ -538,6 +539,33 @@ TEST(WebhooksTest, PrivateTargetsAreRefusedAtSubmitAndAtDelivery) {
     EXPECT_EQ(del["status"], "failed");
     EXPECT_NE(del["last_error"].get<std::string>().find("refused"), std::string::npos) << del.dump();
   }
+}
+
+TEST(WebhooksTest, SeveralDispatchersNeverSendTheSameAttemptTwice) {
+  Receiver rx([](int) { return Receiver::Answer{}; });
+  ApiHarness h([](ApiConfig& c) { c.webhook_allow = {"loopback"}; });
+  ASSERT_TRUE(h.ok() && rx.ok());
+  auto ep = h.post("/v1/webhooks", json{{"url", rx.url()}, {"event_types", {"batch.queued"}}}.dump(),
+                   h.key_a());
+  ASSERT_EQ(ep.status, 201);
+  {
+    std::vector<std::unique_ptr<BackgroundDispatcher>> dispatchers;
+    for (int i = 0; i < 3; ++i) {
+      dispatchers.push_back(std::make_unique<BackgroundDispatcher>(h.database_url(), fast_options()));
+    }
+    for (int i = 0; i < 150; ++i) submit_with(h, 1, {});
+    ASSERT_TRUE(rx.wait_for(150, 20000));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  }
+  auto got = rx.received();
+  std::set<std::string> ids;
+  for (const auto& r : got) ids.insert(r.headers.at("webhook-id"));
+  EXPECT_EQ(got.size(), 150u);
+  EXPECT_EQ(ids.size(), 150u);
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM webhook_attempts"), 150);
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM webhook_deliveries WHERE status = 'delivered' "
+                     "AND attempts = 1"),
+            150);
 }
 
 // --- a dispatcher process killed while a receiver holds its request ---
