@@ -5,12 +5,12 @@
 
 #include "base/hash.h"
 #include "base/ids.h"
+#include "queue/internal/batch_row.h"
 #include "queue/pg.h"
 
 namespace hr::queue {
-namespace {
 
-constexpr const char* kBatchColumns =
+const char* const kBatchColumns =
     "id::text, model, api_shape, status, num_total, num_completed, num_failed, num_cancelled, "
     "num_expired, prompt_tokens, completion_tokens, cached_tokens, "
     "(extract(epoch FROM created_at) * 1000)::bigint, "
@@ -18,10 +18,14 @@ constexpr const char* kBatchColumns =
     "(extract(epoch FROM finished_at) * 1000)::bigint, "
     "(extract(epoch FROM deadline) * 1000)::bigint, cancel_requested_at IS NOT NULL";
 
+namespace {
+
 std::optional<int64_t> opt_i64(const pqxx::field& f) {
   if (f.is_null()) return std::nullopt;
   return f.as<int64_t>();
 }
+
+}  // namespace
 
 BatchInfo batch_from_row(const pqxx::row& r) {
   BatchInfo b;
@@ -45,10 +49,14 @@ BatchInfo batch_from_row(const pqxx::row& r) {
   return b;
 }
 
+namespace {
+
 std::string event_type_for(const std::string& status) {
   if (status == "completed" || status == "completed_with_errors") return "batch.completed";
   return "batch." + status;
 }
+
+}  // namespace
 
 void write_event(pqxx::work& tx, const std::string& type, const std::string& account_id,
                  const std::string& batch_id, const nlohmann::json& data) {
@@ -59,8 +67,6 @@ void write_event(pqxx::work& tx, const std::string& type, const std::string& acc
       "VALUES ($1, $2, $3, $4, $5::jsonb)",
       event_id, type, account_id, batch_id, payload.dump());
 }
-
-}  // namespace
 
 bool BatchInfo::is_terminal() const { return finished_at_ms.has_value(); }
 
@@ -130,14 +136,15 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
     if (batch.deadline_unix_ms) deadline = std::to_string(*batch.deadline_unix_ms);
     pqxx::result inserted = tx.exec_params(
         "INSERT INTO batches (id, account_id, model, api_shape, status, num_total, priority, "
-        "deadline, idempotency_key, request_hash, metadata) "
+        "deadline, idempotency_key, request_hash, metadata, endpoint, input_file_id, "
+        "completion_window) "
         "VALUES ($1, $2, $3, $4, 'queued', $5, $6, to_timestamp($7::bigint / 1000.0), $8, "
-        "decode($9, 'hex'), $10::jsonb) "
+        "decode($9, 'hex'), $10::jsonb, $11, $12::uuid, $13) "
         "ON CONFLICT (account_id, idempotency_key) WHERE idempotency_key IS NOT NULL "
         "DO NOTHING RETURNING id::text",
-        id, batch.account_id, batch.model, batch.api_shape,
-        static_cast<int>(batch.size()), batch.priority, deadline, batch.idempotency_key,
-        to_hex(batch.request_hash), batch.metadata_json);
+        id, batch.account_id, batch.model, batch.api_shape, static_cast<int>(batch.size()),
+        batch.priority, deadline, batch.idempotency_key, to_hex(batch.request_hash),
+        batch.metadata_json, batch.endpoint, batch.input_file_id, batch.completion_window);
     if (inserted.empty()) {
       pqxx::row prior = tx.exec_params1(
           "SELECT id::text, encode(request_hash, 'hex') FROM batches "
@@ -260,6 +267,7 @@ std::optional<std::string> finish_batch_if_done(pqxx::work& tx, const std::strin
        {{"prompt_tokens", row[8].as<int64_t>()}, {"completion_tokens", row[9].as<int64_t>()},
         {"cached_tokens", row[10].as<int64_t>()}}}};
   write_event(tx, event_type_for(status), row[1].as<std::string>(), batch_id, data);
+  tx.exec("NOTIFY hr_dispatch");
   return status;
 }
 
