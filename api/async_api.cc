@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "api/errors.h"
+#include "api/openai_batch.h"
 #include "base/cli.h"
 #include "base/clock.h"
 #include "base/hash.h"
@@ -31,6 +32,9 @@ void ApiConfig::bind(CLI::App& app) {
            "Threads running request handlers (one database connection each)");
   cli::add(app, "--body-limit-bytes", body_limit_bytes, "Largest accepted request body");
   cli::add(app, "--max-batch-requests", max_batch_requests, "Most requests in one batch");
+  cli::add(app, "--max-file-bytes", max_file_bytes,
+           "Largest OpenAI batch input file (POST /v1/files)");
+  cli::add(app, "--max-file-lines", max_file_lines, "Most lines in an OpenAI batch input file");
   cli::add(app, "--served-model", models,
            "A served model as NAME:CONTEXT_LENGTH (repeatable)")
       ->delimiter(',');
@@ -46,6 +50,12 @@ Status ApiConfig::validate() const {
   }
   if (max_batch_requests < 1) {
     return invalid_argument("--max-batch-requests must be at least 1", "max-batch-requests");
+  }
+  if (max_file_bytes < 1 || max_file_bytes > (int64_t{1} << 40)) {
+    return invalid_argument("--max-file-bytes must be 1 to 2^40", "max-file-bytes");
+  }
+  if (max_file_lines < 1) {
+    return invalid_argument("--max-file-lines must be at least 1", "max-file-lines");
   }
   return model_specs().status();
 }
@@ -81,6 +91,15 @@ HttpServerOptions ApiConfig::server_options() const {
   o.io_threads = io_threads;
   o.handler_threads = handler_threads;
   o.body_limit_bytes = static_cast<size_t>(body_limit_bytes);
+  // File uploads may be larger than other bodies: the file plus room for the form around it.
+  o.upload_limit_bytes = static_cast<size_t>(max_file_bytes) + (1 << 20);
+  o.is_upload = [](http::verb method, std::string_view target) {
+    return method == http::verb::post && target.substr(0, target.find('?')) == "/v1/files";
+  };
+  o.too_large_body = [](std::string_view target, const Status& st) {
+    return OpenAiBatchApi::serves(target.substr(0, target.find('?'))) ? openai_error_body(st).dump()
+                                                                      : error_body(st).dump();
+  };
   return o;
 }
 
@@ -174,6 +193,7 @@ struct AsyncApi::Impl {
   queue::StoreConfig store;
   std::vector<ModelSpec> models;
   BatchLimits limits;
+  std::unique_ptr<OpenAiBatchApi> openai;  // /v1/files and /v1/batches
 
   std::mutex auth_mu;
   struct CachedKey {
@@ -284,16 +304,44 @@ AsyncApi::AsyncApi(ApiConfig config, queue::StoreConfig store) : impl_(std::make
   impl_->store = std::move(store);
   impl_->models = impl_->config.model_specs().value();
   impl_->limits.max_requests = impl_->config.max_batch_requests;
+  OpenAiBatchContext ctx;
+  ctx.authenticate = [impl = impl_.get()](const HttpRequest& r) { return impl->authenticate(r); };
+  ctx.conn = [impl = impl_.get()] { return impl->conn(); };
+  ctx.drop_conn = [] { Impl::thread_conn().reset(); };
+  ctx.models = impl_->models;
+  ctx.limits = impl_->limits;
+  ctx.max_file_bytes = impl_->config.max_file_bytes;
+  ctx.max_file_lines = impl_->config.max_file_lines;
+  impl_->openai = std::make_unique<OpenAiBatchApi>(std::move(ctx));
 }
 
 AsyncApi::~AsyncApi() = default;
 
 void AsyncApi::set_sync_inference(SyncInference* sync) { impl_->sync = sync; }
 
-HttpResponse AsyncApi::handle(const HttpRequest& req) { return impl_->handle(req); }
+HttpResponse AsyncApi::handle(const HttpRequest& req) {
+  std::string_view target(req.target().data(), req.target().size());
+  if (!OpenAiBatchApi::serves(target.substr(0, target.find('?')))) return impl_->handle(req);
+  Reply reply = handle_streaming(req);  // a streamed file download, collected whole
+  if (reply.stream) {
+    std::string piece;
+    while (reply.stream(&piece)) {
+      reply.response.body() += piece;
+      piece.clear();
+    }
+    reply.response.prepare_payload();
+  }
+  return std::move(reply.response);
+}
 
 Reply AsyncApi::handle_streaming(const HttpRequest& req) {
   std::string_view target(req.target().data(), req.target().size());
+  size_t qpos = target.find('?');
+  if (OpenAiBatchApi::serves(target.substr(0, qpos))) {
+    return impl_->openai->handle(
+        req, std::string(target.substr(0, qpos)),
+        parse_query(qpos == std::string_view::npos ? "" : target.substr(qpos + 1)));
+  }
   if (req.method() == http::verb::post && target == "/v1/chat/completions") {
     json body = json::parse(req.body(), nullptr, false);
     if (body.is_object() && body.value("stream", false)) {

@@ -2,6 +2,7 @@
 // and "bob") and a model name unique to the test, so tests can share one Redis.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -18,6 +19,8 @@ class ApiHarness {
   ApiHarness();
   // The same with limits for the API (0 keeps the default).
   ApiHarness(int max_batch_requests, int64_t body_limit_bytes);
+  // The same with the API configuration adjusted by `configure` before the API starts.
+  explicit ApiHarness(const std::function<void(api::ApiConfig&)>& configure);
   // Uses the given service locations (e.g. a PrivateStack's).
   ApiHarness(const std::string& database_url, const std::string& redis_url);
   ~ApiHarness();
@@ -42,6 +45,7 @@ class ApiHarness {
 
  private:
   void init();
+  std::function<void(api::ApiConfig&)> configure_;
   std::unique_ptr<TestDatabase> db_;
   std::string database_url_;
   std::string redis_url_;
