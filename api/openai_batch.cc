@@ -171,6 +171,7 @@ Reply OpenAiBatchApi::handle(const HttpRequest& req, const std::string& path,
 }
 
 Reply OpenAiBatchApi::upload(const HttpRequest& req, const std::string& account) {
+  int64_t start = steady_now_ns();
   auto ct = req.find(http::field::content_type);
   if (ct == req.end()) {
     return error_reply(invalid_argument("Content-Type must be multipart/form-data with a boundary",
@@ -227,6 +228,7 @@ Reply OpenAiBatchApi::upload(const HttpRequest& req, const std::string& account)
   log::info("file.uploaded", {{"file", f->id},
                               {"bytes", f->bytes},
                               {"num_lines", num_lines},
+                              {"check_ms", (t0 - start) / 1000000},
                               {"store_ms", static_cast<int64_t>(seconds * 1000)},
                               {"store_mb_per_s",
                                seconds > 0 ? static_cast<double>(f->bytes) / 1e6 / seconds : 0.0}});

@@ -81,10 +81,14 @@ TEST(OpenAiSdkTest, OfficialNodeSdkRunsABatchEndToEnd) {
   std::string model = "@test/sdk-" + random_hex(4);  // unique: the Redis is shared
   fs::path log_path = node_dir / ("serve-" + std::to_string(port) + ".log");
   std::vector<std::string> args = {
-      HEADROOM_BINARY, "--log-level", "warn", "serve",
-      "--model", std::string(HEADROOM_SOURCE_DIR) + "/models/tiny-reverse",
-      "--name", model, "--port", std::to_string(port), "--database-url", db.url(),
-      "--redis-url", redis, "--api-key", key};
+      HEADROOM_BINARY,  "--log-level",
+      "warn",           "serve",
+      "--model",        std::string(HEADROOM_SOURCE_DIR) + "/models/tiny-reverse",
+      "--name",         model,
+      "--port",         std::to_string(port),
+      "--database-url", db.url(),
+      "--redis-url",    redis,
+      "--api-key",      key};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
