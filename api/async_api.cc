@@ -24,6 +24,15 @@ namespace hr::api {
 namespace http = boost::beast::http;
 using nlohmann::json;
 
+namespace {
+
+// The routes of OpenAI's API answer errors in OpenAI's shape (what its SDKs parse).
+bool is_openai_path(std::string_view path) {
+  return path == "/v1/chat/completions" || path == "/v1/models" || OpenAiBatchApi::serves(path);
+}
+
+}  // namespace
+
 void ApiConfig::bind(CLI::App& app) {
   cli::add(app, "--host", host, "Address to listen on");
   cli::add(app, "--port", port, "HTTP port to listen on (0: any free port)");
@@ -97,8 +106,8 @@ HttpServerOptions ApiConfig::server_options() const {
     return method == http::verb::post && target.substr(0, target.find('?')) == "/v1/files";
   };
   o.too_large_body = [](std::string_view target, const Status& st) {
-    return OpenAiBatchApi::serves(target.substr(0, target.find('?'))) ? openai_error_body(st).dump()
-                                                                      : error_body(st).dump();
+    return is_openai_path(target.substr(0, target.find('?'))) ? openai_error_body(st).dump()
+                                                              : error_body(st).dump();
   };
   return o;
 }
@@ -121,13 +130,22 @@ Result<int64_t> parse_duration_ms(const std::string& text, const std::string& fi
 
 namespace {
 
-HttpResponse error_response(const Status& st, std::optional<int> index = std::nullopt) {
-  HttpResponse res = json_response(static_cast<unsigned>(http_status_for(st.code())),
-                                   error_body(st, index).dump());
+// Errors in the project's shape, or in OpenAI's on the OpenAI routes.
+enum class ErrorShape { kWorkersAi, kOpenAi };
+
+HttpResponse error_response(const Status& st, std::optional<int> index = std::nullopt,
+                            ErrorShape shape = ErrorShape::kWorkersAi) {
+  std::string body =
+      shape == ErrorShape::kOpenAi ? openai_error_body(st).dump() : error_body(st, index).dump();
+  HttpResponse res = json_response(static_cast<unsigned>(http_status_for(st.code())), body);
   if (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kResourceExhausted) {
     res.set(http::field::retry_after, "1");
   }
   return res;
+}
+
+HttpResponse openai_error(const Status& st) {
+  return error_response(st, std::nullopt, ErrorShape::kOpenAi);
 }
 
 HttpResponse ok_response(json result, unsigned status = 200) {
@@ -230,14 +248,15 @@ struct AsyncApi::Impl {
   }
 
   // A database error drops the thread's connection so the next call reconnects.
-  HttpResponse db_error(const Status& st) {
+  HttpResponse db_error(const Status& st, ErrorShape shape = ErrorShape::kWorkersAi) {
     log::warn("api.db_error", {{"error", st}});
     if (st.code() == StatusCode::kUnavailable) {
       thread_conn().reset();
-      return error_response(Status(StatusCode::kUnavailable,
-                                   "the database is unavailable; retry later"));
+      return error_response(
+          Status(StatusCode::kUnavailable, "the database is unavailable; retry later"),
+          std::nullopt, shape);
     }
-    return error_response(st);
+    return error_response(st, std::nullopt, shape);
   }
 
   Result<std::string> authenticate(const HttpRequest& req) {
@@ -346,7 +365,7 @@ Reply AsyncApi::handle_streaming(const HttpRequest& req) {
     json body = json::parse(req.body(), nullptr, false);
     if (body.is_object() && body.value("stream", false)) {
       Result<std::string> account = impl_->authenticate(req);
-      if (!account.is_ok()) return {error_response(account.status()), nullptr};
+      if (!account.is_ok()) return {openai_error(account.status()), nullptr};
       return impl_->chat_completions_stream(body);
     }
   }
@@ -391,8 +410,11 @@ HttpResponse AsyncApi::Impl::handle(const HttpRequest& req) {
 
   Result<std::string> account = authenticate(req);
   if (!account.is_ok()) {
-    if (account.status().code() == StatusCode::kUnavailable) return db_error(account.status());
-    return error_response(account.status());
+    ErrorShape shape = is_openai_path(path) ? ErrorShape::kOpenAi : ErrorShape::kWorkersAi;
+    if (account.status().code() == StatusCode::kUnavailable) {
+      return db_error(account.status(), shape);
+    }
+    return error_response(account.status(), std::nullopt, shape);
   }
   const std::string& acct = *account;
 
@@ -485,20 +507,20 @@ Result<SyncAnswer> AsyncApi::Impl::run_sync(const json& body, const ModelSpec& m
 HttpResponse AsyncApi::Impl::chat_completions(const HttpRequest& req) {
   json body = json::parse(req.body(), nullptr, false);
   if (body.is_discarded() || !body.is_object()) {
-    return error_response(invalid_argument("body is not a JSON object", "body"));
+    return openai_error(invalid_argument("body is not a JSON object", "body"));
   }
   if (!body.contains("model") || !body["model"].is_string()) {
-    return error_response(invalid_argument("'model' is required", "model"));
+    return openai_error(invalid_argument("'model' is required", "model"));
   }
   const ModelSpec* model = find_model(body["model"]);
   if (model == nullptr) {
-    return error_response(invalid_argument("unknown model '" + body["model"].get<std::string>() + "'",
-                                           "model"));
+    return openai_error(
+        invalid_argument("unknown model '" + body["model"].get<std::string>() + "'", "model"));
   }
   // OpenAI fields this server does not use but clients commonly send.
   for (const char* key : {"n", "user", "logprobs", "stream_options"}) body.erase(key);
   Result<SyncAnswer> a = run_sync(body, *model);
-  if (!a.is_ok()) return error_response(a.status());
+  if (!a.is_ok()) return openai_error(a.status());
   json out = {
       {"id", "chatcmpl-" + new_uuid_v4().to_string()},
       {"object", "chat.completion"},
@@ -518,11 +540,11 @@ HttpResponse AsyncApi::Impl::chat_completions(const HttpRequest& req) {
 // OpenAI chat.completion.chunk events over SSE, ending with data: [DONE].
 Reply AsyncApi::Impl::chat_completions_stream(json body) {
   if (!body.contains("model") || !body["model"].is_string()) {
-    return {error_response(invalid_argument("'model' is required", "model")), nullptr};
+    return {openai_error(invalid_argument("'model' is required", "model")), nullptr};
   }
   const ModelSpec* model = find_model(body["model"]);
   if (model == nullptr) {
-    return {error_response(invalid_argument(
+    return {openai_error(invalid_argument(
                 "unknown model '" + body["model"].get<std::string>() + "'", "model")),
             nullptr};
   }
@@ -534,15 +556,15 @@ Reply AsyncApi::Impl::chat_completions_stream(json body) {
     body.erase(key);
   }
   Result<json> norm = normalize_chat_request(body, *model, limits);
-  if (!norm.is_ok()) return {error_response(norm.status()), nullptr};
+  if (!norm.is_ok()) return {openai_error(norm.status()), nullptr};
   SyncInference* s = sync.load();
   if (s == nullptr) {
-    return {error_response(Status(StatusCode::kResourceExhausted,
-                                  "Out of capacity: no worker is serving " + model->name + " here")),
+    return {openai_error(Status(StatusCode::kResourceExhausted,
+                                "Out of capacity: no worker is serving " + model->name + " here")),
             nullptr};
   }
   Result<std::unique_ptr<SyncStream>> started = s->start_stream(*norm, reject_if_busy);
-  if (!started.is_ok()) return {error_response(started.status()), nullptr};
+  if (!started.is_ok()) return {openai_error(started.status()), nullptr};
   struct State {
     std::unique_ptr<SyncStream> stream;
     std::string id = "chatcmpl-" + new_uuid_v4().to_string();
@@ -583,7 +605,7 @@ Reply AsyncApi::Impl::chat_completions_stream(json body) {
         }
         st->phase = 2;
         if (!st->stream->status().is_ok()) {
-          *out = "data: " + error_body(st->stream->status()).dump() + "\n\n";
+          *out = "data: " + openai_error_body(st->stream->status()).dump() + "\n\n";
           st->phase = 3;
           *out += "data: [DONE]\n\n";
           return true;

@@ -566,5 +566,27 @@ TEST(OpenAiBatchTest, CompletionWindowExpiresUnfinishedRequests) {
   EXPECT_EQ(errors[0]["custom_id"], "req-2");
 }
 
+TEST(OpenAiBatchTest, OpenAiRoutesAnswerErrorsInOpenAiShape) {
+  ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  json chat = {{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  expect_openai_error(h.post("/v1/chat/completions", chat.dump(), ""), 401, "Authorization");
+  expect_openai_error(h.get("/v1/models", "hr_not_a_real_key_000000"), 401, "Authorization");
+  json unknown = chat;
+  unknown["model"] = "@hr/nope";
+  expect_openai_error(h.post("/v1/chat/completions", unknown.dump(), h.key_a()), 400, "model");
+  // No worker here: out of capacity, as OpenAI's 429.
+  HttpResult busy = h.post("/v1/chat/completions", chat.dump(), h.key_a());
+  expect_openai_error(busy, 429, "");
+  EXPECT_EQ(busy.json()["error"]["type"], "rate_limit_error");
+  json streamed = chat;
+  streamed["stream"] = true;
+  expect_openai_error(h.post("/v1/chat/completions", streamed.dump(), h.key_a()), 429, "");
+  // The Workers-AI routes keep the project's shape.
+  HttpResult cf = h.get("/v1/async/nope", h.key_a());
+  EXPECT_EQ(cf.json()["success"], false);
+  EXPECT_EQ(cf.json()["errors"][0]["field"], "request_id");
+}
+
 }  // namespace
 }  // namespace hr::api
