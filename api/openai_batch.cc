@@ -22,6 +22,7 @@ namespace {
 
 namespace http = boost::beast::http;
 using nlohmann::json;
+using ojson = nlohmann::ordered_json;  // answers keep OpenAI's field order
 
 constexpr const char* kEndpoint = "/v1/chat/completions";
 constexpr size_t kMaxLineErrors = 100;  // validation errors reported per batch
@@ -36,7 +37,7 @@ Reply error_reply(const Status& st) {
   return {std::move(res), nullptr};
 }
 
-Reply ok(const json& body) { return {json_response(200, body.dump()), nullptr}; }
+Reply ok(const ojson& body) { return {json_response(200, body.dump()), nullptr}; }
 
 Reply raw_reply(std::string body, const char* content_type) {
   HttpResponse res = json_response(200, "");
@@ -80,11 +81,11 @@ Result<std::optional<std::string>> after_param(const std::map<std::string, std::
   return std::optional<std::string>(it->second);
 }
 
-json list_object(json data, bool has_more) {
-  json out = {{"object", "list"}, {"data", std::move(data)}, {"has_more", has_more}};
-  out["first_id"] = out["data"].empty() ? json(nullptr) : out["data"].front()["id"];
-  out["last_id"] = out["data"].empty() ? json(nullptr) : out["data"].back()["id"];
-  return out;
+ojson list_object(ojson data, bool has_more) {
+  ojson first = data.empty() ? ojson(nullptr) : data.front()["id"];
+  ojson last = data.empty() ? ojson(nullptr) : data.back()["id"];
+  return {{"object", "list"}, {"data", std::move(data)}, {"first_id", std::move(first)},
+          {"last_id", std::move(last)}, {"has_more", has_more}};
 }
 
 // OpenAI's metadata rules: at most 16 pairs, keys up to 64 characters, string values up to 512.
@@ -255,7 +256,7 @@ Reply OpenAiBatchApi::list_files(const std::string& account, const Query& query)
   Result<std::vector<queue::FileInfo>> r = with_retry<std::vector<queue::FileInfo>>(
       [&](pqxx::connection& c) { return queue::list_files(c, account, q); });
   if (!r.is_ok()) return db_error(r.status());
-  json data = json::array();
+  ojson data = ojson::array();
   for (int i = 0; i < std::min<int>(*limit, static_cast<int>(r->size())); ++i) {
     data.push_back(file_object((*r)[i]));
   }
@@ -482,7 +483,7 @@ Reply OpenAiBatchApi::list_batches(const std::string& account, const Query& quer
         return queue::list_openai_batches(c, account, *limit + 1, *after);
       });
   if (!r.is_ok()) return db_error(r.status());
-  json data = json::array();
+  ojson data = ojson::array();
   for (int i = 0; i < std::min<int>(*limit, static_cast<int>(r->size())); ++i) {
     data.push_back(batch_object((*r)[i]));
   }

@@ -4,7 +4,7 @@
 namespace hr::api {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 json seconds(const std::optional<int64_t>& ms) { return ms ? json(*ms / 1000) : json(nullptr); }
 
@@ -78,7 +78,8 @@ json batch_object(const queue::OpenAiBatch& b) {
             {"input_tokens_details", {{"cached_tokens", info.cached_tokens}}},
             {"output_tokens", info.completion_tokens},
             {"output_tokens_details", {{"reasoning_tokens", 0}}},
-            {"total_tokens", info.prompt_tokens + info.completion_tokens}}}};
+            {"total_tokens", info.prompt_tokens + info.completion_tokens}}},
+      {"metadata", parsed(b.metadata_json)}};
 }
 
 }  // namespace hr::api

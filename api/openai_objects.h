@@ -1,5 +1,5 @@
-// OpenAI's file and batch objects, built from stored rows, and the mapping from the internal batch
-// status to OpenAI's. Pure functions.
+// OpenAI's file and batch objects, built from stored rows (fields in OpenAI's order), and the
+// mapping from the internal batch status to OpenAI's. Pure functions.
 //
 // Status mapping (internal status, finished_at, finalized_at → OpenAI):
 //   failed with validation errors (no requests)            → failed
@@ -21,12 +21,12 @@
 namespace hr::api {
 
 // {id, object: "file", bytes, created_at, filename, purpose, status: "processed", ...}
-nlohmann::json file_object(const queue::FileInfo& file);
+nlohmann::ordered_json file_object(const queue::FileInfo& file);
 
 std::string openai_batch_status(const queue::OpenAiBatch& batch);
 
 // {id, object: "batch", endpoint, errors, input_file_id, completion_window, status, ...,
 //  request_counts: {total, completed, failed}, metadata, model, usage}
-nlohmann::json batch_object(const queue::OpenAiBatch& batch);
+nlohmann::ordered_json batch_object(const queue::OpenAiBatch& batch);
 
 }  // namespace hr::api
