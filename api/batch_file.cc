@@ -139,6 +139,10 @@ std::optional<LineError> InputValidator::check(const InputLine& in, queue::NewRe
                  "body.model");
   }
   model_ = spec;
+  // One answer per request: a batch line asking for more must not silently get one.
+  if (body.contains("n") && !body["n"].is_null() && body["n"] != 1) {
+    return error("invalid_request", "only n = 1 is supported", "body.n");
+  }
   // OpenAI fields this server does not use but clients commonly send (as on the sync route).
   for (const char* key : {"n", "user", "logprobs", "stream_options"}) body.erase(key);
   Result<json> norm = normalize_chat_request(body, *spec, limits_);

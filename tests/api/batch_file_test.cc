@@ -41,7 +41,10 @@ TEST(BatchFileTest, SplitsNonBlankLinesWithLineNumbers) {
 TEST(BatchFileTest, ValidLinesBecomeNormalizedRequests) {
   std::vector<ModelSpec> models = {{"@hr/other", 64}, {"@hr/m", 128}};
   InputValidator v(models, BatchLimits{}, "/v1/chat/completions");
-  std::string content = line("a") + "\n" + line("b") + "\n";
+  json first = json::parse(line("a"));
+  first["body"]["n"] = 1;
+  first["body"]["user"] = "someone";
+  std::string content = first.dump() + "\n" + line("b") + "\n";
   auto lines = split_jsonl(content);
   const ModelSpec* model = v.pick_model(lines);
   ASSERT_NE(model, nullptr);
@@ -49,9 +52,11 @@ TEST(BatchFileTest, ValidLinesBecomeNormalizedRequests) {
   queue::NewRequest out;
   EXPECT_FALSE(v.check(lines[0], &out).has_value());
   EXPECT_EQ(out.custom_id, "a");
-  json body = json::parse(out.body);
+  json body = json::parse(out.body);  // n = 1 and user are accepted and dropped
   EXPECT_EQ(body["messages"][0]["content"], "reverse: abc");
   EXPECT_FALSE(body.contains("model"));
+  EXPECT_FALSE(body.contains("n"));
+  EXPECT_FALSE(body.contains("user"));
   EXPECT_FALSE(v.check(lines[1], &out).has_value());
   EXPECT_EQ(out.custom_id, "b");
 }
@@ -73,6 +78,8 @@ TEST(BatchFileTest, EachBadLineHasItsCodeParamAndLine) {
   bad_role["body"]["messages"][0]["role"] = "robot";
   json too_long = ok;
   too_long["body"]["max_tokens"] = 100000;
+  json two_answers = ok;
+  two_answers["body"]["n"] = 2;
   json no_model = ok;
   no_model["body"].erase("model");
   struct Case {
@@ -97,6 +104,7 @@ TEST(BatchFileTest, EachBadLineHasItsCodeParamAndLine) {
       {bad_role.dump(), "invalid_request", "body.messages[0].role"},
       {too_long.dump(), "invalid_request", "body.max_tokens"},
       {with("extra", 1), "invalid_request", "extra"},
+      {two_answers.dump(), "invalid_request", "body.n"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.text);
