@@ -1,9 +1,9 @@
 // OpenAI Batch API benchmark driver (run by scripts/bench_openai_batch.sh against a running
 // `headroom api`, no dispatcher: this driver relays, completes and finalizes in-process so each
-// phase is timed alone). Measures file upload and download throughput for a ~100 MB input file,
-// batch creation (validate every line + store) for 10,000 and 100,000 requests, finalizing a
-// finished 10,000-request batch into its output file, and reading that output back. Prints one
-// JSON object as its last line.
+// phase is timed alone). Measures upload and download throughput for a ~100 MB input file (over
+// HTTP, and the storage layer alone), batch creation (validate every line + store) for 10,000 and
+// 100,000 requests, finalizing a finished 10,000-request batch into its output file, and reading
+// that output back. Prints one JSON object as its last line.
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -15,9 +15,11 @@
 #include <vector>
 
 #include "queue/dispatcher.h"
+#include "queue/files.h"
 #include "queue/lease.h"
 #include "queue/openai_batches.h"
 #include "queue/pg.h"
+#include "queue/store.h"
 
 namespace beast = boost::beast;
 namespace http = beast::http;
@@ -148,6 +150,22 @@ int main(int argc, char** argv) {
   }
   out["download_seconds"] = down_s;
   out["download_mb_per_s"] = big.size() / 1e6 / down_s;
+
+  // The storage layer alone: the same bytes into file_chunks and back, in-process.
+  {
+    auto conn = hr::queue::pg_connect(a.database_url).value();
+    std::string account = hr::queue::authenticate(*conn, a.key).value();
+    auto t1 = Clock::now();
+    auto stored = hr::queue::create_file(*conn, {account, "batch", "direct.jsonl", big, 100000});
+    double store_s = seconds_since(t1);
+    if (!stored.is_ok()) return 1;
+    t1 = Clock::now();
+    auto back = hr::queue::read_file(*conn, *stored);
+    double read_s = seconds_since(t1);
+    if (!back.is_ok() || *back != big) return 1;
+    out["store_mb_per_s"] = big.size() / 1e6 / store_s;
+    out["read_mb_per_s"] = big.size() / 1e6 / read_s;
+  }
 
   // Batch creation: every line validated and stored, for 100,000 and 10,000 requests.
   auto [big_batch, create_big_s] = create(a, big_id);
