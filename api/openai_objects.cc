@@ -16,6 +16,20 @@ json parsed(const std::optional<std::string>& text) {
 
 json optional_string(const std::optional<std::string>& s) { return s ? json(*s) : json(nullptr); }
 
+// The stored errors list in OpenAI's field order (jsonb keeps its own).
+json errors_list(const std::optional<std::string>& text) {
+  json stored = parsed(text);
+  if (!stored.is_object() || !stored.contains("data") || !stored["data"].is_array()) return stored;
+  json data = json::array();
+  for (const json& e : stored["data"]) {
+    data.push_back({{"code", e.value("code", json())},
+                    {"message", e.value("message", json())},
+                    {"param", e.value("param", json())},
+                    {"line", e.value("line", json())}});
+  }
+  return {{"object", "list"}, {"data", std::move(data)}};
+}
+
 }  // namespace
 
 json file_object(const queue::FileInfo& file) {
@@ -52,7 +66,8 @@ json batch_object(const queue::OpenAiBatch& b) {
   return {{"id", info.id},
           {"object", "batch"},
           {"endpoint", optional_string(b.endpoint)},
-          {"errors", parsed(b.errors_json)},
+          {"model", info.model},
+          {"errors", errors_list(b.errors_json)},
           {"input_file_id", optional_string(b.input_file_id)},
           {"completion_window", optional_string(b.completion_window)},
           {"status", status},
@@ -71,15 +86,13 @@ json batch_object(const queue::OpenAiBatch& b) {
            {{"total", info.num_total},
             {"completed", info.num_completed},
             {"failed", info.num_failed + info.num_cancelled + info.num_expired}}},
-          {"metadata", parsed(b.metadata_json)},
-          {"model", info.model},
           {"usage",
            {{"input_tokens", info.prompt_tokens},
             {"input_tokens_details", {{"cached_tokens", info.cached_tokens}}},
             {"output_tokens", info.completion_tokens},
             {"output_tokens_details", {{"reasoning_tokens", 0}}},
             {"total_tokens", info.prompt_tokens + info.completion_tokens}}},
-      {"metadata", parsed(b.metadata_json)}};
+          {"metadata", parsed(b.metadata_json)}};
 }
 
 }  // namespace hr::api

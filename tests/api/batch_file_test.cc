@@ -205,7 +205,15 @@ TEST(OpenAiObjectsTest, BatchObjectFields) {
   b.metadata_json = R"({"k":"v"})";
   b.output_file_id = "out";
   json j = json::parse(batch_object(b).dump());
-  EXPECT_EQ(batch_object(b).begin().key(), "id");  // OpenAI's field order
+  std::vector<std::string> keys;
+  nlohmann::ordered_json ordered = batch_object(b);
+  for (const auto& [key, value] : ordered.items()) keys.push_back(key);
+  EXPECT_EQ(keys, (std::vector<std::string>{
+                      "id", "object", "endpoint", "model", "errors", "input_file_id",
+                      "completion_window", "status", "output_file_id", "error_file_id",
+                      "created_at", "in_progress_at", "expires_at", "finalizing_at",
+                      "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at",
+                      "request_counts", "usage", "metadata"}));  // OpenAI's order
   EXPECT_EQ(j["object"], "batch");
   EXPECT_EQ(j["status"], "completed");
   EXPECT_EQ(j["created_at"], 1000);
@@ -222,7 +230,9 @@ TEST(OpenAiObjectsTest, BatchObjectFields) {
   EXPECT_EQ(j["metadata"]["k"], "v");
   EXPECT_EQ(j["request_counts"], (json{{"total", 10}, {"completed", 6}, {"failed", 4}}));
   auto f = batch("failed");
-  f.errors_json = R"({"object":"list","data":[{"code":"empty_file"}]})";
+  // As jsonb gives it back: its own key order.
+  f.errors_json = R"({"data":[{"line":null,"code":"empty_file","param":null,"message":"m"}],)"
+                  R"("object":"list"})";
   f.info.num_total = f.info.num_completed = f.info.num_failed = 0;
   f.info.num_cancelled = f.info.num_expired = 0;
   f.info.finished_at_ms = f.finalized_at_ms = 1000000;
@@ -232,6 +242,8 @@ TEST(OpenAiObjectsTest, BatchObjectFields) {
   EXPECT_TRUE(fj["in_progress_at"].is_null());
   EXPECT_TRUE(fj["finalizing_at"].is_null());
   EXPECT_EQ(fj["errors"]["data"][0]["code"], "empty_file");
+  EXPECT_EQ(batch_object(f)["errors"].dump(),
+            R"({"object":"list","data":[{"code":"empty_file","message":"m","param":null,"line":null}]})");
 }
 
 TEST(OpenAiObjectsTest, ResultLinesForEveryEnding) {
