@@ -469,6 +469,8 @@ TEST(OpenAiBatchTest, ListBatchesPages) {
   for (int i = 0; i < 3; ++i) ids.push_back(create(h, h.key_a(), file_id).json()["id"]);
   json page = h.get("/v1/batches?limit=2", h.key_a()).json();
   ASSERT_EQ(page["data"].size(), 2u);
+  EXPECT_EQ(page["object"], "list");
+  EXPECT_EQ(page["first_id"], ids[2]);
   EXPECT_EQ(page["data"][0]["id"], ids[2]);
   EXPECT_EQ(page["has_more"], true);
   json page2 =
@@ -476,6 +478,19 @@ TEST(OpenAiBatchTest, ListBatchesPages) {
   ASSERT_EQ(page2["data"].size(), 1u);
   EXPECT_EQ(page2["data"][0]["id"], ids[0]);
   EXPECT_EQ(page2["has_more"], false);
+  // An Idempotency-Key makes a retried create answer the same batch, enqueued once.
+  json body = {{"input_file_id", file_id},
+               {"endpoint", "/v1/chat/completions"},
+               {"completion_window", "24h"}};
+  HttpResult first = h.post("/v1/batches", body.dump(), h.key_a(), {{"Idempotency-Key", "k1"}});
+  HttpResult again = h.post("/v1/batches", body.dump(), h.key_a(), {{"Idempotency-Key", "k1"}});
+  ASSERT_EQ(first.status, 200) << first.body;
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(first.json()["id"], again.json()["id"]);
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM requests"), 4);
+  body["completion_window"] = "1h";
+  expect_openai_error(h.post("/v1/batches", body.dump(), h.key_a(), {{"Idempotency-Key", "k1"}}),
+                      409, "Idempotency-Key");
   expect_openai_error(h.get("/v1/batches?limit=101", h.key_a()), 400, "limit");
   expect_openai_error(h.get("/v1/batches?after=x", h.key_a()), 400, "after");
 }
