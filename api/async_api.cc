@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "api/errors.h"
+#include "api/openai_batch.h"
 #include "api/webhooks_api.h"
 #include "base/cli.h"
 #include "base/clock.h"
@@ -25,6 +26,15 @@ namespace hr::api {
 namespace http = boost::beast::http;
 using nlohmann::json;
 
+namespace {
+
+// The routes of OpenAI's API answer errors in OpenAI's shape (what its SDKs parse).
+bool is_openai_path(std::string_view path) {
+  return path == "/v1/chat/completions" || path == "/v1/models" || OpenAiBatchApi::serves(path);
+}
+
+}  // namespace
+
 void ApiConfig::bind(CLI::App& app) {
   cli::add(app, "--host", host, "Address to listen on");
   cli::add(app, "--port", port, "HTTP port to listen on (0: any free port)");
@@ -33,6 +43,9 @@ void ApiConfig::bind(CLI::App& app) {
            "Threads running request handlers (one database connection each)");
   cli::add(app, "--body-limit-bytes", body_limit_bytes, "Largest accepted request body");
   cli::add(app, "--max-batch-requests", max_batch_requests, "Most requests in one batch");
+  cli::add(app, "--max-file-bytes", max_file_bytes,
+           "Largest OpenAI batch input file (POST /v1/files)");
+  cli::add(app, "--max-file-lines", max_file_lines, "Most lines in an OpenAI batch input file");
   cli::add(app, "--served-model", models,
            "A served model as NAME:CONTEXT_LENGTH (repeatable)")
       ->delimiter(',');
@@ -51,6 +64,12 @@ Status ApiConfig::validate() const {
     return invalid_argument("--max-batch-requests must be at least 1", "max-batch-requests");
   }
   HR_RETURN_IF_ERROR(AddressPolicy::parse(webhook_allow).status());
+  if (max_file_bytes < 1 || max_file_bytes > (int64_t{1} << 40)) {
+    return invalid_argument("--max-file-bytes must be 1 to 2^40", "max-file-bytes");
+  }
+  if (max_file_lines < 1) {
+    return invalid_argument("--max-file-lines must be at least 1", "max-file-lines");
+  }
   return model_specs().status();
 }
 
@@ -85,6 +104,15 @@ HttpServerOptions ApiConfig::server_options() const {
   o.io_threads = io_threads;
   o.handler_threads = handler_threads;
   o.body_limit_bytes = static_cast<size_t>(body_limit_bytes);
+  // File uploads may be larger than other bodies: the file plus room for the form around it.
+  o.upload_limit_bytes = static_cast<size_t>(max_file_bytes) + (1 << 20);
+  o.is_upload = [](http::verb method, std::string_view target) {
+    return method == http::verb::post && target.substr(0, target.find('?')) == "/v1/files";
+  };
+  o.too_large_body = [](std::string_view target, const Status& st) {
+    return is_openai_path(target.substr(0, target.find('?'))) ? openai_error_body(st).dump()
+                                                              : error_body(st).dump();
+  };
   return o;
 }
 
@@ -105,6 +133,22 @@ Result<int64_t> parse_duration_ms(const std::string& text, const std::string& fi
 }
 
 namespace {
+
+// Errors in the project's shape, or in OpenAI's on the OpenAI routes.
+enum class ErrorShape { kWorkersAi, kOpenAi };
+
+HttpResponse openai_error(const Status& st) {
+  HttpResponse res = json_response(static_cast<unsigned>(http_status_for(st.code())),
+                                   openai_error_body(st).dump());
+  if (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kResourceExhausted) {
+    res.set(http::field::retry_after, "1");
+  }
+  return res;
+}
+
+HttpResponse shaped_error(const Status& st, ErrorShape shape) {
+  return shape == ErrorShape::kOpenAi ? openai_error(st) : error_response(st);
+}
 
 std::map<std::string, std::string> parse_query(std::string_view q) {
   std::map<std::string, std::string> out;
@@ -164,6 +208,7 @@ struct AsyncApi::Impl {
   WebhookApiContext webhooks;
   std::vector<ModelSpec> models;
   BatchLimits limits;
+  std::unique_ptr<OpenAiBatchApi> openai;  // /v1/files and /v1/batches
 
   std::mutex auth_mu;
   struct CachedKey {
@@ -200,14 +245,14 @@ struct AsyncApi::Impl {
   }
 
   // A database error drops the thread's connection so the next call reconnects.
-  HttpResponse db_error(const Status& st) {
+  HttpResponse db_error(const Status& st, ErrorShape shape = ErrorShape::kWorkersAi) {
     log::warn("api.db_error", {{"error", st}});
     if (st.code() == StatusCode::kUnavailable) {
       thread_conn().reset();
-      return error_response(Status(StatusCode::kUnavailable,
-                                   "the database is unavailable; retry later"));
+      return shaped_error(
+          Status(StatusCode::kUnavailable, "the database is unavailable; retry later"), shape);
     }
-    return error_response(st);
+    return shaped_error(st, shape);
   }
 
   Result<std::string> authenticate(const HttpRequest& req) {
@@ -278,21 +323,49 @@ AsyncApi::AsyncApi(ApiConfig config, queue::StoreConfig store) : impl_(std::make
   impl_->webhooks.policy = AddressPolicy::parse(impl_->config.webhook_allow).value();
   impl_->webhooks.conn = [impl] { return impl->conn(); };
   impl_->webhooks.db_error = [impl](const Status& st) { return impl->db_error(st); };
+  OpenAiBatchContext ctx;
+  ctx.authenticate = [impl = impl_.get()](const HttpRequest& r) { return impl->authenticate(r); };
+  ctx.conn = [impl = impl_.get()] { return impl->conn(); };
+  ctx.drop_conn = [] { Impl::thread_conn().reset(); };
+  ctx.models = impl_->models;
+  ctx.limits = impl_->limits;
+  ctx.max_file_bytes = impl_->config.max_file_bytes;
+  ctx.max_file_lines = impl_->config.max_file_lines;
+  impl_->openai = std::make_unique<OpenAiBatchApi>(std::move(ctx));
 }
 
 AsyncApi::~AsyncApi() = default;
 
 void AsyncApi::set_sync_inference(SyncInference* sync) { impl_->sync = sync; }
 
-HttpResponse AsyncApi::handle(const HttpRequest& req) { return impl_->handle(req); }
+HttpResponse AsyncApi::handle(const HttpRequest& req) {
+  std::string_view target(req.target().data(), req.target().size());
+  if (!OpenAiBatchApi::serves(target.substr(0, target.find('?')))) return impl_->handle(req);
+  Reply reply = handle_streaming(req);  // a streamed file download, collected whole
+  if (reply.stream) {
+    std::string piece;
+    while (reply.stream(&piece)) {
+      reply.response.body() += piece;
+      piece.clear();
+    }
+    reply.response.prepare_payload();
+  }
+  return std::move(reply.response);
+}
 
 Reply AsyncApi::handle_streaming(const HttpRequest& req) {
   std::string_view target(req.target().data(), req.target().size());
+  size_t qpos = target.find('?');
+  if (OpenAiBatchApi::serves(target.substr(0, qpos))) {
+    return impl_->openai->handle(
+        req, std::string(target.substr(0, qpos)),
+        parse_query(qpos == std::string_view::npos ? "" : target.substr(qpos + 1)));
+  }
   if (req.method() == http::verb::post && target == "/v1/chat/completions") {
     json body = json::parse(req.body(), nullptr, false);
     if (body.is_object() && body.value("stream", false)) {
       Result<std::string> account = impl_->authenticate(req);
-      if (!account.is_ok()) return {error_response(account.status()), nullptr};
+      if (!account.is_ok()) return {openai_error(account.status()), nullptr};
       return impl_->chat_completions_stream(body);
     }
   }
@@ -337,8 +410,11 @@ HttpResponse AsyncApi::Impl::handle(const HttpRequest& req) {
 
   Result<std::string> account = authenticate(req);
   if (!account.is_ok()) {
-    if (account.status().code() == StatusCode::kUnavailable) return db_error(account.status());
-    return error_response(account.status());
+    ErrorShape shape = is_openai_path(path) ? ErrorShape::kOpenAi : ErrorShape::kWorkersAi;
+    if (account.status().code() == StatusCode::kUnavailable) {
+      return db_error(account.status(), shape);
+    }
+    return shaped_error(account.status(), shape);
   }
   const std::string& acct = *account;
 
@@ -434,20 +510,20 @@ Result<SyncAnswer> AsyncApi::Impl::run_sync(const json& body, const ModelSpec& m
 HttpResponse AsyncApi::Impl::chat_completions(const HttpRequest& req) {
   json body = json::parse(req.body(), nullptr, false);
   if (body.is_discarded() || !body.is_object()) {
-    return error_response(invalid_argument("body is not a JSON object", "body"));
+    return openai_error(invalid_argument("body is not a JSON object", "body"));
   }
   if (!body.contains("model") || !body["model"].is_string()) {
-    return error_response(invalid_argument("'model' is required", "model"));
+    return openai_error(invalid_argument("'model' is required", "model"));
   }
   const ModelSpec* model = find_model(body["model"]);
   if (model == nullptr) {
-    return error_response(invalid_argument("unknown model '" + body["model"].get<std::string>() + "'",
-                                           "model"));
+    return openai_error(
+        invalid_argument("unknown model '" + body["model"].get<std::string>() + "'", "model"));
   }
   // OpenAI fields this server does not use but clients commonly send.
   for (const char* key : {"n", "user", "logprobs", "stream_options"}) body.erase(key);
   Result<SyncAnswer> a = run_sync(body, *model);
-  if (!a.is_ok()) return error_response(a.status());
+  if (!a.is_ok()) return openai_error(a.status());
   json out = {
       {"id", "chatcmpl-" + new_uuid_v4().to_string()},
       {"object", "chat.completion"},
@@ -467,11 +543,11 @@ HttpResponse AsyncApi::Impl::chat_completions(const HttpRequest& req) {
 // OpenAI chat.completion.chunk events over SSE, ending with data: [DONE].
 Reply AsyncApi::Impl::chat_completions_stream(json body) {
   if (!body.contains("model") || !body["model"].is_string()) {
-    return {error_response(invalid_argument("'model' is required", "model")), nullptr};
+    return {openai_error(invalid_argument("'model' is required", "model")), nullptr};
   }
   const ModelSpec* model = find_model(body["model"]);
   if (model == nullptr) {
-    return {error_response(invalid_argument(
+    return {openai_error(invalid_argument(
                 "unknown model '" + body["model"].get<std::string>() + "'", "model")),
             nullptr};
   }
@@ -483,15 +559,15 @@ Reply AsyncApi::Impl::chat_completions_stream(json body) {
     body.erase(key);
   }
   Result<json> norm = normalize_chat_request(body, *model, limits);
-  if (!norm.is_ok()) return {error_response(norm.status()), nullptr};
+  if (!norm.is_ok()) return {openai_error(norm.status()), nullptr};
   SyncInference* s = sync.load();
   if (s == nullptr) {
-    return {error_response(Status(StatusCode::kResourceExhausted,
-                                  "Out of capacity: no worker is serving " + model->name + " here")),
+    return {openai_error(Status(StatusCode::kResourceExhausted,
+                                "Out of capacity: no worker is serving " + model->name + " here")),
             nullptr};
   }
   Result<std::unique_ptr<SyncStream>> started = s->start_stream(*norm, reject_if_busy);
-  if (!started.is_ok()) return {error_response(started.status()), nullptr};
+  if (!started.is_ok()) return {openai_error(started.status()), nullptr};
   struct State {
     std::unique_ptr<SyncStream> stream;
     std::string id = "chatcmpl-" + new_uuid_v4().to_string();
@@ -532,7 +608,7 @@ Reply AsyncApi::Impl::chat_completions_stream(json body) {
         }
         st->phase = 2;
         if (!st->stream->status().is_ok()) {
-          *out = "data: " + error_body(st->stream->status()).dump() + "\n\n";
+          *out = "data: " + openai_error_body(st->stream->status()).dump() + "\n\n";
           st->phase = 3;
           *out += "data: [DONE]\n\n";
           return true;

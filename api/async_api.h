@@ -1,7 +1,8 @@
 // The Workers-AI-shaped async API: submit with queueRequest, poll by request_id, cancel, list,
-// plus /healthz and /readyz. Authenticates every call (except health) with a Bearer key and scopes
-// every query to the caller's account. Thread-safe: handle() runs on many threads at once, each
-// with its own Postgres connection.
+// plus /healthz and /readyz, sync routes, and the OpenAI Batch API (api/openai_batch.h).
+// Authenticates every call (except health) with a Bearer key and scopes every query to the caller's
+// account. Thread-safe: handle() runs on many threads at once, each with its own Postgres
+// connection.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -27,6 +28,9 @@ struct ApiConfig {
   int handler_threads = 8;
   int64_t body_limit_bytes = 10 << 20;
   int max_batch_requests = 100000;
+  // OpenAI Batch API input files (POST /v1/files may carry up to this much, plus the form).
+  int64_t max_file_bytes = 200 << 20;
+  int max_file_lines = 100000;
   // Served models as NAME:CONTEXT_LENGTH; a batch for one of these is accepted even while no
   // worker for it is up.
   std::vector<std::string> models = {"@hr/tiny-reverse:128"};

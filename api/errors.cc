@@ -64,4 +64,33 @@ HttpResponse ok_response(nlohmann::json result, unsigned status) {
   return json_response(status, body.dump());
 }
 
+nlohmann::json openai_error_body(const Status& status, std::optional<std::string> code) {
+  const char* type = "invalid_request_error";
+  switch (status.code()) {
+    case StatusCode::kUnauthenticated:
+      type = "authentication_error";
+      break;
+    case StatusCode::kResourceExhausted:
+      type = "rate_limit_error";
+      break;
+    case StatusCode::kUnavailable:
+    case StatusCode::kDeadlineExceeded:
+    case StatusCode::kInternal:
+      type = "server_error";
+      break;
+    default:
+      break;
+  }
+  if (!code) {
+    code = status.code() == StatusCode::kUnauthenticated ? "invalid_api_key"
+                                                         : status_code_name(status.code());
+  }
+  nlohmann::json err = {
+      {"message", status.message()},
+      {"type", type},
+      {"param", status.field().empty() ? nlohmann::json(nullptr) : nlohmann::json(status.field())},
+      {"code", *code}};
+  return {{"error", std::move(err)}};
+}
+
 }  // namespace hr::api

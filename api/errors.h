@@ -1,6 +1,9 @@
 // The one place where a Status becomes an HTTP status and a JSON error body:
 //   {"success": false, "errors": [{"code": 1001, "message": "...", "field": "...", "index": 3}],
 //    "messages": [], "result": null}
+// or, on the OpenAI-shaped routes (/v1/chat/completions, /v1/models, /v1/files, /v1/batches), the
+// shape OpenAI's SDKs parse:
+//   {"error": {"message": "...", "type": "invalid_request_error", "param": "...", "code": "..."}}
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -16,6 +19,10 @@ int http_status_for(StatusCode code);
 // Stable numeric error codes for clients (3040 is Workers AI's "Out of capacity").
 int error_code_for(StatusCode code);
 nlohmann::json error_body(const Status& status, std::optional<int> index = std::nullopt);
+// OpenAI's error shape: `param` is the Status's field (null when none), `code` a stable string
+// (the Status code's name unless given), `type` OpenAI's error class for the HTTP status.
+nlohmann::json openai_error_body(const Status& status,
+                                 std::optional<std::string> code = std::nullopt);
 
 // The error as an HTTP response (Retry-After: 1 on retryable ones).
 HttpResponse error_response(const Status& status, std::optional<int> index = std::nullopt);

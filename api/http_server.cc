@@ -9,6 +9,7 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -66,25 +67,67 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
  private:
+  // Reads the header first: the body limit depends on the route (uploads may be larger).
   void do_read() {
     if (server_->stopping) return close();
+    const HttpServerOptions& o = server_->options;
     parser_.emplace();
-    parser_->body_limit(server_->options.body_limit_bytes);
-    stream_.expires_after(std::chrono::seconds(server_->options.read_timeout_s));
+    parser_->body_limit(std::max(o.body_limit_bytes, o.upload_limit_bytes));
+    stream_.expires_after(std::chrono::seconds(o.read_timeout_s));
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+  }
+
+  void on_header(beast::error_code ec) {
+    const HttpServerOptions& o = server_->options;
+    if (ec == http::error::body_limit) {
+      return too_large(std::max(o.body_limit_bytes, o.upload_limit_bytes));
+    }
+    if (ec) return close();
+    const auto& header = parser_->get();
+    std::string_view target(header.target().data(), header.target().size());
+    bool upload = o.is_upload && o.upload_limit_bytes > 0 && o.is_upload(header.method(), target);
+    size_t limit = upload ? o.upload_limit_bytes : o.body_limit_bytes;
+    if (parser_->content_length() && *parser_->content_length() > limit) return too_large(limit);
+    limit_ = limit;
+    parser_->body_limit(limit);  // for chunked bodies, counted as they arrive
+    if (upload) stream_.expires_after(std::chrono::seconds(o.upload_read_timeout_s));
+    auto expect = header.find(http::field::expect);
+    if (expect != header.end() && beast::iequals(expect->value(), "100-continue")) {
+      // Tell the client to send the body now rather than after its own timeout (curl waits 1 s).
+      auto cont = std::make_shared<http::response<http::empty_body>>(http::status::continue_, 11);
+      http::async_write(stream_, *cont,
+                        [self = shared_from_this(), cont](beast::error_code ec, size_t) {
+                          if (ec) return self->close();
+                          self->read_body();
+                        });
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) {
                        self->on_read(ec);
                      });
   }
 
+  // Answers 413 and closes the connection (the rest of the body is not read).
+  void too_large(size_t limit) {
+    Status st(StatusCode::kTooLarge,
+              "request body is larger than the limit of " + std::to_string(limit) + " bytes",
+              "body");
+    const auto& header = parser_->get();
+    std::string_view target(header.target().data(), header.target().size());
+    std::string body = server_->options.too_large_body ? server_->options.too_large_body(target, st)
+                                                       : error_body(st).dump();
+    write(json_response(413, body, 11, false));
+  }
+
   void on_read(beast::error_code ec) {
-    if (ec == http::error::body_limit) {
-      Status st(StatusCode::kTooLarge, "request body is larger than the limit of " +
-                                           std::to_string(server_->options.body_limit_bytes) +
-                                           " bytes",
-                "body");
-      return write(json_response(413, error_body(st).dump(), 11, false));
-    }
+    if (ec == http::error::body_limit) return too_large(limit_);
     if (ec) return close();
     HttpRequest req = parser_->release();
     ++server_->in_flight;
@@ -101,10 +144,12 @@ class Session : public std::enable_shared_from_this<Session> {
       res.version(req.version());
       res.keep_alive(req.keep_alive() && res.keep_alive() && !self->server_->stopping);
       if (reply.stream) {
-        asio::post(self->stream_.get_executor(),
-                   [self, res = std::move(res), stream = std::move(reply.stream)]() mutable {
-                     self->start_stream(std::move(res), std::move(stream));
-                   });
+        auto out = std::make_shared<Outgoing>();
+        out->next = std::move(reply.stream);
+        out->bytes = reply.stream_bytes;
+        asio::post(self->stream_.get_executor(), [self, res = std::move(res), out]() mutable {
+          self->start_stream(std::move(res), out);
+        });
         return;
       }
       asio::post(self->stream_.get_executor(), [self, res = std::move(res)]() mutable {
@@ -114,50 +159,69 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
-  // Streams: headers with chunked encoding, then each piece the stream yields (pulled on the
-  // handler pool, written on this connection's strand), then the last chunk.
-  void start_stream(HttpResponse res, BodyStream stream) {
+  // A streamed body on its way out.
+  struct Outgoing {
+    BodyStream next;
+    std::optional<uint64_t> bytes;  // sized: sent as is with a Content-Length; else chunked
+    uint64_t sent = 0;
+    bool keep_alive = false;
+  };
+
+  // Streams: the header (chunked, or with the stream's Content-Length), then each piece the
+  // stream yields (pulled on the handler pool, written on this connection's strand), then the
+  // last chunk.
+  void start_stream(HttpResponse res, std::shared_ptr<Outgoing> out) {
     auto header = std::make_shared<http::response<http::empty_body>>(res.result(), res.version());
     for (const auto& f : res) {
-      if (f.name() == http::field::content_length) continue;  // the body is chunked
+      if (f.name() == http::field::content_length) continue;
       header->set(f.name_string(), f.value());
     }
     header->keep_alive(res.keep_alive());
-    header->chunked(true);
+    if (out->bytes) {
+      header->content_length(*out->bytes);
+    } else {
+      header->chunked(true);
+    }
+    out->keep_alive = header->keep_alive();
     auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*header);
     stream_.expires_after(std::chrono::seconds(server_->options.write_timeout_s));
-    http::async_write_header(stream_, *sr,
-                             [self = shared_from_this(), header, sr, stream = std::move(stream)](
-                                 beast::error_code ec, size_t) mutable {
-                               if (ec) return self->end_stream(false);
-                               self->pump(std::make_shared<BodyStream>(std::move(stream)),
-                                          header->keep_alive());
-                             });
+    http::async_write_header(
+        stream_, *sr, [self = shared_from_this(), header, sr, out](beast::error_code ec, size_t) {
+          if (ec) return self->end_stream(false);
+          self->pump(out);
+        });
   }
 
-  void pump(std::shared_ptr<BodyStream> stream, bool keep_alive) {
-    asio::post(server_->pool, [self = shared_from_this(), stream, keep_alive] {
+  void pump(std::shared_ptr<Outgoing> out) {
+    asio::post(server_->pool, [self = shared_from_this(), out] {
       auto chunk = std::make_shared<std::string>();
       bool more = false;
       try {
-        more = (*stream)(chunk.get());
+        more = out->next(chunk.get());
       } catch (const std::exception& e) {
         log::error("http.stream_exception", {{"error", e.what()}});
       }
-      asio::post(self->stream_.get_executor(), [self, stream, chunk, more, keep_alive] {
+      asio::post(self->stream_.get_executor(), [self, out, chunk, more]() mutable {
         self->stream_.expires_after(std::chrono::seconds(self->server_->options.write_timeout_s));
+        auto written = [self, out, chunk](beast::error_code ec, size_t) {
+          if (ec) return self->end_stream(false);
+          self->pump(out);
+        };
+        if (out->bytes) {
+          if (more && out->sent + chunk->size() > *out->bytes) more = false;  // never overrun
+          if (!more) return self->end_stream(out->keep_alive && out->sent == *out->bytes);
+          out->sent += chunk->size();
+          asio::async_write(self->stream_, asio::buffer(*chunk), written);
+          return;
+        }
         if (!more) {
           asio::async_write(self->stream_, http::make_chunk_last(),
-                            [self, keep_alive](beast::error_code ec, size_t) {
-                              self->end_stream(!ec && keep_alive);
+                            [self, out](beast::error_code ec, size_t) {
+                              self->end_stream(!ec && out->keep_alive);
                             });
           return;
         }
-        asio::async_write(self->stream_, http::make_chunk(asio::buffer(*chunk)),
-                          [self, stream, chunk, keep_alive](beast::error_code ec, size_t) {
-                            if (ec) return self->end_stream(false);
-                            self->pump(stream, keep_alive);
-                          });
+        asio::async_write(self->stream_, http::make_chunk(asio::buffer(*chunk)), written);
       });
     });
   }
@@ -185,6 +249,7 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
+  size_t limit_ = 0;  // the body limit of the request being read
   HttpServer::Impl* server_;
 };
 

@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "base/status.h"
 
@@ -23,10 +25,13 @@ using Handler = std::function<HttpResponse(const HttpRequest&)>;
 // blocks until the next piece, appends it to `chunk` and returns true, or returns false at the end.
 using BodyStream = std::function<bool(std::string* chunk)>;
 // A handler's answer: a whole response, or (when `stream` is set) the response's status and
-// headers followed by a chunked body from `stream`.
+// headers followed by a chunked body from `stream`. With `stream_bytes` the stream yields exactly
+// that many bytes and goes out with a Content-Length instead; one that ends short closes the
+// connection, so the client sees the body cut off rather than complete.
 struct Reply {
   HttpResponse response;
   BodyStream stream;
+  std::optional<uint64_t> stream_bytes = std::nullopt;
 };
 using StreamingHandler = std::function<Reply(const HttpRequest&)>;
 
@@ -36,6 +41,14 @@ struct HttpServerOptions {
   int io_threads = 2;
   int handler_threads = 8;
   size_t body_limit_bytes = 10 << 20;
+  // Uploads: a request for which is_upload(method, target) holds may carry a body of up to
+  // upload_limit_bytes and has upload_read_timeout_s to arrive. The limit is chosen from the
+  // request's header, before its body is read.
+  std::function<bool(boost::beast::http::verb, std::string_view target)> is_upload;
+  size_t upload_limit_bytes = 0;
+  int upload_read_timeout_s = 600;
+  // The JSON body of the 413 answer to a request over its limit (default: error_body()).
+  std::function<std::string(std::string_view target, const Status&)> too_large_body;
   int read_timeout_s = 30;
   int write_timeout_s = 30;
   int drain_timeout_s = 30;

@@ -8,6 +8,7 @@
 
 #include "base/ids.h"
 #include "base/log.h"
+#include "queue/openai_batches.h"
 #include "queue/pg.h"
 #include "queue/store.h"
 #include "queue/stream.h"
@@ -234,6 +235,16 @@ Result<int> Dispatcher::reclaim_idle_entries() {
   return reclaimed;
 }
 
+Result<int> Dispatcher::finalize_openai_batches() {
+  int finalized = 0;
+  Status st = pg_.run("finalize", [&](pqxx::connection& pg) -> Status {
+    HR_ASSIGN_OR_RETURN(finalized, queue::finalize_openai_batches(pg, 20));
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  return finalized;
+}
+
 Result<TickReport> Dispatcher::tick() {
   TickReport rep;
   HR_ASSIGN_OR_RETURN(rep.resynced, resync_if_redis_lost());
@@ -241,6 +252,13 @@ Result<TickReport> Dispatcher::tick() {
   rep.requeued = leases.first;
   rep.failed = leases.second;
   HR_ASSIGN_OR_RETURN(rep.expired, expire_deadlines());
+  // A batch that cannot be finalized must not stop the relay: log it and go on.
+  Result<int> finalized = finalize_openai_batches();
+  if (finalized.is_ok()) {
+    rep.finalized = *finalized;
+  } else {
+    log::warn("dispatcher.finalize_failed", {{"error", finalized.status()}});
+  }
   HR_ASSIGN_OR_RETURN(rep.reclaimed, reclaim_idle_entries());
   for (;;) {
     HR_ASSIGN_OR_RETURN(int n, relay_once());

@@ -5,6 +5,7 @@
 //  - janitor: re-queues requests whose lease expired (or fails them after max attempts), expires
 //    requests of batches past their deadline, and reclaims stream entries stuck in a dead
 //    consumer's pending list;
+//  - finalize: writes the output and error files of finished OpenAI batches;
 //  - resync: notices a Redis that restarted or lost its data (run id / epoch marker) and rewinds
 //    every open batch's cursor so the relay re-sends everything still queued.
 // Not thread-safe: one Dispatcher per thread.
@@ -36,6 +37,7 @@ struct TickReport {
   int failed = 0;
   int expired = 0;
   int reclaimed = 0;
+  int finalized = 0;
   bool resynced = false;
 };
 
@@ -51,6 +53,8 @@ class Dispatcher {
   [[nodiscard]] Result<int> expire_deadlines();
   [[nodiscard]] Result<bool> resync_if_redis_lost();
   [[nodiscard]] Result<int> reclaim_idle_entries();
+  // Writes the files of finished OpenAI batches; returns how many were finalized.
+  [[nodiscard]] Result<int> finalize_openai_batches();
   // One pass of every duty (relay until caught up).
   [[nodiscard]] Result<TickReport> tick();
   // Runs tick() until `stop`, waking early on NOTIFY hr_dispatch. Errors are logged and retried.

@@ -6,13 +6,13 @@
 #include "base/clock.h"
 #include "base/hash.h"
 #include "base/ids.h"
+#include "queue/internal/batch_row.h"
 #include "queue/pg.h"
 #include "queue/webhooks.h"
 
 namespace hr::queue {
-namespace {
 
-constexpr const char* kBatchColumns =
+const char* const kBatchColumns =
     "id::text, model, api_shape, status, num_total, num_completed, num_failed, num_cancelled, "
     "num_expired, prompt_tokens, completion_tokens, cached_tokens, "
     "(extract(epoch FROM created_at) * 1000)::bigint, "
@@ -20,10 +20,14 @@ constexpr const char* kBatchColumns =
     "(extract(epoch FROM finished_at) * 1000)::bigint, "
     "(extract(epoch FROM deadline) * 1000)::bigint, cancel_requested_at IS NOT NULL";
 
+namespace {
+
 std::optional<int64_t> opt_i64(const pqxx::field& f) {
   if (f.is_null()) return std::nullopt;
   return f.as<int64_t>();
 }
+
+}  // namespace
 
 BatchInfo batch_from_row(const pqxx::row& r) {
   BatchInfo b;
@@ -46,6 +50,8 @@ BatchInfo batch_from_row(const pqxx::row& r) {
   b.cancel_requested = r[16].as<bool>();
   return b;
 }
+
+namespace {
 
 std::string event_type_for(const std::string& status) {
   if (status == "completed" || status == "completed_with_errors") return "batch.completed";
@@ -148,18 +154,19 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
     // enabled endpoint of the account subscribes to them.
     pqxx::result inserted = tx.exec_params(
         "INSERT INTO batches (id, account_id, model, api_shape, status, num_total, priority, "
-        "deadline, idempotency_key, request_hash, metadata, webhook_url, webhook_events, "
-        "webhook_secret, request_events) "
+        "deadline, idempotency_key, request_hash, metadata, endpoint, input_file_id, "
+        "completion_window, webhook_url, webhook_events, webhook_secret, request_events) "
         "VALUES ($1, $2, $3, $4, 'queued', $5, $6, to_timestamp($7::bigint / 1000.0), $8, "
-        "decode($9, 'hex'), $10::jsonb, $11, $12::text[], $13, $14 OR EXISTS (SELECT 1 FROM "
-        "webhook_endpoints WHERE account_id = $2 AND enabled "
+        "decode($9, 'hex'), $10::jsonb, $11, $12::uuid, $13, $14, $15::text[], $16, "
+        "$17 OR EXISTS (SELECT 1 FROM webhook_endpoints WHERE account_id = $2 AND enabled "
         "AND 'request.completed' = ANY (event_types))) "
         "ON CONFLICT (account_id, idempotency_key) WHERE idempotency_key IS NOT NULL "
         "DO NOTHING RETURNING id::text",
-        id, batch.account_id, batch.model, batch.api_shape,
-        static_cast<int>(batch.size()), batch.priority, deadline, batch.idempotency_key,
-        to_hex(batch.request_hash), batch.metadata_json, batch.webhook_url, events,
-        batch.webhook_secret, wants_request_events && batch.webhook_url.has_value());
+        id, batch.account_id, batch.model, batch.api_shape, static_cast<int>(batch.size()),
+        batch.priority, deadline, batch.idempotency_key, to_hex(batch.request_hash),
+        batch.metadata_json, batch.endpoint, batch.input_file_id, batch.completion_window,
+        batch.webhook_url, events, batch.webhook_secret,
+        wants_request_events && batch.webhook_url.has_value());
     if (inserted.empty()) {
       pqxx::row prior = tx.exec_params1(
           "SELECT id::text, encode(request_hash, 'hex') FROM batches "
@@ -283,6 +290,7 @@ std::optional<std::string> finish_batch_if_done(pqxx::work& tx, const std::strin
        {{"prompt_tokens", row[8].as<int64_t>()}, {"completion_tokens", row[9].as<int64_t>()},
         {"cached_tokens", row[10].as<int64_t>()}}}};
   write_event(tx, event_type_for(status), row[1].as<std::string>(), batch_id, data);
+  tx.exec("NOTIFY hr_dispatch");
   return status;
 }
 

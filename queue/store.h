@@ -49,6 +49,10 @@ struct NewBatch {
   std::optional<std::string> webhook_url;
   std::optional<std::vector<std::string>> webhook_events;
   std::optional<std::string> webhook_secret;
+  // OpenAI batches: the endpoint of every request, the input file, the window as written ("24h").
+  std::optional<std::string> endpoint;
+  std::optional<std::string> input_file_id;
+  std::optional<std::string> completion_window;
   std::vector<NewRequest> requests;
   // Alternatively, a producer called for i = 0..num_requests-1 while the rows stream into COPY, so
   // validating request i overlaps with the database storing rows < i. A non-OK Status rolls the
@@ -129,8 +133,9 @@ struct ListQuery {
                                                           const ListQuery& query);
 
 // Moves the batch to its terminal status and writes the batch event to the outbox when every
-// request has ended. Call inside the transaction that ended the last requests. Returns the
-// terminal status, or nullopt when requests remain.
+// request has ended, and wakes the dispatchers (an OpenAI batch's output files are written next).
+// Call inside the transaction that ended the last requests. Returns the terminal status, or
+// nullopt when requests remain.
 std::optional<std::string> finish_batch_if_done(pqxx::work& tx, const std::string& batch_id);
 
 // Writes one event to the outbox (and wakes the webhook dispatcher at commit). `data` is the

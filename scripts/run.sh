@@ -42,6 +42,9 @@ Poll it (with the request_id from the answer):
 Ask synchronously (OpenAI shape):
   curl -s http://127.0.0.1:$port/v1/chat/completions -H "Authorization: Bearer $HEADROOM_API_KEY" \\
     -d '{"model": "@hr/tiny-reverse", "messages": [{"role": "user", "content": "reverse: hello"}]}'
+OpenAI's Batch API (the OpenAI SDKs work with baseURL http://127.0.0.1:$port/v1; docs/openai-batch.md):
+  curl -s http://127.0.0.1:$port/v1/files -H "Authorization: Bearer $HEADROOM_API_KEY" \\
+    -F purpose=batch -F file=@requests.jsonl
 
 EOF
 build-release/headroom serve --model "$root/models/tiny-reverse" &

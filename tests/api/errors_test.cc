@@ -26,5 +26,21 @@ TEST(ErrorsTest, BodyNamesFieldAndIndex) {
             3040);
 }
 
+TEST(ErrorsTest, OpenAiErrorBody) {
+  using nlohmann::json;
+  json e = openai_error_body(invalid_argument("bad window", "completion_window"));
+  EXPECT_EQ(e["error"]["message"], "bad window");
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(e["error"]["param"], "completion_window");
+  EXPECT_EQ(e["error"]["code"], "invalid_argument");
+  json a = openai_error_body(Status(StatusCode::kUnauthenticated, "invalid API key"));
+  EXPECT_EQ(a["error"]["type"], "authentication_error");
+  EXPECT_EQ(a["error"]["code"], "invalid_api_key");
+  EXPECT_TRUE(a["error"]["param"].is_null());
+  EXPECT_EQ(openai_error_body(internal_error("x"))["error"]["type"], "server_error");
+  EXPECT_EQ(openai_error_body(not_found("x"), "file_not_found")["error"]["code"], "file_not_found");
+  EXPECT_EQ(openai_error_body(Status(StatusCode::kTooLarge, "big"))["error"]["code"], "too_large");
+}
+
 }  // namespace
 }  // namespace hr::api

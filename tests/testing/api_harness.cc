@@ -28,8 +28,8 @@ ApiHarness::ApiHarness(int max_batch_requests, int64_t body_limit_bytes) {
   init();
 }
 
-ApiHarness::ApiHarness(const std::function<void(api::ApiConfig&)>& configure) {
-  configure(config_);
+ApiHarness::ApiHarness(const std::function<void(api::ApiConfig&)>& configure)
+    : configure_(configure) {
   db_ = std::make_unique<TestDatabase>();
   database_url_ = db_->url();
   redis_url_ = hr::testing::redis_url();
@@ -61,6 +61,7 @@ void ApiHarness::init() {
   config_.port = 0;
   config_.handler_threads = 4;
   config_.models = {model_ + ":128"};
+  if (configure_) configure_(config_);
   queue::StoreConfig store;
   store.database_url = database_url_;
   store.redis_url = redis_url_;

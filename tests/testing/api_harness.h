@@ -19,7 +19,7 @@ class ApiHarness {
   ApiHarness();
   // The same with limits for the API (0 keeps the default).
   ApiHarness(int max_batch_requests, int64_t body_limit_bytes);
-  // A fresh TestDatabase, with the API's config adjusted by `configure` first.
+  // The same with the API configuration adjusted by `configure` before the API starts.
   explicit ApiHarness(const std::function<void(api::ApiConfig&)>& configure);
   // Uses the given service locations (e.g. a PrivateStack's).
   ApiHarness(const std::string& database_url, const std::string& redis_url);
@@ -45,6 +45,7 @@ class ApiHarness {
 
  private:
   void init();
+  std::function<void(api::ApiConfig&)> configure_;
   std::unique_ptr<TestDatabase> db_;
   std::string database_url_;
   std::string redis_url_;

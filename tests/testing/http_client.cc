@@ -24,7 +24,9 @@ HttpResult http_call(const std::string& method, int port, const std::string& tar
     req.set(http::field::host, "127.0.0.1");
     for (const auto& [k, v] : headers) req.set(k, v);
     if (!body.empty() || method == "POST") {
-      req.set(http::field::content_type, "application/json");
+      if (req.find(http::field::content_type) == req.end()) {
+        req.set(http::field::content_type, "application/json");
+      }
       req.body() = body;
       req.prepare_payload();
     }

@@ -1,0 +1,542 @@
+// Routes and handlers of the OpenAI Batch API.
+#include "api/openai_batch.h"
+
+#include <pqxx/pqxx>
+
+#include <nlohmann/json.hpp>
+
+#include "api/async_api.h"
+#include "api/batch_file.h"
+#include "api/errors.h"
+#include "api/multipart.h"
+#include "api/openai_objects.h"
+#include "base/clock.h"
+#include "base/hash.h"
+#include "base/ids.h"
+#include "base/log.h"
+#include "queue/files.h"
+#include "queue/openai_batches.h"
+
+namespace hr::api {
+namespace {
+
+namespace http = boost::beast::http;
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;  // answers keep OpenAI's field order
+
+constexpr const char* kEndpoint = "/v1/chat/completions";
+constexpr size_t kMaxLineErrors = 100;  // validation errors reported per batch
+constexpr int kResultPage = 5000;       // rows read per query for results so far
+
+Reply error_reply(const Status& st) {
+  HttpResponse res = json_response(static_cast<unsigned>(http_status_for(st.code())),
+                                   openai_error_body(st).dump());
+  if (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kResourceExhausted) {
+    res.set(http::field::retry_after, "1");
+  }
+  return {std::move(res), nullptr};
+}
+
+Reply ok(const ojson& body) { return {json_response(200, body.dump()), nullptr}; }
+
+Reply raw_reply(std::string body, const char* content_type) {
+  HttpResponse res = json_response(200, "");
+  res.set(http::field::content_type, content_type);
+  res.body() = std::move(body);
+  res.prepare_payload();
+  return {std::move(res), nullptr};
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+// An integer query parameter in [lo, hi], `def` when absent.
+Result<int> int_param(const std::map<std::string, std::string>& query, const std::string& name,
+                      int lo, int hi, int def) {
+  auto it = query.find(name);
+  if (it == query.end() || it->second.empty()) return def;
+  int v = 0;
+  try {
+    size_t used = 0;
+    v = std::stoi(it->second, &used);
+    if (used != it->second.size()) v = lo - 1;
+  } catch (...) {
+    v = lo - 1;
+  }
+  if (v < lo || v > hi) {
+    return invalid_argument(
+        name + " must be an integer from " + std::to_string(lo) + " to " + std::to_string(hi),
+        name);
+  }
+  return v;
+}
+
+Result<std::optional<std::string>> after_param(const std::map<std::string, std::string>& query) {
+  auto it = query.find("after");
+  if (it == query.end() || it->second.empty()) return std::optional<std::string>();
+  if (!parse_uuid(it->second).is_ok()) return invalid_argument("after must be an id", "after");
+  return std::optional<std::string>(it->second);
+}
+
+ojson list_object(ojson data, bool has_more) {
+  ojson first = data.empty() ? ojson(nullptr) : data.front()["id"];
+  ojson last = data.empty() ? ojson(nullptr) : data.back()["id"];
+  return {{"object", "list"}, {"data", std::move(data)}, {"first_id", std::move(first)},
+          {"last_id", std::move(last)}, {"has_more", has_more}};
+}
+
+// OpenAI's metadata rules: at most 16 pairs, keys up to 64 characters, string values up to 512.
+Status check_metadata(const json& m) {
+  if (m.is_null()) return Status::ok();
+  if (!m.is_object()) return invalid_argument("'metadata' must be an object", "metadata");
+  if (m.size() > 16) return invalid_argument("'metadata' holds at most 16 pairs", "metadata");
+  for (const auto& [key, value] : m.items()) {
+    if (key.empty() || key.size() > 64) {
+      return invalid_argument("metadata keys must be 1 to 64 characters", "metadata");
+    }
+    if (!value.is_string() || value.get_ref<const std::string&>().size() > 512) {
+      return invalid_argument("metadata values must be strings of at most 512 characters",
+                              "metadata." + key);
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+OpenAiBatchApi::OpenAiBatchApi(OpenAiBatchContext context) : ctx_(std::move(context)) {}
+
+bool OpenAiBatchApi::serves(std::string_view path) {
+  return path == "/v1/files" || path.starts_with("/v1/files/") || path == "/v1/batches" ||
+         path.starts_with("/v1/batches/");
+}
+
+template <typename T, typename Fn>
+Result<T> OpenAiBatchApi::with_retry(Fn&& fn) {
+  for (int attempt = 0;; ++attempt) {
+    Result<pqxx::connection*> c = ctx_.conn();
+    if (!c.is_ok()) return c.status();
+    Result<T> r = fn(**c);
+    if (r.is_ok() || r.status().code() != StatusCode::kUnavailable || attempt == 1) return r;
+    ctx_.drop_conn();
+  }
+}
+
+Reply OpenAiBatchApi::db_error(const Status& st) {
+  log::warn("api.db_error", {{"error", st}});
+  if (st.code() == StatusCode::kUnavailable) {
+    ctx_.drop_conn();
+    return error_reply(
+        Status(StatusCode::kUnavailable, "the database is unavailable; retry later"));
+  }
+  return error_reply(st);
+}
+
+Reply OpenAiBatchApi::handle(const HttpRequest& req, const std::string& path,
+                             const std::map<std::string, std::string>& query) {
+  Result<std::string> account = ctx_.authenticate(req);
+  if (!account.is_ok()) {
+    if (account.status().code() == StatusCode::kUnavailable) return db_error(account.status());
+    return error_reply(account.status());
+  }
+  const std::string& acct = *account;
+  http::verb m = req.method();
+  if (path == "/v1/files") {
+    if (m == http::verb::post) return upload(req, acct);
+    if (m == http::verb::get) return list_files(acct, query);
+  } else if (path == "/v1/batches") {
+    if (m == http::verb::post) return create_batch(req, acct);
+    if (m == http::verb::get) return list_batches(acct, query);
+  } else if (path.starts_with("/v1/files/")) {
+    std::string rest = path.substr(10);
+    size_t slash = rest.find('/');
+    std::string id = rest.substr(0, slash);
+    std::string sub = slash == std::string::npos ? "" : rest.substr(slash);
+    if (sub.empty() && m == http::verb::get) return get_file(acct, id);
+    if (sub.empty() && m == http::verb::delete_) return delete_file(acct, id);
+    if (sub == "/content" && m == http::verb::get) return file_content(acct, id);
+  } else if (path.starts_with("/v1/batches/")) {
+    std::string rest = path.substr(12);
+    size_t slash = rest.find('/');
+    std::string id = rest.substr(0, slash);
+    std::string sub = slash == std::string::npos ? "" : rest.substr(slash);
+    if (sub.empty() && m == http::verb::get) return get_batch(acct, id);
+    if (sub == "/cancel" && m == http::verb::post) return cancel_batch(acct, id);
+    if (sub == "/output" && m == http::verb::get) return results_so_far(acct, id, true);
+    if (sub == "/errors" && m == http::verb::get) return results_so_far(acct, id, false);
+  }
+  return error_reply(not_found("no route for " + std::string(req.method_string()) + " " + path));
+}
+
+Reply OpenAiBatchApi::upload(const HttpRequest& req, const std::string& account) {
+  int64_t start = steady_now_ns();
+  auto ct = req.find(http::field::content_type);
+  if (ct == req.end()) {
+    return error_reply(invalid_argument("Content-Type must be multipart/form-data with a boundary",
+                                        "Content-Type"));
+  }
+  Result<std::string> boundary =
+      multipart_boundary(std::string_view(ct->value().data(), ct->value().size()));
+  if (!boundary.is_ok()) return error_reply(boundary.status());
+  Result<std::vector<MultipartPart>> parts = parse_multipart(req.body(), *boundary);
+  if (!parts.is_ok()) return error_reply(parts.status());
+  const MultipartPart* purpose = find_part(*parts, "purpose");
+  if (purpose == nullptr) return error_reply(invalid_argument("'purpose' is required", "purpose"));
+  if (trim(purpose->data) != "batch") {
+    return error_reply(invalid_argument(
+        "purpose must be 'batch': this server stores input files for the Batch API", "purpose"));
+  }
+  const MultipartPart* file = find_part(*parts, "file");
+  if (file == nullptr) {
+    return error_reply(
+        invalid_argument("'file' is required: the JSONL input as a file part", "file"));
+  }
+  std::string filename = file->filename.value_or("");
+  size_t sep = filename.find_last_of("/\\");
+  if (sep != std::string::npos) filename = filename.substr(sep + 1);
+  if (filename.empty()) filename = "upload.jsonl";
+  if (filename.size() > 255) {
+    return error_reply(invalid_argument("the file name must be at most 255 bytes", "file"));
+  }
+  std::string_view data = file->data;
+  if (static_cast<int64_t>(data.size()) > ctx_.max_file_bytes) {
+    return error_reply(Status(StatusCode::kTooLarge,
+                              "the file is " + std::to_string(data.size()) +
+                                  " bytes; the limit is " + std::to_string(ctx_.max_file_bytes),
+                              "file"));
+  }
+  int num_lines = count_jsonl_lines(data);
+  if (num_lines == 0) {
+    return error_reply(
+        invalid_argument("the file is empty: it must hold one JSON request per line", "file"));
+  }
+  if (num_lines > ctx_.max_file_lines) {
+    return error_reply(Status(StatusCode::kTooLarge,
+                              "the file has " + std::to_string(num_lines) +
+                                  " lines; the limit is " + std::to_string(ctx_.max_file_lines),
+                              "file"));
+  }
+  Result<pqxx::connection*> c = ctx_.conn();
+  if (!c.is_ok()) return db_error(c.status());
+  int64_t t0 = steady_now_ns();
+  Result<queue::FileInfo> f =
+      queue::create_file(**c, {account, "batch", filename, data, num_lines});
+  if (!f.is_ok()) return db_error(f.status());
+  double seconds = static_cast<double>(steady_now_ns() - t0) / 1e9;
+  log::info("file.uploaded", {{"file", f->id},
+                              {"bytes", f->bytes},
+                              {"num_lines", num_lines},
+                              {"check_ms", (t0 - start) / 1000000},
+                              {"store_ms", static_cast<int64_t>(seconds * 1000)},
+                              {"store_mb_per_s",
+                               seconds > 0 ? static_cast<double>(f->bytes) / 1e6 / seconds : 0.0}});
+  return ok(file_object(*f));
+}
+
+Reply OpenAiBatchApi::list_files(const std::string& account, const Query& query) {
+  queue::FileListQuery q;
+  Result<int> limit = int_param(query, "limit", 1, 10000, 10000);
+  if (!limit.is_ok()) return error_reply(limit.status());
+  Result<std::optional<std::string>> after = after_param(query);
+  if (!after.is_ok()) return error_reply(after.status());
+  if (auto it = query.find("order"); it != query.end() && !it->second.empty()) {
+    if (it->second != "asc" && it->second != "desc") {
+      return error_reply(invalid_argument("order must be asc or desc", "order"));
+    }
+    q.ascending = it->second == "asc";
+  }
+  if (auto it = query.find("purpose"); it != query.end() && !it->second.empty()) {
+    q.purpose = it->second;
+  }
+  q.after = *after;
+  q.limit = *limit + 1;
+  Result<std::vector<queue::FileInfo>> r = with_retry<std::vector<queue::FileInfo>>(
+      [&](pqxx::connection& c) { return queue::list_files(c, account, q); });
+  if (!r.is_ok()) return db_error(r.status());
+  ojson data = ojson::array();
+  for (int i = 0; i < std::min<int>(*limit, static_cast<int>(r->size())); ++i) {
+    data.push_back(file_object((*r)[i]));
+  }
+  return ok(list_object(std::move(data), static_cast<int>(r->size()) > *limit));
+}
+
+Reply OpenAiBatchApi::get_file(const std::string& account, const std::string& id) {
+  if (!parse_uuid(id).is_ok()) return error_reply(not_found("no such file: " + id));
+  Result<queue::FileInfo> f = with_retry<queue::FileInfo>(
+      [&](pqxx::connection& c) { return queue::get_file(c, account, id); });
+  if (!f.is_ok()) {
+    return f.status().code() == StatusCode::kNotFound ? error_reply(f.status())
+                                                      : db_error(f.status());
+  }
+  return ok(file_object(*f));
+}
+
+Reply OpenAiBatchApi::file_content(const std::string& account, const std::string& id) {
+  if (!parse_uuid(id).is_ok()) return error_reply(not_found("no such file: " + id));
+  Result<queue::FileInfo> f = with_retry<queue::FileInfo>(
+      [&](pqxx::connection& c) { return queue::get_file(c, account, id); });
+  if (!f.is_ok()) {
+    return f.status().code() == StatusCode::kNotFound ? error_reply(f.status())
+                                                      : db_error(f.status());
+  }
+  if (f->num_chunks() <= 1) {
+    Result<std::string> content =
+        with_retry<std::string>([&](pqxx::connection& c) { return queue::read_file(c, *f); });
+    if (!content.is_ok()) {
+      return content.status().code() == StatusCode::kNotFound ? error_reply(content.status())
+                                                              : db_error(content.status());
+    }
+    return raw_reply(std::move(content).value(), "application/octet-stream");
+  }
+  // Larger files go out one stored chunk at a time, so memory stays at one chunk per download.
+  Reply reply = raw_reply("", "application/octet-stream");
+  reply.stream_bytes = static_cast<uint64_t>(f->bytes);
+  auto next_seq = std::make_shared<int>(0);
+  reply.stream = [this, file = *f, next_seq](std::string* out) -> bool {
+    if (*next_seq >= file.num_chunks()) return false;
+    Result<bool> read = with_retry<bool>(
+        [&](pqxx::connection& c) { return queue::read_file_chunk(c, file.id, *next_seq, out); });
+    if (!read.is_ok() || !*read) {
+      log::warn("file.read_failed",
+                {{"file", file.id},
+                 {"seq", *next_seq},
+                 {"error", read.is_ok() ? Status(StatusCode::kNotFound, "deleted while read")
+                                        : read.status()}});
+      return false;  // the connection closes short of the Content-Length
+    }
+    ++*next_seq;
+    return true;
+  };
+  return reply;
+}
+
+Reply OpenAiBatchApi::delete_file(const std::string& account, const std::string& id) {
+  if (!parse_uuid(id).is_ok()) return error_reply(not_found("no such file: " + id));
+  Result<pqxx::connection*> c = ctx_.conn();
+  if (!c.is_ok()) return db_error(c.status());
+  Status st = queue::delete_file(**c, account, id);
+  if (!st.is_ok()) {
+    return st.code() == StatusCode::kNotFound ? error_reply(st) : db_error(st);
+  }
+  return ok({{"id", id}, {"object", "file"}, {"deleted", true}});
+}
+
+Reply OpenAiBatchApi::create_batch(const HttpRequest& req, const std::string& account) {
+  json body = json::parse(req.body(), nullptr, false);
+  if (body.is_discarded() || !body.is_object()) {
+    return error_reply(invalid_argument("body must be a JSON object", "body"));
+  }
+  for (const auto& [key, value] : body.items()) {
+    if (key != "input_file_id" && key != "endpoint" && key != "completion_window" &&
+        key != "metadata") {
+      return error_reply(invalid_argument("unknown field '" + key + "'", key));
+    }
+  }
+  for (const char* key : {"input_file_id", "endpoint", "completion_window"}) {
+    if (!body.contains(key) || !body[key].is_string()) {
+      return error_reply(
+          invalid_argument(std::string("'") + key + "' is required (a string)", key));
+    }
+  }
+  std::string file_id = body["input_file_id"];
+  std::string endpoint = body["endpoint"];
+  std::string window = body["completion_window"];
+  if (endpoint != kEndpoint) {
+    return error_reply(invalid_argument(
+        std::string("endpoint must be ") + kEndpoint + ", the one endpoint served here",
+        "endpoint"));
+  }
+  Result<int64_t> window_ms = parse_duration_ms(window, "completion_window");
+  if (!window_ms.is_ok()) return error_reply(window_ms.status());
+  json metadata = body.contains("metadata") ? body["metadata"] : json();
+  if (Status st = check_metadata(metadata); !st.is_ok()) return error_reply(st);
+  std::optional<std::string> metadata_json;
+  if (metadata.is_object()) metadata_json = metadata.dump();
+  std::optional<std::string> idempotency_key;
+  if (auto idem = req.find("Idempotency-Key"); idem != req.end()) {
+    idempotency_key = std::string(idem->value());
+    if (idempotency_key->empty() || idempotency_key->size() > 255) {
+      return error_reply(
+          invalid_argument("Idempotency-Key must be 1 to 255 characters", "Idempotency-Key"));
+    }
+  }
+  if (!parse_uuid(file_id).is_ok()) {
+    return error_reply(Status(StatusCode::kNotFound, "no such file: " + file_id, "input_file_id"));
+  }
+  Result<queue::FileInfo> file = with_retry<queue::FileInfo>(
+      [&](pqxx::connection& c) { return queue::get_file(c, account, file_id); });
+  if (!file.is_ok()) {
+    if (file.status().code() != StatusCode::kNotFound) return db_error(file.status());
+    return error_reply(Status(StatusCode::kNotFound, file.status().message(), "input_file_id"));
+  }
+  if (file->purpose != "batch") {
+    return error_reply(invalid_argument(
+        "input_file_id must name a file uploaded with purpose 'batch'", "input_file_id"));
+  }
+  int64_t t0 = steady_now_ns();
+  Result<std::string> content =
+      with_retry<std::string>([&](pqxx::connection& c) { return queue::read_file(c, *file); });
+  if (!content.is_ok()) return db_error(content.status());
+  int64_t read_ns = steady_now_ns() - t0;
+  std::vector<InputLine> lines = split_jsonl(*content);
+  std::vector<LineError> errors;
+  const ModelSpec* model = nullptr;
+  Result<pqxx::connection*> c = ctx_.conn();
+  if (!c.is_ok()) return db_error(c.status());
+  if (lines.empty()) {
+    errors.push_back({"empty_file", "the input file has no requests", "", std::nullopt});
+  } else if (static_cast<int64_t>(lines.size()) > ctx_.limits.max_requests) {
+    errors.push_back({"too_many_requests",
+                      "the input file has " + std::to_string(lines.size()) +
+                          " requests; a batch holds at most " +
+                          std::to_string(ctx_.limits.max_requests),
+                      "", std::nullopt});
+  } else {
+    InputValidator validator(ctx_.models, ctx_.limits, endpoint);
+    model = validator.pick_model(lines);
+    size_t next = 0;  // the first line not yet checked
+    if (model != nullptr) {
+      queue::NewBatch batch;
+      batch.account_id = account;
+      batch.model = model->name;
+      batch.api_shape = "openai";
+      batch.deadline_unix_ms = SystemClock::instance().now_unix_ms() + *window_ms;
+      batch.idempotency_key = idempotency_key;
+      batch.request_hash = sha256(req.body());
+      batch.metadata_json = metadata_json;
+      batch.endpoint = endpoint;
+      batch.input_file_id = file_id;
+      batch.completion_window = window;
+      batch.num_requests = lines.size();
+      // Each line is validated as it streams into COPY; the first bad one rolls everything back.
+      batch.produce = [&](size_t i, queue::NewRequest* out) -> Status {
+        next = i + 1;
+        std::optional<LineError> e = validator.check(lines[i], out);
+        if (!e) return Status::ok();
+        errors.push_back(*e);
+        return invalid_argument(e->message, e->param);
+      };
+      int64_t t1 = steady_now_ns();
+      Result<queue::SubmitResult> r = queue::submit_batch(**c, batch);
+      if (errors.empty()) {
+        if (!r.is_ok()) {
+          return r.status().code() == StatusCode::kConflict ? error_reply(r.status())
+                                                            : db_error(r.status());
+        }
+        log::info("batch.submitted", {{"batch", r->batch_id},
+                                      {"model", model->name},
+                                      {"api_shape", "openai"},
+                                      {"num_requests", static_cast<int64_t>(lines.size())},
+                                      {"replayed", r->replayed},
+                                      {"read_file_ms", read_ns / 1000000},
+                                      {"validate_and_store_ms", (steady_now_ns() - t1) / 1000000}});
+        return get_batch(account, r->batch_id);
+      }
+    }
+    // The input is bad: report every bad line (up to a limit), enqueue nothing.
+    queue::NewRequest scratch;
+    for (size_t i = next; i < lines.size() && errors.size() < kMaxLineErrors; ++i) {
+      if (std::optional<LineError> e = validator.check(lines[i], &scratch)) errors.push_back(*e);
+    }
+    if (errors.empty()) {  // no line named a served model, yet none failed: cannot happen
+      errors.push_back(
+          {"model_not_found", "no request names a served model", "body.model", std::nullopt});
+    }
+  }
+  queue::FailedBatch failed;
+  failed.account_id = account;
+  failed.model = model ? model->name : "";
+  failed.endpoint = endpoint;
+  failed.input_file_id = file_id;
+  failed.completion_window = window;
+  failed.metadata_json = metadata_json;
+  failed.errors_json = errors_object(errors).dump();
+  Result<std::string> id = queue::record_failed_batch(**c, failed);
+  if (!id.is_ok()) return db_error(id.status());
+  log::info("batch.validation_failed", {{"batch", *id},
+                                        {"num_errors", static_cast<int64_t>(errors.size())},
+                                        {"first_error", errors.front().message}});
+  return get_batch(account, *id);
+}
+
+Reply OpenAiBatchApi::get_batch(const std::string& account, const std::string& id) {
+  if (!parse_uuid(id).is_ok()) return error_reply(not_found("no such batch: " + id));
+  Result<queue::OpenAiBatch> b = with_retry<queue::OpenAiBatch>(
+      [&](pqxx::connection& c) { return queue::get_openai_batch(c, account, id); });
+  if (!b.is_ok()) {
+    return b.status().code() == StatusCode::kNotFound ? error_reply(b.status())
+                                                      : db_error(b.status());
+  }
+  return ok(batch_object(*b));
+}
+
+Reply OpenAiBatchApi::list_batches(const std::string& account, const Query& query) {
+  Result<int> limit = int_param(query, "limit", 1, 100, 20);
+  if (!limit.is_ok()) return error_reply(limit.status());
+  Result<std::optional<std::string>> after = after_param(query);
+  if (!after.is_ok()) return error_reply(after.status());
+  Result<std::vector<queue::OpenAiBatch>> r =
+      with_retry<std::vector<queue::OpenAiBatch>>([&](pqxx::connection& c) {
+        return queue::list_openai_batches(c, account, *limit + 1, *after);
+      });
+  if (!r.is_ok()) return db_error(r.status());
+  ojson data = ojson::array();
+  for (int i = 0; i < std::min<int>(*limit, static_cast<int>(r->size())); ++i) {
+    data.push_back(batch_object((*r)[i]));
+  }
+  return ok(list_object(std::move(data), static_cast<int>(r->size()) > *limit));
+}
+
+Reply OpenAiBatchApi::cancel_batch(const std::string& account, const std::string& id) {
+  if (!parse_uuid(id).is_ok()) return error_reply(not_found("no such batch: " + id));
+  Result<queue::OpenAiBatch> b = with_retry<queue::OpenAiBatch>(
+      [&](pqxx::connection& c) { return queue::get_openai_batch(c, account, id); });
+  if (!b.is_ok()) {
+    return b.status().code() == StatusCode::kNotFound ? error_reply(b.status())
+                                                      : db_error(b.status());
+  }
+  // Queued requests end now; running ones finish and keep their results. Idempotent.
+  Result<pqxx::connection*> c = ctx_.conn();
+  if (!c.is_ok()) return db_error(c.status());
+  Result<queue::CancelResult> r = queue::cancel_batch(**c, account, id);
+  if (!r.is_ok()) return db_error(r.status());
+  if (!r->already_requested && !b->info.is_terminal()) {
+    log::info("batch.cancel_requested", {{"batch", id}, {"cancelled_now", r->num_cancelled_now}});
+  }
+  return get_batch(account, id);
+}
+
+Reply OpenAiBatchApi::results_so_far(const std::string& account, const std::string& id,
+                                     bool succeeded) {
+  if (!parse_uuid(id).is_ok()) return error_reply(not_found("no such batch: " + id));
+  Result<queue::OpenAiBatch> b = with_retry<queue::OpenAiBatch>(
+      [&](pqxx::connection& c) { return queue::get_openai_batch(c, account, id); });
+  if (!b.is_ok()) {
+    return b.status().code() == StatusCode::kNotFound ? error_reply(b.status())
+                                                      : db_error(b.status());
+  }
+  std::string output;
+  std::string errors;
+  queue::ResultFilter filter =
+      succeeded ? queue::ResultFilter::kSucceeded : queue::ResultFilter::kUnsucceeded;
+  for (int from = 0;;) {
+    Result<std::vector<queue::ResultRow>> rows =
+        with_retry<std::vector<queue::ResultRow>>([&](pqxx::connection& c) {
+          return queue::read_result_rows(c, id, filter, from, kResultPage);
+        });
+    if (!rows.is_ok()) return db_error(rows.status());
+    for (const queue::ResultRow& row : *rows) {
+      queue::append_result_line(id, b->info.model, row, &output, &errors);
+    }
+    if (static_cast<int>(rows->size()) < kResultPage) break;
+    from = rows->back().idx + 1;
+  }
+  Reply reply = raw_reply(succeeded ? std::move(output) : std::move(errors), "application/jsonl");
+  reply.response.set("x-batch-status", openai_batch_status(*b));
+  return reply;
+}
+
+}  // namespace hr::api

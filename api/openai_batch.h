@@ -1,0 +1,66 @@
+// The OpenAI Batch API over HTTP, on the same batch tables and queue as the Workers-AI shape:
+//   POST /v1/files (multipart upload, purpose=batch), GET /v1/files, GET /v1/files/{id},
+//   GET /v1/files/{id}/content, DELETE /v1/files/{id};
+//   POST /v1/batches, GET /v1/batches, GET /v1/batches/{id}, POST /v1/batches/{id}/cancel, and
+//   GET /v1/batches/{id}/output and /errors: the results so far, in the output and error file
+//   formats, readable while the batch runs.
+// Errors use OpenAI's shape (api/errors.h). Thread-safe: handle() runs on many threads at once,
+// each on the Postgres connection the context gives it.
+#pragma once
+
+#include <pqxx/connection>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "api/batch_request.h"
+#include "api/http_server.h"
+#include "base/status.h"
+
+namespace hr::api {
+
+// What these routes borrow from the API that hosts them.
+struct OpenAiBatchContext {
+  std::function<Result<std::string>(const HttpRequest&)> authenticate;  // the caller's account id
+  std::function<Result<pqxx::connection*>()> conn;                      // this thread's connection
+  std::function<void()> drop_conn;  // after this thread's connection broke
+  std::vector<ModelSpec> models;
+  BatchLimits limits;
+  int64_t max_file_bytes = 200 << 20;
+  int max_file_lines = 100000;
+};
+
+class OpenAiBatchApi {
+ public:
+  explicit OpenAiBatchApi(OpenAiBatchContext context);
+
+  // Whether `path` (without the query) belongs to these routes.
+  static bool serves(std::string_view path);
+  Reply handle(const HttpRequest& req, const std::string& path,
+               const std::map<std::string, std::string>& query);
+
+ private:
+  using Query = std::map<std::string, std::string>;
+  Reply upload(const HttpRequest& req, const std::string& account);
+  Reply list_files(const std::string& account, const Query& query);
+  Reply get_file(const std::string& account, const std::string& id);
+  Reply file_content(const std::string& account, const std::string& id);
+  Reply delete_file(const std::string& account, const std::string& id);
+  Reply create_batch(const HttpRequest& req, const std::string& account);
+  Reply get_batch(const std::string& account, const std::string& id);
+  Reply list_batches(const std::string& account, const Query& query);
+  Reply cancel_batch(const std::string& account, const std::string& id);
+  Reply results_so_far(const std::string& account, const std::string& id, bool succeeded);
+
+  // Runs fn(connection); when the connection turns out broken, reconnects and tries once more.
+  template <typename T, typename Fn>
+  Result<T> with_retry(Fn&& fn);
+  Reply db_error(const Status& st);
+
+  OpenAiBatchContext ctx_;
+};
+
+}  // namespace hr::api

@@ -1,0 +1,174 @@
+// The official OpenAI Node SDK, unchanged, against a running headroom: upload a JSONL of reversal
+// requests, create a batch, poll it until it ends, read the output file and compare every line with
+// the bundled model's answer; then the SDK's view of errors, a batch whose file fails validation,
+// listing, cancelling and deleting. Environment: HEADROOM_BASE_URL (…/v1), HEADROOM_API_KEY,
+// HEADROOM_MODEL. Exits non-zero on the first mismatch; prints one JSON summary line at the end.
+import assert from 'node:assert/strict';
+import OpenAI, { toFile, NotFoundError, BadRequestError } from 'openai';
+
+const client = new OpenAI({
+  baseURL: process.env.HEADROOM_BASE_URL,
+  apiKey: process.env.HEADROOM_API_KEY,
+  maxRetries: 0,
+});
+const model = process.env.HEADROOM_MODEL;
+const terminal = new Set(['completed', 'failed', 'expired', 'cancelled']);
+
+// Words the bundled model reverses correctly with greedy decoding.
+const words = [
+  'hello', 'world', 'batch', 'queue', 'lantern', 'candle', 'planet', 'mosaic', 'copper', 'violet',
+  'harbor', 'pencil', 'meadow', 'rocket', 'velvet', 'winter', 'garden', 'silver', 'orange', 'bridge',
+];
+const reverse = (s) => [...s].reverse().join('');
+
+function jsonl(items) {
+  return items.map((x) => JSON.stringify(x)).join('\n') + '\n';
+}
+
+function line(customId, text) {
+  return {
+    custom_id: customId,
+    method: 'POST',
+    url: '/v1/chat/completions',
+    body: {
+      model,
+      messages: [{ role: 'user', content: `reverse: ${text}` }],
+      max_tokens: 40,
+      temperature: 0,
+    },
+  };
+}
+
+async function waitUntilDone(id, seconds) {
+  const seen = [];
+  const deadline = Date.now() + seconds * 1000;
+  for (;;) {
+    const b = await client.batches.retrieve(id);
+    if (seen[seen.length - 1] !== b.status) seen.push(b.status);
+    assert.ok(b.request_counts.completed + b.request_counts.failed <= b.request_counts.total);
+    if (terminal.has(b.status)) return { batch: b, seen };
+    assert.ok(Date.now() < deadline, `batch ${id} still ${b.status} after ${seconds}s`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+async function main() {
+  const started = Date.now();
+  // 1. Upload.
+  const input = jsonl(words.map((w, i) => line(`rev-${i}`, w)));
+  const file = await client.files.create({
+    file: await toFile(Buffer.from(input), 'reversals.jsonl'),
+    purpose: 'batch',
+  });
+  assert.equal(file.object, 'file');
+  assert.equal(file.purpose, 'batch');
+  assert.equal(file.status, 'processed');
+  assert.equal(file.filename, 'reversals.jsonl');
+  assert.equal(file.bytes, Buffer.byteLength(input));
+  assert.equal((await client.files.retrieve(file.id)).id, file.id);
+  const listed = [];
+  for await (const f of client.files.list()) listed.push(f.id);
+  assert.ok(listed.includes(file.id));
+  const roundTrip = await (await client.files.content(file.id)).text();
+  assert.equal(roundTrip, input);
+
+  // 2. Batch: create, poll, read the output.
+  const batch = await client.batches.create({
+    input_file_id: file.id,
+    endpoint: '/v1/chat/completions',
+    completion_window: '24h',
+    metadata: { suite: 'openai-sdk' },
+  });
+  assert.equal(batch.object, 'batch');
+  assert.equal(batch.endpoint, '/v1/chat/completions');
+  assert.ok(['validating', 'in_progress'].includes(batch.status), batch.status);
+  assert.equal(batch.request_counts.total, words.length);
+  assert.deepEqual(batch.metadata, { suite: 'openai-sdk' });
+  const { batch: done, seen } = await waitUntilDone(batch.id, 120);
+  assert.equal(done.status, 'completed', JSON.stringify(done));
+  assert.deepEqual(done.request_counts, { total: words.length, completed: words.length, failed: 0 });
+  assert.equal(done.error_file_id, null);
+  assert.ok(done.output_file_id);
+  assert.ok(done.completed_at >= done.created_at);
+  const outText = await (await client.files.content(done.output_file_id)).text();
+  const outLines = outText.trim().split('\n').map((l) => JSON.parse(l));
+  assert.equal(outLines.length, words.length);
+  const byId = new Map(outLines.map((l) => [l.custom_id, l]));
+  words.forEach((w, i) => {
+    const l = byId.get(`rev-${i}`);
+    assert.ok(l, `no output line for rev-${i}`);
+    assert.equal(l.error, null);
+    assert.equal(l.response.status_code, 200);
+    const body = l.response.body;
+    assert.equal(body.object, 'chat.completion');
+    assert.equal(body.model, model);
+    assert.equal(body.choices[0].message.role, 'assistant');
+    assert.equal(body.choices[0].message.content, reverse(w), `rev-${i}: ${w}`);
+    assert.equal(body.choices[0].finish_reason, 'stop');
+    assert.ok(body.usage.prompt_tokens > 0 && body.usage.completion_tokens > 0);
+  });
+  const outFile = await client.files.retrieve(done.output_file_id);
+  assert.equal(outFile.purpose, 'batch_output');
+  assert.equal(outFile.bytes, Buffer.byteLength(outText));
+  const batchIds = [];
+  for await (const b of client.batches.list({ limit: 2 })) batchIds.push(b.id);
+  assert.ok(batchIds.includes(batch.id));
+
+  // 3. Errors come back as the SDK's typed errors, with our message.
+  await assert.rejects(client.batches.retrieve('0190a000-0000-7000-8000-000000000000'), (e) => {
+    assert.ok(e instanceof NotFoundError, String(e));
+    assert.match(e.message, /no such batch/);
+    return true;
+  });
+  await assert.rejects(
+    client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions',
+                            completion_window: 'soon' }),
+    (e) => {
+      assert.ok(e instanceof BadRequestError, String(e));
+      assert.equal(e.param, 'completion_window');
+      return true;
+    });
+
+  // 4. A file with a bad line: the batch fails validation, with the line named.
+  const badInput = jsonl([line('a', 'x'), { ...line('b', 'y'), url: '/v1/embeddings' }]);
+  const badFile = await client.files.create({
+    file: await toFile(Buffer.from(badInput), 'bad.jsonl'), purpose: 'batch' });
+  const failed = await client.batches.create({
+    input_file_id: badFile.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+  const failedNow = (await waitUntilDone(failed.id, 10)).batch;
+  assert.equal(failedNow.status, 'failed');
+  assert.equal(failedNow.errors.data[0].line, 2);
+  assert.equal(failedNow.errors.data[0].code, 'invalid_url');
+
+  // 5. Cancel: the batch ends cancelled; whatever finished is kept.
+  const many = jsonl(Array.from({ length: 200 }, (_, i) => line(`c-${i}`, `w${i}abcdefghij`)));
+  const manyFile = await client.files.create({
+    file: await toFile(Buffer.from(many), 'many.jsonl'), purpose: 'batch' });
+  const toCancel = await client.batches.create({
+    input_file_id: manyFile.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+  const cancelling = await client.batches.cancel(toCancel.id);
+  assert.ok(['cancelling', 'cancelled'].includes(cancelling.status), cancelling.status);
+  const cancelled = (await waitUntilDone(toCancel.id, 60)).batch;
+  assert.equal(cancelled.status, 'cancelled');
+  assert.equal(cancelled.request_counts.completed + cancelled.request_counts.failed, 200);
+  assert.ok(cancelled.error_file_id);
+  const cancelErrors = (await (await client.files.content(cancelled.error_file_id)).text())
+    .trim().split('\n').map((l) => JSON.parse(l));
+  assert.equal(cancelErrors.length, cancelled.request_counts.failed);
+  assert.ok(cancelErrors.every((l) => l.error.code === 'batch_cancelled'));
+
+  // 6. Delete a file.
+  const deleted = await client.files.delete(badFile.id);
+  assert.deepEqual(deleted, { id: badFile.id, object: 'file', deleted: true });
+  await assert.rejects(client.files.retrieve(badFile.id), NotFoundError);
+
+  console.log(JSON.stringify({
+    ok: true, requests: words.length, statuses_seen: seen,
+    cancelled_completed: cancelled.request_counts.completed, seconds: (Date.now() - started) / 1000,
+  }));
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});
