@@ -331,6 +331,7 @@ AsyncApi::AsyncApi(ApiConfig config, queue::StoreConfig store) : impl_(std::make
   ctx.limits = impl_->limits;
   ctx.max_file_bytes = impl_->config.max_file_bytes;
   ctx.max_file_lines = impl_->config.max_file_lines;
+  ctx.webhook_policy = impl_->webhooks.policy;
   impl_->openai = std::make_unique<OpenAiBatchApi>(std::move(ctx));
 }
 
@@ -675,39 +676,11 @@ HttpResponse AsyncApi::Impl::submit(const HttpRequest& req, const std::string& a
     }
     batch.metadata_json = body["metadata"].dump();
   }
-  if (body.contains("webhook_url")) {
-    const json& url = body["webhook_url"];
-    if (!url.is_string()) {
-      return error_response(invalid_argument("'webhook_url' must be a string", "webhook_url"));
-    }
-    Status st = check_webhook_url(url, webhooks.policy, "webhook_url");
-    if (!st.is_ok()) return error_response(st);
-    batch.webhook_url = url.get<std::string>();
-  }
-  if (body.contains("webhook_events")) {
-    const json& ev = body["webhook_events"];
-    std::vector<std::string> types;
-    if (ev.is_array()) {
-      for (const auto& e : ev) types.push_back(e.is_string() ? e.get<std::string>() : "");
-    }
-    Status st = ev.is_array() ? queue::check_event_types(types, "webhook_events")
-                              : invalid_argument("'webhook_events' must be an array of event types",
-                                                 "webhook_events");
-    if (!st.is_ok()) return error_response(st);
-    batch.webhook_events = types;
-  }
-  if (body.contains("webhook_secret")) {
-    const json& secret = body["webhook_secret"];
-    Status st = secret.is_string() ? queue::check_webhook_secret(secret, "webhook_secret")
-                                   : invalid_argument("'webhook_secret' must be a string",
-                                                      "webhook_secret");
-    if (!st.is_ok()) return error_response(st);
-    batch.webhook_secret = secret.get<std::string>();
-  }
-  if ((batch.webhook_events || batch.webhook_secret) && !batch.webhook_url) {
-    return error_response(invalid_argument(
-        "webhook_events and webhook_secret need a webhook_url", "webhook_url"));
-  }
+  Result<BatchWebhook> hook = parse_batch_webhook(body, webhooks.policy);
+  if (!hook.is_ok()) return error_response(hook.status());
+  batch.webhook_url = hook->url;
+  batch.webhook_events = hook->events;
+  batch.webhook_secret = hook->secret;
   auto idem = req.find("Idempotency-Key");
   if (idem != req.end()) {
     std::string key(idem->value());

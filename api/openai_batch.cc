@@ -8,6 +8,7 @@
 #include "api/async_api.h"
 #include "api/batch_file.h"
 #include "api/errors.h"
+#include "api/webhooks_api.h"
 #include "api/multipart.h"
 #include "api/openai_objects.h"
 #include "base/clock.h"
@@ -331,7 +332,8 @@ Reply OpenAiBatchApi::create_batch(const HttpRequest& req, const std::string& ac
   }
   for (const auto& [key, value] : body.items()) {
     if (key != "input_file_id" && key != "endpoint" && key != "completion_window" &&
-        key != "metadata") {
+        key != "metadata" && key != "webhook_url" && key != "webhook_events" &&
+        key != "webhook_secret") {
       return error_reply(invalid_argument("unknown field '" + key + "'", key));
     }
   }
@@ -355,6 +357,18 @@ Reply OpenAiBatchApi::create_batch(const HttpRequest& req, const std::string& ac
   if (Status st = check_metadata(metadata); !st.is_ok()) return error_reply(st);
   std::optional<std::string> metadata_json;
   if (metadata.is_object()) metadata_json = metadata.dump();
+  // Webhook fields: extra top-level fields, else in the metadata (no secret there: it is echoed).
+  bool hook_in_body = body.contains("webhook_url") || body.contains("webhook_events") ||
+                      body.contains("webhook_secret");
+  if (metadata.is_object() && metadata.contains("webhook_secret")) {
+    return error_reply(invalid_argument(
+        "send webhook_secret as a top-level field; metadata is shown to anyone reading the batch",
+        "metadata.webhook_secret"));
+  }
+  Result<BatchWebhook> hook = hook_in_body
+                                  ? parse_batch_webhook(body, ctx_.webhook_policy)
+                                  : parse_batch_webhook(metadata, ctx_.webhook_policy, "metadata.");
+  if (!hook.is_ok()) return error_reply(hook.status());
   std::optional<std::string> idempotency_key;
   if (auto idem = req.find("Idempotency-Key"); idem != req.end()) {
     idempotency_key = std::string(idem->value());
@@ -410,6 +424,9 @@ Reply OpenAiBatchApi::create_batch(const HttpRequest& req, const std::string& ac
       batch.endpoint = endpoint;
       batch.input_file_id = file_id;
       batch.completion_window = window;
+      batch.webhook_url = hook->url;
+      batch.webhook_events = hook->events;
+      batch.webhook_secret = hook->secret;
       batch.num_requests = lines.size();
       // Each line is validated as it streams into COPY; the first bad one rolls everything back.
       batch.produce = [&](size_t i, queue::NewRequest* out) -> Status {
@@ -454,6 +471,9 @@ Reply OpenAiBatchApi::create_batch(const HttpRequest& req, const std::string& ac
   failed.completion_window = window;
   failed.metadata_json = metadata_json;
   failed.errors_json = errors_object(errors).dump();
+  failed.webhook_url = hook->url;
+  failed.webhook_events = hook->events;
+  failed.webhook_secret = hook->secret;
   Result<std::string> id = queue::record_failed_batch(**c, failed);
   if (!id.is_ok()) return db_error(id.status());
   log::info("batch.validation_failed", {{"batch", *id},

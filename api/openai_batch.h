@@ -4,6 +4,8 @@
 //   POST /v1/batches, GET /v1/batches, GET /v1/batches/{id}, POST /v1/batches/{id}/cancel, and
 //   GET /v1/batches/{id}/output and /errors: the results so far, in the output and error file
 //   formats, readable while the batch runs.
+// A batch may ask for completion webhooks with the extra fields webhook_url, webhook_events and
+// webhook_secret, or with webhook_url / webhook_events (comma-separated) in its metadata.
 // Errors use OpenAI's shape (api/errors.h). Thread-safe: handle() runs on many threads at once,
 // each on the Postgres connection the context gives it.
 #pragma once
@@ -18,6 +20,7 @@
 
 #include "api/batch_request.h"
 #include "api/http_server.h"
+#include "base/net.h"
 #include "base/status.h"
 
 namespace hr::api {
@@ -31,6 +34,7 @@ struct OpenAiBatchContext {
   BatchLimits limits;
   int64_t max_file_bytes = 200 << 20;
   int max_file_lines = 100000;
+  AddressPolicy webhook_policy;  // which webhook targets a batch may name
 };
 
 class OpenAiBatchApi {

@@ -295,6 +295,55 @@ void bind_webhook_allow(CLI::App& app, std::vector<std::string>& allow) {
       ->delimiter(',');
 }
 
+Result<BatchWebhook> parse_batch_webhook(const json& fields, const AddressPolicy& policy,
+                                         const std::string& prefix) {
+  BatchWebhook out;
+  if (!fields.is_object()) return out;
+  const std::string url_field = prefix + "webhook_url";
+  const std::string events_field = prefix + "webhook_events";
+  const std::string secret_field = prefix + "webhook_secret";
+  if (fields.contains("webhook_url")) {
+    const json& url = fields["webhook_url"];
+    if (!url.is_string()) return invalid_argument(url_field + " must be a string", url_field);
+    HR_RETURN_IF_ERROR(check_webhook_url(url, policy, url_field));
+    out.url = url.get<std::string>();
+  }
+  if (fields.contains("webhook_events")) {
+    const json& ev = fields["webhook_events"];
+    std::vector<std::string> types;
+    if (ev.is_string()) {
+      std::string list = ev.get<std::string>();
+      for (size_t start = 0; start <= list.size();) {
+        size_t comma = list.find(',', start);
+        std::string item = list.substr(start, comma == std::string::npos ? std::string::npos
+                                                                         : comma - start);
+        item.erase(0, item.find_first_not_of(' '));
+        item.erase(item.find_last_not_of(' ') + 1);
+        types.push_back(item);
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+    } else if (ev.is_array()) {
+      for (const auto& e : ev) types.push_back(e.is_string() ? e.get<std::string>() : "");
+    } else {
+      return invalid_argument(events_field + " must be an array of event types", events_field);
+    }
+    HR_RETURN_IF_ERROR(queue::check_event_types(types, events_field));
+    out.events = types;
+  }
+  if (fields.contains("webhook_secret")) {
+    const json& secret = fields["webhook_secret"];
+    if (!secret.is_string()) return invalid_argument(secret_field + " must be a string", secret_field);
+    HR_RETURN_IF_ERROR(queue::check_webhook_secret(secret, secret_field));
+    out.secret = secret.get<std::string>();
+  }
+  if ((out.events || out.secret) && !out.url) {
+    return invalid_argument(events_field + " and " + secret_field + " need a " + url_field,
+                            url_field);
+  }
+  return out;
+}
+
 Status check_webhook_url(const std::string& url, const AddressPolicy& policy,
                          const std::string& field) {
   if (url.size() > 2048) return invalid_argument(field + " must be at most 2048 characters", field);

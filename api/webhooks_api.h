@@ -7,12 +7,14 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 
 #include <functional>
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "api/http_server.h"
 #include "base/net.h"
@@ -35,6 +37,19 @@ std::optional<HttpResponse> handle_webhooks(const HttpRequest& req, const std::s
                                             const std::map<std::string, std::string>& query,
                                             const std::string& account,
                                             const WebhookApiContext& ctx);
+
+// The webhook fields of a batch submit, all optional: webhook_url, webhook_events (an array, or
+// a comma-separated string as OpenAI metadata values must be) and webhook_secret (whsec_...).
+struct BatchWebhook {
+  std::optional<std::string> url;
+  std::optional<std::vector<std::string>> events;
+  std::optional<std::string> secret;
+};
+// Reads them from `fields` (a JSON object; other keys are ignored). Errors name the field with
+// `prefix` before it (e.g. "metadata.webhook_url").
+[[nodiscard]] Result<BatchWebhook> parse_batch_webhook(const nlohmann::json& fields,
+                                                       const AddressPolicy& policy,
+                                                       const std::string& prefix = "");
 
 // A webhook target must be an http(s) URL without credentials, at most 2048 characters, whose
 // host resolves only to addresses the policy allows. Errors name `field`.

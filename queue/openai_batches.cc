@@ -9,6 +9,7 @@
 #include "queue/files.h"
 #include "queue/internal/batch_row.h"
 #include "queue/pg.h"
+#include "queue/webhooks.h"
 
 namespace hr::queue {
 namespace {
@@ -126,11 +127,16 @@ Result<std::string> record_failed_batch(pqxx::connection& conn, const FailedBatc
     pqxx::work tx(conn);
     tx.exec_params(
         "INSERT INTO batches (id, account_id, model, api_shape, status, num_total, endpoint, "
-        "input_file_id, completion_window, metadata, errors, finished_at, finalized_at) "
+        "input_file_id, completion_window, metadata, errors, finished_at, finalized_at, "
+        "webhook_url, webhook_events, webhook_secret) "
         "VALUES ($1, $2, $3, 'openai', 'failed', 0, $4, $5::uuid, $6, $7::jsonb, $8::jsonb, "
-        "now(), now())",
+        "now(), now(), $9, $10::text[], $11)",
         id, batch.account_id, batch.model, batch.endpoint, batch.input_file_id,
-        batch.completion_window, batch.metadata_json, batch.errors_json);
+        batch.completion_window, batch.metadata_json, batch.errors_json, batch.webhook_url,
+        batch.webhook_events ? std::optional<std::string>(pg_text_array(*batch.webhook_events))
+                             : std::nullopt,
+        batch.webhook_secret);
+    if (batch.webhook_url && !batch.webhook_secret) ensure_signing_secret(tx, batch.account_id);
     write_event(tx, "batch.failed", batch.account_id, id,
                 {{"id", id},
                  {"status", "failed"},

@@ -49,6 +49,10 @@ struct FailedBatch {
   std::string completion_window;
   std::optional<std::string> metadata_json;
   std::string errors_json;
+  // Its completion webhook, which gets the batch.failed event.
+  std::optional<std::string> webhook_url;
+  std::optional<std::vector<std::string>> webhook_events;
+  std::optional<std::string> webhook_secret;
 };
 
 // Stores a batch that failed validation: status failed, no requests, finished and finalized at

@@ -30,4 +30,10 @@ Status pg_error(const std::exception& e, std::string_view op) {
   return Status(StatusCode::kInternal, msg);
 }
 
+std::string pg_text_array(const std::vector<std::string>& items) {
+  std::string out = "{";
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? "," : "") + items[i];
+  return out + "}";
+}
+
 }  // namespace hr::queue

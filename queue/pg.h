@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/status.h"
 
@@ -19,6 +20,9 @@ namespace hr::queue {
 // Maps a libpqxx exception to a Status: broken connections and in-doubt commits are kUnavailable
 // (retryable), everything else kInternal. `op` names what was being done.
 Status pg_error(const std::exception& e, std::string_view op);
+
+// A Postgres text[] literal of plain words (event type names, ...): no element may need quoting.
+std::string pg_text_array(const std::vector<std::string>& items);
 
 // Runs `fn()` and converts any libpqxx exception it throws into a Status.
 template <typename Fn>

@@ -143,12 +143,10 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
     std::optional<std::string> events;
     bool wants_request_events = false;
     if (batch.webhook_events) {
-      events = "{";
+      events = pg_text_array(*batch.webhook_events);  // checked names: no quoting needed
       for (const std::string& e : *batch.webhook_events) {
-        events->append(events->size() > 1 ? "," : "").append(e);
         wants_request_events = wants_request_events || e == "request.completed";
       }
-      *events += "}";
     }
     // Request-level events are written for batches whose webhook asks for them, or when an
     // enabled endpoint of the account subscribes to them.

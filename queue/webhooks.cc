@@ -28,13 +28,6 @@ std::optional<std::string> opt_str(const pqxx::field& f) {
   return f.as<std::string>();
 }
 
-// A Postgres text[] literal. Event type names are checked first, so no element needs quoting.
-std::string pg_array(const std::vector<std::string>& items) {
-  std::string out = "{";
-  for (size_t i = 0; i < items.size(); ++i) out += (i ? "," : "") + items[i];
-  return out + "}";
-}
-
 std::vector<std::string> strings_of(const std::string& json_text) {
   std::vector<std::string> out;
   json j = json::parse(json_text, nullptr, false);
@@ -204,7 +197,7 @@ Result<WebhookEndpoint> create_endpoint(pqxx::connection& conn, const std::strin
     *out = endpoint_from_row(tx.exec_params1(
         "INSERT INTO webhook_endpoints (id, account_id, url, description, event_types, enabled, "
         "secret) VALUES ($1, $2, $3, $4, $5::text[], $6, $7) RETURNING " + endpoint_columns(),
-        new_uuid_v7().to_string(), account_id, url, description, pg_array(event_types), enabled,
+        new_uuid_v7().to_string(), account_id, url, description, pg_text_array(event_types), enabled,
         secret));
     tx.commit();
     out->secret = secret;
@@ -246,7 +239,7 @@ Result<WebhookEndpoint> update_endpoint(pqxx::connection& conn, const std::strin
   return guarded<WebhookEndpoint>("update webhook", [&](WebhookEndpoint* out) -> Status {
     pqxx::work tx(conn);
     std::optional<std::string> types;
-    if (patch.event_types) types = pg_array(*patch.event_types);
+    if (patch.event_types) types = pg_text_array(*patch.event_types);
     // Re-enabling clears the reason it was disabled.
     pqxx::result r = tx.exec_params(
         "UPDATE webhook_endpoints SET url = coalesce($3, url), "
@@ -409,7 +402,7 @@ Result<int> fan_out_events(pqxx::connection& conn, int limit) {
         "  ORDER BY ev.id, e.id RETURNING 1) "
         "SELECT (SELECT count(*) FROM marked), "
         "  (SELECT count(*) FROM to_batch) + (SELECT count(*) FROM to_endpoints)",
-        limit, pg_array(default_webhook_events()));
+        limit, pg_text_array(default_webhook_events()));
     *out = r[0].as<int>();
     if (r[1].as<int>() > 0) tx.exec("NOTIFY hr_webhook");
     tx.commit();

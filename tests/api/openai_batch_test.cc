@@ -10,7 +10,10 @@
 #include "queue/lease.h"
 #include "queue/redis.h"
 #include "queue/stream.h"
+#include "api/webhook_dispatcher.h"
+#include "queue/webhooks.h"
 #include "tests/testing/api_harness.h"
+#include "tests/testing/webhook_receiver.h"
 
 namespace hr::api {
 namespace {
@@ -601,6 +604,64 @@ TEST(OpenAiBatchTest, OpenAiRoutesAnswerErrorsInOpenAiShape) {
   HttpResult cf = h.get("/v1/async/nope", h.key_a());
   EXPECT_EQ(cf.json()["success"], false);
   EXPECT_EQ(cf.json()["errors"][0]["field"], "request_id");
+}
+
+}  // namespace
+}  // namespace hr::api
+
+namespace hr::api {
+namespace {
+
+TEST(OpenAiBatchTest, WebhooksFromExtraFieldsOrMetadata) {
+  testing::Receiver rx([](int) { return testing::Receiver::Answer{}; });
+  ApiHarness h([](ApiConfig& c) { c.webhook_allow = {"loopback"}; });
+  ASSERT_TRUE(h.ok() && rx.ok());
+  std::string file = upload_ok(h, reversal_file(h, 2));
+  HttpResult extra = create(h, h.key_a(), file, "24h",
+                            {{"webhook_url", rx.url("/extra")},
+                             {"webhook_events", {"batch.completed"}}});
+  ASSERT_EQ(extra.status, 200) << extra.body;
+  HttpResult meta = create(h, h.key_a(), file, "24h",
+                           {{"metadata", {{"webhook_url", rx.url("/meta")},
+                                          {"webhook_events", "batch.completed, batch.failed"}}}});
+  ASSERT_EQ(meta.status, 200) << meta.body;
+  // A file that fails validation fails the batch: its webhook hears batch.failed.
+  std::string bad = upload_ok(h, "{not json}\n");
+  HttpResult failed = create(h, h.key_a(), bad, "24h", {{"webhook_url", rx.url("/failed")}});
+  ASSERT_EQ(failed.status, 200) << failed.body;
+  EXPECT_EQ(failed.json()["status"], "failed");
+  // Bad webhook fields are refused before anything is written.
+  expect_openai_error(create(h, h.key_a(), file, "24h", {{"webhook_url", "http://10.0.0.1/x"}}),
+                      400, "webhook_url");
+  expect_openai_error(create(h, h.key_a(), file, "24h",
+                             {{"metadata", {{"webhook_url", "http://169.254.169.254/"}}}}),
+                      400, "metadata.webhook_url");
+  expect_openai_error(create(h, h.key_a(), file, "24h",
+                             {{"metadata", {{"webhook_url", rx.url()},
+                                            {"webhook_secret", queue::new_webhook_secret()}}}}),
+                      400, "metadata.webhook_secret");
+  expect_openai_error(create(h, h.key_a(), file, "24h",
+                             {{"webhook_url", rx.url()}, {"webhook_events", {"batch.done"}}}),
+                      400, "webhook_events");
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM batches"), 3);
+
+  Consumer c(h);
+  c.complete(c.pull(10));
+  WebhookOptions o;
+  o.allow = {"loopback"};
+  auto d = WebhookDispatcher::create(h.database_url(), o);
+  ASSERT_TRUE(d.is_ok());
+  for (int i = 0; i < 50 && rx.received().size() < 3; ++i) {
+    ASSERT_TRUE((*d)->run_once().is_ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  auto got = rx.received();
+  ASSERT_EQ(got.size(), 3u);
+  std::map<std::string, json> events;
+  for (const auto& r : got) events[json::parse(r.body)["data"]["id"]] = json::parse(r.body);
+  EXPECT_EQ(events[extra.json()["id"]]["type"], "batch.completed");
+  EXPECT_EQ(events[meta.json()["id"]]["type"], "batch.completed");
+  EXPECT_EQ(events[failed.json()["id"]]["type"], "batch.failed");
 }
 
 }  // namespace

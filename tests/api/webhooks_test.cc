@@ -28,88 +28,16 @@
 #include "queue/lease.h"
 #include "queue/webhooks.h"
 #include "tests/testing/api_harness.h"
+#include "tests/testing/webhook_receiver.h"
 
 namespace hr::api {
 namespace {
 
 using nlohmann::json;
 using testing::ApiHarness;
-
-struct Received {
-  std::map<std::string, std::string> headers;  // lowercase names
-  std::string body;
-  int64_t at_ms = 0;
-};
-
-int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-// A webhook receiver on loopback answering each request as `script(n)` says (n counts from 0).
-class Receiver {
- public:
-  struct Answer {
-    int status = 200;
-    std::string retry_after;
-    int sleep_ms = 0;
-  };
-
-  explicit Receiver(std::function<Answer(int)> script, uint16_t port = 0) : script_(std::move(script)) {
-    HttpServerOptions o;
-    o.port = port;
-    o.handler_threads = 8;
-    o.drain_timeout_s = 1;
-    server_ = std::make_unique<HttpServer>(o, Handler([this](const HttpRequest& req) {
-      Received r;
-      for (const auto& f : req) {
-        std::string name(f.name_string());
-        for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        r.headers[name] = std::string(f.value());
-      }
-      r.body = req.body();
-      r.at_ms = now_ms();
-      int n = 0;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        n = static_cast<int>(received_.size());
-        received_.push_back(r);
-        cv_.notify_all();
-      }
-      Answer a = script_(n);
-      if (a.sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(a.sleep_ms));
-      HttpResponse res = json_response(static_cast<unsigned>(a.status), "{}");
-      if (!a.retry_after.empty()) res.set(boost::beast::http::field::retry_after, a.retry_after);
-      return res;
-    }));
-    ok_ = server_->start().is_ok();
-  }
-  ~Receiver() { server_->stop(); }
-
-  bool ok() const { return ok_; }
-  int port() const { return server_->port(); }
-  std::string url(const std::string& path = "/hook") const {
-    return "http://127.0.0.1:" + std::to_string(port()) + path;
-  }
-  std::vector<Received> received() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return received_;
-  }
-  bool wait_for(size_t n, int timeout_ms) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                        [&] { return received_.size() >= n; });
-  }
-
- private:
-  std::function<Answer(int)> script_;
-  std::unique_ptr<HttpServer> server_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Received> received_;
-  bool ok_ = false;
-};
+using testing::now_ms;
+using testing::Received;
+using testing::Receiver;
 
 // A free loopback port with nothing listening on it (for connection-refused attempts).
 uint16_t unused_port() {
