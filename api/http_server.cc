@@ -79,20 +79,26 @@ class Session : public std::enable_shared_from_this<Session> {
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
   }
 
-  void on_header(beast::error_code ec) {
+  // Whether the request whose header was read is an upload (larger body, longer to arrive).
+  bool is_upload() const {
     const HttpServerOptions& o = server_->options;
-    if (ec == http::error::body_limit) {
-      return too_large(std::max(o.body_limit_bytes, o.upload_limit_bytes));
-    }
-    if (ec) return close();
     const auto& header = parser_->get();
     std::string_view target(header.target().data(), header.target().size());
-    bool upload = o.is_upload && o.upload_limit_bytes > 0 && o.is_upload(header.method(), target);
-    size_t limit = upload ? o.upload_limit_bytes : o.body_limit_bytes;
-    if (parser_->content_length() && *parser_->content_length() > limit) return too_large(limit);
-    limit_ = limit;
-    parser_->body_limit(limit);  // for chunked bodies, counted as they arrive
+    return o.is_upload && o.upload_limit_bytes > 0 && o.is_upload(header.method(), target);
+  }
+
+  void on_header(beast::error_code ec) {
+    const HttpServerOptions& o = server_->options;
+    // body_limit here: a Content-Length over even the upload limit (the header is parsed).
+    if (ec && ec != http::error::body_limit) return close();
+    bool upload = is_upload();
+    limit_ = upload ? o.upload_limit_bytes : o.body_limit_bytes;
+    if (ec || (parser_->content_length() && *parser_->content_length() > limit_)) {
+      return too_large(limit_);
+    }
+    parser_->body_limit(limit_);  // for chunked bodies, counted as they arrive
     if (upload) stream_.expires_after(std::chrono::seconds(o.upload_read_timeout_s));
+    const auto& header = parser_->get();
     auto expect = header.find(http::field::expect);
     if (expect != header.end() && beast::iequals(expect->value(), "100-continue")) {
       // Tell the client to send the body now rather than after its own timeout (curl waits 1 s).

@@ -95,6 +95,11 @@ TEST(HttpServerTest, UploadRoutesTakeLargerBodiesChosenFromTheHeader) {
       raw_exchange(port, "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n");
   EXPECT_EQ(refused.rfind("HTTP/1.1 413", 0), 0u) << refused;
   EXPECT_NE(refused.find("\"target\":\"/upload\""), std::string::npos) << refused;
+  // Over even the upload limit on another route: the answer names that route's own limit.
+  std::string other_refused =
+      raw_exchange(port, "POST /other HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n");
+  EXPECT_EQ(other_refused.rfind("HTTP/1.1 413", 0), 0u) << other_refused;
+  EXPECT_NE(other_refused.find("limit of 1024 bytes"), std::string::npos) << other_refused;
   // Expect: 100-continue gets its interim answer, then the body is read.
   std::string cont = raw_exchange(port,
                                   "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n"
