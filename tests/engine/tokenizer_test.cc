@@ -122,6 +122,21 @@ TEST(TokenizerTest, SentencePieceByteFallbackUnkAndSpaces) {
   EXPECT_EQ(t->encode("hé€"), (std::vector<int32_t>{piece("▁"), piece("h"), 0, 0}));
 }
 
+TEST(TokenizerTest, AddedTokensCanSwallowNeighbouringWhitespace) {
+  json j = sentencepiece_json();
+  j["added_tokens"].push_back(
+      {{"id", 273}, {"content", "<x>"}, {"special", false}, {"lstrip", true}, {"rstrip", true}});
+  auto t = make(j);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->encode("he <x> he"), (std::vector<int32_t>{piece("▁he"), 273, piece("▁he")}));
+  j["added_tokens"].back()["lstrip"] = false;
+  j["added_tokens"].back()["rstrip"] = false;
+  t = make(j);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->encode("he <x> he"),
+            (std::vector<int32_t>{piece("▁he"), piece("▁"), 273, piece("▁"), piece("▁he")}));
+}
+
 TEST(TokenizerTest, SentencePieceStreamsWholeCharactersAcrossByteTokens) {
   auto t = make(sentencepiece_json());
   ASSERT_TRUE(t);
