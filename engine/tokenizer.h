@@ -1,10 +1,18 @@
-// Tokenizers from a Hugging Face tokenizer.json: byte-level BPE (GPT-2 / Llama 3 / Qwen2 style,
-// with their pre-tokenizer split rules) including vocabularies without merges (the bundled
-// byte-level model), plus added and special tokens matched as literal text. Streaming
-// detokenization (StreamDecoder) never splits a UTF-8 character. Immutable after load;
-// encode/decode are thread-safe.
+// Tokenizers from a Hugging Face tokenizer.json, of two BPE kinds:
+//  - byte-level BPE (GPT-2 / Llama 3 / Qwen2): the ByteLevel pre-tokenizer or a Split with the
+//    GPT-2, Llama 3 or Qwen2 regex (pre_tokenizer.h), an optional NFC normalizer, ignore_merges,
+//    and vocabularies without merges (the bundled byte-level model);
+//  - SentencePiece-style BPE (Llama 2 / Mistral): "▁" for spaces, put in by the normalizer
+//    (Prepend "▁", Replace " " → "▁") or by an older file's Metaspace pre-tokenizer, characters
+//    outside the vocabulary as <0xNN> byte tokens (byte_fallback) or unk (fuse_unk), and decoding
+//    that drops the one leading space the normalizer added.
+// Merges in either format ("a b" or ["a", "b"]). Added and special tokens are matched as literal
+// text before normalization. Other models (Unigram, WordPiece), normalizers and pre-tokenizers are
+// refused with an error naming them. Decoding gives valid UTF-8; StreamDecoder never splits a
+// character. Immutable after load; encode/decode are thread-safe.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,23 +21,28 @@
 #include <vector>
 
 #include "base/status.h"
+#include "engine/pre_tokenizer.h"
 
 namespace hr::engine {
 
 class Tokenizer {
  public:
+  static constexpr std::string_view kSpaceMark = "\xE2\x96\x81";  // "▁", SentencePiece's space
+
   // Loads dir/tokenizer.json (and bos/eos names from dir/tokenizer_config.json when present).
   [[nodiscard]] static Result<std::unique_ptr<Tokenizer>> load(const std::string& dir);
-  [[nodiscard]] static Result<std::unique_ptr<Tokenizer>> from_json(const std::string& tokenizer_json,
-                                                                    const std::string& config_json);
+  [[nodiscard]] static Result<std::unique_ptr<Tokenizer>> from_json(
+      const std::string& tokenizer_json, const std::string& config_json);
 
-  // Special/added tokens written literally in `text` become their ids.
+  // Special/added tokens written literally in `text` become their ids. No BOS/EOS is added.
   std::vector<int32_t> encode(std::string_view text) const;
-  // The bytes a token stands for (special tokens: their text).
+  // The bytes a token stands for (special tokens: their text; "▁" as a space, <0xNN> as the byte).
   std::string token_bytes(int32_t id) const;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = true) const;
   std::optional<int32_t> token_id(const std::string& text) const;
   bool is_special(int32_t id) const;
+  // Whether decoding drops one leading space (SentencePiece: the "▁" the normalizer prepended).
+  bool strips_leading_space() const { return strip_leading_space_; }
   int vocab_size() const { return static_cast<int>(id_to_bytes_.size()); }
   std::optional<int32_t> bos_id() const { return bos_; }
   const std::vector<int32_t>& eos_ids() const { return eos_; }
@@ -37,24 +50,58 @@ class Tokenizer {
   const std::string& eos_text() const { return eos_text_; }
 
  private:
+  friend class TokenizerLoader;
   Tokenizer() = default;
-  void encode_plain(std::string_view text, std::vector<int32_t>* out) const;
-  void bpe(const std::string& word, std::vector<int32_t>* out) const;
+  // One piece of text between added tokens; `first` when it starts the text.
+  void encode_section(std::string_view text, bool first, std::vector<int32_t>* out) const;
+  void encode_word(std::string_view word, std::vector<int32_t>* out) const;
+  // BPE: merges adjacent symbols by rank (lowest first, leftmost on ties) until none applies.
+  void merge(std::vector<int32_t>* symbols) const;
 
-  enum class Split { kNone, kGpt2, kLlama3 };
-  Split split_ = Split::kNone;
-  std::unordered_map<std::string, int32_t> vocab_;       // byte-level unicode string → id
-  std::unordered_map<std::string, int> merge_rank_;      // "a b" → rank
-  std::vector<std::string> id_to_bytes_;                 // id → raw bytes
+  enum class Kind { kByteLevel, kSentencePiece };
+  enum class Normalizer { kNfc, kPrepend, kReplace };
+  struct NormalizerStep {
+    Normalizer op;
+    std::string from, to;  // kPrepend: `to` goes in front; kReplace: each `from` becomes `to`
+  };
+  enum class Prepend { kNever, kFirst, kAlways };  // Metaspace's prepend_scheme
+  struct Merge {
+    int rank;
+    int32_t id;  // of the merged token
+  };
+  struct AddedToken {
+    std::string content;
+    int32_t id;
+    bool lstrip, rstrip;  // swallow the whitespace on that side
+  };
+
+  Kind kind_ = Kind::kByteLevel;
+  std::vector<NormalizerStep> normalizers_;
+  std::optional<SplitRule> split_;        // byte-level: the pre-tokenizer's regex
+  bool byte_level_prefix_space_ = false;  // ByteLevel add_prefix_space
+  bool metaspace_ = false;                // SentencePiece: an older file's Metaspace pre-tokenizer
+  Prepend metaspace_prepend_ = Prepend::kAlways;
+  bool metaspace_split_ = false;
+  bool ignore_merges_ = false;  // a word that is in the vocabulary is one token
+  bool byte_fallback_ = false;
+  bool fuse_unk_ = false;
+  bool strip_leading_space_ = false;
+  std::optional<int32_t> unk_;
+  std::string byte_to_unicode_[256];  // byte-level: GPT-2's printable stand-in for each byte
+  int32_t byte_ids_[256];  // byte-level: each byte's token; SentencePiece: <0xNN>; -1 if none
+  std::unordered_map<std::string, int32_t> vocab_;  // token text as in tokenizer.json → id
+  std::unordered_map<uint64_t, Merge> merges_;      // (left id << 32 | right id) → merge
+  std::vector<std::string> id_to_bytes_;            // id → raw bytes
   std::vector<bool> special_;
-  std::vector<std::pair<std::string, int32_t>> added_;   // longest first
-  std::string byte_to_unicode_[256];
+  std::vector<AddedToken> added_;  // longest first
+  bool added_first_byte_[256] = {};
   std::optional<int32_t> bos_;
   std::vector<int32_t> eos_;
   std::string bos_text_, eos_text_;
 };
 
-// Turns generated token ids into text deltas, holding back bytes of an unfinished UTF-8 character.
+// Turns generated token ids into text deltas of whole UTF-8 characters, holding back the bytes of
+// an unfinished one; drops the leading space at the start of the stream where decode() does.
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
@@ -66,9 +113,7 @@ class StreamDecoder {
  private:
   const Tokenizer& tok_;
   std::string pending_;
+  bool started_ = false;
 };
-
-// Splits text by the GPT-2 (kind 0) or Llama 3 (kind 1) pre-tokenizer rules; exposed for tests.
-std::vector<std::string> pre_tokenize(std::string_view text, int kind);
 
 }  // namespace hr::engine

@@ -141,10 +141,11 @@ TEST(TokenizerTest, ErrorsAndUtf8Streaming) {
 }
 
 TEST(TokenizerTest, PreTokenizerSplitsLikeGpt2AndLlama3) {
-  EXPECT_EQ(pre_tokenize("Hello world's 123  x", 0),
-            (std::vector<std::string>{"Hello", " world", "'s", " 123", " ", " x"}));
-  EXPECT_EQ(pre_tokenize("Hello 12345!\n\nok", 1),
-            (std::vector<std::string>{"Hello", " ", "123", "45", "!\n\n", "ok"}));
+  using Pieces = std::vector<std::string_view>;
+  EXPECT_EQ(pre_tokenize("Hello world's 123  x", SplitRule::kGpt2),
+            (Pieces{"Hello", " world", "'s", " 123", " ", " x"}));
+  EXPECT_EQ(pre_tokenize("Hello 12345!\n\nok", SplitRule::kLlama3),
+            (Pieces{"Hello", " ", "123", "45", "!\n\n", "ok"}));
 }
 
 TEST(ChatTemplateTest, FormatsAndUnknownTemplates) {
