@@ -28,6 +28,7 @@
 #include "queue/lease.h"
 #include "queue/webhooks.h"
 #include "tests/testing/api_harness.h"
+#include "tests/testing/process.h"
 #include "tests/testing/webhook_receiver.h"
 
 namespace hr::api {
@@ -503,15 +504,7 @@ pid_t spawn_dispatcher(ApiHarness& h) {
                                    "--database-url", h.database_url(), "--redis-url",
                                    h.redis_url(), "--webhook-allow", "loopback",
                                    "--webhook-timeout-ms", "2000", "--webhook-retry-schedule", "1s"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    execv(HEADROOM_BINARY, argv.data());
-    _exit(127);
-  }
-  return pid;
+  return testing::spawn(std::move(args));
 }
 
 TEST(WebhooksTest, DispatcherKilledMidDeliveryStillDelivers) {

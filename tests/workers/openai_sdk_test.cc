@@ -18,6 +18,7 @@
 
 #include "base/ids.h"
 #include "tests/testing/http_client.h"
+#include "tests/testing/process.h"
 #include "tests/testing/test_db.h"
 
 namespace hr::workers {
@@ -89,17 +90,7 @@ TEST(OpenAiSdkTest, OfficialNodeSdkRunsABatchEndToEnd) {
       "--database-url", db.url(),
       "--redis-url",    redis,
       "--api-key",      key};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::string log_file = log_path.string();
-  pid_t pid = fork();
-  if (pid == 0) {
-    FILE* f = freopen(log_file.c_str(), "w", stderr);
-    (void)f;
-    execv(HEADROOM_BINARY, argv.data());
-    _exit(127);
-  }
+  pid_t pid = testing::spawn(args, log_path.string());
   ASSERT_GT(pid, 0);
   bool ready = false;
   for (int i = 0; i < 600 && !ready; ++i) {

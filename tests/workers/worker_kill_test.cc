@@ -11,6 +11,7 @@
 
 #include "queue/dispatcher.h"
 #include "tests/testing/api_harness.h"
+#include "tests/testing/process.h"
 
 namespace hr::workers {
 namespace {
@@ -18,22 +19,13 @@ namespace {
 using nlohmann::json;
 
 pid_t spawn_worker(testing::ApiHarness& h, const std::string& name) {
-  // Everything is prepared before fork(): the child may only exec.
   std::string model_dir = std::string(HEADROOM_SOURCE_DIR) + "/models/tiny-reverse";
   std::vector<std::string> args = {HEADROOM_BINARY, "--log-level", "warn", "worker", "--model",
                                    model_dir, "--name", h.model(), "--worker-name", name,
                                    "--database-url", h.database_url(), "--redis-url",
                                    h.redis_url(), "--lease-seconds", "2", "--max-num-seqs", "8",
                                    "--reserve-slots", "0", "--max-pull", "8"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    execv(HEADROOM_BINARY, argv.data());
-    _exit(127);
-  }
-  return pid;
+  return testing::spawn(std::move(args));
 }
 
 TEST(WorkerKillTest, KilledWorkersLoseNothingAndCompleteEachRequestOnce) {

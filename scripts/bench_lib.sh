@@ -1,0 +1,36 @@
+# Shared by the queue-side benchmarks (sourced, not run): builds the release binaries named in
+# $bench_targets, starts a private Postgres and Redis in a temporary folder (stopped on exit,
+# together with every pid in $pids), applies the migrations, and sets $bin (the headroom binary)
+# and $port (a free port). Helpers: bench_key ACCOUNT, bench_wait_ready PORT.
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+scripts/setup.sh >/dev/null
+cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+# shellcheck disable=SC2086
+cmake --build build-release -j "${HEADROOM_JOBS:-2}" --target headroom $bench_targets >/dev/null
+
+svc=$(mktemp -d /tmp/headroom-bench.XXXXXX)
+chmod 755 "$svc"
+pids=()
+bench_cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  scripts/services.sh stop "$svc" >/dev/null 2>&1 || true
+  rm -rf "$svc"
+}
+trap bench_cleanup EXIT
+scripts/services.sh start "$svc" >/dev/null
+# shellcheck disable=SC1091
+source "$svc/env"
+bin=build-release/headroom
+$bin --log-level warn migrate
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+
+bench_key() { $bin keys create --account "$1" 2>/dev/null; }
+bench_wait_ready() {
+  for _ in $(seq 1 100); do
+    curl -sf "http://127.0.0.1:$1/readyz" >/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
