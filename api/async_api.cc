@@ -150,6 +150,38 @@ HttpResponse shaped_error(const Status& st, ErrorShape shape) {
   return shape == ErrorShape::kOpenAi ? openai_error(st) : error_response(st);
 }
 
+json answer_usage(const SyncAnswer& a) {
+  return {{"prompt_tokens", a.prompt_tokens},
+          {"completion_tokens", a.completion_tokens},
+          {"total_tokens", a.prompt_tokens + a.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", a.cached_tokens}}}};
+}
+
+// Whether a /ai/run call asks to be queued: ?queueRequest=true, "queueRequest": true or
+// "options": {"queueRequest": true} (the last one said wins).
+bool queue_requested(const json& body, const std::map<std::string, std::string>& query) {
+  bool queued = query.count("queueRequest") && query.at("queueRequest") == "true";
+  if (body.contains("queueRequest")) queued = body["queueRequest"] == true;
+  if (body.contains("options") && body["options"].is_object() &&
+      body["options"].contains("queueRequest")) {
+    queued = body["options"]["queueRequest"] == true;
+  }
+  return queued;
+}
+
+// The model of a /ai/run/{model} or /accounts/{account}/ai/run/{model} path, and the account
+// the second form names.
+std::optional<std::pair<std::string, std::string>> run_path(const std::string& path) {
+  if (path.rfind("/ai/run/", 0) == 0) return std::make_pair(percent_decode(path.substr(8)), std::string());
+  if (path.rfind("/accounts/", 0) == 0) {
+    size_t run = path.find("/ai/run/");
+    if (run != std::string::npos) {
+      return std::make_pair(percent_decode(path.substr(run + 8)), path.substr(10, run - 10));
+    }
+  }
+  return std::nullopt;
+}
+
 std::map<std::string, std::string> parse_query(std::string_view q) {
   std::map<std::string, std::string> out;
   while (!q.empty()) {
@@ -309,6 +341,8 @@ struct AsyncApi::Impl {
   Result<SyncAnswer> run_sync(const json& body, const ModelSpec& model);
   HttpResponse chat_completions(const HttpRequest& req);
   Reply chat_completions_stream(json body);
+  // Workers-AI text generation with stream: true: {"response": delta} events, then the usage.
+  Reply run_model_stream(json body, const std::string& model_name);
   HttpResponse models_list();
 };
 
@@ -361,6 +395,22 @@ Reply AsyncApi::handle_streaming(const HttpRequest& req) {
     return impl_->openai->handle(
         req, std::string(target.substr(0, qpos)),
         parse_query(qpos == std::string_view::npos ? "" : target.substr(qpos + 1)));
+  }
+  if (req.method() == http::verb::post) {
+    auto run = run_path(std::string(target.substr(0, qpos)));
+    json body = run ? json::parse(req.body(), nullptr, false) : json();
+    if (run && body.is_object() && body.contains("stream") && body["stream"] == true &&
+        !body.contains("request_id") &&
+        !queue_requested(body, parse_query(qpos == std::string_view::npos
+                                               ? ""
+                                               : target.substr(qpos + 1)))) {
+      Result<std::string> account = impl_->authenticate(req);
+      if (!account.is_ok()) return {error_response(account.status()), nullptr};
+      if (!run->second.empty() && run->second != *account) {
+        return {error_response(not_found("unknown account " + run->second)), nullptr};
+      }
+      return impl_->run_model_stream(std::move(body), run->first);
+    }
   }
   if (req.method() == http::verb::post && target == "/v1/chat/completions") {
     json body = json::parse(req.body(), nullptr, false);
@@ -421,16 +471,11 @@ HttpResponse AsyncApi::Impl::handle(const HttpRequest& req) {
 
   auto is_post = req.method() == http::verb::post;
   auto is_get = req.method() == http::verb::get;
-  if (path.rfind("/ai/run/", 0) == 0 && is_post) {
-    return run_model(req, acct, percent_decode(path.substr(8)), query);
-  }
-  if (path.rfind("/accounts/", 0) == 0) {
-    size_t run = path.find("/ai/run/");
-    if (run != std::string::npos && is_post) {
-      std::string path_account = path.substr(10, run - 10);
-      if (path_account != acct) return error_response(not_found("unknown account " + path_account));
-      return run_model(req, acct, percent_decode(path.substr(run + 8)), query);
+  if (auto run = run_path(path); run && is_post) {
+    if (!run->second.empty() && run->second != acct) {
+      return error_response(not_found("unknown account " + run->second));
     }
+    return run_model(req, acct, run->first, query);
   }
   if (path == "/v1/async" && is_get) return list(acct, query);
   if (path.rfind("/v1/webhooks", 0) == 0) {
@@ -470,22 +515,12 @@ HttpResponse AsyncApi::Impl::run_model(const HttpRequest& req, const std::string
   if (model == nullptr) {
     return error_response(invalid_argument("unknown model '" + model_name + "'", "model"));
   }
-  bool queued = query.count("queueRequest") && query.at("queueRequest") == "true";
-  if (body.contains("queueRequest")) queued = body["queueRequest"] == true;
-  if (body.contains("options") && body["options"].is_object() &&
-      body["options"].contains("queueRequest")) {
-    queued = body["options"]["queueRequest"] == true;
-  }
-  if (queued) return submit(req, account, *model, body);
+  if (queue_requested(body, query)) return submit(req, account, *model, body);
   json request = body;
   request.erase("queueRequest");
   Result<SyncAnswer> answer = run_sync(request, *model);
   if (!answer.is_ok()) return error_response(answer.status());
-  json usage = {{"prompt_tokens", answer->prompt_tokens},
-                {"completion_tokens", answer->completion_tokens},
-                {"total_tokens", answer->prompt_tokens + answer->completion_tokens},
-                {"prompt_tokens_details", {{"cached_tokens", answer->cached_tokens}}}};
-  return ok_response({{"response", answer->text}, {"usage", usage}});
+  return ok_response({{"response", answer->text}, {"usage", answer_usage(*answer)}});
 }
 
 Result<SyncAnswer> AsyncApi::Impl::run_sync(const json& body, const ModelSpec& model) {
@@ -634,6 +669,57 @@ Reply AsyncApi::Impl::chat_completions_stream(json body) {
       default:
         return false;
     }
+  };
+  return reply;
+}
+
+// Server-sent events in Workers AI's shape: data: {"response": "<delta>"} per piece, then
+// data: {"response": "", "usage": {...}, "finish_reason": ...}, then data: [DONE].
+Reply AsyncApi::Impl::run_model_stream(json body, const std::string& model_name) {
+  const ModelSpec* model = find_model(model_name);
+  if (model == nullptr) {
+    return {error_response(invalid_argument("unknown model '" + model_name + "'", "model")), nullptr};
+  }
+  bool reject_if_busy = body.contains("options") && body["options"].is_object() &&
+                        body["options"].value("rejectIfBusy", false);
+  for (const char* key : {"stream", "options", "queueRequest"}) body.erase(key);
+  Result<json> norm = normalize_chat_request(body, *model, limits);
+  if (!norm.is_ok()) return {error_response(norm.status()), nullptr};
+  SyncInference* s = sync.load();
+  if (s == nullptr) {
+    return {error_response(Status(StatusCode::kResourceExhausted,
+                                  "Out of capacity: no worker is serving " + model->name + " here")),
+            nullptr};
+  }
+  Result<std::unique_ptr<SyncStream>> started = s->start_stream(*norm, reject_if_busy);
+  if (!started.is_ok()) return {error_response(started.status()), nullptr};
+  struct State {
+    std::unique_ptr<SyncStream> stream;
+    bool done = false;
+  };
+  auto st = std::make_shared<State>();
+  st->stream = std::move(started).value();
+  Reply reply;
+  reply.response = json_response(200, "");
+  reply.response.set(http::field::content_type, "text/event-stream");
+  reply.response.set(http::field::cache_control, "no-cache");
+  reply.stream = [st](std::string* out) -> bool {
+    if (st->done) return false;
+    std::string delta;
+    if (st->stream->next(&delta)) {
+      *out = "data: " + json{{"response", delta}}.dump() + "\n\n";
+      return true;
+    }
+    st->done = true;
+    if (!st->stream->status().is_ok()) {
+      *out = "data: " + error_body(st->stream->status()).dump() + "\n\n";
+    } else {
+      const SyncAnswer& a = st->stream->answer();
+      *out = "data: " + json{{"response", ""}, {"usage", answer_usage(a)},
+                             {"finish_reason", a.finish_reason}}.dump() + "\n\n";
+    }
+    *out += "data: [DONE]\n\n";
+    return true;
   };
   return reply;
 }

@@ -110,6 +110,8 @@ struct Worker::SyncJob {
   bool finished = false;           // guarded by mu
   Status status;                   // guarded by mu
   api::SyncAnswer answer;          // guarded by mu
+  std::atomic<bool> abandoned{false};  // the client went away: cancel in the engine
+  int64_t engine_id = -1;              // step loop only
 };
 
 namespace {
@@ -117,6 +119,8 @@ namespace {
 class WorkerStream final : public api::SyncStream {
  public:
   explicit WorkerStream(std::shared_ptr<Worker::SyncJob> job) : job_(std::move(job)) {}
+  // Dropped before the end (the client left): the step loop cancels the request.
+  ~WorkerStream() override { job_->abandoned = true; }
   bool next(std::string* delta) override {
     std::unique_lock<std::mutex> lock(job_->mu);
     job_->cv.wait(lock, [&] { return !job_->deltas.empty() || job_->finished; });
@@ -215,6 +219,7 @@ void Worker::loop() {
     std::string text;
   };
   std::unordered_map<int64_t, Running> running;  // engine id → lease
+  std::vector<std::shared_ptr<SyncJob>> streams;  // streamed sync requests still generating
   std::vector<queue::Completion> done;
   std::vector<queue::Failure> failed;
   int64_t last_renew = steady_now_ns();
@@ -281,8 +286,26 @@ void Worker::loop() {
         }
       };
       auto id = eng.add(std::move(job->request));
-      if (!id.is_ok()) fail_job(*job, id.status());
+      if (!id.is_ok()) {
+        fail_job(*job, id.status());
+      } else if (job->streaming) {
+        job->engine_id = *id;
+        streams.push_back(job);
+      }
     }
+    // Streams whose client went away stop generating.
+    std::erase_if(streams, [&](const std::shared_ptr<SyncJob>& job) {
+      bool finished = false;
+      {
+        std::lock_guard<std::mutex> lock(job->mu);
+        finished = job->finished;
+      }
+      if (finished) return true;
+      if (!job->abandoned) return false;
+      eng.cancel(job->engine_id);
+      ++stats_.streams_cancelled;
+      return true;
+    });
     bool stopping = stopping_.load();
     if (stopping && drain_deadline == 0) {
       drain_deadline = steady_now_ns() + static_cast<int64_t>(config_.drain_seconds) * 1000000000;

@@ -259,6 +259,36 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   EXPECT_EQ(finish, "stop");
   EXPECT_GT(events, 3);
   EXPECT_EQ(text, greedy_alone(t));
+  // The Workers-AI shape streams too: {"response": delta} events, then the usage, then [DONE].
+  auto cf_stream = h.post("/ai/run/" + h.model(),
+                          json{{"prompt", "reverse: " + t}, {"temperature", 0}, {"stream", true}}.dump(),
+                          h.key_a());
+  ASSERT_EQ(cf_stream.status, 200) << cf_stream.body;
+  EXPECT_EQ(cf_stream.headers["Content-Type"], "text/event-stream");
+  std::string cf_text;
+  json last;
+  bool cf_done = false;
+  int cf_events = 0;
+  for (size_t pos = 0; (pos = cf_stream.body.find("data: ", pos)) != std::string::npos;) {
+    size_t end = cf_stream.body.find("\n\n", pos);
+    std::string data = cf_stream.body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (data == "[DONE]") {
+      cf_done = true;
+      continue;
+    }
+    last = json::parse(data);
+    cf_text += last["response"].get<std::string>();
+    ++cf_events;
+  }
+  EXPECT_TRUE(cf_done);
+  EXPECT_GT(cf_events, 3);
+  EXPECT_EQ(cf_text, greedy_alone(t));
+  EXPECT_GT(last["usage"]["completion_tokens"].get<int>(), 0);
+  EXPECT_EQ(last["finish_reason"], "stop");
+  auto bad_stream = h.post("/ai/run/" + h.model(), json{{"stream", true}, {"prompt", 5}}.dump(), h.key_a());
+  EXPECT_EQ(bad_stream.status, 400) << bad_stream.body;
+  EXPECT_EQ(h.post("/ai/run/" + h.model(), json{{"stream", true}, {"prompt", "x"}}.dump(), "").status, 401);
   h.api().set_sync_inference(nullptr);
   w->stop();
 }
