@@ -15,6 +15,7 @@
 #include "base/hash.h"
 #include "base/ids.h"
 #include "base/log.h"
+#include "base/metrics.h"
 #include "base/url.h"
 #include "queue/pg.h"
 #include "queue/redis.h"
@@ -329,6 +330,8 @@ struct AsyncApi::Impl {
 
   HttpResponse handle(const HttpRequest& req);
   HttpResponse readyz();
+  // Prometheus text: this process's metrics plus the queue depth per model from Postgres.
+  HttpResponse metrics_page();
   HttpResponse run_model(const HttpRequest& req, const std::string& account,
                          const std::string& model, const std::map<std::string, std::string>& query);
   HttpResponse submit(const HttpRequest& req, const std::string& account, const ModelSpec& model,
@@ -388,7 +391,40 @@ HttpResponse AsyncApi::handle(const HttpRequest& req) {
   return std::move(reply.response);
 }
 
+namespace {
+
+// A coarse route name for request metrics (ids and models left out).
+std::string route_of(std::string_view path) {
+  for (const char* prefix : {"/ai/run", "/v1/async", "/v1/chat/completions", "/v1/models",
+                             "/v1/files", "/v1/batches", "/v1/webhooks", "/healthz", "/readyz",
+                             "/metrics"}) {
+    if (path.rfind(prefix, 0) == 0) return prefix;
+  }
+  if (path.rfind("/accounts/", 0) == 0 && path.find("/ai/run/") != std::string_view::npos) {
+    return "/ai/run";
+  }
+  return "other";
+}
+
+}  // namespace
+
 Reply AsyncApi::handle_streaming(const HttpRequest& req) {
+  int64_t t0 = steady_now_ns();
+  Reply reply = route_streaming(req);
+  std::string_view target(req.target().data(), req.target().size());
+  std::string route = route_of(target.substr(0, target.find('?')));
+  metrics::counter("headroom_http_requests_total", "HTTP requests answered, by route and status",
+                   "route=\"" + route + "\",code=\"" +
+                       std::to_string(reply.response.result_int()) + "\"")
+      .add();
+  metrics::histogram("headroom_http_response_seconds",
+                     "Time to the response header (a streamed body continues after)",
+                     "route=\"" + route + "\"")
+      .observe(static_cast<double>(steady_now_ns() - t0) / 1e9);
+  return reply;
+}
+
+Reply AsyncApi::route_streaming(const HttpRequest& req) {
   std::string_view target(req.target().data(), req.target().size());
   size_t qpos = target.find('?');
   if (OpenAiBatchApi::serves(target.substr(0, qpos))) {
@@ -421,6 +457,30 @@ Reply AsyncApi::handle_streaming(const HttpRequest& req) {
     }
   }
   return {impl_->handle(req), nullptr};
+}
+
+HttpResponse AsyncApi::Impl::metrics_page() {
+  Result<pqxx::connection*> c = conn();
+  Status st = c.status();
+  if (st.is_ok()) {
+    st = queue::pg_guard("queue depth", [&]() -> Status {
+      pqxx::nontransaction tx(**c);
+      for (const auto& row : tx.exec(
+               "SELECT model, sum(num_total - num_completed - num_failed - num_cancelled - "
+               "num_expired) FROM batches WHERE finished_at IS NULL GROUP BY model")) {
+        metrics::gauge("headroom_async_pending_requests",
+                       "Requests of unfinished batches not yet ended (queued or running)",
+                       "model=\"" + row[0].as<std::string>() + "\"")
+            .set(row[1].as<double>());
+      }
+      return Status::ok();
+    });
+  }
+  metrics::gauge("headroom_metrics_database_up", "Whether the queue depth could be read")
+      .set(st.is_ok() ? 1 : 0);
+  HttpResponse res = json_response(200, metrics::render());
+  res.set(http::field::content_type, "text/plain; version=0.0.4");
+  return res;
 }
 
 HttpResponse AsyncApi::Impl::readyz() {
@@ -458,6 +518,7 @@ HttpResponse AsyncApi::Impl::handle(const HttpRequest& req) {
   auto query = parse_query(qpos == std::string_view::npos ? "" : target.substr(qpos + 1));
   if (path == "/healthz") return json_response(200, R"({"status":"ok"})");
   if (path == "/readyz") return readyz();
+  if (path == "/metrics" && req.method() == http::verb::get) return metrics_page();
 
   Result<std::string> account = authenticate(req);
   if (!account.is_ok()) {

@@ -55,6 +55,7 @@ class AsyncApi {
   void set_sync_inference(SyncInference* sync);
 
  private:
+  Reply route_streaming(const HttpRequest& req);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -13,6 +13,7 @@
 #include "base/cli.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/metrics.h"
 #include "queue/pg.h"
 
 namespace hr::api {
@@ -168,6 +169,11 @@ queue::AttemptOutcome WebhookDispatcher::send(WebhookClient& client,
   }
   queue::AttemptOutcome o = decide_outcome(d, r, impl_->schedule, jitter);
   o.started_at_ms = started_ms;
+  metrics::counter("headroom_webhook_attempts_total", "Webhook delivery attempts by outcome",
+                   "outcome=\"" + o.outcome + "\"")
+      .add();
+  metrics::histogram("headroom_webhook_attempt_seconds", "Duration of a webhook delivery attempt")
+      .observe(r.duration_ms / 1e3);
   if (o.outcome == "delivered") {
     log::debug("webhook.delivered", {{"delivery", d.id}, {"attempt", d.attempt},
                                      {"status", r.status}, {"ms", r.duration_ms}});

@@ -33,6 +33,7 @@ struct Lease {
   std::string body;          // the request JSON
   std::string api_shape;     // "workers_ai" or "openai"
   std::string entry_id;      // Redis stream entry
+  int64_t submitted_at_ms = 0;  // when its batch was submitted (for queue-time metrics)
 };
 
 struct Completion {

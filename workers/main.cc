@@ -101,6 +101,9 @@ int main(int argc, char** argv) {
   CLI::App* worker_cmd = app.add_subcommand("worker", "Host one engine instance");
   worker_store.bind(*worker_cmd);
   worker.bind(*worker_cmd);
+  int worker_metrics_port = 0;
+  hr::cli::add(*worker_cmd, "--metrics-port", worker_metrics_port,
+               "Serve GET /metrics (Prometheus text) on this port; 0: off");
 
   hr::queue::StoreConfig dispatcher_store;
   hr::queue::DispatcherOptions dispatcher;
@@ -166,7 +169,7 @@ int main(int argc, char** argv) {
   }
   if (worker_cmd->parsed()) {
     if (!validate(worker_store.validate()) || !validate(worker.validate())) return 2;
-    return hr::workers::run_worker(worker, worker_store);
+    return hr::workers::run_worker(worker, worker_store, worker_metrics_port);
   }
   if (dispatcher_cmd->parsed()) {
     if (!validate(dispatcher_store.validate()) || !validate(dispatcher_webhooks.validate())) return 2;

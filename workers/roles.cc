@@ -10,6 +10,7 @@
 
 #include "api/http_server.h"
 #include "base/log.h"
+#include "base/metrics.h"
 #include "queue/migrate.h"
 #include "queue/pg.h"
 #include "queue/store.h"
@@ -90,8 +91,25 @@ int run_api(const api::ApiConfig& config, const queue::StoreConfig& store) {
   return 0;
 }
 
-int run_worker(const WorkerConfig& config, const queue::StoreConfig& store) {
+int run_worker(const WorkerConfig& config, const queue::StoreConfig& store, int metrics_port) {
   sigset_t set = block_stop_signals();
+  std::unique_ptr<api::HttpServer> metrics_server;
+  if (metrics_port > 0) {
+    api::HttpServerOptions o;
+    o.port = static_cast<uint16_t>(metrics_port);
+    o.handler_threads = 1;
+    metrics_server = std::make_unique<api::HttpServer>(o, api::Handler([](const api::HttpRequest& r) {
+      if (r.target() != "/metrics") return api::json_response(404, R"({"error":"only /metrics here"})");
+      api::HttpResponse res = api::json_response(200, metrics::render());
+      res.set(boost::beast::http::field::content_type, "text/plain; version=0.0.4");
+      return res;
+    }));
+    Status st = metrics_server->start();
+    if (!st.is_ok()) {
+      log::error("worker.metrics_failed", {{"error", st}});
+      return 1;
+    }
+  }
   auto worker = Worker::create(config, store);
   if (!worker.is_ok()) {
     log::error("worker.start_failed", {{"error", worker.status()}});

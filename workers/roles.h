@@ -24,7 +24,8 @@ struct ServeConfig {
 };
 
 int run_api(const api::ApiConfig& api, const queue::StoreConfig& store);
-int run_worker(const WorkerConfig& worker, const queue::StoreConfig& store);
+// With `metrics_port` > 0, also serves GET /metrics there.
+int run_worker(const WorkerConfig& worker, const queue::StoreConfig& store, int metrics_port);
 int run_dispatcher(const queue::StoreConfig& store, const queue::DispatcherOptions& options,
                    const api::WebhookOptions& webhooks);
 int run_serve(const ServeConfig& config);

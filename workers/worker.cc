@@ -12,6 +12,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/metrics.h"
 #include "engine/chat_template.h"
 #include "engine/backend_factory.h"
 #include "engine/tokenizer.h"
@@ -110,6 +111,7 @@ struct Worker::SyncJob {
   bool finished = false;           // guarded by mu
   Status status;                   // guarded by mu
   api::SyncAnswer answer;          // guarded by mu
+  int64_t arrival_ns = steady_now_ns();
   std::atomic<bool> abandoned{false};  // the client went away: cancel in the engine
   int64_t engine_id = -1;              // step loop only
 };
@@ -141,6 +143,80 @@ class WorkerStream final : public api::SyncStream {
   Status status_;
   api::SyncAnswer answer_;
 };
+
+// Request metrics of one class (sync or async).
+struct ClassMetrics {
+  explicit ClassMetrics(const std::string& cls)
+      : labels("class=\"" + cls + "\""),
+        ttft(metrics::histogram("headroom_time_to_first_token_seconds",
+                                "Time from arrival at the worker to the first generated token",
+                                labels)),
+        itl(metrics::histogram("headroom_inter_token_latency_seconds",
+                               "Time between consecutive generated tokens", labels)),
+        e2e(metrics::histogram("headroom_e2e_latency_seconds",
+                               "Time from arrival at the worker to the last token", labels)),
+        queue(metrics::histogram("headroom_queue_time_seconds",
+                                 "Sync: waiting for the step loop; async: from batch submit to "
+                                 "being pulled by a worker",
+                                 labels)),
+        prompt(metrics::counter("headroom_prompt_tokens_total", "Prompt tokens of finished requests",
+                                labels)),
+        cached(metrics::counter("headroom_cached_prompt_tokens_total",
+                                "Prompt tokens served from the prefix cache", labels)),
+        generated(metrics::counter("headroom_generation_tokens_total",
+                                   "Generated tokens of finished requests", labels)),
+        running(metrics::gauge("headroom_requests_running", "Requests in the engine, generating",
+                               labels)),
+        waiting(metrics::gauge("headroom_requests_waiting",
+                               "Requests in the engine, waiting to be scheduled", labels)) {}
+  std::string labels;
+  metrics::Histogram& ttft;
+  metrics::Histogram& itl;
+  metrics::Histogram& e2e;
+  metrics::Histogram& queue;
+  metrics::Counter& prompt;
+  metrics::Counter& cached;
+  metrics::Counter& generated;
+  metrics::Gauge& running;
+  metrics::Gauge& waiting;
+};
+
+ClassMetrics& class_metrics(engine::RequestClass cls) {
+  static ClassMetrics sync("sync");
+  static ClassMetrics async("async");
+  return cls == engine::RequestClass::kSync ? sync : async;
+}
+
+// Wraps a request's event callback so its tokens and its end are timed from `arrival_ns`.
+std::function<void(const engine::TokenEvent&)> timed(
+    std::function<void(const engine::TokenEvent&)> inner, engine::RequestClass cls,
+    int64_t arrival_ns) {
+  auto last_ns = std::make_shared<int64_t>(0);
+  ClassMetrics* m = &class_metrics(cls);
+  const char* cls_name = cls == engine::RequestClass::kSync ? "sync" : "async";
+  return [inner = std::move(inner), last_ns, m, arrival_ns, cls_name](const engine::TokenEvent& ev) {
+    int64_t now = steady_now_ns();
+    if (ev.token >= 0) {
+      if (*last_ns == 0) {
+        m->ttft.observe(static_cast<double>(now - arrival_ns) / 1e9);
+      } else {
+        m->itl.observe(static_cast<double>(now - *last_ns) / 1e9);
+      }
+      *last_ns = now;
+    }
+    if (ev.finished) {
+      m->e2e.observe(static_cast<double>(now - arrival_ns) / 1e9);
+      m->prompt.add(ev.usage.prompt_tokens);
+      m->cached.add(ev.usage.cached_tokens);
+      m->generated.add(ev.usage.completion_tokens);
+      metrics::counter("headroom_requests_finished_total", "Requests that left the engine",
+                       std::string("class=\"") + cls_name + "\",reason=\"" +
+                           engine::finish_reason_name(ev.finish_reason) + "\"")
+          .add();
+    }
+    inner(ev);
+  };
+}
 
 }  // namespace
 
@@ -225,6 +301,36 @@ void Worker::loop() {
   int64_t last_renew = steady_now_ns();
   int64_t drain_deadline = 0;
   const int64_t renew_every_ns = static_cast<int64_t>(config_.lease_seconds) * 1000000000 / 3;
+  metrics::Counter& credits_granted = metrics::counter(
+      "headroom_async_credits_granted_total", "Async requests the worker had headroom to pull");
+  metrics::Counter& pulled =
+      metrics::counter("headroom_async_pulled_total", "Async requests pulled from the queue");
+  metrics::Counter& steps = metrics::counter("headroom_engine_steps_total", "Engine steps run");
+  metrics::Counter& preemptions = metrics::counter(
+      "headroom_preemptions_total", "Async sequences preempted to make room for sync ones");
+  metrics::Counter& prefix_queries = metrics::counter(
+      "headroom_prefix_cache_queries_total", "Full prompt blocks looked up in the prefix cache");
+  metrics::Counter& prefix_hits = metrics::counter(
+      "headroom_prefix_cache_hits_total", "Full prompt blocks found in the prefix cache");
+  metrics::Gauge& kv_used = metrics::gauge("headroom_kv_cache_blocks_used", "KV cache blocks in use");
+  metrics::Gauge& kv_total = metrics::gauge("headroom_kv_cache_blocks_total", "KV cache blocks");
+  metrics::Gauge& kv_usage =
+      metrics::gauge("headroom_kv_cache_usage_ratio", "Fraction of the KV cache in use");
+  auto publish_engine_gauges = [&] {
+    engine::Headroom h = eng.headroom();
+    ClassMetrics& sync = class_metrics(engine::RequestClass::kSync);
+    ClassMetrics& async = class_metrics(engine::RequestClass::kAsync);
+    sync.running.set(h.running_sync);
+    sync.waiting.set(h.waiting_sync);
+    async.running.set(h.running_async);
+    async.waiting.set(h.waiting_async);
+    int used = h.total_kv_blocks - h.free_kv_blocks;
+    kv_used.set(used);
+    kv_total.set(h.total_kv_blocks);
+    kv_usage.set(h.total_kv_blocks > 0 ? static_cast<double>(used) / h.total_kv_blocks : 0);
+    prefix_queries.set_total(static_cast<double>(eng.blocks().num_prefix_queries()));
+    prefix_hits.set_total(static_cast<double>(eng.blocks().num_prefix_hit_blocks()));
+  };
 
   auto flush = [&]() {
     if (!leases) return;
@@ -265,7 +371,9 @@ void Worker::loop() {
       jobs.swap(inbox_);
     }
     for (auto& job : jobs) {
-      job->request.on_event = [job](const engine::TokenEvent& ev) {
+      class_metrics(engine::RequestClass::kSync)
+          .queue.observe(static_cast<double>(steady_now_ns() - job->arrival_ns) / 1e9);
+      job->request.on_event = timed([job](const engine::TokenEvent& ev) {
         job->text += ev.text_delta;
         api::SyncAnswer answer;
         if (ev.finished) {
@@ -284,7 +392,7 @@ void Worker::loop() {
         } else if (ev.finished) {
           job->done.set_value(answer);
         }
-      };
+      }, engine::RequestClass::kSync, job->arrival_ns);
       auto id = eng.add(std::move(job->request));
       if (!id.is_ok()) {
         fail_job(*job, id.status());
@@ -304,6 +412,9 @@ void Worker::loop() {
       if (!job->abandoned) return false;
       eng.cancel(job->engine_id);
       ++stats_.streams_cancelled;
+      metrics::counter("headroom_streams_cancelled_total",
+                       "Streamed answers stopped because the client went away")
+          .add();
       return true;
     });
     bool stopping = stopping_.load();
@@ -321,13 +432,21 @@ void Worker::loop() {
                                       blocks_per_request);
     }
     if (credits > 0) {
+      credits_granted.add(credits);
       auto got = leases->pull(credits, eng.has_work() ? 0 : 200);
       if (!got.is_ok()) {
         log::warn("worker.pull_failed", {{"error", got.status()}});
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
       } else {
+        pulled.add(static_cast<double>(got->size()));
+        int64_t pulled_ns = steady_now_ns();
+        int64_t now_ms = SystemClock::instance().now_unix_ms();
         for (queue::Lease& l : *got) {
           ++stats_.pulled;
+          if (l.submitted_at_ms > 0) {
+            class_metrics(engine::RequestClass::kAsync)
+                .queue.observe(static_cast<double>(std::max<int64_t>(0, now_ms - l.submitted_at_ms)) / 1e3);
+          }
           json body = json::parse(l.body, nullptr, false);
           auto gen = body.is_discarded() ? Result<engine::GenerationRequest>(invalid_argument("bad body"))
                                          : to_generation(body, *model_, engine::RequestClass::kAsync);
@@ -337,7 +456,7 @@ void Worker::loop() {
           }
           auto* runs = &running;
           auto* out_done = &done;
-          gen->on_event = [runs, out_done](const engine::TokenEvent& ev) {
+          gen->on_event = timed([runs, out_done](const engine::TokenEvent& ev) {
             auto it = runs->find(ev.id);
             if (it == runs->end()) return;
             it->second.text += ev.text_delta;
@@ -351,7 +470,7 @@ void Worker::loop() {
             out_done->push_back({it->second.lease, result.dump(), ev.usage.prompt_tokens,
                                  ev.usage.completion_tokens, ev.usage.cached_tokens});
             runs->erase(it);
-          };
+          }, engine::RequestClass::kAsync, pulled_ns);
           auto id = eng.add(std::move(gen).value());
           if (!id.is_ok()) {
             failed.push_back({l, "invalid_request", id.status().message(), false});
@@ -364,7 +483,13 @@ void Worker::loop() {
     if (eng.has_work()) {
       auto st = eng.step();
       ++stats_.steps;
-      if (!st.is_ok()) log::error("worker.step_failed", {{"error", st.status()}});
+      steps.add();
+      if (!st.is_ok()) {
+        log::error("worker.step_failed", {{"error", st.status()}});
+      } else {
+        preemptions.add(st->num_preempted);
+      }
+      publish_engine_gauges();
     } else if (credits <= 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(stopping ? 1 : 20));
     }

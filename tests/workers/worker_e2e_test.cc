@@ -289,6 +289,26 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   auto bad_stream = h.post("/ai/run/" + h.model(), json{{"stream", true}, {"prompt", 5}}.dump(), h.key_a());
   EXPECT_EQ(bad_stream.status, 400) << bad_stream.body;
   EXPECT_EQ(h.post("/ai/run/" + h.model(), json{{"stream", true}, {"prompt", "x"}}.dump(), "").status, 401);
+  // Prometheus metrics (no key needed) saw all of this.
+  auto m = testing::http_call("GET", h.port(), "/metrics");
+  ASSERT_EQ(m.status, 200);
+  auto value = [&](const std::string& series) {
+    size_t p = m.body.find("\n" + series + " ");
+    if (p == std::string::npos) return -1.0;
+    return std::stod(m.body.substr(p + series.size() + 2));
+  };
+  EXPECT_GE(value("headroom_time_to_first_token_seconds_count{class=\"sync\"}"), 21);
+  EXPECT_GE(value("headroom_e2e_latency_seconds_count{class=\"sync\"}"), 21);
+  EXPECT_GT(value("headroom_inter_token_latency_seconds_count{class=\"sync\"}"), 0);
+  EXPECT_GT(value("headroom_generation_tokens_total{class=\"sync\"}"), 0);
+  EXPECT_GT(value("headroom_async_pulled_total"), 0);
+  EXPECT_GT(value("headroom_async_credits_granted_total"), 0);
+  EXPECT_GT(value("headroom_queue_time_seconds_count{class=\"async\"}"), 0);
+  EXPECT_GT(value("headroom_kv_cache_blocks_total"), 0);
+  EXPECT_GE(value("headroom_prefix_cache_queries_total"), 0);
+  EXPECT_GT(value("headroom_async_pending_requests{model=\"" + h.model() + "\"}"), 0);
+  EXPECT_GE(value("headroom_http_requests_total{route=\"/v1/chat/completions\",code=\"200\"}"), 11);
+  EXPECT_NE(m.headers["Content-Type"].find("text/plain"), std::string::npos);
   h.api().set_sync_inference(nullptr);
   w->stop();
 }
