@@ -32,6 +32,8 @@ void WebhookOptions::bind(CLI::App& app, bool with_allow) {
   cli::add(app, "--webhook-retry-schedule", retry_schedule,
            "Delays before each retry, comma-separated (e.g. 5s,5m,30m); then the delivery fails");
   cli::add(app, "--webhook-ca-file", ca_file, "Extra trusted CA certificates (PEM) for HTTPS targets");
+  cli::add(app, "--webhook-retention-hours", retention_hours,
+           "Keep sent events and ended deliveries (the delivery log) this long");
   if (with_allow) bind_webhook_allow(app, allow);
 }
 
@@ -40,6 +42,9 @@ Status WebhookOptions::validate() const {
     return invalid_argument("--webhook-concurrency must be 1..1024", "webhook-concurrency");
   }
   if (timeout_ms < 100) return invalid_argument("--webhook-timeout-ms must be at least 100", "webhook-timeout-ms");
+  if (retention_hours < 0) {
+    return invalid_argument("--webhook-retention-hours must be >= 0", "webhook-retention-hours");
+  }
   HR_RETURN_IF_ERROR(schedule_ms().status());
   return AddressPolicy::parse(allow).status();
 }
@@ -251,11 +256,18 @@ void WebhookDispatcher::run(const std::atomic<bool>& stop) {
     m.inflight -= static_cast<int>(batch.size());
     return Status::ok();
   };
+  int64_t next_prune_ns = 0;
   while (!stop.load()) {
     Status st = m.pg.run("webhooks", [&](pqxx::connection& c) -> Status {
       for (;;) {
         HR_ASSIGN_OR_RETURN(int n, queue::fan_out_events(c, kFanOutBatch));
         if (n < kFanOutBatch) break;
+      }
+      if (steady_now_ns() >= next_prune_ns) {
+        HR_ASSIGN_OR_RETURN(int pruned,
+                            queue::prune_webhook_history(c, m.options.retention_hours, 10000));
+        // Again soon while there is a backlog to delete, else in a minute.
+        next_prune_ns = steady_now_ns() + (pruned >= 10000 ? 1 : 60) * 1000000000LL;
       }
       HR_RETURN_IF_ERROR(record(c));
       int room = 0;

@@ -32,6 +32,7 @@ struct WebhookOptions {
   std::vector<std::string> allow;
   std::string ca_file;     // extra trusted CAs for HTTPS targets
   int claim_batch = 256;
+  int retention_hours = 168;  // fanned-out events and ended deliveries are kept this long
 
   // Registers the delivery options (--webhook-*) on a subcommand; --webhook-allow only with
   // `with_allow` (in `serve` the API's option serves both).

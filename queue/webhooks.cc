@@ -410,6 +410,25 @@ Result<int> fan_out_events(pqxx::connection& conn, int limit) {
   });
 }
 
+Result<int> prune_webhook_history(pqxx::connection& conn, int keep_hours, int limit) {
+  return guarded<int>("prune webhook history", [&](int* out) -> Status {
+    pqxx::work tx(conn);
+    // Oldest first by primary key, so the scan stops at the first young row's neighbourhood.
+    pqxx::result events = tx.exec_params(
+        "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE processed_at IS NOT NULL "
+        "AND processed_at < now() - $1 * interval '1 hour' ORDER BY id LIMIT $2)",
+        keep_hours, limit);
+    pqxx::result deliveries = tx.exec_params(
+        "DELETE FROM webhook_deliveries WHERE id IN (SELECT id FROM webhook_deliveries "
+        "WHERE status <> 'pending' AND coalesce(last_attempt_at, created_at) < "
+        "now() - $1 * interval '1 hour' ORDER BY seq LIMIT $2)",
+        keep_hours, limit);
+    tx.commit();
+    *out = static_cast<int>(events.affected_rows() + deliveries.affected_rows());
+    return Status::ok();
+  });
+}
+
 Result<std::vector<ClaimedDelivery>> claim_deliveries(pqxx::connection& conn, int limit,
                                                       int64_t lease_ms) {
   return guarded<std::vector<ClaimedDelivery>>(

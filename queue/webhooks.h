@@ -146,6 +146,10 @@ struct DeliveryQuery {
 // in one short transaction. Returns the number of events processed.
 [[nodiscard]] Result<int> fan_out_events(pqxx::connection& conn, int limit);
 
+// Deletes (up to `limit`) outbox events fanned out more than `keep_hours` ago, and deliveries
+// that ended (delivered or failed) more than that ago with their attempts. Returns rows deleted.
+[[nodiscard]] Result<int> prune_webhook_history(pqxx::connection& conn, int keep_hours, int limit);
+
 struct ClaimedDelivery {
   std::string id;
   std::string event_id;

@@ -495,6 +495,16 @@ TEST(WebhooksTest, SeveralDispatchersNeverSendTheSameAttemptTwice) {
   EXPECT_EQ(h.scalar("SELECT count(*) FROM webhook_deliveries WHERE status = 'delivered' "
                      "AND attempts = 1"),
             150);
+  // History past the retention is pruned: sent events and ended deliveries with their attempts.
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM outbox"), 150);
+  submit_with(h, 1, {});  // an event not yet fanned out is kept
+  pqxx::connection c(h.database_url());
+  auto pruned = queue::prune_webhook_history(c, 0, 10000);
+  ASSERT_TRUE(pruned.is_ok());
+  EXPECT_EQ(*pruned, 300);
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM outbox"), 1);
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM webhook_deliveries"), 0);
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM webhook_attempts"), 0);
 }
 
 // --- a dispatcher process killed while a receiver holds its request ---
