@@ -6,15 +6,16 @@ set -euo pipefail
 dir=$1
 shift
 mkdir -p "$dir"
+# Several tests may ask at once: the check and the install both happen under one lock, so no
+# test sees a package that another is still extracting.
+exec 9>"$dir/.lock"
+flock 9
 missing=()
 for pkg in "$@"; do
   name=${pkg%@*}  # without a pinned version
   [ -n "$name" ] || name=$pkg
-  [ -d "$dir/node_modules/$name" ] || missing+=("$pkg")
+  [ -f "$dir/node_modules/$name/package.json" ] || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  # Several tests may ask at once: one installs, the others wait for it.
-  exec 9>"$dir/.lock"
-  flock 9
   npm install --silent --no-audit --no-fund --prefix "$dir" "${missing[@]}" >&2
 fi
