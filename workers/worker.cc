@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <cstdlib>
 #include <future>
 #include <unordered_map>
 
@@ -18,6 +19,7 @@
 #include "engine/tokenizer.h"
 #include "engine/model_config.h"
 #include "queue/lease.h"
+#include "workers/utilization.h"
 
 namespace hr::workers {
 
@@ -316,6 +318,23 @@ void Worker::loop() {
   metrics::Gauge& kv_total = metrics::gauge("headroom_kv_cache_blocks_total", "KV cache blocks");
   metrics::Gauge& kv_usage =
       metrics::gauge("headroom_kv_cache_usage_ratio", "Fraction of the KV cache in use");
+  metrics::Gauge& utilization = metrics::gauge(
+      "headroom_device_utilization_ratio",
+      "Busy fraction of the device (engine steps, or NVML on a GPU), smoothed over ~1 s");
+  metrics::Counter& braked = metrics::counter(
+      "headroom_async_pulls_braked_total",
+      "Times the utilization brake (--max-utilization) held back a pull");
+  std::unique_ptr<engine::GpuMonitor> gpu;
+  int gpu_index = 0;
+  if (std::string(eng.backend().name()) == "cuda") {
+    auto opened = engine::GpuMonitor::open();
+    if (opened.is_ok()) gpu = std::move(opened).value();
+    size_t colon = config_.device.find(':');
+    if (colon != std::string::npos) gpu_index = std::atoi(config_.device.c_str() + colon + 1);
+  }
+  UtilizationBrake brake(config_.max_utilization, std::move(gpu), gpu_index);
+  int64_t busy_ns = 0;               // time in engine steps since mark_ns
+  int64_t mark_ns = steady_now_ns();
   auto publish_engine_gauges = [&] {
     engine::Headroom h = eng.headroom();
     ClassMetrics& sync = class_metrics(engine::RequestClass::kSync);
@@ -431,6 +450,18 @@ void Worker::loop() {
       credits = std::min(credits, (h.free_kv_blocks - config_.reserve_slots * blocks_per_request) /
                                       blocks_per_request);
     }
+    {
+      int64_t now = steady_now_ns();
+      brake.record(busy_ns, now - mark_ns, now);
+      mark_ns = now;
+      busy_ns = 0;
+      utilization.set(brake.utilization());
+      if (credits > 0 && brake.engaged()) {
+        credits = 0;
+        ++stats_.braked;
+        braked.add();
+      }
+    }
     if (credits > 0) {
       credits_granted.add(credits);
       auto got = leases->pull(credits, eng.has_work() ? 0 : 200);
@@ -481,7 +512,9 @@ void Worker::loop() {
       }
     }
     if (eng.has_work()) {
+      int64_t step_start = steady_now_ns();
       auto st = eng.step();
+      busy_ns += steady_now_ns() - step_start;
       ++stats_.steps;
       steps.add();
       if (!st.is_ok()) {

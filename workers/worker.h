@@ -30,7 +30,8 @@ struct WorkerStats {
   std::atomic<int64_t> failed{0};
   std::atomic<int64_t> released{0};
   std::atomic<int64_t> steps{0};
-  std::atomic<int64_t> streams_cancelled{0};  // streamed answers stopped because the client left
+  std::atomic<int64_t> streams_cancelled{0};
+  std::atomic<int64_t> braked{0};  // pulls held back by the utilization brake  // streamed answers stopped because the client left
 };
 
 class Worker final : public api::SyncInference {

@@ -14,7 +14,8 @@ void WorkerConfig::bind(CLI::App& app) {
   cli::add(app, "--heartbeat-ms", heartbeat_ms, "Registration heartbeat period");
   cli::add(app, "--reserve-slots", reserve_slots, "Sequence slots kept free for sync bursts");
   cli::add(app, "--max-utilization", max_utilization,
-           "Stop pulling async work above this busy fraction (0..1)");
+           "Stop pulling async work while the device is busier than this fraction (engine "
+           "steps, or NVML utilization on a GPU, over ~1 s); 1 never brakes");
   cli::add(app, "--drain-seconds", drain_seconds, "On SIGTERM, time to finish or release leases");
   cli::add(app, "--max-num-seqs", max_num_seqs, "Sequences the engine runs at once");
   cli::add(app, "--max-batched-tokens", max_batched_tokens, "Tokens per engine step");

@@ -17,7 +17,7 @@ struct WorkerConfig {
   int lease_seconds = 30;
   int heartbeat_ms = 1000;
   int reserve_slots = 2;             // sequence slots always kept free for sync bursts
-  double max_utilization = 0.95;     // stop pulling above this busy fraction
+  double max_utilization = 1.0;      // stop pulling above this busy fraction (1: never)
   int drain_seconds = 30;            // SIGTERM: time to finish or release leases
   int max_num_seqs = 32;             // sequences the engine runs at once
   int max_batched_tokens = 512;      // tokens per engine step

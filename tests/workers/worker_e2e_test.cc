@@ -39,8 +39,10 @@ struct DispatcherThread {
   }
 };
 
-std::unique_ptr<Worker> make_worker(testing::ApiHarness& h, const std::string& name) {
+std::unique_ptr<Worker> make_worker(testing::ApiHarness& h, const std::string& name,
+                                    double max_utilization = 1.0) {
   WorkerConfig wc;
+  wc.max_utilization = max_utilization;
   wc.model_dir = kModelDir;
   wc.model_name = h.model();
   wc.worker_name = name;
@@ -136,6 +138,28 @@ TEST(WorkerE2eTest, QueuedBatchIsAnsweredCorrectlyInOrder) {
   EXPECT_GT(result["usage"]["completion_tokens"].get<int>(), 200);
   w->stop();
   EXPECT_EQ(w->stats().completed.load(), 200);
+  EXPECT_EQ(w->stats().braked.load(), 0);  // the brake is off by default
+}
+
+TEST(WorkerE2eTest, UtilizationBrakeHoldsBackPullsAndStarvesNothing) {
+  testing::ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  DispatcherThread d(h.database_url(), h.redis_url());
+  auto w = make_worker(h, "braked", /*max_utilization=*/0.2);
+  ASSERT_TRUE(w);
+  ASSERT_TRUE(w->start().is_ok());
+  auto texts = random_texts(300, 7);
+  json reqs = json::array();
+  for (const auto& t : texts) reqs.push_back({{"prompt", "reverse: " + t}, {"temperature", 0}});
+  std::string id = h.submit(reqs, h.key_a());
+  ASSERT_FALSE(id.empty());
+  json result = wait_done(h, id, 180);
+  check_answers(result, texts);
+  w->stop();
+  // The engine was busier than 20% of the time while it worked, so pulls were held back; every
+  // request still ran once the engine went idle.
+  EXPECT_GT(w->stats().braked.load(), 0);
+  EXPECT_EQ(w->stats().completed.load(), 300);
 }
 
 TEST(WorkerE2eTest, TwoWorkersSplitABatchAndCompleteEachRequestOnce) {

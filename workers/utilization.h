@@ -1,0 +1,38 @@
+// The worker's secondary brake on pulling async work: how busy the device is, as the larger of
+// the engine's own busy fraction (time spent in engine steps, smoothed over about a second) and,
+// on a GPU, NVML's utilization of that device (which also counts other processes). Above
+// --max-utilization the worker pulls nothing new; running work continues. At 1 (the default) the
+// brake never engages: the primary limits (free slots, KV blocks, waiting sync requests) apply.
+// Used by the worker's step loop only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "engine/gpu_monitor.h"
+
+namespace hr::workers {
+
+class UtilizationBrake {
+ public:
+  // `gpu` may be null (CPU backend, or no driver); `device` is its NVML index.
+  UtilizationBrake(double max_utilization, std::unique_ptr<engine::GpuMonitor> gpu, int device);
+  ~UtilizationBrake();
+
+  // One pass of the step loop took `loop_ns`, of which `busy_ns` in engine steps.
+  void record(int64_t busy_ns, int64_t loop_ns, int64_t now_ns);
+  // The current estimate, 0..1.
+  double utilization() const { return utilization_; }
+  bool engaged() const { return max_ < 1.0 && utilization_ > max_; }
+
+ private:
+  double max_;
+  std::unique_ptr<engine::GpuMonitor> gpu_;
+  int device_;
+  double busy_ = 0;        // smoothed own busy fraction
+  double gpu_util_ = 0;    // last NVML reading
+  int64_t next_gpu_read_ns_ = 0;
+  double utilization_ = 0;
+};
+
+}  // namespace hr::workers
