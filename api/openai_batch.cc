@@ -89,6 +89,17 @@ ojson list_object(ojson data, bool has_more) {
           {"last_id", std::move(last)}, {"has_more", has_more}};
 }
 
+// A list page from `rows`, fetched with one row more than `limit` (which only says whether there
+// are more).
+template <typename T, typename Fn>
+ojson page_of(const std::vector<T>& rows, int limit, Fn&& object_of) {
+  ojson data = ojson::array();
+  for (int i = 0; i < std::min<int>(limit, static_cast<int>(rows.size())); ++i) {
+    data.push_back(object_of(rows[static_cast<size_t>(i)]));
+  }
+  return list_object(std::move(data), static_cast<int>(rows.size()) > limit);
+}
+
 // OpenAI's metadata rules: at most 16 pairs, keys up to 64 characters, string values up to 512.
 Status check_metadata(const json& m) {
   if (m.is_null()) return Status::ok();
@@ -124,6 +135,10 @@ Result<T> OpenAiBatchApi::with_retry(Fn&& fn) {
     if (r.is_ok() || r.status().code() != StatusCode::kUnavailable || attempt == 1) return r;
     ctx_.drop_conn();
   }
+}
+
+Reply OpenAiBatchApi::failure(const Status& st) {
+  return st.code() == StatusCode::kNotFound ? error_reply(st) : db_error(st);
 }
 
 Reply OpenAiBatchApi::db_error(const Status& st) {
@@ -257,11 +272,7 @@ Reply OpenAiBatchApi::list_files(const std::string& account, const Query& query)
   Result<std::vector<queue::FileInfo>> r = with_retry<std::vector<queue::FileInfo>>(
       [&](pqxx::connection& c) { return queue::list_files(c, account, q); });
   if (!r.is_ok()) return db_error(r.status());
-  ojson data = ojson::array();
-  for (int i = 0; i < std::min<int>(*limit, static_cast<int>(r->size())); ++i) {
-    data.push_back(file_object((*r)[i]));
-  }
-  return ok(list_object(std::move(data), static_cast<int>(r->size()) > *limit));
+  return ok(page_of(*r, *limit, file_object));
 }
 
 Reply OpenAiBatchApi::get_file(const std::string& account, const std::string& id) {
@@ -269,8 +280,7 @@ Reply OpenAiBatchApi::get_file(const std::string& account, const std::string& id
   Result<queue::FileInfo> f = with_retry<queue::FileInfo>(
       [&](pqxx::connection& c) { return queue::get_file(c, account, id); });
   if (!f.is_ok()) {
-    return f.status().code() == StatusCode::kNotFound ? error_reply(f.status())
-                                                      : db_error(f.status());
+    return failure(f.status());
   }
   return ok(file_object(*f));
 }
@@ -280,15 +290,13 @@ Reply OpenAiBatchApi::file_content(const std::string& account, const std::string
   Result<queue::FileInfo> f = with_retry<queue::FileInfo>(
       [&](pqxx::connection& c) { return queue::get_file(c, account, id); });
   if (!f.is_ok()) {
-    return f.status().code() == StatusCode::kNotFound ? error_reply(f.status())
-                                                      : db_error(f.status());
+    return failure(f.status());
   }
   if (f->num_chunks() <= 1) {
     Result<std::string> content =
         with_retry<std::string>([&](pqxx::connection& c) { return queue::read_file(c, *f); });
     if (!content.is_ok()) {
-      return content.status().code() == StatusCode::kNotFound ? error_reply(content.status())
-                                                              : db_error(content.status());
+      return failure(content.status());
     }
     return raw_reply(std::move(content).value(), "application/octet-stream");
   }
@@ -320,7 +328,7 @@ Reply OpenAiBatchApi::delete_file(const std::string& account, const std::string&
   if (!c.is_ok()) return db_error(c.status());
   Status st = queue::delete_file(**c, account, id);
   if (!st.is_ok()) {
-    return st.code() == StatusCode::kNotFound ? error_reply(st) : db_error(st);
+    return failure(st);
   }
   return ok({{"id", id}, {"object", "file"}, {"deleted", true}});
 }
@@ -487,8 +495,7 @@ Reply OpenAiBatchApi::get_batch(const std::string& account, const std::string& i
   Result<queue::OpenAiBatch> b = with_retry<queue::OpenAiBatch>(
       [&](pqxx::connection& c) { return queue::get_openai_batch(c, account, id); });
   if (!b.is_ok()) {
-    return b.status().code() == StatusCode::kNotFound ? error_reply(b.status())
-                                                      : db_error(b.status());
+    return failure(b.status());
   }
   return ok(batch_object(*b));
 }
@@ -503,11 +510,7 @@ Reply OpenAiBatchApi::list_batches(const std::string& account, const Query& quer
         return queue::list_openai_batches(c, account, *limit + 1, *after);
       });
   if (!r.is_ok()) return db_error(r.status());
-  ojson data = ojson::array();
-  for (int i = 0; i < std::min<int>(*limit, static_cast<int>(r->size())); ++i) {
-    data.push_back(batch_object((*r)[i]));
-  }
-  return ok(list_object(std::move(data), static_cast<int>(r->size()) > *limit));
+  return ok(page_of(*r, *limit, batch_object));
 }
 
 Reply OpenAiBatchApi::cancel_batch(const std::string& account, const std::string& id) {
@@ -515,8 +518,7 @@ Reply OpenAiBatchApi::cancel_batch(const std::string& account, const std::string
   Result<queue::OpenAiBatch> b = with_retry<queue::OpenAiBatch>(
       [&](pqxx::connection& c) { return queue::get_openai_batch(c, account, id); });
   if (!b.is_ok()) {
-    return b.status().code() == StatusCode::kNotFound ? error_reply(b.status())
-                                                      : db_error(b.status());
+    return failure(b.status());
   }
   // Queued requests end now; running ones finish and keep their results. Idempotent.
   Result<pqxx::connection*> c = ctx_.conn();
@@ -535,8 +537,7 @@ Reply OpenAiBatchApi::results_so_far(const std::string& account, const std::stri
   Result<queue::OpenAiBatch> b = with_retry<queue::OpenAiBatch>(
       [&](pqxx::connection& c) { return queue::get_openai_batch(c, account, id); });
   if (!b.is_ok()) {
-    return b.status().code() == StatusCode::kNotFound ? error_reply(b.status())
-                                                      : db_error(b.status());
+    return failure(b.status());
   }
   std::string output;
   std::string errors;

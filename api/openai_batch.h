@@ -63,6 +63,8 @@ class OpenAiBatchApi {
   template <typename T, typename Fn>
   Result<T> with_retry(Fn&& fn);
   Reply db_error(const Status& st);
+  // kNotFound as the caller's error (404); anything else as a database failure.
+  Reply failure(const Status& st);
 
   OpenAiBatchContext ctx_;
 };
