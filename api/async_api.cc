@@ -328,12 +328,15 @@ struct AsyncApi::Impl {
     return nullptr;
   }
 
-  HttpResponse handle(const HttpRequest& req);
+  // Answers `req`; a streamed answer's body goes to *stream (nullptr: this caller cannot stream,
+  // and stream: true is refused).
+  HttpResponse handle(const HttpRequest& req, BodyStream* stream = nullptr);
   HttpResponse readyz();
   // Prometheus text: this process's metrics plus the queue depth per model from Postgres.
   HttpResponse metrics_page();
   HttpResponse run_model(const HttpRequest& req, const std::string& account,
-                         const std::string& model, const std::map<std::string, std::string>& query);
+                         const std::string& model, const std::map<std::string, std::string>& query,
+                         BodyStream* stream);
   HttpResponse submit(const HttpRequest& req, const std::string& account, const ModelSpec& model,
                       const json& body);
   HttpResponse poll(const std::string& account, const std::string& request_id,
@@ -345,7 +348,7 @@ struct AsyncApi::Impl {
   HttpResponse chat_completions(const HttpRequest& req);
   Reply chat_completions_stream(json body);
   // Workers-AI text generation with stream: true: {"response": delta} events, then the usage.
-  Reply run_model_stream(json body, const std::string& model_name);
+  Reply run_model_stream(json body, const ModelSpec& model);
   HttpResponse models_list();
 };
 
@@ -432,22 +435,6 @@ Reply AsyncApi::route_streaming(const HttpRequest& req) {
         req, std::string(target.substr(0, qpos)),
         parse_query(qpos == std::string_view::npos ? "" : target.substr(qpos + 1)));
   }
-  if (req.method() == http::verb::post) {
-    auto run = run_path(std::string(target.substr(0, qpos)));
-    json body = run ? json::parse(req.body(), nullptr, false) : json();
-    if (run && body.is_object() && body.contains("stream") && body["stream"] == true &&
-        !body.contains("request_id") &&
-        !queue_requested(body, parse_query(qpos == std::string_view::npos
-                                               ? ""
-                                               : target.substr(qpos + 1)))) {
-      Result<std::string> account = impl_->authenticate(req);
-      if (!account.is_ok()) return {error_response(account.status()), nullptr};
-      if (!run->second.empty() && run->second != *account) {
-        return {error_response(not_found("unknown account " + run->second)), nullptr};
-      }
-      return impl_->run_model_stream(std::move(body), run->first);
-    }
-  }
   if (req.method() == http::verb::post && target == "/v1/chat/completions") {
     json body = json::parse(req.body(), nullptr, false);
     if (body.is_object() && body.value("stream", false)) {
@@ -456,7 +443,9 @@ Reply AsyncApi::route_streaming(const HttpRequest& req) {
       return impl_->chat_completions_stream(body);
     }
   }
-  return {impl_->handle(req), nullptr};
+  Reply reply;
+  reply.response = impl_->handle(req, &reply.stream);
+  return reply;
 }
 
 HttpResponse AsyncApi::Impl::metrics_page() {
@@ -511,7 +500,7 @@ HttpResponse AsyncApi::Impl::readyz() {
   return json_response(ok ? 200 : 503, json{{"ready", ok}, {"checks", checks}}.dump());
 }
 
-HttpResponse AsyncApi::Impl::handle(const HttpRequest& req) {
+HttpResponse AsyncApi::Impl::handle(const HttpRequest& req, BodyStream* stream) {
   std::string_view target(req.target().data(), req.target().size());
   size_t qpos = target.find('?');
   std::string path = std::string(target.substr(0, qpos));
@@ -536,7 +525,7 @@ HttpResponse AsyncApi::Impl::handle(const HttpRequest& req) {
     if (!run->second.empty() && run->second != acct) {
       return error_response(not_found("unknown account " + run->second));
     }
-    return run_model(req, acct, run->first, query);
+    return run_model(req, acct, run->first, query, stream);
   }
   if (path == "/v1/async" && is_get) return list(acct, query);
   if (path.rfind("/v1/webhooks", 0) == 0) {
@@ -558,7 +547,8 @@ HttpResponse AsyncApi::Impl::handle(const HttpRequest& req) {
 
 HttpResponse AsyncApi::Impl::run_model(const HttpRequest& req, const std::string& account,
                                        const std::string& model_name,
-                                       const std::map<std::string, std::string>& query) {
+                                       const std::map<std::string, std::string>& query,
+                                       BodyStream* stream) {
   int64_t t0 = steady_now_ns();
   json body = json::parse(req.body(), nullptr, false);
   parse_ns_ = steady_now_ns() - t0;
@@ -577,6 +567,11 @@ HttpResponse AsyncApi::Impl::run_model(const HttpRequest& req, const std::string
     return error_response(invalid_argument("unknown model '" + model_name + "'", "model"));
   }
   if (queue_requested(body, query)) return submit(req, account, *model, body);
+  if (body.contains("stream") && body["stream"] == true && stream != nullptr) {
+    Reply r = run_model_stream(std::move(body), *model);
+    *stream = std::move(r.stream);
+    return std::move(r.response);
+  }
   json request = body;
   request.erase("queueRequest");
   Result<SyncAnswer> answer = run_sync(request, *model);
@@ -590,7 +585,7 @@ Result<SyncAnswer> AsyncApi::Impl::run_sync(const json& body, const ModelSpec& m
   json request = body;
   request.erase("options");
   if (request.contains("stream") && request["stream"] == true) {
-    return invalid_argument("streaming responses are not available yet; send stream: false",
+    return invalid_argument("stream: true needs a streaming connection; send stream: false",
                             "stream");
   }
   request.erase("stream");
@@ -630,10 +625,7 @@ HttpResponse AsyncApi::Impl::chat_completions(const HttpRequest& req) {
                                 {"message", {{"role", "assistant"}, {"content", a->text}}},
                                 {"finish_reason", a->finish_reason},
                                 {"logprobs", nullptr}}})},
-      {"usage", {{"prompt_tokens", a->prompt_tokens},
-                 {"completion_tokens", a->completion_tokens},
-                 {"total_tokens", a->prompt_tokens + a->completion_tokens},
-                 {"prompt_tokens_details", {{"cached_tokens", a->cached_tokens}}}}}};
+      {"usage", answer_usage(*a)}};
   return json_response(200, out.dump());
 }
 
@@ -718,11 +710,7 @@ Reply AsyncApi::Impl::chat_completions_stream(json body) {
         st->phase = 3;
         const SyncAnswer& a = st->stream->answer();
         if (st->include_usage) {
-          *out = event(nullptr, nullptr,
-                       {{"prompt_tokens", a.prompt_tokens},
-                        {"completion_tokens", a.completion_tokens},
-                        {"total_tokens", a.prompt_tokens + a.completion_tokens},
-                        {"prompt_tokens_details", {{"cached_tokens", a.cached_tokens}}}});
+          *out = event(nullptr, nullptr, answer_usage(a));
         }
         *out += "data: [DONE]\n\n";
         return true;
@@ -736,20 +724,16 @@ Reply AsyncApi::Impl::chat_completions_stream(json body) {
 
 // Server-sent events in Workers AI's shape: data: {"response": "<delta>"} per piece, then
 // data: {"response": "", "usage": {...}, "finish_reason": ...}, then data: [DONE].
-Reply AsyncApi::Impl::run_model_stream(json body, const std::string& model_name) {
-  const ModelSpec* model = find_model(model_name);
-  if (model == nullptr) {
-    return {error_response(invalid_argument("unknown model '" + model_name + "'", "model")), nullptr};
-  }
+Reply AsyncApi::Impl::run_model_stream(json body, const ModelSpec& model) {
   bool reject_if_busy = body.contains("options") && body["options"].is_object() &&
                         body["options"].value("rejectIfBusy", false);
   for (const char* key : {"stream", "options", "queueRequest"}) body.erase(key);
-  Result<json> norm = normalize_chat_request(body, *model, limits);
+  Result<json> norm = normalize_chat_request(body, model, limits);
   if (!norm.is_ok()) return {error_response(norm.status()), nullptr};
   SyncInference* s = sync.load();
   if (s == nullptr) {
     return {error_response(Status(StatusCode::kResourceExhausted,
-                                  "Out of capacity: no worker is serving " + model->name + " here")),
+                                  "Out of capacity: no worker is serving " + model.name + " here")),
             nullptr};
   }
   Result<std::unique_ptr<SyncStream>> started = s->start_stream(*norm, reject_if_busy);

@@ -23,6 +23,14 @@ namespace {
 constexpr int kFanOutBatch = 500;
 constexpr int64_t kClaimMarginMs = 5000;  // a claim lapses this long after the attempt's timeout
 
+// Fans out every pending outbox event, a bounded transaction at a time.
+Status fan_out_all(pqxx::connection& c) {
+  for (;;) {
+    HR_ASSIGN_OR_RETURN(int n, queue::fan_out_events(c, kFanOutBatch));
+    if (n < kFanOutBatch) return Status::ok();
+  }
+}
+
 }  // namespace
 
 void WebhookOptions::bind(CLI::App& app, bool with_allow) {
@@ -194,10 +202,7 @@ Result<int> WebhookDispatcher::run_once() {
   Impl& m = *impl_;
   std::vector<queue::ClaimedDelivery> claims;
   Status st = m.pg.run("webhooks", [&](pqxx::connection& c) -> Status {
-    for (;;) {
-      HR_ASSIGN_OR_RETURN(int n, queue::fan_out_events(c, kFanOutBatch));
-      if (n < kFanOutBatch) break;
-    }
+    HR_RETURN_IF_ERROR(fan_out_all(c));
     HR_ASSIGN_OR_RETURN(claims, queue::claim_deliveries(c, m.options.claim_batch, m.lease_ms()));
     return Status::ok();
   });
@@ -259,10 +264,7 @@ void WebhookDispatcher::run(const std::atomic<bool>& stop) {
   int64_t next_prune_ns = 0;
   while (!stop.load()) {
     Status st = m.pg.run("webhooks", [&](pqxx::connection& c) -> Status {
-      for (;;) {
-        HR_ASSIGN_OR_RETURN(int n, queue::fan_out_events(c, kFanOutBatch));
-        if (n < kFanOutBatch) break;
-      }
+      HR_RETURN_IF_ERROR(fan_out_all(c));
       if (steady_now_ns() >= next_prune_ns) {
         HR_ASSIGN_OR_RETURN(int pruned,
                             queue::prune_webhook_history(c, m.options.retention_hours, 10000));
