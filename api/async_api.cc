@@ -51,6 +51,10 @@ void ApiConfig::bind(CLI::App& app) {
            "A served model as NAME:CONTEXT_LENGTH (repeatable)")
       ->delimiter(',');
   bind_webhook_allow(app, webhook_allow);
+  cli::add(app, "--sync-queue-timeout-ms", sync_queue_timeout_ms,
+           "How long a sync request waits for a worker with room before 429 (code 3040)");
+  cli::add(app, "--internal-token", internal_token,
+           "Shared secret sent to workers with forwarded sync requests (must match theirs)");
 }
 
 Status ApiConfig::validate() const {
@@ -70,6 +74,9 @@ Status ApiConfig::validate() const {
   }
   if (max_file_lines < 1) {
     return invalid_argument("--max-file-lines must be at least 1", "max-file-lines");
+  }
+  if (sync_queue_timeout_ms < 0 || sync_queue_timeout_ms > 600000) {
+    return invalid_argument("--sync-queue-timeout-ms must be 0..600000", "sync-queue-timeout-ms");
   }
   return model_specs().status();
 }
@@ -149,6 +156,11 @@ HttpResponse openai_error(const Status& st) {
 
 HttpResponse shaped_error(const Status& st, ErrorShape shape) {
   return shape == ErrorShape::kOpenAi ? openai_error(st) : error_response(st);
+}
+
+// Names the worker that answered a sync call (x-headroom-worker), when it was a remote one.
+void mark_worker(HttpResponse& res, const std::string& worker) {
+  if (!worker.empty()) res.set("x-headroom-worker", worker);
 }
 
 json answer_usage(const SyncAnswer& a) {
@@ -344,11 +356,14 @@ struct AsyncApi::Impl {
   HttpResponse cancel(const std::string& account, const std::string& request_id);
   HttpResponse list(const std::string& account, const std::map<std::string, std::string>& query);
   // Validates and runs one sync request; on success returns the answer and the normalized body.
-  Result<SyncAnswer> run_sync(const json& body, const ModelSpec& model);
+  Result<SyncAnswer> run_sync(const HttpRequest& req, const json& body, const ModelSpec& model);
   HttpResponse chat_completions(const HttpRequest& req);
-  Reply chat_completions_stream(json body);
+  Reply chat_completions_stream(const HttpRequest& req, json body);
   // Workers-AI text generation with stream: true: {"response": delta} events, then the usage.
-  Reply run_model_stream(json body, const ModelSpec& model);
+  Reply run_model_stream(const HttpRequest& req, json body, const ModelSpec& model);
+  // Where and how a sync call runs: the model, the x-session-affinity header, options.rejectIfBusy.
+  SyncCall sync_call(const HttpRequest& req, const json& body, const ModelSpec& model) const;
+  Result<SyncInference*> sync_for(const ModelSpec& model) const;
   HttpResponse models_list();
 };
 
@@ -440,7 +455,7 @@ Reply AsyncApi::route_streaming(const HttpRequest& req) {
     if (body.is_object() && body.value("stream", false)) {
       Result<std::string> account = impl_->authenticate(req);
       if (!account.is_ok()) return {openai_error(account.status()), nullptr};
-      return impl_->chat_completions_stream(body);
+      return impl_->chat_completions_stream(req, body);
     }
   }
   Reply reply;
@@ -568,20 +583,43 @@ HttpResponse AsyncApi::Impl::run_model(const HttpRequest& req, const std::string
   }
   if (queue_requested(body, query)) return submit(req, account, *model, body);
   if (body.contains("stream") && body["stream"] == true && stream != nullptr) {
-    Reply r = run_model_stream(std::move(body), *model);
+    Reply r = run_model_stream(req, std::move(body), *model);
     *stream = std::move(r.stream);
     return std::move(r.response);
   }
   json request = body;
   request.erase("queueRequest");
-  Result<SyncAnswer> answer = run_sync(request, *model);
+  Result<SyncAnswer> answer = run_sync(req, request, *model);
   if (!answer.is_ok()) return error_response(answer.status());
-  return ok_response({{"response", answer->text}, {"usage", answer_usage(*answer)}});
+  HttpResponse res = ok_response({{"response", answer->text}, {"usage", answer_usage(*answer)}});
+  mark_worker(res, answer->worker);
+  return res;
 }
 
-Result<SyncAnswer> AsyncApi::Impl::run_sync(const json& body, const ModelSpec& model) {
-  bool reject_if_busy = body.contains("options") && body["options"].is_object() &&
+SyncCall AsyncApi::Impl::sync_call(const HttpRequest& req, const json& body,
+                                   const ModelSpec& model) const {
+  SyncCall call;
+  call.model = model.name;
+  call.reject_if_busy = body.contains("options") && body["options"].is_object() &&
                         body["options"].value("rejectIfBusy", false);
+  call.queue_timeout_ms = config.sync_queue_timeout_ms;
+  auto it = req.find("x-session-affinity");
+  if (it != req.end()) call.affinity = std::string(it->value());
+  return call;
+}
+
+Result<SyncInference*> AsyncApi::Impl::sync_for(const ModelSpec& model) const {
+  SyncInference* s = sync.load();
+  if (s == nullptr) {
+    return Status(StatusCode::kResourceExhausted,
+                  "Out of capacity: no worker is serving " + model.name + " here");
+  }
+  return s;
+}
+
+Result<SyncAnswer> AsyncApi::Impl::run_sync(const HttpRequest& req, const json& body,
+                                            const ModelSpec& model) {
+  SyncCall call = sync_call(req, body, model);
   json request = body;
   request.erase("options");
   if (request.contains("stream") && request["stream"] == true) {
@@ -591,12 +629,8 @@ Result<SyncAnswer> AsyncApi::Impl::run_sync(const json& body, const ModelSpec& m
   request.erase("stream");
   Result<json> norm = normalize_chat_request(request, model, limits);
   if (!norm.is_ok()) return norm.status();
-  SyncInference* s = sync.load();
-  if (s == nullptr) {
-    return Status(StatusCode::kResourceExhausted,
-                  "Out of capacity: no worker is serving " + model.name + " here");
-  }
-  return s->run(*norm, reject_if_busy, 2000);
+  HR_ASSIGN_OR_RETURN(SyncInference * s, sync_for(model));
+  return s->run(*norm, call);
 }
 
 HttpResponse AsyncApi::Impl::chat_completions(const HttpRequest& req) {
@@ -614,7 +648,7 @@ HttpResponse AsyncApi::Impl::chat_completions(const HttpRequest& req) {
   }
   // OpenAI fields this server does not use but clients commonly send.
   for (const char* key : {"n", "user", "logprobs", "stream_options"}) body.erase(key);
-  Result<SyncAnswer> a = run_sync(body, *model);
+  Result<SyncAnswer> a = run_sync(req, body, *model);
   if (!a.is_ok()) return openai_error(a.status());
   json out = {
       {"id", "chatcmpl-" + new_uuid_v4().to_string()},
@@ -626,11 +660,13 @@ HttpResponse AsyncApi::Impl::chat_completions(const HttpRequest& req) {
                                 {"finish_reason", a->finish_reason},
                                 {"logprobs", nullptr}}})},
       {"usage", answer_usage(*a)}};
-  return json_response(200, out.dump());
+  HttpResponse res = json_response(200, out.dump());
+  mark_worker(res, a->worker);
+  return res;
 }
 
 // OpenAI chat.completion.chunk events over SSE, ending with data: [DONE].
-Reply AsyncApi::Impl::chat_completions_stream(json body) {
+Reply AsyncApi::Impl::chat_completions_stream(const HttpRequest& req, json body) {
   if (!body.contains("model") || !body["model"].is_string()) {
     return {openai_error(invalid_argument("'model' is required", "model")), nullptr};
   }
@@ -642,20 +678,15 @@ Reply AsyncApi::Impl::chat_completions_stream(json body) {
   }
   bool include_usage = body.contains("stream_options") && body["stream_options"].is_object() &&
                        body["stream_options"].value("include_usage", false);
-  bool reject_if_busy = body.contains("options") && body["options"].is_object() &&
-                        body["options"].value("rejectIfBusy", false);
+  SyncCall call = sync_call(req, body, *model);
   for (const char* key : {"n", "user", "logprobs", "stream_options", "stream", "options"}) {
     body.erase(key);
   }
   Result<json> norm = normalize_chat_request(body, *model, limits);
   if (!norm.is_ok()) return {openai_error(norm.status()), nullptr};
-  SyncInference* s = sync.load();
-  if (s == nullptr) {
-    return {openai_error(Status(StatusCode::kResourceExhausted,
-                                "Out of capacity: no worker is serving " + model->name + " here")),
-            nullptr};
-  }
-  Result<std::unique_ptr<SyncStream>> started = s->start_stream(*norm, reject_if_busy);
+  Result<SyncInference*> s = sync_for(*model);
+  if (!s.is_ok()) return {openai_error(s.status()), nullptr};
+  Result<std::unique_ptr<SyncStream>> started = (*s)->start_stream(*norm, call);
   if (!started.is_ok()) return {openai_error(started.status()), nullptr};
   struct State {
     std::unique_ptr<SyncStream> stream;
@@ -683,6 +714,7 @@ Reply AsyncApi::Impl::chat_completions_stream(json body) {
   reply.response = json_response(200, "");
   reply.response.set(http::field::content_type, "text/event-stream");
   reply.response.set(http::field::cache_control, "no-cache");
+  mark_worker(reply.response, st->stream->worker());
   reply.stream = [st, event](std::string* out) -> bool {
     switch (st->phase) {
       case 0:
@@ -724,19 +756,14 @@ Reply AsyncApi::Impl::chat_completions_stream(json body) {
 
 // Server-sent events in Workers AI's shape: data: {"response": "<delta>"} per piece, then
 // data: {"response": "", "usage": {...}, "finish_reason": ...}, then data: [DONE].
-Reply AsyncApi::Impl::run_model_stream(json body, const ModelSpec& model) {
-  bool reject_if_busy = body.contains("options") && body["options"].is_object() &&
-                        body["options"].value("rejectIfBusy", false);
+Reply AsyncApi::Impl::run_model_stream(const HttpRequest& req, json body, const ModelSpec& model) {
+  SyncCall call = sync_call(req, body, model);
   for (const char* key : {"stream", "options", "queueRequest"}) body.erase(key);
   Result<json> norm = normalize_chat_request(body, model, limits);
   if (!norm.is_ok()) return {error_response(norm.status()), nullptr};
-  SyncInference* s = sync.load();
-  if (s == nullptr) {
-    return {error_response(Status(StatusCode::kResourceExhausted,
-                                  "Out of capacity: no worker is serving " + model.name + " here")),
-            nullptr};
-  }
-  Result<std::unique_ptr<SyncStream>> started = s->start_stream(*norm, reject_if_busy);
+  Result<SyncInference*> s = sync_for(model);
+  if (!s.is_ok()) return {error_response(s.status()), nullptr};
+  Result<std::unique_ptr<SyncStream>> started = (*s)->start_stream(*norm, call);
   if (!started.is_ok()) return {error_response(started.status()), nullptr};
   struct State {
     std::unique_ptr<SyncStream> stream;
@@ -748,6 +775,7 @@ Reply AsyncApi::Impl::run_model_stream(json body, const ModelSpec& model) {
   reply.response = json_response(200, "");
   reply.response.set(http::field::content_type, "text/event-stream");
   reply.response.set(http::field::cache_control, "no-cache");
+  mark_worker(reply.response, st->stream->worker());
   reply.stream = [st](std::string* out) -> bool {
     if (st->done) return false;
     std::string delta;

@@ -36,6 +36,11 @@ struct ApiConfig {
   std::vector<std::string> models = {"@hr/tiny-reverse:128"};
   // Non-public webhook targets accepted anyway (CIDRs, "loopback", "private").
   std::vector<std::string> webhook_allow;
+  // A sync request waits this long for a worker with room (unless options.rejectIfBusy), then
+  // gets 429 with code 3040.
+  int sync_queue_timeout_ms = 2000;
+  // Sent to workers with each forwarded sync request (`api` only; workers check it when set).
+  std::string internal_token;
 
   void bind(CLI::App& app);
   [[nodiscard]] Status validate() const;

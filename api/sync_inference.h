@@ -1,5 +1,7 @@
 // The API's view of synchronous inference: something that runs one validated chat request now and
-// returns its answer. In `serve` it is the in-process worker; the API never links the engine.
+// returns its answer. In `serve` it is the in-process worker; in a standalone `api` it is the
+// WorkerRouter (api/worker_router.h), which forwards to a live worker; the API never links the
+// engine.
 // Implementations are thread-safe: run() is called from many handler threads at once and blocks
 // until the answer is ready, the deadline passes, or there is no capacity.
 #pragma once
@@ -19,6 +21,17 @@ struct SyncAnswer {
   int prompt_tokens = 0;
   int completion_tokens = 0;
   int cached_tokens = 0;
+  std::string worker;  // which worker answered (empty in-process)
+};
+
+// How one sync call is to be placed and how long it may wait for room.
+struct SyncCall {
+  std::string model;
+  // The client's x-session-affinity: calls with the same value go to the same worker while it
+  // lives (its prefix cache holds their conversation). Empty: the least loaded worker.
+  std::string affinity;
+  bool reject_if_busy = false;  // no room: kResourceExhausted at once
+  int queue_timeout_ms = 2000;  // otherwise wait this long for room, then kResourceExhausted
 };
 
 // The pieces of one streamed answer. next() blocks until the next text delta (true) or the end
@@ -29,6 +42,8 @@ class SyncStream {
   virtual bool next(std::string* delta) = 0;
   virtual const Status& status() const = 0;
   virtual const SyncAnswer& answer() const = 0;
+  // Which worker generates it (empty in-process).
+  virtual std::string worker() const { return {}; }
 };
 
 class SyncInference {
@@ -36,12 +51,12 @@ class SyncInference {
   virtual ~SyncInference() = default;
   // Like run(), but the answer arrives as it is generated.
   [[nodiscard]] virtual Result<std::unique_ptr<SyncStream>> start_stream(
-      const nlohmann::json& request, bool reject_if_busy) = 0;
+      const nlohmann::json& request, const SyncCall& call) = 0;
   // `request` is normalized by normalize_chat_request(). kResourceExhausted when there is no room
-  // (at once with reject_if_busy, else after waiting `queue_timeout_ms`); kInvalidArgument for a
-  // request the model cannot take (e.g. too long), naming the field.
-  [[nodiscard]] virtual Result<SyncAnswer> run(const nlohmann::json& request, bool reject_if_busy,
-                                               int queue_timeout_ms) = 0;
+  // (at once with call.reject_if_busy, else after waiting call.queue_timeout_ms);
+  // kInvalidArgument for a request the model cannot take (e.g. too long), naming the field.
+  [[nodiscard]] virtual Result<SyncAnswer> run(const nlohmann::json& request,
+                                               const SyncCall& call) = 0;
 };
 
 }  // namespace hr::api

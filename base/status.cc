@@ -21,6 +21,13 @@ const char* status_code_name(StatusCode code) {
   return "unknown";
 }
 
+StatusCode status_code_from_name(std::string_view name) {
+  for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+    if (name == status_code_name(static_cast<StatusCode>(c))) return static_cast<StatusCode>(c);
+  }
+  return StatusCode::kInternal;
+}
+
 std::string Status::to_string() const {
   if (is_ok()) return "ok";
   std::string s = std::string(status_code_name(code_)) + ": " + message_;

@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 
@@ -28,6 +29,8 @@ enum class StatusCode {
 };
 
 const char* status_code_name(StatusCode code);
+// The inverse of status_code_name(); kInternal for an unknown name.
+StatusCode status_code_from_name(std::string_view name);
 
 class [[nodiscard]] Status {
  public:

@@ -101,6 +101,8 @@ int main(int argc, char** argv) {
   CLI::App* worker_cmd = app.add_subcommand("worker", "Host one engine instance");
   worker_store.bind(*worker_cmd);
   worker.bind(*worker_cmd);
+  hr::workers::SyncServerOptions worker_sync;
+  worker_sync.bind(*worker_cmd);
   int worker_metrics_port = 0;
   hr::cli::add(*worker_cmd, "--metrics-port", worker_metrics_port,
                "Serve GET /metrics (Prometheus text) on this port; 0: off");
@@ -168,8 +170,11 @@ int main(int argc, char** argv) {
     return hr::workers::run_api(api_config, api_store);
   }
   if (worker_cmd->parsed()) {
-    if (!validate(worker_store.validate()) || !validate(worker.validate())) return 2;
-    return hr::workers::run_worker(worker, worker_store, worker_metrics_port);
+    if (!validate(worker_store.validate()) || !validate(worker.validate()) ||
+        !validate(worker_sync.validate())) {
+      return 2;
+    }
+    return hr::workers::run_worker(worker, worker_store, worker_sync, worker_metrics_port);
   }
   if (dispatcher_cmd->parsed()) {
     if (!validate(dispatcher_store.validate()) || !validate(dispatcher_webhooks.validate())) return 2;

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "api/http_server.h"
+#include "api/worker_router.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "queue/migrate.h"
@@ -75,6 +76,11 @@ int run_keys_create(const queue::StoreConfig& store, const std::string& account)
 int run_api(const api::ApiConfig& config, const queue::StoreConfig& store) {
   sigset_t set = block_stop_signals();
   api::AsyncApi async_api(config, store);
+  api::RouterOptions ro;
+  ro.redis_url = store.redis_url;
+  ro.internal_token = config.internal_token;
+  api::WorkerRouter router(ro);
+  async_api.set_sync_inference(&router);
   api::HttpServer server(config.server_options(),
                          api::StreamingHandler([&](const api::HttpRequest& r) {
                            return async_api.handle_streaming(r);
@@ -91,7 +97,8 @@ int run_api(const api::ApiConfig& config, const queue::StoreConfig& store) {
   return 0;
 }
 
-int run_worker(const WorkerConfig& config, const queue::StoreConfig& store, int metrics_port) {
+int run_worker(const WorkerConfig& config, const queue::StoreConfig& store,
+               const SyncServerOptions& sync, int metrics_port) {
   sigset_t set = block_stop_signals();
   std::unique_ptr<api::HttpServer> metrics_server;
   if (metrics_port > 0) {
@@ -115,13 +122,20 @@ int run_worker(const WorkerConfig& config, const queue::StoreConfig& store, int 
     log::error("worker.start_failed", {{"error", worker.status()}});
     return 1;
   }
+  SyncServer sync_server(**worker, sync);
   Status st = (*worker)->start();
+  if (st.is_ok()) st = sync_server.start();
   if (!st.is_ok()) {
     log::error("worker.start_failed", {{"error", st}});
     return 1;
   }
-  log::info("worker.started", {{"model", config.model_name}});
+  Announcer announcer(**worker, store.redis_url, sync_server.url());
+  announcer.start();
+  log::info("worker.started", {{"model", config.model_name}, {"sync_url", sync_server.url()}});
   wait_for_stop_signal(set);
+  // Out of routing first, then the sync requests in flight finish, then the async leases.
+  announcer.stop();
+  sync_server.stop();
   (*worker)->stop();
   return 0;
 }

@@ -8,6 +8,7 @@
 #include "api/webhook_dispatcher.h"
 #include "queue/config.h"
 #include "queue/dispatcher.h"
+#include "workers/sync_server.h"
 #include "workers/worker_config.h"
 
 namespace hr::workers {
@@ -23,9 +24,12 @@ struct ServeConfig {
   bool migrate = true;  // apply migrations at start
 };
 
+// Routes sync requests to the live workers announced in Redis (api/worker_router.h).
 int run_api(const api::ApiConfig& api, const queue::StoreConfig& store);
-// With `metrics_port` > 0, also serves GET /metrics there.
-int run_worker(const WorkerConfig& worker, const queue::StoreConfig& store, int metrics_port);
+// Serves sync requests on its sync endpoint and announces itself in Redis while it runs; with
+// `metrics_port` > 0, also serves GET /metrics there.
+int run_worker(const WorkerConfig& worker, const queue::StoreConfig& store,
+               const SyncServerOptions& sync, int metrics_port);
 int run_dispatcher(const queue::StoreConfig& store, const queue::DispatcherOptions& options,
                    const api::WebhookOptions& webhooks);
 int run_serve(const ServeConfig& config);

@@ -120,9 +120,22 @@ struct Worker::SyncJob {
 
 namespace {
 
+// Counts one sync request in `active` for as long as it lives.
+class ActiveSync {
+ public:
+  explicit ActiveSync(std::atomic<int>& active) : active_(&active) { ++*active_; }
+  ~ActiveSync() { --*active_; }
+  ActiveSync(const ActiveSync&) = delete;
+  ActiveSync& operator=(const ActiveSync&) = delete;
+
+ private:
+  std::atomic<int>* active_;
+};
+
 class WorkerStream final : public api::SyncStream {
  public:
-  explicit WorkerStream(std::shared_ptr<Worker::SyncJob> job) : job_(std::move(job)) {}
+  WorkerStream(std::shared_ptr<Worker::SyncJob> job, std::atomic<int>& active)
+      : job_(std::move(job)), active_(active) {}
   // Dropped before the end (the client left): the step loop cancels the request.
   ~WorkerStream() override { job_->abandoned = true; }
   bool next(std::string* delta) override {
@@ -142,6 +155,7 @@ class WorkerStream final : public api::SyncStream {
 
  private:
   std::shared_ptr<Worker::SyncJob> job_;
+  ActiveSync active_;
   Status status_;
   api::SyncAnswer answer_;
 };
@@ -222,12 +236,30 @@ std::function<void(const engine::TokenEvent&)> timed(
 
 }  // namespace
 
-Result<std::unique_ptr<api::SyncStream>> Worker::start_stream(const json& request,
-                                                              bool reject_if_busy) {
+Status Worker::admit(bool reject_if_busy) const {
   if (stopping_) return Status(StatusCode::kResourceExhausted, "Out of capacity: the worker is stopping");
-  if (reject_if_busy && free_slots_.load() <= config_.reserve_slots / 2) {
+  // Async sequences give way to sync ones, so only sync requests can fill the worker.
+  if (reject_if_busy && sync_active_.load() >= config_.max_num_seqs) {
     return Status(StatusCode::kResourceExhausted, "Out of capacity");
   }
+  return Status::ok();
+}
+
+WorkerLoad Worker::load() const {
+  WorkerLoad l;
+  l.capacity = config_.max_num_seqs;
+  l.sync_load = sync_active_.load();
+  l.async_running = async_running_.load();
+  l.free_kv_blocks = free_kv_blocks_.load();
+  l.total_kv_blocks = total_kv_blocks_.load();
+  l.utilization = utilization_.load();
+  l.stopping = stopping_.load();
+  return l;
+}
+
+Result<std::unique_ptr<api::SyncStream>> Worker::start_stream(const json& request,
+                                                              const api::SyncCall& call) {
+  HR_RETURN_IF_ERROR(admit(call.reject_if_busy));
   HR_ASSIGN_OR_RETURN(auto gen, to_generation(request, *model_, engine::RequestClass::kSync));
   auto job = std::make_shared<SyncJob>();
   job->request = std::move(gen);
@@ -236,7 +268,8 @@ Result<std::unique_ptr<api::SyncStream>> Worker::start_stream(const json& reques
     std::lock_guard<std::mutex> lock(inbox_mu_);
     inbox_.push_back(job);
   }
-  return std::unique_ptr<api::SyncStream>(new WorkerStream(job));
+  inbox_cv_.notify_one();
+  return std::unique_ptr<api::SyncStream>(new WorkerStream(job, sync_active_));
 }
 
 void Worker::fail_job(SyncJob& job, const Status& st) {
@@ -250,11 +283,9 @@ void Worker::fail_job(SyncJob& job, const Status& st) {
   job.cv.notify_one();
 }
 
-Result<api::SyncAnswer> Worker::run(const json& request, bool reject_if_busy, int queue_timeout_ms) {
-  if (stopping_) return Status(StatusCode::kResourceExhausted, "Out of capacity: the worker is stopping");
-  if (reject_if_busy && free_slots_.load() <= config_.reserve_slots / 2) {
-    return Status(StatusCode::kResourceExhausted, "Out of capacity");
-  }
+Result<api::SyncAnswer> Worker::run(const json& request, const api::SyncCall& call) {
+  HR_RETURN_IF_ERROR(admit(call.reject_if_busy));
+  ActiveSync active(sync_active_);
   HR_ASSIGN_OR_RETURN(auto gen, to_generation(request, *model_, engine::RequestClass::kSync));
   auto job = std::make_shared<SyncJob>();
   job->request = std::move(gen);
@@ -263,8 +294,9 @@ Result<api::SyncAnswer> Worker::run(const json& request, bool reject_if_busy, in
     std::lock_guard<std::mutex> lock(inbox_mu_);
     inbox_.push_back(job);
   }
+  inbox_cv_.notify_one();
   // The answer's own generation time is bounded by max_tokens; the wait covers queueing too.
-  auto deadline = std::chrono::milliseconds(queue_timeout_ms) + std::chrono::seconds(120);
+  auto deadline = std::chrono::milliseconds(call.queue_timeout_ms) + std::chrono::seconds(120);
   if (future.wait_for(deadline) != std::future_status::ready) {
     return Status(StatusCode::kDeadlineExceeded, "the request did not finish in time");
   }
@@ -396,9 +428,11 @@ void Worker::loop() {
         job->text += ev.text_delta;
         api::SyncAnswer answer;
         if (ev.finished) {
-          answer = api::SyncAnswer{job->text, engine::finish_reason_name(ev.finish_reason),
-                                   ev.usage.prompt_tokens, ev.usage.completion_tokens,
-                                   ev.usage.cached_tokens};
+          answer.text = job->text;
+          answer.finish_reason = engine::finish_reason_name(ev.finish_reason);
+          answer.prompt_tokens = ev.usage.prompt_tokens;
+          answer.completion_tokens = ev.usage.completion_tokens;
+          answer.cached_tokens = ev.usage.cached_tokens;
         }
         if (job->streaming) {
           std::lock_guard<std::mutex> lock(job->mu);
@@ -442,7 +476,9 @@ void Worker::loop() {
     }
     // Pull only into headroom.
     engine::Headroom h = eng.headroom();
-    free_slots_ = h.free_seq_slots;
+    async_running_ = h.running_async;
+    free_kv_blocks_ = h.free_kv_blocks;
+    total_kv_blocks_ = h.total_kv_blocks;
     int credits = 0;
     if (!stopping && h.waiting_sync == 0 && h.waiting_async == 0) {
       credits = std::min(h.free_seq_slots - config_.reserve_slots, config_.max_pull);
@@ -456,6 +492,7 @@ void Worker::loop() {
       mark_ns = now;
       busy_ns = 0;
       utilization.set(brake.utilization());
+      utilization_ = brake.utilization();
       if (credits > 0 && brake.engaged()) {
         credits = 0;
         ++stats_.braked;
@@ -464,7 +501,9 @@ void Worker::loop() {
     }
     if (credits > 0) {
       credits_granted.add(credits);
-      auto got = leases->pull(credits, eng.has_work() ? 0 : 200);
+      // Never a blocking read: a sync arrival must not wait behind it (the idle wait below
+      // wakes for one at once).
+      auto got = leases->pull(credits, 0);
       if (!got.is_ok()) {
         log::warn("worker.pull_failed", {{"error", got.status()}});
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -523,8 +562,11 @@ void Worker::loop() {
         preemptions.add(st->num_preempted);
       }
       publish_engine_gauges();
-    } else if (credits <= 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(stopping ? 1 : 20));
+    } else {
+      // Idle: wait for a sync arrival, or until it is time to look at the queue again.
+      std::unique_lock<std::mutex> lock(inbox_mu_);
+      inbox_cv_.wait_for(lock, std::chrono::milliseconds(stopping ? 1 : config_.idle_poll_ms),
+                         [&] { return !inbox_.empty(); });
     }
     flush();
     if (steady_now_ns() - last_renew > renew_every_ns && !running.empty()) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <string>
 #include <mutex>
@@ -31,7 +32,18 @@ struct WorkerStats {
   std::atomic<int64_t> released{0};
   std::atomic<int64_t> steps{0};
   std::atomic<int64_t> streams_cancelled{0};
-  std::atomic<int64_t> braked{0};  // pulls held back by the utilization brake  // streamed answers stopped because the client left
+  std::atomic<int64_t> braked{0};  // pulls held back by the utilization brake
+};
+
+// What the worker announces to the API's router (queue/registry.h), as of the last engine step.
+struct WorkerLoad {
+  int capacity = 0;   // sync requests it can run at once
+  int sync_load = 0;  // sync requests it holds (queued for the step loop, waiting or running)
+  int async_running = 0;
+  int free_kv_blocks = 0;
+  int total_kv_blocks = 0;
+  double utilization = 0;
+  bool stopping = false;
 };
 
 class Worker final : public api::SyncInference {
@@ -46,12 +58,14 @@ class Worker final : public api::SyncInference {
   void stop();
   const WorkerStats& stats() const { return stats_; }
   // Runs one sync request on this worker's engine, ahead of async work (thread-safe).
-  [[nodiscard]] Result<api::SyncAnswer> run(const nlohmann::json& request, bool reject_if_busy,
-                                            int queue_timeout_ms) override;
+  [[nodiscard]] Result<api::SyncAnswer> run(const nlohmann::json& request,
+                                            const api::SyncCall& call) override;
   [[nodiscard]] Result<std::unique_ptr<api::SyncStream>> start_stream(
-      const nlohmann::json& request, bool reject_if_busy) override;
+      const nlohmann::json& request, const api::SyncCall& call) override;
   // The model's context length (for the API's validation in `serve`).
   int context_length() const;
+  const WorkerConfig& config() const { return config_; }
+  WorkerLoad load() const;
 
  struct SyncJob;  // a sync request handed to the step loop (defined in worker.cc)
 
@@ -63,9 +77,16 @@ class Worker final : public api::SyncInference {
   queue::StoreConfig store_;
   std::unique_ptr<LoadedModel> model_;
   static void fail_job(SyncJob& job, const Status& st);
+  // kResourceExhausted when stopping, or (with reject_if_busy) when sync requests fill every slot.
+  Status admit(bool reject_if_busy) const;
   std::mutex inbox_mu_;
   std::vector<std::shared_ptr<SyncJob>> inbox_;  // guarded by inbox_mu_
-  std::atomic<int> free_slots_{0};               // the engine's, as of the last step
+  std::condition_variable inbox_cv_;             // signalled when inbox_ gains a job
+  std::atomic<int> sync_active_{0};              // sync requests between admit and their end
+  std::atomic<int> async_running_{0};            // as of the last step
+  std::atomic<int> free_kv_blocks_{0};
+  std::atomic<int> total_kv_blocks_{0};
+  std::atomic<double> utilization_{0};
   std::atomic<bool> stopping_{false};
   std::thread thread_;
   WorkerStats stats_;

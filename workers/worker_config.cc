@@ -20,6 +20,8 @@ void WorkerConfig::bind(CLI::App& app) {
   cli::add(app, "--max-num-seqs", max_num_seqs, "Sequences the engine runs at once");
   cli::add(app, "--max-batched-tokens", max_batched_tokens, "Tokens per engine step");
   cli::add(app, "--max-pull", max_pull, "Most requests taken from the queue at once");
+  cli::add(app, "--idle-poll-ms", idle_poll_ms,
+           "An idle worker looks for async work this often (sync arrivals wake it at once)");
   cli::add(app, "--kv-cache-bytes", kv_cache_bytes,
            "KV cache size in bytes (with --device cuda, 0: 90% of the GPU memory left after loading)");
   cli::add(app, "--device", device, "Compute device: cpu, cuda or cuda:N");
@@ -37,6 +39,9 @@ Status WorkerConfig::validate() const {
     return invalid_argument("--max-utilization must be in (0, 1]", "max-utilization");
   }
   if (drain_seconds < 0) return invalid_argument("--drain-seconds must be >= 0", "drain-seconds");
+  if (idle_poll_ms < 1 || idle_poll_ms > 10000) {
+    return invalid_argument("--idle-poll-ms must be 1..10000", "idle-poll-ms");
+  }
   if (max_num_seqs < 1 || max_batched_tokens < 1 || max_pull < 1) {
     return invalid_argument("--max-num-seqs, --max-batched-tokens and --max-pull must be positive",
                             "max-num-seqs");

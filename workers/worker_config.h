@@ -22,6 +22,7 @@ struct WorkerConfig {
   int max_num_seqs = 32;             // sequences the engine runs at once
   int max_batched_tokens = 512;      // tokens per engine step
   int max_pull = 64;                 // most requests taken from the queue at once
+  int idle_poll_ms = 20;             // an idle worker looks at the queue this often
   size_t kv_cache_bytes = 64ull << 20;
   std::string device = "cpu";  // cpu | cuda | cuda:N
   std::string chat_template;         // override: headroom, llama3, chatml, mistral

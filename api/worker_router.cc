@@ -1,0 +1,429 @@
+// Routing sync calls to remote workers, and the HTTP exchange with one worker.
+#include "api/worker_router.h"
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <thread>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/metrics.h"
+#include "base/url.h"
+
+namespace hr::api {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using nlohmann::json;
+
+namespace {
+
+uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t fnv1a(std::string_view s, uint64_t h = 0xcbf29ce484222325ULL) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+// Rendezvous (highest random weight) score of `worker` for `key`.
+uint64_t rendezvous(const std::string& key, const std::string& worker) {
+  return mix64(fnv1a(worker, fnv1a(key) ^ 0x5bd1e995ULL));
+}
+
+int load_of(const queue::WorkerInfo& w, int in_flight) { return std::max(w.sync_load, in_flight); }
+
+Status status_from_error_body(int http_status, const std::string& body) {
+  json j = json::parse(body, nullptr, false);
+  if (j.is_object() && j.contains("error") && j["error"].is_object()) {
+    const json& e = j["error"];
+    return Status(status_code_from_name(e.value("code", "internal")), e.value("message", ""),
+                  e.value("field", ""));
+  }
+  return internal_error("worker answered HTTP " + std::to_string(http_status));
+}
+
+Result<SyncAnswer> answer_from_json(const json& j, const std::string& worker) {
+  if (!j.is_object() || !j.contains("text") || !j["text"].is_string()) {
+    return internal_error("malformed answer from worker " + worker);
+  }
+  SyncAnswer a;
+  a.text = j["text"];
+  a.finish_reason = j.value("finish_reason", "");
+  a.prompt_tokens = j.value("prompt_tokens", 0);
+  a.completion_tokens = j.value("completion_tokens", 0);
+  a.cached_tokens = j.value("cached_tokens", 0);
+  a.worker = worker;
+  return a;
+}
+
+metrics::Counter& routed(const std::string& outcome) {
+  return metrics::counter("headroom_sync_routed_total",
+                          "Sync calls forwarded to workers, by outcome", "outcome=\"" + outcome + "\"");
+}
+
+// One HTTP exchange with a worker on its own io_context: connect, send, read the header, then the
+// body in pieces as they arrive.
+class WorkerCall {
+ public:
+  explicit WorkerCall(const RouterOptions& o) : options_(o) { parser_.body_limit(std::numeric_limits<std::uint64_t>::max()); }
+
+  // kUnavailable when the worker cannot be reached or drops the connection before answering.
+  Status open(const std::string& url, const std::string& body) {
+    Result<Url> u = parse_url(url);
+    if (!u.is_ok() || u->scheme != "http" || u->host.empty() || u->port == 0) {
+      return unavailable("worker URL is not http://host:port: " + url);
+    }
+    beast::error_code ec;
+    tcp::resolver resolver(ioc_);
+    auto eps = resolver.resolve(u->host, std::to_string(u->port), ec);
+    if (ec) return unavailable("resolve " + u->host + ": " + ec.message());
+    stream_.expires_after(std::chrono::milliseconds(options_.connect_timeout_ms));
+    stream_.async_connect(eps, [&](beast::error_code e, const tcp::endpoint&) { ec = e; });
+    run();
+    if (ec) return unavailable("connect " + url + ": " + ec.message());
+    http::request<http::string_body> req{http::verb::post, "/internal/sync", 11};
+    req.set(http::field::host, u->host + ":" + std::to_string(u->port));
+    req.set(http::field::content_type, "application/json");
+    if (!options_.internal_token.empty()) req.set("x-headroom-internal-token", options_.internal_token);
+    req.keep_alive(false);
+    req.body() = body;
+    req.prepare_payload();
+    stream_.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
+    http::async_write(stream_, req, [&](beast::error_code e, size_t) { ec = e; });
+    run();
+    if (ec) return unavailable("send to " + url + ": " + ec.message());
+    stream_.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
+    http::async_read_header(stream_, buffer_, parser_, [&](beast::error_code e, size_t) { ec = e; });
+    run();
+    if (ec) return unavailable("answer from " + url + ": " + ec.message());
+    return Status::ok();
+  }
+
+  int status() const { return static_cast<int>(parser_.get().result_int()); }
+
+  // Appends the next piece of the body to `out`; false once the body is complete.
+  Result<bool> read_some(std::string* out) {
+    if (parser_.is_done()) return false;
+    char tmp[8192];
+    parser_.get().body().data = tmp;
+    parser_.get().body().size = sizeof tmp;
+    beast::error_code ec;
+    stream_.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
+    http::async_read_some(stream_, buffer_, parser_, [&](beast::error_code e, size_t) { ec = e; });
+    run();
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) return unavailable("the worker's answer broke off: " + ec.message());
+    out->append(tmp, sizeof tmp - parser_.get().body().size);
+    return true;
+  }
+
+  Result<std::string> read_all() {
+    std::string body;
+    for (;;) {
+      HR_ASSIGN_OR_RETURN(bool more, read_some(&body));
+      if (!more) return body;
+    }
+  }
+
+ private:
+  void run() {
+    ioc_.restart();
+    ioc_.run();
+  }
+  const RouterOptions& options_;
+  asio::io_context ioc_;
+  beast::tcp_stream stream_{ioc_};
+  beast::flat_buffer buffer_;
+  http::response_parser<http::buffer_body> parser_;
+};
+
+}  // namespace
+
+std::vector<size_t> route_order(const std::vector<queue::WorkerInfo>& workers,
+                                const std::vector<int>& in_flight, const std::string& affinity,
+                                uint64_t seed) {
+  std::vector<size_t> order(workers.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (!affinity.empty()) {
+    std::vector<uint64_t> score(workers.size());
+    for (size_t i = 0; i < workers.size(); ++i) score[i] = rendezvous(affinity, workers[i].id);
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return score[a] != score[b] ? score[a] > score[b] : workers[a].id < workers[b].id;
+    });
+    return order;
+  }
+  // Least loaded by the fraction of sync capacity in use; then fewer async sequences (less to
+  // preempt); then a per-call random order, so equal workers share the traffic.
+  auto fraction = [&](size_t i) {
+    int cap = std::max(1, workers[i].capacity);
+    return static_cast<double>(load_of(workers[i], in_flight[i])) / cap;
+  };
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    double fa = fraction(a), fb = fraction(b);
+    if (fa != fb) return fa < fb;
+    if (workers[a].async_running != workers[b].async_running) {
+      return workers[a].async_running < workers[b].async_running;
+    }
+    return mix64(seed ^ fnv1a(workers[a].id)) < mix64(seed ^ fnv1a(workers[b].id));
+  });
+  return order;
+}
+
+bool has_room(const queue::WorkerInfo& w, int in_flight) {
+  return !w.draining && load_of(w, in_flight) < w.capacity;
+}
+
+struct WorkerRouter::Attempt {
+  WorkerRouter* router;
+  std::string worker_id;
+  std::string url;
+  ~Attempt() {
+    std::lock_guard<std::mutex> lock(router->mu_);
+    auto it = router->in_flight_.find(worker_id);
+    if (it != router->in_flight_.end() && --it->second <= 0) router->in_flight_.erase(it);
+  }
+};
+
+WorkerRouter::WorkerRouter(RouterOptions options) : options_(std::move(options)) {}
+
+WorkerRouter::~WorkerRouter() = default;
+
+Result<std::vector<queue::WorkerInfo>> WorkerRouter::workers_of(const std::string& model) {
+  // Called with mu_ held.
+  int64_t now = steady_now_ns();
+  ModelView& view = views_[model];
+  if (view.fetched_ns != 0 && now - view.fetched_ns < int64_t{options_.refresh_ms} * 1000000) {
+    return view.workers;
+  }
+  Status st = Status::ok();
+  if (!registry_) {
+    auto r = queue::WorkerRegistry::connect(options_.redis_url, 1000);
+    if (r.is_ok()) {
+      registry_ = std::move(r).value();
+    } else {
+      st = r.status();
+    }
+  }
+  if (registry_) {
+    Result<std::vector<queue::WorkerInfo>> live = registry_->live(model);
+    if (live.is_ok()) {
+      view.workers = std::move(live).value();
+      view.fetched_ns = now;
+      return view.workers;
+    }
+    st = live.status();
+    registry_.reset();
+  }
+  // The registry is unreachable: a recent view is better than nothing.
+  if (view.fetched_ns != 0 && now - view.fetched_ns < int64_t{10000} * 1000000) return view.workers;
+  log::warn("router.registry_unavailable", {{"error", st}});
+  return unavailable("the worker registry is unavailable: " + st.message());
+}
+
+void WorkerRouter::suspect(const std::string& worker_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  suspect_until_ns_[worker_id] = steady_now_ns() + int64_t{options_.suspect_ms} * 1000000;
+}
+
+Result<std::shared_ptr<WorkerRouter::Attempt>> WorkerRouter::place(
+    const SyncCall& call, const std::vector<std::string>& skip) {
+  const int64_t deadline =
+      steady_now_ns() + (call.reject_if_busy ? 0 : int64_t{call.queue_timeout_ms} * 1000000);
+  for (;;) {
+    bool any_live = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      HR_ASSIGN_OR_RETURN(std::vector<queue::WorkerInfo> all, workers_of(call.model));
+      int64_t now = steady_now_ns();
+      std::vector<queue::WorkerInfo> workers;
+      std::vector<int> in_flight;
+      for (queue::WorkerInfo& w : all) {
+        if (w.draining || std::find(skip.begin(), skip.end(), w.id) != skip.end()) continue;
+        auto s = suspect_until_ns_.find(w.id);
+        if (s != suspect_until_ns_.end()) {
+          if (s->second > now) continue;
+          suspect_until_ns_.erase(s);
+        }
+        auto f = in_flight_.find(w.id);
+        in_flight.push_back(f == in_flight_.end() ? 0 : f->second);
+        workers.push_back(std::move(w));
+      }
+      any_live = !workers.empty();
+      std::vector<size_t> order = route_order(workers, in_flight, call.affinity, mix64(++calls_));
+      // With affinity only the owner will do: moving the conversation loses its cached prefix.
+      if (!call.affinity.empty() && order.size() > 1) order.resize(1);
+      for (size_t i : order) {
+        if (!has_room(workers[i], in_flight[i])) continue;
+        ++in_flight_[workers[i].id];
+        return std::shared_ptr<Attempt>(new Attempt{this, workers[i].id, workers[i].url});
+      }
+    }
+    if (steady_now_ns() >= deadline) {
+      routed("no_capacity").add();
+      return Status(StatusCode::kResourceExhausted,
+                    any_live ? "Out of capacity: every worker for " + call.model + " is busy"
+                             : "Out of capacity: no worker is serving " + call.model);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+std::string WorkerRouter::body_for(const json& request, const SyncCall& call, bool stream) const {
+  return json{{"request", request},
+              {"stream", stream},
+              {"reject_if_busy", call.reject_if_busy},
+              {"queue_timeout_ms", call.queue_timeout_ms}}
+      .dump();
+}
+
+Result<SyncAnswer> WorkerRouter::run(const json& request, const SyncCall& call) {
+  std::string body = body_for(request, call, false);
+  std::vector<std::string> skip;
+  Status last = Status::ok();
+  for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
+    HR_ASSIGN_OR_RETURN(std::shared_ptr<Attempt> a, place(call, skip));
+    WorkerCall wc(options_);
+    Status st = wc.open(a->url, body);
+    Result<std::string> answer = st.is_ok() ? wc.read_all() : Result<std::string>(st);
+    if (!answer.is_ok()) {
+      // Unreachable, or gone mid-answer: nothing reached the client yet, so another worker may
+      // answer instead.
+      log::warn("router.worker_failed", {{"worker", a->worker_id}, {"error", answer.status()}});
+      routed("worker_failed").add();
+      suspect(a->worker_id);
+      skip.push_back(a->worker_id);
+      last = answer.status();
+      continue;
+    }
+    if (wc.status() == 200) {
+      routed("ok").add();
+      return answer_from_json(json::parse(*answer, nullptr, false), a->worker_id);
+    }
+    Status err = status_from_error_body(wc.status(), *answer);
+    // A worker that is stopping (or full, when the call may wait) hands the call on.
+    if (err.code() == StatusCode::kResourceExhausted && !call.reject_if_busy) {
+      skip.push_back(a->worker_id);
+      last = err;
+      continue;
+    }
+    routed("error").add();
+    return err;
+  }
+  return last.code() == StatusCode::kResourceExhausted
+             ? last
+             : unavailable("no worker could answer: " + last.message());
+}
+
+namespace {
+
+// A streamed answer read from a worker's x-ndjson lines.
+class RemoteStream final : public SyncStream {
+ public:
+  RemoteStream(std::shared_ptr<void> attempt, std::unique_ptr<WorkerCall> call, std::string worker)
+      : attempt_(std::move(attempt)), call_(std::move(call)), worker_(std::move(worker)) {}
+
+  bool next(std::string* delta) override {
+    if (finished_) return false;
+    for (;;) {
+      size_t nl = pending_.find('\n');
+      if (nl != std::string::npos) {
+        json line = json::parse(pending_.substr(0, nl), nullptr, false);
+        pending_.erase(0, nl + 1);
+        if (line.contains("delta") && line["delta"].is_string()) {
+          *delta = line["delta"];
+          return true;
+        }
+        if (line.contains("answer")) {
+          Result<SyncAnswer> a = answer_from_json(line["answer"], worker_);
+          if (a.is_ok()) {
+            answer_ = std::move(a).value();
+          } else {
+            status_ = a.status();
+          }
+        } else {
+          status_ = status_from_error_body(200, line.dump());
+        }
+        return finish();
+      }
+      Result<bool> more = call_->read_some(&pending_);
+      if (!more.is_ok() || !*more) {
+        status_ = unavailable("worker " + worker_ + " stopped before the answer was complete");
+        return finish();
+      }
+    }
+  }
+  const Status& status() const override { return status_; }
+  const SyncAnswer& answer() const override { return answer_; }
+  std::string worker() const override { return worker_; }
+
+ private:
+  bool finish() {
+    finished_ = true;
+    call_.reset();     // closes the connection
+    attempt_.reset();  // the worker's slot is free again
+    return false;
+  }
+  std::shared_ptr<void> attempt_;
+  std::unique_ptr<WorkerCall> call_;
+  std::string worker_;
+  std::string pending_;
+  bool finished_ = false;
+  Status status_;
+  SyncAnswer answer_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<SyncStream>> WorkerRouter::start_stream(const json& request,
+                                                               const SyncCall& call) {
+  std::string body = body_for(request, call, true);
+  std::vector<std::string> skip;
+  Status last = Status::ok();
+  for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
+    HR_ASSIGN_OR_RETURN(std::shared_ptr<Attempt> a, place(call, skip));
+    auto wc = std::make_unique<WorkerCall>(options_);
+    Status st = wc->open(a->url, body);
+    if (!st.is_ok()) {
+      log::warn("router.worker_failed", {{"worker", a->worker_id}, {"error", st}});
+      routed("worker_failed").add();
+      suspect(a->worker_id);
+      skip.push_back(a->worker_id);
+      last = st;
+      continue;
+    }
+    if (wc->status() == 200) {
+      routed("ok").add();
+      std::string worker = a->worker_id;
+      return std::unique_ptr<SyncStream>(new RemoteStream(a, std::move(wc), worker));
+    }
+    Result<std::string> text = wc->read_all();
+    Status err = status_from_error_body(wc->status(), text.is_ok() ? *text : "");
+    if (err.code() == StatusCode::kResourceExhausted && !call.reject_if_busy) {
+      skip.push_back(a->worker_id);
+      last = err;
+      continue;
+    }
+    routed("error").add();
+    return err;
+  }
+  return last.code() == StatusCode::kResourceExhausted
+             ? last
+             : unavailable("no worker could answer: " + last.message());
+}
+
+}  // namespace hr::api

@@ -1,0 +1,77 @@
+// Sync inference for a standalone `api`: each call goes over HTTP to a live worker of its model,
+// found in the Redis registry (queue/registry.h) that workers keep fresh with heartbeats.
+//
+// Placement: with x-session-affinity, rendezvous hashing over the live workers, so one value keeps
+// landing on the same worker while it lives and moves to the next-ranked one when it dies;
+// otherwise the least loaded worker with room (ties broken at random). A worker has room while
+// the sync requests it holds stay below its capacity; its load is the larger of what it last
+// announced and what this API has in flight to it, which covers the time between heartbeats.
+// No worker with room: kResourceExhausted at once with reject_if_busy, else after waiting up to
+// queue_timeout_ms. A worker that cannot be reached is skipped for a few seconds and the call
+// moves on to the next one (before any of the answer has been passed on).
+// Thread-safe: run() and start_stream() are called from many handler threads at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "api/sync_inference.h"
+#include "queue/registry.h"
+
+namespace hr::api {
+
+struct RouterOptions {
+  std::string redis_url;
+  std::string internal_token;
+  int refresh_ms = 250;            // how old the view of a model's workers may get
+  int connect_timeout_ms = 1000;
+  int idle_timeout_ms = 300000;    // longest silence while an answer is generated
+  int suspect_ms = 3000;           // an unreachable worker is skipped this long
+  int max_attempts = 3;            // workers tried for one call
+};
+
+// The order in which to try `workers` for one call: by rendezvous rank of `affinity` when it is
+// set, else by load (in_flight[i] is this API's count for workers[i]); `seed` breaks ties.
+std::vector<size_t> route_order(const std::vector<queue::WorkerInfo>& workers,
+                                const std::vector<int>& in_flight, const std::string& affinity,
+                                uint64_t seed);
+// Whether `w` can take one more sync request given this API's `in_flight` to it.
+bool has_room(const queue::WorkerInfo& w, int in_flight);
+
+class WorkerRouter final : public SyncInference {
+ public:
+  explicit WorkerRouter(RouterOptions options);
+  ~WorkerRouter() override;
+
+  [[nodiscard]] Result<SyncAnswer> run(const nlohmann::json& request, const SyncCall& call) override;
+  [[nodiscard]] Result<std::unique_ptr<SyncStream>> start_stream(const nlohmann::json& request,
+                                                                 const SyncCall& call) override;
+
+  struct Attempt;  // one call's choice of worker, released when the call ends
+
+ private:
+  struct ModelView {
+    std::vector<queue::WorkerInfo> workers;
+    int64_t fetched_ns = 0;
+  };
+  // Picks a worker for `call`, waiting for room as the call allows; `skip` lists worker ids that
+  // already failed this call.
+  Result<std::shared_ptr<Attempt>> place(const SyncCall& call, const std::vector<std::string>& skip);
+  Result<std::vector<queue::WorkerInfo>> workers_of(const std::string& model);
+  void suspect(const std::string& worker_id);
+  std::string body_for(const nlohmann::json& request, const SyncCall& call, bool stream) const;
+
+  RouterOptions options_;
+  std::mutex mu_;
+  std::unique_ptr<queue::WorkerRegistry> registry_;           // guarded by mu_
+  std::unordered_map<std::string, ModelView> views_;          // guarded by mu_
+  std::unordered_map<std::string, int> in_flight_;            // worker id → calls; guarded by mu_
+  std::unordered_map<std::string, int64_t> suspect_until_ns_;  // guarded by mu_
+  uint64_t calls_ = 0;                                         // guarded by mu_
+};
+
+}  // namespace hr::api

@@ -1,0 +1,219 @@
+// The worker's internal sync endpoint and its registry heartbeat.
+#include "workers/sync_server.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+
+#include "api/errors.h"
+#include "base/cli.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/metrics.h"
+#include "queue/registry.h"
+
+namespace hr::workers {
+
+using nlohmann::json;
+namespace http = boost::beast::http;
+
+namespace {
+
+json error_json(const Status& st) {
+  json e = {{"code", status_code_name(st.code())}, {"message", st.message()}};
+  if (!st.field().empty()) e["field"] = st.field();
+  return {{"error", e}};
+}
+
+api::HttpResponse error_reply(const Status& st) {
+  return api::json_response(static_cast<unsigned>(api::http_status_for(st.code())),
+                            error_json(st).dump());
+}
+
+json answer_json(const api::SyncAnswer& a) {
+  return {{"text", a.text},
+          {"finish_reason", a.finish_reason},
+          {"prompt_tokens", a.prompt_tokens},
+          {"completion_tokens", a.completion_tokens},
+          {"cached_tokens", a.cached_tokens}};
+}
+
+}  // namespace
+
+void SyncServerOptions::bind(CLI::App& app) {
+  cli::add(app, "--sync-host", host, "Address of the worker's sync endpoint for the API");
+  cli::add(app, "--sync-port", port, "Port of the worker's sync endpoint (0: any free port)");
+  cli::add(app, "--advertise-url", advertise_url,
+           "URL the API uses to reach this worker (default http://SYNC_HOST:PORT)");
+  cli::add(app, "--internal-token", internal_token,
+           "Shared secret the API must send with sync requests (empty: none)");
+  cli::add(app, "--sync-threads", handler_threads, "Sync requests handled at once");
+}
+
+Status SyncServerOptions::validate() const {
+  if (port < 0 || port > 65535) return invalid_argument("--sync-port must be 0..65535", "sync-port");
+  if (handler_threads < 1) return invalid_argument("--sync-threads must be at least 1", "sync-threads");
+  if (!advertise_url.empty() && advertise_url.rfind("http://", 0) != 0) {
+    return invalid_argument("--advertise-url must start with http://", "advertise-url");
+  }
+  if ((host == "0.0.0.0" || host == "::") && advertise_url.empty()) {
+    return invalid_argument("--sync-host " + host + " needs --advertise-url", "advertise-url");
+  }
+  return Status::ok();
+}
+
+SyncServer::SyncServer(Worker& worker, SyncServerOptions options)
+    : worker_(worker), options_(std::move(options)) {}
+
+SyncServer::~SyncServer() { stop(); }
+
+Status SyncServer::start() {
+  api::HttpServerOptions o;
+  o.host = options_.host;
+  o.port = static_cast<uint16_t>(options_.port);
+  o.io_threads = 1;
+  o.handler_threads = options_.handler_threads;
+  // Answers are bounded by max_tokens; a stream may be quiet while the engine is busy.
+  o.write_timeout_s = 300;
+  server_ = std::make_unique<api::HttpServer>(
+      o, api::StreamingHandler([this](const api::HttpRequest& r) { return handle(r); }));
+  return server_->start();
+}
+
+std::string SyncServer::url() const {
+  if (!options_.advertise_url.empty()) return options_.advertise_url;
+  std::string host = options_.host.find(':') != std::string::npos ? "[" + options_.host + "]"
+                                                                  : options_.host;
+  return "http://" + host + ":" + std::to_string(server_ ? server_->port() : 0);
+}
+
+void SyncServer::stop() {
+  if (server_) server_->stop();
+}
+
+api::Reply SyncServer::handle(const api::HttpRequest& req) {
+  std::string_view target(req.target().data(), req.target().size());
+  if (req.method() == http::verb::get && target == "/healthz") {
+    return {api::json_response(200, R"({"status":"ok"})"), nullptr};
+  }
+  if (req.method() == http::verb::get && target == "/metrics") {
+    api::HttpResponse res = api::json_response(200, metrics::render());
+    res.set(http::field::content_type, "text/plain; version=0.0.4");
+    return {std::move(res), nullptr};
+  }
+  if (target != "/internal/sync" || req.method() != http::verb::post) {
+    return {error_reply(not_found("no such route on a worker")), nullptr};
+  }
+  if (!options_.internal_token.empty()) {
+    auto it = req.find("x-headroom-internal-token");
+    if (it == req.end() || it->value() != options_.internal_token) {
+      return {error_reply(Status(StatusCode::kUnauthenticated, "bad or missing internal token",
+                                 "x-headroom-internal-token")),
+              nullptr};
+    }
+  }
+  json body = json::parse(req.body(), nullptr, false);
+  if (!body.is_object() || !body.contains("request") || !body["request"].is_object()) {
+    return {error_reply(invalid_argument("body must be {\"request\": {...}}", "request")), nullptr};
+  }
+  api::SyncCall call;
+  call.reject_if_busy = body.value("reject_if_busy", false);
+  call.queue_timeout_ms = body.value("queue_timeout_ms", 2000);
+  if (!body.value("stream", false)) {
+    Result<api::SyncAnswer> a = worker_.run(body["request"], call);
+    if (!a.is_ok()) return {error_reply(a.status()), nullptr};
+    return {api::json_response(200, answer_json(*a).dump()), nullptr};
+  }
+  Result<std::unique_ptr<api::SyncStream>> started = worker_.start_stream(body["request"], call);
+  if (!started.is_ok()) return {error_reply(started.status()), nullptr};
+  std::shared_ptr<api::SyncStream> stream = std::move(started).value();
+  auto done = std::make_shared<bool>(false);
+  api::Reply reply;
+  reply.response = api::json_response(200, "");
+  reply.response.set(http::field::content_type, "application/x-ndjson");
+  reply.stream = [stream, done](std::string* out) -> bool {
+    if (*done) return false;
+    std::string delta;
+    if (stream->next(&delta)) {
+      *out = json{{"delta", delta}}.dump() + "\n";
+      return true;
+    }
+    *done = true;
+    *out = (stream->status().is_ok() ? json{{"answer", answer_json(stream->answer())}}
+                                     : error_json(stream->status()))
+               .dump() +
+           "\n";
+    return true;
+  };
+  return reply;
+}
+
+Announcer::Announcer(const Worker& worker, std::string redis_url, std::string url)
+    : worker_(worker), redis_url_(std::move(redis_url)), url_(std::move(url)) {}
+
+Announcer::~Announcer() { stop(); }
+
+void Announcer::start() { thread_ = std::thread([this] { loop(); }); }
+
+void Announcer::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Announcer::loop() {
+  const WorkerConfig& config = worker_.config();
+  const int ttl_ms = 3 * config.heartbeat_ms;
+  std::unique_ptr<queue::WorkerRegistry> registry;
+  auto info = [&](bool draining) {
+    WorkerLoad l = worker_.load();
+    queue::WorkerInfo w;
+    w.id = config.worker_name;
+    w.model = config.model_name;
+    w.url = url_;
+    w.capacity = l.capacity;
+    w.sync_load = l.sync_load;
+    w.async_running = l.async_running;
+    w.free_kv_blocks = l.free_kv_blocks;
+    w.total_kv_blocks = l.total_kv_blocks;
+    w.utilization = l.utilization;
+    w.draining = draining || l.stopping;
+    w.heartbeat_ms = SystemClock::instance().now_unix_ms();
+    return w;
+  };
+  bool announced = false;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    lock.unlock();
+    if (!registry) {
+      auto r = queue::WorkerRegistry::connect(redis_url_);
+      if (r.is_ok()) registry = std::move(r).value();
+    }
+    if (registry) {
+      Status st = registry->announce(info(false), ttl_ms);
+      if (!st.is_ok()) {
+        log::warn("worker.announce_failed", {{"error", st}});
+        registry.reset();
+      } else if (!announced) {
+        announced = true;
+        log::info("worker.announced", {{"model", config.model_name}, {"url", url_}});
+      }
+    }
+    lock.lock();
+    cv_.wait_for(lock, std::chrono::milliseconds(config.heartbeat_ms), [&] { return stop_; });
+  }
+  lock.unlock();
+  if (!registry) {
+    auto r = queue::WorkerRegistry::connect(redis_url_);
+    if (r.is_ok()) registry = std::move(r).value();
+  }
+  if (registry) {
+    Status st = registry->withdraw(config.model_name, config.worker_name);
+    if (!st.is_ok()) log::warn("worker.withdraw_failed", {{"error", st}});
+  }
+}
+
+}  // namespace hr::workers
