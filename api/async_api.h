@@ -25,7 +25,9 @@ struct ApiConfig {
   std::string host = "127.0.0.1";
   int port = 8080;
   int io_threads = 2;
-  int handler_threads = 8;
+  // Each streamed sync answer holds one while it is generated; a thread opens its Postgres
+  // connection only when it first needs one.
+  int handler_threads = 32;
   int64_t body_limit_bytes = 10 << 20;
   int max_batch_requests = 100000;
   // OpenAI Batch API input files (POST /v1/files may carry up to this much, plus the form).
