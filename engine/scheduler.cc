@@ -125,7 +125,25 @@ StepPlan Scheduler::schedule() {
     }
     return true;
   };
+  bool sync_present = !waiting_sync_.empty();
+  bool sync_prefill = !waiting_sync_.empty();
+  for (const Sequence* seq : running_) {
+    if (seq->cls != RequestClass::kSync) continue;
+    sync_present = true;
+    if (seq->num_computed < seq->num_prompt) sync_prefill = true;
+  }
+  int held_back = 0;  // budget kept from async work this step
   for (RequestClass cls : {RequestClass::kSync, RequestClass::kAsync}) {
+    if (cls == RequestClass::kAsync) {
+      int async_budget = budget;
+      // (Only when the sync part planned something: an idle step would make no progress.)
+      if (sync_prefill && config_.sync_prefill_alone && !plan.seqs.empty()) async_budget = 0;
+      if (sync_present && config_.max_async_tokens_with_sync > 0) {
+        async_budget = std::min(async_budget, config_.max_async_tokens_with_sync);
+      }
+      held_back = budget - async_budget;
+      budget = async_budget;
+    }
     std::vector<Sequence*> snapshot = running_;
     for (Sequence* seq : snapshot) {
       if (seq->cls != cls || !seq->running) continue;
@@ -150,7 +168,7 @@ StepPlan Scheduler::schedule() {
       }
     }
   }
-  last_budget_left_ = budget;
+  last_budget_left_ = budget + held_back;
   return plan;
 }
 

@@ -44,6 +44,13 @@ struct SchedulerConfig {
   int max_num_seqs = 64;
   int max_batched_tokens = 512;
   int max_prefill_chunk = 512;
+  // While any sync sequence is running or waiting, async sequences get at most this many tokens
+  // per step (0: no cap), so the steps that carry sync tokens stay short. Where step time grows
+  // with the tokens in it (compute-bound CPUs), this is what keeps sync latency flat.
+  int max_async_tokens_with_sync = 0;
+  // A step that computes a sync prompt carries no async tokens: the new request's first token
+  // comes after one short step.
+  bool sync_prefill_alone = false;
 };
 
 struct ScheduledSeq {

@@ -87,6 +87,8 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& config,
   eo.scheduler.max_num_seqs = config.max_num_seqs;
   eo.scheduler.max_batched_tokens = config.max_batched_tokens;
   eo.scheduler.max_prefill_chunk = config.max_batched_tokens;
+  eo.scheduler.max_async_tokens_with_sync = config.async_tokens_with_sync;
+  eo.scheduler.sync_prefill_alone = config.sync_prefill_alone;
   HR_ASSIGN_OR_RETURN(m->engine,
                       engine::Engine::create(std::move(backend),
                                              m->tokenizer,

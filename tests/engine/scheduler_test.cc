@@ -61,6 +61,45 @@ TEST(SchedulerTest, SyncIsAdmittedBeforeEarlierAsync) {
   EXPECT_TRUE(p.seqs[1].sample);
 }
 
+TEST(SchedulerTest, AsyncTokensAreCappedOnlyWhileSyncIsPresent) {
+  SchedulerConfig c{16, 64, 64};
+  c.max_async_tokens_with_sync = 3;
+  Harness h(256, 4, c);
+  std::vector<Sequence*> async;
+  for (int i = 0; i < 6; ++i) async.push_back(h.add(RequestClass::kAsync, 2));
+  StepPlan p = h.step();
+  EXPECT_EQ(p.num_tokens, 12);  // no sync: no cap
+  Sequence* s = h.add(RequestClass::kSync, 5);
+  p = h.step();
+  EXPECT_EQ(tokens_of(p, s), 5);
+  EXPECT_EQ(p.num_tokens, 5 + 3);  // async decodes capped at 3 tokens
+  p = h.step();
+  EXPECT_EQ(tokens_of(p, s), 1);
+  EXPECT_EQ(p.num_tokens, 1 + 3);
+  // The engine reports the held-back budget as headroom, not as used.
+  EXPECT_EQ(h.sched.headroom().token_budget_left, 64 - 4);
+}
+
+TEST(SchedulerTest, SyncPrefillStepCarriesNoAsyncTokens) {
+  SchedulerConfig c{16, 64, 4};  // prompts in chunks of 4
+  c.sync_prefill_alone = true;
+  Harness h(256, 4, c);
+  Sequence* a = h.add(RequestClass::kAsync, 2);
+  Sequence* b = h.add(RequestClass::kAsync, 2);
+  h.step();
+  Sequence* s = h.add(RequestClass::kSync, 6);
+  StepPlan p = h.step();
+  EXPECT_EQ(tokens_of(p, s), 4);  // first chunk of the sync prompt, alone
+  EXPECT_EQ(p.num_tokens, 4);
+  p = h.step();
+  EXPECT_EQ(tokens_of(p, s), 2);  // second chunk, still alone
+  EXPECT_EQ(p.num_tokens, 2);
+  p = h.step();
+  EXPECT_EQ(tokens_of(p, s), 1);  // the sync sequence decodes: async runs with it again
+  EXPECT_EQ(tokens_of(p, a), 1);
+  EXPECT_EQ(tokens_of(p, b), 1);
+}
+
 TEST(SchedulerTest, BudgetAndChunkingPerStep) {
   Harness h(64, 4, {8, 6, 4});
   Sequence* s = h.add(RequestClass::kSync, 10);
