@@ -487,6 +487,8 @@ void Worker::loop() {
       int blocks_per_request = 4;
       credits = std::min(credits, (h.free_kv_blocks - config_.reserve_slots * blocks_per_request) /
                                       blocks_per_request);
+      // The last step used its whole token budget: new requests would only wait in the engine.
+      if (eng.has_work() && h.token_budget_left <= 0) credits = 0;
     }
     {
       int64_t now = steady_now_ns();
