@@ -1,12 +1,17 @@
 // Engine benchmark driver (run by scripts/bench_engine.sh). Modes:
 //   --make-random-model DIR   writes a ~100M-parameter random-weight Llama in the Hugging Face
 //                             layout (config.json, model.safetensors in bf16, the bundled
-//                             model's tokenizer files)
+//                             model's tokenizer files); with --output-vocab printable, the
+//                             embedding rows (also the tied LM head) of every token but the
+//                             printable ASCII bytes are zero, so greedy decoding writes text
+//                             and never ends early (the bundled tokenizer knows 260 of the
+//                             32,000 tokens; the others decode to nothing)
 //   --model DIR               measures decode tokens/s at batch 1, 8, 32, prefill tokens/s,
 //                             memory bandwidth (a streaming read in the same run), the batch-1
 //                             bandwidth fraction and RSS; prints one JSON object.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -37,7 +42,8 @@ long rss_mb() {
   return -1;
 }
 
-int make_random_model(const std::string& dir, const std::string& tokenizer_dir) {
+int make_random_model(const std::string& dir, const std::string& tokenizer_dir,
+                      bool printable_output) {
   namespace fs = std::filesystem;
   fs::create_directories(dir);
   const int V = 32000, D = 768, F = 2048, L = 12, H = 12, KVH = 4, hd = 64;
@@ -89,6 +95,11 @@ int make_random_model(const std::string& dir, const std::string& tokenizer_dir) 
     buf.resize(n);
     bool norm = name.find("norm") != std::string::npos;
     for (size_t i = 0; i < n; ++i) buf[i] = f32_to_bf16(norm ? 1.0f : normal(rng));
+    if (printable_output && name == "model.embed_tokens.weight") {
+      for (size_t row = 0; row < static_cast<size_t>(V); ++row) {
+        if (row < 32 || row > 126) std::fill_n(buf.begin() + row * D, D, uint16_t{0});
+      }
+    }
     out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(2 * n));
   }
   std::printf("wrote %s (%zu bytes of weights)\n", dir.c_str(), offset);
@@ -165,14 +176,15 @@ DecodeResult run_batch(std::shared_ptr<const ModelWeights> weights, int batch, i
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model, make, tokenizer_dir;
+  std::string model, make, tokenizer_dir, output_vocab = "all";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k == "--model") model = argv[i + 1];
     if (k == "--make-random-model") make = argv[i + 1];
     if (k == "--tokenizer-from") tokenizer_dir = argv[i + 1];
+    if (k == "--output-vocab") output_vocab = argv[i + 1];
   }
-  if (!make.empty()) return make_random_model(make, tokenizer_dir);
+  if (!make.empty()) return make_random_model(make, tokenizer_dir, output_vocab == "printable");
   auto t0 = Clock::now();
   auto w = load_weights(model);
   if (!w.is_ok()) {

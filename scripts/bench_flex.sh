@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Flex benchmark: does queued async work fill the capacity that sync traffic leaves, without sync
+# latency noticing? Starts private Postgres and Redis and, per model, one `headroom serve` (API,
+# worker and dispatcher in one process, worker options at their defaults), then runs three phases
+# against it: (c) async only, the capacity in generated tokens/s; (a) streamed sync requests as
+# Poisson arrivals using about half of it, p50/p99 time to first token and end to end; (b) the
+# same sync arrivals over an async backlog. Models: the bundled @hr/tiny-reverse and a ~100M
+# random-weight Llama whose LM head only writes printable bytes (bench_engine.sh's model, written
+# to .headroom/bench-model-100m-text on first use). Charts go to
+# .headroom/bench-flex/<label>.png. The last line of output is one JSON object.
+#
+# Knobs: HEADROOM_BENCH_PHASE_SECONDS (30), HEADROOM_FLEX_MODELS ("tiny model_100m"),
+# HEADROOM_FLEX_MAX_TOKENS (32), HEADROOM_FLEX_SERVE_ARGS (extra `serve` options); arguments go
+# to headroom_flex_bench (e.g. --sync-fraction 0.3).
+set -euo pipefail
+bench_targets="headroom_flex_bench headroom_engine_bench"
+# shellcheck source=scripts/bench_lib.sh
+source "$(dirname "$0")/bench_lib.sh"
+bench=build-release/tests/headroom_flex_bench
+phase_seconds=${HEADROOM_BENCH_PHASE_SECONDS:-30}
+max_tokens=${HEADROOM_FLEX_MAX_TOKENS:-32}
+out_dir=$root/.headroom/bench-flex
+mkdir -p "$out_dir"
+key="hr_bench_$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# run_model LABEL MODEL_DIR MODEL_NAME [ARGS]: one serve process, the three phases, serve
+# stopped; the driver's JSON line goes to $out_dir/LABEL.json.
+run_model() {
+  local label=$1 dir=$2 name=$3 serve_port serve_pid
+  shift 3
+  echo '{"error": "did not run"}' >"$out_dir/$label.json"
+  serve_port=$(free_port)
+  # shellcheck disable=SC2086
+  HEADROOM_API_KEY=$key $bin --log-level warn serve --port "$serve_port" --model "$dir" \
+    --name "$name" --no-webhooks ${HEADROOM_FLEX_SERVE_ARGS:-} >"$out_dir/$label-serve.log" 2>&1 &
+  serve_pid=$!
+  pids+=("$serve_pid")
+  # Serve listens once the model is loaded; larger models take a while.
+  local ready=0
+  for _ in $(seq 1 600); do
+    if curl -sf "http://127.0.0.1:$serve_port/readyz" >/dev/null; then
+      ready=1
+      break
+    fi
+    kill -0 "$serve_pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  if [ "$ready" = 0 ]; then
+    echo "serve for $label did not become ready; see $out_dir/$label-serve.log" >&2
+    kill -TERM "$serve_pid" 2>/dev/null || true
+    wait "$serve_pid" 2>/dev/null || true
+    return 0
+  fi
+  $bench --port "$serve_port" --key "$key" --model-name "$name" --label "$label" \
+    --max-tokens "$max_tokens" --phase-seconds "$phase_seconds" \
+    --chart "$out_dir/$label.png" "$@" | tail -1 >"$out_dir/$label.json" || true
+  kill -TERM "$serve_pid" 2>/dev/null || true
+  wait "$serve_pid" 2>/dev/null || true
+}
+
+labels=()
+for model in ${HEADROOM_FLEX_MODELS:-tiny model_100m}; do
+  case $model in
+    tiny)
+      run_model tiny "$root/models/tiny-reverse" @hr/tiny-reverse "$@"
+      ;;
+    model_100m)
+      # The engine benchmark's random model, writing only printable text (so that answers
+      # stream content to time) and never ending before max_tokens.
+      big=$root/.headroom/bench-model-100m-text
+      if [ ! -f "$big/model.safetensors" ]; then
+        build-release/tests/headroom_engine_bench --make-random-model "$big" \
+          --tokenizer-from models/tiny-reverse --output-vocab printable >&2
+      fi
+      run_model model_100m "$big" @hr/bench-100m "$@"
+      ;;
+    *)
+      echo "unknown model '$model' in HEADROOM_FLEX_MODELS (tiny, model_100m)" >&2
+      exit 2
+      ;;
+  esac
+  labels+=("$model")
+done
+
+python3 - "$out_dir" "${labels[@]}" <<'PY'
+import json, sys
+runs = {}
+for label in sys.argv[2:]:
+    with open(f"{sys.argv[1]}/{label}.json") as f:
+        text = f.read().strip()
+    try:
+        runs[label] = json.loads(text)
+    except ValueError:
+        runs[label] = {"error": "unparsable output: " + text[:200]}
+tiny = runs.get("tiny", {})
+print(json.dumps({
+    "sync_p99_ttft_ratio": tiny.get("sync_p99_ttft_ratio"),
+    "async_fill_ratio": tiny.get("async_fill_ratio"),
+    "goals": {"sync_p99_ttft_ratio": "<= 1.10", "async_fill_ratio": ">= 0.8", "errors": "0"},
+    "errors": sum(r.get("errors", 1) for r in runs.values()),
+    **runs,
+    "charts": [r["chart"] for r in runs.values() if "chart" in r]}))
+sys.exit(1 if any("error" in r for r in runs.values()) else 0)
+PY
