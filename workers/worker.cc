@@ -19,6 +19,7 @@
 #include "engine/tokenizer.h"
 #include "engine/model_config.h"
 #include "queue/lease.h"
+#include "workers/queue_io.h"
 #include "workers/utilization.h"
 
 namespace hr::workers {
@@ -325,18 +326,23 @@ void Worker::stop() {
 
 void Worker::loop() {
   engine::Engine& eng = *model_->engine;
-  std::unique_ptr<queue::LeaseClient> leases;
+  // Queue traffic runs on its own thread; it wakes this loop when leases arrive or are lost.
+  QueueIo io(config_, store_, stats_, [this] {
+    {
+      std::lock_guard<std::mutex> lock(inbox_mu_);
+      io_ready_ = true;
+    }
+    inbox_cv_.notify_one();
+  });
+  io.start();
   struct Running {
     queue::Lease lease;
     std::string text;
   };
   std::unordered_map<int64_t, Running> running;  // engine id → lease
   std::vector<std::shared_ptr<SyncJob>> streams;  // streamed sync requests still generating
-  std::vector<queue::Completion> done;
-  std::vector<queue::Failure> failed;
-  int64_t last_renew = steady_now_ns();
+  std::vector<queue::Lease> unstarted;            // pulled while stopping: handed back
   int64_t drain_deadline = 0;
-  const int64_t renew_every_ns = static_cast<int64_t>(config_.lease_seconds) * 1000000000 / 3;
   metrics::Counter& credits_granted = metrics::counter(
       "headroom_async_credits_granted_total", "Async requests the worker had headroom to pull");
   metrics::Counter& pulled =
@@ -385,38 +391,7 @@ void Worker::loop() {
     prefix_hits.set_total(static_cast<double>(eng.blocks().num_prefix_hit_blocks()));
   };
 
-  auto flush = [&]() {
-    if (!leases) return;
-    if (!done.empty()) {
-      auto r = leases->complete(done);
-      if (r.is_ok()) {
-        stats_.completed += static_cast<int64_t>(done.size());
-        done.clear();
-      } else {
-        log::warn("worker.complete_failed", {{"error", r.status()}});  // retried next step
-      }
-    }
-    if (!failed.empty()) {
-      auto r = leases->fail(failed);
-      if (r.is_ok()) {
-        stats_.failed += static_cast<int64_t>(failed.size());
-        failed.clear();
-      }
-    }
-  };
-
   while (true) {
-    if (!leases) {
-      queue::LeaseOptions lo{config_.model_name, config_.worker_name, config_.lease_seconds * 1000, 3};
-      auto c = queue::LeaseClient::create(store_.database_url, store_.redis_url, lo);
-      if (!c.is_ok()) {
-        log::warn("worker.queue_unavailable", {{"error", c.status()}});
-        if (stopping_) break;
-        std::this_thread::sleep_for(std::chrono::seconds(1));
-        continue;
-      }
-      leases = std::move(c).value();
-    }
     // Sync requests first: they enter the engine's sync class, ahead of all async work.
     std::vector<std::shared_ptr<SyncJob>> jobs;
     {
@@ -476,6 +451,59 @@ void Worker::loop() {
     if (stopping && drain_deadline == 0) {
       drain_deadline = steady_now_ns() + static_cast<int64_t>(config_.drain_seconds) * 1000000000;
     }
+    // Leases taken over elsewhere (e.g. after a long stall): stop working on them.
+    for (int64_t id : io.take_lost()) {
+      if (running.erase(id) > 0) eng.cancel(id);
+    }
+    // Requests the I/O thread pulled for earlier credits join the engine.
+    std::vector<queue::Lease> arrived = io.take_pulled();
+    if (stopping) {
+      unstarted.insert(unstarted.end(), arrived.begin(), arrived.end());
+      arrived.clear();
+    }
+    if (!arrived.empty()) {
+      pulled.add(static_cast<double>(arrived.size()));
+      int64_t pulled_ns = steady_now_ns();
+      int64_t now_ms = SystemClock::instance().now_unix_ms();
+      for (queue::Lease& l : arrived) {
+        if (l.submitted_at_ms > 0) {
+          class_metrics(engine::RequestClass::kAsync)
+              .queue.observe(static_cast<double>(std::max<int64_t>(0, now_ms - l.submitted_at_ms)) / 1e3);
+        }
+        json body = json::parse(l.body, nullptr, false);
+        auto gen = body.is_discarded() ? Result<engine::GenerationRequest>(invalid_argument("bad body"))
+                                       : to_generation(body, *model_, engine::RequestClass::kAsync);
+        if (!gen.is_ok()) {
+          io.fail({l, "invalid_request", gen.status().message(), false});
+          continue;
+        }
+        auto* runs = &running;
+        QueueIo* q = &io;
+        gen->on_event = timed([runs, q](const engine::TokenEvent& ev) {
+          auto it = runs->find(ev.id);
+          if (it == runs->end()) return;
+          it->second.text += ev.text_delta;
+          if (!ev.finished) return;
+          json usage = {{"prompt_tokens", ev.usage.prompt_tokens},
+                        {"completion_tokens", ev.usage.completion_tokens},
+                        {"total_tokens", ev.usage.prompt_tokens + ev.usage.completion_tokens},
+                        {"prompt_tokens_details", {{"cached_tokens", ev.usage.cached_tokens}}}};
+          json result = {{"response", it->second.text}, {"usage", usage},
+                         {"finish_reason", engine::finish_reason_name(ev.finish_reason)}};
+          q->drop(ev.id);
+          q->complete({it->second.lease, result.dump(), ev.usage.prompt_tokens,
+                       ev.usage.completion_tokens, ev.usage.cached_tokens});
+          runs->erase(it);
+        }, engine::RequestClass::kAsync, pulled_ns);
+        auto id = eng.add(std::move(gen).value());
+        if (!id.is_ok()) {
+          io.fail({l, "invalid_request", id.status().message(), false});
+          continue;
+        }
+        running.emplace(*id, Running{l, ""});
+        io.hold(*id, l);
+      }
+    }
     // Pull only into headroom.
     engine::Headroom h = eng.headroom();
     async_running_ = h.running_async;
@@ -489,6 +517,7 @@ void Worker::loop() {
                                       blocks_per_request);
       // The last step used its whole token budget: new requests would only wait in the engine.
       if (eng.has_work() && h.token_budget_left <= 0) credits = 0;
+      credits -= io.in_transit();  // already granted, still on their way
     }
     {
       int64_t now = steady_now_ns();
@@ -503,57 +532,8 @@ void Worker::loop() {
         braked.add();
       }
     }
-    if (credits > 0) {
-      credits_granted.add(credits);
-      // Never a blocking read: a sync arrival must not wait behind it (the idle wait below
-      // wakes for one at once).
-      auto got = leases->pull(credits, 0);
-      if (!got.is_ok()) {
-        log::warn("worker.pull_failed", {{"error", got.status()}});
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      } else {
-        pulled.add(static_cast<double>(got->size()));
-        int64_t pulled_ns = steady_now_ns();
-        int64_t now_ms = SystemClock::instance().now_unix_ms();
-        for (queue::Lease& l : *got) {
-          ++stats_.pulled;
-          if (l.submitted_at_ms > 0) {
-            class_metrics(engine::RequestClass::kAsync)
-                .queue.observe(static_cast<double>(std::max<int64_t>(0, now_ms - l.submitted_at_ms)) / 1e3);
-          }
-          json body = json::parse(l.body, nullptr, false);
-          auto gen = body.is_discarded() ? Result<engine::GenerationRequest>(invalid_argument("bad body"))
-                                         : to_generation(body, *model_, engine::RequestClass::kAsync);
-          if (!gen.is_ok()) {
-            failed.push_back({l, "invalid_request", gen.status().message(), false});
-            continue;
-          }
-          auto* runs = &running;
-          auto* out_done = &done;
-          gen->on_event = timed([runs, out_done](const engine::TokenEvent& ev) {
-            auto it = runs->find(ev.id);
-            if (it == runs->end()) return;
-            it->second.text += ev.text_delta;
-            if (!ev.finished) return;
-            json usage = {{"prompt_tokens", ev.usage.prompt_tokens},
-                          {"completion_tokens", ev.usage.completion_tokens},
-                          {"total_tokens", ev.usage.prompt_tokens + ev.usage.completion_tokens},
-                          {"prompt_tokens_details", {{"cached_tokens", ev.usage.cached_tokens}}}};
-            json result = {{"response", it->second.text}, {"usage", usage},
-                           {"finish_reason", engine::finish_reason_name(ev.finish_reason)}};
-            out_done->push_back({it->second.lease, result.dump(), ev.usage.prompt_tokens,
-                                 ev.usage.completion_tokens, ev.usage.cached_tokens});
-            runs->erase(it);
-          }, engine::RequestClass::kAsync, pulled_ns);
-          auto id = eng.add(std::move(gen).value());
-          if (!id.is_ok()) {
-            failed.push_back({l, "invalid_request", id.status().message(), false});
-            continue;
-          }
-          running.emplace(*id, Running{l, ""});
-        }
-      }
-    }
+    if (credits > 0) credits_granted.add(credits);
+    io.want(std::max(credits, 0));
     if (eng.has_work()) {
       int64_t step_start = steady_now_ns();
       auto st = eng.step();
@@ -567,28 +547,11 @@ void Worker::loop() {
       }
       publish_engine_gauges();
     } else {
-      // Idle: wait for a sync arrival, or until it is time to look at the queue again.
+      // Idle: wait for a sync arrival or for pulled work.
       std::unique_lock<std::mutex> lock(inbox_mu_);
       inbox_cv_.wait_for(lock, std::chrono::milliseconds(stopping ? 1 : config_.idle_poll_ms),
-                         [&] { return !inbox_.empty(); });
-    }
-    flush();
-    if (steady_now_ns() - last_renew > renew_every_ns && !running.empty()) {
-      std::vector<queue::Lease> held;
-      for (const auto& [id, r] : running) held.push_back(r.lease);
-      auto lost = leases->renew(held);
-      if (lost.is_ok()) {
-        for (const auto& ref : *lost) {
-          for (auto it = running.begin(); it != running.end(); ++it) {
-            if (it->second.lease.ref == ref) {
-              eng.cancel(it->first);
-              running.erase(it);
-              break;
-            }
-          }
-        }
-      }
-      last_renew = steady_now_ns();
+                         [&] { return !inbox_.empty() || io_ready_; });
+      io_ready_ = false;
     }
     if (stopping && (!eng.has_work() || steady_now_ns() > drain_deadline)) break;
   }
@@ -597,16 +560,12 @@ void Worker::loop() {
     for (auto& job : inbox_) fail_job(*job, unavailable("the worker stopped"));
     inbox_.clear();
   }
-  // Hand back what did not finish in time.
-  if (leases && !running.empty()) {
-    std::vector<queue::Lease> rest;
-    for (const auto& [id, r] : running) {
-      rest.push_back(r.lease);
-      eng.cancel(id);
-    }
-    if (leases->release(rest).is_ok()) stats_.released += static_cast<int64_t>(rest.size());
+  // Hand back what did not finish in time, and what was pulled but never started.
+  for (const auto& [id, r] : running) {
+    unstarted.push_back(r.lease);
+    eng.cancel(id);
   }
-  flush();
+  io.stop(unstarted);
   log::info("worker.stopped", {{"completed", stats_.completed.load()}, {"released", stats_.released.load()}});
 }
 

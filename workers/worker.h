@@ -82,6 +82,7 @@ class Worker final : public api::SyncInference {
   std::mutex inbox_mu_;
   std::vector<std::shared_ptr<SyncJob>> inbox_;  // guarded by inbox_mu_
   std::condition_variable inbox_cv_;             // signalled when inbox_ gains a job
+  bool io_ready_ = false;                        // guarded by inbox_mu_: queue I/O has news
   std::atomic<int> sync_active_{0};              // sync requests between admit and their end
   std::atomic<int> async_running_{0};            // as of the last step
   std::atomic<int> free_kv_blocks_{0};

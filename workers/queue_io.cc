@@ -1,0 +1,228 @@
+// The worker's queue I/O thread.
+#include "workers/queue_io.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "workers/worker.h"
+
+namespace hr::workers {
+
+QueueIo::QueueIo(const WorkerConfig& config, const queue::StoreConfig& store, WorkerStats& stats,
+                 std::function<void()> wake)
+    : config_(config), store_(store), stats_(stats), wake_(std::move(wake)) {}
+
+QueueIo::~QueueIo() { stop({}); }
+
+void QueueIo::start() { thread_ = std::thread([this] { loop(); }); }
+
+void QueueIo::stop(const std::vector<queue::Lease>& unfinished) {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    to_release_.insert(to_release_.end(), unfinished.begin(), unfinished.end());
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void QueueIo::want(int n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (n == want_) return;
+  want_ = n;
+  if (n > 0) cv_.notify_all();
+}
+
+int QueueIo::in_transit() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pulling_ + static_cast<int>(pulled_.size());
+}
+
+std::vector<queue::Lease> QueueIo::take_pulled() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<queue::Lease> out;
+  out.swap(pulled_);
+  return out;
+}
+
+void QueueIo::complete(queue::Completion c) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_.push_back(std::move(c));
+  }
+  cv_.notify_all();
+}
+
+void QueueIo::fail(queue::Failure f) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_.push_back(std::move(f));
+  }
+  cv_.notify_all();
+}
+
+void QueueIo::hold(int64_t id, const queue::Lease& lease) {
+  std::lock_guard<std::mutex> lock(mu_);
+  held_[id] = lease;
+}
+
+void QueueIo::drop(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  held_.erase(id);
+}
+
+std::vector<int64_t> QueueIo::take_lost() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int64_t> out;
+  out.swap(lost_);
+  return out;
+}
+
+bool QueueIo::connected() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return connected_;
+}
+
+// Records queued results (called with `lock` held; unlocks around the I/O). Failed writes stay
+// queued and are tried again.
+void QueueIo::flush(queue::LeaseClient& leases, std::unique_lock<std::mutex>& lock) {
+  if (!done_.empty()) {
+    std::vector<queue::Completion> batch;
+    batch.swap(done_);
+    lock.unlock();
+    auto r = leases.complete(batch);
+    lock.lock();
+    if (r.is_ok()) {
+      stats_.completed += static_cast<int64_t>(batch.size());
+    } else {
+      log::warn("worker.complete_failed", {{"error", r.status()}});
+      done_.insert(done_.begin(), std::make_move_iterator(batch.begin()),
+                   std::make_move_iterator(batch.end()));
+    }
+  }
+  if (!failed_.empty()) {
+    std::vector<queue::Failure> batch;
+    batch.swap(failed_);
+    lock.unlock();
+    auto r = leases.fail(batch);
+    lock.lock();
+    if (r.is_ok()) {
+      stats_.failed += static_cast<int64_t>(batch.size());
+    } else {
+      log::warn("worker.fail_failed", {{"error", r.status()}});
+      failed_.insert(failed_.begin(), std::make_move_iterator(batch.begin()),
+                     std::make_move_iterator(batch.end()));
+    }
+  }
+}
+
+void QueueIo::loop() {
+  std::unique_ptr<queue::LeaseClient> leases;
+  const int64_t renew_every_ns = int64_t{config_.lease_seconds} * 1000000000 / 3;
+  const int64_t poll_ns = int64_t{config_.idle_poll_ms} * 1000000;
+  int64_t last_renew = steady_now_ns();
+  int64_t next_pull = 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    if (!leases) {
+      lock.unlock();
+      queue::LeaseOptions lo{config_.model_name, config_.worker_name, config_.lease_seconds * 1000, 3};
+      auto c = queue::LeaseClient::create(store_.database_url, store_.redis_url, lo);
+      lock.lock();
+      if (!c.is_ok()) {
+        log::warn("worker.queue_unavailable", {{"error", c.status()}});
+        if (stop_) break;
+        cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_; });
+        continue;
+      }
+      leases = std::move(c).value();
+      connected_ = true;
+    }
+    flush(*leases, lock);
+    if (stop_) break;
+    bool woke_step_loop = false;
+    int64_t now = steady_now_ns();
+    if (want_ > 0 && now >= next_pull) {
+      int n = want_;
+      want_ = 0;
+      pulling_ = n;
+      lock.unlock();
+      auto got = leases->pull(n, 0);
+      lock.lock();
+      pulling_ = 0;
+      if (!got.is_ok()) {
+        log::warn("worker.pull_failed", {{"error", got.status()}});
+        next_pull = steady_now_ns() + 200 * int64_t{1000000};
+      } else if (got->empty()) {
+        next_pull = steady_now_ns() + poll_ns;  // nothing queued: look again in a while
+      } else {
+        stats_.pulled += static_cast<int64_t>(got->size());
+        pulled_.insert(pulled_.end(), std::make_move_iterator(got->begin()),
+                       std::make_move_iterator(got->end()));
+        woke_step_loop = true;
+      }
+    }
+    if (now - last_renew > renew_every_ns && !held_.empty()) {
+      std::vector<int64_t> ids;
+      std::vector<queue::Lease> snapshot;
+      for (const auto& [id, l] : held_) {
+        ids.push_back(id);
+        snapshot.push_back(l);
+      }
+      lock.unlock();
+      auto lost = leases->renew(snapshot);
+      lock.lock();
+      if (lost.is_ok()) {
+        for (const queue::RequestRef& ref : *lost) {
+          for (size_t i = 0; i < snapshot.size(); ++i) {
+            if (snapshot[i].ref == ref) {
+              lost_.push_back(ids[i]);
+              held_.erase(ids[i]);
+            }
+          }
+        }
+        woke_step_loop = woke_step_loop || !lost->empty();
+      } else {
+        log::warn("worker.renew_failed", {{"error", lost.status()}});
+      }
+      last_renew = now;
+    }
+    if (woke_step_loop) {
+      lock.unlock();
+      wake_();
+      lock.lock();
+    }
+    // Sleep until there are results to record, a pull is due, or the renewal is.
+    now = steady_now_ns();
+    int64_t until = last_renew + renew_every_ns;
+    if (want_ > 0) until = std::min(until, std::max(next_pull, now));
+    until = std::min(until, now + poll_ns);
+    cv_.wait_for(lock, std::chrono::nanoseconds(std::max<int64_t>(0, until - now)), [&] {
+      return stop_ || !done_.empty() || !failed_.empty() ||
+             (want_ > 0 && steady_now_ns() >= next_pull);
+    });
+  }
+  // Stopping: record what finished (one more try), hand back the rest.
+  if (leases) {
+    flush(*leases, lock);
+    std::vector<queue::Lease> rest = std::move(to_release_);
+    rest.insert(rest.end(), std::make_move_iterator(pulled_.begin()),
+                std::make_move_iterator(pulled_.end()));
+    pulled_.clear();
+    if (!done_.empty() || !failed_.empty()) {
+      log::warn("worker.results_unrecorded",
+                {{"completions", static_cast<int64_t>(done_.size())},
+                 {"failures", static_cast<int64_t>(failed_.size())},
+                 {"note", "their leases expire and the requests run again"}});
+    }
+    lock.unlock();
+    if (!rest.empty() && leases->release(rest).is_ok()) {
+      stats_.released += static_cast<int64_t>(rest.size());
+    }
+  }
+}
+
+}  // namespace hr::workers

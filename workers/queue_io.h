@@ -1,0 +1,76 @@
+// The worker's queue traffic on its own thread, so that Postgres and Redis round trips never sit
+// between two engine steps: pulling leases for the credits the step loop grants, recording
+// completions and failures in batches, renewing the leases of running requests, and handing back
+// what the worker will not finish.
+//
+// The step loop talks to it without blocking on I/O: want() says how many new requests it has
+// room for, take_pulled() collects what arrived, complete()/fail() queue results, hold()/drop()
+// maintain the set of leases to renew, take_lost() reports leases that were taken over.
+// Thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "queue/config.h"
+#include "queue/lease.h"
+#include "workers/worker_config.h"
+
+namespace hr::workers {
+
+struct WorkerStats;
+
+class QueueIo {
+ public:
+  // `wake` is called (from the I/O thread) when pulled leases or lost leases are ready.
+  QueueIo(const WorkerConfig& config, const queue::StoreConfig& store, WorkerStats& stats,
+          std::function<void()> wake);
+  ~QueueIo();
+  void start();
+  // Records every queued result, releases `unfinished` and the pulled leases nobody took, then
+  // stops the thread.
+  void stop(const std::vector<queue::Lease>& unfinished);
+
+  // The step loop has room for `n` more requests (the latest call wins; 0: none).
+  void want(int n);
+  // Requests pulled or being pulled that the step loop has not taken yet.
+  int in_transit() const;
+  std::vector<queue::Lease> take_pulled();
+  void complete(queue::Completion c);
+  void fail(queue::Failure f);
+  // Leases to keep renewed while their requests run, keyed by engine id.
+  void hold(int64_t id, const queue::Lease& lease);
+  void drop(int64_t id);
+  // Engine ids whose leases were lost (taken over or ended): stop working on them.
+  std::vector<int64_t> take_lost();
+  bool connected() const;
+
+ private:
+  void loop();
+  void flush(queue::LeaseClient& leases, std::unique_lock<std::mutex>& lock);
+
+  WorkerConfig config_;
+  queue::StoreConfig store_;
+  WorkerStats& stats_;
+  std::function<void()> wake_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;                                   // guarded by mu_
+  int want_ = 0;                                        // guarded by mu_
+  int pulling_ = 0;                                     // guarded by mu_
+  bool connected_ = false;                              // guarded by mu_
+  std::vector<queue::Lease> pulled_;                    // guarded by mu_
+  std::vector<queue::Completion> done_;                 // guarded by mu_
+  std::vector<queue::Failure> failed_;                  // guarded by mu_
+  std::unordered_map<int64_t, queue::Lease> held_;      // guarded by mu_
+  std::vector<int64_t> lost_;                           // guarded by mu_
+  std::vector<queue::Lease> to_release_;                // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace hr::workers
