@@ -23,8 +23,8 @@ void WorkerConfig::bind(CLI::App& app) {
   cli::add(app, "--async-tokens-with-sync", async_tokens_with_sync,
            "While sync requests run, async sequences get at most this many tokens per engine "
            "step (0: no cap); keeps those steps short where step time grows with batch size");
-  cli::add_flag(app, "--sync-prefill-alone", sync_prefill_alone,
-                "Engine steps that compute a sync prompt carry no async tokens");
+  cli::add(app, "--sync-prefill-alone", sync_prefill_alone,
+           "Engine steps that compute a sync prompt carry no async tokens (true or false)");
   cli::add(app, "--idle-poll-ms", idle_poll_ms,
            "An idle worker looks for async work this often (sync arrivals wake it at once)");
   cli::add(app, "--kv-cache-bytes", kv_cache_bytes,

@@ -24,7 +24,7 @@ struct WorkerConfig {
   int max_pull = 64;                 // most requests taken from the queue at once
   int idle_poll_ms = 20;             // an idle worker looks at the queue this often
   int async_tokens_with_sync = 0;    // async tokens per step while sync requests run (0: no cap)
-  bool sync_prefill_alone = false;   // steps computing a sync prompt carry no async tokens
+  bool sync_prefill_alone = true;    // steps computing a sync prompt carry no async tokens
   size_t kv_cache_bytes = 64ull << 20;
   std::string device = "cpu";  // cpu | cuda | cuda:N
   std::string chat_template;         // override: headroom, llama3, chatml, mistral
