@@ -31,4 +31,23 @@ void UtilizationBrake::record(int64_t busy_ns, int64_t loop_ns, int64_t now_ns) 
   utilization_ = std::max(busy_, gpu_util_);
 }
 
+void RecentPeak::record(int value, int64_t now_ns) {
+  int64_t second = now_ns / 1000000000;
+  const int64_t n = static_cast<int64_t>(max_.size());
+  if (second != second_) {
+    // Clear the seconds that passed without a record (all of them after a long gap).
+    int64_t from = second_ < 0 ? second - n + 1 : std::max(second_ + 1, second - n + 1);
+    for (int64_t s = from; s <= second; ++s) max_[static_cast<size_t>(s % n)] = 0;
+    second_ = second;
+  }
+  int& slot = max_[static_cast<size_t>(second % n)];
+  slot = std::max(slot, value);
+}
+
+int RecentPeak::peak() const {
+  int p = 0;
+  for (int v : max_) p = std::max(p, v);
+  return p;
+}
+
 }  // namespace hr::workers

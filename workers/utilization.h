@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "engine/gpu_monitor.h"
 
@@ -33,6 +34,20 @@ class UtilizationBrake {
   double gpu_util_ = 0;    // last NVML reading
   int64_t next_gpu_read_ns_ = 0;
   double utilization_ = 0;
+};
+
+// The largest value recorded in the last `window_s` seconds (per-second maxima in a ring). The
+// worker keeps room for as many sync sequences as it recently had at once, so a sync burst like the
+// last one finds free slots instead of preempting async sequences (whose work is then redone).
+class RecentPeak {
+ public:
+  explicit RecentPeak(int window_s = 10) : max_(static_cast<size_t>(window_s), 0) {}
+  void record(int value, int64_t now_ns);
+  int peak() const;
+
+ private:
+  std::vector<int> max_;  // max_[second % size]
+  int64_t second_ = -1;   // the second max_ was last written for
 };
 
 }  // namespace hr::workers

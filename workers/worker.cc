@@ -373,6 +373,7 @@ void Worker::loop() {
     if (colon != std::string::npos) gpu_index = std::atoi(config_.device.c_str() + colon + 1);
   }
   UtilizationBrake brake(config_.max_utilization, std::move(gpu), gpu_index);
+  RecentPeak sync_peak;  // most sync sequences at once over the last seconds
   int64_t busy_ns = 0;               // time in engine steps since mark_ns
   int64_t mark_ns = steady_now_ns();
   auto publish_engine_gauges = [&] {
@@ -510,10 +511,15 @@ void Worker::loop() {
     free_kv_blocks_ = h.free_kv_blocks;
     total_kv_blocks_ = h.total_kv_blocks;
     int credits = 0;
+    int sync_now = h.running_sync + h.waiting_sync;
+    sync_peak.record(sync_now, steady_now_ns());
+    // Room kept for sync: the configured reserve, or as many more sync sequences as the recent
+    // peak had, whichever is larger.
+    int reserve = std::max(config_.reserve_slots, sync_peak.peak() - sync_now);
     if (!stopping && h.waiting_sync == 0 && h.waiting_async == 0) {
-      credits = std::min(h.free_seq_slots - config_.reserve_slots, config_.max_pull);
+      credits = std::min(h.free_seq_slots - reserve, config_.max_pull);
       int blocks_per_request = 4;
-      credits = std::min(credits, (h.free_kv_blocks - config_.reserve_slots * blocks_per_request) /
+      credits = std::min(credits, (h.free_kv_blocks - reserve * blocks_per_request) /
                                       blocks_per_request);
       // The last step used its whole token budget: new requests would only wait in the engine.
       if (eng.has_work() && h.token_budget_left <= 0) credits = 0;
