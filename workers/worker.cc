@@ -514,8 +514,10 @@ void Worker::loop() {
     int sync_now = h.running_sync + h.waiting_sync;
     sync_peak.record(sync_now, steady_now_ns());
     // Room kept for sync: the configured reserve, or as many more sync sequences as the recent
-    // peak had, whichever is larger.
-    int reserve = std::max(config_.reserve_slots, sync_peak.peak() - sync_now);
+    // peak had (up to half the slots: a past burst must not shut async work out), whichever is
+    // larger.
+    int reserve = std::max(config_.reserve_slots,
+                           std::min(sync_peak.peak() - sync_now, config_.max_num_seqs / 2));
     if (!stopping && h.waiting_sync == 0 && h.waiting_async == 0) {
       credits = std::min(h.free_seq_slots - reserve, config_.max_pull);
       int blocks_per_request = 4;
