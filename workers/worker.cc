@@ -89,6 +89,9 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& config,
   eo.scheduler.max_batched_tokens = config.max_batched_tokens;
   eo.scheduler.max_prefill_chunk = config.max_batched_tokens;
   eo.scheduler.max_async_tokens_with_sync = config.async_tokens_with_sync;
+  if (config.async_tokens_with_sync < 0) {
+    eo.scheduler.max_async_tokens_with_sync = std::string(backend->name()) == "cpu" ? 8 : 0;
+  }
   eo.scheduler.sync_prefill_alone = config.sync_prefill_alone;
   HR_ASSIGN_OR_RETURN(m->engine,
                       engine::Engine::create(std::move(backend),

@@ -22,7 +22,8 @@ void WorkerConfig::bind(CLI::App& app) {
   cli::add(app, "--max-pull", max_pull, "Most requests taken from the queue at once");
   cli::add(app, "--async-tokens-with-sync", async_tokens_with_sync,
            "While sync requests run, async sequences get at most this many tokens per engine "
-           "step (0: no cap); keeps those steps short where step time grows with batch size");
+           "step: keeps those steps short where step time grows with batch size (0: no cap; "
+           "-1: 8 on the CPU backend, no cap on a GPU)");
   cli::add(app, "--sync-prefill-alone", sync_prefill_alone,
            "Engine steps that compute a sync prompt carry no async tokens (true or false)");
   cli::add(app, "--idle-poll-ms", idle_poll_ms,
@@ -44,8 +45,8 @@ Status WorkerConfig::validate() const {
     return invalid_argument("--max-utilization must be in (0, 1]", "max-utilization");
   }
   if (drain_seconds < 0) return invalid_argument("--drain-seconds must be >= 0", "drain-seconds");
-  if (async_tokens_with_sync < 0) {
-    return invalid_argument("--async-tokens-with-sync must be >= 0", "async-tokens-with-sync");
+  if (async_tokens_with_sync < -1) {
+    return invalid_argument("--async-tokens-with-sync must be >= -1", "async-tokens-with-sync");
   }
   if (idle_poll_ms < 1 || idle_poll_ms > 10000) {
     return invalid_argument("--idle-poll-ms must be 1..10000", "idle-poll-ms");

@@ -23,7 +23,9 @@ struct WorkerConfig {
   int max_batched_tokens = 512;      // tokens per engine step
   int max_pull = 64;                 // most requests taken from the queue at once
   int idle_poll_ms = 20;             // an idle worker looks at the queue this often
-  int async_tokens_with_sync = 0;    // async tokens per step while sync requests run (0: no cap)
+  // Async tokens per step while sync requests run: 0 no cap, -1 auto (8 on the CPU backend, whose
+  // step time grows with the tokens in it; no cap on a GPU).
+  int async_tokens_with_sync = -1;
   bool sync_prefill_alone = true;    // steps computing a sync prompt carry no async tokens
   size_t kv_cache_bytes = 64ull << 20;
   std::string device = "cpu";  // cpu | cuda | cuda:N

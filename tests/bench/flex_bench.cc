@@ -2,8 +2,9 @@
 // queued async work fill the capacity that sync traffic leaves, without sync latency noticing?
 // Three phases on the same server and model, in this order:
 //   c — async only: a backlog of queued requests; the engine's capacity in generated tokens/s;
-//   a — sync only: streamed chat completions arriving as a Poisson process at a rate meant to use
-//       about half of that capacity; client-side time to the first content chunk and end to end;
+//   a — sync only: streamed chat completions arriving as a Poisson process at a rate that keeps
+//       the engine busy about half of the time (set by a short probe: sync tokens cost more engine
+//       time than async ones); client-side time to the first content chunk and end to end;
 //   b — the same sync arrivals (same gaps, same prompts) over an async backlog that outlasts the
 //       phase: the same sync figures, and the async tokens/s completed meanwhile.
 // Leftover async work is cancelled between phases, and the next waits for the worker to hold
@@ -13,7 +14,8 @@
 // counts of the worker's TTFT and inter-token histograms): the finished-request counter
 // (headroom_generation_tokens_total, also reported) moves only when requests end, in lumps as
 // large as a whole batch on a slow model. Writes a PNG chart; the last line of output is one
-// JSON object.
+// JSON object. async_fill_ratio is async tokens/s in (b) ÷ (capacity × the share of engine time
+// that sync took in (a)); async_fill_ratio_by_tokens uses sync's tokens/s as its share instead.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -282,11 +284,12 @@ struct Arrival {
 };
 
 // Poisson arrivals at `rate` per second for `seconds`, each with a random prompt.
-std::vector<Arrival> poisson_schedule(const Options& o, double rate, uint64_t seed) {
+std::vector<Arrival> poisson_schedule(const Options& o, double rate, uint64_t seed,
+                                      double seconds) {
   std::mt19937_64 rng(seed);
   std::exponential_distribution<double> gap(rate);
   std::vector<Arrival> out;
-  for (double t = gap(rng); t < o.phase_seconds; t += gap(rng)) {
+  for (double t = gap(rng); t < seconds; t += gap(rng)) {
     out.push_back({t, sync_body(o, random_prompt(rng, o))});
   }
   return out;
@@ -465,11 +468,25 @@ int main(int argc, char** argv) {
   if (!wait_async_idle(sampler, o.drain_timeout_s))
     give_up("cancelled async work did not end", errors);
 
-  // The sync load: the same arrivals in (a) and (b).
-  const double rate = o.sync_fraction * capacity / mean_tokens;
-  const std::vector<Arrival> arrivals = poisson_schedule(o, rate, o.seed);
-  std::fprintf(stderr, "[%s] sync load: %.2f requests/s, %zu per phase\n", o.label.c_str(), rate,
-               arrivals.size());
+  // The sync load: the same arrivals in (a) and (b). A sync token costs the engine more time
+  // than an async one (smaller batches, prompts computed in steps of their own), so the rate is
+  // set on engine time: a short sync-only probe at the token-based rate, then scaled so that the
+  // engine is busy `sync_fraction` of the time.
+  const double token_rate = o.sync_fraction * capacity / mean_tokens;
+  double probe_start = since_t0();
+  const double probe_seconds = std::max(6.0, o.warmup_seconds + 4);
+  SyncLoad probe_load = run_sync_load(
+      o, poisson_schedule(o, token_rate, o.seed + 1, probe_seconds), t0, Clock::now());
+  if (!probe_load.drained) give_up("sync requests of the probe did not end", errors);
+  Window probe = measure(sampler.all(), probe_start + o.warmup_seconds, probe_start + probe_seconds);
+  double probe_util = probe.utilization;
+  const double rate =
+      probe_util > 0 ? token_rate * std::clamp(o.sync_fraction / probe_util, 0.1, 2.0) : token_rate;
+  const std::vector<Arrival> arrivals = poisson_schedule(o, rate, o.seed, o.phase_seconds);
+  std::fprintf(stderr,
+               "[%s] sync load: %.2f requests/s (probe at %.2f/s kept the engine %.0f%% busy), "
+               "%zu per phase\n",
+               o.label.c_str(), rate, token_rate, 100 * probe_util, arrivals.size());
 
   // (a) sync only.
   double a_start = since_t0();
@@ -513,6 +530,8 @@ int main(int argc, char** argv) {
   double a_p99 = a_json["ttft_p99_ms"].get<double>();
   double b_p99 = b_json["ttft_p99_ms"].get<double>();
   double left = capacity - b.sync_tokens_per_s;
+  // Sync's share of the engine measured as the time it took in (a), rather than its tokens.
+  double left_time = capacity * (1 - a.utilization);
   json out;
   out["label"] = o.label;
   out["model"] = o.model;
@@ -520,7 +539,10 @@ int main(int argc, char** argv) {
   out["phase_seconds"] = o.phase_seconds;
   out["warmup_seconds"] = o.warmup_seconds;
   out["sync_p99_ttft_ratio"] = a_p99 > 0 && b_p99 > 0 ? b_p99 / a_p99 : -1.0;
-  out["async_fill_ratio"] = left > 0 ? b.async_tokens_per_s / left : -1.0;
+  out["async_fill_ratio"] = left_time > 0 ? b.async_tokens_per_s / left_time : -1.0;
+  out["async_fill_ratio_by_tokens"] = left > 0 ? b.async_tokens_per_s / left : -1.0;
+  out["sync_rate_token_based_per_s"] = token_rate;
+  out["probe_utilization"] = probe_util;
   out["capacity_tokens_per_s"] = capacity;
   out["sync_rate_per_s"] = rate;
   out["sync_tokens_per_s"] = b.sync_tokens_per_s;
