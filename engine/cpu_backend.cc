@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/cpu_gemv.h"
+
 namespace hr::engine {
 
 void rms_norm(const float* x, const float* w, int n, float eps, float* out) {
@@ -65,22 +67,32 @@ void silu_mul(const float* gate_up, int ffn, float* out) {
 
 namespace {
 
-// y[m, n] = x[m, k] · w[n, k]^T (+ y when accumulate). Small products run on one thread: waking
-// OpenBLAS's pool costs more than it saves for small weight matrices and few rows.
-void gemm_xwt(const float* x, const float* w, float* y, int m, int n, int k, bool accumulate) {
+// Below this many weights (1 MiB) a GEMV stays on the calling thread: handing out work costs
+// more than splitting saves (this keeps the small bundled model's products single-threaded).
+constexpr double kMinGemvSplit = 1 << 18;
+
+}  // namespace
+
+// Decode steps (up to kMaxGemvM rows) are bound by reading w once: our GEMV streams it, its rows
+// split over the pool (OpenBLAS's sgemv was slower, and its pool slow to wake). Larger batches go
+// to OpenBLAS sgemm; small ones on one thread, since waking OpenBLAS's pool costs more than it
+// saves there.
+void CpuBackend::gemm_xwt(const float* x, const float* w, float* y, int m, int n, int k,
+                          bool accumulate) {
+  if (m == 0) return;  // a step that needs no logits
+  if (m <= kMaxGemvM) {
+    GemvProblem p{x, w, y, m, n, k, accumulate};
+    int min_split = static_cast<int>(std::max(2.0, kMinGemvSplit / k));
+    pool_.parallel_for(n, min_split, [&](int r0, int r1) { gemv_rows(p, r0, r1); });
+    return;
+  }
   static const int max_threads = openblas_get_num_threads();
   double weights = static_cast<double>(n) * k;
   bool threaded = weights >= 1e6 || weights * m >= 4e6;
   openblas_set_num_threads(threaded ? max_threads : 1);
-  if (m == 1) {  // decode of one sequence: a matrix-vector product, bound by reading w
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w, k, x, 1, accumulate ? 1.0f : 0.0f, y, 1);
-    return;
-  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k,
               accumulate ? 1.0f : 0.0f, y, n);
 }
-
-}  // namespace
 
 Result<std::unique_ptr<CpuBackend>> CpuBackend::create(std::shared_ptr<const ModelWeights> weights,
                                                        CpuBackendOptions options) {
