@@ -1,11 +1,13 @@
 // The engine on the bundled model: batch invariance, chunked prefill, prefix caching and
 // preemption all give the same greedy answers as one request alone (and as PyTorch). Also the CPU
-// backend's GEMV against a double-precision reference at every SIMD level this CPU has.
+// backend's parts: its GEMV against a double-precision reference at every SIMD level this CPU
+// has, and its thread pool.
 #include "engine/engine.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -15,6 +17,7 @@
 #include "engine/chat_template.h"
 #include "engine/cpu_backend.h"
 #include "engine/cpu_gemv.h"
+#include "engine/thread_pool.h"
 #include "engine/weights.h"
 
 namespace hr::engine {
@@ -279,6 +282,28 @@ TEST(CpuGemvTest, SumFloatsMatchesDoublePrecision) {
       }
       EXPECT_NEAR(sum_floats(v.data(), n, level), ref, 1e-5 * ref + 1e-30)
           << simd_level_name(level) << " n=" << n;
+    }
+  }
+}
+
+TEST(ThreadPoolTest, RunsEveryIndexOnceForManyJobs) {
+  for (int threads : {1, 2, 3, 4}) {
+    ThreadPool pool(threads);
+    std::mt19937 rng(11);
+    for (int job = 0; job < 3000; ++job) {
+      int n = job % 7 == 0 ? 0 : static_cast<int>(rng() % 300);
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      pool.parallel_for(n, job % 5, [&](int begin, int end) {
+        ASSERT_LE(0, begin);
+        ASSERT_LT(begin, end);
+        ASSERT_LE(end, n);
+        for (int i = begin; i < end; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+      });
+      for (int i = 0; i < n; ++i) {
+        ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << threads << " " << job << " " << i;
+      }
+      // Now and then the workers go to sleep between jobs.
+      if (job % 500 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
 }
