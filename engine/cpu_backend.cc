@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/cpu_gemv.h"
+
 namespace hr::engine {
 
 void rms_norm(const float* x, const float* w, int n, float eps, float* out) {
@@ -29,6 +31,23 @@ void apply_rope(float* vec, int head_dim, int position, const float* inv_freq) {
   }
 }
 
+namespace {
+
+// Eight partial sums: independent chains the compiler keeps in vector registers (one running sum
+// is a chain of dependent adds, several times slower).
+float dot(const float* a, const float* b, int n) {
+  float acc[8] = {};
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+}  // namespace
+
 void attend(const float* q, const float* k_cache, const float* v_cache, const int32_t* block_table_row,
             int block_size, int kv_size, int kv_head, int head_dim, int pos, float scale,
             std::vector<float>& scores, float* out) {
@@ -40,9 +59,7 @@ void attend(const float* q, const float* k_cache, const float* v_cache, const in
   float mx = -INFINITY;
   for (int p = 0; p <= pos; ++p) {
     const float* k = at(k_cache, p);
-    float dot = 0;
-    for (int i = 0; i < head_dim; ++i) dot += q[i] * k[i];
-    scores[p] = dot * scale;
+    scores[p] = dot(q, k, head_dim) * scale;
     mx = std::max(mx, scores[p]);
   }
   float sum = 0;
@@ -65,22 +82,32 @@ void silu_mul(const float* gate_up, int ffn, float* out) {
 
 namespace {
 
-// y[m, n] = x[m, k] · w[n, k]^T (+ y when accumulate). Small products run on one thread: waking
-// OpenBLAS's pool costs more than it saves for small weight matrices and few rows.
-void gemm_xwt(const float* x, const float* w, float* y, int m, int n, int k, bool accumulate) {
+// Below this many weights (1 MiB) a GEMV stays on the calling thread: handing out work costs
+// more than splitting saves (this keeps the small bundled model's products single-threaded).
+constexpr double kMinGemvSplit = 1 << 18;
+
+}  // namespace
+
+// Decode steps (up to kMaxGemvM rows) are bound by reading w once: our GEMV streams it, its rows
+// split over the pool (OpenBLAS's sgemv was slower, and its pool slow to wake). Larger batches go
+// to OpenBLAS sgemm; small ones on one thread, since waking OpenBLAS's pool costs more than it
+// saves there.
+void CpuBackend::gemm_xwt(const float* x, const float* w, float* y, int m, int n, int k,
+                          bool accumulate) {
+  if (m == 0) return;  // a step that needs no logits
+  if (m <= kMaxGemvM) {
+    GemvProblem p{x, w, y, m, n, k, accumulate};
+    int min_split = static_cast<int>(std::max(2.0, kMinGemvSplit / k));
+    pool_.parallel_for(n, min_split, [&](int r0, int r1) { gemv_rows(p, r0, r1); });
+    return;
+  }
   static const int max_threads = openblas_get_num_threads();
   double weights = static_cast<double>(n) * k;
   bool threaded = weights >= 1e6 || weights * m >= 4e6;
   openblas_set_num_threads(threaded ? max_threads : 1);
-  if (m == 1) {  // decode of one sequence: a matrix-vector product, bound by reading w
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w, k, x, 1, accumulate ? 1.0f : 0.0f, y, 1);
-    return;
-  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k,
               accumulate ? 1.0f : 0.0f, y, n);
 }
-
-}  // namespace
 
 Result<std::unique_ptr<CpuBackend>> CpuBackend::create(std::shared_ptr<const ModelWeights> weights,
                                                        CpuBackendOptions options) {

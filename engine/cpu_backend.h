@@ -1,7 +1,8 @@
 // The CPU backend: the reference implementation every GPU kernel is checked against. fp32
-// throughout; GEMMs through OpenBLAS (multithreaded), attention and elementwise work split across
-// threads with a small fork-join pool. The paged KV cache is one host allocation per layer for K and for V.
-// forward() is called by one thread at a time.
+// throughout; GEMMs of more than kMaxGemvM token rows through OpenBLAS (multithreaded), smaller
+// ones (decode) through our own GEMV (cpu_gemv.h), its weight rows split over a small fork-join
+// pool that also runs attention and elementwise work. The paged KV cache is one host allocation
+// per layer for K and for V. forward() is called by one thread at a time.
 #pragma once
 
 #include <memory>
@@ -34,6 +35,8 @@ class CpuBackend final : public Backend {
 
  private:
   CpuBackend(std::shared_ptr<const ModelWeights> weights, CpuBackendOptions options, int num_blocks);
+  // y[m, n] = x[m, k] · w[n, k]^T (+ y when accumulate).
+  void gemm_xwt(const float* x, const float* w, float* y, int m, int n, int k, bool accumulate);
 
   std::shared_ptr<const ModelWeights> weights_;
   CpuBackendOptions options_;

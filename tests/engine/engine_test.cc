@@ -1,16 +1,23 @@
 // The engine on the bundled model: batch invariance, chunked prefill, prefix caching and
-// preemption all give the same greedy answers as one request alone (and as PyTorch).
+// preemption all give the same greedy answers as one request alone (and as PyTorch). Also the CPU
+// backend's parts: its GEMV against a double-precision reference at every SIMD level this CPU
+// has, and its thread pool.
 #include "engine/engine.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
+#include <cmath>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 
 #include "engine/chat_template.h"
 #include "engine/cpu_backend.h"
+#include "engine/cpu_gemv.h"
+#include "engine/thread_pool.h"
 #include "engine/weights.h"
 
 namespace hr::engine {
@@ -203,6 +210,102 @@ TEST(EngineTest, BadRequestsAreErrors) {
   GenerationRequest bad_token;
   bad_token.prompt = {1, 99999};
   EXPECT_FALSE(e->add(std::move(bad_token)).is_ok());
+}
+
+std::vector<SimdLevel> simd_levels() {
+  std::vector<SimdLevel> levels = {SimdLevel::kScalar};
+  if (cpu_simd_level() >= SimdLevel::kAvx2) levels.push_back(SimdLevel::kAvx2);
+  if (cpu_simd_level() >= SimdLevel::kAvx512) levels.push_back(SimdLevel::kAvx512);
+  return levels;
+}
+
+TEST(CpuGemvTest, MatchesDoublePrecisionOnOddSizes) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  auto fill = [&](std::vector<float>& v) {
+    for (float& f : v) f = uniform(rng);
+  };
+  const std::pair<int, int> sizes[] = {{1, 1}, {3, 5}, {7, 13}, {17, 31}, {37, 67}, {5, 129},
+                                       {29, 300}, {11, 1031}, {64, 768}};
+  for (SimdLevel level : simd_levels()) {
+    for (int m = 1; m <= kMaxGemvM; ++m) {
+      for (auto [n, k] : sizes) {
+        for (bool accumulate : {false, true}) {
+          std::vector<float> x(static_cast<size_t>(m) * k), w(static_cast<size_t>(n) * k);
+          std::vector<float> y0(static_cast<size_t>(m) * n);
+          fill(x);
+          fill(w);
+          fill(y0);
+          std::vector<float> y = y0;
+          GemvProblem p{x.data(), w.data(), y.data(), m, n, k, accumulate};
+          // Two calls over adjacent row ranges, as the pool splits them; row 0 stays out (n > 1).
+          int first = n > 1 ? 1 : 0;
+          int mid = std::max(first, (n + 1) / 2);
+          gemv_rows(p, first, mid, level);
+          gemv_rows(p, mid, n, level);
+          for (int i = 0; i < m; ++i) {
+            for (int r = 0; r < n; ++r) {
+              size_t at = static_cast<size_t>(i) * n + r;
+              if (r < first) {
+                EXPECT_EQ(y[at], y0[at]) << "row outside the range was written";
+                continue;
+              }
+              double ref = accumulate ? y0[at] : 0.0;
+              double magnitude = std::abs(ref);
+              for (int j = 0; j < k; ++j) {
+                double t = static_cast<double>(w[static_cast<size_t>(r) * k + j]) *
+                           x[static_cast<size_t>(i) * k + j];
+                ref += t;
+                magnitude += std::abs(t);
+              }
+              EXPECT_NEAR(y[at], ref, 1e-5 * magnitude + 1e-30)
+                  << simd_level_name(level) << " m=" << m << " n=" << n << " k=" << k
+                  << " accumulate=" << accumulate << " i=" << i << " r=" << r;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuGemvTest, SumFloatsMatchesDoublePrecision) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  for (SimdLevel level : simd_levels()) {
+    for (size_t n : {0, 1, 7, 63, 65, 1000, 100003}) {
+      std::vector<float> v(n);
+      double ref = 0;
+      for (float& f : v) {
+        f = uniform(rng);
+        ref += f;
+      }
+      EXPECT_NEAR(sum_floats(v.data(), n, level), ref, 1e-5 * ref + 1e-30)
+          << simd_level_name(level) << " n=" << n;
+    }
+  }
+}
+
+TEST(ThreadPoolTest, RunsEveryIndexOnceForManyJobs) {
+  for (int threads : {1, 2, 3, 4}) {
+    ThreadPool pool(threads);
+    std::mt19937 rng(11);
+    for (int job = 0; job < 3000; ++job) {
+      int n = job % 7 == 0 ? 0 : static_cast<int>(rng() % 300);
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      pool.parallel_for(n, job % 5, [&](int begin, int end) {
+        ASSERT_LE(0, begin);
+        ASSERT_LT(begin, end);
+        ASSERT_LE(end, n);
+        for (int i = begin; i < end; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+      });
+      for (int i = 0; i < n; ++i) {
+        ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << threads << " " << job << " " << i;
+      }
+      // Now and then the workers go to sleep between jobs.
+      if (job % 500 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
 }
 
 }  // namespace
