@@ -85,6 +85,9 @@ namespace {
 // Below this many weights (1 MiB) a GEMV stays on the calling thread: handing out work costs
 // more than splitting saves (this keeps the small bundled model's products single-threaded).
 constexpr double kMinGemvSplit = 1 << 18;
+// Batches up to this many token rows use our register-tiled product (with AVX-512); larger ones
+// go to OpenBLAS sgemm, whose packing of w pays off there.
+constexpr int kMaxTiledM = 64;
 
 }  // namespace
 
@@ -99,6 +102,12 @@ void CpuBackend::gemm_xwt(const float* x, const float* w, float* y, int m, int n
     GemvProblem p{x, w, y, m, n, k, accumulate};
     int min_split = static_cast<int>(std::max(2.0, kMinGemvSplit / k));
     pool_.parallel_for(n, min_split, [&](int r0, int r1) { gemv_rows(p, r0, r1); });
+    return;
+  }
+  if (m <= kMaxTiledM && gemm_tiles_supported()) {
+    GemvProblem p{x, w, y, m, n, k, accumulate};
+    int min_split = static_cast<int>(std::max(3.0, kMinGemvSplit / k));
+    pool_.parallel_for(n, min_split, [&](int r0, int r1) { gemm_tiles(p, r0, r1); });
     return;
   }
   static const int max_threads = openblas_get_num_threads();

@@ -5,9 +5,14 @@
 
 #include "base/check.h"
 
+#include <algorithm>
+
 #if defined(__x86_64__)
 #define HR_GEMV_X86 1
+#define HR_GEMV_X86_ONLY(e) (e)
 #include <immintrin.h>
+#else
+#define HR_GEMV_X86_ONLY(e) false
 #endif
 
 namespace hr::engine {
@@ -151,6 +156,57 @@ __attribute__((target("avx512f,avx2,fma"))) void gemv_avx512(const GemvProblem& 
   }
 }
 
+// A register tile of MR x rows by NR weight rows: MR*NR accumulators, and per 16 floats of k only
+// MR + NR loads for MR*NR FMAs, so the FMAs rather than the loads set the pace (a GEMV tile has
+// one load per FMA). The caller keeps the weight rows of a block in cache across x-row groups.
+template <int MR, int NR>
+__attribute__((target("avx512f,avx2,fma"))) void tile_avx512(const GemvProblem& p, int i0,
+                                                             int r0) {
+  const int k = p.k;
+  const int k16 = k & ~15;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (k & 15)) - 1);
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; ++i) {
+    for (int c = 0; c < NR; ++c) acc[i][c] = _mm512_setzero_ps();
+  }
+  const float* x = p.x + static_cast<size_t>(i0) * k;
+  const float* w = p.w + static_cast<size_t>(r0) * k;
+  for (int j = 0; j < k16; j += 16) {
+    __m512 wv[NR];
+    for (int c = 0; c < NR; ++c) wv[c] = _mm512_loadu_ps(w + static_cast<size_t>(c) * k + j);
+    for (int i = 0; i < MR; ++i) {
+      __m512 xv = _mm512_loadu_ps(x + static_cast<size_t>(i) * k + j);
+      for (int c = 0; c < NR; ++c) acc[i][c] = _mm512_fmadd_ps(wv[c], xv, acc[i][c]);
+    }
+  }
+  if (tail) {
+    __m512 wv[NR];
+    for (int c = 0; c < NR; ++c) {
+      wv[c] = _mm512_maskz_loadu_ps(tail, w + static_cast<size_t>(c) * k + k16);
+    }
+    for (int i = 0; i < MR; ++i) {
+      __m512 xv = _mm512_maskz_loadu_ps(tail, x + static_cast<size_t>(i) * k + k16);
+      for (int c = 0; c < NR; ++c) acc[i][c] = _mm512_fmadd_ps(wv[c], xv, acc[i][c]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int c = 0; c < NR; ++c) {
+      float s = _mm512_reduce_add_ps(acc[i][c]);
+      float& out = p.y[static_cast<size_t>(i0 + i) * p.n + r0 + c];
+      out = p.accumulate ? out + s : s;
+    }
+  }
+}
+
+// x rows [i0, i0 + MR) against weight rows [r0, r1), NR at a time.
+template <int MR>
+__attribute__((target("avx512f,avx2,fma"))) void tile_rows_avx512(const GemvProblem& p, int i0,
+                                                                  int r0, int r1) {
+  int r = r0;
+  for (; r + 3 <= r1; r += 3) tile_avx512<MR, 3>(p, i0, r);
+  for (; r < r1; ++r) tile_avx512<MR, 1>(p, i0, r);
+}
+
 __attribute__((target("avx2,fma"))) float sum_avx2(const float* p, size_t n) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   size_t i = 0;
@@ -218,6 +274,35 @@ const char* simd_level_name(SimdLevel level) {
       return "scalar";
   }
   return "?";
+}
+
+bool gemm_tiles_supported() { return HR_GEMV_X86_ONLY(cpu_simd_level() == SimdLevel::kAvx512); }
+
+void gemm_tiles(const GemvProblem& p, int row_begin, int row_end) {
+  HR_CHECK(gemm_tiles_supported()) << "gemm_tiles needs AVX-512";
+#if HR_GEMV_X86
+  // Weight rows in blocks that stay in L2 while every group of 8 x rows passes over them.
+  const int block = std::max(3, static_cast<int>((96 << 10) / (sizeof(float) * p.k)) / 3 * 3);
+  for (int b0 = row_begin; b0 < row_end; b0 += block) {
+    int b1 = std::min(row_end, b0 + block);
+    int i = 0;
+    for (; i + 8 <= p.m; i += 8) tile_rows_avx512<8>(p, i, b0, b1);
+    switch (p.m - i) {
+      case 1: tile_rows_avx512<1>(p, i, b0, b1); break;
+      case 2: tile_rows_avx512<2>(p, i, b0, b1); break;
+      case 3: tile_rows_avx512<3>(p, i, b0, b1); break;
+      case 4: tile_rows_avx512<4>(p, i, b0, b1); break;
+      case 5: tile_rows_avx512<5>(p, i, b0, b1); break;
+      case 6: tile_rows_avx512<6>(p, i, b0, b1); break;
+      case 7: tile_rows_avx512<7>(p, i, b0, b1); break;
+      default: break;
+    }
+  }
+#else
+  (void)p;
+  (void)row_begin;
+  (void)row_end;
+#endif
 }
 
 void gemv_rows(const GemvProblem& p, int row_begin, int row_end, SimdLevel level) {

@@ -39,6 +39,13 @@ inline void gemv_rows(const GemvProblem& p, int row_begin, int row_end) {
   gemv_rows(p, row_begin, row_end, cpu_simd_level());
 }
 
+// y[m, n] = x[m, k] · w[n, k]^T for columns [row_begin, row_end) with any m, in register tiles of
+// 8 x rows by 3 weight rows over cache-sized blocks of weight rows: for batches too large for the
+// GEMV (whose loads, one per FMA, then limit it) and too small for BLAS to pay for its packing.
+// AVX-512 only: check gemm_tiles_supported().
+bool gemm_tiles_supported();
+void gemm_tiles(const GemvProblem& p, int row_begin, int row_end);
+
 // The sum of n floats read front to back with the widest loads of `level` and enough independent
 // accumulators that the adds never limit the speed: a pure streaming read.
 float sum_floats(const float* p, size_t n, SimdLevel level);

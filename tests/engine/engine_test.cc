@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <sstream>
@@ -219,51 +220,74 @@ std::vector<SimdLevel> simd_levels() {
   return levels;
 }
 
-TEST(CpuGemvTest, MatchesDoublePrecisionOnOddSizes) {
-  std::mt19937 rng(3);
+// Runs `product` over two adjacent row ranges (as the pool splits them; row 0 stays out when
+// n > 1) and checks every output against a double-precision reference.
+void expect_product_matches(int m, int n, int k, bool accumulate, std::mt19937& rng,
+                            const std::function<void(const GemvProblem&, int, int)>& product,
+                            const std::string& what) {
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   auto fill = [&](std::vector<float>& v) {
     for (float& f : v) f = uniform(rng);
   };
-  const std::pair<int, int> sizes[] = {{1, 1}, {3, 5}, {7, 13}, {17, 31}, {37, 67}, {5, 129},
-                                       {29, 300}, {11, 1031}, {64, 768}};
+  std::vector<float> x(static_cast<size_t>(m) * k), w(static_cast<size_t>(n) * k);
+  std::vector<float> y0(static_cast<size_t>(m) * n);
+  fill(x);
+  fill(w);
+  fill(y0);
+  std::vector<float> y = y0;
+  GemvProblem p{x.data(), w.data(), y.data(), m, n, k, accumulate};
+  int first = n > 1 ? 1 : 0;
+  int mid = std::max(first, (n + 1) / 2);
+  product(p, first, mid);
+  product(p, mid, n);
+  for (int i = 0; i < m; ++i) {
+    for (int r = 0; r < n; ++r) {
+      size_t at = static_cast<size_t>(i) * n + r;
+      if (r < first) {
+        EXPECT_EQ(y[at], y0[at]) << "row outside the range was written";
+        continue;
+      }
+      double ref = accumulate ? y0[at] : 0.0;
+      double magnitude = std::abs(ref);
+      for (int j = 0; j < k; ++j) {
+        double t = static_cast<double>(w[static_cast<size_t>(r) * k + j]) *
+                   x[static_cast<size_t>(i) * k + j];
+        ref += t;
+        magnitude += std::abs(t);
+      }
+      ASSERT_NEAR(y[at], ref, 1e-5 * magnitude + 1e-30)
+          << what << " m=" << m << " n=" << n << " k=" << k << " accumulate=" << accumulate
+          << " i=" << i << " r=" << r;
+    }
+  }
+}
+
+const std::pair<int, int> kOddSizes[] = {{1, 1}, {3, 5}, {7, 13}, {17, 31}, {37, 67}, {5, 129},
+                                         {29, 300}, {11, 1031}, {64, 768}};
+
+TEST(CpuGemvTest, MatchesDoublePrecisionOnOddSizes) {
+  std::mt19937 rng(3);
   for (SimdLevel level : simd_levels()) {
     for (int m = 1; m <= kMaxGemvM; ++m) {
-      for (auto [n, k] : sizes) {
+      for (auto [n, k] : kOddSizes) {
         for (bool accumulate : {false, true}) {
-          std::vector<float> x(static_cast<size_t>(m) * k), w(static_cast<size_t>(n) * k);
-          std::vector<float> y0(static_cast<size_t>(m) * n);
-          fill(x);
-          fill(w);
-          fill(y0);
-          std::vector<float> y = y0;
-          GemvProblem p{x.data(), w.data(), y.data(), m, n, k, accumulate};
-          // Two calls over adjacent row ranges, as the pool splits them; row 0 stays out (n > 1).
-          int first = n > 1 ? 1 : 0;
-          int mid = std::max(first, (n + 1) / 2);
-          gemv_rows(p, first, mid, level);
-          gemv_rows(p, mid, n, level);
-          for (int i = 0; i < m; ++i) {
-            for (int r = 0; r < n; ++r) {
-              size_t at = static_cast<size_t>(i) * n + r;
-              if (r < first) {
-                EXPECT_EQ(y[at], y0[at]) << "row outside the range was written";
-                continue;
-              }
-              double ref = accumulate ? y0[at] : 0.0;
-              double magnitude = std::abs(ref);
-              for (int j = 0; j < k; ++j) {
-                double t = static_cast<double>(w[static_cast<size_t>(r) * k + j]) *
-                           x[static_cast<size_t>(i) * k + j];
-                ref += t;
-                magnitude += std::abs(t);
-              }
-              EXPECT_NEAR(y[at], ref, 1e-5 * magnitude + 1e-30)
-                  << simd_level_name(level) << " m=" << m << " n=" << n << " k=" << k
-                  << " accumulate=" << accumulate << " i=" << i << " r=" << r;
-            }
-          }
+          expect_product_matches(
+              m, n, k, accumulate, rng,
+              [level](const GemvProblem& p, int r0, int r1) { gemv_rows(p, r0, r1, level); },
+              simd_level_name(level));
         }
+      }
+    }
+  }
+}
+
+TEST(CpuGemvTest, RegisterTilesMatchDoublePrecisionOnOddSizes) {
+  if (!gemm_tiles_supported()) GTEST_SKIP() << "needs AVX-512";
+  std::mt19937 rng(4);
+  for (int m : {1, 7, 9, 16, 17, 23, 32, 33, 64}) {
+    for (auto [n, k] : kOddSizes) {
+      for (bool accumulate : {false, true}) {
+        expect_product_matches(m, n, k, accumulate, rng, gemm_tiles, "tiles");
       }
     }
   }
