@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <optional>
 #include <thread>
 
 #include "base/clock.h"
@@ -291,30 +292,36 @@ std::string WorkerRouter::body_for(const json& request, const SyncCall& call, bo
       .dump();
 }
 
-Result<SyncAnswer> WorkerRouter::run(const json& request, const SyncCall& call) {
-  std::string body = body_for(request, call, false);
+template <typename T, typename OnOk>
+Result<T> WorkerRouter::forward(const SyncCall& call, const std::string& body, OnOk on_ok) {
   std::vector<std::string> skip;
   Status last = Status::ok();
   for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
     HR_ASSIGN_OR_RETURN(std::shared_ptr<Attempt> a, place(call, skip));
-    WorkerCall wc(options_);
-    Status st = wc.open(a->url, body);
-    Result<std::string> answer = st.is_ok() ? wc.read_all() : Result<std::string>(st);
-    if (!answer.is_ok()) {
+    auto wc = std::make_unique<WorkerCall>(options_);
+    Status st = wc->open(a->url, body);
+    std::optional<Result<T>> got;
+    if (!st.is_ok()) {
+      got.emplace(st);
+    } else if (wc->status() == 200) {
+      got.emplace(on_ok(a, std::move(wc)));
+    }
+    if (got && !got->is_ok() && got->status().code() == StatusCode::kUnavailable) {
       // Unreachable, or gone mid-answer: nothing reached the client yet, so another worker may
       // answer instead.
-      log::warn("router.worker_failed", {{"worker", a->worker_id}, {"error", answer.status()}});
+      log::warn("router.worker_failed", {{"worker", a->worker_id}, {"error", got->status()}});
       routed("worker_failed").add();
       suspect(a->worker_id);
       skip.push_back(a->worker_id);
-      last = answer.status();
+      last = got->status();
       continue;
     }
-    if (wc.status() == 200) {
-      routed("ok").add();
-      return answer_from_json(json::parse(*answer, nullptr, false), a->worker_id);
+    if (got) {
+      routed(got->is_ok() ? "ok" : "error").add();
+      return std::move(*got);
     }
-    Status err = status_from_error_body(wc.status(), *answer);
+    Result<std::string> text = wc->read_all();
+    Status err = status_from_error_body(wc->status(), text.is_ok() ? *text : "");
     // A worker that is stopping (or full, when the call may wait) hands the call on.
     if (err.code() == StatusCode::kResourceExhausted && !call.reject_if_busy) {
       skip.push_back(a->worker_id);
@@ -327,6 +334,15 @@ Result<SyncAnswer> WorkerRouter::run(const json& request, const SyncCall& call) 
   return last.code() == StatusCode::kResourceExhausted
              ? last
              : unavailable("no worker could answer: " + last.message());
+}
+
+Result<SyncAnswer> WorkerRouter::run(const json& request, const SyncCall& call) {
+  return forward<SyncAnswer>(
+      call, body_for(request, call, false),
+      [](const std::shared_ptr<Attempt>& a, std::unique_ptr<WorkerCall> wc) -> Result<SyncAnswer> {
+        HR_ASSIGN_OR_RETURN(std::string answer, wc->read_all());
+        return answer_from_json(json::parse(answer, nullptr, false), a->worker_id);
+      });
 }
 
 namespace {
@@ -391,39 +407,12 @@ class RemoteStream final : public SyncStream {
 
 Result<std::unique_ptr<SyncStream>> WorkerRouter::start_stream(const json& request,
                                                                const SyncCall& call) {
-  std::string body = body_for(request, call, true);
-  std::vector<std::string> skip;
-  Status last = Status::ok();
-  for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
-    HR_ASSIGN_OR_RETURN(std::shared_ptr<Attempt> a, place(call, skip));
-    auto wc = std::make_unique<WorkerCall>(options_);
-    Status st = wc->open(a->url, body);
-    if (!st.is_ok()) {
-      log::warn("router.worker_failed", {{"worker", a->worker_id}, {"error", st}});
-      routed("worker_failed").add();
-      suspect(a->worker_id);
-      skip.push_back(a->worker_id);
-      last = st;
-      continue;
-    }
-    if (wc->status() == 200) {
-      routed("ok").add();
-      std::string worker = a->worker_id;
-      return std::unique_ptr<SyncStream>(new RemoteStream(a, std::move(wc), worker));
-    }
-    Result<std::string> text = wc->read_all();
-    Status err = status_from_error_body(wc->status(), text.is_ok() ? *text : "");
-    if (err.code() == StatusCode::kResourceExhausted && !call.reject_if_busy) {
-      skip.push_back(a->worker_id);
-      last = err;
-      continue;
-    }
-    routed("error").add();
-    return err;
-  }
-  return last.code() == StatusCode::kResourceExhausted
-             ? last
-             : unavailable("no worker could answer: " + last.message());
+  return forward<std::unique_ptr<SyncStream>>(
+      call, body_for(request, call, true),
+      [](const std::shared_ptr<Attempt>& a, std::unique_ptr<WorkerCall> wc)
+          -> Result<std::unique_ptr<SyncStream>> {
+        return std::unique_ptr<SyncStream>(new RemoteStream(a, std::move(wc), a->worker_id));
+      });
 }
 
 }  // namespace hr::api

@@ -64,6 +64,11 @@ class WorkerRouter final : public SyncInference {
   Result<std::vector<queue::WorkerInfo>> workers_of(const std::string& model);
   void suspect(const std::string& worker_id);
   std::string body_for(const nlohmann::json& request, const SyncCall& call, bool stream) const;
+  // Sends `body` to a worker placed for `call`, moving on to the next one while workers cannot be
+  // reached or hand the call on; on_ok(attempt, exchange) turns a 200 answer into the result
+  // (kUnavailable from it: the worker broke off, try another).
+  template <typename T, typename OnOk>
+  Result<T> forward(const SyncCall& call, const std::string& body, OnOk on_ok);
 
   RouterOptions options_;
   std::mutex mu_;
