@@ -73,6 +73,8 @@ class Engine {
   [[nodiscard]] Result<StepStats> step();
   bool has_work() const { return scheduler_.has_work(); }
   Headroom headroom() const { return scheduler_.headroom(); }
+  // See Scheduler::set_sync_expected.
+  void set_sync_expected(bool expected) { scheduler_.set_sync_expected(expected); }
   const BlockManager& blocks() const { return blocks_; }
   const Backend& backend() const { return *backend_; }
   int num_active() const { return static_cast<int>(active_.size()); }

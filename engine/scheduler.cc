@@ -125,7 +125,7 @@ StepPlan Scheduler::schedule() {
     }
     return true;
   };
-  bool sync_present = !waiting_sync_.empty();
+  bool sync_present = sync_expected_ || !waiting_sync_.empty();
   bool sync_prefill = !waiting_sync_.empty();
   for (const Sequence* seq : running_) {
     if (seq->cls != RequestClass::kSync) continue;

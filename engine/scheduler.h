@@ -91,6 +91,9 @@ class Scheduler {
   Headroom headroom() const;
   bool has_work() const { return !running_.empty() || !waiting_sync_.empty() || !waiting_async_.empty(); }
   const SchedulerConfig& config() const { return config_; }
+  // Sync requests are expected soon (they came recently): max_async_tokens_with_sync applies even
+  // while none is in the engine, so an arriving one does not wait behind a long async step.
+  void set_sync_expected(bool expected) { sync_expected_ = expected; }
 
  private:
   bool grow(Sequence* seq, int num_new_tokens, bool allow_self, StepPlan* plan, int* budget);
@@ -98,6 +101,7 @@ class Scheduler {
   void preempt(Sequence* victim, StepPlan* plan, int* budget);
 
   SchedulerConfig config_;
+  bool sync_expected_ = false;
   BlockManager* blocks_;
   std::vector<Sequence*> running_;
   std::deque<Sequence*> waiting_sync_;

@@ -376,7 +376,8 @@ void Worker::loop() {
     if (colon != std::string::npos) gpu_index = std::atoi(config_.device.c_str() + colon + 1);
   }
   UtilizationBrake brake(config_.max_utilization, std::move(gpu), gpu_index);
-  RecentPeak sync_peak;  // most sync sequences at once over the last seconds
+  RecentPeak sync_peak;       // most sync sequences at once over the last 10 s
+  RecentPeak sync_recent(3);  // the same over the last 3 s: is sync traffic about?
   int64_t busy_ns = 0;               // time in engine steps since mark_ns
   int64_t mark_ns = steady_now_ns();
   auto publish_engine_gauges = [&] {
@@ -516,6 +517,9 @@ void Worker::loop() {
     int credits = 0;
     int sync_now = h.running_sync + h.waiting_sync;
     sync_peak.record(sync_now, steady_now_ns());
+    sync_recent.record(sync_now, steady_now_ns());
+    // While sync traffic is about, async steps stay short even between sync requests.
+    eng.set_sync_expected(sync_recent.peak() > 0);
     // Room kept for sync: the configured reserve, or as many more sync sequences as the recent
     // peak had (up to half the slots: a past burst must not shut async work out), whichever is
     // larger.

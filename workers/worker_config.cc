@@ -21,7 +21,8 @@ void WorkerConfig::bind(CLI::App& app) {
   cli::add(app, "--max-batched-tokens", max_batched_tokens, "Tokens per engine step");
   cli::add(app, "--max-pull", max_pull, "Most requests taken from the queue at once");
   cli::add(app, "--async-tokens-with-sync", async_tokens_with_sync,
-           "While sync requests run, async sequences get at most this many tokens per engine "
+           "While sync requests run (or ran in the last 3 s), async sequences get at most this "
+           "many tokens per engine "
            "step: keeps those steps short where step time grows with batch size (0: no cap; "
            "-1: 8 on the CPU backend, no cap on a GPU)");
   cli::add(app, "--sync-prefill-alone", sync_prefill_alone,

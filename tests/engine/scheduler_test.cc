@@ -78,6 +78,13 @@ TEST(SchedulerTest, AsyncTokensAreCappedOnlyWhileSyncIsPresent) {
   EXPECT_EQ(p.num_tokens, 1 + 3);
   // The engine reports the held-back budget as headroom, not as used.
   EXPECT_EQ(h.sched.headroom().token_budget_left, 64 - 4);
+  // Once the sync sequence is gone the cap lifts, unless sync requests are expected.
+  s->finished = true;
+  h.sched.remove(s);
+  h.sched.set_sync_expected(true);
+  EXPECT_EQ(h.step().num_tokens, 3);
+  h.sched.set_sync_expected(false);
+  EXPECT_EQ(h.step().num_tokens, 6);
 }
 
 TEST(SchedulerTest, SyncPrefillStepCarriesNoAsyncTokens) {
