@@ -168,14 +168,16 @@ std::vector<size_t> route_order(const std::vector<queue::WorkerInfo>& workers,
     });
     return order;
   }
-  // Least loaded by the fraction of sync capacity in use; then fewer async sequences (less to
-  // preempt); then a per-call random order, so equal workers share the traffic.
+  // Least loaded by the fraction of sync capacity in use, in eighths: announced loads are up to a
+  // heartbeat old (and may still count this API's finished calls), so finer differences are
+  // noise and would send every call to one worker until the next heartbeat. Then fewer async
+  // sequences (less to preempt); then a per-call random order, so equal workers share the traffic.
   auto fraction = [&](size_t i) {
     int cap = std::max(1, workers[i].capacity);
-    return static_cast<double>(load_of(workers[i], in_flight[i])) / cap;
+    return 8 * load_of(workers[i], in_flight[i]) / cap;
   };
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    double fa = fraction(a), fb = fraction(b);
+    int fa = fraction(a), fb = fraction(b);
     if (fa != fb) return fa < fb;
     if (workers[a].async_running != workers[b].async_running) {
       return workers[a].async_running < workers[b].async_running;

@@ -3,7 +3,8 @@
 //
 // Placement: with x-session-affinity, rendezvous hashing over the live workers, so one value keeps
 // landing on the same worker while it lives and moves to the next-ranked one when it dies;
-// otherwise the least loaded worker with room (ties broken at random). A worker has room while
+// otherwise the least loaded worker with room (load compared in eighths of capacity, ties broken
+// at random). A worker has room while
 // the sync requests it holds stay below its capacity; its load is the larger of what it last
 // announced and what this API has in flight to it, which covers the time between heartbeats.
 // No worker with room: kResourceExhausted at once with reject_if_busy, else after waiting up to

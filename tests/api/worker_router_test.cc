@@ -90,6 +90,17 @@ TEST(WorkerRouterTest, EqualLoadPrefersFewerAsyncSequencesThenSpreadsAtRandom) {
   EXPECT_GT(first["q"], 50);
 }
 
+TEST(WorkerRouterTest, LoadDifferencesBelowAnEighthOfCapacitySpreadAtRandom) {
+  // A heartbeat-old load of 1 in 32 must not send every call to the other worker.
+  std::vector<queue::WorkerInfo> ws = {worker("p", 32, 1), worker("q", 32, 0)};
+  std::map<std::string, int> first;
+  for (uint64_t seed = 0; seed < 200; ++seed) ++first[ws[route_order(ws, {0, 0}, "", seed)[0]].id];
+  EXPECT_GT(first["p"], 50);
+  EXPECT_GT(first["q"], 50);
+  ws[0].sync_load = 4;  // an eighth: now it counts
+  for (uint64_t seed = 0; seed < 50; ++seed) EXPECT_EQ(ws[route_order(ws, {0, 0}, "", seed)[0]].id, "q");
+}
+
 TEST(WorkerRouterTest, RoomIsCapacityMinusTheLargerLoad) {
   queue::WorkerInfo w = worker("w", 4, 3);
   EXPECT_TRUE(has_room(w, 0));
