@@ -86,37 +86,36 @@ bool QueueIo::connected() const {
   return connected_;
 }
 
-// Records queued results (called with `lock` held; unlocks around the I/O). Failed writes stay
-// queued and are tried again.
+namespace {
+
+// Writes the items queued in `queued` with `write` (called with `lock` held; unlocks around the
+// I/O) and counts them in `recorded`; after a failed write they stay queued, in order, for the
+// next try.
+template <typename Item, typename Write>
+void write_queued(std::vector<Item>& queued, std::atomic<int64_t>& recorded, const char* event,
+                  Write write, std::unique_lock<std::mutex>& lock) {
+  if (queued.empty()) return;
+  std::vector<Item> batch;
+  batch.swap(queued);
+  lock.unlock();
+  auto r = write(batch);
+  lock.lock();
+  if (r.is_ok()) {
+    recorded += static_cast<int64_t>(batch.size());
+    return;
+  }
+  log::warn(event, {{"error", r.status()}});
+  queued.insert(queued.begin(), std::make_move_iterator(batch.begin()),
+                std::make_move_iterator(batch.end()));
+}
+
+}  // namespace
+
 void QueueIo::flush(queue::LeaseClient& leases, std::unique_lock<std::mutex>& lock) {
-  if (!done_.empty()) {
-    std::vector<queue::Completion> batch;
-    batch.swap(done_);
-    lock.unlock();
-    auto r = leases.complete(batch);
-    lock.lock();
-    if (r.is_ok()) {
-      stats_.completed += static_cast<int64_t>(batch.size());
-    } else {
-      log::warn("worker.complete_failed", {{"error", r.status()}});
-      done_.insert(done_.begin(), std::make_move_iterator(batch.begin()),
-                   std::make_move_iterator(batch.end()));
-    }
-  }
-  if (!failed_.empty()) {
-    std::vector<queue::Failure> batch;
-    batch.swap(failed_);
-    lock.unlock();
-    auto r = leases.fail(batch);
-    lock.lock();
-    if (r.is_ok()) {
-      stats_.failed += static_cast<int64_t>(batch.size());
-    } else {
-      log::warn("worker.fail_failed", {{"error", r.status()}});
-      failed_.insert(failed_.begin(), std::make_move_iterator(batch.begin()),
-                     std::make_move_iterator(batch.end()));
-    }
-  }
+  write_queued(done_, stats_.completed, "worker.complete_failed",
+               [&](const std::vector<queue::Completion>& b) { return leases.complete(b); }, lock);
+  write_queued(failed_, stats_.failed, "worker.fail_failed",
+               [&](const std::vector<queue::Failure>& b) { return leases.fail(b); }, lock);
 }
 
 void QueueIo::loop() {

@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <sstream>
+
+#include "tests/testing/http_client.h"
 
 namespace hr::bench {
 
@@ -99,26 +102,10 @@ class SseReader {
 
 HttpAnswer http_call(int port, const std::string& method, const std::string& target,
                      const std::string& key, const std::string& body) {
-  HttpAnswer out;
-  try {
-    boost::asio::io_context ioc;
-    tcp::socket socket(ioc);
-    socket.connect(tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"),
-                                 static_cast<unsigned short>(port)));
-    http::write(socket, make_request(http::string_to_verb(method), target, key, body));
-    beast::flat_buffer buffer;
-    http::response_parser<http::string_body> parser;
-    parser.body_limit(1ull << 30);
-    http::read(socket, buffer, parser);
-    out.status = static_cast<int>(parser.get().result_int());
-    out.body = parser.get().body();
-    beast::error_code ec;
-    socket.shutdown(tcp::socket::shutdown_both, ec);
-  } catch (const std::exception& e) {
-    out.status = 0;
-    out.body = e.what();
-  }
-  return out;
+  std::map<std::string, std::string> headers;
+  if (!key.empty()) headers["Authorization"] = "Bearer " + key;
+  testing::HttpResult r = testing::http_call(method, port, target, body, headers);
+  return {r.status, r.body};
 }
 
 StreamResult stream_chat(int port, const std::string& key, const std::string& body,

@@ -4,13 +4,12 @@
 // HTTP, and the storage layer alone), batch creation (validate every line + store) for 10,000 and
 // 100,000 requests, finalizing a finished 10,000-request batch into its output file, and reading
 // that output back. Prints one JSON object as its last line.
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -20,10 +19,10 @@
 #include "queue/openai_batches.h"
 #include "queue/pg.h"
 #include "queue/store.h"
+#include "tests/testing/http_client.h"
 
 namespace beast = boost::beast;
 namespace http = beast::http;
-using tcp = boost::asio::ip::tcp;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
@@ -43,24 +42,11 @@ struct Answer {
 
 Answer call(int port, http::verb verb, const std::string& target, const std::string& key,
             const std::string& body = "", const std::string& content_type = "application/json") {
-  boost::asio::io_context ioc;
-  beast::tcp_stream stream(ioc);
-  stream.connect(
-      tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)));
-  http::request<http::string_body> req{verb, target, 11};
-  req.set(http::field::host, "127.0.0.1");
-  req.set(http::field::authorization, "Bearer " + key);
-  if (verb == http::verb::post) {
-    req.set(http::field::content_type, content_type);
-    req.body() = body;
-    req.prepare_payload();
-  }
-  http::write(stream, req);
-  beast::flat_buffer buffer;
-  http::response_parser<http::string_body> parser;
-  parser.body_limit(1ull << 31);
-  http::read(stream, buffer, parser);
-  return {static_cast<int>(parser.get().result_int()), parser.get().body()};
+  hr::testing::HttpResult r = hr::testing::http_call(
+      std::string(http::to_string(verb)), port, target, body,
+      {{"Authorization", "Bearer " + key}, {"Content-Type", content_type}});
+  if (r.status == 0) throw std::runtime_error("no answer: " + r.body);
+  return {r.status, std::move(r.body)};
 }
 
 double seconds_since(Clock::time_point t) {
