@@ -1,13 +1,12 @@
 // CPU forward pass over a flattened batch with a paged KV cache.
 #include "engine/cpu_backend.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "engine/cpu_gemv.h"
+#include "base/check.h"
+#include "engine/cpu_gemm.h"
 
 namespace hr::engine {
 
@@ -82,44 +81,56 @@ void silu_mul(const float* gate_up, int ffn, float* out) {
 
 namespace {
 
-// Below this many weights (1 MiB) a GEMV stays on the calling thread: handing out work costs
+// Below this many weights (1 MiB) a product stays on the calling thread: handing out work costs
 // more than splitting saves (this keeps the small bundled model's products single-threaded).
-constexpr double kMinGemvSplit = 1 << 18;
-// Batches up to this many token rows use our register-tiled product (with AVX-512); larger ones
-// go to OpenBLAS sgemm, whose packing of w pays off there.
-constexpr int kMaxTiledM = 64;
+constexpr double kMinSplitWeights = 1 << 18;
+
+// Replaces row-major v[n, k] by its panel packing.
+void pack_matrix(std::vector<float>* v, int n, int k) {
+  HR_CHECK(v->size() == static_cast<size_t>(n) * k) << v->size() << " != " << n << " x " << k;
+  std::vector<float> packed;
+  allocate_weight(&packed, packed_size(n, k));
+  pack_panels(v->data(), n, k, packed.data());
+  v->swap(packed);
+}
 
 }  // namespace
 
-// Decode steps (up to kMaxGemvM rows) are bound by reading w once: our GEMV streams it, its rows
-// split over the pool (OpenBLAS's sgemv was slower, and its pool slow to wake). Larger batches go
-// to OpenBLAS sgemm; small ones on one thread, since waking OpenBLAS's pool costs more than it
-// saves there.
-void CpuBackend::gemm_xwt(const float* x, const float* w, float* y, int m, int n, int k,
-                          bool accumulate) {
+void pack_for_cpu(ModelWeights* w) {
+  if (w->cpu_packed) return;
+  const ModelConfig& c = w->config;
+  const int D = c.hidden_size, F = c.intermediate_size, Q = c.q_size(), KV = c.kv_size();
+  for (LayerWeights& L : w->layers) {
+    pack_matrix(&L.wqkv, Q + 2 * KV, D);
+    pack_matrix(&L.wo, D, Q);
+    pack_matrix(&L.w_gate_up, 2 * F, D);
+    pack_matrix(&L.w_down, D, F);
+  }
+  pack_matrix(w->lm_head.empty() ? &w->embed : &w->lm_head, c.vocab_size, D);
+  w->cpu_packed = true;
+}
+
+// Every product, decode or prefill, runs the panel kernels (cpu_gemm.h), split over the pool in
+// runs of three panels (the AVX-512 tile's width).
+void CpuBackend::matmul(const float* x, const float* w, float* y, int m, int n, int k,
+                        bool accumulate) {
   if (m == 0) return;  // a step that needs no logits
-  if (m <= kMaxGemvM) {
-    GemvProblem p{x, w, y, m, n, k, accumulate};
-    int min_split = static_cast<int>(std::max(2.0, kMinGemvSplit / k));
-    pool_.parallel_for(n, min_split, [&](int r0, int r1) { gemv_rows(p, r0, r1); });
-    return;
-  }
-  if (m <= kMaxTiledM && gemm_tiles_supported()) {
-    GemvProblem p{x, w, y, m, n, k, accumulate};
-    int min_split = static_cast<int>(std::max(3.0, kMinGemvSplit / k));
-    pool_.parallel_for(n, min_split, [&](int r0, int r1) { gemm_tiles(p, r0, r1); });
-    return;
-  }
-  static const int max_threads = openblas_get_num_threads();
-  double weights = static_cast<double>(n) * k;
-  bool threaded = weights >= 1e6 || weights * m >= 4e6;
-  openblas_set_num_threads(threaded ? max_threads : 1);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k,
-              accumulate ? 1.0f : 0.0f, y, n);
+  PanelProduct p{x, w, y, m, n, k, accumulate};
+  const int panels = num_panels(n);
+  const int triples = (panels + 2) / 3;
+  const int min_split = static_cast<int>(std::max(1.0, kMinSplitWeights / (3.0 * kPanelRows * k)));
+  pool_.parallel_for(triples, min_split, [&](int t0, int t1) {
+    multiply_panels(p, 3 * t0, std::min(panels, 3 * t1));
+  });
 }
 
 Result<std::unique_ptr<CpuBackend>> CpuBackend::create(std::shared_ptr<const ModelWeights> weights,
                                                        CpuBackendOptions options) {
+  if (!weights->cpu_packed) {
+    auto packed = std::make_shared<ModelWeights>(*weights);
+    pack_for_cpu(packed.get());
+    weights = std::move(packed);
+  }
   if (options.block_size < 1) return invalid_argument("block size must be positive", "block-size");
   if (options.num_threads < 0 || options.num_threads > 256) {
     return invalid_argument("thread count must be 0 (one per core) to 256", "threads");
@@ -186,8 +197,12 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
   };
 
   for (int t = 0; t < T; ++t) {
-    std::memcpy(&x_[static_cast<size_t>(t) * D], &w.embed[static_cast<size_t>(in.token_ids[t]) * D],
-                sizeof(float) * D);
+    float* row = &x_[static_cast<size_t>(t) * D];
+    if (w.lm_head.empty()) {
+      unpack_row(w.embed.data(), D, in.token_ids[t], row);  // tied: packed as the LM head
+    } else {
+      std::memcpy(row, &w.embed[static_cast<size_t>(in.token_ids[t]) * D], sizeof(float) * D);
+    }
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int li = 0; li < c.num_layers; ++li) {
@@ -200,20 +215,20 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
                  &h_[static_cast<size_t>(t) * D]);
       }
     });
-    gemm_xwt(h_.data(), L.wqkv.data(), qkv_.data(), T, QKV, D, false);
+    matmul(h_.data(), L.wqkv.data(), qkv_.data(), T, QKV, D, false);
     pool_.parallel_for(T, 16, [&](int t0, int t1) {
-    for (int t = t0; t < t1; ++t) {
-      float* row = &qkv_[static_cast<size_t>(t) * QKV];
-      if (!L.bqkv.empty()) {
-        for (int i = 0; i < QKV; ++i) row[i] += L.bqkv[i];
+      for (int t = t0; t < t1; ++t) {
+        float* row = &qkv_[static_cast<size_t>(t) * QKV];
+        if (!L.bqkv.empty()) {
+          for (int i = 0; i < QKV; ++i) row[i] += L.bqkv[i];
+        }
+        int pos = in.positions[t];
+        for (int h = 0; h < nh; ++h) apply_rope(row + h * hd, hd, pos, rope_inv_freq_.data());
+        for (int h = 0; h < nkv; ++h) apply_rope(row + Q + h * hd, hd, pos, rope_inv_freq_.data());
+        size_t slot = slot_of(seq_of[t], pos);
+        std::memcpy(kc + slot, row + Q, sizeof(float) * KV);
+        std::memcpy(vc + slot, row + Q + KV, sizeof(float) * KV);
       }
-      int pos = in.positions[t];
-      for (int h = 0; h < nh; ++h) apply_rope(row + h * hd, hd, pos, rope_inv_freq_.data());
-      for (int h = 0; h < nkv; ++h) apply_rope(row + Q + h * hd, hd, pos, rope_inv_freq_.data());
-      size_t slot = slot_of(seq_of[t], pos);
-      std::memcpy(kc + slot, row + Q, sizeof(float) * KV);
-      std::memcpy(vc + slot, row + Q + KV, sizeof(float) * KV);
-    }
     });
     // Paged attention: token t attends to positions [0, positions[t]] of its sequence.
     pool_.parallel_for(T * nh, 8, [&](int w0, int w1) {
@@ -230,27 +245,27 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
                hd, pos, scale, scores, out);
       }
     });
-    gemm_xwt(attn_.data(), L.wo.data(), x_.data(), T, D, Q, /*accumulate=*/true);
+    matmul(attn_.data(), L.wo.data(), x_.data(), T, D, Q, /*accumulate=*/true);
     pool_.parallel_for(T, 16, [&](int t0, int t1) {
       for (int t = t0; t < t1; ++t) {
         rms_norm(&x_[static_cast<size_t>(t) * D], L.post_norm.data(), D, eps,
                  &h_[static_cast<size_t>(t) * D]);
       }
     });
-    gemm_xwt(h_.data(), L.w_gate_up.data(), gu_.data(), T, 2 * F, D, false);
+    matmul(h_.data(), L.w_gate_up.data(), gu_.data(), T, 2 * F, D, false);
     pool_.parallel_for(T, std::max(2, 65536 / F), [&](int t0, int t1) {
       for (int t = t0; t < t1; ++t) {
         silu_mul(&gu_[static_cast<size_t>(t) * 2 * F], F, &act_[static_cast<size_t>(t) * F]);
       }
     });
-    gemm_xwt(act_.data(), L.w_down.data(), x_.data(), T, D, F, /*accumulate=*/true);
+    matmul(act_.data(), L.w_down.data(), x_.data(), T, D, F, /*accumulate=*/true);
   }
   final_.resize(static_cast<size_t>(in.num_logits) * D);
   for (int i = 0; i < in.num_logits; ++i) {
     int row = in.logits_rows[i];
     rms_norm(&x_[static_cast<size_t>(row) * D], w.final_norm.data(), D, eps, &final_[static_cast<size_t>(i) * D]);
   }
-  gemm_xwt(final_.data(), w.lm_head_data(), logits, in.num_logits, c.vocab_size, D, false);
+  matmul(final_.data(), w.lm_head_data(), logits, in.num_logits, c.vocab_size, D, false);
   return Status::ok();
 }
 

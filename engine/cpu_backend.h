@@ -1,8 +1,7 @@
 // The CPU backend: the reference implementation every GPU kernel is checked against. fp32
-// throughout; GEMMs of more than kMaxGemvM token rows through OpenBLAS (multithreaded), smaller
-// ones (decode) through our own GEMV (cpu_gemv.h), its weight rows split over a small fork-join
-// pool that also runs attention and elementwise work. The paged KV cache is one host allocation
-// per layer for K and for V. forward() is called by one thread at a time.
+// throughout; every product runs our panel kernels (cpu_gemm.h) on weights packed for them, split
+// over a small fork-join pool that also runs attention and elementwise work. The paged KV cache is
+// one host allocation per layer for K and for V. forward() is called by one thread at a time.
 #pragma once
 
 #include <memory>
@@ -22,6 +21,7 @@ struct CpuBackendOptions {
 
 class CpuBackend final : public Backend {
  public:
+  // Uses packed weights as they are (pack_for_cpu below); packs a private copy of unpacked ones.
   [[nodiscard]] static Result<std::unique_ptr<CpuBackend>> create(
       std::shared_ptr<const ModelWeights> weights, CpuBackendOptions options);
 
@@ -35,8 +35,8 @@ class CpuBackend final : public Backend {
 
  private:
   CpuBackend(std::shared_ptr<const ModelWeights> weights, CpuBackendOptions options, int num_blocks);
-  // y[m, n] = x[m, k] · w[n, k]^T (+ y when accumulate).
-  void gemm_xwt(const float* x, const float* w, float* y, int m, int n, int k, bool accumulate);
+  // y[m, n] = x[m, k] · w[n, k]^T (+ y when accumulate), w packed (cpu_gemm.h).
+  void matmul(const float* x, const float* w, float* y, int m, int n, int k, bool accumulate);
 
   std::shared_ptr<const ModelWeights> weights_;
   CpuBackendOptions options_;
@@ -48,6 +48,10 @@ class CpuBackend final : public Backend {
   // Activation scratch, grown to the largest step seen.
   std::vector<float> x_, h_, qkv_, attn_, gu_, act_, final_;
 };
+
+// Packs the matrices in place for the CPU backend (ModelWeights::cpu_packed), one at a time (the
+// memory it adds is one matrix at a time). Packed weights serve only the CPU backend.
+void pack_for_cpu(ModelWeights* w);
 
 // Reference ops shared with the kernel tests.
 void rms_norm(const float* x, const float* w, int n, float eps, float* out);

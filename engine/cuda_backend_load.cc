@@ -190,6 +190,10 @@ Status CudaBackend::init_runtime() {
 }
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelWeights& w, CudaBackendOptions options) {
+  if (w.cpu_packed) {
+    return invalid_argument("weights packed for the CPU backend cannot go to the GPU; load them again",
+                            "weights");
+  }
   std::unique_ptr<CudaBackend> b(new CudaBackend(w.config, options));
   HR_RETURN_IF_ERROR(b->check_options());
   HR_RETURN_IF_ERROR(b->open_device());

@@ -16,11 +16,12 @@ namespace {
 
 using Shape = std::vector<int64_t>;
 
-// Sizes a slot once, before its pieces arrive (no regrowth), and asks for transparent huge pages
-// over the whole 2 MiB pages inside it before the first touch. Every decode step streams every
-// weight; with 4 KiB pages that is a TLB miss per page (the batch-1 GEMV measured 8-10% faster on
-// huge pages). Advice only: without THP the memory is the same as before.
-void allocate(std::vector<float>* v, size_t n) {
+}  // namespace
+
+// Sizes the vector once (no regrowth), and asks for transparent huge pages over the whole 2 MiB
+// pages inside it before the first touch (the batch-1 GEMV measured 8-10% faster on huge pages).
+// Advice only: without THP the memory is the same as before.
+void allocate_weight(std::vector<float>* v, size_t n) {
   v->reserve(n);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr uintptr_t kHugePage = 2u << 20;
@@ -30,6 +31,8 @@ void allocate(std::vector<float>* v, size_t n) {
 #endif
   v->resize(n);
 }
+
+namespace {
 
 Status read_into(const SafetensorsModel& st, const std::string& name, const Shape& shape,
                  std::vector<float>* out, size_t offset = 0) {
@@ -116,7 +119,7 @@ Result<ModelWeights> load_weights(const std::string& dir) {
     size_t& size = slot_sizes[&w.slot(piece.slot, piece.layer)];
     size = std::max(size, piece.offset + n);
   }
-  for (auto& [slot, size] : slot_sizes) allocate(slot, size);
+  for (auto& [slot, size] : slot_sizes) allocate_weight(slot, size);
   for (const WeightPiece& piece : weight_pieces(w.config)) {
     std::vector<float>* dst = &w.slot(piece.slot, piece.layer);
     HR_RETURN_IF_ERROR(read_into(*st, piece.name, piece.shape, dst, piece.offset));

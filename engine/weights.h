@@ -32,6 +32,9 @@ struct ModelWeights {
   std::vector<float> lm_head;     // [V, D]; empty when tied to embed
   std::vector<LayerWeights> layers;
 
+  // True once pack_for_cpu() (cpu_backend.h) has put the matrices in the CPU kernels' panel layout
+  // (cpu_gemm.h): wqkv, wo, w_gate_up, w_down and the LM head (the embedding too when tied).
+  bool cpu_packed = false;
   const float* lm_head_data() const { return lm_head.empty() ? embed.data() : lm_head.data(); }
   // The vector holding a checkpoint piece's slot (per-layer slots of `layer`).
   std::vector<float>& slot(WeightSlot s, int layer);
@@ -55,6 +58,10 @@ inline bool is_vector_slot(WeightSlot s) {
   return s == WeightSlot::kFinalNorm || s == WeightSlot::kInputNorm || s == WeightSlot::kPostNorm ||
          s == WeightSlot::kQkvBias;
 }
+
+// Sizes `v` to n floats on transparent huge pages where the kernel allows (every decode step
+// streams every weight; with 4 KiB pages that is a TLB miss per page).
+void allocate_weight(std::vector<float>* v, size_t n);
 
 // Loads config.json and the safetensors weights of a Hugging Face folder, converting to fp32.
 // Errors name the missing or misshapen tensor.

@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libpqxx-dev libhiredis-dev libboost-dev libboost-system-dev nlohmann-json3-dev libcli11-dev
-  libgtest-dev libgmock-dev libssl-dev libopenblas-dev
+  libgtest-dev libgmock-dev libssl-dev
   postgresql-15 postgresql-client-15 redis-server redis-tools
   python3 ca-certificates curl procps util-linux
 )

@@ -8,6 +8,7 @@
 //                             32,000 tokens; the others decode to nothing)
 //   --model DIR               measures decode tokens/s at batch 1, 8, 32, prefill tokens/s,
 //                             the batch-1 bandwidth fraction and RSS; prints one JSON object.
+//   --model DIR --only-batch N  three decode runs at batch N only (for profiling).
 // The batch-1 bandwidth fraction is measured in five short batch-1 decode runs interleaved with
 // streaming-read bandwidth measurements (before, during and after each run), one fraction per
 // run; the median is reported (with min, max and the raw lists), so drift in the machine's speed
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -26,7 +28,7 @@
 #include <thread>
 
 #include "engine/cpu_backend.h"
-#include "engine/cpu_gemv.h"
+#include "engine/cpu_gemm.h"
 #include "engine/engine.h"
 #include "engine/safetensors.h"
 #include "engine/thread_pool.h"
@@ -220,12 +222,14 @@ DecodeResult run_batch(std::shared_ptr<const ModelWeights> weights, int batch, i
 
 int main(int argc, char** argv) {
   std::string model, make, tokenizer_dir, output_vocab = "all";
+  int only_batch = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k == "--model") model = argv[i + 1];
     if (k == "--make-random-model") make = argv[i + 1];
     if (k == "--tokenizer-from") tokenizer_dir = argv[i + 1];
     if (k == "--output-vocab") output_vocab = argv[i + 1];
+    if (k == "--only-batch") only_batch = std::atoi(argv[i + 1]);
   }
   if (!make.empty()) return make_random_model(make, tokenizer_dir, output_vocab == "printable");
   auto t0 = Clock::now();
@@ -234,14 +238,26 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", w.status().to_string().c_str());
     return 1;
   }
+  ModelWeights loaded = std::move(w).value();
+  pack_for_cpu(&loaded);
   double load_s = secs(t0);
-  auto weights = std::make_shared<const ModelWeights>(std::move(w).value());
+  auto weights = std::make_shared<const ModelWeights>(std::move(loaded));
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   json out = {{"model", model}, {"parameters", weights->num_parameters()},
               {"weight_bytes_fp32", weights->num_bytes()}, {"load_seconds", load_s},
               {"threads", threads}, {"simd", simd_level_name(cpu_simd_level())}};
   int prompt_len = std::min(32, weights->config.max_position_embeddings / 4);
   int gen_len = std::min(64, weights->config.max_position_embeddings / 2);
+  if (only_batch > 0) {
+    // Three decode runs at one batch size, for profiling and quick comparisons.
+    for (int run = 0; run < 3; ++run) {
+      DecodeResult r = run_batch(weights, only_batch, prompt_len, gen_len);
+      std::printf("{\"batch\":%d,\"decode_tok_s\":%.1f,\"prefill_tok_s\":%.1f}\n", only_batch,
+                  r.decode_tok_s, r.prefill_tok_s);
+      std::fflush(stdout);
+    }
+    return 0;
+  }
   // Batch-1 decode reads every weight once per token (the tied embedding as the LM head).
   const double bytes_per_token = static_cast<double>(weights->num_bytes());
   // Batch-1 decode runs with bandwidth samples before, during (every kStepsPerSample steps, outside

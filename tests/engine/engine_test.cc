@@ -17,7 +17,7 @@
 
 #include "engine/chat_template.h"
 #include "engine/cpu_backend.h"
-#include "engine/cpu_gemv.h"
+#include "engine/cpu_gemm.h"
 #include "engine/thread_pool.h"
 #include "engine/weights.h"
 
@@ -220,11 +220,10 @@ std::vector<SimdLevel> simd_levels() {
   return levels;
 }
 
-// Runs `product` over two adjacent row ranges (as the pool splits them; row 0 stays out when
-// n > 1) and checks every output against a double-precision reference.
-void expect_product_matches(int m, int n, int k, bool accumulate, std::mt19937& rng,
-                            const std::function<void(const GemvProblem&, int, int)>& product,
-                            const std::string& what) {
+// Packs w, runs the product over two adjacent panel ranges (as the pool splits them; panel 0 stays
+// out when there are several) and checks every output against a double-precision reference.
+void expect_product_matches(int m, int n, int k, bool accumulate, SimdLevel level,
+                            std::mt19937& rng) {
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   auto fill = [&](std::vector<float>& v) {
     for (float& f : v) f = uniform(rng);
@@ -234,17 +233,27 @@ void expect_product_matches(int m, int n, int k, bool accumulate, std::mt19937& 
   fill(x);
   fill(w);
   fill(y0);
+  // Poison the padding: packing must zero it.
+  std::vector<float> packed(packed_size(n, k), std::nanf(""));
+  pack_panels(w.data(), n, k, packed.data());
+  for (int r = 0; r < n; r += std::max(1, n / 5)) {
+    std::vector<float> row(static_cast<size_t>(k));
+    unpack_row(packed.data(), k, r, row.data());
+    ASSERT_TRUE(std::equal(row.begin(), row.end(), w.begin() + static_cast<ptrdiff_t>(r) * k))
+        << "unpack_row n=" << n << " k=" << k << " r=" << r;
+  }
   std::vector<float> y = y0;
-  GemvProblem p{x.data(), w.data(), y.data(), m, n, k, accumulate};
-  int first = n > 1 ? 1 : 0;
-  int mid = std::max(first, (n + 1) / 2);
-  product(p, first, mid);
-  product(p, mid, n);
+  PanelProduct p{x.data(), packed.data(), y.data(), m, n, k, accumulate};
+  const int panels = num_panels(n);
+  const int first = panels > 1 ? 1 : 0;
+  const int mid = std::max(first, (panels + 1) / 2);
+  multiply_panels(p, first, mid, level);
+  multiply_panels(p, mid, panels, level);
   for (int i = 0; i < m; ++i) {
     for (int r = 0; r < n; ++r) {
       size_t at = static_cast<size_t>(i) * n + r;
-      if (r < first) {
-        EXPECT_EQ(y[at], y0[at]) << "row outside the range was written";
+      if (r < first * kPanelRows) {
+        EXPECT_EQ(y[at], y0[at]) << "a column outside the panels was written";
         continue;
       }
       double ref = accumulate ? y0[at] : 0.0;
@@ -256,44 +265,30 @@ void expect_product_matches(int m, int n, int k, bool accumulate, std::mt19937& 
         magnitude += std::abs(t);
       }
       ASSERT_NEAR(y[at], ref, 1e-5 * magnitude + 1e-30)
-          << what << " m=" << m << " n=" << n << " k=" << k << " accumulate=" << accumulate
-          << " i=" << i << " r=" << r;
+          << simd_level_name(level) << " m=" << m << " n=" << n << " k=" << k
+          << " accumulate=" << accumulate << " i=" << i << " r=" << r;
     }
   }
 }
 
-const std::pair<int, int> kOddSizes[] = {{1, 1}, {3, 5}, {7, 13}, {17, 31}, {37, 67}, {5, 129},
-                                         {29, 300}, {11, 1031}, {64, 768}};
+// n past whole panels, k odd, m across the tile heights (8, 6, 4) and their remainders.
+const std::pair<int, int> kOddSizes[] = {{1, 1},   {3, 5},    {7, 13},  {17, 31},  {37, 67},
+                                         {5, 129}, {29, 300}, {50, 96}, {11, 1031}, {64, 768}};
 
-TEST(CpuGemvTest, MatchesDoublePrecisionOnOddSizes) {
+TEST(CpuGemmTest, PanelProductsMatchDoublePrecisionOnOddSizes) {
   std::mt19937 rng(3);
   for (SimdLevel level : simd_levels()) {
-    for (int m = 1; m <= kMaxGemvM; ++m) {
+    for (int m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 24, 33}) {
       for (auto [n, k] : kOddSizes) {
         for (bool accumulate : {false, true}) {
-          expect_product_matches(
-              m, n, k, accumulate, rng,
-              [level](const GemvProblem& p, int r0, int r1) { gemv_rows(p, r0, r1, level); },
-              simd_level_name(level));
+          expect_product_matches(m, n, k, accumulate, level, rng);
         }
       }
     }
   }
 }
 
-TEST(CpuGemvTest, RegisterTilesMatchDoublePrecisionOnOddSizes) {
-  if (!gemm_tiles_supported()) GTEST_SKIP() << "needs AVX-512";
-  std::mt19937 rng(4);
-  for (int m : {1, 7, 9, 16, 17, 23, 32, 33, 64}) {
-    for (auto [n, k] : kOddSizes) {
-      for (bool accumulate : {false, true}) {
-        expect_product_matches(m, n, k, accumulate, rng, gemm_tiles, "tiles");
-      }
-    }
-  }
-}
-
-TEST(CpuGemvTest, SumFloatsMatchesDoublePrecision) {
+TEST(CpuGemmTest, SumFloatsMatchesDoublePrecision) {
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
   for (SimdLevel level : simd_levels()) {
