@@ -33,17 +33,46 @@ size_t whitespace_suffix(std::string_view s) {
   return s.size() - end;
 }
 
+// Whether s starts (ends) with a word character, as single_word added tokens see it.
+bool starts_with_word(std::string_view s) {
+  int len;
+  return !s.empty() && internal::is_word_char(internal::decode_utf8(s, 0, &len));
+}
+
+bool ends_with_word(std::string_view s) {
+  if (s.empty()) return false;
+  size_t i = s.size() - 1;
+  while (i > 0 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
+  int len;
+  return internal::is_word_char(internal::decode_utf8(s, i, &len));
+}
+
 }  // namespace
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
   std::vector<int32_t> out;
-  size_t start = 0;  // of the text not yet encoded
+  if (add_special_tokens) out = template_prefix_;
+  for (const Span& s : split_added(text, added_raw_)) {
+    if (s.id >= 0) {
+      out.push_back(s.id);
+    } else {
+      encode_section(text.substr(s.begin, s.end - s.begin), s.begin == 0, &out);
+    }
+  }
+  if (add_special_tokens) out.insert(out.end(), template_suffix_.begin(), template_suffix_.end());
+  return out;
+}
+
+std::vector<Tokenizer::Span> Tokenizer::split_added(std::string_view text,
+                                                    const AddedTokens& set) const {
+  std::vector<Span> out;
+  size_t start = 0;  // of the text not yet in a span
   size_t i = 0;
   while (i < text.size()) {
     const AddedToken* hit = nullptr;
-    if (added_first_byte_[static_cast<unsigned char>(text[i])]) {
-      for (const AddedToken& a : added_) {  // longest first
-        if (text.compare(i, a.content.size(), a.content) == 0) {
+    if (set.first_byte[static_cast<unsigned char>(text[i])]) {
+      for (const AddedToken& a : set.tokens) {  // longest first
+        if (text.compare(i, a.text.size(), a.text) == 0) {
           hit = &a;
           break;
         }
@@ -53,20 +82,25 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
       ++i;
       continue;
     }
-    std::string_view before = text.substr(start, i - start);
-    if (hit->lstrip) before.remove_suffix(whitespace_suffix(before));
-    encode_section(before, start == 0, &out);
-    out.push_back(hit->id);
-    i += hit->content.size();
-    if (hit->rstrip) i += whitespace_prefix(text.substr(i));
-    start = i;
+    size_t begin = i, end = i + hit->text.size();
+    // A single_word token inside a word is no match, and the search goes on after it (not inside
+    // it), as it does in Hugging Face tokenizers.
+    i = end;
+    if (hit->single_word &&
+        (ends_with_word(text.substr(0, begin)) || starts_with_word(text.substr(end)))) {
+      continue;
+    }
+    if (hit->lstrip) begin -= whitespace_suffix(text.substr(start, begin - start));
+    if (hit->rstrip) end += whitespace_prefix(text.substr(end));
+    if (start < begin) out.push_back({start, begin, -1});
+    out.push_back({begin, end, hit->id});
+    start = i = end;
   }
-  encode_section(text.substr(start), start == 0, &out);
+  if (start < text.size()) out.push_back({start, text.size(), -1});
   return out;
 }
 
-void Tokenizer::encode_section(std::string_view text, bool first, std::vector<int32_t>* out) const {
-  if (text.empty()) return;
+std::string Tokenizer::normalize(std::string_view text) const {
   std::string norm(text);
   for (const NormalizerStep& step : normalizers_) {
     switch (step.op) {
@@ -81,21 +115,44 @@ void Tokenizer::encode_section(std::string_view text, bool first, std::vector<in
         break;
     }
   }
+  return norm;
+}
+
+void Tokenizer::encode_section(std::string_view text, bool first, std::vector<int32_t>* out) const {
+  if (text.empty()) return;
+  const std::string norm = normalize(text);
+  const std::string_view view = norm;
+  for (const Span& s : split_added(view, added_normalized_)) {
+    if (s.id >= 0) {
+      out->push_back(s.id);
+    } else {
+      encode_normalized(view.substr(s.begin, s.end - s.begin), first && s.begin == 0, out);
+    }
+  }
+}
+
+void Tokenizer::encode_normalized(std::string_view piece, bool first,
+                                  std::vector<int32_t>* out) const {
   if (kind_ == Kind::kByteLevel) {
-    if (byte_level_prefix_space_ && norm[0] != ' ') norm.insert(0, " ");
+    std::string spaced;
+    if (byte_level_prefix_space_ && piece[0] != ' ') {
+      spaced.assign(1, ' ').append(piece);
+      piece = spaced;
+    }
     if (!split_) {
-      encode_word(norm, out);
+      encode_word(piece, out);
       return;
     }
-    for (std::string_view piece : pre_tokenize(norm, *split_)) encode_word(piece, out);
+    for (std::string_view word : pre_tokenize(piece, *split_)) encode_word(word, out);
     return;
   }
   if (!metaspace_) {
-    encode_word(norm, out);
+    encode_word(piece, out);
     return;
   }
   // An older SentencePiece file's Metaspace pre-tokenizer: spaces become "▁", one may go in front,
   // and each "▁" may start a new word.
+  std::string norm(piece);
   internal::replace_all(norm, " ", kSpaceMark);
   bool prepend =
       metaspace_prepend_ == Prepend::kAlways || (metaspace_prepend_ == Prepend::kFirst && first);
@@ -210,9 +267,7 @@ void Tokenizer::merge(std::vector<int32_t>* symbols) const {
 
 std::optional<int32_t> Tokenizer::token_id(const std::string& text) const {
   if (text.empty()) return std::nullopt;
-  for (const AddedToken& a : added_) {
-    if (a.content == text) return a.id;
-  }
+  if (auto it = added_ids_.find(text); it != added_ids_.end()) return it->second;
   std::string key;
   if (kind_ == Kind::kByteLevel) {
     for (unsigned char c : text) key += byte_to_unicode_[c];

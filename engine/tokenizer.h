@@ -6,10 +6,14 @@
 //    (Prepend "▁", Replace " " → "▁") or by an older file's Metaspace pre-tokenizer, characters
 //    outside the vocabulary as <0xNN> byte tokens (byte_fallback) or unk (fuse_unk), and decoding
 //    that drops the one leading space the normalizer added.
-// Merges in either format ("a b" or ["a", "b"]). Added and special tokens are matched as literal
-// text before normalization. Other models (Unigram, WordPiece), normalizers and pre-tokenizers are
-// refused with an error naming them. Decoding gives valid UTF-8; StreamDecoder never splits a
-// character. Immutable after load; encode/decode are thread-safe.
+// Merges in either format ("a b" or ["a", "b"]). Added and special tokens are found as Hugging Face
+// tokenizers finds them: leftmost-longest, those with `normalized: false` in the raw text and the
+// others (in their normalized form) in the normalized text between those, honouring lstrip, rstrip
+// and single_word. The post-processor's single-sequence template (TemplateProcessing, Bert- or
+// RobertaProcessing) is applied on request. Other models (Unigram, WordPiece), normalizers,
+// pre-tokenizers and post-processors are refused with an error naming them. Decoding gives valid
+// UTF-8; StreamDecoder never splits a character. Immutable after load; encode/decode are
+// thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -34,8 +38,11 @@ class Tokenizer {
   [[nodiscard]] static Result<std::unique_ptr<Tokenizer>> from_json(
       const std::string& tokenizer_json, const std::string& config_json);
 
-  // Special/added tokens written literally in `text` become their ids. No BOS/EOS is added.
-  std::vector<int32_t> encode(std::string_view text) const;
+  // Special/added tokens written literally in `text` become their ids. With add_special_tokens the
+  // post-processor's template goes around them (Llama 2: "<s> $A"), as in Hugging Face's
+  // encode(text, add_special_tokens=True); without it (the default, for text that already spells
+  // out its BOS, as chat templates do) nothing is added.
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = false) const;
   // The bytes a token stands for (special tokens: their text; "▁" as a space, <0xNN> as the byte).
   std::string token_bytes(int32_t id) const;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = true) const;
@@ -52,8 +59,27 @@ class Tokenizer {
  private:
   friend class TokenizerLoader;
   Tokenizer() = default;
-  // One piece of text between added tokens; `first` when it starts the text.
+  struct AddedToken {
+    std::string text;  // what is matched: the content, normalized if the token is `normalized`
+    int32_t id;
+    bool lstrip, rstrip;  // swallow the whitespace on that side
+    bool single_word;     // only where no word character touches it on either side
+  };
+  struct AddedTokens {
+    std::vector<AddedToken> tokens;  // longest first
+    bool first_byte[256] = {};
+  };
+  struct Span {
+    size_t begin, end;
+    int32_t id;  // of the added token, or -1 for text between added tokens
+  };
+  // `text` cut into added tokens and the text between them (non-empty spans, in order).
+  std::vector<Span> split_added(std::string_view text, const AddedTokens& set) const;
+  std::string normalize(std::string_view text) const;
+  // One piece of raw text between added tokens; `first` when it starts the text.
   void encode_section(std::string_view text, bool first, std::vector<int32_t>* out) const;
+  // One piece of normalized text between added tokens: pre-tokenized, then BPE.
+  void encode_normalized(std::string_view norm, bool first, std::vector<int32_t>* out) const;
   void encode_word(std::string_view word, std::vector<int32_t>* out) const;
   // BPE: merges adjacent symbols by rank (lowest first, leftmost on ties) until none applies.
   void merge(std::vector<int32_t>* symbols) const;
@@ -68,11 +94,6 @@ class Tokenizer {
   struct Merge {
     int rank;
     int32_t id;  // of the merged token
-  };
-  struct AddedToken {
-    std::string content;
-    int32_t id;
-    bool lstrip, rstrip;  // swallow the whitespace on that side
   };
 
   Kind kind_ = Kind::kByteLevel;
@@ -93,8 +114,10 @@ class Tokenizer {
   std::unordered_map<uint64_t, Merge> merges_;      // (left id << 32 | right id) → merge
   std::vector<std::string> id_to_bytes_;            // id → raw bytes
   std::vector<bool> special_;
-  std::vector<AddedToken> added_;  // longest first
-  bool added_first_byte_[256] = {};
+  AddedTokens added_raw_;         // normalized: false, matched in the raw text
+  AddedTokens added_normalized_;  // normalized: true, matched in each normalized piece
+  std::unordered_map<std::string, int32_t> added_ids_;      // content → id
+  std::vector<int32_t> template_prefix_, template_suffix_;  // post-processor: ids around the text
   std::optional<int32_t> bos_;
   std::vector<int32_t> eos_;
   std::string bos_text_, eos_text_;

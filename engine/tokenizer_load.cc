@@ -1,5 +1,6 @@
-// Reading tokenizer.json: which kind of BPE it is, its normalizer, pre-tokenizer and decoder, the
-// vocabulary, merges and added tokens. Anything it cannot honour is an error naming what was found.
+// Reading tokenizer.json: which kind of BPE it is, its normalizer, pre-tokenizer, decoder and
+// post-processor, the vocabulary, merges and added tokens. Anything it cannot honour is an error
+// naming what was found.
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -25,10 +26,11 @@ bool flag(const json& j, const char* key, bool fallback) {
   return j[key].get<bool>();
 }
 
-// The components of a normalizer / pre-tokenizer / decoder, with Sequences flattened.
+// The components of a normalizer / pre-tokenizer / decoder / post-processor, with Sequences
+// flattened.
 void components(const json& j, std::vector<const json*>* out) {
   if (!j.is_object()) return;
-  for (const char* list : {"normalizers", "pretokenizers", "decoders"}) {
+  for (const char* list : {"normalizers", "pretokenizers", "decoders", "processors"}) {
     if (str(j, "type") == "Sequence" && j.contains(list) && j[list].is_array()) {
       for (const json& k : j[list]) components(k, out);
       return;
@@ -61,6 +63,11 @@ std::optional<unsigned char> byte_token(const std::string& tok) {
   return static_cast<unsigned char>(value);
 }
 
+// A token id in tokenizer.json: a non-negative integer that fits int32_t.
+bool is_id(const json& j) {
+  return j.is_number_integer() && j.get<int64_t>() >= 0 && j.get<int64_t>() <= INT32_MAX;
+}
+
 }  // namespace
 
 class TokenizerLoader {
@@ -72,6 +79,7 @@ class TokenizerLoader {
   static Status pre_tokenizer(const json& j, Tokenizer* t);
   static Status vocabulary(const json& model, const json& added, Tokenizer* t);
   static Status merges(const json& model, Tokenizer* t);
+  static Status post_processor(const json& j, Tokenizer* t);
 };
 
 Status TokenizerLoader::normalizer(const json& j, Tokenizer* t) {
@@ -143,7 +151,7 @@ Status TokenizerLoader::vocabulary(const json& model, const json& added, Tokeniz
   }
   int32_t max_id = -1;
   for (const auto& [tok, id] : model["vocab"].items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
+    if (!is_id(id)) {
       return invalid_argument("tokenizer.json: vocab ids must be non-negative integers",
                               "model.vocab");
     }
@@ -151,9 +159,7 @@ Status TokenizerLoader::vocabulary(const json& model, const json& added, Tokeniz
     max_id = std::max(max_id, id.get<int32_t>());
   }
   for (const auto& a : added) {
-    if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() ||
-        a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() > INT32_MAX ||
-        str(a, "content").empty()) {
+    if (!a.is_object() || !a.contains("id") || !is_id(a["id"]) || str(a, "content").empty()) {
       return invalid_argument("tokenizer.json: bad added token " + a.dump(), "added_tokens");
     }
     max_id = std::max(max_id, a["id"].get<int32_t>());
@@ -204,14 +210,24 @@ Status TokenizerLoader::vocabulary(const json& model, const json& added, Tokeniz
   for (const auto& a : added) {
     int32_t id = a["id"].get<int32_t>();
     std::string content = str(a, "content");
+    bool special = flag(a, "special", false);
     t->id_to_bytes_[static_cast<size_t>(id)] = content;
-    t->special_[static_cast<size_t>(id)] = flag(a, "special", false);
-    t->added_.push_back({content, id, flag(a, "lstrip", false), flag(a, "rstrip", false)});
-    t->added_first_byte_[static_cast<unsigned char>(content[0])] = true;
+    t->special_[static_cast<size_t>(id)] = special;
+    t->added_ids_.emplace(content, id);
+    // A normalized token is looked for, in its normalized form, in the normalized text. Without
+    // the flag, special tokens are not normalized and others are (Hugging Face's default).
+    bool normalized = flag(a, "normalized", !special);
+    Tokenizer::AddedTokens& set = normalized ? t->added_normalized_ : t->added_raw_;
+    std::string text = normalized ? t->normalize(content) : content;
+    if (text.empty()) continue;  // normalized away: nothing to look for
+    set.tokens.push_back({text, id, flag(a, "lstrip", false), flag(a, "rstrip", false),
+                          flag(a, "single_word", false)});
+    set.first_byte[static_cast<unsigned char>(text[0])] = true;
   }
-  std::stable_sort(t->added_.begin(), t->added_.end(), [](const auto& x, const auto& y) {
-    return x.content.size() > y.content.size();
-  });
+  for (Tokenizer::AddedTokens* set : {&t->added_raw_, &t->added_normalized_}) {
+    std::stable_sort(set->tokens.begin(), set->tokens.end(),
+                     [](const auto& x, const auto& y) { return x.text.size() > y.text.size(); });
+  }
   std::string unk = str(model, "unk_token");
   if (auto it = t->vocab_.find(unk); !unk.empty() && it != t->vocab_.end()) t->unk_ = it->second;
   return Status::ok();
@@ -245,6 +261,67 @@ Status TokenizerLoader::merges(const json& model, Tokenizer* t) {
     }
     uint64_t key = static_cast<uint64_t>(left->second) << 32 | static_cast<uint32_t>(right->second);
     t->merges_.emplace(key, Tokenizer::Merge{rank++, merged->second});
+  }
+  return Status::ok();
+}
+
+// The ids the single-sequence template puts before and after the text. ByteLevel only adjusts
+// offsets; in a Sequence, each later template goes around what the earlier ones made.
+Status TokenizerLoader::post_processor(const json& j, Tokenizer* t) {
+  auto bad = [&](const std::string& what) {
+    return invalid_argument("tokenizer.json post_processor: " + what, "post_processor");
+  };
+  std::vector<const json*> parts;
+  components(j, &parts);
+  for (const json* p : parts) {
+    std::string type = str(*p, "type");
+    std::vector<int32_t> before, after;
+    if (type == "ByteLevel") {
+      continue;
+    } else if (type == "BertProcessing" || type == "RobertaProcessing") {  // cls $A sep
+      for (const char* key : {"cls", "sep"}) {
+        const json v = p->value(key, json());  // [token, id]
+        if (!v.is_array() || v.size() != 2 || !is_id(v[1])) {
+          return bad(type + " needs " + key + " as [token, id], got " + v.dump());
+        }
+        (std::string_view(key) == "cls" ? before : after).push_back(v[1].get<int32_t>());
+      }
+    } else if (type == "TemplateProcessing") {
+      const json single = p->value("single", json());
+      const json specials = p->value("special_tokens", json::object());
+      if (!single.is_array() || !specials.is_object()) {
+        return bad("TemplateProcessing needs a single template and special_tokens");
+      }
+      bool seen_a = false;
+      for (const json& piece : single) {
+        if (piece.is_object() && piece.contains("Sequence") && !seen_a &&
+            str(piece["Sequence"], "id") == "A") {
+          seen_a = true;
+        } else if (piece.is_object() && piece.contains("SpecialToken")) {
+          std::string name = str(piece["SpecialToken"], "id");
+          const json entry = specials.value(name, json());
+          const json ids = entry.is_object() ? entry.value("ids", json()) : json();
+          if (!ids.is_array()) {
+            return bad("the single template's special token \"" + name +
+                       "\" has no ids in special_tokens");
+          }
+          for (const json& id : ids) {
+            if (!is_id(id)) return bad("special token \"" + name + "\" has a bad id " + id.dump());
+            (seen_a ? after : before).push_back(id.get<int32_t>());
+          }
+        } else {
+          return bad("unsupported piece " + piece.dump() + " in the single template");
+        }
+      }
+      if (!seen_a) return bad("the single template " + single.dump() + " has no $A");
+    } else {
+      return invalid_argument("unsupported tokenizer post-processor \"" + type +
+                                  "\" (supported: TemplateProcessing, BertProcessing, "
+                                  "RobertaProcessing, ByteLevel)",
+                              "post_processor");
+    }
+    t->template_prefix_.insert(t->template_prefix_.begin(), before.begin(), before.end());
+    t->template_suffix_.insert(t->template_suffix_.end(), after.begin(), after.end());
   }
   return Status::ok();
 }
@@ -307,6 +384,8 @@ Result<std::unique_ptr<Tokenizer>> TokenizerLoader::load(const json& j,
       j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"] : no_tokens;
   HR_RETURN_IF_ERROR(vocabulary(model, added, t.get()));
   HR_RETURN_IF_ERROR(merges(model, t.get()));
+  HR_RETURN_IF_ERROR(
+      post_processor(j.contains("post_processor") ? j["post_processor"] : none, t.get()));
   json cfg = config_json.empty() ? json::object() : json::parse(config_json, nullptr, false);
   auto token_text = [](const json& v) -> std::string {
     if (v.is_string()) return v.get<std::string>();

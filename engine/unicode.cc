@@ -168,6 +168,11 @@ bool is_number(uint32_t cp) {
   return in_ranges(cp, kNumberRanges, kNumNumberRanges);
 }
 
+bool is_word_char(uint32_t cp) {
+  if (cp < 0x80) return is_letter(cp) || is_number(cp) || cp == '_';
+  return in_ranges(cp, kWordRanges, kNumWordRanges);
+}
+
 bool is_whitespace(uint32_t cp) {
   if (cp < 0x80) return cp == ' ' || (cp >= '\t' && cp <= '\r');
   return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) ||

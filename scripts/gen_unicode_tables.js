@@ -3,11 +3,13 @@
 // Unicode support (its \p{...} regexes and String.prototype.normalize), so that it matches the
 // JavaScript tokenizers the cross-check test compares against. Usage:
 //   node scripts/gen_unicode_tables.js > engine/unicode_tables.cc
-// Tables: letters (\p{L}) and numbers (\p{N}) as code point ranges; for NFC, the full canonical
-// decomposition of each decomposable code point, the primary composites by their two parts, and
-// the combining classes. node does not expose Canonical_Combining_Class itself, so the table holds
-// its order instead: a rank that keeps which of two classes is larger and whether they are equal,
-// read off from how NFD reorders pairs of marks. That is all canonical ordering and composition use.
+// Tables: letters (\p{L}), numbers (\p{N}) and word characters (\w as Rust's regex crate has it,
+// which Hugging Face tokenizers use for added tokens' single_word) as code point ranges; for NFC,
+// the full canonical decomposition of each decomposable code point, the primary composites by their
+// two parts, and the combining classes. node does not expose Canonical_Combining_Class itself, so
+// the table holds its order instead: a rank that keeps which of two classes is larger and whether
+// they are equal, read off from how NFD reorders pairs of marks. That is all canonical ordering and
+// composition use.
 // Before writing, the script runs NFC built from these tables against node's over every code point
 // and many random mark sequences, and exits non-zero on any difference.
 'use strict';
@@ -148,6 +150,7 @@ function rows(items) {
   return lines.join('\n');
 }
 const letters = ranges(/\p{L}/u), numbers = ranges(/\p{N}/u);
+const words = ranges(/[\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}]/u);
 const decompEntries = [], decompPool = [];
 for (const c of [...decomp.keys()].sort((a, b) => a - b)) {
   const d = decomp.get(c);
@@ -168,6 +171,11 @@ const CodePointRange kNumberRanges[] = {
 ${rows(numbers.map(([a, b]) => `{${hex(a)}, ${hex(b)}}`))}
 };
 const size_t kNumNumberRanges = ${numbers.length};
+
+const CodePointRange kWordRanges[] = {
+${rows(words.map(([a, b]) => `{${hex(a)}, ${hex(b)}}`))}
+};
+const size_t kNumWordRanges = ${words.length};
 
 const CombiningRange kCombiningRanges[] = {
 ${rows(orderRanges.map(([a, b, r]) => `{${hex(a)}, ${hex(b)}, ${r}}`))}
@@ -190,5 +198,5 @@ const size_t kNumCompositions = ${comps.length};
 
 }  // namespace hr::engine::internal
 `);
-console.error(`letters=${letters.length} numbers=${numbers.length} combining=${orderRanges.length} (classes=${rank}) ` +
+console.error(`letters=${letters.length} numbers=${numbers.length} words=${words.length} combining=${orderRanges.length} (classes=${rank}) ` +
   `decompositions=${decompEntries.length} parts=${decompPool.length} compositions=${comps.length}`);

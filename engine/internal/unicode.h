@@ -1,6 +1,7 @@
 // UTF-8 and the bits of Unicode the tokenizer needs (internal to engine/): code point decoding,
 // lossy conversion to valid UTF-8 that can hold back an unfinished character, the letter /
-// number / whitespace classes of the pre-tokenizer regexes, and NFC. Stateless; thread-safe.
+// number / whitespace classes of the pre-tokenizer regexes, word characters, and NFC. Stateless;
+// thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,9 @@ size_t append_valid_utf8(std::string_view bytes, bool final, std::string* out);
 bool is_letter(uint32_t cp);
 bool is_number(uint32_t cp);
 bool is_whitespace(uint32_t cp);
+// \w as Rust's regex crate has it (Alphabetic, marks, decimal digits, connector punctuation, join
+// controls): the word characters of Hugging Face tokenizers' single_word added tokens.
+bool is_word_char(uint32_t cp);
 
 // Replaces every `from` (non-empty) in `s` by `to`.
 void replace_all(std::string& s, std::string_view from, std::string_view to);

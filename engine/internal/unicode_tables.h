@@ -29,6 +29,8 @@ extern const CodePointRange kLetterRanges[];  // \p{L}
 extern const size_t kNumLetterRanges;
 extern const CodePointRange kNumberRanges[];  // \p{N}
 extern const size_t kNumNumberRanges;
+extern const CodePointRange kWordRanges[];  // \w of Rust's regex crate
+extern const size_t kNumWordRanges;
 extern const CombiningRange kCombiningRanges[];
 extern const size_t kNumCombiningRanges;
 extern const Decomposition kDecompositions[];  // full canonical decompositions, Hangul aside

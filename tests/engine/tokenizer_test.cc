@@ -1,6 +1,7 @@
 // The SentencePiece-style BPE path on small hand-written tokenizer.json files (merges in both
-// formats, byte fallback, unk, the leading space, Metaspace, streaming across byte tokens), the
-// refusal of what is not supported, the pre-tokenizer's Unicode classes and NFC.
+// formats, byte fallback, unk, the leading space, Metaspace, streaming across byte tokens), added
+// tokens' lstrip, rstrip, single_word and normalized, the post-processor's template, the refusal of
+// what is not supported, the pre-tokenizer's Unicode classes and NFC.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -124,8 +125,12 @@ TEST(TokenizerTest, SentencePieceByteFallbackUnkAndSpaces) {
 
 TEST(TokenizerTest, AddedTokensCanSwallowNeighbouringWhitespace) {
   json j = sentencepiece_json();
-  j["added_tokens"].push_back(
-      {{"id", 273}, {"content", "<x>"}, {"special", false}, {"lstrip", true}, {"rstrip", true}});
+  j["added_tokens"].push_back({{"id", 273},
+                               {"content", "<x>"},
+                               {"special", false},
+                               {"normalized", false},
+                               {"lstrip", true},
+                               {"rstrip", true}});
   auto t = make(j);
   ASSERT_TRUE(t);
   EXPECT_EQ(t->encode("he <x> he"), (std::vector<int32_t>{piece("▁he"), 273, piece("▁he")}));
@@ -135,6 +140,128 @@ TEST(TokenizerTest, AddedTokensCanSwallowNeighbouringWhitespace) {
   ASSERT_TRUE(t);
   EXPECT_EQ(t->encode("he <x> he"),
             (std::vector<int32_t>{piece("▁he"), piece("▁"), 273, piece("▁"), piece("▁he")}));
+}
+
+bool contains(const std::vector<int32_t>& ids, int32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+TEST(TokenizerTest, SingleWordAddedTokensOnlyMatchOutsideWords) {
+  json j = sentencepiece_json();
+  j["added_tokens"].push_back({{"id", 273},
+                               {"content", "hel"},
+                               {"special", false},
+                               {"normalized", false},
+                               {"single_word", true}});
+  j["added_tokens"].push_back(
+      {{"id", 274}, {"content", "el"}, {"special", false}, {"normalized", false}});
+  auto t = make(j);
+  auto plain = make(sentencepiece_json());
+  ASSERT_TRUE(t && plain);
+  // A word character (\w: letters, digits, "_", marks, CJK) on either side: no match, and the
+  // search goes on after it, so "el" inside the refused "hel" is not found either.
+  for (std::string text :
+       {"hello", "xhel", "_hel", "hel9", "e\u0301hel", "\u4E2Dhel", "hel\u0301"}) {
+    EXPECT_EQ(t->encode(text), plain->encode(text)) << text;
+  }
+  EXPECT_TRUE(contains(t->encode("xel"), 274));
+  // Spaces, punctuation, other added tokens and the ends of the text are no word characters.
+  EXPECT_EQ(t->encode("hel"), std::vector<int32_t>{273});
+  EXPECT_EQ(t->encode("hel he"), (std::vector<int32_t>{273, piece("▁"), piece("▁he")}));
+  for (std::string text : {"(hel)", "\u2013hel\u2013", "<s>hel</s>", "he\u00A0hel"}) {
+    EXPECT_TRUE(contains(t->encode(text), 273)) << text;
+  }
+  // Without single_word the token is found inside words too.
+  j["added_tokens"][3]["single_word"] = false;
+  t = make(j);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->encode("hello"), (std::vector<int32_t>{273, piece("▁"), piece("l"), piece("o")}));
+}
+
+TEST(TokenizerTest, NormalizedAddedTokensMatchTheNormalizedText) {
+  json j = sentencepiece_json();
+  j["added_tokens"].push_back({{"id", 273}, {"content", "<x>"}, {"special", false}});
+  auto by_default = make(j);  // a token that is not special is normalized unless it says not
+  j["added_tokens"].back()["normalized"] = true;
+  auto normalized = make(j);
+  j["added_tokens"].back()["normalized"] = false;
+  auto raw = make(j);
+  auto plain = make(sentencepiece_json());
+  ASSERT_TRUE(by_default && normalized && raw && plain);
+  // normalized: false: found in the raw text; the text on each side is normalized on its own.
+  EXPECT_EQ(raw->encode("he<x>he"), (std::vector<int32_t>{piece("▁he"), 273, piece("▁he")}));
+  EXPECT_EQ(raw->encode("he <x> he"),
+            (std::vector<int32_t>{piece("▁he"), piece("▁"), 273, piece("▁"), piece("▁he")}));
+  // normalized: true: its normalized form "▁<x>" is looked for in the normalized text: in
+  // "▁he▁<x>▁he" it takes the space before it along, and the text after it is not normalized
+  // again; "▁he<x>he" has no "▁<x>".
+  for (const Tokenizer* t : {normalized.get(), by_default.get()}) {
+    EXPECT_EQ(t->encode("he <x> he"), (std::vector<int32_t>{piece("▁he"), 273, piece("▁he")}));
+    EXPECT_EQ(t->encode("<x>he"), (std::vector<int32_t>{273, piece("he")}));
+    EXPECT_EQ(t->encode("he<x>he"), plain->encode("he<x>he"));
+    EXPECT_FALSE(contains(t->encode("he<x>he"), 273));
+  }
+}
+
+TEST(TokenizerTest, PostProcessorTemplateOnRequest) {
+  json j = sentencepiece_json();
+  auto special = [](const char* name) {
+    return json{{"SpecialToken", {{"id", name}, {"type_id", 0}}}};
+  };
+  const json a = {{"Sequence", {{"id", "A"}, {"type_id", 0}}}};
+  json specials = {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}},
+                   {"</s>", {{"id", "</s>"}, {"ids", {2, 0}}, {"tokens", {"</s>", "<unk>"}}}}};
+  j["post_processor"] = {{"type", "TemplateProcessing"},
+                         {"single", {special("<s>"), a}},
+                         {"special_tokens", specials}};
+  auto t = make(j);
+  ASSERT_TRUE(t);
+  const int32_t hello = piece("▁hello");
+  EXPECT_EQ(t->encode("hello"), std::vector<int32_t>{hello});  // by default nothing is added
+  EXPECT_EQ(t->encode("hello", /*add_special_tokens=*/true), (std::vector<int32_t>{1, hello}));
+  EXPECT_EQ(t->encode("", /*add_special_tokens=*/true), std::vector<int32_t>{1});
+  EXPECT_EQ(t->decode(t->encode("hello", /*add_special_tokens=*/true)), "hello");
+  // In a Sequence after ByteLevel, with tokens after the text too (a name may stand for several).
+  j["post_processor"] = {
+      {"type", "Sequence"},
+      {"processors",
+       {{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}},
+        {{"type", "TemplateProcessing"},
+         {"single", {special("<s>"), a, special("</s>")}},
+         {"special_tokens", specials}}}}};
+  t = make(j);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->encode("hello", true), (std::vector<int32_t>{1, hello, 2, 0}));
+  j["post_processor"] = {{"type", "RobertaProcessing"},
+                         {"sep", {"</s>", 2}},
+                         {"cls", {"<s>", 1}},
+                         {"trim_offsets", true},
+                         {"add_prefix_space", false}};
+  t = make(j);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->encode("hello", true), (std::vector<int32_t>{1, hello, 2}));
+  j["post_processor"] = nullptr;
+  t = make(j);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->encode("hello", true), std::vector<int32_t>{hello});
+
+  // What cannot be honoured is an error naming the field.
+  auto status = [&](const json& post) {
+    j["post_processor"] = post;
+    return Tokenizer::from_json(j.dump(), "").status();
+  };
+  Status s = status({{"type", "Foo"}});
+  EXPECT_EQ(s.field(), "post_processor");
+  EXPECT_NE(s.message().find("Foo"), std::string::npos) << s.message();
+  s = status({{"type", "TemplateProcessing"},
+              {"single", {special("<bos>"), a}},
+              {"special_tokens", specials}});
+  EXPECT_EQ(s.field(), "post_processor");
+  EXPECT_NE(s.message().find("<bos>"), std::string::npos) << s.message();
+  s = status(
+      {{"type", "TemplateProcessing"}, {"single", {special("<s>")}}, {"special_tokens", specials}});
+  EXPECT_EQ(s.field(), "post_processor");
+  EXPECT_NE(s.message().find("$A"), std::string::npos) << s.message();
 }
 
 TEST(TokenizerTest, SentencePieceStreamsWholeCharactersAcrossByteTokens) {

