@@ -37,7 +37,7 @@ Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir, cons
     HR_ASSIGN_OR_RETURN(ModelWeights weights, load_weights(model_dir));
     pack_for_cpu(&weights);  // in place: the backend then holds the only copy
     HR_ASSIGN_OR_RETURN(auto cpu, CpuBackend::create(std::make_shared<const ModelWeights>(std::move(weights)),
-                                                     {spec.block_size, spec.kv_cache_bytes, 0}));
+                                                     {spec.block_size, spec.kv_cache_bytes, 0, spec.cpu_thread_nice}));
     return std::shared_ptr<Backend>(std::move(cpu));
   }
 #ifdef HEADROOM_HAVE_CUDA

@@ -17,6 +17,7 @@ struct BackendSpec {
   size_t kv_cache_bytes = 64ull << 20;  // on cuda, 0: 90% of the device memory left after loading
   int max_num_tokens = 8192;            // per step (cuda activation buffers)
   int max_num_seqs = 256;               // per step
+  int cpu_thread_nice = 0;              // cpu: nice value of the backend's pool threads
 };
 
 // Validates the device string alone (for config validation before loading anything).

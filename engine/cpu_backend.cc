@@ -151,7 +151,8 @@ CpuBackend::CpuBackend(std::shared_ptr<const ModelWeights> weights, CpuBackendOp
                        int num_blocks)
     : weights_(std::move(weights)), options_(options), num_blocks_(num_blocks),
       pool_(options.num_threads > 0 ? options.num_threads
-                                    : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))) {
+                                    : std::max(1, static_cast<int>(std::thread::hardware_concurrency())),
+            options.thread_nice) {
   const ModelConfig& c = weights_->config;
   rope_inv_freq_ = c.rope_inv_freq();
   size_t layer_elems = static_cast<size_t>(num_blocks_) * options_.block_size * c.kv_size();

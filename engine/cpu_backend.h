@@ -17,6 +17,7 @@ struct CpuBackendOptions {
   int block_size = 16;
   size_t kv_cache_bytes = 64ull << 20;
   int num_threads = 0;  // 0: one per core
+  int thread_nice = 0;  // nice value of the pool's threads (base/priority.h)
 };
 
 class CpuBackend final : public Backend {

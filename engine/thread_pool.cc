@@ -3,6 +3,8 @@
 // enough that no thread waits long for another to finish.
 #include "engine/thread_pool.h"
 
+#include "base/priority.h"
+
 #include <algorithm>
 #include <chrono>
 
@@ -24,8 +26,13 @@ constexpr uint64_t kIndexMask = 0xffffffffu;
 
 }  // namespace
 
-ThreadPool::ThreadPool(int num_threads) {
-  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker(); });
+ThreadPool::ThreadPool(int num_threads, int nice) {
+  for (int i = 1; i < num_threads; ++i) {
+    workers_.emplace_back([this, nice] {
+      lower_thread_priority(nice);
+      worker();
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() {

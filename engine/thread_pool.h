@@ -18,7 +18,8 @@ namespace hr::engine {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int num_threads);  // including the calling thread
+  // num_threads includes the calling thread; the others run at `nice` (base/priority.h).
+  explicit ThreadPool(int num_threads, int nice = 0);
   ~ThreadPool();
 
   // Runs fn(begin, end) over [0, n) in contiguous chunks on whichever threads claim them, the

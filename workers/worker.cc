@@ -14,6 +14,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "base/priority.h"
 #include "engine/chat_template.h"
 #include "engine/backend_factory.h"
 #include "engine/tokenizer.h"
@@ -83,6 +84,7 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& config,
   spec.kv_cache_bytes = config.kv_cache_bytes;
   spec.max_num_tokens = config.max_batched_tokens;
   spec.max_num_seqs = config.max_num_seqs;
+  spec.cpu_thread_nice = config.resolved_engine_nice();
   HR_ASSIGN_OR_RETURN(auto backend, engine::make_backend(config.model_dir, spec));
   engine::EngineOptions eo;
   eo.scheduler.max_num_seqs = config.max_num_seqs;
@@ -338,6 +340,10 @@ void Worker::loop() {
     inbox_cv_.notify_one();
   });
   io.start();
+  // The step loop computes; the I/O thread above and the HTTP threads keep their priority.
+  if (!lower_thread_priority(config_.resolved_engine_nice())) {
+    log::warn("worker.nice_refused", {{"nice", config_.resolved_engine_nice()}});
+  }
   struct Running {
     queue::Lease lease;
     std::string text;

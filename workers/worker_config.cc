@@ -27,6 +27,9 @@ void WorkerConfig::bind(CLI::App& app) {
            "-1: 8 on the CPU backend, no cap on a GPU)");
   cli::add(app, "--sync-prefill-alone", sync_prefill_alone,
            "Engine steps that compute a sync prompt carry no async tokens (true or false)");
+  cli::add(app, "--engine-nice", engine_nice,
+           "Nice value (0-19) of the engine's threads, so that request handling sharing their "
+           "cores runs first (-1: 5 on the CPU backend, 0 on a GPU)");
   cli::add(app, "--idle-poll-ms", idle_poll_ms,
            "An idle worker looks for async work this often (sync arrivals wake it at once)");
   cli::add(app, "--kv-cache-bytes", kv_cache_bytes,
@@ -48,6 +51,9 @@ Status WorkerConfig::validate() const {
   if (drain_seconds < 0) return invalid_argument("--drain-seconds must be >= 0", "drain-seconds");
   if (async_tokens_with_sync < -1) {
     return invalid_argument("--async-tokens-with-sync must be >= -1", "async-tokens-with-sync");
+  }
+  if (engine_nice < -1 || engine_nice > 19) {
+    return invalid_argument("--engine-nice must be -1 (auto) or 0..19", "engine-nice");
   }
   if (idle_poll_ms < 1 || idle_poll_ms > 10000) {
     return invalid_argument("--idle-poll-ms must be 1..10000", "idle-poll-ms");

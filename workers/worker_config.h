@@ -27,9 +27,14 @@ struct WorkerConfig {
   // step time grows with the tokens in it; no cap on a GPU).
   int async_tokens_with_sync = -1;
   bool sync_prefill_alone = true;    // steps computing a sync prompt carry no async tokens
+  // Nice value of the engine's threads (step loop and CPU pool): -1 auto (5 on the CPU backend,
+  // 0 on a GPU), so that request handling on the same cores preempts the compute at once.
+  int engine_nice = -1;
   size_t kv_cache_bytes = 64ull << 20;
   std::string device = "cpu";  // cpu | cuda | cuda:N
   std::string chat_template;         // override: headroom, llama3, chatml, mistral
+
+  int resolved_engine_nice() const { return engine_nice >= 0 ? engine_nice : device == "cpu" ? 5 : 0; }
 
   void bind(CLI::App& app);
   [[nodiscard]] Status validate() const;
