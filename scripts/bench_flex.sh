@@ -4,7 +4,8 @@
 # worker and dispatcher in one process, worker options at their defaults), then runs three phases
 # against it: (c) async only, the capacity in generated tokens/s; (a) streamed sync requests as
 # Poisson arrivals using about half of it, p50/p99 time to first token and end to end; (b) the
-# same sync arrivals over an async backlog. Models: the bundled @hr/tiny-reverse and a ~100M
+# same sync arrivals over an async backlog; (a) and (b) alternate in three rounds of slices, so
+# that drift in the machine's speed weighs on both alike. Models: the bundled @hr/tiny-reverse and a ~100M
 # random-weight Llama whose LM head only writes printable bytes (bench_engine.sh's model, written
 # to .headroom/bench-model-100m-text on first use). Charts go to
 # .headroom/bench-flex/<label>.png. The last line of output is one JSON object.

@@ -7,6 +7,9 @@
 //       time than async ones); client-side time to the first content chunk and end to end;
 //   b — the same sync arrivals (same gaps, same prompts) over an async backlog that outlasts the
 //       phase: the same sync figures, and the async tokens/s completed meanwhile.
+// (a) and (b) run in alternating slices (--rounds, 3 by default: a1 b1 a2 b2 a3 b3), each round's
+// pair with the same arrivals, so that drift in the machine's speed over the run (other work on
+// the host) weighs on both phases alike; each phase's figures pool its slices.
 // Leftover async work is cancelled between phases, and the next waits for the worker to hold
 // none. Throughput is generated tokens/s by class from serve's /metrics, sampled every 0.5 s,
 // leaving out the first seconds of each phase (in c and b, from the first async token: a large
@@ -50,6 +53,7 @@ struct Options {
   std::string chart;  // PNG path; empty: no chart
   int max_tokens = 32;
   double phase_seconds = 30;
+  int rounds = 3;  // (a) and (b) run as this many alternating slices of phase_seconds / rounds
   double warmup_seconds = 2;   // left out of the throughput figures at the start of each phase
   double sync_fraction = 0.5;  // share of the capacity the sync load aims at
   int num_calibration = 10;    // sequential sync requests estimating tokens per answer
@@ -167,6 +171,41 @@ json window_json(const Window& w) {
           {"preemptions", w.preemptions},
           {"server_sync_queue_ms_mean", w.server_sync_queue_ms},
           {"server_sync_ttft_ms_mean", w.server_sync_ttft_ms}};
+}
+
+// Several windows as one: rates and means weighted by each window's length, counts summed.
+Window combine(const std::vector<Window>& ws) {
+  Window out;
+  double sync_queue_s = 0, sync_ttft_s = 0, sync_queue_sum = 0, sync_ttft_sum = 0;
+  for (const Window& w : ws) {
+    out.seconds += w.seconds;
+    out.async_tokens_per_s += w.async_tokens_per_s * w.seconds;
+    out.sync_tokens_per_s += w.sync_tokens_per_s * w.seconds;
+    out.async_requests_per_s += w.async_requests_per_s * w.seconds;
+    out.async_finished_tokens_per_s += w.async_finished_tokens_per_s * w.seconds;
+    out.sync_finished_tokens_per_s += w.sync_finished_tokens_per_s * w.seconds;
+    out.engine_steps_per_s += w.engine_steps_per_s * w.seconds;
+    out.mean_step_ms += w.mean_step_ms * w.seconds;
+    out.utilization += w.utilization * w.seconds;
+    out.preemptions += w.preemptions;
+    if (w.server_sync_queue_ms >= 0) {
+      sync_queue_sum += w.server_sync_queue_ms * w.seconds;
+      sync_queue_s += w.seconds;
+    }
+    if (w.server_sync_ttft_ms >= 0) {
+      sync_ttft_sum += w.server_sync_ttft_ms * w.seconds;
+      sync_ttft_s += w.seconds;
+    }
+  }
+  if (out.seconds <= 0) return Window{};
+  for (double* f : {&out.async_tokens_per_s, &out.sync_tokens_per_s, &out.async_requests_per_s,
+                    &out.async_finished_tokens_per_s, &out.sync_finished_tokens_per_s,
+                    &out.engine_steps_per_s, &out.mean_step_ms, &out.utilization}) {
+    *f /= out.seconds;
+  }
+  out.server_sync_queue_ms = sync_queue_s > 0 ? sync_queue_sum / sync_queue_s : -1;
+  out.server_sync_ttft_ms = sync_ttft_s > 0 ? sync_ttft_sum / sync_ttft_s : -1;
+  return out;
 }
 
 // Submits async batches on its own thread, keeping enough work queued to outlast a phase, and
@@ -392,6 +431,7 @@ Options parse_args(int argc, char** argv) {
       {"--chart", [&](const std::string& v) { o.chart = v; }},
       {"--max-tokens", [&](const std::string& v) { o.max_tokens = std::stoi(v); }},
       {"--phase-seconds", [&](const std::string& v) { o.phase_seconds = std::stod(v); }},
+      {"--rounds", [&](const std::string& v) { o.rounds = std::stoi(v); }},
       {"--warmup-seconds", [&](const std::string& v) { o.warmup_seconds = std::stod(v); }},
       {"--sync-fraction", [&](const std::string& v) { o.sync_fraction = std::stod(v); }},
       {"--calibration-requests", [&](const std::string& v) { o.num_calibration = std::stoi(v); }},
@@ -409,7 +449,8 @@ Options parse_args(int argc, char** argv) {
     }
     it->second(argv[i + 1]);
   }
-  if (o.port <= 0 || o.key.empty() || o.phase_seconds <= o.warmup_seconds || o.async_batch < 1) {
+  if (o.port <= 0 || o.key.empty() || o.rounds < 1 ||
+      o.phase_seconds / o.rounds <= o.warmup_seconds || o.async_batch < 1) {
     std::fprintf(stderr,
                  "usage: headroom_flex_bench --port N --key KEY [--model-name NAME] "
                  "[--max-tokens N] [--phase-seconds S] [--chart PATH] [--label L] ...\n");
@@ -485,47 +526,72 @@ int main(int argc, char** argv) {
   const std::vector<Arrival> arrivals = poisson_schedule(o, rate, o.seed, o.phase_seconds);
   std::fprintf(stderr,
                "[%s] sync load: %.2f requests/s (probe at %.2f/s kept the engine %.0f%% busy), "
-               "%zu per phase\n",
-               o.label.c_str(), rate, token_rate, 100 * probe_util, arrivals.size());
+               "%zu per phase, in %d rounds\n",
+               o.label.c_str(), rate, token_rate, 100 * probe_util, arrivals.size(), o.rounds);
 
-  // (a) sync only.
-  double a_start = since_t0();
-  SyncLoad a_load = run_sync_load(o, arrivals, t0, Clock::now());
-  if (!a_load.drained) give_up("sync requests of phase a did not end", errors);
-  double a_end = a_start + o.phase_seconds;
-  Window a = measure(sampler.all(), a_start + o.warmup_seconds, a_end);
-  marks.push_back({"A SYNC ONLY", a_start, a_start + o.warmup_seconds, a_end});
+  // (a) and (b) alternate in `rounds` slices, each round's (a) and (b) with the same arrivals, so
+  // that the machine's drift over the run (other work on the host) falls on both alike.
+  const double slice = o.phase_seconds / o.rounds;
+  SyncLoad a_load, b_load;  // every round's requests
+  std::vector<Window> a_windows, b_windows;
+  int b_submitted = 0, b_submits = 0;
+  auto add_load = [](SyncLoad* all, SyncLoad&& part) {
+    all->points.insert(all->points.end(), part.points.begin(), part.points.end());
+    all->results.insert(all->results.end(), part.results.begin(), part.results.end());
+    all->max_send_delay_ms = std::max(all->max_send_delay_ms, part.max_send_delay_ms);
+    all->max_in_flight = std::max(all->max_in_flight, part.max_in_flight);
+  };
+  for (int round = 0; round < o.rounds; ++round) {
+    std::vector<Arrival> part;
+    for (const Arrival& x : arrivals) {
+      if (x.at_s >= round * slice && x.at_s < (round + 1) * slice) {
+        part.push_back({x.at_s - round * slice, x.body});
+      }
+    }
+    const std::string n = std::to_string(round + 1);
+
+    // (a) sync only.
+    double a_start = since_t0();
+    SyncLoad a_part = run_sync_load(o, part, t0, Clock::now());
+    if (!a_part.drained) give_up("sync requests of phase a did not end", errors);
+    double a_end = a_start + slice;
+    a_windows.push_back(measure(sampler.all(), a_start + o.warmup_seconds, a_end));
+    marks.push_back({"A" + n + " SYNC ONLY", a_start, a_start + o.warmup_seconds, a_end});
+    add_load(&a_load, std::move(a_part));
+
+    // (b) the same sync arrivals over an async backlog that outlasts the slice, starting
+    // `warmup_seconds` after async tokens appear.
+    double b_start = since_t0();
+    int backlog = static_cast<int>(std::ceil(capacity / mean_tokens * (slice + o.warmup_seconds + 10)));
+    if (start_async(feeder, sampler, std::max(backlog, 2 * o.async_batch), 5, o.drain_timeout_s) <
+        0) {
+      give_up("no async token appeared in phase b", errors);
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(o.warmup_seconds));
+    double b_sync_start = since_t0();
+    SyncLoad b_part = run_sync_load(o, part, t0, Clock::now());
+    double b_end = b_sync_start + slice;
+    feeder.stop();
+    b_submitted += feeder.num_submitted();
+    b_submits += feeder.num_submits();
+    feeder.cancel_all();
+    if (!b_part.drained) give_up("sync requests of phase b did not end", errors);
+    b_windows.push_back(measure(sampler.all(), b_sync_start + o.warmup_seconds, b_end));
+    marks.push_back({"B" + n + " SYNC + ASYNC", b_start, b_sync_start + o.warmup_seconds, b_end});
+    add_load(&b_load, std::move(b_part));
+    if (!wait_async_idle(sampler, o.drain_timeout_s))
+      give_up("cancelled async work did not end", errors);
+  }
+  sampler.stop();
+  const Window a = combine(a_windows);
+  const Window b = combine(b_windows);
   json a_json = sync_json(a_load, errors, "a");
+  json b_json = sync_json(b_load, errors, "b");
   std::fprintf(stderr, "[%s] a: ttft p50 %.1f ms p99 %.1f ms\n", o.label.c_str(),
                a_json["ttft_p50_ms"].get<double>(), a_json["ttft_p99_ms"].get<double>());
-
-  // (b) the same sync load over an async backlog that outlasts the phase, starting
-  // `warmup_seconds` after async tokens appear.
-  double b_start = since_t0();
-  int backlog = static_cast<int>(
-      std::ceil(capacity / mean_tokens * (o.phase_seconds + o.warmup_seconds + 10)));
-  if (start_async(feeder, sampler, std::max(backlog, 2 * o.async_batch), 5, o.drain_timeout_s) <
-      0) {
-    give_up("no async token appeared in phase b", errors);
-  }
-  std::this_thread::sleep_for(std::chrono::duration<double>(o.warmup_seconds));
-  double b_sync_start = since_t0();
-  SyncLoad b_load = run_sync_load(o, arrivals, t0, Clock::now());
-  double b_end = b_sync_start + o.phase_seconds;
-  feeder.stop();
-  int b_submitted = feeder.num_submitted();
-  int b_submits = feeder.num_submits();
-  feeder.cancel_all();
-  if (!b_load.drained) give_up("sync requests of phase b did not end", errors);
-  Window b = measure(sampler.all(), b_sync_start + o.warmup_seconds, b_end);
-  marks.push_back({"B SYNC + ASYNC", b_start, b_sync_start + o.warmup_seconds, b_end});
-  json b_json = sync_json(b_load, errors, "b");
   std::fprintf(stderr, "[%s] b: ttft p50 %.1f ms p99 %.1f ms, async %.0f tokens/s\n",
                o.label.c_str(), b_json["ttft_p50_ms"].get<double>(),
                b_json["ttft_p99_ms"].get<double>(), b.async_tokens_per_s);
-  if (!wait_async_idle(sampler, o.drain_timeout_s))
-    give_up("cancelled async work did not end", errors);
-  sampler.stop();
 
   double a_p99 = a_json["ttft_p99_ms"].get<double>();
   double b_p99 = b_json["ttft_p99_ms"].get<double>();
@@ -537,6 +603,7 @@ int main(int argc, char** argv) {
   out["model"] = o.model;
   out["max_tokens"] = o.max_tokens;
   out["phase_seconds"] = o.phase_seconds;
+  out["rounds"] = o.rounds;
   out["warmup_seconds"] = o.warmup_seconds;
   out["sync_p99_ttft_ratio"] = a_p99 > 0 && b_p99 > 0 ? b_p99 / a_p99 : -1.0;
   out["async_fill_ratio"] = left_time > 0 ? b.async_tokens_per_s / left_time : -1.0;
