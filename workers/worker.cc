@@ -568,7 +568,9 @@ void Worker::loop() {
       }
       publish_engine_gauges();
     } else {
-      // Idle: wait for a sync arrival or for pulled work.
+      // Idle: the gauges show what cancellations left (no step ran to publish it), then wait for
+      // a sync arrival or for pulled work.
+      publish_engine_gauges();
       std::unique_lock<std::mutex> lock(inbox_mu_);
       inbox_cv_.wait_for(lock, std::chrono::milliseconds(stopping ? 1 : config_.idle_poll_ms),
                          [&] { return !inbox_.empty() || io_ready_; });

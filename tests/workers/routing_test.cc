@@ -1,16 +1,28 @@
 // Sync requests through the API to separate `headroom worker` processes found in the Redis
 // registry: answers (plain and streamed, both API shapes), session affinity, spreading without
 // it, failover when a worker is killed, withdrawal on SIGTERM, and 429 code 3040 with Retry-After
-// when no worker has room.
+// when no worker has room. Clients that leave a stream (mid-answer, or while the call waits for
+// room) stop its generation on the worker and leave nothing held behind.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <map>
+#include <random>
 #include <set>
 #include <thread>
 
 #include "api/worker_router.h"
+#include "base/ids.h"
+#include "base/metrics.h"
+#include "base/url.h"
 #include "queue/registry.h"
 #include "tests/testing/api_harness.h"
 #include "tests/testing/process.h"
@@ -19,6 +31,7 @@ namespace hr::workers {
 namespace {
 
 using nlohmann::json;
+using tcp = boost::asio::ip::tcp;
 
 // Prompts whose reversal the bundled model gets right.
 const std::vector<std::pair<std::string, std::string>> kCases = {
@@ -27,8 +40,11 @@ const std::vector<std::pair<std::string, std::string>> kCases = {
 class Routing : public ::testing::Test {
  protected:
   void SetUp() override {
-    h_ = std::make_unique<testing::ApiHarness>(
-        [](api::ApiConfig& c) { c.sync_queue_timeout_ms = 400; });
+    start_api([](api::ApiConfig& c) { c.sync_queue_timeout_ms = 400; });
+  }
+  // The API, routing through a WorkerRouter; `configure` adjusts its configuration.
+  void start_api(const std::function<void(api::ApiConfig&)>& configure) {
+    h_ = std::make_unique<testing::ApiHarness>(configure);
     ASSERT_TRUE(h_->ok());
     api::RouterOptions o;
     o.redis_url = h_->redis_url();
@@ -47,12 +63,15 @@ class Routing : public ::testing::Test {
     if (h_) h_->api().set_sync_inference(nullptr);
   }
 
-  void start_worker(const std::string& name) {
-    std::string model_dir = std::string(HEADROOM_SOURCE_DIR) + "/models/tiny-reverse";
-    workers_[name] = testing::spawn(
-        {HEADROOM_BINARY, "--log-level", "warn", "worker", "--model", model_dir, "--name",
-         h_->model(), "--worker-name", name, "--database-url", h_->database_url(), "--redis-url",
-         h_->redis_url(), "--sync-port", "0", "--heartbeat-ms", "200", "--drain-seconds", "2"});
+  void start_worker(const std::string& name, const std::vector<std::string>& extra = {},
+                    const std::string& model_dir =
+                        std::string(HEADROOM_SOURCE_DIR) + "/models/tiny-reverse") {
+    std::vector<std::string> args = {
+        HEADROOM_BINARY, "--log-level", "warn", "worker", "--model", model_dir, "--name",
+        h_->model(), "--worker-name", name, "--database-url", h_->database_url(), "--redis-url",
+        h_->redis_url(), "--sync-port", "0", "--heartbeat-ms", "200", "--drain-seconds", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    workers_[name] = testing::spawn(std::move(args));
   }
   // Waits until exactly the workers in `names` are announced.
   bool wait_live(std::set<std::string> names) {
@@ -250,6 +269,308 @@ TEST_F(Routing, FullWorkersMean429WhileOneWithRoomTakesTheCall) {
   EXPECT_EQ(r.status, 429) << r.body;
   EXPECT_EQ(r.headers["Retry-After"], "1");
   ASSERT_TRUE(registry_->withdraw(h_->model(), "full").is_ok());
+}
+
+// The endless model: a random-weight Llama in the Hugging Face layout with the bundled model's
+// tokenizer and a context of kEndlessContext tokens. Its embedding rows (also the tied LM head) are
+// zero but for the printable ASCII bytes, so greedy decoding writes one character per token and
+// never ends before max_tokens; a whole answer takes seconds on a CPU.
+constexpr int kEndlessContext = 2048;
+
+void write_endless_model(const std::string& dir) {
+  namespace fs = std::filesystem;
+  fs::create_directories(dir);
+  const int V = 260, D = 256, F = 1024, L = 4, H = 4, KVH = 2, hd = 64;
+  json config = {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}},
+                 {"vocab_size", V}, {"hidden_size", D}, {"intermediate_size", F},
+                 {"num_hidden_layers", L}, {"num_attention_heads", H},
+                 {"num_key_value_heads", KVH}, {"head_dim", hd},
+                 {"max_position_embeddings", kEndlessContext}, {"rms_norm_eps", 1e-5},
+                 {"rope_theta", 10000.0}, {"tie_word_embeddings", true}, {"hidden_act", "silu"},
+                 {"torch_dtype", "float32"}, {"bos_token_id", 256}, {"eos_token_id", 257}};
+  std::ofstream(dir + "/config.json") << config.dump();
+  const std::string tiny = std::string(HEADROOM_SOURCE_DIR) + "/models/tiny-reverse/";
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    fs::copy_file(tiny + f, dir + "/" + f, fs::copy_options::overwrite_existing);
+  }
+  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {
+      {"model.embed_tokens.weight", {V, D}}, {"model.norm.weight", {D}}};
+  for (int l = 0; l < L; ++l) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    tensors.push_back({p + "input_layernorm.weight", {D}});
+    tensors.push_back({p + "post_attention_layernorm.weight", {D}});
+    tensors.push_back({p + "self_attn.q_proj.weight", {H * hd, D}});
+    tensors.push_back({p + "self_attn.k_proj.weight", {KVH * hd, D}});
+    tensors.push_back({p + "self_attn.v_proj.weight", {KVH * hd, D}});
+    tensors.push_back({p + "self_attn.o_proj.weight", {D, H * hd}});
+    tensors.push_back({p + "mlp.gate_proj.weight", {F, D}});
+    tensors.push_back({p + "mlp.up_proj.weight", {F, D}});
+    tensors.push_back({p + "mlp.down_proj.weight", {D, F}});
+  }
+  json header = json::object();
+  size_t offset = 0;
+  for (const auto& [name, shape] : tensors) {
+    size_t n = 1;
+    for (int64_t d : shape) n *= static_cast<size_t>(d);
+    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + 4 * n}}};
+    offset += 4 * n;
+  }
+  std::string h = header.dump();
+  while (h.size() % 8) h += ' ';
+  std::ofstream out(dir + "/model.safetensors", std::ios::binary);
+  uint64_t len = h.size();
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out << h;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> buf;
+  for (const auto& [name, shape] : tensors) {
+    size_t n = 1;
+    for (int64_t d : shape) n *= static_cast<size_t>(d);
+    buf.resize(n);
+    bool norm = name.find("norm") != std::string::npos;
+    for (float& x : buf) x = norm ? 1.0f : normal(rng);
+    if (name == "model.embed_tokens.weight") {
+      for (size_t row = 0; row < static_cast<size_t>(V); ++row) {
+        if (row < 32 || row > 126) std::fill_n(buf.begin() + static_cast<long>(row * D), D, 0.0f);
+      }
+    }
+    out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(4 * n));
+  }
+}
+
+// A client on its own connection: sends one POST, reads the start of the answer, then leaves
+// without reading the rest.
+class LeavingClient {
+ public:
+  LeavingClient(int port, const std::string& target, const std::string& body,
+                const std::string& key = "") {
+    socket_.connect(tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"),
+                                  static_cast<unsigned short>(port)));
+    std::string req = "POST " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
+                      "Content-Type: application/json\r\nContent-Length: " +
+                      std::to_string(body.size()) + "\r\n";
+    if (!key.empty()) req += "Authorization: Bearer " + key + "\r\n";
+    req += "\r\n" + body;
+    boost::asio::write(socket_, boost::asio::buffer(req));
+  }
+  // Reads until `marker` has arrived `count` times; false when the connection ends first.
+  bool read_until(const std::string& marker, int count) {
+    for (;;) {
+      int seen = 0;
+      for (size_t p = 0; (p = received_.find(marker, p)) != std::string::npos; p += marker.size()) {
+        ++seen;
+      }
+      if (seen >= count) return true;
+      char buf[4096];
+      boost::system::error_code ec;
+      size_t n = socket_.read_some(boost::asio::buffer(buf), ec);
+      if (ec) return false;
+      received_.append(buf, n);
+    }
+  }
+  // Bytes that arrived and were not read yet.
+  size_t unread() { return socket_.available(); }
+  void leave() {
+    boost::system::error_code ec;
+    socket_.close(ec);
+  }
+  const std::string& received() const { return received_; }
+
+ private:
+  boost::asio::io_context ioc_;
+  tcp::socket socket_{ioc_};
+  std::string received_;
+};
+
+// Metrics in the Prometheus text format: series (name and labels, as exposed) → value.
+using Metrics = std::map<std::string, double>;
+
+Metrics parse_metrics(const std::string& text) {
+  Metrics m;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(pos, end - pos);
+    pos = end + 1;
+    size_t sp = line.rfind(' ');
+    if (line.empty() || line[0] == '#' || sp == std::string::npos) continue;
+    m[line.substr(0, sp)] = std::stod(line.substr(sp + 1));
+  }
+  return m;
+}
+
+// One scrape of a worker's /metrics.
+Metrics scrape(int port) { return parse_metrics(testing::http_call("GET", port, "/metrics").body); }
+
+const std::string kStreamsCancelled = "headroom_streams_cancelled_total";
+const std::string kSyncCancelled =
+    R"(headroom_requests_finished_total{class="sync",reason="cancelled"})";
+const std::string kSyncGenerated = R"(headroom_generation_tokens_total{class="sync"})";
+const std::string kSyncRunning = R"(headroom_requests_running{class="sync"})";
+const std::string kSyncWaiting = R"(headroom_requests_waiting{class="sync"})";
+const std::string kKvUsed = "headroom_kv_cache_blocks_used";
+
+// Sync requests that left the worker's engine, for any reason.
+double sync_finished(const Metrics& m) {
+  const std::string prefix = R"(headroom_requests_finished_total{class="sync",)";
+  double n = 0;
+  for (auto it = m.lower_bound(prefix); it != m.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+    n += it->second;
+  }
+  return n;
+}
+
+// Streams on the endless model whose clients leave before the end.
+class LeavingClients : public Routing {
+ protected:
+  static constexpr int kMaxTokens = 2000;
+
+  void SetUp() override {
+    model_dir_ = ::testing::TempDir() + "endless_model_" + random_hex(4);
+    write_endless_model(model_dir_);
+    start_api([](api::ApiConfig& c) {
+      const std::string& m = c.models.at(0);
+      c.models = {m.substr(0, m.rfind(':') + 1) + std::to_string(kEndlessContext)};
+      c.sync_queue_timeout_ms = 10000;
+    });
+  }
+  void TearDown() override {
+    Routing::TearDown();
+    std::filesystem::remove_all(model_dir_);
+  }
+  // The port of worker `name`'s endpoint (sync calls and /metrics), from its registry entry.
+  int port_of(const std::string& name) {
+    auto live = registry_->live(h_->model());
+    if (!live.is_ok()) return 0;
+    for (const auto& w : *live) {
+      if (w.id == name) {
+        Result<Url> u = parse_url(w.url);
+        return u.is_ok() ? u->port : 0;
+      }
+    }
+    return 0;
+  }
+  json request(int max_tokens = kMaxTokens) const {
+    return {{"messages", {{{"role", "user"}, {"content", "write"}}}},
+            {"max_tokens", max_tokens},
+            {"temperature", 0}};
+  }
+  json chat_stream() const {
+    json body = request();
+    body["model"] = h_->model();
+    body["stream"] = true;
+    return body;
+  }
+  // Waits (up to 30 s) until `n` more sync requests than in `before` have left the worker's
+  // engine and it holds no sync request and no KV block; returns the last scrape.
+  Metrics settled(int port, const Metrics& before, int n) {
+    Metrics m;
+    for (int i = 0; i < 600; ++i) {
+      m = scrape(port);
+      if (sync_finished(m) >= sync_finished(before) + n && m[kSyncRunning] == 0 &&
+          m[kSyncWaiting] == 0 && m[kKvUsed] == 0) {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return m;
+  }
+  // `n` more streams than in `before` were cancelled in the engine, each long before max_tokens,
+  // and nothing is left running or holding KV blocks.
+  static void expect_cancelled(Metrics before, Metrics after, int n) {
+    EXPECT_EQ(after[kStreamsCancelled] - before[kStreamsCancelled], n);
+    EXPECT_EQ(after[kSyncCancelled] - before[kSyncCancelled], n);
+    EXPECT_EQ(sync_finished(after) - sync_finished(before), n);  // none ran to max_tokens
+    EXPECT_LT(after[kSyncGenerated] - before[kSyncGenerated], n * kMaxTokens / 4);
+    EXPECT_EQ(after[kSyncRunning], 0);
+    EXPECT_EQ(after[kSyncWaiting], 0);
+    EXPECT_EQ(after[kKvUsed], 0);
+  }
+
+  std::string model_dir_;
+};
+
+TEST_F(LeavingClients, MidStreamStopsTheGeneration) {
+  start_worker("w1", {}, model_dir_);
+  ASSERT_TRUE(wait_live({"w1"}));
+  const int port = port_of("w1");
+  ASSERT_GT(port, 0);
+  struct Case {
+    const char* what;
+    int port;
+    std::string target;
+    std::string body;
+    std::string key;
+    std::string marker;  // one per piece of the answer
+    int pieces;          // read before leaving
+  };
+  const std::vector<Case> cases = {
+      {"OpenAI shape", h_->port(), "/v1/chat/completions", chat_stream().dump(), h_->key_a(),
+       "data: ", 3},
+      {"Workers AI shape", h_->port(), "/ai/run/" + h_->model(),
+       json{{"prompt", "write"}, {"max_tokens", kMaxTokens}, {"temperature", 0}, {"stream", true}}
+           .dump(),
+       h_->key_a(), "data: ", 2},
+      {"the worker's own endpoint", port, "/internal/sync",
+       json{{"request", request()}, {"stream", true}}.dump(), "", R"({"delta")", 2},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Metrics before = scrape(port);
+    LeavingClient client(c.port, c.target, c.body, c.key);
+    ASSERT_TRUE(client.read_until(c.marker, c.pieces)) << client.received();
+    EXPECT_NE(client.received().find(" 200 OK"), std::string::npos) << client.received();
+    client.leave();
+    expect_cancelled(before, settled(port, before, 1), 1);
+  }
+}
+
+TEST_F(LeavingClients, WhileWaitingForRoomLeavesNothingBehind) {
+  // One sequence at a time: a second call waits in the API's router for the first to end.
+  start_worker("w1", {"--max-num-seqs", "1", "--reserve-slots", "0"}, model_dir_);
+  ASSERT_TRUE(wait_live({"w1"}));
+  const int port = port_of("w1");
+  ASSERT_GT(port, 0);
+  // The API runs in this process: its metrics tell when it has answered a call.
+  const std::string answered =
+      R"(headroom_http_response_seconds_count{route="/v1/chat/completions"})";
+  const std::string streamed =
+      R"(headroom_http_requests_total{route="/v1/chat/completions",code="200"})";
+  Metrics api_before = parse_metrics(metrics::render());
+  Metrics before = scrape(port);
+  LeavingClient running(h_->port(), "/v1/chat/completions", chat_stream().dump(), h_->key_a());
+  ASSERT_TRUE(running.read_until("data: ", 3)) << running.received();
+  LeavingClient waiting(h_->port(), "/v1/chat/completions", chat_stream().dump(), h_->key_a());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(waiting.unread(), 0u);  // no answer yet, not even a refusal
+  waiting.leave();
+  running.leave();
+  // The call that waited ends its wait: it either never reaches the worker or is cancelled there
+  // at once.
+  Metrics api_after;
+  for (int i = 0; i < 300; ++i) {
+    api_after = parse_metrics(metrics::render());
+    if (api_after[answered] - api_before[answered] >= 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(api_after[answered] - api_before[answered], 2);
+  int reached = static_cast<int>(api_after[streamed] - api_before[streamed]);
+  ASSERT_GE(reached, 1);
+  expect_cancelled(before, settled(port, before, reached), reached);
+  // The worker's one slot is free again (its load reaches the API with its next heartbeat).
+  json small = request(8);
+  small["model"] = h_->model();
+  small["options"] = {{"rejectIfBusy", true}};
+  testing::HttpResult r;
+  for (int i = 0; i < 40; ++i) {
+    r = h_->post("/v1/chat/completions", small.dump(), h_->key_a());
+    if (r.status != 429) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["usage"]["completion_tokens"], 8);
 }
 
 }  // namespace
