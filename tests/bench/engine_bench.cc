@@ -21,7 +21,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <random>
@@ -30,9 +29,9 @@
 #include "engine/cpu_backend.h"
 #include "engine/cpu_gemm.h"
 #include "engine/engine.h"
-#include "engine/safetensors.h"
 #include "engine/thread_pool.h"
 #include "engine/weights.h"
+#include "tests/testing/random_model.h"
 
 using namespace hr::engine;
 using nlohmann::json;
@@ -53,65 +52,10 @@ long rss_mb() {
 
 int make_random_model(const std::string& dir, const std::string& tokenizer_dir,
                       bool printable_output) {
-  namespace fs = std::filesystem;
-  fs::create_directories(dir);
-  const int V = 32000, D = 768, F = 2048, L = 12, H = 12, KVH = 4, hd = 64;
-  json config = {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}},
-                 {"vocab_size", V}, {"hidden_size", D}, {"intermediate_size", F},
-                 {"num_hidden_layers", L}, {"num_attention_heads", H},
-                 {"num_key_value_heads", KVH}, {"head_dim", hd}, {"max_position_embeddings", 2048},
-                 {"rms_norm_eps", 1e-5}, {"rope_theta", 500000.0}, {"tie_word_embeddings", true},
-                 {"hidden_act", "silu"}, {"torch_dtype", "bfloat16"}, {"bos_token_id", 256},
-                 {"eos_token_id", 257}};
-  std::ofstream(dir + "/config.json") << config.dump(2);
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
-    fs::copy_file(tokenizer_dir + "/" + f, dir + "/" + f, fs::copy_options::overwrite_existing);
-  }
-  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {
-      {"model.embed_tokens.weight", {V, D}}, {"model.norm.weight", {D}}};
-  for (int l = 0; l < L; ++l) {
-    std::string p = "model.layers." + std::to_string(l) + ".";
-    tensors.push_back({p + "input_layernorm.weight", {D}});
-    tensors.push_back({p + "post_attention_layernorm.weight", {D}});
-    tensors.push_back({p + "self_attn.q_proj.weight", {H * hd, D}});
-    tensors.push_back({p + "self_attn.k_proj.weight", {KVH * hd, D}});
-    tensors.push_back({p + "self_attn.v_proj.weight", {KVH * hd, D}});
-    tensors.push_back({p + "self_attn.o_proj.weight", {D, H * hd}});
-    tensors.push_back({p + "mlp.gate_proj.weight", {F, D}});
-    tensors.push_back({p + "mlp.up_proj.weight", {F, D}});
-    tensors.push_back({p + "mlp.down_proj.weight", {D, F}});
-  }
-  json header = json::object();
-  size_t offset = 0;
-  for (const auto& [name, shape] : tensors) {
-    size_t n = 1;
-    for (int64_t d : shape) n *= static_cast<size_t>(d);
-    header[name] = {{"dtype", "BF16"}, {"shape", shape}, {"data_offsets", {offset, offset + 2 * n}}};
-    offset += 2 * n;
-  }
-  std::string h = header.dump();
-  while (h.size() % 8) h += ' ';
-  std::ofstream out(dir + "/model.safetensors", std::ios::binary);
-  uint64_t len = h.size();
-  out.write(reinterpret_cast<const char*>(&len), 8);
-  out << h;
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  std::vector<uint16_t> buf;
-  for (const auto& [name, shape] : tensors) {
-    size_t n = 1;
-    for (int64_t d : shape) n *= static_cast<size_t>(d);
-    buf.resize(n);
-    bool norm = name.find("norm") != std::string::npos;
-    for (size_t i = 0; i < n; ++i) buf[i] = f32_to_bf16(norm ? 1.0f : normal(rng));
-    if (printable_output && name == "model.embed_tokens.weight") {
-      for (size_t row = 0; row < static_cast<size_t>(V); ++row) {
-        if (row < 32 || row > 126) std::fill_n(buf.begin() + row * D, D, uint16_t{0});
-      }
-    }
-    out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(2 * n));
-  }
-  std::printf("wrote %s (%zu bytes of weights)\n", dir.c_str(), offset);
+  hr::testing::RandomLlama spec;
+  spec.printable_output = printable_output;
+  size_t bytes = hr::testing::write_random_llama(dir, tokenizer_dir, spec);
+  std::printf("wrote %s (%zu bytes of weights)\n", dir.c_str(), bytes);
   return 0;
 }
 

@@ -12,10 +12,8 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
-#include <random>
 #include <set>
 #include <thread>
 
@@ -26,6 +24,7 @@
 #include "queue/registry.h"
 #include "tests/testing/api_harness.h"
 #include "tests/testing/process.h"
+#include "tests/testing/random_model.h"
 
 namespace hr::workers {
 namespace {
@@ -278,65 +277,19 @@ TEST_F(Routing, FullWorkersMean429WhileOneWithRoomTakesTheCall) {
 constexpr int kEndlessContext = 2048;
 
 void write_endless_model(const std::string& dir) {
-  namespace fs = std::filesystem;
-  fs::create_directories(dir);
-  const int V = 260, D = 256, F = 1024, L = 4, H = 4, KVH = 2, hd = 64;
-  json config = {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}},
-                 {"vocab_size", V}, {"hidden_size", D}, {"intermediate_size", F},
-                 {"num_hidden_layers", L}, {"num_attention_heads", H},
-                 {"num_key_value_heads", KVH}, {"head_dim", hd},
-                 {"max_position_embeddings", kEndlessContext}, {"rms_norm_eps", 1e-5},
-                 {"rope_theta", 10000.0}, {"tie_word_embeddings", true}, {"hidden_act", "silu"},
-                 {"torch_dtype", "float32"}, {"bos_token_id", 256}, {"eos_token_id", 257}};
-  std::ofstream(dir + "/config.json") << config.dump();
-  const std::string tiny = std::string(HEADROOM_SOURCE_DIR) + "/models/tiny-reverse/";
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
-    fs::copy_file(tiny + f, dir + "/" + f, fs::copy_options::overwrite_existing);
-  }
-  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {
-      {"model.embed_tokens.weight", {V, D}}, {"model.norm.weight", {D}}};
-  for (int l = 0; l < L; ++l) {
-    std::string p = "model.layers." + std::to_string(l) + ".";
-    tensors.push_back({p + "input_layernorm.weight", {D}});
-    tensors.push_back({p + "post_attention_layernorm.weight", {D}});
-    tensors.push_back({p + "self_attn.q_proj.weight", {H * hd, D}});
-    tensors.push_back({p + "self_attn.k_proj.weight", {KVH * hd, D}});
-    tensors.push_back({p + "self_attn.v_proj.weight", {KVH * hd, D}});
-    tensors.push_back({p + "self_attn.o_proj.weight", {D, H * hd}});
-    tensors.push_back({p + "mlp.gate_proj.weight", {F, D}});
-    tensors.push_back({p + "mlp.up_proj.weight", {F, D}});
-    tensors.push_back({p + "mlp.down_proj.weight", {D, F}});
-  }
-  json header = json::object();
-  size_t offset = 0;
-  for (const auto& [name, shape] : tensors) {
-    size_t n = 1;
-    for (int64_t d : shape) n *= static_cast<size_t>(d);
-    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + 4 * n}}};
-    offset += 4 * n;
-  }
-  std::string h = header.dump();
-  while (h.size() % 8) h += ' ';
-  std::ofstream out(dir + "/model.safetensors", std::ios::binary);
-  uint64_t len = h.size();
-  out.write(reinterpret_cast<const char*>(&len), 8);
-  out << h;
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  std::vector<float> buf;
-  for (const auto& [name, shape] : tensors) {
-    size_t n = 1;
-    for (int64_t d : shape) n *= static_cast<size_t>(d);
-    buf.resize(n);
-    bool norm = name.find("norm") != std::string::npos;
-    for (float& x : buf) x = norm ? 1.0f : normal(rng);
-    if (name == "model.embed_tokens.weight") {
-      for (size_t row = 0; row < static_cast<size_t>(V); ++row) {
-        if (row < 32 || row > 126) std::fill_n(buf.begin() + static_cast<long>(row * D), D, 0.0f);
-      }
-    }
-    out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(4 * n));
-  }
+  testing::RandomLlama spec;
+  spec.vocab = 260;
+  spec.hidden = 256;
+  spec.intermediate = 1024;
+  spec.layers = 4;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.context = kEndlessContext;
+  spec.rope_theta = 10000.0;
+  spec.bf16 = false;
+  spec.printable_output = true;
+  testing::write_random_llama(dir, std::string(HEADROOM_SOURCE_DIR) + "/models/tiny-reverse",
+                              spec);
 }
 
 // A client on its own connection: sends one POST, reads the start of the answer, then leaves

@@ -1,0 +1,28 @@
+// A random-weight Llama in the Hugging Face layout (config.json, model.safetensors written by
+// hand, the tokenizer files of another model folder), for benchmarks and tests that need a model
+// larger or longer-lived than the bundled one. Weights are seeded: the same spec writes the same
+// files.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace hr::testing {
+
+struct RandomLlama {
+  int vocab = 32000, hidden = 768, intermediate = 2048, layers = 12, heads = 12, kv_heads = 4;
+  int head_dim = 64;
+  int context = 2048;  // max_position_embeddings
+  double rope_theta = 500000.0;
+  bool bf16 = true;  // else f32
+  // Embedding rows (also the tied LM head) zero but for the printable ASCII bytes: greedy
+  // decoding with the bundled byte-level tokenizer writes text and never ends before max_tokens.
+  bool printable_output = false;
+};
+
+// Writes the model to `dir` (created), copying tokenizer.json and tokenizer_config.json from
+// `tokenizer_dir`. Returns the bytes of weights written.
+size_t write_random_llama(const std::string& dir, const std::string& tokenizer_dir,
+                          const RandomLlama& spec);
+
+}  // namespace hr::testing
