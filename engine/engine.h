@@ -75,6 +75,8 @@ class Engine {
   Headroom headroom() const { return scheduler_.headroom(); }
   // See Scheduler::set_sync_expected.
   void set_sync_expected(bool expected) { scheduler_.set_sync_expected(expected); }
+  // See Scheduler::set_async_step_cap.
+  void set_async_step_cap(int tokens) { scheduler_.set_async_step_cap(tokens); }
   const BlockManager& blocks() const { return blocks_; }
   const Backend& backend() const { return *backend_; }
   int num_active() const { return static_cast<int>(active_.size()); }

@@ -141,6 +141,7 @@ StepPlan Scheduler::schedule() {
       if (sync_present && config_.max_async_tokens_with_sync > 0) {
         async_budget = std::min(async_budget, config_.max_async_tokens_with_sync);
       }
+      if (async_step_cap_ > 0) async_budget = std::min(async_budget, async_step_cap_);
       held_back = budget - async_budget;
       budget = async_budget;
     }

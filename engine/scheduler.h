@@ -94,6 +94,9 @@ class Scheduler {
   // Sync requests are expected soon (they came recently): max_async_tokens_with_sync applies even
   // while none is in the engine, so an arriving one does not wait behind a long async step.
   void set_sync_expected(bool expected) { sync_expected_ = expected; }
+  // Async tokens per step at most `tokens`, sync traffic or not (0: no cap): bounds the step that a
+  // sync request arriving after a quiet spell waits behind (the caller sizes it from step times).
+  void set_async_step_cap(int tokens) { async_step_cap_ = tokens; }
 
  private:
   bool grow(Sequence* seq, int num_new_tokens, bool allow_self, StepPlan* plan, int* budget);
@@ -102,6 +105,7 @@ class Scheduler {
 
   SchedulerConfig config_;
   bool sync_expected_ = false;
+  int async_step_cap_ = 0;
   BlockManager* blocks_;
   std::vector<Sequence*> running_;
   std::deque<Sequence*> waiting_sync_;

@@ -50,4 +50,15 @@ int RecentPeak::peak() const {
   return p;
 }
 
+void StepCost::record(int64_t step_ns, int tokens) {
+  if (tokens < kMinTokens || step_ns <= 0) return;
+  double v = static_cast<double>(step_ns) / tokens;
+  ns_per_token_ = ns_per_token_ > 0 ? 0.9 * ns_per_token_ + 0.1 * v : v;
+}
+
+int StepCost::tokens_within(double ms) const {
+  if (ns_per_token_ <= 0) return 0;
+  return std::max(kMinTokens, static_cast<int>(ms * 1e6 / ns_per_token_));
+}
+
 }  // namespace hr::workers

@@ -50,4 +50,18 @@ class RecentPeak {
   int64_t second_ = -1;   // the second max_ was last written for
 };
 
+// The engine's time per token in a step, learned from the steps it runs: a moving average over
+// steps of at least kMinTokens tokens (smaller ones are all fixed cost), of step time / tokens (an
+// overestimate by the fixed cost / tokens, so caps sized from it err short).
+class StepCost {
+ public:
+  static constexpr int kMinTokens = 16;
+  void record(int64_t step_ns, int tokens);
+  // Tokens a step may hold to last about `ms`; 0 while nothing is known yet.
+  int tokens_within(double ms) const;
+
+ private:
+  double ns_per_token_ = 0;  // 0: no step recorded yet
+};
+
 }  // namespace hr::workers

@@ -384,6 +384,8 @@ void Worker::loop() {
   UtilizationBrake brake(config_.max_utilization, std::move(gpu), gpu_index);
   RecentPeak sync_peak;       // most sync sequences at once over the last 10 s
   RecentPeak sync_recent(3);  // the same over the last 3 s: is sync traffic about?
+  StepCost step_cost;         // time per token, for sizing steps with async work
+  const double async_step_ms = config_.resolved_async_step_ms();
   int64_t busy_ns = 0;               // time in engine steps since mark_ns
   int64_t mark_ns = steady_now_ns();
   auto publish_engine_gauges = [&] {
@@ -526,6 +528,7 @@ void Worker::loop() {
     sync_recent.record(sync_now, steady_now_ns());
     // While sync traffic is about, async steps stay short even between sync requests.
     eng.set_sync_expected(sync_recent.peak() > 0);
+    if (async_step_ms > 0) eng.set_async_step_cap(step_cost.tokens_within(async_step_ms));
     // Room kept for sync: the configured reserve, or as many more sync sequences as the recent
     // peak had (up to half the slots: a past burst must not shut async work out), whichever is
     // larger.
@@ -558,7 +561,9 @@ void Worker::loop() {
     if (eng.has_work()) {
       int64_t step_start = steady_now_ns();
       auto st = eng.step();
-      busy_ns += steady_now_ns() - step_start;
+      int64_t step_ns = steady_now_ns() - step_start;
+      busy_ns += step_ns;
+      if (st.is_ok()) step_cost.record(step_ns, st->num_tokens);
       ++stats_.steps;
       steps.add();
       if (!st.is_ok()) {

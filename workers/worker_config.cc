@@ -27,6 +27,10 @@ void WorkerConfig::bind(CLI::App& app) {
            "-1: 8 on the CPU backend, no cap on a GPU)");
   cli::add(app, "--sync-prefill-alone", sync_prefill_alone,
            "Engine steps that compute a sync prompt carry no async tokens (true or false)");
+  cli::add(app, "--async-step-ms", async_step_ms,
+           "Steps carrying async work are sized from measured step times to last about this "
+           "long, so a sync request arriving after a quiet spell waits little for the step in "
+           "progress (0: no cap; -1: 100 on the CPU backend, no cap on a GPU)");
   cli::add(app, "--engine-nice", engine_nice,
            "Nice value (0-19) of the engine's threads, so that request handling sharing their "
            "cores runs first (-1: 5 on the CPU backend, 0 on a GPU)");
@@ -51,6 +55,10 @@ Status WorkerConfig::validate() const {
   if (drain_seconds < 0) return invalid_argument("--drain-seconds must be >= 0", "drain-seconds");
   if (async_tokens_with_sync < -1) {
     return invalid_argument("--async-tokens-with-sync must be >= -1", "async-tokens-with-sync");
+  }
+  if (async_step_ms < -1 || (async_step_ms > -1 && async_step_ms < 0)) {
+    return invalid_argument("--async-step-ms must be -1 (auto), 0 (no cap) or positive",
+                            "async-step-ms");
   }
   if (engine_nice < -1 || engine_nice > 19) {
     return invalid_argument("--engine-nice must be -1 (auto) or 0..19", "engine-nice");

@@ -30,10 +30,17 @@ struct WorkerConfig {
   // Nice value of the engine's threads (step loop and CPU pool): -1 auto (5 on the CPU backend,
   // 0 on a GPU), so that request handling on the same cores preempts the compute at once.
   int engine_nice = -1;
+  // Steps carrying async work last about this long at most (from measured step times), so that a
+  // sync request arriving after a quiet spell waits little for the step in progress: -1 auto (100
+  // ms on the CPU backend, no cap on a GPU, whose steps are short), 0 no cap.
+  double async_step_ms = -1;
   size_t kv_cache_bytes = 64ull << 20;
   std::string device = "cpu";  // cpu | cuda | cuda:N
   std::string chat_template;         // override: headroom, llama3, chatml, mistral
 
+  double resolved_async_step_ms() const {
+    return async_step_ms >= 0 ? async_step_ms : device == "cpu" ? 100 : 0;
+  }
   int resolved_engine_nice() const { return engine_nice >= 0 ? engine_nice : device == "cpu" ? 5 : 0; }
 
   void bind(CLI::App& app);

@@ -87,6 +87,28 @@ TEST(SchedulerTest, AsyncTokensAreCappedOnlyWhileSyncIsPresent) {
   EXPECT_EQ(h.step().num_tokens, 6);
 }
 
+TEST(SchedulerTest, AsyncStepCapHoldsWithOrWithoutSync) {
+  SchedulerConfig c{16, 64, 64};
+  c.max_async_tokens_with_sync = 5;
+  Harness h(256, 4, c);
+  Sequence* a = h.add(RequestClass::kAsync, 20, 0, 100);  // distinct prompts: no prefix hits
+  Sequence* b = h.add(RequestClass::kAsync, 20, 0, 200);
+  h.sched.set_async_step_cap(8);
+  StepPlan p = h.step();
+  EXPECT_EQ(p.num_tokens, 8);  // no sync, yet the prompts go in chunks within the cap
+  EXPECT_EQ(tokens_of(p, a), 8);
+  Sequence* s = h.add(RequestClass::kSync, 6, 0, 300);
+  p = h.step();
+  EXPECT_EQ(tokens_of(p, s), 6);  // sync is never capped
+  EXPECT_EQ(p.num_tokens, 6 + 5);  // the smaller of the two caps
+  h.sched.set_async_step_cap(0);
+  s->finished = true;
+  h.sched.remove(s);
+  p = h.step();
+  EXPECT_EQ(p.num_tokens, 20 - 13 + 20);  // both caps off: the rest of a, all of b
+  EXPECT_EQ(tokens_of(p, b), 20);
+}
+
 TEST(SchedulerTest, SyncPrefillStepCarriesNoAsyncTokens) {
   SchedulerConfig c{16, 64, 4};  // prompts in chunks of 4
   c.sync_prefill_alone = true;

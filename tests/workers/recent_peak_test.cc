@@ -1,4 +1,5 @@
 // RecentPeak: the largest value seen in the last window of seconds, forgetting older ones.
+// StepCost: the engine's time per token, learned from step times.
 #include <gtest/gtest.h>
 
 #include "workers/utilization.h"
@@ -21,6 +22,18 @@ TEST(RecentPeakTest, KeepsTheLargestValueOfTheWindowAndForgetsOlderOnes) {
   EXPECT_EQ(p.peak(), 3);  // second 100 left it
   p.record(0, 200 * kSecond);  // a long gap clears everything
   EXPECT_EQ(p.peak(), 0);
+}
+
+TEST(StepCostTest, SizesStepsFromTheTimePerTokenOfLargeSteps) {
+  StepCost c;
+  EXPECT_EQ(c.tokens_within(100), 0);  // nothing known yet
+  c.record(50'000'000, 4);             // small steps are all fixed cost: ignored
+  EXPECT_EQ(c.tokens_within(100), 0);
+  c.record(32'000'000, 32);  // 1 ms per token
+  EXPECT_EQ(c.tokens_within(100), 100);
+  EXPECT_EQ(c.tokens_within(1), StepCost::kMinTokens);  // never below a useful step
+  for (int i = 0; i < 100; ++i) c.record(64'000'000, 32);  // the machine got twice as slow
+  EXPECT_NEAR(c.tokens_within(100), 50, 1);
 }
 
 }  // namespace
