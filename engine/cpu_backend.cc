@@ -84,6 +84,11 @@ namespace {
 // Below this many weights (1 MiB) a product stays on the calling thread: handing out work costs
 // more than splitting saves (this keeps the small bundled model's products single-threaded).
 constexpr double kMinSplitWeights = 1 << 18;
+// The same for the other loops of a step, in multiply-adds or element updates: splitting a small
+// model's norms or a short attention wakes the pool's threads for less work than the wake-up
+// costs, and keeps a core busy that request handling could use.
+constexpr int kMinSplitWork = 1 << 16;
+int min_rows(int work_per_row) { return std::max(16, kMinSplitWork / std::max(1, work_per_row)); }
 
 // Replaces row-major v[n, k] by its panel packing.
 void pack_matrix(std::vector<float>* v, int n, int k) {
@@ -206,18 +211,22 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
     }
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // Attention's work: q.k and the weighted v sum over each token's context, for every head.
+  double attention_work = 0;
+  for (int t = 0; t < T; ++t) attention_work += 2.0 * (in.positions[t] + 1) * nh * hd;
+  const int attention_min = attention_work < 4.0 * kMinSplitWork ? T * nh + 1 : 8;
   for (int li = 0; li < c.num_layers; ++li) {
     const LayerWeights& L = w.layers[static_cast<size_t>(li)];
     float* kc = k_cache_[static_cast<size_t>(li)].data();
     float* vc = v_cache_[static_cast<size_t>(li)].data();
-    pool_.parallel_for(T, 16, [&](int t0, int t1) {
+    pool_.parallel_for(T, min_rows(D), [&](int t0, int t1) {
       for (int t = t0; t < t1; ++t) {
         rms_norm(&x_[static_cast<size_t>(t) * D], L.input_norm.data(), D, eps,
                  &h_[static_cast<size_t>(t) * D]);
       }
     });
     matmul(h_.data(), L.wqkv.data(), qkv_.data(), T, QKV, D, false);
-    pool_.parallel_for(T, 16, [&](int t0, int t1) {
+    pool_.parallel_for(T, min_rows(4 * QKV), [&](int t0, int t1) {
       for (int t = t0; t < t1; ++t) {
         float* row = &qkv_[static_cast<size_t>(t) * QKV];
         if (!L.bqkv.empty()) {
@@ -232,7 +241,7 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
       }
     });
     // Paged attention: token t attends to positions [0, positions[t]] of its sequence.
-    pool_.parallel_for(T * nh, 8, [&](int w0, int w1) {
+    pool_.parallel_for(T * nh, attention_min, [&](int w0, int w1) {
       std::vector<float> scores;
       for (int w = w0; w < w1; ++w) {
         int t = w / nh;
@@ -247,7 +256,7 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
       }
     });
     matmul(attn_.data(), L.wo.data(), x_.data(), T, D, Q, /*accumulate=*/true);
-    pool_.parallel_for(T, 16, [&](int t0, int t1) {
+    pool_.parallel_for(T, min_rows(D), [&](int t0, int t1) {
       for (int t = t0; t < t1; ++t) {
         rms_norm(&x_[static_cast<size_t>(t) * D], L.post_norm.data(), D, eps,
                  &h_[static_cast<size_t>(t) * D]);
