@@ -605,6 +605,7 @@ SyncCall AsyncApi::Impl::sync_call(const HttpRequest& req, const json& body,
   call.queue_timeout_ms = config.sync_queue_timeout_ms;
   auto it = req.find("x-session-affinity");
   if (it != req.end()) call.affinity = std::string(it->value());
+  call.client_gone = current_client_gone;
   return call;
 }
 

@@ -9,7 +9,10 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -56,6 +59,18 @@ struct HttpServer::Impl {
 };
 
 namespace {
+
+// The socket of the request whose handler runs on this thread (-1: none).
+thread_local int t_client_fd = -1;
+
+// Sets t_client_fd for the life of a handler call.
+class ClientScope {
+ public:
+  explicit ClientScope(int fd) { t_client_fd = fd; }
+  ~ClientScope() { t_client_fd = -1; }
+  ClientScope(const ClientScope&) = delete;
+  ClientScope& operator=(const ClientScope&) = delete;
+};
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
@@ -140,6 +155,7 @@ class Session : public std::enable_shared_from_this<Session> {
     asio::post(server_->pool, [self = shared_from_this(), req = std::move(req)]() mutable {
       Reply reply;
       try {
+        ClientScope client(self->stream_.socket().native_handle());
         reply = self->server_->handler(req);
       } catch (const std::exception& e) {
         log::error("http.handler_exception", {{"error", e.what()}});
@@ -321,6 +337,14 @@ void HttpServer::stop() {
   for (auto& t : impl_->threads) t.join();
   impl_->threads.clear();
   impl_->pool.join();
+}
+
+bool current_client_gone() {
+  if (t_client_fd < 0) return false;
+  char c;
+  ssize_t n = ::recv(t_client_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  // 0: the peer closed its side. Bytes waiting (a pipelined request) or nothing yet: still there.
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 }  // namespace hr::api

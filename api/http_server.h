@@ -35,6 +35,11 @@ struct Reply {
 };
 using StreamingHandler = std::function<Reply(const HttpRequest&)>;
 
+// On a handler thread, while its handler runs: whether the client of that request has closed its
+// connection (a peek at the socket; nothing is read). False on any other thread. Lets a handler
+// that waits (for capacity, say) give up on a client that has gone.
+bool current_client_gone();
+
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 8080;  // 0: any free port

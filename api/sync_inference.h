@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -32,6 +33,9 @@ struct SyncCall {
   std::string affinity;
   bool reject_if_busy = false;  // no room: kResourceExhausted at once
   int queue_timeout_ms = 2000;  // otherwise wait this long for room, then kResourceExhausted
+  // Polled while the call waits for room: true (the client went away) ends the wait with
+  // kCancelled, so the call never takes a slot its answer could not reach. May be empty.
+  std::function<bool()> client_gone;
 };
 
 // The pieces of one streamed answer. next() blocks until the next text delta (true) or the end

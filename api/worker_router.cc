@@ -276,6 +276,10 @@ Result<std::shared_ptr<WorkerRouter::Attempt>> WorkerRouter::place(
         return std::shared_ptr<Attempt>(new Attempt{this, workers[i].id, workers[i].url});
       }
     }
+    if (call.client_gone && call.client_gone()) {
+      routed("client_gone").add();
+      return Status(StatusCode::kCancelled, "the client went away while the call waited for room");
+    }
     if (steady_now_ns() >= deadline) {
       routed("no_capacity").add();
       return Status(StatusCode::kResourceExhausted,

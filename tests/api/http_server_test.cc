@@ -140,5 +140,34 @@ TEST(HttpServerTest, SizedStreamsSendContentLengthAndCloseWhenShort) {
   EXPECT_EQ(cut.status, 0) << "a body cut short must not look complete";
 }
 
+TEST(HttpServerTest, HandlersSeeTheirClientHangUp) {
+  HttpServerOptions o;
+  o.port = 0;
+  std::atomic<int> seen{-1};  // -1: still waiting; then 1 gone, 0 not within 5 s
+  std::atomic<bool> connected_at_first{false};
+  HttpServer server(o, [&](const HttpRequest&) {
+    connected_at_first = !current_client_gone();
+    for (int i = 0; i < 500 && seen < 0; ++i) {
+      if (current_client_gone()) seen = 1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (seen < 0) seen = 0;
+    return json_response(200, "{}");
+  });
+  ASSERT_TRUE(server.start().is_ok());
+  EXPECT_FALSE(current_client_gone());  // not a handler thread
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::socket socket(io);
+  socket.connect({boost::asio::ip::make_address("127.0.0.1"), server.port()});
+  std::string req = "GET /wait HTTP/1.1\r\nHost: x\r\n\r\n";
+  boost::asio::write(socket, boost::asio::buffer(req));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  socket.close();
+  for (int i = 0; i < 600 && seen < 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(connected_at_first);
+  EXPECT_EQ(seen.load(), 1);
+  server.stop();
+}
+
 }  // namespace
 }  // namespace hr::api
