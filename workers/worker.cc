@@ -90,10 +90,7 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& config,
   eo.scheduler.max_num_seqs = config.max_num_seqs;
   eo.scheduler.max_batched_tokens = config.max_batched_tokens;
   eo.scheduler.max_prefill_chunk = config.max_batched_tokens;
-  eo.scheduler.max_async_tokens_with_sync = config.async_tokens_with_sync;
-  if (config.async_tokens_with_sync < 0) {
-    eo.scheduler.max_async_tokens_with_sync = std::string(backend->name()) == "cpu" ? 8 : 0;
-  }
+  eo.scheduler.max_async_tokens_with_sync = config.resolved_async_tokens_with_sync();
   eo.scheduler.sync_prefill_alone = config.sync_prefill_alone;
   HR_ASSIGN_OR_RETURN(m->engine,
                       engine::Engine::create(std::move(backend),
@@ -524,8 +521,9 @@ void Worker::loop() {
     total_kv_blocks_ = h.total_kv_blocks;
     int credits = 0;
     int sync_now = h.running_sync + h.waiting_sync;
-    sync_peak.record(sync_now, steady_now_ns());
-    sync_recent.record(sync_now, steady_now_ns());
+    const int64_t now_ns = steady_now_ns();
+    sync_peak.record(sync_now, now_ns);
+    sync_recent.record(sync_now, now_ns);
     // While sync traffic is about, async steps stay short even between sync requests.
     eng.set_sync_expected(sync_recent.peak() > 0);
     if (async_step_ms > 0) eng.set_async_step_cap(step_cost.tokens_within(async_step_ms));
@@ -544,9 +542,8 @@ void Worker::loop() {
       credits -= io.in_transit();  // already granted, still on their way
     }
     {
-      int64_t now = steady_now_ns();
-      brake.record(busy_ns, now - mark_ns, now);
-      mark_ns = now;
+      brake.record(busy_ns, now_ns - mark_ns, now_ns);
+      mark_ns = now_ns;
       busy_ns = 0;
       utilization.set(brake.utilization());
       utilization_ = brake.utilization();
@@ -558,24 +555,23 @@ void Worker::loop() {
     }
     if (credits > 0) credits_granted.add(credits);
     io.want(std::max(credits, 0));
+    // What the last step, admissions and cancellations left (also when no step runs after them).
+    publish_engine_gauges();
     if (eng.has_work()) {
       int64_t step_start = steady_now_ns();
       auto st = eng.step();
       int64_t step_ns = steady_now_ns() - step_start;
       busy_ns += step_ns;
-      if (st.is_ok()) step_cost.record(step_ns, st->num_tokens);
       ++stats_.steps;
       steps.add();
       if (!st.is_ok()) {
         log::error("worker.step_failed", {{"error", st.status()}});
       } else {
         preemptions.add(st->num_preempted);
+        step_cost.record(step_ns, st->num_tokens);
       }
-      publish_engine_gauges();
     } else {
-      // Idle: the gauges show what cancellations left (no step ran to publish it), then wait for
-      // a sync arrival or for pulled work.
-      publish_engine_gauges();
+      // Idle: wait for a sync arrival or for pulled work.
       std::unique_lock<std::mutex> lock(inbox_mu_);
       inbox_cv_.wait_for(lock, std::chrono::milliseconds(stopping ? 1 : config_.idle_poll_ms),
                          [&] { return !inbox_.empty() || io_ready_; });

@@ -56,7 +56,7 @@ Status WorkerConfig::validate() const {
   if (async_tokens_with_sync < -1) {
     return invalid_argument("--async-tokens-with-sync must be >= -1", "async-tokens-with-sync");
   }
-  if (async_step_ms < -1 || (async_step_ms > -1 && async_step_ms < 0)) {
+  if (async_step_ms < 0 && async_step_ms != -1) {
     return invalid_argument("--async-step-ms must be -1 (auto), 0 (no cap) or positive",
                             "async-step-ms");
   }

@@ -38,13 +38,20 @@ struct WorkerConfig {
   std::string device = "cpu";  // cpu | cuda | cuda:N
   std::string chat_template;         // override: headroom, llama3, chatml, mistral
 
-  double resolved_async_step_ms() const {
-    return async_step_ms >= 0 ? async_step_ms : device == "cpu" ? 100 : 0;
-  }
-  int resolved_engine_nice() const { return engine_nice >= 0 ? engine_nice : device == "cpu" ? 5 : 0; }
+  // The options whose -1 means "by device": the CPU backend's step time grows with the tokens in
+  // a step and its threads share the cores with request handling; a GPU's do neither.
+  int resolved_async_tokens_with_sync() const { return by_device(async_tokens_with_sync, 8, 0); }
+  double resolved_async_step_ms() const { return by_device(async_step_ms, 100.0, 0.0); }
+  int resolved_engine_nice() const { return by_device(engine_nice, 5, 0); }
 
   void bind(CLI::App& app);
   [[nodiscard]] Status validate() const;
+
+ private:
+  template <typename T>
+  T by_device(T value, T on_cpu, T on_gpu) const {
+    return value >= 0 ? value : device == "cpu" ? on_cpu : on_gpu;
+  }
 };
 
 }  // namespace hr::workers
