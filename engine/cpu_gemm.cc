@@ -250,8 +250,10 @@ void multiply_panels(const PanelProduct& p, int panel_begin, int panel_end, Simd
   // Rows per tile: 8 (AVX-512, 24 of its 32 registers with 3 panels), 6 (AVX2, 12 of 16), 4.
   const int tile_m = level == SimdLevel::kAvx512 ? 8 : level == SimdLevel::kAvx2 ? 6 : 4;
   // Panels per block: about 512 KiB, which stays in L2 while every tile of x rows passes over it
-  // (read from memory once, by the first).
-  const int block = std::max(3, static_cast<int>((512 << 10) / (sizeof(float) * kPanelRows * p.k)));
+  // (read from memory once, by the first); whole runs of 3, the AVX-512 tile's width, so that
+  // only the range's last run may be narrower.
+  const int block =
+      std::max(3, static_cast<int>((512 << 10) / (sizeof(float) * kPanelRows * p.k)) / 3 * 3);
   for (int b0 = panel_begin; b0 < panel_end; b0 += block) {
     const int b1 = std::min(panel_end, b0 + block);
     for (int i = 0; i < p.m; i += tile_m) {

@@ -12,11 +12,6 @@
 #include "engine/safetensors.h"
 
 namespace hr::engine {
-namespace {
-
-using Shape = std::vector<int64_t>;
-
-}  // namespace
 
 // Sizes the vector once (no regrowth), and asks for transparent huge pages over the whole 2 MiB
 // pages inside it before the first touch (the batch-1 GEMV measured 8-10% faster on huge pages).
@@ -33,6 +28,8 @@ void allocate_weight(std::vector<float>* v, size_t n) {
 }
 
 namespace {
+
+using Shape = std::vector<int64_t>;
 
 Status read_into(const SafetensorsModel& st, const std::string& name, const Shape& shape,
                  std::vector<float>* out, size_t offset = 0) {

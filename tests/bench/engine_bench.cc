@@ -14,7 +14,6 @@
 // run; the median is reported (with min, max and the raw lists), so drift in the machine's speed
 // during a benchmark cancels.
 #include <nlohmann/json.hpp>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -61,14 +60,9 @@ int make_random_model(const std::string& dir, const std::string& tokenizer_dir,
 
 // A buffer for the bandwidth reference on transparent huge pages, as the loader puts the weights.
 std::vector<float> read_buffer(size_t bytes) {
-  const size_t n = bytes / sizeof(float);
   std::vector<float> data;
-  data.reserve(n);
-  constexpr uintptr_t kHugePage = 2u << 20;
-  uintptr_t begin = (reinterpret_cast<uintptr_t>(data.data()) + kHugePage - 1) & ~(kHugePage - 1);
-  uintptr_t end = reinterpret_cast<uintptr_t>(data.data() + n) & ~(kHugePage - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-  data.assign(n, 1.0f);
+  allocate_weight(&data, bytes / sizeof(float));
+  std::fill(data.begin(), data.end(), 1.0f);
   return data;
 }
 

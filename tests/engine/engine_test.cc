@@ -34,7 +34,9 @@ struct Fixture {
   static Fixture& get() {
     static Fixture f = [] {
       Fixture x;
-      x.weights = std::make_shared<const ModelWeights>(load_weights(kModelDir).value());
+      ModelWeights w = load_weights(kModelDir).value();
+      pack_for_cpu(&w);  // once, for every engine the tests build
+      x.weights = std::make_shared<const ModelWeights>(std::move(w));
       x.tokenizer = std::shared_ptr<const Tokenizer>(Tokenizer::load(kModelDir).value().release());
       std::ifstream in(kModelDir + "/reference.json");
       std::stringstream ss;

@@ -80,7 +80,11 @@ json wait_done(testing::ApiHarness& h, const std::string& id, int seconds) {
 // The bundled model's own greedy answer for `text`, computed by an engine alone (greedy decoding
 // is deterministic and batch-invariant, so the served answer must equal it exactly).
 std::string greedy_alone(const std::string& text) {
-  static auto weights = std::make_shared<const engine::ModelWeights>(engine::load_weights(kModelDir).value());
+  static auto weights = [] {
+    engine::ModelWeights w = engine::load_weights(kModelDir).value();
+    engine::pack_for_cpu(&w);  // once, for every engine built here
+    return std::make_shared<const engine::ModelWeights>(std::move(w));
+  }();
   static std::shared_ptr<const engine::Tokenizer> tok(engine::Tokenizer::load(kModelDir).value().release());
   auto backend = engine::CpuBackend::create(weights, {16, 4 << 20, 1}).value();
   auto eng = engine::Engine::create(std::shared_ptr<engine::Backend>(std::move(backend)), tok, 128, {})
