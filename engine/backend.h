@@ -9,6 +9,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "engine/sampler.h"
 
 namespace hr::engine {
 
@@ -23,15 +24,10 @@ struct StepInput {
   int max_blocks_per_seq = 0;
   const int32_t* logits_rows = nullptr;  // [num_logits]: token rows whose logits are wanted
   int num_logits = 0;
-};
-
-// How one logits row is sampled on the device (backends that sample there): the sampler's
-// parameters and 64 bits drawn from the sequence's generator for this step.
-struct SampleSpec {
-  float temperature = 0.0f;  // <= 0: greedy
-  float top_p = 1.0f;
-  int top_k = 0;
-  uint64_t random = 0;
+  // Tokens the host has not seen yet (submit() only; null: none): for each token row, -1 to take
+  // token_ids[row], or the logits row of the previously submitted step whose sampled token goes
+  // there. This is how a pipelined engine plans step N+1 while step N still runs.
+  const int32_t* fed_rows = nullptr;     // [num_tokens] or null
 };
 
 class Backend {
@@ -44,14 +40,26 @@ class Backend {
   virtual size_t weight_bytes() const = 0;
   virtual size_t kv_cache_bytes() const = 0;
   // Writes the new tokens' K/V into their cache slots, runs the model, and writes
-  // logits [num_logits, vocab] to `logits` (host memory).
+  // logits [num_logits, vocab] to `logits` (host memory). Takes no fed rows.
   [[nodiscard]] virtual Status forward(const StepInput& in, float* logits) = 0;
-  // Backends that sample on the device (so only token ids come back) say so here and implement
-  // forward_sample: the step as forward(), then one token per logits row into `tokens` (host).
-  virtual bool samples_on_device() const { return false; }
-  [[nodiscard]] virtual Status forward_sample(const StepInput& in, const SampleSpec* specs,
-                                              int32_t* tokens) {
-    return internal_error(std::string(name()) + " backend does not sample on the device");
+  // The step as forward(), then one token per logits row sampled by specs[row] (on the device
+  // where there is one, so that only token ids come back). The step may still be running when
+  // this returns; collect() gives its tokens. Steps complete in submission order, and at most two
+  // are outstanding: submit a third only after collecting the first. A failed submit leaves
+  // nothing outstanding that was not before.
+  [[nodiscard]] virtual Status submit(const StepInput& in, const SampleSpec* specs) = 0;
+  // Waits for the oldest outstanding step and writes its num_logits tokens to `tokens` (host).
+  [[nodiscard]] virtual Status collect(int32_t* tokens) = 0;
+  // Forgets every outstanding step (after a failure), waiting for the device to finish them.
+  virtual void discard() = 0;
+  // True when submit() returns before the step's work is done, so that the engine can plan the
+  // next step meanwhile.
+  virtual bool pipelined() const { return false; }
+
+  // submit() then collect().
+  [[nodiscard]] Status forward_sample(const StepInput& in, const SampleSpec* specs, int32_t* tokens) {
+    HR_RETURN_IF_ERROR(submit(in, specs));
+    return collect(tokens);
   }
 };
 

@@ -170,6 +170,42 @@ size_t CpuBackend::kv_cache_bytes() const {
   return 2ull * c.num_layers * num_blocks_ * options_.block_size * c.kv_size() * sizeof(float);
 }
 
+Status CpuBackend::submit(const StepInput& in, const SampleSpec* specs) {
+  if (outstanding_.size() >= 2) return internal_error("two steps are outstanding: collect one first");
+  if (in.num_logits > 0 && specs == nullptr) return invalid_argument("no sampling specs for the logits rows");
+  StepInput resolved = in;
+  if (in.fed_rows) {
+    fed_ids_.assign(in.token_ids, in.token_ids + std::max(0, in.num_tokens));
+    for (int t = 0; t < in.num_tokens; ++t) {
+      const int32_t row = in.fed_rows[t];
+      if (row < 0) continue;
+      if (row >= static_cast<int>(last_tokens_.size())) {
+        return invalid_argument("fed row " + std::to_string(row) + " is not a row of the previous step");
+      }
+      fed_ids_[static_cast<size_t>(t)] = last_tokens_[static_cast<size_t>(row)];
+    }
+    resolved.token_ids = fed_ids_.data();
+    resolved.fed_rows = nullptr;
+  }
+  const int V = vocab_size();
+  logits_.resize(static_cast<size_t>(std::max(1, in.num_logits)) * V);
+  HR_RETURN_IF_ERROR(forward(resolved, logits_.data()));
+  std::vector<int32_t> tokens(static_cast<size_t>(std::max(0, in.num_logits)));
+  for (int i = 0; i < in.num_logits; ++i) {
+    tokens[static_cast<size_t>(i)] = sample_token(&logits_[static_cast<size_t>(i) * V], V, specs[i]);
+  }
+  last_tokens_ = tokens;
+  outstanding_.push_back(std::move(tokens));
+  return Status::ok();
+}
+
+Status CpuBackend::collect(int32_t* tokens) {
+  if (outstanding_.empty()) return internal_error("no step to collect");
+  std::copy(outstanding_.front().begin(), outstanding_.front().end(), tokens);
+  outstanding_.pop_front();
+  return Status::ok();
+}
+
 Status CpuBackend::forward(const StepInput& in, float* logits) {
   const ModelWeights& w = *weights_;
   const ModelConfig& c = w.config;
@@ -180,6 +216,7 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
   const int QKV = Q + 2 * KV;
   const float eps = static_cast<float>(c.rms_norm_eps);
   if (T <= 0) return invalid_argument("empty step");
+  if (in.fed_rows) return invalid_argument("forward() takes no fed rows");
   for (int t = 0; t < T; ++t) {
     if (in.token_ids[t] < 0 || in.token_ids[t] >= c.vocab_size) {
       return invalid_argument("token id " + std::to_string(in.token_ids[t]) + " is out of range");

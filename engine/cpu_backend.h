@@ -4,6 +4,7 @@
 // one host allocation per layer for K and for V. forward() is called by one thread at a time.
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -18,6 +19,10 @@ struct CpuBackendOptions {
   size_t kv_cache_bytes = 64ull << 20;
   int num_threads = 0;  // 0: one per core
   int thread_nice = 0;  // nice value of the pool's threads (base/priority.h)
+  // submit() still computes the step before it returns, but the backend says it is pipelined, so
+  // that the engine plans each step before collecting the previous one (and feeds tokens through
+  // StepInput::fed_rows) exactly as it does on a GPU: the CPU tests of that path.
+  bool pipelined = false;
 };
 
 class CpuBackend final : public Backend {
@@ -33,6 +38,11 @@ class CpuBackend final : public Backend {
   size_t weight_bytes() const override { return weights_->num_bytes(); }
   size_t kv_cache_bytes() const override;
   [[nodiscard]] Status forward(const StepInput& in, float* logits) override;
+  // Samples on the host with sample_token(logits, vocab, spec).
+  [[nodiscard]] Status submit(const StepInput& in, const SampleSpec* specs) override;
+  [[nodiscard]] Status collect(int32_t* tokens) override;
+  void discard() override { outstanding_.clear(); }
+  bool pipelined() const override { return options_.pipelined; }
 
  private:
   CpuBackend(std::shared_ptr<const ModelWeights> weights, CpuBackendOptions options, int num_blocks);
@@ -48,6 +58,11 @@ class CpuBackend final : public Backend {
   std::vector<std::vector<float>> v_cache_;  // same
   // Activation scratch, grown to the largest step seen.
   std::vector<float> x_, h_, qkv_, attn_, gu_, act_, final_;
+  // submit(): logits, fed token ids, the last submitted step's tokens, and the uncollected steps.
+  std::vector<float> logits_;
+  std::vector<int32_t> fed_ids_;
+  std::vector<int32_t> last_tokens_;
+  std::deque<std::vector<int32_t>> outstanding_;
 };
 
 // Packs the matrices in place for the CPU backend (ModelWeights::cpu_packed), one at a time (the

@@ -41,7 +41,7 @@ kernels::GemvParams gemv_params(const __nv_bfloat16* w, int m, int n, int k) {
 
 // Byte offsets of one step's inputs inside the staging buffers (each 16-byte aligned).
 struct CudaBackend::StepLayout {
-  size_t token_ids = 0, positions = 0, slots = 0, logits_rows = 0, block_table = 0, decode_items = 0,
+  size_t token_ids = 0, fed_rows = 0, positions = 0, slots = 0, logits_rows = 0, block_table = 0, decode_items = 0,
          prefill_items = 0, combine_items = 0, sample_params = 0, total = 0;
   int num_tokens = 0, num_logits = 0, max_blocks_per_seq = 0;
   int num_decode = 0, num_prefill = 0, num_combine = 0;
@@ -57,8 +57,11 @@ CudaBackend::~CudaBackend() {
   for (cudaEvent_t e : mark_events_) cudaEventDestroy(e);
   gemm_.reset();
   for (void* p : allocations_) cudaFree(p);
-  if (host_staging_) cudaFreeHost(host_staging_);
-  if (host_tokens_) cudaFreeHost(host_tokens_);
+  for (Slot& slot : slots_) {
+    if (slot.host) cudaFreeHost(slot.host);
+    if (slot.host_tokens) cudaFreeHost(slot.host_tokens);
+    if (slot.done) cudaEventDestroy(slot.done);
+  }
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -66,7 +69,8 @@ size_t CudaBackend::kv_cache_bytes() const {
   return 2ull * config_.num_layers * num_blocks_ * options_.block_size * config_.kv_size() * 2;
 }
 
-Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool graph_shape, StepLayout* out) {
+Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool graph_shape, int slot_index,
+                            StepLayout* out) {
   const ModelConfig& c = config_;
   const int T = in.num_tokens, S = in.num_seqs, L = in.num_logits, V = c.vocab_size;
   const int bs = options_.block_size, nkv = c.num_kv_heads;
@@ -83,7 +87,11 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
 
   for (int s = 0; s < S; ++s) {
     for (int t = in.seq_start[s]; t < in.seq_start[s + 1]; ++t) {
-      if (in.token_ids[t] < 0 || in.token_ids[t] >= V) {
+      if (in.fed_rows && in.fed_rows[t] >= 0) {
+        if (in.fed_rows[t] >= prev_num_logits_) {
+          return invalid_argument("fed row " + std::to_string(in.fed_rows[t]) + " is not a row of the previous step");
+        }
+      } else if (in.token_ids[t] < 0 || in.token_ids[t] >= V) {
         return invalid_argument("token id " + std::to_string(in.token_ids[t]) + " is out of range");
       }
       if (in.positions[t] < 0 || in.positions[t] / bs >= in.max_blocks_per_seq) {
@@ -115,6 +123,7 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
     return at;
   };
   lay.token_ids = place(T * 4);
+  lay.fed_rows = place(T * 4);
   lay.positions = place(T * 4);
   lay.slots = place(T * 4);
   lay.logits_rows = place(static_cast<size_t>(L) * 4);
@@ -124,24 +133,30 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   lay.combine_items = place(combine.size() * sizeof(kernels::AttentionCombineItem));
   lay.sample_params = place(static_cast<size_t>(L) * sizeof(kernels::SampleParams));
   lay.total = off;
-  if (lay.total > staging_bytes_) {
+  Slot& slot = slots_[slot_index];
+  if (lay.total > slot.bytes) {
     HR_CUDA("waiting for the stream", cudaStreamSynchronize(stream_));
-    if (host_staging_) cudaFreeHost(host_staging_);
-    if (dev_staging_) {
-      cudaFree(dev_staging_);
-      allocations_.erase(std::find(allocations_.begin(), allocations_.end(), dev_staging_));
+    if (slot.host) cudaFreeHost(slot.host);
+    if (slot.dev) {
+      cudaFree(slot.dev);
+      allocations_.erase(std::find(allocations_.begin(), allocations_.end(), slot.dev));
     }
-    host_staging_ = nullptr;
-    dev_staging_ = nullptr;
-    staging_bytes_ = 0;  // until both allocations below succeed
+    slot.host = nullptr;
+    slot.dev = nullptr;
+    slot.bytes = 0;  // until both allocations below succeed
     clear_graphs();  // they captured the old buffer's address
     size_t bytes = std::max<size_t>(lay.total * 2, 1 << 20);
-    HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(&host_staging_), bytes, 0));
-    HR_RETURN_IF_ERROR(alloc(reinterpret_cast<void**>(&dev_staging_), bytes, "step inputs"));
-    staging_bytes_ = bytes;
+    HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(&slot.host), bytes, 0));
+    HR_RETURN_IF_ERROR(alloc(reinterpret_cast<void**>(&slot.dev), bytes, "step inputs"));
+    slot.bytes = bytes;
   }
-  char* h = host_staging_;
+  char* h = slot.host;
   std::memcpy(h + lay.token_ids, in.token_ids, T * 4);
+  if (in.fed_rows) {
+    std::memcpy(h + lay.fed_rows, in.fed_rows, T * 4);
+  } else {
+    std::fill_n(reinterpret_cast<int32_t*>(h + lay.fed_rows), T, -1);
+  }
   std::memcpy(h + lay.positions, in.positions, T * 4);
   int32_t* slots = reinterpret_cast<int32_t*>(h + lay.slots);
   for (int s = 0; s < S; ++s) {
@@ -172,18 +187,16 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
       sp[i].random = specs[i].random;
     }
   }
-  HR_CUDA("copying step inputs",
-          cudaMemcpyAsync(dev_staging_, host_staging_, lay.total, cudaMemcpyHostToDevice, stream_));
+  HR_CUDA("copying step inputs", cudaMemcpyAsync(slot.dev, slot.host, lay.total, cudaMemcpyHostToDevice, stream_));
   return Status::ok();
 }
 
-Status CudaBackend::launch_step(const StepLayout& lay, bool sample) {
+Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sample) {
   const ModelConfig& c = config_;
   const int T = lay.num_tokens, L = lay.num_logits;
   const int D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
   const int Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
   const int bs = options_.block_size, nkv = c.num_kv_heads;
-  char* d = dev_staging_;
   const auto* d_tokens = reinterpret_cast<const int32_t*>(d + lay.token_ids);
   const auto* d_positions = reinterpret_cast<const int32_t*>(d + lay.positions);
   const auto* d_slots = reinterpret_cast<const int32_t*>(d + lay.slots);
@@ -192,7 +205,8 @@ Status CudaBackend::launch_step(const StepLayout& lay, bool sample) {
   const ProgrammaticLaunch pl = options_.programmatic_launch;
   kernels::set_programmatic_launch(pl == ProgrammaticLaunch::kOn || (pl == ProgrammaticLaunch::kAuto && !lay.fused));
   mark("start");
-  HR_CUDA("embedding", kernels::embedding_gather(embed_, d_tokens, T, D, x_, stream_));
+  HR_CUDA("embedding", kernels::embedding_gather(embed_, d_tokens, reinterpret_cast<const int32_t*>(d + lay.fed_rows),
+                                                 tokens_, T, D, x_, stream_));
   mark("embedding");
   kernels::AddRmsNormParams norm;
   norm.x = x_;
@@ -367,17 +381,18 @@ void CudaBackend::clear_graphs() {
   graphs_.clear();
 }
 
-Status CudaBackend::enqueue(const StepInput& in, const SampleSpec* specs) {
+Status CudaBackend::enqueue(const StepInput& in, const SampleSpec* specs, int slot) {
   const bool graph = graph_step(in);
   StepLayout lay;
-  HR_RETURN_IF_ERROR(prepare(in, specs, graph, &lay));
-  if (!graph) return launch_step(lay, specs != nullptr);
-  // Decode steps of one batch size have one shape: capture the step once, then replay it.
-  const auto key = std::make_tuple(in.num_seqs, specs != nullptr, in.max_blocks_per_seq);
+  HR_RETURN_IF_ERROR(prepare(in, specs, graph, slot, &lay));
+  const char* inputs = slots_[slot].dev;
+  if (!graph) return launch_step(lay, inputs, specs != nullptr);
+  // Decode steps of one batch size have one shape: capture the step once per slot, then replay it.
+  const auto key = std::make_tuple(in.num_seqs, specs != nullptr, in.max_blocks_per_seq, slot);
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     HR_CUDA("starting a graph capture", cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    Status launched = launch_step(lay, specs != nullptr);
+    Status launched = launch_step(lay, inputs, specs != nullptr);
     cudaGraph_t graph_def = nullptr;
     cudaError_t ended = cudaStreamEndCapture(stream_, &graph_def);
     if (!launched.is_ok()) {
@@ -437,7 +452,8 @@ void CudaBackend::set_profiling(bool on) {
 }
 
 Status CudaBackend::forward(const StepInput& in, float* logits) {
-  HR_RETURN_IF_ERROR(enqueue(in, nullptr));
+  if (in.fed_rows) return invalid_argument("forward() takes no fed rows");
+  HR_RETURN_IF_ERROR(enqueue(in, nullptr, free_slot()));
   if (in.num_logits > 0) {
     HR_CUDA("copying logits", cudaMemcpyAsync(logits, logits_, static_cast<size_t>(in.num_logits) * config_.vocab_size * 4,
                                               cudaMemcpyDeviceToHost, stream_));
@@ -447,16 +463,41 @@ Status CudaBackend::forward(const StepInput& in, float* logits) {
   return Status::ok();
 }
 
-Status CudaBackend::forward_sample(const StepInput& in, const SampleSpec* specs, int32_t* tokens) {
-  HR_RETURN_IF_ERROR(enqueue(in, specs));
+Status CudaBackend::submit(const StepInput& in, const SampleSpec* specs) {
+  if (outstanding_.size() >= 2) return internal_error("two steps are outstanding: collect one first");
+  if (in.num_logits > 0 && specs == nullptr) return invalid_argument("no sampling specs for the logits rows");
+  const int index = free_slot();
+  Slot& slot = slots_[index];
+  HR_RETURN_IF_ERROR(enqueue(in, specs, index));
   if (in.num_logits > 0) {
-    HR_CUDA("copying tokens", cudaMemcpyAsync(host_tokens_, tokens_, static_cast<size_t>(in.num_logits) * 4,
+    HR_CUDA("copying tokens", cudaMemcpyAsync(slot.host_tokens, tokens_, static_cast<size_t>(in.num_logits) * 4,
                                               cudaMemcpyDeviceToHost, stream_));
   }
-  HR_CUDA("running the step", cudaStreamSynchronize(stream_));
-  collect_marks();
-  std::memcpy(tokens, host_tokens_, static_cast<size_t>(in.num_logits) * 4);
+  HR_CUDA("recording a step's end", cudaEventRecord(slot.done, stream_));
+  slot.num_logits = in.num_logits;
+  prev_num_logits_ = in.num_logits;
+  outstanding_.push_back(index);
+  if (profiling_) {
+    // Per-step phase times: no overlap while profiling.
+    HR_CUDA("running the step", cudaEventSynchronize(slot.done));
+    collect_marks();
+  }
   return Status::ok();
+}
+
+Status CudaBackend::collect(int32_t* tokens) {
+  if (outstanding_.empty()) return internal_error("no step to collect");
+  const Slot& slot = slots_[outstanding_.front()];
+  HR_CUDA("running the step", cudaEventSynchronize(slot.done));
+  outstanding_.pop_front();
+  std::memcpy(tokens, slot.host_tokens, static_cast<size_t>(slot.num_logits) * 4);
+  return Status::ok();
+}
+
+void CudaBackend::discard() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  outstanding_.clear();
+  prev_num_logits_ = 0;
 }
 
 }  // namespace hr::engine

@@ -2,12 +2,15 @@
 // accumulation, cuBLASLt GEMMs, and our kernels (kernels/) for the embedding gather, fused
 // residual-add + RMSNorm, RoPE + KV write, paged attention (tiled prefill, split-K decode),
 // SiLU-and-multiply and sampling. Each step's host inputs travel in one pinned buffer and one copy;
-// with forward_sample only token ids come back. One stream; forward calls from one thread at a time.
+// with submit() only token ids come back. Pipelined: submit() returns once the step is queued, and
+// two staging slots let step N+1 be packed while step N runs (its fed tokens read on the device).
+// One stream; calls from one thread at a time.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -68,9 +71,10 @@ class CudaBackend final : public Backend {
   }
   size_t kv_cache_bytes() const override;
   [[nodiscard]] Status forward(const StepInput& in, float* logits) override;
-  bool samples_on_device() const override { return true; }
-  [[nodiscard]] Status forward_sample(const StepInput& in, const SampleSpec* specs,
-                                      int32_t* tokens) override;
+  [[nodiscard]] Status submit(const StepInput& in, const SampleSpec* specs) override;
+  [[nodiscard]] Status collect(int32_t* tokens) override;
+  void discard() override;
+  bool pipelined() const override { return true; }
   const ModelConfig& config() const { return config_; }
   // Benchmark switches, each effective from the next step (and dropping captured graphs).
   void set_cuda_graphs(bool on) {
@@ -114,6 +118,16 @@ class CudaBackend final : public Backend {
     float* post_norm = nullptr;          // [D]
   };
   struct StepLayout;  // offsets of one step's inputs in the staging buffers
+  // One step's packed inputs (a pinned host buffer and its device copy, grown on demand), the host
+  // copy of its sampled tokens, and an event recorded after that copy.
+  struct Slot {
+    char* host = nullptr;
+    char* dev = nullptr;
+    size_t bytes = 0;
+    int32_t* host_tokens = nullptr;  // pinned [max_num_seqs]
+    cudaEvent_t done = nullptr;
+    int num_logits = 0;
+  };
 
   CudaBackend(const ModelConfig& config, CudaBackendOptions options);
   [[nodiscard]] Status check_options() const;
@@ -125,13 +139,17 @@ class CudaBackend final : public Backend {
   [[nodiscard]] Status fill_random(uint64_t seed);
   [[nodiscard]] Status init_runtime();
   [[nodiscard]] Status alloc(void** p, size_t bytes, const char* what);
-  // Validates the step, packs its inputs, and enqueues the whole forward pass up to the logits
-  // (and the sampled tokens when `specs` is given): replaying a captured graph for decode steps.
-  [[nodiscard]] Status enqueue(const StepInput& in, const SampleSpec* specs);
+  // The slot the next step packs into: one no outstanding step uses.
+  int free_slot() const { return outstanding_.empty() ? 0 : 1 - outstanding_.back(); }
+  // Validates the step, packs its inputs into `slot`, and enqueues the whole forward pass up to
+  // the logits (and the sampled tokens when `specs` is given): replaying a captured graph for
+  // decode steps.
+  [[nodiscard]] Status enqueue(const StepInput& in, const SampleSpec* specs, int slot);
   // Validation, attention planning, and the packed inputs' copy to the device.
-  [[nodiscard]] Status prepare(const StepInput& in, const SampleSpec* specs, bool graph_shape, StepLayout* lay);
+  [[nodiscard]] Status prepare(const StepInput& in, const SampleSpec* specs, bool graph_shape, int slot,
+                               StepLayout* lay);
   // Every kernel of the step, reading the packed inputs (capturable: no host synchronisation).
-  [[nodiscard]] Status launch_step(const StepLayout& lay, bool sample);
+  [[nodiscard]] Status launch_step(const StepLayout& lay, const char* inputs, bool sample);
   // y = x · w^T: the GEMV kernel for few rows, cuBLASLt otherwise.
   [[nodiscard]] Status matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, GemmOut out, int m, int n,
                               int k);
@@ -188,14 +206,13 @@ class CudaBackend final : public Backend {
   float* partial_out_ = nullptr;     // [max_partials, num_heads, head_dim]
   float* partial_ml_ = nullptr;      // [max_partials, num_heads, 2]
 
-  // One step's packed inputs: pinned host buffer and its device copy (grown on demand).
-  char* host_staging_ = nullptr;
-  char* dev_staging_ = nullptr;
-  size_t staging_bytes_ = 0;
-  int32_t* host_tokens_ = nullptr;  // pinned [S]
+  // Two slots, so that step N+1 is packed while step N reads its own inputs.
+  Slot slots_[2];
+  std::deque<int> outstanding_;  // slots of submitted, uncollected steps, oldest first
+  int prev_num_logits_ = 0;      // rows of the last submitted step (what fed_rows may name)
   AttentionPlan plan_;  // reused each step
-  // Decode graphs by (batch size, sampled on device, block-table width).
-  std::map<std::tuple<int, bool, int>, cudaGraphExec_t> graphs_;
+  // Decode graphs by (batch size, sampled on device, block-table width, slot).
+  std::map<std::tuple<int, bool, int, int>, cudaGraphExec_t> graphs_;
   bool profiling_ = false;
   std::vector<cudaEvent_t> mark_events_;
   std::vector<std::string> mark_names_;

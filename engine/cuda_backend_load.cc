@@ -159,7 +159,10 @@ Status CudaBackend::init_runtime() {
                          "attention partials"));
   HR_RETURN_IF_ERROR(act(&partial_ml_, static_cast<size_t>(max_partials_) * c.num_heads * 2 * 4,
                          "attention partials"));
-  HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(&host_tokens_), S * 4, 0));
+  for (Slot& slot : slots_) {
+    HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(&slot.host_tokens), S * 4, 0));
+    HR_CUDA("creating an event", cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
+  }
 
   // The KV cache takes the rest (or the budget given).
   size_t free_bytes = 0, total_bytes = 0;

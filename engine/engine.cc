@@ -31,7 +31,7 @@ Engine::Engine(std::shared_ptr<Backend> backend, std::shared_ptr<const Tokenizer
                int max_model_len, EngineOptions options)
     : backend_(std::move(backend)), tokenizer_(std::move(tokenizer)), max_model_len_(max_model_len),
       options_(options), blocks_(backend_->num_kv_blocks(), backend_->block_size()),
-      scheduler_(options.scheduler, &blocks_) {}
+      scheduler_(options.scheduler, &blocks_), pipeline_(options.pipeline && backend_->pipelined()) {}
 
 Result<int64_t> Engine::add(GenerationRequest r) {
   if (r.prompt.empty()) return invalid_argument("the prompt is empty", "prompt");
@@ -144,30 +144,40 @@ bool Engine::advance(Active& a, int32_t token) {
   return false;
 }
 
-Result<StepStats> Engine::step() {
-  StepStats stats;
-  StepPlan plan = scheduler_.schedule();
-  stats.num_preempted = static_cast<int>(plan.preempted.size());
-  if (plan.empty()) return stats;
+Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats) {
   const int max_blocks = (max_model_len_ + blocks_.block_size() - 1) / blocks_.block_size() + 1;
   const int num_seqs = static_cast<int>(plan.seqs.size());
   token_ids_.clear();
   positions_.clear();
   logits_rows_.clear();
+  fed_rows_.clear();
+  specs_.clear();
+  bool any_fed = false;
   seq_start_.assign(static_cast<size_t>(num_seqs) + 1, 0);
   block_table_.assign(static_cast<size_t>(num_seqs) * max_blocks, 0);
   for (int i = 0; i < num_seqs; ++i) {
     const ScheduledSeq& ss = plan.seqs[static_cast<size_t>(i)];
-    const Sequence& s = *ss.seq;
+    Sequence& s = *ss.seq;
     seq_start_[static_cast<size_t>(i)] = static_cast<int32_t>(token_ids_.size());
     for (int k = 0; k < ss.num_tokens; ++k) {
-      int pos = s.num_computed + k;
-      token_ids_.push_back(s.tokens[static_cast<size_t>(pos)]);
+      const int pos = s.num_computed + k;
+      if (pos < static_cast<int>(s.tokens.size())) {
+        token_ids_.push_back(s.tokens[static_cast<size_t>(pos)]);
+        fed_rows_.push_back(-1);
+      } else {
+        // The token the running step samples for this sequence.
+        token_ids_.push_back(0);
+        fed_rows_.push_back(s.pending_row);
+        any_fed = true;
+      }
       positions_.push_back(pos);
     }
     std::copy(s.blocks.begin(), s.blocks.end(), block_table_.begin() + static_cast<long>(i) * max_blocks);
-    if (ss.sample) logits_rows_.push_back(static_cast<int32_t>(token_ids_.size()) - 1);
-    (s.num_computed >= s.num_prompt ? stats.num_decode_tokens : stats.num_prefill_tokens) += ss.num_tokens;
+    if (ss.sample) {
+      logits_rows_.push_back(static_cast<int32_t>(token_ids_.size()) - 1);
+      specs_.push_back({s.params.temperature, s.params.top_p, s.params.top_k, s.rng()});
+    }
+    (s.num_computed >= s.num_prompt ? stats->num_decode_tokens : stats->num_prefill_tokens) += ss.num_tokens;
   }
   seq_start_[static_cast<size_t>(num_seqs)] = static_cast<int32_t>(token_ids_.size());
   StepInput in;
@@ -180,36 +190,93 @@ Result<StepStats> Engine::step() {
   in.max_blocks_per_seq = max_blocks;
   in.logits_rows = logits_rows_.data();
   in.num_logits = static_cast<int>(logits_rows_.size());
-  const int V = backend_->vocab_size();
-  const bool on_device = backend_->samples_on_device();
-  if (on_device) {
-    // The device samples; each row gets its sequence's parameters and a draw from its generator.
-    specs_.clear();
-    for (const ScheduledSeq& ss : plan.seqs) {
-      if (!ss.sample) continue;
-      const SamplingParams& p = ss.seq->params;
-      specs_.push_back({p.temperature, p.top_p, p.top_k, ss.seq->rng()});
-    }
-    sampled_.resize(specs_.size());
-    HR_RETURN_IF_ERROR(backend_->forward_sample(in, specs_.data(), sampled_.data()));
-  } else {
-    logits_.resize(static_cast<size_t>(std::max(1, in.num_logits)) * V);
-    HR_RETURN_IF_ERROR(backend_->forward(in, logits_.data()));
-  }
-  scheduler_.complete(plan);
-  stats.num_seqs = num_seqs;
-  stats.num_tokens = in.num_tokens;
-  int row = 0;
+  in.fed_rows = any_fed ? fed_rows_.data() : nullptr;
+  HR_RETURN_IF_ERROR(backend_->submit(in, specs_.data()));
+  stats->num_seqs = num_seqs;
+  stats->num_tokens = in.num_tokens;
+  Submitted sub;
+  sub.seqs = plan.seqs;
   for (const ScheduledSeq& ss : plan.seqs) {
+    sub.ids.push_back(ss.seq->id);
     if (!ss.sample) continue;
-    Sequence& s = *ss.seq;
-    int32_t token = on_device ? sampled_[static_cast<size_t>(row++)]
-                              : sample_token(&logits_[static_cast<size_t>(row++) * V], V, s.params, s.rng);
-    auto it = active_.find(s.id);
-    if (advance(it->second, token)) {
+    ss.seq->pending_row = static_cast<int>(sub.sampled.size());
+    ++ss.seq->num_pending;
+    sub.sampled.push_back(ss.seq->id);
+  }
+  return sub;
+}
+
+void Engine::complete(const Submitted& sub) {
+  StepPlan alive;
+  for (size_t i = 0; i < sub.seqs.size(); ++i) {
+    if (active_.count(sub.ids[i])) alive.seqs.push_back(sub.seqs[i]);
+  }
+  scheduler_.complete(alive);
+}
+
+void Engine::advance_all(const Submitted& sub, StepStats* stats) {
+  for (size_t row = 0; row < sub.sampled.size(); ++row) {
+    auto it = active_.find(sub.sampled[row]);
+    if (it == active_.end()) continue;  // finished at the step before, or cancelled
+    --it->second.seq->num_pending;
+    if (advance(it->second, sampled_[row])) {
       active_.erase(it);
-      ++stats.num_finished;
+      ++stats->num_finished;
     }
+  }
+}
+
+Status Engine::recover(Status failure, std::initializer_list<const Submitted*> steps) {
+  backend_->discard();
+  in_flight_.reset();
+  for (const Submitted* sub : steps) {
+    if (!sub) continue;
+    for (int64_t id : sub->sampled) {
+      auto it = active_.find(id);
+      if (it == active_.end()) continue;
+      Sequence& s = *it->second.seq;
+      s.num_pending = 0;
+      s.pending_row = -1;
+      // A sequence whose every known token is computed has lost the token it was waiting for:
+      // compute its last token again to sample it again.
+      s.num_computed = std::min(s.num_computed, static_cast<int>(s.tokens.size()) - 1);
+    }
+  }
+  return failure;
+}
+
+Result<StepStats> Engine::step() {
+  StepStats stats;
+  StepPlan plan = scheduler_.schedule();
+  stats.num_preempted = static_cast<int>(plan.preempted.size());
+  std::optional<Submitted> cur;
+  if (!plan.empty()) {
+    auto submitted = submit(plan, &stats);
+    if (!submitted.is_ok()) return submitted.status();
+    cur = std::move(submitted).value();
+  }
+  if (!pipeline_) {
+    if (!cur) return stats;
+    sampled_.resize(cur->sampled.size());
+    Status collected = backend_->collect(sampled_.data());
+    if (!collected.is_ok()) return recover(collected, {&*cur});
+    complete(*cur);
+    advance_all(*cur, &stats);
+    return stats;
+  }
+  // Pipelined: `cur` runs after the step in flight, whose tokens are collected now; then `cur`'s
+  // tokens are all known to the host (fed ones included) and it can be completed.
+  if (in_flight_) {
+    Submitted prev = std::move(*in_flight_);
+    in_flight_.reset();
+    sampled_.resize(prev.sampled.size());
+    Status collected = backend_->collect(sampled_.data());
+    if (!collected.is_ok()) return recover(collected, {&prev, cur ? &*cur : nullptr});
+    advance_all(prev, &stats);
+  }
+  if (cur) {
+    complete(*cur);
+    in_flight_ = std::move(cur);
   }
   return stats;
 }

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <functional>
+#include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -47,8 +49,15 @@ struct GenerationRequest {
 struct EngineOptions {
   SchedulerConfig scheduler;
   int max_model_len = 0;  // 0: the model's max_position_embeddings
+  // With a pipelined backend (Backend::pipelined), plan and submit step N+1 before collecting step
+  // N, so that the host's work overlaps the device's: sequences sampled in step N are planned with
+  // their next token fed on the device. A sequence that finishes at step N has had one more token
+  // computed in step N+1, which is dropped.
+  bool pipeline = true;
 };
 
+// A step() submits one step and, when pipelined, collects the one before: the counts describe the
+// step submitted, num_finished the step collected.
 struct StepStats {
   int num_seqs = 0;
   int num_tokens = 0;
@@ -69,9 +78,12 @@ class Engine {
   [[nodiscard]] Result<int64_t> add(GenerationRequest request);
   // Finishes the request now (its final event says kCancelled). Unknown ids are ignored.
   void cancel(int64_t id);
-  // Runs one step; an empty plan (nothing to do) is not an error.
+  // Runs one step; an empty plan (nothing to do) is not an error. After a failed step, every
+  // sequence is planned again from what the host knows (the failed steps' tokens recomputed).
   [[nodiscard]] Result<StepStats> step();
-  bool has_work() const { return scheduler_.has_work(); }
+  bool has_work() const { return scheduler_.has_work() || in_flight_.has_value(); }
+  // Whether steps are pipelined (EngineOptions::pipeline and a pipelined backend).
+  bool pipelined() const { return pipeline_; }
   Headroom headroom() const { return scheduler_.headroom(); }
   // See Scheduler::set_sync_expected.
   void set_sync_expected(bool expected) { scheduler_.set_sync_expected(expected); }
@@ -88,8 +100,24 @@ class Engine {
     std::unique_ptr<StreamDecoder> decoder;
     std::string held;  // text held back: it may be the start of a stop string
   };
+  // A submitted step: its plan (pointers valid only while the id is active) and, in logits-row
+  // order, the ids of the sequences it samples.
+  struct Submitted {
+    std::vector<ScheduledSeq> seqs;
+    std::vector<int64_t> ids;
+    std::vector<int64_t> sampled;
+  };
   Engine(std::shared_ptr<Backend> backend, std::shared_ptr<const Tokenizer> tokenizer,
          int max_model_len, EngineOptions options);
+  // Builds the plan's inputs and submits them; marks the sampled sequences' tokens pending.
+  [[nodiscard]] Result<Submitted> submit(const StepPlan& plan, StepStats* stats);
+  // The scheduler's complete() for the step's sequences that are still active.
+  void complete(const Submitted& sub);
+  // Appends the collected tokens (sampled_) to the sequences still active.
+  void advance_all(const Submitted& sub, StepStats* stats);
+  // After a failed collect: drops the outstanding steps, and plans their sequences from what the
+  // host knows.
+  Status recover(Status failure, std::initializer_list<const Submitted*> steps);
   // Appends the sampled token; returns true when the request finished.
   bool advance(Active& a, int32_t token);
   void finish(Active& a, FinishReason reason, int32_t token, std::string delta);
@@ -104,8 +132,9 @@ class Engine {
   int64_t next_id_ = 1;
   int64_t next_arrival_ = 0;
   // Step buffers, reused.
-  std::vector<int32_t> token_ids_, positions_, seq_start_, block_table_, logits_rows_;
-  std::vector<float> logits_;
+  bool pipeline_;
+  std::optional<Submitted> in_flight_;  // submitted, not collected (pipelined)
+  std::vector<int32_t> token_ids_, positions_, seq_start_, block_table_, logits_rows_, fed_rows_;
   std::vector<SampleSpec> specs_;
   std::vector<int32_t> sampled_;
 };

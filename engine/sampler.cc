@@ -50,4 +50,16 @@ int32_t sample_token(const float* logits, int vocab, const SamplingParams& p, st
   return idx[keep - 1];
 }
 
+int32_t sample_token(const float* logits, int vocab, const SampleSpec& spec) {
+  SamplingParams p;
+  p.temperature = spec.temperature;
+  p.top_p = spec.top_p;
+  p.top_k = spec.top_k;
+  if (p.temperature <= 0.0f || p.top_k == 1) {
+    return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  }
+  std::mt19937_64 rng(spec.random);
+  return sample_token(logits, vocab, p, rng);
+}
+
 }  // namespace hr::engine

@@ -24,4 +24,16 @@ struct SamplingParams {
 int32_t sample_token(const float* logits, int vocab, const SamplingParams& params,
                      std::mt19937_64& rng);
 
+// How one logits row is sampled inside a backend: the sequence's parameters and 64 bits drawn from
+// its generator for this step (the same spec gives the same token).
+struct SampleSpec {
+  float temperature = 0.0f;  // <= 0: greedy
+  float top_p = 1.0f;
+  int top_k = 0;
+  uint64_t random = 0;
+};
+
+// sample_token with the spec's parameters and a generator seeded from its random bits.
+int32_t sample_token(const float* logits, int vocab, const SampleSpec& spec);
+
 }  // namespace hr::engine

@@ -88,12 +88,12 @@ StepPlan Scheduler::schedule() {
   std::sort(running_.begin(), running_.end(), runs_before);
   std::stable_sort(waiting_async_.begin(), waiting_async_.end(), runs_before);
   auto plan_seq = [&](Sequence* seq, bool was_running) -> bool {
-    int remaining = static_cast<int>(seq->tokens.size()) - seq->num_computed;
+    int remaining = seq->length() - seq->num_computed;
     int n = std::min({remaining, budget, config_.max_prefill_chunk});
     if (n <= 0) return false;
     if (!grow(seq, n, was_running, &plan, &budget)) return false;
     n = std::min(n, budget);  // preemption may not refund, but never overdraw
-    plan.seqs.push_back({seq, n, seq->num_computed + n == static_cast<int>(seq->tokens.size())});
+    plan.seqs.push_back({seq, n, seq->num_computed + n == seq->length()});
     plan.num_tokens += n;
     budget -= n;
     return true;
@@ -154,13 +154,14 @@ StepPlan Scheduler::schedule() {
     if (cls == RequestClass::kSync) {
       while (!waiting_sync_.empty() && budget > 0) {
         Sequence* seq = waiting_sync_.front();
-        if (!admit(seq)) break;
+        if (seq->num_pending > 0 || !admit(seq)) break;  // preempted while its token is on the way
         waiting_sync_.pop_front();
       }
     } else {
       std::stable_sort(waiting_async_.begin(), waiting_async_.end(), runs_before);
       while (!waiting_async_.empty() && budget > 0 && waiting_sync_.empty()) {
         Sequence* seq = waiting_async_.front();
+        if (seq->num_pending > 0) break;  // preempted while its token is on the way
         waiting_async_.erase(waiting_async_.begin());
         if (!admit(seq)) {
           waiting_async_.insert(waiting_async_.begin(), seq);
@@ -178,7 +179,8 @@ void Scheduler::complete(const StepPlan& plan) {
   for (const ScheduledSeq& s : plan.seqs) {
     Sequence* seq = s.seq;
     seq->num_computed += s.num_tokens;
-    while (static_cast<int>(seq->block_hashes.size()) < seq->num_computed / bs) {
+    const int full = std::min(seq->num_computed, static_cast<int>(seq->tokens.size())) / bs;
+    while (static_cast<int>(seq->block_hashes.size()) < full) {
       size_t i = seq->block_hashes.size();
       uint64_t parent = i == 0 ? 0 : seq->block_hashes[i - 1];
       seq->block_hashes.push_back(

@@ -28,6 +28,10 @@ struct Sequence {
   std::vector<int32_t> tokens;  // prompt, then generated
   int num_prompt = 0;
   int num_computed = 0;         // tokens whose K/V is in the cache
+  // Tokens sampled by a step still running (a pipelined engine): they follow `tokens` and are
+  // planned at once, fed from the running step's row `pending_row`.
+  int num_pending = 0;
+  int pending_row = -1;
   std::vector<int> blocks;      // block table
   std::vector<uint64_t> block_hashes;  // of the committed full blocks
   int num_cached_prompt = -1;   // prompt tokens found in the prefix cache at first admission
@@ -38,6 +42,8 @@ struct Sequence {
   std::mt19937_64 rng;
 
   int num_generated() const { return static_cast<int>(tokens.size()) - num_prompt; }
+  // Tokens known or pending.
+  int length() const { return static_cast<int>(tokens.size()) + num_pending; }
 };
 
 struct SchedulerConfig {

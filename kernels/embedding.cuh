@@ -1,4 +1,6 @@
-// Embedding gather: the residual stream's first value, out[t, :] = float(table[ids[t], :]).
+// Embedding gather: the residual stream's first value, out[t, :] = float(table[id(t), :]), where
+// id(t) is fed_tokens[fed_rows[t]] when fed_rows is given and fed_rows[t] >= 0 (a token sampled on
+// the device by the step before), else ids[t].
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,9 +10,11 @@
 
 namespace hr::kernels {
 
-// table: [vocab, dim] bf16; ids: [num_tokens] (each in [0, vocab)); out: [num_tokens, dim] fp32.
-// dim must be a multiple of 8 and the pointers 16-byte aligned.
-cudaError_t embedding_gather(const __nv_bfloat16* table, const int32_t* ids, int num_tokens, int dim,
-                             float* out, cudaStream_t stream);
+// table: [vocab, dim] bf16; ids: [num_tokens] (each in [0, vocab)); fed_rows: [num_tokens] or
+// null; fed_tokens: the previous step's sampled tokens (needed with fed_rows); out: [num_tokens,
+// dim] fp32. dim must be a multiple of 8 and table and out 16-byte aligned.
+cudaError_t embedding_gather(const __nv_bfloat16* table, const int32_t* ids, const int32_t* fed_rows,
+                             const int32_t* fed_tokens, int num_tokens, int dim, float* out,
+                             cudaStream_t stream);
 
 }  // namespace hr::kernels

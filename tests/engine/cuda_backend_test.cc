@@ -1,7 +1,8 @@
 // The CUDA backend as a whole, on the bundled model: logits within bf16 tolerance of the CPU
 // backend (prefill and decode steps over scattered blocks), greedy answers equal to PyTorch's on at
 // least 99% of the reference prompts through the engine (any that differ are listed with their
-// reference margin), seeded sampling reproducible, and bad steps refused. Skips without a device.
+// reference margin), with steps pipelined or not; tokens fed on the device equal to tokens given;
+// seeded sampling reproducible; and bad steps refused. Skips without a device.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -146,8 +147,10 @@ TEST(CudaBackendTest, UploadFromFilesEqualsUploadFromHostWeights) {
 }
 
 // Greedy generation of every reference prompt, all submitted at once to an engine on the GPU.
-// Decode steps replay CUDA graphs by default; the same run without them must agree as well.
-void check_greedy_against_pytorch(bool cuda_graphs) {
+// Decode steps replay CUDA graphs by default; the same run without them must agree as well, and so
+// must plain steps (each step's tokens collected before the next is planned) against the default
+// pipelined ones (decode tokens fed on the device from the step before).
+void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline) {
   CudaBackendOptions o = small_options();
   o.cuda_graphs = cuda_graphs;
   auto gpu = CudaBackend::create(*tiny_weights(), o);
@@ -155,8 +158,10 @@ void check_greedy_against_pytorch(bool cuda_graphs) {
   EngineOptions eo;
   eo.scheduler.max_num_seqs = 256;
   eo.scheduler.max_batched_tokens = 4096;
+  eo.pipeline = pipeline;
   auto engine = Engine::create(std::shared_ptr<Backend>(std::move(gpu).value()), nullptr, 512, eo);
   ASSERT_TRUE(engine.is_ok());
+  EXPECT_EQ((*engine)->pipelined(), pipeline);
   auto ref = load_reference();
   const size_t n = ref["cases"].size();
   std::vector<std::vector<int32_t>> out(n);
@@ -184,23 +189,26 @@ void check_greedy_against_pytorch(bool cuda_graphs) {
                 ref["cases"][i]["text"].get<std::string>().c_str(), at, at < out[i].size() ? out[i][at] : -1,
                 expected[at], margin);
   }
-  std::printf("greedy on GPU (graphs %s): %zu of %zu reference prompts equal to PyTorch\n",
-              cuda_graphs ? "on" : "off", same, n);
+  std::printf("greedy on GPU (graphs %s, pipelined %s): %zu of %zu reference prompts equal to PyTorch\n",
+              cuda_graphs ? "on" : "off", pipeline ? "on" : "off", same, n);
   EXPECT_GE(static_cast<double>(same), 0.99 * static_cast<double>(n));
 }
 
 TEST(CudaBackendTest, GreedyAnswersMatchPyTorchOnAtLeast99Percent) {
   SKIP_WITHOUT_GPU();
-  check_greedy_against_pytorch(true);
-  check_greedy_against_pytorch(false);
+  check_greedy_against_pytorch(true, true);
+  check_greedy_against_pytorch(false, true);
+  check_greedy_against_pytorch(true, false);
 }
 
 TEST(CudaBackendTest, SeededSamplingIsReproducible) {
   SKIP_WITHOUT_GPU();
-  auto run = [](uint64_t seed) {
+  auto run = [](uint64_t seed, bool pipeline = true) {
     auto gpu = CudaBackend::create(*tiny_weights(), small_options());
     EXPECT_TRUE(gpu.is_ok());
-    auto engine = Engine::create(std::shared_ptr<Backend>(std::move(gpu).value()), nullptr, 512, {});
+    EngineOptions eo;
+    eo.pipeline = pipeline;
+    auto engine = Engine::create(std::shared_ptr<Backend>(std::move(gpu).value()), nullptr, 512, eo);
     std::vector<int32_t> out;
     GenerationRequest r;
     r.prompt = {256, 258, 114, 101, 118, 101, 114, 115, 101, 58, 32, 97, 98, 99, 259};
@@ -215,10 +223,74 @@ TEST(CudaBackendTest, SeededSamplingIsReproducible) {
     while ((*engine)->has_work()) EXPECT_TRUE((*engine)->step().is_ok());
     return out;
   };
-  auto a = run(42), b = run(42), c = run(7);
+  auto a = run(42), b = run(42), c = run(7), plain = run(42, false);
   EXPECT_EQ(a.size(), 24u);
   EXPECT_EQ(a, b);
   EXPECT_NE(a, c);
+  EXPECT_EQ(a, plain);
+}
+
+// S sequences prefilled in one step, then `steps` decode steps. Fed: each decode step is submitted
+// before the step it follows is collected, its tokens fed on the device from that step's rows (the
+// two staging slots alternate); else each step is collected first and given its tokens.
+std::vector<std::vector<int32_t>> decode_tokens(int S, int steps, bool fed) {
+  auto created = CudaBackend::create(*tiny_weights(), small_options());
+  EXPECT_TRUE(created.is_ok());
+  auto& gpu = *created;
+  auto ref = load_reference();
+  Step pre;
+  std::vector<int> len(static_cast<size_t>(S));
+  for (int s = 0; s < S; ++s) {
+    auto prompt = ref["cases"][static_cast<size_t>(s)]["prompt_ids"].get<std::vector<int32_t>>();
+    len[static_cast<size_t>(s)] = static_cast<int>(prompt.size());
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      pre.ids.push_back(prompt[i]);
+      pre.positions.push_back(static_cast<int32_t>(i));
+    }
+    pre.seq_start.push_back(static_cast<int32_t>(pre.ids.size()));
+    pre.rows.push_back(static_cast<int32_t>(pre.ids.size()) - 1);
+    for (int b = 0; b < pre.max_blocks; ++b) pre.table.push_back(s * pre.max_blocks + b);
+  }
+  std::vector<SampleSpec> greedy(static_cast<size_t>(S));
+  std::vector<std::vector<int32_t>> out;
+  std::vector<int32_t> tokens(static_cast<size_t>(S));
+  EXPECT_TRUE(gpu->submit(pre.input(S), greedy.data()).is_ok());
+  if (!fed) {
+    EXPECT_TRUE(gpu->collect(tokens.data()).is_ok());
+    out.push_back(tokens);
+  }
+  std::vector<int32_t> fed_rows(static_cast<size_t>(S));
+  for (int s = 0; s < S; ++s) fed_rows[static_cast<size_t>(s)] = s;
+  for (int k = 0; k < steps; ++k) {
+    Step d;
+    d.table = pre.table;
+    for (int s = 0; s < S; ++s) {
+      d.ids.push_back(fed ? 0 : tokens[static_cast<size_t>(s)]);
+      d.positions.push_back(len[static_cast<size_t>(s)] + k);
+      d.seq_start.push_back(s + 1);
+      d.rows.push_back(s);
+    }
+    StepInput in = d.input(S);
+    if (fed) in.fed_rows = fed_rows.data();
+    EXPECT_TRUE(gpu->submit(in, greedy.data()).is_ok());
+    EXPECT_TRUE(gpu->collect(tokens.data()).is_ok());  // fed: the step before this one
+    out.push_back(tokens);
+  }
+  if (fed) {
+    EXPECT_TRUE(gpu->collect(tokens.data()).is_ok());
+    out.push_back(tokens);
+  }
+  return out;
+}
+
+TEST(CudaBackendTest, FedTokensEqualKnownTokens) {
+  SKIP_WITHOUT_GPU();
+  for (int S : {1, 2, 5}) {  // the fused small-batch path and the general one, as graphs
+    auto known = decode_tokens(S, 6, false);
+    auto fed = decode_tokens(S, 6, true);
+    EXPECT_EQ(known, fed) << S;
+    EXPECT_EQ(known.size(), 7u);
+  }
 }
 
 TEST(CudaBackendTest, RefusesBadSteps) {
@@ -239,6 +311,22 @@ TEST(CudaBackendTest, RefusesBadSteps) {
   st.table.assign(st.max_blocks, (*gpu)->num_kv_blocks());  // a block past the cache
   s = (*gpu)->forward(st.input(1), logits.data());
   EXPECT_FALSE(s.is_ok());
+  // Fed rows must name a row of the step submitted before; at most two steps are outstanding.
+  st.table.assign(st.max_blocks, 0);
+  SampleSpec greedy;
+  ASSERT_TRUE((*gpu)->submit(st.input(1), &greedy).is_ok());
+  std::vector<int32_t> fed = {-1, 1};
+  StepInput in = st.input(1);
+  in.fed_rows = fed.data();
+  EXPECT_EQ((*gpu)->submit(in, &greedy).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*gpu)->forward(in, logits.data()).code(), StatusCode::kInvalidArgument);
+  fed = {-1, 0};
+  ASSERT_TRUE((*gpu)->submit(in, &greedy).is_ok());
+  EXPECT_FALSE((*gpu)->submit(st.input(1), &greedy).is_ok());
+  int32_t token = -1;
+  EXPECT_TRUE((*gpu)->collect(&token).is_ok());
+  EXPECT_TRUE((*gpu)->collect(&token).is_ok());
+  EXPECT_FALSE((*gpu)->collect(&token).is_ok());
   CudaBackendOptions o = small_options();
   o.kv_cache_bytes = 1;
   auto tiny = CudaBackend::create(*tiny_weights(), o);

@@ -97,12 +97,31 @@ TEST(CudaKernelsTest, EmbeddingGatherCopiesRows) {
   for (int& id : ids) id = static_cast<int>(rng() % V);
   DeviceBuffer<int32_t> d_ids(ids);
   DeviceBuffer<float> d_out(static_cast<size_t>(T) * D);
-  ASSERT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, T, D, d_out.ptr, nullptr), cudaSuccess);
+  ASSERT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, D, d_out.ptr, nullptr),
+            cudaSuccess);
   auto out = d_out.get();
   for (int t = 0; t < T; ++t) {
     for (int i = 0; i < D; ++i) ASSERT_EQ(out[t * D + i], table[ids[t] * D + i]) << t << "," << i;
   }
-  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, T, 100, d_out.ptr, nullptr),
+  // Rows fed from the previous step's sampled tokens take those instead of ids.
+  const std::vector<int32_t> fed_tokens = {5, 36, 0};
+  std::vector<int32_t> fed_rows(T, -1);
+  fed_rows[0] = 2;
+  fed_rows[4] = 0;
+  fed_rows[T - 1] = 1;
+  DeviceBuffer<int32_t> d_fed_rows(fed_rows), d_fed_tokens(fed_tokens);
+  ASSERT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, d_fed_rows.ptr, d_fed_tokens.ptr, T, D,
+                                      d_out.ptr, nullptr),
+            cudaSuccess);
+  out = d_out.get();
+  for (int t = 0; t < T; ++t) {
+    const int id = fed_rows[t] >= 0 ? fed_tokens[fed_rows[t]] : ids[t];
+    for (int i = 0; i < D; ++i) ASSERT_EQ(out[t * D + i], table[id * D + i]) << t << "," << i;
+  }
+  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, 100, d_out.ptr, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, d_fed_rows.ptr, nullptr, T, D, d_out.ptr,
+                                      nullptr),
             cudaErrorInvalidValue);
 }
 

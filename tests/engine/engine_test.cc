@@ -47,14 +47,29 @@ struct Fixture {
     return f;
   }
 
-  std::unique_ptr<Engine> engine(SchedulerConfig sc, int block_size = 16, size_t kv_bytes = 8 << 20) {
-    auto backend = CpuBackend::create(weights, {block_size, kv_bytes, 1});
+  std::shared_ptr<Backend> backend(int block_size, size_t kv_bytes, bool pipelined) {
+    CpuBackendOptions bo;
+    bo.block_size = block_size;
+    bo.kv_cache_bytes = kv_bytes;
+    bo.num_threads = 1;
+    bo.pipelined = pipelined;
+    auto backend = CpuBackend::create(weights, bo);
     EXPECT_TRUE(backend.is_ok());
+    return std::shared_ptr<Backend>(std::move(backend).value());
+  }
+
+  std::unique_ptr<Engine> engine(std::shared_ptr<Backend> backend, SchedulerConfig sc) {
     EngineOptions o;
     o.scheduler = sc;
-    return Engine::create(std::shared_ptr<Backend>(std::move(backend).value()), tokenizer,
-                          weights->config.max_position_embeddings, o)
-        .value();
+    auto e = Engine::create(std::move(backend), tokenizer, weights->config.max_position_embeddings, o).value();
+    EXPECT_EQ(e->pipelined(), e->backend().pipelined());
+    return e;
+  }
+
+  // With `pipelined`, the engine plans each step before collecting the one before (as on a GPU).
+  std::unique_ptr<Engine> engine(SchedulerConfig sc, int block_size = 16, size_t kv_bytes = 8 << 20,
+                                 bool pipelined = false) {
+    return engine(backend(block_size, kv_bytes, pipelined), sc);
   }
 };
 
@@ -138,12 +153,12 @@ TEST(EngineTest, PrefixCacheHitEqualsMissAndReportsCachedTokens) {
   EXPECT_GT(e->blocks().num_prefix_hit_blocks(), 0);
 }
 
-TEST(EngineTest, PreemptedAsyncRequestsEqualUndisturbedOnes) {
+void expect_preempted_requests_equal_undisturbed_ones(bool pipelined) {
   auto& f = Fixture::get();
   // A KV cache of 32 blocks of 4 tokens: not enough for everything at once.
   const ModelConfig& c = f.weights->config;
   size_t block_bytes = 2ull * c.num_layers * 4 * c.kv_size() * sizeof(float);
-  auto e = f.engine({16, 64, 64}, 4, 32 * block_bytes);
+  auto e = f.engine({16, 64, 64}, 4, 32 * block_bytes, pipelined);
   std::vector<Outcome> async_out(4), sync_out(4);
   auto add = [&](std::vector<Outcome>& out, int i, int case_index, RequestClass cls) {
     GenerationRequest r;
@@ -171,6 +186,12 @@ TEST(EngineTest, PreemptedAsyncRequestsEqualUndisturbedOnes) {
     EXPECT_EQ(async_out[static_cast<size_t>(i)].tokens, expected(100 + i)) << i;
     EXPECT_EQ(sync_out[static_cast<size_t>(i)].tokens, expected(110 + i)) << i;
   }
+}
+
+TEST(EngineTest, PreemptedAsyncRequestsEqualUndisturbedOnes) { expect_preempted_requests_equal_undisturbed_ones(false); }
+
+TEST(EngineTest, PreemptedAsyncRequestsEqualUndisturbedOnesWhenPipelined) {
+  expect_preempted_requests_equal_undisturbed_ones(true);
 }
 
 TEST(EngineTest, SamplingIsReproducibleWithASeedAndStopsWork) {
@@ -213,6 +234,206 @@ TEST(EngineTest, BadRequestsAreErrors) {
   GenerationRequest bad_token;
   bad_token.prompt = {1, 99999};
   EXPECT_FALSE(e->add(std::move(bad_token)).is_ok());
+}
+
+void expect_same_outcomes(const std::vector<Outcome>& a, const std::vector<Outcome>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].tokens, b[i].tokens) << i;
+    EXPECT_EQ(a[i].text, b[i].text) << i;
+    EXPECT_EQ(a[i].reason, b[i].reason) << i;
+    EXPECT_EQ(a[i].usage.prompt_tokens, b[i].usage.prompt_tokens) << i;
+    EXPECT_EQ(a[i].usage.completion_tokens, b[i].usage.completion_tokens) << i;
+    EXPECT_EQ(a[i].usage.cached_tokens, b[i].usage.cached_tokens) << i;
+  }
+}
+
+// Pipelined steps (step N+1 planned and submitted before step N's tokens are collected, its
+// decode tokens fed from step N's rows) give exactly what plain steps give: greedy answers,
+// chunked prefill, seeded sampling, length limits and stop strings, with requests finishing at
+// different steps so that finished sequences' extra tokens are dropped.
+TEST(EngineTest, PipelinedStepsEqualPlainSteps) {
+  auto& f = Fixture::get();
+  auto piped = f.engine({64, 512, 512}, 16, 8 << 20, true);
+  ASSERT_TRUE(piped->pipelined());
+  auto together = run_all(*piped, prompts(32));
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(together[static_cast<size_t>(i)].tokens, expected(i)) << i;
+  expect_same_outcomes(together, run_all(*f.engine({64, 512, 512}), prompts(32)));
+
+  expect_same_outcomes(run_all(*f.engine({8, 8, 3}, 16, 8 << 20, true), prompts(12, 40)),
+                       run_all(*f.engine({8, 8, 3}), prompts(12, 40)));
+
+  SamplingParams seeded;
+  seeded.temperature = 1.2f;
+  seeded.top_k = 20;
+  seeded.top_p = 0.95f;
+  seeded.seed = 7;
+  expect_same_outcomes(run_all(*f.engine({8, 512, 512}, 16, 8 << 20, true), prompts(6, 60), RequestClass::kAsync, seeded),
+                       run_all(*f.engine({8, 512, 512}), prompts(6, 60), RequestClass::kAsync, seeded));
+
+  SamplingParams limits;
+  limits.max_tokens = 3;
+  limits.stop = {"e", "a"};
+  expect_same_outcomes(run_all(*f.engine({4, 64, 16}, 16, 8 << 20, true), prompts(10, 80), RequestClass::kSync, limits),
+                       run_all(*f.engine({4, 64, 16}), prompts(10, 80), RequestClass::kSync, limits));
+}
+
+TEST(EngineTest, PipelinedPrefixCacheHitEqualsMiss) {
+  auto& f = Fixture::get();
+  auto e = f.engine({8, 512, 512}, /*block_size=*/4, 8 << 20, true);
+  auto first = run_all(*e, prompts(1, 9));
+  auto second = run_all(*e, prompts(1, 9));
+  EXPECT_EQ(first[0].tokens, expected(9));
+  EXPECT_EQ(second[0].tokens, expected(9));
+  int prompt_len = static_cast<int>(prompts(1, 9)[0].size());
+  EXPECT_EQ(second[0].usage.cached_tokens, (prompt_len - 1) / 4 * 4);
+  // Every block went back: nothing leaked by the dropped extra steps.
+  EXPECT_EQ(e->blocks().num_available(), e->blocks().num_blocks());
+}
+
+TEST(EngineTest, PipelinedCancelWhileATokenIsOnTheWay) {
+  auto& f = Fixture::get();
+  auto e = f.engine({8, 512, 512}, 16, 8 << 20, true);
+  std::vector<Outcome> out(3);
+  std::vector<int> events_after_final(3, 0);
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 3; ++i) {
+    GenerationRequest r;
+    r.prompt = prompts(1, 30 + i)[0];
+    r.params.max_tokens = 40;
+    r.on_event = [&, i](const TokenEvent& ev) {
+      if (out[static_cast<size_t>(i)].reason != FinishReason::kNone) ++events_after_final[static_cast<size_t>(i)];
+      if (ev.token >= 0) out[static_cast<size_t>(i)].tokens.push_back(ev.token);
+      if (ev.finished) out[static_cast<size_t>(i)].reason = ev.finish_reason;
+    };
+    ids.push_back(e->add(std::move(r)).value());
+  }
+  for (int s = 0; s < 3; ++s) ASSERT_TRUE(e->step().is_ok());
+  // Request 1 is in the step on its way and in the one planned next.
+  e->cancel(ids[1]);
+  EXPECT_EQ(out[1].reason, FinishReason::kCancelled);
+  for (int guard = 0; e->has_work() && guard < 10000; ++guard) ASSERT_TRUE(e->step().is_ok());
+  EXPECT_EQ(out[0].tokens, expected(30));
+  EXPECT_EQ(out[2].tokens, expected(32));
+  std::vector<int32_t> want = expected(31);
+  ASSERT_LT(out[1].tokens.size(), want.size());
+  EXPECT_TRUE(std::equal(out[1].tokens.begin(), out[1].tokens.end(), want.begin()));
+  EXPECT_EQ(events_after_final, std::vector<int>(3, 0));
+  EXPECT_EQ(e->blocks().num_available(), e->blocks().num_blocks());
+}
+
+// A backend whose collect() fails once, after the wrapped step ran (its tokens are lost).
+class FailingCollect final : public Backend {
+ public:
+  FailingCollect(std::shared_ptr<Backend> inner, int fail_at) : inner_(std::move(inner)), fail_at_(fail_at) {}
+  const char* name() const override { return "failing"; }
+  int vocab_size() const override { return inner_->vocab_size(); }
+  int block_size() const override { return inner_->block_size(); }
+  int num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  size_t weight_bytes() const override { return inner_->weight_bytes(); }
+  size_t kv_cache_bytes() const override { return inner_->kv_cache_bytes(); }
+  Status forward(const StepInput& in, float* logits) override { return inner_->forward(in, logits); }
+  Status submit(const StepInput& in, const SampleSpec* specs) override { return inner_->submit(in, specs); }
+  Status collect(int32_t* tokens) override {
+    HR_RETURN_IF_ERROR(inner_->collect(tokens));
+    if (++collects_ == fail_at_) return internal_error("lost the step's tokens");
+    return Status::ok();
+  }
+  void discard() override { inner_->discard(); }
+  bool pipelined() const override { return inner_->pipelined(); }
+
+ private:
+  std::shared_ptr<Backend> inner_;
+  int fail_at_;
+  int collects_ = 0;
+};
+
+TEST(EngineTest, AFailedCollectLosesNoTokens) {
+  auto& f = Fixture::get();
+  for (bool pipelined : {false, true}) {
+    for (int fail_at : {1, 3, 6}) {
+      auto e = f.engine(std::make_shared<FailingCollect>(f.backend(16, 8 << 20, pipelined), fail_at), {8, 512, 512});
+      std::vector<Outcome> out(4);
+      for (int i = 0; i < 4; ++i) {
+        GenerationRequest r;
+        r.prompt = prompts(1, 50 + i)[0];
+        r.params.max_tokens = 40;
+        r.on_event = [&out, i](const TokenEvent& ev) {
+          if (ev.token >= 0) out[static_cast<size_t>(i)].tokens.push_back(ev.token);
+          if (ev.finished) out[static_cast<size_t>(i)].reason = ev.finish_reason;
+        };
+        ASSERT_TRUE(e->add(std::move(r)).is_ok());
+      }
+      int failures = 0;
+      for (int guard = 0; e->has_work() && guard < 10000; ++guard) failures += e->step().is_ok() ? 0 : 1;
+      EXPECT_EQ(failures, 1) << pipelined << " " << fail_at;
+      for (int i = 0; i < 4; ++i) {
+        EXPECT_EQ(out[static_cast<size_t>(i)].tokens, expected(50 + i)) << pipelined << " " << fail_at << " " << i;
+        EXPECT_EQ(out[static_cast<size_t>(i)].reason, FinishReason::kStop);
+      }
+      EXPECT_EQ(e->blocks().num_available(), e->blocks().num_blocks());
+    }
+  }
+}
+
+// The backend side of pipelining: a token fed from the previous step's sampled row gives the same
+// step as that token given outright; fed rows outside that step, and a third outstanding step,
+// are refused.
+TEST(CpuBackendTest, FedTokensEqualKnownTokens) {
+  auto& f = Fixture::get();
+  const std::vector<int32_t> prompt = prompts(1, 3)[0];
+  const int n = static_cast<int>(prompt.size());
+  auto run = [&](bool feed, std::vector<int32_t>* first, std::vector<int32_t>* second) {
+    auto b = f.backend(16, 8 << 20, true);
+    std::vector<int32_t> positions(static_cast<size_t>(n)), seq_start = {0, n}, block_table = {0, 1, 2, 3};
+    for (int i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = i;
+    std::vector<int32_t> rows = {n - 1};
+    SampleSpec greedy;
+    StepInput in;
+    in.num_tokens = n;
+    in.num_seqs = 1;
+    in.token_ids = prompt.data();
+    in.positions = positions.data();
+    in.seq_start = seq_start.data();
+    in.block_table = block_table.data();
+    in.max_blocks_per_seq = 4;
+    in.logits_rows = rows.data();
+    in.num_logits = 1;
+    first->assign(1, -1);
+    ASSERT_TRUE(b->forward_sample(in, &greedy, first->data()).is_ok());
+    // The next step: the token just sampled, fed or given.
+    std::vector<int32_t> ids = {feed ? 0 : (*first)[0]}, pos = {n}, start = {0, 1}, fed = {0}, row0 = {0};
+    StepInput next = in;
+    next.num_tokens = 1;
+    next.token_ids = ids.data();
+    next.positions = pos.data();
+    next.seq_start = start.data();
+    next.logits_rows = row0.data();
+    if (feed) next.fed_rows = fed.data();
+    second->assign(1, -1);
+    ASSERT_TRUE(b->submit(next, &greedy).is_ok());
+    ASSERT_TRUE(b->collect(second->data()).is_ok());
+    if (feed) {
+      std::vector<int32_t> bad = {1};
+      next.fed_rows = bad.data();
+      EXPECT_EQ(b->submit(next, &greedy).code(), StatusCode::kInvalidArgument);
+      next.fed_rows = nullptr;
+      ASSERT_TRUE(b->submit(next, &greedy).is_ok());
+      ASSERT_TRUE(b->submit(next, &greedy).is_ok());
+      EXPECT_FALSE(b->submit(next, &greedy).is_ok());
+      std::vector<float> logits(static_cast<size_t>(b->vocab_size()));
+      next.fed_rows = fed.data();
+      EXPECT_EQ(b->forward(next, logits.data()).code(), StatusCode::kInvalidArgument);
+    }
+  };
+  std::vector<int32_t> a1, a2, b1, b2;
+  run(false, &a1, &a2);
+  run(true, &b1, &b2);
+  EXPECT_EQ(a1, b1);
+  EXPECT_EQ(a2, b2);
+  const std::vector<int32_t> want = expected(3);
+  ASSERT_GE(want.size(), 2u);
+  EXPECT_EQ(std::vector<int32_t>({a1[0], a2[0]}), std::vector<int32_t>(want.begin(), want.begin() + 2));
 }
 
 std::vector<SimdLevel> simd_levels() {
