@@ -56,6 +56,10 @@ class Backend {
   // next step meanwhile.
   virtual bool pipelined() const { return false; }
 
+  // Prepares what steps with block tables `max_blocks_per_seq` wide will need (the CUDA backend's
+  // decode graphs), before serving. Only with no step outstanding.
+  [[nodiscard]] virtual Status warm_up(int max_blocks_per_seq) { return Status::ok(); }
+
   // submit() then collect().
   [[nodiscard]] Status forward_sample(const StepInput& in, const SampleSpec* specs, int32_t* tokens) {
     HR_RETURN_IF_ERROR(submit(in, specs));

@@ -70,7 +70,7 @@ size_t CudaBackend::kv_cache_bytes() const {
 }
 
 Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool graph_shape, int slot_index,
-                            StepLayout* out) {
+                            int real_seqs, StepLayout* out) {
   const ModelConfig& c = config_;
   const int T = in.num_tokens, S = in.num_seqs, L = in.num_logits, V = c.vocab_size;
   const int bs = options_.block_size, nkv = c.num_kv_heads;
@@ -134,22 +134,7 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   lay.sample_params = place(static_cast<size_t>(L) * sizeof(kernels::SampleParams));
   lay.total = off;
   Slot& slot = slots_[slot_index];
-  if (lay.total > slot.bytes) {
-    HR_CUDA("waiting for the stream", cudaStreamSynchronize(stream_));
-    if (slot.host) cudaFreeHost(slot.host);
-    if (slot.dev) {
-      cudaFree(slot.dev);
-      allocations_.erase(std::find(allocations_.begin(), allocations_.end(), slot.dev));
-    }
-    slot.host = nullptr;
-    slot.dev = nullptr;
-    slot.bytes = 0;  // until both allocations below succeed
-    clear_graphs();  // they captured the old buffer's address
-    size_t bytes = std::max<size_t>(lay.total * 2, 1 << 20);
-    HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(&slot.host), bytes, 0));
-    HR_RETURN_IF_ERROR(alloc(reinterpret_cast<void**>(&slot.dev), bytes, "step inputs"));
-    slot.bytes = bytes;
-  }
+  if (lay.total > slot.bytes) HR_RETURN_IF_ERROR(grow_slot(slot, std::max<size_t>(lay.total * 2, 1 << 20)));
   char* h = slot.host;
   std::memcpy(h + lay.token_ids, in.token_ids, T * 4);
   if (in.fed_rows) {
@@ -163,7 +148,7 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
     const int32_t* row = in.block_table + static_cast<size_t>(s) * in.max_blocks_per_seq;
     for (int t = in.seq_start[s]; t < in.seq_start[s + 1]; ++t) {
       const int block = row[in.positions[t] / bs];
-      if (block < 0 || block >= num_blocks_) {
+      if (block < 0 || (s < real_seqs ? block >= num_blocks_ : block != num_blocks_)) {
         return invalid_argument("block " + std::to_string(block) + " is outside the KV cache");
       }
       slots[t] = block * bs + in.positions[t] % bs;
@@ -188,6 +173,23 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
     }
   }
   HR_CUDA("copying step inputs", cudaMemcpyAsync(slot.dev, slot.host, lay.total, cudaMemcpyHostToDevice, stream_));
+  return Status::ok();
+}
+
+Status CudaBackend::grow_slot(Slot& slot, size_t bytes) {
+  HR_CUDA("waiting for the stream", cudaStreamSynchronize(stream_));
+  if (slot.host) cudaFreeHost(slot.host);
+  if (slot.dev) {
+    cudaFree(slot.dev);
+    allocations_.erase(std::find(allocations_.begin(), allocations_.end(), slot.dev));
+  }
+  slot.host = nullptr;
+  slot.dev = nullptr;
+  slot.bytes = 0;  // until both allocations below succeed
+  clear_graphs();  // they captured the old buffer's address
+  HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(&slot.host), bytes, 0));
+  HR_RETURN_IF_ERROR(alloc(reinterpret_cast<void**>(&slot.dev), bytes, "step inputs"));
+  slot.bytes = bytes;
   return Status::ok();
 }
 
@@ -381,18 +383,68 @@ void CudaBackend::clear_graphs() {
   graphs_.clear();
 }
 
-Status CudaBackend::enqueue(const StepInput& in, const SampleSpec* specs, int slot) {
-  const bool graph = graph_step(in);
+int CudaBackend::graph_batch_size(int batch) const {
+  int size = batch <= 2 ? batch : batch <= 4 ? 4 : batch <= 256 ? (batch + 7) / 8 * 8 : (batch + 15) / 16 * 16;
+  return std::max(batch, std::min({size, options_.max_num_seqs, options_.max_num_tokens}));
+}
+
+StepInput CudaBackend::pad_decode_step(const StepInput& in, const SampleSpec* specs, int pad,
+                                       const SampleSpec** padded_specs) {
+  const int S = in.num_seqs, P = S + pad, W = in.max_blocks_per_seq;
+  pad_ids_.assign(in.token_ids, in.token_ids + S);
+  pad_ids_.resize(static_cast<size_t>(P), 0);
+  pad_positions_.assign(in.positions, in.positions + S);
+  pad_positions_.resize(static_cast<size_t>(P), 0);
+  pad_seq_start_.resize(static_cast<size_t>(P) + 1);
+  pad_rows_.resize(static_cast<size_t>(P));
+  for (int s = 0; s <= P; ++s) pad_seq_start_[static_cast<size_t>(s)] = s;
+  for (int s = 0; s < P; ++s) pad_rows_[static_cast<size_t>(s)] = s;
+  pad_table_.assign(in.block_table, in.block_table + static_cast<size_t>(S) * W);
+  pad_table_.resize(static_cast<size_t>(P) * W, num_blocks_);
+  if (in.fed_rows) {
+    pad_fed_.assign(in.fed_rows, in.fed_rows + S);
+    pad_fed_.resize(static_cast<size_t>(P), -1);
+  }
+  StepInput out = in;
+  out.num_tokens = P;
+  out.num_seqs = P;
+  out.num_logits = P;
+  out.token_ids = pad_ids_.data();
+  out.positions = pad_positions_.data();
+  out.seq_start = pad_seq_start_.data();
+  out.block_table = pad_table_.data();
+  out.logits_rows = pad_rows_.data();
+  out.fed_rows = in.fed_rows ? pad_fed_.data() : nullptr;
+  if (specs) {
+    pad_specs_.assign(specs, specs + S);
+    pad_specs_.resize(static_cast<size_t>(P), SampleSpec{});
+    *padded_specs = pad_specs_.data();
+  }
+  return out;
+}
+
+Status CudaBackend::enqueue(const StepInput& given, const SampleSpec* given_specs, int slot) {
+  const bool graph = graph_step(given);
+  StepInput in = given;
+  const SampleSpec* specs = given_specs;
+  if (graph) {
+    const int pad = graph_batch_size(given.num_seqs) - given.num_seqs;
+    if (pad > 0) in = pad_decode_step(given, given_specs, pad, &specs);
+  }
   StepLayout lay;
-  HR_RETURN_IF_ERROR(prepare(in, specs, graph, slot, &lay));
-  const char* inputs = slots_[slot].dev;
-  if (!graph) return launch_step(lay, inputs, specs != nullptr);
-  // Decode steps of one batch size have one shape: capture the step once per slot, then replay it.
-  const auto key = std::make_tuple(in.num_seqs, specs != nullptr, in.max_blocks_per_seq, slot);
+  HR_RETURN_IF_ERROR(prepare(in, specs, graph, slot, given.num_seqs, &lay));
+  if (!graph) return launch_step(lay, slots_[slot].dev, specs != nullptr);
+  return launch_graph(lay, in.max_blocks_per_seq, slot, specs != nullptr);
+}
+
+Status CudaBackend::launch_graph(const StepLayout& lay, int max_blocks_per_seq, int slot, bool sample) {
+  // Decode steps of one graph batch size have one shape: capture the step once per slot, then
+  // replay it.
+  const auto key = std::make_tuple(lay.num_tokens, sample, max_blocks_per_seq, slot);
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     HR_CUDA("starting a graph capture", cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    Status launched = launch_step(lay, inputs, specs != nullptr);
+    Status launched = launch_step(lay, slots_[slot].dev, sample);
     cudaGraph_t graph_def = nullptr;
     cudaError_t ended = cudaStreamEndCapture(stream_, &graph_def);
     if (!launched.is_ok()) {
@@ -407,6 +459,44 @@ Status CudaBackend::enqueue(const StepInput& in, const SampleSpec* specs, int sl
     it = graphs_.emplace(key, exec).first;
   }
   HR_CUDA("launching a decode graph", cudaGraphLaunch(it->second, stream_));
+  return Status::ok();
+}
+
+Status CudaBackend::warm_up(int max_blocks_per_seq) {
+  if (!outstanding_.empty()) return internal_error("warm_up with steps outstanding");
+  if (!options_.cuda_graphs) return Status::ok();
+  if (max_blocks_per_seq < 1) return invalid_argument("block tables must be at least one block wide");
+  const int largest = graph_batch_size(std::min(options_.max_num_seqs, options_.max_num_tokens));
+  // Staging slots big enough for any step (growing one later would drop the graphs): the
+  // per-token arrays, the block tables, the per-row arrays, and attention items for every token and
+  // every possible split, generously.
+  const size_t T = static_cast<size_t>(options_.max_num_tokens), S = static_cast<size_t>(options_.max_num_seqs);
+  const size_t item = std::max(sizeof(kernels::AttentionWorkItem), sizeof(kernels::AttentionCombineItem));
+  const size_t bound = 5 * T * 4 + S * static_cast<size_t>(max_blocks_per_seq) * 4 +
+                       S * (4 + sizeof(kernels::SampleParams)) + (2 * T + static_cast<size_t>(max_partials_)) * item +
+                       16 * 16;
+  for (Slot& slot : slots_) {
+    if (slot.bytes < bound) HR_RETURN_IF_ERROR(grow_slot(slot, bound));
+  }
+  // An empty step padded to each size: every row decodes into the scratch block. Each waits for
+  // the one before, which read its slot's pinned inputs.
+  StepInput none;
+  none.max_blocks_per_seq = max_blocks_per_seq;
+  const SampleSpec greedy;
+  for (int size = 1; size <= largest; size = graph_batch_size(size + 1)) {
+    for (int slot = 0; slot < 2; ++slot) {
+      if (graphs_.count(std::make_tuple(size, true, max_blocks_per_seq, slot))) continue;
+      const SampleSpec* specs = nullptr;
+      StepInput in = pad_decode_step(none, &greedy, size, &specs);
+      StepLayout lay;
+      HR_RETURN_IF_ERROR(prepare(in, specs, true, slot, 0, &lay));
+      HR_RETURN_IF_ERROR(launch_graph(lay, max_blocks_per_seq, slot, true));
+      HR_CUDA("warming up", cudaStreamSynchronize(stream_));
+    }
+    if (size == largest) break;
+  }
+  HR_CUDA("warming up", cudaStreamSynchronize(stream_));
+  prev_num_logits_ = 0;
   return Status::ok();
 }
 
@@ -453,7 +543,11 @@ void CudaBackend::set_profiling(bool on) {
 
 Status CudaBackend::forward(const StepInput& in, float* logits) {
   if (in.fed_rows) return invalid_argument("forward() takes no fed rows");
-  HR_RETURN_IF_ERROR(enqueue(in, nullptr, free_slot()));
+  Status enqueued = enqueue(in, nullptr, free_slot());
+  if (!enqueued.is_ok()) {
+    cudaStreamSynchronize(stream_);  // as in submit()
+    return enqueued;
+  }
   if (in.num_logits > 0) {
     HR_CUDA("copying logits", cudaMemcpyAsync(logits, logits_, static_cast<size_t>(in.num_logits) * config_.vocab_size * 4,
                                               cudaMemcpyDeviceToHost, stream_));
@@ -468,7 +562,13 @@ Status CudaBackend::submit(const StepInput& in, const SampleSpec* specs) {
   if (in.num_logits > 0 && specs == nullptr) return invalid_argument("no sampling specs for the logits rows");
   const int index = free_slot();
   Slot& slot = slots_[index];
-  HR_RETURN_IF_ERROR(enqueue(in, specs, index));
+  Status enqueued = enqueue(in, specs, index);
+  if (!enqueued.is_ok()) {
+    // What did get queued may still read the slot's pinned inputs: let it finish before they are
+    // written again.
+    cudaStreamSynchronize(stream_);
+    return enqueued;
+  }
   if (in.num_logits > 0) {
     HR_CUDA("copying tokens", cudaMemcpyAsync(slot.host_tokens, tokens_, static_cast<size_t>(in.num_logits) * 4,
                                               cudaMemcpyDeviceToHost, stream_));

@@ -75,6 +75,13 @@ class CudaBackend final : public Backend {
   [[nodiscard]] Status collect(int32_t* tokens) override;
   void discard() override;
   bool pipelined() const override { return true; }
+  // Captures the decode graphs of every graph batch size (both staging slots) for block tables
+  // `max_blocks_per_seq` wide, so that none is captured while serving.
+  [[nodiscard]] Status warm_up(int max_blocks_per_seq) override;
+  // Decode steps replay graphs captured for these batch sizes, padded up to the next one: 1, 2, 4,
+  // then multiples of 8 up to 256 and of 16 beyond (capped at max_num_seqs and max_num_tokens).
+  int graph_batch_size(int batch) const;
+  size_t num_graphs() const { return graphs_.size(); }
   const ModelConfig& config() const { return config_; }
   // Benchmark switches, each effective from the next step (and dropping captured graphs).
   void set_cuda_graphs(bool on) {
@@ -145,9 +152,17 @@ class CudaBackend final : public Backend {
   // the logits (and the sampled tokens when `specs` is given): replaying a captured graph for
   // decode steps.
   [[nodiscard]] Status enqueue(const StepInput& in, const SampleSpec* specs, int slot);
-  // Validation, attention planning, and the packed inputs' copy to the device.
+  // Validation, attention planning, and the packed inputs' copy to the device. Sequences from
+  // `real_seqs` on are padding (graph_batch_size), which alone may use the scratch block.
   [[nodiscard]] Status prepare(const StepInput& in, const SampleSpec* specs, bool graph_shape, int slot,
-                               StepLayout* lay);
+                               int real_seqs, StepLayout* lay);
+  // A uniform decode step of `in.num_seqs` real sequences padded with `pad` more, each decoding
+  // token 0 at position 0 into the scratch block, greedily; the result points into pad_*.
+  StepInput pad_decode_step(const StepInput& in, const SampleSpec* specs, int pad, const SampleSpec** padded_specs);
+  // Replaces the slot's buffers with ones of `bytes` (after the stream is idle; drops the graphs).
+  [[nodiscard]] Status grow_slot(Slot& slot, size_t bytes);
+  // Replays the decode graph of the prepared step's shape, capturing it first if needed.
+  [[nodiscard]] Status launch_graph(const StepLayout& lay, int max_blocks_per_seq, int slot, bool sample);
   // Every kernel of the step, reading the packed inputs (capturable: no host synchronisation).
   [[nodiscard]] Status launch_step(const StepLayout& lay, const char* inputs, bool sample);
   // y = x · w^T: the GEMV kernel for few rows, cuBLASLt otherwise.
@@ -178,7 +193,7 @@ class CudaBackend final : public Backend {
   size_t free_before_kv_ = 0;
   size_t free_after_init_ = 0;
   int num_sms_ = 0;
-  int num_blocks_ = 0;
+  int num_blocks_ = 0;    // KV blocks the engine may use; one more, the scratch block, is padding's
   int max_partials_ = 0;
 
   __nv_bfloat16* embed_ = nullptr;    // [V, D]
@@ -208,6 +223,9 @@ class CudaBackend final : public Backend {
 
   // Two slots, so that step N+1 is packed while step N reads its own inputs.
   Slot slots_[2];
+  // A padded decode step's inputs.
+  std::vector<int32_t> pad_ids_, pad_positions_, pad_seq_start_, pad_table_, pad_rows_, pad_fed_;
+  std::vector<SampleSpec> pad_specs_;
   std::deque<int> outstanding_;  // slots of submitted, uncollected steps, oldest first
   int prev_num_logits_ = 0;      // rows of the last submitted step (what fed_rows may name)
   AttentionPlan plan_;  // reused each step

@@ -176,12 +176,13 @@ Status CudaBackend::init_runtime() {
     return invalid_argument("KV cache budget of " + std::to_string(budget) + " bytes exceeds the " +
                             std::to_string(free_bytes) + " bytes free on the device", "kv-cache-bytes");
   }
-  num_blocks_ = static_cast<int>(std::min<size_t>(budget / per_block, 1u << 30));
+  // One block of the budget is the scratch block that padded decode rows write to.
+  num_blocks_ = static_cast<int>(std::min<size_t>(budget / per_block, 1u << 30)) - 1;
   if (num_blocks_ < 1) {
-    return invalid_argument("KV cache budget of " + std::to_string(budget) + " bytes holds no block (one takes " +
-                            std::to_string(per_block) + ")", "kv-cache-bytes");
+    return invalid_argument("KV cache budget of " + std::to_string(budget) + " bytes holds fewer than two blocks "
+                            "(one takes " + std::to_string(per_block) + ")", "kv-cache-bytes");
   }
-  const size_t layer_bytes = static_cast<size_t>(num_blocks_) * options_.block_size * KV * 2;
+  const size_t layer_bytes = static_cast<size_t>(num_blocks_ + 1) * options_.block_size * KV * 2;
   k_cache_.resize(static_cast<size_t>(c.num_layers));
   v_cache_.resize(static_cast<size_t>(c.num_layers));
   for (int l = 0; l < c.num_layers; ++l) {

@@ -145,7 +145,7 @@ bool Engine::advance(Active& a, int32_t token) {
 }
 
 Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats) {
-  const int max_blocks = (max_model_len_ + blocks_.block_size() - 1) / blocks_.block_size() + 1;
+  const int max_blocks = max_blocks_per_seq();
   const int num_seqs = static_cast<int>(plan.seqs.size());
   token_ids_.clear();
   positions_.clear();

@@ -82,6 +82,9 @@ class Engine {
   // sequence is planned again from what the host knows (the failed steps' tokens recomputed).
   [[nodiscard]] Result<StepStats> step();
   bool has_work() const { return scheduler_.has_work() || in_flight_.has_value(); }
+  // Lets the backend prepare for this engine's steps before serving (the CUDA backend captures
+  // its decode graphs). Call with no step under way.
+  [[nodiscard]] Status warm_up() { return backend_->warm_up(max_blocks_per_seq()); }
   // Whether steps are pipelined (EngineOptions::pipeline and a pipelined backend).
   bool pipelined() const { return pipeline_; }
   Headroom headroom() const { return scheduler_.headroom(); }
@@ -109,6 +112,8 @@ class Engine {
   };
   Engine(std::shared_ptr<Backend> backend, std::shared_ptr<const Tokenizer> tokenizer,
          int max_model_len, EngineOptions options);
+  // The width of every step's block table: room for the longest sequence.
+  int max_blocks_per_seq() const { return (max_model_len_ + blocks_.block_size() - 1) / blocks_.block_size() + 1; }
   // Builds the plan's inputs and submits them; marks the sampled sequences' tokens pending.
   [[nodiscard]] Result<Submitted> submit(const StepPlan& plan, StepStats* stats);
   // The scheduler's complete() for the step's sequences that are still active.

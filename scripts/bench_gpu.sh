@@ -34,6 +34,9 @@ ours, base = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 out = dict(ours)
 out["goals"] = {"batch1_mbu": ">= 0.85"}
 out["baseline"] = base
+plain = ours.get("decode_tok_s_not_pipelined", {})
+out["pipelining_gain"] = {b: round(ours["decode_tok_s"][b] / plain[b], 3)
+                          for b in ours["decode_tok_s"] if plain.get(b)}
 if base:
     out["speedup_vs_baseline"] = {
         "decode": {b: round(ours["decode_tok_s"][b] / base["decode_tok_s"][b], 2)

@@ -96,11 +96,16 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& config,
                       engine::Engine::create(std::move(backend),
                                              m->tokenizer,
                                              m->config.max_position_embeddings, eo));
+  // Decode graphs are captured now, not while the first requests wait.
+  const int64_t warm_start = steady_now_ns();
+  HR_RETURN_IF_ERROR(m->engine->warm_up());
   log::info("worker.model_loaded",
             {{"model", config.model_name}, {"dir", config.model_dir},
              {"weight_bytes", static_cast<int64_t>(m->engine->backend().weight_bytes())},
              {"kv_blocks", m->engine->headroom().total_kv_blocks},
-             {"backend", m->engine->backend().name()}});
+             {"backend", m->engine->backend().name()},
+             {"pipelined", m->engine->pipelined()},
+             {"warm_up_ms", (steady_now_ns() - warm_start) / 1000000}});
   w->model_ = std::move(m);
   return w;
 }

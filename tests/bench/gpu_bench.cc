@@ -66,9 +66,12 @@ struct DecodeResult {
 
 // `batch` prompts, prefilled, then `steps` timed decode steps with every sequence decoding.
 // With `profile`, the timed steps run without graphs and their per-phase GPU times are kept there.
+// Without `pipeline`, each step's tokens are collected before the next step is planned.
 hr::Result<DecodeResult> decode_rate(std::shared_ptr<CudaBackend> backend, int batch, int prompt_len, int steps,
-                                     int max_tokens_per_step, std::mt19937& rng, json* profile = nullptr) {
+                                     int max_tokens_per_step, std::mt19937& rng, json* profile = nullptr,
+                                     bool pipeline = true) {
   EngineOptions eo;
+  eo.pipeline = pipeline;
   eo.scheduler.max_num_seqs = batch;
   eo.scheduler.max_batched_tokens = max_tokens_per_step;
   eo.scheduler.max_prefill_chunk = max_tokens_per_step;
@@ -245,6 +248,23 @@ int main(int argc, char** argv) {
   std::shared_ptr<CudaBackend> backend = std::move(made).value();
   std::printf("model: %d layers, %.2f GB of weights, made in %.1f s; KV cache %.2f GB (%d blocks)\n", c.num_layers,
               backend->weight_bytes() / 1e9, secs(t_load), backend->kv_cache_bytes() / 1e9, backend->num_kv_blocks());
+  // Every decode graph the engines below replay, captured up front (as a worker does at start).
+  double warm_up_s = 0;
+  {
+    EngineOptions eo;
+    eo.scheduler.max_num_seqs = o.max_num_seqs;
+    eo.scheduler.max_batched_tokens = max_tokens;
+    auto engine = Engine::create(backend, nullptr, 8192, eo);
+    auto t_warm = Clock::now();
+    hr::Status warmed = engine.is_ok() ? (*engine)->warm_up() : engine.status();
+    if (!warmed.is_ok()) {
+      std::fprintf(stderr, "gpu_bench: warm-up: %s\n", warmed.to_string().c_str());
+      return 1;
+    }
+    warm_up_s = secs(t_warm);
+    std::printf("decode graphs: %zu captured in %.2f s\n", backend->num_graphs(), warm_up_s);
+  }
+  const size_t graphs_after_warm_up = backend->num_graphs();
   std::mt19937 rng(99);
   json decode = json::object(), step_ms = json::object();
   double batch1_step = 0;
@@ -260,6 +280,7 @@ int main(int argc, char** argv) {
     std::printf("decode batch %d: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s, r->step_s * 1e3);
     std::fflush(stdout);
   }
+  const size_t graphs_after_decode = backend->num_graphs();
   // The same decode steps without graph replay, and with cuBLASLt in place of the GEMV kernel.
   json no_graphs = json::object(), no_gemv = json::object();
   backend->set_small_batch_gemv(false);
@@ -334,6 +355,17 @@ int main(int argc, char** argv) {
     std::printf("decode batch %d without graphs: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s, r->step_s * 1e3);
   }
   backend->set_cuda_graphs(true);
+  // Host and device in turn: each step's tokens collected before the next step is planned.
+  json not_pipelined = json::object();
+  for (int b : parse_list(batches)) {
+    auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng, nullptr, false);
+    if (!r.is_ok()) {
+      std::fprintf(stderr, "gpu_bench: batch %d not pipelined: %s\n", b, r.status().to_string().c_str());
+      return 1;
+    }
+    not_pipelined[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
+    std::printf("decode batch %d, steps not pipelined: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s, r->step_s * 1e3);
+  }
   // Where the time goes: per-phase GPU milliseconds per step (kernels launched one by one).
   json decode_profile = json::object(), prefill_profile = json::object();
   for (int b : parse_list(batches)) {
@@ -371,8 +403,12 @@ int main(int argc, char** argv) {
       {"copy_bytes_per_s", bw},
       {"batch1_mbu", batch1_step > 0 ? backend->decode_weight_bytes() / batch1_step / bw : 0.0},
       {"decode_tok_s", decode},
+      {"graph_warm_up_s", std::round(warm_up_s * 100) / 100},
+      {"graphs_after_warm_up", graphs_after_warm_up},
+      {"graphs_captured_while_decoding", graphs_after_decode - graphs_after_warm_up},
       {"decode_step_ms", step_ms},
       {"decode_tok_s_without_graphs", no_graphs},
+      {"decode_tok_s_not_pipelined", not_pipelined},
       {"decode_tok_s_cublaslt_only", no_gemv},
       {"decode_tok_s_cuda_core_attention", tc_decode},
       {"decode_tok_s_programmatic_launch_on", pdl_on},

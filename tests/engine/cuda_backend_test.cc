@@ -159,9 +159,17 @@ void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline) {
   eo.scheduler.max_num_seqs = 256;
   eo.scheduler.max_batched_tokens = 4096;
   eo.pipeline = pipeline;
-  auto engine = Engine::create(std::shared_ptr<Backend>(std::move(gpu).value()), nullptr, 512, eo);
+  std::shared_ptr<CudaBackend> backend = std::move(gpu).value();
+  auto engine = Engine::create(backend, nullptr, 512, eo);
   ASSERT_TRUE(engine.is_ok());
   EXPECT_EQ((*engine)->pipelined(), pipeline);
+  // Every decode graph up front: 1, 2, 4, 8, 16, ..., 256 sequences, in both staging slots. The
+  // steps below pad their batches up to those sizes and replay them.
+  ASSERT_TRUE((*engine)->warm_up().is_ok());
+  EXPECT_EQ(backend->num_graphs(), cuda_graphs ? 2u * (3 + 32) : 0u);
+  EXPECT_EQ(backend->graph_batch_size(3), 4);
+  EXPECT_EQ(backend->graph_batch_size(9), 16);
+  EXPECT_EQ(backend->graph_batch_size(255), 256);
   auto ref = load_reference();
   const size_t n = ref["cases"].size();
   std::vector<std::vector<int32_t>> out(n);
@@ -191,6 +199,7 @@ void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline) {
   }
   std::printf("greedy on GPU (graphs %s, pipelined %s): %zu of %zu reference prompts equal to PyTorch\n",
               cuda_graphs ? "on" : "off", pipeline ? "on" : "off", same, n);
+  EXPECT_EQ(backend->num_graphs(), cuda_graphs ? 2u * (3 + 32) : 0u) << "a decode step captured a new graph";
   EXPECT_GE(static_cast<double>(same), 0.99 * static_cast<double>(n));
 }
 
