@@ -251,21 +251,49 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   if (fused) HR_CUDA("zeroing norm sums", cudaMemsetAsync(sumsq_, 0, sumsq_bytes_, stream_));
   for (int li = 0; li < c.num_layers; ++li) {
     const Layer& W = layers_[static_cast<size_t>(li)];
+    rope.bias = W.bqkv;
+    rope.k_cache = k_cache_[static_cast<size_t>(li)];
+    rope.v_cache = v_cache_[static_cast<size_t>(li)];
     if (!fused || li == 0) {
       norm.delta = li == 0 ? nullptr : delta_;
       norm.weight = W.input_norm;
       HR_CUDA("input norm", kernels::add_rms_norm(norm, stream_));
       mark("norm");
-      HR_RETURN_IF_ERROR(matmul(h_, W.wqkv, qkv_, GemmOut::kF32, T, QKV, D));
-    } else {
-      HR_RETURN_IF_ERROR(gemv_normed(r_in, s_in, W.input_norm, eps, W.wqkv, qkv_, false, T, QKV, D));
     }
-    mark("qkv_proj");
-    rope.bias = W.bqkv;
-    rope.k_cache = k_cache_[static_cast<size_t>(li)];
-    rope.v_cache = v_cache_[static_cast<size_t>(li)];
-    HR_CUDA("rope and KV write", kernels::rope_write_kv(rope, stream_));
-    mark("rope_kv");
+    if (fused && options_.fused_rope) {
+      // One GEMV: q/k/v, RoPE and the KV write.
+      kernels::GemvParams qp = gemv_params(W.wqkv, T, QKV, D);
+      if (li == 0) {
+        qp.x = h_;
+      } else {
+        qp.input = kernels::GemvInput::kRmsNorm;
+        qp.resid = r_in;
+        qp.resid_sumsq = s_in;
+        qp.norm_weight = W.input_norm;
+        qp.eps = eps;
+      }
+      qp.rope_q_out = q_;
+      qp.k_cache = rope.k_cache;
+      qp.v_cache = rope.v_cache;
+      qp.bias = rope.bias;
+      qp.positions = d_positions;
+      qp.slot_mapping = d_slots;
+      qp.inv_freq = inv_freq_;
+      qp.num_heads = c.num_heads;
+      qp.num_kv_heads = nkv;
+      qp.head_dim = c.head_dim;
+      HR_CUDA("qkv, rope and KV write", kernels::gemv(qp, stream_));
+      mark("qkv_proj");
+    } else {
+      if (!fused || li == 0) {
+        HR_RETURN_IF_ERROR(matmul(h_, W.wqkv, qkv_, GemmOut::kF32, T, QKV, D));
+      } else {
+        HR_RETURN_IF_ERROR(gemv_normed(r_in, s_in, W.input_norm, eps, W.wqkv, qkv_, false, T, QKV, D));
+      }
+      mark("qkv_proj");
+      HR_CUDA("rope and KV write", kernels::rope_write_kv(rope, stream_));
+      mark("rope_kv");
+    }
     attn.k_cache = rope.k_cache;
     attn.v_cache = rope.v_cache;
     HR_CUDA("decode attention",

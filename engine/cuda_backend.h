@@ -40,6 +40,7 @@ struct CudaBackendOptions {
   bool small_batch_gemv = true;     // our GEMV kernel for steps of up to 2 tokens, else cuBLASLt
   bool tensor_core_decode = true;   // decoding tokens' attention on the tensor-core kernel
   bool fused_small_batch = true;    // decode steps of 1-2 tokens: norms and SiLU folded into GEMVs
+  bool fused_rope = false;          // ... and RoPE with the KV write folded into the q/k/v GEMV
   ProgrammaticLaunch programmatic_launch = ProgrammaticLaunch::kAuto;
 };
 
@@ -103,6 +104,10 @@ class CudaBackend final : public Backend {
   }
   void set_fused_small_batch(bool on) {
     options_.fused_small_batch = on;
+    clear_graphs();
+  }
+  void set_fused_rope(bool on) {
+    options_.fused_rope = on;
     clear_graphs();
   }
   void set_small_batch_gemv(bool on) {

@@ -74,19 +74,70 @@ __device__ __forceinline__ void accumulate(const GemvParams& p, const uint4* con
   }
 }
 
-enum class GemvOut { kStore, kSwiglu, kResidual };
+enum class GemvOut { kStore, kSwiglu, kResidual, kRopeKv };
+
+// Weight rows per warp, and how many warps the output needs.
+template <GemvOut OUT>
+__host__ __device__ constexpr int rows_per_warp() {
+  return OUT == GemvOut::kSwiglu || OUT == GemvOut::kRopeKv ? 2 : 1;
+}
+template <GemvOut OUT>
+__host__ __device__ int num_warps(const GemvParams& p) {
+  return OUT == GemvOut::kRopeKv ? p.n / 2 : p.n;
+}
+
+// The weight row that warp `col` reads as its r-th row: its column; the gate row and the up row
+// (SwiGLU); the two rows of rotation pair `col` (RoPE: pair i of a head is rows i and i + hd / 2).
+template <GemvOut OUT>
+__device__ __forceinline__ size_t weight_row(const GemvParams& p, int col, int r) {
+  if constexpr (OUT == GemvOut::kSwiglu) return static_cast<size_t>(col) + static_cast<size_t>(r) * p.n;
+  if constexpr (OUT == GemvOut::kRopeKv) {
+    const int half = p.head_dim / 2;
+    return static_cast<size_t>(col / half) * p.head_dim + col % half + r * half;
+  }
+  return static_cast<size_t>(col);
+}
+
+// RoPE epilogue for input row i: a and b are rows (pair, pair + half) of head h of the q/k/v output.
+__device__ __forceinline__ void rope_store(const GemvParams& p, int i, int col, float a, float b) {
+  const int hd = p.head_dim, half = hd / 2;
+  const int h = col / half, e = col % half;
+  const int q_size = p.num_heads * hd, kv_size = p.num_kv_heads * hd;
+  const int r0 = h * hd + e;
+  if (p.bias) {
+    a += p.bias[r0];
+    b += p.bias[r0 + half];
+  }
+  if (h < p.num_heads + p.num_kv_heads) {
+    float sn, cs;
+    sincosf(static_cast<float>(p.positions[i]) * p.inv_freq[e], &sn, &cs);
+    const float ra = a * cs - b * sn, rb = b * cs + a * sn;
+    a = ra;
+    b = rb;
+  }
+  __nv_bfloat16* dst;
+  if (h < p.num_heads) {
+    dst = p.rope_q_out + static_cast<size_t>(i) * q_size + r0;
+  } else {
+    const size_t slot = static_cast<size_t>(p.slot_mapping[i]) * kv_size;
+    dst = h < p.num_heads + p.num_kv_heads ? p.k_cache + slot + (r0 - q_size)
+                                           : p.v_cache + slot + (r0 - q_size - kv_size);
+  }
+  dst[0] = __float2bfloat16_rn(a);
+  dst[half] = __float2bfloat16_rn(b);
+}
 
 template <int M, GemvInput IN, GemvOut OUT>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvParams p) {
-  constexpr int R = OUT == GemvOut::kSwiglu ? 2 : 1;  // weight rows per warp
+  constexpr int R = rows_per_warp<OUT>();
   internal::pdl_launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int col = blockIdx.x * kWarpsPerBlock + warp;
-  const bool active = col < p.n;  // warp-uniform
+  const bool active = col < num_warps<OUT>(p);  // warp-uniform
   const uint4* wrow[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    wrow[r] = reinterpret_cast<const uint4*>(p.w + (static_cast<size_t>(active ? col : 0) + r * p.n) * p.k);
+    wrow[r] = reinterpret_cast<const uint4*>(p.w + weight_row<OUT>(p, active ? col : 0, r) * p.k);
   }
   const int num_vec = p.k / 8;
   // The weights are constant: pull this warp's first pieces into L2 while the previous kernel ends.
@@ -134,6 +185,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvParams p)
       for (int w = 0; w < kWarpsPerBlock; ++w) sum += squares[threadIdx.x][w];
       atomicAdd(p.out_sumsq + threadIdx.x, sum);
     }
+  } else if constexpr (OUT == GemvOut::kRopeKv) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      const float a = internal::warp_sum(acc[0][i]);
+      const float b = internal::warp_sum(acc[1][i]);
+      if (lane == 0 && active) rope_store(p, i, col, a, b);
+    }
   } else {
 #pragma unroll
     for (int i = 0; i < M; ++i) {
@@ -155,13 +213,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvParams p)
 
 template <int M, GemvInput IN, GemvOut OUT>
 cudaError_t launch_gemv(const GemvParams& p, cudaStream_t stream) {
-  const int blocks = (p.n + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const int blocks = (num_warps<OUT>(p) + kWarpsPerBlock - 1) / kWarpsPerBlock;
   return internal::launch(gemv_kernel<M, IN, OUT>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream, p);
 }
 
 template <int M, GemvInput IN>
 cudaError_t launch_out(const GemvParams& p, cudaStream_t stream) {
   if (p.resid_out) return launch_gemv<M, IN, GemvOut::kResidual>(p, stream);
+  if (p.rope_q_out) return launch_gemv<M, IN, GemvOut::kRopeKv>(p, stream);
   if (p.swiglu) return launch_gemv<M, IN, GemvOut::kSwiglu>(p, stream);
   return launch_gemv<M, IN, GemvOut::kStore>(p, stream);
 }
@@ -176,12 +235,20 @@ cudaError_t launch_fused(const GemvParams& p, cudaStream_t stream) {
 
 cudaError_t gemv(const GemvParams& p, cudaStream_t stream) {
   if (p.m < 1 || p.m > kGemvMaxRows || p.n < 1 || p.k < 8 || p.k % 8 != 0 || !p.w) return cudaErrorInvalidValue;
-  const bool fused = p.input != GemvInput::kBf16 || p.resid_out != nullptr || p.swiglu;
+  const bool rope = p.rope_q_out != nullptr;
+  const bool fused = p.input != GemvInput::kBf16 || p.resid_out != nullptr || p.swiglu || rope;
   if (fused && p.m > kGemvMaxFusedRows) return cudaErrorInvalidValue;
+  if (rope) {
+    if (p.head_dim <= 0 || p.head_dim % 2 != 0 || p.num_heads <= 0 || p.num_kv_heads <= 0 ||
+        p.n != (p.num_heads + 2 * p.num_kv_heads) * p.head_dim || !p.k_cache || !p.v_cache || !p.positions ||
+        !p.slot_mapping || !p.inv_freq || p.resid_out || p.swiglu) {
+      return cudaErrorInvalidValue;
+    }
+  }
   if (p.input == GemvInput::kRmsNorm ? (!p.resid || !p.resid_sumsq || !p.norm_weight) : !p.x) {
     return cudaErrorInvalidValue;
   }
-  if (p.resid_out ? (!p.resid_in || !p.out_sumsq || p.resid_in == p.resid_out || p.swiglu) : !p.y) {
+  if (p.resid_out ? (!p.resid_in || !p.out_sumsq || p.resid_in == p.resid_out || p.swiglu) : (!p.y && !rope)) {
     return cudaErrorInvalidValue;
   }
   if (!internal::aligned16(p.w) || (p.x && !internal::aligned16(p.x)) || (p.resid && !internal::aligned16(p.resid)) ||

@@ -2,12 +2,16 @@
 // m <= kGemvMaxRows, bound by reading w once at full memory bandwidth (cuBLASLt handles larger m).
 // For m <= kGemvMaxFusedRows the input may be the RMS-normalised residual stream (from its rows'
 // sums of squares), the output may be SwiGLU's activation (each warp computing a gate row and its
-// up row), or a residual update that also accumulates the new rows' sums of squares: a decode
-// layer then needs no separate norm or activation kernels.
+// up row), a residual update that also accumulates the new rows' sums of squares, or an attention
+// layer's q/k/v with RoPE applied and K/V written to the paged cache (each warp computing the two
+// rows of one rotation pair): a decode layer then needs no separate norm, activation or RoPE
+// kernels.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 namespace hr::kernels {
 
@@ -38,6 +42,19 @@ struct GemvParams {
   const float* resid_in = nullptr;
   float* resid_out = nullptr;
   float* out_sumsq = nullptr;
+  // ... or, when rope_q_out is set, w is an attention layer's fused q/k/v matrix (n = (num_heads +
+  // 2 num_kv_heads) head_dim rows) and the output goes where rope_write_kv (rope_kv.cuh) puts it:
+  // bias added (when given), query and key heads rotated at positions[i] (rotate-half, inv_freq),
+  // queries to rope_q_out [m, num_heads head_dim] bf16, keys and values into k_cache and v_cache
+  // [slots, num_kv_heads head_dim] at slot_mapping[i].
+  __nv_bfloat16* rope_q_out = nullptr;
+  __nv_bfloat16* k_cache = nullptr;
+  __nv_bfloat16* v_cache = nullptr;
+  const float* bias = nullptr;
+  const int32_t* positions = nullptr;
+  const int32_t* slot_mapping = nullptr;
+  const float* inv_freq = nullptr;
+  int num_heads = 0, num_kv_heads = 0, head_dim = 0;
 };
 
 cudaError_t gemv(const GemvParams& p, cudaStream_t stream);

@@ -310,6 +310,22 @@ int main(int argc, char** argv) {
                 r->step_s * 1e3);
   }
   backend->set_fused_small_batch(true);
+  // RoPE and the KV write folded into the q/k/v GEMV too (one kernel fewer per layer).
+  json fused_rope = json::object();
+  backend->set_fused_rope(true);
+  for (int b : parse_list(batches)) {
+    if (b > 2) continue;
+    auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng);
+    if (!r.is_ok()) {
+      std::fprintf(stderr, "gpu_bench: batch %d with fused rope: %s\n", b, r.status().to_string().c_str());
+      return 1;
+    }
+    fused_rope[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
+    if (b == 1) fused_rope["batch1_mbu"] = backend->decode_weight_bytes() / r->step_s / bw;
+    std::printf("decode batch %d with rope in the q/k/v GEMV: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s,
+                r->step_s * 1e3);
+  }
+  backend->set_fused_rope(false);
   // Programmatic dependent launch always on, and always off (the default turns it off for the
   // fused one- and two-token steps only).
   json pdl_on = json::object(), pdl_off = json::object();
@@ -414,6 +430,7 @@ int main(int argc, char** argv) {
       {"decode_tok_s_programmatic_launch_on", pdl_on},
       {"decode_tok_s_programmatic_launch_off", pdl_off},
       {"decode_tok_s_unfused_small_batch", no_fused},
+      {"decode_tok_s_fused_rope", fused_rope},
       {"weight_read_fraction", gemv_bw},
       {"decode_profile_ms_per_step", decode_profile},
       {"prefill_profile_ms_per_step", prefill_profile},

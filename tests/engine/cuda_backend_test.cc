@@ -75,10 +75,12 @@ struct Step {
 };
 
 // Batches of 1 and 2 decode through the fused small-batch path, 6 through the general one.
-void check_logits_against_cpu(int S) {
+void check_logits_against_cpu(int S, bool fused_rope = false) {
   auto w = tiny_weights();
   auto cpu = CpuBackend::create(w, {16, 16 << 20});
-  auto gpu = CudaBackend::create(*w, small_options());
+  CudaBackendOptions o = small_options();
+  o.fused_rope = fused_rope;
+  auto gpu = CudaBackend::create(*w, o);
   ASSERT_TRUE(cpu.is_ok() && gpu.is_ok()) << gpu.status().to_string();
   const int V = (*gpu)->vocab_size();
   auto ref = load_reference();
@@ -121,6 +123,7 @@ void check_logits_against_cpu(int S) {
 TEST(CudaBackendTest, LogitsMatchCpuBackend) {
   SKIP_WITHOUT_GPU();
   for (int S : {1, 2, 6}) check_logits_against_cpu(S);
+  for (int S : {1, 2}) check_logits_against_cpu(S, /*fused_rope=*/true);
 }
 
 // Uploading straight from the safetensors files gives the same weights as converting the host's
@@ -150,9 +153,10 @@ TEST(CudaBackendTest, UploadFromFilesEqualsUploadFromHostWeights) {
 // Decode steps replay CUDA graphs by default; the same run without them must agree as well, and so
 // must plain steps (each step's tokens collected before the next is planned) against the default
 // pipelined ones (decode tokens fed on the device from the step before).
-void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline) {
+void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline, bool fused_rope = false) {
   CudaBackendOptions o = small_options();
   o.cuda_graphs = cuda_graphs;
+  o.fused_rope = fused_rope;
   auto gpu = CudaBackend::create(*tiny_weights(), o);
   ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
   EngineOptions eo;
@@ -197,8 +201,8 @@ void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline) {
                 ref["cases"][i]["text"].get<std::string>().c_str(), at, at < out[i].size() ? out[i][at] : -1,
                 expected[at], margin);
   }
-  std::printf("greedy on GPU (graphs %s, pipelined %s): %zu of %zu reference prompts equal to PyTorch\n",
-              cuda_graphs ? "on" : "off", pipeline ? "on" : "off", same, n);
+  std::printf("greedy on GPU (graphs %s, pipelined %s, fused rope %s): %zu of %zu reference prompts equal to "
+              "PyTorch\n", cuda_graphs ? "on" : "off", pipeline ? "on" : "off", fused_rope ? "on" : "off", same, n);
   EXPECT_EQ(backend->num_graphs(), cuda_graphs ? 2u * (3 + 32) : 0u) << "a decode step captured a new graph";
   EXPECT_GE(static_cast<double>(same), 0.99 * static_cast<double>(n));
 }
@@ -208,6 +212,7 @@ TEST(CudaBackendTest, GreedyAnswersMatchPyTorchOnAtLeast99Percent) {
   check_greedy_against_pytorch(true, true);
   check_greedy_against_pytorch(false, true);
   check_greedy_against_pytorch(true, false);
+  check_greedy_against_pytorch(true, true, /*fused_rope=*/true);
 }
 
 TEST(CudaBackendTest, SeededSamplingIsReproducible) {

@@ -489,6 +489,112 @@ TEST(CudaKernelsTest, FusedGemvModesMatchReference) {
   }
 }
 
+// The q/k/v GEMV with RoPE and the KV write folded in, against the CPU's products, rms_norm and
+// apply_rope: both inputs (bf16 rows and the normalised residual), with and without bias, GQA.
+TEST(CudaKernelsTest, FusedGemvRopeMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(13);
+  const int nh = 4, nkv = 2, hd = 64, Q = nh * hd, KV = nkv * hd, n = Q + 2 * KV, k = 256, slots = 16;
+  std::vector<float> inv_freq(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / hd);
+  std::vector<float> w = random_vec(static_cast<size_t>(n) * k, rng);
+  std::vector<float> bias = random_vec(n, rng, -0.1f, 0.1f);
+  DeviceBuffer<uint16_t> d_w(to_bf16(w));
+  DeviceBuffer<float> d_bias(bias), d_inv(inv_freq);
+  const std::vector<int32_t> pos = {7, 3000}, slot = {5, 12};
+  DeviceBuffer<int32_t> d_pos(pos), d_slot(slot);
+  for (int m = 1; m <= kernels::kGemvMaxFusedRows; ++m) {
+    for (bool normed : {false, true}) {
+      for (bool with_bias : {false, true}) {
+        std::vector<float> x = random_vec(static_cast<size_t>(m) * k, rng, -2.0f, 2.0f);
+        std::vector<float> nw = random_vec(k, rng, 0.5f, 1.5f), sumsq(m, 0.0f);
+        for (int i = 0; i < m; ++i) {
+          for (int c = 0; c < k; ++c) sumsq[i] += x[i * k + c] * x[i * k + c];
+        }
+        std::vector<float> xb = x;
+        DeviceBuffer<uint16_t> d_xb(to_bf16(xb));  // xb now holds the bf16-rounded values
+        DeviceBuffer<float> d_x(x), d_nw(nw), d_sumsq(sumsq);
+        DeviceBuffer<uint16_t> d_q(static_cast<size_t>(m) * Q), d_k(static_cast<size_t>(slots) * KV),
+            d_v(static_cast<size_t>(slots) * KV);
+        kernels::GemvParams gp;
+        gp.w = BF(d_w.ptr);
+        gp.m = m;
+        gp.n = n;
+        gp.k = k;
+        if (normed) {
+          gp.input = kernels::GemvInput::kRmsNorm;
+          gp.resid = d_x.ptr;
+          gp.resid_sumsq = d_sumsq.ptr;
+          gp.norm_weight = d_nw.ptr;
+          gp.eps = 1e-5f;
+        } else {
+          gp.x = BF(d_xb.ptr);
+        }
+        gp.rope_q_out = BF(d_q.ptr);
+        gp.k_cache = BF(d_k.ptr);
+        gp.v_cache = BF(d_v.ptr);
+        gp.bias = with_bias ? d_bias.ptr : nullptr;
+        gp.positions = d_pos.ptr;
+        gp.slot_mapping = d_slot.ptr;
+        gp.inv_freq = d_inv.ptr;
+        gp.num_heads = nh;
+        gp.num_kv_heads = nkv;
+        gp.head_dim = hd;
+        ASSERT_EQ(kernels::gemv(gp, nullptr), cudaSuccess);
+        auto q = bf16_to_float(d_q.get()), kc = bf16_to_float(d_k.get()), vc = bf16_to_float(d_v.get());
+        auto kraw = d_k.get(), vraw = d_v.get();
+        std::vector<float> h(k), row(n);
+        for (int i = 0; i < m; ++i) {
+          if (normed) {
+            rms_norm(&x[i * k], nw.data(), k, 1e-5f, h.data());
+          } else {
+            std::copy(xb.begin() + i * k, xb.begin() + (i + 1) * k, h.begin());
+          }
+          for (int j = 0; j < n; ++j) {
+            double acc = 0;
+            for (int c = 0; c < k; ++c) acc += static_cast<double>(h[c]) * w[static_cast<size_t>(j) * k + c];
+            row[j] = static_cast<float>(acc) + (with_bias ? bias[j] : 0.0f);
+          }
+          for (int hh = 0; hh < nh + nkv; ++hh) apply_rope(row.data() + hh * hd, hd, pos[i], inv_freq.data());
+          const std::string what = "m=" + std::to_string(m) + " normed=" + std::to_string(normed) +
+                                   " bias=" + std::to_string(with_bias) + " row " + std::to_string(i);
+          EXPECT_LT(rel_error(std::vector<float>(q.begin() + i * Q, q.begin() + (i + 1) * Q),
+                              std::vector<float>(row.begin(), row.begin() + Q)), 5e-3) << "q " << what;
+          EXPECT_LT(rel_error(std::vector<float>(kc.begin() + slot[i] * KV, kc.begin() + (slot[i] + 1) * KV),
+                              std::vector<float>(row.begin() + Q, row.begin() + Q + KV)), 5e-3) << "k " << what;
+          EXPECT_LT(rel_error(std::vector<float>(vc.begin() + slot[i] * KV, vc.begin() + (slot[i] + 1) * KV),
+                              std::vector<float>(row.begin() + Q + KV, row.end())), 5e-3) << "v " << what;
+        }
+        for (int s = 0; s < slots; ++s) {
+          if (s == slot[0] || (m > 1 && s == slot[1])) continue;
+          for (int e = 0; e < KV; ++e) {
+            ASSERT_EQ(kraw[s * KV + e], 0xFFFF) << "slot " << s << " was written";
+            ASSERT_EQ(vraw[s * KV + e], 0xFFFF) << "slot " << s << " was written";
+          }
+        }
+      }
+    }
+  }
+  // A matrix of the wrong height for the heads is refused.
+  kernels::GemvParams bad;
+  bad.w = BF(d_w.ptr);
+  bad.m = 1;
+  bad.n = n - 2;
+  bad.k = k;
+  DeviceBuffer<uint16_t> d_x1(static_cast<size_t>(k)), d_q1(static_cast<size_t>(Q)), d_kv1(static_cast<size_t>(slots) * KV);
+  bad.x = BF(d_x1.ptr);
+  bad.rope_q_out = BF(d_q1.ptr);
+  bad.k_cache = BF(d_kv1.ptr);
+  bad.v_cache = BF(d_kv1.ptr);
+  bad.positions = d_pos.ptr;
+  bad.slot_mapping = d_slot.ptr;
+  bad.inv_freq = d_inv.ptr;
+  bad.num_heads = nh;
+  bad.num_kv_heads = nkv;
+  bad.head_dim = hd;
+  EXPECT_EQ(kernels::gemv(bad, nullptr), cudaErrorInvalidValue);
+}
+
 // Runs the sampler over `rows` copies of one logits row with the given parameters and randoms.
 std::vector<int32_t> sample_rows(const std::vector<float>& logits, int rows, kernels::SampleParams sp) {
   const int V = static_cast<int>(logits.size());
