@@ -74,11 +74,12 @@ void ThreadPool::worker() {
 
 void ThreadPool::run_chunks(uint64_t epoch) {
   // The job's fields as of `epoch` (or later). A claim succeeds only while `epoch` is current and
-  // unfinished, and then they are that job's: the caller rewrites them only after every claimed
-  // chunk has reported done.
-  const std::function<void(int, int)>* fn = job_.load(std::memory_order_relaxed);
-  const int n = job_n_.load(std::memory_order_relaxed);
-  const int grain = job_grain_.load(std::memory_order_relaxed);
+  // unfinished, and then they are that job's: the caller moves next_ to the following epoch before
+  // it rewrites them (so a field read here that belongs to a later job comes with a next_ of a
+  // later epoch, and no claim), and it does so only after every claimed chunk has reported done.
+  const std::function<void(int, int)>* fn = job_.load(std::memory_order_acquire);
+  const int n = job_n_.load(std::memory_order_acquire);
+  const int grain = job_grain_.load(std::memory_order_acquire);
   const int share = 2 * size();
   uint64_t cur = next_.load(std::memory_order_acquire);
   for (;;) {
@@ -104,11 +105,14 @@ void ThreadPool::parallel_for(int n, int min_n, const std::function<void(int, in
     return;
   }
   const uint64_t epoch = epoch_.load(std::memory_order_relaxed) + 1;
-  job_.store(&fn, std::memory_order_relaxed);
-  job_n_.store(n, std::memory_order_relaxed);
-  job_grain_.store(std::max(1, n / (8 * size())), std::memory_order_relaxed);
-  done_.store(0, std::memory_order_relaxed);
-  next_.store(epoch << 32, std::memory_order_relaxed);
+  // First close the last job to late claimers: a worker that read the last epoch but reads the
+  // fields below must not claim indices of this job under the last one's epoch (it would run them
+  // twice, and its count in done_ would let this call return early).
+  next_.store(epoch << 32, std::memory_order_seq_cst);
+  job_.store(&fn, std::memory_order_release);
+  job_n_.store(n, std::memory_order_release);
+  job_grain_.store(std::max(1, n / (8 * size())), std::memory_order_release);
+  done_.store(0, std::memory_order_release);
   epoch_.store(epoch, std::memory_order_release);
   bool wake;
   {
