@@ -492,7 +492,7 @@ Status CudaBackend::launch_graph(const StepLayout& lay, int max_blocks_per_seq, 
 
 Status CudaBackend::warm_up(int max_blocks_per_seq) {
   if (!outstanding_.empty()) return internal_error("warm_up with steps outstanding");
-  if (!options_.cuda_graphs) return Status::ok();
+  if (!options_.cuda_graphs || profiling_) return Status::ok();
   if (max_blocks_per_seq < 1) return invalid_argument("block tables must be at least one block wide");
   const int largest = graph_batch_size(std::min(options_.max_num_seqs, options_.max_num_tokens));
   // Staging slots big enough for any step (growing one later would drop the graphs): the
@@ -571,6 +571,7 @@ void CudaBackend::set_profiling(bool on) {
 
 Status CudaBackend::forward(const StepInput& in, float* logits) {
   if (in.fed_rows) return invalid_argument("forward() takes no fed rows");
+  if (outstanding_.size() >= 2) return internal_error("two steps are outstanding: collect one first");
   Status enqueued = enqueue(in, nullptr, free_slot());
   if (!enqueued.is_ok()) {
     cudaStreamSynchronize(stream_);  // as in submit()
@@ -597,11 +598,18 @@ Status CudaBackend::submit(const StepInput& in, const SampleSpec* specs) {
     cudaStreamSynchronize(stream_);
     return enqueued;
   }
+  cudaError_t queued = cudaSuccess;
   if (in.num_logits > 0) {
-    HR_CUDA("copying tokens", cudaMemcpyAsync(slot.host_tokens, tokens_, static_cast<size_t>(in.num_logits) * 4,
-                                              cudaMemcpyDeviceToHost, stream_));
+    queued = cudaMemcpyAsync(slot.host_tokens, tokens_, static_cast<size_t>(in.num_logits) * 4,
+                             cudaMemcpyDeviceToHost, stream_);
   }
-  HR_CUDA("recording a step's end", cudaEventRecord(slot.done, stream_));
+  if (queued == cudaSuccess) queued = cudaEventRecord(slot.done, stream_);
+  if (queued != cudaSuccess) {
+    // The step itself is queued: let it end, and let no later step be fed from it.
+    cudaStreamSynchronize(stream_);
+    prev_num_logits_ = 0;
+    return internal::cuda_error("queueing a step's tokens", queued, options_.device);
+  }
   slot.num_logits = in.num_logits;
   prev_num_logits_ = in.num_logits;
   outstanding_.push_back(index);

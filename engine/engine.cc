@@ -56,6 +56,7 @@ Result<int64_t> Engine::add(GenerationRequest r) {
   seq->arrival = next_arrival_++;
   seq->tokens = std::move(r.prompt);
   seq->num_prompt = prompt_len;
+  seq->max_length = max_model_len_;
   seq->params = std::move(r.params);
   seq->rng.seed(seq->params.seed ? *seq->params.seed : std::random_device{}());
   Active a;
@@ -196,6 +197,7 @@ Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats)
   stats->num_tokens = in.num_tokens;
   Submitted sub;
   sub.seqs = plan.seqs;
+  sub.num_tokens = in.num_tokens;
   for (const ScheduledSeq& ss : plan.seqs) {
     sub.ids.push_back(ss.seq->id);
     if (!ss.sample) continue;
@@ -215,6 +217,7 @@ void Engine::complete(const Submitted& sub) {
 }
 
 void Engine::advance_all(const Submitted& sub, StepStats* stats) {
+  stats->num_collected_tokens = sub.num_tokens;
   for (size_t row = 0; row < sub.sampled.size(); ++row) {
     auto it = active_.find(sub.sampled[row]);
     if (it == active_.end()) continue;  // finished at the step before, or cancelled
@@ -238,7 +241,8 @@ Status Engine::recover(Status failure, std::initializer_list<const Submitted*> s
       s.num_pending = 0;
       s.pending_row = -1;
       // A sequence whose every known token is computed has lost the token it was waiting for:
-      // compute its last token again to sample it again.
+      // compute its last token again to sample it again. (Its other tokens of the dropped steps
+      // count as computed: the device that failed to return tokens is trusted with their K/V.)
       s.num_computed = std::min(s.num_computed, static_cast<int>(s.tokens.size()) - 1);
     }
   }
@@ -252,7 +256,11 @@ Result<StepStats> Engine::step() {
   std::optional<Submitted> cur;
   if (!plan.empty()) {
     auto submitted = submit(plan, &stats);
-    if (!submitted.is_ok()) return submitted.status();
+    if (!submitted.is_ok()) {
+      // The step in flight may be what the failed one was to be fed from: drop it too.
+      std::optional<Submitted> prev = std::move(in_flight_);
+      return recover(submitted.status(), {prev ? &*prev : nullptr});
+    }
     cur = std::move(submitted).value();
   }
   if (!pipeline_) {

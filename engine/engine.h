@@ -57,7 +57,8 @@ struct EngineOptions {
 };
 
 // A step() submits one step and, when pipelined, collects the one before: the counts describe the
-// step submitted, num_finished the step collected.
+// step submitted; num_collected_tokens and num_finished the step collected (the one whose device
+// time the call waited for).
 struct StepStats {
   int num_seqs = 0;
   int num_tokens = 0;
@@ -65,6 +66,7 @@ struct StepStats {
   int num_decode_tokens = 0;
   int num_preempted = 0;
   int num_finished = 0;
+  int num_collected_tokens = 0;
 };
 
 class Engine {
@@ -78,8 +80,9 @@ class Engine {
   [[nodiscard]] Result<int64_t> add(GenerationRequest request);
   // Finishes the request now (its final event says kCancelled). Unknown ids are ignored.
   void cancel(int64_t id);
-  // Runs one step; an empty plan (nothing to do) is not an error. After a failed step, every
-  // sequence is planned again from what the host knows (the failed steps' tokens recomputed).
+  // Runs one step; an empty plan (nothing to do) is not an error. After a failed step, the steps
+  // under way are dropped and every sequence is planned again from the tokens the host has (a
+  // token lost with a failed step is computed and sampled again).
   [[nodiscard]] Result<StepStats> step();
   bool has_work() const { return scheduler_.has_work() || in_flight_.has_value(); }
   // Lets the backend prepare for this engine's steps before serving (the CUDA backend captures
@@ -103,12 +106,13 @@ class Engine {
     std::unique_ptr<StreamDecoder> decoder;
     std::string held;  // text held back: it may be the start of a stop string
   };
-  // A submitted step: its plan (pointers valid only while the id is active) and, in logits-row
-  // order, the ids of the sequences it samples.
+  // A submitted step: its plan (pointers valid only while the id is active), in logits-row order
+  // the ids of the sequences it samples, and its token count.
   struct Submitted {
     std::vector<ScheduledSeq> seqs;
     std::vector<int64_t> ids;
     std::vector<int64_t> sampled;
+    int num_tokens = 0;
   };
   Engine(std::shared_ptr<Backend> backend, std::shared_ptr<const Tokenizer> tokenizer,
          int max_model_len, EngineOptions options);

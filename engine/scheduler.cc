@@ -88,6 +88,7 @@ StepPlan Scheduler::schedule() {
   std::sort(running_.begin(), running_.end(), runs_before);
   std::stable_sort(waiting_async_.begin(), waiting_async_.end(), runs_before);
   auto plan_seq = [&](Sequence* seq, bool was_running) -> bool {
+    if (seq->ends_with_pending()) return false;
     int remaining = seq->length() - seq->num_computed;
     int n = std::min({remaining, budget, config_.max_prefill_chunk});
     if (n <= 0) return false;

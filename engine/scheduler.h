@@ -41,7 +41,14 @@ struct Sequence {
   SamplingParams params;
   std::mt19937_64 rng;
 
+  int max_length = 0;  // tokens at most (the engine's max_model_len; 0: no limit)
+
   int num_generated() const { return static_cast<int>(tokens.size()) - num_prompt; }
+  // The pending token ends the sequence by length: planning another step for it is wasted work.
+  bool ends_with_pending() const {
+    return num_pending > 0 && (num_generated() + num_pending >= params.max_tokens ||
+                               (max_length > 0 && length() >= max_length));
+  }
   // Tokens known or pending.
   int length() const { return static_cast<int>(tokens.size()) + num_pending; }
 };

@@ -573,7 +573,7 @@ void Worker::loop() {
         log::error("worker.step_failed", {{"error", st.status()}});
       } else {
         preemptions.add(st->num_preempted);
-        step_cost.record(step_ns, st->num_tokens);
+        step_cost.record(step_ns, st->num_collected_tokens);
       }
     } else {
       // Idle: wait for a sync arrival or for pulled work.

@@ -322,10 +322,12 @@ TEST(EngineTest, PipelinedCancelWhileATokenIsOnTheWay) {
   EXPECT_EQ(e->blocks().num_available(), e->blocks().num_blocks());
 }
 
-// A backend whose collect() fails once, after the wrapped step ran (its tokens are lost).
-class FailingCollect final : public Backend {
+// A backend whose collect() fails once, after the wrapped step ran (its tokens are lost), or whose
+// submit() fails once (nothing queued).
+class FailingBackend final : public Backend {
  public:
-  FailingCollect(std::shared_ptr<Backend> inner, int fail_at) : inner_(std::move(inner)), fail_at_(fail_at) {}
+  FailingBackend(std::shared_ptr<Backend> inner, int fail_collect_at, int fail_submit_at = 0)
+      : inner_(std::move(inner)), fail_at_(fail_collect_at), fail_submit_at_(fail_submit_at) {}
   const char* name() const override { return "failing"; }
   int vocab_size() const override { return inner_->vocab_size(); }
   int block_size() const override { return inner_->block_size(); }
@@ -333,7 +335,10 @@ class FailingCollect final : public Backend {
   size_t weight_bytes() const override { return inner_->weight_bytes(); }
   size_t kv_cache_bytes() const override { return inner_->kv_cache_bytes(); }
   Status forward(const StepInput& in, float* logits) override { return inner_->forward(in, logits); }
-  Status submit(const StepInput& in, const SampleSpec* specs) override { return inner_->submit(in, specs); }
+  Status submit(const StepInput& in, const SampleSpec* specs) override {
+    if (++submits_ == fail_submit_at_) return internal_error("could not queue the step");
+    return inner_->submit(in, specs);
+  }
   Status collect(int32_t* tokens) override {
     HR_RETURN_IF_ERROR(inner_->collect(tokens));
     if (++collects_ == fail_at_) return internal_error("lost the step's tokens");
@@ -345,14 +350,20 @@ class FailingCollect final : public Backend {
  private:
   std::shared_ptr<Backend> inner_;
   int fail_at_;
+  int fail_submit_at_;
   int collects_ = 0;
+  int submits_ = 0;
 };
 
-TEST(EngineTest, AFailedCollectLosesNoTokens) {
+TEST(EngineTest, AFailedStepLosesNoTokens) {
   auto& f = Fixture::get();
   for (bool pipelined : {false, true}) {
-    for (int fail_at : {1, 3, 6}) {
-      auto e = f.engine(std::make_shared<FailingCollect>(f.backend(16, 8 << 20, pipelined), fail_at), {8, 512, 512});
+    // Collects 1, 3 and 6 fail, then submits 1, 2 and 5 (the second one while a step is in flight).
+    for (int fail_at : {1, 3, 6, -1, -2, -5}) {
+      auto backend = f.backend(16, 8 << 20, pipelined);
+      auto failing = fail_at > 0 ? std::make_shared<FailingBackend>(backend, fail_at)
+                                 : std::make_shared<FailingBackend>(backend, 0, -fail_at);
+      auto e = f.engine(failing, {8, 512, 512});
       std::vector<Outcome> out(4);
       for (int i = 0; i < 4; ++i) {
         GenerationRequest r;
