@@ -346,6 +346,7 @@ class FailingBackend final : public Backend {
   }
   void discard() override { inner_->discard(); }
   bool pipelined() const override { return inner_->pipelined(); }
+  int submits() const { return submits_; }
 
  private:
   std::shared_ptr<Backend> inner_;
@@ -384,6 +385,24 @@ TEST(EngineTest, AFailedStepLosesNoTokens) {
       }
       EXPECT_EQ(e->blocks().num_available(), e->blocks().num_blocks());
     }
+  }
+}
+
+// A sequence whose pending token reaches max_tokens is not planned again: a pipelined engine
+// submits as many steps as a plain one for a request that ends by length.
+TEST(EngineTest, PipelinedEngineSubmitsNoStepPastMaxTokens) {
+  auto& f = Fixture::get();
+  int long_case = 0;
+  while (f.cases[static_cast<size_t>(long_case)]["text"].get<std::string>().size() < 8) ++long_case;
+  for (bool pipelined : {false, true}) {
+    auto counting = std::make_shared<FailingBackend>(f.backend(16, 8 << 20, pipelined), 0);
+    auto e = f.engine(counting, {8, 512, 512});
+    SamplingParams p;
+    p.max_tokens = 3;
+    auto out = run_all(*e, prompts(1, long_case), RequestClass::kSync, p);
+    EXPECT_EQ(out[0].tokens.size(), 3u);
+    EXPECT_EQ(out[0].reason, FinishReason::kLength);
+    EXPECT_EQ(counting->submits(), 3) << "pipelined " << pipelined;
   }
 }
 
