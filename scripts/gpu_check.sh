@@ -6,6 +6,8 @@
 # HEADROOM_PREBUILT=DIR uses test binaries already built in DIR (for a GPU machine without the
 # build's packages); the source tree still provides the bundled model and the scripts. Each test's
 # full output is kept in HEADROOM_GPU_CHECK_LOGS (default /tmp/headroom-gpu-check).
+# Last, `headroom serve --device cuda` end to end (scripts/serve_check.sh) where Postgres and Redis
+# can run: installed here, or packed by scripts/pack_portable.sh and named by HEADROOM_PORTABLE.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -42,6 +44,15 @@ echo "== bench_gpu"
 bench_json=$(HEADROOM_PREBUILT=${HEADROOM_PREBUILT:-$root/build-gpu/tests} scripts/bench_gpu.sh "$@" | tail -1)
 bench_rc=$?
 echo "$bench_json"
+echo "== serve_check (headroom serve --device cuda)"
+if [ -n "${HEADROOM_PORTABLE:-}" ] || { [ -z "${HEADROOM_PREBUILT:-}" ] && [ -x /usr/lib/postgresql/15/bin/postgres ]; }; then
+  scripts/serve_check.sh cuda 2>&1 | tee "$logs/serve_check.log"
+  serve_rc=${PIPESTATUS[0]}
+  [ "$serve_rc" -eq 0 ] || failed=1
+  summary+=("$(printf '%-22s rc=%d %s' serve_check "$serve_rc" "$(tail -1 "$logs/serve_check.log")")")
+else
+  summary+=("serve_check            skipped: no Postgres/Redis here (HEADROOM_PORTABLE: scripts/pack_portable.sh)")
+fi
 echo "== gpu_check summary"
 for line in "${summary[@]}"; do echo "$line"; done
 echo "bench_gpu rc=$bench_rc"
