@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "base/clock.h"
+
 namespace hr::engine {
 
 const char* finish_reason_name(FinishReason r) {
@@ -266,7 +268,9 @@ Result<StepStats> Engine::step() {
   if (!pipeline_) {
     if (!cur) return stats;
     sampled_.resize(cur->sampled.size());
+    const int64_t wait_start = steady_now_ns();
     Status collected = backend_->collect(sampled_.data());
+    stats.wait_ns = steady_now_ns() - wait_start;
     if (!collected.is_ok()) return recover(collected, {&*cur});
     complete(*cur);
     advance_all(*cur, &stats);
@@ -278,7 +282,9 @@ Result<StepStats> Engine::step() {
     Submitted prev = std::move(*in_flight_);
     in_flight_.reset();
     sampled_.resize(prev.sampled.size());
+    const int64_t wait_start = steady_now_ns();
     Status collected = backend_->collect(sampled_.data());
+    stats.wait_ns = steady_now_ns() - wait_start;
     if (!collected.is_ok()) return recover(collected, {&prev, cur ? &*cur : nullptr});
     advance_all(prev, &stats);
   }

@@ -67,6 +67,9 @@ struct StepStats {
   int num_preempted = 0;
   int num_finished = 0;
   int num_collected_tokens = 0;
+  // Time step() spent waiting in the backend's collect() for the device: the rest of a call is
+  // host work (planning, packing, queueing, token handling).
+  int64_t wait_ns = 0;
 };
 
 class Engine {
