@@ -490,11 +490,10 @@ TEST(CudaKernelsTest, FusedGemvModesMatchReference) {
 }
 
 // The q/k/v GEMV with RoPE and the KV write folded in, against the CPU's products, rms_norm and
-// apply_rope: both inputs (bf16 rows and the normalised residual), with and without bias, GQA.
-TEST(CudaKernelsTest, FusedGemvRopeMatchesReference) {
-  SKIP_WITHOUT_GPU();
-  std::mt19937 rng(13);
-  const int nh = 4, nkv = 2, hd = 64, Q = nh * hd, KV = nkv * hd, n = Q + 2 * KV, k = 256, slots = 16;
+// apply_rope: both inputs (bf16 rows and the normalised residual), with and without bias, GQA
+// groups of 1, 4 and 8.
+void check_fused_gemv_rope(int nh, int nkv, std::mt19937& rng) {
+  const int hd = 64, Q = nh * hd, KV = nkv * hd, n = Q + 2 * KV, k = 264, slots = 16;
   std::vector<float> inv_freq(hd / 2);
   for (int i = 0; i < hd / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / hd);
   std::vector<float> w = random_vec(static_cast<size_t>(n) * k, rng);
@@ -556,7 +555,8 @@ TEST(CudaKernelsTest, FusedGemvRopeMatchesReference) {
             row[j] = static_cast<float>(acc) + (with_bias ? bias[j] : 0.0f);
           }
           for (int hh = 0; hh < nh + nkv; ++hh) apply_rope(row.data() + hh * hd, hd, pos[i], inv_freq.data());
-          const std::string what = "m=" + std::to_string(m) + " normed=" + std::to_string(normed) +
+          const std::string what = "heads " + std::to_string(nh) + "/" + std::to_string(nkv) +
+                                   " m=" + std::to_string(m) + " normed=" + std::to_string(normed) +
                                    " bias=" + std::to_string(with_bias) + " row " + std::to_string(i);
           EXPECT_LT(rel_error(std::vector<float>(q.begin() + i * Q, q.begin() + (i + 1) * Q),
                               std::vector<float>(row.begin(), row.begin() + Q)), 5e-3) << "q " << what;
@@ -593,6 +593,12 @@ TEST(CudaKernelsTest, FusedGemvRopeMatchesReference) {
   bad.num_kv_heads = nkv;
   bad.head_dim = hd;
   EXPECT_EQ(kernels::gemv(bad, nullptr), cudaErrorInvalidValue);
+}
+
+TEST(CudaKernelsTest, FusedGemvRopeMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(13);
+  for (auto [nh, nkv] : {std::pair{4, 4}, std::pair{8, 2}, std::pair{16, 2}}) check_fused_gemv_rope(nh, nkv, rng);
 }
 
 // Runs the sampler over `rows` copies of one logits row with the given parameters and randoms.
