@@ -272,16 +272,8 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
         qp.norm_weight = W.input_norm;
         qp.eps = eps;
       }
-      qp.rope_q_out = q_;
-      qp.k_cache = rope.k_cache;
-      qp.v_cache = rope.v_cache;
-      qp.bias = rope.bias;
-      qp.positions = d_positions;
-      qp.slot_mapping = d_slots;
-      qp.inv_freq = inv_freq_;
-      qp.num_heads = c.num_heads;
-      qp.num_kv_heads = nkv;
-      qp.head_dim = c.head_dim;
+      qp.rope = {q_, rope.k_cache, rope.v_cache, rope.bias, d_positions, d_slots, inv_freq_, c.num_heads, nkv,
+                 c.head_dim};
       HR_CUDA("qkv, rope and KV write", kernels::gemv(qp, stream_));
       mark("qkv_proj");
     } else {

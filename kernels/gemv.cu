@@ -92,36 +92,36 @@ template <GemvOut OUT>
 __device__ __forceinline__ size_t weight_row(const GemvParams& p, int col, int r) {
   if constexpr (OUT == GemvOut::kSwiglu) return static_cast<size_t>(col) + static_cast<size_t>(r) * p.n;
   if constexpr (OUT == GemvOut::kRopeKv) {
-    const int half = p.head_dim / 2;
-    return static_cast<size_t>(col / half) * p.head_dim + col % half + r * half;
+    const int half = p.rope.head_dim / 2;
+    return static_cast<size_t>(col / half) * p.rope.head_dim + col % half + r * half;
   }
   return static_cast<size_t>(col);
 }
 
 // RoPE epilogue for input row i: a and b are rows (pair, pair + half) of head h of the q/k/v output.
 __device__ __forceinline__ void rope_store(const GemvParams& p, int i, int col, float a, float b) {
-  const int hd = p.head_dim, half = hd / 2;
+  const int hd = p.rope.head_dim, half = hd / 2;
   const int h = col / half, e = col % half;
-  const int q_size = p.num_heads * hd, kv_size = p.num_kv_heads * hd;
+  const int q_size = p.rope.num_heads * hd, kv_size = p.rope.num_kv_heads * hd;
   const int r0 = h * hd + e;
-  if (p.bias) {
-    a += p.bias[r0];
-    b += p.bias[r0 + half];
+  if (p.rope.bias) {
+    a += p.rope.bias[r0];
+    b += p.rope.bias[r0 + half];
   }
-  if (h < p.num_heads + p.num_kv_heads) {
+  if (h < p.rope.num_heads + p.rope.num_kv_heads) {
     float sn, cs;
-    sincosf(static_cast<float>(p.positions[i]) * p.inv_freq[e], &sn, &cs);
+    sincosf(static_cast<float>(p.rope.positions[i]) * p.rope.inv_freq[e], &sn, &cs);
     const float ra = a * cs - b * sn, rb = b * cs + a * sn;
     a = ra;
     b = rb;
   }
   __nv_bfloat16* dst;
-  if (h < p.num_heads) {
-    dst = p.rope_q_out + static_cast<size_t>(i) * q_size + r0;
+  if (h < p.rope.num_heads) {
+    dst = p.rope.q_out + static_cast<size_t>(i) * q_size + r0;
   } else {
-    const size_t slot = static_cast<size_t>(p.slot_mapping[i]) * kv_size;
-    dst = h < p.num_heads + p.num_kv_heads ? p.k_cache + slot + (r0 - q_size)
-                                           : p.v_cache + slot + (r0 - q_size - kv_size);
+    const size_t slot = static_cast<size_t>(p.rope.slot_mapping[i]) * kv_size;
+    dst = h < p.rope.num_heads + p.rope.num_kv_heads ? p.rope.k_cache + slot + (r0 - q_size)
+                                                     : p.rope.v_cache + slot + (r0 - q_size - kv_size);
   }
   dst[0] = __float2bfloat16_rn(a);
   dst[half] = __float2bfloat16_rn(b);
@@ -220,7 +220,7 @@ cudaError_t launch_gemv(const GemvParams& p, cudaStream_t stream) {
 template <int M, GemvInput IN>
 cudaError_t launch_out(const GemvParams& p, cudaStream_t stream) {
   if (p.resid_out) return launch_gemv<M, IN, GemvOut::kResidual>(p, stream);
-  if (p.rope_q_out) return launch_gemv<M, IN, GemvOut::kRopeKv>(p, stream);
+  if (p.rope.q_out) return launch_gemv<M, IN, GemvOut::kRopeKv>(p, stream);
   if (p.swiglu) return launch_gemv<M, IN, GemvOut::kSwiglu>(p, stream);
   return launch_gemv<M, IN, GemvOut::kStore>(p, stream);
 }
@@ -231,20 +231,21 @@ cudaError_t launch_fused(const GemvParams& p, cudaStream_t stream) {
                                         : launch_out<M, GemvInput::kBf16>(p, stream);
 }
 
+bool valid_rope(const GemvParams& p) {
+  const GemvRope& r = p.rope;
+  return r.head_dim > 0 && r.head_dim % 2 == 0 && r.num_heads > 0 && r.num_kv_heads > 0 &&
+         p.n == (r.num_heads + 2 * r.num_kv_heads) * r.head_dim && r.k_cache && r.v_cache && r.positions &&
+         r.slot_mapping && r.inv_freq && !p.resid_out && !p.swiglu;
+}
+
 }  // namespace
 
 cudaError_t gemv(const GemvParams& p, cudaStream_t stream) {
   if (p.m < 1 || p.m > kGemvMaxRows || p.n < 1 || p.k < 8 || p.k % 8 != 0 || !p.w) return cudaErrorInvalidValue;
-  const bool rope = p.rope_q_out != nullptr;
+  const bool rope = p.rope.q_out != nullptr;
   const bool fused = p.input != GemvInput::kBf16 || p.resid_out != nullptr || p.swiglu || rope;
   if (fused && p.m > kGemvMaxFusedRows) return cudaErrorInvalidValue;
-  if (rope) {
-    if (p.head_dim <= 0 || p.head_dim % 2 != 0 || p.num_heads <= 0 || p.num_kv_heads <= 0 ||
-        p.n != (p.num_heads + 2 * p.num_kv_heads) * p.head_dim || !p.k_cache || !p.v_cache || !p.positions ||
-        !p.slot_mapping || !p.inv_freq || p.resid_out || p.swiglu) {
-      return cudaErrorInvalidValue;
-    }
-  }
+  if (rope && !valid_rope(p)) return cudaErrorInvalidValue;
   if (p.input == GemvInput::kRmsNorm ? (!p.resid || !p.resid_sumsq || !p.norm_weight) : !p.x) {
     return cudaErrorInvalidValue;
   }

@@ -18,6 +18,18 @@ namespace hr::kernels {
 constexpr int kGemvMaxRows = 8;
 constexpr int kGemvMaxFusedRows = 2;
 
+// Where the RoPE output mode puts its results (see GemvParams::rope).
+struct GemvRope {
+  __nv_bfloat16* q_out = nullptr;  // [m, num_heads head_dim]; set: this output mode
+  __nv_bfloat16* k_cache = nullptr;
+  __nv_bfloat16* v_cache = nullptr;
+  const float* bias = nullptr;
+  const int32_t* positions = nullptr;
+  const int32_t* slot_mapping = nullptr;
+  const float* inv_freq = nullptr;
+  int num_heads = 0, num_kv_heads = 0, head_dim = 0;
+};
+
 enum class GemvInput {
   kBf16,     // x: [m, k] bf16
   kRmsNorm,  // resid [m, k] fp32, resid_sumsq [m], norm_weight [k]: resid * rsqrt(sumsq / k + eps) * w
@@ -42,19 +54,12 @@ struct GemvParams {
   const float* resid_in = nullptr;
   float* resid_out = nullptr;
   float* out_sumsq = nullptr;
-  // ... or, when rope_q_out is set, w is an attention layer's fused q/k/v matrix (n = (num_heads +
+  // ... or, when rope.q_out is set, w is an attention layer's fused q/k/v matrix (n = (num_heads +
   // 2 num_kv_heads) head_dim rows) and the output goes where rope_write_kv (rope_kv.cuh) puts it:
   // bias added (when given), query and key heads rotated at positions[i] (rotate-half, inv_freq),
-  // queries to rope_q_out [m, num_heads head_dim] bf16, keys and values into k_cache and v_cache
+  // queries to q_out [m, num_heads head_dim] bf16, keys and values into k_cache and v_cache
   // [slots, num_kv_heads head_dim] at slot_mapping[i].
-  __nv_bfloat16* rope_q_out = nullptr;
-  __nv_bfloat16* k_cache = nullptr;
-  __nv_bfloat16* v_cache = nullptr;
-  const float* bias = nullptr;
-  const int32_t* positions = nullptr;
-  const int32_t* slot_mapping = nullptr;
-  const float* inv_freq = nullptr;
-  int num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  GemvRope rope;
 };
 
 cudaError_t gemv(const GemvParams& p, cudaStream_t stream);

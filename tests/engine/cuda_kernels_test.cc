@@ -529,16 +529,8 @@ void check_fused_gemv_rope(int nh, int nkv, std::mt19937& rng) {
         } else {
           gp.x = BF(d_xb.ptr);
         }
-        gp.rope_q_out = BF(d_q.ptr);
-        gp.k_cache = BF(d_k.ptr);
-        gp.v_cache = BF(d_v.ptr);
-        gp.bias = with_bias ? d_bias.ptr : nullptr;
-        gp.positions = d_pos.ptr;
-        gp.slot_mapping = d_slot.ptr;
-        gp.inv_freq = d_inv.ptr;
-        gp.num_heads = nh;
-        gp.num_kv_heads = nkv;
-        gp.head_dim = hd;
+        gp.rope = {BF(d_q.ptr), BF(d_k.ptr), BF(d_v.ptr), with_bias ? d_bias.ptr : nullptr, d_pos.ptr, d_slot.ptr,
+                   d_inv.ptr, nh, nkv, hd};
         ASSERT_EQ(kernels::gemv(gp, nullptr), cudaSuccess);
         auto q = bf16_to_float(d_q.get()), kc = bf16_to_float(d_k.get()), vc = bf16_to_float(d_v.get());
         auto kraw = d_k.get(), vraw = d_v.get();
@@ -583,15 +575,7 @@ void check_fused_gemv_rope(int nh, int nkv, std::mt19937& rng) {
   bad.k = k;
   DeviceBuffer<uint16_t> d_x1(static_cast<size_t>(k)), d_q1(static_cast<size_t>(Q)), d_kv1(static_cast<size_t>(slots) * KV);
   bad.x = BF(d_x1.ptr);
-  bad.rope_q_out = BF(d_q1.ptr);
-  bad.k_cache = BF(d_kv1.ptr);
-  bad.v_cache = BF(d_kv1.ptr);
-  bad.positions = d_pos.ptr;
-  bad.slot_mapping = d_slot.ptr;
-  bad.inv_freq = d_inv.ptr;
-  bad.num_heads = nh;
-  bad.num_kv_heads = nkv;
-  bad.head_dim = hd;
+  bad.rope = {BF(d_q1.ptr), BF(d_kv1.ptr), BF(d_kv1.ptr), nullptr, d_pos.ptr, d_slot.ptr, d_inv.ptr, nh, nkv, hd};
   EXPECT_EQ(kernels::gemv(bad, nullptr), cudaErrorInvalidValue);
 }
 
