@@ -285,106 +285,58 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   const size_t graphs_after_decode = backend->num_graphs();
-  // The same decode steps without graph replay, and with cuBLASLt in place of the GEMV kernel.
-  json no_graphs = json::object(), no_gemv = json::object();
-  backend->set_small_batch_gemv(false);
-  for (int b : parse_list(batches)) {
-    if (b > 8) continue;
-    auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng);
-    if (!r.is_ok()) {
-      std::fprintf(stderr, "gpu_bench: batch %d with cuBLASLt only: %s\n", b, r.status().to_string().c_str());
-      return 1;
+  // Decode tokens/s at the batch sizes up to `max_batch` under one setting (the first failure is
+  // kept in `failed` and ends the runs).
+  hr::Status failed;
+  auto variant = [&](const std::string& label, int max_batch, bool pipeline = true) {
+    json out = json::object();
+    for (int b : parse_list(batches)) {
+      if (b > max_batch || !failed.is_ok()) continue;
+      auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng, nullptr, pipeline);
+      if (!r.is_ok()) {
+        failed = r.status().with_context("batch " + std::to_string(b) + ", " + label);
+        continue;
+      }
+      out[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
+      std::printf("decode batch %d, %s: %.1f tok/s (%.2f ms/step)\n", b, label.c_str(), r->tok_s, r->step_s * 1e3);
     }
-    no_gemv[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
-    std::printf("decode batch %d with cuBLASLt only: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s, r->step_s * 1e3);
-  }
+    return out;
+  };
+  // With cuBLASLt in place of the GEMV kernel.
+  backend->set_small_batch_gemv(false);
+  const json no_gemv = variant("cuBLASLt only", 8);
   backend->set_small_batch_gemv(true);
   // Without the fused small-batch path (separate norm and SiLU kernels).
-  json no_fused = json::object();
   backend->set_fused_small_batch(false);
-  for (int b : parse_list(batches)) {
-    if (b > 2) continue;
-    auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng);
-    if (!r.is_ok()) {
-      std::fprintf(stderr, "gpu_bench: batch %d unfused: %s\n", b, r.status().to_string().c_str());
-      return 1;
-    }
-    no_fused[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
-    std::printf("decode batch %d without the fused small-batch path: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s,
-                r->step_s * 1e3);
-  }
+  const json no_fused = variant("without the fused small-batch path", 2);
   backend->set_fused_small_batch(true);
   // RoPE and the KV write folded into the q/k/v GEMV too (one kernel fewer per layer).
-  json fused_rope = json::object();
   backend->set_fused_rope(true);
-  for (int b : parse_list(batches)) {
-    if (b > 2) continue;
-    auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng);
-    if (!r.is_ok()) {
-      std::fprintf(stderr, "gpu_bench: batch %d with fused rope: %s\n", b, r.status().to_string().c_str());
-      return 1;
-    }
-    fused_rope[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
-    if (b == 1) fused_rope["batch1_mbu"] = backend->decode_weight_bytes() / r->step_s / bw;
-    std::printf("decode batch %d with rope in the q/k/v GEMV: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s,
-                r->step_s * 1e3);
-  }
+  json fused_rope = variant("rope in the q/k/v GEMV", 2);
   backend->set_fused_rope(false);
+  if (fused_rope.contains("1")) {
+    fused_rope["batch1_mbu"] = backend->decode_weight_bytes() * fused_rope["1"].get<double>() / bw;
+  }
   // Programmatic dependent launch always on, and always off (the default turns it off for the
   // fused one- and two-token steps only).
-  json pdl_on = json::object(), pdl_off = json::object();
-  for (auto mode : {ProgrammaticLaunch::kOn, ProgrammaticLaunch::kOff}) {
-    backend->set_programmatic_launch(mode);
-    for (int b : parse_list(batches)) {
-      if (b > 16) continue;
-      auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng);
-      if (!r.is_ok()) {
-        std::fprintf(stderr, "gpu_bench: batch %d, launch mode: %s\n", b, r.status().to_string().c_str());
-        return 1;
-      }
-      const bool on = mode == ProgrammaticLaunch::kOn;
-      (on ? pdl_on : pdl_off)[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
-      std::printf("decode batch %d, programmatic launch %s: %.1f tok/s (%.2f ms/step)\n", b, on ? "on" : "off",
-                  r->tok_s, r->step_s * 1e3);
-    }
-  }
+  backend->set_programmatic_launch(ProgrammaticLaunch::kOn);
+  const json pdl_on = variant("programmatic launch on", 16);
+  backend->set_programmatic_launch(ProgrammaticLaunch::kOff);
+  const json pdl_off = variant("programmatic launch off", 16);
   backend->set_programmatic_launch(ProgrammaticLaunch::kAuto);
   // Decode attention on the CUDA-core decode kernel instead of the tensor-core kernel.
-  json tc_decode = json::object();
   backend->set_tensor_core_decode(false);
-  for (int b : parse_list(batches)) {
-    auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng);
-    if (!r.is_ok()) {
-      std::fprintf(stderr, "gpu_bench: batch %d with the decode kernel: %s\n", b, r.status().to_string().c_str());
-      return 1;
-    }
-    tc_decode[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
-    std::printf("decode batch %d, CUDA-core decode attention: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s,
-                r->step_s * 1e3);
-  }
+  const json tc_decode = variant("CUDA-core decode attention", 1 << 30);
   backend->set_tensor_core_decode(true);
+  // Without graph replay.
   backend->set_cuda_graphs(false);
-  for (int b : parse_list(batches)) {
-    if (b > 16) continue;
-    auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng);
-    if (!r.is_ok()) {
-      std::fprintf(stderr, "gpu_bench: batch %d without graphs: %s\n", b, r.status().to_string().c_str());
-      return 1;
-    }
-    no_graphs[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
-    std::printf("decode batch %d without graphs: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s, r->step_s * 1e3);
-  }
+  const json no_graphs = variant("without graphs", 16);
   backend->set_cuda_graphs(true);
   // Host and device in turn: each step's tokens collected before the next step is planned.
-  json not_pipelined = json::object();
-  for (int b : parse_list(batches)) {
-    auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng, nullptr, false);
-    if (!r.is_ok()) {
-      std::fprintf(stderr, "gpu_bench: batch %d not pipelined: %s\n", b, r.status().to_string().c_str());
-      return 1;
-    }
-    not_pipelined[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
-    std::printf("decode batch %d, steps not pipelined: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s, r->step_s * 1e3);
+  const json not_pipelined = variant("steps not pipelined", 1 << 30, /*pipeline=*/false);
+  if (!failed.is_ok()) {
+    std::fprintf(stderr, "gpu_bench: %s\n", failed.to_string().c_str());
+    return 1;
   }
   // Where the time goes: per-phase GPU milliseconds per step (kernels launched one by one).
   json decode_profile = json::object(), prefill_profile = json::object();
