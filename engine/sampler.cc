@@ -4,13 +4,22 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 namespace hr::engine {
 
+namespace {
+
+// Greedy sampling (ties go to the lowest id), or nullopt when `p` samples at random.
+std::optional<int32_t> greedy(const float* logits, int vocab, const SamplingParams& p) {
+  if (p.temperature > 0.0f && p.top_k != 1) return std::nullopt;
+  return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+}
+
+}  // namespace
+
 int32_t sample_token(const float* logits, int vocab, const SamplingParams& p, std::mt19937_64& rng) {
-  if (p.temperature <= 0.0f || p.top_k == 1) {
-    return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
-  }
+  if (auto token = greedy(logits, vocab, p)) return *token;
   std::vector<int32_t> idx(static_cast<size_t>(vocab));
   std::iota(idx.begin(), idx.end(), 0);
   int k = p.top_k > 0 ? std::min(p.top_k, vocab) : vocab;
@@ -55,9 +64,7 @@ int32_t sample_token(const float* logits, int vocab, const SampleSpec& spec) {
   p.temperature = spec.temperature;
   p.top_p = spec.top_p;
   p.top_k = spec.top_k;
-  if (p.temperature <= 0.0f || p.top_k == 1) {
-    return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
-  }
+  if (auto token = greedy(logits, vocab, p)) return *token;  // without seeding a generator
   std::mt19937_64 rng(spec.random);
   return sample_token(logits, vocab, p, rng);
 }
