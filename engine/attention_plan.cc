@@ -33,19 +33,20 @@ Status plan_attention(const StepInput& in, const AttentionPlanParams& p, Attenti
       if (!p.fixed_splits) splits = (ctx + chunk - 1) / chunk;
       auto& list = decode_kernel ? plan->decode : plan->prefill;
       if (splits <= 1) {
-        list.push_back({s, a, 1, 0, ctx, -1});
+        list.push_back({s, a, 1, 0, ctx, -1, -1});
         continue;
       }
+      const int combine = static_cast<int>(plan->combine.size());
       plan->combine.push_back({a, plan->num_partials, splits});
       for (int k = 0; k < splits; ++k) {
         const int begin = std::min(ctx, k * chunk);
-        list.push_back({s, a, 1, begin, std::min(ctx, (k + 1) * chunk), plan->num_partials++});
+        list.push_back({s, a, 1, begin, std::min(ctx, (k + 1) * chunk), plan->num_partials++, combine});
       }
       continue;
     }
     for (int t = a; t < a + n; t += prefill_tile) {
       const int len = std::min(prefill_tile, a + n - t);
-      plan->prefill.push_back({s, t, len, 0, in.positions[t + len - 1] + 1, -1});
+      plan->prefill.push_back({s, t, len, 0, in.positions[t + len - 1] + 1, -1, -1});
     }
   }
   std::stable_sort(plan->prefill.begin(), plan->prefill.end(), [](const auto& x, const auto& y) {

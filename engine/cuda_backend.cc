@@ -223,6 +223,10 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   attn.out = attn_;
   attn.partial_out = partial_out_;
   attn.partial_ml = partial_ml_;
+  if (options_.fused_combine) {
+    attn.combine_items = reinterpret_cast<const kernels::AttentionCombineItem*>(d + lay.combine_items);
+    attn.combine_counters = combine_counters_;
+  }
   attn.max_blocks_per_seq = lay.max_blocks_per_seq;
   attn.block_size = bs;
   attn.num_heads = c.num_heads;
@@ -294,10 +298,12 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
     HR_CUDA("prefill attention",
             kernels::paged_attention(attn, reinterpret_cast<const kernels::AttentionWorkItem*>(d + lay.prefill_items),
                                      lay.num_prefill, false, stream_));
-    HR_CUDA("attention combine",
-            kernels::paged_attention_combine(
-                attn, reinterpret_cast<const kernels::AttentionCombineItem*>(d + lay.combine_items),
-                lay.num_combine, stream_));
+    if (!options_.fused_combine) {
+      HR_CUDA("attention combine",
+              kernels::paged_attention_combine(
+                  attn, reinterpret_cast<const kernels::AttentionCombineItem*>(d + lay.combine_items),
+                  lay.num_combine, stream_));
+    }
     mark("attention");
     if (fused) {
       float* sums = sumsq_ + static_cast<size_t>(2 * li) * kernels::kGemvMaxFusedRows;

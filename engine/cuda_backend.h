@@ -26,7 +26,8 @@
 namespace hr::engine {
 
 // When kernels launch with programmatic dependent launch (kernels/launch.cuh). On an H100 it
-// helped steps of 16 tokens by ~3% and slowed the fused one- and two-token steps by ~4%.
+// helped steps of 16 tokens by ~3% and slowed the fused one- and two-token steps by ~4%, when
+// every kernel still let its successor in at its first instruction (see kernels/README.md).
 enum class ProgrammaticLaunch { kAuto, kOn, kOff };  // kAuto: on except for fused small steps
 
 struct CudaBackendOptions {
@@ -41,6 +42,7 @@ struct CudaBackendOptions {
   bool tensor_core_decode = true;   // decoding tokens' attention on the tensor-core kernel
   bool fused_small_batch = true;    // decode steps of 1-2 tokens: norms and SiLU folded into GEMVs
   bool fused_rope = false;          // ... and RoPE with the KV write folded into the q/k/v GEMV
+  bool fused_combine = false;       // split decodes merged by their last split, not a combine kernel
   ProgrammaticLaunch programmatic_launch = ProgrammaticLaunch::kAuto;
 };
 
@@ -108,6 +110,10 @@ class CudaBackend final : public Backend {
   }
   void set_fused_rope(bool on) {
     options_.fused_rope = on;
+    clear_graphs();
+  }
+  void set_fused_combine(bool on) {
+    options_.fused_combine = on;
     clear_graphs();
   }
   void set_small_batch_gemv(bool on) {
@@ -225,6 +231,7 @@ class CudaBackend final : public Backend {
   int32_t* tokens_ = nullptr;        // [S]
   float* partial_out_ = nullptr;     // [max_partials, num_heads, head_dim]
   float* partial_ml_ = nullptr;      // [max_partials, num_heads, 2]
+  int32_t* combine_counters_ = nullptr;  // [max_partials / 2, num_kv_heads], zero between launches
 
   // Two slots, so that step N+1 is packed while step N reads its own inputs.
   Slot slots_[2];

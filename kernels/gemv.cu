@@ -1,6 +1,9 @@
 // GEMV for few rows: one warp per output column n; each lane streams 16-byte pieces of w's row n
-// (eight in flight, marked evict-first, the first ones prefetched into L2 before waiting for the
-// previous kernel) and multiplies them with the matching pieces of every input row (small, cached).
+// (eight in flight, marked evict-first) and multiplies them with the matching pieces of every input
+// row (small, cached). Under programmatic launch, the first two pieces of each lane are prefetched
+// into L2 before waiting for the previous kernel (a few MB: about what the memory system moves
+// while that kernel drains), and the next kernel is let in only once every weight has been read,
+// so that it cannot launch, and prefetch, further ahead.
 #include "kernels/gemv.cuh"
 #include "kernels/internal/common.cuh"
 
@@ -9,6 +12,7 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kUnroll = 8;
+constexpr int kPrefetch = 2;  // pieces per lane and weight row pulled into L2 before the wait
 
 // Input row i's elements [8 v, 8 v + 8) as floats.
 template <GemvInput IN>
@@ -130,7 +134,6 @@ __device__ __forceinline__ void rope_store(const GemvParams& p, int i, int col, 
 template <int M, GemvInput IN, GemvOut OUT>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvParams p) {
   constexpr int R = rows_per_warp<OUT>();
-  internal::pdl_launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int col = blockIdx.x * kWarpsPerBlock + warp;
   const bool active = col < num_warps<OUT>(p);  // warp-uniform
@@ -145,7 +148,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvParams p)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kPrefetch; ++u) {
         if (lane + 32 * u < num_vec) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(wrow[r] + lane + 32 * u));
       }
     }
@@ -163,6 +166,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvParams p)
     for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
   }
   if (active) accumulate<M, R, IN>(p, wrow, num_vec, lane, scale, acc);
+  internal::pdl_launch_dependents();  // only the epilogue is left
   if constexpr (OUT == GemvOut::kResidual) {
     __shared__ float squares[M][kWarpsPerBlock];
 #pragma unroll

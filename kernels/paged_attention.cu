@@ -5,6 +5,7 @@
 // memory as fp32; the next tile's 16-byte loads are issued before the current tile is computed.
 #include "kernels/internal/common.cuh"
 #include "kernels/internal/prefill_attention_tc.cuh"
+#include "kernels/internal/split_combine.cuh"
 #include "kernels/paged_attention.cuh"
 
 namespace hr::kernels {
@@ -73,7 +74,6 @@ struct KvTileLoader {
 template <int HD, int RPW>
 __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedAttentionParams p,
                                                                    const AttentionWorkItem* items) {
-  internal::pdl_launch_dependents();
   internal::pdl_wait();
   using Smem = AttentionSmem<HD, RPW>;
   constexpr int kDpl = HD / 32;  // output dims per lane
@@ -162,6 +162,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedAttentio
       }
     }
   }
+  internal::pdl_launch_dependents();  // only the epilogue is left
 
 #pragma unroll
   for (int jr = 0; jr < RPW; ++jr) {
@@ -184,6 +185,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedAttentio
       }
     }
   }
+  if (it.partial >= 0 && p.combine_counters) internal::merge_if_last_split(p, it, kvh, group);
 }
 
 __global__ void paged_attention_combine_kernel(PagedAttentionParams p,
@@ -192,22 +194,9 @@ __global__ void paged_attention_combine_kernel(PagedAttentionParams p,
   internal::pdl_wait();
   const AttentionCombineItem it = items[blockIdx.x];
   const int head = blockIdx.y;
-  float mx = -INFINITY;
-  for (int s = 0; s < it.num_splits; ++s) {
-    mx = fmaxf(mx, p.partial_ml[(static_cast<size_t>(it.first_partial + s) * p.num_heads + head) * 2]);
-  }
   for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
-    float num = 0.0f, den = 0.0f;
-    for (int s = 0; s < it.num_splits; ++s) {
-      const size_t slot = static_cast<size_t>(it.first_partial + s) * p.num_heads + head;
-      const float ms = p.partial_ml[slot * 2], ls = p.partial_ml[slot * 2 + 1];
-      if (ls <= 0.0f) continue;
-      const float w = ls * __expf(ms - mx);
-      num += w * p.partial_out[slot * p.head_dim + d];
-      den += w;
-    }
     p.out[(static_cast<size_t>(it.q_row) * p.num_heads + head) * p.head_dim + d] =
-        __float2bfloat16_rn(den > 0.0f ? num / den : 0.0f);
+        __float2bfloat16_rn(internal::merge_splits(p, it, head, d));
   }
 }
 
@@ -243,6 +232,7 @@ cudaError_t paged_attention(const PagedAttentionParams& p, const AttentionWorkIt
   if (!p.q || !p.k_cache || !p.v_cache || !p.block_table || !p.positions || !p.out || !items) {
     return cudaErrorInvalidValue;
   }
+  if ((p.combine_counters != nullptr) != (p.combine_items != nullptr)) return cudaErrorInvalidValue;
   if (!internal::aligned16(p.k_cache) || !internal::aligned16(p.v_cache)) return cudaErrorMisalignedAddress;
   if (num_items == 0) return cudaSuccess;
   const int group = p.num_heads / p.num_kv_heads;

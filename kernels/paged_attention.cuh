@@ -4,7 +4,8 @@
 // table with an online softmax: prefill tiles on tensor cores; decodes on the CUDA-core decode
 // kernel (decode == true) or, routed with the prefill items, on tensor cores too. Causal: a query at position p sees positions <= p.
 // Long decodes are split over the key range (flash-decoding): each split writes a partial result
-// that paged_attention_combine merges.
+// that paged_attention_combine merges, or that the last split to finish merges itself (when
+// PagedAttentionParams::combine_counters is set: one kernel fewer per layer).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -21,6 +22,7 @@ struct AttentionWorkItem {
   int32_t kv_begin;  // first key position read
   int32_t kv_end;    // one past the last key position read (<= last query position + 1)
   int32_t partial;   // -1: write out; else this split's slot in partial_out (then q_len == 1)
+  int32_t combine;   // with partial >= 0: the index of this token's AttentionCombineItem
 };
 
 struct AttentionCombineItem {
@@ -38,6 +40,10 @@ struct PagedAttentionParams {
   __nv_bfloat16* out = nullptr;            // [num_tokens, num_heads, head_dim]
   float* partial_out = nullptr;            // [num_partials, num_heads, head_dim], normalised
   float* partial_ml = nullptr;             // [num_partials, num_heads, 2]: running max, sum
+  // Set both to merge the splits inside paged_attention: the step's combine items, and one
+  // counter per (combine item, KV head), zero before the launch and left at zero after it.
+  const AttentionCombineItem* combine_items = nullptr;
+  int32_t* combine_counters = nullptr;
   int max_blocks_per_seq = 0;
   int block_size = 0;
   int num_heads = 0;

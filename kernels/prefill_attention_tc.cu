@@ -7,6 +7,7 @@
 // m16k16 operand layout pairwise). Warps whose 16 rows are all padding skip the arithmetic.
 #include "kernels/internal/common.cuh"
 #include "kernels/internal/prefill_attention_tc.cuh"
+#include "kernels/internal/split_combine.cuh"
 
 namespace hr::kernels::internal {
 namespace {
@@ -86,7 +87,6 @@ __device__ __forceinline__ void load_kv_tile(const PagedAttentionParams& p, cons
 template <int HD>
 __global__ void __launch_bounds__(kThreads, 2) prefill_attention_tc_kernel(PagedAttentionParams p,
                                                                         const AttentionWorkItem* items) {
-  pdl_launch_dependents();
   pdl_wait();
   using Sm = TcSmem<HD>;
   constexpr int kChunks = HD / 16;  // k-chunks of Q K^T, and pairs of 8-wide output tiles
@@ -112,6 +112,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_tc_kernel(Paged
         p.partial_ml[slot * 2 + 1] = 0.0f;
       }
     }
+    if (it.partial >= 0 && p.combine_counters) merge_if_last_split(p, it, kvh, group);
     return;
   }
 
@@ -232,13 +233,13 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_tc_kernel(Paged
     __syncthreads();  // the next iteration's loads overwrite this stage
   }
   cp_async_wait<0>();  // an item with no keys still has its Q copy in flight
+  pdl_launch_dependents();  // only the epilogue is left
 
-  if (!active) return;
   // Each lane writes columns (lane % 4) * 2 + {0, 1} of every 8-wide tile, for rows r_a and r_b.
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = half ? r_b : r_a;
-    if (r >= rows) continue;
+    if (!active || r >= rows) continue;
     const float l = half ? l_b : l_a, m = half ? m_b : m_a;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const int tok = it.q_row + r / group, head = kvh * group + r % group;
@@ -263,6 +264,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_tc_kernel(Paged
       }
     }
   }
+  if (it.partial >= 0 && p.combine_counters) merge_if_last_split(p, it, kvh, group);
 }
 
 template <int HD>

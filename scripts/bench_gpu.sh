@@ -37,6 +37,12 @@ out["baseline"] = base
 plain = ours.get("decode_tok_s_not_pipelined", {})
 out["pipelining_gain"] = {b: round(ours["decode_tok_s"][b] / plain[b], 3)
                           for b in ours["decode_tok_s"] if plain.get(b)}
+# The best batch-1 utilisation over the default and the variants that report one.
+mbu = {"default": ours.get("batch1_mbu", 0)}
+mbu.update({k[len("decode_tok_s_"):]: v["batch1_mbu"] for k, v in ours.items()
+            if k.startswith("decode_tok_s_") and isinstance(v, dict) and "batch1_mbu" in v})
+best = max(mbu, key=mbu.get)
+out["best_batch1_mbu"] = {"setting": best, "mbu": round(mbu[best], 4)}
 if base:
     out["speedup_vs_baseline"] = {
         "decode": {b: round(ours["decode_tok_s"][b] / base["decode_tok_s"][b], 2)

@@ -44,6 +44,13 @@ echo "== bench_gpu"
 bench_json=$(HEADROOM_PREBUILT=${HEADROOM_PREBUILT:-$root/build-gpu/tests} scripts/bench_gpu.sh "$@" | tail -1)
 bench_rc=$?
 echo "$bench_json"
+summary+=("$(printf '%-22s rc=%d %s' bench_gpu "$bench_rc" "$(python3 -c '
+import json, sys
+try:
+    b = json.loads(sys.argv[1])
+    print("batch1_mbu=%.3f best=%s" % (b["batch1_mbu"], json.dumps(b.get("best_batch1_mbu"))))
+except Exception as e:
+    print("no JSON:", e)' "$bench_json")")")
 echo "== serve_check (headroom serve --device cuda)"
 if [ -n "${HEADROOM_PORTABLE:-}" ] || { [ -z "${HEADROOM_PREBUILT:-}" ] && [ -x /usr/lib/postgresql/15/bin/postgres ]; }; then
   scripts/serve_check.sh cuda 2>&1 | tee "$logs/serve_check.log"
@@ -55,7 +62,6 @@ else
 fi
 echo "== gpu_check summary"
 for line in "${summary[@]}"; do echo "$line"; done
-echo "bench_gpu rc=$bench_rc"
 [ "$bench_rc" -eq 0 ] || failed=1
 echo "$bench_json"
 exit $failed

@@ -310,17 +310,31 @@ int main(int argc, char** argv) {
   backend->set_fused_small_batch(false);
   const json no_fused = variant("without the fused small-batch path", 2);
   backend->set_fused_small_batch(true);
+  // A variant's batch-1 bandwidth utilisation, next to its rates.
+  auto with_mbu = [&](json v) {
+    if (v.contains("1")) v["batch1_mbu"] = backend->decode_weight_bytes() * v["1"].get<double>() / bw;
+    return v;
+  };
   // RoPE and the KV write folded into the q/k/v GEMV too (one kernel fewer per layer).
   backend->set_fused_rope(true);
-  json fused_rope = variant("rope in the q/k/v GEMV", 2);
+  const json fused_rope = with_mbu(variant("rope in the q/k/v GEMV", 2));
+  // Decode splits merged by the attention kernel's last split (no combine kernel) ...
   backend->set_fused_rope(false);
-  if (fused_rope.contains("1")) {
-    fused_rope["batch1_mbu"] = backend->decode_weight_bytes() * fused_rope["1"].get<double>() / bw;
-  }
+  backend->set_fused_combine(true);
+  const json fused_combine = with_mbu(variant("splits merged in the attention kernel", 16));
+  // ... and both: five kernels per layer at one or two tokens, with programmatic launch as by
+  // default (off there) and on.
+  backend->set_fused_rope(true);
+  const json fewer_kernels = with_mbu(variant("rope in the GEMV, splits merged in attention", 2));
+  backend->set_programmatic_launch(ProgrammaticLaunch::kOn);
+  const json fewer_kernels_pdl = with_mbu(variant("rope in the GEMV, splits merged in attention, programmatic launch on", 2));
+  backend->set_programmatic_launch(ProgrammaticLaunch::kAuto);
+  backend->set_fused_rope(false);
+  backend->set_fused_combine(false);
   // Programmatic dependent launch always on, and always off (the default turns it off for the
   // fused one- and two-token steps only).
   backend->set_programmatic_launch(ProgrammaticLaunch::kOn);
-  const json pdl_on = variant("programmatic launch on", 16);
+  const json pdl_on = with_mbu(variant("programmatic launch on", 16));
   backend->set_programmatic_launch(ProgrammaticLaunch::kOff);
   const json pdl_off = variant("programmatic launch off", 16);
   backend->set_programmatic_launch(ProgrammaticLaunch::kAuto);
@@ -388,6 +402,9 @@ int main(int argc, char** argv) {
       {"decode_tok_s_programmatic_launch_off", pdl_off},
       {"decode_tok_s_unfused_small_batch", no_fused},
       {"decode_tok_s_fused_rope", fused_rope},
+      {"decode_tok_s_fused_combine", fused_combine},
+      {"decode_tok_s_fewer_kernels", fewer_kernels},
+      {"decode_tok_s_fewer_kernels_programmatic_launch_on", fewer_kernels_pdl},
       {"weight_read_fraction", gemv_bw},
       {"decode_profile_ms_per_step", decode_profile},
       {"prefill_profile_ms_per_step", prefill_profile},

@@ -75,11 +75,13 @@ struct Step {
 };
 
 // Batches of 1 and 2 decode through the fused small-batch path, 6 through the general one.
-void check_logits_against_cpu(int S, bool fused_rope = false) {
+// fewer_kernels: RoPE folded into the q/k/v GEMV and decode splits merged by the attention kernel.
+void check_logits_against_cpu(int S, bool fewer_kernels = false) {
   auto w = tiny_weights();
   auto cpu = CpuBackend::create(w, {16, 16 << 20});
   CudaBackendOptions o = small_options();
-  o.fused_rope = fused_rope;
+  o.fused_rope = fewer_kernels;
+  o.fused_combine = fewer_kernels;
   auto gpu = CudaBackend::create(*w, o);
   ASSERT_TRUE(cpu.is_ok() && gpu.is_ok()) << gpu.status().to_string();
   const int V = (*gpu)->vocab_size();
@@ -123,7 +125,7 @@ void check_logits_against_cpu(int S, bool fused_rope = false) {
 TEST(CudaBackendTest, LogitsMatchCpuBackend) {
   SKIP_WITHOUT_GPU();
   for (int S : {1, 2, 6}) check_logits_against_cpu(S);
-  for (int S : {1, 2}) check_logits_against_cpu(S, /*fused_rope=*/true);
+  for (int S : {1, 2}) check_logits_against_cpu(S, /*fewer_kernels=*/true);
 }
 
 // Uploading straight from the safetensors files gives the same weights as converting the host's
@@ -152,11 +154,13 @@ TEST(CudaBackendTest, UploadFromFilesEqualsUploadFromHostWeights) {
 // Greedy generation of every reference prompt, all submitted at once to an engine on the GPU.
 // Decode steps replay CUDA graphs by default; the same run without them must agree as well, and so
 // must plain steps (each step's tokens collected before the next is planned) against the default
-// pipelined ones (decode tokens fed on the device from the step before).
-void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline, bool fused_rope = false) {
+// pipelined ones (decode tokens fed on the device from the step before), and steps with fewer
+// kernels (RoPE in the q/k/v GEMV, decode splits merged in the attention kernel).
+void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline, bool fewer_kernels = false) {
   CudaBackendOptions o = small_options();
   o.cuda_graphs = cuda_graphs;
-  o.fused_rope = fused_rope;
+  o.fused_rope = fewer_kernels;
+  o.fused_combine = fewer_kernels;
   auto gpu = CudaBackend::create(*tiny_weights(), o);
   ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
   EngineOptions eo;
@@ -201,8 +205,8 @@ void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline, bool fused_ro
                 ref["cases"][i]["text"].get<std::string>().c_str(), at, at < out[i].size() ? out[i][at] : -1,
                 expected[at], margin);
   }
-  std::printf("greedy on GPU (graphs %s, pipelined %s, fused rope %s): %zu of %zu reference prompts equal to "
-              "PyTorch\n", cuda_graphs ? "on" : "off", pipeline ? "on" : "off", fused_rope ? "on" : "off", same, n);
+  std::printf("greedy on GPU (graphs %s, pipelined %s, fewer kernels %s): %zu of %zu reference prompts equal to "
+              "PyTorch\n", cuda_graphs ? "on" : "off", pipeline ? "on" : "off", fewer_kernels ? "on" : "off", same, n);
   EXPECT_EQ(backend->num_graphs(), cuda_graphs ? 2u * (3 + 32) : 0u) << "a decode step captured a new graph";
   EXPECT_GE(static_cast<double>(same), 0.99 * static_cast<double>(n));
 }
@@ -212,7 +216,7 @@ TEST(CudaBackendTest, GreedyAnswersMatchPyTorchOnAtLeast99Percent) {
   check_greedy_against_pytorch(true, true);
   check_greedy_against_pytorch(false, true);
   check_greedy_against_pytorch(true, false);
-  check_greedy_against_pytorch(true, true, /*fused_rope=*/true);
+  check_greedy_against_pytorch(true, true, /*fewer_kernels=*/true);
 }
 
 TEST(CudaBackendTest, SeededSamplingIsReproducible) {

@@ -237,8 +237,10 @@ struct AttentionCase {
 
 // Sequences with various cached lengths and new-token counts in one step, through the planner
 // (with a small or large multiprocessor count, to force or avoid decode splits), against the CPU
-// backend's attend().
-void check_attention(const AttentionCase& ac, int num_sms, bool tc_decode, bool fixed_splits, std::mt19937& rng) {
+// backend's attend(). With fused_combine the splits merge inside the attention kernels: run twice
+// (the counters must be back at zero for the second launch), no combine kernel.
+void check_attention(const AttentionCase& ac, int num_sms, bool tc_decode, bool fixed_splits, bool fused_combine,
+                     std::mt19937& rng) {
   const int nh = ac.num_heads, nkv = ac.num_kv_heads, hd = ac.head_dim, bs = 16, KV = nkv * hd;
   // (context length after the step, new tokens in the step)
   std::vector<std::pair<int, int>> seqs = {{1, 1}, {15, 1}, {16, 1}, {17, 1}, {100, 1}, {513, 1},
@@ -296,10 +298,24 @@ void check_attention(const AttentionCase& ac, int num_sms, bool tc_decode, bool 
   p.num_kv_heads = nkv;
   p.head_dim = hd;
   p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  ASSERT_EQ(kernels::paged_attention(p, d_dec.ptr, static_cast<int>(plan.decode.size()), true, nullptr), cudaSuccess);
-  ASSERT_EQ(kernels::paged_attention(p, d_pre.ptr, static_cast<int>(plan.prefill.size()), false, nullptr), cudaSuccess);
-  ASSERT_EQ(kernels::paged_attention_combine(p, d_comb.ptr, static_cast<int>(plan.combine.size()), nullptr), cudaSuccess);
+  DeviceBuffer<int32_t> d_counters(std::vector<int32_t>(std::max<size_t>(1, plan.combine.size()) * nkv, 0));
+  if (fused_combine) {
+    p.combine_items = d_comb.ptr;
+    p.combine_counters = d_counters.ptr;
+  }
+  for (int run = 0; run < (fused_combine ? 2 : 1); ++run) {
+    ASSERT_EQ(cudaMemset(d_out.ptr, 0xFF, d_out.n * sizeof(uint16_t)), cudaSuccess);  // poisoned again
+    ASSERT_EQ(kernels::paged_attention(p, d_dec.ptr, static_cast<int>(plan.decode.size()), true, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(kernels::paged_attention(p, d_pre.ptr, static_cast<int>(plan.prefill.size()), false, nullptr),
+              cudaSuccess);
+    if (!fused_combine) {
+      ASSERT_EQ(kernels::paged_attention_combine(p, d_comb.ptr, static_cast<int>(plan.combine.size()), nullptr),
+                cudaSuccess);
+    }
+  }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (int32_t c : d_counters.get()) ASSERT_EQ(c, 0) << "merge counters left set";
   auto out = bf16_to_float(d_out.get());
   std::vector<float> scores, ref(hd);
   for (size_t s = 0; s < seqs.size(); ++s) {
@@ -311,7 +327,8 @@ void check_attention(const AttentionCase& ac, int num_sms, bool tc_decode, bool 
                                out.begin() + (static_cast<size_t>(t) * nh + h + 1) * hd);
         ASSERT_LT(rel_error(got, ref), 2e-2) << "heads " << nh << "/" << nkv << " hd " << hd << " sms " << num_sms
                                              << " tc_decode " << tc_decode << " fixed_splits " << fixed_splits
-                                             << " seq " << s << " pos " << positions[t] << " head " << h;
+                                             << " fused_combine " << fused_combine << " seq " << s << " pos "
+                                             << positions[t] << " head " << h;
       }
     }
   }
@@ -324,7 +341,9 @@ TEST(CudaKernelsTest, PagedAttentionMatchesReference) {
                            AttentionCase{16, 2, 128}, AttentionCase{16, 1, 64}}) {
     for (int sms : {1, 132}) {
       for (bool tc_decode : {false, true}) {
-        for (bool fixed_splits : {false, true}) check_attention(ac, sms, tc_decode, fixed_splits, rng);
+        for (bool fixed_splits : {false, true}) {
+          for (bool fused_combine : {false, true}) check_attention(ac, sms, tc_decode, fixed_splits, fused_combine, rng);
+        }
       }
     }
   }
