@@ -162,7 +162,7 @@ Status CudaBackend::init_runtime() {
   // Merge counters (fused_combine): one per (combine item, KV head); an item has two splits or more.
   const size_t counter_bytes = static_cast<size_t>(max_partials_ / 2) * c.num_kv_heads * 4;
   HR_RETURN_IF_ERROR(act(&combine_counters_, counter_bytes, "attention merge counters"));
-  HR_CUDA("zeroing merge counters", cudaMemset(combine_counters_, 0, counter_bytes));
+  HR_CUDA("zeroing merge counters", cudaMemsetAsync(combine_counters_, 0, counter_bytes, stream_));
   for (Slot& slot : slots_) {
     HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(&slot.host_tokens), S * 4, 0));
     HR_CUDA("creating an event", cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));

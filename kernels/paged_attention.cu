@@ -188,16 +188,12 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedAttentio
   if (it.partial >= 0 && p.combine_counters) internal::merge_if_last_split(p, it, kvh, group);
 }
 
+// One warp per (combine item, head).
 __global__ void paged_attention_combine_kernel(PagedAttentionParams p,
                                                const AttentionCombineItem* items) {
   internal::pdl_launch_dependents();
   internal::pdl_wait();
-  const AttentionCombineItem it = items[blockIdx.x];
-  const int head = blockIdx.y;
-  for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
-    p.out[(static_cast<size_t>(it.q_row) * p.num_heads + head) * p.head_dim + d] =
-        __float2bfloat16_rn(internal::merge_splits(p, it, head, d));
-  }
+  internal::merge_head(p, items[blockIdx.x], blockIdx.y);
 }
 
 template <int HD, int RPW>
@@ -244,12 +240,13 @@ cudaError_t paged_attention(const PagedAttentionParams& p, const AttentionWorkIt
 
 cudaError_t paged_attention_combine(const PagedAttentionParams& p, const AttentionCombineItem* items,
                                     int num_items, cudaStream_t stream) {
-  if (num_items < 0 || !p.partial_out || !p.partial_ml || !p.out || p.head_dim <= 0) {
+  if (num_items < 0 || !p.partial_out || !p.partial_ml || !p.out || p.num_heads <= 0 || p.head_dim <= 0 ||
+      p.head_dim % 32 != 0 || p.head_dim > 32 * internal::kMaxMergeDims) {
     return cudaErrorInvalidValue;
   }
   if (num_items == 0) return cudaSuccess;
   dim3 grid(num_items, p.num_heads);
-  return internal::launch(paged_attention_combine_kernel, grid, dim3(p.head_dim), 0, stream, p, items);
+  return internal::launch(paged_attention_combine_kernel, grid, dim3(32), 0, stream, p, items);
 }
 
 }  // namespace hr::kernels

@@ -1,7 +1,8 @@
 // Merging a decode's key-range splits (flash-decoding), shared by paged_attention_combine and the
 // attention kernels that merge in place (internal to kernels/). Each split s of a token's head left
 // its normalised output o_s, running max m_s and sum l_s; the merged output is
-// sum_s w_s o_s / sum_s w_s with w_s = l_s exp(m_s - max_s m_s). Empty splits (l_s = 0) weigh nothing.
+// sum_s w_s o_s / sum_s w_s with w_s = l_s exp(m_s - max_s m_s). Empty splits (l_s = 0) weigh
+// nothing and are not read.
 #pragma once
 
 #include "kernels/internal/common.cuh"
@@ -9,49 +10,76 @@
 
 namespace hr::kernels::internal {
 
-// Element d of head `head`'s merged output for combine item c. The partial results are read from
-// L2 (__ldcg): in the in-place merge they were written by other blocks of the same launch.
-__device__ __forceinline__ float merge_splits(const PagedAttentionParams& p, const AttentionCombineItem& c, int head,
-                                              int d) {
+constexpr int kMaxMergeDims = 4;  // head dims per lane: head_dim <= 128
+
+// One warp merges head `head` of combine item c into p.out: lanes share out the splits to find
+// the weights, then each lane sums dims lane, lane + 32, ... over the splits, taking each split's
+// weight from the lane that computed it. Partial results are read from L2 (__ldcg): in the
+// in-place merge other blocks of the same launch wrote them.
+__device__ __forceinline__ void merge_head(const PagedAttentionParams& p, const AttentionCombineItem& c, int head) {
+  const int lane = threadIdx.x % 32;
+  auto slot_of = [&](int s) { return static_cast<size_t>(c.first_partial + s) * p.num_heads + head; };
   float mx = -INFINITY;
-  for (int s = 0; s < c.num_splits; ++s) {
-    mx = fmaxf(mx, __ldcg(p.partial_ml + (static_cast<size_t>(c.first_partial + s) * p.num_heads + head) * 2));
+  for (int s = lane; s < c.num_splits; s += 32) {
+    if (__ldcg(p.partial_ml + slot_of(s) * 2 + 1) > 0.0f) mx = fmaxf(mx, __ldcg(p.partial_ml + slot_of(s) * 2));
   }
-  float num = 0.0f, den = 0.0f;
-  for (int s = 0; s < c.num_splits; ++s) {
-    const size_t slot = static_cast<size_t>(c.first_partial + s) * p.num_heads + head;
-    const float ms = __ldcg(p.partial_ml + slot * 2), ls = __ldcg(p.partial_ml + slot * 2 + 1);
-    if (ls <= 0.0f) continue;
-    const float w = ls * __expf(ms - mx);
-    num += w * __ldcg(p.partial_out + slot * p.head_dim + d);
-    den += w;
+  mx = warp_max(mx);
+  float den = 0.0f;
+  for (int s = lane; s < c.num_splits; s += 32) {
+    const float l = __ldcg(p.partial_ml + slot_of(s) * 2 + 1);
+    if (l > 0.0f) den += l * __expf(__ldcg(p.partial_ml + slot_of(s) * 2) - mx);
   }
-  return den > 0.0f ? num / den : 0.0f;
+  den = warp_sum(den);
+  const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+  const int dims = p.head_dim / 32;
+  float acc[kMaxMergeDims] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int s0 = 0; s0 < c.num_splits; s0 += 32) {
+    float w = 0.0f;  // this lane's split's share of the output
+    if (s0 + lane < c.num_splits) {
+      const float l = __ldcg(p.partial_ml + slot_of(s0 + lane) * 2 + 1);
+      if (l > 0.0f) w = l * __expf(__ldcg(p.partial_ml + slot_of(s0 + lane) * 2) - mx) * inv;
+    }
+    const int n = min(32, c.num_splits - s0);
+    for (int j = 0; j < n; ++j) {
+      const float wj = __shfl_sync(0xffffffffu, w, j);
+      if (wj == 0.0f) continue;  // warp-uniform
+      const float* o = p.partial_out + slot_of(s0 + j) * p.head_dim + lane;
+#pragma unroll
+      for (int q = 0; q < kMaxMergeDims; ++q) {
+        if (q < dims) acc[q] += wj * __ldcg(o + 32 * q);
+      }
+    }
+  }
+  __nv_bfloat16* out = p.out + (static_cast<size_t>(c.q_row) * p.num_heads + head) * p.head_dim + lane;
+#pragma unroll
+  for (int q = 0; q < kMaxMergeDims; ++q) {
+    if (q < dims) out[32 * q] = __float2bfloat16_rn(acc[q]);
+  }
 }
 
 // Called by every thread of the block that ran split item `it` for KV head kvh, once the block's
 // partial results (all `group` heads) are written, when p.combine_counters is set: the last of the
-// item's splits to get here, counted per (combine item, KV head), merges them into p.out and sets
-// its counter back to zero for the next launch.
+// item's splits to get here, counted per (combine item, KV head), merges them into p.out (a warp
+// per head) and sets its counter back to zero for the next launch.
 __device__ __forceinline__ void merge_if_last_split(const PagedAttentionParams& p, const AttentionWorkItem& it,
                                                     int kvh, int group) {
   __shared__ int last;
-  __threadfence();  // this thread's partial results are visible before the count says so
+  __threadfence();  // this thread's partial results, before the count that publishes them
   __syncthreads();
   if (threadIdx.x == 0) {
+    __threadfence();
     int32_t* counter = p.combine_counters + static_cast<size_t>(it.combine) * p.num_kv_heads + kvh;
     last = atomicAdd(counter, 1) == p.combine_items[it.combine].num_splits - 1;
-    if (last) atomicExch(counter, 0);
+    if (last) {
+      atomicExch(counter, 0);
+      __threadfence();  // the other splits' results, counted before ours, are read after the count
+    }
   }
   __syncthreads();
   if (!last) return;
-  __threadfence();  // the other splits' results, counted before ours, are read after the count
+  __threadfence();
   const AttentionCombineItem c = p.combine_items[it.combine];
-  for (int e = threadIdx.x; e < group * p.head_dim; e += blockDim.x) {
-    const int head = kvh * group + e / p.head_dim, d = e % p.head_dim;
-    p.out[(static_cast<size_t>(c.q_row) * p.num_heads + head) * p.head_dim + d] =
-        __float2bfloat16_rn(merge_splits(p, c, head, d));
-  }
+  for (int h = threadIdx.x / 32; h < group; h += blockDim.x / 32) merge_head(p, c, kvh * group + h);
 }
 
 }  // namespace hr::kernels::internal

@@ -336,7 +336,7 @@ int main(int argc, char** argv) {
   backend->set_programmatic_launch(ProgrammaticLaunch::kOn);
   const json pdl_on = with_mbu(variant("programmatic launch on", 16));
   backend->set_programmatic_launch(ProgrammaticLaunch::kOff);
-  const json pdl_off = variant("programmatic launch off", 16);
+  const json pdl_off = with_mbu(variant("programmatic launch off", 16));
   backend->set_programmatic_launch(ProgrammaticLaunch::kAuto);
   // Decode attention on the CUDA-core decode kernel instead of the tensor-core kernel.
   backend->set_tensor_core_decode(false);
