@@ -2,8 +2,8 @@
 // (eight in flight, marked evict-first) and multiplies them with the matching pieces of every input
 // row (small, cached). Under programmatic launch, the first two pieces of each lane are prefetched
 // into L2 before waiting for the previous kernel (a few MB: about what the memory system moves
-// while that kernel drains), and the next kernel is let in only once every weight has been read,
-// so that it cannot launch, and prefetch, further ahead.
+// while that kernel drains), and the next kernel is let in only when the last batch of weight
+// loads is issued, so that it cannot launch, and prefetch, further ahead.
 #include "kernels/gemv.cuh"
 #include "kernels/internal/common.cuh"
 
@@ -40,6 +40,8 @@ __device__ __forceinline__ void accumulate(const GemvParams& p, const uint4* con
                                            const float* scale, float (*acc)[M]) {
   int v = lane;
   for (; v + 32 * (kUnroll - 1) < num_vec; v += 32 * kUnroll) {
+    // The last full batch of loads: the next kernel may launch (and prefetch) behind them.
+    if (v + 32 * (2 * kUnroll - 1) >= num_vec) internal::pdl_launch_dependents();
     uint4 wv[R][kUnroll];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -166,7 +168,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvParams p)
     for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
   }
   if (active) accumulate<M, R, IN>(p, wrow, num_vec, lane, scale, acc);
-  internal::pdl_launch_dependents();  // only the epilogue is left
+  internal::pdl_launch_dependents();  // (if no full batch did) only the epilogue is left
   if constexpr (OUT == GemvOut::kResidual) {
     __shared__ float squares[M][kWarpsPerBlock];
 #pragma unroll

@@ -70,9 +70,9 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 // Programmatic dependent launch: lets the next kernel in the stream be scheduled now, and waits
 // until the previous kernel has finished and its writes are visible. No-ops before sm_90 and for
 // kernels launched without the attribute. Short kernels let the next one in at once; kernels that
-// stream much memory (GEMV, attention) only after their main loop: a kernel let in early lets in
-// its own successor as soon as it starts, and a chain of waiting kernels holds SM slots and fills
-// L2 with prefetches far ahead of their use.
+// stream much memory (GEMV, attention) only near the end of their main loop: a kernel let in early
+// lets in its own successor as soon as it starts, and a chain of waiting kernels holds SM slots
+// and fills L2 with prefetches far ahead of their use.
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
