@@ -12,10 +12,18 @@ Status plan_attention(const StepInput& in, const AttentionPlanParams& p, Attenti
   plan->combine.clear();
   plan->num_partials = 0;
   const int nkv = p.num_kv_heads, group = p.num_heads / p.num_kv_heads;
-  const bool decode_kernel = !p.tensor_core_decode && group <= kernels::kAttentionDecodeRows;
+  using kernels::AttentionKernel;
+  plan->decode_kernel = AttentionKernel::kPrefill;
+  if (p.decode == DecodeAttention::kCudaCore && group <= kernels::kAttentionDecodeRows) {
+    plan->decode_kernel = AttentionKernel::kDecode;
+  } else if (p.decode == DecodeAttention::kTensorCore && group <= kernels::kAttentionDecodeTcRows) {
+    plan->decode_kernel = AttentionKernel::kDecodeTc;
+  }
+  const bool decode_kernel = plan->decode_kernel != AttentionKernel::kPrefill;
   const int prefill_tile = kernels::kAttentionPrefillRows / group;
   // Splits are whole tiles of the kernel that will run them.
-  const int kTile = decode_kernel ? kernels::kAttentionKeyTile : kernels::kAttentionTcKeyTile;
+  const int kTile = plan->decode_kernel == AttentionKernel::kDecode ? kernels::kAttentionKeyTile
+                                                                     : kernels::kAttentionTcKeyTile;
   int num_decode_seqs = 0;
   for (int s = 0; s < in.num_seqs; ++s) num_decode_seqs += in.seq_start[s + 1] - in.seq_start[s] == 1;
   int want_splits = 1;

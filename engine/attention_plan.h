@@ -12,8 +12,16 @@
 
 namespace hr::engine {
 
+// Where decoding tokens' attention runs.
+enum class DecodeAttention {
+  kCudaCore,      // the CUDA-core decode kernel
+  kPrefillTiles,  // with the prefill items, in the tensor-core prefill kernel's 128-row tiles
+  kTensorCore,    // the tensor-core decode kernel: one 16-row tile, the keys shared out among warps
+};
+
 struct AttentionPlan {
-  std::vector<kernels::AttentionWorkItem> decode;   // for the decode kernel
+  std::vector<kernels::AttentionWorkItem> decode;   // for decode_kernel
+  kernels::AttentionKernel decode_kernel = kernels::AttentionKernel::kDecode;
   std::vector<kernels::AttentionWorkItem> prefill;  // for the prefill kernel
   std::vector<kernels::AttentionCombineItem> combine;
   int num_partials = 0;
@@ -27,8 +35,9 @@ struct AttentionPlanParams {
   // Every decoding sequence gets the same number of splits, whatever its length (some may be
   // empty), so that the item counts depend on the batch size alone (CUDA graph replay).
   bool fixed_splits = false;
-  // Decoding tokens go to the tensor-core kernel too (with the prefill items), not the decode kernel.
-  bool tensor_core_decode = false;
+  // The kernel for decoding tokens; the prefill kernel takes them when their group of heads is
+  // more than the chosen kernel's tile holds.
+  DecodeAttention decode = DecodeAttention::kCudaCore;
 };
 
 // Fills `plan` (cleared first) for the step. Errors for a sequence without tokens.

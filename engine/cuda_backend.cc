@@ -45,6 +45,7 @@ struct CudaBackend::StepLayout {
          prefill_items = 0, combine_items = 0, sample_params = 0, total = 0;
   int num_tokens = 0, num_logits = 0, max_blocks_per_seq = 0;
   int num_decode = 0, num_prefill = 0, num_combine = 0;
+  kernels::AttentionKernel decode_kernel = kernels::AttentionKernel::kDecode;  // for the decode items
   bool fused = false;  // the small-batch path with norms and activation folded into GEMVs
 };
 
@@ -100,7 +101,7 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
     }
   }
   HR_RETURN_IF_ERROR(plan_attention(
-      in, {c.num_heads, nkv, num_sms_, max_partials_, graph_shape, options_.tensor_core_decode}, &plan_));
+      in, {c.num_heads, nkv, num_sms_, max_partials_, graph_shape, options_.decode_attention}, &plan_));
   const auto& decode = plan_.decode;
   const auto& prefill = plan_.prefill;
   const auto& combine = plan_.combine;
@@ -112,6 +113,7 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   lay.num_logits = L;
   lay.max_blocks_per_seq = in.max_blocks_per_seq;
   lay.num_decode = static_cast<int>(decode.size());
+  lay.decode_kernel = plan_.decode_kernel;
   lay.num_prefill = static_cast<int>(prefill.size());
   lay.num_combine = static_cast<int>(combine.size());
   lay.fused = options_.small_batch_gemv && options_.fused_small_batch && T <= kGemvRows &&
@@ -294,10 +296,10 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
     attn.v_cache = rope.v_cache;
     HR_CUDA("decode attention",
             kernels::paged_attention(attn, reinterpret_cast<const kernels::AttentionWorkItem*>(d + lay.decode_items),
-                                     lay.num_decode, true, stream_));
+                                     lay.num_decode, lay.decode_kernel, stream_));
     HR_CUDA("prefill attention",
             kernels::paged_attention(attn, reinterpret_cast<const kernels::AttentionWorkItem*>(d + lay.prefill_items),
-                                     lay.num_prefill, false, stream_));
+                                     lay.num_prefill, kernels::AttentionKernel::kPrefill, stream_));
     if (!options_.fused_combine) {
       HR_CUDA("attention combine",
               kernels::paged_attention_combine(

@@ -39,7 +39,7 @@ struct CudaBackendOptions {
   int max_num_seqs = 256;           // sequences per step
   bool cuda_graphs = true;          // replay captured graphs for decode steps
   bool small_batch_gemv = true;     // our GEMV kernel for steps of up to 2 tokens, else cuBLASLt
-  bool tensor_core_decode = true;   // decoding tokens' attention on the tensor-core kernel
+  DecodeAttention decode_attention = DecodeAttention::kPrefillTiles;  // decoding tokens' attention
   bool fused_small_batch = true;    // decode steps of 1-2 tokens: norms and SiLU folded into GEMVs
   bool fused_rope = false;          // ... and RoPE with the KV write folded into the q/k/v GEMV
   bool fused_combine = false;       // split decodes merged by their last split, not a combine kernel
@@ -96,8 +96,8 @@ class CudaBackend final : public Backend {
   void set_profiling(bool on);
   const std::map<std::string, double>& profile() const { return profile_; }
   int profiled_steps() const { return profiled_steps_; }
-  void set_tensor_core_decode(bool on) {
-    options_.tensor_core_decode = on;
+  void set_decode_attention(DecodeAttention kernel) {
+    options_.decode_attention = kernel;
     clear_graphs();
   }
   void set_programmatic_launch(ProgrammaticLaunch mode) {

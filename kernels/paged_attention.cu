@@ -1,9 +1,11 @@
-// Paged attention. Prefill items go to the tensor-core kernel (prefill_attention_tc.cu); decode
-// items run here: a block of 4 warps per (work item, KV head). Rows r = token * group + head
+// Paged attention. Items go to the tensor-core prefill kernel (prefill_attention_tc.cu), the
+// tensor-core decode kernel (decode_attention_tc.cu), or the CUDA-core decode kernel here: a block
+// of 4 warps per (work item, KV head). Rows r = token * group + head
 // within the group; warp w owns rows w, w + 4, ... and keeps their running max, sum and output
 // accumulators in registers (lane owns dims lane, lane + 32, ...). K/V tiles are staged in shared
 // memory as fp32; the next tile's 16-byte loads are issued before the current tile is computed.
 #include "kernels/internal/common.cuh"
+#include "kernels/internal/decode_attention_tc.cuh"
 #include "kernels/internal/prefill_attention_tc.cuh"
 #include "kernels/internal/split_combine.cuh"
 #include "kernels/paged_attention.cuh"
@@ -220,7 +222,7 @@ cudaError_t launch_for_head_dim(const PagedAttentionParams& p, const AttentionWo
 }  // namespace
 
 cudaError_t paged_attention(const PagedAttentionParams& p, const AttentionWorkItem* items,
-                            int num_items, bool decode, cudaStream_t stream) {
+                            int num_items, AttentionKernel kernel, cudaStream_t stream) {
   if (num_items < 0 || p.num_heads <= 0 || p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0 ||
       p.block_size <= 0 || p.max_blocks_per_seq <= 0) {
     return cudaErrorInvalidValue;
@@ -232,10 +234,20 @@ cudaError_t paged_attention(const PagedAttentionParams& p, const AttentionWorkIt
   if (!internal::aligned16(p.k_cache) || !internal::aligned16(p.v_cache)) return cudaErrorMisalignedAddress;
   if (num_items == 0) return cudaSuccess;
   const int group = p.num_heads / p.num_kv_heads;
-  if (group > (decode ? kAttentionDecodeRows : kAttentionPrefillRows)) return cudaErrorInvalidValue;
-  if (!decode) return internal::prefill_attention_tc(p, items, num_items, stream);
-  constexpr int kDecodeRpw = kAttentionDecodeRows / kWarps;
-  return launch_for_head_dim<kDecodeRpw>(p, items, num_items, stream);
+  switch (kernel) {
+    case AttentionKernel::kPrefill:
+      if (group > kAttentionPrefillRows) return cudaErrorInvalidValue;
+      return internal::prefill_attention_tc(p, items, num_items, stream);
+    case AttentionKernel::kDecodeTc:
+      if (group > kAttentionDecodeTcRows) return cudaErrorInvalidValue;
+      return internal::decode_attention_tc(p, items, num_items, stream);
+    case AttentionKernel::kDecode: {
+      if (group > kAttentionDecodeRows) return cudaErrorInvalidValue;
+      constexpr int kDecodeRpw = kAttentionDecodeRows / kWarps;
+      return launch_for_head_dim<kDecodeRpw>(p, items, num_items, stream);
+    }
+  }
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t paged_attention_combine(const PagedAttentionParams& p, const AttentionCombineItem* items,

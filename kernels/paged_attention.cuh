@@ -2,7 +2,9 @@
 // tile of one sequence (a prefill chunk of up to 128 / group tokens, or one decoding token), run for
 // one KV head with all the query heads of its GQA group, streaming K/V tiles through the block
 // table with an online softmax: prefill tiles on tensor cores; decodes on the CUDA-core decode
-// kernel (decode == true) or, routed with the prefill items, on tensor cores too. Causal: a query at position p sees positions <= p.
+// kernel, on the tensor-core decode kernel (a 16-row tile, the keys shared out among warps), or,
+// routed with the prefill items, on the prefill kernel. Causal: a query at position p sees
+// positions <= p.
 // Long decodes are split over the key range (flash-decoding): each split writes a partial result
 // that paged_attention_combine merges, or that the last split to finish merges itself (when
 // PagedAttentionParams::combine_counters is set: one kernel fewer per layer).
@@ -52,16 +54,21 @@ struct PagedAttentionParams {
   float scale = 0.0f;
 };
 
-// Rows (query tokens x group heads) one work item may hold: decode items (q_len == 1) use the
-// small-tile kernel and may have up to kAttentionDecodeRows rows; others up to kAttentionPrefillRows.
+// The kernels, and the rows (query tokens x group heads) a work item may hold in each.
+enum class AttentionKernel {
+  kPrefill,   // tensor cores, 128-row tiles: prefill items and decode items alike
+  kDecode,    // CUDA cores, decode items (q_len == 1) of up to kAttentionDecodeRows rows
+  kDecodeTc,  // tensor cores, decode items (q_len == 1) of up to kAttentionDecodeTcRows rows
+};
 constexpr int kAttentionDecodeRows = 8;
+constexpr int kAttentionDecodeTcRows = 16;
 constexpr int kAttentionPrefillRows = 128;
 constexpr int kAttentionKeyTile = 32;    // keys per tile of the CUDA-core decode kernel
-constexpr int kAttentionTcKeyTile = 64;  // keys per tile of the tensor-core kernel
+constexpr int kAttentionTcKeyTile = 64;  // keys per tile of the tensor-core kernels
 
-// Runs `num_items` work items (all decode items, or all prefill items: `decode` says which).
+// Runs `num_items` work items on `kernel`.
 cudaError_t paged_attention(const PagedAttentionParams& p, const AttentionWorkItem* items,
-                            int num_items, bool decode, cudaStream_t stream);
+                            int num_items, AttentionKernel kernel, cudaStream_t stream);
 
 // Merges the splits of each combine item into out.
 cudaError_t paged_attention_combine(const PagedAttentionParams& p, const AttentionCombineItem* items,

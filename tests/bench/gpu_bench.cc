@@ -339,9 +339,12 @@ int main(int argc, char** argv) {
   const json pdl_off = with_mbu(variant("programmatic launch off", 16));
   backend->set_programmatic_launch(ProgrammaticLaunch::kAuto);
   // Decode attention on the CUDA-core decode kernel instead of the tensor-core kernel.
-  backend->set_tensor_core_decode(false);
-  const json tc_decode = variant("CUDA-core decode attention", 1 << 30);
-  backend->set_tensor_core_decode(true);
+  backend->set_decode_attention(DecodeAttention::kCudaCore);
+  const json cuda_core_decode = variant("CUDA-core decode attention", 1 << 30);
+  // Decode attention on the tensor-core decode kernel (16-row tiles, keys shared out among warps).
+  backend->set_decode_attention(DecodeAttention::kTensorCore);
+  const json tc_decode_kernel = with_mbu(variant("tensor-core decode kernel", 1 << 30));
+  backend->set_decode_attention(DecodeAttention::kPrefillTiles);
   // Without graph replay.
   backend->set_cuda_graphs(false);
   const json no_graphs = variant("without graphs", 16);
@@ -397,7 +400,8 @@ int main(int argc, char** argv) {
       {"decode_tok_s_without_graphs", no_graphs},
       {"decode_tok_s_not_pipelined", not_pipelined},
       {"decode_tok_s_cublaslt_only", no_gemv},
-      {"decode_tok_s_cuda_core_attention", tc_decode},
+      {"decode_tok_s_cuda_core_attention", cuda_core_decode},
+      {"decode_tok_s_tensor_core_decode_kernel", tc_decode_kernel},
       {"decode_tok_s_programmatic_launch_on", pdl_on},
       {"decode_tok_s_programmatic_launch_off", pdl_off},
       {"decode_tok_s_unfused_small_batch", no_fused},

@@ -110,11 +110,13 @@ std::map<int, int> check_plan(const Step& step, const AttentionPlanParams& param
 
 TEST(AttentionPlanTest, SmallBatchSplitsCoverEachContextOnce) {
   Step step({{1, 1}, {15, 1}, {64, 1}, {65, 1}, {513, 1}, {2000, 1}, {33, 33}, {300, 200}});
-  for (bool tc : {false, true}) {
-    AttentionPlanParams params{32, 8, 132, 1024, false, tc};
+  for (DecodeAttention decode :
+       {DecodeAttention::kCudaCore, DecodeAttention::kPrefillTiles, DecodeAttention::kTensorCore}) {
+    AttentionPlanParams params{32, 8, 132, 1024, false, decode};
     AttentionPlan plan;
     ASSERT_TRUE(plan_attention(step.in, params, &plan).is_ok());
-    EXPECT_EQ(plan.decode.empty(), tc) << "tensor-core decode routes decodes with the prefill items";
+    EXPECT_EQ(plan.decode.empty(), decode == DecodeAttention::kPrefillTiles)
+        << "decodes go with the prefill items only when asked to";
     auto splits = check_plan(step, params, plan);
     EXPECT_EQ(splits[0], 1) << "one key: nothing to split";
     EXPECT_GT(splits[5], 1) << "a long context on an idle GPU is split";
@@ -125,7 +127,7 @@ TEST(AttentionPlanTest, SmallBatchSplitsCoverEachContextOnce) {
 
 TEST(AttentionPlanTest, GraphShapedPlansSplitEveryDecodeAlike) {
   Step step({{1, 1}, {17, 1}, {500, 1}, {4000, 1}});
-  AttentionPlanParams params{32, 8, 132, 1024, true, true};
+  AttentionPlanParams params{32, 8, 132, 1024, true, DecodeAttention::kPrefillTiles};
   AttentionPlan plan;
   ASSERT_TRUE(plan_attention(step.in, params, &plan).is_ok());
   auto splits = check_plan(step, params, plan);
@@ -138,7 +140,7 @@ TEST(AttentionPlanTest, GraphShapedPlansSplitEveryDecodeAlike) {
 
 TEST(AttentionPlanTest, PartialBuffersBoundTheSplits) {
   Step step({{4000, 1}, {4000, 1}, {4000, 1}});
-  AttentionPlanParams params{32, 8, 132, 7, true, true};
+  AttentionPlanParams params{32, 8, 132, 7, true, DecodeAttention::kPrefillTiles};
   AttentionPlan plan;
   ASSERT_TRUE(plan_attention(step.in, params, &plan).is_ok());
   auto splits = check_plan(step, params, plan);
@@ -149,7 +151,7 @@ TEST(AttentionPlanTest, PartialBuffersBoundTheSplits) {
 TEST(AttentionPlanTest, LargeBatchesAreNotSplit) {
   std::vector<std::pair<int, int>> seqs(64, {3000, 1});
   Step step(seqs);
-  AttentionPlanParams params{32, 8, 132, 1024, true, true};
+  AttentionPlanParams params{32, 8, 132, 1024, true, DecodeAttention::kPrefillTiles};
   AttentionPlan plan;
   ASSERT_TRUE(plan_attention(step.in, params, &plan).is_ok());
   auto splits = check_plan(step, params, plan);
@@ -161,12 +163,44 @@ TEST(AttentionPlanTest, LargeBatchesAreNotSplit) {
 TEST(AttentionPlanTest, PrefillTilesHoldAtMost128Rows) {
   Step step({{1000, 1000}, {7, 7}, {130, 3}});
   for (auto [heads, kv] : {std::pair{32, 8}, std::pair{32, 32}, std::pair{16, 1}}) {
-    AttentionPlanParams params{heads, kv, 132, 1024, false, true};
+    AttentionPlanParams params{heads, kv, 132, 1024, false, DecodeAttention::kPrefillTiles};
     AttentionPlan plan;
     ASSERT_TRUE(plan_attention(step.in, params, &plan).is_ok());
     check_plan(step, params, plan);
     const int tile = kernels::kAttentionPrefillRows / (heads / kv);  // tokens per tile
     EXPECT_EQ(static_cast<int>(plan.prefill.size()), (1000 + tile - 1) / tile + 2) << heads << "/" << kv;
+  }
+}
+
+// Each decode kernel takes groups of heads up to its tile's rows (8 on CUDA cores, 16 on tensor
+// cores); larger groups go to the prefill kernel. Splits are whole key tiles of the kernel.
+TEST(AttentionPlanTest, DecodeKernelsTakeTheGroupsTheirTilesHold) {
+  using kernels::AttentionKernel;
+  Step step({{1000, 1}, {300, 1}});
+  struct Case {
+    int heads, kv_heads;
+    DecodeAttention decode;
+    AttentionKernel expected;
+    int key_tile;
+  };
+  for (const Case& c : {Case{32, 8, DecodeAttention::kCudaCore, AttentionKernel::kDecode, 32},
+                        Case{16, 1, DecodeAttention::kCudaCore, AttentionKernel::kPrefill, 64},
+                        Case{16, 1, DecodeAttention::kTensorCore, AttentionKernel::kDecodeTc, 64},
+                        Case{32, 1, DecodeAttention::kTensorCore, AttentionKernel::kPrefill, 64},
+                        Case{32, 8, DecodeAttention::kPrefillTiles, AttentionKernel::kPrefill, 64}}) {
+    AttentionPlanParams params{c.heads, c.kv_heads, 132, 1024, false, c.decode};
+    AttentionPlan plan;
+    ASSERT_TRUE(plan_attention(step.in, params, &plan).is_ok());
+    check_plan(step, params, plan);
+    EXPECT_EQ(plan.decode_kernel, c.expected) << c.heads << "/" << c.kv_heads;
+    const auto& items = c.expected == AttentionKernel::kPrefill ? plan.prefill : plan.decode;
+    EXPECT_TRUE((c.expected == AttentionKernel::kPrefill ? plan.decode : plan.prefill).empty());
+    ASSERT_GT(items.size(), 2u) << "both decodes are split";
+    for (const auto& it : items) {
+      if (it.kv_end < step.positions[step.seq_start[it.seq]] + 1) {
+        EXPECT_EQ((it.kv_end - it.kv_begin) % c.key_tile, 0) << "a split ends on a key tile";
+      }
+    }
   }
 }
 
@@ -178,7 +212,7 @@ TEST(AttentionPlanTest, ASequenceWithoutTokensIsAnError) {
   in.positions = positions.data();
   in.seq_start = seq_start.data();
   AttentionPlan plan;
-  Status st = plan_attention(in, {32, 8, 132, 1024, false, true}, &plan);
+  Status st = plan_attention(in, {32, 8, 132, 1024, false, DecodeAttention::kPrefillTiles}, &plan);
   EXPECT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("sequence 1"), std::string::npos) << st.to_string();
 }

@@ -76,12 +76,14 @@ struct Step {
 
 // Batches of 1 and 2 decode through the fused small-batch path, 6 through the general one.
 // fewer_kernels: RoPE folded into the q/k/v GEMV and decode splits merged by the attention kernel.
-void check_logits_against_cpu(int S, bool fewer_kernels = false) {
+void check_logits_against_cpu(int S, bool fewer_kernels = false,
+                              DecodeAttention decode = DecodeAttention::kPrefillTiles) {
   auto w = tiny_weights();
   auto cpu = CpuBackend::create(w, {16, 16 << 20});
   CudaBackendOptions o = small_options();
   o.fused_rope = fewer_kernels;
   o.fused_combine = fewer_kernels;
+  o.decode_attention = decode;
   auto gpu = CudaBackend::create(*w, o);
   ASSERT_TRUE(cpu.is_ok() && gpu.is_ok()) << gpu.status().to_string();
   const int V = (*gpu)->vocab_size();
@@ -126,6 +128,7 @@ TEST(CudaBackendTest, LogitsMatchCpuBackend) {
   SKIP_WITHOUT_GPU();
   for (int S : {1, 2, 6}) check_logits_against_cpu(S);
   for (int S : {1, 2}) check_logits_against_cpu(S, /*fewer_kernels=*/true);
+  for (int S : {1, 6}) check_logits_against_cpu(S, false, DecodeAttention::kTensorCore);
 }
 
 // Uploading straight from the safetensors files gives the same weights as converting the host's
@@ -155,12 +158,15 @@ TEST(CudaBackendTest, UploadFromFilesEqualsUploadFromHostWeights) {
 // Decode steps replay CUDA graphs by default; the same run without them must agree as well, and so
 // must plain steps (each step's tokens collected before the next is planned) against the default
 // pipelined ones (decode tokens fed on the device from the step before), and steps with fewer
-// kernels (RoPE in the q/k/v GEMV, decode splits merged in the attention kernel).
-void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline, bool fewer_kernels = false) {
+// kernels (RoPE in the q/k/v GEMV, decode splits merged in the attention kernel), and decode
+// attention on another kernel.
+void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline, bool fewer_kernels = false,
+                                  DecodeAttention decode = DecodeAttention::kPrefillTiles) {
   CudaBackendOptions o = small_options();
   o.cuda_graphs = cuda_graphs;
   o.fused_rope = fewer_kernels;
   o.fused_combine = fewer_kernels;
+  o.decode_attention = decode;
   auto gpu = CudaBackend::create(*tiny_weights(), o);
   ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
   EngineOptions eo;
@@ -205,8 +211,9 @@ void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline, bool fewer_ke
                 ref["cases"][i]["text"].get<std::string>().c_str(), at, at < out[i].size() ? out[i][at] : -1,
                 expected[at], margin);
   }
-  std::printf("greedy on GPU (graphs %s, pipelined %s, fewer kernels %s): %zu of %zu reference prompts equal to "
-              "PyTorch\n", cuda_graphs ? "on" : "off", pipeline ? "on" : "off", fewer_kernels ? "on" : "off", same, n);
+  std::printf("greedy on GPU (graphs %s, pipelined %s, fewer kernels %s, decode attention %d): %zu of %zu "
+              "reference prompts equal to PyTorch\n", cuda_graphs ? "on" : "off", pipeline ? "on" : "off",
+              fewer_kernels ? "on" : "off", static_cast<int>(decode), same, n);
   EXPECT_EQ(backend->num_graphs(), cuda_graphs ? 2u * (3 + 32) : 0u) << "a decode step captured a new graph";
   EXPECT_GE(static_cast<double>(same), 0.99 * static_cast<double>(n));
 }
@@ -217,6 +224,8 @@ TEST(CudaBackendTest, GreedyAnswersMatchPyTorchOnAtLeast99Percent) {
   check_greedy_against_pytorch(false, true);
   check_greedy_against_pytorch(true, false);
   check_greedy_against_pytorch(true, true, /*fewer_kernels=*/true);
+  check_greedy_against_pytorch(true, true, /*fewer_kernels=*/true, DecodeAttention::kTensorCore);
+  check_greedy_against_pytorch(true, true, false, DecodeAttention::kCudaCore);
 }
 
 TEST(CudaBackendTest, SeededSamplingIsReproducible) {

@@ -239,8 +239,8 @@ struct AttentionCase {
 // (with a small or large multiprocessor count, to force or avoid decode splits), against the CPU
 // backend's attend(). With fused_combine the splits merge inside the attention kernels: run twice
 // (the counters must be back at zero for the second launch), no combine kernel.
-void check_attention(const AttentionCase& ac, int num_sms, bool tc_decode, bool fixed_splits, bool fused_combine,
-                     std::mt19937& rng) {
+void check_attention(const AttentionCase& ac, int num_sms, DecodeAttention decode, bool fixed_splits,
+                     bool fused_combine, std::mt19937& rng) {
   const int nh = ac.num_heads, nkv = ac.num_kv_heads, hd = ac.head_dim, bs = 16, KV = nkv * hd;
   // (context length after the step, new tokens in the step)
   std::vector<std::pair<int, int>> seqs = {{1, 1}, {15, 1}, {16, 1}, {17, 1}, {100, 1}, {513, 1},
@@ -273,9 +273,13 @@ void check_attention(const AttentionCase& ac, int num_sms, bool tc_decode, bool 
   in.max_blocks_per_seq = max_blocks;
   AttentionPlan plan;
   const int max_partials = 1024;
-  ASSERT_TRUE(plan_attention(in, {nh, nkv, num_sms, max_partials, fixed_splits, tc_decode}, &plan).is_ok());
-  if (tc_decode) {
+  ASSERT_TRUE(plan_attention(in, {nh, nkv, num_sms, max_partials, fixed_splits, decode}, &plan).is_ok());
+  if (decode == DecodeAttention::kPrefillTiles) {
     EXPECT_TRUE(plan.decode.empty());
+  }
+  if (decode == DecodeAttention::kTensorCore) {
+    EXPECT_FALSE(plan.decode.empty()) << "groups of up to 16 heads fit the tensor-core decode kernel";
+    EXPECT_EQ(plan.decode_kernel, kernels::AttentionKernel::kDecodeTc);
   }
   if (num_sms > 100 && nh / nkv <= kernels::kAttentionDecodeRows) {
     EXPECT_GT(plan.combine.size(), 0u) << "a small batch on a large GPU splits its decodes";
@@ -305,9 +309,11 @@ void check_attention(const AttentionCase& ac, int num_sms, bool tc_decode, bool 
   }
   for (int run = 0; run < (fused_combine ? 2 : 1); ++run) {
     ASSERT_EQ(cudaMemset(d_out.ptr, 0xFF, d_out.n * sizeof(uint16_t)), cudaSuccess);  // poisoned again
-    ASSERT_EQ(kernels::paged_attention(p, d_dec.ptr, static_cast<int>(plan.decode.size()), true, nullptr),
+    ASSERT_EQ(kernels::paged_attention(p, d_dec.ptr, static_cast<int>(plan.decode.size()), plan.decode_kernel,
+                                       nullptr),
               cudaSuccess);
-    ASSERT_EQ(kernels::paged_attention(p, d_pre.ptr, static_cast<int>(plan.prefill.size()), false, nullptr),
+    ASSERT_EQ(kernels::paged_attention(p, d_pre.ptr, static_cast<int>(plan.prefill.size()),
+                                       kernels::AttentionKernel::kPrefill, nullptr),
               cudaSuccess);
     if (!fused_combine) {
       ASSERT_EQ(kernels::paged_attention_combine(p, d_comb.ptr, static_cast<int>(plan.combine.size()), nullptr),
@@ -326,7 +332,7 @@ void check_attention(const AttentionCase& ac, int num_sms, bool tc_decode, bool 
         std::vector<float> got(out.begin() + (static_cast<size_t>(t) * nh + h) * hd,
                                out.begin() + (static_cast<size_t>(t) * nh + h + 1) * hd);
         ASSERT_LT(rel_error(got, ref), 2e-2) << "heads " << nh << "/" << nkv << " hd " << hd << " sms " << num_sms
-                                             << " tc_decode " << tc_decode << " fixed_splits " << fixed_splits
+                                             << " decode " << static_cast<int>(decode) << " fixed_splits " << fixed_splits
                                              << " fused_combine " << fused_combine << " seq " << s << " pos "
                                              << positions[t] << " head " << h;
       }
@@ -340,13 +346,40 @@ TEST(CudaKernelsTest, PagedAttentionMatchesReference) {
   for (AttentionCase ac : {AttentionCase{4, 4, 32}, AttentionCase{8, 8, 64}, AttentionCase{32, 8, 128},
                            AttentionCase{16, 2, 128}, AttentionCase{16, 1, 64}}) {
     for (int sms : {1, 132}) {
-      for (bool tc_decode : {false, true}) {
+      for (DecodeAttention decode :
+           {DecodeAttention::kCudaCore, DecodeAttention::kPrefillTiles, DecodeAttention::kTensorCore}) {
         for (bool fixed_splits : {false, true}) {
-          for (bool fused_combine : {false, true}) check_attention(ac, sms, tc_decode, fixed_splits, fused_combine, rng);
+          for (bool fused_combine : {false, true}) check_attention(ac, sms, decode, fixed_splits, fused_combine, rng);
         }
       }
     }
   }
+}
+
+// Each kernel refuses a group of heads larger than its tile, and the merge counters without the
+// combine items.
+TEST(CudaKernelsTest, PagedAttentionRefusesWhatItsKernelCannotHold) {
+  SKIP_WITHOUT_GPU();
+  DeviceBuffer<uint16_t> d_bf(64 * 128);
+  DeviceBuffer<int32_t> d_i32(64);
+  DeviceBuffer<kernels::AttentionWorkItem> d_items(1);
+  kernels::PagedAttentionParams p;
+  p.q = p.k_cache = p.v_cache = p.out = BF(d_bf.ptr);
+  p.block_table = p.positions = d_i32.ptr;
+  p.max_blocks_per_seq = 1;
+  p.block_size = 16;
+  p.head_dim = 128;
+  p.num_kv_heads = 1;
+  using kernels::AttentionKernel;
+  for (auto [heads, kernel] : {std::pair{16, AttentionKernel::kDecode}, std::pair{32, AttentionKernel::kDecodeTc},
+                               std::pair{256, AttentionKernel::kPrefill}}) {
+    p.num_heads = heads;
+    EXPECT_EQ(kernels::paged_attention(p, d_items.ptr, 1, kernel, nullptr), cudaErrorInvalidValue) << heads;
+  }
+  p.num_heads = 8;
+  p.combine_counters = d_i32.ptr;
+  EXPECT_EQ(kernels::paged_attention(p, d_items.ptr, 1, AttentionKernel::kDecodeTc, nullptr), cudaErrorInvalidValue);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 TEST(CudaKernelsTest, GemmMatchesReference) {
