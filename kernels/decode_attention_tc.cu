@@ -8,6 +8,7 @@
 // one active warp does for a decode item (16 keys instead of 64), and a block needs 71% of that
 // kernel's shared memory (74 KB at head_dim 128: three blocks per multiprocessor instead of two),
 // so that memory, not one warp's arithmetic, bounds large decode batches.
+#include "kernels/internal/attention_launch.cuh"
 #include "kernels/internal/common.cuh"
 #include "kernels/internal/decode_attention_tc.cuh"
 #include "kernels/internal/mma.cuh"
@@ -117,48 +118,9 @@ __global__ void __launch_bounds__(kThreads, 3) decode_attention_tc_kernel(PagedA
         mma16816(s[n], qa[kc], *reinterpret_cast<const uint32_t*>(kp), *reinterpret_cast<const uint32_t*>(kp + 8));
       }
     }
-    // Mask, scale, and the online softmax over the warp's keys (rows shared by a lane quad).
-    float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      const int key = t0 + key0 + n * 8 + (lane % 4) * 2;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const bool ok = key + e < it.kv_end && key + e <= qpos;
-        s[n][e] = ok ? s[n][e] * p.scale : -INFINITY;
-        s[n][2 + e] = ok ? s[n][2 + e] * p.scale : -INFINITY;
-        mx_a = fmaxf(mx_a, s[n][e]);
-        mx_b = fmaxf(mx_b, s[n][2 + e]);
-      }
-    }
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {
-      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
-      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
-    }
-    const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-    const float alpha_a = m_a == -INFINITY ? 0.0f : __expf(m_a - mn_a);
-    const float alpha_b = m_b == -INFINITY ? 0.0f : __expf(m_b - mn_b);
-    float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        s[n][e] = s[n][e] == -INFINITY ? 0.0f : __expf(s[n][e] - mn_a);
-        s[n][2 + e] = s[n][2 + e] == -INFINITY ? 0.0f : __expf(s[n][2 + e] - mn_b);
-        sum_a += s[n][e];
-        sum_b += s[n][2 + e];
-      }
-    }
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {
-      sum_a += __shfl_xor_sync(0xffffffffu, sum_a, off);
-      sum_b += __shfl_xor_sync(0xffffffffu, sum_b, off);
-    }
-    l_a = l_a * alpha_a + sum_a;
-    l_b = l_b * alpha_b + sum_b;
-    m_a = mn_a;
-    m_b = mn_b;
+    // Mask, scale, and the online softmax over the warp's keys (both rows: the same token).
+    float alpha_a, alpha_b;
+    online_softmax_tile<2>(s, t0 + key0, it.kv_end, qpos, qpos, p.scale, m_a, m_b, l_a, l_b, alpha_a, alpha_b);
     // O = O alpha + P V over the warp's 16 keys; V fragments through ldmatrix.trans.
     const uint32_t a[4] = {pack_bf16(s[0][0], s[0][1]), pack_bf16(s[0][2], s[0][3]), pack_bf16(s[1][0], s[1][1]),
                            pack_bf16(s[1][2], s[1][3])};
@@ -238,27 +200,16 @@ __global__ void __launch_bounds__(kThreads, 3) decode_attention_tc_kernel(PagedA
   if (it.partial >= 0 && p.combine_counters) merge_if_last_split(p, it, kvh, group);
 }
 
-template <int HD>
-cudaError_t launch_decode_tc(const PagedAttentionParams& p, const AttentionWorkItem* items, int num_items,
-                             cudaStream_t stream) {
-  constexpr size_t kBytes = DecodeSmem<HD>::kBytes;
-  cudaError_t attr_err = allow_dynamic_smem<decode_attention_tc_kernel<HD>>(kBytes);
-  if (attr_err != cudaSuccess) return attr_err;
-  dim3 grid(num_items, p.num_kv_heads);
-  return launch(decode_attention_tc_kernel<HD>, grid, dim3(kThreads), kBytes, stream, p, items);
-}
-
 }  // namespace
 
 cudaError_t decode_attention_tc(const PagedAttentionParams& p, const AttentionWorkItem* items, int num_items,
                                 cudaStream_t stream) {
   if (!aligned16(p.q)) return cudaErrorMisalignedAddress;
-  switch (p.head_dim) {
-    case 32: return launch_decode_tc<32>(p, items, num_items, stream);
-    case 64: return launch_decode_tc<64>(p, items, num_items, stream);
-    case 128: return launch_decode_tc<128>(p, items, num_items, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return for_head_dim(p.head_dim, [&](auto hd) {
+    constexpr int HD = decltype(hd)::value;
+    return launch_attention<decode_attention_tc_kernel<HD>>(p, items, num_items, kThreads, DecodeSmem<HD>::kBytes,
+                                                            stream);
+  });
 }
 
 }  // namespace hr::kernels::internal

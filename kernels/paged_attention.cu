@@ -4,6 +4,7 @@
 // within the group; warp w owns rows w, w + 4, ... and keeps their running max, sum and output
 // accumulators in registers (lane owns dims lane, lane + 32, ...). K/V tiles are staged in shared
 // memory as fp32; the next tile's 16-byte loads are issued before the current tile is computed.
+#include "kernels/internal/attention_launch.cuh"
 #include "kernels/internal/common.cuh"
 #include "kernels/internal/decode_attention_tc.cuh"
 #include "kernels/internal/prefill_attention_tc.cuh"
@@ -198,27 +199,6 @@ __global__ void paged_attention_combine_kernel(PagedAttentionParams p,
   internal::merge_head(p, items[blockIdx.x], blockIdx.y);
 }
 
-template <int HD, int RPW>
-cudaError_t launch(const PagedAttentionParams& p, const AttentionWorkItem* items, int num_items,
-                   cudaStream_t stream) {
-  constexpr size_t kBytes = AttentionSmem<HD, RPW>::kBytes;
-  cudaError_t attr_err = internal::allow_dynamic_smem<paged_attention_kernel<HD, RPW>>(kBytes);
-  if (attr_err != cudaSuccess) return attr_err;
-  dim3 grid(num_items, p.num_kv_heads);
-  return internal::launch(paged_attention_kernel<HD, RPW>, grid, dim3(kThreads), kBytes, stream, p, items);
-}
-
-template <int RPW>
-cudaError_t launch_for_head_dim(const PagedAttentionParams& p, const AttentionWorkItem* items,
-                                int num_items, cudaStream_t stream) {
-  switch (p.head_dim) {
-    case 32: return launch<32, RPW>(p, items, num_items, stream);
-    case 64: return launch<64, RPW>(p, items, num_items, stream);
-    case 128: return launch<128, RPW>(p, items, num_items, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
 }  // namespace
 
 cudaError_t paged_attention(const PagedAttentionParams& p, const AttentionWorkItem* items,
@@ -243,8 +223,12 @@ cudaError_t paged_attention(const PagedAttentionParams& p, const AttentionWorkIt
       return internal::decode_attention_tc(p, items, num_items, stream);
     case AttentionKernel::kDecode: {
       if (group > kAttentionDecodeRows) return cudaErrorInvalidValue;
-      constexpr int kDecodeRpw = kAttentionDecodeRows / kWarps;
-      return launch_for_head_dim<kDecodeRpw>(p, items, num_items, stream);
+      constexpr int kRpw = kAttentionDecodeRows / kWarps;
+      return internal::for_head_dim(p.head_dim, [&](auto hd) {
+        constexpr int HD = decltype(hd)::value;
+        return internal::launch_attention<paged_attention_kernel<HD, kRpw>>(p, items, num_items, kThreads,
+                                                                             AttentionSmem<HD, kRpw>::kBytes, stream);
+      });
     }
   }
   return cudaErrorInvalidValue;

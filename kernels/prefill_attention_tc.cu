@@ -5,6 +5,7 @@
 // mma.sync m16n8k16 bf16 products with fp32 accumulation, and P goes from the S accumulators
 // straight into the A operand of the second product (the m16n8 accumulator layout matches the
 // m16k16 operand layout pairwise). Warps whose 16 rows are all padding skip the arithmetic.
+#include "kernels/internal/attention_launch.cuh"
 #include "kernels/internal/common.cuh"
 #include "kernels/internal/mma.cuh"
 #include "kernels/internal/prefill_attention_tc.cuh"
@@ -108,48 +109,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_tc_kernel(Paged
           mma16816(s[n], a, *reinterpret_cast<const uint32_t*>(kp), *reinterpret_cast<const uint32_t*>(kp + 8));
         }
       }
-      // Mask, scale, and the online softmax over this tile (rows shared by a lane quad).
-      float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
-        const int key = t0 + n * 8 + (lane % 4) * 2;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const bool ok = key + e < it.kv_end;
-          s[n][e] = ok && key + e <= qpos_a ? s[n][e] * p.scale : -INFINITY;
-          s[n][2 + e] = ok && key + e <= qpos_b ? s[n][2 + e] * p.scale : -INFINITY;
-          mx_a = fmaxf(mx_a, s[n][e]);
-          mx_b = fmaxf(mx_b, s[n][2 + e]);
-        }
-      }
-#pragma unroll
-      for (int off = 1; off < 4; off <<= 1) {
-        mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
-        mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
-      }
-      const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-      const float alpha_a = m_a == -INFINITY ? 0.0f : __expf(m_a - mn_a);
-      const float alpha_b = m_b == -INFINITY ? 0.0f : __expf(m_b - mn_b);
-      float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          s[n][e] = s[n][e] == -INFINITY ? 0.0f : __expf(s[n][e] - mn_a);
-          s[n][2 + e] = s[n][2 + e] == -INFINITY ? 0.0f : __expf(s[n][2 + e] - mn_b);
-          sum_a += s[n][e];
-          sum_b += s[n][2 + e];
-        }
-      }
-#pragma unroll
-      for (int off = 1; off < 4; off <<= 1) {
-        sum_a += __shfl_xor_sync(0xffffffffu, sum_a, off);
-        sum_b += __shfl_xor_sync(0xffffffffu, sum_b, off);
-      }
-      l_a = l_a * alpha_a + sum_a;
-      l_b = l_b * alpha_b + sum_b;
-      m_a = mn_a;
-      m_b = mn_b;
+      // Mask, scale, and the online softmax over this tile.
+      float alpha_a, alpha_b;
+      online_softmax_tile<kKeys / 8>(s, t0, it.kv_end, qpos_a, qpos_b, p.scale, m_a, m_b, l_a, l_b, alpha_a, alpha_b);
 #pragma unroll
       for (int n = 0; n < 2 * kChunks; ++n) {
         o[n][0] *= alpha_a;
@@ -209,27 +171,16 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_tc_kernel(Paged
   if (it.partial >= 0 && p.combine_counters) merge_if_last_split(p, it, kvh, group);
 }
 
-template <int HD>
-cudaError_t launch_tc(const PagedAttentionParams& p, const AttentionWorkItem* items, int num_items,
-                      cudaStream_t stream) {
-  constexpr size_t kBytes = TcSmem<HD>::kBytes;
-  cudaError_t attr_err = allow_dynamic_smem<prefill_attention_tc_kernel<HD>>(kBytes);
-  if (attr_err != cudaSuccess) return attr_err;
-  dim3 grid(num_items, p.num_kv_heads);
-  return launch(prefill_attention_tc_kernel<HD>, grid, dim3(kThreads), kBytes, stream, p, items);
-}
-
 }  // namespace
 
 cudaError_t prefill_attention_tc(const PagedAttentionParams& p, const AttentionWorkItem* items,
                                  int num_items, cudaStream_t stream) {
   if (!aligned16(p.q)) return cudaErrorMisalignedAddress;
-  switch (p.head_dim) {
-    case 32: return launch_tc<32>(p, items, num_items, stream);
-    case 64: return launch_tc<64>(p, items, num_items, stream);
-    case 128: return launch_tc<128>(p, items, num_items, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return for_head_dim(p.head_dim, [&](auto hd) {
+    constexpr int HD = decltype(hd)::value;
+    return launch_attention<prefill_attention_tc_kernel<HD>>(p, items, num_items, kThreads, TcSmem<HD>::kBytes,
+                                                             stream);
+  });
 }
 
 }  // namespace hr::kernels::internal

@@ -1,6 +1,6 @@
 // Tensor-core building blocks for the attention kernels (internal to kernels/): cp.async copies
-// into shared memory, ldmatrix fragment loads, the mma.sync m16n8k16 bf16 product, and the gather
-// of a key tile from the paged cache.
+// into shared memory, ldmatrix fragment loads, the mma.sync m16n8k16 bf16 product, the gather of a
+// key tile from the paged cache, and the online softmax over a tile of score fragments.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -70,6 +70,60 @@ __device__ __forceinline__ void load_kv_tile(const PagedAttentionParams& p, cons
     cp_async16(k_s + j * kLd + c, p.k_cache + off, valid);
     cp_async16(v_s + j * kLd + c, p.v_cache + off, valid);
   }
+}
+
+// One key tile's step of the online softmax for the two rows of an m16 tile a lane holds (a: lane
+// / 4, b: lane / 4 + 8), given N 16x8 score fragments s (from mma16816) whose first key is key0:
+// keys at or past kv_end or after the row's query position are masked, scores scaled, and s
+// becomes the tile's probabilities relative to the new running maxima m_a, m_b; the sums l_a, l_b
+// are rescaled and grown, and alpha_a, alpha_b are what the output accumulators must be scaled by.
+// A lane quad shares its rows.
+template <int N>
+__device__ __forceinline__ void online_softmax_tile(float (&s)[N][4], int key0, int kv_end, int qpos_a, int qpos_b,
+                                                    float scale, float& m_a, float& m_b, float& l_a, float& l_b,
+                                                    float& alpha_a, float& alpha_b) {
+  const int lane = threadIdx.x % 32;
+  float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const int key = key0 + n * 8 + (lane % 4) * 2;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool ok = key + e < kv_end;
+      s[n][e] = ok && key + e <= qpos_a ? s[n][e] * scale : -INFINITY;
+      s[n][2 + e] = ok && key + e <= qpos_b ? s[n][2 + e] * scale : -INFINITY;
+      mx_a = fmaxf(mx_a, s[n][e]);
+      mx_b = fmaxf(mx_b, s[n][2 + e]);
+    }
+  }
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+  }
+  const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+  alpha_a = m_a == -INFINITY ? 0.0f : __expf(m_a - mn_a);
+  alpha_b = m_b == -INFINITY ? 0.0f : __expf(m_b - mn_b);
+  float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s[n][e] = s[n][e] == -INFINITY ? 0.0f : __expf(s[n][e] - mn_a);
+      s[n][2 + e] = s[n][2 + e] == -INFINITY ? 0.0f : __expf(s[n][2 + e] - mn_b);
+      sum_a += s[n][e];
+      sum_b += s[n][2 + e];
+    }
+  }
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {
+    sum_a += __shfl_xor_sync(0xffffffffu, sum_a, off);
+    sum_b += __shfl_xor_sync(0xffffffffu, sum_b, off);
+  }
+  l_a = l_a * alpha_a + sum_a;
+  l_b = l_b * alpha_b + sum_b;
+  m_a = mn_a;
+  m_b = mn_b;
 }
 
 }  // namespace hr::kernels::internal
