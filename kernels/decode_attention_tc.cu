@@ -54,15 +54,7 @@ __global__ void __launch_bounds__(kThreads, 3) decode_attention_tc_kernel(PagedA
   const int32_t* table = p.block_table + static_cast<size_t>(it.seq) * p.max_blocks_per_seq;
   const int num_tiles = (it.kv_end - it.kv_begin + kKeys - 1) / kKeys;
   if (num_tiles <= 0) {
-    // An empty split (decode graphs give every sequence the same number of splits).
-    for (int r = threadIdx.x; r < group; r += kThreads) {
-      if (it.partial >= 0) {
-        const size_t slot = static_cast<size_t>(it.partial) * p.num_heads + kvh * group + r;
-        p.partial_ml[slot * 2] = -INFINITY;
-        p.partial_ml[slot * 2 + 1] = 0.0f;
-      }
-    }
-    if (it.partial >= 0 && p.combine_counters) merge_if_last_split(p, it, kvh, group);
+    finish_empty_split(p, it, kvh, group);
     return;
   }
 

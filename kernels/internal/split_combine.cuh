@@ -82,4 +82,17 @@ __device__ __forceinline__ void merge_if_last_split(const PagedAttentionParams& 
   for (int h = threadIdx.x / 32; h < group; h += blockDim.x / 32) merge_head(p, c, kvh * group + h);
 }
 
+// An empty split (decode graphs give every sequence the same number of splits): its partial result
+// weighs nothing, and it still counts towards the merge. Called by every thread of the block.
+__device__ __forceinline__ void finish_empty_split(const PagedAttentionParams& p, const AttentionWorkItem& it,
+                                                   int kvh, int group) {
+  if (it.partial < 0) return;  // the same for the whole block
+  for (int h = threadIdx.x; h < group; h += blockDim.x) {
+    const size_t slot = static_cast<size_t>(it.partial) * p.num_heads + kvh * group + h;
+    p.partial_ml[slot * 2] = -INFINITY;
+    p.partial_ml[slot * 2 + 1] = 0.0f;
+  }
+  if (p.combine_counters) merge_if_last_split(p, it, kvh, group);
+}
+
 }  // namespace hr::kernels::internal
