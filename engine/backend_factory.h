@@ -4,6 +4,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "base/status.h"
 #include "engine/backend.h"
@@ -18,7 +20,15 @@ struct BackendSpec {
   int max_num_tokens = 8192;            // per step (cuda activation buffers)
   int max_num_seqs = 256;               // per step
   int cpu_thread_nice = 0;              // cpu: nice value of the backend's pool threads
+  std::string cuda_options;             // cuda: settings, see parse_cuda_options
 };
+
+// The CUDA backend's settings, as --cuda-options gives them: comma-separated, each name=value or a
+// bare name (meaning on). graphs, small_batch_gemv, fused_small_batch, fused_rope and
+// fused_combine take on or off; decode_attention takes cuda_core, prefill_tiles or tensor_core;
+// programmatic_launch takes auto, on or off. Errors name the setting at fault.
+using CudaSettings = std::vector<std::pair<std::string, std::string>>;
+[[nodiscard]] Result<CudaSettings> parse_cuda_options(const std::string& text);
 
 // Validates the device string alone (for config validation before loading anything).
 [[nodiscard]] Status check_device(const std::string& device);

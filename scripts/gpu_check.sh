@@ -6,8 +6,9 @@
 # HEADROOM_PREBUILT=DIR uses test binaries already built in DIR (for a GPU machine without the
 # build's packages); the source tree still provides the bundled model and the scripts. Each test's
 # full output is kept in HEADROOM_GPU_CHECK_LOGS (default /tmp/headroom-gpu-check).
-# Last, `headroom serve --device cuda` end to end (scripts/serve_check.sh) where Postgres and Redis
-# can run: installed here, or packed by scripts/pack_portable.sh and named by HEADROOM_PORTABLE.
+# Last, `headroom serve --device cuda` end to end (scripts/serve_check.sh), as configured by default
+# and with the settings that are still off by default, where Postgres and Redis can run: installed
+# here, or packed by scripts/pack_portable.sh and named by HEADROOM_PORTABLE.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -53,10 +54,14 @@ except Exception as e:
     print("no JSON:", e)' "$bench_json")")")
 echo "== serve_check (headroom serve --device cuda)"
 if [ -n "${HEADROOM_PORTABLE:-}" ] || { [ -z "${HEADROOM_PREBUILT:-}" ] && [ -x /usr/lib/postgresql/15/bin/postgres ]; }; then
-  scripts/serve_check.sh cuda 2>&1 | tee "$logs/serve_check.log"
-  serve_rc=${PIPESTATUS[0]}
-  [ "$serve_rc" -eq 0 ] || failed=1
-  summary+=("$(printf '%-22s rc=%d %s' serve_check "$serve_rc" "$(tail -1 "$logs/serve_check.log")")")
+  # As configured by default, then with the settings still off by default (--cuda-options).
+  for options in "" "fused_rope,fused_combine,decode_attention=tensor_core"; do
+    name=serve_check${options:+_options}
+    HEADROOM_CUDA_OPTIONS=$options scripts/serve_check.sh cuda 2>&1 | tee "$logs/$name.log"
+    serve_rc=${PIPESTATUS[0]}
+    [ "$serve_rc" -eq 0 ] || failed=1
+    summary+=("$(printf '%-22s rc=%d %s' "$name" "$serve_rc" "$(tail -1 "$logs/$name.log")")")
+  done
 else
   summary+=("serve_check            skipped: no Postgres/Redis here (HEADROOM_PORTABLE: scripts/pack_portable.sh)")
 fi

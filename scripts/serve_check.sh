@@ -4,6 +4,7 @@
 # a chat completion, a streamed one and a queued batch of 24 requests (polled to completion) all
 # answer what the model answers (it reverses the text after "reverse: "), then stops everything.
 #   scripts/serve_check.sh [DEVICE]          (cpu, cuda or cuda:N; default cuda)
+# HEADROOM_CUDA_OPTIONS (serve's --cuda-options) passes CUDA backend settings through.
 # HEADROOM_PORTABLE=FILE.tar.xz (scripts/pack_portable.sh) runs the packed headroom, Postgres and
 # Redis: for a GPU machine without this project's packages. Otherwise it builds (Release) and uses
 # the system's packages (scripts/setup.sh). Last line: one JSON object with the figures.
@@ -69,7 +70,7 @@ ready_ms=$(( ($(date +%s%N) - start) / 1000000 ))
 
 rc=0
 python3 - "$port" "$HEADROOM_API_KEY" "$device" "$ready_ms" <<'PY' || rc=$?
-import json, sys, time, urllib.request
+import json, os, sys, time, urllib.request
 
 port, key, device, ready_ms = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 base = f"http://127.0.0.1:{port}"
@@ -133,7 +134,8 @@ else:
 
 for f in failures:
     print("serve_check:", f, file=sys.stderr)
-print(json.dumps({"device": device, "ok": not failures, "ready_ms": ready_ms, "sync_ms": round(sync_ms, 1),
+print(json.dumps({"device": device, "cuda_options": os.environ.get("HEADROOM_CUDA_OPTIONS", ""),
+                  "ok": not failures, "ready_ms": ready_ms, "sync_ms": round(sync_ms, 1),
                   "batch_requests": len(words), "batch_s": round(batch_s, 2)}))
 # (batch_s: submit to completed, polled every 0.2 s)
 sys.exit(1 if failures else 0)

@@ -81,6 +81,7 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& config,
   HR_ASSIGN_OR_RETURN(m->chat_format, engine::load_chat_format(config.model_dir, config.chat_template));
   engine::BackendSpec spec;
   spec.device = config.device;
+  spec.cuda_options = config.cuda_options;
   spec.kv_cache_bytes = config.kv_cache_bytes;
   spec.max_num_tokens = config.max_batched_tokens;
   spec.max_num_seqs = config.max_num_seqs;

@@ -39,6 +39,10 @@ void WorkerConfig::bind(CLI::App& app) {
   cli::add(app, "--kv-cache-bytes", kv_cache_bytes,
            "KV cache size in bytes (with --device cuda, 0: 90% of the GPU memory left after loading)");
   cli::add(app, "--device", device, "Compute device: cpu, cuda or cuda:N");
+  cli::add(app, "--cuda-options", cuda_options,
+           "CUDA backend settings, comma-separated name=value (a bare name: on): graphs, "
+           "small_batch_gemv, fused_small_batch, fused_rope, fused_combine (on|off), "
+           "decode_attention (cuda_core|prefill_tiles|tensor_core), programmatic_launch (auto|on|off)");
   cli::add(app, "--chat-template", chat_template,
            "Override the chat template: headroom, llama3, chatml or mistral");
 }
@@ -69,6 +73,10 @@ Status WorkerConfig::validate() const {
   if (max_num_seqs < 1 || max_batched_tokens < 1 || max_pull < 1) {
     return invalid_argument("--max-num-seqs, --max-batched-tokens and --max-pull must be positive",
                             "max-num-seqs");
+  }
+  if (!cuda_options.empty()) {
+    if (device == "cpu") return invalid_argument("--cuda-options needs --device cuda", "cuda-options");
+    HR_RETURN_IF_ERROR(engine::parse_cuda_options(cuda_options).status());
   }
   HR_RETURN_IF_ERROR(engine::check_device(device));
   if (reserve_slots >= max_num_seqs) {

@@ -36,6 +36,7 @@ struct WorkerConfig {
   double async_step_ms = -1;
   size_t kv_cache_bytes = 64ull << 20;
   std::string device = "cpu";  // cpu | cuda | cuda:N
+  std::string cuda_options;    // CUDA backend settings (engine::parse_cuda_options)
   std::string chat_template;         // override: headroom, llama3, chatml, mistral
 
   // The options whose -1 means "by device": the CPU backend's step time grows with the tokens in

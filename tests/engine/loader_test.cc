@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "engine/backend_factory.h"
 #include "engine/chat_template.h"
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
@@ -115,6 +116,37 @@ TEST(ModelConfigTest, BadConfigsAreClear) {
   auto inv = q->rope_inv_freq();
   ASSERT_EQ(inv.size(), 8u);
   EXPECT_FLOAT_EQ(inv[0], 1.0f);  // high frequencies are not scaled
+}
+
+// --cuda-options: known names and values only, a bare name meaning on (or the setting's first
+// value), and an error that names the flag and the setting.
+TEST(BackendSpecTest, CudaOptionsParseAndRefuseClearly) {
+  auto empty = parse_cuda_options("");
+  ASSERT_TRUE(empty.is_ok());
+  EXPECT_TRUE(empty->empty());
+  auto ok = parse_cuda_options("fused_rope,fused_combine=off,decode_attention=cuda_core,programmatic_launch=auto");
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  const CudaSettings want = {{"fused_rope", "on"},
+                             {"fused_combine", "off"},
+                             {"decode_attention", "cuda_core"},
+                             {"programmatic_launch", "auto"}};
+  EXPECT_EQ(*ok, want);
+  auto bare = parse_cuda_options("decode_attention");
+  ASSERT_TRUE(bare.is_ok());
+  EXPECT_EQ((*bare)[0].second, "tensor_core");
+  for (const char* bad : {"fused_ropes", "graphs=yes", "decode_attention=fast", "graphs,", "=on"}) {
+    auto r = parse_cuda_options(bad);
+    ASSERT_FALSE(r.is_ok()) << bad;
+    EXPECT_EQ(r.status().field(), "cuda-options") << bad;
+  }
+  EXPECT_NE(parse_cuda_options("graphs=yes").status().message().find("on or off"), std::string::npos);
+  EXPECT_NE(parse_cuda_options("fused_ropes").status().message().find("fused_rope"), std::string::npos);
+  // On the CPU backend the settings are an error, before anything is loaded.
+  BackendSpec spec;
+  spec.cuda_options = "graphs=off";
+  auto backend = make_backend("/nonexistent", spec);
+  ASSERT_FALSE(backend.is_ok());
+  EXPECT_EQ(backend.status().field(), "cuda-options");
 }
 
 TEST(TokenizerTest, ErrorsAndUtf8Streaming) {

@@ -24,5 +24,11 @@ out=$("$bin" --log-format xml version 2>&1) && { echo "FAIL: bad --log-format ac
 grep -q "log-format" <<<"$out" || { echo "FAIL: error does not name log-format: $out"; fail=1; }
 out=$("$bin" migrate --database-url mysql://x 2>&1) && { echo "FAIL: bad URL accepted"; fail=1; }
 grep -q "database-url" <<<"$out" || { echo "FAIL: error does not name database-url: $out"; fail=1; }
+# CUDA settings: only with a CUDA device, and only known names and values.
+check "worker --help" "--cuda-options"
+out=$("$bin" serve --model models/x --device cpu --cuda-options fused_rope 2>&1) && { echo "FAIL: --cuda-options accepted on cpu"; fail=1; }
+grep -q "cuda-options" <<<"$out" || { echo "FAIL: error does not name cuda-options: $out"; fail=1; }
+out=$("$bin" serve --model models/x --device cuda --cuda-options decode_attention=fast 2>&1) && { echo "FAIL: bad --cuda-options accepted"; fail=1; }
+grep -q "cuda-options" <<<"$out" || { echo "FAIL: error does not name cuda-options: $out"; fail=1; }
 [ $fail -eq 0 ] && echo "cli_help: ok"
 exit $fail
