@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "base/log.h"
 #include "engine/cpu_backend.h"
 #ifdef HEADROOM_HAVE_CUDA
 #include "engine/cuda_backend.h"
@@ -48,25 +49,56 @@ std::string listed(const std::vector<std::string>& items) {
 }
 
 #ifdef HEADROOM_HAVE_CUDA
-void apply_cuda_settings(const CudaSettings& settings, CudaBackendOptions* o) {
+// The option field each setting names.
+template <typename F>
+void for_each_cuda_field(CudaBackendOptions& o, F&& f) {
+  f("graphs", o.cuda_graphs);
+  f("small_batch_gemv", o.small_batch_gemv);
+  f("fused_small_batch", o.fused_small_batch);
+  f("fused_rope", o.fused_rope);
+  f("fused_combine", o.fused_combine);
+  f("decode_attention", o.decode_attention);
+  f("programmatic_launch", o.programmatic_launch);
+}
+
+// A field's values and their setting texts.
+std::vector<std::pair<bool, const char*>> field_values(bool) { return {{true, "on"}, {false, "off"}}; }
+std::vector<std::pair<DecodeAttention, const char*>> field_values(DecodeAttention) {
+  return {{DecodeAttention::kTensorCore, "tensor_core"},
+          {DecodeAttention::kCudaCore, "cuda_core"},
+          {DecodeAttention::kPrefillTiles, "prefill_tiles"}};
+}
+std::vector<std::pair<ProgrammaticLaunch, const char*>> field_values(ProgrammaticLaunch) {
+  return {{ProgrammaticLaunch::kOn, "on"}, {ProgrammaticLaunch::kOff, "off"}, {ProgrammaticLaunch::kAuto, "auto"}};
+}
+
+// Applies parsed settings; an error for one that names no field or value (a table out of step).
+Status apply_cuda_settings(const CudaSettings& settings, CudaBackendOptions* o) {
   for (const auto& [name, value] : settings) {
-    const bool on = value == "on";
-    if (name == "graphs") o->cuda_graphs = on;
-    if (name == "small_batch_gemv") o->small_batch_gemv = on;
-    if (name == "fused_small_batch") o->fused_small_batch = on;
-    if (name == "fused_rope") o->fused_rope = on;
-    if (name == "fused_combine") o->fused_combine = on;
-    if (name == "decode_attention") {
-      o->decode_attention = value == "cuda_core"       ? DecodeAttention::kCudaCore
-                            : value == "prefill_tiles" ? DecodeAttention::kPrefillTiles
-                                                       : DecodeAttention::kTensorCore;
-    }
-    if (name == "programmatic_launch") {
-      o->programmatic_launch = value == "auto" ? ProgrammaticLaunch::kAuto
-                               : on            ? ProgrammaticLaunch::kOn
-                                               : ProgrammaticLaunch::kOff;
-    }
+    bool applied = false;
+    for_each_cuda_field(*o, [&](const char* field_name, auto& field) {
+      if (name != field_name) return;
+      for (const auto& [v, text] : field_values(field)) {
+        if (value == text) {
+          field = v;
+          applied = true;
+        }
+      }
+    });
+    if (!applied) return internal_error("--cuda-options: setting " + name + "=" + value + " has no option field");
   }
+  return Status::ok();
+}
+
+// Every setting as name=value, comma-separated.
+std::string describe(CudaBackendOptions o) {
+  std::string out;
+  for_each_cuda_field(o, [&](const char* name, const auto& field) {
+    for (const auto& [v, text] : field_values(field)) {
+      if (field == v) out += (out.empty() ? "" : ",") + std::string(name) + "=" + text;
+    }
+  });
+  return out;
 }
 #endif
 
@@ -102,6 +134,17 @@ Result<CudaSettings> parse_cuda_options(const std::string& text) {
   return out;
 }
 
+Result<std::string> describe_cuda_options(const std::string& cuda_options) {
+  HR_ASSIGN_OR_RETURN(CudaSettings settings, parse_cuda_options(cuda_options));
+#ifdef HEADROOM_HAVE_CUDA
+  CudaBackendOptions o;
+  HR_RETURN_IF_ERROR(apply_cuda_settings(settings, &o));
+  return describe(o);
+#else
+  return std::string();
+#endif
+}
+
 Status check_device(const std::string& device) {
   HR_ASSIGN_OR_RETURN([[maybe_unused]] int index, parse_device(device));
 #ifndef HEADROOM_HAVE_CUDA
@@ -129,7 +172,8 @@ Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir, cons
   o.max_num_tokens = spec.max_num_tokens;
   o.max_num_seqs = spec.max_num_seqs;
   HR_ASSIGN_OR_RETURN(CudaSettings settings, parse_cuda_options(spec.cuda_options));
-  apply_cuda_settings(settings, &o);
+  HR_RETURN_IF_ERROR(apply_cuda_settings(settings, &o));
+  log::info("backend.cuda_settings", {{"device", index}, {"settings", describe(o)}});
   HR_ASSIGN_OR_RETURN(auto cuda, CudaBackend::create_from_dir(model_dir, o));
   return std::shared_ptr<Backend>(std::move(cuda));
 #else

@@ -24,11 +24,14 @@ struct BackendSpec {
 };
 
 // The CUDA backend's settings, as --cuda-options gives them: comma-separated, each name=value or a
-// bare name (meaning on). graphs, small_batch_gemv, fused_small_batch, fused_rope and
-// fused_combine take on or off; decode_attention takes cuda_core, prefill_tiles or tensor_core;
-// programmatic_launch takes auto, on or off. Errors name the setting at fault.
+// bare name (its first value below). graphs, small_batch_gemv, fused_small_batch, fused_rope and
+// fused_combine take on or off; decode_attention takes tensor_core, cuda_core or prefill_tiles;
+// programmatic_launch takes on, off or auto. Errors name the setting at fault.
 using CudaSettings = std::vector<std::pair<std::string, std::string>>;
 [[nodiscard]] Result<CudaSettings> parse_cuda_options(const std::string& text);
+// Every setting of the CUDA backend, name=value, once `cuda_options` is applied to the defaults
+// (what the backend logs as backend.cuda_settings when it starts); empty without the CUDA backend.
+[[nodiscard]] Result<std::string> describe_cuda_options(const std::string& cuda_options);
 
 // Validates the device string alone (for config validation before loading anything).
 [[nodiscard]] Status check_device(const std::string& device);

@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_tc_kernel(Paged
     if (valid) off = (static_cast<size_t>(it.q_row + r / group) * p.num_heads + kvh * group + r % group) * HD + c;
     cp_async16(q_s + r * Sm::kLd + c, p.q + off, valid);
   }
-  if (num_tiles > 0) load_kv_tile<HD, kThreads>(p, table, kvh, it.kv_begin, it.kv_end, kv_s, kv_s + Sm::kKv);
+  load_kv_tile<HD, kThreads>(p, table, kvh, it.kv_begin, it.kv_end, kv_s, kv_s + Sm::kKv);
   cp_async_commit();
 
   // This lane's two rows within the warp's 16: r_a = lane / 4 and r_b = r_a + 8.
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_tc_kernel(Paged
     }
     __syncthreads();  // the next iteration's loads overwrite this stage
   }
-  cp_async_wait<0>();  // an item with no keys still has its Q copy in flight
+  cp_async_wait<0>();  // (the last tile already waited for every copy)
   pdl_launch_dependents();  // only the epilogue is left
 
   // Each lane writes columns (lane % 4) * 2 + {0, 1} of every 8-wide tile, for rows r_a and r_b.

@@ -69,7 +69,7 @@ done
 ready_ms=$(( ($(date +%s%N) - start) / 1000000 ))
 
 rc=0
-python3 - "$port" "$HEADROOM_API_KEY" "$device" "$ready_ms" <<'PY' || rc=$?
+SERVE_LOG=$work/serve.log python3 - "$port" "$HEADROOM_API_KEY" "$device" "$ready_ms" <<'PY' || rc=$?
 import json, os, sys, time, urllib.request
 
 port, key, device, ready_ms = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -131,6 +131,21 @@ else:
     right = sum(a == w[::-1] for a, w in zip(answers, words))
     if right < len(words) - 2:
         failures.append(f"only {right} of {len(words)} batch answers are the reversal")
+
+# The settings asked for are the ones the backend logged (name=value; a bare name: its first value).
+options = os.environ.get("HEADROOM_CUDA_OPTIONS", "")
+if options:
+    logged = ""
+    with open(os.environ["SERVE_LOG"]) as f:
+        for line in f:
+            if "event=backend.cuda_settings" in line or '"backend.cuda_settings"' in line:
+                logged = "," + line.split("settings=")[-1].strip().strip('"}') + ","
+    bare = {"decode_attention": "tensor_core"}
+    for item in options.split(","):
+        name, _, value = item.partition("=")
+        want = f",{name}={value or bare.get(name, 'on')},"
+        if want not in logged:
+            failures.append(f"the backend did not log {want.strip(',')} (logged: {logged.strip(',') or 'nothing'})")
 
 for f in failures:
     print("serve_check:", f, file=sys.stderr)

@@ -40,9 +40,9 @@ void WorkerConfig::bind(CLI::App& app) {
            "KV cache size in bytes (with --device cuda, 0: 90% of the GPU memory left after loading)");
   cli::add(app, "--device", device, "Compute device: cpu, cuda or cuda:N");
   cli::add(app, "--cuda-options", cuda_options,
-           "CUDA backend settings, comma-separated name=value (a bare name: on): graphs, "
+           "CUDA backend settings, comma-separated name=value (a bare name: the first value): graphs, "
            "small_batch_gemv, fused_small_batch, fused_rope, fused_combine (on|off), "
-           "decode_attention (cuda_core|prefill_tiles|tensor_core), programmatic_launch (auto|on|off)");
+           "decode_attention (tensor_core|cuda_core|prefill_tiles), programmatic_launch (on|off|auto)");
   cli::add(app, "--chat-template", chat_template,
            "Override the chat template: headroom, llama3, chatml or mistral");
 }

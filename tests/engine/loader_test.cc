@@ -141,6 +141,29 @@ TEST(BackendSpecTest, CudaOptionsParseAndRefuseClearly) {
   }
   EXPECT_NE(parse_cuda_options("graphs=yes").status().message().find("on or off"), std::string::npos);
   EXPECT_NE(parse_cuda_options("fused_ropes").status().message().find("fused_rope"), std::string::npos);
+#ifdef HEADROOM_HAVE_CUDA
+  // Every setting and value reaches its option field: the backend's settings read it back.
+  auto defaults = describe_cuda_options("");
+  ASSERT_TRUE(defaults.is_ok());
+  EXPECT_EQ(*defaults,
+            "graphs=on,small_batch_gemv=on,fused_small_batch=on,fused_rope=off,fused_combine=off,"
+            "decode_attention=prefill_tiles,programmatic_launch=auto");
+  const std::vector<std::pair<std::string, std::vector<std::string>>> all = {
+      {"graphs", {"on", "off"}},
+      {"small_batch_gemv", {"on", "off"}},
+      {"fused_small_batch", {"on", "off"}},
+      {"fused_rope", {"on", "off"}},
+      {"fused_combine", {"on", "off"}},
+      {"decode_attention", {"tensor_core", "cuda_core", "prefill_tiles"}},
+      {"programmatic_launch", {"on", "off", "auto"}}};
+  for (const auto& [name, values] : all) {
+    for (const auto& value : values) {
+      auto d = describe_cuda_options(name + "=" + value);
+      ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+      EXPECT_NE(("," + *d + ",").find("," + name + "=" + value + ","), std::string::npos) << name << "=" << value;
+    }
+  }
+#endif
   // On the CPU backend the settings are an error, before anything is loaded.
   BackendSpec spec;
   spec.cuda_options = "graphs=off";
