@@ -23,24 +23,6 @@ Result<int> parse_device(const std::string& device) {
   return invalid_argument("device must be cpu, cuda or cuda:N, not \"" + device + "\"", "device");
 }
 
-// Each --cuda-options setting and the values it takes (the first: what a bare name means).
-struct CudaSetting {
-  const char* name;
-  std::vector<std::string> values;
-};
-const std::vector<CudaSetting>& cuda_settings() {
-  static const std::vector<CudaSetting> settings = {
-      {"graphs", {"on", "off"}},
-      {"small_batch_gemv", {"on", "off"}},
-      {"fused_small_batch", {"on", "off"}},
-      {"fused_rope", {"on", "off"}},
-      {"fused_combine", {"on", "off"}},
-      {"decode_attention", {"tensor_core", "cuda_core", "prefill_tiles"}},
-      {"programmatic_launch", {"on", "off", "auto"}},
-  };
-  return settings;
-}
-
 // "a, b or c".
 std::string listed(const std::vector<std::string>& items) {
   std::string out;
@@ -103,6 +85,29 @@ std::string describe(CudaBackendOptions o) {
 #endif
 
 }  // namespace
+
+const std::vector<CudaSetting>& cuda_settings() {
+  static const std::vector<CudaSetting> settings = {
+      {"graphs", {"on", "off"}},
+      {"small_batch_gemv", {"on", "off"}},
+      {"fused_small_batch", {"on", "off"}},
+      {"fused_rope", {"on", "off"}},
+      {"fused_combine", {"on", "off"}},
+      {"decode_attention", {"tensor_core", "cuda_core", "prefill_tiles"}},
+      {"programmatic_launch", {"on", "off", "auto"}},
+  };
+  return settings;
+}
+
+std::string cuda_options_help() {
+  std::string out = "CUDA backend settings, comma-separated name=value (a bare name: its first value):";
+  for (const auto& s : cuda_settings()) {
+    out += std::string(&s == &cuda_settings().front() ? " " : ", ") + s.name + " (";
+    for (const auto& v : s.values) out += (&v == &s.values.front() ? "" : "|") + v;
+    out += ")";
+  }
+  return out;
+}
 
 Result<CudaSettings> parse_cuda_options(const std::string& text) {
   CudaSettings out;

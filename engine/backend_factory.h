@@ -28,6 +28,13 @@ struct BackendSpec {
 // fused_combine take on or off; decode_attention takes tensor_core, cuda_core or prefill_tiles;
 // programmatic_launch takes on, off or auto. Errors name the setting at fault.
 using CudaSettings = std::vector<std::pair<std::string, std::string>>;
+// Every setting and the values it takes (the first: what a bare name means), and the flag's help.
+struct CudaSetting {
+  std::string name;
+  std::vector<std::string> values;
+};
+const std::vector<CudaSetting>& cuda_settings();
+std::string cuda_options_help();
 [[nodiscard]] Result<CudaSettings> parse_cuda_options(const std::string& text);
 // Every setting of the CUDA backend, name=value, once `cuda_options` is applied to the defaults
 // (what the backend logs as backend.cuda_settings when it starts); empty without the CUDA backend.

@@ -39,10 +39,7 @@ void WorkerConfig::bind(CLI::App& app) {
   cli::add(app, "--kv-cache-bytes", kv_cache_bytes,
            "KV cache size in bytes (with --device cuda, 0: 90% of the GPU memory left after loading)");
   cli::add(app, "--device", device, "Compute device: cpu, cuda or cuda:N");
-  cli::add(app, "--cuda-options", cuda_options,
-           "CUDA backend settings, comma-separated name=value (a bare name: the first value): graphs, "
-           "small_batch_gemv, fused_small_batch, fused_rope, fused_combine (on|off), "
-           "decode_attention (tensor_core|cuda_core|prefill_tiles), programmatic_launch (on|off|auto)");
+  cli::add(app, "--cuda-options", cuda_options, engine::cuda_options_help());
   cli::add(app, "--chat-template", chat_template,
            "Override the chat template: headroom, llama3, chatml or mistral");
 }

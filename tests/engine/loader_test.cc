@@ -148,15 +148,8 @@ TEST(BackendSpecTest, CudaOptionsParseAndRefuseClearly) {
   EXPECT_EQ(*defaults,
             "graphs=on,small_batch_gemv=on,fused_small_batch=on,fused_rope=off,fused_combine=off,"
             "decode_attention=prefill_tiles,programmatic_launch=auto");
-  const std::vector<std::pair<std::string, std::vector<std::string>>> all = {
-      {"graphs", {"on", "off"}},
-      {"small_batch_gemv", {"on", "off"}},
-      {"fused_small_batch", {"on", "off"}},
-      {"fused_rope", {"on", "off"}},
-      {"fused_combine", {"on", "off"}},
-      {"decode_attention", {"tensor_core", "cuda_core", "prefill_tiles"}},
-      {"programmatic_launch", {"on", "off", "auto"}}};
-  for (const auto& [name, values] : all) {
+  ASSERT_EQ(cuda_settings().size(), 7u);
+  for (const auto& [name, values] : cuda_settings()) {
     for (const auto& value : values) {
       auto d = describe_cuda_options(name + "=" + value);
       ASSERT_TRUE(d.is_ok()) << d.status().to_string();
