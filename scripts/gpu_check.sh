@@ -1,18 +1,44 @@
 #!/usr/bin/env bash
 # Verifies the CUDA backend on a machine with a GPU in one command: builds with CUDA, runs every
 # `gpu` test (each kernel against its CPU reference, the whole model against the CPU backend and
-# PyTorch's reference answers) and the GPU benchmark, and prints a summary. Exits non-zero when a
-# test fails or no GPU is visible.
-# HEADROOM_PREBUILT=DIR uses test binaries already built in DIR (for a GPU machine without the
-# build's packages); the source tree still provides the bundled model and the scripts. Each test's
-# full output is kept in HEADROOM_GPU_CHECK_LOGS (default /tmp/headroom-gpu-check).
-# Last, `headroom serve --device cuda` end to end (scripts/serve_check.sh), as configured by default
-# and with the settings that are still off by default, where Postgres and Redis can run: installed
-# here, or packed by scripts/pack_portable.sh and named by HEADROOM_PORTABLE.
+# PyTorch's reference answers), the GPU benchmark, `headroom serve --device cuda` end to end, and
+# the kernel tests under compute-sanitizer, and prints a summary. Exits non-zero when a stage
+# fails, runs out of time, or no GPU is visible.
+#   scripts/gpu_check.sh [bench_gpu.sh arguments...]
+# HEADROOM_GPU_CHECK_STAGES   which stages, in this order (default tests,bench,serve,sanitize)
+#   tests     kernels_device_test, cuda_kernels_test, cuda_backend_test; a skip counts as a failure
+#   bench     scripts/bench_gpu.sh (our engine, then Hugging Face transformers as the baseline)
+#   serve     scripts/serve_check.sh cuda, as configured by default and with the settings still off
+#             by default (--cuda-options), where Postgres and Redis can run: installed here, or
+#             packed by scripts/pack_portable.sh and named by HEADROOM_PORTABLE
+#   sanitize  compute-sanitizer: memcheck over the kernel tests and the backend's logits test,
+#             racecheck and synccheck over the attention and GEMV tests
+# HEADROOM_GPU_CHECK_DEADLINE_S  the whole run's time limit (default 570): each stage gets what is
+#   left (less a reserve for the summary) and is stopped there; a stage with under 20 s left is not
+#   started. The summary is printed whatever happened.
+# HEADROOM_PREBUILT=DIR uses test binaries already built in DIR (scripts/gpu_prepare.sh makes them,
+# for a GPU machine without the build's packages); the source tree still provides the bundled
+# model and the scripts.
+# HEADROOM_GPU_CHECK_LOGS  where each stage's full output goes (default /tmp/headroom-gpu-check),
+#   with summary.txt and the benchmark's JSON (bench.json) beside them.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export HEADROOM_SOURCE_DIR=$root
+begin=$(date +%s)
+deadline=$(( begin + ${HEADROOM_GPU_CHECK_DEADLINE_S:-570} ))
+stages=${HEADROOM_GPU_CHECK_STAGES:-tests,bench,serve,sanitize}
+logs=${HEADROOM_GPU_CHECK_LOGS:-/tmp/headroom-gpu-check}
+mkdir -p "$logs"
+
+for stage in ${stages//,/ }; do
+  case $stage in tests | bench | serve | sanitize) ;;
+    *) echo "gpu_check: unknown stage '$stage' in HEADROOM_GPU_CHECK_STAGES (tests, bench, serve, sanitize)" >&2
+       exit 2 ;;
+  esac
+done
+wants() { [[ ",$stages," == *",$1,"* ]]; }
+
 if [ -n "${HEADROOM_PREBUILT:-}" ]; then
   bin=$HEADROOM_PREBUILT
 else
@@ -20,53 +46,122 @@ else
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DHEADROOM_CUDA=ON >/dev/null || exit 1
   cmake --build build-gpu -j "${HEADROOM_JOBS:-$(nproc)}" \
     --target kernels_device_test cuda_kernels_test cuda_backend_test headroom_gpu_bench || exit 1
-  bin=build-gpu/tests
+  bin=$root/build-gpu/tests
 fi
 if ! nvidia-smi -L; then
   echo "gpu_check: no GPU visible" >&2
   exit 1
 fi
-logs=${HEADROOM_GPU_CHECK_LOGS:-/tmp/headroom-gpu-check}
-mkdir -p "$logs"
+
 summary=()
 failed=0
-for t in kernels_device_test cuda_kernels_test cuda_backend_test; do
-  echo "== $t"
-  start=$(date +%s%N)
-  "$bin/$t" --gtest_color=no 2>&1 | tee "$logs/$t.log"
-  rc=${PIPESTATUS[0]}
-  skipped=$(grep -c '^\[  SKIPPED \]' "$logs/$t.log" || true)
-  passed=$(grep -c '^\[       OK \]' "$logs/$t.log" || true)
-  ms=$(( ($(date +%s%N) - start) / 1000000 ))
-  if [ "$rc" -ne 0 ] || [ "$skipped" -ne 0 ]; then failed=1; fi
-  summary+=("$(printf '%-22s rc=%d passed=%d skipped=%d %ss' "$t" "$rc" "$passed" "$skipped" "$((ms / 1000)).$((ms % 1000 / 100))")")
-done
-echo "== bench_gpu"
-bench_json=$(HEADROOM_PREBUILT=${HEADROOM_PREBUILT:-$root/build-gpu/tests} scripts/bench_gpu.sh "$@" | tail -1)
-bench_rc=$?
-echo "$bench_json"
-summary+=("$(printf '%-22s rc=%d %s' bench_gpu "$bench_rc" "$(python3 -c '
+note() { summary+=("$1"); printf '%s\n' "$1" >>"$logs/summary.txt"; }
+: >"$logs/summary.txt"
+
+# Seconds a stage may run: what is left before the deadline, less 10 s for the summary, at most $1.
+budget() {
+  local left=$(( deadline - $(date +%s) - 10 ))
+  [ "$left" -gt "$1" ] && left=$1
+  echo "$left"
+}
+# run_stage NAME LOG CAP CMD...: runs CMD with its output in LOG (and on the terminal) under the
+# time left; sets stage_rc (124 when stopped for time, 125 when not started) and stage_s.
+run_stage() {
+  local name=$1 log=$2 cap=$3
+  shift 3
+  local secs
+  secs=$(budget "$cap")
+  stage_s=0
+  if [ "$secs" -lt 20 ]; then
+    echo "== $name: not started, ${secs}s left before the deadline" | tee "$log"
+    stage_rc=125
+    return
+  fi
+  echo "== $name (at most ${secs}s)"
+  local t0
+  t0=$(date +%s)
+  timeout --kill-after=10 "$secs" "$@" 2>&1 | tee "$log"
+  stage_rc=${PIPESTATUS[0]}
+  stage_s=$(( $(date +%s) - t0 ))
+  [ "$stage_rc" -eq 137 ] && stage_rc=124
+}
+outcome() {  # a stage's rc in words
+  case $1 in 0) echo "ok" ;; 124) echo "STOPPED: out of time" ;; 125) echo "NOT RUN: out of time" ;; *) echo "FAILED rc=$1" ;; esac
+}
+
+if wants tests; then
+  for t in kernels_device_test cuda_kernels_test cuda_backend_test; do
+    run_stage "$t" "$logs/$t.log" 300 "$bin/$t" --gtest_color=no
+    skipped=$(grep -c '^\[  SKIPPED \]' "$logs/$t.log")
+    passed=$(grep -c '^\[       OK \]' "$logs/$t.log")
+    failures=$(grep '^\[  FAILED  \] [A-Za-z]' "$logs/$t.log" | grep -v ' tests\?, listed below' | awk '{print $4}' | sort -u | tr '\n' ' ')
+    if [ "$stage_rc" -ne 0 ] || [ "$skipped" -ne 0 ]; then failed=1; fi
+    note "$(printf '%-32s %s passed=%d skipped=%d %ss %s' "$t" "$(outcome "$stage_rc")" "$passed" "$skipped" "$stage_s" "$failures")"
+  done
+fi
+
+bench_json=
+if wants bench; then
+  run_stage bench_gpu "$logs/bench.log" 420 \
+    env HEADROOM_PREBUILT="$bin" scripts/bench_gpu.sh "$@"
+  bench_json=$(tail -1 "$logs/bench.log")
+  if python3 -c 'import json, sys; json.loads(sys.argv[1])' "$bench_json" 2>/dev/null; then
+    echo "$bench_json" >"$logs/bench.json"
+  else
+    bench_json=
+  fi
+  [ "$stage_rc" -eq 0 ] || failed=1
+  note "$(printf '%-32s %s %ss %s' bench_gpu "$(outcome "$stage_rc")" "$stage_s" "$(python3 -c '
 import json, sys
 try:
     b = json.loads(sys.argv[1])
-    print("batch1_mbu=%.3f best=%s" % (b["batch1_mbu"], json.dumps(b.get("best_batch1_mbu"))))
+    base = b.get("baseline") or {}
+    print("batch1_mbu=%.3f best=%s decode_tok_s=%s prefill_tok_s=%s baseline: %s" % (
+        b["batch1_mbu"], json.dumps(b.get("best_batch1_mbu")), json.dumps(b["decode_tok_s"]),
+        b["prefill_tok_s"], json.dumps({k: base.get(k) for k in ("decode_tok_s", "prefill_tok_s")}) if base else "none"))
 except Exception as e:
-    print("no JSON:", e)' "$bench_json")")")
-echo "== serve_check (headroom serve --device cuda)"
-if [ -n "${HEADROOM_PORTABLE:-}" ] || { [ -z "${HEADROOM_PREBUILT:-}" ] && [ -x /usr/lib/postgresql/15/bin/postgres ]; }; then
-  # As configured by default, then with the settings still off by default (--cuda-options).
-  for options in "" "fused_rope,fused_combine,decode_attention=tensor_core"; do
-    name=serve_check${options:+_options}
-    HEADROOM_CUDA_OPTIONS=$options scripts/serve_check.sh cuda 2>&1 | tee "$logs/$name.log"
-    serve_rc=${PIPESTATUS[0]}
-    [ "$serve_rc" -eq 0 ] || failed=1
-    summary+=("$(printf '%-22s rc=%d %s' "$name" "$serve_rc" "$(tail -1 "$logs/$name.log")")")
-  done
-else
-  summary+=("serve_check            skipped: no Postgres/Redis here (HEADROOM_PORTABLE: scripts/pack_portable.sh)")
+    print("no JSON:", e)' "$bench_json")")"
 fi
-echo "== gpu_check summary"
+
+if wants serve; then
+  if [ -n "${HEADROOM_PORTABLE:-}" ] || { [ -z "${HEADROOM_PREBUILT:-}" ] && [ -x /usr/lib/postgresql/15/bin/postgres ]; }; then
+    # As configured by default, then with the settings still off by default (--cuda-options).
+    for options in "" "fused_rope,fused_combine,decode_attention=tensor_core"; do
+      name=serve_check${options:+_options}
+      run_stage "$name" "$logs/$name.log" 150 env HEADROOM_CUDA_OPTIONS="$options" scripts/serve_check.sh cuda
+      [ "$stage_rc" -eq 0 ] || failed=1
+      note "$(printf '%-32s %s %ss %s' "$name" "$(outcome "$stage_rc")" "$stage_s" "$(tail -1 "$logs/$name.log")")"
+    done
+  else
+    note "serve_check                      skipped: no Postgres/Redis here (HEADROOM_PORTABLE: scripts/pack_portable.sh)"
+  fi
+fi
+
+if wants sanitize; then
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  if [ ! -x "$sanitizer" ]; then
+    failed=1
+    note "sanitize                         FAILED: no compute-sanitizer here"
+  else
+    # tool, binary, test filter: memcheck over every kernel test and the whole model's logits (graphs,
+    # pipelined steps, the fewer-kernel settings); racecheck and synccheck (shared memory and
+    # barriers) over the attention and GEMV kernels.
+    for check in "memcheck cuda_kernels_test *" \
+                 "memcheck cuda_backend_test *LogitsMatchCpuBackend*:*FedTokensEqualKnownTokens*" \
+                 "racecheck cuda_kernels_test *PagedAttention*:*Gemv*" \
+                 "synccheck cuda_kernels_test *PagedAttention*:*Gemv*"; do
+      read -r tool t filter <<<"$check"
+      name=sanitize_${tool}_${t%_test}
+      run_stage "$name" "$logs/$name.log" 240 "$sanitizer" --tool "$tool" --error-exitcode 3 \
+        "$bin/$t" --gtest_color=no "--gtest_filter=$filter"
+      [ "$stage_rc" -eq 0 ] || failed=1
+      note "$(printf '%-32s %s %ss %s' "$name" "$(outcome "$stage_rc")" "$stage_s" \
+        "$(grep -E '^========= (ERROR SUMMARY|RACECHECK SUMMARY)' "$logs/$name.log" | tail -1 | sed 's/^========= //')")"
+    done
+  fi
+fi
+
+echo "== gpu_check summary ($(( $(date +%s) - begin ))s; logs in $logs)"
 for line in "${summary[@]}"; do echo "$line"; done
-[ "$bench_rc" -eq 0 ] || failed=1
-echo "$bench_json"
+[ -n "$bench_json" ] && echo "$bench_json"
 exit $failed

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds what scripts/gpu_check.sh needs on a GPU machine that has CUDA but none of this project's
+# packages, into one folder (default .gpu-bin, ignored by git):
+#   scripts/gpu_prepare.sh [DIR]
+# DIR gets the GPU test binaries and the benchmark (Release, CUDA on, stripped) and portable.tar.xz
+# (scripts/pack_portable.sh: headroom, Postgres 15, Redis and their libraries). Then, on the GPU
+# machine, in a copy of this checkout with DIR beside it:
+#   HEADROOM_PREBUILT=$PWD/DIR HEADROOM_PORTABLE=$PWD/DIR/portable.tar.xz scripts/gpu_check.sh
+# The last line says how large DIR is.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+dir=${1:-.gpu-bin}
+case $dir in /*) ;; *) dir=$root/$dir ;; esac
+targets=(kernels_device_test cuda_kernels_test cuda_backend_test headroom_gpu_bench)
+
+scripts/setup.sh >/dev/null
+# One Release build with CUDA for both: the test binaries and the packed headroom.
+cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DHEADROOM_CUDA=ON >/dev/null
+cmake --build build-release -j "${HEADROOM_JOBS:-2}" --target headroom "${targets[@]}"
+mkdir -p "$dir"
+for t in "${targets[@]}"; do strip -o "$dir/$t" "build-release/tests/$t"; done
+scripts/pack_portable.sh "$dir/portable.tar.xz"
+echo "gpu_prepare: $(du -sh "$dir" | cut -f1) in $dir"

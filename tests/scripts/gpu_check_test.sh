@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh's own bookkeeping, on a machine without a GPU: stand-in programs play
+# nvidia-smi, compute-sanitizer, the GPU tests and the benchmark. Checks that a failing or skipping
+# test fails the run and is named in the summary, that a stage which runs past the deadline is
+# stopped (with its grandchildren) and the rest are reported as not run, that the summary and the
+# benchmark's JSON come out, and that an unknown stage is refused.
+#   gpu_check_test.sh PATH/TO/scripts/gpu_check.sh
+set -uo pipefail
+check=${1:?usage: gpu_check_test.sh scripts/gpu_check.sh}
+work=$(mktemp -d /tmp/headroom-gpu-check-test.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/bin" "$work/path"
+fails=0
+expect() {  # expect DESCRIPTION COMMAND...: the command must succeed
+  local what=$1
+  shift
+  if ! "$@"; then
+    echo "FAIL: $what" >&2
+    fails=$((fails + 1))
+  fi
+}
+
+cat >"$work/path/nvidia-smi" <<'EOF'
+#!/bin/sh
+echo "GPU 0: stand-in"
+EOF
+cat >"$work/path/compute-sanitizer" <<'EOF'
+#!/bin/sh
+# --tool TOOL --error-exitcode N BINARY ARGS...
+echo "tool $2"
+shift 4
+"$@"
+rc=$?
+echo "========= ERROR SUMMARY: 0 errors"
+exit $rc
+EOF
+gtest() {  # gtest NAME BODY: a stand-in test binary
+  printf '#!/bin/sh\n%s\n' "$2" >"$work/bin/$1"
+}
+gtest kernels_device_test 'echo "[       OK ] GpuDeviceTest.ListsDevicesWithMemory (1 ms)"'
+gtest cuda_kernels_test 'echo "[       OK ] CudaKernelsTest.GemvMatchesReference (1 ms)"
+echo "[  SKIPPED ] CudaKernelsTest.SamplingGreedyTopKTopPAndSeeds (0 ms)"'
+gtest cuda_backend_test 'echo "[       OK ] CudaBackendTest.LogitsMatchCpuBackend (1 ms)"
+echo "[  FAILED  ] CudaBackendTest.FedTokensEqualKnownTokens (2 ms)"
+echo "[  FAILED  ] 1 test, listed below:"
+echo "[  FAILED  ] CudaBackendTest.FedTokensEqualKnownTokens"
+exit 1'
+gtest headroom_gpu_bench 'echo "decode batch 1: 160.0 tok/s"
+echo "{\"batch1_mbu\": 0.8, \"decode_tok_s\": {\"1\": 160.0}, \"prefill_tok_s\": 39000.0}"'
+chmod +x "$work"/bin/* "$work"/path/*
+
+run() {  # run DEADLINE STAGES: gpu_check.sh with the stand-ins; output in $work/out, rc in $rc
+  PATH=$work/path:$PATH HEADROOM_PREBUILT=$work/bin HEADROOM_GPU_CHECK_LOGS=$work/logs \
+    HEADROOM_GPU_CHECK_DEADLINE_S=$1 HEADROOM_GPU_CHECK_STAGES=$2 "$check" >"$work/out" 2>&1
+  rc=$?
+  sed -n '/== gpu_check summary/,$p' "$work/out" >"$work/summary"
+}
+has() { grep -qE -- "$1" "$work/summary"; }
+
+# 1. Everything runs: the failing and the skipping test fail the run and are named; the
+# benchmark's JSON is the last line and is kept; the sanitizer stages ran their tools.
+run 300 tests,bench,sanitize
+expect "a failing test fails the run (rc $rc)" test "$rc" -ne 0
+expect "the failed test is named" has '^cuda_backend_test +FAILED rc=1 passed=1 skipped=0 .*FedTokensEqualKnownTokens'
+expect "a skipped test is counted" has '^cuda_kernels_test +ok passed=1 skipped=1'
+expect "the device test passed" has '^kernels_device_test +ok passed=1 skipped=0'
+expect "the benchmark's figures are summed up" has '^bench_gpu +ok .*batch1_mbu=0.800'
+expect "the benchmark's JSON is the last line" test "$(tail -1 "$work/out" | cut -c1-16)" = '{"batch1_mbu": 0'
+expect "bench.json is kept" grep -q '"prefill_tok_s"' "$work/logs/bench.json"
+expect "racecheck ran" grep -q 'tool racecheck' "$work/logs/sanitize_racecheck_cuda_kernels.log"
+expect "memcheck over the backend failed with its test" has '^sanitize_memcheck_cuda_backend +FAILED'
+expect "summary.txt holds the summary" grep -q '^bench_gpu' "$work/logs/summary.txt"
+
+# 2. A skipped test alone fails the run (on a GPU machine nothing may skip); with only passing
+# stages, the run passes.
+gtest cuda_backend_test 'echo "[       OK ] CudaBackendTest.LogitsMatchCpuBackend (1 ms)"'
+chmod +x "$work"/bin/*
+run 300 tests
+expect "a skipped test alone fails the run (rc $rc)" test "$rc" -ne 0
+gtest cuda_kernels_test 'echo "[       OK ] CudaKernelsTest.GemvMatchesReference (1 ms)"'
+chmod +x "$work"/bin/*
+run 300 tests,bench
+expect "all stages passing pass the run (rc $rc)" test "$rc" -eq 0
+
+# 3. A test that hangs (with a child of its own) is stopped at the deadline; the stages after it
+# are reported as not run; the run fails and still prints its summary.
+gtest cuda_kernels_test 'sleep 600 & echo $! >"'"$work"'/grandchild"; wait'
+chmod +x "$work"/bin/*
+start=$(date +%s)
+run 32 tests,bench
+took=$(( $(date +%s) - start ))
+expect "the run ends near its deadline (${took}s)" test "$took" -lt 60
+expect "a hung stage fails the run" test "$rc" -ne 0
+expect "the hung test is reported stopped" has '^cuda_kernels_test +STOPPED: out of time'
+expect "later stages are reported not run" has '^bench_gpu +NOT RUN: out of time'
+expect "the hung test's child was stopped too" \
+  bash -c "! kill -0 \$(cat '$work/grandchild') 2>/dev/null"
+
+# 4. An unknown stage is refused before anything runs.
+run 300 tests,benchmark
+expect "an unknown stage is refused with 2 (rc $rc)" test "$rc" -eq 2
+expect "the refusal names the stage" grep -q "unknown stage 'benchmark'" "$work/out"
+
+if [ "$fails" -ne 0 ]; then
+  echo "--- last output:" >&2
+  cat "$work/out" >&2
+  exit 1
+fi
+echo "gpu_check_test: all checks passed"
