@@ -40,6 +40,8 @@ def build_model(args):
     with torch.device("cuda"):
         model = LlamaForCausalLM(cfg)
     torch.set_default_dtype(torch.float32)
+    model.to(torch.bfloat16)  # whatever dtype the config asked for: the bytes per token must match ours
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     model.eval()
     return model
 

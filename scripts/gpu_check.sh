@@ -12,8 +12,9 @@
 #             by default (--cuda-options), where Postgres and Redis can run: installed here, or
 #             packed by scripts/pack_portable.sh and named by HEADROOM_PORTABLE
 #   sanitize  compute-sanitizer: memcheck over the kernel tests and the backend's logits test,
-#             racecheck and synccheck over the attention and GEMV tests
-# HEADROOM_GPU_CHECK_DEADLINE_S  the whole run's time limit (default 570): each stage gets what is
+#             racecheck and synccheck over the attention and GEMV tests (a check not started for
+#             lack of time is reported, and does not fail the run)
+# HEADROOM_GPU_CHECK_DEADLINE_S  the run's time limit after the build (default 570): each stage gets what is
 #   left (less a reserve for the summary) and is stopped there; a stage with under 20 s left is not
 #   started. The summary is printed whatever happened.
 # HEADROOM_PREBUILT=DIR uses test binaries already built in DIR (scripts/gpu_prepare.sh makes them,
@@ -25,8 +26,6 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export HEADROOM_SOURCE_DIR=$root
-begin=$(date +%s)
-deadline=$(( begin + ${HEADROOM_GPU_CHECK_DEADLINE_S:-570} ))
 stages=${HEADROOM_GPU_CHECK_STAGES:-tests,bench,serve,sanitize}
 logs=${HEADROOM_GPU_CHECK_LOGS:-/tmp/headroom-gpu-check}
 mkdir -p "$logs"
@@ -52,6 +51,9 @@ if ! nvidia-smi -L; then
   echo "gpu_check: no GPU visible" >&2
   exit 1
 fi
+# The deadline counts from here: a build before is not part of it.
+begin=$(date +%s)
+deadline=$(( begin + ${HEADROOM_GPU_CHECK_DEADLINE_S:-570} ))
 
 summary=()
 failed=0
@@ -83,7 +85,8 @@ run_stage() {
   timeout --kill-after=10 "$secs" "$@" 2>&1 | tee "$log"
   stage_rc=${PIPESTATUS[0]}
   stage_s=$(( $(date +%s) - t0 ))
-  [ "$stage_rc" -eq 137 ] && stage_rc=124
+  # Killed after the TERM at the limit: out of time too (not when killed sooner, for memory say).
+  [ "$stage_rc" -eq 137 ] && [ "$stage_s" -ge "$secs" ] && stage_rc=124
 }
 outcome() {  # a stage's rc in words
   case $1 in 0) echo "ok" ;; 124) echo "STOPPED: out of time" ;; 125) echo "NOT RUN: out of time" ;; *) echo "FAILED rc=$1" ;; esac
@@ -130,7 +133,7 @@ if wants serve; then
       name=serve_check${options:+_options}
       run_stage "$name" "$logs/$name.log" 150 env HEADROOM_CUDA_OPTIONS="$options" scripts/serve_check.sh cuda
       [ "$stage_rc" -eq 0 ] || failed=1
-      note "$(printf '%-32s %s %ss %s' "$name" "$(outcome "$stage_rc")" "$stage_s" "$(tail -1 "$logs/$name.log")")"
+      note "$(printf '%-32s %s %ss %s' "$name" "$(outcome "$stage_rc")" "$stage_s" "$(grep '^{' "$logs/$name.log" | tail -1)")"
     done
   else
     note "serve_check                      skipped: no Postgres/Redis here (HEADROOM_PORTABLE: scripts/pack_portable.sh)"
@@ -152,9 +155,13 @@ if wants sanitize; then
                  "synccheck cuda_kernels_test *PagedAttention*:*Gemv*"; do
       read -r tool t filter <<<"$check"
       name=sanitize_${tool}_${t%_test}
-      run_stage "$name" "$logs/$name.log" 240 "$sanitizer" --tool "$tool" --error-exitcode 3 \
+      # Memory errors only: a library's own failed API calls (cuBLASLt probing) are not ours.
+      extra=()
+      [ "$tool" = memcheck ] && extra=(--report-api-errors no)
+      run_stage "$name" "$logs/$name.log" 240 "$sanitizer" --tool "$tool" "${extra[@]}" --error-exitcode 3 \
         "$bin/$t" --gtest_color=no "--gtest_filter=$filter"
-      [ "$stage_rc" -eq 0 ] || failed=1
+      # A check left out for time is reported as such; it fails the run only if it ran and failed.
+      [ "$stage_rc" -eq 0 ] || [ "$stage_rc" -eq 125 ] || failed=1
       note "$(printf '%-32s %s %ss %s' "$name" "$(outcome "$stage_rc")" "$stage_s" \
         "$(grep -E '^========= (ERROR SUMMARY|RACECHECK SUMMARY)' "$logs/$name.log" | tail -1 | sed 's/^========= //')")"
     done
