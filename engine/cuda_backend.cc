@@ -210,7 +210,7 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   kernels::set_programmatic_launch(pl == ProgrammaticLaunch::kOn || (pl == ProgrammaticLaunch::kAuto && !lay.fused));
   mark("start");
   HR_CUDA("embedding", kernels::embedding_gather(embed_, d_tokens, reinterpret_cast<const int32_t*>(d + lay.fed_rows),
-                                                 tokens_, T, D, x_, stream_));
+                                                 tokens_, T, config_.vocab_size, D, x_, stream_));
   mark("embedding");
   kernels::AddRmsNormParams norm;
   norm.x = x_;

@@ -194,6 +194,9 @@ Status CudaBackend::init_runtime() {
     HR_RETURN_IF_ERROR(act(&v_cache_[static_cast<size_t>(l)], layer_bytes, "KV cache"));
   }
   HR_CUDA("reading free memory", cudaMemGetInfo(&free_after_init_, &total_bytes));
+  // The uploads went through cudaMemcpy on the legacy stream, which the backend's non-blocking
+  // stream does not wait for, and a copy from pageable memory may return before its DMA lands.
+  HR_CUDA("finishing the uploads", cudaDeviceSynchronize());
   return Status::ok();
 }
 

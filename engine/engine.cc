@@ -12,6 +12,7 @@ const char* finish_reason_name(FinishReason r) {
     case FinishReason::kStop: return "stop";
     case FinishReason::kLength: return "length";
     case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
     case FinishReason::kNone: return "";
   }
   return "";
@@ -78,6 +79,16 @@ void Engine::cancel(int64_t id) {
   active_.erase(it);
 }
 
+void Engine::fail_all(const std::string& error) {
+  backend_->discard();
+  in_flight_.reset();
+  for (auto& [id, a] : active_) {
+    a.error = error;
+    finish(a, FinishReason::kError, -1, "");
+  }
+  active_.clear();
+}
+
 void Engine::finish(Active& a, FinishReason reason, int32_t token, std::string delta) {
   Sequence& s = *a.seq;
   scheduler_.remove(&s);
@@ -91,6 +102,7 @@ void Engine::finish(Active& a, FinishReason reason, int32_t token, std::string d
   ev.usage.prompt_tokens = s.num_prompt;
   ev.usage.completion_tokens = s.num_generated();
   ev.usage.cached_tokens = std::max(0, s.num_cached_prompt);
+  ev.error = std::move(a.error);
   if (a.on_event) a.on_event(ev);
 }
 
@@ -224,7 +236,18 @@ void Engine::advance_all(const Submitted& sub, StepStats* stats) {
     auto it = active_.find(sub.sampled[row]);
     if (it == active_.end()) continue;  // finished at the step before, or cancelled
     --it->second.seq->num_pending;
-    if (advance(it->second, sampled_[row])) {
+    const int32_t token = sampled_[row];
+    if (token < 0 || token >= backend_->vocab_size()) {
+      // No token to continue from (a row of NaN logits, say): this sequence ends in an error and
+      // the others go on. A step already fed from the row computed for it in vain.
+      it->second.error = "the " + std::string(backend_->name()) + " backend gave no valid token (" +
+                         std::to_string(token) + "): its logits for this sequence were not finite";
+      finish(it->second, FinishReason::kError, -1, "");
+      active_.erase(it);
+      ++stats->num_finished;
+      continue;
+    }
+    if (advance(it->second, token)) {
       active_.erase(it);
       ++stats->num_finished;
     }

@@ -20,7 +20,9 @@
 
 namespace hr::engine {
 
-enum class FinishReason { kNone, kStop, kLength, kCancelled };
+// kError: the backend gave no valid token for the sequence (its logits were not finite); the
+// final event's `error` says so.
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
 const char* finish_reason_name(FinishReason r);
 
 struct Usage {
@@ -36,6 +38,7 @@ struct TokenEvent {
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   Usage usage;                // filled on the final event
+  std::string error;          // with FinishReason::kError
 };
 
 struct GenerationRequest {
@@ -83,6 +86,9 @@ class Engine {
   [[nodiscard]] Result<int64_t> add(GenerationRequest request);
   // Finishes the request now (its final event says kCancelled). Unknown ids are ignored.
   void cancel(int64_t id);
+  // Ends every request now with kError and `error` (the engine cannot go on: its device keeps
+  // failing), dropping any step under way.
+  void fail_all(const std::string& error);
   // Runs one step; an empty plan (nothing to do) is not an error. After a failed step, the steps
   // under way are dropped and every sequence is planned again from the tokens the host has (a
   // token lost with a failed step is computed and sampled again).
@@ -101,6 +107,8 @@ class Engine {
   const BlockManager& blocks() const { return blocks_; }
   const Backend& backend() const { return *backend_; }
   int num_active() const { return static_cast<int>(active_.size()); }
+  // The longest sequence, prompt and answer, in tokens.
+  int context_length() const { return max_model_len_; }
 
  private:
   struct Active {
@@ -108,6 +116,7 @@ class Engine {
     std::function<void(const TokenEvent&)> on_event;
     std::unique_ptr<StreamDecoder> decoder;
     std::string held;  // text held back: it may be the start of a stop string
+    std::string error;  // why it ends with kError
   };
   // A submitted step: its plan (pointers valid only while the id is active), in logits-row order
   // the ids of the sequences it samples, and its token count.

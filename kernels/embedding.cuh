@@ -12,9 +12,10 @@ namespace hr::kernels {
 
 // table: [vocab, dim] bf16; ids: [num_tokens] (each in [0, vocab)); fed_rows: [num_tokens] or
 // null; fed_tokens: the previous step's sampled tokens (needed with fed_rows); out: [num_tokens,
-// dim] fp32. dim must be a multiple of 8 and table and out 16-byte aligned.
+// dim] fp32. dim must be a multiple of 8 and table and out 16-byte aligned. An id outside [0,
+// vocab) (a fed -1 from the sampler) reads row 0 instead of memory outside the table.
 cudaError_t embedding_gather(const __nv_bfloat16* table, const int32_t* ids, const int32_t* fed_rows,
-                             const int32_t* fed_tokens, int num_tokens, int dim, float* out,
+                             const int32_t* fed_tokens, int num_tokens, int vocab, int dim, float* out,
                              cudaStream_t stream);
 
 }  // namespace hr::kernels

@@ -56,6 +56,11 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
     lo_z = fminf(lo_z, x[i]);
   }
   best = block_argmax(best, am_scratch);
+  if (best.i >= vocab) {
+    // No logit compares (all NaN): no token. The host ends the sequence in an error.
+    if (threadIdx.x == 0) tokens[row] = -1;
+    return;
+  }
   if (sp.temperature <= 0.0f || sp.top_k == 1) {
     if (threadIdx.x == 0) tokens[row] = best.i;
     return;

@@ -20,7 +20,8 @@ struct SampleParams {
   uint64_t random = 0;
 };
 
-// logits: [num_rows, vocab] fp32; params: [num_rows]; tokens: [num_rows].
+// logits: [num_rows, vocab] fp32; params: [num_rows]; tokens: [num_rows]. NaN logits are never
+// picked; a row of nothing but NaN gets token -1.
 cudaError_t sample_tokens(const float* logits, int num_rows, int vocab, const SampleParams* params,
                           int32_t* tokens, cudaStream_t stream);
 

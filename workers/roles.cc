@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -28,6 +29,12 @@ sigset_t block_stop_signals() {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   return set;
+}
+
+// A worker whose engine gave up wakes wait_for_stop_signal as a SIGTERM would, so that the
+// process stops as on a signal and exits with 1.
+void stop_process_on_failure(Worker& worker) {
+  worker.set_on_failure([] { kill(getpid(), SIGTERM); });
 }
 
 int wait_for_stop_signal(const sigset_t& set) {
@@ -123,6 +130,7 @@ int run_worker(const WorkerConfig& config, const queue::StoreConfig& store,
     return 1;
   }
   SyncServer sync_server(**worker, sync);
+  stop_process_on_failure(**worker);
   Status st = (*worker)->start();
   if (st.is_ok()) st = sync_server.start();
   if (!st.is_ok()) {
@@ -137,6 +145,10 @@ int run_worker(const WorkerConfig& config, const queue::StoreConfig& store,
   announcer.stop();
   sync_server.stop();
   (*worker)->stop();
+  if ((*worker)->failed()) {
+    log::error("worker.exiting", {{"reason", "the engine failed; a fresh process starts clean"}});
+    return 1;
+  }
   return 0;
 }
 
@@ -239,6 +251,7 @@ int run_serve(const ServeConfig& config) {
                          api::StreamingHandler([&](const api::HttpRequest& r) {
                            return async_api.handle_streaming(r);
                          }));
+  stop_process_on_failure(**worker);
   Status st = server.start();
   if (st.is_ok()) st = (*worker)->start();
   if (!st.is_ok()) {
@@ -255,6 +268,10 @@ int run_serve(const ServeConfig& config) {
   stop_background();
   dispatcher.join();
   log::info("serve.stopped");
+  if ((*worker)->failed()) {
+    log::error("serve.exiting", {{"reason", "the engine failed; a fresh process starts clean"}});
+    return 1;
+  }
   return 0;
 }
 

@@ -70,8 +70,9 @@ std::string default_worker_name() {
 
 }  // namespace
 
-Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& config,
-                                               const queue::StoreConfig& store) {
+Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given, const queue::StoreConfig& store,
+                                               std::shared_ptr<engine::Backend> backend) {
+  const WorkerConfig config = given.resolved();
   std::unique_ptr<Worker> w(new Worker(config, store));
   if (w->config_.worker_name.empty()) w->config_.worker_name = default_worker_name();
   auto m = std::make_unique<LoadedModel>();
@@ -82,12 +83,15 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& config,
   engine::BackendSpec spec;
   spec.device = config.device;
   spec.cuda_options = config.cuda_options;
-  spec.kv_cache_bytes = config.kv_cache_bytes;
+  spec.kv_cache_bytes = static_cast<size_t>(config.kv_cache_bytes);
   spec.max_num_tokens = config.max_batched_tokens;
   spec.max_num_seqs = config.max_num_seqs;
   spec.cpu_thread_nice = config.resolved_engine_nice();
-  HR_ASSIGN_OR_RETURN(auto backend, engine::make_backend(config.model_dir, spec));
+  if (!backend) {
+    HR_ASSIGN_OR_RETURN(backend, engine::make_backend(config.model_dir, spec));
+  }
   engine::EngineOptions eo;
+  eo.max_model_len = config.max_model_len;
   eo.scheduler.max_num_seqs = config.max_num_seqs;
   eo.scheduler.max_batched_tokens = config.max_batched_tokens;
   eo.scheduler.max_prefill_chunk = config.max_batched_tokens;
@@ -106,6 +110,9 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& config,
              {"kv_blocks", m->engine->headroom().total_kv_blocks},
              {"backend", m->engine->backend().name()},
              {"pipelined", m->engine->pipelined()},
+             {"max_num_seqs", config.max_num_seqs},
+             {"max_batched_tokens", config.max_batched_tokens},
+             {"context_length", m->engine->context_length()},
              {"warm_up_ms", (steady_now_ns() - warm_start) / 1000000}});
   w->model_ = std::move(m);
   return w;
@@ -319,7 +326,7 @@ Worker::Worker(WorkerConfig config, queue::StoreConfig store)
 
 Worker::~Worker() { stop(); }
 
-int Worker::context_length() const { return model_->config.max_position_embeddings; }
+int Worker::context_length() const { return model_->engine->context_length(); }
 
 Status Worker::start() {
   thread_ = std::thread([this] { loop(); });
@@ -389,6 +396,7 @@ void Worker::loop() {
   RecentPeak sync_recent(3);  // the same over the last 3 s: is sync traffic about?
   StepCost step_cost;         // time per token, for sizing steps with async work
   const double async_step_ms = config_.resolved_async_step_ms();
+  int failed_steps = 0;              // engine steps failed in a row
   int64_t busy_ns = 0;               // time in engine steps since mark_ns
   int64_t mark_ns = steady_now_ns();
   auto publish_engine_gauges = [&] {
@@ -418,6 +426,10 @@ void Worker::loop() {
       class_metrics(engine::RequestClass::kSync)
           .queue.observe(static_cast<double>(steady_now_ns() - job->arrival_ns) / 1e9);
       job->request.on_event = timed([job](const engine::TokenEvent& ev) {
+        if (ev.finish_reason == engine::FinishReason::kError) {
+          fail_job(*job, internal_error(ev.error));
+          return;
+        }
         job->text += ev.text_delta;
         api::SyncAnswer answer;
         if (ev.finished) {
@@ -500,6 +512,13 @@ void Worker::loop() {
           if (it == runs->end()) return;
           it->second.text += ev.text_delta;
           if (!ev.finished) return;
+          if (ev.finish_reason == engine::FinishReason::kError) {
+            // Another attempt (here or on another worker) may well succeed.
+            q->drop(ev.id);
+            q->fail({it->second.lease, "inference_error", ev.error, true});
+            runs->erase(it);
+            return;
+          }
           json usage = {{"prompt_tokens", ev.usage.prompt_tokens},
                         {"completion_tokens", ev.usage.completion_tokens},
                         {"total_tokens", ev.usage.prompt_tokens + ev.usage.completion_tokens},
@@ -571,8 +590,22 @@ void Worker::loop() {
       ++stats_.steps;
       steps.add();
       if (!st.is_ok()) {
-        log::error("worker.step_failed", {{"error", st.status()}});
+        log::error("worker.step_failed", {{"error", st.status()}, {"in_a_row", failed_steps + 1}});
+        if (++failed_steps >= kMaxFailedSteps) {
+          // The device is not coming back (a lost GPU context, say): end everything held here, so
+          // that no client waits on this worker, and stop.
+          log::error("worker.engine_failed", {{"error", st.status()}, {"failed_steps", failed_steps}});
+          failed_ = true;
+          stopping_ = true;
+          eng.fail_all("the worker's engine failed " + std::to_string(failed_steps) +
+                       " steps in a row: " + st.status().message());
+          publish_engine_gauges();
+          break;
+        }
+        // A passing fault may clear: give it a moment before the step is tried again.
+        std::this_thread::sleep_for(std::chrono::milliseconds(50 * failed_steps));
       } else {
+        failed_steps = 0;
         preemptions.add(st->num_preempted);
         step_cost.record(step_ns, st->num_collected_tokens);
       }
@@ -597,6 +630,7 @@ void Worker::loop() {
   }
   io.stop(unstarted);
   log::info("worker.stopped", {{"completed", stats_.completed.load()}, {"released", stats_.released.load()}});
+  if (failed_ && on_failure_) on_failure_();
 }
 
 }  // namespace hr::workers

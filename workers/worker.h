@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <string>
 #include <mutex>
@@ -20,6 +21,10 @@
 #include "engine/engine.h"
 #include "queue/config.h"
 #include "workers/worker_config.h"
+
+namespace hr::engine {
+class Backend;
+}  // namespace hr::engine
 
 namespace hr::workers {
 
@@ -48,9 +53,16 @@ struct WorkerLoad {
 
 class Worker final : public api::SyncInference {
  public:
-  // Loads the model (weights, tokenizer, chat template) and builds the engine.
-  [[nodiscard]] static Result<std::unique_ptr<Worker>> create(const WorkerConfig& config,
-                                                              const queue::StoreConfig& store);
+  // Loads the model (weights, tokenizer, chat template) and builds the engine, on `backend` when
+  // one is given (else the one the config names).
+  [[nodiscard]] static Result<std::unique_ptr<Worker>> create(
+      const WorkerConfig& config, const queue::StoreConfig& store,
+      std::shared_ptr<engine::Backend> backend = nullptr);
+  // Engine steps failing in a row (50 ms apart, then 100) after which the worker gives up: every
+  // request it holds ends
+  // (sync ones with an error, async ones handed back to the queue as a retryable failure), it
+  // stops, and `on_failure` runs.
+  static constexpr int kMaxFailedSteps = 3;
   ~Worker();
 
   [[nodiscard]] Status start();
@@ -66,6 +78,11 @@ class Worker final : public api::SyncInference {
   int context_length() const;
   const WorkerConfig& config() const { return config_; }
   WorkerLoad load() const;
+  // Called once, from the step loop, when the engine gave up (see kMaxFailedSteps): the process
+  // should exit, so that whatever supervises it starts a fresh one. Set before start().
+  void set_on_failure(std::function<void()> f) { on_failure_ = std::move(f); }
+  // Whether the engine gave up.
+  bool failed() const { return failed_.load(); }
 
  struct SyncJob;  // a sync request handed to the step loop (defined in worker.cc)
 
@@ -89,6 +106,8 @@ class Worker final : public api::SyncInference {
   std::atomic<int> total_kv_blocks_{0};
   std::atomic<double> utilization_{0};
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> failed_{false};
+  std::function<void()> on_failure_;
   std::thread thread_;
   WorkerStats stats_;
 };

@@ -17,8 +17,12 @@ void WorkerConfig::bind(CLI::App& app) {
            "Stop pulling async work while the device is busier than this fraction (engine "
            "steps, or NVML utilization on a GPU, over ~1 s); 1 never brakes");
   cli::add(app, "--drain-seconds", drain_seconds, "On SIGTERM, time to finish or release leases");
-  cli::add(app, "--max-num-seqs", max_num_seqs, "Sequences the engine runs at once");
-  cli::add(app, "--max-batched-tokens", max_batched_tokens, "Tokens per engine step");
+  cli::add(app, "--max-num-seqs", max_num_seqs, "Sequences the engine runs at once (-1: 32 on the CPU backend, 256 on a GPU)");
+  cli::add(app, "--max-batched-tokens", max_batched_tokens,
+           "Tokens per engine step (-1: 512 on the CPU backend, 2048 on a GPU)");
+  cli::add(app, "--max-model-len", max_model_len,
+           "Longest sequence (prompt and answer) in tokens, below the model's own to keep step inputs "
+           "small (0: the model's max_position_embeddings)");
   cli::add(app, "--max-pull", max_pull, "Most requests taken from the queue at once");
   cli::add(app, "--async-tokens-with-sync", async_tokens_with_sync,
            "While sync requests run (or ran in the last 3 s), async sequences get at most this "
@@ -37,7 +41,8 @@ void WorkerConfig::bind(CLI::App& app) {
   cli::add(app, "--idle-poll-ms", idle_poll_ms,
            "An idle worker looks for async work this often (sync arrivals wake it at once)");
   cli::add(app, "--kv-cache-bytes", kv_cache_bytes,
-           "KV cache size in bytes (with --device cuda, 0: 90% of the GPU memory left after loading)");
+           "KV cache size in bytes (with --device cuda, 0: 90% of the GPU memory left after loading; "
+           "-1: 64 MiB on the CPU backend, 0 on a GPU)");
   cli::add(app, "--device", device, "Compute device: cpu, cuda or cuda:N");
   cli::add(app, "--cuda-options", cuda_options, engine::cuda_options_help());
   cli::add(app, "--chat-template", chat_template,
@@ -67,19 +72,35 @@ Status WorkerConfig::validate() const {
   if (idle_poll_ms < 1 || idle_poll_ms > 10000) {
     return invalid_argument("--idle-poll-ms must be 1..10000", "idle-poll-ms");
   }
-  if (max_num_seqs < 1 || max_batched_tokens < 1 || max_pull < 1) {
-    return invalid_argument("--max-num-seqs, --max-batched-tokens and --max-pull must be positive",
-                            "max-num-seqs");
+  if (max_num_seqs < 1 && max_num_seqs != -1) {
+    return invalid_argument("--max-num-seqs must be -1 (by device) or positive", "max-num-seqs");
+  }
+  if (max_batched_tokens < 1 && max_batched_tokens != -1) {
+    return invalid_argument("--max-batched-tokens must be -1 (by device) or positive", "max-batched-tokens");
+  }
+  if (max_pull < 1) return invalid_argument("--max-pull must be positive", "max-pull");
+  if (max_model_len < 0) return invalid_argument("--max-model-len must be >= 0", "max-model-len");
+  if (kv_cache_bytes < -1 || (kv_cache_bytes == 0 && device == "cpu")) {
+    return invalid_argument("--kv-cache-bytes must be -1 (by device), a size in bytes, or 0 with --device cuda",
+                            "kv-cache-bytes");
   }
   if (!cuda_options.empty()) {
     if (device == "cpu") return invalid_argument("--cuda-options needs --device cuda", "cuda-options");
     HR_RETURN_IF_ERROR(engine::parse_cuda_options(cuda_options).status());
   }
   HR_RETURN_IF_ERROR(engine::check_device(device));
-  if (reserve_slots >= max_num_seqs) {
+  if (reserve_slots >= resolved().max_num_seqs) {
     return invalid_argument("--reserve-slots must be below --max-num-seqs", "reserve-slots");
   }
   return Status::ok();
+}
+
+WorkerConfig WorkerConfig::resolved() const {
+  WorkerConfig r = *this;
+  r.max_num_seqs = by_device(max_num_seqs, 32, 256);
+  r.max_batched_tokens = by_device(max_batched_tokens, 512, 2048);
+  r.kv_cache_bytes = by_device<int64_t>(kv_cache_bytes, 64ll << 20, 0);
+  return r;
 }
 
 }  // namespace hr::workers

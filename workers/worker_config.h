@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <string>
 
 #include "base/status.h"
@@ -19,8 +20,9 @@ struct WorkerConfig {
   int reserve_slots = 2;             // sequence slots always kept free for sync bursts
   double max_utilization = 1.0;      // stop pulling above this busy fraction (1: never)
   int drain_seconds = 30;            // SIGTERM: time to finish or release leases
-  int max_num_seqs = 32;             // sequences the engine runs at once
-  int max_batched_tokens = 512;      // tokens per engine step
+  int max_num_seqs = -1;             // sequences the engine runs at once (-1: 32 on CPU, 256 on a GPU)
+  int max_batched_tokens = -1;       // tokens per engine step (-1: 512 on CPU, 2048 on a GPU)
+  int max_model_len = 0;             // longest sequence, prompt and answer (0: the model's own)
   int max_pull = 64;                 // most requests taken from the queue at once
   int idle_poll_ms = 20;             // an idle worker looks at the queue this often
   // Async tokens per step while sync requests run: 0 no cap, -1 auto (8 on the CPU backend, whose
@@ -34,7 +36,8 @@ struct WorkerConfig {
   // sync request arriving after a quiet spell waits little for the step in progress: -1 auto (100
   // ms on the CPU backend, no cap on a GPU, whose steps are short), 0 no cap.
   double async_step_ms = -1;
-  size_t kv_cache_bytes = 64ull << 20;
+  // -1: 64 MiB on CPU; on a GPU, 0: a fraction (0.9) of the device memory left after loading.
+  int64_t kv_cache_bytes = -1;
   std::string device = "cpu";  // cpu | cuda | cuda:N
   std::string cuda_options;    // CUDA backend settings (engine::parse_cuda_options)
   std::string chat_template;         // override: headroom, llama3, chatml, mistral
@@ -44,6 +47,9 @@ struct WorkerConfig {
   int resolved_async_tokens_with_sync() const { return by_device(async_tokens_with_sync, 8, 0); }
   double resolved_async_step_ms() const { return by_device(async_step_ms, 100.0, 0.0); }
   int resolved_engine_nice() const { return by_device(engine_nice, 5, 0); }
+  // This configuration with the by-device defaults of the engine's sizes filled in: a GPU takes
+  // many sequences, long steps and its memory's KV cache; the CPU few, short and 64 MiB.
+  WorkerConfig resolved() const;
 
   void bind(CLI::App& app);
   [[nodiscard]] Status validate() const;

@@ -97,30 +97,38 @@ TEST(CudaKernelsTest, EmbeddingGatherCopiesRows) {
   for (int& id : ids) id = static_cast<int>(rng() % V);
   DeviceBuffer<int32_t> d_ids(ids);
   DeviceBuffer<float> d_out(static_cast<size_t>(T) * D);
-  ASSERT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, D, d_out.ptr, nullptr),
+  ASSERT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, V, D, d_out.ptr, nullptr),
             cudaSuccess);
   auto out = d_out.get();
   for (int t = 0; t < T; ++t) {
     for (int i = 0; i < D; ++i) ASSERT_EQ(out[t * D + i], table[ids[t] * D + i]) << t << "," << i;
   }
   // Rows fed from the previous step's sampled tokens take those instead of ids.
-  const std::vector<int32_t> fed_tokens = {5, 36, 0};
+  // A fed -1 (the sampler's "no token") or an id past the table reads row 0, not outside it.
+  const std::vector<int32_t> fed_tokens = {5, 36, 0, -1, V};
   std::vector<int32_t> fed_rows(T, -1);
   fed_rows[0] = 2;
   fed_rows[4] = 0;
+  fed_rows[5] = 3;
+  fed_rows[7] = 4;
   fed_rows[T - 1] = 1;
   DeviceBuffer<int32_t> d_fed_rows(fed_rows), d_fed_tokens(fed_tokens);
-  ASSERT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, d_fed_rows.ptr, d_fed_tokens.ptr, T, D,
+  ASSERT_EQ(cudaMemset(d_out.ptr, 0xFF, d_out.n * sizeof(float)), cudaSuccess);  // poisoned again
+  ASSERT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, d_fed_rows.ptr, d_fed_tokens.ptr, T, V, D,
                                       d_out.ptr, nullptr),
             cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   out = d_out.get();
   for (int t = 0; t < T; ++t) {
-    const int id = fed_rows[t] >= 0 ? fed_tokens[fed_rows[t]] : ids[t];
+    int id = fed_rows[t] >= 0 ? fed_tokens[fed_rows[t]] : ids[t];
+    if (id < 0 || id >= V) id = 0;
     for (int i = 0; i < D; ++i) ASSERT_EQ(out[t * D + i], table[id * D + i]) << t << "," << i;
   }
-  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, 100, d_out.ptr, nullptr),
+  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, V, 100, d_out.ptr, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, d_fed_rows.ptr, nullptr, T, D, d_out.ptr,
+  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, 0, D, d_out.ptr, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, d_fed_rows.ptr, nullptr, T, V, D, d_out.ptr,
                                       nullptr),
             cudaErrorInvalidValue);
 }
@@ -701,6 +709,16 @@ TEST(CudaKernelsTest, SamplingGreedyTopKTopPAndSeeds) {
     seen_p.insert(t);
   }
   EXPECT_EQ(seen_p.size(), nucleus.size());
+  // NaN is never picked; a row of nothing but NaN gets -1, greedy or sampled.
+  std::vector<float> some_nan = logits;
+  for (int i = 0; i < V; i += 3) some_nan[static_cast<size_t>(i)] = NAN;  // 31337 % 3 == 2: kept
+  some_nan[31337 - 1] = NAN;
+  for (int32_t t : sample_rows(some_nan, 2, greedy)) EXPECT_EQ(t, 31337);
+  for (int32_t t : sample_rows(some_nan, 50, k5)) EXPECT_FALSE(std::isnan(some_nan[static_cast<size_t>(t)])) << t;
+  const std::vector<float> all_nan(V, NAN);
+  for (const kernels::SampleParams& sp : {greedy, k5, pp}) {
+    for (int32_t t : sample_rows(all_nan, 2, sp)) EXPECT_EQ(t, -1);
+  }
   // Same random, same token; the frequencies follow softmax(logits / T).
   std::vector<float> small = {0.0f, 1.0f, 2.0f, -1.0f, 0.5f, 1.5f, -0.5f, 0.25f};
   kernels::SampleParams t1{1.0f, 1.0f, 0};

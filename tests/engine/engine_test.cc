@@ -342,7 +342,15 @@ class FailingBackend final : public Backend {
   Status collect(int32_t* tokens) override {
     HR_RETURN_IF_ERROR(inner_->collect(tokens));
     if (++collects_ == fail_at_) return internal_error("lost the step's tokens");
+    if (collects_ == invalid_at_) tokens[invalid_row_] = invalid_token_;
     return Status::ok();
+  }
+  // Collect `at` returns `token` (not a vocabulary id) in row `row`, as a device sampler does for
+  // a row of NaN logits.
+  void return_invalid_token(int at, int row, int32_t token) {
+    invalid_at_ = at;
+    invalid_row_ = row;
+    invalid_token_ = token;
   }
   void discard() override { inner_->discard(); }
   bool pipelined() const override { return inner_->pipelined(); }
@@ -354,6 +362,8 @@ class FailingBackend final : public Backend {
   int fail_submit_at_;
   int collects_ = 0;
   int submits_ = 0;
+  int invalid_at_ = 0, invalid_row_ = 0;
+  int32_t invalid_token_ = -1;
 };
 
 TEST(EngineTest, AFailedStepLosesNoTokens) {
@@ -385,6 +395,108 @@ TEST(EngineTest, AFailedStepLosesNoTokens) {
       }
       EXPECT_EQ(e->blocks().num_available(), e->blocks().num_blocks());
     }
+  }
+}
+
+// A step that returns no valid token for one sequence (the device sampler's -1 for a row of NaN
+// logits, or an id past the vocabulary) ends that sequence with kError and a message; the others
+// finish with their own answers, and no KV block is left behind.
+TEST(EngineTest, AnInvalidTokenEndsItsSequenceInAnError) {
+  auto& f = Fixture::get();
+  for (bool pipelined : {false, true}) {
+    for (int32_t bad : {-1, 1 << 30}) {
+      auto backend = std::make_shared<FailingBackend>(f.backend(16, 8 << 20, pipelined), 0);
+      // The third collect: every prompt is in by then and each sequence has a row.
+      backend->return_invalid_token(3, 1, bad);
+      auto e = f.engine(backend, {8, 512, 512});
+      std::vector<Outcome> out(3);
+      std::vector<std::string> errors(3);
+      std::vector<int> events_after_final(3, 0);
+      for (int i = 0; i < 3; ++i) {
+        GenerationRequest r;
+        r.prompt = prompts(1, 60 + i)[0];
+        r.params.max_tokens = 40;
+        r.on_event = [&, i](const TokenEvent& ev) {
+          const auto k = static_cast<size_t>(i);
+          if (out[k].reason != FinishReason::kNone) ++events_after_final[k];
+          if (ev.token >= 0) out[k].tokens.push_back(ev.token);
+          if (ev.finished) {
+            out[k].reason = ev.finish_reason;
+            errors[k] = ev.error;
+          }
+        };
+        ASSERT_TRUE(e->add(std::move(r)).is_ok());
+      }
+      for (int guard = 0; e->has_work() && guard < 10000; ++guard) ASSERT_TRUE(e->step().is_ok());
+      const std::string label = "pipelined " + std::to_string(pipelined) + " token " + std::to_string(bad);
+      int failed = 0;
+      for (int i = 0; i < 3; ++i) {
+        const auto k = static_cast<size_t>(i);
+        const std::vector<int32_t> want = expected(60 + i);
+        if (out[k].reason != FinishReason::kError) {
+          EXPECT_EQ(out[k].tokens, want) << label << " " << i;
+          EXPECT_EQ(out[k].reason, FinishReason::kStop) << label << " " << i;
+          EXPECT_EQ(errors[k], "") << label << " " << i;
+          continue;
+        }
+        ++failed;
+        EXPECT_NE(errors[k].find("no valid token (" + std::to_string(bad) + ")"), std::string::npos) << errors[k];
+        // What it had before the bad row is its own answer's start.
+        ASSERT_LT(out[k].tokens.size(), want.size()) << label;
+        EXPECT_TRUE(std::equal(out[k].tokens.begin(), out[k].tokens.end(), want.begin())) << label;
+      }
+      EXPECT_EQ(failed, 1) << label;
+      EXPECT_EQ(events_after_final, std::vector<int>(3, 0)) << label;
+      EXPECT_EQ(e->num_active(), 0);
+      EXPECT_EQ(e->blocks().num_available(), e->blocks().num_blocks()) << label;
+    }
+  }
+}
+
+// fail_all ends every request, running, waiting or with a step under way, in kError with the
+// reason, once; the KV cache is empty after it and the engine takes new work.
+TEST(EngineTest, FailAllEndsEveryRequestWithTheReason) {
+  auto& f = Fixture::get();
+  for (bool pipelined : {false, true}) {
+    auto e = f.engine(f.backend(16, 8 << 20, pipelined), {2, 512, 512});  // two run, two wait
+    std::vector<int> cases;  // answers long enough to be under way after three steps
+    for (int c = 0; cases.size() < 5; ++c) {
+      if (f.cases[static_cast<size_t>(c)]["text"].get<std::string>().size() >= 10) cases.push_back(c);
+    }
+    std::vector<Outcome> out(4);
+    std::vector<std::string> errors(4);
+    std::vector<int> finals(4, 0);
+    for (int i = 0; i < 4; ++i) {
+      GenerationRequest r;
+      r.prompt = prompts(1, cases[static_cast<size_t>(i)])[0];
+      r.params.max_tokens = 40;
+      r.on_event = [&, i](const TokenEvent& ev) {
+        const auto k = static_cast<size_t>(i);
+        if (ev.token >= 0) out[k].tokens.push_back(ev.token);
+        if (!ev.finished) return;
+        ++finals[k];
+        out[k].reason = ev.finish_reason;
+        errors[k] = ev.error;
+      };
+      ASSERT_TRUE(e->add(std::move(r)).is_ok());
+    }
+    for (int s = 0; s < 3; ++s) ASSERT_TRUE(e->step().is_ok());
+    EXPECT_GT(e->blocks().num_available(), 0);
+    EXPECT_LT(e->blocks().num_available(), e->blocks().num_blocks());
+    e->fail_all("the device stopped answering");
+    EXPECT_FALSE(e->has_work()) << pipelined;
+    EXPECT_EQ(e->num_active(), 0);
+    EXPECT_EQ(e->blocks().num_available(), e->blocks().num_blocks()) << pipelined;
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(out[static_cast<size_t>(i)].reason, FinishReason::kError) << i;
+      EXPECT_EQ(errors[static_cast<size_t>(i)], "the device stopped answering") << i;
+      EXPECT_EQ(finals[static_cast<size_t>(i)], 1) << i;
+    }
+    EXPECT_GT(out[0].tokens.size(), 0u);  // it was running
+    EXPECT_EQ(out[3].tokens.size(), 0u);  // it was waiting
+    // Still usable afterwards.
+    auto again = run_all(*e, prompts(1, cases[4]));
+    EXPECT_EQ(again[0].tokens, expected(cases[4]));
   }
 }
 

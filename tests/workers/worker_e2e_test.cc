@@ -341,5 +341,90 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   w->stop();
 }
 
+// The CPU backend, until told to break: then every step fails, as on a GPU whose context is lost.
+class BreakableBackend final : public engine::Backend {
+ public:
+  explicit BreakableBackend(std::shared_ptr<engine::Backend> inner) : inner_(std::move(inner)) {}
+  const char* name() const override { return inner_->name(); }
+  int vocab_size() const override { return inner_->vocab_size(); }
+  int block_size() const override { return inner_->block_size(); }
+  int num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  size_t weight_bytes() const override { return inner_->weight_bytes(); }
+  size_t kv_cache_bytes() const override { return inner_->kv_cache_bytes(); }
+  Status forward(const engine::StepInput& in, float* logits) override { return inner_->forward(in, logits); }
+  Status submit(const engine::StepInput& in, const engine::SampleSpec* specs) override {
+    if (broken) return internal_error("an illegal memory access was encountered");
+    return inner_->submit(in, specs);
+  }
+  Status collect(int32_t* tokens) override { return inner_->collect(tokens); }
+  void discard() override { inner_->discard(); }
+  std::atomic<bool> broken{false};
+
+ private:
+  std::shared_ptr<engine::Backend> inner_;
+};
+
+// An engine that keeps failing: the worker ends what it held (async requests back to the queue as
+// retryable failures, sync calls answered with an error rather than left waiting), stops, and
+// says so once; a healthy worker then finishes the whole batch correctly.
+TEST(WorkerE2eTest, AWorkerWhoseEngineKeepsFailingHandsItsWorkBackAndStops) {
+  testing::ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  DispatcherThread d(h.database_url(), h.redis_url());
+  engine::ModelWeights weights = engine::load_weights(kModelDir).value();
+  engine::pack_for_cpu(&weights);
+  auto cpu = engine::CpuBackend::create(std::make_shared<const engine::ModelWeights>(std::move(weights)),
+                                        {16, 16 << 20, 1});
+  ASSERT_TRUE(cpu.is_ok());
+  auto backend = std::make_shared<BreakableBackend>(std::shared_ptr<engine::Backend>(std::move(cpu).value()));
+  WorkerConfig wc;
+  wc.model_dir = kModelDir;
+  wc.model_name = h.model();
+  wc.worker_name = "failing";
+  wc.lease_seconds = 10;
+  queue::StoreConfig sc;
+  sc.database_url = h.database_url();
+  sc.redis_url = h.redis_url();
+  auto made = Worker::create(wc, sc, backend);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  std::unique_ptr<Worker> w = std::move(made).value();
+  std::atomic<int> failures{0};
+  w->set_on_failure([&] { ++failures; });
+  h.api().set_sync_inference(w.get());
+  ASSERT_TRUE(w->start().is_ok());
+
+  auto texts = random_texts(400, 9);
+  json reqs = json::array();
+  for (const auto& t : texts) reqs.push_back({{"prompt", "reverse: " + t}, {"temperature", 0}});
+  std::string id = h.submit(reqs, h.key_a());
+  ASSERT_FALSE(id.empty());
+  for (int i = 0; i < 600 && w->stats().completed.load() < 20; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(w->stats().completed.load(), 20);
+  ASSERT_GT(h.scalar("SELECT count(*) FROM requests WHERE status = 'running'"), 0);
+  backend->broken = true;
+  // A sync call now gets an error (it ended in the failing engine, or the worker is stopping),
+  // not a wait.
+  auto sync = h.post("/v1/chat/completions",
+                     json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: abc"}}}}}.dump(),
+                     h.key_a());
+  EXPECT_TRUE(sync.status >= 500 || sync.status == 429) << sync.status << " " << sync.body;
+  for (int i = 0; i < 500 && !w->failed(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(w->failed());
+  w->stop();  // the loop has ended already: returns at once
+  h.api().set_sync_inference(nullptr);
+  EXPECT_EQ(failures.load(), 1);
+  // Nothing stays leased to the failed worker: what it ran went back to the queue.
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE status = 'running'"), 0);
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE status = 'failed'"), 0);
+  EXPECT_GT(h.scalar("SELECT count(*) FROM requests WHERE status = 'queued' AND num_failures >= 1"), 0);
+  auto healthy = make_worker(h, "healthy");
+  ASSERT_TRUE(healthy);
+  ASSERT_TRUE(healthy->start().is_ok());
+  check_answers(wait_done(h, id, 180), texts);
+  healthy->stop();
+}
+
 }  // namespace
 }  // namespace hr::workers
