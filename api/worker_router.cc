@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <thread>
@@ -81,7 +82,13 @@ metrics::Counter& routed(const std::string& outcome) {
 // body in pieces as they arrive.
 class WorkerCall {
  public:
-  explicit WorkerCall(const RouterOptions& o) : options_(o) { parser_.body_limit(std::numeric_limits<std::uint64_t>::max()); }
+  // `client_gone` (may be empty) is polled while the call waits on the worker: when it says the
+  // client left, the connection is closed, so that the worker stops generating, and the call ends
+  // with kCancelled.
+  WorkerCall(const RouterOptions& o, std::function<bool()> client_gone)
+      : options_(o), client_gone_(std::move(client_gone)) {
+    parser_.body_limit(std::numeric_limits<std::uint64_t>::max());
+  }
 
   // kUnavailable when the worker cannot be reached or drops the connection before answering.
   Status open(const std::string& url, const std::string& body) {
@@ -110,7 +117,7 @@ class WorkerCall {
     if (ec) return unavailable("send to " + url + ": " + ec.message());
     stream_.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
     http::async_read_header(stream_, buffer_, parser_, [&](beast::error_code e, size_t) { ec = e; });
-    run();
+    if (!run()) return client_left();
     if (ec) return unavailable("answer from " + url + ": " + ec.message());
     return Status::ok();
   }
@@ -126,7 +133,7 @@ class WorkerCall {
     beast::error_code ec;
     stream_.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
     http::async_read_some(stream_, buffer_, parser_, [&](beast::error_code e, size_t) { ec = e; });
-    run();
+    if (!run()) return client_left();
     if (ec == http::error::need_buffer) ec = {};
     if (ec) return unavailable("the worker's answer broke off: " + ec.message());
     out->append(tmp, sizeof tmp - parser_.get().body().size);
@@ -142,11 +149,29 @@ class WorkerCall {
   }
 
  private:
-  void run() {
+  // Runs the operation queued; false when the client left meanwhile (the connection is closed).
+  bool run() {
     ioc_.restart();
-    ioc_.run();
+    if (!client_gone_) {
+      ioc_.run();
+      return true;
+    }
+    while (!ioc_.stopped()) {
+      ioc_.run_for(std::chrono::milliseconds(50));
+      if (!ioc_.stopped() && client_gone_()) {
+        beast::error_code ignored;
+        stream_.socket().close(ignored);
+        ioc_.run();  // the operation ends, aborted
+        return false;
+      }
+    }
+    return true;
+  }
+  static Status client_left() {
+    return Status(StatusCode::kCancelled, "the client went away before the worker answered");
   }
   const RouterOptions& options_;
+  std::function<bool()> client_gone_;
   asio::io_context ioc_;
   beast::tcp_stream stream_{ioc_};
   beast::flat_buffer buffer_;
@@ -304,7 +329,7 @@ Result<T> WorkerRouter::forward(const SyncCall& call, const std::string& body, O
   Status last = Status::ok();
   for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
     HR_ASSIGN_OR_RETURN(std::shared_ptr<Attempt> a, place(call, skip));
-    auto wc = std::make_unique<WorkerCall>(options_);
+    auto wc = std::make_unique<WorkerCall>(options_, call.client_gone);
     Status st = wc->open(a->url, body);
     std::optional<Result<T>> got;
     if (!st.is_ok()) {
@@ -323,7 +348,8 @@ Result<T> WorkerRouter::forward(const SyncCall& call, const std::string& body, O
       continue;
     }
     if (got) {
-      routed(got->is_ok() ? "ok" : "error").add();
+      const bool left = !got->is_ok() && got->status().code() == StatusCode::kCancelled;
+      routed(got->is_ok() ? "ok" : left ? "client_gone" : "error").add();
       return std::move(*got);
     }
     Result<std::string> text = wc->read_all();

@@ -119,6 +119,7 @@ api::Reply SyncServer::handle(const api::HttpRequest& req) {
   api::SyncCall call;
   call.reject_if_busy = body.value("reject_if_busy", false);
   call.queue_timeout_ms = body.value("queue_timeout_ms", 2000);
+  call.client_gone = api::current_client_gone;  // the router closes its connection for a client gone
   if (!body.value("stream", false)) {
     Result<api::SyncAnswer> a = worker_.run(body["request"], call);
     if (!a.is_ok()) return {error_reply(a.status()), nullptr};

@@ -291,14 +291,13 @@ Result<std::unique_ptr<api::SyncStream>> Worker::start_stream(const json& reques
 }
 
 void Worker::fail_job(SyncJob& job, const Status& st) {
-  if (!job.streaming) {
-    job.done.set_value(st);
-    return;
+  {
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.finished = true;
+    job.status = st;
+    job.cv.notify_one();
   }
-  std::lock_guard<std::mutex> lock(job.mu);
-  job.finished = true;
-  job.status = st;
-  job.cv.notify_one();
+  if (!job.streaming) job.done.set_value(st);
 }
 
 Result<api::SyncAnswer> Worker::run(const json& request, const api::SyncCall& call) {
@@ -314,9 +313,17 @@ Result<api::SyncAnswer> Worker::run(const json& request, const api::SyncCall& ca
   }
   inbox_cv_.notify_one();
   // The answer's own generation time is bounded by max_tokens; the wait covers queueing too.
-  auto deadline = std::chrono::milliseconds(call.queue_timeout_ms) + std::chrono::seconds(120);
-  if (future.wait_for(deadline) != std::future_status::ready) {
-    return Status(StatusCode::kDeadlineExceeded, "the request did not finish in time");
+  // A client that goes away meanwhile stops the generation (the step loop cancels it).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(call.queue_timeout_ms) +
+                        std::chrono::seconds(120);
+  while (future.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
+    const bool gone = call.client_gone && call.client_gone();
+    if (gone || std::chrono::steady_clock::now() >= deadline) {
+      job->abandoned = true;
+      inbox_cv_.notify_one();
+      return gone ? Status(StatusCode::kCancelled, "the client went away before the answer was ready")
+                  : Status(StatusCode::kDeadlineExceeded, "the request did not finish in time");
+    }
   }
   return future.get();
 }
@@ -359,7 +366,7 @@ void Worker::loop() {
     std::string text;
   };
   std::unordered_map<int64_t, Running> running;  // engine id → lease
-  std::vector<std::shared_ptr<SyncJob>> streams;  // streamed sync requests still generating
+  std::vector<std::shared_ptr<SyncJob>> generating;  // sync requests in the engine
   std::vector<queue::Lease> unstarted;            // pulled while stopping: handed back
   int64_t drain_deadline = 0;
   metrics::Counter& credits_granted = metrics::counter(
@@ -448,19 +455,23 @@ void Worker::loop() {
           }
           job->cv.notify_one();
         } else if (ev.finished) {
+          {
+            std::lock_guard<std::mutex> lock(job->mu);
+            job->finished = true;
+          }
           job->done.set_value(answer);
         }
       }, engine::RequestClass::kSync, job->arrival_ns);
       auto id = eng.add(std::move(job->request));
       if (!id.is_ok()) {
         fail_job(*job, id.status());
-      } else if (job->streaming) {
+      } else {
         job->engine_id = *id;
-        streams.push_back(job);
+        generating.push_back(job);
       }
     }
-    // Streams whose client went away stop generating.
-    std::erase_if(streams, [&](const std::shared_ptr<SyncJob>& job) {
+    // Sync answers whose client went away stop generating.
+    std::erase_if(generating, [&](const std::shared_ptr<SyncJob>& job) {
       bool finished = false;
       {
         std::lock_guard<std::mutex> lock(job->mu);
@@ -469,10 +480,17 @@ void Worker::loop() {
       if (finished) return true;
       if (!job->abandoned) return false;
       eng.cancel(job->engine_id);
-      ++stats_.streams_cancelled;
-      metrics::counter("headroom_streams_cancelled_total",
-                       "Streamed answers stopped because the client went away")
-          .add();
+      if (job->streaming) {
+        ++stats_.streams_cancelled;
+        metrics::counter("headroom_streams_cancelled_total",
+                         "Streamed answers stopped because the client went away")
+            .add();
+      } else {
+        ++stats_.calls_cancelled;
+        metrics::counter("headroom_sync_calls_cancelled_total",
+                         "Sync answers (not streamed) stopped because the client went away")
+            .add();
+      }
       return true;
     });
     bool stopping = stopping_.load();

@@ -37,6 +37,7 @@ struct WorkerStats {
   std::atomic<int64_t> released{0};
   std::atomic<int64_t> steps{0};
   std::atomic<int64_t> streams_cancelled{0};
+  std::atomic<int64_t> calls_cancelled{0};  // sync answers not streamed, their client gone
   std::atomic<int64_t> braked{0};  // pulls held back by the utilization brake
 };
 

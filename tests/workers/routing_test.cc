@@ -1,8 +1,9 @@
 // Sync requests through the API to separate `headroom worker` processes found in the Redis
 // registry: answers (plain and streamed, both API shapes), session affinity, spreading without
 // it, failover when a worker is killed, withdrawal on SIGTERM, and 429 code 3040 with Retry-After
-// when no worker has room. Clients that leave a stream (mid-answer, or while the call waits for
-// room) stop its generation on the worker and leave nothing held behind.
+// when no worker has room. Clients that leave (mid-stream, while an answer not streamed is
+// generated, or while the call waits for room) stop its generation on the worker and leave
+// nothing held behind.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -477,6 +478,57 @@ TEST_F(LeavingClients, MidStreamStopsTheGeneration) {
     EXPECT_NE(client.received().find(" 200 OK"), std::string::npos) << client.received();
     client.leave();
     expect_cancelled(before, settled(port, before, 1), 1);
+  }
+}
+
+// A call answered whole (not streamed) whose client leaves while the answer is generated: the
+// API's router closes its connection to the worker, the worker cancels the generation, and
+// nothing is left behind; the same on the worker's own endpoint.
+TEST_F(LeavingClients, UnstreamedCallStopsWhenItsClientLeaves) {
+  start_worker("w1", {}, model_dir_);
+  ASSERT_TRUE(wait_live({"w1"}));
+  const int port = port_of("w1");
+  ASSERT_GT(port, 0);
+  json chat = request();
+  chat["model"] = h_->model();
+  struct Case {
+    const char* what;
+    int port;
+    std::string target;
+    std::string body;
+    std::string key;
+    int router_gone;  // calls the API's router counts as their client gone
+  };
+  const std::vector<Case> cases = {
+      {"through the API", h_->port(), "/v1/chat/completions", chat.dump(), h_->key_a(), 1},
+      {"the worker's own endpoint", port, "/internal/sync", json{{"request", request()}}.dump(), "", 0},
+  };
+  const std::string cancelled = "headroom_sync_calls_cancelled_total";
+  const std::string router_gone = R"(headroom_sync_routed_total{outcome="client_gone"})";
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Metrics before = scrape(port);
+    Metrics api_before = parse_metrics(metrics::render());
+    LeavingClient client(c.port, c.target, c.body, c.key);
+    // Generating: the worker's engine holds it.
+    Metrics during;
+    for (int i = 0; i < 200; ++i) {
+      during = scrape(port);
+      if (during[kSyncRunning] >= 1) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_GE(during[kSyncRunning], 1);
+    EXPECT_EQ(client.unread(), 0u);  // no answer yet
+    client.leave();
+    Metrics after = settled(port, before, 1);
+    EXPECT_EQ(after[cancelled] - before[cancelled], 1);
+    EXPECT_EQ(after[kSyncCancelled] - before[kSyncCancelled], 1);
+    EXPECT_EQ(after[kStreamsCancelled], before[kStreamsCancelled]);
+    EXPECT_LT(after[kSyncGenerated] - before[kSyncGenerated], kMaxTokens / 4);
+    EXPECT_EQ(after[kSyncRunning], 0);
+    EXPECT_EQ(after[kKvUsed], 0);
+    Metrics api_after = parse_metrics(metrics::render());
+    EXPECT_EQ(api_after[router_gone] - api_before[router_gone], c.router_gone);
   }
 }
 
