@@ -11,6 +11,8 @@
 #   serve     scripts/serve_check.sh cuda, as configured by default and with the settings still off
 #             by default (--cuda-options), where Postgres and Redis can run: installed here, or
 #             packed by scripts/pack_portable.sh and named by HEADROOM_PORTABLE
+#   profile   (only when named) Nsight Compute over the GEMV kernel at every decode shape, one and
+#             two rows: duration, DRAM throughput and the bandwidth it reached, per launch
 #   sanitize  compute-sanitizer: memcheck over the kernel tests and the backend's logits test,
 #             racecheck and synccheck over the attention and GEMV tests (a check not started for
 #             lack of time is reported, and does not fail the run)
@@ -31,8 +33,8 @@ logs=${HEADROOM_GPU_CHECK_LOGS:-/tmp/headroom-gpu-check}
 mkdir -p "$logs"
 
 for stage in ${stages//,/ }; do
-  case $stage in tests | bench | serve | sanitize) ;;
-    *) echo "gpu_check: unknown stage '$stage' in HEADROOM_GPU_CHECK_STAGES (tests, bench, serve, sanitize)" >&2
+  case $stage in tests | bench | serve | sanitize | profile) ;;
+    *) echo "gpu_check: unknown stage '$stage' in HEADROOM_GPU_CHECK_STAGES (tests, bench, serve, sanitize, profile)" >&2
        exit 2 ;;
   esac
 done
@@ -165,6 +167,24 @@ if wants sanitize; then
       note "$(printf '%-32s %s %ss %s' "$name" "$(outcome "$stage_rc")" "$stage_s" \
         "$(grep -E '^========= (ERROR SUMMARY|RACECHECK SUMMARY)' "$logs/$name.log" | tail -1 | sed 's/^========= //')")"
     done
+  fi
+fi
+
+if wants profile; then
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  if [ ! -x "$ncu" ]; then
+    failed=1
+    note "profile_gemv                     FAILED: no ncu here"
+  else
+    # Clocks as they are (the bandwidth is what is asked); the warm-up launches are in the CSV too.
+    run_stage profile_gemv "$logs/profile_gemv.csv" 240 "$ncu" --clock-control none \
+      --kernel-name regex:gemv_kernel --csv \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size \
+      "$bin/headroom_gpu_bench" --gemv-profile 1
+    [ "$stage_rc" -eq 0 ] || failed=1
+    note "$(printf '%-32s %s %ss' profile_gemv "$(outcome "$stage_rc")" "$stage_s")"
+    python3 "$root/scripts/ncu_summary.py" "$logs/profile_gemv.csv" >"$logs/profile_gemv.txt" 2>&1
+    while IFS= read -r line; do note "  $line"; done <"$logs/profile_gemv.txt"
   fi
 fi
 

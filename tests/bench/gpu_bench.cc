@@ -197,6 +197,47 @@ json gemv_vs_cublaslt(const ModelConfig& c, double bw) {
   return out;
 }
 
+// For a profiler (scripts/gpu_check.sh's `profile` stage): the GEMV kernel once per decode shape
+// at one and two rows, after one warm-up launch each; nothing timed here.
+int gemv_profile_run(const ModelConfig& c) {
+  const int D = c.hidden_size, F = c.intermediate_size;
+  const int shapes[][2] = {{c.q_size() + 2 * c.kv_size(), D}, {D, c.q_size()}, {2 * F, D}, {D, F}, {c.vocab_size, D}};
+  const char* names[] = {"qkv", "o", "gate_up", "down", "lm_head"};
+  __nv_bfloat16 *x = nullptr, *w = nullptr;
+  float* y = nullptr;
+  size_t largest = 0;
+  for (const auto& s : shapes) largest = std::max(largest, static_cast<size_t>(s[0]) * s[1]);
+  if (cudaMalloc(&x, 2ull * 32768 * 2) != cudaSuccess || cudaMalloc(&w, largest * 2) != cudaSuccess ||
+      cudaMalloc(&y, 2ull * c.vocab_size * 4) != cudaSuccess) {
+    std::fprintf(stderr, "gpu_bench: out of memory for the GEMV profile\n");
+    return 1;
+  }
+  kernels::fill_uniform_bf16(x, 2ull * 32768, 1.0f, 7, nullptr);
+  kernels::fill_uniform_bf16(w, largest, 0.02f, 11, nullptr);
+  for (int si = 0; si < 5; ++si) {
+    for (int m : {1, 2}) {
+      kernels::GemvParams gp;
+      gp.w = w;
+      gp.m = m;
+      gp.n = shapes[si][0];
+      gp.k = shapes[si][1];
+      gp.x = x;
+      gp.y = y;
+      for (int rep = 0; rep < 2; ++rep) {
+        if (kernels::gemv(gp, nullptr) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+          std::fprintf(stderr, "gpu_bench: GEMV %s at m=%d failed\n", names[si], m);
+          return 1;
+        }
+      }
+      std::printf("gemv %s m=%d: n=%d k=%d\n", names[si], m, gp.n, gp.k);
+    }
+  }
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(y);
+  return 0;
+}
+
 std::vector<int> parse_list(const std::string& s) {
   std::vector<int> out;
   std::stringstream ss(s);
@@ -221,6 +262,7 @@ int main(int argc, char** argv) {
   c.rope_theta = 500000.0;
   std::string batches = "1,16,64,256";
   int prompt = 512, steps = 32, prefill_len = 2048, prefill_count = 8, max_tokens = 8192;
+  bool gemv_profile = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--layers") c.num_layers = std::stoi(v);
@@ -230,11 +272,13 @@ int main(int argc, char** argv) {
     else if (k == "--prefill-prompt") prefill_len = std::stoi(v);
     else if (k == "--prefill-count") prefill_count = std::stoi(v);
     else if (k == "--max-batched-tokens") max_tokens = std::stoi(v);
+    else if (k == "--gemv-profile") gemv_profile = v == "1";
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
     }
   }
+  if (gemv_profile) return gemv_profile_run(c);
   const double bw = copy_bandwidth();
   const json gemv_bw = gemv_vs_cublaslt(c, bw);
   std::printf("weight-read bandwidth fraction, gemv vs cuBLASLt: %s\n", gemv_bw.dump().c_str());

@@ -35,6 +35,19 @@ rc=$?
 echo "========= ERROR SUMMARY: 0 errors"
 exit $rc
 EOF
+cat >"$work/path/ncu" <<'EOF'
+#!/bin/sh
+# Nsight Compute's CSV, details page, for two launches (one row per metric).
+echo "==PROF== Connected to process 4242"
+echo '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
+k='"void hr::kernels::gemv_kernel<1, (hr::kernels::GemvInput)0>(hr::kernels::GemvParams)"'
+row() { echo "\"$1\",\"4242\",\"headroom_gpu_bench\",\"127.0.0.1\",$k,\"1\",\"7\",\"(256, 1, 1)\",\"(768, 1, 1)\",\"0\",\"9.0\",\"Command line profiler metrics\",\"$2\",\"$3\",\"$4\""; }
+for id in 0 1; do
+  row $id dram__bytes_read.sum Mbyte 50.33
+  row $id gpu__time_duration.sum usecond 2$id.17
+  row $id dram__throughput.avg.pct_of_peak_sustained_elapsed % 6$id.5
+done
+EOF
 gtest() {  # gtest NAME BODY: a stand-in test binary
   printf '#!/bin/sh\n%s\n' "$2" >"$work/bin/$1"
 }
@@ -71,6 +84,7 @@ expect "bench.json is kept" grep -q '"prefill_tok_s"' "$work/logs/bench.json"
 expect "racecheck ran" grep -q 'tool racecheck' "$work/logs/sanitize_racecheck_cuda_kernels.log"
 expect "memcheck over the backend failed with its test" has '^sanitize_memcheck_cuda_backend +FAILED'
 expect "summary.txt holds the summary" grep -q '^bench_gpu' "$work/logs/summary.txt"
+expect "no profile unless named" bash -c "! grep -q profile '$work/summary'"
 
 # 2. A skipped test alone fails the run (on a GPU machine nothing may skip); with only passing
 # stages, the run passes.
@@ -98,7 +112,15 @@ expect "later stages are reported not run" has '^bench_gpu +NOT RUN: out of time
 expect "the hung test's child was stopped too" \
   bash -c "case \$(ps -o stat= -p \$(cat '$work/grandchild')) in ''|Z*) true ;; *) false ;; esac"
 
-# 4. An unknown stage is refused before anything runs.
+# 4. The profile stage (only when named) sums up Nsight Compute's CSV a launch a line: 50.33 MB
+# in 21.17 us is 2,377 GB/s.
+run 300 profile
+expect "the profile stage passes (rc $rc)" test "$rc" -eq 0
+expect "the profile is summed up a launch a line" \
+  has '^  1 +gemv_kernel<1, \(hr::kernels::GemvInput\)0 +grid \(768, 1, 1\) +21\.2 us +50\.3 MB read +2377 GB/s +dram +61\.5%'
+expect "the first launch too" has '^  0 +gemv_kernel.* +20\.2 us .* 2495 GB/s'
+
+# 5. An unknown stage is refused before anything runs.
 run 300 tests,benchmark
 expect "an unknown stage is refused with 2 (rc $rc)" test "$rc" -eq 2
 expect "the refusal names the stage" grep -q "unknown stage 'benchmark'" "$work/out"

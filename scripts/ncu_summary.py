@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Sums up Nsight Compute's CSV (ncu --csv, the details page: one row per kernel launch and metric)
+as one line per launch: kernel, grid, duration, DRAM bytes read, the bandwidth that makes, DRAM
+throughput and active warps as percentages of peak.
+    scripts/ncu_summary.py FILE.csv"""
+import csv
+import sys
+
+SCALE = {"": 1, "byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
+         "nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1, "%": 1}
+
+
+def number(text, unit=""):
+    value = float(text.replace(",", ""))
+    return value * SCALE.get(unit.strip().lower(), 1)
+
+
+def launches(lines):
+    """ID → {"kernel", "grid", metric name → value in base units} from the CSV rows (details
+    page, long form: "Metric Name", "Metric Unit", "Metric Value"; or raw page: a column per
+    metric, its unit in the row under the header)."""
+    start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
+    if start is None:
+        return {}
+    rows = list(csv.reader(lines[start:]))
+    header, body = rows[0], rows[1:]
+    out = {}
+    if "Metric Name" in header:
+        col = {name: header.index(name) for name in header}
+        for r in body:
+            if len(r) != len(header):
+                continue
+            d = out.setdefault(r[col["ID"]], {"kernel": r[col["Kernel Name"]], "grid": r[col.get("Grid Size", 0)]})
+            try:
+                d[r[col["Metric Name"]]] = number(r[col["Metric Value"]], r[col["Metric Unit"]])
+            except ValueError:
+                pass
+        return out
+    units = body[0] if body and not body[0][0].strip().isdigit() else [""] * len(header)
+    for r in body:
+        if len(r) != len(header) or not r[0].strip().isdigit():
+            continue
+        d = {"kernel": r[header.index("Kernel Name")] if "Kernel Name" in header else "?",
+             "grid": r[header.index("Grid Size")] if "Grid Size" in header else "?"}
+        for name, unit, value in zip(header, units, r):
+            try:
+                d[name] = number(value, unit)
+            except ValueError:
+                pass
+        out[r[0]] = d
+    return out
+
+
+def main():
+    with open(sys.argv[1], errors="replace") as f:
+        found = launches(f.read().splitlines())
+    if not found:
+        print("no kernel launches in", sys.argv[1])
+        return 1
+    for launch_id in sorted(found, key=lambda k: int(k) if k.isdigit() else 0):
+        d = found[launch_id]
+        secs = d.get("gpu__time_duration.sum", 0)
+        read = d.get("dram__bytes_read.sum", 0)
+        kernel = d["kernel"][5:] if d["kernel"].startswith("void ") else d["kernel"]
+        head = kernel.split("<")[0]
+        kernel = head.split("::")[-1] + kernel[len(head):]  # without its namespaces
+        print("%-4s %-40s grid %-14s %8.1f us %9.1f MB read %7.0f GB/s  dram %5.1f%%  warps %5.1f%%" % (
+            launch_id, kernel[:40], d["grid"], secs * 1e6, read / 1e6, read / secs / 1e9 if secs else 0,
+            d.get("dram__throughput.avg.pct_of_peak_sustained_elapsed", 0),
+            d.get("sm__warps_active.avg.pct_of_peak_sustained_active", 0)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
