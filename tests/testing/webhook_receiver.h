@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "api/http_server.h"
@@ -25,6 +26,10 @@ struct Received {
 class Receiver {
  public:
   struct Answer {
+    Answer() = default;
+    // (A constructor rather than an aggregate: GCC warns of every member left out of a brace list.)
+    explicit Answer(int status_code, std::string retry_after_value = "", int sleep = 0)
+        : status(status_code), retry_after(std::move(retry_after_value)), sleep_ms(sleep) {}
     int status = 200;
     std::string retry_after;
     int sleep_ms = 0;
