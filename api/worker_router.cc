@@ -102,7 +102,7 @@ class WorkerCall {
     if (ec) return unavailable("resolve " + u->host + ": " + ec.message());
     stream_.expires_after(std::chrono::milliseconds(options_.connect_timeout_ms));
     stream_.async_connect(eps, [&](beast::error_code e, const tcp::endpoint&) { ec = e; });
-    run();
+    if (!run()) return client_left();
     if (ec) return unavailable("connect " + url + ": " + ec.message());
     http::request<http::string_body> req{http::verb::post, "/internal/sync", 11};
     req.set(http::field::host, u->host + ":" + std::to_string(u->port));
@@ -113,7 +113,7 @@ class WorkerCall {
     req.prepare_payload();
     stream_.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
     http::async_write(stream_, req, [&](beast::error_code e, size_t) { ec = e; });
-    run();
+    if (!run()) return client_left();
     if (ec) return unavailable("send to " + url + ": " + ec.message());
     stream_.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
     http::async_read_header(stream_, buffer_, parser_, [&](beast::error_code e, size_t) { ec = e; });

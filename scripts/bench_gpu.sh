@@ -5,7 +5,8 @@
 # timed in the same run; GPU memory left for the KV cache), then the same figures for Hugging Face
 # transformers on the same GPU and shape (when PyTorch and transformers are importable). The last
 # line of output is one JSON object; the baseline's figures are under "baseline".
-# HEADROOM_PREBUILT=DIR uses a headroom_gpu_bench already built in DIR instead of building.
+# HEADROOM_PREBUILT=DIR uses a headroom_gpu_bench already built in DIR instead of building;
+# HEADROOM_BENCH_BASELINE=0 leaves the baseline out.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -22,7 +23,9 @@ trap 'rm -f "$log"' EXIT
 "$bench" "$@" | tee "$log" >&2
 ours=$(tail -1 "$log")
 baseline=null
-if python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; then
+if [ "${HEADROOM_BENCH_BASELINE:-1}" = 0 ]; then
+  echo "bench_gpu: baseline skipped (HEADROOM_BENCH_BASELINE=0)" >&2
+elif python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; then
   # A failed baseline loses only the baseline: our figures are reported all the same.
   if PYTHONUNBUFFERED=1 python3 scripts/bench_gpu_baseline.py 2>&1 | tee "$log" >&2 &&
     python3 -c 'import json, sys; json.loads(sys.argv[1])' "$(tail -1 "$log")" 2>/dev/null; then

@@ -59,6 +59,11 @@ deadline=$(( begin + ${HEADROOM_GPU_CHECK_DEADLINE_S:-570} ))
 
 summary=()
 failed=0
+stop_stage() {
+  [ -f "$logs/.stage_pid" ] && kill -TERM "$(cat "$logs/.stage_pid")" 2>/dev/null
+  exit 130
+}
+trap stop_stage INT TERM
 note() { summary+=("$1"); printf '%s\n' "$1" >>"$logs/summary.txt"; }
 : >"$logs/summary.txt"
 
@@ -84,8 +89,18 @@ run_stage() {
   echo "== $name (at most ${secs}s)"
   local t0
   t0=$(date +%s)
-  timeout --kill-after=10 "$secs" "$@" 2>&1 | tee "$log"
-  stage_rc=${PIPESTATUS[0]}
+  # timeout runs the stage in a process group of its own: an interrupt of this script reaches it
+  # through the trap below, which runs at once because this shell waits with the wait builtin.
+  rm -f "$logs/.stage_rc"
+  {
+    timeout --kill-after=10 "$secs" "$@" 2>&1 &
+    echo $! >"$logs/.stage_pid"
+    wait $!
+    echo $? >"$logs/.stage_rc"
+  } | tee "$log" &
+  wait $!
+  stage_rc=$(cat "$logs/.stage_rc" 2>/dev/null || echo 1)
+  rm -f "$logs/.stage_pid" "$logs/.stage_rc"
   stage_s=$(( $(date +%s) - t0 ))
   # Killed after the TERM at the limit: out of time too (not when killed sooner, for memory say).
   [ "$stage_rc" -eq 137 ] && [ "$stage_s" -ge "$secs" ] && stage_rc=124
@@ -160,7 +175,7 @@ if wants sanitize; then
       # Memory errors only: a library's own failed API calls (cuBLASLt probing) are not ours.
       extra=()
       [ "$tool" = memcheck ] && extra=(--report-api-errors no)
-      run_stage "$name" "$logs/$name.log" 240 "$sanitizer" --tool "$tool" "${extra[@]}" --error-exitcode 3 \
+      run_stage "$name" "$logs/$name.log" 240 "$sanitizer" --tool "$tool" ${extra[@]+"${extra[@]}"} --error-exitcode 3 \
         "$bin/$t" --gtest_color=no "--gtest_filter=$filter"
       # A check left out for time is reported as such; it fails the run only if it ran and failed.
       [ "$stage_rc" -eq 0 ] || [ "$stage_rc" -eq 125 ] || failed=1
@@ -183,7 +198,8 @@ if wants profile; then
       "$bin/headroom_gpu_bench" --gemv-profile 1
     [ "$stage_rc" -eq 0 ] || failed=1
     note "$(printf '%-32s %s %ss' profile_gemv "$(outcome "$stage_rc")" "$stage_s")"
-    python3 "$root/scripts/ncu_summary.py" "$logs/profile_gemv.csv" >"$logs/profile_gemv.txt" 2>&1
+    # No launch in the CSV (no profiling permission, say) is a failure too.
+    python3 "$root/scripts/ncu_summary.py" "$logs/profile_gemv.csv" >"$logs/profile_gemv.txt" 2>&1 || failed=1
     while IFS= read -r line; do note "  $line"; done <"$logs/profile_gemv.txt"
   fi
 fi

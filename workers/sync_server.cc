@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 
 #include "api/errors.h"
@@ -47,12 +48,15 @@ void SyncServerOptions::bind(CLI::App& app) {
            "URL the API uses to reach this worker (default http://SYNC_HOST:PORT)");
   cli::add(app, "--internal-token", internal_token,
            "Shared secret the API must send with sync requests (empty: none)");
-  cli::add(app, "--sync-threads", handler_threads, "Sync requests handled at once");
+  cli::add(app, "--sync-threads", handler_threads,
+           "Sync requests handled at once (-1: the engine's sequences, --max-num-seqs, and 8 more; 64 at least)");
 }
 
 Status SyncServerOptions::validate() const {
   if (port < 0 || port > 65535) return invalid_argument("--sync-port must be 0..65535", "sync-port");
-  if (handler_threads < 1) return invalid_argument("--sync-threads must be at least 1", "sync-threads");
+  if (handler_threads < 1 && handler_threads != -1) {
+    return invalid_argument("--sync-threads must be -1 (by the engine's sequences) or at least 1", "sync-threads");
+  }
   if (!advertise_url.empty() && advertise_url.rfind("http://", 0) != 0) {
     return invalid_argument("--advertise-url must start with http://", "advertise-url");
   }
@@ -72,7 +76,9 @@ Status SyncServer::start() {
   o.host = options_.host;
   o.port = static_cast<uint16_t>(options_.port);
   o.io_threads = 1;
-  o.handler_threads = options_.handler_threads;
+  // Every sequence the worker announces room for can be a blocking sync call.
+  o.handler_threads = options_.handler_threads > 0 ? options_.handler_threads
+                                                   : std::max(64, worker_.config().max_num_seqs + 8);
   // Answers are bounded by max_tokens; a stream may be quiet while the engine is busy.
   o.write_timeout_s = 300;
   server_ = std::make_unique<api::HttpServer>(

@@ -34,7 +34,9 @@ struct SyncServerOptions {
   // Where the API reaches this worker; default http://HOST:PORT (HOST must then be routable).
   std::string advertise_url;
   std::string internal_token;  // required from callers when set
-  int handler_threads = 64;    // sync requests handled at once (each blocks while it generates)
+  // Sync requests handled at once (each blocks while it generates); -1: as many as the worker
+  // runs sequences (its announced capacity), and 8 more, 64 at least.
+  int handler_threads = -1;
 
   void bind(CLI::App& app);
   [[nodiscard]] Status validate() const;

@@ -282,12 +282,19 @@ Result<std::unique_ptr<api::SyncStream>> Worker::start_stream(const json& reques
   auto job = std::make_shared<SyncJob>();
   job->request = std::move(gen);
   job->streaming = true;
+  HR_RETURN_IF_ERROR(hand_to_step_loop(job));
+  return std::unique_ptr<api::SyncStream>(new WorkerStream(job, sync_active_));
+}
+
+Status Worker::hand_to_step_loop(const std::shared_ptr<SyncJob>& job) {
   {
     std::lock_guard<std::mutex> lock(inbox_mu_);
+    // The step loop has ended (stopped, or its engine failed) and reads the inbox no more.
+    if (inbox_closed_) return Status(StatusCode::kResourceExhausted, "Out of capacity: the worker is stopping");
     inbox_.push_back(job);
   }
   inbox_cv_.notify_one();
-  return std::unique_ptr<api::SyncStream>(new WorkerStream(job, sync_active_));
+  return Status::ok();
 }
 
 void Worker::fail_job(SyncJob& job, const Status& st) {
@@ -307,11 +314,7 @@ Result<api::SyncAnswer> Worker::run(const json& request, const api::SyncCall& ca
   auto job = std::make_shared<SyncJob>();
   job->request = std::move(gen);
   auto future = job->done.get_future();
-  {
-    std::lock_guard<std::mutex> lock(inbox_mu_);
-    inbox_.push_back(job);
-  }
-  inbox_cv_.notify_one();
+  HR_RETURN_IF_ERROR(hand_to_step_loop(job));
   // The answer's own generation time is bounded by max_tokens; the wait covers queueing too.
   // A client that goes away meanwhile stops the generation (the step loop cancels it).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(call.queue_timeout_ms) +
@@ -432,9 +435,10 @@ void Worker::loop() {
     for (auto& job : jobs) {
       class_metrics(engine::RequestClass::kSync)
           .queue.observe(static_cast<double>(steady_now_ns() - job->arrival_ns) / 1e9);
-      job->request.on_event = timed([job](const engine::TokenEvent& ev) {
+      job->request.on_event = timed([this, job](const engine::TokenEvent& ev) {
         if (ev.finish_reason == engine::FinishReason::kError) {
-          fail_job(*job, internal_error(ev.error));
+          // A whole engine failing: nothing reached the client, another worker may answer.
+          fail_job(*job, engine_failing_ ? unavailable(ev.error) : internal_error(ev.error));
           return;
         }
         job->text += ev.text_delta;
@@ -610,15 +614,25 @@ void Worker::loop() {
       if (!st.is_ok()) {
         log::error("worker.step_failed", {{"error", st.status()}, {"in_a_row", failed_steps + 1}});
         if (++failed_steps >= kMaxFailedSteps) {
-          // The device is not coming back (a lost GPU context, say): end everything held here, so
-          // that no client waits on this worker, and stop.
-          log::error("worker.engine_failed", {{"error", st.status()}, {"failed_steps", failed_steps}});
-          failed_ = true;
-          stopping_ = true;
+          // End everything held here, so that no client waits on this engine: sync calls get an
+          // error their router may take elsewhere, async requests go back to the queue.
+          const bool device = st.status().code() == StatusCode::kInternal;
+          log::error("worker.engine_failed",
+                     {{"error", st.status()}, {"failed_steps", failed_steps}, {"stopping", device}});
+          engine_failing_ = true;
           eng.fail_all("the worker's engine failed " + std::to_string(failed_steps) +
                        " steps in a row: " + st.status().message());
+          engine_failing_ = false;
           publish_engine_gauges();
-          break;
+          failed_steps = 0;
+          if (device) {
+            // The device is not coming back (a lost GPU context, say): stop, so that a fresh
+            // process starts clean. (Other failures, from the work itself, leave a clean engine.)
+            failed_ = true;
+            stopping_ = true;
+            break;
+          }
+          continue;
         }
         // A passing fault may clear: give it a moment before the step is tried again.
         std::this_thread::sleep_for(std::chrono::milliseconds(50 * failed_steps));
@@ -640,9 +654,14 @@ void Worker::loop() {
     std::lock_guard<std::mutex> lock(inbox_mu_);
     for (auto& job : inbox_) fail_job(*job, unavailable("the worker stopped"));
     inbox_.clear();
+    inbox_closed_ = true;
   }
   // Hand back what did not finish in time, and what was pulled but never started.
-  for (const auto& [id, r] : running) {
+  // (Out of `running` first: a cancel's final event looks its request up there, and would
+  // complete it as cancelled besides handing it back.)
+  std::unordered_map<int64_t, Running> unfinished;
+  unfinished.swap(running);
+  for (const auto& [id, r] : unfinished) {
     unstarted.push_back(r.lease);
     eng.cancel(id);
   }

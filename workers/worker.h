@@ -59,10 +59,10 @@ class Worker final : public api::SyncInference {
   [[nodiscard]] static Result<std::unique_ptr<Worker>> create(
       const WorkerConfig& config, const queue::StoreConfig& store,
       std::shared_ptr<engine::Backend> backend = nullptr);
-  // Engine steps failing in a row (50 ms apart, then 100) after which the worker gives up: every
-  // request it holds ends
-  // (sync ones with an error, async ones handed back to the queue as a retryable failure), it
-  // stops, and `on_failure` runs.
+  // Engine steps failing in a row (50 ms apart, then 100) after which the worker gives up on
+  // what it holds: every request ends (sync ones with an error, async ones handed back to the
+  // queue as a retryable failure). When the failure is the device's (kInternal: a CUDA error,
+  // say) it also stops, and `on_failure` runs; otherwise it goes on with a clean engine.
   static constexpr int kMaxFailedSteps = 3;
   ~Worker();
 
@@ -95,12 +95,15 @@ class Worker final : public api::SyncInference {
   queue::StoreConfig store_;
   std::unique_ptr<LoadedModel> model_;
   static void fail_job(SyncJob& job, const Status& st);
+  // Queues a sync job for the step loop; kResourceExhausted once the loop has ended.
+  Status hand_to_step_loop(const std::shared_ptr<SyncJob>& job);
   // kResourceExhausted when stopping, or (with reject_if_busy) when sync requests fill every slot.
   Status admit(bool reject_if_busy) const;
   std::mutex inbox_mu_;
   std::vector<std::shared_ptr<SyncJob>> inbox_;  // guarded by inbox_mu_
   std::condition_variable inbox_cv_;             // signalled when inbox_ gains a job
   bool io_ready_ = false;                        // guarded by inbox_mu_: queue I/O has news
+  bool inbox_closed_ = false;                    // guarded by inbox_mu_: the step loop has ended
   std::atomic<int> sync_active_{0};              // sync requests between admit and their end
   std::atomic<int> async_running_{0};            // as of the last step
   std::atomic<int> free_kv_blocks_{0};
@@ -108,6 +111,7 @@ class Worker final : public api::SyncInference {
   std::atomic<double> utilization_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> failed_{false};
+  bool engine_failing_ = false;  // step loop only: fail_all is ending every request
   std::function<void()> on_failure_;
   std::thread thread_;
   WorkerStats stats_;

@@ -64,7 +64,7 @@ echo "{\"batch1_mbu\": 0.8, \"decode_tok_s\": {\"1\": 160.0}, \"prefill_tok_s\":
 chmod +x "$work"/bin/* "$work"/path/*
 
 run() {  # run DEADLINE STAGES: gpu_check.sh with the stand-ins; output in $work/out, rc in $rc
-  PATH=$work/path:$PATH HEADROOM_PREBUILT=$work/bin HEADROOM_GPU_CHECK_LOGS=$work/logs \
+  PATH=$work/path:$PATH HEADROOM_PREBUILT=$work/bin HEADROOM_GPU_CHECK_LOGS=$work/logs HEADROOM_BENCH_BASELINE=0 \
     HEADROOM_GPU_CHECK_DEADLINE_S=$1 HEADROOM_GPU_CHECK_STAGES=$2 "$check" >"$work/out" 2>&1
   rc=$?
   sed -n '/== gpu_check summary/,$p' "$work/out" >"$work/summary"
@@ -102,15 +102,32 @@ expect "all stages passing pass the run (rc $rc)" test "$rc" -eq 0
 gtest cuda_kernels_test 'sleep 600 & echo $! >"'"$work"'/grandchild"; wait'
 chmod +x "$work"/bin/*
 start=$(date +%s)
-run 32 tests,bench
+run 40 tests,bench
 took=$(( $(date +%s) - start ))
-expect "the run ends near its deadline (${took}s)" test "$took" -lt 60
+expect "the run ends near its deadline (${took}s)" test "$took" -lt 70
 expect "a hung stage fails the run" test "$rc" -ne 0
 expect "the hung test is reported stopped" has '^cuda_kernels_test +STOPPED: out of time'
 expect "later stages are reported not run" has '^bench_gpu +NOT RUN: out of time'
 # (gone, or a zombie waiting to be reaped)
+expect "the hung test started its child" test -s "$work/grandchild"
 expect "the hung test's child was stopped too" \
   bash -c "case \$(ps -o stat= -p \$(cat '$work/grandchild')) in ''|Z*) true ;; *) false ;; esac"
+
+# 3b. The script interrupted (TERM) while a stage runs: the stage and its children stop with it.
+gtest cuda_kernels_test 'sleep 600 & echo $! >"'"$work"'/grandchild2"; wait'
+chmod +x "$work"/bin/*
+PATH=$work/path:$PATH HEADROOM_PREBUILT=$work/bin HEADROOM_GPU_CHECK_LOGS=$work/logs \
+  HEADROOM_GPU_CHECK_STAGES=tests "$check" >"$work/out" 2>&1 &
+checker=$!
+for _ in $(seq 100); do [ -s "$work/grandchild2" ] && break; sleep 0.1; done
+expect "the interrupted stage started its child" test -s "$work/grandchild2"
+kill -TERM "$checker"
+wait "$checker"
+rc=$?
+expect "an interrupted run exits 130 (rc $rc)" test "$rc" -eq 130
+sleep 1
+expect "the interrupted stage's child was stopped too" \
+  bash -c "case \$(ps -o stat= -p \$(cat '$work/grandchild2')) in ''|Z*) true ;; *) false ;; esac"
 
 # 4. The profile stage (only when named) sums up Nsight Compute's CSV a launch a line: 50.33 MB
 # in 21.17 us is 2,377 GB/s.

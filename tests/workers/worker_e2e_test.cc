@@ -40,14 +40,14 @@ struct DispatcherThread {
 };
 
 std::unique_ptr<Worker> make_worker(testing::ApiHarness& h, const std::string& name,
-                                    double max_utilization = 1.0) {
+                                    double max_utilization = 1.0, int drain_seconds = 5) {
   WorkerConfig wc;
   wc.max_utilization = max_utilization;
   wc.model_dir = kModelDir;
   wc.model_name = h.model();
   wc.worker_name = name;
   wc.lease_seconds = 10;
-  wc.drain_seconds = 5;
+  wc.drain_seconds = drain_seconds;
   queue::StoreConfig sc;
   sc.database_url = h.database_url();
   sc.redis_url = h.redis_url();
@@ -209,6 +209,32 @@ TEST(WorkerE2eTest, StopReleasesOrFinishesEverythingItHeld) {
   check_answers(wait_done(h, id, 120), texts);
 }
 
+// With no time to drain, a stopping worker hands back everything it was running: each request
+// once (handed back, not also completed as cancelled), and a second worker answers them all.
+TEST(WorkerE2eTest, StopWithoutDrainHandsBackWhatItRan) {
+  testing::ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  DispatcherThread d(h.database_url(), h.redis_url());
+  auto texts = random_texts(400, 12);
+  json reqs = json::array();
+  for (const auto& t : texts) reqs.push_back({{"prompt", "reverse: " + t}, {"temperature", 0}});
+  std::string id = h.submit(reqs, h.key_a());
+  {
+    auto w = make_worker(h, "no-drain", 1.0, /*drain_seconds=*/0);
+    ASSERT_TRUE(w->start().is_ok());
+    for (int i = 0; i < 600 && w->stats().completed.load() < 20; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_GT(h.scalar("SELECT count(*) FROM requests WHERE status = 'running'"), 0);
+    w->stop();
+    EXPECT_GT(w->stats().released.load(), 0);
+  }
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE status = 'running'"), 0);
+  auto w = make_worker(h, "finisher");
+  ASSERT_TRUE(w->start().is_ok());
+  check_answers(wait_done(h, id, 120), texts);
+}
+
 TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   testing::ApiHarness h;
   ASSERT_TRUE(h.ok());
@@ -353,12 +379,13 @@ class BreakableBackend final : public engine::Backend {
   size_t kv_cache_bytes() const override { return inner_->kv_cache_bytes(); }
   Status forward(const engine::StepInput& in, float* logits) override { return inner_->forward(in, logits); }
   Status submit(const engine::StepInput& in, const engine::SampleSpec* specs) override {
-    if (broken) return internal_error("an illegal memory access was encountered");
+    if (broken) return failure;
     return inner_->submit(in, specs);
   }
   Status collect(int32_t* tokens) override { return inner_->collect(tokens); }
   void discard() override { inner_->discard(); }
   std::atomic<bool> broken{false};
+  Status failure = internal_error("an illegal memory access was encountered");  // set before breaking
 
  private:
   std::shared_ptr<engine::Backend> inner_;
@@ -424,6 +451,57 @@ TEST(WorkerE2eTest, AWorkerWhoseEngineKeepsFailingHandsItsWorkBackAndStops) {
   ASSERT_TRUE(healthy->start().is_ok());
   check_answers(wait_done(h, id, 180), texts);
   healthy->stop();
+}
+
+// Steps failing for a reason of the work, not the device (kInvalidArgument here): the worker ends
+// what it held (async requests back to the queue), keeps its engine and goes on; once the steps
+// pass again it finishes the whole batch itself.
+TEST(WorkerE2eTest, AWorkerWhoseStepsFailForTheWorkGoesOnWithACleanEngine) {
+  testing::ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  DispatcherThread d(h.database_url(), h.redis_url());
+  engine::ModelWeights weights = engine::load_weights(kModelDir).value();
+  engine::pack_for_cpu(&weights);
+  auto cpu = engine::CpuBackend::create(std::make_shared<const engine::ModelWeights>(std::move(weights)),
+                                        {16, 16 << 20, 1});
+  ASSERT_TRUE(cpu.is_ok());
+  auto backend = std::make_shared<BreakableBackend>(std::shared_ptr<engine::Backend>(std::move(cpu).value()));
+  backend->failure = invalid_argument("block 99999 is outside the KV cache");
+  WorkerConfig wc;
+  wc.model_dir = kModelDir;
+  wc.model_name = h.model();
+  wc.worker_name = "recovering";
+  wc.lease_seconds = 10;
+  queue::StoreConfig sc;
+  sc.database_url = h.database_url();
+  sc.redis_url = h.redis_url();
+  auto made = Worker::create(wc, sc, backend);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  std::unique_ptr<Worker> w = std::move(made).value();
+  std::atomic<int> failures{0};
+  w->set_on_failure([&] { ++failures; });
+  ASSERT_TRUE(w->start().is_ok());
+  auto texts = random_texts(300, 11);
+  json reqs = json::array();
+  for (const auto& t : texts) reqs.push_back({{"prompt", "reverse: " + t}, {"temperature", 0}});
+  std::string id = h.submit(reqs, h.key_a());
+  ASSERT_FALSE(id.empty());
+  for (int i = 0; i < 600 && w->stats().completed.load() < 20; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(w->stats().completed.load(), 20);
+  backend->broken = true;
+  // What it held went back to the queue as failed attempts.
+  for (int i = 0; i < 500 && h.scalar("SELECT count(*) FROM requests WHERE num_failures >= 1") == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GT(h.scalar("SELECT count(*) FROM requests WHERE num_failures >= 1"), 0);
+  backend->broken = false;
+  check_answers(wait_done(h, id, 180), texts);
+  EXPECT_FALSE(w->failed());
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE status = 'failed'"), 0);
+  w->stop();
 }
 
 }  // namespace
