@@ -39,8 +39,10 @@ struct DispatcherThread {
   }
 };
 
+// A worker on the bundled model; on `backend` when one is given.
 std::unique_ptr<Worker> make_worker(testing::ApiHarness& h, const std::string& name,
-                                    double max_utilization = 1.0, int drain_seconds = 5) {
+                                    double max_utilization = 1.0, int drain_seconds = 5,
+                                    std::shared_ptr<engine::Backend> backend = nullptr) {
   WorkerConfig wc;
   wc.max_utilization = max_utilization;
   wc.model_dir = kModelDir;
@@ -51,7 +53,7 @@ std::unique_ptr<Worker> make_worker(testing::ApiHarness& h, const std::string& n
   queue::StoreConfig sc;
   sc.database_url = h.database_url();
   sc.redis_url = h.redis_url();
-  auto w = Worker::create(wc, sc);
+  auto w = Worker::create(wc, sc, std::move(backend));
   EXPECT_TRUE(w.is_ok()) << w.status().to_string();
   return w.is_ok() ? std::move(w).value() : nullptr;
 }
@@ -391,6 +393,29 @@ class BreakableBackend final : public engine::Backend {
   std::shared_ptr<engine::Backend> inner_;
 };
 
+std::shared_ptr<BreakableBackend> breakable_backend() {
+  engine::ModelWeights weights = engine::load_weights(kModelDir).value();
+  engine::pack_for_cpu(&weights);
+  auto cpu = engine::CpuBackend::create(std::make_shared<const engine::ModelWeights>(std::move(weights)),
+                                        {16, 16 << 20, 1});
+  EXPECT_TRUE(cpu.is_ok());
+  return std::make_shared<BreakableBackend>(std::shared_ptr<engine::Backend>(std::move(cpu).value()));
+}
+
+// Submits `n` reversals (their texts in `texts`) and waits until worker `w` has completed 20 of
+// them; the batch's id, or "" when that did not happen.
+std::string submit_under_way(testing::ApiHarness& h, const Worker& w, int n, int seed,
+                             std::vector<std::string>* texts) {
+  *texts = random_texts(n, seed);
+  json reqs = json::array();
+  for (const auto& t : *texts) reqs.push_back({{"prompt", "reverse: " + t}, {"temperature", 0}});
+  std::string id = h.submit(reqs, h.key_a());
+  for (int i = 0; i < 600 && w.stats().completed.load() < 20; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return w.stats().completed.load() >= 20 ? id : "";
+}
+
 // An engine that keeps failing: the worker ends what it held (async requests back to the queue as
 // retryable failures, sync calls answered with an error rather than left waiting), stops, and
 // says so once; a healthy worker then finishes the whole batch correctly.
@@ -398,37 +423,16 @@ TEST(WorkerE2eTest, AWorkerWhoseEngineKeepsFailingHandsItsWorkBackAndStops) {
   testing::ApiHarness h;
   ASSERT_TRUE(h.ok());
   DispatcherThread d(h.database_url(), h.redis_url());
-  engine::ModelWeights weights = engine::load_weights(kModelDir).value();
-  engine::pack_for_cpu(&weights);
-  auto cpu = engine::CpuBackend::create(std::make_shared<const engine::ModelWeights>(std::move(weights)),
-                                        {16, 16 << 20, 1});
-  ASSERT_TRUE(cpu.is_ok());
-  auto backend = std::make_shared<BreakableBackend>(std::shared_ptr<engine::Backend>(std::move(cpu).value()));
-  WorkerConfig wc;
-  wc.model_dir = kModelDir;
-  wc.model_name = h.model();
-  wc.worker_name = "failing";
-  wc.lease_seconds = 10;
-  queue::StoreConfig sc;
-  sc.database_url = h.database_url();
-  sc.redis_url = h.redis_url();
-  auto made = Worker::create(wc, sc, backend);
-  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
-  std::unique_ptr<Worker> w = std::move(made).value();
+  auto backend = breakable_backend();
+  auto w = make_worker(h, "failing", 1.0, 5, backend);
+  ASSERT_TRUE(w);
   std::atomic<int> failures{0};
   w->set_on_failure([&] { ++failures; });
   h.api().set_sync_inference(w.get());
   ASSERT_TRUE(w->start().is_ok());
-
-  auto texts = random_texts(400, 9);
-  json reqs = json::array();
-  for (const auto& t : texts) reqs.push_back({{"prompt", "reverse: " + t}, {"temperature", 0}});
-  std::string id = h.submit(reqs, h.key_a());
+  std::vector<std::string> texts;
+  const std::string id = submit_under_way(h, *w, 400, 9, &texts);
   ASSERT_FALSE(id.empty());
-  for (int i = 0; i < 600 && w->stats().completed.load() < 20; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_GE(w->stats().completed.load(), 20);
   ASSERT_GT(h.scalar("SELECT count(*) FROM requests WHERE status = 'running'"), 0);
   backend->broken = true;
   // A sync call now gets an error (it ended in the failing engine, or the worker is stopping),
@@ -460,36 +464,16 @@ TEST(WorkerE2eTest, AWorkerWhoseStepsFailForTheWorkGoesOnWithACleanEngine) {
   testing::ApiHarness h;
   ASSERT_TRUE(h.ok());
   DispatcherThread d(h.database_url(), h.redis_url());
-  engine::ModelWeights weights = engine::load_weights(kModelDir).value();
-  engine::pack_for_cpu(&weights);
-  auto cpu = engine::CpuBackend::create(std::make_shared<const engine::ModelWeights>(std::move(weights)),
-                                        {16, 16 << 20, 1});
-  ASSERT_TRUE(cpu.is_ok());
-  auto backend = std::make_shared<BreakableBackend>(std::shared_ptr<engine::Backend>(std::move(cpu).value()));
+  auto backend = breakable_backend();
   backend->failure = invalid_argument("block 99999 is outside the KV cache");
-  WorkerConfig wc;
-  wc.model_dir = kModelDir;
-  wc.model_name = h.model();
-  wc.worker_name = "recovering";
-  wc.lease_seconds = 10;
-  queue::StoreConfig sc;
-  sc.database_url = h.database_url();
-  sc.redis_url = h.redis_url();
-  auto made = Worker::create(wc, sc, backend);
-  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
-  std::unique_ptr<Worker> w = std::move(made).value();
+  auto w = make_worker(h, "recovering", 1.0, 5, backend);
+  ASSERT_TRUE(w);
   std::atomic<int> failures{0};
   w->set_on_failure([&] { ++failures; });
   ASSERT_TRUE(w->start().is_ok());
-  auto texts = random_texts(300, 11);
-  json reqs = json::array();
-  for (const auto& t : texts) reqs.push_back({{"prompt", "reverse: " + t}, {"temperature", 0}});
-  std::string id = h.submit(reqs, h.key_a());
+  std::vector<std::string> texts;
+  const std::string id = submit_under_way(h, *w, 300, 11, &texts);
   ASSERT_FALSE(id.empty());
-  for (int i = 0; i < 600 && w->stats().completed.load() < 20; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_GE(w->stats().completed.load(), 20);
   backend->broken = true;
   // What it held went back to the queue as failed attempts.
   for (int i = 0; i < 500 && h.scalar("SELECT count(*) FROM requests WHERE num_failures >= 1") == 0; ++i) {
