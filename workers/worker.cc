@@ -86,7 +86,7 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given, const 
   spec.kv_cache_bytes = static_cast<size_t>(config.kv_cache_bytes);
   spec.max_num_tokens = config.max_batched_tokens;
   spec.max_num_seqs = config.max_num_seqs;
-  spec.cpu_thread_nice = config.resolved_engine_nice();
+  spec.cpu_thread_nice = config.engine_nice;
   if (!backend) {
     HR_ASSIGN_OR_RETURN(backend, engine::make_backend(config.model_dir, spec));
   }
@@ -95,7 +95,7 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given, const 
   eo.scheduler.max_num_seqs = config.max_num_seqs;
   eo.scheduler.max_batched_tokens = config.max_batched_tokens;
   eo.scheduler.max_prefill_chunk = config.max_batched_tokens;
-  eo.scheduler.max_async_tokens_with_sync = config.resolved_async_tokens_with_sync();
+  eo.scheduler.max_async_tokens_with_sync = config.async_tokens_with_sync;
   eo.scheduler.sync_prefill_alone = config.sync_prefill_alone;
   HR_ASSIGN_OR_RETURN(m->engine,
                       engine::Engine::create(std::move(backend),
@@ -361,8 +361,8 @@ void Worker::loop() {
   });
   io.start();
   // The step loop computes; the I/O thread above and the HTTP threads keep their priority.
-  if (!lower_thread_priority(config_.resolved_engine_nice())) {
-    log::warn("worker.nice_refused", {{"nice", config_.resolved_engine_nice()}});
+  if (!lower_thread_priority(config_.engine_nice)) {
+    log::warn("worker.nice_refused", {{"nice", config_.engine_nice}});
   }
   struct Running {
     queue::Lease lease;
@@ -405,7 +405,7 @@ void Worker::loop() {
   RecentPeak sync_peak;       // most sync sequences at once over the last 10 s
   RecentPeak sync_recent(3);  // the same over the last 3 s: is sync traffic about?
   StepCost step_cost;         // time per token, for sizing steps with async work
-  const double async_step_ms = config_.resolved_async_step_ms();
+  const double async_step_ms = config_.async_step_ms;
   int failed_steps = 0;              // engine steps failed in a row
   int64_t busy_ns = 0;               // time in engine steps since mark_ns
   int64_t mark_ns = steady_now_ns();
@@ -435,10 +435,10 @@ void Worker::loop() {
     for (auto& job : jobs) {
       class_metrics(engine::RequestClass::kSync)
           .queue.observe(static_cast<double>(steady_now_ns() - job->arrival_ns) / 1e9);
-      job->request.on_event = timed([this, job](const engine::TokenEvent& ev) {
+      job->request.on_event = timed([job](const engine::TokenEvent& ev) {
         if (ev.finish_reason == engine::FinishReason::kError) {
-          // A whole engine failing: nothing reached the client, another worker may answer.
-          fail_job(*job, engine_failing_ ? unavailable(ev.error) : internal_error(ev.error));
+          // Nothing reached the client: another worker may answer (as async work is retried).
+          fail_job(*job, unavailable(ev.error));
           return;
         }
         job->text += ev.text_delta;
@@ -619,10 +619,8 @@ void Worker::loop() {
           const bool device = st.status().code() == StatusCode::kInternal;
           log::error("worker.engine_failed",
                      {{"error", st.status()}, {"failed_steps", failed_steps}, {"stopping", device}});
-          engine_failing_ = true;
           eng.fail_all("the worker's engine failed " + std::to_string(failed_steps) +
                        " steps in a row: " + st.status().message());
-          engine_failing_ = false;
           publish_engine_gauges();
           failed_steps = 0;
           if (device) {

@@ -111,7 +111,6 @@ class Worker final : public api::SyncInference {
   std::atomic<double> utilization_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> failed_{false};
-  bool engine_failing_ = false;  // step loop only: fail_all is ending every request
   std::function<void()> on_failure_;
   std::thread thread_;
   WorkerStats stats_;

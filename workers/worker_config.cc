@@ -97,6 +97,9 @@ Status WorkerConfig::validate() const {
 
 WorkerConfig WorkerConfig::resolved() const {
   WorkerConfig r = *this;
+  r.async_tokens_with_sync = by_device(async_tokens_with_sync, 8, 0);
+  r.async_step_ms = by_device(async_step_ms, 100.0, 0.0);
+  r.engine_nice = by_device(engine_nice, 5, 0);
   r.max_num_seqs = by_device(max_num_seqs, 32, 256);
   r.max_batched_tokens = by_device(max_batched_tokens, 512, 2048);
   r.kv_cache_bytes = by_device<int64_t>(kv_cache_bytes, 64ll << 20, 0);

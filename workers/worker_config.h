@@ -42,13 +42,10 @@ struct WorkerConfig {
   std::string cuda_options;    // CUDA backend settings (engine::parse_cuda_options)
   std::string chat_template;         // override: headroom, llama3, chatml, mistral
 
-  // The options whose -1 means "by device": the CPU backend's step time grows with the tokens in
-  // a step and its threads share the cores with request handling; a GPU's do neither.
-  int resolved_async_tokens_with_sync() const { return by_device(async_tokens_with_sync, 8, 0); }
-  double resolved_async_step_ms() const { return by_device(async_step_ms, 100.0, 0.0); }
-  int resolved_engine_nice() const { return by_device(engine_nice, 5, 0); }
-  // This configuration with the by-device defaults of the engine's sizes filled in: a GPU takes
-  // many sequences, long steps and its memory's KV cache; the CPU few, short and 64 MiB.
+  // This configuration with every -1 ("by device") filled in. The CPU backend's step time grows
+  // with the tokens in a step and its threads share the cores with request handling; a GPU's do
+  // neither, and a GPU takes many sequences, long steps and its memory's KV cache (the CPU few,
+  // short and 64 MiB). The worker keeps the resolved configuration.
   WorkerConfig resolved() const;
 
   void bind(CLI::App& app);
