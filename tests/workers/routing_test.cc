@@ -443,6 +443,16 @@ class LeavingClients : public Routing {
     EXPECT_EQ(after[kKvUsed], 0);
   }
 
+  // One POST a leaving client makes: where to, what, and with which key.
+  struct Call {
+    const char* what;
+    int port;
+    std::string target;
+    std::string body;
+    std::string key;
+    LeavingClient open() const { return LeavingClient(port, target, body, key); }
+  };
+
   std::string model_dir_;
 };
 
@@ -452,28 +462,25 @@ TEST_F(LeavingClients, MidStreamStopsTheGeneration) {
   const int port = port_of("w1");
   ASSERT_GT(port, 0);
   struct Case {
-    const char* what;
-    int port;
-    std::string target;
-    std::string body;
-    std::string key;
+    Call call;
     std::string marker;  // one per piece of the answer
     int pieces;          // read before leaving
   };
   const std::vector<Case> cases = {
-      {"OpenAI shape", h_->port(), "/v1/chat/completions", chat_stream().dump(), h_->key_a(),
-       "data: ", 3},
-      {"Workers AI shape", h_->port(), "/ai/run/" + h_->model(),
-       json{{"prompt", "write"}, {"max_tokens", kMaxTokens}, {"temperature", 0}, {"stream", true}}
-           .dump(),
-       h_->key_a(), "data: ", 2},
-      {"the worker's own endpoint", port, "/internal/sync",
-       json{{"request", request()}, {"stream", true}}.dump(), "", R"({"delta")", 2},
+      {{"OpenAI shape", h_->port(), "/v1/chat/completions", chat_stream().dump(), h_->key_a()}, "data: ", 3},
+      {{"Workers AI shape", h_->port(), "/ai/run/" + h_->model(),
+        json{{"prompt", "write"}, {"max_tokens", kMaxTokens}, {"temperature", 0}, {"stream", true}}.dump(),
+        h_->key_a()},
+       "data: ",
+       2},
+      {{"the worker's own endpoint", port, "/internal/sync", json{{"request", request()}, {"stream", true}}.dump(), ""},
+       R"({"delta")",
+       2},
   };
   for (const Case& c : cases) {
-    SCOPED_TRACE(c.what);
+    SCOPED_TRACE(c.call.what);
     Metrics before = scrape(port);
-    LeavingClient client(c.port, c.target, c.body, c.key);
+    LeavingClient client = c.call.open();
     ASSERT_TRUE(client.read_until(c.marker, c.pieces)) << client.received();
     EXPECT_NE(client.received().find(" 200 OK"), std::string::npos) << client.received();
     client.leave();
@@ -492,24 +499,20 @@ TEST_F(LeavingClients, UnstreamedCallStopsWhenItsClientLeaves) {
   json chat = request();
   chat["model"] = h_->model();
   struct Case {
-    const char* what;
-    int port;
-    std::string target;
-    std::string body;
-    std::string key;
+    Call call;
     int router_gone;  // calls the API's router counts as their client gone
   };
   const std::vector<Case> cases = {
-      {"through the API", h_->port(), "/v1/chat/completions", chat.dump(), h_->key_a(), 1},
-      {"the worker's own endpoint", port, "/internal/sync", json{{"request", request()}}.dump(), "", 0},
+      {{"through the API", h_->port(), "/v1/chat/completions", chat.dump(), h_->key_a()}, 1},
+      {{"the worker's own endpoint", port, "/internal/sync", json{{"request", request()}}.dump(), ""}, 0},
   };
   const std::string cancelled = "headroom_sync_calls_cancelled_total";
   const std::string router_gone = R"(headroom_sync_routed_total{outcome="client_gone"})";
   for (const Case& c : cases) {
-    SCOPED_TRACE(c.what);
+    SCOPED_TRACE(c.call.what);
     Metrics before = scrape(port);
     Metrics api_before = parse_metrics(metrics::render());
-    LeavingClient client(c.port, c.target, c.body, c.key);
+    LeavingClient client = c.call.open();
     // Generating: the worker's engine holds it.
     Metrics during;
     for (int i = 0; i < 200; ++i) {
