@@ -20,7 +20,9 @@ struct StepInput {
   const int32_t* token_ids = nullptr;    // [num_tokens]
   const int32_t* positions = nullptr;    // [num_tokens]
   const int32_t* seq_start = nullptr;    // [num_seqs + 1]: token rows of sequence s
-  const int32_t* block_table = nullptr;  // [num_seqs, max_blocks_per_seq]
+  // [num_seqs, max_blocks_per_seq]: each row at least as wide as its sequence's blocks; the
+  // engine makes them as wide as the step's longest sequence needs, not the longest it allows.
+  const int32_t* block_table = nullptr;
   int max_blocks_per_seq = 0;
   const int32_t* logits_rows = nullptr;  // [num_logits]: token rows whose logits are wanted
   int num_logits = 0;
@@ -56,8 +58,8 @@ class Backend {
   // next step meanwhile.
   virtual bool pipelined() const { return false; }
 
-  // Prepares what steps with block tables `max_blocks_per_seq` wide will need (the CUDA backend's
-  // decode graphs), before serving. Only with no step outstanding.
+  // Prepares what steps with block tables up to `max_blocks_per_seq` wide will need (the CUDA
+  // backend's decode graphs), before serving. Only with no step outstanding.
   [[nodiscard]] virtual Status warm_up(int max_blocks_per_seq) { return Status::ok(); }
 
   // submit() then collect().

@@ -3,6 +3,7 @@
 #include "engine/cuda_backend.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -43,7 +44,10 @@ kernels::GemvParams gemv_params(const __nv_bfloat16* w, int m, int n, int k) {
 struct CudaBackend::StepLayout {
   size_t token_ids = 0, fed_rows = 0, positions = 0, slots = 0, logits_rows = 0, block_table = 0, decode_items = 0,
          prefill_items = 0, combine_items = 0, sample_params = 0, total = 0;
-  int num_tokens = 0, num_logits = 0, max_blocks_per_seq = 0;
+  int num_tokens = 0, num_logits = 0;
+  // The block tables' row pitch on the device (the attention kernels' max_blocks_per_seq), and
+  // the columns given (packed at that width on the host; the rest of each device row is not read).
+  int max_blocks_per_seq = 0, table_cols = 0;
   int num_decode = 0, num_prefill = 0, num_combine = 0;
   kernels::AttentionKernel decode_kernel = kernels::AttentionKernel::kDecode;  // for the decode items
   bool fused = false;  // the small-batch path with norms and activation folded into GEMVs
@@ -111,7 +115,8 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   lay = StepLayout{};
   lay.num_tokens = T;
   lay.num_logits = L;
-  lay.max_blocks_per_seq = in.max_blocks_per_seq;
+  lay.table_cols = in.max_blocks_per_seq;
+  lay.max_blocks_per_seq = graph_shape ? graph_table_width(in.max_blocks_per_seq) : in.max_blocks_per_seq;
   lay.num_decode = static_cast<int>(decode.size());
   lay.decode_kernel = plan_.decode_kernel;
   lay.num_prefill = static_cast<int>(prefill.size());
@@ -129,11 +134,11 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   lay.positions = place(T * 4);
   lay.slots = place(T * 4);
   lay.logits_rows = place(static_cast<size_t>(L) * 4);
-  lay.block_table = place(static_cast<size_t>(S) * in.max_blocks_per_seq * 4);
   lay.decode_items = place(decode.size() * sizeof(kernels::AttentionWorkItem));
   lay.prefill_items = place(prefill.size() * sizeof(kernels::AttentionWorkItem));
   lay.combine_items = place(combine.size() * sizeof(kernels::AttentionCombineItem));
   lay.sample_params = place(static_cast<size_t>(L) * sizeof(kernels::SampleParams));
+  lay.block_table = place(static_cast<size_t>(S) * lay.max_blocks_per_seq * 4);  // last: see the copy below
   lay.total = off;
   Slot& slot = slots_[slot_index];
   if (lay.total > slot.bytes) HR_RETURN_IF_ERROR(grow_slot(slot, std::max<size_t>(lay.total * 2, 1 << 20)));
@@ -174,7 +179,15 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
       sp[i].random = specs[i].random;
     }
   }
-  HR_CUDA("copying step inputs", cudaMemcpyAsync(slot.dev, slot.host, lay.total, cudaMemcpyHostToDevice, stream_));
+  // One copy; or, when a graph's block tables are wider than the step's, everything before them
+  // and then only the columns given, row by row into the graph's pitch.
+  const size_t cols = static_cast<size_t>(lay.table_cols) * 4, pitch = static_cast<size_t>(lay.max_blocks_per_seq) * 4;
+  const size_t bytes = cols == pitch || S == 0 ? lay.total : lay.block_table;
+  HR_CUDA("copying step inputs", cudaMemcpyAsync(slot.dev, slot.host, bytes, cudaMemcpyHostToDevice, stream_));
+  if (bytes != lay.total) {
+    HR_CUDA("copying block tables", cudaMemcpy2DAsync(slot.dev + lay.block_table, pitch, h + lay.block_table, cols,
+                                                      cols, S, cudaMemcpyHostToDevice, stream_));
+  }
   return Status::ok();
 }
 
@@ -462,13 +475,17 @@ Status CudaBackend::enqueue(const StepInput& given, const SampleSpec* given_spec
   StepLayout lay;
   HR_RETURN_IF_ERROR(prepare(in, specs, graph, slot, given.num_seqs, &lay));
   if (!graph) return launch_step(lay, slots_[slot].dev, specs != nullptr);
-  return launch_graph(lay, in.max_blocks_per_seq, slot, specs != nullptr);
+  return launch_graph(lay, slot, specs != nullptr);
 }
 
-Status CudaBackend::launch_graph(const StepLayout& lay, int max_blocks_per_seq, int slot, bool sample) {
+int CudaBackend::graph_table_width(int cols) const {
+  return cols <= warm_table_width_ ? warm_table_width_ : static_cast<int>(std::bit_ceil(static_cast<unsigned>(cols)));
+}
+
+Status CudaBackend::launch_graph(const StepLayout& lay, int slot, bool sample) {
   // Decode steps of one graph batch size have one shape: capture the step once per slot, then
   // replay it.
-  const auto key = std::make_tuple(lay.num_tokens, sample, max_blocks_per_seq, slot);
+  const auto key = std::make_tuple(lay.num_tokens, sample, lay.max_blocks_per_seq, slot);
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     HR_CUDA("starting a graph capture", cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -494,13 +511,14 @@ Status CudaBackend::warm_up(int max_blocks_per_seq) {
   if (!outstanding_.empty()) return internal_error("warm_up with steps outstanding");
   if (!options_.cuda_graphs || profiling_) return Status::ok();
   if (max_blocks_per_seq < 1) return invalid_argument("block tables must be at least one block wide");
+  warm_table_width_ = std::max(warm_table_width_, max_blocks_per_seq);
   const int largest = graph_batch_size(std::min(options_.max_num_seqs, options_.max_num_tokens));
   // Staging slots big enough for any step (growing one later would drop the graphs): the
   // per-token arrays, the block tables, the per-row arrays, and attention items for every token and
   // every possible split, generously.
   const size_t T = static_cast<size_t>(options_.max_num_tokens), S = static_cast<size_t>(options_.max_num_seqs);
   const size_t item = std::max(sizeof(kernels::AttentionWorkItem), sizeof(kernels::AttentionCombineItem));
-  const size_t bound = 5 * T * 4 + S * static_cast<size_t>(max_blocks_per_seq) * 4 +
+  const size_t bound = 5 * T * 4 + S * static_cast<size_t>(warm_table_width_) * 4 +
                        S * (4 + sizeof(kernels::SampleParams)) + (2 * T + static_cast<size_t>(max_partials_)) * item +
                        16 * 16;
   for (Slot& slot : slots_) {
@@ -509,16 +527,16 @@ Status CudaBackend::warm_up(int max_blocks_per_seq) {
   // An empty step padded to each size: every row decodes into the scratch block. Each waits for
   // the one before, which read its slot's pinned inputs.
   StepInput none;
-  none.max_blocks_per_seq = max_blocks_per_seq;
+  none.max_blocks_per_seq = warm_table_width_;
   const SampleSpec greedy;
   for (int size = 1; size <= largest; size = graph_batch_size(size + 1)) {
     for (int slot = 0; slot < 2; ++slot) {
-      if (graphs_.count(std::make_tuple(size, true, max_blocks_per_seq, slot))) continue;
+      if (graphs_.count(std::make_tuple(size, true, warm_table_width_, slot))) continue;
       const SampleSpec* specs = nullptr;
       StepInput in = pad_decode_step(none, &greedy, size, &specs);
       StepLayout lay;
       HR_RETURN_IF_ERROR(prepare(in, specs, true, slot, 0, &lay));
-      HR_RETURN_IF_ERROR(launch_graph(lay, max_blocks_per_seq, slot, true));
+      HR_RETURN_IF_ERROR(launch_graph(lay, slot, true));
       HR_CUDA("warming up", cudaStreamSynchronize(stream_));
     }
     if (size == largest) break;

@@ -78,8 +78,9 @@ class CudaBackend final : public Backend {
   [[nodiscard]] Status collect(int32_t* tokens) override;
   void discard() override;
   bool pipelined() const override { return true; }
-  // Captures the decode graphs of every graph batch size (both staging slots) for block tables
-  // `max_blocks_per_seq` wide, so that none is captured while serving.
+  // Captures the decode graphs of every graph batch size (both staging slots) for block tables up
+  // to `max_blocks_per_seq` wide, so that none is captured while serving. A step's narrower tables
+  // are copied into the graphs' pitch, its columns alone.
   [[nodiscard]] Status warm_up(int max_blocks_per_seq) override;
   // Decode steps replay graphs captured for these batch sizes, padded up to the next one: 1, 2, 4,
   // then multiples of 8 up to 256 and of 16 beyond (capped at max_num_seqs and max_num_tokens).
@@ -173,7 +174,10 @@ class CudaBackend final : public Backend {
   // Replaces the slot's buffers with ones of `bytes` (after the stream is idle; drops the graphs).
   [[nodiscard]] Status grow_slot(Slot& slot, size_t bytes);
   // Replays the decode graph of the prepared step's shape, capturing it first if needed.
-  [[nodiscard]] Status launch_graph(const StepLayout& lay, int max_blocks_per_seq, int slot, bool sample);
+  [[nodiscard]] Status launch_graph(const StepLayout& lay, int slot, bool sample);
+  // The device pitch of a graph step's block tables `cols` wide: the warmed-up width, so that one
+  // graph per batch size serves every step, or past it the next power of two.
+  int graph_table_width(int cols) const;
   // Every kernel of the step, reading the packed inputs (capturable: no host synchronisation).
   [[nodiscard]] Status launch_step(const StepLayout& lay, const char* inputs, bool sample);
   // y = x · w^T: the GEMV kernel for few rows, cuBLASLt otherwise.
@@ -241,7 +245,8 @@ class CudaBackend final : public Backend {
   std::deque<int> outstanding_;  // slots of submitted, uncollected steps, oldest first
   int prev_num_logits_ = 0;      // rows of the last submitted step (what fed_rows may name)
   AttentionPlan plan_;  // reused each step
-  // Decode graphs by (batch size, sampled on device, block-table width, slot).
+  int warm_table_width_ = 0;  // the widest block tables warm_up() captured graphs for
+  // Decode graphs by (batch size, sampled on device, block-table pitch, slot).
   std::map<std::tuple<int, bool, int, int>, cudaGraphExec_t> graphs_;
   bool profiling_ = false;
   std::vector<cudaEvent_t> mark_events_;

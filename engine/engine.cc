@@ -160,7 +160,10 @@ bool Engine::advance(Active& a, int32_t token) {
 }
 
 Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats) {
-  const int max_blocks = max_blocks_per_seq();
+  // Block tables as wide as this step's longest sequence: a long allowed context costs nothing
+  // until some sequence uses it.
+  int max_blocks = 1;
+  for (const ScheduledSeq& ss : plan.seqs) max_blocks = std::max(max_blocks, static_cast<int>(ss.seq->blocks.size()));
   const int num_seqs = static_cast<int>(plan.seqs.size());
   token_ids_.clear();
   positions_.clear();

@@ -128,7 +128,7 @@ class Engine {
   };
   Engine(std::shared_ptr<Backend> backend, std::shared_ptr<const Tokenizer> tokenizer,
          int max_model_len, EngineOptions options);
-  // The width of every step's block table: room for the longest sequence.
+  // The widest block table a step may have: room for the longest sequence.
   int max_blocks_per_seq() const { return (max_model_len_ + blocks_.block_size() - 1) / blocks_.block_size() + 1; }
   // Builds the plan's inputs and submits them; marks the sampled sequences' tokens pending.
   [[nodiscard]] Result<Submitted> submit(const StepPlan& plan, StepStats* stats);

@@ -395,9 +395,8 @@ int main(int argc, char** argv) {
   backend->set_cuda_graphs(true);
   // Host and device in turn: each step's tokens collected before the next step is planned.
   const json not_pipelined = variant("steps not pipelined", 1 << 30, /*pipeline=*/false);
-  // A context as long as Llama 3.1's: every step's block tables are 8,193 blocks wide instead of
-  // 513 (what the host packs and copies per step grows with it; the graphs for it are captured in
-  // the warm-up steps).
+  // A context as long as Llama 3.1's (the engine allows 8,193-block tables instead of 513): steps
+  // pack and copy only the columns their sequences use, so this should match decode_tok_s.
   const json long_context = variant("131,072-token context", 1 << 30, true, 131072);
   if (!failed.is_ok()) {
     std::fprintf(stderr, "gpu_bench: %s\n", failed.to_string().c_str());

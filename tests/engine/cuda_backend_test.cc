@@ -177,8 +177,9 @@ void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline, bool fewer_ke
   auto engine = Engine::create(backend, nullptr, 512, eo);
   ASSERT_TRUE(engine.is_ok());
   EXPECT_EQ((*engine)->pipelined(), pipeline);
-  // Every decode graph up front: 1, 2, 4, 8, 16, ..., 256 sequences, in both staging slots. The
-  // steps below pad their batches up to those sizes and replay them.
+  // Every decode graph up front: 1, 2, 4, 8, 16, ..., 256 sequences, in both staging slots, for
+  // block tables 33 wide. The steps below pad their batches up to those sizes and replay them; their
+  // tables (as wide as their sequences need: 1 to 8 blocks) are copied into the graphs' pitch.
   ASSERT_TRUE((*engine)->warm_up().is_ok());
   EXPECT_EQ(backend->num_graphs(), cuda_graphs ? 2u * (3 + 32) : 0u);
   EXPECT_EQ(backend->graph_batch_size(3), 4);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <fstream>
@@ -336,6 +337,7 @@ class FailingBackend final : public Backend {
   size_t kv_cache_bytes() const override { return inner_->kv_cache_bytes(); }
   Status forward(const StepInput& in, float* logits) override { return inner_->forward(in, logits); }
   Status submit(const StepInput& in, const SampleSpec* specs) override {
+    table_widths_.push_back(in.max_blocks_per_seq);
     if (++submits_ == fail_submit_at_) return internal_error("could not queue the step");
     return inner_->submit(in, specs);
   }
@@ -355,8 +357,11 @@ class FailingBackend final : public Backend {
   void discard() override { inner_->discard(); }
   bool pipelined() const override { return inner_->pipelined(); }
   int submits() const { return submits_; }
+  // The block-table width of each step submitted.
+  const std::vector<int>& table_widths() const { return table_widths_; }
 
  private:
+  std::vector<int> table_widths_;
   std::shared_ptr<Backend> inner_;
   int fail_at_;
   int fail_submit_at_;
@@ -515,6 +520,28 @@ TEST(EngineTest, PipelinedEngineSubmitsNoStepPastMaxTokens) {
     EXPECT_EQ(out[0].tokens.size(), 3u);
     EXPECT_EQ(out[0].reason, FinishReason::kLength);
     EXPECT_EQ(counting->submits(), 3) << "pipelined " << pipelined;
+  }
+}
+
+// A step's block tables are as wide as its longest sequence needs, not as the model's context
+// allows (33 blocks of 4 here): they grow as the sequences do, and the answers are unchanged.
+TEST(EngineTest, BlockTablesAreAsWideAsTheStepNeeds) {
+  auto& f = Fixture::get();
+  for (bool pipelined : {false, true}) {
+    auto recording = std::make_shared<FailingBackend>(f.backend(4, 8 << 20, pipelined), 0);
+    auto e = f.engine(recording, {8, 512, 512});
+    auto out = run_all(*e, prompts(4, 60));
+    size_t longest = 0;
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(out[static_cast<size_t>(i)].tokens, expected(60 + i)) << i;
+      longest = std::max(longest, prompts(1, 60 + i)[0].size() + out[static_cast<size_t>(i)].tokens.size());
+    }
+    const auto& widths = recording->table_widths();
+    ASSERT_FALSE(widths.empty());
+    const int widest = *std::max_element(widths.begin(), widths.end());
+    EXPECT_LE(widest, static_cast<int>(longest + 3) / 4) << "pipelined " << pipelined;
+    EXPECT_LT(widths.back(), 33);
+    EXPECT_LT(*std::min_element(widths.begin(), widths.end()), widest) << "the tables never grew";
   }
 }
 
