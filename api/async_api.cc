@@ -18,6 +18,7 @@
 #include "base/metrics.h"
 #include "base/url.h"
 #include "queue/pg.h"
+#include "queue/pg_pool.h"
 #include "queue/redis.h"
 #include "queue/store.h"
 #include "queue/webhooks.h"
@@ -41,7 +42,11 @@ void ApiConfig::bind(CLI::App& app) {
   cli::add(app, "--port", port, "HTTP port to listen on (0: any free port)");
   cli::add(app, "--io-threads", io_threads, "Threads running HTTP I/O");
   cli::add(app, "--handler-threads", handler_threads,
-           "Threads running request handlers (one database connection each)");
+           "Threads running request handlers (a sync call holds one while it is generated)");
+  cli::add(app, "--db-connections", db_connections,
+           "Most Postgres connections the handlers share (each borrowed only while querying)");
+  cli::add(app, "--db-wait-ms", db_wait_ms,
+           "How long a request waits for a free Postgres connection before 429");
   cli::add(app, "--body-limit-bytes", body_limit_bytes, "Largest accepted request body");
   cli::add(app, "--max-batch-requests", max_batch_requests, "Most requests in one batch");
   cli::add(app, "--max-file-bytes", max_file_bytes,
@@ -61,6 +66,12 @@ Status ApiConfig::validate() const {
   if (port < 0 || port > 65535) return invalid_argument("--port must be 0..65535", "port");
   if (io_threads < 1 || handler_threads < 1) {
     return invalid_argument("--io-threads and --handler-threads must be at least 1", "io-threads");
+  }
+  if (db_connections < 1 || db_connections > 10000) {
+    return invalid_argument("--db-connections must be 1..10000", "db-connections");
+  }
+  if (db_wait_ms < 0 || db_wait_ms > 600000) {
+    return invalid_argument("--db-wait-ms must be 0..600000", "db-wait-ms");
   }
   if (body_limit_bytes < 1024) {
     return invalid_argument("--body-limit-bytes must be at least 1024", "body-limit-bytes");
@@ -262,19 +273,10 @@ struct AsyncApi::Impl {
   };
   std::unordered_map<std::string, CachedKey> auth_cache;  // guarded by auth_mu; key = sha256 hex
 
-  // One connection per handler thread, reopened after a failure.
-  Result<pqxx::connection*> conn() {
-    std::unique_ptr<pqxx::connection>& c = thread_conn();
-    if (c && !c->is_open()) c.reset();
-    if (!c) {
-      HR_ASSIGN_OR_RETURN(c, queue::pg_connect(store.database_url));
-    }
-    return c.get();
-  }
-  static std::unique_ptr<pqxx::connection>& thread_conn() {
-    thread_local std::unique_ptr<pqxx::connection> c;
-    return c;
-  }
+  // Database connections shared by the handler threads: a thread borrows one on its first query
+  // and gives it back when its request is answered, or before it waits on an inference.
+  std::unique_ptr<queue::PgPool> pool;
+  Result<pqxx::connection*> conn() { return pool->connection(); }
 
   // Runs a read on this thread's connection; if the connection turns out to be broken (e.g. the
   // server restarted since it was opened), reconnects and tries once more.
@@ -285,7 +287,7 @@ struct AsyncApi::Impl {
       if (!c.is_ok()) return c.status();
       Result<T> r = fn(**c);
       if (r.is_ok() || r.status().code() != StatusCode::kUnavailable || attempt == 1) return r;
-      thread_conn().reset();
+      pool->drop();
     }
   }
 
@@ -293,7 +295,7 @@ struct AsyncApi::Impl {
   HttpResponse db_error(const Status& st, ErrorShape shape = ErrorShape::kWorkersAi) {
     log::warn("api.db_error", {{"error", st}});
     if (st.code() == StatusCode::kUnavailable) {
-      thread_conn().reset();
+      pool->drop();
       return shaped_error(
           Status(StatusCode::kUnavailable, "the database is unavailable; retry later"), shape);
     }
@@ -373,6 +375,8 @@ AsyncApi::AsyncApi(ApiConfig config, queue::StoreConfig store) : impl_(std::make
   impl_->config = std::move(config);
   impl_->store = std::move(store);
   impl_->models = impl_->config.model_specs().value();
+  impl_->pool = std::make_unique<queue::PgPool>(impl_->store.database_url, impl_->config.db_connections,
+                                                std::chrono::milliseconds(impl_->config.db_wait_ms));
   impl_->limits.max_requests = impl_->config.max_batch_requests;
   Impl* impl = impl_.get();
   impl_->webhooks.policy = AddressPolicy::parse(impl_->config.webhook_allow).value();
@@ -381,7 +385,7 @@ AsyncApi::AsyncApi(ApiConfig config, queue::StoreConfig store) : impl_(std::make
   OpenAiBatchContext ctx;
   ctx.authenticate = [impl = impl_.get()](const HttpRequest& r) { return impl->authenticate(r); };
   ctx.conn = [impl = impl_.get()] { return impl->conn(); };
-  ctx.drop_conn = [] { Impl::thread_conn().reset(); };
+  ctx.drop_conn = [impl] { impl->pool->drop(); };
   ctx.models = impl_->models;
   ctx.limits = impl_->limits;
   ctx.max_file_bytes = impl_->config.max_file_bytes;
@@ -394,9 +398,22 @@ AsyncApi::~AsyncApi() = default;
 
 void AsyncApi::set_sync_inference(SyncInference* sync) { impl_->sync = sync; }
 
+namespace {
+
+// Gives the thread's database connection back to the pool when it goes out of scope.
+struct GiveBack {
+  queue::PgPool* pool;
+  ~GiveBack() { pool->release(); }
+};
+
+}  // namespace
+
 HttpResponse AsyncApi::handle(const HttpRequest& req) {
   std::string_view target(req.target().data(), req.target().size());
-  if (!OpenAiBatchApi::serves(target.substr(0, target.find('?')))) return impl_->handle(req);
+  if (!OpenAiBatchApi::serves(target.substr(0, target.find('?')))) {
+    GiveBack done{impl_->pool.get()};
+    return impl_->handle(req);
+  }
   Reply reply = handle_streaming(req);  // a streamed file download, collected whole
   if (reply.stream) {
     std::string piece;
@@ -428,7 +445,17 @@ std::string route_of(std::string_view path) {
 
 Reply AsyncApi::handle_streaming(const HttpRequest& req) {
   int64_t t0 = steady_now_ns();
-  Reply reply = route_streaming(req);
+  Reply reply;
+  {
+    GiveBack done{impl_->pool.get()};
+    reply = route_streaming(req);
+  }
+  if (reply.stream) {  // each piece may borrow a connection (file downloads) and gives it back
+    reply.stream = [next = std::move(reply.stream), pool = impl_->pool.get()](std::string* piece) {
+      GiveBack done{pool};
+      return next(piece);
+    };
+  }
   std::string_view target(req.target().data(), req.target().size());
   std::string route = route_of(target.substr(0, target.find('?')));
   metrics::counter("headroom_http_requests_total", "HTTP requests answered, by route and status",
@@ -464,6 +491,11 @@ Reply AsyncApi::route_streaming(const HttpRequest& req) {
 }
 
 HttpResponse AsyncApi::Impl::metrics_page() {
+  // The handlers' database connections as this scrape found them (before it borrowed one).
+  const int lent = pool->lent(), open = pool->open();
+  const char* kPoolHelp = "Postgres connections of the API's handlers: lent to a request, or open and idle";
+  metrics::gauge("headroom_api_db_connections", kPoolHelp, "state=\"lent\"").set(lent);
+  metrics::gauge("headroom_api_db_connections", kPoolHelp, "state=\"idle\"").set(open - lent);
   Result<pqxx::connection*> c = conn();
   Status st = c.status();
   if (st.is_ok()) {
@@ -610,6 +642,7 @@ SyncCall AsyncApi::Impl::sync_call(const HttpRequest& req, const json& body,
 }
 
 Result<SyncInference*> AsyncApi::Impl::sync_for(const ModelSpec& model) const {
+  pool->release();  // the caller waits on the inference next: it needs no database meanwhile
   SyncInference* s = sync.load();
   if (s == nullptr) {
     return Status(StatusCode::kResourceExhausted,

@@ -25,9 +25,11 @@ struct ApiConfig {
   std::string host = "127.0.0.1";
   int port = 8080;
   int io_threads = 2;
-  // Each streamed sync answer holds one while it is generated; a thread opens its Postgres
-  // connection only when it first needs one.
-  int handler_threads = 32;
+  // A sync call (streamed or not) holds one while it is generated. Threads borrow database
+  // connections from a pool of db_connections only while they query, so these may be many more.
+  int handler_threads = 512;
+  int db_connections = 16;
+  int db_wait_ms = 5000;  // a request waits this long for a free connection, then gets 429
   int64_t body_limit_bytes = 10 << 20;
   int max_batch_requests = 100000;
   // OpenAI Batch API input files (POST /v1/files may carry up to this much, plus the form).

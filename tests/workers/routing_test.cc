@@ -3,7 +3,7 @@
 // it, failover when a worker is killed, withdrawal on SIGTERM, and 429 code 3040 with Retry-After
 // when no worker has room. Clients that leave (mid-stream, while an answer not streamed is
 // generated, or while the call waits for room) stop its generation on the worker and leave
-// nothing held behind.
+// nothing held behind. Calls being generated hold no database connection.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -14,6 +14,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <list>
 #include <map>
 #include <set>
 #include <thread>
@@ -23,6 +24,7 @@
 #include "base/metrics.h"
 #include "base/url.h"
 #include "queue/registry.h"
+#include "queue/store.h"
 #include "tests/testing/api_harness.h"
 #include "tests/testing/process.h"
 #include "tests/testing/random_model.h"
@@ -388,6 +390,10 @@ class LeavingClients : public Routing {
       const std::string& m = c.models.at(0);
       c.models = {m.substr(0, m.rfind(':') + 1) + std::to_string(kEndlessContext)};
       c.sync_queue_timeout_ms = 10000;
+      // One database connection for all of the handlers: calls being generated must not hold it.
+      c.handler_threads = 12;
+      c.db_connections = 1;
+      c.db_wait_ms = 500;
     });
   }
   void TearDown() override {
@@ -533,6 +539,55 @@ TEST_F(LeavingClients, UnstreamedCallStopsWhenItsClientLeaves) {
     Metrics api_after = parse_metrics(metrics::render());
     EXPECT_EQ(api_after[router_gone] - api_before[router_gone], c.router_gone);
   }
+}
+
+// Sync calls give their database connection back before they wait on the worker: with one
+// connection for all of the API's handlers, four calls being generated (two streamed) leave it
+// free, and requests that need the database (a key not seen yet, a listing) are answered.
+TEST_F(LeavingClients, CallsBeingGeneratedHoldNoDatabaseConnection) {
+  start_worker("w1", {}, model_dir_);
+  ASSERT_TRUE(wait_live({"w1"}));
+  const int port = port_of("w1");
+  ASSERT_GT(port, 0);
+  json chat = request();
+  chat["model"] = h_->model();
+  // A key of its own for each call, so that each one looks its key up in the database.
+  std::vector<std::string> keys;
+  {
+    pqxx::connection c(h_->database_url());
+    for (int i = 0; i < 5; ++i) {
+      auto k = queue::create_api_key(c, "carol");
+      ASSERT_TRUE(k.is_ok());
+      keys.push_back(k->key);
+    }
+  }
+  Metrics before = scrape(port);
+  std::list<LeavingClient> calls;
+  for (int i = 0; i < 4; ++i) {
+    calls.emplace_back(h_->port(), "/v1/chat/completions", (i % 2 ? chat_stream() : chat).dump(), keys[i]);
+  }
+  Metrics during;
+  for (int i = 0; i < 400; ++i) {
+    during = scrape(port);
+    if (during[kSyncRunning] >= 4) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(during[kSyncRunning], 4);
+  for (int i = 0; i < 3; ++i) {
+    auto r = h_->get("/v1/async", keys[4]);
+    EXPECT_EQ(r.status, 200) << r.body;
+  }
+  Metrics api = parse_metrics(h_->get("/metrics", "").body);
+  EXPECT_EQ(api[R"(headroom_api_db_connections{state="lent"})"], 0);
+  EXPECT_EQ(api[R"(headroom_api_db_connections{state="idle"})"], 1);
+  EXPECT_EQ(scrape(port)[kSyncRunning], 4) << "the calls ended before the requests were answered";
+  for (LeavingClient& c : calls) c.leave();
+  Metrics after = settled(port, before, 4);
+  EXPECT_EQ(after[kSyncCancelled] - before[kSyncCancelled], 4);
+  EXPECT_EQ(after[kStreamsCancelled] - before[kStreamsCancelled], 2);
+  EXPECT_EQ(after["headroom_sync_calls_cancelled_total"] - before["headroom_sync_calls_cancelled_total"], 2);
+  EXPECT_EQ(after[kSyncRunning], 0);
+  EXPECT_EQ(after[kKvUsed], 0);
 }
 
 TEST_F(LeavingClients, WhileWaitingForRoomLeavesNothingBehind) {

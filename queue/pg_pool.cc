@@ -1,0 +1,80 @@
+// A bounded, lazily opened Postgres connection pool with per-thread loans.
+#include "queue/pg_pool.h"
+
+#include "queue/pg.h"
+
+namespace hr::queue {
+
+PgPool::PgPool(std::string url, int size, std::chrono::milliseconds wait)
+    : url_(std::move(url)), size_(size < 1 ? 1 : size), wait_(wait) {}
+
+Result<pqxx::connection*> PgPool::connection() {
+  const std::thread::id me = std::this_thread::get_id();
+  std::unique_lock<std::mutex> lock(mu_);
+  if (auto it = lent_.find(me); it != lent_.end()) {
+    if (it->second->is_open()) return it->second.get();
+    lent_.erase(it);  // closed under us: its place is taken again below
+    cv_.notify_one();
+  }
+  const auto room = [&] {
+    return !idle_.empty() || static_cast<int>(lent_.size()) + opening_ < size_;
+  };
+  if (!cv_.wait_for(lock, wait_, room)) {
+    return Status(StatusCode::kResourceExhausted,
+                  "all " + std::to_string(size_) + " database connections are busy; retry later");
+  }
+  while (!idle_.empty()) {
+    std::unique_ptr<pqxx::connection> c = std::move(idle_.back());
+    idle_.pop_back();
+    if (!c->is_open()) continue;  // its place is free again; open a new one below
+    pqxx::connection* raw = c.get();
+    lent_[me] = std::move(c);
+    return raw;
+  }
+  ++opening_;
+  lock.unlock();
+  Result<std::unique_ptr<pqxx::connection>> opened = pg_connect(url_);
+  lock.lock();
+  --opening_;
+  if (!opened.is_ok()) {
+    cv_.notify_one();
+    return opened.status();
+  }
+  pqxx::connection* raw = opened->get();
+  lent_[me] = std::move(opened).value();
+  return raw;
+}
+
+void PgPool::release() {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = lent_.find(std::this_thread::get_id());
+  if (it == lent_.end()) return;
+  if (it->second->is_open()) idle_.push_back(std::move(it->second));
+  lent_.erase(it);
+  cv_.notify_one();
+}
+
+void PgPool::drop() {
+  std::unique_ptr<pqxx::connection> closing;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = lent_.find(std::this_thread::get_id());
+    if (it == lent_.end()) return;
+    closing = std::move(it->second);
+    lent_.erase(it);
+    cv_.notify_one();
+  }
+  closing.reset();  // outside the lock: closing talks to the server
+}
+
+int PgPool::lent() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(lent_.size());
+}
+
+int PgPool::open() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(lent_.size() + idle_.size());
+}
+
+}  // namespace hr::queue

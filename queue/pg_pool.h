@@ -1,0 +1,55 @@
+// A bounded set of Postgres connections shared by many threads, each connection lent to one
+// thread at a time. A thread's first connection() borrows one (opened on first use, waiting while
+// all are lent) and its later calls get the same one until it gives it back with release(). A
+// request handler thus borrows on its first query and gives back when it is done, or before it
+// waits on something slow (an inference), so that many more handler threads than connections can
+// share the database.
+#pragma once
+
+#include <pqxx/pqxx>
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+
+namespace hr::queue {
+
+class PgPool {
+ public:
+  // At most `size` connections to `url`; a thread waits up to `wait` for one to be given back.
+  PgPool(std::string url, int size, std::chrono::milliseconds wait);
+  PgPool(const PgPool&) = delete;
+  PgPool& operator=(const PgPool&) = delete;
+
+  // The calling thread's connection: the one it holds, else one borrowed (and reopened if it was
+  // closed). kResourceExhausted when none is given back within the wait; kUnavailable when the
+  // server cannot be reached.
+  [[nodiscard]] Result<pqxx::connection*> connection();
+  // Gives the calling thread's connection back, if it holds one.
+  void release();
+  // Closes the calling thread's connection (it broke) and frees its place.
+  void drop();
+
+  int size() const { return size_; }
+  int lent() const;
+  int open() const;  // lent and idle
+
+ private:
+  const std::string url_;
+  const int size_;
+  const std::chrono::milliseconds wait_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<pqxx::connection>> idle_;
+  std::unordered_map<std::thread::id, std::unique_ptr<pqxx::connection>> lent_;
+  int opening_ = 0;  // places taken by connections being opened (outside the lock)
+};
+
+}  // namespace hr::queue
