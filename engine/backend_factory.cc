@@ -41,6 +41,7 @@ void for_each_cuda_field(CudaBackendOptions& o, F&& f) {
   f("fused_combine", o.fused_combine);
   f("decode_attention", o.decode_attention);
   f("programmatic_launch", o.programmatic_launch);
+  f("prefetch_weights", o.prefetch_weights_mb);
 }
 
 // A field's values and their setting texts.
@@ -49,6 +50,9 @@ std::vector<std::pair<DecodeAttention, const char*>> field_values(DecodeAttentio
   return {{DecodeAttention::kTensorCore, "tensor_core"},
           {DecodeAttention::kCudaCore, "cuda_core"},
           {DecodeAttention::kPrefillTiles, "prefill_tiles"}};
+}
+std::vector<std::pair<int, const char*>> field_values(int) {  // prefetch_weights: MiB
+  return {{8, "8mb"}, {0, "off"}, {4, "4mb"}, {16, "16mb"}};
 }
 std::vector<std::pair<ProgrammaticLaunch, const char*>> field_values(ProgrammaticLaunch) {
   return {{ProgrammaticLaunch::kOn, "on"}, {ProgrammaticLaunch::kOff, "off"}, {ProgrammaticLaunch::kAuto, "auto"}};
@@ -95,6 +99,7 @@ const std::vector<CudaSetting>& cuda_settings() {
       {"fused_combine", {"on", "off"}},
       {"decode_attention", {"tensor_core", "cuda_core", "prefill_tiles"}},
       {"programmatic_launch", {"on", "off", "auto"}},
+      {"prefetch_weights", {"8mb", "off", "4mb", "16mb"}},
   };
   return settings;
 }

@@ -293,13 +293,16 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
       }
       qp.rope = {q_, rope.k_cache, rope.v_cache, rope.bias, d_positions, d_slots, inv_freq_, c.num_heads, nkv,
                  c.head_dim};
+      const Ahead next = ahead(W.wo, D, Q);
+      std::copy(next.begin(), next.end(), qp.prefetch);
       HR_CUDA("qkv, rope and KV write", kernels::gemv(qp, stream_));
       mark("qkv_proj");
     } else {
       if (!fused || li == 0) {
         HR_RETURN_IF_ERROR(matmul(h_, W.wqkv, qkv_, GemmOut::kF32, T, QKV, D));
       } else {
-        HR_RETURN_IF_ERROR(gemv_normed(r_in, s_in, W.input_norm, eps, W.wqkv, qkv_, false, T, QKV, D));
+        HR_RETURN_IF_ERROR(
+            gemv_normed(r_in, s_in, W.input_norm, eps, W.wqkv, qkv_, false, T, QKV, D, false, ahead(W.wo, D, Q)));
       }
       mark("qkv_proj");
       HR_CUDA("rope and KV write", kernels::rope_write_kv(rope, stream_));
@@ -322,13 +325,16 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
     mark("attention");
     if (fused) {
       float* sums = sumsq_ + static_cast<size_t>(2 * li) * kernels::kGemvMaxFusedRows;
-      HR_RETURN_IF_ERROR(gemv_residual(attn_, W.wo, r_in, r_alt, sums, T, D, Q));
+      HR_RETURN_IF_ERROR(gemv_residual(attn_, W.wo, r_in, r_alt, sums, T, D, Q, ahead(W.w_gate_up, 2 * F, D, true)));
       mark("o_proj");
       // Each warp computes a gate row and its up row and writes SwiGLU's activation.
-      HR_RETURN_IF_ERROR(gemv_normed(r_alt, sums, W.post_norm, eps, W.w_gate_up, act_, true, T, F, D, true));
+      HR_RETURN_IF_ERROR(
+          gemv_normed(r_alt, sums, W.post_norm, eps, W.w_gate_up, act_, true, T, F, D, true, ahead(W.w_down, D, F)));
       mark("gate_up_proj");
       float* next_sums = sums + kernels::kGemvMaxFusedRows;
-      HR_RETURN_IF_ERROR(gemv_residual(act_, W.w_down, r_alt, r_in, next_sums, T, D, F));
+      const Ahead next = li + 1 < c.num_layers ? ahead(layers_[static_cast<size_t>(li) + 1].wqkv, QKV, D)
+                                               : L > 0 ? ahead(lm_head_, V, D) : Ahead{};
+      HR_RETURN_IF_ERROR(gemv_residual(act_, W.w_down, r_alt, r_in, next_sums, T, D, F, next));
       s_in = next_sums;
       mark("down_proj");
       continue;
@@ -381,9 +387,25 @@ Status CudaBackend::matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, void*
   return gemm_->run(x, w, y, out, m, n, k, stream_);
 }
 
+CudaBackend::Ahead CudaBackend::ahead(const __nv_bfloat16* w, int rows, int k, bool halves) const {
+  Ahead out{};
+  if (options_.prefetch_weights_mb <= 0) return out;
+  const size_t matrix = static_cast<size_t>(rows) * k * 2, want = static_cast<size_t>(options_.prefetch_weights_mb) << 20;
+  if (!halves) {
+    out[0] = {w, std::min(matrix, want) / 16 * 16};
+    return out;
+  }
+  const size_t half = std::min(matrix / 2, want / 2) / 16 * 16;
+  out[0] = {w, half};
+  out[1] = {w + static_cast<size_t>(rows / 2) * k, half};
+  return out;
+}
+
 Status CudaBackend::gemv_normed(const float* resid, const float* sumsq, const float* norm_weight, float eps,
-                                const __nv_bfloat16* w, void* y, bool y_bf16, int m, int n, int k, bool swiglu) {
+                                const __nv_bfloat16* w, void* y, bool y_bf16, int m, int n, int k, bool swiglu,
+                                const Ahead& next) {
   kernels::GemvParams p = gemv_params(w, m, n, k);
+  std::copy(next.begin(), next.end(), p.prefetch);
   p.input = kernels::GemvInput::kRmsNorm;
   p.resid = resid;
   p.resid_sumsq = sumsq;
@@ -397,8 +419,9 @@ Status CudaBackend::gemv_normed(const float* resid, const float* sumsq, const fl
 }
 
 Status CudaBackend::gemv_residual(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* resid_in,
-                                  float* resid_out, float* sumsq, int m, int n, int k) {
+                                  float* resid_out, float* sumsq, int m, int n, int k, const Ahead& next) {
   kernels::GemvParams p = gemv_params(w, m, n, k);
+  std::copy(next.begin(), next.end(), p.prefetch);
   p.x = x;
   p.resid_in = resid_in;
   p.resid_out = resid_out;

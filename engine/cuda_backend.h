@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <deque>
 #include <map>
 #include <memory>
@@ -44,6 +45,9 @@ struct CudaBackendOptions {
   bool fused_rope = false;          // ... and RoPE with the KV write folded into the q/k/v GEMV
   bool fused_combine = false;       // split decodes merged by their last split, not a combine kernel
   ProgrammaticLaunch programmatic_launch = ProgrammaticLaunch::kAuto;
+  // Fused small-batch steps: each GEMV's last wave, as it finishes, pulls the first this-many MiB
+  // of the next GEMV's weights into L2, so that memory stays busy across kernel boundaries (0: off).
+  int prefetch_weights_mb = 0;
 };
 
 class CudaBackend final : public Backend {
@@ -117,6 +121,10 @@ class CudaBackend final : public Backend {
     options_.fused_combine = on;
     clear_graphs();
   }
+  void set_prefetch_weights_mb(int mb) {
+    options_.prefetch_weights_mb = mb;
+    clear_graphs();
+  }
   void set_small_batch_gemv(bool on) {
     options_.small_batch_gemv = on;
     clear_graphs();
@@ -185,11 +193,17 @@ class CudaBackend final : public Backend {
                               int k);
   // GEMVs with the input RMS-normalised from the residual stream's sums of squares (optionally
   // writing SwiGLU's activation), and with a residual update as output (see kernels/gemv.cuh).
+  // `next`: what the GEMV pulls into L2 for the kernels after it (GemvParams::prefetch).
+  using Ahead = std::array<kernels::GemvPrefetch, 2>;
   [[nodiscard]] Status gemv_normed(const float* resid, const float* sumsq, const float* norm_weight, float eps,
                                    const __nv_bfloat16* w, void* y, bool y_bf16, int m, int n, int k,
-                                   bool swiglu = false);
+                                   bool swiglu = false, const Ahead& next = {});
   [[nodiscard]] Status gemv_residual(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* resid_in,
-                                     float* resid_out, float* sumsq, int m, int n, int k);
+                                     float* resid_out, float* sumsq, int m, int n, int k, const Ahead& next = {});
+  // The first prefetch_weights_mb MiB of matrix w [rows, k] (half of it from the start of each
+  // half when `halves`: SwiGLU's gate and up rows are read from both starts at once); none when
+  // prefetching is off.
+  Ahead ahead(const __nv_bfloat16* w, int rows, int k, bool halves = false) const;
   // Every sequence decodes one token and is sampled.
   static bool uniform_decode(const StepInput& in);
   // True for steps a graph can replay (uniform decodes).

@@ -23,6 +23,9 @@ Status CudaBackend::check_options() const {
   if (options_.kv_cache_fraction <= 0 || options_.kv_cache_fraction > 0.98) {
     return invalid_argument("KV cache fraction must be in (0, 0.98]", "kv-cache-fraction");
   }
+  if (options_.prefetch_weights_mb < 0 || options_.prefetch_weights_mb > 1024) {
+    return invalid_argument("weights prefetched ahead must be 0 to 1024 MiB", "cuda-options");
+  }
   if (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128) {
     return invalid_argument("the CUDA backend supports head_dim 32, 64 or 128, not " +
                             std::to_string(c.head_dim), "head_dim");

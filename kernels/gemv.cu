@@ -5,6 +5,10 @@
 // while that kernel drains), and the next kernel is let in only when the last batch of weight
 // loads is issued, so that it cannot launch, and prefetch, further ahead.
 #include "kernels/gemv.cuh"
+
+#include <algorithm>
+#include <atomic>
+
 #include "kernels/internal/common.cuh"
 
 namespace hr::kernels {
@@ -80,6 +84,33 @@ __device__ __forceinline__ void accumulate(const GemvParams& p, const uint4* con
   }
 }
 
+// This warp's share of p.prefetch: the warps of blocks from first_block on split each range in
+// 16-byte-aligned pieces, one per warp (one bulk prefetch on Hopper, else a line per lane).
+__device__ __forceinline__ void prefetch_share(const GemvParams& p, int first_block, int warp, int lane) {
+  if (static_cast<int>(blockIdx.x) < first_block) return;
+  const size_t warps = static_cast<size_t>(gridDim.x - first_block) * kWarpsPerBlock;
+  const size_t me = static_cast<size_t>(blockIdx.x - first_block) * kWarpsPerBlock + warp;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const GemvPrefetch& range = p.prefetch[r];
+    const size_t share = ((range.bytes + warps - 1) / warps + 15) / 16 * 16;
+    const size_t begin = me * share;
+    if (begin >= range.bytes) continue;
+    const size_t size = min(share, range.bytes - begin);
+    const char* at = static_cast<const char*>(range.ptr) + begin;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (lane == 0) {
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(at), "r"(static_cast<uint32_t>(size))
+                   : "memory");
+    }
+#else
+    for (size_t off = static_cast<size_t>(lane) * 128; off < size; off += 32 * 128) {
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(at + off));
+    }
+#endif
+  }
+}
+
 enum class GemvOut { kStore, kSwiglu, kResidual, kRopeKv };
 
 // Weight rows per warp, and how many warps the output needs.
@@ -134,7 +165,7 @@ __device__ __forceinline__ void rope_store(const GemvParams& p, int i, int col, 
 }
 
 template <int M, GemvInput IN, GemvOut OUT>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvParams p) {
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvParams p, int prefetch_first_block) {
   constexpr int R = rows_per_warp<OUT>();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int col = blockIdx.x * kWarpsPerBlock + warp;
@@ -169,6 +200,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvParams p)
   }
   if (active) accumulate<M, R, IN>(p, wrow, num_vec, lane, scale, acc);
   internal::pdl_launch_dependents();  // (if no full batch did) only the epilogue is left
+  if (p.prefetch[0].bytes + p.prefetch[1].bytes > 0) prefetch_share(p, prefetch_first_block, warp, lane);
   if constexpr (OUT == GemvOut::kResidual) {
     __shared__ float squares[M][kWarpsPerBlock];
 #pragma unroll
@@ -217,10 +249,38 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvParams p)
   }
 }
 
+// The first block of the kernel's last wave: the last blocks that are resident together at its
+// end (the device's SMs times how many of the kernel's blocks fit on one), a full wave's worth
+// where there are that many.
+template <int M, GemvInput IN, GemvOut OUT>
+cudaError_t last_wave_start(int blocks, int* first) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> resident[kDevices];  // per kernel and device, once known
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  int n = device < kDevices ? resident[device].load() : 0;
+  if (n == 0) {
+    int sms = 0, per_sm = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (e == cudaSuccess) {
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<M, IN, OUT>, kWarpsPerBlock * 32, 0);
+    }
+    if (e != cudaSuccess) return e;
+    n = std::max(1, sms * per_sm);
+    if (device < kDevices) resident[device].store(n);
+  }
+  *first = std::max(0, blocks - n);
+  return cudaSuccess;
+}
+
 template <int M, GemvInput IN, GemvOut OUT>
 cudaError_t launch_gemv(const GemvParams& p, cudaStream_t stream) {
   const int blocks = (num_warps<OUT>(p) + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  return internal::launch(gemv_kernel<M, IN, OUT>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream, p);
+  int first = 0;
+  if (p.prefetch[0].bytes + p.prefetch[1].bytes > 0) {
+    if (cudaError_t e = last_wave_start<M, IN, OUT>(blocks, &first); e != cudaSuccess) return e;
+  }
+  return internal::launch(gemv_kernel<M, IN, OUT>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream, p, first);
 }
 
 template <int M, GemvInput IN>
@@ -257,6 +317,11 @@ cudaError_t gemv(const GemvParams& p, cudaStream_t stream) {
   }
   if (p.resid_out ? (!p.resid_in || !p.out_sumsq || p.resid_in == p.resid_out || p.swiglu) : (!p.y && !rope)) {
     return cudaErrorInvalidValue;
+  }
+  for (const GemvPrefetch& r : p.prefetch) {
+    if (r.bytes % 16 != 0 || (r.bytes > 0 && (!r.ptr || !internal::aligned16(r.ptr))) || r.bytes > 0xFFFFFFF0u) {
+      return cudaErrorInvalidValue;
+    }
   }
   if (!internal::aligned16(p.w) || (p.x && !internal::aligned16(p.x)) || (p.resid && !internal::aligned16(p.resid)) ||
       (p.norm_weight && !internal::aligned16(p.norm_weight))) {

@@ -30,6 +30,12 @@ struct GemvRope {
   int num_heads = 0, num_kv_heads = 0, head_dim = 0;
 };
 
+// A range of device memory to pull into L2: 16-byte aligned, bytes a multiple of 16 (0: none).
+struct GemvPrefetch {
+  const void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
 enum class GemvInput {
   kBf16,     // x: [m, k] bf16
   kRmsNorm,  // resid [m, k] fp32, resid_sumsq [m], norm_weight [k]: resid * rsqrt(sumsq / k + eps) * w
@@ -60,6 +66,11 @@ struct GemvParams {
   // queries to q_out [m, num_heads head_dim] bf16, keys and values into k_cache and v_cache
   // [slots, num_kv_heads head_dim] at slot_mapping[i].
   GemvRope rope;
+  // Weights of the kernels that follow (the start of the next matrices): the warps of this
+  // kernel's last wave of blocks, once their own weight loads are done, pull these into L2 between
+  // them, so that memory keeps busy while this kernel drains and the next one launches, and the
+  // next one's first loads hit L2. Results do not depend on it.
+  GemvPrefetch prefetch[2];
 };
 
 cudaError_t gemv(const GemvParams& p, cudaStream_t stream);

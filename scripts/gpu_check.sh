@@ -146,7 +146,7 @@ fi
 if wants serve; then
   if [ -n "${HEADROOM_PORTABLE:-}" ] || { [ -z "${HEADROOM_PREBUILT:-}" ] && [ -x /usr/lib/postgresql/15/bin/postgres ]; }; then
     # As configured by default, then with the settings still off by default (--cuda-options).
-    for options in "" "fused_rope,fused_combine,decode_attention=tensor_core"; do
+    for options in "" "fused_rope,fused_combine,decode_attention=tensor_core,prefetch_weights"; do
       name=serve_check${options:+_options}
       run_stage "$name" "$logs/$name.log" 150 env HEADROOM_CUDA_OPTIONS="$options" scripts/serve_check.sh cuda
       [ "$stage_rc" -eq 0 ] || failed=1

@@ -373,8 +373,19 @@ int main(int argc, char** argv) {
   backend->set_programmatic_launch(ProgrammaticLaunch::kOn);
   const json fewer_kernels_pdl = with_mbu(variant("rope in the GEMV, splits merged in attention, programmatic launch on", 2));
   backend->set_programmatic_launch(ProgrammaticLaunch::kAuto);
+  // ... and with each GEMV pulling the start of the next one's weights into L2 as it finishes.
+  backend->set_prefetch_weights_mb(8);
+  const json fewer_kernels_prefetch = with_mbu(variant("rope in the GEMV, splits merged in attention, 8 MiB prefetched", 2));
+  backend->set_prefetch_weights_mb(0);
   backend->set_fused_rope(false);
   backend->set_fused_combine(false);
+  // The default kernels with the next weights prefetched: 4, 8 and 16 MiB ahead.
+  json prefetch = json::object();
+  for (int mb : {4, 8, 16}) {
+    backend->set_prefetch_weights_mb(mb);
+    prefetch[std::to_string(mb) + "mb"] = with_mbu(variant(std::to_string(mb) + " MiB of the next weights prefetched", 2));
+  }
+  backend->set_prefetch_weights_mb(0);
   // Programmatic dependent launch always on, and always off (the default turns it off for the
   // fused one- and two-token steps only).
   backend->set_programmatic_launch(ProgrammaticLaunch::kOn);
@@ -458,6 +469,10 @@ int main(int argc, char** argv) {
       {"decode_tok_s_fused_combine", fused_combine},
       {"decode_tok_s_fewer_kernels", fewer_kernels},
       {"decode_tok_s_fewer_kernels_programmatic_launch_on", fewer_kernels_pdl},
+      {"decode_tok_s_fewer_kernels_prefetch_8mb", fewer_kernels_prefetch},
+      {"decode_tok_s_prefetch_4mb", prefetch["4mb"]},
+      {"decode_tok_s_prefetch_8mb", prefetch["8mb"]},
+      {"decode_tok_s_prefetch_16mb", prefetch["16mb"]},
       {"weight_read_fraction", gemv_bw},
       {"decode_profile_ms_per_step", decode_profile},
       {"prefill_profile_ms_per_step", prefill_profile},

@@ -75,15 +75,17 @@ struct Step {
 };
 
 // Batches of 1 and 2 decode through the fused small-batch path, 6 through the general one.
-// fewer_kernels: RoPE folded into the q/k/v GEMV and decode splits merged by the attention kernel.
+// fewer_kernels: RoPE folded into the q/k/v GEMV and decode splits merged by the attention kernel;
+// prefetch_mb: the GEMVs pull the next weights into L2.
 void check_logits_against_cpu(int S, bool fewer_kernels = false,
-                              DecodeAttention decode = DecodeAttention::kPrefillTiles) {
+                              DecodeAttention decode = DecodeAttention::kPrefillTiles, int prefetch_mb = 0) {
   auto w = tiny_weights();
   auto cpu = CpuBackend::create(w, {16, 16 << 20});
   CudaBackendOptions o = small_options();
   o.fused_rope = fewer_kernels;
   o.fused_combine = fewer_kernels;
   o.decode_attention = decode;
+  o.prefetch_weights_mb = prefetch_mb;
   auto gpu = CudaBackend::create(*w, o);
   ASSERT_TRUE(cpu.is_ok() && gpu.is_ok()) << gpu.status().to_string();
   const int V = (*gpu)->vocab_size();
@@ -129,6 +131,7 @@ TEST(CudaBackendTest, LogitsMatchCpuBackend) {
   for (int S : {1, 2, 6}) check_logits_against_cpu(S);
   for (int S : {1, 2}) check_logits_against_cpu(S, /*fewer_kernels=*/true);
   for (int S : {1, 6}) check_logits_against_cpu(S, false, DecodeAttention::kTensorCore);
+  for (int S : {1, 2}) check_logits_against_cpu(S, false, DecodeAttention::kPrefillTiles, 8);
 }
 
 // Uploading straight from the safetensors files gives the same weights as converting the host's
@@ -159,10 +162,11 @@ TEST(CudaBackendTest, UploadFromFilesEqualsUploadFromHostWeights) {
 // must plain steps (each step's tokens collected before the next is planned) against the default
 // pipelined ones (decode tokens fed on the device from the step before), and steps with fewer
 // kernels (RoPE in the q/k/v GEMV, decode splits merged in the attention kernel), and decode
-// attention on another kernel.
+// attention on another kernel, and the next weights prefetched into L2.
 void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline, bool fewer_kernels = false,
-                                  DecodeAttention decode = DecodeAttention::kPrefillTiles) {
+                                  DecodeAttention decode = DecodeAttention::kPrefillTiles, int prefetch_mb = 0) {
   CudaBackendOptions o = small_options();
+  o.prefetch_weights_mb = prefetch_mb;
   o.cuda_graphs = cuda_graphs;
   o.fused_rope = fewer_kernels;
   o.fused_combine = fewer_kernels;
@@ -212,9 +216,9 @@ void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline, bool fewer_ke
                 ref["cases"][i]["text"].get<std::string>().c_str(), at, at < out[i].size() ? out[i][at] : -1,
                 expected[at], margin);
   }
-  std::printf("greedy on GPU (graphs %s, pipelined %s, fewer kernels %s, decode attention %d): %zu of %zu "
-              "reference prompts equal to PyTorch\n", cuda_graphs ? "on" : "off", pipeline ? "on" : "off",
-              fewer_kernels ? "on" : "off", static_cast<int>(decode), same, n);
+  std::printf("greedy on GPU (graphs %s, pipelined %s, fewer kernels %s, decode attention %d, prefetch %d MiB): "
+              "%zu of %zu reference prompts equal to PyTorch\n", cuda_graphs ? "on" : "off", pipeline ? "on" : "off",
+              fewer_kernels ? "on" : "off", static_cast<int>(decode), prefetch_mb, same, n);
   EXPECT_EQ(backend->num_graphs(), cuda_graphs ? 2u * (3 + 32) : 0u) << "a decode step captured a new graph";
   EXPECT_GE(static_cast<double>(same), 0.99 * static_cast<double>(n));
 }
@@ -227,6 +231,7 @@ TEST(CudaBackendTest, GreedyAnswersMatchPyTorchOnAtLeast99Percent) {
   check_greedy_against_pytorch(true, true, /*fewer_kernels=*/true);
   check_greedy_against_pytorch(true, true, /*fewer_kernels=*/true, DecodeAttention::kTensorCore);
   check_greedy_against_pytorch(true, true, false, DecodeAttention::kCudaCore);
+  check_greedy_against_pytorch(true, true, /*fewer_kernels=*/true, DecodeAttention::kPrefillTiles, 8);
 }
 
 TEST(CudaBackendTest, SeededSamplingIsReproducible) {

@@ -549,6 +549,67 @@ TEST(CudaKernelsTest, FusedGemvModesMatchReference) {
   }
 }
 
+// Weights pulled into L2 for the next kernel change no result, bit for bit: plain and residual
+// outputs, one wave of blocks and many (where only the last wave prefetches), ranges smaller and
+// larger than the warps' count of 16-byte pieces. Ranges not in 16-byte pieces are refused.
+TEST(CudaKernelsTest, GemvPrefetchChangesNothing) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(12);
+  DeviceBuffer<uint16_t> next(static_cast<size_t>(3) << 20);  // 6 MiB: the "next weights"
+  for (auto [n, k] : {std::pair{1000, 1024}, std::pair{100000, 64}}) {
+    const int m = 1;
+    std::vector<float> x = random_vec(static_cast<size_t>(k), rng), w = random_vec(static_cast<size_t>(n) * k, rng);
+    std::vector<float> rin = random_vec(static_cast<size_t>(n), rng);
+    DeviceBuffer<uint16_t> d_x(to_bf16(x)), d_w(to_bf16(w));
+    DeviceBuffer<float> d_y(n), d_y2(n), d_rin(rin), d_rout(n), d_rout2(n), d_s(std::vector<float>(1, 0.0f));
+    kernels::GemvParams gp;
+    gp.w = BF(d_w.ptr);
+    gp.m = m;
+    gp.n = n;
+    gp.k = k;
+    gp.x = BF(d_x.ptr);
+    gp.y = d_y.ptr;
+    ASSERT_EQ(kernels::gemv(gp, nullptr), cudaSuccess);
+    kernels::GemvParams rp = gp;
+    rp.y = nullptr;
+    rp.resid_in = d_rin.ptr;
+    rp.resid_out = d_rout.ptr;
+    rp.out_sumsq = d_s.ptr;
+    ASSERT_EQ(kernels::gemv(rp, nullptr), cudaSuccess);
+    for (size_t bytes : {size_t{16}, size_t{40000}, size_t{6} << 20}) {
+      kernels::GemvParams pp = gp;
+      pp.y = d_y2.ptr;
+      pp.prefetch[0] = {next.ptr, bytes};
+      pp.prefetch[1] = {next.ptr + 8, 4096};
+      ASSERT_EQ(kernels::gemv(pp, nullptr), cudaSuccess);
+      DeviceBuffer<float> d_s2(std::vector<float>(1, 0.0f));
+      kernels::GemvParams pr = rp;
+      pr.resid_out = d_rout2.ptr;
+      pr.out_sumsq = d_s2.ptr;
+      pr.prefetch[0] = {next.ptr, bytes};
+      ASSERT_EQ(kernels::gemv(pr, nullptr), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(d_y2.get(), d_y.get()) << n << "x" << k << ", " << bytes << " bytes";
+      EXPECT_EQ(d_rout2.get(), d_rout.get()) << n << "x" << k << ", " << bytes << " bytes";
+    }
+  }
+  kernels::GemvParams bad;
+  DeviceBuffer<uint16_t> d_w(static_cast<size_t>(64) * 64), d_x(64);
+  DeviceBuffer<float> d_y(64);
+  bad.w = BF(d_w.ptr);
+  bad.m = 1;
+  bad.n = 64;
+  bad.k = 64;
+  bad.x = BF(d_x.ptr);
+  bad.y = d_y.ptr;
+  bad.prefetch[0] = {next.ptr, 40};  // not whole 16-byte pieces
+  EXPECT_EQ(kernels::gemv(bad, nullptr), cudaErrorInvalidValue);
+  bad.prefetch[0] = {next.ptr + 1, 32};  // 2 bytes in: not 16-byte aligned
+  EXPECT_EQ(kernels::gemv(bad, nullptr), cudaErrorInvalidValue);
+  bad.prefetch[0] = {nullptr, 32};
+  EXPECT_EQ(kernels::gemv(bad, nullptr), cudaErrorInvalidValue);
+}
+
 // The q/k/v GEMV with RoPE and the KV write folded in, against the CPU's products, rms_norm and
 // apply_rope: both inputs (bf16 rows and the normalised residual), with and without bias, GQA
 // groups of 1, 4 and 8.

@@ -131,9 +131,10 @@ TEST(BackendSpecTest, CudaOptionsParseAndRefuseClearly) {
                              {"decode_attention", "cuda_core"},
                              {"programmatic_launch", "auto"}};
   EXPECT_EQ(*ok, want);
-  auto bare = parse_cuda_options("decode_attention");
+  auto bare = parse_cuda_options("decode_attention,prefetch_weights");
   ASSERT_TRUE(bare.is_ok());
   EXPECT_EQ((*bare)[0].second, "tensor_core");
+  EXPECT_EQ((*bare)[1].second, "8mb");
   for (const char* bad : {"fused_ropes", "graphs=yes", "decode_attention=fast", "graphs,", "=on"}) {
     auto r = parse_cuda_options(bad);
     ASSERT_FALSE(r.is_ok()) << bad;
@@ -147,8 +148,8 @@ TEST(BackendSpecTest, CudaOptionsParseAndRefuseClearly) {
   ASSERT_TRUE(defaults.is_ok());
   EXPECT_EQ(*defaults,
             "graphs=on,small_batch_gemv=on,fused_small_batch=on,fused_rope=off,fused_combine=off,"
-            "decode_attention=prefill_tiles,programmatic_launch=auto");
-  ASSERT_EQ(cuda_settings().size(), 7u);
+            "decode_attention=prefill_tiles,programmatic_launch=auto,prefetch_weights=off");
+  ASSERT_EQ(cuda_settings().size(), 8u);
   for (const auto& [name, values] : cuda_settings()) {
     for (const auto& value : values) {
       auto d = describe_cuda_options(name + "=" + value);
