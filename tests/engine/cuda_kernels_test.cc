@@ -414,6 +414,18 @@ TEST(CudaKernelsTest, GemmMatchesReference) {
   }
 }
 
+// y [m, n] = x [m, k] · w [n, k]^T, bf16 in, fp32 out.
+kernels::GemvParams plain_gemv(uint16_t* w, uint16_t* x, float* y, int m, int n, int k) {
+  kernels::GemvParams gp;
+  gp.w = BF(w);
+  gp.m = m;
+  gp.n = n;
+  gp.k = k;
+  gp.x = BF(x);
+  gp.y = y;
+  return gp;
+}
+
 TEST(CudaKernelsTest, GemvMatchesReference) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(8);
@@ -422,13 +434,7 @@ TEST(CudaKernelsTest, GemvMatchesReference) {
       std::vector<float> x = random_vec(static_cast<size_t>(m) * k, rng), w = random_vec(static_cast<size_t>(n) * k, rng);
       DeviceBuffer<uint16_t> d_x(to_bf16(x)), d_w(to_bf16(w)), d_y16(static_cast<size_t>(m + 1) * n);
       DeviceBuffer<float> d_y(static_cast<size_t>(m + 1) * n);  // one spare row: must stay untouched
-      kernels::GemvParams gp;
-      gp.w = BF(d_w.ptr);
-      gp.m = m;
-      gp.n = n;
-      gp.k = k;
-      gp.x = BF(d_x.ptr);
-      gp.y = d_y.ptr;
+      kernels::GemvParams gp = plain_gemv(d_w.ptr, d_x.ptr, d_y.ptr, m, n, k);
       ASSERT_EQ(kernels::gemv(gp, nullptr), cudaSuccess);
       gp.y = d_y16.ptr;
       gp.y_bf16 = true;
@@ -562,13 +568,7 @@ TEST(CudaKernelsTest, GemvPrefetchChangesNothing) {
     std::vector<float> rin = random_vec(static_cast<size_t>(n), rng);
     DeviceBuffer<uint16_t> d_x(to_bf16(x)), d_w(to_bf16(w));
     DeviceBuffer<float> d_y(n), d_y2(n), d_rin(rin), d_rout(n), d_rout2(n), d_s(std::vector<float>(1, 0.0f));
-    kernels::GemvParams gp;
-    gp.w = BF(d_w.ptr);
-    gp.m = m;
-    gp.n = n;
-    gp.k = k;
-    gp.x = BF(d_x.ptr);
-    gp.y = d_y.ptr;
+    kernels::GemvParams gp = plain_gemv(d_w.ptr, d_x.ptr, d_y.ptr, m, n, k);
     ASSERT_EQ(kernels::gemv(gp, nullptr), cudaSuccess);
     kernels::GemvParams rp = gp;
     rp.y = nullptr;
@@ -593,15 +593,9 @@ TEST(CudaKernelsTest, GemvPrefetchChangesNothing) {
       EXPECT_EQ(d_rout2.get(), d_rout.get()) << n << "x" << k << ", " << bytes << " bytes";
     }
   }
-  kernels::GemvParams bad;
   DeviceBuffer<uint16_t> d_w(static_cast<size_t>(64) * 64), d_x(64);
   DeviceBuffer<float> d_y(64);
-  bad.w = BF(d_w.ptr);
-  bad.m = 1;
-  bad.n = 64;
-  bad.k = 64;
-  bad.x = BF(d_x.ptr);
-  bad.y = d_y.ptr;
+  kernels::GemvParams bad = plain_gemv(d_w.ptr, d_x.ptr, d_y.ptr, 1, 64, 64);
   bad.prefetch[0] = {next.ptr, 40};  // not whole 16-byte pieces
   EXPECT_EQ(kernels::gemv(bad, nullptr), cudaErrorInvalidValue);
   bad.prefetch[0] = {next.ptr + 1, 32};  // 2 bytes in: not 16-byte aligned

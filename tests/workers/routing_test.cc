@@ -417,11 +417,18 @@ class LeavingClients : public Routing {
             {"max_tokens", max_tokens},
             {"temperature", 0}};
   }
-  json chat_stream() const {
+  // request() for the API's model, as a chat completion; streamed or not.
+  json chat(bool stream = false) const {
     json body = request();
     body["model"] = h_->model();
-    body["stream"] = true;
+    if (stream) body["stream"] = true;
     return body;
+  }
+  json chat_stream() const { return chat(true); }
+  // Starts worker "w1" on the endless model and waits until it is live; its endpoint's port, or 0.
+  int start_w1(const std::vector<std::string>& extra = {}) {
+    start_worker("w1", extra, model_dir_);
+    return wait_live({"w1"}) ? port_of("w1") : 0;
   }
   // Waits (up to 30 s) until `n` more sync requests than in `before` have left the worker's
   // engine and it holds no sync request and no KV block; returns the last scrape.
@@ -463,9 +470,7 @@ class LeavingClients : public Routing {
 };
 
 TEST_F(LeavingClients, MidStreamStopsTheGeneration) {
-  start_worker("w1", {}, model_dir_);
-  ASSERT_TRUE(wait_live({"w1"}));
-  const int port = port_of("w1");
+  const int port = start_w1();
   ASSERT_GT(port, 0);
   struct Case {
     Call call;
@@ -498,12 +503,9 @@ TEST_F(LeavingClients, MidStreamStopsTheGeneration) {
 // API's router closes its connection to the worker, the worker cancels the generation, and
 // nothing is left behind; the same on the worker's own endpoint.
 TEST_F(LeavingClients, UnstreamedCallStopsWhenItsClientLeaves) {
-  start_worker("w1", {}, model_dir_);
-  ASSERT_TRUE(wait_live({"w1"}));
-  const int port = port_of("w1");
+  const int port = start_w1();
   ASSERT_GT(port, 0);
-  json chat = request();
-  chat["model"] = h_->model();
+  const json chat = this->chat();
   struct Case {
     Call call;
     int router_gone;  // calls the API's router counts as their client gone
@@ -545,12 +547,8 @@ TEST_F(LeavingClients, UnstreamedCallStopsWhenItsClientLeaves) {
 // connection for all of the API's handlers, four calls being generated (two streamed) leave it
 // free, and requests that need the database (a key not seen yet, a listing) are answered.
 TEST_F(LeavingClients, CallsBeingGeneratedHoldNoDatabaseConnection) {
-  start_worker("w1", {}, model_dir_);
-  ASSERT_TRUE(wait_live({"w1"}));
-  const int port = port_of("w1");
+  const int port = start_w1();
   ASSERT_GT(port, 0);
-  json chat = request();
-  chat["model"] = h_->model();
   // A key of its own for each call, so that each one looks its key up in the database.
   std::vector<std::string> keys;
   {
@@ -564,7 +562,7 @@ TEST_F(LeavingClients, CallsBeingGeneratedHoldNoDatabaseConnection) {
   Metrics before = scrape(port);
   std::list<LeavingClient> calls;
   for (int i = 0; i < 4; ++i) {
-    calls.emplace_back(h_->port(), "/v1/chat/completions", (i % 2 ? chat_stream() : chat).dump(), keys[i]);
+    calls.emplace_back(h_->port(), "/v1/chat/completions", chat(/*stream=*/i % 2 == 1).dump(), keys[i]);
   }
   Metrics during;
   for (int i = 0; i < 400; ++i) {
@@ -592,9 +590,7 @@ TEST_F(LeavingClients, CallsBeingGeneratedHoldNoDatabaseConnection) {
 
 TEST_F(LeavingClients, WhileWaitingForRoomLeavesNothingBehind) {
   // One sequence at a time: a second call waits in the API's router for the first to end.
-  start_worker("w1", {"--max-num-seqs", "1", "--reserve-slots", "0"}, model_dir_);
-  ASSERT_TRUE(wait_live({"w1"}));
-  const int port = port_of("w1");
+  const int port = start_w1({"--max-num-seqs", "1", "--reserve-slots", "0"});
   ASSERT_GT(port, 0);
   // The API runs in this process: its metrics tell when it has answered a call.
   const std::string answered =
