@@ -294,7 +294,7 @@ Result<std::shared_ptr<WorkerRouter::Attempt>> WorkerRouter::place(
       any_live = !workers.empty();
       std::vector<size_t> order = route_order(workers, in_flight, call.affinity, mix64(++calls_));
       // With affinity only the owner will do: moving the conversation loses its cached prefix.
-      if (!call.affinity.empty() && order.size() > 1) order.resize(1);
+      if (!call.affinity.empty() && order.size() > 1) order.erase(order.begin() + 1, order.end());
       for (size_t i : order) {
         if (!has_room(workers[i], in_flight[i])) continue;
         ++in_flight_[workers[i].id];

@@ -77,10 +77,19 @@ std::string Url::redacted() const {
     if (!password.empty()) s += ":***";
     s += '@';
   }
-  s += host.find(':') != std::string::npos ? "[" + host + "]" : host;
-  if (port != 0) s += ":" + std::to_string(port);
+  const bool v6 = host.find(':') != std::string::npos;
+  if (v6) s += '[';
+  s += host;
+  if (v6) s += ']';
+  if (port != 0) {
+    s += ':';
+    s += std::to_string(port);
+  }
   s += path;
-  if (!query.empty()) s += "?" + query;
+  if (!query.empty()) {
+    s += '?';
+    s += query;
+  }
   return s;
 }
 

@@ -81,7 +81,9 @@ std::string describe(CudaBackendOptions o) {
   std::string out;
   for_each_cuda_field(o, [&](const char* name, const auto& field) {
     for (const auto& [v, text] : field_values(field)) {
-      if (field == v) out += (out.empty() ? "" : ",") + std::string(name) + "=" + text;
+      if (field != v) continue;
+      if (!out.empty()) out += ',';
+      out.append(name).append("=").append(text);
     }
   });
   return out;
