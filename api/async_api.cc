@@ -276,6 +276,8 @@ struct AsyncApi::Impl {
   // Database connections shared by the handler threads: a thread borrows one on its first query
   // and gives it back when its request is answered, or before it waits on an inference.
   std::unique_ptr<queue::PgPool> pool;
+  std::mutex readyz_mu;
+  std::unique_ptr<queue::RedisClient> readyz_redis;  // guarded by readyz_mu
   Result<pqxx::connection*> conn() { return pool->connection(); }
 
   // Runs a read on this thread's connection; if the connection turns out to be broken (e.g. the
@@ -532,15 +534,20 @@ HttpResponse AsyncApi::Impl::readyz() {
   }
   checks["postgres"] = pg.is_ok() ? "ok" : pg.message();
   ok = ok && pg.is_ok();
-  thread_local std::unique_ptr<queue::RedisClient> redis;
   Status rs = Status::ok();
-  if (!redis) {
-    auto r = queue::RedisClient::connect(store.redis_url, 1000);
-    if (r.is_ok()) redis = std::move(r).value(); else rs = r.status();
-  }
-  if (redis) {
-    auto pong = redis->command({"PING"});
-    if (!pong.is_ok()) rs = pong.status();
+  {
+    // One Redis connection for every probe (the handler threads are many), reconnected by the
+    // client after a failure.
+    std::lock_guard<std::mutex> lock(readyz_mu);
+    if (!readyz_redis) {
+      auto r = queue::RedisClient::connect(store.redis_url, 1000);
+      if (r.is_ok()) readyz_redis = std::move(r).value(); else rs = r.status();
+    }
+    if (readyz_redis) {
+      auto pong = readyz_redis->command({"PING"});
+      if (!pong.is_ok()) pong = readyz_redis->command({"PING"});  // stale (Redis restarted): reconnects
+      if (!pong.is_ok()) rs = pong.status();
+    }
   }
   checks["redis"] = rs.is_ok() ? "ok" : rs.message();
   ok = ok && rs.is_ok();

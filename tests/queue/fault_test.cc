@@ -3,10 +3,15 @@
 #include <gtest/gtest.h>
 #include <pqxx/pqxx>
 
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
 #include "base/ids.h"
 #include "queue/dispatcher.h"
 #include "queue/lease.h"
 #include "queue/migrate.h"
+#include "queue/redis.h"
 #include "queue/store.h"
 #include "tests/testing/api_harness.h"
 #include "tests/testing/stack.h"
@@ -103,6 +108,35 @@ TEST(FaultTest, PostgresRestartAnswers503AndLosesNothingAcknowledged) {
     EXPECT_EQ(g.status, 200) << id << " " << g.body;
   }
   EXPECT_EQ(h.scalar("SELECT count(*) FROM batches"), static_cast<int64_t>(acked.size()));
+}
+
+// Readiness probes, however many handler threads answer them, share one Redis connection, and
+// after Redis restarts they report it ready at once (the stale connection is replaced).
+TEST(FaultTest, ReadinessProbesShareOneRedisConnectionAndSeeItComeBack) {
+  hr::testing::PrivateStack stack;
+  ASSERT_TRUE(stack.ok());
+  hr::testing::ApiHarness h(stack.database_url(), stack.redis_url());
+  ASSERT_TRUE(h.ok());
+  auto probe_all = [&](int expected) {
+    std::vector<std::thread> probes;
+    std::atomic<int> as_expected{0};
+    for (int t = 0; t < 8; ++t) {
+      probes.emplace_back([&] {
+        for (int i = 0; i < 5; ++i) as_expected += h.get("/readyz", "").status == expected ? 1 : 0;
+      });
+    }
+    for (auto& t : probes) t.join();
+    return as_expected.load();
+  };
+  EXPECT_EQ(probe_all(200), 40);
+  auto redis = RedisClient::connect(stack.redis_url(), 1000);
+  ASSERT_TRUE(redis.is_ok());
+  auto clients = (*redis)->command({"CLIENT", "LIST"});
+  ASSERT_TRUE(clients.is_ok()) << clients.status().to_string();
+  const std::string list = clients->str;
+  EXPECT_EQ(std::count(list.begin(), list.end(), '\n'), 2) << list;  // the API's and this one
+  ASSERT_TRUE(stack.restart_redis_empty());
+  EXPECT_EQ(probe_all(200), 40);
 }
 
 }  // namespace
