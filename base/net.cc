@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <future>
+#include <memory>
+#include <thread>
 
 namespace hr {
 namespace {
@@ -165,18 +168,18 @@ Status AddressPolicy::check(const IpAddress& a, std::string_view host,
                           std::string(field));
 }
 
-Result<std::vector<IpAddress>> resolve_checked(const std::string& host, const AddressPolicy& policy,
-                                               std::string_view field) {
-  if (host.empty()) return invalid_argument(std::string(field) + " has no host", std::string(field));
+namespace {
+
+// The system resolver's addresses for `host`, without duplicates.
+Result<std::vector<IpAddress>> system_lookup(const std::string& host, const std::string& field) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
   int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
   if (rc != 0) {
-    return Status(StatusCode::kUnavailable,
-                  std::string(field) + " host " + host + " does not resolve: " + gai_strerror(rc),
-                  std::string(field));
+    return Status(StatusCode::kUnavailable, field + " host " + host + " does not resolve: " + gai_strerror(rc),
+                  field);
   }
   std::vector<IpAddress> out;
   for (addrinfo* p = res; p != nullptr; p = p->ai_next) {
@@ -194,6 +197,32 @@ Result<std::vector<IpAddress>> resolve_checked(const std::string& host, const Ad
     if (!dup) out.push_back(a);
   }
   freeaddrinfo(res);
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<IpAddress>> lookup_within(const std::string& host, std::string_view field,
+                                             std::chrono::milliseconds timeout, HostLookup lookup) {
+  using Answer = Result<std::vector<IpAddress>>;
+  auto answer = std::make_shared<std::promise<Answer>>();
+  std::future<Answer> future = answer->get_future();
+  std::thread([answer, host, lookup = std::move(lookup)] { answer->set_value(lookup(host)); }).detach();
+  if (future.wait_for(timeout) != std::future_status::ready) {
+    return Status(StatusCode::kUnavailable,
+                  std::string(field) + " host " + host + " did not resolve within " +
+                      std::to_string(timeout.count()) + " ms",
+                  std::string(field));
+  }
+  return future.get();
+}
+
+Result<std::vector<IpAddress>> resolve_checked(const std::string& host, const AddressPolicy& policy,
+                                               std::string_view field, std::chrono::milliseconds timeout) {
+  if (host.empty()) return invalid_argument(std::string(field) + " has no host", std::string(field));
+  const std::string name(field);
+  HR_ASSIGN_OR_RETURN(std::vector<IpAddress> out,
+                      lookup_within(host, field, timeout, [name](const std::string& h) { return system_lookup(h, name); }));
   if (out.empty()) {
     return invalid_argument(std::string(field) + " host " + host + " has no addresses",
                             std::string(field));

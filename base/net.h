@@ -7,7 +7,9 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -57,9 +59,16 @@ class AddressPolicy {
 
 // Resolves `host` (a name or an address literal) and checks every address; any forbidden one
 // refuses the whole host. kInvalidArgument naming `field` when refused; kUnavailable when the
-// name does not resolve (which may pass).
-[[nodiscard]] Result<std::vector<IpAddress>> resolve_checked(const std::string& host,
-                                                             const AddressPolicy& policy,
-                                                             std::string_view field);
+// name does not resolve, or not within `timeout` (which may pass).
+[[nodiscard]] Result<std::vector<IpAddress>> resolve_checked(
+    const std::string& host, const AddressPolicy& policy, std::string_view field,
+    std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+// What `lookup(host)` answers if it answers within `timeout`; else kUnavailable naming `field`,
+// and the lookup (the system resolver may hang for tens of seconds) finishes on its own thread,
+// its answer dropped. resolve_checked's deadline, for any lookup.
+using HostLookup = std::function<Result<std::vector<IpAddress>>(const std::string& host)>;
+[[nodiscard]] Result<std::vector<IpAddress>> lookup_within(const std::string& host, std::string_view field,
+                                                           std::chrono::milliseconds timeout, HostLookup lookup);
 
 }  // namespace hr

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "base/hash.h"
 
 namespace hr {
@@ -46,6 +49,30 @@ TEST(NetTest, PolicyAllowsWhatItNames) {
   EXPECT_TRUE(AddressPolicy::parse({"private"}).value().check(ip("192.168.1.1"), "", "u").is_ok());
   EXPECT_FALSE(AddressPolicy::parse({"10.0.0.0/33"}).is_ok());
   EXPECT_FALSE(AddressPolicy::parse({"intranet"}).is_ok());
+}
+
+// A lookup that hangs ends at the deadline with an error naming the field (the lookup finishes on
+// its own); one that answers in time gives its answer.
+TEST(NetTest, ALookupThatHangsEndsAtItsDeadline) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto hung = lookup_within("slow.example", "webhook_url", std::chrono::milliseconds(100),
+                            [](const std::string&) -> Result<std::vector<IpAddress>> {
+                              std::this_thread::sleep_for(std::chrono::seconds(3));
+                              return std::vector<IpAddress>{};
+                            });
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  ASSERT_FALSE(hung.is_ok());
+  EXPECT_EQ(hung.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(hung.status().field(), "webhook_url");
+  EXPECT_NE(hung.status().message().find("slow.example did not resolve within 100 ms"), std::string::npos);
+  EXPECT_GE(waited, std::chrono::milliseconds(100));
+  EXPECT_LT(waited, std::chrono::seconds(2));
+  auto quick = lookup_within("dns.google", "u", std::chrono::seconds(5), [](const std::string& host) {
+    return Result<std::vector<IpAddress>>(std::vector<IpAddress>{ip(host == "dns.google" ? "8.8.8.8" : "0.0.0.0")});
+  });
+  ASSERT_TRUE(quick.is_ok());
+  ASSERT_EQ(quick->size(), 1u);
+  EXPECT_EQ((*quick)[0].to_string(), "8.8.8.8");
 }
 
 TEST(NetTest, ResolvesAndChecksEveryAddress) {
