@@ -532,9 +532,10 @@ Status CudaBackend::launch_graph(const StepLayout& lay, int slot, bool sample) {
 
 Status CudaBackend::warm_up(int max_blocks_per_seq) {
   if (!outstanding_.empty()) return internal_error("warm_up with steps outstanding");
-  if (!options_.cuda_graphs || profiling_) return Status::ok();
   if (max_blocks_per_seq < 1) return invalid_argument("block tables must be at least one block wide");
+  // The graphs' pitch, also for graphs captured later (graphs switched on after this).
   warm_table_width_ = std::max(warm_table_width_, max_blocks_per_seq);
+  if (!options_.cuda_graphs || profiling_) return Status::ok();
   const int largest = graph_batch_size(std::min(options_.max_num_seqs, options_.max_num_tokens));
   // Staging slots big enough for any step (growing one later would drop the graphs): the
   // per-token arrays, the block tables, the per-row arrays, and attention items for every token and

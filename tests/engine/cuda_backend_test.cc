@@ -326,6 +326,71 @@ TEST(CudaBackendTest, FedTokensEqualKnownTokens) {
   }
 }
 
+// Graph-replayed decode steps take block tables narrower than the graphs' pitch (their columns
+// copied into it) and wider (a pitch of their own): the tokens equal those of steps run without
+// graphs, and only the wider tables capture a graph.
+TEST(CudaBackendTest, GraphStepsTakeBlockTablesOfAnyWidth) {
+  SKIP_WITHOUT_GPU();
+  CudaBackendOptions plain = small_options();
+  plain.cuda_graphs = false;
+  auto graphs = CudaBackend::create(*tiny_weights(), small_options());
+  auto direct = CudaBackend::create(*tiny_weights(), plain);
+  ASSERT_TRUE(graphs.is_ok() && direct.is_ok());
+  ASSERT_TRUE((*graphs)->warm_up(4).is_ok());
+  const size_t warmed = (*graphs)->num_graphs();
+  // Two prompts short enough for two blocks of 16 with the decode steps below.
+  auto ref = load_reference();
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& c : ref["cases"]) {
+    auto p = c["prompt_ids"].get<std::vector<int32_t>>();
+    if (p.size() <= 24 && prompts.size() < 2) prompts.push_back(p);
+  }
+  ASSERT_EQ(prompts.size(), 2u);
+  const int S = 2;
+  auto table = [](int width) {  // sequence s owns blocks 16 s, 16 s + 1, ...
+    std::vector<int32_t> t;
+    for (int s = 0; s < S; ++s) {
+      for (int b = 0; b < width; ++b) t.push_back(16 * s + b);
+    }
+    return t;
+  };
+  Step pre;
+  pre.max_blocks = 2;
+  pre.table = table(2);
+  for (int s = 0; s < S; ++s) {
+    for (size_t i = 0; i < prompts[s].size(); ++i) {
+      pre.ids.push_back(prompts[s][i]);
+      pre.positions.push_back(static_cast<int32_t>(i));
+    }
+    pre.seq_start.push_back(static_cast<int32_t>(pre.ids.size()));
+    pre.rows.push_back(static_cast<int32_t>(pre.ids.size()) - 1);
+  }
+  std::vector<SampleSpec> greedy(S);
+  std::vector<int32_t> a(S), b(S);
+  ASSERT_TRUE((*graphs)->forward_sample(pre.input(S), greedy.data(), a.data()).is_ok());
+  ASSERT_TRUE((*direct)->forward_sample(pre.input(S), greedy.data(), b.data()).is_ok());
+  ASSERT_EQ(a, b);
+  int k = 0;
+  for (int width : {2, 8, 3, 5, 2}) {
+    Step d;
+    d.max_blocks = width;
+    d.table = table(width);
+    for (int s = 0; s < S; ++s) {
+      d.ids.push_back(a[s]);
+      d.positions.push_back(static_cast<int32_t>(prompts[s].size()) + k);
+      d.seq_start.push_back(s + 1);
+      d.rows.push_back(s);
+    }
+    ++k;
+    Status ga = (*graphs)->forward_sample(d.input(S), greedy.data(), a.data());
+    Status gb = (*direct)->forward_sample(d.input(S), greedy.data(), b.data());
+    ASSERT_TRUE(ga.is_ok() && gb.is_ok()) << ga.to_string() << " " << gb.to_string();
+    EXPECT_EQ(a, b) << "block tables " << width << " wide";
+  }
+  // Pitch 4 served widths 2 and 3; width 8 captured the one new graph, which width 5 replayed.
+  EXPECT_EQ((*graphs)->num_graphs(), warmed + 1);
+}
+
 TEST(CudaBackendTest, RefusesBadSteps) {
   SKIP_WITHOUT_GPU();
   auto gpu = CudaBackend::create(*tiny_weights(), small_options());
