@@ -4,6 +4,13 @@
 #include "queue/pg.h"
 
 namespace hr::queue {
+namespace {
+
+// Connections the calling thread holds, from any pool: release() with none held (every piece of
+// every streamed answer calls it) returns without taking the pool's lock.
+thread_local int t_loans = 0;
+
+}  // namespace
 
 PgPool::PgPool(std::string url, int size, std::chrono::milliseconds wait)
     : url_(std::move(url)), size_(size < 1 ? 1 : size), wait_(wait) {}
@@ -14,6 +21,7 @@ Result<pqxx::connection*> PgPool::connection() {
   if (auto it = lent_.find(me); it != lent_.end()) {
     if (it->second->is_open()) return it->second.get();
     lent_.erase(it);  // closed under us: its place is taken again below
+    --t_loans;
     cv_.notify_one();
   }
   const auto room = [&] {
@@ -29,6 +37,7 @@ Result<pqxx::connection*> PgPool::connection() {
     if (!c->is_open()) continue;  // its place is free again; open a new one below
     pqxx::connection* raw = c.get();
     lent_[me] = std::move(c);
+    ++t_loans;
     return raw;
   }
   ++opening_;
@@ -42,19 +51,23 @@ Result<pqxx::connection*> PgPool::connection() {
   }
   pqxx::connection* raw = opened->get();
   lent_[me] = std::move(opened).value();
+  ++t_loans;
   return raw;
 }
 
 void PgPool::release() {
+  if (t_loans == 0) return;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = lent_.find(std::this_thread::get_id());
   if (it == lent_.end()) return;
   if (it->second->is_open()) idle_.push_back(std::move(it->second));
   lent_.erase(it);
+  --t_loans;
   cv_.notify_one();
 }
 
 void PgPool::drop() {
+  if (t_loans == 0) return;
   std::unique_ptr<pqxx::connection> closing;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -62,6 +75,7 @@ void PgPool::drop() {
     if (it == lent_.end()) return;
     closing = std::move(it->second);
     lent_.erase(it);
+    --t_loans;
     cv_.notify_one();
   }
   closing.reset();  // outside the lock: closing talks to the server
