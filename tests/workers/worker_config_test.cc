@@ -3,32 +3,30 @@
 // values given outright kept, and flags that cannot work refused with the flag named.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "workers/worker_config.h"
 
 namespace hr::workers {
 namespace {
 
+// The engine sizes a resolved configuration ends with: max_num_seqs, max_batched_tokens,
+// kv_cache_bytes, max_model_len, async_tokens_with_sync, async_step_ms, engine_nice.
+using Sizes = std::tuple<int, int, int64_t, int, int, double, int>;
+Sizes sizes(const WorkerConfig& c) {
+  return {c.max_num_seqs, c.max_batched_tokens, c.kv_cache_bytes, c.max_model_len, c.async_tokens_with_sync,
+          c.async_step_ms, c.engine_nice};
+}
+
 TEST(WorkerConfigTest, SizesTheEngineByDevice) {
   WorkerConfig cpu;
-  const WorkerConfig on_cpu = cpu.resolved();
-  EXPECT_EQ(on_cpu.max_num_seqs, 32);
-  EXPECT_EQ(on_cpu.max_batched_tokens, 512);
-  EXPECT_EQ(on_cpu.kv_cache_bytes, 64ll << 20);
-  EXPECT_EQ(on_cpu.max_model_len, 0);
-  EXPECT_EQ(on_cpu.async_tokens_with_sync, 8);
-  EXPECT_EQ(on_cpu.async_step_ms, 100.0);
-  EXPECT_EQ(on_cpu.engine_nice, 5);
+  EXPECT_EQ(sizes(cpu.resolved()), Sizes(32, 512, 64ll << 20, 0, 8, 100.0, 5));
 
   for (const char* device : {"cuda", "cuda:1"}) {
     WorkerConfig gpu;
     gpu.device = device;
-    const WorkerConfig on_gpu = gpu.resolved();
-    EXPECT_EQ(on_gpu.max_num_seqs, 256) << device;
-    EXPECT_EQ(on_gpu.max_batched_tokens, 2048) << device;
-    EXPECT_EQ(on_gpu.kv_cache_bytes, 0) << device;  // a fraction of the memory left after loading
-    EXPECT_EQ(on_gpu.async_tokens_with_sync, 0) << device;  // no cap
-    EXPECT_EQ(on_gpu.async_step_ms, 0.0) << device;
-    EXPECT_EQ(on_gpu.engine_nice, 0) << device;
+    // KV cache 0: a fraction of the memory left after loading; async tokens and step time: no cap.
+    EXPECT_EQ(sizes(gpu.resolved()), Sizes(256, 2048, 0, 0, 0, 0.0, 0)) << device;
   }
 
   WorkerConfig given;
@@ -40,13 +38,8 @@ TEST(WorkerConfigTest, SizesTheEngineByDevice) {
   given.async_tokens_with_sync = 3;
   given.engine_nice = 7;
   const WorkerConfig kept = given.resolved();
-  EXPECT_EQ(kept.max_num_seqs, 8);
-  EXPECT_EQ(kept.max_batched_tokens, 100);
-  EXPECT_EQ(kept.kv_cache_bytes, 1ll << 30);
-  EXPECT_EQ(kept.max_model_len, 4096);
-  EXPECT_EQ(kept.async_tokens_with_sync, 3);
-  EXPECT_EQ(kept.engine_nice, 7);
-  EXPECT_EQ(kept.resolved().max_num_seqs, 8);  // resolving twice changes nothing
+  EXPECT_EQ(sizes(kept), Sizes(8, 100, 1ll << 30, 4096, 3, 0.0, 7));
+  EXPECT_EQ(sizes(kept.resolved()), sizes(kept));  // resolving twice changes nothing
 }
 
 TEST(WorkerConfigTest, RefusesSizesThatCannotWorkNamingTheFlag) {
