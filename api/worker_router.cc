@@ -5,7 +5,10 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <functional>
 #include <limits>
@@ -78,17 +81,60 @@ metrics::Counter& routed(const std::string& outcome) {
                           "Sync calls forwarded to workers, by outcome", "outcome=\"" + outcome + "\"");
 }
 
-// One HTTP exchange with a worker on its own io_context: connect, send, read the header, then the
-// body in pieces as they arrive.
+metrics::Counter& connects(const std::string& connection) {
+  return metrics::counter("headroom_sync_worker_connections_total",
+                          "Connections to workers used for sync calls: opened for the call, or kept open from an earlier one",
+                          "connection=\"" + connection + "\"");
+}
+
+metrics::Gauge& idle_connections() {
+  return metrics::gauge("headroom_sync_worker_connections_idle",
+                        "Connections to workers kept open for the next sync call");
+}
+
+}  // namespace
+
+// An open connection to one worker, with an io_context of its own, so that whichever handler
+// thread holds it can drive it.
+struct WorkerConnection {
+  explicit WorkerConnection(std::string u) : url(std::move(u)) {}
+  std::string url;
+  asio::io_context ioc;
+  beast::tcp_stream stream{ioc};
+  beast::flat_buffer buffer;
+  int64_t idle_since_ns = 0;
+};
+
+namespace {
+
+// Whether an idle connection can carry another request: the worker has not closed it (nor sent
+// anything unasked). A peek; nothing is read.
+bool still_open(WorkerConnection& c) {
+  if (!c.stream.socket().is_open()) return false;
+  char byte;
+  ssize_t n = ::recv(c.stream.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+// One HTTP exchange with a worker over a connection of its own (kept open from an earlier call
+// when the pool has one): send, read the header, then the body in pieces as they arrive. The
+// connection goes back to the pool when the answer has been read to its end and both sides keep
+// it open.
 class WorkerCall {
  public:
   // `client_gone` (may be empty) is polled while the call waits on the worker: when it says the
   // client left, the connection is closed, so that the worker stops generating, and the call ends
   // with kCancelled.
-  WorkerCall(const RouterOptions& o, std::function<bool()> client_gone)
-      : options_(o), client_gone_(std::move(client_gone)) {
-    parser_.body_limit(std::numeric_limits<std::uint64_t>::max());
+  WorkerCall(const RouterOptions& o, WorkerConnections* pool, std::function<bool()> client_gone)
+      : options_(o), pool_(pool), client_gone_(std::move(client_gone)) {}
+  ~WorkerCall() {
+    if (conn_ && !broken_ && parser_ && parser_->is_done() && parser_->get().keep_alive() &&
+        conn_->buffer.size() == 0) {
+      pool_->give_back(std::move(conn_));
+    }
   }
+  WorkerCall(const WorkerCall&) = delete;
+  WorkerCall& operator=(const WorkerCall&) = delete;
 
   // kUnavailable when the worker cannot be reached or drops the connection before answering.
   Status open(const std::string& url, const std::string& body) {
@@ -96,47 +142,56 @@ class WorkerCall {
     if (!u.is_ok() || u->scheme != "http" || u->host.empty() || u->port == 0) {
       return unavailable("worker URL is not http://host:port: " + url);
     }
-    beast::error_code ec;
-    tcp::resolver resolver(ioc_);
-    auto eps = resolver.resolve(u->host, std::to_string(u->port), ec);
-    if (ec) return unavailable("resolve " + u->host + ": " + ec.message());
-    stream_.expires_after(std::chrono::milliseconds(options_.connect_timeout_ms));
-    stream_.async_connect(eps, [&](beast::error_code e, const tcp::endpoint&) { ec = e; });
-    if (!run()) return client_left();
-    if (ec) return unavailable("connect " + url + ": " + ec.message());
     http::request<http::string_body> req{http::verb::post, "/internal/sync", 11};
     req.set(http::field::host, u->host + ":" + std::to_string(u->port));
     req.set(http::field::content_type, "application/json");
     if (!options_.internal_token.empty()) req.set("x-headroom-internal-token", options_.internal_token);
-    req.keep_alive(false);
+    req.keep_alive(true);
     req.body() = body;
     req.prepare_payload();
-    stream_.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
-    http::async_write(stream_, req, [&](beast::error_code e, size_t) { ec = e; });
+    conn_ = pool_->take(url);
+    if (conn_) {
+      connects("reused").add();
+      Status st = exchange(req, url);
+      // A worker may close an idle connection just as the request goes out (its own limit on
+      // waiting): then the request did not reach it, and a new connection is tried once.
+      if (st.is_ok() || st.code() != StatusCode::kUnavailable) return st;
+      log::debug("router.stale_connection", {{"url", url}, {"error", st}});
+    }
+    conn_ = std::make_unique<WorkerConnection>(url);
+    broken_ = false;
+    beast::error_code ec;
+    tcp::resolver resolver(conn_->ioc);
+    auto eps = resolver.resolve(u->host, std::to_string(u->port), ec);
+    if (ec) return unavailable("resolve " + u->host + ": " + ec.message());
+    conn_->stream.expires_after(std::chrono::milliseconds(options_.connect_timeout_ms));
+    conn_->stream.async_connect(eps, [&](beast::error_code e, const tcp::endpoint&) { ec = e; });
     if (!run()) return client_left();
-    if (ec) return unavailable("send to " + url + ": " + ec.message());
-    stream_.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
-    http::async_read_header(stream_, buffer_, parser_, [&](beast::error_code e, size_t) { ec = e; });
-    if (!run()) return client_left();
-    if (ec) return unavailable("answer from " + url + ": " + ec.message());
-    return Status::ok();
+    if (ec) return unavailable("connect " + url + ": " + ec.message());
+    connects("new").add();
+    return exchange(req, url);
   }
 
-  int status() const { return static_cast<int>(parser_.get().result_int()); }
+  int status() const { return static_cast<int>(parser_->get().result_int()); }
 
   // Appends the next piece of the body to `out`; false once the body is complete.
-  Result<bool> read_some(std::string* out) {
-    if (parser_.is_done()) return false;
+  Result<bool> read_some(std::string* out, int timeout_ms = 0) {
+    if (parser_->is_done()) return false;
     char tmp[8192];
-    parser_.get().body().data = tmp;
-    parser_.get().body().size = sizeof tmp;
+    parser_->get().body().data = tmp;
+    parser_->get().body().size = sizeof tmp;
     beast::error_code ec;
-    stream_.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
-    http::async_read_some(stream_, buffer_, parser_, [&](beast::error_code e, size_t) { ec = e; });
+    conn_->stream.expires_after(
+        std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : options_.idle_timeout_ms));
+    http::async_read_some(conn_->stream, conn_->buffer, *parser_,
+                          [&](beast::error_code e, size_t) { ec = e; });
     if (!run()) return client_left();
     if (ec == http::error::need_buffer) ec = {};
-    if (ec) return unavailable("the worker's answer broke off: " + ec.message());
-    out->append(tmp, sizeof tmp - parser_.get().body().size);
+    if (ec) {
+      broken_ = true;
+      return unavailable("the worker's answer broke off: " + ec.message());
+    }
+    out->append(tmp, sizeof tmp - parser_->get().body().size);
     return true;
   }
 
@@ -148,20 +203,59 @@ class WorkerCall {
     }
   }
 
+  // After the last line of a streamed answer: reads the end of the body (the last chunk follows
+  // at once), so that the connection can carry the next call. Anything more, or nothing within a
+  // second, and the connection is closed instead.
+  void finish_reading() {
+    std::string rest;
+    for (int i = 0; i < 4 && !parser_->is_done(); ++i) {
+      Result<bool> more = read_some(&rest, 1000);
+      if (!more.is_ok() || !rest.empty()) {
+        broken_ = true;
+        return;
+      }
+    }
+  }
+
  private:
+  // Sends `req` and reads the answer's header.
+  Status exchange(const http::request<http::string_body>& req, const std::string& url) {
+    parser_.emplace();
+    parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
+    beast::error_code ec;
+    conn_->stream.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
+    http::async_write(conn_->stream, req, [&](beast::error_code e, size_t) { ec = e; });
+    if (!run()) return client_left();
+    if (ec) {
+      broken_ = true;
+      return unavailable("send to " + url + ": " + ec.message());
+    }
+    conn_->stream.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
+    http::async_read_header(conn_->stream, conn_->buffer, *parser_,
+                            [&](beast::error_code e, size_t) { ec = e; });
+    if (!run()) return client_left();
+    if (ec) {
+      broken_ = true;
+      return unavailable("answer from " + url + ": " + ec.message());
+    }
+    return Status::ok();
+  }
+
   // Runs the operation queued; false when the client left meanwhile (the connection is closed).
   bool run() {
-    ioc_.restart();
+    asio::io_context& ioc = conn_->ioc;
+    ioc.restart();
     if (!client_gone_) {
-      ioc_.run();
+      ioc.run();
       return true;
     }
-    while (!ioc_.stopped()) {
-      ioc_.run_for(std::chrono::milliseconds(50));
-      if (!ioc_.stopped() && client_gone_()) {
+    while (!ioc.stopped()) {
+      ioc.run_for(std::chrono::milliseconds(50));
+      if (!ioc.stopped() && client_gone_()) {
         beast::error_code ignored;
-        stream_.socket().close(ignored);
-        ioc_.run();  // the operation ends, aborted
+        conn_->stream.socket().close(ignored);
+        broken_ = true;
+        ioc.run();  // the operation ends, aborted
         return false;
       }
     }
@@ -171,14 +265,91 @@ class WorkerCall {
     return Status(StatusCode::kCancelled, "the client went away before the worker answered");
   }
   const RouterOptions& options_;
+  WorkerConnections* pool_;
   std::function<bool()> client_gone_;
-  asio::io_context ioc_;
-  beast::tcp_stream stream_{ioc_};
-  beast::flat_buffer buffer_;
-  http::response_parser<http::buffer_body> parser_;
+  std::unique_ptr<WorkerConnection> conn_;
+  bool broken_ = false;  // the connection may not carry another request
+  std::optional<http::response_parser<http::buffer_body>> parser_;
 };
 
 }  // namespace
+
+WorkerConnections::WorkerConnections(const RouterOptions& options) : options_(options) {}
+
+WorkerConnections::~WorkerConnections() { idle_connections().add(-static_cast<double>(idle())); }
+
+std::unique_ptr<WorkerConnection> WorkerConnections::take(const std::string& url) {
+  const int64_t now = steady_now_ns();
+  const int64_t keep_ns = int64_t{options_.idle_keep_ms} * 1000000;
+  std::vector<std::unique_ptr<WorkerConnection>> closed;  // closed after the lock is released
+  std::unique_ptr<WorkerConnection> c;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = idle_.find(url);
+  if (it == idle_.end()) return nullptr;
+  std::vector<std::unique_ptr<WorkerConnection>>& v = it->second;
+  // The most recently used first: the longer a connection has been idle, the likelier that the
+  // worker is about to close it.
+  while (!v.empty() && !c) {
+    std::unique_ptr<WorkerConnection> last = std::move(v.back());
+    v.pop_back();
+    idle_connections().add(-1);
+    if (now - last->idle_since_ns < keep_ns && still_open(*last)) {
+      c = std::move(last);
+    } else {
+      closed.push_back(std::move(last));
+    }
+  }
+  if (v.empty()) idle_.erase(it);
+  return c;
+}
+
+void WorkerConnections::give_back(std::unique_ptr<WorkerConnection> c) {
+  const size_t limit = static_cast<size_t>(std::max(0, options_.max_idle_per_worker));
+  if (limit == 0) return;
+  const int64_t now = steady_now_ns();
+  const int64_t keep_ns = int64_t{options_.idle_keep_ms} * 1000000;
+  c->idle_since_ns = now;
+  std::vector<std::unique_ptr<WorkerConnection>> closed;  // closed after the lock is released
+  std::lock_guard<std::mutex> lock(mu_);
+  // Oldest first in each list: those idle too long are closed, and the oldest beyond the limit.
+  auto close_front = [&](std::vector<std::unique_ptr<WorkerConnection>>& v, size_t keep_at_most) {
+    size_t drop = 0;
+    while (drop < v.size() && now - v[drop]->idle_since_ns >= keep_ns) ++drop;
+    if (v.size() - drop > keep_at_most) drop = v.size() - keep_at_most;
+    for (size_t i = 0; i < drop; ++i) closed.push_back(std::move(v[i]));
+    v.erase(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(drop));
+    idle_connections().add(-static_cast<double>(drop));
+  };
+  // Now and then every worker's list, so that those of workers no longer called are closed too.
+  if (now - last_sweep_ns_ >= keep_ns) {
+    last_sweep_ns_ = now;
+    for (auto it = idle_.begin(); it != idle_.end();) {
+      close_front(it->second, limit);
+      it = it->second.empty() ? idle_.erase(it) : std::next(it);
+    }
+  }
+  std::vector<std::unique_ptr<WorkerConnection>>& v = idle_[c->url];
+  close_front(v, limit - 1);
+  v.push_back(std::move(c));
+  idle_connections().add(1);
+}
+
+void WorkerConnections::forget(const std::string& url) {
+  std::vector<std::unique_ptr<WorkerConnection>> closed;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = idle_.find(url);
+  if (it == idle_.end()) return;
+  closed = std::move(it->second);
+  idle_.erase(it);
+  idle_connections().add(-static_cast<double>(closed.size()));
+}
+
+size_t WorkerConnections::idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& [url, v] : idle_) n += v.size();
+  return n;
+}
 
 std::vector<size_t> route_order(const std::vector<queue::WorkerInfo>& workers,
                                 const std::vector<int>& in_flight, const std::string& affinity,
@@ -329,7 +500,7 @@ Result<T> WorkerRouter::forward(const SyncCall& call, const std::string& body, O
   Status last = Status::ok();
   for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
     HR_ASSIGN_OR_RETURN(std::shared_ptr<Attempt> a, place(call, skip));
-    auto wc = std::make_unique<WorkerCall>(options_, call.client_gone);
+    auto wc = std::make_unique<WorkerCall>(options_, &connections_, call.client_gone);
     Status st = wc->open(a->url, body);
     std::optional<Result<T>> got;
     if (!st.is_ok()) {
@@ -343,6 +514,7 @@ Result<T> WorkerRouter::forward(const SyncCall& call, const std::string& body, O
       log::warn("router.worker_failed", {{"worker", a->worker_id}, {"error", got->status()}});
       routed("worker_failed").add();
       suspect(a->worker_id);
+      connections_.forget(a->url);
       skip.push_back(a->worker_id);
       last = got->status();
       continue;
@@ -406,6 +578,7 @@ class RemoteStream final : public SyncStream {
         } else {
           status_ = status_from_error_body(200, line.dump());
         }
+        call_->finish_reading();
         return finish();
       }
       Result<bool> more = call_->read_some(&pending_);
@@ -422,7 +595,7 @@ class RemoteStream final : public SyncStream {
  private:
   bool finish() {
     finished_ = true;
-    call_.reset();     // closes the connection
+    call_.reset();     // the connection is closed, or kept for the next call when read to its end
     attempt_.reset();  // the worker's slot is free again
     return false;
   }

@@ -10,6 +10,10 @@
 // No worker with room: kResourceExhausted at once with reject_if_busy, else after waiting up to
 // queue_timeout_ms. A worker that cannot be reached is skipped for a few seconds and the call
 // moves on to the next one (before any of the answer has been passed on).
+// Connections to workers are kept open between calls (HTTP/1.1 keep-alive): a call takes an idle
+// one to its worker when there is one, and gives it back once the worker's answer has been read
+// to its end. One the worker closed meanwhile is noticed before use, or costs one more try on a
+// new connection. A call whose client leaves closes its connection, so that the worker stops.
 // Thread-safe: run() and start_stream() are called from many handler threads at once.
 #pragma once
 
@@ -33,6 +37,33 @@ struct RouterOptions {
   int idle_timeout_ms = 300000;    // longest silence while an answer is generated
   int suspect_ms = 3000;           // an unreachable worker is skipped this long
   int max_attempts = 3;            // workers tried for one call
+  int max_idle_per_worker = 64;    // idle connections kept open to each worker
+  // An idle connection is closed after this long; below the workers' own limit on waiting for the
+  // next request (HttpServerOptions::read_timeout_s, 30 s), so that they rarely close it first.
+  int idle_keep_ms = 10000;
+};
+
+struct WorkerConnection;  // an open connection to a worker, idle or in use by one call
+
+// Idle connections to workers, by worker URL. Thread-safe.
+class WorkerConnections {
+ public:
+  explicit WorkerConnections(const RouterOptions& options);
+  ~WorkerConnections();
+  // An idle connection to `url` that still looks open (the worker has not closed it), or null.
+  std::unique_ptr<WorkerConnection> take(const std::string& url);
+  // Keeps `c`, whose last answer was read to its end, for the next call to its worker.
+  void give_back(std::unique_ptr<WorkerConnection> c);
+  // Closes every idle connection to `url` (its worker failed).
+  void forget(const std::string& url);
+  size_t idle() const;
+
+ private:
+  const RouterOptions& options_;
+  mutable std::mutex mu_;
+  // Per worker URL, the least recently used first.
+  std::unordered_map<std::string, std::vector<std::unique_ptr<WorkerConnection>>> idle_;
+  int64_t last_sweep_ns_ = 0;
 };
 
 // The order in which to try `workers` for one call: by rendezvous rank of `affinity` when it is
@@ -78,6 +109,7 @@ class WorkerRouter final : public SyncInference {
   std::unordered_map<std::string, int> in_flight_;            // worker id → calls; guarded by mu_
   std::unordered_map<std::string, int64_t> suspect_until_ns_;  // guarded by mu_
   uint64_t calls_ = 0;                                         // guarded by mu_
+  WorkerConnections connections_{options_};
 };
 
 }  // namespace hr::api

@@ -71,7 +71,10 @@ class Routing : public ::testing::Test {
     std::vector<std::string> args = {
         HEADROOM_BINARY, "--log-level", "warn", "worker", "--model", model_dir, "--name",
         h_->model(), "--worker-name", name, "--database-url", h_->database_url(), "--redis-url",
-        h_->redis_url(), "--sync-port", "0", "--heartbeat-ms", "200", "--drain-seconds", "2"};
+        h_->redis_url(), "--heartbeat-ms", "200", "--drain-seconds", "2"};
+    if (std::find(extra.begin(), extra.end(), "--sync-port") == extra.end()) {
+      args.insert(args.end(), {"--sync-port", "0"});
+    }
     args.insert(args.end(), extra.begin(), extra.end());
     workers_[name] = testing::spawn(std::move(args));
   }
@@ -271,6 +274,94 @@ TEST_F(Routing, FullWorkersMean429WhileOneWithRoomTakesTheCall) {
   EXPECT_EQ(r.status, 429) << r.body;
   EXPECT_EQ(r.headers["Retry-After"], "1");
   ASSERT_TRUE(registry_->withdraw(h_->model(), "full").is_ok());
+}
+
+// Router metrics of this process: connections to workers opened, and kept from an earlier call.
+struct Connects {
+  double opened = 0, reused = 0, failed = 0, idle = 0;
+  static Connects now() {
+    auto value = [](const std::string& name, const std::string& labels) {
+      return metrics::counter(name, "", labels).value();
+    };
+    Connects c;
+    c.opened = value("headroom_sync_worker_connections_total", R"(connection="new")");
+    c.reused = value("headroom_sync_worker_connections_total", R"(connection="reused")");
+    c.failed = value("headroom_sync_routed_total", R"(outcome="worker_failed")");
+    c.idle = metrics::gauge("headroom_sync_worker_connections_idle", "").value();
+    return c;
+  }
+};
+
+TEST_F(Routing, CallsToAWorkerShareOneConnection) {
+  start_worker("w1");
+  ASSERT_TRUE(wait_live({"w1"}));
+  const Connects before = Connects::now();
+  // One after another, answered whole and streamed, in both API shapes: one connection for all.
+  for (int i = 0; i < 4; ++i) {
+    auto r = chat(kCases[i % kCases.size()].first);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.json()["choices"][0]["message"]["content"], kCases[i % kCases.size()].second);
+  }
+  json stream = {{"model", h_->model()},
+                 {"messages", {{{"role", "user"}, {"content", "reverse: stream"}}}},
+                 {"temperature", 0},
+                 {"stream", true}};
+  for (int i = 0; i < 2; ++i) {
+    auto r = h_->post("/v1/chat/completions", stream.dump(), h_->key_a());
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_NE(r.body.find("data: [DONE]"), std::string::npos) << r.body;
+  }
+  auto cf = h_->post("/ai/run/" + h_->model(),
+                     json{{"prompt", "reverse: hello world"}, {"temperature", 0}, {"stream", true}}.dump(),
+                     h_->key_a());
+  ASSERT_EQ(cf.status, 200) << cf.body;
+  // An error answered by the worker (a prompt longer than its context) leaves it open too.
+  json too_long = {{"model", h_->model()},
+                   {"messages", {{{"role", "user"}, {"content", std::string(5000, 'x')}}}}};
+  auto refused = h_->post("/v1/chat/completions", too_long.dump(), h_->key_a());
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  const Connects after = Connects::now();
+  EXPECT_EQ(after.opened - before.opened, 1);
+  EXPECT_EQ(after.reused - before.reused, 7);
+  EXPECT_EQ(after.failed, before.failed);
+  EXPECT_EQ(after.idle - before.idle, 1);
+}
+
+// A worker that stops closes the connections kept open to it; once it is back on the same
+// address, the next call reaches it on a new connection, without counting it as failed.
+TEST_F(Routing, AWorkerBackOnItsAddressIsReachedOnANewConnection) {
+  int port = 0;
+  {
+    boost::asio::io_context ioc;
+    tcp::acceptor a(ioc, tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+    port = a.local_endpoint().port();
+  }
+  const std::vector<std::string> args = {"--sync-port", std::to_string(port)};
+  auto listening = [&] {
+    for (int i = 0; i < 300; ++i) {
+      if (testing::http_call("GET", port, "/metrics").status == 200) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  };
+  start_worker("w1", args);
+  ASSERT_TRUE(wait_live({"w1"}));
+  ASSERT_TRUE(listening());
+  auto first = chat("hello world");
+  ASSERT_EQ(first.status, 200) << first.body;
+  const Connects before = Connects::now();
+  stop_worker("w1", SIGKILL);
+  start_worker("w1", args);
+  ASSERT_TRUE(listening());
+  ASSERT_TRUE(wait_live({"w1"}));
+  for (int i = 0; i < 2; ++i) {
+    auto r = chat("flex batch");
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.json()["choices"][0]["message"]["content"], "hctab xelf");
+  }
+  const Connects after = Connects::now();
+  EXPECT_EQ(after.opened - before.opened, 1);
+  EXPECT_EQ(after.failed, before.failed);
 }
 
 // The endless model: a random-weight Llama in the Hugging Face layout with the bundled model's
