@@ -10,23 +10,40 @@ namespace hr::engine {
 
 namespace {
 
-// Greedy sampling (ties go to the lowest id), or nullopt when `p` samples at random.
+// The highest logit (ties go to the lowest id); NaN never wins. -1 when every logit is NaN.
+int32_t argmax(const float* logits, int vocab) {
+  int32_t best = -1;
+  for (int32_t i = 0; i < vocab; ++i) {
+    if (std::isnan(logits[i])) continue;
+    if (best < 0 || logits[i] > logits[best]) best = i;
+  }
+  return best;
+}
+
+// Greedy sampling, or nullopt when `p` samples at random.
 std::optional<int32_t> greedy(const float* logits, int vocab, const SamplingParams& p) {
   if (p.temperature > 0.0f && p.top_k != 1) return std::nullopt;
-  return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  return argmax(logits, vocab);
 }
 
 }  // namespace
 
 int32_t sample_token(const float* logits, int vocab, const SamplingParams& p, std::mt19937_64& rng) {
   if (auto token = greedy(logits, vocab, p)) return *token;
-  std::vector<int32_t> idx(static_cast<size_t>(vocab));
-  std::iota(idx.begin(), idx.end(), 0);
-  int k = p.top_k > 0 ? std::min(p.top_k, vocab) : vocab;
+  // No logit to draw from (all NaN), or +inf, which outweighs everything at any temperature.
+  const int32_t top = argmax(logits, vocab);
+  if (top < 0 || logits[top] == INFINITY) return top;
+  std::vector<int32_t> idx;
+  idx.reserve(static_cast<size_t>(vocab));
+  for (int32_t i = 0; i < vocab; ++i) {
+    if (!std::isnan(logits[i])) idx.push_back(i);
+  }
+  const int n = static_cast<int>(idx.size());
+  int k = p.top_k > 0 ? std::min(p.top_k, n) : n;
   auto by_logit = [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
-  if (k < vocab) {
+  if (k < n) {
     std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), by_logit);
     idx.resize(static_cast<size_t>(k));
   } else {

@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
   float lo_z = INFINITY;
   for (int i = threadIdx.x; i < vocab; i += kThreads) {
     best = better(best, ArgMax{x[i], i});
-    lo_z = fminf(lo_z, x[i]);
+    if (x[i] > -INFINITY) lo_z = fminf(lo_z, x[i]);  // the least finite logit (NaN fails too)
   }
   best = block_argmax(best, am_scratch);
   if (best.i >= vocab) {
@@ -61,7 +61,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
     if (threadIdx.x == 0) tokens[row] = -1;
     return;
   }
-  if (sp.temperature <= 0.0f || sp.top_k == 1) {
+  // +inf outweighs everything: its probability is 1 at any temperature.
+  if (sp.temperature <= 0.0f || sp.top_k == 1 || best.v == INFINITY) {
     if (threadIdx.x == 0) tokens[row] = best.i;
     return;
   }
@@ -123,7 +124,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
     int pick = best.i;
     const int cb = c * chunk, ce = min(vocab, cb + chunk);
     for (int i = cb; i < ce; ++i) {
-      if (x[i] < tau) continue;
+      if (!(x[i] >= tau)) continue;  // NaN too, as in the sums above
       pick = i;
       u -= __expf((x[i] - mx) * inv_t);
       if (u <= 0.0f) break;

@@ -769,14 +769,29 @@ TEST(CudaKernelsTest, SamplingGreedyTopKTopPAndSeeds) {
   for (int i = 0; i < V; i += 3) some_nan[static_cast<size_t>(i)] = NAN;  // 31337 % 3 == 2: kept
   some_nan[31337 - 1] = NAN;
   for (int32_t t : sample_rows(some_nan, 2, greedy)) EXPECT_EQ(t, 31337);
-  for (int32_t t : sample_rows(some_nan, 50, k5)) EXPECT_FALSE(std::isnan(some_nan[static_cast<size_t>(t)])) << t;
+  kernels::SampleParams t1{1.0f, 1.0f, 0};
+  for (const kernels::SampleParams& sp : {k5, pp, t1}) {
+    for (int32_t t : sample_rows(some_nan, 50, sp)) EXPECT_FALSE(std::isnan(some_nan[static_cast<size_t>(t)])) << t;
+  }
+  // -inf is never picked and leaves top-k as it is; +inf is picked at any temperature.
+  std::vector<float> some_inf = logits;
+  for (int i = 1; i < V; i += 5) some_inf[static_cast<size_t>(i)] = -INFINITY;  // 31337 % 5 == 2: kept
+  std::vector<int> inf_order(V);
+  std::iota(inf_order.begin(), inf_order.end(), 0);
+  std::sort(inf_order.begin(), inf_order.end(), [&](int a, int b) { return some_inf[a] > some_inf[b]; });
+  const std::set<int32_t> inf_top5(inf_order.begin(), inf_order.begin() + 5);
+  for (int32_t t : sample_rows(some_inf, 100, k5)) EXPECT_TRUE(inf_top5.count(t)) << t;
+  for (int32_t t : sample_rows(some_inf, 100, t1)) EXPECT_NE(some_inf[static_cast<size_t>(t)], -INFINITY) << t;
+  some_inf[123] = INFINITY;
+  for (const kernels::SampleParams& sp : {greedy, k5, pp, t1}) {
+    for (int32_t t : sample_rows(some_inf, 4, sp)) EXPECT_EQ(t, 123);
+  }
   const std::vector<float> all_nan(V, NAN);
   for (const kernels::SampleParams& sp : {greedy, k5, pp}) {
     for (int32_t t : sample_rows(all_nan, 2, sp)) EXPECT_EQ(t, -1);
   }
   // Same random, same token; the frequencies follow softmax(logits / T).
   std::vector<float> small = {0.0f, 1.0f, 2.0f, -1.0f, 0.5f, 1.5f, -0.5f, 0.25f};
-  kernels::SampleParams t1{1.0f, 1.0f, 0};
   auto a = sample_rows(small, 4000, t1), b = sample_rows(small, 4000, t1);
   EXPECT_EQ(a, b);
   double z = 0;
