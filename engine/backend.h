@@ -32,6 +32,23 @@ struct StepInput {
   const int32_t* fed_rows = nullptr;     // [num_tokens] or null
 };
 
+// What a backend accepts in a step (check_step below).
+struct StepBounds {
+  int vocab_size = 0;
+  int block_size = 0;
+  int num_blocks = 0;       // block ids in [0, num_blocks)
+  int prev_num_logits = 0;  // fed rows name rows in [0, prev_num_logits)
+  // Sequences from this one on are padding: their blocks must all be num_blocks (a scratch block
+  // past the cache). -1: every sequence is real.
+  int real_seqs = -1;
+};
+
+// Checks a step's inputs before anything reads memory through them: the sequences' token ranges,
+// token ids (or fed rows), positions within the block table, every block that a sequence's
+// attention reads (each column up to its last position, not only those written) and the logits
+// rows. kInvalidArgument saying what is wrong.
+[[nodiscard]] Status check_step(const StepInput& in, const StepBounds& bounds);
+
 class Backend {
  public:
   virtual ~Backend() = default;

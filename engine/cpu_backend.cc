@@ -215,13 +215,8 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
   const int bs = options_.block_size;
   const int QKV = Q + 2 * KV;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  if (T <= 0) return invalid_argument("empty step");
   if (in.fed_rows) return invalid_argument("forward() takes no fed rows");
-  for (int t = 0; t < T; ++t) {
-    if (in.token_ids[t] < 0 || in.token_ids[t] >= c.vocab_size) {
-      return invalid_argument("token id " + std::to_string(in.token_ids[t]) + " is out of range");
-    }
-  }
+  HR_RETURN_IF_ERROR(check_step(in, {c.vocab_size, bs, num_blocks_}));
   x_.resize(static_cast<size_t>(T) * D);
   h_.resize(static_cast<size_t>(T) * D);
   qkv_.resize(static_cast<size_t>(T) * QKV);

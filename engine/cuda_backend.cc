@@ -89,21 +89,7 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
                             std::to_string(options_.max_num_seqs), "max-num-seqs");
   }
   HR_CUDA("selecting the device", cudaSetDevice(options_.device));
-
-  for (int s = 0; s < S; ++s) {
-    for (int t = in.seq_start[s]; t < in.seq_start[s + 1]; ++t) {
-      if (in.fed_rows && in.fed_rows[t] >= 0) {
-        if (in.fed_rows[t] >= prev_num_logits_) {
-          return invalid_argument("fed row " + std::to_string(in.fed_rows[t]) + " is not a row of the previous step");
-        }
-      } else if (in.token_ids[t] < 0 || in.token_ids[t] >= V) {
-        return invalid_argument("token id " + std::to_string(in.token_ids[t]) + " is out of range");
-      }
-      if (in.positions[t] < 0 || in.positions[t] / bs >= in.max_blocks_per_seq) {
-        return invalid_argument("position " + std::to_string(in.positions[t]) + " is outside the block table");
-      }
-    }
-  }
+  HR_RETURN_IF_ERROR(check_step(in, {V, bs, num_blocks_, prev_num_logits_, real_seqs}));
   HR_RETURN_IF_ERROR(plan_attention(
       in, {c.num_heads, nkv, num_sms_, max_partials_, graph_shape, options_.decode_attention}, &plan_));
   const auto& decode = plan_.decode;
@@ -154,15 +140,8 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   for (int s = 0; s < S; ++s) {
     const int32_t* row = in.block_table + static_cast<size_t>(s) * in.max_blocks_per_seq;
     for (int t = in.seq_start[s]; t < in.seq_start[s + 1]; ++t) {
-      const int block = row[in.positions[t] / bs];
-      if (block < 0 || (s < real_seqs ? block >= num_blocks_ : block != num_blocks_)) {
-        return invalid_argument("block " + std::to_string(block) + " is outside the KV cache");
-      }
-      slots[t] = block * bs + in.positions[t] % bs;
+      slots[t] = row[in.positions[t] / bs] * bs + in.positions[t] % bs;
     }
-  }
-  for (int i = 0; i < L; ++i) {
-    if (in.logits_rows[i] < 0 || in.logits_rows[i] >= T) return invalid_argument("logits row out of range");
   }
   std::memcpy(h + lay.logits_rows, in.logits_rows, static_cast<size_t>(L) * 4);
   std::memcpy(h + lay.block_table, in.block_table, static_cast<size_t>(S) * in.max_blocks_per_seq * 4);
@@ -620,8 +599,12 @@ Status CudaBackend::forward(const StepInput& in, float* logits) {
     return enqueued;
   }
   if (in.num_logits > 0) {
-    HR_CUDA("copying logits", cudaMemcpyAsync(logits, logits_, static_cast<size_t>(in.num_logits) * config_.vocab_size * 4,
-                                              cudaMemcpyDeviceToHost, stream_));
+    const cudaError_t queued = cudaMemcpyAsync(logits, logits_, static_cast<size_t>(in.num_logits) * config_.vocab_size * 4,
+                                               cudaMemcpyDeviceToHost, stream_);
+    if (queued != cudaSuccess) {
+      cudaStreamSynchronize(stream_);  // the step still reads the slot's pinned inputs
+      return internal::cuda_error("copying logits", queued, options_.device);
+    }
   }
   HR_CUDA("running the step", cudaStreamSynchronize(stream_));
   collect_marks();
@@ -652,14 +635,19 @@ Status CudaBackend::submit(const StepInput& in, const SampleSpec* specs) {
     prev_num_logits_ = 0;
     return internal::cuda_error("queueing a step's tokens", queued, options_.device);
   }
+  if (profiling_) {
+    // Per-step phase times: no overlap while profiling. A step that fails here is not outstanding.
+    const cudaError_t ran = cudaEventSynchronize(slot.done);
+    if (ran != cudaSuccess) {
+      cudaStreamSynchronize(stream_);
+      prev_num_logits_ = 0;
+      return internal::cuda_error("running the step", ran, options_.device);
+    }
+    collect_marks();
+  }
   slot.num_logits = in.num_logits;
   prev_num_logits_ = in.num_logits;
   outstanding_.push_back(index);
-  if (profiling_) {
-    // Per-step phase times: no overlap while profiling.
-    HR_CUDA("running the step", cudaEventSynchronize(slot.done));
-    collect_marks();
-  }
   return Status::ok();
 }
 

@@ -409,6 +409,15 @@ TEST(CudaBackendTest, RefusesBadSteps) {
   st.table.assign(st.max_blocks, (*gpu)->num_kv_blocks());  // a block past the cache
   s = (*gpu)->forward(st.input(1), logits.data());
   EXPECT_FALSE(s.is_ok());
+  // Attention reads the columns before the one a token writes: they are checked too.
+  const int bs = CudaBackendOptions{}.block_size;
+  st.positions = {3 * bs, 3 * bs + 1};
+  st.table.assign(st.max_blocks, 0);
+  st.table[1] = -1;
+  s = (*gpu)->forward(st.input(1), logits.data());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.to_string().find("outside the KV cache"), std::string::npos) << s.to_string();
+  st.positions = {0, 1};
   // Fed rows must name a row of the step submitted before; at most two steps are outstanding.
   st.table.assign(st.max_blocks, 0);
   SampleSpec greedy;

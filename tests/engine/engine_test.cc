@@ -14,11 +14,13 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "engine/chat_template.h"
 #include "engine/cpu_backend.h"
 #include "engine/cpu_gemm.h"
+#include "engine/sampler.h"
 #include "engine/thread_pool.h"
 #include "engine/weights.h"
 
@@ -545,6 +547,56 @@ TEST(EngineTest, BlockTablesAreAsWideAsTheStepNeeds) {
   }
 }
 
+// Steps that would read or write outside the backend's memory are refused before anything runs,
+// and a good step still runs afterwards. The CUDA backend makes the same check (check_step).
+TEST(CpuBackendTest, RefusesStepsOutsideItsMemory) {
+  auto& f = Fixture::get();
+  auto b = f.backend(16, 8 << 20, false);
+  const int nb = b->num_kv_blocks();
+  struct Step {
+    std::vector<int32_t> ids = {5, 6, 7}, positions = {0, 1, 40}, seq_start = {0, 2, 3};
+    std::vector<int32_t> table = {0, 1, 2, 3, 4, 5, 6, 7}, rows = {1, 2};
+    StepInput input() const {
+      StepInput in;
+      in.num_tokens = static_cast<int>(ids.size());
+      in.num_seqs = static_cast<int>(seq_start.size()) - 1;
+      in.token_ids = ids.data();
+      in.positions = positions.data();
+      in.seq_start = seq_start.data();
+      in.block_table = table.data();
+      in.max_blocks_per_seq = 4;
+      in.logits_rows = rows.data();
+      in.num_logits = static_cast<int>(rows.size());
+      return in;
+    }
+  };
+  std::vector<float> logits(static_cast<size_t>(2 * b->vocab_size()));
+  ASSERT_TRUE(b->forward(Step{}.input(), logits.data()).is_ok());
+  const std::vector<std::pair<const char*, std::function<void(Step&)>>> bad = {
+      {"out of range", [](Step& s) { s.ids[1] = 1 << 20; }},
+      {"out of range", [](Step& s) { s.ids[0] = -1; }},
+      {"outside the block table", [](Step& s) { s.positions[2] = 4 * 16; }},
+      {"outside the block table", [](Step& s) { s.positions[0] = -1; }},
+      {"outside the KV cache", [&](Step& s) { s.table[0] = nb; }},
+      {"outside the KV cache", [](Step& s) { s.table[5] = -1; }},  // read, not written: before position 40's block
+      {"do not cover", [](Step& s) { s.seq_start = {0, 2, 2}; }},
+      {"do not cover", [](Step& s) { s.seq_start = {1, 2, 3}; }},
+      {"ends before it starts", [](Step& s) {
+         s.seq_start = {0, 3, 1, 3};
+         s.table.resize(12, 0);
+       }},
+      {"logits row out of range", [](Step& s) { s.rows[1] = 3; }},
+  };
+  for (const auto& [what, spoil] : bad) {
+    Step st;
+    spoil(st);
+    Status r = b->forward(st.input(), logits.data());
+    EXPECT_EQ(r.code(), StatusCode::kInvalidArgument) << what << ": " << r.to_string();
+    EXPECT_NE(r.to_string().find(what), std::string::npos) << r.to_string();
+  }
+  ASSERT_TRUE(b->forward(Step{}.input(), logits.data()).is_ok());
+}
+
 // The backend side of pipelining: a token fed from the previous step's sampled row gives the same
 // step as that token given outright; fed rows outside that step, and a third outstanding step,
 // are refused.
@@ -666,6 +718,51 @@ void expect_product_matches(int m, int n, int k, bool accumulate, SimdLevel leve
 // n past whole panels, k odd, m across the tile heights (8, 6, 4) and their remainders.
 const std::pair<int, int> kOddSizes[] = {{1, 1},   {3, 5},    {7, 13},  {17, 31},  {37, 67},
                                          {5, 129}, {29, 300}, {50, 96}, {11, 1031}, {64, 768}};
+
+// NaN is never drawn (a row of nothing but NaN gives -1, which ends the sequence in an error),
+// -inf never either, and +inf always: as on the GPU.
+TEST(SamplerTest, NaNAndInfiniteLogits) {
+  const int V = 64;
+  std::vector<float> logits(V);
+  for (int i = 0; i < V; ++i) logits[static_cast<size_t>(i)] = std::sin(static_cast<float>(i)) * 3.0f;
+  for (int i = 0; i < V; i += 3) logits[static_cast<size_t>(i)] = NAN;
+  for (int i = 1; i < V; i += 3) logits[static_cast<size_t>(i)] = -INFINITY;
+  auto spec = [](float t, float top_p, int top_k, uint64_t random) {
+    SampleSpec s;
+    s.temperature = t;
+    s.top_p = top_p;
+    s.top_k = top_k;
+    s.random = random;
+    return s;
+  };
+  std::vector<int> finite;
+  for (int i = 2; i < V; i += 3) finite.push_back(i);
+  std::sort(finite.begin(), finite.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  const std::set<int32_t> top3(finite.begin(), finite.begin() + 3);
+  EXPECT_EQ(sample_token(logits.data(), V, spec(0.0f, 1.0f, 0, 1)), finite[0]);
+  std::set<int32_t> seen;
+  for (uint64_t r = 1; r <= 300; ++r) {
+    for (const SampleSpec& sp : {spec(1.0f, 1.0f, 0, r), spec(1.0f, 0.5f, 0, r), spec(2.0f, 1.0f, 3, r)}) {
+      int32_t t = sample_token(logits.data(), V, sp);
+      ASSERT_TRUE(t >= 0 && t < V) << t;
+      EXPECT_TRUE(std::isfinite(logits[static_cast<size_t>(t)])) << t;
+      if (sp.top_k == 3) {
+        EXPECT_TRUE(top3.count(t)) << t;
+      }
+      seen.insert(t);
+    }
+  }
+  EXPECT_GT(seen.size(), 3u);
+  std::vector<float> with_inf = logits;
+  with_inf[20] = INFINITY;
+  for (const SampleSpec& sp : {spec(0.0f, 1.0f, 0, 1), spec(1.0f, 1.0f, 0, 7), spec(1.0f, 0.5f, 5, 9)}) {
+    EXPECT_EQ(sample_token(with_inf.data(), V, sp), 20);
+  }
+  const std::vector<float> all_nan(V, NAN);
+  for (const SampleSpec& sp : {spec(0.0f, 1.0f, 0, 1), spec(1.0f, 0.9f, 5, 3)}) {
+    EXPECT_EQ(sample_token(all_nan.data(), V, sp), -1);
+  }
+}
 
 TEST(CpuGemmTest, PanelProductsMatchDoublePrecisionOnOddSizes) {
   std::mt19937 rng(3);
