@@ -10,6 +10,7 @@
 #include "engine/internal/cuda_status.h"
 #include "engine/safetensors.h"
 #include "kernels/fill.cuh"
+#include "kernels/paged_attention.cuh"
 
 namespace hr::engine {
 
@@ -136,6 +137,16 @@ Status CudaBackend::init_runtime() {
   const size_t Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
   HR_CUDA("reading device attributes",
           cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, options_.device));
+  int smem_optin = 0;
+  HR_CUDA("reading device attributes",
+          cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, options_.device));
+  const size_t smem_needed = kernels::paged_attention_smem_bytes(c.head_dim);
+  if (static_cast<size_t>(smem_optin) < smem_needed) {
+    return unavailable("CUDA device " + std::to_string(options_.device) + " allows " +
+                       std::to_string(smem_optin / 1024) + " KiB of shared memory per block; attention at head_dim " +
+                       std::to_string(c.head_dim) + " needs " + std::to_string(smem_needed / 1024) +
+                       " KiB (an A100, H100 or H200 has enough); use --device cpu or another device");
+  }
   HR_ASSIGN_OR_RETURN(gemm_, CublasLtGemm::create(32ull << 20));
   std::vector<float> inv_freq = c.rope_inv_freq();
   HR_RETURN_IF_ERROR(alloc(reinterpret_cast<void**>(&inv_freq_), inv_freq.size() * 4, "rope"));

@@ -46,10 +46,11 @@ Result<std::unique_ptr<GpuMonitor>> GpuMonitor::open() {
       !sym(a.device_count, "nvmlDeviceGetCount_v2") || !sym(a.handle_by_index, "nvmlDeviceGetHandleByIndex_v2") ||
       !sym(a.utilization, "nvmlDeviceGetUtilizationRates") || !sym(a.memory, "nvmlDeviceGetMemoryInfo") ||
       !sym(a.error_string, "nvmlErrorString")) {
+    a.init = nullptr;  // not initialised: nothing to shut down
     return unavailable("libnvidia-ml lacks an expected entry point");
   }
   if (nvmlReturn r = a.init(); r != 0) {
-    a.init = nullptr;  // nothing to shut down
+    a.init = nullptr;
     return unavailable(std::string("nvmlInit failed: ") + a.error_string(r));
   }
   unsigned int n = 0;

@@ -70,6 +70,10 @@ constexpr int kAttentionTcKeyTile = 64;  // keys per tile of the tensor-core ker
 cudaError_t paged_attention(const PagedAttentionParams& p, const AttentionWorkItem* items,
                             int num_items, AttentionKernel kernel, cudaStream_t stream);
 
+// The dynamic shared memory that prefill needs at `head_dim` (the most of any attention kernel);
+// 0 for an unsupported head_dim. A device must allow this much per block.
+size_t paged_attention_smem_bytes(int head_dim);
+
 // Merges the splits of each combine item into out.
 cudaError_t paged_attention_combine(const PagedAttentionParams& p, const AttentionCombineItem* items,
                                     int num_items, cudaStream_t stream);

@@ -174,3 +174,16 @@ cudaError_t prefill_attention_tc(const PagedAttentionParams& p, const AttentionW
 }
 
 }  // namespace hr::kernels::internal
+
+namespace hr::kernels {
+
+size_t paged_attention_smem_bytes(int head_dim) {
+  size_t bytes = 0;
+  internal::for_head_dim(head_dim, [&](auto hd) {
+    bytes = internal::TcSmem<decltype(hd)::value>::kBytes;
+    return cudaSuccess;
+  });
+  return bytes;
+}
+
+}  // namespace hr::kernels
