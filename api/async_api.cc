@@ -382,12 +382,15 @@ AsyncApi::AsyncApi(ApiConfig config, queue::StoreConfig store) : impl_(std::make
   impl_->limits.max_requests = impl_->config.max_batch_requests;
   Impl* impl = impl_.get();
   impl_->webhooks.policy = AddressPolicy::parse(impl_->config.webhook_allow).value();
+  impl_->webhooks.policy.set_lookup(impl_->config.webhook_lookup);
   impl_->webhooks.conn = [impl] { return impl->conn(); };
   impl_->webhooks.db_error = [impl](const Status& st) { return impl->db_error(st); };
+  impl_->webhooks.release_conn = [impl] { impl->pool->release(); };
   OpenAiBatchContext ctx;
   ctx.authenticate = [impl = impl_.get()](const HttpRequest& r) { return impl->authenticate(r); };
   ctx.conn = [impl = impl_.get()] { return impl->conn(); };
   ctx.drop_conn = [impl] { impl->pool->drop(); };
+  ctx.release_conn = [impl] { impl->pool->release(); };
   ctx.models = impl_->models;
   ctx.limits = impl_->limits;
   ctx.max_file_bytes = impl_->config.max_file_bytes;
@@ -876,6 +879,7 @@ HttpResponse AsyncApi::Impl::submit(const HttpRequest& req, const std::string& a
     }
     batch.metadata_json = body["metadata"].dump();
   }
+  pool->release();  // a webhook host's lookup may take seconds: hold no connection meanwhile
   Result<BatchWebhook> hook = parse_batch_webhook(body, webhooks.policy);
   if (!hook.is_ok()) return error_response(hook.status());
   batch.webhook_url = hook->url;

@@ -16,6 +16,7 @@
 #include "api/batch_request.h"
 #include "api/http_server.h"
 #include "api/sync_inference.h"
+#include "base/net.h"
 #include "base/status.h"
 #include "queue/config.h"
 
@@ -40,6 +41,8 @@ struct ApiConfig {
   std::vector<std::string> models = {"@hr/tiny-reverse:128"};
   // Non-public webhook targets accepted anyway (CIDRs, "loopback", "private").
   std::vector<std::string> webhook_allow;
+  // How webhook hosts are looked up when a batch names one (null: the system resolver).
+  HostLookup webhook_lookup;
   // A sync request waits this long for a worker with room (unless options.rejectIfBusy), then
   // gets 429 with code 3040.
   int sync_queue_timeout_ms = 2000;

@@ -373,6 +373,7 @@ Reply OpenAiBatchApi::create_batch(const HttpRequest& req, const std::string& ac
         "send webhook_secret as a top-level field; metadata is shown to anyone reading the batch",
         "metadata.webhook_secret"));
   }
+  if (ctx_.release_conn) ctx_.release_conn();  // a webhook host's lookup may take seconds
   Result<BatchWebhook> hook = hook_in_body
                                   ? parse_batch_webhook(body, ctx_.webhook_policy)
                                   : parse_batch_webhook(metadata, ctx_.webhook_policy, "metadata.");

@@ -29,7 +29,8 @@ namespace hr::api {
 struct OpenAiBatchContext {
   std::function<Result<std::string>(const HttpRequest&)> authenticate;  // the caller's account id
   std::function<Result<pqxx::connection*>()> conn;                      // this thread's connection
-  std::function<void()> drop_conn;  // after this thread's connection broke
+  std::function<void()> drop_conn;     // after this thread's connection broke
+  std::function<void()> release_conn;  // back to the pool while the thread waits on something else
   std::vector<ModelSpec> models;
   BatchLimits limits;
   int64_t max_file_bytes = 200 << 20;

@@ -186,6 +186,7 @@ class Routes {
     if (!body->contains("url")) return error_response(invalid_argument("url is required", "url"));
     Result<std::string> url = string_field(*body, "url", 2048);
     if (!url.is_ok()) return error_response(url.status());
+    if (ctx_.release_conn) ctx_.release_conn();  // the host's lookup may take seconds
     st = check_webhook_url(*url, ctx_.policy, "url");
     if (!st.is_ok()) return error_response(st);
     std::string description;
@@ -225,6 +226,7 @@ class Routes {
     if (body->contains("url")) {
       Result<std::string> url = string_field(*body, "url", 2048);
       if (!url.is_ok()) return error_response(url.status());
+      if (ctx_.release_conn) ctx_.release_conn();  // the host's lookup may take seconds
       st = check_webhook_url(*url, ctx_.policy, "url");
       if (!st.is_ok()) return error_response(st);
       patch.url = *url;

@@ -25,6 +25,7 @@ namespace hr::api {
 struct WebhookApiContext {
   std::function<Result<pqxx::connection*>()> conn;      // this thread's connection
   std::function<HttpResponse(const Status&)> db_error;  // a database failure as a response
+  std::function<void()> release_conn;  // back to the pool while the thread looks a host up
   AddressPolicy policy;                                 // which targets may be registered
   int64_t default_grace_ms = 24LL * 3600 * 1000;        // old secret keeps signing this long
 };

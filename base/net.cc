@@ -222,7 +222,9 @@ Result<std::vector<IpAddress>> resolve_checked(const std::string& host, const Ad
   if (host.empty()) return invalid_argument(std::string(field) + " has no host", std::string(field));
   const std::string name(field);
   HR_ASSIGN_OR_RETURN(std::vector<IpAddress> out,
-                      lookup_within(host, field, timeout, [name](const std::string& h) { return system_lookup(h, name); }));
+                      lookup_within(host, field, timeout,
+                                    policy.lookup() ? policy.lookup()
+                                                    : HostLookup([name](const std::string& h) { return system_lookup(h, name); })));
   if (out.empty()) {
     return invalid_argument(std::string(field) + " host " + host + " has no addresses",
                             std::string(field));

@@ -40,6 +40,9 @@ struct Cidr {
 // it is a public address.
 std::optional<std::string> forbidden_range(const IpAddress& a);
 
+// Looks a host name up: its addresses, or kUnavailable.
+using HostLookup = std::function<Result<std::vector<IpAddress>>(const std::string& host)>;
+
 class AddressPolicy {
  public:
   // Entries are CIDRs or the words "loopback" (127.0.0.0/8, ::1) and "private" (every range
@@ -51,10 +54,14 @@ class AddressPolicy {
                              std::string_view field) const;
   bool allows_loopback() const;
   const std::vector<Cidr>& allowed() const { return allow_; }
+  // How resolve_checked() looks names up under this policy (null: the system resolver).
+  void set_lookup(HostLookup lookup) { lookup_ = std::move(lookup); }
+  const HostLookup& lookup() const { return lookup_; }
 
  private:
   std::vector<Cidr> allow_;
   bool allow_all_ = false;
+  HostLookup lookup_;
 };
 
 // Resolves `host` (a name or an address literal) and checks every address; any forbidden one
@@ -67,7 +74,6 @@ class AddressPolicy {
 // What `lookup(host)` answers if it answers within `timeout`; else kUnavailable naming `field`,
 // and the lookup (the system resolver may hang for tens of seconds) finishes on its own thread,
 // its answer dropped. resolve_checked's deadline, for any lookup.
-using HostLookup = std::function<Result<std::vector<IpAddress>>(const std::string& host)>;
 [[nodiscard]] Result<std::vector<IpAddress>> lookup_within(const std::string& host, std::string_view field,
                                                            std::chrono::milliseconds timeout, HostLookup lookup);
 

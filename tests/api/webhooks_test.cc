@@ -470,6 +470,76 @@ TEST(WebhooksTest, PrivateTargetsAreRefusedAtSubmitAndAtDelivery) {
   }
 }
 
+// A batch that names a webhook has its host looked up before it is stored, which may take seconds
+// (up to the 5 s deadline). Meanwhile the submit holds no database connection: with one for all of
+// the API's handlers, other requests are answered while the lookup waits.
+TEST(WebhooksTest, ASlowWebhookLookupHoldsNoDatabaseConnection) {
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool entered = false, open = false;
+  };
+  auto gate = std::make_shared<Gate>();  // the lookup's thread may outlive this test's frame
+  ApiHarness h([gate](api::ApiConfig& c) {
+    c.db_connections = 1;
+    c.db_wait_ms = 300;
+    c.handler_threads = 8;
+    c.webhook_lookup = [gate](const std::string&) -> Result<std::vector<IpAddress>> {
+      std::unique_lock<std::mutex> lock(gate->mu);
+      gate->entered = true;
+      gate->cv.notify_all();
+      gate->cv.wait(lock, [&] { return gate->open; });
+      return std::vector<IpAddress>{parse_ip("93.184.216.34").value()};
+    };
+  });
+  ASSERT_TRUE(h.ok());
+  auto open_gate = [gate] {
+    std::lock_guard<std::mutex> lock(gate->mu);
+    gate->open = true;
+    gate->cv.notify_all();
+  };
+  struct Case {
+    const char* what;
+    std::string target;
+    json body;
+    int status;
+  };
+  const std::vector<Case> cases = {
+      {"a batch with a webhook_url", "/ai/run/" + h.model() + "?queueRequest=true",
+       {{"webhook_url", "https://hooks.example.com/h"}, {"requests", {reversal("a")}}}, 200},
+      {"a webhook endpoint", "/v1/webhooks", {{"url", "https://hooks.example.com/e"}}, 201},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    {
+      std::lock_guard<std::mutex> lock(gate->mu);
+      gate->entered = gate->open = false;
+    }
+    // Keys not seen yet: each request looks its key up in the database first.
+    std::vector<std::string> keys;
+    {
+      pqxx::connection conn(h.database_url());
+      for (int i = 0; i < 2; ++i) keys.push_back(queue::create_api_key(conn, "carol").value().key);
+    }
+    testing::HttpResult posted;
+    std::thread post([&] { posted = h.post(c.target, c.body.dump(), keys[0]); });
+    bool entered = false;
+    {
+      std::unique_lock<std::mutex> lock(gate->mu);
+      entered = gate->cv.wait_for(lock, std::chrono::seconds(10), [&] { return gate->entered; });
+    }
+    testing::HttpResult listed;
+    if (entered) listed = h.get("/v1/async", keys[1]);
+    open_gate();
+    post.join();
+    ASSERT_TRUE(entered);
+    EXPECT_EQ(listed.status, 200) << listed.body;
+    EXPECT_EQ(posted.status, c.status) << posted.body;
+  }
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM batches WHERE webhook_url = 'https://hooks.example.com/h'"), 1);
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM webhook_endpoints WHERE url = 'https://hooks.example.com/e'"), 1);
+}
+
 TEST(WebhooksTest, SeveralDispatchersNeverSendTheSameAttemptTwice) {
   Receiver rx([](int) { return Receiver::Answer{}; });
   ApiHarness h([](ApiConfig& c) { c.webhook_allow = {"loopback"}; });
