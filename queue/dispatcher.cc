@@ -67,7 +67,7 @@ Result<int> Dispatcher::relay_once() {
 }
 
 Result<std::pair<int, int>> Dispatcher::requeue_expired_leases() {
-  std::map<std::string, std::vector<RequestRef>> requeue;  // model → refs
+  std::map<std::string, std::vector<Requeued>> requeue;  // model → requests
   int num_failed = 0;
   int num_requeued = 0;
   Status st = pg_.run("requeue expired", [&](pqxx::connection& pg) -> Status {
@@ -82,17 +82,19 @@ Result<std::pair<int, int>> Dispatcher::requeue_expired_leases() {
         "    '{\"code\":\"lease_expired\",\"message\":\"the worker running this request stopped "
         "responding too many times\"}' ELSE r.error END, "
         "  finished_at = CASE WHEN r.num_failures + 1 >= $1 THEN now() END, "
-        "  num_failures = r.num_failures + 1, lease_owner = NULL, lease_expires_at = NULL "
+        "  num_failures = r.num_failures + 1, lease_owner = NULL, lease_expires_at = NULL, "
+        "  push_pending = r.num_failures + 1 < $1 "
         "FROM expired e WHERE r.batch_id = e.batch_id AND r.idx = e.idx "
         "RETURNING r.batch_id::text, r.idx, r.status, "
-        "  (SELECT model FROM batches WHERE id = r.batch_id)",
+        "  (SELECT model FROM batches WHERE id = r.batch_id), r.attempt",
         options_.max_attempts);
     std::map<std::string, int> failed_per_batch;
     for (const auto& row : r) {
       if (row[2].as<std::string>() == "failed") {
         ++failed_per_batch[row[0].as<std::string>()];
       } else {
-        requeue[row[3].as<std::string>()].push_back({row[0].as<std::string>(), row[1].as<int>()});
+        requeue[row[3].as<std::string>()].push_back(
+            {row[0].as<std::string>(), row[1].as<int>(), row[4].as<int>()});
         ++num_requeued;
       }
     }
@@ -106,15 +108,67 @@ Result<std::pair<int, int>> Dispatcher::requeue_expired_leases() {
     return Status::ok();
   });
   if (!st.is_ok()) return st;
-  // Committed as queued: if this enqueue fails, the reclaim/resync paths still recover them.
-  for (const auto& [model, refs] : requeue) {
-    HR_RETURN_IF_ERROR(ensure_group(*redis_, model));
-    HR_RETURN_IF_ERROR(enqueue(*redis_, model, refs));
-  }
+  // Committed as queued with push_pending: if a push fails here, push_requeued() retries it.
+  for (const auto& [model, requeued] : requeue) HR_RETURN_IF_ERROR(push(model, requeued));
   if (num_requeued + num_failed > 0) {
     log::info("janitor.leases_expired", {{"requeued", num_requeued}, {"failed", num_failed}});
   }
   return std::make_pair(num_requeued, num_failed);
+}
+
+Status Dispatcher::push(const std::string& model, const std::vector<Requeued>& requeued) {
+  std::vector<RequestRef> refs;
+  for (const Requeued& r : requeued) refs.push_back({r.batch_id, r.idx});
+  HR_RETURN_IF_ERROR(ensure_group(*redis_, model));
+  HR_RETURN_IF_ERROR(enqueue(*redis_, model, refs));
+  return pg_.run("mark pushed", [&](pqxx::connection& pg) { return mark_pushed(pg, requeued); });
+}
+
+Result<int> Dispatcher::push_requeued() {
+  std::map<std::string, std::vector<Requeued>> pending;  // model → requests
+  int n = 0;
+  Status st = pg_.run("push pending", [&](pqxx::connection& pg) -> Status {
+    pqxx::nontransaction tx(pg);
+    for (const auto& row : tx.exec(
+             "SELECT r.batch_id::text, r.idx, r.attempt, b.model FROM requests r "
+             "JOIN batches b ON b.id = r.batch_id WHERE r.push_pending AND r.status = 'queued' "
+             "LIMIT 1000")) {
+      pending[row[3].as<std::string>()].push_back(
+          {row[0].as<std::string>(), row[1].as<int>(), row[2].as<int>()});
+      ++n;
+    }
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  for (const auto& [model, requeued] : pending) HR_RETURN_IF_ERROR(push(model, requeued));
+  if (n > 0) log::info("janitor.requeued_pushed", {{"requests", n}});
+  return n;
+}
+
+Result<int> Dispatcher::cancel_requeued() {
+  int cancelled = 0;
+  Status st = pg_.run("cancel requeued", [&](pqxx::connection& pg) -> Status {
+    // Lock order everywhere: request rows first, then batch rows (in id order).
+    pqxx::work tx(pg);
+    pqxx::result r = tx.exec(
+        "WITH c AS (SELECT r.batch_id, r.idx FROM requests r JOIN batches b ON b.id = r.batch_id "
+        "  WHERE b.cancel_requested_at IS NOT NULL AND b.finished_at IS NULL AND r.status = 'queued' "
+        "  ORDER BY r.batch_id, r.idx LIMIT 1000 FOR UPDATE OF r SKIP LOCKED) "
+        "UPDATE requests r SET status = 'cancelled', finished_at = now(), push_pending = false "
+        "FROM c WHERE r.batch_id = c.batch_id AND r.idx = c.idx RETURNING r.batch_id::text");
+    std::map<std::string, int> per_batch;
+    for (const auto& row : r) ++per_batch[row[0].as<std::string>()];
+    for (const auto& [batch, n] : per_batch) {
+      tx.exec_params("UPDATE batches SET num_cancelled = num_cancelled + $2 WHERE id = $1::uuid", batch, n);
+      finish_batch_if_done(tx, batch);
+      cancelled += n;
+    }
+    tx.commit();
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  if (cancelled > 0) log::info("janitor.requeued_cancelled", {{"requests", cancelled}});
+  return cancelled;
 }
 
 Result<int> Dispatcher::expire_deadlines() {
@@ -131,7 +185,7 @@ Result<int> Dispatcher::expire_deadlines() {
     for (const std::string& id : due) {
       pqxx::work tx(pg);
       pqxx::result r = tx.exec_params(
-          "UPDATE requests SET status = 'expired', finished_at = now(), error = "
+          "UPDATE requests SET status = 'expired', finished_at = now(), push_pending = false, error = "
           "'{\"code\":\"batch_expired\",\"message\":\"the batch deadline passed before this "
           "request ran\"}' WHERE batch_id = $1::uuid AND status = 'queued'",
           id);
@@ -252,6 +306,8 @@ Result<TickReport> Dispatcher::tick() {
   rep.requeued = leases.first;
   rep.failed = leases.second;
   HR_ASSIGN_OR_RETURN(rep.expired, expire_deadlines());
+  HR_ASSIGN_OR_RETURN(rep.cancelled, cancel_requeued());
+  HR_ASSIGN_OR_RETURN(rep.pushed, push_requeued());
   // A batch that cannot be finalized must not stop the relay: log it and go on.
   Result<int> finalized = finalize_openai_batches();
   if (finalized.is_ok()) {

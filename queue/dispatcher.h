@@ -16,10 +16,12 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "queue/pg.h"
 #include "queue/redis.h"
+#include "queue/store.h"
 
 namespace hr::queue {
 
@@ -37,6 +39,8 @@ struct TickReport {
   int failed = 0;
   int expired = 0;
   int reclaimed = 0;
+  int cancelled = 0;  // requests of cancelled batches put back in the queue after the cancel
+  int pushed = 0;     // requests put back in the queue whose push had not happened
   int finalized = 0;
   bool resynced = false;
 };
@@ -53,6 +57,12 @@ class Dispatcher {
   [[nodiscard]] Result<int> expire_deadlines();
   [[nodiscard]] Result<bool> resync_if_redis_lost();
   [[nodiscard]] Result<int> reclaim_idle_entries();
+  // Pushes requests put back in the queue whose push is not known to have happened (a Redis error
+  // or a crash after the commit: push_pending), then clears the mark.
+  [[nodiscard]] Result<int> push_requeued();
+  // Ends as cancelled the requests of cancelled batches that went back to the queue after the
+  // cancel (a lease that expired, a retryable failure, a release), so that the batch ends.
+  [[nodiscard]] Result<int> cancel_requeued();
   // Writes the files of finished OpenAI batches; returns how many were finalized.
   [[nodiscard]] Result<int> finalize_openai_batches();
   // One pass of every duty (relay until caught up).
@@ -63,6 +73,8 @@ class Dispatcher {
  private:
   Dispatcher(std::string database_url, std::unique_ptr<RedisClient> redis,
              DispatcherOptions options);
+  // Pushes `requeued` (of `model`) to its stream and clears their push_pending.
+  Status push(const std::string& model, const std::vector<Requeued>& requeued);
 
   std::string database_url_;
   PgSession pg_;

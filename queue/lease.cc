@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 
+#include "base/log.h"
 #include "queue/pg.h"
 #include "queue/store.h"
 
@@ -89,6 +90,7 @@ Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
         "WITH t AS (SELECT DISTINCT b, i FROM jsonb_to_recordset($1::jsonb) AS t(b uuid, i int)), "
         "claimed AS ("
         "  UPDATE requests r SET status = 'running', attempt = r.attempt + 1, lease_owner = $2, "
+        "    push_pending = false, "
         "    lease_expires_at = now() + make_interval(secs => $3::double precision / 1000), "
         "    started_at = coalesce(r.started_at, now()) "
         "  FROM t, batches bt "
@@ -127,7 +129,11 @@ Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
     it->second.entry_id = id;
     out.push_back(it->second);
   }
-  HR_RETURN_IF_ERROR(ack_and_delete(*redis_, options_.model, dropped));
+  // The claims are committed: they are this worker's now, whatever Redis answers. Entries left
+  // pending are reclaimed later.
+  if (Status acked = ack_and_delete(*redis_, options_.model, dropped); !acked.is_ok()) {
+    log::warn("lease.ack_failed", {{"error", acked}});
+  }
   return out;
 }
 
@@ -304,22 +310,31 @@ Status LeaseClient::release(const std::vector<Lease>& leases) {
 
 Status LeaseClient::requeue(const std::vector<Lease>& leases, bool count_failure) {
   if (leases.empty()) return Status::ok();
-  std::vector<RequestRef> requeued;
+  std::vector<Requeued> requeued;
   Status st = pg_.run("release", [&](pqxx::connection& pg) -> Status {
     pqxx::work tx(pg);
     pqxx::result r = tx.exec_params(
         "UPDATE requests r SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL, "
-        "  num_failures = r.num_failures + $2 "
+        "  num_failures = r.num_failures + $2, push_pending = true "
         "FROM jsonb_to_recordset($1::jsonb) AS t(b uuid, i int, a int) "
         "WHERE r.batch_id = t.b AND r.idx = t.i AND r.attempt = t.a AND r.status = 'running' "
-        "RETURNING r.batch_id::text, r.idx",
+        "RETURNING r.batch_id::text, r.idx, r.attempt",
         lease_keys(leases).dump(), count_failure ? 1 : 0);
     tx.commit();
-    for (const auto& row : r) requeued.push_back({row[0].as<std::string>(), row[1].as<int>()});
+    for (const auto& row : r) requeued.push_back({row[0].as<std::string>(), row[1].as<int>(), row[2].as<int>()});
     return Status::ok();
   });
   if (!st.is_ok()) return st;
-  HR_RETURN_IF_ERROR(enqueue(*redis_, options_.model, requeued));
+  // Committed with push_pending: if this push fails (or the process dies first), the janitor
+  // pushes them instead.
+  std::vector<RequestRef> refs;
+  for (const Requeued& r : requeued) refs.push_back({r.batch_id, r.idx});
+  if (Status pushed = enqueue(*redis_, options_.model, refs); !pushed.is_ok()) {
+    log::warn("lease.requeue_push_failed", {{"requests", static_cast<int>(refs.size())}, {"error", pushed}});
+  } else if (Status marked = pg_.run("mark pushed", [&](pqxx::connection& pg) { return mark_pushed(pg, requeued); });
+             !marked.is_ok()) {
+    log::warn("lease.mark_pushed_failed", {{"error", marked}});  // pushed once more by the janitor
+  }
   return ack_and_delete(*redis_, options_.model, entry_ids(leases));
 }
 

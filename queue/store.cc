@@ -292,6 +292,21 @@ std::optional<std::string> finish_batch_if_done(pqxx::work& tx, const std::strin
   return status;
 }
 
+Status mark_pushed(pqxx::connection& conn, const std::vector<Requeued>& requeued) {
+  if (requeued.empty()) return Status::ok();
+  nlohmann::json keys = nlohmann::json::array();
+  for (const Requeued& r : requeued) keys.push_back({{"b", r.batch_id}, {"i", r.idx}, {"a", r.attempt}});
+  return pg_guard("mark pushed", [&]() -> Status {
+    pqxx::nontransaction tx(conn);
+    tx.exec_params(
+        "UPDATE requests r SET push_pending = false "
+        "FROM jsonb_to_recordset($1::jsonb) AS t(b uuid, i int, a int) "
+        "WHERE r.batch_id = t.b AND r.idx = t.i AND r.attempt = t.a AND r.push_pending",
+        keys.dump());
+    return Status::ok();
+  });
+}
+
 Result<CancelResult> cancel_batch(pqxx::connection& conn, const std::string& account_id,
                                   const std::string& batch_id) {
   CancelResult out;
@@ -306,7 +321,7 @@ Result<CancelResult> cancel_batch(pqxx::connection& conn, const std::string& acc
     out.already_requested = owned[0][0].as<bool>();
     if (!out.already_requested && !owned[0][1].as<bool>()) {
       pqxx::result cancelled = tx.exec_params(
-          "UPDATE requests SET status = 'cancelled', finished_at = now() "
+          "UPDATE requests SET status = 'cancelled', finished_at = now(), push_pending = false "
           "WHERE batch_id = $1::uuid AND status = 'queued'",
           batch_id);
       out.num_cancelled_now = static_cast<int>(cancelled.affected_rows());

@@ -138,6 +138,16 @@ struct ListQuery {
 // nullopt when requests remain.
 std::optional<std::string> finish_batch_if_done(pqxx::work& tx, const std::string& batch_id);
 
+// A request put back in the queue (status queued, push_pending set; migrations/0005) at `attempt`.
+struct Requeued {
+  std::string batch_id;
+  int idx = 0;
+  int attempt = 0;
+};
+// After `requeued` were pushed to Redis: clears their push_pending, unless they moved on since
+// (claimed, and maybe put back again, at a later attempt).
+[[nodiscard]] Status mark_pushed(pqxx::connection& conn, const std::vector<Requeued>& requeued);
+
 // Writes one event to the outbox (and wakes the webhook dispatcher at commit). `data` is the
 // event's small payload; the envelope {id, type, created_at, data} is added here.
 void write_event(pqxx::work& tx, const std::string& type, const std::string& account_id,

@@ -13,6 +13,7 @@
 #include "queue/dispatcher.h"
 #include "queue/migrate.h"
 #include "queue/store.h"
+#include "queue/stream.h"
 #include "tests/testing/test_db.h"
 
 namespace hr::queue {
@@ -107,6 +108,64 @@ TEST_F(LeaseTest, RelayPullCompleteFinishesTheBatchOnce) {
   auto again = c->pull(100, 100);
   ASSERT_TRUE(again.is_ok());
   EXPECT_TRUE(again->empty());
+}
+
+// Requests put back in the queue whose push to Redis fails after the commit (here the stream's key
+// holds a string, and then the stream is gone, as after a Redis loss that resync cannot see) are
+// pushed by the janitor once Redis works again: by a worker's retryable failure and release, and
+// by the janitor's own requeue of an expired lease. A retried call acks its entry without loss.
+TEST_F(LeaseTest, RequeuesWhosePushFailedArePushedByTheJanitor) {
+  submit(3);
+  auto d = dispatcher();
+  ASSERT_TRUE(d->tick().is_ok());
+  auto c = consumer("w1");
+  auto expiring = consumer("w2", /*lease_ms=*/200);
+  std::vector<Lease> leases = c->pull(2, 1000).value();
+  ASSERT_EQ(leases.size(), 2u);
+  ASSERT_EQ(expiring->pull(1, 1000).value().size(), 1u);
+  auto redis = RedisClient::connect(redis_).value();
+  const std::string key = stream_key(model_);
+  ASSERT_TRUE(redis->command({"DEL", key}).is_ok());
+  ASSERT_TRUE(redis->command({"SET", key, "not a stream"}).is_ok());
+  EXPECT_FALSE(c->fail({{leases[0], "inference_error", "boom", true}}).is_ok());
+  EXPECT_FALSE(c->fail({{leases[0], "inference_error", "boom", true}}).is_ok());  // the worker retries
+  EXPECT_FALSE(c->release({leases[1]}).is_ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_FALSE(d->requeue_expired_leases().is_ok());
+  EXPECT_EQ(scalar("SELECT count(*) FROM requests WHERE status = 'queued' AND push_pending"), 3);
+  ASSERT_TRUE(redis->command({"DEL", key}).is_ok());
+  auto t = d->tick();
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  EXPECT_EQ(t->pushed, 3);
+  EXPECT_EQ(scalar("SELECT count(*) FROM requests WHERE push_pending"), 0);
+  std::vector<Lease> again = consumer("w3")->pull(10, 1000).value();
+  ASSERT_EQ(again.size(), 3u);
+  for (const Lease& l : again) EXPECT_EQ(l.attempt, 2);
+  EXPECT_EQ(scalar("SELECT num_failures FROM requests WHERE idx = " + std::to_string(leases[0].ref.idx)), 1);
+  EXPECT_EQ(d->tick()->pushed, 0);
+}
+
+// A cancel leaves running requests to finish; one of them that goes back to the queue instead (its
+// worker stopped, its lease expired) is ended as cancelled by the janitor, so the batch ends.
+TEST_F(LeaseTest, ACancelledBatchsRequestPutBackInTheQueueEndsCancelled) {
+  std::string batch = submit(2);
+  auto d = dispatcher();
+  ASSERT_TRUE(d->tick().is_ok());
+  auto c = consumer("w1");
+  std::vector<Lease> leases = c->pull(1, 1000).value();
+  ASSERT_EQ(leases.size(), 1u);
+  auto cancelled = cancel_batch(*conn_, account_, batch);
+  ASSERT_TRUE(cancelled.is_ok());
+  EXPECT_EQ(cancelled->num_cancelled_now, 1);
+  EXPECT_EQ(status_of(batch), "running");
+  ASSERT_TRUE(c->release(leases).is_ok());
+  auto t = d->tick();
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  EXPECT_EQ(t->cancelled, 1);
+  BatchInfo info = get_batch(*conn_, account_, batch).value();
+  EXPECT_EQ(info.status, "cancelled");
+  EXPECT_EQ(info.num_cancelled, 2);
+  EXPECT_EQ(scalar("SELECT count(*) FROM outbox WHERE event_type = 'batch.cancelled'"), 1);
 }
 
 TEST_F(LeaseTest, StaleConsumersLateCompletionIsRefused) {
