@@ -167,12 +167,13 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
         wants_request_events && batch.webhook_url.has_value());
     if (inserted.empty()) {
       pqxx::row prior = tx.exec_params1(
-          "SELECT id::text, encode(request_hash, 'hex') FROM batches "
+          "SELECT id::text, encode(request_hash, 'hex'), model FROM batches "
           "WHERE account_id = $1 AND idempotency_key = $2",
           batch.account_id, batch.idempotency_key);
-      if (prior[1].as<std::string>() != to_hex(batch.request_hash)) {
+      // The same body for another model (named in the path, not the body) is another request.
+      if (prior[1].as<std::string>() != to_hex(batch.request_hash) || prior[2].as<std::string>() != batch.model) {
         return Status(StatusCode::kConflict,
-                      "Idempotency-Key was already used with a different request body",
+                      "Idempotency-Key was already used with a different request body or model",
                       "Idempotency-Key");
       }
       out.batch_id = prior[0].as<std::string>();

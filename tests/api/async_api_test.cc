@@ -241,7 +241,7 @@ TEST(AsyncApiTest, IdsAreScopedToTheirAccount) {
 }
 
 TEST(AsyncApiTest, IdempotencyKeyReplaysOrConflicts) {
-  ApiHarness h;
+  ApiHarness h([](api::ApiConfig& c) { c.models.push_back("@test/other-model:128"); });
   ASSERT_TRUE(h.ok());
   std::string target = "/ai/run/" + h.model() + "?queueRequest=true";
   std::string body = json{{"requests", {reversal("a"), reversal("b")}}}.dump();
@@ -256,6 +256,10 @@ TEST(AsyncApiTest, IdempotencyKeyReplaysOrConflicts) {
                    {{"Idempotency-Key", "k-1"}});
   EXPECT_EQ(r3.status, 409) << r3.body;
   EXPECT_EQ(r3.json()["errors"][0]["field"], "Idempotency-Key");
+  // The same body for another model (named in the path) is another request.
+  auto r5 = h.post("/ai/run/@test/other-model?queueRequest=true", body, h.key_a(), {{"Idempotency-Key", "k-1"}});
+  EXPECT_EQ(r5.status, 409) << r5.body;
+  EXPECT_EQ(r5.json()["errors"][0]["field"], "Idempotency-Key");
   // Another account may use the same key independently.
   auto r4 = h.post(target, body, h.key_b(), {{"Idempotency-Key", "k-1"}});
   EXPECT_EQ(r4.status, 200);
