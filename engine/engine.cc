@@ -27,6 +27,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<Backend> backend,
   }
   int max_len = options.max_model_len > 0 ? std::min(options.max_model_len, max_position_embeddings)
                                           : max_position_embeddings;
+  // No sequence may need more KV than the whole cache: one that did would wait for a block forever
+  // (and hold up everything queued behind it). It ends with kLength at this size instead.
+  max_len = static_cast<int>(std::min<int64_t>(max_len, int64_t{backend->num_kv_blocks()} * backend->block_size()));
   return std::unique_ptr<Engine>(new Engine(std::move(backend), std::move(tokenizer), max_len, options));
 }
 

@@ -155,8 +155,13 @@ StepPlan Scheduler::schedule() {
     if (cls == RequestClass::kSync) {
       while (!waiting_sync_.empty() && budget > 0) {
         Sequence* seq = waiting_sync_.front();
-        if (seq->num_pending > 0 || !admit(seq)) break;  // preempted while its token is on the way
+        if (seq->num_pending > 0) break;  // preempted while its token is on the way
+        // Off the queue before admit(): a running one it preempts goes to the queue's front.
         waiting_sync_.pop_front();
+        if (!admit(seq)) {
+          waiting_sync_.push_front(seq);
+          break;
+        }
       }
     } else {
       std::stable_sort(waiting_async_.begin(), waiting_async_.end(), runs_before);

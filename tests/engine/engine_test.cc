@@ -527,6 +527,28 @@ TEST(EngineTest, PipelinedEngineSubmitsNoStepPastMaxTokens) {
 
 // A step's block tables are as wide as its longest sequence needs, not as the model's context
 // allows (33 blocks of 4 here): they grow as the sequences do, and the answers are unchanged.
+// No sequence can need more KV than the whole cache: the context is capped at the cache's size, so
+// a long answer ends there with kLength instead of waiting for a block forever (which held up
+// every request behind it).
+TEST(EngineTest, ContextIsCappedAtTheKvCache) {
+  auto& f = Fixture::get();
+  auto probe = f.backend(16, 8 << 20, false);
+  const size_t per_block = probe->kv_cache_bytes() / static_cast<size_t>(probe->num_kv_blocks());
+  auto e = f.engine(f.backend(16, 4 * per_block, false), SchedulerConfig{});
+  ASSERT_LT(4 * 16, f.weights->config.max_position_embeddings);
+  EXPECT_EQ(e->context_length(), 4 * 16);
+  SamplingParams p;
+  p.max_tokens = 1000;
+  p.ignore_eos = true;
+  const std::vector<int32_t> prompt = prompts(1)[0];
+  std::vector<Outcome> out = run_all(*e, {prompt, prompt}, RequestClass::kAsync, p);
+  for (const Outcome& o : out) {
+    EXPECT_EQ(o.reason, FinishReason::kLength);
+    EXPECT_EQ(o.usage.prompt_tokens + o.usage.completion_tokens, 4 * 16);
+  }
+  EXPECT_FALSE(e->has_work());
+}
+
 TEST(EngineTest, BlockTablesAreAsWideAsTheStepNeeds) {
   auto& f = Fixture::get();
   for (bool pipelined : {false, true}) {
