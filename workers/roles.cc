@@ -141,8 +141,10 @@ int run_worker(const WorkerConfig& config, const queue::StoreConfig& store,
   announcer.start();
   log::info("worker.started", {{"model", config.model_name}, {"sync_url", sync_server.url()}});
   wait_for_stop_signal(set);
-  // Out of routing first, then the sync requests in flight finish, then the async leases.
+  // Out of routing and no new work first, then the sync requests in flight finish, then the
+  // async leases.
   announcer.stop();
+  (*worker)->begin_drain();
   sync_server.stop();
   (*worker)->stop();
   if ((*worker)->failed()) {
@@ -263,6 +265,7 @@ int run_serve(const ServeConfig& config) {
   log::info("serve.listening", {{"url", "http://" + config.api.host + ":" +
                                              std::to_string(server.port())}});
   wait_for_stop_signal(set);
+  (*worker)->begin_drain();
   server.stop();
   (*worker)->stop();
   stop_background();

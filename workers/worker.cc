@@ -255,7 +255,7 @@ std::function<void(const engine::TokenEvent&)> timed(
 }  // namespace
 
 Status Worker::admit(bool reject_if_busy) const {
-  if (stopping_) return Status(StatusCode::kResourceExhausted, "Out of capacity: the worker is stopping");
+  if (stopping_ || draining_) return Status(StatusCode::kResourceExhausted, "Out of capacity: the worker is stopping");
   // Async sequences give way to sync ones, so only sync requests can fill the worker.
   if (reject_if_busy && sync_active_.load() >= config_.max_num_seqs) {
     return Status(StatusCode::kResourceExhausted, "Out of capacity");
@@ -271,7 +271,7 @@ WorkerLoad Worker::load() const {
   l.free_kv_blocks = free_kv_blocks_.load();
   l.total_kv_blocks = total_kv_blocks_.load();
   l.utilization = utilization_.load();
-  l.stopping = stopping_.load();
+  l.stopping = stopping_.load() || draining_.load();
   return l;
 }
 
@@ -579,7 +579,7 @@ void Worker::loop() {
     // larger.
     int reserve = std::max(config_.reserve_slots,
                            std::min(sync_peak.peak() - sync_now, config_.max_num_seqs / 2));
-    if (!stopping && h.waiting_sync == 0 && h.waiting_async == 0) {
+    if (!stopping && !draining_.load() && h.waiting_sync == 0 && h.waiting_async == 0) {
       credits = std::min(h.free_seq_slots - reserve, config_.max_pull);
       int blocks_per_request = 4;
       credits = std::min(credits, (h.free_kv_blocks - reserve * blocks_per_request) /

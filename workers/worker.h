@@ -67,6 +67,9 @@ class Worker final : public api::SyncInference {
   ~Worker();
 
   [[nodiscard]] Status start();
+  // The first step of shutting down, before the sync requests in flight are waited for: pulls no
+  // more async work and takes no new sync request (they go to other workers). Thread-safe.
+  void begin_drain() { draining_ = true; }
   // Stops pulling; finishes running async requests until `drain_seconds`, then releases the rest.
   void stop();
   const WorkerStats& stats() const { return stats_; }
@@ -110,6 +113,7 @@ class Worker final : public api::SyncInference {
   std::atomic<int> total_kv_blocks_{0};
   std::atomic<double> utilization_{0};
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> draining_{false};  // begin_drain(): no new work, running work goes on
   std::atomic<bool> failed_{false};
   std::function<void()> on_failure_;
   std::thread thread_;
