@@ -96,6 +96,20 @@ void BlockManager::release(const std::vector<int>& ids) {
   }
 }
 
+void BlockManager::forget_cached() {
+  for (int id : lru_) {
+    blocks_[static_cast<size_t>(id)].in_lru = false;
+    uncache(id);
+    free_.push_back(id);
+  }
+  lru_.clear();
+  for (const auto& [hash, id] : by_hash_) {  // cached blocks still in use
+    blocks_[static_cast<size_t>(id)].hash = 0;
+    blocks_[static_cast<size_t>(id)].tokens.clear();
+  }
+  by_hash_.clear();
+}
+
 uint64_t BlockManager::commit_full(int id, uint64_t parent_hash, const int32_t* tokens) {
   Block& b = blocks_[static_cast<size_t>(id)];
   uint64_t h = chain_hash(parent_hash, tokens, block_size_);

@@ -36,6 +36,9 @@ class BlockManager {
   // Marks `block` as holding the full block `tokens[0, block_size)` after `parent_hash`, making it
   // findable by later prefixes. Returns its hash.
   uint64_t commit_full(int block, uint64_t parent_hash, const int32_t* tokens);
+  // Makes every cached block unfindable (after a failure that leaves their contents in doubt);
+  // unreferenced ones become free.
+  void forget_cached();
 
   int64_t num_prefix_queries() const { return num_queries_; }
   int64_t num_prefix_hit_blocks() const { return num_hits_; }

@@ -90,6 +90,9 @@ void Engine::fail_all(const std::string& error) {
     finish(a, FinishReason::kError, -1, "");
   }
   active_.clear();
+  // The steps that failed may have left cached blocks without their K/V: a later request must not
+  // reuse them.
+  blocks_.forget_cached();
 }
 
 void Engine::finish(Active& a, FinishReason reason, int32_t token, std::string delta) {

@@ -507,6 +507,29 @@ TEST(EngineTest, FailAllEndsEveryRequestWithTheReason) {
   }
 }
 
+// After fail_all nothing is found in the prefix cache: the steps that failed may have left cached
+// blocks without their K/V.
+TEST(EngineTest, FailAllEmptiesThePrefixCache) {
+  auto& f = Fixture::get();
+  auto e = f.engine(f.backend(4, 8 << 20, false), SchedulerConfig{});
+  const std::vector<int32_t> p = prompts(1)[0];
+  ASSERT_GE(p.size(), 8u);
+  const std::vector<Outcome> first = run_all(*e, {p});
+  EXPECT_GT(run_all(*e, {p})[0].usage.cached_tokens, 0);  // cached, as it should be
+  GenerationRequest r;
+  r.prompt = p;
+  r.params.max_tokens = 40;
+  r.on_event = [](const TokenEvent&) {};
+  ASSERT_TRUE(e->add(std::move(r)).is_ok());
+  ASSERT_TRUE(e->step().is_ok());
+  e->fail_all("the device stopped answering");
+  EXPECT_EQ(e->blocks().num_cached(), 0);
+  EXPECT_EQ(e->blocks().num_available(), e->blocks().num_blocks());
+  const std::vector<Outcome> after = run_all(*e, {p});
+  EXPECT_EQ(after[0].usage.cached_tokens, 0);
+  EXPECT_EQ(after[0].tokens, first[0].tokens);
+}
+
 // A sequence whose pending token reaches max_tokens is not planned again: a pipelined engine
 // submits as many steps as a plain one for a request that ends by length.
 TEST(EngineTest, PipelinedEngineSubmitsNoStepPastMaxTokens) {
