@@ -85,7 +85,8 @@ Result<std::pair<int, int>> Dispatcher::requeue_expired_leases() {
         "  num_failures = r.num_failures + 1, lease_owner = NULL, lease_expires_at = NULL, "
         "  push_pending = r.num_failures + 1 < $1 "
         "FROM expired e WHERE r.batch_id = e.batch_id AND r.idx = e.idx "
-        "RETURNING r.batch_id::text, r.idx, r.status, "
+        "RETURNING r.batch_id::text, r.idx, r.status, coalesce(r.prompt_tokens, 0), "
+        "  coalesce(r.completion_tokens, 0), coalesce(r.cached_tokens, 0), r.custom_id, "
         "  (SELECT model FROM batches WHERE id = r.batch_id), r.attempt",
         options_.max_attempts);
     std::map<std::string, int> failed_per_batch;
@@ -93,11 +94,14 @@ Result<std::pair<int, int>> Dispatcher::requeue_expired_leases() {
       if (row[2].as<std::string>() == "failed") {
         ++failed_per_batch[row[0].as<std::string>()];
       } else {
-        requeue[row[3].as<std::string>()].push_back(
-            {row[0].as<std::string>(), row[1].as<int>(), row[4].as<int>()});
+        requeue[row[7].as<std::string>()].push_back(
+            {row[0].as<std::string>(), row[1].as<int>(), row[8].as<int>()});
         ++num_requeued;
       }
     }
+    std::vector<std::string> failed_batches;
+    for (const auto& kv : failed_per_batch) failed_batches.push_back(kv.first);
+    write_request_events(tx, r, failed_batches);
     for (const auto& [batch, n] : failed_per_batch) {
       tx.exec_params("UPDATE batches SET num_failed = num_failed + $2 WHERE id = $1::uuid", batch,
                      n);

@@ -162,40 +162,6 @@ Result<std::vector<RequestRef>> LeaseClient::renew(const std::vector<Lease>& lea
   return lost;
 }
 
-namespace {
-
-// request.completed events for the finished requests (`finished`: rows of batch, idx, status, pt,
-// ct, cc, custom_id) of batches that asked for them.
-template <typename PerBatch>
-void write_request_events(pqxx::work& tx, const pqxx::result& finished, const PerBatch& batches) {
-  nlohmann::json ids = nlohmann::json::array();
-  for (const auto& kv : batches) ids.push_back(kv.first);
-  if (ids.empty()) return;
-  std::map<std::string, std::string> account_of;
-  for (const auto& row : tx.exec_params(
-           "SELECT id::text, account_id::text FROM batches WHERE request_events "
-           "AND id IN (SELECT jsonb_array_elements_text($1::jsonb)::uuid)",
-           ids.dump())) {
-    account_of[row[0].as<std::string>()] = row[1].as<std::string>();
-  }
-  if (account_of.empty()) return;
-  for (const auto& row : finished) {
-    auto it = account_of.find(row[0].as<std::string>());
-    if (it == account_of.end()) continue;
-    nlohmann::json data = {
-        {"batch_id", it->first},
-        {"id", row[1].as<int>()},
-        {"custom_id", row[6].is_null() ? nlohmann::json(nullptr)
-                                       : nlohmann::json(row[6].as<std::string>())},
-        {"status", row[2].as<std::string>()},
-        {"usage", {{"prompt_tokens", row[3].as<int>()}, {"completion_tokens", row[4].as<int>()},
-                   {"cached_tokens", row[5].as<int>()}}}};
-    write_event(tx, "request.completed", it->second, it->first, data);
-  }
-}
-
-}  // namespace
-
 Result<std::vector<bool>> LeaseClient::finish(const std::vector<Lease>& leases,
                                               const std::vector<std::string>& statuses,
                                               const std::vector<std::string>& results,
@@ -240,7 +206,9 @@ Result<std::vector<bool>> LeaseClient::finish(const std::vector<Lease>& leases,
       d.ct += row[4].as<int64_t>();
       d.cc += row[5].as<int64_t>();
     }
-    write_request_events(tx, r, per_batch);
+    std::vector<std::string> batch_ids;
+    for (const auto& kv : per_batch) batch_ids.push_back(kv.first);
+    write_request_events(tx, r, batch_ids);
     for (const auto& [b, d] : per_batch) {
       tx.exec_params(
           "UPDATE batches SET num_completed = num_completed + $2, num_failed = num_failed + $3, "

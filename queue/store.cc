@@ -3,6 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <map>
+
 #include "base/clock.h"
 #include "base/hash.h"
 #include "base/ids.h"
@@ -291,6 +293,31 @@ std::optional<std::string> finish_batch_if_done(pqxx::work& tx, const std::strin
   write_event(tx, event_type_for(status), row[1].as<std::string>(), batch_id, data);
   tx.exec("NOTIFY hr_dispatch");
   return status;
+}
+
+void write_request_events(pqxx::work& tx, const pqxx::result& rows, const std::vector<std::string>& batch_ids) {
+  if (batch_ids.empty()) return;
+  std::map<std::string, std::string> account_of;
+  for (const auto& row : tx.exec_params(
+           "SELECT id::text, account_id::text FROM batches WHERE request_events "
+           "AND id IN (SELECT jsonb_array_elements_text($1::jsonb)::uuid)",
+           nlohmann::json(batch_ids).dump())) {
+    account_of[row[0].as<std::string>()] = row[1].as<std::string>();
+  }
+  if (account_of.empty()) return;
+  for (const auto& row : rows) {
+    auto it = account_of.find(row[0].as<std::string>());
+    if (it == account_of.end() || row[2].as<std::string>() == "queued") continue;
+    nlohmann::json data = {
+        {"batch_id", it->first},
+        {"id", row[1].as<int>()},
+        {"custom_id", row[6].is_null() ? nlohmann::json(nullptr)
+                                       : nlohmann::json(row[6].as<std::string>())},
+        {"status", row[2].as<std::string>()},
+        {"usage", {{"prompt_tokens", row[3].as<int>()}, {"completion_tokens", row[4].as<int>()},
+                   {"cached_tokens", row[5].as<int>()}}}};
+    write_event(tx, "request.completed", it->second, it->first, data);
+  }
 }
 
 Status mark_pushed(pqxx::connection& conn, const std::vector<Requeued>& requeued) {

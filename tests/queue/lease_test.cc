@@ -168,6 +168,31 @@ TEST_F(LeaseTest, ACancelledBatchsRequestPutBackInTheQueueEndsCancelled) {
   EXPECT_EQ(scalar("SELECT count(*) FROM outbox WHERE event_type = 'batch.cancelled'"), 1);
 }
 
+// A request that the janitor ends failed (its lease expired once too often) gets its
+// request.completed event, as one that a worker fails does.
+TEST_F(LeaseTest, RequestsTheJanitorFailsGetTheirRequestEvent) {
+  NewBatch b;
+  b.account_id = account_;
+  b.model = model_;
+  b.webhook_url = "https://hooks.example.com/h";
+  b.webhook_events = std::vector<std::string>{"request.completed"};
+  b.requests.push_back({std::string("c-1"), "{\"prompt\":\"p\"}"});
+  ASSERT_TRUE(submit_batch(*conn_, b).is_ok());
+  DispatcherOptions o;
+  o.max_attempts = 1;
+  auto d = Dispatcher::create(db_.url(), redis_, o).value();
+  ASSERT_TRUE(d->tick().is_ok());
+  auto c = consumer("w1", /*lease_ms=*/200);
+  ASSERT_EQ(c->pull(1, 1000).value().size(), 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  auto ended = d->requeue_expired_leases();
+  ASSERT_TRUE(ended.is_ok()) << ended.status().to_string();
+  EXPECT_EQ(ended->second, 1);
+  EXPECT_EQ(scalar("SELECT count(*) FROM outbox WHERE event_type = 'request.completed' "
+                   "AND payload->'data'->>'status' = 'failed' AND payload->'data'->>'custom_id' = 'c-1'"),
+            1);
+}
+
 TEST_F(LeaseTest, StaleConsumersLateCompletionIsRefused) {
   std::string batch = submit(1);
   auto d = dispatcher();
