@@ -10,6 +10,7 @@
 #include "engine/internal/cuda_status.h"
 #include "engine/safetensors.h"
 #include "kernels/fill.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/paged_attention.cuh"
 
 namespace hr::engine {
@@ -140,6 +141,7 @@ Status CudaBackend::init_runtime() {
   int smem_optin = 0;
   HR_CUDA("reading device attributes",
           cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, options_.device));
+  kernels::programmatic_launch_supported();  // asked now, outside any graph capture
   const size_t smem_needed = kernels::paged_attention_smem_bytes(c.head_dim);
   if (static_cast<size_t>(smem_optin) < smem_needed) {
     return unavailable("CUDA device " + std::to_string(options_.device) + " allows " +

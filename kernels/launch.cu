@@ -1,31 +1,34 @@
 // The launch-mode switch.
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "kernels/launch.cuh"
 
 namespace hr::kernels {
 namespace {
 
 thread_local bool t_programmatic = true;
-thread_local int t_waits_compiled = -1;  // unknown yet on this thread
 
 __global__ void probe_kernel() {}
 
-// Whether the code the current device runs was built for sm_90 or later, where every kernel's
-// griddepcontrol.wait is compiled in. A newer GPU may run the compute_80 PTX instead (JIT), whose
-// kernels do not wait: there, programmatic launch would let a kernel read its predecessor's
-// output too early.
-bool waits_compiled_in() {
-  if (t_waits_compiled < 0) {
-    cudaFuncAttributes a{};
-    t_waits_compiled = cudaFuncGetAttributes(&a, probe_kernel) == cudaSuccess && a.ptxVersion >= 90;
-  }
-  return t_waits_compiled == 1;
-}
-
 }  // namespace
 
+bool programmatic_launch_supported() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices];  // 0: not asked yet, 1: yes, 2: no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (device >= 0 && device < kMaxDevices) {
+    if (int k = known[device].load(std::memory_order_relaxed); k != 0) return k == 1;
+  }
+  cudaFuncAttributes a{};
+  const bool yes = cudaFuncGetAttributes(&a, probe_kernel) == cudaSuccess && a.ptxVersion >= 90;
+  if (device >= 0 && device < kMaxDevices) known[device].store(yes ? 1 : 2, std::memory_order_relaxed);
+  return yes;
+}
+
 void set_programmatic_launch(bool on) { t_programmatic = on; }
-bool programmatic_launch() { return t_programmatic && waits_compiled_in(); }
+bool programmatic_launch() { return t_programmatic && programmatic_launch_supported(); }
 
 }  // namespace hr::kernels

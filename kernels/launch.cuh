@@ -10,4 +10,10 @@ namespace hr::kernels {
 void set_programmatic_launch(bool on);
 bool programmatic_launch();
 
+// Whether the code the current device runs was built for sm_90 or later, where every kernel's
+// griddepcontrol.wait is compiled in (a newer GPU may run the compute_80 PTX instead, JIT-compiled,
+// whose kernels do not wait). Asked once per device; call it before capturing graphs, since the
+// first call loads a kernel.
+bool programmatic_launch_supported();
+
 }  // namespace hr::kernels
