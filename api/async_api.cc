@@ -181,6 +181,43 @@ json answer_usage(const SyncAnswer& a) {
           {"prompt_tokens_details", {{"cached_tokens", a.cached_tokens}}}};
 }
 
+// obj[key] as a flag: absent, null or not a boolean is false (check_sync_fields refuses the last).
+bool flag(const json& obj, const char* key) {
+  if (!obj.is_object()) return false;
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_boolean() && it->get<bool>();
+}
+
+// The sync routes' own fields, checked before they are read: flags are booleans (or null), the
+// option groups objects, and n (OpenAI's number of choices) one.
+Status check_sync_fields(const json& body) {
+  auto check_flag = [](const json& obj, const char* key, const std::string& field) -> Status {
+    auto it = obj.find(key);
+    if (it != obj.end() && !it->is_null() && !it->is_boolean()) {
+      return invalid_argument("'" + field + "' must be true or false", field);
+    }
+    return Status::ok();
+  };
+  HR_RETURN_IF_ERROR(check_flag(body, "stream", "stream"));
+  for (const char* group : {"options", "stream_options"}) {
+    auto it = body.find(group);
+    if (it != body.end() && !it->is_null() && !it->is_object()) {
+      return invalid_argument(std::string("'") + group + "' must be an object", group);
+    }
+  }
+  if (auto o = body.find("options"); o != body.end() && o->is_object()) {
+    HR_RETURN_IF_ERROR(check_flag(*o, "rejectIfBusy", "options.rejectIfBusy"));
+  }
+  if (auto o = body.find("stream_options"); o != body.end() && o->is_object()) {
+    HR_RETURN_IF_ERROR(check_flag(*o, "include_usage", "stream_options.include_usage"));
+  }
+  if (auto n = body.find("n"); n != body.end() && !n->is_null() &&
+                               !(n->is_number_integer() && n->get<int64_t>() == 1)) {
+    return invalid_argument("'n' must be 1: one choice per request is served", "n");
+  }
+  return Status::ok();
+}
+
 // Whether a /ai/run call asks to be queued: ?queueRequest=true, "queueRequest": true or
 // "options": {"queueRequest": true} (the last one said wins).
 bool queue_requested(const json& body, const std::map<std::string, std::string>& query) {
@@ -482,9 +519,9 @@ Reply AsyncApi::route_streaming(const HttpRequest& req) {
         req, std::string(target.substr(0, qpos)),
         parse_query(qpos == std::string_view::npos ? "" : target.substr(qpos + 1)));
   }
-  if (req.method() == http::verb::post && target == "/v1/chat/completions") {
-    json body = json::parse(req.body(), nullptr, false);
-    if (body.is_object() && body.value("stream", false)) {
+  if (req.method() == http::verb::post && target.substr(0, qpos) == "/v1/chat/completions") {
+    json body = parse_client_json(req.body());
+    if (flag(body, "stream")) {
       Result<std::string> account = impl_->authenticate(req);
       if (!account.is_ok()) return {openai_error(account.status()), nullptr};
       return impl_->chat_completions_stream(req, body);
@@ -607,11 +644,10 @@ HttpResponse AsyncApi::Impl::run_model(const HttpRequest& req, const std::string
                                        const std::map<std::string, std::string>& query,
                                        BodyStream* stream) {
   int64_t t0 = steady_now_ns();
-  json body = json::parse(req.body(), nullptr, false);
+  std::string why;
+  json body = parse_client_json(req.body(), &why);
   parse_ns_ = steady_now_ns() - t0;
-  if (body.is_discarded()) {
-    return error_response(invalid_argument("body is not valid JSON", "body"));
-  }
+  if (body.is_discarded()) return error_response(invalid_argument("body " + why, "body"));
   if (!body.is_object()) return error_response(invalid_argument("body must be a JSON object", "body"));
   if (body.contains("request_id")) {
     if (!body["request_id"].is_string()) {
@@ -624,6 +660,7 @@ HttpResponse AsyncApi::Impl::run_model(const HttpRequest& req, const std::string
     return error_response(invalid_argument("unknown model '" + model_name + "'", "model"));
   }
   if (queue_requested(body, query)) return submit(req, account, *model, body);
+  if (Status st = check_sync_fields(body); !st.is_ok()) return error_response(st);
   if (body.contains("stream") && body["stream"] == true && stream != nullptr) {
     Reply r = run_model_stream(req, std::move(body), *model);
     *stream = std::move(r.stream);
@@ -642,8 +679,7 @@ SyncCall AsyncApi::Impl::sync_call(const HttpRequest& req, const json& body,
                                    const ModelSpec& model) const {
   SyncCall call;
   call.model = model.name;
-  call.reject_if_busy = body.contains("options") && body["options"].is_object() &&
-                        body["options"].value("rejectIfBusy", false);
+  call.reject_if_busy = body.contains("options") && flag(body["options"], "rejectIfBusy");
   call.queue_timeout_ms = config.sync_queue_timeout_ms;
   auto it = req.find("x-session-affinity");
   if (it != req.end()) call.affinity = std::string(it->value());
@@ -678,10 +714,11 @@ Result<SyncAnswer> AsyncApi::Impl::run_sync(const HttpRequest& req, const json& 
 }
 
 HttpResponse AsyncApi::Impl::chat_completions(const HttpRequest& req) {
-  json body = json::parse(req.body(), nullptr, false);
-  if (body.is_discarded() || !body.is_object()) {
-    return openai_error(invalid_argument("body is not a JSON object", "body"));
-  }
+  std::string why;
+  json body = parse_client_json(req.body(), &why);
+  if (body.is_discarded()) return openai_error(invalid_argument("body " + why, "body"));
+  if (!body.is_object()) return openai_error(invalid_argument("body is not a JSON object", "body"));
+  if (Status st = check_sync_fields(body); !st.is_ok()) return openai_error(st);
   if (!body.contains("model") || !body["model"].is_string()) {
     return openai_error(invalid_argument("'model' is required", "model"));
   }
@@ -720,8 +757,8 @@ Reply AsyncApi::Impl::chat_completions_stream(const HttpRequest& req, json body)
                 "unknown model '" + body["model"].get<std::string>() + "'", "model")),
             nullptr};
   }
-  bool include_usage = body.contains("stream_options") && body["stream_options"].is_object() &&
-                       body["stream_options"].value("include_usage", false);
+  if (Status st = check_sync_fields(body); !st.is_ok()) return {openai_error(st), nullptr};
+  bool include_usage = body.contains("stream_options") && flag(body["stream_options"], "include_usage");
   SyncCall call = sync_call(req, body, *model);
   for (const char* key : {"n", "user", "logprobs", "stream_options", "stream", "options"}) {
     body.erase(key);

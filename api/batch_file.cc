@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "api/errors.h"
+
 namespace hr::api {
 namespace {
 
@@ -63,7 +65,7 @@ InputValidator::InputValidator(const std::vector<ModelSpec>& models, const Batch
 
 const ModelSpec* InputValidator::pick_model(const std::vector<InputLine>& lines) {
   for (const InputLine& line : lines) {
-    json j = json::parse(line.text, nullptr, false);
+    json j = parse_client_json(line.text);
     if (!j.is_object() || !j.contains("body") || !j["body"].is_object()) continue;
     const json& m = j["body"].contains("model") ? j["body"]["model"] : json();
     if (!m.is_string()) continue;
@@ -82,8 +84,9 @@ std::optional<LineError> InputValidator::check(const InputLine& in, queue::NewRe
     return LineError{code, "line " + std::to_string(in.line) + ": " + message, std::move(param),
                      in.line};
   };
-  json j = json::parse(in.text, nullptr, false);
-  if (j.is_discarded()) return error("invalid_json_line", "not valid JSON", "");
+  std::string why;
+  json j = parse_client_json(in.text, &why);
+  if (j.is_discarded()) return error("invalid_json_line", why.rfind("is ", 0) == 0 ? why.substr(3) : why, "");
   if (!j.is_object()) return error("invalid_json_line", "must be a JSON object", "");
   for (const auto& [key, value] : j.items()) {
     if (key != "custom_id" && key != "method" && key != "url" && key != "body") {

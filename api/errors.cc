@@ -39,11 +39,51 @@ int error_code_for(StatusCode code) {
   return 1500;
 }
 
+namespace {
+
+// `s` with what is not valid UTF-8 replaced by U+FFFD: error messages may quote a client's bytes
+// (a path, a query value), and a body holding invalid UTF-8 cannot be printed.
+std::string printable(const std::string& s) {
+  using nlohmann::json;
+  return json::parse(json(s).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+}
+
+}  // namespace
+
+nlohmann::json parse_client_json(std::string_view text, std::string* why) {
+  auto refuse = [&](const char* reason) {
+    if (why) *why = reason;
+    return nlohmann::json(nlohmann::json::value_t::discarded);
+  };
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '"') {
+        in_string = false;
+      } else if (c == '\\') {
+        if (text.substr(i + 1, 5) == "u0000") return refuse("holds a NUL character (\\u0000)");
+        ++i;  // the escaped character
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) return refuse("nests deeper than 64 levels");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded()) return refuse("is not valid JSON");
+  return j;
+}
+
 nlohmann::json error_body(const Status& status, std::optional<int> index) {
   nlohmann::json err = {{"code", error_code_for(status.code())},
                         {"type", status_code_name(status.code())},
-                        {"message", status.message()}};
-  if (!status.field().empty()) err["field"] = status.field();
+                        {"message", printable(status.message())}};
+  if (!status.field().empty()) err["field"] = printable(status.field());
   if (index) err["index"] = *index;
   return {{"success", false}, {"errors", nlohmann::json::array({err})},
           {"messages", nlohmann::json::array()}, {"result", nullptr}};
@@ -86,9 +126,9 @@ nlohmann::json openai_error_body(const Status& status, std::optional<std::string
                                                          : status_code_name(status.code());
   }
   nlohmann::json err = {
-      {"message", status.message()},
+      {"message", printable(status.message())},
       {"type", type},
-      {"param", status.field().empty() ? nlohmann::json(nullptr) : nlohmann::json(status.field())},
+      {"param", status.field().empty() ? nlohmann::json(nullptr) : nlohmann::json(printable(status.field()))},
       {"code", *code}};
   return {{"error", std::move(err)}};
 }

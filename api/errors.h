@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include <optional>
+#include <string>
+#include <string_view>
 
 #include "api/http_server.h"
 #include "base/status.h"
@@ -23,6 +25,14 @@ nlohmann::json error_body(const Status& status, std::optional<int> index = std::
 // (the Status code's name unless given), `type` OpenAI's error class for the HTTP status.
 nlohmann::json openai_error_body(const Status& status,
                                  std::optional<std::string> code = std::nullopt);
+
+// JSON text from a client, parsed (json::parse with exceptions off): discarded (is_discarded())
+// when malformed, or when it nests deeper than kMaxJsonDepth (copying or printing a document
+// recurses once per level: a deep one would overflow the stack) or holds a NUL character in a
+// string (Postgres cannot store one). `why` (may be null) then says which, as "nests deeper than
+// 64 levels", "holds a NUL character (\u0000)" or "is not valid JSON".
+constexpr int kMaxJsonDepth = 64;
+nlohmann::json parse_client_json(std::string_view text, std::string* why = nullptr);
 
 // The error as an HTTP response (Retry-After: 1 on retryable ones).
 HttpResponse error_response(const Status& status, std::optional<int> index = std::nullopt);

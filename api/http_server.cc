@@ -217,13 +217,16 @@ class Session : public std::enable_shared_from_this<Session> {
   void pump(std::shared_ptr<Outgoing> out) {
     asio::post(server_->pool, [self = shared_from_this(), out] {
       auto chunk = std::make_shared<std::string>();
-      bool more = false;
+      bool more = false, broken = false;
       try {
         more = out->next(chunk.get());
       } catch (const std::exception& e) {
         log::error("http.stream_exception", {{"error", e.what()}});
+        broken = true;
       }
-      asio::post(self->stream_.get_executor(), [self, out, chunk, more]() mutable {
+      asio::post(self->stream_.get_executor(), [self, out, chunk, more, broken]() mutable {
+        // Cut off without its end, so that the client sees the body incomplete, not complete.
+        if (broken) return self->end_stream(false);
         self->stream_.expires_after(std::chrono::seconds(self->server_->options.write_timeout_s));
         auto written = [self, out, chunk](beast::error_code ec, size_t) {
           if (ec) return self->end_stream(false);

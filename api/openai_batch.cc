@@ -334,10 +334,10 @@ Reply OpenAiBatchApi::delete_file(const std::string& account, const std::string&
 }
 
 Reply OpenAiBatchApi::create_batch(const HttpRequest& req, const std::string& account) {
-  json body = json::parse(req.body(), nullptr, false);
-  if (body.is_discarded() || !body.is_object()) {
-    return error_reply(invalid_argument("body must be a JSON object", "body"));
-  }
+  std::string why;
+  json body = parse_client_json(req.body(), &why);
+  if (body.is_discarded()) return error_reply(invalid_argument("body " + why, "body"));
+  if (!body.is_object()) return error_reply(invalid_argument("body must be a JSON object", "body"));
   for (const auto& [key, value] : body.items()) {
     if (key != "input_file_id" && key != "endpoint" && key != "completion_window" &&
         key != "metadata" && key != "webhook_url" && key != "webhook_events" &&

@@ -73,10 +73,10 @@ json delivery_json(const queue::DeliveryInfo& d) {
 
 Result<json> body_object(const HttpRequest& req, bool allow_empty) {
   if (req.body().empty() && allow_empty) return json::object();
-  json body = json::parse(req.body(), nullptr, false);
-  if (body.is_discarded() || !body.is_object()) {
-    return invalid_argument("body must be a JSON object", "body");
-  }
+  std::string why;
+  json body = parse_client_json(req.body(), &why);
+  if (body.is_discarded()) return invalid_argument("body " + why, "body");
+  if (!body.is_object()) return invalid_argument("body must be a JSON object", "body");
   return body;
 }
 

@@ -118,15 +118,18 @@ api::Reply SyncServer::handle(const api::HttpRequest& req) {
               nullptr};
     }
   }
-  json body = json::parse(req.body(), nullptr, false);
+  json body = api::parse_client_json(req.body());
   if (!body.is_object() || !body.contains("request") || !body["request"].is_object()) {
     return {error_reply(invalid_argument("body must be {\"request\": {...}}", "request")), nullptr};
   }
   api::SyncCall call;
-  call.reject_if_busy = body.value("reject_if_busy", false);
-  call.queue_timeout_ms = body.value("queue_timeout_ms", 2000);
+  auto flag = [&](const char* key) { return body.contains(key) && body[key].is_boolean() && body[key].get<bool>(); };
+  call.reject_if_busy = flag("reject_if_busy");
+  call.queue_timeout_ms = body.contains("queue_timeout_ms") && body["queue_timeout_ms"].is_number_integer()
+                              ? body["queue_timeout_ms"].get<int>()
+                              : 2000;
   call.client_gone = api::current_client_gone;  // the router closes its connection for a client gone
-  if (!body.value("stream", false)) {
+  if (!flag("stream")) {
     Result<api::SyncAnswer> a = worker_.run(body["request"], call);
     if (!a.is_ok()) return {error_reply(a.status()), nullptr};
     return {api::json_response(200, answer_json(*a).dump()), nullptr};

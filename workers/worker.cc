@@ -11,6 +11,7 @@
 #include <future>
 #include <unordered_map>
 
+#include "api/errors.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/metrics.h"
@@ -520,7 +521,7 @@ void Worker::loop() {
           class_metrics(engine::RequestClass::kAsync)
               .queue.observe(static_cast<double>(std::max<int64_t>(0, now_ms - l.submitted_at_ms)) / 1e3);
         }
-        json body = json::parse(l.body, nullptr, false);
+        json body = api::parse_client_json(l.body);
         auto gen = body.is_discarded() ? Result<engine::GenerationRequest>(invalid_argument("bad body"))
                                        : to_generation(body, *model_, engine::RequestClass::kAsync);
         if (!gen.is_ok()) {

@@ -215,6 +215,56 @@ TEST(AsyncApiTest, BadInputIsRejectedWholeAndWritesNothing) {
   }
 }
 
+// Hostile bodies get 400 naming the field and leave the server up: JSON nested 200,000 deep (its
+// copy would overflow the stack), NUL in a string (Postgres cannot store it), flags and option
+// groups of the wrong type, n other than 1; and a path with bytes that are not UTF-8 gets its 400,
+// not a 500.
+TEST(AsyncApiTest, HostileBodiesAreRefusedNamingTheField) {
+  ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  const json chat = {{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  struct Case {
+    std::string target, body, field;
+  };
+  auto with = [&](const char* key, const json& value) {
+    json b = chat;
+    b[key] = value;
+    return b.dump();
+  };
+  const std::string run = "/ai/run/" + h.model();
+  const std::vector<Case> cases = {
+      {"/v1/chat/completions", R"({"model":"x","stream":true,"x":)" + deep + "}", "body"},
+      {"/v1/chat/completions", R"({"model":"x","x":)" + deep + "}", "body"},
+      {run + "?queueRequest=true", R"({"requests":[{"prompt":"x"}],"metadata":)" + deep + "}", "body"},
+      {run + "?queueRequest=true", R"({"requests":[{"prompt":"x"}],"metadata":{"k":"\u0000"}})", "body"},
+      {"/v1/chat/completions", with("stream", "yes"), "stream"},
+      {"/v1/chat/completions", with("options", {{"rejectIfBusy", "yes"}}), "options.rejectIfBusy"},
+      {"/v1/chat/completions", with("options", 3), "options"},
+      {"/v1/chat/completions", with("n", 3), "n"},
+      {"/v1/chat/completions?api-version=1", with("n", 2), "n"},
+      {run, R"({"prompt":"x","options":{"rejectIfBusy":1}})", "options.rejectIfBusy"},
+  };
+  for (const Case& c : cases) {
+    auto r = h.post(c.target, c.body, h.key_a());
+    EXPECT_EQ(r.status, 400) << c.target << " " << r.body.substr(0, 300);
+    json j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r.body.substr(0, 300);
+    const json& field = j.contains("error") ? j["error"]["param"] : j["errors"][0]["field"];
+    EXPECT_EQ(field, c.field) << c.target << " " << r.body.substr(0, 300);
+  }
+  json stream_usage = json::parse(with("stream", true));
+  stream_usage["stream_options"] = {{"include_usage", 1}};
+  auto su = h.post("/v1/chat/completions", stream_usage.dump(), h.key_a());
+  EXPECT_EQ(su.status, 400) << su.body;
+  EXPECT_EQ(su.json()["error"]["param"], "stream_options.include_usage");
+  auto bad_path = h.post("/ai/run/%FF%FE", R"({"prompt":"x"})", h.key_a());
+  EXPECT_EQ(bad_path.status, 400) << bad_path.body;
+  EXPECT_EQ(bad_path.json()["errors"][0]["field"], "model");
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM batches"), 0);
+  EXPECT_EQ(h.get("/v1/models", h.key_a()).status, 200);  // still serving
+}
+
 TEST(AsyncApiTest, IdsAreScopedToTheirAccount) {
   ApiHarness h;
   ASSERT_TRUE(h.ok());

@@ -42,5 +42,31 @@ TEST(ErrorsTest, OpenAiErrorBody) {
   EXPECT_EQ(openai_error_body(Status(StatusCode::kTooLarge, "big"))["error"]["code"], "too_large");
 }
 
+// Client JSON nesting deeper than kMaxJsonDepth, or holding NUL in a string, is refused before it is
+// parsed; brackets and escapes inside strings do not count, and the text "\\u0000" is fine.
+TEST(ErrorsTest, ClientJsonIsRefusedTooDeepOrWithNul) {
+  auto nested = [](int depth) { return std::string(depth, '[') + std::string(depth, ']'); };
+  std::string why;
+  EXPECT_FALSE(parse_client_json(nested(kMaxJsonDepth), &why).is_discarded());
+  EXPECT_TRUE(parse_client_json(nested(kMaxJsonDepth + 1), &why).is_discarded());
+  EXPECT_EQ(why, "nests deeper than 64 levels");
+  EXPECT_TRUE(parse_client_json("{\"x\":" + nested(200000) + "}", &why).is_discarded());
+  EXPECT_FALSE(parse_client_json("{\"s\": \"" + std::string(100, '[') + "\\\"{\"}", &why).is_discarded()) << why;
+  EXPECT_TRUE(parse_client_json(R"({"k": "a\u0000b"})", &why).is_discarded());
+  EXPECT_EQ(why, "holds a NUL character (\\u0000)");
+  nlohmann::json literal = parse_client_json(R"({"k": "a\\u0000b"})", &why);
+  ASSERT_FALSE(literal.is_discarded()) << why;
+  EXPECT_EQ(literal["k"], "a\\u0000b");
+  EXPECT_TRUE(parse_client_json("{", &why).is_discarded());
+  EXPECT_EQ(why, "is not valid JSON");
+}
+
+// A message quoting a client's bytes that are not UTF-8 still makes a printable body.
+TEST(ErrorsTest, BodiesQuotingInvalidUtf8ArePrintable) {
+  Status st = invalid_argument("unknown model '\xff\xfe'", "model\xff");
+  EXPECT_NE(error_body(st).dump().find("unknown model"), std::string::npos);
+  EXPECT_NE(openai_error_body(st).dump().find("unknown model"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace hr::api
