@@ -72,6 +72,8 @@ TEST(BatchRequestTest, Durations) {
   EXPECT_FALSE(parse_duration_ms("10x", "w").is_ok());
   EXPECT_FALSE(parse_duration_ms("-1h", "w").is_ok());
   EXPECT_FALSE(parse_duration_ms("30d", "w").is_ok());
+  EXPECT_FALSE(parse_duration_ms(std::string(400, '9') + "h", "w").is_ok());  // no overflow on the way
+  EXPECT_EQ(parse_duration_ms("7d", "w").value(), 7 * 86400000LL);
 }
 
 }  // namespace
