@@ -5,6 +5,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -129,7 +131,7 @@ class WorkerCall {
       : options_(o), pool_(pool), client_gone_(std::move(client_gone)) {}
   ~WorkerCall() {
     if (conn_ && !broken_ && parser_ && parser_->is_done() && parser_->get().keep_alive() &&
-        conn_->buffer.size() == 0) {
+        !parser_->need_eof() && conn_->buffer.size() == 0) {
       pool_->give_back(std::move(conn_));
     }
   }
@@ -154,8 +156,9 @@ class WorkerCall {
       connects("reused").add();
       Status st = exchange(req, url);
       // A worker may close an idle connection just as the request goes out (its own limit on
-      // waiting): then the request did not reach it, and a new connection is tried once.
-      if (st.is_ok() || st.code() != StatusCode::kUnavailable) return st;
+      // waiting): then the request did not reach it, and a new connection is tried once. Any
+      // other failure (a timeout, a reset once the worker had time to start) is the worker's.
+      if (!stale_) return st;
       log::debug("router.stale_connection", {{"url", url}, {"error", st}});
     }
     conn_ = std::make_unique<WorkerConnection>(url);
@@ -169,6 +172,12 @@ class WorkerCall {
     if (!run()) return client_left();
     if (ec) return unavailable("connect " + url + ": " + ec.message());
     connects("new").add();
+    // A request that stays unacknowledged this long fails the connection: a worker host that
+    // vanished (no FIN, no RST) is given up on in seconds, not after the idle timeout. It does not
+    // limit how long an answer may take: nothing of ours is unacknowledged meanwhile.
+    const unsigned int unacked_ms = static_cast<unsigned int>(std::max(5000, options_.connect_timeout_ms));
+    ::setsockopt(conn_->stream.socket().native_handle(), IPPROTO_TCP, TCP_USER_TIMEOUT, &unacked_ms,
+                 sizeof unacked_ms);
     return exchange(req, url);
   }
 
@@ -219,23 +228,32 @@ class WorkerCall {
 
  private:
   // Sends `req` and reads the answer's header.
+  // Sets stale_ when it failed as on a connection the worker had already closed: the request
+  // could not be sent, or the connection ended at once, before any of the answer.
   Status exchange(const http::request<http::string_body>& req, const std::string& url) {
     parser_.emplace();
     parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
+    stale_ = false;
     beast::error_code ec;
     conn_->stream.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
     http::async_write(conn_->stream, req, [&](beast::error_code e, size_t) { ec = e; });
     if (!run()) return client_left();
     if (ec) {
       broken_ = true;
+      stale_ = ec != beast::error::timeout;
       return unavailable("send to " + url + ": " + ec.message());
     }
+    const int64_t sent_ns = steady_now_ns();
     conn_->stream.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
     http::async_read_header(conn_->stream, conn_->buffer, *parser_,
                             [&](beast::error_code e, size_t) { ec = e; });
     if (!run()) return client_left();
     if (ec) {
       broken_ = true;
+      const bool closed = ec == http::error::end_of_stream || ec == asio::error::eof ||
+                          ec == asio::error::connection_reset || ec == asio::error::broken_pipe;
+      stale_ = closed && conn_->buffer.size() == 0 && !parser_->got_some() &&
+               steady_now_ns() - sent_ns < int64_t{options_.connect_timeout_ms} * 1000000;
       return unavailable("answer from " + url + ": " + ec.message());
     }
     return Status::ok();
@@ -269,6 +287,7 @@ class WorkerCall {
   std::function<bool()> client_gone_;
   std::unique_ptr<WorkerConnection> conn_;
   bool broken_ = false;  // the connection may not carry another request
+  bool stale_ = false;   // the last exchange failed as on a connection closed before it began
   std::optional<http::response_parser<http::buffer_body>> parser_;
 };
 

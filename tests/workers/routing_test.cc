@@ -11,6 +11,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/write.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -362,6 +363,84 @@ TEST_F(Routing, AWorkerBackOnItsAddressIsReachedOnANewConnection) {
   const Connects after = Connects::now();
   EXPECT_EQ(after.opened - before.opened, 1);
   EXPECT_EQ(after.failed, before.failed);
+}
+
+// A worker that takes a request on a connection kept open and then never answers is given up on
+// after one idle timeout: the request is not sent to it again on a new connection (it may well be
+// generating), and the call fails over. The "worker" here answers its first request, then stays
+// silent, and counts the requests it gets.
+TEST_F(Routing, ASilentWorkerIsNotSentTheRequestTwice) {
+  boost::asio::io_context ioc;
+  tcp::acceptor acceptor(ioc, tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+  const int port = acceptor.local_endpoint().port();
+  std::atomic<int> requests{0};
+  std::atomic<bool> done{false};
+  std::list<tcp::socket> kept;
+  std::thread fake([&] {
+    while (!done) {
+      tcp::socket sock(ioc);
+      boost::system::error_code ec;
+      acceptor.accept(sock, ec);
+      if (ec || done) break;
+      std::string in;
+      char buf[4096];
+      for (;;) {  // each request: the header, then Content-Length bytes
+        size_t end = in.find("\r\n\r\n");
+        size_t cl = in.find("Content-Length: ");
+        if (end != std::string::npos && cl != std::string::npos &&
+            in.size() >= end + 4 + std::stoul(in.substr(cl + 16))) {
+          const size_t next = end + 4 + std::stoul(in.substr(cl + 16));
+          in.erase(0, next);
+          if (requests.fetch_add(1) == 0) {
+            const std::string body = R"({"text":"ok","finish_reason":"stop","prompt_tokens":1,"completion_tokens":1})";
+            boost::asio::write(sock, boost::asio::buffer("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                                         "Content-Length: " + std::to_string(body.size()) +
+                                                         "\r\n\r\n" + body), ec);
+          }
+          continue;
+        }
+        size_t n = sock.read_some(boost::asio::buffer(buf), ec);
+        if (ec) break;
+        in.append(buf, n);
+        if (requests >= 2) {
+          kept.push_back(std::move(sock));  // silent from now on, but open
+          break;
+        }
+      }
+    }
+  });
+  queue::WorkerInfo silent;
+  silent.id = "silent";
+  silent.model = h_->model();
+  silent.url = "http://127.0.0.1:" + std::to_string(port);
+  silent.capacity = 4;
+  ASSERT_TRUE(registry_->announce(silent, 60000).is_ok());
+  ASSERT_TRUE(wait_live({"silent"}));
+  api::RouterOptions o;
+  o.redis_url = h_->redis_url();
+  o.idle_timeout_ms = 300;
+  api::WorkerRouter router(o);
+  api::SyncCall call;
+  call.model = h_->model();
+  call.reject_if_busy = true;
+  const json request = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  auto first = router.run(request, call);
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  EXPECT_EQ(first->text, "ok");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto second = router.run(request, call);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_FALSE(second.is_ok());
+  // Give a second send (if there were one) time to arrive before counting.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(requests.load(), 2);
+  EXPECT_LT(waited, std::chrono::milliseconds(550));  // one idle timeout, not two
+  done = true;
+  ASSERT_TRUE(registry_->withdraw(h_->model(), "silent").is_ok());
+  boost::system::error_code ignored;
+  tcp::socket poke(ioc);
+  poke.connect(acceptor.local_endpoint(), ignored);  // wakes the accept loop
+  fake.join();
 }
 
 // The endless model: a random-weight Llama in the Hugging Face layout with the bundled model's
