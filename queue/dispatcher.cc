@@ -99,9 +99,7 @@ Result<std::pair<int, int>> Dispatcher::requeue_expired_leases() {
         ++num_requeued;
       }
     }
-    std::vector<std::string> failed_batches;
-    for (const auto& kv : failed_per_batch) failed_batches.push_back(kv.first);
-    write_request_events(tx, r, failed_batches);
+    write_request_events(tx, r);
     for (const auto& [batch, n] : failed_per_batch) {
       tx.exec_params("UPDATE batches SET num_failed = num_failed + $2 WHERE id = $1::uuid", batch,
                      n);
@@ -113,19 +111,11 @@ Result<std::pair<int, int>> Dispatcher::requeue_expired_leases() {
   });
   if (!st.is_ok()) return st;
   // Committed as queued with push_pending: if a push fails here, push_requeued() retries it.
-  for (const auto& [model, requeued] : requeue) HR_RETURN_IF_ERROR(push(model, requeued));
+  for (const auto& [model, requeued] : requeue) HR_RETURN_IF_ERROR(queue::push_requeued(*redis_, pg_, model, requeued));
   if (num_requeued + num_failed > 0) {
     log::info("janitor.leases_expired", {{"requeued", num_requeued}, {"failed", num_failed}});
   }
   return std::make_pair(num_requeued, num_failed);
-}
-
-Status Dispatcher::push(const std::string& model, const std::vector<Requeued>& requeued) {
-  std::vector<RequestRef> refs;
-  for (const Requeued& r : requeued) refs.push_back({r.batch_id, r.idx});
-  HR_RETURN_IF_ERROR(ensure_group(*redis_, model));
-  HR_RETURN_IF_ERROR(enqueue(*redis_, model, refs));
-  return pg_.run("mark pushed", [&](pqxx::connection& pg) { return mark_pushed(pg, requeued); });
 }
 
 Result<int> Dispatcher::push_requeued() {
@@ -144,7 +134,7 @@ Result<int> Dispatcher::push_requeued() {
     return Status::ok();
   });
   if (!st.is_ok()) return st;
-  for (const auto& [model, requeued] : pending) HR_RETURN_IF_ERROR(push(model, requeued));
+  for (const auto& [model, requeued] : pending) HR_RETURN_IF_ERROR(queue::push_requeued(*redis_, pg_, model, requeued));
   if (n > 0) log::info("janitor.requeued_pushed", {{"requests", n}});
   return n;
 }

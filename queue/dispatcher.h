@@ -73,8 +73,6 @@ class Dispatcher {
  private:
   Dispatcher(std::string database_url, std::unique_ptr<RedisClient> redis,
              DispatcherOptions options);
-  // Pushes `requeued` (of `model`) to its stream and clears their push_pending.
-  Status push(const std::string& model, const std::vector<Requeued>& requeued);
 
   std::string database_url_;
   PgSession pg_;

@@ -206,9 +206,7 @@ Result<std::vector<bool>> LeaseClient::finish(const std::vector<Lease>& leases,
       d.ct += row[4].as<int64_t>();
       d.cc += row[5].as<int64_t>();
     }
-    std::vector<std::string> batch_ids;
-    for (const auto& kv : per_batch) batch_ids.push_back(kv.first);
-    write_request_events(tx, r, batch_ids);
+    write_request_events(tx, r);
     for (const auto& [b, d] : per_batch) {
       tx.exec_params(
           "UPDATE batches SET num_completed = num_completed + $2, num_failed = num_failed + $3, "
@@ -295,13 +293,8 @@ Status LeaseClient::requeue(const std::vector<Lease>& leases, bool count_failure
   if (!st.is_ok()) return st;
   // Committed with push_pending: if this push fails (or the process dies first), the janitor
   // pushes them instead.
-  std::vector<RequestRef> refs;
-  for (const Requeued& r : requeued) refs.push_back({r.batch_id, r.idx});
-  if (Status pushed = enqueue(*redis_, options_.model, refs); !pushed.is_ok()) {
-    log::warn("lease.requeue_push_failed", {{"requests", static_cast<int>(refs.size())}, {"error", pushed}});
-  } else if (Status marked = pg_.run("mark pushed", [&](pqxx::connection& pg) { return mark_pushed(pg, requeued); });
-             !marked.is_ok()) {
-    log::warn("lease.mark_pushed_failed", {{"error", marked}});  // pushed once more by the janitor
+  if (Status pushed = push_requeued(*redis_, pg_, options_.model, requeued); !pushed.is_ok()) {
+    log::warn("lease.requeue_push_failed", {{"requests", static_cast<int>(requeued.size())}, {"error", pushed}});
   }
   return ack_and_delete(*redis_, options_.model, entry_ids(leases));
 }

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <map>
+#include <set>
 
 #include "base/clock.h"
 #include "base/hash.h"
@@ -295,7 +296,11 @@ std::optional<std::string> finish_batch_if_done(pqxx::work& tx, const std::strin
   return status;
 }
 
-void write_request_events(pqxx::work& tx, const pqxx::result& rows, const std::vector<std::string>& batch_ids) {
+void write_request_events(pqxx::work& tx, const pqxx::result& rows) {
+  std::set<std::string> batch_ids;
+  for (const auto& row : rows) {
+    if (row[2].as<std::string>() != "queued") batch_ids.insert(row[0].as<std::string>());
+  }
   if (batch_ids.empty()) return;
   std::map<std::string, std::string> account_of;
   for (const auto& row : tx.exec_params(

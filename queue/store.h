@@ -139,9 +139,9 @@ struct ListQuery {
 std::optional<std::string> finish_batch_if_done(pqxx::work& tx, const std::string& batch_id);
 
 // request.completed events for the ended requests among `rows` (batch id, idx, status, prompt,
-// completion and cached tokens, custom_id; rows still queued are skipped) of those of `batch_ids`
-// that asked for them.
-void write_request_events(pqxx::work& tx, const pqxx::result& rows, const std::vector<std::string>& batch_ids);
+// completion and cached tokens, custom_id; rows still queued are skipped) whose batches asked
+// for them.
+void write_request_events(pqxx::work& tx, const pqxx::result& rows);
 
 // A request put back in the queue (status queued, push_pending set; migrations/0005) at `attempt`.
 struct Requeued {

@@ -29,6 +29,17 @@ Status enqueue(RedisClient& redis, const std::string& model, const std::vector<R
   return Status::ok();
 }
 
+Status push_requeued(RedisClient& redis, PgSession& pg, const std::string& model,
+                     const std::vector<Requeued>& requeued) {
+  if (requeued.empty()) return Status::ok();
+  std::vector<RequestRef> refs;
+  refs.reserve(requeued.size());
+  for (const Requeued& r : requeued) refs.push_back({r.batch_id, r.idx});
+  HR_RETURN_IF_ERROR(ensure_group(redis, model));
+  HR_RETURN_IF_ERROR(enqueue(redis, model, refs));
+  return pg.run("mark pushed", [&](pqxx::connection& conn) { return mark_pushed(conn, requeued); });
+}
+
 Status ack_and_delete(RedisClient& redis, const std::string& model,
                       const std::vector<std::string>& entry_ids) {
   if (entry_ids.empty()) return Status::ok();

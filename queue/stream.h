@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "base/status.h"
+#include "queue/pg.h"
 #include "queue/redis.h"
+#include "queue/store.h"
 
 namespace hr::queue {
 
@@ -26,6 +28,10 @@ struct RequestRef {
 // Appends one entry per request, in one round trip.
 [[nodiscard]] Status enqueue(RedisClient& redis, const std::string& model,
                              const std::vector<RequestRef>& refs);
+// Pushes requests put back in the queue to `model`'s stream (creating it if Redis lost it), then
+// clears their push_pending (store.h); until then the janitor would push them again.
+[[nodiscard]] Status push_requeued(RedisClient& redis, PgSession& pg, const std::string& model,
+                                   const std::vector<Requeued>& requeued);
 // Acknowledges and deletes entries (after their outcome is committed in Postgres).
 [[nodiscard]] Status ack_and_delete(RedisClient& redis, const std::string& model,
                                     const std::vector<std::string>& entry_ids);
