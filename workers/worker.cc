@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <future>
 #include <unordered_map>
+#include <utility>
 
 #include "api/errors.h"
 #include "base/clock.h"
@@ -139,13 +140,18 @@ struct Worker::SyncJob {
 
 namespace {
 
-// Counts one sync request in `active` for as long as it lives.
+// Holds one of the worker's sync slots (one count in `active`) for as long as it lives; adopts a
+// slot that Worker::take_sync_slot() has already counted.
 class ActiveSync {
  public:
-  explicit ActiveSync(std::atomic<int>& active) : active_(&active) { ++*active_; }
-  ~ActiveSync() { --*active_; }
+  explicit ActiveSync(std::atomic<int>& active) : active_(&active) {}
+  ~ActiveSync() {
+    if (active_) --*active_;
+  }
+  ActiveSync(ActiveSync&& other) noexcept : active_(std::exchange(other.active_, nullptr)) {}
   ActiveSync(const ActiveSync&) = delete;
   ActiveSync& operator=(const ActiveSync&) = delete;
+  ActiveSync& operator=(ActiveSync&&) = delete;
 
  private:
   std::atomic<int>* active_;
@@ -153,8 +159,8 @@ class ActiveSync {
 
 class WorkerStream final : public api::SyncStream {
  public:
-  WorkerStream(std::shared_ptr<Worker::SyncJob> job, std::atomic<int>& active)
-      : job_(std::move(job)), active_(active) {}
+  WorkerStream(std::shared_ptr<Worker::SyncJob> job, ActiveSync active)
+      : job_(std::move(job)), active_(std::move(active)) {}
   // Dropped before the end (the client left): the step loop cancels the request.
   ~WorkerStream() override { job_->abandoned = true; }
   bool next(std::string* delta) override {
@@ -255,12 +261,18 @@ std::function<void(const engine::TokenEvent&)> timed(
 
 }  // namespace
 
-Status Worker::admit(bool reject_if_busy) const {
+Status Worker::take_sync_slot(bool reject_if_busy) {
   if (stopping_ || draining_) return Status(StatusCode::kResourceExhausted, "Out of capacity: the worker is stopping");
-  // Async sequences give way to sync ones, so only sync requests can fill the worker.
-  if (reject_if_busy && sync_active_.load() >= config_.max_num_seqs) {
-    return Status(StatusCode::kResourceExhausted, "Out of capacity");
+  if (!reject_if_busy) {
+    ++sync_active_;
+    return Status::ok();
   }
+  // Async sequences give way to sync ones, so only sync requests can fill the worker. The check
+  // and the count are one step: concurrent callers cannot all see the last free slot.
+  int active = sync_active_.load();
+  do {
+    if (active >= config_.max_num_seqs) return Status(StatusCode::kResourceExhausted, "Out of capacity");
+  } while (!sync_active_.compare_exchange_weak(active, active + 1));
   return Status::ok();
 }
 
@@ -278,13 +290,14 @@ WorkerLoad Worker::load() const {
 
 Result<std::unique_ptr<api::SyncStream>> Worker::start_stream(const json& request,
                                                               const api::SyncCall& call) {
-  HR_RETURN_IF_ERROR(admit(call.reject_if_busy));
+  HR_RETURN_IF_ERROR(take_sync_slot(call.reject_if_busy));
+  ActiveSync active(sync_active_);
   HR_ASSIGN_OR_RETURN(auto gen, to_generation(request, *model_, engine::RequestClass::kSync));
   auto job = std::make_shared<SyncJob>();
   job->request = std::move(gen);
   job->streaming = true;
   HR_RETURN_IF_ERROR(hand_to_step_loop(job));
-  return std::unique_ptr<api::SyncStream>(new WorkerStream(job, sync_active_));
+  return std::unique_ptr<api::SyncStream>(new WorkerStream(job, std::move(active)));
 }
 
 Status Worker::hand_to_step_loop(const std::shared_ptr<SyncJob>& job) {
@@ -309,7 +322,7 @@ void Worker::fail_job(SyncJob& job, const Status& st) {
 }
 
 Result<api::SyncAnswer> Worker::run(const json& request, const api::SyncCall& call) {
-  HR_RETURN_IF_ERROR(admit(call.reject_if_busy));
+  HR_RETURN_IF_ERROR(take_sync_slot(call.reject_if_busy));
   ActiveSync active(sync_active_);
   HR_ASSIGN_OR_RETURN(auto gen, to_generation(request, *model_, engine::RequestClass::kSync));
   auto job = std::make_shared<SyncJob>();

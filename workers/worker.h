@@ -100,8 +100,10 @@ class Worker final : public api::SyncInference {
   static void fail_job(SyncJob& job, const Status& st);
   // Queues a sync job for the step loop; kResourceExhausted once the loop has ended.
   Status hand_to_step_loop(const std::shared_ptr<SyncJob>& job);
-  // kResourceExhausted when stopping, or (with reject_if_busy) when sync requests fill every slot.
-  Status admit(bool reject_if_busy) const;
+  // Counts one more sync request in sync_active_ (the caller's ActiveSync gives it back).
+  // kResourceExhausted, counting nothing, when stopping, or (with reject_if_busy) when sync
+  // requests fill every slot.
+  Status take_sync_slot(bool reject_if_busy);
   std::mutex inbox_mu_;
   std::vector<std::shared_ptr<SyncJob>> inbox_;  // guarded by inbox_mu_
   std::condition_variable inbox_cv_;             // signalled when inbox_ gains a job

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -39,10 +40,11 @@ struct DispatcherThread {
   }
 };
 
-// A worker on the bundled model; on `backend` when one is given.
+// A worker on the bundled model; on `backend` when one is given; `tweak` changes its config.
 std::unique_ptr<Worker> make_worker(testing::ApiHarness& h, const std::string& name,
                                     double max_utilization = 1.0, int drain_seconds = 5,
-                                    std::shared_ptr<engine::Backend> backend = nullptr) {
+                                    std::shared_ptr<engine::Backend> backend = nullptr,
+                                    const std::function<void(WorkerConfig&)>& tweak = nullptr) {
   WorkerConfig wc;
   wc.max_utilization = max_utilization;
   wc.model_dir = kModelDir;
@@ -50,6 +52,7 @@ std::unique_ptr<Worker> make_worker(testing::ApiHarness& h, const std::string& n
   wc.worker_name = name;
   wc.lease_seconds = 10;
   wc.drain_seconds = drain_seconds;
+  if (tweak) tweak(wc);
   queue::StoreConfig sc;
   sc.database_url = h.database_url();
   sc.redis_url = h.redis_url();
@@ -419,6 +422,50 @@ std::string submit_under_way(testing::ApiHarness& h, const Worker& w, int n, int
 // An engine that keeps failing: the worker ends what it held (async requests back to the queue as
 // retryable failures, sync calls answered with an error rather than left waiting), stops, and
 // says so once; a healthy worker then finishes the whole batch correctly.
+// rejectIfBusy: of many sync requests arriving at once, the worker takes as many as it has slots
+// and refuses the rest at once; none of them waits in the engine for a slot.
+TEST(WorkerE2eTest, RejectIfBusyAdmitsNoMoreThanTheWorkerHasSlotsFor) {
+  testing::ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  constexpr int kSlots = 2;
+  constexpr int kCallers = 16;
+  auto w = make_worker(h, "w", 1.0, 5, nullptr, [](WorkerConfig& c) { c.max_num_seqs = kSlots; });
+  ASSERT_TRUE(w);
+  ASSERT_TRUE(w->start().is_ok());
+  const json request = {{"messages", {{{"role", "user"}, {"content", "reverse: busy"}}}},
+                        {"max_tokens", 200}};
+  api::SyncCall call;
+  call.model = h.model();
+  call.reject_if_busy = true;
+  for (int round = 0; round < 50; ++round) {
+    std::vector<std::unique_ptr<api::SyncStream>> streams(kCallers);
+    std::vector<Status> refused(kCallers);
+    std::atomic<int> ready{0};
+    std::vector<std::thread> callers;
+    for (int i = 0; i < kCallers; ++i) {
+      callers.emplace_back([&, i] {
+        ++ready;
+        while (ready.load() < kCallers) std::this_thread::yield();
+        auto s = w->start_stream(request, call);
+        if (s.is_ok()) streams[i] = std::move(s).value(); else refused[i] = s.status();
+      });
+    }
+    for (auto& t : callers) t.join();
+    int admitted = 0;
+    for (int i = 0; i < kCallers; ++i) {
+      if (streams[i]) {
+        ++admitted;
+      } else {
+        EXPECT_EQ(refused[i].code(), StatusCode::kResourceExhausted) << refused[i].to_string();
+      }
+    }
+    ASSERT_EQ(admitted, kSlots) << "round " << round;
+    EXPECT_EQ(w->load().sync_load, kSlots);
+    streams.clear();  // the clients leave: their slots are free at once
+    EXPECT_EQ(w->load().sync_load, 0);
+  }
+}
+
 TEST(WorkerE2eTest, AWorkerWhoseEngineKeepsFailingHandsItsWorkBackAndStops) {
   testing::ApiHarness h;
   ASSERT_TRUE(h.ok());
