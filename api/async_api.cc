@@ -4,7 +4,9 @@
 #include <pqxx/pqxx>
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <unordered_set>
 
 #include "api/errors.h"
@@ -128,7 +130,7 @@ HttpServerOptions ApiConfig::server_options() const {
   o.is_upload = [](http::verb method, std::string_view target) {
     return method == http::verb::post && target.substr(0, target.find('?')) == "/v1/files";
   };
-  o.too_large_body = [](std::string_view target, const Status& st) {
+  o.error_body_for = [](std::string_view target, const Status& st) {
     return is_openai_path(target.substr(0, target.find('?'))) ? openai_error_body(st).dump()
                                                               : error_body(st).dump();
   };
@@ -294,6 +296,39 @@ json response_of(const queue::RequestResult& r) {
   return j;
 }
 
+// A check that callers without a key may ask for (/readyz, /metrics) and that needs the database:
+// one caller at a time runs it, and those who arrive meanwhile take its answer, so that however
+// many callers there are, the check holds at most one pooled connection.
+template <typename T>
+class SharedCheck {
+ public:
+  template <typename Fn>
+  T run(Fn&& check) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (running_) {
+      const uint64_t seen = finished_;
+      cv_.wait(lock, [&] { return finished_ != seen; });
+      return last_;
+    }
+    running_ = true;
+    lock.unlock();
+    T result = check();
+    lock.lock();
+    last_ = result;
+    running_ = false;
+    ++finished_;
+    cv_.notify_all();
+    return result;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool running_ = false;  // guarded by mu_
+  uint64_t finished_ = 0;  // guarded by mu_: checks run to their end
+  T last_{};               // guarded by mu_: the answer of the last one
+};
+
 }  // namespace
 
 struct AsyncApi::Impl {
@@ -316,8 +351,10 @@ struct AsyncApi::Impl {
   // Database connections shared by the handler threads: a thread borrows one on its first query
   // and gives it back when its request is answered, or before it waits on an inference.
   std::unique_ptr<queue::PgPool> pool;
-  std::mutex readyz_mu;
-  std::unique_ptr<queue::RedisClient> readyz_redis;  // guarded by readyz_mu
+  SharedCheck<HttpResponse> ready_check;        // /readyz
+  SharedCheck<Status> queue_depth_check;         // the database part of /metrics
+  std::mutex probe_db_mu;  // the two checks above borrow one database connection at a time
+  std::unique_ptr<queue::RedisClient> readyz_redis;  // used inside ready_check only
   Result<pqxx::connection*> conn() { return pool->connection(); }
 
   // Runs a read on this thread's connection; if the connection turns out to be broken (e.g. the
@@ -514,6 +551,29 @@ Reply AsyncApi::handle_streaming(const HttpRequest& req) {
   return reply;
 }
 
+HttpServerOptions AsyncApi::server_options() const {
+  HttpServerOptions o = impl_->config.server_options();
+  o.check_header = [impl = impl_.get()](const HttpRequest& header) -> std::optional<HttpResponse> {
+    std::string_view target(header.target().data(), header.target().size());
+    std::string_view path = target.substr(0, target.find('?'));
+    if (path == "/healthz" || path == "/readyz" || path == "/metrics") return std::nullopt;
+    Result<std::string> account = [&] {
+      GiveBack done{impl->pool.get()};
+      return impl->authenticate(header);
+    }();
+    // Only a key known to be bad is refused here; the handler answers a database outage.
+    if (account.is_ok() || account.status().code() != StatusCode::kUnauthenticated) return std::nullopt;
+    HttpResponse res = shaped_error(account.status(), is_openai_path(path) ? ErrorShape::kOpenAi
+                                                                             : ErrorShape::kWorkersAi);
+    metrics::counter("headroom_http_requests_total", "HTTP requests answered, by route and status",
+                     "route=\"" + route_of(path) + "\",code=\"" + std::to_string(res.result_int()) +
+                         "\"")
+        .add();
+    return res;
+  };
+  return o;
+}
+
 Reply AsyncApi::route_streaming(const HttpRequest& req) {
   std::string_view target(req.target().data(), req.target().size());
   size_t qpos = target.find('?');
@@ -541,10 +601,11 @@ HttpResponse AsyncApi::Impl::metrics_page() {
   const char* kPoolHelp = "Postgres connections of the API's handlers: lent to a request, or open and idle";
   metrics::gauge("headroom_api_db_connections", kPoolHelp, "state=\"lent\"").set(lent);
   metrics::gauge("headroom_api_db_connections", kPoolHelp, "state=\"idle\"").set(open - lent);
-  Result<pqxx::connection*> c = conn();
-  Status st = c.status();
-  if (st.is_ok()) {
-    st = queue::pg_guard("queue depth", [&]() -> Status {
+  Status st = queue_depth_check.run([&] {
+    std::lock_guard<std::mutex> one_at_a_time(probe_db_mu);
+    Result<pqxx::connection*> c = conn();
+    if (!c.is_ok()) return c.status();
+    Status read = queue::pg_guard("queue depth", [&]() -> Status {
       pqxx::nontransaction tx(**c);
       for (const auto& row : tx.exec(
                "SELECT model, sum(num_total - num_completed - num_failed - num_cancelled - "
@@ -556,7 +617,9 @@ HttpResponse AsyncApi::Impl::metrics_page() {
       }
       return Status::ok();
     });
-  }
+    pool->release();
+    return read;
+  });
   metrics::gauge("headroom_metrics_database_up", "Whether the queue depth could be read")
       .set(st.is_ok() ? 1 : 0);
   HttpResponse res = json_response(200, metrics::render());
@@ -565,23 +628,24 @@ HttpResponse AsyncApi::Impl::metrics_page() {
 }
 
 HttpResponse AsyncApi::Impl::readyz() {
-  json checks = json::object();
-  bool ok = true;
-  Result<pqxx::connection*> c = conn();
-  Status pg = c.status();
-  if (pg.is_ok()) {
-    pg = queue::pg_guard("ping", [&]() -> Status {
-      pqxx::nontransaction(**c).exec("SELECT 1");
-      return Status::ok();
-    });
-  }
-  checks["postgres"] = pg.is_ok() ? "ok" : pg.message();
-  ok = ok && pg.is_ok();
-  Status rs = Status::ok();
-  {
-    // One Redis connection for every probe (the handler threads are many), reconnected by the
-    // client after a failure.
-    std::lock_guard<std::mutex> lock(readyz_mu);
+  return ready_check.run([this] {
+    json checks = json::object();
+    Status pg;
+    {
+      std::lock_guard<std::mutex> one_at_a_time(probe_db_mu);
+      Result<pqxx::connection*> c = conn();
+      pg = c.status();
+      if (pg.is_ok()) {
+        pg = queue::pg_guard("ping", [&]() -> Status {
+          pqxx::nontransaction(**c).exec("SELECT 1");
+          return Status::ok();
+        });
+      }
+      if (pg.is_ok()) pool->release(); else pool->drop();
+    }
+    checks["postgres"] = pg.is_ok() ? "ok" : pg.message();
+    // One Redis connection for every probe, reconnected by the client after a failure.
+    Status rs = Status::ok();
     if (!readyz_redis) {
       auto r = queue::RedisClient::connect(store.redis_url, 1000);
       if (r.is_ok()) readyz_redis = std::move(r).value(); else rs = r.status();
@@ -591,10 +655,10 @@ HttpResponse AsyncApi::Impl::readyz() {
       if (!pong.is_ok()) pong = readyz_redis->command({"PING"});  // stale (Redis restarted): reconnects
       if (!pong.is_ok()) rs = pong.status();
     }
-  }
-  checks["redis"] = rs.is_ok() ? "ok" : rs.message();
-  ok = ok && rs.is_ok();
-  return json_response(ok ? 200 : 503, json{{"ready", ok}, {"checks", checks}}.dump());
+    checks["redis"] = rs.is_ok() ? "ok" : rs.message();
+    const bool ok = pg.is_ok() && rs.is_ok();
+    return json_response(ok ? 200 : 503, json{{"ready", ok}, {"checks", checks}}.dump());
+  });
 }
 
 HttpResponse AsyncApi::Impl::handle(const HttpRequest& req, BodyStream* stream) {

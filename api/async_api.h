@@ -63,6 +63,9 @@ class AsyncApi {
   HttpResponse handle(const HttpRequest& req);
   // handle(), plus streamed answers (server-sent events) for `stream: true`.
   Reply handle_streaming(const HttpRequest& req);
+  // The config's server options, plus a check of each request's API key before its body is read
+  // (a request without a valid key is answered 401 unread). The server must not outlive this.
+  HttpServerOptions server_options() const;
   // Where sync requests run (the in-process worker in `serve`); none: sync calls answer 429.
   void set_sync_inference(SyncInference* sync);
 

@@ -4,6 +4,7 @@
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/write.hpp>
@@ -19,7 +20,9 @@
 #include <vector>
 
 #include "api/errors.h"
+#include "base/clock.h"
 #include "base/log.h"
+#include "base/metrics.h"
 
 namespace hr::api {
 
@@ -42,20 +45,28 @@ HttpResponse json_response(unsigned status, const std::string& body, unsigned ve
 struct HttpServer::Impl {
   HttpServerOptions options;
   StreamingHandler handler;
+  // Before the io_context: sessions its destruction frees still count themselves out.
+  std::atomic<int> in_flight{0};  // requests read in full and not yet answered
+  std::atomic<int> connections{0};
+  std::atomic<bool> stopping{false};
   asio::io_context ioc;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   // On its own strand: accepting and closing (at stop) never run at the same time.
   tcp::acceptor acceptor{asio::make_strand(ioc)};
+  asio::steady_timer accept_retry{acceptor.get_executor()};  // on the acceptor's strand
+  int64_t last_accept_warning_ns = 0;                       // on the acceptor's strand
   asio::thread_pool pool;
   std::vector<std::thread> threads;
-  std::atomic<int> in_flight{0};
-  std::atomic<bool> stopping{false};
 
   Impl(HttpServerOptions o, StreamingHandler h)
       : options(std::move(o)), handler(std::move(h)),
         pool(static_cast<size_t>(options.handler_threads)) {}
 
   void do_accept();
+  // The body of one of the server's own refusals to a request for `target`.
+  std::string refusal_body(std::string_view target, const Status& st) const {
+    return options.error_body_for ? options.error_body_for(target, st) : error_body(st).dump();
+  }
 };
 
 namespace {
@@ -75,10 +86,27 @@ class ClientScope {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket&& socket, HttpServer::Impl* server)
-      : stream_(std::move(socket)), server_(server) {}
+      : stream_(std::move(socket)), server_(server) {
+    ++server_->connections;
+  }
+  ~Session() {
+    settle();
+    --server_->connections;
+  }
 
   void start() {
-    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->do_read(); });
+    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+      if (self->server_->connections.load() > self->server_->options.max_connections) {
+        metrics::counter("headroom_http_connections_refused_total",
+                         "Connections answered 503 because max_connections were open")
+            .add();
+        Status st = unavailable("too many connections; try again shortly");
+        HttpResponse res = json_response(503, self->server_->refusal_body("", st), 11, false);
+        res.set(http::field::retry_after, "1");
+        return self->write(std::move(res));
+      }
+      self->do_read();
+    });
   }
 
  private:
@@ -113,6 +141,28 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     parser_->body_limit(limit_);  // for chunked bodies, counted as they arrive
     if (upload) stream_.expires_after(std::chrono::seconds(o.upload_read_timeout_s));
+    if (!o.check_header || parser_->is_done()) return expect_body();
+    // The check may block (a key looked up in the database): it runs on the handler pool while
+    // nothing else touches this session.
+    asio::post(server_->pool, [self = shared_from_this()] {
+      std::optional<HttpResponse> early;
+      try {
+        early = self->server_->options.check_header(self->parser_->get());
+      } catch (const std::exception& e) {
+        log::error("http.check_header_exception", {{"error", e.what()}});
+        early = json_response(500, error_body(internal_error("internal error")).dump());
+      }
+      asio::post(self->stream_.get_executor(), [self, early = std::move(early)]() mutable {
+        if (!early) return self->expect_body();
+        early->version(self->parser_->get().version());
+        early->keep_alive(false);  // the body is never read
+        self->write(std::move(*early));
+      });
+    });
+  }
+
+  // Reads the body, first telling a client that waits for it (Expect: 100-continue) to send it.
+  void expect_body() {
     const auto& header = parser_->get();
     auto expect = header.find(http::field::expect);
     if (expect != header.end() && beast::iequals(expect->value(), "100-continue")) {
@@ -142,16 +192,22 @@ class Session : public std::enable_shared_from_this<Session> {
               "body");
     const auto& header = parser_->get();
     std::string_view target(header.target().data(), header.target().size());
-    std::string body = server_->options.too_large_body ? server_->options.too_large_body(target, st)
-                                                       : error_body(st).dump();
-    write(json_response(413, body, 11, false));
+    write(json_response(413, server_->refusal_body(target, st), 11, false));
   }
 
   void on_read(beast::error_code ec) {
     if (ec == http::error::body_limit) return too_large(limit_);
     if (ec) return close();
     HttpRequest req = parser_->release();
+    // Counted before `stopping` is read, and stop() sets `stopping` before it reads the count:
+    // either stop() waits for this request, or the request sees the server stopping.
+    counted_ = true;
     ++server_->in_flight;
+    if (server_->stopping) {
+      std::string_view target(req.target().data(), req.target().size());
+      Status st = unavailable("the server is shutting down; send the request again");
+      return write(json_response(503, server_->refusal_body(target, st), req.version(), false));
+    }
     asio::post(server_->pool, [self = shared_from_this(), req = std::move(req)]() mutable {
       Reply reply;
       try {
@@ -174,10 +230,8 @@ class Session : public std::enable_shared_from_this<Session> {
         });
         return;
       }
-      asio::post(self->stream_.get_executor(), [self, res = std::move(res)]() mutable {
-        self->write(std::move(res));
-        --self->server_->in_flight;
-      });
+      asio::post(self->stream_.get_executor(),
+                 [self, res = std::move(res)]() mutable { self->write(std::move(res)); });
     });
   }
 
@@ -252,7 +306,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void end_stream(bool keep_alive) {
-    --server_->in_flight;
+    settle();
     if (keep_alive && !server_->stopping) return do_read();
     close();
   }
@@ -261,9 +315,18 @@ class Session : public std::enable_shared_from_this<Session> {
     auto sp = std::make_shared<HttpResponse>(std::move(res));
     stream_.expires_after(std::chrono::seconds(server_->options.write_timeout_s));
     http::async_write(stream_, *sp, [self = shared_from_this(), sp](beast::error_code ec, size_t) {
+      self->settle();  // answered: stop() need not wait for it any longer
       if (ec || !sp->keep_alive()) return self->close();
       self->do_read();
     });
+  }
+
+  // The request being answered is no longer in flight.
+  void settle() {
+    if (counted_) {
+      counted_ = false;
+      --server_->in_flight;
+    }
   }
 
   void close() {
@@ -274,7 +337,8 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
-  size_t limit_ = 0;  // the body limit of the request being read
+  size_t limit_ = 0;      // the body limit of the request being read
+  bool counted_ = false;  // a request of this session is counted in server_->in_flight
   HttpServer::Impl* server_;
 };
 
@@ -282,11 +346,20 @@ class Session : public std::enable_shared_from_this<Session> {
 
 void HttpServer::Impl::do_accept() {
   acceptor.async_accept(asio::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    if (!acceptor.is_open()) return;
     if (ec) {
-      if (!acceptor.is_open()) return;
-    } else {
-      std::make_shared<Session>(std::move(socket), this)->start();
+      // Out of file descriptors or memory: the connection stays queued, so accepting again at
+      // once would fail again at once, in a loop. Wait a moment instead.
+      int64_t now = steady_now_ns();
+      if (now - last_accept_warning_ns > 10'000'000'000) {
+        last_accept_warning_ns = now;
+        log::warn("http.accept_failed", {{"error", ec.message()}});
+      }
+      accept_retry.expires_after(std::chrono::milliseconds(options.accept_retry_ms));
+      accept_retry.async_wait([this](beast::error_code) { do_accept(); });
+      return;
     }
+    std::make_shared<Session>(std::move(socket), this)->start();
     do_accept();
   });
 }
@@ -330,11 +403,10 @@ void HttpServer::stop() {
     impl_->acceptor.close(ec);
   });
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(impl_->options.drain_timeout_s);
+  // A request counts until its answer is written, so none is cut off here unless it overran.
   while (impl_->in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  // Let the last responses reach their sockets.
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   impl_->work.reset();
   impl_->ioc.stop();
   for (auto& t : impl_->threads) t.join();

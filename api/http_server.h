@@ -52,11 +52,22 @@ struct HttpServerOptions {
   std::function<bool(boost::beast::http::verb, std::string_view target)> is_upload;
   size_t upload_limit_bytes = 0;
   int upload_read_timeout_s = 600;
-  // The JSON body of the 413 answer to a request over its limit (default: error_body()).
-  std::function<std::string(std::string_view target, const Status&)> too_large_body;
+  // The JSON body of the server's own refusals (413 for a body over its limit, 503 while
+  // stopping or full), by the request's target (default: error_body()).
+  std::function<std::string(std::string_view target, const Status&)> error_body_for;
+  // Run on a handler thread after the header of a request that carries a body, before that body
+  // is read: an answer here (a 401 for a missing or unknown key, say) goes out at once and the
+  // connection closes unread, so that nobody without a key can make the server read a large body.
+  // The request passed has its header only. Unset, or nullopt: the body is read.
+  std::function<std::optional<HttpResponse>(const HttpRequest& header)> check_header;
   int read_timeout_s = 30;
   int write_timeout_s = 30;
   int drain_timeout_s = 30;
+  // Connections open at once; a connection beyond them is answered 503 and closed unread.
+  int max_connections = 4096;
+  // After a failed accept (out of file descriptors, say), the acceptor waits this long before
+  // trying again rather than spinning on the connection it cannot take.
+  int accept_retry_ms = 50;
 };
 
 class HttpServer {
@@ -68,7 +79,9 @@ class HttpServer {
   // Binds and starts serving. kUnavailable when the address cannot be bound.
   [[nodiscard]] Status start();
   uint16_t port() const { return bound_port_; }
-  // Stops accepting, waits (up to drain_timeout_s) for in-flight requests, then stops.
+  // Stops accepting, waits (up to drain_timeout_s) for in-flight requests to be answered, then
+  // stops. A request read in full after stop() began gets 503 without reaching the handler, so
+  // nothing is done for a client that is never told.
   void stop();
 
   struct Impl;  // implementation detail, public only so sessions can reach it

@@ -88,7 +88,7 @@ int run_api(const api::ApiConfig& config, const queue::StoreConfig& store) {
   ro.internal_token = config.internal_token;
   api::WorkerRouter router(ro);
   async_api.set_sync_inference(&router);
-  api::HttpServer server(config.server_options(),
+  api::HttpServer server(async_api.server_options(),
                          api::StreamingHandler([&](const api::HttpRequest& r) {
                            return async_api.handle_streaming(r);
                          }));
@@ -249,7 +249,7 @@ int run_serve(const ServeConfig& config) {
   api_config.models = {config.worker.model_name + ":" + std::to_string((*worker)->context_length())};
   api::AsyncApi async_api(api_config, config.store);
   async_api.set_sync_inference(worker->get());
-  api::HttpServer server(api_config.server_options(),
+  api::HttpServer server(async_api.server_options(),
                          api::StreamingHandler([&](const api::HttpRequest& r) {
                            return async_api.handle_streaming(r);
                          }));

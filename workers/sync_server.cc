@@ -81,6 +81,8 @@ Status SyncServer::start() {
                                                    : std::max(64, worker_.config().max_num_seqs + 8);
   // Answers are bounded by max_tokens; a stream may be quiet while the engine is busy.
   o.write_timeout_s = 300;
+  // The server's own refusals (a body too large, shutting down) in the shape the router reads.
+  o.error_body_for = [](std::string_view, const Status& st) { return error_json(st).dump(); };
   server_ = std::make_unique<api::HttpServer>(
       o, api::StreamingHandler([this](const api::HttpRequest& r) { return handle(r); }));
   return server_->start();

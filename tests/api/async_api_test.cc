@@ -4,9 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+
 #include "queue/dispatcher.h"
 #include "queue/lease.h"
 #include "tests/testing/api_harness.h"
+#include "tests/testing/http_client.h"
 
 namespace hr::api {
 namespace {
@@ -26,6 +30,33 @@ TEST(AsyncApiTest, HealthNeedsNoKey) {
   EXPECT_EQ(ready.status, 200) << ready.body;
   EXPECT_EQ(ready.json()["checks"]["postgres"], "ok");
   EXPECT_EQ(ready.json()["checks"]["redis"], "ok");
+}
+
+// /readyz and /metrics answer anyone: however many ask at once, they hold at most one of the API's
+// database connections between them.
+TEST(AsyncApiTest, ProbesWithoutAKeyShareOneDatabaseConnection) {
+  ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  const std::string connections =
+      "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+      "AND pid <> pg_backend_pid()";
+  ASSERT_EQ(testing::http_call("GET", h.port(), "/readyz").status, 200);
+  const int64_t before = h.scalar(connections);
+  std::vector<std::thread> probes;
+  std::atomic<int> answered{0};
+  for (int t = 0; t < 12; ++t) {
+    probes.emplace_back([&, t] {
+      for (int i = 0; i < 20; ++i) {
+        auto r = testing::http_call("GET", h.port(), t % 2 ? "/readyz" : "/metrics");
+        answered += r.status == 200 ? 1 : 0;
+      }
+    });
+  }
+  for (auto& t : probes) t.join();
+  EXPECT_EQ(answered.load(), 240);
+  EXPECT_EQ(h.scalar(connections), before);
+  auto m = testing::http_call("GET", h.port(), "/metrics");
+  EXPECT_NE(m.body.find("headroom_metrics_database_up 1"), std::string::npos) << m.body;
 }
 
 TEST(AsyncApiTest, SubmitPollListCancelRoundTrip) {
@@ -263,6 +294,36 @@ TEST(AsyncApiTest, HostileBodiesAreRefusedNamingTheField) {
   EXPECT_EQ(bad_path.json()["errors"][0]["field"], "model");
   EXPECT_EQ(h.scalar("SELECT count(*) FROM batches"), 0);
   EXPECT_EQ(h.get("/v1/models", h.key_a()).status, 200);  // still serving
+}
+
+// Without a valid key the API answers 401 from the header alone: it never reads (or waits for) the
+// body, however large its Content-Length (within the limits), on upload routes too. Keyed requests are unaffected.
+TEST(AsyncApiTest, RequestsWithoutAValidKeyAreRefusedBeforeTheirBodyIsRead) {
+  ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  struct Case {
+    std::string target;
+    std::string auth;  // the Authorization header line, or none
+    std::string field;  // where the error names the field
+  };
+  const std::string run = "/ai/run/" + h.model() + "?queueRequest=true";
+  for (const Case& c : std::vector<Case>{
+           {run, "", "/errors/0/field"},
+           {run, "Authorization: Bearer hr_not_a_key\r\n", "/errors/0/field"},
+           {"/v1/files", "", "/error/param"},
+           {"/v1/chat/completions", "Authorization: Basic eDp5\r\n", "/error/param"}}) {
+    SCOPED_TRACE(c.target + " " + c.auth);
+    testing::RawConnection conn(h.port());
+    conn.send("POST " + c.target + " HTTP/1.1\r\nHost: x\r\n" + c.auth +
+              "Content-Length: 9000000\r\n\r\n");
+    std::string answer = conn.receive();  // the server closes without waiting for the body
+    ASSERT_EQ(answer.rfind("HTTP/1.1 401", 0), 0u) << answer;
+    json body = json::parse(answer.substr(answer.find("\r\n\r\n") + 4), nullptr, false);
+    EXPECT_EQ(body.value(json::json_pointer(c.field), json()), "Authorization") << answer;
+  }
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM batches"), 0);
+  // With a key, the body is read and the batch queued.
+  EXPECT_FALSE(h.submit(json::array({reversal("a")}), h.key_a()).empty());
 }
 
 TEST(AsyncApiTest, IdsAreScopedToTheirAccount) {

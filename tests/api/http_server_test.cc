@@ -9,8 +9,17 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <memory>
+#include <optional>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/testing/http_client.h"
 
@@ -49,23 +58,14 @@ TEST(HttpServerTest, StopFinishesInFlightRequestsThenRefusesNewOnes) {
   EXPECT_EQ(testing::http_call("GET", port, "/fast").status, 0);  // no longer accepting
 }
 
+using testing::RawConnection;
+
 // Sends `request` on a raw connection and returns what comes back until the server closes it or
 // `until` appears.
 std::string raw_exchange(int port, const std::string& request, const std::string& until = "") {
-  namespace asio = boost::asio;
-  asio::io_context ioc;
-  asio::ip::tcp::socket socket(ioc);
-  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
-  asio::write(socket, asio::buffer(request));
-  std::string got;
-  char buf[4096];
-  for (;;) {
-    boost::system::error_code ec;
-    size_t n = socket.read_some(asio::buffer(buf), ec);
-    got.append(buf, n);
-    if (ec || (!until.empty() && got.find(until) != std::string::npos)) break;
-  }
-  return got;
+  RawConnection c(port);
+  c.send(request);
+  return c.receive(until);
 }
 
 TEST(HttpServerTest, UploadRoutesTakeLargerBodiesChosenFromTheHeader) {
@@ -76,7 +76,7 @@ TEST(HttpServerTest, UploadRoutesTakeLargerBodiesChosenFromTheHeader) {
   o.is_upload = [](http::verb m, std::string_view target) {
     return m == http::verb::post && target == "/upload";
   };
-  o.too_large_body = [](std::string_view target, const Status& st) {
+  o.error_body_for = [](std::string_view target, const Status& st) {
     return nlohmann::json{{"target", target}, {"message", st.message()}}.dump();
   };
   HttpServer server(o, [](const HttpRequest& req) {
@@ -167,6 +167,142 @@ TEST(HttpServerTest, HandlersSeeTheirClientHangUp) {
   EXPECT_TRUE(connected_at_first);
   EXPECT_EQ(seen.load(), 1);
   server.stop();
+}
+
+// A request whose body arrives only after stop() began is answered 503 and never handled: its
+// client would not hear of the work otherwise. The request in flight still finishes.
+TEST(HttpServerTest, ARequestReadAfterStopBeganGets503AndIsNotHandled) {
+  std::atomic<int> handled{0};
+  HttpServerOptions o;
+  o.port = 0;
+  HttpServer server(o, [&](const HttpRequest& req) {
+    ++handled;
+    if (req.target() == "/slow") std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    return json_response(200, "{\"ok\":true}");
+  });
+  ASSERT_TRUE(server.start().is_ok());
+  int port = server.port();
+  RawConnection late(port);
+  late.send("POST /late HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n");  // body to come
+  testing::HttpResult slow;
+  std::thread client([&] { slow = testing::http_call("GET", port, "/slow"); });
+  while (handled.load() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::thread stopper([&] { server.stop(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  late.send("hello");
+  std::string answer = late.receive();
+  stopper.join();
+  client.join();
+  EXPECT_EQ(answer.rfind("HTTP/1.1 503", 0), 0u) << answer;
+  EXPECT_NE(answer.find("shutting down"), std::string::npos) << answer;
+  EXPECT_EQ(slow.status, 200);
+  EXPECT_EQ(handled.load(), 1);
+}
+
+// Beyond max_connections a connection is answered 503 at once; once one closes, there is room.
+TEST(HttpServerTest, ConnectionsBeyondTheCapAreRefusedWith503) {
+  HttpServerOptions o;
+  o.port = 0;
+  o.max_connections = 2;
+  HttpServer server(o, [&](const HttpRequest&) { return json_response(200, "{}"); });
+  ASSERT_TRUE(server.start().is_ok());
+  int port = server.port();
+  auto first = std::make_unique<RawConnection>(port);
+  RawConnection second(port);
+  RawConnection third(port);
+  std::string refused = third.receive();
+  EXPECT_EQ(refused.rfind("HTTP/1.1 503", 0), 0u) << refused;
+  EXPECT_NE(refused.find("Retry-After: 1"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("too many connections"), std::string::npos) << refused;
+  first.reset();  // the server sees it close and frees its place
+  int status = 0;
+  for (int i = 0; i < 100 && status != 200; ++i) {
+    status = testing::http_call("GET", port, "/").status;
+    if (status != 200) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(status, 200);
+}
+
+// check_header answers from the header alone: a refused request's body is never read, and one it
+// lets through is handled whole. Requests without a body are not checked.
+TEST(HttpServerTest, CheckHeaderAnswersBeforeTheBodyIsRead) {
+  std::atomic<int> checked{0}, handled{0};
+  HttpServerOptions o;
+  o.port = 0;
+  o.body_limit_bytes = 4 << 20;
+  o.check_header = [&](const HttpRequest& h) -> std::optional<HttpResponse> {
+    ++checked;
+    EXPECT_TRUE(h.body().empty());
+    if (h.find(http::field::authorization) == h.end()) return json_response(401, "{\"who\":null}");
+    return std::nullopt;
+  };
+  HttpServer server(o, [&](const HttpRequest& req) {
+    ++handled;
+    return json_response(200, nlohmann::json{{"bytes", req.body().size()}}.dump());
+  });
+  ASSERT_TRUE(server.start().is_ok());
+  int port = server.port();
+  // Refused from the header, though its 3 MB body never comes.
+  RawConnection anon(port);
+  anon.send("POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 3000000\r\n\r\n");
+  std::string refused = anon.receive();
+  EXPECT_EQ(refused.rfind("HTTP/1.1 401", 0), 0u) << refused;
+  EXPECT_NE(refused.find("Connection: close"), std::string::npos) << refused;
+  auto ok = testing::http_call("POST", port, "/up", std::string(3000, 'x'),
+                               {{"Authorization", "Bearer k"}});
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(ok.json()["bytes"], 3000);
+  EXPECT_EQ(testing::http_call("GET", port, "/plain").status, 200);
+  EXPECT_EQ(checked.load(), 2);
+  EXPECT_EQ(handled.load(), 2);
+}
+
+// Out of file descriptors, the acceptor waits between tries instead of spinning on the connection
+// it cannot take, and serves again once descriptors are free.
+TEST(HttpServerTest, AcceptingWithoutFileDescriptorsWaitsInsteadOfSpinning) {
+  HttpServerOptions o;
+  o.port = 0;
+  o.io_threads = 1;
+  HttpServer server(o, [&](const HttpRequest&) { return json_response(200, "{}"); });
+  ASSERT_TRUE(server.start().is_ok());
+  int port = server.port();
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  // The lowest free descriptor number is the count in use (near enough): allow none more.
+  int probe = ::dup(0);
+  ASSERT_GE(probe, 0);
+  ::close(probe);
+  rlimit tight = old;
+  tight.rlim_cur = static_cast<rlim_t>(probe) + 1;  // the client's own socket, and no more
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
+  int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(client, 0);
+  timeval five_s{5, 0};
+  setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &five_s, sizeof five_s);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);  // queued
+  rusage before{}, after{};
+  getrusage(RUSAGE_SELF, &before);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  getrusage(RUSAGE_SELF, &after);
+  auto cpu_ms = [](const rusage& r) {
+    return (r.ru_utime.tv_sec + r.ru_stime.tv_sec) * 1000.0 +
+           (r.ru_utime.tv_usec + r.ru_stime.tv_usec) / 1000.0;
+  };
+  double spent = cpu_ms(after) - cpu_ms(before);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  EXPECT_LT(spent, 300.0) << "the acceptor spun for " << spent << " ms of CPU in 1 s";
+  // With descriptors free again, the queued connection is taken and answered.
+  std::string req = "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  ASSERT_EQ(::send(client, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+  char buf[256];
+  ssize_t n = ::recv(client, buf, sizeof buf, 0);
+  ::close(client);
+  ASSERT_GT(n, 12);
+  EXPECT_EQ(std::string(buf, 12), "HTTP/1.1 200");
 }
 
 }  // namespace

@@ -67,7 +67,7 @@ void ApiHarness::init() {
   store.redis_url = redis_url_;
   api_ = std::make_unique<api::AsyncApi>(config_, store);
   server_ = std::make_unique<api::HttpServer>(
-      config_.server_options(),
+      api_->server_options(),
       api::StreamingHandler([this](const api::HttpRequest& r) { return api_->handle_streaming(r); }));
   Status st = server_->start();
   if (!st.is_ok()) {

@@ -3,6 +3,7 @@
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
@@ -46,6 +47,33 @@ HttpResult http_call(const std::string& method, int port, const std::string& tar
     out.body = e.what();
   }
   return out;
+}
+
+struct RawConnection::Impl {
+  boost::asio::io_context ioc;
+  tcp::socket socket{ioc};
+};
+
+RawConnection::RawConnection(int port) : impl_(std::make_unique<Impl>()) {
+  impl_->socket.connect(tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"),
+                                      static_cast<unsigned short>(port)));
+}
+
+RawConnection::~RawConnection() = default;
+
+void RawConnection::send(const std::string& bytes) {
+  boost::asio::write(impl_->socket, boost::asio::buffer(bytes));
+}
+
+std::string RawConnection::receive(const std::string& until) {
+  std::string got;
+  char buf[4096];
+  for (;;) {
+    boost::system::error_code ec;
+    size_t n = impl_->socket.read_some(boost::asio::buffer(buf), ec);
+    got.append(buf, n);
+    if (ec || (!until.empty() && got.find(until) != std::string::npos)) return got;
+  }
 }
 
 }  // namespace hr::testing

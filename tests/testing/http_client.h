@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <map>
+#include <memory>
 #include <string>
 
 namespace hr::testing {
@@ -18,5 +19,20 @@ struct HttpResult {
 HttpResult http_call(const std::string& method, int port, const std::string& target,
                      const std::string& body = "",
                      const std::map<std::string, std::string>& headers = {});
+
+// A raw TCP connection to 127.0.0.1:port, for requests a well-behaved client would not send (a
+// header whose body never comes, say). Throws when it cannot connect.
+class RawConnection {
+ public:
+  explicit RawConnection(int port);
+  ~RawConnection();
+  void send(const std::string& bytes);
+  // What arrives until the server closes the connection or `until` appears.
+  std::string receive(const std::string& until = "");
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace hr::testing
