@@ -10,6 +10,10 @@
 
 namespace hr::queue {
 
+// Failed attempts (an error worth retrying, or a lease that expired) before a request ends failed.
+// Workers and the dispatcher's janitor count the same attempts and must agree on the limit.
+inline constexpr int kDefaultMaxAttempts = 5;
+
 struct StoreConfig {
   std::string database_url = "postgresql://headroom@127.0.0.1:5432/headroom";
   std::string redis_url = "redis://127.0.0.1:6379/0";

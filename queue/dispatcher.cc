@@ -20,6 +20,14 @@ Result<std::unique_ptr<Dispatcher>> Dispatcher::create(const std::string& databa
                                                        DispatcherOptions options) {
   HR_RETURN_IF_ERROR(pg_connect(database_url).status());  // fail fast when unreachable
   HR_ASSIGN_OR_RETURN(auto redis, RedisClient::connect(redis_url));
+  // A Redis that may evict keys can evict a stream: that is noticed (resync_if_redis_lost) and
+  // costs a resend of everything queued. Managed services may refuse CONFIG; then say nothing.
+  auto policy = redis->command({"CONFIG", "GET", "maxmemory-policy"});
+  if (policy.is_ok() && policy->elements.size() == 2 && policy->elements[1].str != "noeviction") {
+    log::warn("dispatcher.redis_may_evict",
+              {{"maxmemory_policy", policy->elements[1].str},
+               {"advice", "set maxmemory-policy noeviction: an evicted stream is resent whole"}});
+  }
   return std::unique_ptr<Dispatcher>(
       new Dispatcher(database_url, std::move(redis), std::move(options)));
 }
@@ -29,37 +37,106 @@ Dispatcher::Dispatcher(std::string database_url, std::unique_ptr<RedisClient> re
     : database_url_(database_url), pg_(std::move(database_url)), redis_(std::move(redis)),
       options_(std::move(options)) {}
 
+namespace {
+
+// The advisory lock that gives one dispatcher a batch to relay: (kRelayLockSpace, hashtext(id)).
+// Two batches whose ids hash alike merely take turns.
+constexpr int kRelayLockSpace = 0x4852;  // "HR"
+
+// The Redis instance the database last saw (see resync_if_redis_lost); "" before the first.
+std::string observed_redis(pqxx::transaction_base& tx, bool lock) {
+  pqxx::result r = tx.exec(std::string("SELECT value FROM redis_state WHERE key = 'observed'") +
+                           (lock ? " FOR SHARE" : ""));
+  return r.empty() ? std::string() : r[0][0].as<std::string>();
+}
+
+}  // namespace
+
+// The relay holds no row lock while it talks to Redis: workers update their batches' rows with
+// every result, and a slow Redis must not stall them. Instead:
+//  - a session-level advisory lock per batch keeps two dispatchers from relaying one batch;
+//  - the cursor moves only if no resync happened during the pushes (a resync rewinds every
+//    cursor, since what was pushed may be lost): the Redis instance recorded in the database is
+//    read before the pushes and again, under FOR SHARE, with the cursor's update. Resync takes it
+//    FOR UPDATE, so the two serialise.
+// A push whose cursor did not move is pushed again later; a duplicate entry is harmless (a claim
+// takes only queued requests).
 Result<int> Dispatcher::relay_once() {
   int relayed = 0;
   Status st = pg_.run("relay", [&](pqxx::connection& pg) -> Status {
-    pqxx::work tx(pg);
-    pqxx::result batches = tx.exec(
-        "SELECT id::text, model, num_dispatched, num_total FROM batches "
-        "WHERE num_dispatched < num_total AND status IN ('queued', 'running') "
-        "ORDER BY id LIMIT 8 FOR UPDATE SKIP LOCKED");
-    for (const auto& b : batches) {
-      std::string id = b[0].as<std::string>();
-      std::string model = b[1].as<std::string>();
-      int from = b[2].as<int>();
-      int total = b[3].as<int>();
-      pqxx::result rows = tx.exec_params(
-          "SELECT idx FROM requests WHERE batch_id = $1::uuid AND idx >= $2 "
-          "AND status = 'queued' ORDER BY idx LIMIT $3",
-          id, from, options_.relay_chunk);
-      std::vector<RequestRef> refs;
-      refs.reserve(rows.size());
-      for (const auto& r : rows) refs.push_back({id, r[0].as<int>()});
-      if (!refs.empty()) {
-        Status s = ensure_group(*redis_, model);
-        if (s.is_ok()) s = enqueue(*redis_, model, refs);
-        if (!s.is_ok()) return s;  // the transaction rolls back; the cursor stays
+    struct Due {
+      std::string id;
+      std::string model;
+    };
+    std::vector<Due> due;
+    {
+      pqxx::nontransaction tx(pg);
+      for (const auto& b : tx.exec("SELECT id::text, model FROM batches "
+                                   "WHERE num_dispatched < num_total AND status IN ('queued', 'running') "
+                                   "ORDER BY id LIMIT 32")) {
+        due.push_back({b[0].as<std::string>(), b[1].as<std::string>()});
       }
-      int cursor = static_cast<int>(rows.size()) < options_.relay_chunk ? total
-                                                                         : refs.back().idx + 1;
-      tx.exec_params("UPDATE batches SET num_dispatched = $2 WHERE id = $1::uuid", id, cursor);
+    }
+    int taken = 0;
+    for (const Due& d : due) {
+      if (taken == 8) break;
+      {
+        pqxx::nontransaction tx(pg);
+        if (!tx.exec_params1("SELECT pg_try_advisory_lock($1, hashtext($2))", kRelayLockSpace, d.id)[0]
+                 .as<bool>()) {
+          continue;  // another dispatcher is relaying it
+        }
+      }
+      ++taken;
+      // Unlocked on every way out; if the connection broke, the lock went with it.
+      struct Unlock {
+        pqxx::connection& pg;
+        const std::string& id;
+        ~Unlock() {
+          try {
+            pqxx::nontransaction tx(pg);
+            tx.exec_params("SELECT pg_advisory_unlock($1, hashtext($2))", kRelayLockSpace, id);
+          } catch (const std::exception&) {
+          }
+        }
+      } unlock{pg, d.id};
+      std::string observed;
+      int from = 0, total = 0;
+      std::vector<RequestRef> refs;
+      {
+        pqxx::read_transaction tx(pg);
+        observed = observed_redis(tx, false);
+        pqxx::result b = tx.exec_params(
+            "SELECT num_dispatched, num_total FROM batches WHERE id = $1::uuid "
+            "AND num_dispatched < num_total AND status IN ('queued', 'running')",
+            d.id);
+        if (b.empty()) continue;  // relayed meanwhile, or ended
+        from = b[0][0].as<int>();
+        total = b[0][1].as<int>();
+        pqxx::result rows = tx.exec_params(
+            "SELECT idx FROM requests WHERE batch_id = $1::uuid AND idx >= $2 "
+            "AND status = 'queued' ORDER BY idx LIMIT $3",
+            d.id, from, options_.relay_chunk);
+        refs.reserve(rows.size());
+        for (const auto& r : rows) refs.push_back({d.id, r[0].as<int>()});
+      }
+      if (!refs.empty()) {
+        Status s = ensure_group(*redis_, d.model);
+        if (s.is_ok()) s = enqueue(*redis_, d.model, refs);
+        if (!s.is_ok()) return s;  // the cursor stays; pushed again next time
+      }
+      const int cursor = static_cast<int>(refs.size()) < options_.relay_chunk ? total
+                                                                               : refs.back().idx + 1;
+      pqxx::work tx(pg);
+      if (observed_redis(tx, true) != observed) {
+        log::warn("dispatcher.relay_raced_resync", {{"batch", d.id}});
+        continue;  // the resync rewound the cursor: leave it there
+      }
+      tx.exec_params("UPDATE batches SET num_dispatched = $2 WHERE id = $1::uuid AND num_dispatched = $3",
+                     d.id, cursor, from);
+      tx.commit();
       relayed += static_cast<int>(refs.size());
     }
-    tx.commit();
     return Status::ok();
   });
   if (!st.is_ok()) return st;
@@ -198,16 +275,30 @@ Result<int> Dispatcher::expire_deadlines() {
   return expired;
 }
 
+namespace {
+
+// The value of `field` in INFO's text ("field:value\r\n"); "" when absent.
+std::string info_field(const std::string& info, const std::string& field) {
+  size_t p = info.find(field + ":");
+  if (p == std::string::npos) return "";
+  p += field.size() + 1;
+  return info.substr(p, info.find_first_of("\r\n", p) - p);
+}
+
+}  // namespace
+
+// What Redis held may be gone when its run id changes (a restart), when the epoch marker is gone
+// (a flush, or a restart that kept the run id) or when it evicted a key since (maxmemory with an
+// eviction policy: the key may have been a stream). Any of these rewinds every cursor.
 Result<bool> Dispatcher::resync_if_redis_lost() {
-  HR_ASSIGN_OR_RETURN(RedisReply info, redis_->command({"INFO", "server"}));
-  std::string run_id;
-  size_t p = info.str.find("run_id:");
-  if (p != std::string::npos) run_id = info.str.substr(p + 7, 40);
+  HR_ASSIGN_OR_RETURN(RedisReply server, redis_->command({"INFO", "server"}));
+  HR_ASSIGN_OR_RETURN(RedisReply stats, redis_->command({"INFO", "stats"}));
   HR_ASSIGN_OR_RETURN(RedisReply set, redis_->command({"SET", "hr:epoch",
                                                        new_uuid_v4().to_string(), "NX"}));
   (void)set;
   HR_ASSIGN_OR_RETURN(RedisReply epoch, redis_->command({"GET", "hr:epoch"}));
-  std::string observed = run_id + "/" + epoch.str;
+  std::string observed = info_field(server.str, "run_id") + "/" + epoch.str + "/" +
+                         info_field(stats.str, "evicted_keys");
   bool resynced = false;
   int rewound = 0;
   Status st = pg_.run("resync", [&](pqxx::connection& pg) -> Status {
@@ -286,7 +377,7 @@ Result<int> Dispatcher::reclaim_idle_entries() {
 Result<int> Dispatcher::finalize_openai_batches() {
   int finalized = 0;
   Status st = pg_.run("finalize", [&](pqxx::connection& pg) -> Status {
-    HR_ASSIGN_OR_RETURN(finalized, queue::finalize_openai_batches(pg, 20));
+    HR_ASSIGN_OR_RETURN(finalized, queue::finalize_openai_batches(pg, 20, &finalize_cursor_));
     return Status::ok();
   });
   if (!st.is_ok()) return st;

@@ -1,7 +1,8 @@
 // The dispatcher's duties, each one safe to run in several processes at once:
 //  - relay: pushes committed, not yet dispatched requests from Postgres into the per-model Redis
-//    streams, advancing a per-batch cursor (a crash between XADD and COMMIT only duplicates
-//    entries, and duplicates are dropped when a worker fails to lease them);
+//    streams, advancing a per-batch cursor (a crash between XADD and the cursor's update only
+//    duplicates entries, and duplicates are dropped when a worker fails to lease them); it holds
+//    no row lock while it talks to Redis (see relay_once);
 //  - janitor: re-queues requests whose lease expired (or fails them after max attempts), expires
 //    requests of batches past their deadline, and reclaims stream entries stuck in a dead
 //    consumer's pending list;
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "queue/config.h"
 #include "queue/pg.h"
 #include "queue/redis.h"
 #include "queue/store.h"
@@ -28,7 +30,7 @@ namespace hr::queue {
 struct DispatcherOptions {
   std::string name = "dispatcher";  // consumer name used when reclaiming entries
   int relay_chunk = 5000;           // requests pushed per batch per pass
-  int max_attempts = 5;             // expired leases before a request ends failed
+  int max_attempts = kDefaultMaxAttempts;  // failed attempts before a request ends failed
   int reclaim_idle_ms = 60000;      // pending entries idle this long are reclaimed
   int tick_ms = 500;                // janitor period in run()
 };
@@ -78,6 +80,7 @@ class Dispatcher {
   PgSession pg_;
   std::unique_ptr<RedisClient> redis_;
   DispatcherOptions options_;
+  std::string finalize_cursor_;  // the last OpenAI batch finalize_openai_batches() looked at
 };
 
 }  // namespace hr::queue

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "queue/config.h"
 #include "queue/pg.h"
 #include "queue/redis.h"
 #include "queue/stream.h"
@@ -23,7 +24,7 @@ struct LeaseOptions {
   std::string model;
   std::string owner;         // worker identity, also the Redis consumer name
   int lease_ms = 30000;
-  int max_attempts = 3;      // a request that fails (or loses its lease) this often ends failed
+  int max_attempts = kDefaultMaxAttempts;  // a request that fails this often ends failed
 };
 
 struct Lease {

@@ -261,19 +261,23 @@ Result<bool> finalize_openai_batch(pqxx::connection& conn, const std::string& ba
   return done;
 }
 
-Result<int> finalize_openai_batches(pqxx::connection& conn, int max) {
+Result<int> finalize_openai_batches(pqxx::connection& conn, int max, std::string* cursor) {
   std::vector<std::string> due;
   Status st = pg_guard("finalize sweep", [&]() -> Status {
     pqxx::nontransaction tx(conn);
+    std::optional<std::string> after;
+    if (!cursor->empty()) after = *cursor;
     for (const auto& row : tx.exec_params(
              "SELECT id::text FROM batches WHERE api_shape = 'openai' AND finished_at IS NOT NULL "
-             "AND finalized_at IS NULL ORDER BY id LIMIT $1",
-             max)) {
+             "AND finalized_at IS NULL AND ($1::uuid IS NULL OR id > $1::uuid) ORDER BY id LIMIT $2",
+             after, max)) {
       due.push_back(row[0].as<std::string>());
     }
     return Status::ok();
   });
   if (!st.is_ok()) return st;
+  // A short page reached the last batch: the next call starts again from the first.
+  *cursor = static_cast<int>(due.size()) < max ? std::string() : due.back();
   int n = 0;
   for (const std::string& id : due) {
     Result<bool> done = finalize_openai_batch(conn, id);

@@ -90,7 +90,12 @@ enum class ResultFilter { kSucceeded, kUnsucceeded };
 [[nodiscard]] Result<bool> finalize_openai_batch(pqxx::connection& conn,
                                                  const std::string& batch_id);
 
-// Finalizes up to `max` finished OpenAI batches; returns how many this call finalized.
-[[nodiscard]] Result<int> finalize_openai_batches(pqxx::connection& conn, int max);
+// Finalizes up to `max` finished OpenAI batches, taken in id order after `*cursor` (empty: from
+// the first); returns how many this call finalized. Moves `*cursor` past the batches it looked at,
+// and back to empty once it reaches the last, so that repeated calls visit every batch in turn:
+// batches that cannot be finalized yet (locked by another process, or failing) never keep the rest
+// waiting.
+[[nodiscard]] Result<int> finalize_openai_batches(pqxx::connection& conn, int max,
+                                                  std::string* cursor);
 
 }  // namespace hr::queue

@@ -115,7 +115,8 @@ int main(int argc, char** argv) {
   hr::cli::add(*dispatcher_cmd, "--dispatcher-name", dispatcher.name,
                "Name used when reclaiming stream entries");
   hr::cli::add(*dispatcher_cmd, "--max-attempts", dispatcher.max_attempts,
-               "Expired leases before a request ends failed");
+               "Failed attempts (errors worth retrying, expired leases) before a request ends "
+               "failed; give the workers the same");
   hr::cli::add(*dispatcher_cmd, "--reclaim-idle-ms", dispatcher.reclaim_idle_ms,
                "Pending stream entries idle this long are reclaimed");
   hr::api::WebhookOptions dispatcher_webhooks;
@@ -163,6 +164,7 @@ int main(int argc, char** argv) {
         !validate(serve.worker.validate()) || !validate(serve.webhooks.validate())) {
       return 2;
     }
+    serve.dispatcher.max_attempts = serve.worker.max_attempts;  // one limit for both
     return hr::workers::run_serve(serve);
   }
   if (api_cmd->parsed()) {

@@ -128,7 +128,8 @@ void QueueIo::loop() {
   while (true) {
     if (!leases) {
       lock.unlock();
-      queue::LeaseOptions lo{config_.model_name, config_.worker_name, config_.lease_seconds * 1000, 3};
+      queue::LeaseOptions lo{config_.model_name, config_.worker_name, config_.lease_seconds * 1000,
+                             config_.max_attempts};
       auto c = queue::LeaseClient::create(store_.database_url, store_.redis_url, lo);
       lock.lock();
       if (!c.is_ok()) {

@@ -11,6 +11,9 @@ void WorkerConfig::bind(CLI::App& app) {
   cli::add(app, "--name", model_name, "Model name clients use (e.g. @hr/tiny-reverse)");
   cli::add(app, "--worker-name", worker_name, "Worker identity in leases (default host:pid)");
   cli::add(app, "--lease-seconds", lease_seconds, "Lease length for async requests");
+  cli::add(app, "--max-attempts", max_attempts,
+           "Failed attempts (errors worth retrying, expired leases) before a request ends failed; "
+           "give the dispatcher the same");
   cli::add(app, "--heartbeat-ms", heartbeat_ms, "Registration heartbeat period");
   cli::add(app, "--reserve-slots", reserve_slots, "Sequence slots kept free for sync bursts");
   cli::add(app, "--max-utilization", max_utilization,
@@ -53,6 +56,7 @@ Status WorkerConfig::validate() const {
   if (model_dir.empty()) return invalid_argument("--model must name a folder", "model");
   if (model_name.empty()) return invalid_argument("--name must not be empty", "name");
   if (lease_seconds < 2) return invalid_argument("--lease-seconds must be at least 2", "lease-seconds");
+  if (max_attempts < 1) return invalid_argument("--max-attempts must be at least 1", "max-attempts");
   if (heartbeat_ms < 50) return invalid_argument("--heartbeat-ms must be at least 50", "heartbeat-ms");
   if (reserve_slots < 0) return invalid_argument("--reserve-slots must be >= 0", "reserve-slots");
   if (max_utilization <= 0 || max_utilization > 1) {

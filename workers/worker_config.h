@@ -8,6 +8,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "queue/config.h"
 
 namespace hr::workers {
 
@@ -16,6 +17,7 @@ struct WorkerConfig {
   std::string model_name = "@hr/tiny-reverse";    // the name clients use
   std::string worker_name;                        // default: host:pid
   int lease_seconds = 30;
+  int max_attempts = queue::kDefaultMaxAttempts;  // failed attempts before a request ends failed
   int heartbeat_ms = 1000;
   int reserve_slots = 2;             // sequence slots always kept free for sync bursts
   double max_utilization = 1.0;      // stop pulling above this busy fraction (1: never)

@@ -4,10 +4,12 @@
 // running, and the completion window. A test consumer stands in for the workers.
 #include <gtest/gtest.h>
 
+#include <pqxx/pqxx>
 #include <thread>
 
 #include "queue/dispatcher.h"
 #include "queue/lease.h"
+#include "queue/openai_batches.h"
 #include "queue/redis.h"
 #include "queue/stream.h"
 #include "api/webhook_dispatcher.h"
@@ -548,6 +550,42 @@ TEST(OpenAiBatchTest, CancelWhileRunningKeepsFinishedResults) {
   EXPECT_EQ(idle_done["status"], "cancelled");
   EXPECT_TRUE(idle_done["output_file_id"].is_null());
   EXPECT_EQ(file_lines(h, idle_done["error_file_id"]).size(), 3u);
+}
+
+// Finished batches that cannot be finalized yet (here: locked by another dispatcher finalizing
+// them) do not keep later ones waiting, however many of them come first.
+TEST(OpenAiBatchTest, BatchesThatCannotBeFinalizedYetDoNotHoldUpTheRest) {
+  ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  for (int i = 0; i < 3; ++i) {
+    std::string id = create(h, h.key_a(), upload_ok(h, reversal_file(h, 1))).json()["id"];
+    ASSERT_EQ(h.post("/v1/batches/" + id + "/cancel", "", h.key_a()).status, 200);
+  }
+  const std::string unfinalized =
+      "SELECT count(*) FROM batches WHERE api_shape = 'openai' AND finished_at IS NOT NULL "
+      "AND finalized_at IS NULL";
+  ASSERT_EQ(h.scalar(unfinalized), 3);
+  pqxx::connection locker(h.database_url());
+  pqxx::work hold(locker);
+  hold.exec("SELECT id FROM batches WHERE api_shape = 'openai' ORDER BY id LIMIT 2 FOR UPDATE");
+  pqxx::connection conn(h.database_url());
+  std::string cursor;
+  int finalized = 0;
+  for (int i = 0; i < 2; ++i) {  // two sweeps of two: the locked pair, then the third
+    auto n = queue::finalize_openai_batches(conn, 2, &cursor);
+    ASSERT_TRUE(n.is_ok()) << n.status().to_string();
+    finalized += *n;
+  }
+  EXPECT_EQ(finalized, 1);
+  EXPECT_EQ(h.scalar(unfinalized), 2);
+  hold.abort();
+  for (int i = 0; i < 2; ++i) {
+    auto n = queue::finalize_openai_batches(conn, 2, &cursor);
+    ASSERT_TRUE(n.is_ok()) << n.status().to_string();
+    finalized += *n;
+  }
+  EXPECT_EQ(finalized, 3);
+  EXPECT_EQ(h.scalar(unfinalized), 0);
 }
 
 TEST(OpenAiBatchTest, CompletionWindowExpiresUnfinishedRequests) {

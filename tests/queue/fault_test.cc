@@ -1,10 +1,13 @@
-// Fault tests on a private Postgres and Redis: Redis flushed or restarted empty mid-batch, and
-// Postgres restarted under the API. Nothing acknowledged may be lost.
+// Fault tests on a private Postgres and Redis: Redis flushed, restarted empty or evicting the stream
+// mid-batch, Redis paused under the relay, and Postgres restarted under the API. Nothing
+// acknowledged may be lost.
 #include <gtest/gtest.h>
 #include <pqxx/pqxx>
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
+#include <memory>
 #include <thread>
 
 #include "base/ids.h"
@@ -13,6 +16,7 @@
 #include "queue/migrate.h"
 #include "queue/redis.h"
 #include "queue/store.h"
+#include "queue/stream.h"
 #include "tests/testing/api_harness.h"
 #include "tests/testing/stack.h"
 
@@ -35,7 +39,32 @@ int complete_all(LeaseClient& c, Dispatcher& d, int limit) {
   return done;
 }
 
-void run_redis_loss(bool restart) {
+enum class RedisLoss { kFlush, kRestart, kEvictStream };
+
+// Makes Redis evict the model's stream under memory pressure (only keys with a TTL may go, and the
+// stream is given one), leaving every other key, hr:epoch included.
+void evict_stream(const std::string& redis_url, const std::string& model) {
+  auto r = RedisClient::connect(redis_url, 5000);
+  ASSERT_TRUE(r.is_ok());
+  RedisClient& redis = **r;
+  const std::string key = stream_key(model);
+  ASSERT_EQ(redis.command({"EXISTS", key})->integer, 1);
+  ASSERT_TRUE(redis.command({"EXPIRE", key, "100000"}).is_ok());
+  ASSERT_TRUE(redis.command({"CONFIG", "SET", "maxmemory-policy", "volatile-lru"}).is_ok());
+  std::string memory = redis.command({"INFO", "memory"})->str;
+  size_t p = memory.find("used_memory:") + 12;
+  int64_t used = std::stoll(memory.substr(p, memory.find('\r', p) - p));
+  ASSERT_TRUE(redis.command({"CONFIG", "SET", "maxmemory", std::to_string(used + (2 << 20))}).is_ok());
+  const std::string filler(64 << 10, 'x');
+  for (int i = 0; i < 2000 && redis.command({"EXISTS", key})->integer == 1; ++i) {
+    (void)redis.command({"SET", "filler:" + std::to_string(i), filler, "EX", "100000"});
+  }
+  EXPECT_EQ(redis.command({"EXISTS", key})->integer, 0) << "the stream was not evicted";
+  EXPECT_EQ(redis.command({"EXISTS", "hr:epoch"})->integer, 1);
+  ASSERT_TRUE(redis.command({"CONFIG", "SET", "maxmemory", "0"}).is_ok());
+}
+
+void run_redis_loss(RedisLoss loss) {
   hr::testing::PrivateStack stack;
   ASSERT_TRUE(stack.ok());
   ASSERT_TRUE(migrate(stack.database_url(), bundled_migrations()).is_ok());
@@ -51,7 +80,17 @@ void run_redis_loss(bool restart) {
   auto c = LeaseClient::create(stack.database_url(), stack.redis_url(),
                                {"@test/flush", "w", 30000, 3}).value();
   EXPECT_EQ(complete_all(*c, *d, 50), 50);
-  ASSERT_TRUE(restart ? stack.restart_redis_empty() : stack.flush_redis());
+  switch (loss) {
+    case RedisLoss::kFlush:
+      ASSERT_TRUE(stack.flush_redis());
+      break;
+    case RedisLoss::kRestart:
+      ASSERT_TRUE(stack.restart_redis_empty());
+      break;
+    case RedisLoss::kEvictStream:
+      evict_stream(stack.redis_url(), "@test/flush");
+      break;
+  }
   // The stream and its group are gone; the dispatcher notices and re-sends what is queued.
   EXPECT_EQ(complete_all(*c, *d, 150), 150);
   auto info = get_batch(conn, account, batch).value();
@@ -61,9 +100,114 @@ void run_redis_loss(bool restart) {
   EXPECT_EQ(tx.exec1("SELECT count(*) FROM requests WHERE status = 'completed'")[0].as<int>(), 200);
 }
 
-TEST(FaultTest, RedisFlushedMidBatchStillCompletesEverything) { run_redis_loss(false); }
+TEST(FaultTest, RedisFlushedMidBatchStillCompletesEverything) { run_redis_loss(RedisLoss::kFlush); }
 
-TEST(FaultTest, RedisRestartedEmptyMidBatchStillCompletesEverything) { run_redis_loss(true); }
+TEST(FaultTest, RedisRestartedEmptyMidBatchStillCompletesEverything) {
+  run_redis_loss(RedisLoss::kRestart);
+}
+
+// A Redis that evicts keys under maxmemory may evict a stream while its epoch marker stays.
+TEST(FaultTest, AStreamEvictedMidBatchStillCompletesEverything) {
+  run_redis_loss(RedisLoss::kEvictStream);
+}
+
+// A private stack with a migrated database, an account and a batch of `n` requests for `model`.
+struct StackWithBatch {
+  hr::testing::PrivateStack stack;
+  std::unique_ptr<pqxx::connection> conn;
+  std::string account;
+  std::string model = "@test/relay";
+  std::string submit(int n) {
+    NewBatch b;
+    b.account_id = account;
+    b.model = model;
+    for (int i = 0; i < n; ++i) b.requests.push_back({std::nullopt, "{}"});
+    return submit_batch(*conn, b).value().batch_id;
+  }
+  int64_t scalar(const std::string& sql) {
+    pqxx::nontransaction tx(*conn);
+    return tx.exec1(sql)[0].as<int64_t>();
+  }
+  bool ok() {
+    if (!stack.ok() || !migrate(stack.database_url(), bundled_migrations()).is_ok()) return false;
+    conn = std::make_unique<pqxx::connection>(stack.database_url());
+    account = create_api_key(*conn, "acct").value().account_id;
+    return true;
+  }
+};
+
+// Runs d.relay_once() while Redis takes no writes for `pause_ms`; `meanwhile` runs `after_ms` in,
+// while the relay waits on Redis.
+Result<int> relay_while_redis_paused(Dispatcher& d, const std::string& redis_url, int pause_ms,
+                                     int after_ms, const std::function<void()>& meanwhile) {
+  auto redis = RedisClient::connect(redis_url, 5000);
+  if (!redis.is_ok()) return redis.status();
+  auto paused = (*redis)->command({"CLIENT", "PAUSE", std::to_string(pause_ms), "WRITE"});
+  if (!paused.is_ok()) return paused.status();
+  Result<int> relayed = 0;
+  std::thread relay([&] { relayed = d.relay_once(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(after_ms));
+  meanwhile();
+  relay.join();
+  return relayed;
+}
+
+// While the relay waits on Redis, it holds no lock on the batch's row, so workers' result writes
+// to it go on; once Redis answers, the relay finishes and moves its cursor.
+TEST(FaultTest, TheRelayLocksNoBatchRowWhileItWaitsOnRedis) {
+  StackWithBatch s;
+  ASSERT_TRUE(s.ok());
+  std::string batch = s.submit(20);
+  auto d = Dispatcher::create(s.stack.database_url(), s.stack.redis_url(), {}).value();
+  ASSERT_TRUE(d->tick().is_ok());  // relays the 20 (and records the Redis instance)
+  std::string second = s.submit(20);
+  auto relayed = relay_while_redis_paused(*d, s.stack.redis_url(), 1500, 300, [&] {
+    pqxx::connection other(s.stack.database_url());
+    pqxx::work tx(other);
+    tx.exec("SET LOCAL lock_timeout = '300ms'");
+    // A worker's result write to each batch, while the relay is inside its pushes.
+    for (const std::string& id : {batch, second}) {
+      EXPECT_NO_THROW(tx.exec_params(
+          "UPDATE batches SET num_completed = num_completed WHERE id = $1::uuid", id))
+          << id;
+    }
+    tx.commit();
+  });
+  ASSERT_TRUE(relayed.is_ok()) << relayed.status().to_string();
+  EXPECT_EQ(*relayed, 20);
+  EXPECT_EQ(s.scalar("SELECT sum(num_dispatched) FROM batches"), 40);
+  auto c = LeaseClient::create(s.stack.database_url(), s.stack.redis_url(), {s.model, "w", 30000})
+               .value();
+  auto leases = c->pull(100, 1000);
+  ASSERT_TRUE(leases.is_ok());
+  EXPECT_EQ(leases->size(), 40u);
+}
+
+// A resync (Redis lost: every cursor rewound) that commits while the relay is pushing keeps the
+// relay from moving the cursor past requests that may have gone with the lost Redis.
+TEST(FaultTest, ARelayThatRacedAResyncLeavesTheCursorRewound) {
+  StackWithBatch s;
+  ASSERT_TRUE(s.ok());
+  s.submit(20);
+  auto d = Dispatcher::create(s.stack.database_url(), s.stack.redis_url(), {}).value();
+  ASSERT_TRUE(d->resync_if_redis_lost().is_ok());  // records the Redis instance
+  auto relayed = relay_while_redis_paused(*d, s.stack.redis_url(), 800, 200, [&] {
+    // What another dispatcher's resync commits on finding Redis replaced.
+    pqxx::connection other(s.stack.database_url());
+    pqxx::work tx(other);
+    tx.exec("UPDATE redis_state SET value = 'another-instance' WHERE key = 'observed'");
+    tx.exec("UPDATE batches SET num_dispatched = 0 WHERE finished_at IS NULL");
+    tx.commit();
+  });
+  ASSERT_TRUE(relayed.is_ok()) << relayed.status().to_string();
+  EXPECT_EQ(*relayed, 0);
+  EXPECT_EQ(s.scalar("SELECT num_dispatched FROM batches"), 0);
+  // The next pass pushes the batch again, and this time the cursor moves.
+  auto again = d->relay_once();
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_EQ(*again, 20);
+  EXPECT_EQ(s.scalar("SELECT num_dispatched FROM batches"), 20);
+}
 
 TEST(FaultTest, PostgresRestartAnswers503AndLosesNothingAcknowledged) {
   hr::testing::PrivateStack stack;
