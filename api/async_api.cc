@@ -298,12 +298,13 @@ json response_of(const queue::RequestResult& r) {
 
 // A check that callers without a key may ask for (/readyz, /metrics) and that needs the database:
 // one caller at a time runs it, and those who arrive meanwhile take its answer, so that however
-// many callers there are, the check holds at most one pooled connection.
+// many callers there are, the check holds at most one pooled connection. A check that throws
+// answers failed(what) instead, to its caller and to those waiting on it.
 template <typename T>
 class SharedCheck {
  public:
-  template <typename Fn>
-  T run(Fn&& check) {
+  template <typename Fn, typename Failed>
+  T run(Fn&& check, Failed&& failed) {
     std::unique_lock<std::mutex> lock(mu_);
     if (running_) {
       const uint64_t seen = finished_;
@@ -312,7 +313,14 @@ class SharedCheck {
     }
     running_ = true;
     lock.unlock();
-    T result = check();
+    T result;
+    try {
+      result = check();
+    } catch (const std::exception& e) {
+      result = failed(e.what());
+    } catch (...) {
+      result = failed("unknown error");
+    }
     lock.lock();
     last_ = result;
     running_ = false;
@@ -617,9 +625,9 @@ HttpResponse AsyncApi::Impl::metrics_page() {
       }
       return Status::ok();
     });
-    pool->release();
+    if (read.code() == StatusCode::kUnavailable) pool->drop(); else pool->release();
     return read;
-  });
+  }, [](const char* what) { return internal_error(std::string("queue depth: ") + what); });
   metrics::gauge("headroom_metrics_database_up", "Whether the queue depth could be read")
       .set(st.is_ok() ? 1 : 0);
   HttpResponse res = json_response(200, metrics::render());
@@ -658,6 +666,9 @@ HttpResponse AsyncApi::Impl::readyz() {
     checks["redis"] = rs.is_ok() ? "ok" : rs.message();
     const bool ok = pg.is_ok() && rs.is_ok();
     return json_response(ok ? 200 : 503, json{{"ready", ok}, {"checks", checks}}.dump());
+  }, [](const char* what) {
+    log::error("api.readyz_failed", {{"error", what}});
+    return json_response(503, R"({"ready":false,"checks":{}})");
   });
 }
 

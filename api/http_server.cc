@@ -15,8 +15,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <future>
+#include <mutex>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "api/errors.h"
@@ -49,6 +52,14 @@ struct HttpServer::Impl {
   std::atomic<int> in_flight{0};  // requests read in full and not yet answered
   std::atomic<int> connections{0};
   std::atomic<bool> stopping{false};
+  // Open connections: socket and whether it waits for a request's header (idle), so that stop()
+  // can end them. Guarded by sessions_mu; a session leaves before its socket closes.
+  struct OpenSession {
+    int fd;
+    const std::atomic<bool>* idle;
+  };
+  std::mutex sessions_mu;
+  std::unordered_map<const void*, OpenSession> sessions;
   asio::io_context ioc;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   // On its own strand: accepting and closing (at stop) never run at the same time.
@@ -63,6 +74,14 @@ struct HttpServer::Impl {
         pool(static_cast<size_t>(options.handler_threads)) {}
 
   void do_accept();
+  // Shuts the sockets of the open connections down (those waiting for a request, or all), so that
+  // their sessions end and their clients see them closed rather than silent.
+  void shut_sessions(bool idle_only) {
+    std::lock_guard<std::mutex> lock(sessions_mu);
+    for (const auto& [key, s] : sessions) {
+      if (!idle_only || s.idle->load()) ::shutdown(s.fd, SHUT_RDWR);
+    }
+  }
   // The body of one of the server's own refusals to a request for `target`.
   std::string refusal_body(std::string_view target, const Status& st) const {
     return options.error_body_for ? options.error_body_for(target, st) : error_body(st).dump();
@@ -88,8 +107,14 @@ class Session : public std::enable_shared_from_this<Session> {
   Session(tcp::socket&& socket, HttpServer::Impl* server)
       : stream_(std::move(socket)), server_(server) {
     ++server_->connections;
+    std::lock_guard<std::mutex> lock(server_->sessions_mu);
+    server_->sessions[this] = {stream_.socket().native_handle(), &idle_};
   }
   ~Session() {
+    {
+      std::lock_guard<std::mutex> lock(server_->sessions_mu);
+      server_->sessions.erase(this);
+    }
     settle();
     --server_->connections;
   }
@@ -103,7 +128,7 @@ class Session : public std::enable_shared_from_this<Session> {
         Status st = unavailable("too many connections; try again shortly");
         HttpResponse res = json_response(503, self->server_->refusal_body("", st), 11, false);
         res.set(http::field::retry_after, "1");
-        return self->write(std::move(res));
+        return self->refuse(std::move(res));
       }
       self->do_read();
     });
@@ -117,6 +142,7 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->body_limit(std::max(o.body_limit_bytes, o.upload_limit_bytes));
     stream_.expires_after(std::chrono::seconds(o.read_timeout_s));
+    idle_ = true;
     http::async_read_header(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
@@ -131,16 +157,16 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void on_header(beast::error_code ec) {
+    idle_ = false;
     const HttpServerOptions& o = server_->options;
     // body_limit here: a Content-Length over even the upload limit (the header is parsed).
     if (ec && ec != http::error::body_limit) return close();
-    bool upload = is_upload();
-    limit_ = upload ? o.upload_limit_bytes : o.body_limit_bytes;
+    upload_ = is_upload();
+    limit_ = upload_ ? o.upload_limit_bytes : o.body_limit_bytes;
     if (ec || (parser_->content_length() && *parser_->content_length() > limit_)) {
       return too_large(limit_);
     }
     parser_->body_limit(limit_);  // for chunked bodies, counted as they arrive
-    if (upload) stream_.expires_after(std::chrono::seconds(o.upload_read_timeout_s));
     if (!o.check_header || parser_->is_done()) return expect_body();
     // The check may block (a key looked up in the database): it runs on the handler pool while
     // nothing else touches this session.
@@ -155,14 +181,16 @@ class Session : public std::enable_shared_from_this<Session> {
       asio::post(self->stream_.get_executor(), [self, early = std::move(early)]() mutable {
         if (!early) return self->expect_body();
         early->version(self->parser_->get().version());
-        early->keep_alive(false);  // the body is never read
-        self->write(std::move(*early));
+        self->refuse(std::move(*early));  // the body is never read
       });
     });
   }
 
   // Reads the body, first telling a client that waits for it (Expect: 100-continue) to send it.
   void expect_body() {
+    // From now: the time for the body starts after the header's check, however long that took.
+    const HttpServerOptions& o = server_->options;
+    stream_.expires_after(std::chrono::seconds(upload_ ? o.upload_read_timeout_s : o.read_timeout_s));
     const auto& header = parser_->get();
     auto expect = header.find(http::field::expect);
     if (expect != header.end() && beast::iequals(expect->value(), "100-continue")) {
@@ -192,7 +220,7 @@ class Session : public std::enable_shared_from_this<Session> {
               "body");
     const auto& header = parser_->get();
     std::string_view target(header.target().data(), header.target().size());
-    write(json_response(413, server_->refusal_body(target, st), 11, false));
+    refuse(json_response(413, server_->refusal_body(target, st), 11, false));
   }
 
   void on_read(beast::error_code ec) {
@@ -311,13 +339,38 @@ class Session : public std::enable_shared_from_this<Session> {
     close();
   }
 
-  void write(HttpResponse res) {
+  void write(HttpResponse res, bool linger = false) {
     auto sp = std::make_shared<HttpResponse>(std::move(res));
     stream_.expires_after(std::chrono::seconds(server_->options.write_timeout_s));
-    http::async_write(stream_, *sp, [self = shared_from_this(), sp](beast::error_code ec, size_t) {
-      self->settle();  // answered: stop() need not wait for it any longer
-      if (ec || !sp->keep_alive()) return self->close();
-      self->do_read();
+    http::async_write(stream_, *sp,
+                      [self = shared_from_this(), sp, linger](beast::error_code ec, size_t) {
+                        self->settle();  // answered: stop() need not wait for it any longer
+                        if (!ec && linger) return self->linger();
+                        if (ec || !sp->keep_alive()) return self->close();
+                        self->do_read();
+                      });
+  }
+
+  // Answers a request whose body (or all of it) was not read, and closes.
+  void refuse(HttpResponse res) {
+    res.keep_alive(false);
+    write(std::move(res), /*linger=*/true);
+  }
+
+  // Closes after a refusal: the sending side first, then what the client still sends is read and
+  // dropped for up to a second (or kLingerBytes), so that unread bytes do not turn the close into
+  // a reset, which can destroy the answer before the client has read it.
+  void linger() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.expires_after(std::chrono::seconds(1));
+    discard(std::make_shared<std::vector<char>>(16384), 0);
+  }
+  void discard(std::shared_ptr<std::vector<char>> buf, size_t dropped) {
+    constexpr size_t kLingerBytes = 4 << 20;
+    stream_.async_read_some(asio::buffer(*buf), [self = shared_from_this(), buf, dropped](
+                                                    beast::error_code ec, size_t n) {
+      if (!ec && dropped + n < kLingerBytes) self->discard(buf, dropped + n);
     });
   }
 
@@ -338,7 +391,9 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   size_t limit_ = 0;      // the body limit of the request being read
+  bool upload_ = false;   // the request being read is an upload
   bool counted_ = false;  // a request of this session is counted in server_->in_flight
+  std::atomic<bool> idle_{false};  // waiting for a request's header (read by stop())
   HttpServer::Impl* server_;
 };
 
@@ -398,15 +453,24 @@ Status HttpServer::start() {
 
 void HttpServer::stop() {
   if (!impl_ || impl_->threads.empty() || impl_->stopping.exchange(true)) return;
-  asio::post(impl_->acceptor.get_executor(), [this] {
+  // Closed before stop() goes on: from here a new connection is refused, not left waiting.
+  std::promise<void> closed;
+  asio::post(impl_->acceptor.get_executor(), [this, &closed] {
     beast::error_code ec;
     impl_->acceptor.close(ec);
+    impl_->accept_retry.cancel();
+    closed.set_value();
   });
+  closed.get_future().wait();
+  // Kept-alive connections between requests end now; their clients (the API's router, say) see
+  // them closed and go elsewhere rather than send a request that would wait unanswered.
+  impl_->shut_sessions(/*idle_only=*/true);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(impl_->options.drain_timeout_s);
   // A request counts until its answer is written, so none is cut off here unless it overran.
   while (impl_->in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  impl_->shut_sessions(/*idle_only=*/false);
   impl_->work.reset();
   impl_->ioc.stop();
   for (auto& t : impl_->threads) t.join();

@@ -545,10 +545,8 @@ Result<T> WorkerRouter::forward(const SyncCall& call, const std::string& body, O
     }
     Result<std::string> text = wc->read_all();
     Status err = status_from_error_body(wc->status(), text.is_ok() ? *text : "");
-    // A worker that is stopping (or full, when the call may wait) hands the call on; so does one
-    // whose server is shutting down (503: the request never reached its handler).
-    if ((err.code() == StatusCode::kResourceExhausted && !call.reject_if_busy) ||
-        err.code() == StatusCode::kUnavailable) {
+    // A worker that is stopping (or full, when the call may wait) hands the call on.
+    if (err.code() == StatusCode::kResourceExhausted && !call.reject_if_busy) {
       skip.push_back(a->worker_id);
       last = err;
       continue;

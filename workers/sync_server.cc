@@ -81,8 +81,13 @@ Status SyncServer::start() {
                                                    : std::max(64, worker_.config().max_num_seqs + 8);
   // Answers are bounded by max_tokens; a stream may be quiet while the engine is busy.
   o.write_timeout_s = 300;
-  // The server's own refusals (a body too large, shutting down) in the shape the router reads.
-  o.error_body_for = [](std::string_view, const Status& st) { return error_json(st).dump(); };
+  // The server's own refusals in the shape the router reads. Those of a server shutting down or
+  // full (503) never reached the worker: "out of capacity", like a stopping worker's own answer,
+  // so that the router hands the call to another worker.
+  o.error_body_for = [](std::string_view, const Status& st) {
+    if (st.code() != StatusCode::kUnavailable) return error_json(st).dump();
+    return error_json(Status(StatusCode::kResourceExhausted, "Out of capacity: " + st.message())).dump();
+  };
   server_ = std::make_unique<api::HttpServer>(
       o, api::StreamingHandler([this](const api::HttpRequest& r) { return handle(r); }));
   return server_->start();

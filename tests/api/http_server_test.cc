@@ -199,6 +199,59 @@ TEST(HttpServerTest, ARequestReadAfterStopBeganGets503AndIsNotHandled) {
   EXPECT_EQ(handled.load(), 1);
 }
 
+// stop() closes the listener before it returns, and ends kept-alive connections that wait for a
+// request at once, so that their clients go elsewhere, while a request in flight still finishes.
+TEST(HttpServerTest, StopClosesTheListenerAndIdleConnectionsAtOnce) {
+  std::atomic<int> handled{0};
+  HttpServerOptions o;
+  o.port = 0;
+  HttpServer server(o, [&](const HttpRequest& req) {
+    ++handled;
+    if (req.target() == "/slow") std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    return json_response(200, "{}");
+  });
+  ASSERT_TRUE(server.start().is_ok());
+  int port = server.port();
+  RawConnection idle(port, 5000);
+  idle.send("GET /fast HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string first = idle.receive("{}");
+  ASSERT_EQ(first.rfind("HTTP/1.1 200", 0), 0u) << first;
+  testing::HttpResult slow;
+  std::thread client([&] { slow = testing::http_call("GET", port, "/slow"); });
+  while (handled.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    server.stop();
+    stopped = true;
+  });
+  std::string after = idle.receive();  // EOF: closed by the server
+  const bool closed_before_drain_ended = !stopped.load();
+  EXPECT_EQ(after, "");
+  EXPECT_TRUE(closed_before_drain_ended);
+  stopper.join();
+  client.join();
+  EXPECT_EQ(slow.status, 200);
+  EXPECT_EQ(testing::http_call("GET", port, "/fast").status, 0);  // refused
+}
+
+// The body's read timeout starts after the header's check, however long the check took.
+TEST(HttpServerTest, ASlowHeaderCheckDoesNotUseUpTheBodysTime) {
+  HttpServerOptions o;
+  o.port = 0;
+  o.read_timeout_s = 1;
+  o.check_header = [](const HttpRequest&) -> std::optional<HttpResponse> {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+    return std::nullopt;
+  };
+  HttpServer server(o, [&](const HttpRequest& req) {
+    return json_response(200, nlohmann::json{{"bytes", req.body().size()}}.dump());
+  });
+  ASSERT_TRUE(server.start().is_ok());
+  auto r = testing::http_call("POST", server.port(), "/x", "hello");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["bytes"], 5);
+}
+
 // Beyond max_connections a connection is answered 503 at once; once one closes, there is room.
 TEST(HttpServerTest, ConnectionsBeyondTheCapAreRefusedWith503) {
   HttpServerOptions o;
@@ -209,11 +262,13 @@ TEST(HttpServerTest, ConnectionsBeyondTheCapAreRefusedWith503) {
   int port = server.port();
   auto first = std::make_unique<RawConnection>(port);
   RawConnection second(port);
-  RawConnection third(port);
-  std::string refused = third.receive();
-  EXPECT_EQ(refused.rfind("HTTP/1.1 503", 0), 0u) << refused;
-  EXPECT_NE(refused.find("Retry-After: 1"), std::string::npos) << refused;
-  EXPECT_NE(refused.find("too many connections"), std::string::npos) << refused;
+  {
+    RawConnection third(port);
+    std::string refused = third.receive();
+    EXPECT_EQ(refused.rfind("HTTP/1.1 503", 0), 0u) << refused;
+    EXPECT_NE(refused.find("Retry-After: 1"), std::string::npos) << refused;
+    EXPECT_NE(refused.find("too many connections"), std::string::npos) << refused;
+  }
   first.reset();  // the server sees it close and frees its place
   int status = 0;
   for (int i = 0; i < 100 && status != 200; ++i) {

@@ -25,6 +25,7 @@
 #include "base/hash.h"
 #include "base/ids.h"
 #include "queue/dispatcher.h"
+#include "queue/files.h"
 #include "queue/lease.h"
 #include "queue/webhooks.h"
 #include "tests/testing/api_harness.h"
@@ -480,18 +481,22 @@ TEST(WebhooksTest, ASlowWebhookLookupHoldsNoDatabaseConnection) {
     bool entered = false, open = false;
   };
   auto gate = std::make_shared<Gate>();  // the lookup's thread may outlive this test's frame
-  ApiHarness h([gate](api::ApiConfig& c) {
-    c.db_connections = 1;
-    c.db_wait_ms = 300;
-    c.handler_threads = 8;
-    c.webhook_lookup = [gate](const std::string&) -> Result<std::vector<IpAddress>> {
-      std::unique_lock<std::mutex> lock(gate->mu);
-      gate->entered = true;
-      gate->cv.notify_all();
-      gate->cv.wait(lock, [&] { return gate->open; });
-      return std::vector<IpAddress>{parse_ip("93.184.216.34").value()};
-    };
-  });
+  ApiHarness h(
+      [gate](api::ApiConfig& c) {
+        c.db_connections = 1;
+        c.db_wait_ms = 300;
+        c.handler_threads = 8;
+        c.webhook_lookup = [gate](const std::string&) -> Result<std::vector<IpAddress>> {
+          std::unique_lock<std::mutex> lock(gate->mu);
+          gate->entered = true;
+          gate->cv.notify_all();
+          gate->cv.wait(lock, [&] { return gate->open; });
+          return std::vector<IpAddress>{parse_ip("93.184.216.34").value()};
+        };
+      },
+      // The handlers alone: without the key check before the body, each request's handler
+      // looks its new key up in the database, and so holds a connection before the lookup.
+      [](api::HttpServerOptions& o) { o.check_header = nullptr; });
   ASSERT_TRUE(h.ok());
   auto open_gate = [gate] {
     std::lock_guard<std::mutex> lock(gate->mu);
@@ -504,10 +509,29 @@ TEST(WebhooksTest, ASlowWebhookLookupHoldsNoDatabaseConnection) {
     json body;
     int status;
   };
+  std::string input_file;  // an OpenAI batch input of carol's
+  {
+    pqxx::connection conn(h.database_url());
+    std::string carol = queue::create_api_key(conn, "carol").value().account_id;
+    const std::string line =
+        json{{"custom_id", "a"},
+             {"method", "POST"},
+             {"url", "/v1/chat/completions"},
+             {"body", {{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "a"}}}}}}}
+            .dump() +
+        "\n";
+    input_file = queue::create_file(conn, {carol, "batch", "in.jsonl", line, 1}).value().id;
+  }
   const std::vector<Case> cases = {
       {"a batch with a webhook_url", "/ai/run/" + h.model() + "?queueRequest=true",
        {{"webhook_url", "https://hooks.example.com/h"}, {"requests", {reversal("a")}}}, 200},
       {"a webhook endpoint", "/v1/webhooks", {{"url", "https://hooks.example.com/e"}}, 201},
+      {"an OpenAI batch with a webhook_url", "/v1/batches",
+       {{"input_file_id", input_file},
+        {"endpoint", "/v1/chat/completions"},
+        {"completion_window", "24h"},
+        {"webhook_url", "https://hooks.example.com/o"}},
+       200},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -538,6 +562,7 @@ TEST(WebhooksTest, ASlowWebhookLookupHoldsNoDatabaseConnection) {
   }
   EXPECT_EQ(h.scalar("SELECT count(*) FROM batches WHERE webhook_url = 'https://hooks.example.com/h'"), 1);
   EXPECT_EQ(h.scalar("SELECT count(*) FROM webhook_endpoints WHERE url = 'https://hooks.example.com/e'"), 1);
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM batches WHERE webhook_url = 'https://hooks.example.com/o'"), 1);
 }
 
 TEST(WebhooksTest, SeveralDispatchersNeverSendTheSameAttemptTwice) {

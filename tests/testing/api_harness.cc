@@ -28,8 +28,9 @@ ApiHarness::ApiHarness(int max_batch_requests, int64_t body_limit_bytes) {
   init();
 }
 
-ApiHarness::ApiHarness(const std::function<void(api::ApiConfig&)>& configure)
-    : configure_(configure) {
+ApiHarness::ApiHarness(const std::function<void(api::ApiConfig&)>& configure,
+                       const std::function<void(api::HttpServerOptions&)>& configure_server)
+    : configure_(configure), configure_server_(configure_server) {
   db_ = std::make_unique<TestDatabase>();
   database_url_ = db_->url();
   redis_url_ = hr::testing::redis_url();
@@ -66,8 +67,10 @@ void ApiHarness::init() {
   store.database_url = database_url_;
   store.redis_url = redis_url_;
   api_ = std::make_unique<api::AsyncApi>(config_, store);
+  api::HttpServerOptions server_options = api_->server_options();
+  if (configure_server_) configure_server_(server_options);
   server_ = std::make_unique<api::HttpServer>(
-      api_->server_options(),
+      server_options,
       api::StreamingHandler([this](const api::HttpRequest& r) { return api_->handle_streaming(r); }));
   Status st = server_->start();
   if (!st.is_ok()) {

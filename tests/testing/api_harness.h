@@ -19,8 +19,11 @@ class ApiHarness {
   ApiHarness();
   // The same with limits for the API (0 keeps the default).
   ApiHarness(int max_batch_requests, int64_t body_limit_bytes);
-  // The same with the API configuration adjusted by `configure` before the API starts.
-  explicit ApiHarness(const std::function<void(api::ApiConfig&)>& configure);
+  // The same with the API configuration adjusted by `configure` before the API starts, and the
+  // HTTP server's options by `configure_server` (e.g. no key check before bodies, so that a test
+  // sees what a handler does with a key it has not seen).
+  explicit ApiHarness(const std::function<void(api::ApiConfig&)>& configure,
+                      const std::function<void(api::HttpServerOptions&)>& configure_server = nullptr);
   // Uses the given service locations (e.g. a PrivateStack's).
   ApiHarness(const std::string& database_url, const std::string& redis_url);
   ~ApiHarness();
@@ -46,6 +49,7 @@ class ApiHarness {
  private:
   void init();
   std::function<void(api::ApiConfig&)> configure_;
+  std::function<void(api::HttpServerOptions&)> configure_server_;
   std::unique_ptr<TestDatabase> db_;
   std::string database_url_;
   std::string redis_url_;

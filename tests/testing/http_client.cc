@@ -7,6 +7,9 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <sys/socket.h>
+#include <sys/time.h>
+
 namespace hr::testing {
 
 namespace beast = boost::beast;
@@ -54,9 +57,13 @@ struct RawConnection::Impl {
   tcp::socket socket{ioc};
 };
 
-RawConnection::RawConnection(int port) : impl_(std::make_unique<Impl>()) {
+RawConnection::RawConnection(int port, int timeout_ms) : impl_(std::make_unique<Impl>()) {
   impl_->socket.connect(tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"),
                                       static_cast<unsigned short>(port)));
+  if (timeout_ms > 0) {
+    timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    ::setsockopt(impl_->socket.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
 }
 
 RawConnection::~RawConnection() = default;

@@ -21,10 +21,11 @@ HttpResult http_call(const std::string& method, int port, const std::string& tar
                      const std::map<std::string, std::string>& headers = {});
 
 // A raw TCP connection to 127.0.0.1:port, for requests a well-behaved client would not send (a
-// header whose body never comes, say). Throws when it cannot connect.
+// header whose body never comes, say). Throws when it cannot connect. With `timeout_ms`, a read
+// that waits longer than that gives up (receive() returns what it has).
 class RawConnection {
  public:
-  explicit RawConnection(int port);
+  explicit RawConnection(int port, int timeout_ms = 0);
   ~RawConnection();
   void send(const std::string& bytes);
   // What arrives until the server closes the connection or `until` appears.

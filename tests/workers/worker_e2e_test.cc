@@ -419,9 +419,6 @@ std::string submit_under_way(testing::ApiHarness& h, const Worker& w, int n, int
   return w.stats().completed.load() >= 20 ? id : "";
 }
 
-// An engine that keeps failing: the worker ends what it held (async requests back to the queue as
-// retryable failures, sync calls answered with an error rather than left waiting), stops, and
-// says so once; a healthy worker then finishes the whole batch correctly.
 // rejectIfBusy: of many sync requests arriving at once, the worker takes as many as it has slots
 // and refuses the rest at once; none of them waits in the engine for a slot.
 TEST(WorkerE2eTest, RejectIfBusyAdmitsNoMoreThanTheWorkerHasSlotsFor) {
@@ -466,6 +463,9 @@ TEST(WorkerE2eTest, RejectIfBusyAdmitsNoMoreThanTheWorkerHasSlotsFor) {
   }
 }
 
+// An engine that keeps failing: the worker ends what it held (async requests back to the queue as
+// retryable failures, sync calls answered with an error rather than left waiting), stops, and
+// says so once; a healthy worker then finishes the whole batch correctly.
 TEST(WorkerE2eTest, AWorkerWhoseEngineKeepsFailingHandsItsWorkBackAndStops) {
   testing::ApiHarness h;
   ASSERT_TRUE(h.ok());
