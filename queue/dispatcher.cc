@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <map>
+#include <set>
 #include <thread>
 
 #include "base/ids.h"
@@ -20,13 +21,14 @@ Result<std::unique_ptr<Dispatcher>> Dispatcher::create(const std::string& databa
                                                        DispatcherOptions options) {
   HR_RETURN_IF_ERROR(pg_connect(database_url).status());  // fail fast when unreachable
   HR_ASSIGN_OR_RETURN(auto redis, RedisClient::connect(redis_url));
-  // A Redis that may evict keys can evict a stream: that is noticed (resync_if_redis_lost) and
-  // costs a resend of everything queued. Managed services may refuse CONFIG; then say nothing.
+  // A Redis that may evict keys can evict a stream: that is noticed (ensure_stream) and costs a
+  // resend of everything queued for the model. Managed services may refuse CONFIG; then say
+  // nothing.
   auto policy = redis->command({"CONFIG", "GET", "maxmemory-policy"});
   if (policy.is_ok() && policy->elements.size() == 2 && policy->elements[1].str != "noeviction") {
     log::warn("dispatcher.redis_may_evict",
               {{"maxmemory_policy", policy->elements[1].str},
-               {"advice", "set maxmemory-policy noeviction: an evicted stream is resent whole"}});
+               {"advice", "set maxmemory-policy noeviction: an evicted stream is sent again whole"}});
   }
   return std::unique_ptr<Dispatcher>(
       new Dispatcher(database_url, std::move(redis), std::move(options)));
@@ -43,6 +45,39 @@ namespace {
 // Two batches whose ids hash alike merely take turns.
 constexpr int kRelayLockSpace = 0x4852;  // "HR"
 
+// Holds the advisory lock of one batch's relay on `pg`'s session for as long as it lives (if it got
+// it); unlocked on every way out, and if the connection broke, the lock went with it.
+class RelayLock {
+ public:
+  // wait: block until the lock is free; else try once.
+  RelayLock(pqxx::connection& pg, const std::string& batch_id, bool wait) : pg_(pg), id_(batch_id) {
+    pqxx::nontransaction tx(pg_);
+    if (wait) {
+      tx.exec_params("SELECT pg_advisory_lock($1, hashtext($2))", kRelayLockSpace, id_);
+      held_ = true;
+    } else {
+      held_ = tx.exec_params1("SELECT pg_try_advisory_lock($1, hashtext($2))", kRelayLockSpace, id_)[0]
+                  .as<bool>();
+    }
+  }
+  ~RelayLock() {
+    if (!held_) return;
+    try {
+      pqxx::nontransaction tx(pg_);
+      tx.exec_params("SELECT pg_advisory_unlock($1, hashtext($2))", kRelayLockSpace, id_);
+    } catch (const std::exception&) {
+    }
+  }
+  RelayLock(const RelayLock&) = delete;
+  RelayLock& operator=(const RelayLock&) = delete;
+  bool held() const { return held_; }
+
+ private:
+  pqxx::connection& pg_;
+  std::string id_;
+  bool held_ = false;
+};
+
 // The Redis instance the database last saw (see resync_if_redis_lost); "" before the first.
 std::string observed_redis(pqxx::transaction_base& tx, bool lock) {
   pqxx::result r = tx.exec(std::string("SELECT value FROM redis_state WHERE key = 'observed'") +
@@ -52,9 +87,43 @@ std::string observed_redis(pqxx::transaction_base& tx, bool lock) {
 
 }  // namespace
 
+Result<bool> Dispatcher::ensure_stream(const std::string& model) {
+  if (streams_checked_.count(model)) return false;
+  HR_ASSIGN_OR_RETURN(bool created, create_group_if_missing(*redis_, model));
+  streams_checked_.insert(model);
+  if (!created) return false;
+  // Only dispatchers create groups, and a batch's cursor moves only after its entries were
+  // pushed to a stream that had its group: creating it now, where cursors have moved, means that
+  // Redis lost the stream (evicted it, say) or its group. Those batches are sent again.
+  int rewound = 0;
+  Status st = pg_.run("rewind", [&](pqxx::connection& pg) -> Status {
+    std::vector<std::string> ids;
+    {
+      pqxx::nontransaction tx(pg);
+      for (const auto& row : tx.exec_params(
+               "SELECT id::text FROM batches WHERE model = $1 AND finished_at IS NULL "
+               "AND num_dispatched > 0",
+               model)) {
+        ids.push_back(row[0].as<std::string>());
+      }
+    }
+    for (const std::string& id : ids) {
+      RelayLock lock(pg, id, /*wait=*/true);  // a relay of the batch under way finishes first
+      pqxx::nontransaction tx(pg);
+      rewound += static_cast<int>(
+          tx.exec_params("UPDATE batches SET num_dispatched = 0 WHERE id = $1::uuid", id).affected_rows());
+    }
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  if (rewound > 0) log::warn("dispatcher.stream_lost", {{"model", model}, {"batches", rewound}});
+  return true;
+}
+
 // The relay holds no row lock while it talks to Redis: workers update their batches' rows with
 // every result, and a slow Redis must not stall them. Instead:
-//  - a session-level advisory lock per batch keeps two dispatchers from relaying one batch;
+//  - a session-level advisory lock per batch keeps two dispatchers from relaying one batch, and
+//    a rewind after a lost stream (ensure_stream) from racing a relay;
 //  - the cursor moves only if no resync happened during the pushes (a resync rewinds every
 //    cursor, since what was pushed may be lost): the Redis instance recorded in the database is
 //    read before the pushes and again, under FOR SHARE, with the cursor's update. Resync takes it
@@ -62,44 +131,32 @@ std::string observed_redis(pqxx::transaction_base& tx, bool lock) {
 // A push whose cursor did not move is pushed again later; a duplicate entry is harmless (a claim
 // takes only queued requests).
 Result<int> Dispatcher::relay_once() {
-  int relayed = 0;
+  struct Due {
+    std::string id;
+    std::string model;
+  };
+  std::vector<Due> due;
   Status st = pg_.run("relay", [&](pqxx::connection& pg) -> Status {
-    struct Due {
-      std::string id;
-      std::string model;
-    };
-    std::vector<Due> due;
-    {
-      pqxx::nontransaction tx(pg);
-      for (const auto& b : tx.exec("SELECT id::text, model FROM batches "
-                                   "WHERE num_dispatched < num_total AND status IN ('queued', 'running') "
-                                   "ORDER BY id LIMIT 32")) {
-        due.push_back({b[0].as<std::string>(), b[1].as<std::string>()});
-      }
+    pqxx::nontransaction tx(pg);
+    for (const auto& b : tx.exec("SELECT id::text, model FROM batches "
+                                 "WHERE num_dispatched < num_total AND status IN ('queued', 'running') "
+                                 "ORDER BY id LIMIT 32")) {
+      due.push_back({b[0].as<std::string>(), b[1].as<std::string>()});
     }
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  std::set<std::string> models;
+  for (const Due& d : due) models.insert(d.model);
+  for (const std::string& model : models) HR_RETURN_IF_ERROR(ensure_stream(model).status());
+  int relayed = 0;
+  st = pg_.run("relay", [&](pqxx::connection& pg) -> Status {
     int taken = 0;
     for (const Due& d : due) {
       if (taken == 8) break;
-      {
-        pqxx::nontransaction tx(pg);
-        if (!tx.exec_params1("SELECT pg_try_advisory_lock($1, hashtext($2))", kRelayLockSpace, d.id)[0]
-                 .as<bool>()) {
-          continue;  // another dispatcher is relaying it
-        }
-      }
+      RelayLock lock(pg, d.id, /*wait=*/false);
+      if (!lock.held()) continue;  // another dispatcher is relaying it
       ++taken;
-      // Unlocked on every way out; if the connection broke, the lock went with it.
-      struct Unlock {
-        pqxx::connection& pg;
-        const std::string& id;
-        ~Unlock() {
-          try {
-            pqxx::nontransaction tx(pg);
-            tx.exec_params("SELECT pg_advisory_unlock($1, hashtext($2))", kRelayLockSpace, id);
-          } catch (const std::exception&) {
-          }
-        }
-      } unlock{pg, d.id};
       std::string observed;
       int from = 0, total = 0;
       std::vector<RequestRef> refs;
@@ -120,11 +177,8 @@ Result<int> Dispatcher::relay_once() {
         refs.reserve(rows.size());
         for (const auto& r : rows) refs.push_back({d.id, r[0].as<int>()});
       }
-      if (!refs.empty()) {
-        Status s = ensure_group(*redis_, d.model);
-        if (s.is_ok()) s = enqueue(*redis_, d.model, refs);
-        if (!s.is_ok()) return s;  // the cursor stays; pushed again next time
-      }
+      // The cursor stays on failure; pushed again next time.
+      HR_RETURN_IF_ERROR(enqueue(*redis_, d.model, refs));
       const int cursor = static_cast<int>(refs.size()) < options_.relay_chunk ? total
                                                                                : refs.back().idx + 1;
       pqxx::work tx(pg);
@@ -132,10 +186,12 @@ Result<int> Dispatcher::relay_once() {
         log::warn("dispatcher.relay_raced_resync", {{"batch", d.id}});
         continue;  // the resync rewound the cursor: leave it there
       }
-      tx.exec_params("UPDATE batches SET num_dispatched = $2 WHERE id = $1::uuid AND num_dispatched = $3",
-                     d.id, cursor, from);
+      const auto moved =
+          tx.exec_params("UPDATE batches SET num_dispatched = $2 WHERE id = $1::uuid AND num_dispatched = $3",
+                         d.id, cursor, from)
+              .affected_rows();
       tx.commit();
-      relayed += static_cast<int>(refs.size());
+      if (moved == 1) relayed += static_cast<int>(refs.size());
     }
     return Status::ok();
   });
@@ -277,28 +333,27 @@ Result<int> Dispatcher::expire_deadlines() {
 
 namespace {
 
-// The value of `field` in INFO's text ("field:value\r\n"); "" when absent.
+// The value of `field` in INFO's text (lines "field:value\r\n"); "" when absent.
 std::string info_field(const std::string& info, const std::string& field) {
-  size_t p = info.find(field + ":");
+  const std::string line = field + ":";
+  size_t p = info.rfind(line, 0) == 0 ? 0 : info.find("\n" + line);
   if (p == std::string::npos) return "";
-  p += field.size() + 1;
+  p += (p == 0 ? 0 : 1) + line.size();
   return info.substr(p, info.find_first_of("\r\n", p) - p);
 }
 
 }  // namespace
 
-// What Redis held may be gone when its run id changes (a restart), when the epoch marker is gone
-// (a flush, or a restart that kept the run id) or when it evicted a key since (maxmemory with an
-// eviction policy: the key may have been a stream). Any of these rewinds every cursor.
+// What Redis held may be gone when its run id changes (a restart) or when the epoch marker is
+// gone (a flush, or a restart that kept the run id): either rewinds every cursor. (A single lost
+// stream is noticed by ensure_stream.)
 Result<bool> Dispatcher::resync_if_redis_lost() {
   HR_ASSIGN_OR_RETURN(RedisReply server, redis_->command({"INFO", "server"}));
-  HR_ASSIGN_OR_RETURN(RedisReply stats, redis_->command({"INFO", "stats"}));
   HR_ASSIGN_OR_RETURN(RedisReply set, redis_->command({"SET", "hr:epoch",
                                                        new_uuid_v4().to_string(), "NX"}));
   (void)set;
   HR_ASSIGN_OR_RETURN(RedisReply epoch, redis_->command({"GET", "hr:epoch"}));
-  std::string observed = info_field(server.str, "run_id") + "/" + epoch.str + "/" +
-                         info_field(stats.str, "evicted_keys");
+  std::string observed = info_field(server.str, "run_id") + "/" + epoch.str;
   bool resynced = false;
   int rewound = 0;
   Status st = pg_.run("resync", [&](pqxx::connection& pg) -> Status {
@@ -318,7 +373,10 @@ Result<bool> Dispatcher::resync_if_redis_lost() {
     return Status::ok();
   });
   if (!st.is_ok()) return st;
-  if (resynced) log::warn("dispatcher.redis_resync", {{"observed", observed}, {"batches", rewound}});
+  if (resynced) {
+    streams_checked_.clear();  // every stream is gone: create each one at its next use
+    log::warn("dispatcher.redis_resync", {{"observed", observed}, {"batches", rewound}});
+  }
   return resynced;
 }
 
@@ -334,7 +392,7 @@ Result<int> Dispatcher::reclaim_idle_entries() {
   if (!st.is_ok()) return st;
   int reclaimed = 0;
   for (const std::string& model : models) {
-    HR_RETURN_IF_ERROR(ensure_group(*redis_, model));
+    HR_RETURN_IF_ERROR(ensure_stream(model).status());
     HR_ASSIGN_OR_RETURN(RedisReply r,
                         redis_->command({"XAUTOCLAIM", stream_key(model), kConsumerGroup,
                                          options_.name, std::to_string(options_.reclaim_idle_ms),
@@ -386,6 +444,7 @@ Result<int> Dispatcher::finalize_openai_batches() {
 
 Result<TickReport> Dispatcher::tick() {
   TickReport rep;
+  streams_checked_.clear();  // each tick looks at each model's stream once
   HR_ASSIGN_OR_RETURN(rep.resynced, resync_if_redis_lost());
   HR_ASSIGN_OR_RETURN(auto leases, requeue_expired_leases());
   rep.requeued = leases.first;

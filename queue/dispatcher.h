@@ -15,6 +15,7 @@
 #include <pqxx/pqxx>
 
 #include <atomic>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,10 @@ class Dispatcher {
                                                                   DispatcherOptions options);
 
   [[nodiscard]] Result<int> relay_once();
+  // Creates `model`'s stream and group if missing (true when it did); if batches of the model had
+  // been pushed to it, Redis lost them, and their cursors are rewound so that they are sent again.
+  // Looks at Redis once per model per tick (or since the last tick); after that it answers false.
+  [[nodiscard]] Result<bool> ensure_stream(const std::string& model);
   // Returns {requeued, failed}.
   [[nodiscard]] Result<std::pair<int, int>> requeue_expired_leases();
   [[nodiscard]] Result<int> expire_deadlines();
@@ -81,6 +86,7 @@ class Dispatcher {
   std::unique_ptr<RedisClient> redis_;
   DispatcherOptions options_;
   std::string finalize_cursor_;  // the last OpenAI batch finalize_openai_batches() looked at
+  std::set<std::string> streams_checked_;  // models ensure_stream looked at in this tick
 };
 
 }  // namespace hr::queue

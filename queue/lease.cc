@@ -50,10 +50,6 @@ LeaseClient::LeaseClient(std::string database_url, std::unique_ptr<RedisClient> 
 Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
   std::vector<Lease> out;
   if (max <= 0) return out;
-  if (!group_ready_) {
-    HR_RETURN_IF_ERROR(ensure_group(*redis_, options_.model));
-    group_ready_ = true;
-  }
   // BLOCK 0 would wait forever: without a wait, leave BLOCK out.
   std::vector<std::string> cmd = {"XREADGROUP", "GROUP", kConsumerGroup, options_.owner, "COUNT",
                                   std::to_string(max)};
@@ -64,7 +60,9 @@ Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
   cmd.insert(cmd.end(), {"STREAMS", stream_key(options_.model), ">"});
   HR_ASSIGN_OR_RETURN(RedisReply reply, redis_->blocking_command(cmd, block_ms));
   if (reply.is_error()) {
-    if (reply.str.rfind("NOGROUP", 0) == 0) group_ready_ = false;  // Redis lost it: recreate
+    // No stream or group yet (nothing relayed for the model), or Redis lost them: a dispatcher
+    // creates them and pushes again what is queued. Until then there is nothing to pull.
+    if (reply.str.rfind("NOGROUP", 0) == 0) return out;
     return unavailable("redis XREADGROUP: " + reply.str);
   }
   if (reply.is_nil() || reply.elements.empty()) return out;

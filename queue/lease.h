@@ -85,7 +85,6 @@ class LeaseClient {
   PgSession pg_;
   std::unique_ptr<RedisClient> redis_;
   LeaseOptions options_;
-  bool group_ready_ = false;
 };
 
 }  // namespace hr::queue

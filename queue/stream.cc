@@ -5,13 +5,12 @@ namespace hr::queue {
 
 std::string stream_key(const std::string& model) { return "hr:stream:" + model; }
 
-Status ensure_group(RedisClient& redis, const std::string& model) {
+Result<bool> create_group_if_missing(RedisClient& redis, const std::string& model) {
   HR_ASSIGN_OR_RETURN(RedisReply r, redis.command({"XGROUP", "CREATE", stream_key(model),
                                                    kConsumerGroup, "0", "MKSTREAM"}));
-  if (r.is_error() && r.str.rfind("BUSYGROUP", 0) != 0) {
-    return unavailable("redis XGROUP CREATE: " + r.str);
-  }
-  return Status::ok();
+  if (!r.is_error()) return true;
+  if (r.str.rfind("BUSYGROUP", 0) == 0) return false;
+  return unavailable("redis XGROUP CREATE: " + r.str);
 }
 
 Status enqueue(RedisClient& redis, const std::string& model, const std::vector<RequestRef>& refs) {
@@ -35,7 +34,6 @@ Status push_requeued(RedisClient& redis, PgSession& pg, const std::string& model
   std::vector<RequestRef> refs;
   refs.reserve(requeued.size());
   for (const Requeued& r : requeued) refs.push_back({r.batch_id, r.idx});
-  HR_RETURN_IF_ERROR(ensure_group(redis, model));
   HR_RETURN_IF_ERROR(enqueue(redis, model, refs));
   return pg.run("mark pushed", [&](pqxx::connection& conn) { return mark_pushed(conn, requeued); });
 }

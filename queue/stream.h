@@ -23,13 +23,16 @@ struct RequestRef {
   bool operator==(const RequestRef&) const = default;
 };
 
-// Creates the consumer group (and the stream) if missing; idempotent.
-[[nodiscard]] Status ensure_group(RedisClient& redis, const std::string& model);
+// Creates the consumer group (and the stream) if missing; true when it did. Only dispatchers call
+// it (Dispatcher::ensure_stream): creating the group for a model whose entries should be in Redis
+// is how they notice a stream that Redis lost (evicted, say), so nothing else may create it.
+[[nodiscard]] Result<bool> create_group_if_missing(RedisClient& redis, const std::string& model);
 // Appends one entry per request, in one round trip.
 [[nodiscard]] Status enqueue(RedisClient& redis, const std::string& model,
                              const std::vector<RequestRef>& refs);
-// Pushes requests put back in the queue to `model`'s stream (creating it if Redis lost it), then
-// clears their push_pending (store.h); until then the janitor would push them again.
+// Pushes requests put back in the queue to `model`'s stream, then clears their push_pending
+// (store.h); until then the janitor would push them again. A stream Redis lost is created anew by
+// the push, without its group: a dispatcher then creates the group, from the first entry.
 [[nodiscard]] Status push_requeued(RedisClient& redis, PgSession& pg, const std::string& model,
                                    const std::vector<Requeued>& requeued);
 // Acknowledges and deletes entries (after their outcome is committed in Postgres).
