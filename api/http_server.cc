@@ -13,6 +13,8 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <functional>
+#include <memory>
 #include <cerrno>
 #include <chrono>
 #include <future>
@@ -45,6 +47,18 @@ HttpResponse json_response(unsigned status, const std::string& body, unsigned ve
   return res;
 }
 
+namespace {
+
+// What stop() may ask of an open connection, from any thread: to shut its socket on its own
+// strand (all, or only if it waits for a request), then call `done`.
+class OpenConnection {
+ public:
+  virtual ~OpenConnection() = default;
+  virtual void shut(bool idle_only, std::function<void()> done) = 0;
+};
+
+}  // namespace
+
 struct HttpServer::Impl {
   HttpServerOptions options;
   StreamingHandler handler;
@@ -52,14 +66,9 @@ struct HttpServer::Impl {
   std::atomic<int> in_flight{0};  // requests read in full and not yet answered
   std::atomic<int> connections{0};
   std::atomic<bool> stopping{false};
-  // Open connections: socket and whether it waits for a request's header (idle), so that stop()
-  // can end them. Guarded by sessions_mu; a session leaves before its socket closes.
-  struct OpenSession {
-    int fd;
-    const std::atomic<bool>* idle;
-  };
+  // Open connections, so that stop() can end them. Guarded by sessions_mu.
   std::mutex sessions_mu;
-  std::unordered_map<const void*, OpenSession> sessions;
+  std::unordered_map<const void*, std::weak_ptr<OpenConnection>> sessions;
   asio::io_context ioc;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   // On its own strand: accepting and closing (at stop) never run at the same time.
@@ -76,11 +85,26 @@ struct HttpServer::Impl {
   void do_accept();
   // Shuts the sockets of the open connections down (those waiting for a request, or all), so that
   // their sessions end and their clients see them closed rather than silent.
+  // Waits (up to a second) until each has done so, so that it happens before the io threads stop.
   void shut_sessions(bool idle_only) {
-    std::lock_guard<std::mutex> lock(sessions_mu);
-    for (const auto& [key, s] : sessions) {
-      if (!idle_only || s.idle->load()) ::shutdown(s.fd, SHUT_RDWR);
+    std::vector<std::shared_ptr<OpenConnection>> open;
+    {
+      std::lock_guard<std::mutex> lock(sessions_mu);
+      for (const auto& [key, weak] : sessions) {
+        if (auto s = weak.lock()) open.push_back(std::move(s));
+      }
     }
+    auto left = std::make_shared<std::atomic<size_t>>(open.size());
+    auto all_done = std::make_shared<std::promise<void>>();
+    std::future<void> finished = all_done->get_future();
+    if (open.empty()) return;
+    for (auto& s : open) {
+      s->shut(idle_only, [left, all_done] {
+        if (--*left == 0) all_done->set_value();
+      });
+    }
+    open.clear();
+    finished.wait_for(std::chrono::seconds(1));
   }
   // The body of one of the server's own refusals to a request for `target`.
   std::string refusal_body(std::string_view target, const Status& st) const {
@@ -102,15 +126,13 @@ class ClientScope {
   ClientScope& operator=(const ClientScope&) = delete;
 };
 
-class Session : public std::enable_shared_from_this<Session> {
+class Session : public OpenConnection, public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket&& socket, HttpServer::Impl* server)
       : stream_(std::move(socket)), server_(server) {
     ++server_->connections;
-    std::lock_guard<std::mutex> lock(server_->sessions_mu);
-    server_->sessions[this] = {stream_.socket().native_handle(), &idle_};
   }
-  ~Session() {
+  ~Session() override {
     {
       std::lock_guard<std::mutex> lock(server_->sessions_mu);
       server_->sessions.erase(this);
@@ -119,7 +141,21 @@ class Session : public std::enable_shared_from_this<Session> {
     --server_->connections;
   }
 
+  void shut(bool idle_only, std::function<void()> done) override {
+    asio::post(stream_.get_executor(), [self = shared_from_this(), idle_only, done = std::move(done)] {
+      if (!idle_only || self->idle_) {
+        beast::error_code ignored;  // already closed (a timeout, say): nothing to do
+        self->stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+      }
+      done();
+    });
+  }
+
   void start() {
+    {
+      std::lock_guard<std::mutex> lock(server_->sessions_mu);
+      server_->sessions[this] = weak_from_this();
+    }
     asio::dispatch(stream_.get_executor(), [self = shared_from_this()] {
       if (self->server_->connections.load() > self->server_->options.max_connections) {
         metrics::counter("headroom_http_connections_refused_total",
@@ -393,7 +429,7 @@ class Session : public std::enable_shared_from_this<Session> {
   size_t limit_ = 0;      // the body limit of the request being read
   bool upload_ = false;   // the request being read is an upload
   bool counted_ = false;  // a request of this session is counted in server_->in_flight
-  std::atomic<bool> idle_{false};  // waiting for a request's header (read by stop())
+  bool idle_ = false;     // waiting for a request's header
   HttpServer::Impl* server_;
 };
 
@@ -454,14 +490,15 @@ Status HttpServer::start() {
 void HttpServer::stop() {
   if (!impl_ || impl_->threads.empty() || impl_->stopping.exchange(true)) return;
   // Closed before stop() goes on: from here a new connection is refused, not left waiting.
-  std::promise<void> closed;
-  asio::post(impl_->acceptor.get_executor(), [this, &closed] {
+  auto closed = std::make_shared<std::promise<void>>();
+  std::future<void> acceptor_closed = closed->get_future();
+  asio::post(impl_->acceptor.get_executor(), [this, closed] {
     beast::error_code ec;
     impl_->acceptor.close(ec);
     impl_->accept_retry.cancel();
-    closed.set_value();
+    closed->set_value();
   });
-  closed.get_future().wait();
+  acceptor_closed.wait_for(std::chrono::seconds(1));
   // Kept-alive connections between requests end now; their clients (the API's router, say) see
   // them closed and go elsewhere rather than send a request that would wait unanswered.
   impl_->shut_sessions(/*idle_only=*/true);

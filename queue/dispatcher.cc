@@ -89,33 +89,39 @@ std::string observed_redis(pqxx::transaction_base& tx, bool lock) {
 
 Result<bool> Dispatcher::ensure_stream(const std::string& model) {
   if (streams_checked_.count(model)) return false;
-  HR_ASSIGN_OR_RETURN(bool created, create_group_if_missing(*redis_, model));
-  streams_checked_.insert(model);
-  if (!created) return false;
+  HR_ASSIGN_OR_RETURN(bool exists, group_exists(*redis_, model));
+  if (exists) {
+    streams_checked_.insert(model);
+    return false;
+  }
   // Only dispatchers create groups, and a batch's cursor moves only after its entries were
-  // pushed to a stream that had its group: creating it now, where cursors have moved, means that
-  // Redis lost the stream (evicted it, say) or its group. Those batches are sent again.
+  // pushed: a group missing where batches of the model were pushed means that Redis lost the
+  // stream (evicted it, say) or its group. Those batches are sent again, and the group is created
+  // only once that is recorded, so that a failure in between is retried by the next look.
+  // Each batch is rewound under its relay lock: a relay of it under way finishes first (it may
+  // have pushed into the lost stream, its cursor still at 0 when the look began).
   int rewound = 0;
   Status st = pg_.run("rewind", [&](pqxx::connection& pg) -> Status {
     std::vector<std::string> ids;
     {
       pqxx::nontransaction tx(pg);
       for (const auto& row : tx.exec_params(
-               "SELECT id::text FROM batches WHERE model = $1 AND finished_at IS NULL "
-               "AND num_dispatched > 0",
-               model)) {
+               "SELECT id::text FROM batches WHERE model = $1 AND finished_at IS NULL", model)) {
         ids.push_back(row[0].as<std::string>());
       }
     }
     for (const std::string& id : ids) {
-      RelayLock lock(pg, id, /*wait=*/true);  // a relay of the batch under way finishes first
+      RelayLock lock(pg, id, /*wait=*/true);
       pqxx::nontransaction tx(pg);
       rewound += static_cast<int>(
-          tx.exec_params("UPDATE batches SET num_dispatched = 0 WHERE id = $1::uuid", id).affected_rows());
+          tx.exec_params("UPDATE batches SET num_dispatched = 0 WHERE id = $1::uuid AND num_dispatched > 0", id)
+              .affected_rows());
     }
     return Status::ok();
   });
   if (!st.is_ok()) return st;
+  HR_RETURN_IF_ERROR(create_group(*redis_, model));
+  streams_checked_.insert(model);
   if (rewound > 0) log::warn("dispatcher.stream_lost", {{"model", model}, {"batches", rewound}});
   return true;
 }

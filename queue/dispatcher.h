@@ -56,7 +56,8 @@ class Dispatcher {
 
   [[nodiscard]] Result<int> relay_once();
   // Creates `model`'s stream and group if missing (true when it did); if batches of the model had
-  // been pushed to it, Redis lost them, and their cursors are rewound so that they are sent again.
+  // been pushed to it, Redis lost them, and their cursors are rewound first so that they are sent
+  // again.
   // Looks at Redis once per model per tick (or since the last tick); after that it answers false.
   [[nodiscard]] Result<bool> ensure_stream(const std::string& model);
   // Returns {requeued, failed}.

@@ -5,12 +5,27 @@ namespace hr::queue {
 
 std::string stream_key(const std::string& model) { return "hr:stream:" + model; }
 
-Result<bool> create_group_if_missing(RedisClient& redis, const std::string& model) {
+Result<bool> group_exists(RedisClient& redis, const std::string& model) {
+  HR_ASSIGN_OR_RETURN(RedisReply r, redis.command({"XINFO", "GROUPS", stream_key(model)}));
+  if (r.is_error()) {
+    if (r.str.find("no such key") != std::string::npos) return false;
+    return unavailable("redis XINFO GROUPS: " + r.str);
+  }
+  for (const RedisReply& g : r.elements) {  // each group: [name, value, field, value, ...]
+    for (size_t f = 0; f + 1 < g.elements.size(); f += 2) {
+      if (g.elements[f].str == "name" && g.elements[f + 1].str == kConsumerGroup) return true;
+    }
+  }
+  return false;
+}
+
+Status create_group(RedisClient& redis, const std::string& model) {
   HR_ASSIGN_OR_RETURN(RedisReply r, redis.command({"XGROUP", "CREATE", stream_key(model),
                                                    kConsumerGroup, "0", "MKSTREAM"}));
-  if (!r.is_error()) return true;
-  if (r.str.rfind("BUSYGROUP", 0) == 0) return false;
-  return unavailable("redis XGROUP CREATE: " + r.str);
+  if (r.is_error() && r.str.rfind("BUSYGROUP", 0) != 0) {
+    return unavailable("redis XGROUP CREATE: " + r.str);
+  }
+  return Status::ok();
 }
 
 Status enqueue(RedisClient& redis, const std::string& model, const std::vector<RequestRef>& refs) {
@@ -48,7 +63,8 @@ Status ack_and_delete(RedisClient& redis, const std::string& model,
   del.insert(del.end(), entry_ids.begin(), entry_ids.end());
   HR_ASSIGN_OR_RETURN(auto replies, redis.pipeline({ack, del}));
   for (const auto& r : replies) {
-    if (r.is_error()) return unavailable("redis XACK/XDEL: " + r.str);
+    // No group (Redis lost the stream, and a push made it anew): nothing is pending to ack.
+    if (r.is_error() && r.str.rfind("NOGROUP", 0) != 0) return unavailable("redis XACK/XDEL: " + r.str);
   }
   return Status::ok();
 }

@@ -23,10 +23,12 @@ struct RequestRef {
   bool operator==(const RequestRef&) const = default;
 };
 
-// Creates the consumer group (and the stream) if missing; true when it did. Only dispatchers call
-// it (Dispatcher::ensure_stream): creating the group for a model whose entries should be in Redis
-// is how they notice a stream that Redis lost (evicted, say), so nothing else may create it.
-[[nodiscard]] Result<bool> create_group_if_missing(RedisClient& redis, const std::string& model);
+// Whether `model`'s stream has its consumer group.
+[[nodiscard]] Result<bool> group_exists(RedisClient& redis, const std::string& model);
+// Creates the consumer group (and the stream) if missing; idempotent. Only dispatchers call it
+// (Dispatcher::ensure_stream): a group missing where entries should be is how they notice a
+// stream that Redis lost (evicted, say), so nothing else may create it.
+[[nodiscard]] Status create_group(RedisClient& redis, const std::string& model);
 // Appends one entry per request, in one round trip.
 [[nodiscard]] Status enqueue(RedisClient& redis, const std::string& model,
                              const std::vector<RequestRef>& refs);

@@ -94,9 +94,17 @@ void run_redis_loss(RedisLoss loss) {
     case RedisLoss::kRestart:
       ASSERT_TRUE(stack.restart_redis_empty());
       break;
-    case RedisLoss::kEvictStream:
+    case RedisLoss::kEvictStream: {
       evict_stream(stack.redis_url(), "@test/flush");
+      // Workers do not create the group again (that would hide the loss): nothing to pull until
+      // a dispatcher has looked.
+      auto early = c->pull(10, 0);
+      ASSERT_TRUE(early.is_ok()) << early.status().to_string();
+      EXPECT_TRUE(early->empty());
+      auto redis = RedisClient::connect(stack.redis_url(), 5000).value();
+      EXPECT_FALSE(group_exists(*redis, "@test/flush").value());
       break;
+    }
   }
   // The stream and its group are gone; the dispatcher notices and re-sends what is queued.
   EXPECT_EQ(complete_all(*c, *d, 150), 150);

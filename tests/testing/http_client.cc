@@ -7,8 +7,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
-#include <sys/socket.h>
-#include <sys/time.h>
+#include <poll.h>
 
 namespace hr::testing {
 
@@ -55,15 +54,13 @@ HttpResult http_call(const std::string& method, int port, const std::string& tar
 struct RawConnection::Impl {
   boost::asio::io_context ioc;
   tcp::socket socket{ioc};
+  int timeout_ms = 0;
 };
 
 RawConnection::RawConnection(int port, int timeout_ms) : impl_(std::make_unique<Impl>()) {
   impl_->socket.connect(tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"),
                                       static_cast<unsigned short>(port)));
-  if (timeout_ms > 0) {
-    timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-    ::setsockopt(impl_->socket.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  }
+  impl_->timeout_ms = timeout_ms;
 }
 
 RawConnection::~RawConnection() = default;
@@ -76,6 +73,10 @@ std::string RawConnection::receive(const std::string& until) {
   std::string got;
   char buf[4096];
   for (;;) {
+    if (impl_->timeout_ms > 0) {
+      pollfd p{impl_->socket.native_handle(), POLLIN, 0};
+      if (::poll(&p, 1, impl_->timeout_ms) <= 0) return got;  // nothing in time
+    }
     boost::system::error_code ec;
     size_t n = impl_->socket.read_some(boost::asio::buffer(buf), ec);
     got.append(buf, n);
