@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -137,29 +138,46 @@ Result<bool> Dispatcher::ensure_stream(const std::string& model) {
 // A push whose cursor did not move is pushed again later; a duplicate entry is harmless (a claim
 // takes only queued requests).
 Result<int> Dispatcher::relay_once() {
-  struct Due {
-    std::string id;
-    std::string model;
-  };
-  std::vector<Due> due;
+  constexpr const char* kDue = "num_dispatched < num_total AND status IN ('queued', 'running')";
+  // Streams first, outside any relay lock (ensure_stream may wait for those of other dispatchers).
+  std::set<std::string> models;
   Status st = pg_.run("relay", [&](pqxx::connection& pg) -> Status {
     pqxx::nontransaction tx(pg);
-    for (const auto& b : tx.exec("SELECT id::text, model FROM batches "
-                                 "WHERE num_dispatched < num_total AND status IN ('queued', 'running') "
-                                 "ORDER BY id LIMIT 32")) {
-      due.push_back({b[0].as<std::string>(), b[1].as<std::string>()});
+    for (const auto& row : tx.exec(std::string("SELECT DISTINCT model FROM batches WHERE ") + kDue)) {
+      models.insert(row[0].as<std::string>());
     }
     return Status::ok();
   });
   if (!st.is_ok()) return st;
-  std::set<std::string> models;
-  for (const Due& d : due) models.insert(d.model);
   for (const std::string& model : models) HR_RETURN_IF_ERROR(ensure_stream(model).status());
   int relayed = 0;
   st = pg_.run("relay", [&](pqxx::connection& pg) -> Status {
+    struct Due {
+      std::string id;
+      std::string model;
+    };
+    // Up to 8 batches, oldest first, passing over those other dispatchers are relaying (in pages,
+    // so that however many are taken, later ones still get their turn).
     int taken = 0;
-    for (const Due& d : due) {
-      if (taken == 8) break;
+    std::optional<std::string> after;
+    std::vector<Due> page;
+    for (size_t next = 0; taken < 8; ++next) {
+      if (next == page.size()) {
+        if (after && page.size() < 32) break;  // the last page is done
+        page.clear();
+        next = 0;
+        pqxx::nontransaction tx(pg);
+        for (const auto& b : tx.exec_params(std::string("SELECT id::text, model FROM batches WHERE ") +
+                                                kDue + " AND ($1::uuid IS NULL OR id > $1::uuid) "
+                                                       "ORDER BY id LIMIT 32",
+                                            after)) {
+          page.push_back({b[0].as<std::string>(), b[1].as<std::string>()});
+        }
+        if (page.empty()) break;
+        after = page.back().id;
+      }
+      const Due& d = page[next];
+      if (!models.count(d.model)) continue;  // submitted since: its stream is looked at next time
       RelayLock lock(pg, d.id, /*wait=*/false);
       if (!lock.held()) continue;  // another dispatcher is relaying it
       ++taken;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <pqxx/pqxx>
 
+#include <algorithm>
 #include <atomic>
 #include <set>
 #include <thread>
@@ -313,6 +314,28 @@ TEST_F(LeaseTest, DeadlinePassedExpiresUnstartedRequests) {
   EXPECT_EQ(info.num_completed, 1);
   EXPECT_EQ(info.num_expired, 3);
   EXPECT_EQ(scalar("SELECT count(*) FROM outbox WHERE event_type = 'batch.expired'"), 1);
+}
+
+// Batches other dispatchers are relaying (their relay locks held, here by another session) are
+// passed over however many there are: the later ones are relayed meanwhile.
+TEST_F(LeaseTest, TheRelayPassesOverBatchesOthersAreRelaying) {
+  std::vector<std::string> batches;
+  for (int i = 0; i < 40; ++i) batches.push_back(submit(1));
+  std::sort(batches.begin(), batches.end());  // ids sort as uuids do here (same length, hex)
+  auto d = dispatcher();
+  ASSERT_TRUE(d->ensure_stream(model_).is_ok());  // the stream is there before the relays begin
+  pqxx::connection other(db_.url());
+  pqxx::nontransaction locker(other);
+  for (int i = 0; i < 34; ++i) {
+    locker.exec_params("SELECT pg_advisory_lock($1, hashtext($2))", 0x4852, batches[i]);
+  }
+  auto relayed = d->relay_once();
+  ASSERT_TRUE(relayed.is_ok()) << relayed.status().to_string();
+  EXPECT_EQ(*relayed, 6);
+  EXPECT_EQ(scalar("SELECT count(*) FROM batches WHERE num_dispatched = num_total"), 6);
+  for (int i = 0; i < 34; ++i) {
+    EXPECT_EQ(scalar("SELECT num_dispatched FROM batches WHERE id = '" + batches[i] + "'"), 0);
+  }
 }
 
 TEST_F(LeaseTest, TwoDispatchersAndTwoConsumersCompleteEachRequestOnce) {
