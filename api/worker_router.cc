@@ -293,9 +293,41 @@ class WorkerCall {
 
 }  // namespace
 
-WorkerConnections::WorkerConnections(const RouterOptions& options) : options_(options) {}
+WorkerConnections::WorkerConnections(const RouterOptions& options)
+    : options_(options), sweeper_([this] {
+        std::unique_lock<std::mutex> lock(mu_);
+        while (!wake_.wait_for(lock, std::chrono::seconds(1), [this] { return stopping_; })) {
+          lock.unlock();
+          sweep();
+          lock.lock();
+        }
+      }) {}
 
-WorkerConnections::~WorkerConnections() { idle_connections().add(-static_cast<double>(idle())); }
+WorkerConnections::~WorkerConnections() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  sweeper_.join();
+  idle_connections().add(-static_cast<double>(idle()));
+}
+
+void WorkerConnections::sweep() {
+  const int64_t now = steady_now_ns();
+  const int64_t keep_ns = int64_t{options_.idle_keep_ms} * 1000000;
+  std::vector<std::unique_ptr<WorkerConnection>> closed;  // closed after the lock is released
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = idle_.begin(); it != idle_.end();) {
+    std::vector<std::unique_ptr<WorkerConnection>>& v = it->second;
+    for (auto& c : v) {
+      if (now - c->idle_since_ns >= keep_ns || !still_open(*c)) closed.push_back(std::move(c));
+    }
+    v.erase(std::remove(v.begin(), v.end(), nullptr), v.end());
+    it = v.empty() ? idle_.erase(it) : std::next(it);
+  }
+  idle_connections().add(-static_cast<double>(closed.size()));
+}
 
 std::unique_ptr<WorkerConnection> WorkerConnections::take(const std::string& url) {
   const int64_t now = steady_now_ns();

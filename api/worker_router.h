@@ -17,10 +17,12 @@
 // Thread-safe: run() and start_stream() are called from many handler threads at once.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -45,11 +47,15 @@ struct RouterOptions {
 
 struct WorkerConnection;  // an open connection to a worker, idle or in use by one call
 
-// Idle connections to workers, by worker URL. Thread-safe.
+// Idle connections to workers, by worker URL. Thread-safe. A thread of its own closes, every
+// second, those idle too long and those the worker has closed (a worker that stopped), so that
+// none waits in CLOSE_WAIT for a next call that may never come.
 class WorkerConnections {
  public:
   explicit WorkerConnections(const RouterOptions& options);
   ~WorkerConnections();
+  WorkerConnections(const WorkerConnections&) = delete;
+  WorkerConnections& operator=(const WorkerConnections&) = delete;
   // An idle connection to `url` that still looks open (the worker has not closed it), or null.
   std::unique_ptr<WorkerConnection> take(const std::string& url);
   // Keeps `c`, whose last answer was read to its end, for the next call to its worker.
@@ -59,11 +65,16 @@ class WorkerConnections {
   size_t idle() const;
 
  private:
+  void sweep();
+
   const RouterOptions& options_;
   mutable std::mutex mu_;
   // Per worker URL, the least recently used first.
   std::unordered_map<std::string, std::vector<std::unique_ptr<WorkerConnection>>> idle_;
   int64_t last_sweep_ns_ = 0;
+  bool stopping_ = false;  // guarded by mu_
+  std::condition_variable wake_;
+  std::thread sweeper_;  // last: it starts once the rest is ready
 };
 
 // The order in which to try `workers` for one call: by rendezvous rank of `affinity` when it is

@@ -328,6 +328,24 @@ TEST_F(Routing, CallsToAWorkerShareOneConnection) {
   EXPECT_EQ(after.idle - before.idle, 1);
 }
 
+// A connection kept open to a worker that then dies is closed within a few seconds even if no
+// other call comes (it would otherwise sit in CLOSE_WAIT until one did).
+TEST_F(Routing, ConnectionsAWorkerClosedAreClosedWithoutAnotherCall) {
+  start_worker("w1");
+  ASSERT_TRUE(wait_live({"w1"}));
+  const Connects before = Connects::now();
+  auto r = chat("hello world");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Connects::now().idle - before.idle, 1);
+  stop_worker("w1", SIGKILL);
+  double idle = 1;
+  for (int i = 0; i < 50 && idle > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    idle = Connects::now().idle - before.idle;
+  }
+  EXPECT_EQ(idle, 0);
+}
+
 // A worker that stops closes the connections kept open to it; once it is back on the same
 // address, the next call reaches it on a new connection, without counting it as failed.
 TEST_F(Routing, AWorkerBackOnItsAddressIsReachedOnANewConnection) {
