@@ -371,14 +371,7 @@ void WorkerConnections::give_back(std::unique_ptr<WorkerConnection> c) {
     v.erase(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(drop));
     idle_connections().add(-static_cast<double>(drop));
   };
-  // Now and then every worker's list, so that those of workers no longer called are closed too.
-  if (now - last_sweep_ns_ >= keep_ns) {
-    last_sweep_ns_ = now;
-    for (auto it = idle_.begin(); it != idle_.end();) {
-      close_front(it->second, limit);
-      it = it->second.empty() ? idle_.erase(it) : std::next(it);
-    }
-  }
+  // (Other workers' lists are swept by sweep().)
   std::vector<std::unique_ptr<WorkerConnection>>& v = idle_[c->url];
   close_front(v, limit - 1);
   v.push_back(std::move(c));

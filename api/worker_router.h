@@ -13,7 +13,8 @@
 // Connections to workers are kept open between calls (HTTP/1.1 keep-alive): a call takes an idle
 // one to its worker when there is one, and gives it back once the worker's answer has been read
 // to its end. One the worker closed meanwhile is noticed before use, or costs one more try on a
-// new connection. A call whose client leaves closes its connection, so that the worker stops.
+// new connection; a sweep every second closes idle ones that workers closed or that sat too long.
+// A call whose client leaves closes its connection, so that the worker stops.
 // Thread-safe: run() and start_stream() are called from many handler threads at once.
 #pragma once
 
@@ -71,7 +72,6 @@ class WorkerConnections {
   mutable std::mutex mu_;
   // Per worker URL, the least recently used first.
   std::unordered_map<std::string, std::vector<std::unique_ptr<WorkerConnection>>> idle_;
-  int64_t last_sweep_ns_ = 0;
   bool stopping_ = false;  // guarded by mu_
   std::condition_variable wake_;
   std::thread sweeper_;  // last: it starts once the rest is ready

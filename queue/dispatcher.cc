@@ -149,7 +149,19 @@ Result<int> Dispatcher::relay_once() {
     return Status::ok();
   });
   if (!st.is_ok()) return st;
-  for (const std::string& model : models) HR_RETURN_IF_ERROR(ensure_stream(model).status());
+  // A model whose stream cannot be looked at (a key of another type, say) waits; the rest go on.
+  Status stream_error = Status::ok();
+  for (auto it = models.begin(); it != models.end();) {
+    Result<bool> ensured = ensure_stream(*it);
+    if (ensured.is_ok()) {
+      ++it;
+      continue;
+    }
+    log::warn("dispatcher.stream_check_failed", {{"model", *it}, {"error", ensured.status()}});
+    stream_error = ensured.status();
+    it = models.erase(it);
+  }
+  if (models.empty() && !stream_error.is_ok()) return stream_error;
   int relayed = 0;
   st = pg_.run("relay", [&](pqxx::connection& pg) -> Status {
     struct Due {
@@ -180,7 +192,6 @@ Result<int> Dispatcher::relay_once() {
       if (!models.count(d.model)) continue;  // submitted since: its stream is looked at next time
       RelayLock lock(pg, d.id, /*wait=*/false);
       if (!lock.held()) continue;  // another dispatcher is relaying it
-      ++taken;
       std::string observed;
       int from = 0, total = 0;
       std::vector<RequestRef> refs;
@@ -192,6 +203,7 @@ Result<int> Dispatcher::relay_once() {
             "AND num_dispatched < num_total AND status IN ('queued', 'running')",
             d.id);
         if (b.empty()) continue;  // relayed meanwhile, or ended
+        ++taken;
         from = b[0][0].as<int>();
         total = b[0][1].as<int>();
         pqxx::result rows = tx.exec_params(

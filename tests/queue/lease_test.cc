@@ -323,7 +323,8 @@ TEST_F(LeaseTest, TheRelayPassesOverBatchesOthersAreRelaying) {
   for (int i = 0; i < 40; ++i) batches.push_back(submit(1));
   std::sort(batches.begin(), batches.end());  // ids sort as uuids do here (same length, hex)
   auto d = dispatcher();
-  ASSERT_TRUE(d->ensure_stream(model_).is_ok());  // the stream is there before the relays begin
+  // The stream is there before the relays begin (a rewind would wait for the locks held below).
+  ASSERT_TRUE(d->ensure_stream(model_).is_ok());
   pqxx::connection other(db_.url());
   pqxx::nontransaction locker(other);
   for (int i = 0; i < 34; ++i) {

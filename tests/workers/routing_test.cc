@@ -336,7 +336,7 @@ TEST_F(Routing, ConnectionsAWorkerClosedAreClosedWithoutAnotherCall) {
   const Connects before = Connects::now();
   auto r = chat("hello world");
   ASSERT_EQ(r.status, 200) << r.body;
-  EXPECT_EQ(Connects::now().idle - before.idle, 1);
+  ASSERT_EQ(Connects::now().idle - before.idle, 1);
   stop_worker("w1", SIGKILL);
   double idle = 1;
   for (int i = 0; i < 50 && idle > 0; ++i) {
