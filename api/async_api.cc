@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <unordered_set>
@@ -296,15 +297,13 @@ json response_of(const queue::RequestResult& r) {
   return j;
 }
 
-// A check that callers without a key may ask for (/readyz, /metrics) and that needs the database:
-// one caller at a time runs it, and those who arrive meanwhile take its answer, so that however
-// many callers there are, the check holds at most one pooled connection. A check that throws
-// answers failed(what) instead, to its caller and to those waiting on it.
-template <typename T>
+// A check that callers without a key may ask for (/readyz, /metrics): one caller at a time runs
+// it, and those who arrive meanwhile take its answer, so that however many callers there are,
+// the check runs once at a time (and holds at most one pooled database connection). A check that
+// throws answers an internal error, to its caller and to those waiting on it.
 class SharedCheck {
  public:
-  template <typename Fn, typename Failed>
-  T run(Fn&& check, Failed&& failed) {
+  Status run(const std::function<Status()>& check) {
     std::unique_lock<std::mutex> lock(mu_);
     if (running_) {
       const uint64_t seen = finished_;
@@ -313,13 +312,11 @@ class SharedCheck {
     }
     running_ = true;
     lock.unlock();
-    T result;
+    Status result;
     try {
       result = check();
     } catch (const std::exception& e) {
-      result = failed(e.what());
-    } catch (...) {
-      result = failed("unknown error");
+      result = internal_error(e.what());
     }
     lock.lock();
     last_ = result;
@@ -332,9 +329,9 @@ class SharedCheck {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  bool running_ = false;  // guarded by mu_
+  bool running_ = false;   // guarded by mu_
   uint64_t finished_ = 0;  // guarded by mu_: checks run to their end
-  T last_{};               // guarded by mu_: the answer of the last one
+  Status last_;            // guarded by mu_: the answer of the last one
 };
 
 }  // namespace
@@ -359,10 +356,11 @@ struct AsyncApi::Impl {
   // Database connections shared by the handler threads: a thread borrows one on its first query
   // and gives it back when its request is answered, or before it waits on an inference.
   std::unique_ptr<queue::PgPool> pool;
-  SharedCheck<HttpResponse> ready_check;        // /readyz
-  SharedCheck<Status> queue_depth_check;         // the database part of /metrics
-  std::mutex probe_db_mu;  // the two checks above borrow one database connection at a time
-  std::unique_ptr<queue::RedisClient> readyz_redis;  // used inside ready_check only
+  // /readyz and /metrics: the queue depth read from Postgres (which also shows that it answers),
+  // and a ping of Redis over one connection of their own (used inside redis_check only).
+  SharedCheck database_check;
+  SharedCheck redis_check;
+  std::unique_ptr<queue::RedisClient> probe_redis;
   Result<pqxx::connection*> conn() { return pool->connection(); }
 
   // Runs a read on this thread's connection; if the connection turns out to be broken (e.g. the
@@ -433,6 +431,9 @@ struct AsyncApi::Impl {
   // and stream: true is refused).
   HttpResponse handle(const HttpRequest& req, BodyStream* stream = nullptr);
   HttpResponse readyz();
+  // The checks behind database_check and redis_check.
+  Status read_queue_depth();
+  Status ping_redis();
   // Prometheus text: this process's metrics plus the queue depth per model from Postgres.
   HttpResponse metrics_page();
   HttpResponse run_model(const HttpRequest& req, const std::string& account,
@@ -531,6 +532,15 @@ std::string route_of(std::string_view path) {
   return "other";
 }
 
+// Counts an answer in the request metrics; returns its route.
+std::string count_answer(std::string_view path, unsigned code) {
+  std::string route = route_of(path);
+  metrics::counter("headroom_http_requests_total", "HTTP requests answered, by route and status",
+                   "route=\"" + route + "\",code=\"" + std::to_string(code) + "\"")
+      .add();
+  return route;
+}
+
 }  // namespace
 
 Reply AsyncApi::handle_streaming(const HttpRequest& req) {
@@ -547,11 +557,7 @@ Reply AsyncApi::handle_streaming(const HttpRequest& req) {
     };
   }
   std::string_view target(req.target().data(), req.target().size());
-  std::string route = route_of(target.substr(0, target.find('?')));
-  metrics::counter("headroom_http_requests_total", "HTTP requests answered, by route and status",
-                   "route=\"" + route + "\",code=\"" +
-                       std::to_string(reply.response.result_int()) + "\"")
-      .add();
+  std::string route = count_answer(target.substr(0, target.find('?')), reply.response.result_int());
   metrics::histogram("headroom_http_response_seconds",
                      "Time to the response header (a streamed body continues after)",
                      "route=\"" + route + "\"")
@@ -573,10 +579,7 @@ HttpServerOptions AsyncApi::server_options() const {
     if (account.is_ok() || account.status().code() != StatusCode::kUnauthenticated) return std::nullopt;
     HttpResponse res = shaped_error(account.status(), is_openai_path(path) ? ErrorShape::kOpenAi
                                                                              : ErrorShape::kWorkersAi);
-    metrics::counter("headroom_http_requests_total", "HTTP requests answered, by route and status",
-                     "route=\"" + route_of(path) + "\",code=\"" + std::to_string(res.result_int()) +
-                         "\"")
-        .add();
+    count_answer(path, res.result_int());
     return res;
   };
   return o;
@@ -609,25 +612,7 @@ HttpResponse AsyncApi::Impl::metrics_page() {
   const char* kPoolHelp = "Postgres connections of the API's handlers: lent to a request, or open and idle";
   metrics::gauge("headroom_api_db_connections", kPoolHelp, "state=\"lent\"").set(lent);
   metrics::gauge("headroom_api_db_connections", kPoolHelp, "state=\"idle\"").set(open - lent);
-  Status st = queue_depth_check.run([&] {
-    std::lock_guard<std::mutex> one_at_a_time(probe_db_mu);
-    Result<pqxx::connection*> c = conn();
-    if (!c.is_ok()) return c.status();
-    Status read = queue::pg_guard("queue depth", [&]() -> Status {
-      pqxx::nontransaction tx(**c);
-      for (const auto& row : tx.exec(
-               "SELECT model, sum(num_total - num_completed - num_failed - num_cancelled - "
-               "num_expired) FROM batches WHERE finished_at IS NULL GROUP BY model")) {
-        metrics::gauge("headroom_async_pending_requests",
-                       "Requests of unfinished batches not yet ended (queued or running)",
-                       "model=\"" + row[0].as<std::string>() + "\"")
-            .set(row[1].as<double>());
-      }
-      return Status::ok();
-    });
-    if (read.code() == StatusCode::kUnavailable) pool->drop(); else pool->release();
-    return read;
-  }, [](const char* what) { return internal_error(std::string("queue depth: ") + what); });
+  Status st = database_check.run([this] { return read_queue_depth(); });
   metrics::gauge("headroom_metrics_database_up", "Whether the queue depth could be read")
       .set(st.is_ok() ? 1 : 0);
   HttpResponse res = json_response(200, metrics::render());
@@ -635,41 +620,43 @@ HttpResponse AsyncApi::Impl::metrics_page() {
   return res;
 }
 
-HttpResponse AsyncApi::Impl::readyz() {
-  return ready_check.run([this] {
-    json checks = json::object();
-    Status pg;
-    {
-      std::lock_guard<std::mutex> one_at_a_time(probe_db_mu);
-      Result<pqxx::connection*> c = conn();
-      pg = c.status();
-      if (pg.is_ok()) {
-        pg = queue::pg_guard("ping", [&]() -> Status {
-          pqxx::nontransaction(**c).exec("SELECT 1");
-          return Status::ok();
-        });
-      }
-      if (pg.is_ok()) pool->release(); else pool->drop();
+Status AsyncApi::Impl::read_queue_depth() {
+  Result<pqxx::connection*> c = conn();
+  if (!c.is_ok()) return c.status();
+  Status read = queue::pg_guard("queue depth", [&]() -> Status {
+    pqxx::nontransaction tx(**c);
+    for (const auto& row : tx.exec(
+             "SELECT model, sum(num_total - num_completed - num_failed - num_cancelled - "
+             "num_expired) FROM batches WHERE finished_at IS NULL GROUP BY model")) {
+      metrics::gauge("headroom_async_pending_requests",
+                     "Requests of unfinished batches not yet ended (queued or running)",
+                     "model=\"" + row[0].as<std::string>() + "\"")
+          .set(row[1].as<double>());
     }
-    checks["postgres"] = pg.is_ok() ? "ok" : pg.message();
-    // One Redis connection for every probe, reconnected by the client after a failure.
-    Status rs = Status::ok();
-    if (!readyz_redis) {
-      auto r = queue::RedisClient::connect(store.redis_url, 1000);
-      if (r.is_ok()) readyz_redis = std::move(r).value(); else rs = r.status();
-    }
-    if (readyz_redis) {
-      auto pong = readyz_redis->command({"PING"});
-      if (!pong.is_ok()) pong = readyz_redis->command({"PING"});  // stale (Redis restarted): reconnects
-      if (!pong.is_ok()) rs = pong.status();
-    }
-    checks["redis"] = rs.is_ok() ? "ok" : rs.message();
-    const bool ok = pg.is_ok() && rs.is_ok();
-    return json_response(ok ? 200 : 503, json{{"ready", ok}, {"checks", checks}}.dump());
-  }, [](const char* what) {
-    log::error("api.readyz_failed", {{"error", what}});
-    return json_response(503, R"({"ready":false,"checks":{}})");
+    return Status::ok();
   });
+  if (read.code() == StatusCode::kUnavailable) pool->drop(); else pool->release();
+  return read;
+}
+
+Status AsyncApi::Impl::ping_redis() {
+  if (!probe_redis) {
+    auto r = queue::RedisClient::connect(store.redis_url, 1000);
+    if (!r.is_ok()) return r.status();
+    probe_redis = std::move(r).value();
+  }
+  auto pong = probe_redis->command({"PING"});
+  if (!pong.is_ok()) pong = probe_redis->command({"PING"});  // stale (Redis restarted): reconnects
+  return pong.status();
+}
+
+HttpResponse AsyncApi::Impl::readyz() {
+  const Status pg = database_check.run([this] { return read_queue_depth(); });
+  const Status rs = redis_check.run([this] { return ping_redis(); });
+  json checks = {{"postgres", pg.is_ok() ? "ok" : pg.message()},
+                 {"redis", rs.is_ok() ? "ok" : rs.message()}};
+  const bool ok = pg.is_ok() && rs.is_ok();
+  return json_response(ok ? 200 : 503, json{{"ready", ok}, {"checks", checks}}.dump());
 }
 
 HttpResponse AsyncApi::Impl::handle(const HttpRequest& req, BodyStream* stream) {

@@ -13,11 +13,11 @@
 #include <sys/socket.h>
 
 #include <algorithm>
-#include <functional>
-#include <memory>
 #include <cerrno>
 #include <chrono>
+#include <functional>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -62,13 +62,12 @@ class OpenConnection {
 struct HttpServer::Impl {
   HttpServerOptions options;
   StreamingHandler handler;
-  // Before the io_context: sessions its destruction frees still count themselves out.
+  // Before the io_context: connections its destruction frees still count themselves out.
   std::atomic<int> in_flight{0};  // requests read in full and not yet answered
-  std::atomic<int> connections{0};
   std::atomic<bool> stopping{false};
-  // Open connections, so that stop() can end them. Guarded by sessions_mu.
-  std::mutex sessions_mu;
-  std::unordered_map<const void*, std::weak_ptr<OpenConnection>> sessions;
+  // Open connections (for the cap, and so that stop() can end them). Guarded by open_mu.
+  std::mutex open_mu;
+  std::unordered_map<const void*, std::weak_ptr<OpenConnection>> open_connections;
   asio::io_context ioc;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   // On its own strand: accepting and closing (at stop) never run at the same time.
@@ -84,20 +83,20 @@ struct HttpServer::Impl {
 
   void do_accept();
   // Shuts the sockets of the open connections down (those waiting for a request, or all), so that
-  // their sessions end and their clients see them closed rather than silent.
-  // Waits (up to a second) until each has done so, so that it happens before the io threads stop.
-  void shut_sessions(bool idle_only) {
+  // they end and their clients see them closed rather than silent. Waits (up to a second) until
+  // each has done so, so that it happens before the io threads stop.
+  void shut_connections(bool idle_only) {
     std::vector<std::shared_ptr<OpenConnection>> open;
     {
-      std::lock_guard<std::mutex> lock(sessions_mu);
-      for (const auto& [key, weak] : sessions) {
-        if (auto s = weak.lock()) open.push_back(std::move(s));
+      std::lock_guard<std::mutex> lock(open_mu);
+      for (const auto& [key, weak] : open_connections) {
+        if (auto c = weak.lock()) open.push_back(std::move(c));
       }
     }
+    if (open.empty()) return;
     auto left = std::make_shared<std::atomic<size_t>>(open.size());
     auto all_done = std::make_shared<std::promise<void>>();
     std::future<void> finished = all_done->get_future();
-    if (open.empty()) return;
     for (auto& s : open) {
       s->shut(idle_only, [left, all_done] {
         if (--*left == 0) all_done->set_value();
@@ -129,16 +128,13 @@ class ClientScope {
 class Session : public OpenConnection, public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket&& socket, HttpServer::Impl* server)
-      : stream_(std::move(socket)), server_(server) {
-    ++server_->connections;
-  }
+      : stream_(std::move(socket)), server_(server) {}
   ~Session() override {
     {
-      std::lock_guard<std::mutex> lock(server_->sessions_mu);
-      server_->sessions.erase(this);
+      std::lock_guard<std::mutex> lock(server_->open_mu);
+      server_->open_connections.erase(this);
     }
     settle();
-    --server_->connections;
   }
 
   void shut(bool idle_only, std::function<void()> done) override {
@@ -152,12 +148,15 @@ class Session : public OpenConnection, public std::enable_shared_from_this<Sessi
   }
 
   void start() {
+    size_t open = 0;
     {
-      std::lock_guard<std::mutex> lock(server_->sessions_mu);
-      server_->sessions[this] = weak_from_this();
+      std::lock_guard<std::mutex> lock(server_->open_mu);
+      server_->open_connections[this] = weak_from_this();
+      open = server_->open_connections.size();
     }
-    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] {
-      if (self->server_->connections.load() > self->server_->options.max_connections) {
+    const bool over_cap = open > static_cast<size_t>(server_->options.max_connections);
+    asio::dispatch(stream_.get_executor(), [self = shared_from_this(), over_cap] {
+      if (over_cap) {
         metrics::counter("headroom_http_connections_refused_total",
                          "Connections answered 503 because max_connections were open")
             .add();
@@ -205,7 +204,7 @@ class Session : public OpenConnection, public std::enable_shared_from_this<Sessi
     parser_->body_limit(limit_);  // for chunked bodies, counted as they arrive
     if (!o.check_header || parser_->is_done()) return expect_body();
     // The check may block (a key looked up in the database): it runs on the handler pool while
-    // nothing else touches this session.
+    // no read or write of this connection is under way.
     asio::post(server_->pool, [self = shared_from_this()] {
       std::optional<HttpResponse> early;
       try {
@@ -428,7 +427,7 @@ class Session : public OpenConnection, public std::enable_shared_from_this<Sessi
   std::optional<http::request_parser<http::string_body>> parser_;
   size_t limit_ = 0;      // the body limit of the request being read
   bool upload_ = false;   // the request being read is an upload
-  bool counted_ = false;  // a request of this session is counted in server_->in_flight
+  bool counted_ = false;  // the request being answered is counted in server_->in_flight
   bool idle_ = false;     // waiting for a request's header
   HttpServer::Impl* server_;
 };
@@ -501,13 +500,13 @@ void HttpServer::stop() {
   acceptor_closed.wait_for(std::chrono::seconds(1));
   // Kept-alive connections between requests end now; their clients (the API's router, say) see
   // them closed and go elsewhere rather than send a request that would wait unanswered.
-  impl_->shut_sessions(/*idle_only=*/true);
+  impl_->shut_connections(/*idle_only=*/true);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(impl_->options.drain_timeout_s);
   // A request counts until its answer is written, so none is cut off here unless it overran.
   while (impl_->in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  impl_->shut_sessions(/*idle_only=*/false);
+  impl_->shut_connections(/*idle_only=*/false);
   impl_->work.reset();
   impl_->ioc.stop();
   for (auto& t : impl_->threads) t.join();

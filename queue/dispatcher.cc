@@ -46,8 +46,8 @@ namespace {
 // Two batches whose ids hash alike merely take turns.
 constexpr int kRelayLockSpace = 0x4852;  // "HR"
 
-// Holds the advisory lock of one batch's relay on `pg`'s session for as long as it lives (if it got
-// it); unlocked on every way out, and if the connection broke, the lock went with it.
+// Holds the advisory lock of one batch's relay on the connection `pg` for as long as it lives (if it
+// got it); unlocked on every way out, and if the connection broke, the lock went with it.
 class RelayLock {
  public:
   // wait: block until the lock is free; else try once.
@@ -127,9 +127,18 @@ Result<bool> Dispatcher::ensure_stream(const std::string& model) {
   return true;
 }
 
+bool Dispatcher::stream_ready(const std::string& model) {
+  Result<bool> ensured = ensure_stream(model);
+  if (!ensured.is_ok()) {
+    log::warn("dispatcher.stream_check_failed", {{"model", model}, {"error", ensured.status()}});
+  }
+  return ensured.is_ok();
+}
+
 // The relay holds no row lock while it talks to Redis: workers update their batches' rows with
 // every result, and a slow Redis must not stall them. Instead:
-//  - a session-level advisory lock per batch keeps two dispatchers from relaying one batch, and
+//  - an advisory lock per batch, held by the relaying connection, keeps two dispatchers from
+//    relaying one batch, and
 //    a rewind after a lost stream (ensure_stream) from racing a relay;
 //  - the cursor moves only if no resync happened during the pushes (a resync rewinds every
 //    cursor, since what was pushed may be lost): the Redis instance recorded in the database is
@@ -149,19 +158,7 @@ Result<int> Dispatcher::relay_once() {
     return Status::ok();
   });
   if (!st.is_ok()) return st;
-  // A model whose stream cannot be looked at (a key of another type, say) waits; the rest go on.
-  Status stream_error = Status::ok();
-  for (auto it = models.begin(); it != models.end();) {
-    Result<bool> ensured = ensure_stream(*it);
-    if (ensured.is_ok()) {
-      ++it;
-      continue;
-    }
-    log::warn("dispatcher.stream_check_failed", {{"model", *it}, {"error", ensured.status()}});
-    stream_error = ensured.status();
-    it = models.erase(it);
-  }
-  if (models.empty() && !stream_error.is_ok()) return stream_error;
+  std::erase_if(models, [this](const std::string& model) { return !stream_ready(model); });
   int relayed = 0;
   st = pg_.run("relay", [&](pqxx::connection& pg) -> Status {
     struct Due {
@@ -199,8 +196,7 @@ Result<int> Dispatcher::relay_once() {
         pqxx::read_transaction tx(pg);
         observed = observed_redis(tx, false);
         pqxx::result b = tx.exec_params(
-            "SELECT num_dispatched, num_total FROM batches WHERE id = $1::uuid "
-            "AND num_dispatched < num_total AND status IN ('queued', 'running')",
+            std::string("SELECT num_dispatched, num_total FROM batches WHERE id = $1::uuid AND ") + kDue,
             d.id);
         if (b.empty()) continue;  // relayed meanwhile, or ended
         ++taken;
@@ -428,7 +424,7 @@ Result<int> Dispatcher::reclaim_idle_entries() {
   if (!st.is_ok()) return st;
   int reclaimed = 0;
   for (const std::string& model : models) {
-    HR_RETURN_IF_ERROR(ensure_stream(model).status());
+    if (!stream_ready(model)) continue;
     HR_ASSIGN_OR_RETURN(RedisReply r,
                         redis_->command({"XAUTOCLAIM", stream_key(model), kConsumerGroup,
                                          options_.name, std::to_string(options_.reclaim_idle_ms),

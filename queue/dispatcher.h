@@ -15,8 +15,8 @@
 #include <pqxx/pqxx>
 
 #include <atomic>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -81,6 +81,9 @@ class Dispatcher {
  private:
   Dispatcher(std::string database_url, std::unique_ptr<RedisClient> redis,
              DispatcherOptions options);
+  // ensure_stream(), logging a failure: false when the model's stream cannot be used this tick (a
+  // key of another type, say), so that the other models go on.
+  bool stream_ready(const std::string& model);
 
   std::string database_url_;
   PgSession pg_;

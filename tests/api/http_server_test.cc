@@ -28,16 +28,32 @@ namespace {
 
 namespace http = boost::beast::http;
 
+// A server on a free port that counts the requests it handles; /slow takes `slow_ms`.
+struct CountingServer {
+  std::atomic<int> handled{0};
+  std::atomic<bool> slow_done{false};  // a /slow request has been handled
+  HttpServer server;
+  CountingServer(HttpServerOptions o, int slow_ms)
+      : server(with_free_port(std::move(o)), [this, slow_ms](const HttpRequest& req) {
+          ++handled;
+          if (req.target() == "/slow") {
+            std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
+            slow_done = true;
+          }
+          return json_response(200, "{\"ok\":true}");
+        }) {}
+  static HttpServerOptions with_free_port(HttpServerOptions o) {
+    o.port = 0;
+    return o;
+  }
+};
+
 TEST(HttpServerTest, StopFinishesInFlightRequestsThenRefusesNewOnes) {
-  std::atomic<int> started{0};
   HttpServerOptions o;
-  o.port = 0;
   o.body_limit_bytes = 1024;
-  HttpServer server(o, [&](const HttpRequest& req) {
-    ++started;
-    if (req.target() == "/slow") std::this_thread::sleep_for(std::chrono::milliseconds(400));
-    return json_response(200, "{\"ok\":true}");
-  });
+  CountingServer counting(o, 400);
+  HttpServer& server = counting.server;
+  std::atomic<int>& started = counting.handled;
   ASSERT_TRUE(server.start().is_ok());
   int port = server.port();
   ASSERT_GT(port, 0);
@@ -172,14 +188,9 @@ TEST(HttpServerTest, HandlersSeeTheirClientHangUp) {
 // A request whose body arrives only after stop() began is answered 503 and never handled: its
 // client would not hear of the work otherwise. The request in flight still finishes.
 TEST(HttpServerTest, ARequestReadAfterStopBeganGets503AndIsNotHandled) {
-  std::atomic<int> handled{0};
-  HttpServerOptions o;
-  o.port = 0;
-  HttpServer server(o, [&](const HttpRequest& req) {
-    ++handled;
-    if (req.target() == "/slow") std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    return json_response(200, "{\"ok\":true}");
-  });
+  CountingServer counting({}, 500);
+  HttpServer& server = counting.server;
+  std::atomic<int>& handled = counting.handled;
   ASSERT_TRUE(server.start().is_ok());
   int port = server.port();
   RawConnection late(port);
@@ -202,23 +213,15 @@ TEST(HttpServerTest, ARequestReadAfterStopBeganGets503AndIsNotHandled) {
 // stop() closes the listener before it returns, and ends kept-alive connections that wait for a
 // request at once, so that their clients go elsewhere, while a request in flight still finishes.
 TEST(HttpServerTest, StopClosesTheListenerAndIdleConnectionsAtOnce) {
-  std::atomic<int> handled{0};
-  std::atomic<bool> slow_done{false};
-  HttpServerOptions o;
-  o.port = 0;
-  HttpServer server(o, [&](const HttpRequest& req) {
-    ++handled;
-    if (req.target() == "/slow") {
-      std::this_thread::sleep_for(std::chrono::milliseconds(800));
-      slow_done = true;
-    }
-    return json_response(200, "{}");
-  });
+  CountingServer counting({}, 800);
+  HttpServer& server = counting.server;
+  std::atomic<int>& handled = counting.handled;
+  std::atomic<bool>& slow_done = counting.slow_done;
   ASSERT_TRUE(server.start().is_ok());
   int port = server.port();
   RawConnection idle(port, 5000);
   idle.send("GET /fast HTTP/1.1\r\nHost: x\r\n\r\n");
-  std::string first = idle.receive("{}");
+  std::string first = idle.receive("{\"ok\":true}");
   ASSERT_EQ(first.rfind("HTTP/1.1 200", 0), 0u) << first;
   testing::HttpResult slow;
   std::thread client([&] { slow = testing::http_call("GET", port, "/slow"); });
@@ -259,9 +262,9 @@ TEST(HttpServerTest, ASlowHeaderCheckDoesNotUseUpTheBodysTime) {
 // Beyond max_connections a connection is answered 503 at once; once one closes, there is room.
 TEST(HttpServerTest, ConnectionsBeyondTheCapAreRefusedWith503) {
   HttpServerOptions o;
-  o.port = 0;
   o.max_connections = 2;
-  HttpServer server(o, [&](const HttpRequest&) { return json_response(200, "{}"); });
+  CountingServer counting(o, 0);
+  HttpServer& server = counting.server;
   ASSERT_TRUE(server.start().is_ok());
   int port = server.port();
   auto first = std::make_unique<RawConnection>(port);
@@ -320,9 +323,9 @@ TEST(HttpServerTest, CheckHeaderAnswersBeforeTheBodyIsRead) {
 // it cannot take, and serves again once descriptors are free.
 TEST(HttpServerTest, AcceptingWithoutFileDescriptorsWaitsInsteadOfSpinning) {
   HttpServerOptions o;
-  o.port = 0;
   o.io_threads = 1;
-  HttpServer server(o, [&](const HttpRequest&) { return json_response(200, "{}"); });
+  CountingServer counting(o, 0);
+  HttpServer& server = counting.server;
   ASSERT_TRUE(server.start().is_ok());
   int port = server.port();
   rlimit old{};

@@ -43,6 +43,31 @@ int complete_all(LeaseClient& c, Dispatcher& d, int limit) {
   return done;
 }
 
+// A private stack with a migrated database, an account and a batch of `n` requests for `model`.
+struct StackWithBatch {
+  hr::testing::PrivateStack stack;
+  std::unique_ptr<pqxx::connection> conn;
+  std::string account;
+  std::string model = "@test/stack";
+  std::string submit(int n) {
+    NewBatch b;
+    b.account_id = account;
+    b.model = model;
+    for (int i = 0; i < n; ++i) b.requests.push_back({std::nullopt, "{}"});
+    return submit_batch(*conn, b).value().batch_id;
+  }
+  int64_t scalar(const std::string& sql) {
+    pqxx::nontransaction tx(*conn);
+    return tx.exec1(sql)[0].as<int64_t>();
+  }
+  bool ok() {
+    if (!stack.ok() || !migrate(stack.database_url(), bundled_migrations()).is_ok()) return false;
+    conn = std::make_unique<pqxx::connection>(stack.database_url());
+    account = create_api_key(*conn, "acct").value().account_id;
+    return true;
+  }
+};
+
 enum class RedisLoss { kFlush, kRestart, kEvictStream };
 
 // Makes Redis evict the model's stream under memory pressure (only keys with a TTL may go, and the
@@ -72,20 +97,13 @@ void evict_stream(const std::string& redis_url, const std::string& model) {
 }
 
 void run_redis_loss(RedisLoss loss) {
-  hr::testing::PrivateStack stack;
-  ASSERT_TRUE(stack.ok());
-  ASSERT_TRUE(migrate(stack.database_url(), bundled_migrations()).is_ok());
-  pqxx::connection conn(stack.database_url());
-  std::string account = create_api_key(conn, "acct").value().account_id;
-  NewBatch b;
-  b.account_id = account;
-  b.model = "@test/flush";
-  for (int i = 0; i < 200; ++i) b.requests.push_back({std::nullopt, "{}"});
-  std::string batch = submit_batch(conn, b).value().batch_id;
-
+  StackWithBatch s;
+  ASSERT_TRUE(s.ok());
+  hr::testing::PrivateStack& stack = s.stack;
+  std::string batch = s.submit(200);
   auto d = Dispatcher::create(stack.database_url(), stack.redis_url(), {}).value();
-  auto c = LeaseClient::create(stack.database_url(), stack.redis_url(),
-                               {"@test/flush", "w", 30000, 3}).value();
+  auto c = LeaseClient::create(stack.database_url(), stack.redis_url(), {s.model, "w", 30000, 3})
+               .value();
   EXPECT_EQ(complete_all(*c, *d, 50), 50);
   switch (loss) {
     case RedisLoss::kFlush:
@@ -95,24 +113,23 @@ void run_redis_loss(RedisLoss loss) {
       ASSERT_TRUE(stack.restart_redis_empty());
       break;
     case RedisLoss::kEvictStream: {
-      evict_stream(stack.redis_url(), "@test/flush");
+      evict_stream(stack.redis_url(), s.model);
       // Workers do not create the group again (that would hide the loss): nothing to pull until
       // a dispatcher has looked.
       auto early = c->pull(10, 0);
       ASSERT_TRUE(early.is_ok()) << early.status().to_string();
       EXPECT_TRUE(early->empty());
       auto redis = RedisClient::connect(stack.redis_url(), 5000).value();
-      EXPECT_FALSE(group_exists(*redis, "@test/flush").value());
+      EXPECT_FALSE(group_exists(*redis, s.model).value());
       break;
     }
   }
   // The stream and its group are gone; the dispatcher notices and re-sends what is queued.
   EXPECT_EQ(complete_all(*c, *d, 150), 150);
-  auto info = get_batch(conn, account, batch).value();
+  auto info = get_batch(*s.conn, s.account, batch).value();
   EXPECT_EQ(info.status, "completed");
   EXPECT_EQ(info.num_completed, 200);
-  pqxx::nontransaction tx(conn);
-  EXPECT_EQ(tx.exec1("SELECT count(*) FROM requests WHERE status = 'completed'")[0].as<int>(), 200);
+  EXPECT_EQ(s.scalar("SELECT count(*) FROM requests WHERE status = 'completed'"), 200);
 }
 
 TEST(FaultTest, RedisFlushedMidBatchStillCompletesEverything) { run_redis_loss(RedisLoss::kFlush); }
@@ -125,31 +142,6 @@ TEST(FaultTest, RedisRestartedEmptyMidBatchStillCompletesEverything) {
 TEST(FaultTest, AStreamEvictedMidBatchStillCompletesEverything) {
   run_redis_loss(RedisLoss::kEvictStream);
 }
-
-// A private stack with a migrated database, an account and a batch of `n` requests for `model`.
-struct StackWithBatch {
-  hr::testing::PrivateStack stack;
-  std::unique_ptr<pqxx::connection> conn;
-  std::string account;
-  std::string model = "@test/relay";
-  std::string submit(int n) {
-    NewBatch b;
-    b.account_id = account;
-    b.model = model;
-    for (int i = 0; i < n; ++i) b.requests.push_back({std::nullopt, "{}"});
-    return submit_batch(*conn, b).value().batch_id;
-  }
-  int64_t scalar(const std::string& sql) {
-    pqxx::nontransaction tx(*conn);
-    return tx.exec1(sql)[0].as<int64_t>();
-  }
-  bool ok() {
-    if (!stack.ok() || !migrate(stack.database_url(), bundled_migrations()).is_ok()) return false;
-    conn = std::make_unique<pqxx::connection>(stack.database_url());
-    account = create_api_key(*conn, "acct").value().account_id;
-    return true;
-  }
-};
 
 // Runs d.relay_once() while Redis takes no writes for `pause_ms`; `meanwhile` runs `after_ms` in,
 // while the relay waits on Redis.

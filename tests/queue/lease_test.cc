@@ -316,7 +316,7 @@ TEST_F(LeaseTest, DeadlinePassedExpiresUnstartedRequests) {
   EXPECT_EQ(scalar("SELECT count(*) FROM outbox WHERE event_type = 'batch.expired'"), 1);
 }
 
-// Batches other dispatchers are relaying (their relay locks held, here by another session) are
+// Batches other dispatchers are relaying (their relay locks held, here by another connection) are
 // passed over however many there are: the later ones are relayed meanwhile.
 TEST_F(LeaseTest, TheRelayPassesOverBatchesOthersAreRelaying) {
   std::vector<std::string> batches;
