@@ -12,6 +12,36 @@ Status bad(const std::string& msg, const std::string& field) { return invalid_ar
 
 bool is_int(const json& v) { return v.is_number_integer() || v.is_number_unsigned(); }
 
+// A message's text: a string, or OpenAI's array of content parts, of which only text parts
+// ({"type": "text", "text": "..."}) are served; their texts are joined with newlines.
+Result<std::string> message_text(const json& m, const std::string& field) {
+  auto it = m.find("content");
+  if (it == m.end() || !(it->is_string() || it->is_array())) {
+    return bad("'content' must be a string or an array of text parts", field);
+  }
+  if (it->is_string()) return it->get<std::string>();
+  if (it->empty()) return bad("'content' has no parts", field);
+  std::string text;
+  for (size_t j = 0; j < it->size(); ++j) {
+    const json& part = (*it)[j];
+    const std::string f = field + "[" + std::to_string(j) + "]";
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
+      return bad("each content part must be an object with a string 'type'", f + ".type");
+    }
+    if (part["type"] != "text") {
+      return bad("content parts of type '" + part["type"].get<std::string>() +
+                     "' are not served: this model reads text parts only",
+                 f + ".type");
+    }
+    if (!part.contains("text") || !part["text"].is_string()) {
+      return bad("a text part's 'text' must be a string", f + ".text");
+    }
+    if (j > 0) text += "\n";
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
 }  // namespace
 
 Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
@@ -44,10 +74,8 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
           role != "developer") {
         return bad("role must be one of system, user, assistant, tool, developer", f + ".role");
       }
-      if (!m.contains("content") || !m["content"].is_string()) {
-        return bad("'content' must be a string", f + ".content");
-      }
-      norm.push_back({{"role", role}, {"content", m["content"]}});
+      HR_ASSIGN_OR_RETURN(std::string content, message_text(m, f + ".content"));
+      norm.push_back({{"role", role}, {"content", std::move(content)}});
     }
     out["messages"] = std::move(norm);
   } else {
@@ -85,13 +113,15 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
   HR_ASSIGN_OR_RETURN(double fp, number("frequency_penalty", -2.0, 2.0, 0.0));
   HR_ASSIGN_OR_RETURN(double pp, number("presence_penalty", -2.0, 2.0, 0.0));
   HR_ASSIGN_OR_RETURN(double rp, number("repetition_penalty", 0.0, 2.0, 1.0));
-  (void)fp;
-  (void)pp;
-  (void)rp;
   if (top_p == 0.0) return bad("'top_p' must be greater than 0", "top_p");
+  if (rp == 0.0) return bad("'repetition_penalty' must be greater than 0", "repetition_penalty");
   // Defaults are the worker's; only what the caller set is stored.
-  if (req.contains("temperature") && !req["temperature"].is_null()) out["temperature"] = temperature;
-  if (req.contains("top_p") && !req["top_p"].is_null()) out["top_p"] = top_p;
+  auto given = [&](const char* key) { return req.contains(key) && !req[key].is_null(); };
+  if (given("temperature")) out["temperature"] = temperature;
+  if (given("top_p")) out["top_p"] = top_p;
+  if (given("frequency_penalty") && fp != 0.0) out["frequency_penalty"] = fp;
+  if (given("presence_penalty") && pp != 0.0) out["presence_penalty"] = pp;
+  if (given("repetition_penalty") && rp != 1.0) out["repetition_penalty"] = rp;
   if (req.contains("top_k") && !req["top_k"].is_null()) {
     if (!is_int(req["top_k"]) || req["top_k"].get<int64_t>() < 0 ||
         req["top_k"].get<int64_t>() > 1000) {

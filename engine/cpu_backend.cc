@@ -192,7 +192,9 @@ Status CpuBackend::submit(const StepInput& in, const SampleSpec* specs) {
   HR_RETURN_IF_ERROR(forward(resolved, logits_.data()));
   std::vector<int32_t> tokens(static_cast<size_t>(std::max(0, in.num_logits)));
   for (int i = 0; i < in.num_logits; ++i) {
-    tokens[static_cast<size_t>(i)] = sample_token(&logits_[static_cast<size_t>(i) * V], V, specs[i]);
+    float* row = &logits_[static_cast<size_t>(i) * V];
+    apply_penalties(row, V, specs[i], resolved.token_ids[in.logits_rows[i]]);
+    tokens[static_cast<size_t>(i)] = sample_token(row, V, specs[i]);
   }
   last_tokens_ = tokens;
   outstanding_.push_back(std::move(tokens));

@@ -38,7 +38,7 @@ class CpuBackend final : public Backend {
   size_t weight_bytes() const override { return weights_->num_bytes(); }
   size_t kv_cache_bytes() const override;
   [[nodiscard]] Status forward(const StepInput& in, float* logits) override;
-  // Samples on the host with sample_token(logits, vocab, spec).
+  // Samples on the host: apply_penalties, then sample_token(logits, vocab, spec).
   [[nodiscard]] Status submit(const StepInput& in, const SampleSpec* specs) override;
   [[nodiscard]] Status collect(int32_t* tokens) override;
   void discard() override { outstanding_.clear(); }

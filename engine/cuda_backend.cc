@@ -43,7 +43,7 @@ kernels::GemvParams gemv_params(const __nv_bfloat16* w, int m, int n, int k) {
 // Byte offsets of one step's inputs inside the staging buffers (each 16-byte aligned).
 struct CudaBackend::StepLayout {
   size_t token_ids = 0, fed_rows = 0, positions = 0, slots = 0, logits_rows = 0, block_table = 0, decode_items = 0,
-         prefill_items = 0, combine_items = 0, sample_params = 0, total = 0;
+         prefill_items = 0, combine_items = 0, sample_params = 0, penalty_tokens = 0, total = 0;
   int num_tokens = 0, num_logits = 0;
   // The block tables' row pitch on the device (the attention kernels' max_blocks_per_seq), and
   // the columns given (packed at that width on the host; the rest of each device row is not read).
@@ -124,7 +124,13 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   lay.prefill_items = place(prefill.size() * sizeof(kernels::AttentionWorkItem));
   lay.combine_items = place(combine.size() * sizeof(kernels::AttentionCombineItem));
   lay.sample_params = place(static_cast<size_t>(L) * sizeof(kernels::SampleParams));
-  lay.block_table = place(static_cast<size_t>(S) * lay.max_blocks_per_seq * 4);  // last: see the copy below
+  lay.block_table = place(static_cast<size_t>(S) * lay.max_blocks_per_seq * 4);  // see the copy below
+  // After the block tables, so that the offsets before stay those a decode graph captured.
+  size_t num_penalty_tokens = 0;
+  for (int i = 0; specs && i < L; ++i) {
+    if (specs[i].has_penalties()) num_penalty_tokens += static_cast<size_t>(std::max(0, specs[i].num_penalty_tokens));
+  }
+  lay.penalty_tokens = place(num_penalty_tokens * sizeof(kernels::PenaltyToken));
   lay.total = off;
   Slot& slot = slots_[slot_index];
   if (lay.total > slot.bytes) HR_RETURN_IF_ERROR(grow_slot(slot, std::max<size_t>(lay.total * 2, 1 << 20)));
@@ -150,12 +156,25 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   std::memcpy(h + lay.combine_items, combine.data(), combine.size() * sizeof(kernels::AttentionCombineItem));
   if (specs) {
     auto* sp = reinterpret_cast<kernels::SampleParams*>(h + lay.sample_params);
+    auto* seen = reinterpret_cast<kernels::PenaltyToken*>(h + lay.penalty_tokens);
+    int32_t listed = 0;
     for (int i = 0; i < L; ++i) {
+      const SampleSpec& spec = specs[i];
       sp[i] = kernels::SampleParams{};
-      sp[i].temperature = specs[i].temperature;
-      sp[i].top_p = specs[i].top_p;
-      sp[i].top_k = specs[i].top_k;
-      sp[i].random = specs[i].random;
+      sp[i].temperature = spec.temperature;
+      sp[i].top_p = spec.top_p;
+      sp[i].top_k = spec.top_k;
+      sp[i].random = spec.random;
+      if (!spec.has_penalties()) continue;
+      sp[i].frequency_penalty = spec.frequency_penalty;
+      sp[i].presence_penalty = spec.presence_penalty;
+      sp[i].repetition_penalty = spec.repetition_penalty;
+      sp[i].input_row = spec.penalize_input ? in.logits_rows[i] : -1;
+      const int n = std::max(0, spec.num_penalty_tokens);
+      for (int k = 0; k < n; ++k) seen[listed + k] = {spec.penalty_tokens[k].token, spec.penalty_tokens[k].count};
+      sp[i].penalty_begin = listed;
+      listed += n;
+      sp[i].penalty_end = listed;
     }
   }
   // One copy; or, when a graph's block tables are wider than the step's, everything before them
@@ -166,6 +185,10 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   if (bytes != lay.total) {
     HR_CUDA("copying block tables", cudaMemcpy2DAsync(slot.dev + lay.block_table, pitch, h + lay.block_table, cols,
                                                       cols, S, cudaMemcpyHostToDevice, stream_));
+    if (num_penalty_tokens > 0) {
+      HR_CUDA("copying penalty lists", cudaMemcpyAsync(slot.dev + lay.penalty_tokens, h + lay.penalty_tokens,
+                                                       lay.total - lay.penalty_tokens, cudaMemcpyHostToDevice, stream_));
+    }
   }
   return Status::ok();
 }
@@ -202,7 +225,7 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   kernels::set_programmatic_launch(pl == ProgrammaticLaunch::kOn || (pl == ProgrammaticLaunch::kAuto && !lay.fused));
   mark("start");
   HR_CUDA("embedding", kernels::embedding_gather(embed_, d_tokens, reinterpret_cast<const int32_t*>(d + lay.fed_rows),
-                                                 tokens_, T, config_.vocab_size, D, x_, stream_));
+                                                 tokens_, T, config_.vocab_size, D, x_, input_ids_, stream_));
   mark("embedding");
   kernels::AddRmsNormParams norm;
   norm.x = x_;
@@ -347,7 +370,8 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   if (sample) {
     HR_CUDA("sampling", kernels::sample_tokens(logits_, L, V,
                                                reinterpret_cast<const kernels::SampleParams*>(d + lay.sample_params),
-                                               tokens_, stream_));
+                                               reinterpret_cast<const kernels::PenaltyToken*>(d + lay.penalty_tokens),
+                                               input_ids_, tokens_, stream_));
   }
   mark("sampling");
   return Status::ok();

@@ -247,6 +247,7 @@ class CudaBackend final : public Backend {
   __nv_bfloat16* final_ = nullptr;   // [S, D]
   float* logits_ = nullptr;          // [S, V]
   int32_t* tokens_ = nullptr;        // [S]
+  int32_t* input_ids_ = nullptr;     // [T]: each token row's input token as the embedding read it
   float* partial_out_ = nullptr;     // [max_partials, num_heads, head_dim]
   float* partial_ml_ = nullptr;      // [max_partials, num_heads, 2]
   int32_t* combine_counters_ = nullptr;  // [max_partials / 2, num_kv_heads], zero between launches

@@ -167,6 +167,7 @@ Status CudaBackend::init_runtime() {
   HR_RETURN_IF_ERROR(act(&final_, S * D * 2, "activations"));
   HR_RETURN_IF_ERROR(act(&logits_, S * V * 4, "logits"));
   HR_RETURN_IF_ERROR(act(&tokens_, S * 4, "tokens"));
+  HR_RETURN_IF_ERROR(act(&input_ids_, T * 4, "tokens"));
   HR_RETURN_IF_ERROR(act(&x2_, static_cast<size_t>(kernels::kGemvMaxFusedRows) * D * 4, "activations"));
   sumsq_bytes_ = static_cast<size_t>(2 * c.num_layers) * kernels::kGemvMaxFusedRows * 4;
   HR_RETURN_IF_ERROR(act(&sumsq_, sumsq_bytes_, "norm sums"));

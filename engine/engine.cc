@@ -65,6 +65,9 @@ Result<int64_t> Engine::add(GenerationRequest r) {
   seq->max_length = max_model_len_;
   seq->params = std::move(r.params);
   seq->rng.seed(seq->params.seed ? *seq->params.seed : std::random_device{}());
+  if (seq->params.repetition_penalty != 1.0f) {
+    for (int32_t t : seq->tokens) seq->penalty_counts.emplace(t, 0);
+  }
   Active a;
   a.on_event = std::move(r.on_event);
   if (tokenizer_) a.decoder = std::make_unique<StreamDecoder>(*tokenizer_);
@@ -116,6 +119,7 @@ bool Engine::advance(Active& a, int32_t token) {
   Sequence& s = *a.seq;
   s.tokens.push_back(token);
   const SamplingParams& p = s.params;
+  if (p.has_penalties()) ++s.penalty_counts[token];
   bool eos = !p.ignore_eos && tokenizer_ &&
              std::find(tokenizer_->eos_ids().begin(), tokenizer_->eos_ids().end(), token) !=
                  tokenizer_->eos_ids().end();
@@ -176,6 +180,7 @@ Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats)
   logits_rows_.clear();
   fed_rows_.clear();
   specs_.clear();
+  penalty_tokens_.clear();
   bool any_fed = false;
   seq_start_.assign(static_cast<size_t>(num_seqs) + 1, 0);
   block_table_.assign(static_cast<size_t>(num_seqs) * max_blocks, 0);
@@ -199,11 +204,28 @@ Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats)
     std::copy(s.blocks.begin(), s.blocks.end(), block_table_.begin() + static_cast<long>(i) * max_blocks);
     if (ss.sample) {
       logits_rows_.push_back(static_cast<int32_t>(token_ids_.size()) - 1);
-      specs_.push_back({s.params.temperature, s.params.top_p, s.params.top_k, s.rng()});
+      SampleSpec spec{s.params.temperature, s.params.top_p, s.params.top_k, s.rng()};
+      if (s.params.has_penalties()) {
+        spec.frequency_penalty = s.params.frequency_penalty;
+        spec.presence_penalty = s.params.presence_penalty;
+        spec.repetition_penalty = s.params.repetition_penalty;
+        // The lists go one after another; pointers are set once the buffer stops moving.
+        for (const auto& [token, count] : s.penalty_counts) penalty_tokens_.push_back({token, count});
+        spec.num_penalty_tokens = static_cast<int>(s.penalty_counts.size());
+        // The row's input token was sampled by the step still running: counted on the device.
+        spec.penalize_input = fed_rows_.back() >= 0;
+      }
+      specs_.push_back(spec);
     }
     (s.num_computed >= s.num_prompt ? stats->num_decode_tokens : stats->num_prefill_tokens) += ss.num_tokens;
   }
   seq_start_[static_cast<size_t>(num_seqs)] = static_cast<int32_t>(token_ids_.size());
+  size_t listed = 0;
+  for (SampleSpec& spec : specs_) {
+    if (!spec.has_penalties()) continue;
+    spec.penalty_tokens = penalty_tokens_.data() + listed;
+    listed += static_cast<size_t>(spec.num_penalty_tokens);
+  }
   StepInput in;
   in.num_tokens = static_cast<int>(token_ids_.size());
   in.num_seqs = num_seqs;

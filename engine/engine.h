@@ -157,6 +157,7 @@ class Engine {
   std::optional<Submitted> in_flight_;  // submitted, not collected (pipelined)
   std::vector<int32_t> token_ids_, positions_, seq_start_, block_table_, logits_rows_, fed_rows_;
   std::vector<SampleSpec> specs_;
+  std::vector<PenaltyToken> penalty_tokens_;  // the specs' penalty lists, one after another
   std::vector<int32_t> sampled_;
 };
 

@@ -1,5 +1,6 @@
-// Token sampling from one row of logits: greedy, temperature, top-k, top-p, with a per-sequence
-// random generator (seeded requests are reproducible). Pure function of its inputs.
+// Token sampling from one row of logits: penalties for tokens already seen, then greedy,
+// temperature, top-k, top-p, with a per-sequence random generator (seeded requests are
+// reproducible). Pure functions of their inputs.
 #pragma once
 
 #include <cstdint>
@@ -15,14 +16,31 @@ struct SamplingParams {
   float top_p = 1.0f;
   int top_k = 0;             // 0: no limit
   std::optional<uint64_t> seed;
+  // OpenAI's penalties over the tokens generated so far: each logit loses frequency_penalty times
+  // its token's count, and presence_penalty once if the token occurs at all. repetition_penalty
+  // (as in Hugging Face transformers) over the prompt's and the generated tokens: a positive logit
+  // is divided by it, a negative one multiplied. Applied first, then frequency and presence.
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
   int max_tokens = 256;
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
+
+  bool has_penalties() const {
+    return frequency_penalty != 0.0f || presence_penalty != 0.0f || repetition_penalty != 1.0f;
+  }
 };
 
 int32_t sample_token(const float* logits, int vocab, const SamplingParams& params,
                      std::mt19937_64& rng);
+
+// A token a sequence has seen: how often it was generated so far (0: it is only in the prompt).
+struct PenaltyToken {
+  int32_t token = 0;
+  int32_t count = 0;
+};
 
 // How one logits row is sampled inside a backend: the sequence's parameters and 64 bits drawn from
 // its generator for this step (the same spec gives the same token).
@@ -31,9 +49,36 @@ struct SampleSpec {
   float top_p = 1.0f;
   int top_k = 0;
   uint64_t random = 0;
+  // Penalties (SamplingParams) over the distinct tokens penalty_tokens lists; a backend reads
+  // the list during submit() only. The prompt's tokens are listed only for repetition_penalty.
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  const PenaltyToken* penalty_tokens = nullptr;
+  int num_penalty_tokens = 0;
+  // The row's own input token is one more generated token that penalty_tokens does not count
+  // yet: the token a pipelined step is fed from the step before, which the host has not seen.
+  bool penalize_input = false;
+
+  bool has_penalties() const {
+    return frequency_penalty != 0.0f || presence_penalty != 0.0f || repetition_penalty != 1.0f;
+  }
 };
 
-// sample_token with the spec's parameters and a generator seeded from its random bits.
+// One token's logit after the penalties, for a token seen `count` times in the output (0: only in
+// the prompt). The CUDA sampler computes the same expression.
+inline float penalized_logit(float logit, int count, float frequency, float presence, float repetition) {
+  if (repetition != 1.0f) logit = logit > 0.0f ? logit / repetition : logit * repetition;
+  if (count > 0) logit -= frequency * static_cast<float>(count) + presence;
+  return logit;
+}
+
+// Applies the spec's penalties to one logits row in place. `input_token` is the row's input
+// token, counted when spec.penalize_input (ignored when outside [0, vocab)).
+void apply_penalties(float* logits, int vocab, const SampleSpec& spec, int32_t input_token);
+
+// sample_token with the spec's parameters and a generator seeded from its random bits. Penalties
+// are not applied here (apply_penalties first).
 int32_t sample_token(const float* logits, int vocab, const SampleSpec& spec);
 
 }  // namespace hr::engine

@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/block_manager.h"
@@ -40,6 +41,9 @@ struct Sequence {
   bool finished = false;
   SamplingParams params;
   std::mt19937_64 rng;
+  // With penalties (params.has_penalties()): each token seen, with how often it was generated (0:
+  // only in the prompt, listed for repetition_penalty alone). The pending tokens are not counted.
+  std::unordered_map<int32_t, int32_t> penalty_counts;
 
   int max_length = 0;  // tokens at most (the engine's max_model_len; 0: no limit)
 

@@ -14,8 +14,10 @@ namespace hr::kernels {
 // null; fed_tokens: the previous step's sampled tokens (needed with fed_rows); out: [num_tokens,
 // dim] fp32. dim must be a multiple of 8 and table and out 16-byte aligned. An id outside [0,
 // vocab) (a fed -1 from the sampler) reads row 0 instead of memory outside the table.
+// ids_out: [num_tokens] or null: each row's id(t) as given or fed (before that replacement), for
+// the sampler's penalties.
 cudaError_t embedding_gather(const __nv_bfloat16* table, const int32_t* ids, const int32_t* fed_rows,
                              const int32_t* fed_tokens, int num_tokens, int vocab, int dim, float* out,
-                             cudaStream_t stream);
+                             int32_t* ids_out, cudaStream_t stream);
 
 }  // namespace hr::kernels

@@ -38,16 +38,53 @@ __device__ ArgMax block_argmax(ArgMax a, ArgMax* scratch) {
   return a;
 }
 
-__global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, int vocab,
-                                                          const SampleParams* params, int32_t* tokens) {
+// engine::penalized_logit, without contracting the multiply-add, as on the host.
+__device__ __forceinline__ float penalized(float logit, int count, const SampleParams& sp) {
+  if (sp.repetition_penalty != 1.0f) {
+    logit = logit > 0.0f ? __fdiv_rn(logit, sp.repetition_penalty) : __fmul_rn(logit, sp.repetition_penalty);
+  }
+  if (count > 0) logit = __fsub_rn(logit, __fadd_rn(__fmul_rn(sp.frequency_penalty, static_cast<float>(count)),
+                                                    sp.presence_penalty));
+  return logit;
+}
+
+bool __device__ __forceinline__ has_penalties(const SampleParams& sp) {
+  return sp.frequency_penalty != 0.0f || sp.presence_penalty != 0.0f || sp.repetition_penalty != 1.0f;
+}
+
+// Each listed token's logit once (the ids are distinct); the input token, when it counts and is
+// not listed, after them.
+__device__ void apply_penalties(float* x, int vocab, const SampleParams& sp, const PenaltyToken* seen,
+                                const int32_t* input_ids) {
+  __shared__ int listed;
+  int32_t extra = sp.input_row >= 0 ? input_ids[sp.input_row] : -1;
+  if (extra >= vocab) extra = -1;
+  if (threadIdx.x == 0) listed = 0;
+  __syncthreads();
+  for (int e = sp.penalty_begin + threadIdx.x; e < sp.penalty_end; e += kThreads) {
+    const PenaltyToken p = seen[e];
+    if (p.token < 0 || p.token >= vocab) continue;
+    const bool is_extra = p.token == extra;
+    if (is_extra) listed = 1;
+    x[p.token] = penalized(x[p.token], p.count + (is_extra ? 1 : 0), sp);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && extra >= 0 && !listed) x[extra] = penalized(x[extra], 1, sp);
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int vocab, const SampleParams* params,
+                                                          const PenaltyToken* seen, const int32_t* input_ids,
+                                                          int32_t* tokens) {
   internal::pdl_launch_dependents();
   internal::pdl_wait();
   __shared__ float scratch[32];
   __shared__ ArgMax am_scratch[32];
   __shared__ float chunk_sums[kThreads];
   const int row = blockIdx.x;
-  const float* x = logits + static_cast<size_t>(row) * vocab;
+  float* x = logits + static_cast<size_t>(row) * vocab;
   const SampleParams sp = params[row];
+  if (has_penalties(sp)) apply_penalties(x, vocab, sp, seen, input_ids);
 
   ArgMax best{-INFINITY, 0x7fffffff};
   float lo_z = INFINITY;
@@ -135,11 +172,13 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
 
 }  // namespace
 
-cudaError_t sample_tokens(const float* logits, int num_rows, int vocab, const SampleParams* params,
-                          int32_t* tokens, cudaStream_t stream) {
+cudaError_t sample_tokens(float* logits, int num_rows, int vocab, const SampleParams* params,
+                          const PenaltyToken* penalty_tokens, const int32_t* input_ids, int32_t* tokens,
+                          cudaStream_t stream) {
   if (num_rows < 0 || vocab <= 0 || !logits || !params || !tokens) return cudaErrorInvalidValue;
   if (num_rows == 0) return cudaSuccess;
-  return internal::launch(sample_kernel, dim3(num_rows), dim3(kThreads), 0, stream, logits, vocab, params, tokens);
+  return internal::launch(sample_kernel, dim3(num_rows), dim3(kThreads), 0, stream, logits, vocab, params,
+                          penalty_tokens, input_ids, tokens);
 }
 
 }  // namespace hr::kernels

@@ -1,5 +1,6 @@
 // Token sampling on the GPU, one block per logits row, so that only token ids come back to the
-// host: greedy (temperature <= 0 or top_k == 1; ties go to the lowest id), or temperature with
+// host. A row's penalties for tokens already seen are applied to its logits first, in place (the
+// expression of engine::penalized_logit). Then greedy (temperature <= 0 or top_k == 1; ties go to the lowest id), or temperature with
 // top-k and top-p. The kept set is found by bisection on a threshold (top-k: the k highest
 // logits; top-p: the smallest highest-probability set whose mass reaches top_p; ties at the
 // threshold are all kept), and the draw walks the kept tokens in id order with a uniform number
@@ -12,17 +13,34 @@
 
 namespace hr::kernels {
 
+// A token a sequence has seen and how often it was generated (0: only in the prompt).
+struct PenaltyToken {
+  int32_t token = 0;
+  int32_t count = 0;
+};
+
 struct SampleParams {
   float temperature = 0.0f;
   float top_p = 1.0f;
   int32_t top_k = 0;  // 0: no limit
-  int32_t reserved = 0;
+  // The token row whose input token (input_ids) also counts as generated once more; -1: none.
+  int32_t input_row = -1;
   uint64_t random = 0;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  // The row's seen tokens: penalty_tokens[penalty_begin, penalty_end), distinct ids.
+  int32_t penalty_begin = 0;
+  int32_t penalty_end = 0;
+  int32_t reserved = 0;
 };
 
-// logits: [num_rows, vocab] fp32; params: [num_rows]; tokens: [num_rows]. NaN logits are never
-// picked; a row of nothing but NaN gets token -1.
-cudaError_t sample_tokens(const float* logits, int num_rows, int vocab, const SampleParams* params,
-                          int32_t* tokens, cudaStream_t stream);
+// logits: [num_rows, vocab] fp32, changed in place by rows with penalties; params: [num_rows];
+// tokens: [num_rows]. penalty_tokens and input_ids (the step's input token per token row, as the
+// embedding gather resolved them) are read only by rows that have penalties (null when none
+// does). NaN logits are never picked; a row of nothing but NaN gets token -1.
+cudaError_t sample_tokens(float* logits, int num_rows, int vocab, const SampleParams* params,
+                          const PenaltyToken* penalty_tokens, const int32_t* input_ids, int32_t* tokens,
+                          cudaStream_t stream);
 
 }  // namespace hr::kernels

@@ -59,6 +59,9 @@ Result<engine::GenerationRequest> to_generation(const json& body, const LoadedMo
   r.params.temperature = body.value("temperature", 0.6f);
   r.params.top_p = body.value("top_p", 1.0f);
   r.params.top_k = body.value("top_k", 0);
+  r.params.frequency_penalty = body.value("frequency_penalty", 0.0f);
+  r.params.presence_penalty = body.value("presence_penalty", 0.0f);
+  r.params.repetition_penalty = body.value("repetition_penalty", 1.0f);
   if (body.contains("seed")) r.params.seed = body["seed"].get<uint64_t>();
   if (body.contains("stop")) r.params.stop = body["stop"].get<std::vector<std::string>>();
   return r;

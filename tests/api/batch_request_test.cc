@@ -23,6 +23,28 @@ TEST(BatchRequestTest, NormalizesWithDefaults) {
   EXPECT_EQ((*r)["messages"][0]["content"], "reverse: hi");
 }
 
+// OpenAI's content parts: text parts are joined with newlines into the message's text.
+TEST(BatchRequestTest, TextContentPartsBecomeTheMessagesText) {
+  json parts = json::array({{{"type", "text"}, {"text", "reverse: "}}, {{"type", "text"}, {"text", "hi"}}});
+  auto r = normalize_chat_request(json{{"messages", {{{"role", "user"}, {"content", parts}}}}}, kModel, {});
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ((*r)["messages"][0]["content"], "reverse: \nhi");
+}
+
+// Penalties are stored only when they do something; the worker reads them from there.
+TEST(BatchRequestTest, PenaltiesThatChangeSomethingAreStored) {
+  auto r = normalize_chat_request(
+      json{{"prompt", "x"}, {"frequency_penalty", 0.5}, {"presence_penalty", 0}, {"repetition_penalty", 1.2}},
+      kModel, {});
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ((*r)["frequency_penalty"], 0.5);
+  EXPECT_FALSE(r->contains("presence_penalty"));
+  EXPECT_EQ((*r)["repetition_penalty"], 1.2);
+  auto none = normalize_chat_request(json{{"prompt", "x"}, {"repetition_penalty", 1}}, kModel, {});
+  ASSERT_TRUE(none.is_ok());
+  EXPECT_FALSE(none->contains("repetition_penalty"));
+}
+
 TEST(BatchRequestTest, NamesTheBadField) {
   struct Case {
     json req;
@@ -33,6 +55,14 @@ TEST(BatchRequestTest, NamesTheBadField) {
       {json{{"prompt", ""}}, "prompt"},
       {json{{"messages", json::array()}}, "messages"},
       {json{{"messages", {{{"role", "user"}}}}}, "messages[0].content"},
+      {json{{"messages", {{{"role", "user"}, {"content", json::array()}}}}}, "messages[0].content"},
+      {json{{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}, {"image_url", "x"}}}}}}}},
+       "messages[0].content[0].type"},
+      {json{{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", 1}}}}}}}},
+       "messages[0].content[0].text"},
+      {json{{"prompt", "x"}, {"frequency_penalty", 2.5}}, "frequency_penalty"},
+      {json{{"prompt", "x"}, {"presence_penalty", "1"}}, "presence_penalty"},
+      {json{{"prompt", "x"}, {"repetition_penalty", 0}}, "repetition_penalty"},
       {json{{"prompt", "x"}, {"top_p", 0}}, "top_p"},
       {json{{"prompt", "x"}, {"top_k", -1}}, "top_k"},
       {json{{"prompt", "x"}, {"seed", 1.5}}, "seed"},

@@ -97,7 +97,7 @@ TEST(CudaKernelsTest, EmbeddingGatherCopiesRows) {
   for (int& id : ids) id = static_cast<int>(rng() % V);
   DeviceBuffer<int32_t> d_ids(ids);
   DeviceBuffer<float> d_out(static_cast<size_t>(T) * D);
-  ASSERT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, V, D, d_out.ptr, nullptr),
+  ASSERT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, V, D, d_out.ptr, nullptr, nullptr),
             cudaSuccess);
   auto out = d_out.get();
   for (int t = 0; t < T; ++t) {
@@ -113,23 +113,26 @@ TEST(CudaKernelsTest, EmbeddingGatherCopiesRows) {
   fed_rows[7] = 4;
   fed_rows[T - 1] = 1;
   DeviceBuffer<int32_t> d_fed_rows(fed_rows), d_fed_tokens(fed_tokens);
+  DeviceBuffer<int32_t> d_ids_out(std::vector<int32_t>(T, 12345));
   ASSERT_EQ(cudaMemset(d_out.ptr, 0xFF, d_out.n * sizeof(float)), cudaSuccess);  // poisoned again
   ASSERT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, d_fed_rows.ptr, d_fed_tokens.ptr, T, V, D,
-                                      d_out.ptr, nullptr),
+                                      d_out.ptr, d_ids_out.ptr, nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   out = d_out.get();
+  const std::vector<int32_t> ids_out = d_ids_out.get();
   for (int t = 0; t < T; ++t) {
     int id = fed_rows[t] >= 0 ? fed_tokens[fed_rows[t]] : ids[t];
+    EXPECT_EQ(ids_out[t], id) << t;  // as given or fed, -1 and V included
     if (id < 0 || id >= V) id = 0;
     for (int i = 0; i < D; ++i) ASSERT_EQ(out[t * D + i], table[id * D + i]) << t << "," << i;
   }
-  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, V, 100, d_out.ptr, nullptr),
+  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, V, 100, d_out.ptr, nullptr, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, 0, D, d_out.ptr, nullptr),
+  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, 0, D, d_out.ptr, nullptr, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, d_fed_rows.ptr, nullptr, T, V, D, d_out.ptr,
-                                      nullptr),
+                                      nullptr, nullptr),
             cudaErrorInvalidValue);
 }
 
@@ -713,8 +716,71 @@ std::vector<int32_t> sample_rows(const std::vector<float>& logits, int rows, ker
   DeviceBuffer<float> d_logits(all);
   DeviceBuffer<kernels::SampleParams> d_params(params);
   DeviceBuffer<int32_t> d_tokens(static_cast<size_t>(rows));
-  EXPECT_EQ(kernels::sample_tokens(d_logits.ptr, rows, V, d_params.ptr, d_tokens.ptr, nullptr), cudaSuccess);
+  EXPECT_EQ(kernels::sample_tokens(d_logits.ptr, rows, V, d_params.ptr, nullptr, nullptr, d_tokens.ptr, nullptr),
+            cudaSuccess);
   return d_tokens.get();
+}
+
+// Penalties change the logits in place exactly as the host's apply_penalties does, for listed
+// tokens (generated, or prompt-only), the row's input token counted once more whether listed or
+// not, and rows without penalties left alone; the greedy token is the penalized argmax.
+TEST(CudaKernelsTest, SamplingPenaltiesMatchTheHostReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(17);
+  const int V = 3001, R = 6, T = 9;
+  std::vector<float> logits = random_vec(static_cast<size_t>(R) * V, rng, -4.0f, 4.0f);
+  std::vector<int32_t> input_ids(T);
+  for (int32_t& id : input_ids) id = static_cast<int32_t>(rng() % V);
+  // Row r reads token row 1 + r (its input token); rows 1 and 4 list theirs, rows 2 and 5 do not.
+  std::vector<PenaltyToken> seen;
+  std::vector<SampleSpec> specs(R);
+  std::vector<kernels::SampleParams> params(R);
+  for (int r = 0; r < R; ++r) {
+    SampleSpec& s = specs[static_cast<size_t>(r)];
+    s.frequency_penalty = r == 0 ? 0.0f : 0.3f * static_cast<float>(r);
+    s.presence_penalty = r == 0 ? 0.0f : 0.7f;
+    s.repetition_penalty = r == 0 ? 1.0f : r % 2 ? 1.3f : 0.8f;
+    s.penalize_input = r != 3;
+    const size_t begin = seen.size();
+    std::set<int32_t> ids;
+    while (ids.size() < static_cast<size_t>(40 * r)) ids.insert(static_cast<int32_t>(rng() % V));
+    if (r == 1 || r == 4) ids.insert(input_ids[static_cast<size_t>(1 + r)]);
+    if (r == 2 || r == 5) ids.erase(input_ids[static_cast<size_t>(1 + r)]);
+    for (int32_t id : ids) seen.push_back({id, static_cast<int32_t>(rng() % 4)});  // 0: prompt only
+    kernels::SampleParams& p = params[static_cast<size_t>(r)];
+    p.frequency_penalty = s.frequency_penalty;
+    p.presence_penalty = s.presence_penalty;
+    p.repetition_penalty = s.repetition_penalty;
+    p.input_row = s.penalize_input ? 1 + r : -1;
+    p.penalty_begin = static_cast<int32_t>(begin);
+    p.penalty_end = static_cast<int32_t>(seen.size());
+    s.num_penalty_tokens = static_cast<int>(seen.size() - begin);
+  }
+  std::vector<float> expect = logits;
+  std::vector<int32_t> greedy(R);
+  for (int r = 0; r < R; ++r) {
+    SampleSpec s = specs[static_cast<size_t>(r)];
+    s.penalty_tokens = seen.data() + params[static_cast<size_t>(r)].penalty_begin;
+    float* row = expect.data() + static_cast<size_t>(r) * V;
+    apply_penalties(row, V, s, input_ids[static_cast<size_t>(1 + r)]);
+    greedy[static_cast<size_t>(r)] = static_cast<int32_t>(std::max_element(row, row + V) - row);
+  }
+  std::vector<kernels::PenaltyToken> d_seen_host;
+  for (const PenaltyToken& p : seen) d_seen_host.push_back({p.token, p.count});
+  DeviceBuffer<float> d_logits(logits);
+  DeviceBuffer<kernels::SampleParams> d_params(params);
+  DeviceBuffer<kernels::PenaltyToken> d_seen(d_seen_host);
+  DeviceBuffer<int32_t> d_input(input_ids), d_tokens(static_cast<size_t>(R));
+  ASSERT_EQ(kernels::sample_tokens(d_logits.ptr, R, V, d_params.ptr, d_seen.ptr, d_input.ptr, d_tokens.ptr, nullptr),
+            cudaSuccess);
+  const std::vector<float> got = d_logits.get();
+  size_t changed = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i], expect[i]) << "row " << i / V << ", token " << i % V;
+    changed += got[i] != logits[i];
+  }
+  EXPECT_GT(changed, static_cast<size_t>(40 * 14));  // rows 1-5 list 40 * 15 tokens
+  EXPECT_EQ(d_tokens.get(), greedy);
 }
 
 TEST(CudaKernelsTest, SamplingGreedyTopKTopPAndSeeds) {

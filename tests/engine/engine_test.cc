@@ -809,6 +809,101 @@ TEST(SamplerTest, NaNAndInfiniteLogits) {
   }
 }
 
+// Penalties by hand: repetition divides positive logits and multiplies negative ones for every
+// listed token (prompt-only ones too); frequency and presence then subtract for generated ones.
+// The row's input token counts once more when penalize_input, listed or not.
+TEST(SamplerTest, PenaltiesFollowOpenAiAndTransformers) {
+  const std::vector<float> logits = {2.0f, -1.0f, 0.5f, 3.0f, 1.0f};
+  const std::vector<PenaltyToken> seen = {{0, 2}, {1, 0}, {3, 1}};
+  SampleSpec s;
+  s.frequency_penalty = 0.5f;
+  s.presence_penalty = 0.25f;
+  s.repetition_penalty = 2.0f;
+  s.penalty_tokens = seen.data();
+  s.num_penalty_tokens = 3;
+  auto penalized = [&](const SampleSpec& spec, int32_t input) {
+    std::vector<float> l = logits;
+    apply_penalties(l.data(), 5, spec, input);
+    return l;
+  };
+  EXPECT_EQ(penalized(s, 3), (std::vector<float>{-0.25f, -2.0f, 0.5f, 0.75f, 1.0f}));
+  s.penalize_input = true;  // the input token 3 (listed) counts twice, 4 (not listed) once
+  EXPECT_EQ(penalized(s, 3), (std::vector<float>{-0.25f, -2.0f, 0.5f, 0.25f, 1.0f}));
+  EXPECT_EQ(penalized(s, 4), (std::vector<float>{-0.25f, -2.0f, 0.5f, 0.75f, -0.25f}));
+  EXPECT_EQ(penalized(s, 99), penalized(s, -1));  // an input outside the vocabulary is no token
+  SampleSpec none = s;
+  none.frequency_penalty = none.presence_penalty = 0.0f;
+  none.repetition_penalty = 1.0f;
+  EXPECT_EQ(penalized(none, 4), logits);
+  // Greedy sampling picks the penalized argmax: 4 where 3 was.
+  std::vector<float> l = penalized(s, 3);
+  EXPECT_EQ(sample_token(l.data(), 5, s), 4);
+}
+
+// The engine's penalties equal a loop that recomputes the whole sequence each step, counts the
+// tokens itself and applies the formulas by hand, also when pipelined (the input token of each
+// decode step is then fed on the backend and counted there); and they change the answers.
+TEST(EngineTest, PenaltiesEqualARecomputingLoop) {
+  auto& f = Fixture::get();
+  SamplingParams params;
+  params.max_tokens = 24;
+  params.frequency_penalty = 1.5f;
+  params.presence_penalty = 1.0f;
+  params.repetition_penalty = 1.4f;
+  const auto ps = prompts(6, 6);  // 7 and 11 repeat letters: "unnnqu", "bb", "hh"
+  auto reference = [&](const std::vector<int32_t>& prompt) {
+    auto b = f.backend(16, 8 << 20, false);
+    const int V = b->vocab_size();
+    std::vector<int32_t> tokens = prompt, out;
+    std::vector<float> logits(static_cast<size_t>(V));
+    std::vector<int32_t> table(64);
+    for (int i = 0; i < 64; ++i) table[static_cast<size_t>(i)] = i;
+    for (int step = 0; step < params.max_tokens; ++step) {
+      const int n = static_cast<int>(tokens.size());
+      std::vector<int32_t> positions(static_cast<size_t>(n)), start = {0, n}, rows = {n - 1};
+      for (int i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = i;
+      StepInput in;
+      in.num_tokens = n;
+      in.num_seqs = 1;
+      in.token_ids = tokens.data();
+      in.positions = positions.data();
+      in.seq_start = start.data();
+      in.block_table = table.data();
+      in.max_blocks_per_seq = 64;
+      in.logits_rows = rows.data();
+      in.num_logits = 1;
+      EXPECT_TRUE(b->forward(in, logits.data()).is_ok());
+      std::map<int32_t, int> generated;
+      for (int32_t t : out) generated[t]++;
+      const std::set<int32_t> all(tokens.begin(), tokens.end());
+      for (int32_t t : all) {
+        float& x = logits[static_cast<size_t>(t)];
+        x = x > 0 ? x / params.repetition_penalty : x * params.repetition_penalty;
+        if (generated.count(t)) x -= params.frequency_penalty * static_cast<float>(generated[t]) + params.presence_penalty;
+      }
+      const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      out.push_back(next);
+      tokens.push_back(next);
+      if (std::find(f.tokenizer->eos_ids().begin(), f.tokenizer->eos_ids().end(), next) != f.tokenizer->eos_ids().end()) break;
+    }
+    return out;
+  };
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : ps) want.push_back(reference(p));
+  for (bool pipelined : {false, true}) {
+    auto e = f.engine({8, 512, 512}, 16, 8 << 20, pipelined);
+    auto got = run_all(*e, ps, RequestClass::kSync, params);
+    for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(got[i].tokens, want[i]) << "pipelined " << pipelined << " " << i;
+  }
+  auto plain = f.engine({8, 512, 512});
+  SamplingParams no_penalties;
+  no_penalties.max_tokens = 24;
+  auto unpenalized = run_all(*plain, ps, RequestClass::kSync, no_penalties);
+  int differ = 0;
+  for (size_t i = 0; i < ps.size(); ++i) differ += unpenalized[i].tokens != want[i];
+  EXPECT_GT(differ, 0);
+}
+
 TEST(CpuGemmTest, PanelProductsMatchDoublePrecisionOnOddSizes) {
   std::mt19937 rng(3);
   for (SimdLevel level : simd_levels()) {

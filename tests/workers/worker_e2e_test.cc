@@ -84,7 +84,9 @@ json wait_done(testing::ApiHarness& h, const std::string& id, int seconds) {
 
 // The bundled model's own greedy answer for `text`, computed by an engine alone (greedy decoding
 // is deterministic and batch-invariant, so the served answer must equal it exactly).
-std::string greedy_alone(const std::string& text) {
+// The bundled model's greedy answer to "reverse: <text>", alone on a fresh engine, with the
+// penalties of `penalties`.
+std::string greedy_alone(const std::string& text, const engine::SamplingParams& penalties = {}) {
   static auto weights = [] {
     engine::ModelWeights w = engine::load_weights(kModelDir).value();
     engine::pack_for_cpu(&w);  // once, for every engine built here
@@ -100,6 +102,9 @@ std::string greedy_alone(const std::string& text) {
                                              tok->eos_text())
                              .value());
   r.params.max_tokens = 40;
+  r.params.frequency_penalty = penalties.frequency_penalty;
+  r.params.presence_penalty = penalties.presence_penalty;
+  r.params.repetition_penalty = penalties.repetition_penalty;
   std::string out;
   r.on_event = [&](const engine::TokenEvent& ev) { out += ev.text_delta; };
   EXPECT_TRUE(eng->add(std::move(r)).is_ok());
@@ -276,6 +281,25 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
     ASSERT_EQ(cf.status, 200) << cf.body;
     EXPECT_EQ(cf.json()["result"]["response"], greedy_alone(t));
   }
+  // Penalties reach the engine (the answer is the penalized one, and not the plain one); content
+  // as OpenAI's text parts.
+  engine::SamplingParams penalties;
+  penalties.frequency_penalty = 1.5f;
+  penalties.presence_penalty = 1.0f;
+  penalties.repetition_penalty = 1.4f;
+  const std::string repetitive = "bookkeeper committee";
+  const std::string penalized = greedy_alone(repetitive, penalties);
+  ASSERT_NE(penalized, greedy_alone(repetitive));
+  auto pen = h.post("/v1/chat/completions",
+                    json{{"model", h.model()},
+                         {"messages", {{{"role", "user"},
+                                        {"content", {{{"type", "text"}, {"text", "reverse: " + repetitive}}}}}}},
+                         {"temperature", 0}, {"frequency_penalty", 1.5}, {"presence_penalty", 1.0},
+                         {"repetition_penalty", 1.4}}
+                        .dump(),
+                    h.key_a());
+  ASSERT_EQ(pen.status, 200) << pen.body;
+  EXPECT_EQ(pen.json()["choices"][0]["message"]["content"], penalized);
   // The backlog was still running while sync requests were answered.
   json progress = h.get("/v1/async/" + id, h.key_a()).json()["result"];
   EXPECT_NE(progress["status"], "completed");
