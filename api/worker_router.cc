@@ -64,6 +64,13 @@ Status status_from_error_body(int http_status, const std::string& body) {
   return internal_error("worker answered HTTP " + std::to_string(http_status));
 }
 
+// Whether a worker's error body says another worker may take the call (workers/sync_server.h).
+bool retry_elsewhere(const std::string& body) {
+  json j = json::parse(body, nullptr, false);
+  return j.is_object() && j.contains("error") && j["error"].is_object() &&
+         j["error"].value("retry_elsewhere", false);
+}
+
 Result<SyncAnswer> answer_from_json(const json& j, const std::string& worker) {
   if (!j.is_object() || !j.contains("text") || !j["text"].is_string()) {
     return internal_error("malformed answer from worker " + worker);
@@ -570,8 +577,9 @@ Result<T> WorkerRouter::forward(const SyncCall& call, const std::string& body, O
     }
     Result<std::string> text = wc->read_all();
     Status err = status_from_error_body(wc->status(), text.is_ok() ? *text : "");
-    // A worker that is stopping (or full, when the call may wait) hands the call on.
-    if (err.code() == StatusCode::kResourceExhausted && !call.reject_if_busy) {
+    // A worker that is stopping hands the call on; so does a full one when the call may wait.
+    if (err.code() == StatusCode::kResourceExhausted &&
+        (!call.reject_if_busy || (text.is_ok() && retry_elsewhere(*text)))) {
       skip.push_back(a->worker_id);
       last = err;
       continue;

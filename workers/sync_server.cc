@@ -20,15 +20,17 @@ namespace http = boost::beast::http;
 
 namespace {
 
-json error_json(const Status& st) {
+// retry_elsewhere: the call never started here, and another worker may take it.
+json error_json(const Status& st, bool retry_elsewhere = false) {
   json e = {{"code", status_code_name(st.code())}, {"message", st.message()}};
   if (!st.field().empty()) e["field"] = st.field();
+  if (retry_elsewhere) e["retry_elsewhere"] = true;
   return {{"error", e}};
 }
 
-api::HttpResponse error_reply(const Status& st) {
+api::HttpResponse error_reply(const Status& st, bool retry_elsewhere = false) {
   return api::json_response(static_cast<unsigned>(api::http_status_for(st.code())),
-                            error_json(st).dump());
+                            error_json(st, retry_elsewhere).dump());
 }
 
 json answer_json(const api::SyncAnswer& a) {
@@ -86,7 +88,7 @@ Status SyncServer::start() {
   // so that the router hands the call to another worker.
   o.error_body_for = [](std::string_view, const Status& st) {
     if (st.code() != StatusCode::kUnavailable) return error_json(st).dump();
-    return error_json(Status(StatusCode::kResourceExhausted, "Out of capacity: " + st.message())).dump();
+    return error_json(Status(StatusCode::kResourceExhausted, "Out of capacity: " + st.message()), true).dump();
   };
   server_ = std::make_unique<api::HttpServer>(
       o, api::StreamingHandler([this](const api::HttpRequest& r) { return handle(r); }));
@@ -136,13 +138,17 @@ api::Reply SyncServer::handle(const api::HttpRequest& req) {
                               ? body["queue_timeout_ms"].get<int>()
                               : 2000;
   call.client_gone = api::current_client_gone;  // the router closes its connection for a client gone
+  // A refusal for lack of room from a worker that is stopping: any other worker will do.
+  auto refusal = [&](const Status& st) {
+    return error_reply(st, st.code() == StatusCode::kResourceExhausted && worker_.load().stopping);
+  };
   if (!flag("stream")) {
     Result<api::SyncAnswer> a = worker_.run(body["request"], call);
-    if (!a.is_ok()) return {error_reply(a.status()), nullptr};
+    if (!a.is_ok()) return {refusal(a.status()), nullptr};
     return {api::json_response(200, answer_json(*a).dump()), nullptr};
   }
   Result<std::unique_ptr<api::SyncStream>> started = worker_.start_stream(body["request"], call);
-  if (!started.is_ok()) return {error_reply(started.status()), nullptr};
+  if (!started.is_ok()) return {refusal(started.status()), nullptr};
   std::shared_ptr<api::SyncStream> stream = std::move(started).value();
   auto done = std::make_shared<bool>(false);
   api::Reply reply;

@@ -9,7 +9,10 @@
 //                         "cached_tokens"}
 //     stream true  → 200, chunked application/x-ndjson: {"delta": "..."} lines, then one
 //                    {"answer": {...}} or {"error": {...}} line
-//     failure      → the Status's HTTP code with {"error": {"code", "message", "field"}}
+//     failure      → the Status's HTTP code with {"error": {"code", "message", "field",
+//                    "retry_elsewhere"}}; retry_elsewhere (true) when this worker takes no
+//                    calls now (stopping, or its server refusing) but another may, whatever
+//                    reject_if_busy says
 //   GET /metrics (Prometheus text), GET /healthz
 #pragma once
 

@@ -20,6 +20,7 @@
 #include <set>
 #include <thread>
 
+#include "api/http_server.h"
 #include "api/worker_router.h"
 #include "base/ids.h"
 #include "base/metrics.h"
@@ -459,6 +460,69 @@ TEST_F(Routing, ASilentWorkerIsNotSentTheRequestTwice) {
   tcp::socket poke(ioc);
   poke.connect(acceptor.local_endpoint(), ignored);  // wakes the accept loop
   fake.join();
+}
+
+// rejectIfBusy means "do not wait for room", not "give up on the first worker that has none for a
+// reason of its own": a worker that refuses saying another may take the call (it is stopping) is
+// passed over, while one that is merely full still means 429. Two stand-in workers here: one
+// answers, the other refuses every call.
+TEST_F(Routing, RejectIfBusyPassesOverAWorkerThatIsStopping) {
+  for (bool stopping : {true, false}) {
+    std::atomic<int> refused{0};
+    api::HttpServerOptions so;
+    so.port = 0;
+    const std::string refusal =
+        json{{"error", {{"code", "resource_exhausted"}, {"message", "Out of capacity: the worker is stopping"}}}}
+            .dump();
+    const std::string elsewhere =
+        json{{"error", {{"code", "resource_exhausted"}, {"message", "Out of capacity: the worker is stopping"},
+                        {"retry_elsewhere", true}}}}
+            .dump();
+    api::HttpServer refusing(so, api::Handler([&](const api::HttpRequest&) {
+      ++refused;
+      return api::json_response(429, stopping ? elsewhere : refusal);
+    }));
+    api::HttpServer answering(so, api::Handler([](const api::HttpRequest&) {
+      return api::json_response(200, R"({"text":"ok","finish_reason":"stop","prompt_tokens":1,"completion_tokens":1})");
+    }));
+    ASSERT_TRUE(refusing.start().is_ok() && answering.start().is_ok());
+    for (auto [id, server] : {std::pair<std::string, api::HttpServer*>{"refusing", &refusing}, {"answering", &answering}}) {
+      queue::WorkerInfo w;
+      w.id = id;
+      w.model = h_->model();
+      w.url = "http://127.0.0.1:" + std::to_string(server->port());
+      w.capacity = 4;
+      ASSERT_TRUE(registry_->announce(w, 60000).is_ok());
+    }
+    ASSERT_TRUE(wait_live({"refusing", "answering"}));
+    api::RouterOptions o;
+    o.redis_url = h_->redis_url();
+    api::WorkerRouter router(o);
+    api::SyncCall call;
+    call.model = h_->model();
+    call.reject_if_busy = true;
+    const json request = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+    int answered = 0, busy = 0;
+    for (int i = 0; i < 24; ++i) {
+      auto r = router.run(request, call);
+      if (r.is_ok()) {
+        ++answered;
+      } else {
+        EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().to_string();
+        ++busy;
+      }
+    }
+    EXPECT_GT(refused.load(), 0) << "the refusing worker was never tried first";
+    if (stopping) {
+      EXPECT_EQ(answered, 24);
+    } else {
+      EXPECT_EQ(busy, refused.load());  // each call it refused ends there, with 429
+    }
+    for (const char* id : {"refusing", "answering"}) ASSERT_TRUE(registry_->withdraw(h_->model(), id).is_ok());
+    ASSERT_TRUE(wait_live({}));
+    refusing.stop();
+    answering.stop();
+  }
 }
 
 // The endless model: a random-weight Llama in the Hugging Face layout with the bundled model's

@@ -15,6 +15,8 @@
 #include "engine/weights.h"
 #include "queue/dispatcher.h"
 #include "tests/testing/api_harness.h"
+#include "tests/testing/http_client.h"
+#include "workers/sync_server.h"
 
 namespace hr::workers {
 namespace {
@@ -485,6 +487,43 @@ TEST(WorkerE2eTest, RejectIfBusyAdmitsNoMoreThanTheWorkerHasSlotsFor) {
     streams.clear();  // the clients leave: their slots are free at once
     EXPECT_EQ(w->load().sync_load, 0);
   }
+}
+
+// A worker that is draining refuses sync calls saying that another worker may take them, so that
+// the router hands them on even with rejectIfBusy; a worker that is only full does not say so.
+TEST(WorkerE2eTest, ADrainingWorkerTellsTheRouterToTryElsewhere) {
+  testing::ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  auto w = make_worker(h, "w", 1.0, 5, nullptr, [](WorkerConfig& c) { c.max_num_seqs = 1; });
+  ASSERT_TRUE(w);
+  ASSERT_TRUE(w->start().is_ok());
+  SyncServer server(*w, {});
+  ASSERT_TRUE(server.start().is_ok());
+  const int port = std::stoi(server.url().substr(server.url().rfind(':') + 1));
+  auto call = [&](int max_tokens) {
+    const json body = {{"request", {{"messages", {{{"role", "user"}, {"content", "reverse: drain"}}}},
+                                    {"max_tokens", max_tokens}, {"temperature", 0}}},
+                       {"reject_if_busy", true}};
+    return testing::http_call("POST", port, "/internal/sync", body.dump());
+  };
+  auto ok = call(8);
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  // Full: its one slot held by a stream.
+  api::SyncCall sc;
+  sc.reject_if_busy = true;
+  auto held = w->start_stream({{"messages", {{{"role", "user"}, {"content", "reverse: held"}}}}, {"max_tokens", 200}},
+                              sc);
+  ASSERT_TRUE(held.is_ok());
+  auto full = call(8);
+  EXPECT_EQ(full.status, 429) << full.body;
+  EXPECT_FALSE(full.json()["error"].contains("retry_elsewhere")) << full.body;
+  held = Status(StatusCode::kCancelled, "");  // the stream's client leaves
+  w->begin_drain();
+  auto draining = call(8);
+  EXPECT_EQ(draining.status, 429) << draining.body;
+  EXPECT_EQ(draining.json()["error"]["retry_elsewhere"], true) << draining.body;
+  server.stop();
+  w->stop();
 }
 
 // An engine that keeps failing: the worker ends what it held (async requests back to the queue as
