@@ -112,9 +112,9 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
   HR_ASSIGN_OR_RETURN(double top_p, number("top_p", 0.0, 1.0, 1.0));
   HR_ASSIGN_OR_RETURN(double fp, number("frequency_penalty", -2.0, 2.0, 0.0));
   HR_ASSIGN_OR_RETURN(double pp, number("presence_penalty", -2.0, 2.0, 0.0));
-  HR_ASSIGN_OR_RETURN(double rp, number("repetition_penalty", 0.0, 2.0, 1.0));
+  // Below 0.01 a repetition penalty would only blow logits up (to infinity as it nears 0).
+  HR_ASSIGN_OR_RETURN(double rp, number("repetition_penalty", 0.01, 2.0, 1.0));
   if (top_p == 0.0) return bad("'top_p' must be greater than 0", "top_p");
-  if (rp == 0.0) return bad("'repetition_penalty' must be greater than 0", "repetition_penalty");
   // Defaults are the worker's; only what the caller set is stored.
   auto given = [&](const char* key) { return req.contains(key) && !req[key].is_null(); };
   if (given("temperature")) out["temperature"] = temperature;

@@ -43,7 +43,7 @@ kernels::GemvParams gemv_params(const __nv_bfloat16* w, int m, int n, int k) {
 // Byte offsets of one step's inputs inside the staging buffers (each 16-byte aligned).
 struct CudaBackend::StepLayout {
   size_t token_ids = 0, fed_rows = 0, positions = 0, slots = 0, logits_rows = 0, block_table = 0, decode_items = 0,
-         prefill_items = 0, combine_items = 0, sample_params = 0, penalty_tokens = 0, total = 0;
+         prefill_items = 0, combine_items = 0, sample_params = 0, total = 0;
   int num_tokens = 0, num_logits = 0;
   // The block tables' row pitch on the device (the attention kernels' max_blocks_per_seq), and
   // the columns given (packed at that width on the host; the rest of each device row is not read).
@@ -65,6 +65,7 @@ CudaBackend::~CudaBackend() {
   for (Slot& slot : slots_) {
     if (slot.host) cudaFreeHost(slot.host);
     if (slot.host_tokens) cudaFreeHost(slot.host_tokens);
+    if (slot.penalty_host) cudaFreeHost(slot.penalty_host);
     if (slot.done) cudaEventDestroy(slot.done);
   }
   if (stream_) cudaStreamDestroy(stream_);
@@ -124,16 +125,17 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   lay.prefill_items = place(prefill.size() * sizeof(kernels::AttentionWorkItem));
   lay.combine_items = place(combine.size() * sizeof(kernels::AttentionCombineItem));
   lay.sample_params = place(static_cast<size_t>(L) * sizeof(kernels::SampleParams));
-  lay.block_table = place(static_cast<size_t>(S) * lay.max_blocks_per_seq * 4);  // see the copy below
-  // After the block tables, so that the offsets before stay those a decode graph captured.
+  lay.block_table = place(static_cast<size_t>(S) * lay.max_blocks_per_seq * 4);  // last: see the copy below
+  lay.total = off;
+  Slot& slot = slots_[slot_index];
+  if (lay.total > slot.bytes) HR_RETURN_IF_ERROR(grow_slot(slot, std::max<size_t>(lay.total * 2, 1 << 20)));
   size_t num_penalty_tokens = 0;
   for (int i = 0; specs && i < L; ++i) {
     if (specs[i].has_penalties()) num_penalty_tokens += static_cast<size_t>(std::max(0, specs[i].num_penalty_tokens));
   }
-  lay.penalty_tokens = place(num_penalty_tokens * sizeof(kernels::PenaltyToken));
-  lay.total = off;
-  Slot& slot = slots_[slot_index];
-  if (lay.total > slot.bytes) HR_RETURN_IF_ERROR(grow_slot(slot, std::max<size_t>(lay.total * 2, 1 << 20)));
+  if (num_penalty_tokens > slot.penalty_capacity) {
+    HR_RETURN_IF_ERROR(grow_penalty_lists(slot, std::max<size_t>(num_penalty_tokens * 2, 1 << 14)));
+  }
   char* h = slot.host;
   std::memcpy(h + lay.token_ids, in.token_ids, T * 4);
   if (in.fed_rows) {
@@ -156,8 +158,7 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   std::memcpy(h + lay.combine_items, combine.data(), combine.size() * sizeof(kernels::AttentionCombineItem));
   if (specs) {
     auto* sp = reinterpret_cast<kernels::SampleParams*>(h + lay.sample_params);
-    auto* seen = reinterpret_cast<kernels::PenaltyToken*>(h + lay.penalty_tokens);
-    int32_t listed = 0;
+    size_t listed = 0;
     for (int i = 0; i < L; ++i) {
       const SampleSpec& spec = specs[i];
       sp[i] = kernels::SampleParams{};
@@ -171,10 +172,16 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
       sp[i].repetition_penalty = spec.repetition_penalty;
       sp[i].input_row = spec.penalize_input ? in.logits_rows[i] : -1;
       const int n = std::max(0, spec.num_penalty_tokens);
-      for (int k = 0; k < n; ++k) seen[listed + k] = {spec.penalty_tokens[k].token, spec.penalty_tokens[k].count};
-      sp[i].penalty_begin = listed;
-      listed += n;
-      sp[i].penalty_end = listed;
+      kernels::PenaltyToken* list = slot.penalty_host + listed;
+      for (int k = 0; k < n; ++k) list[k] = {spec.penalty_tokens[k].token, spec.penalty_tokens[k].count};
+      sp[i].num_penalty_tokens = n;
+      sp[i].penalty_tokens = slot.penalty_dev + listed;
+      listed += static_cast<size_t>(n);
+    }
+    if (listed > 0) {
+      HR_CUDA("copying penalty lists", cudaMemcpyAsync(slot.penalty_dev, slot.penalty_host,
+                                                       listed * sizeof(kernels::PenaltyToken), cudaMemcpyHostToDevice,
+                                                       stream_));
     }
   }
   // One copy; or, when a graph's block tables are wider than the step's, everything before them
@@ -185,11 +192,24 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   if (bytes != lay.total) {
     HR_CUDA("copying block tables", cudaMemcpy2DAsync(slot.dev + lay.block_table, pitch, h + lay.block_table, cols,
                                                       cols, S, cudaMemcpyHostToDevice, stream_));
-    if (num_penalty_tokens > 0) {
-      HR_CUDA("copying penalty lists", cudaMemcpyAsync(slot.dev + lay.penalty_tokens, h + lay.penalty_tokens,
-                                                       lay.total - lay.penalty_tokens, cudaMemcpyHostToDevice, stream_));
-    }
   }
+  return Status::ok();
+}
+
+Status CudaBackend::grow_penalty_lists(Slot& slot, size_t entries) {
+  HR_CUDA("waiting for the stream", cudaStreamSynchronize(stream_));
+  if (slot.penalty_host) cudaFreeHost(slot.penalty_host);
+  if (slot.penalty_dev) {
+    cudaFree(slot.penalty_dev);
+    allocations_.erase(std::find(allocations_.begin(), allocations_.end(), slot.penalty_dev));
+  }
+  slot.penalty_host = nullptr;
+  slot.penalty_dev = nullptr;
+  slot.penalty_capacity = 0;  // until both allocations below succeed
+  const size_t bytes = entries * sizeof(kernels::PenaltyToken);
+  HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(&slot.penalty_host), bytes, 0));
+  HR_RETURN_IF_ERROR(alloc(reinterpret_cast<void**>(&slot.penalty_dev), bytes, "penalty lists"));
+  slot.penalty_capacity = entries;
   return Status::ok();
 }
 
@@ -370,7 +390,6 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   if (sample) {
     HR_CUDA("sampling", kernels::sample_tokens(logits_, L, V,
                                                reinterpret_cast<const kernels::SampleParams*>(d + lay.sample_params),
-                                               reinterpret_cast<const kernels::PenaltyToken*>(d + lay.penalty_tokens),
                                                input_ids_, tokens_, stream_));
   }
   mark("sampling");

@@ -66,7 +66,7 @@ Result<int64_t> Engine::add(GenerationRequest r) {
   seq->params = std::move(r.params);
   seq->rng.seed(seq->params.seed ? *seq->params.seed : std::random_device{}());
   if (seq->params.repetition_penalty != 1.0f) {
-    for (int32_t t : seq->tokens) seq->penalty_counts.emplace(t, 0);
+    for (int32_t t : seq->tokens) seq->note_seen(t, 0);
   }
   Active a;
   a.on_event = std::move(r.on_event);
@@ -119,7 +119,7 @@ bool Engine::advance(Active& a, int32_t token) {
   Sequence& s = *a.seq;
   s.tokens.push_back(token);
   const SamplingParams& p = s.params;
-  if (p.has_penalties()) ++s.penalty_counts[token];
+  if (p.has_penalties()) s.note_seen(token, 1);
   bool eos = !p.ignore_eos && tokenizer_ &&
              std::find(tokenizer_->eos_ids().begin(), tokenizer_->eos_ids().end(), token) !=
                  tokenizer_->eos_ids().end();
@@ -210,8 +210,8 @@ Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats)
         spec.presence_penalty = s.params.presence_penalty;
         spec.repetition_penalty = s.params.repetition_penalty;
         // The lists go one after another; pointers are set once the buffer stops moving.
-        for (const auto& [token, count] : s.penalty_counts) penalty_tokens_.push_back({token, count});
-        spec.num_penalty_tokens = static_cast<int>(s.penalty_counts.size());
+        penalty_tokens_.insert(penalty_tokens_.end(), s.penalty_list.begin(), s.penalty_list.end());
+        spec.num_penalty_tokens = static_cast<int>(s.penalty_list.size());
         // The row's input token was sampled by the step still running: counted on the device.
         spec.penalize_input = fed_rows_.back() >= 0;
       }

@@ -3,6 +3,7 @@
 // reproducible). Pure functions of their inputs.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <random>
@@ -66,10 +67,11 @@ struct SampleSpec {
 };
 
 // One token's logit after the penalties, for a token seen `count` times in the output (0: only in
-// the prompt). The CUDA sampler computes the same expression.
+// the prompt). The CUDA sampler computes the same operations, the multiply-add fused on both
+// sides so that no compiler setting can round them differently.
 inline float penalized_logit(float logit, int count, float frequency, float presence, float repetition) {
   if (repetition != 1.0f) logit = logit > 0.0f ? logit / repetition : logit * repetition;
-  if (count > 0) logit -= frequency * static_cast<float>(count) + presence;
+  if (count > 0) logit -= std::fma(frequency, static_cast<float>(count), presence);
   return logit;
 }
 

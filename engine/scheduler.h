@@ -42,8 +42,16 @@ struct Sequence {
   SamplingParams params;
   std::mt19937_64 rng;
   // With penalties (params.has_penalties()): each token seen, with how often it was generated (0:
-  // only in the prompt, listed for repetition_penalty alone). The pending tokens are not counted.
-  std::unordered_map<int32_t, int32_t> penalty_counts;
+  // only in the prompt, listed for repetition_penalty alone), as the backend takes the list; and
+  // where each token is in it. The pending tokens are not counted.
+  std::vector<PenaltyToken> penalty_list;
+  std::unordered_map<int32_t, int32_t> penalty_index;
+  // Counts `token` in penalty_list: `generated` more times.
+  void note_seen(int32_t token, int generated) {
+    auto [it, added] = penalty_index.emplace(token, static_cast<int32_t>(penalty_list.size()));
+    if (added) penalty_list.push_back({token, 0});
+    penalty_list[static_cast<size_t>(it->second)].count += generated;
+  }
 
   int max_length = 0;  // tokens at most (the engine's max_model_len; 0: no limit)
 

@@ -38,13 +38,12 @@ __device__ ArgMax block_argmax(ArgMax a, ArgMax* scratch) {
   return a;
 }
 
-// engine::penalized_logit, without contracting the multiply-add, as on the host.
+// engine::penalized_logit: one fused multiply-add, as on the host.
 __device__ __forceinline__ float penalized(float logit, int count, const SampleParams& sp) {
   if (sp.repetition_penalty != 1.0f) {
     logit = logit > 0.0f ? __fdiv_rn(logit, sp.repetition_penalty) : __fmul_rn(logit, sp.repetition_penalty);
   }
-  if (count > 0) logit = __fsub_rn(logit, __fadd_rn(__fmul_rn(sp.frequency_penalty, static_cast<float>(count)),
-                                                    sp.presence_penalty));
+  if (count > 0) logit = __fsub_rn(logit, __fmaf_rn(sp.frequency_penalty, static_cast<float>(count), sp.presence_penalty));
   return logit;
 }
 
@@ -54,15 +53,14 @@ bool __device__ __forceinline__ has_penalties(const SampleParams& sp) {
 
 // Each listed token's logit once (the ids are distinct); the input token, when it counts and is
 // not listed, after them.
-__device__ void apply_penalties(float* x, int vocab, const SampleParams& sp, const PenaltyToken* seen,
-                                const int32_t* input_ids) {
+__device__ void apply_penalties(float* x, int vocab, const SampleParams& sp, const int32_t* input_ids) {
   __shared__ int listed;
-  int32_t extra = sp.input_row >= 0 ? input_ids[sp.input_row] : -1;
+  int32_t extra = sp.input_row >= 0 && input_ids ? input_ids[sp.input_row] : -1;
   if (extra >= vocab) extra = -1;
   if (threadIdx.x == 0) listed = 0;
   __syncthreads();
-  for (int e = sp.penalty_begin + threadIdx.x; e < sp.penalty_end; e += kThreads) {
-    const PenaltyToken p = seen[e];
+  for (int e = threadIdx.x; e < sp.num_penalty_tokens; e += kThreads) {
+    const PenaltyToken p = sp.penalty_tokens[e];
     if (p.token < 0 || p.token >= vocab) continue;
     const bool is_extra = p.token == extra;
     if (is_extra) listed = 1;
@@ -74,8 +72,7 @@ __device__ void apply_penalties(float* x, int vocab, const SampleParams& sp, con
 }
 
 __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int vocab, const SampleParams* params,
-                                                          const PenaltyToken* seen, const int32_t* input_ids,
-                                                          int32_t* tokens) {
+                                                          const int32_t* input_ids, int32_t* tokens) {
   internal::pdl_launch_dependents();
   internal::pdl_wait();
   __shared__ float scratch[32];
@@ -84,7 +81,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int voc
   const int row = blockIdx.x;
   float* x = logits + static_cast<size_t>(row) * vocab;
   const SampleParams sp = params[row];
-  if (has_penalties(sp)) apply_penalties(x, vocab, sp, seen, input_ids);
+  if (has_penalties(sp)) apply_penalties(x, vocab, sp, input_ids);
 
   ArgMax best{-INFINITY, 0x7fffffff};
   float lo_z = INFINITY;
@@ -173,12 +170,11 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int voc
 }  // namespace
 
 cudaError_t sample_tokens(float* logits, int num_rows, int vocab, const SampleParams* params,
-                          const PenaltyToken* penalty_tokens, const int32_t* input_ids, int32_t* tokens,
-                          cudaStream_t stream) {
+                          const int32_t* input_ids, int32_t* tokens, cudaStream_t stream) {
   if (num_rows < 0 || vocab <= 0 || !logits || !params || !tokens) return cudaErrorInvalidValue;
   if (num_rows == 0) return cudaSuccess;
   return internal::launch(sample_kernel, dim3(num_rows), dim3(kThreads), 0, stream, logits, vocab, params,
-                          penalty_tokens, input_ids, tokens);
+                          input_ids, tokens);
 }
 
 }  // namespace hr::kernels

@@ -29,18 +29,18 @@ struct SampleParams {
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
   float repetition_penalty = 1.0f;
-  // The row's seen tokens: penalty_tokens[penalty_begin, penalty_end), distinct ids.
-  int32_t penalty_begin = 0;
-  int32_t penalty_end = 0;
-  int32_t reserved = 0;
+  int32_t num_penalty_tokens = 0;
+  // The row's seen tokens (device memory): num_penalty_tokens distinct ids. A pointer rather than
+  // an offset, so that the lists may live in a buffer of their own that grows without moving
+  // anything a captured graph points at.
+  const PenaltyToken* penalty_tokens = nullptr;
 };
 
 // logits: [num_rows, vocab] fp32, changed in place by rows with penalties; params: [num_rows];
-// tokens: [num_rows]. penalty_tokens and input_ids (the step's input token per token row, as the
-// embedding gather resolved them) are read only by rows that have penalties (null when none
-// does). NaN logits are never picked; a row of nothing but NaN gets token -1.
+// tokens: [num_rows]. input_ids (the step's input token per token row, as the embedding gather
+// resolved them) is read only by rows with penalties and an input_row (may be null when none
+// has). NaN logits are never picked; a row of nothing but NaN gets token -1.
 cudaError_t sample_tokens(float* logits, int num_rows, int vocab, const SampleParams* params,
-                          const PenaltyToken* penalty_tokens, const int32_t* input_ids, int32_t* tokens,
-                          cudaStream_t stream);
+                          const int32_t* input_ids, int32_t* tokens, cudaStream_t stream);
 
 }  // namespace hr::kernels

@@ -716,8 +716,7 @@ std::vector<int32_t> sample_rows(const std::vector<float>& logits, int rows, ker
   DeviceBuffer<float> d_logits(all);
   DeviceBuffer<kernels::SampleParams> d_params(params);
   DeviceBuffer<int32_t> d_tokens(static_cast<size_t>(rows));
-  EXPECT_EQ(kernels::sample_tokens(d_logits.ptr, rows, V, d_params.ptr, nullptr, nullptr, d_tokens.ptr, nullptr),
-            cudaSuccess);
+  EXPECT_EQ(kernels::sample_tokens(d_logits.ptr, rows, V, d_params.ptr, nullptr, d_tokens.ptr, nullptr), cudaSuccess);
   return d_tokens.get();
 }
 
@@ -735,6 +734,7 @@ TEST(CudaKernelsTest, SamplingPenaltiesMatchTheHostReference) {
   std::vector<PenaltyToken> seen;
   std::vector<SampleSpec> specs(R);
   std::vector<kernels::SampleParams> params(R);
+  std::vector<size_t> begins;
   for (int r = 0; r < R; ++r) {
     SampleSpec& s = specs[static_cast<size_t>(r)];
     s.frequency_penalty = r == 0 ? 0.0f : 0.3f * static_cast<float>(r);
@@ -752,27 +752,27 @@ TEST(CudaKernelsTest, SamplingPenaltiesMatchTheHostReference) {
     p.presence_penalty = s.presence_penalty;
     p.repetition_penalty = s.repetition_penalty;
     p.input_row = s.penalize_input ? 1 + r : -1;
-    p.penalty_begin = static_cast<int32_t>(begin);
-    p.penalty_end = static_cast<int32_t>(seen.size());
-    s.num_penalty_tokens = static_cast<int>(seen.size() - begin);
+    p.num_penalty_tokens = static_cast<int32_t>(seen.size() - begin);
+    s.num_penalty_tokens = p.num_penalty_tokens;
+    begins.push_back(begin);
   }
   std::vector<float> expect = logits;
   std::vector<int32_t> greedy(R);
   for (int r = 0; r < R; ++r) {
     SampleSpec s = specs[static_cast<size_t>(r)];
-    s.penalty_tokens = seen.data() + params[static_cast<size_t>(r)].penalty_begin;
+    s.penalty_tokens = seen.data() + begins[static_cast<size_t>(r)];
     float* row = expect.data() + static_cast<size_t>(r) * V;
     apply_penalties(row, V, s, input_ids[static_cast<size_t>(1 + r)]);
     greedy[static_cast<size_t>(r)] = static_cast<int32_t>(std::max_element(row, row + V) - row);
   }
   std::vector<kernels::PenaltyToken> d_seen_host;
   for (const PenaltyToken& p : seen) d_seen_host.push_back({p.token, p.count});
+  DeviceBuffer<kernels::PenaltyToken> d_seen(d_seen_host);
+  for (int r = 0; r < R; ++r) params[static_cast<size_t>(r)].penalty_tokens = d_seen.ptr + begins[static_cast<size_t>(r)];
   DeviceBuffer<float> d_logits(logits);
   DeviceBuffer<kernels::SampleParams> d_params(params);
-  DeviceBuffer<kernels::PenaltyToken> d_seen(d_seen_host);
   DeviceBuffer<int32_t> d_input(input_ids), d_tokens(static_cast<size_t>(R));
-  ASSERT_EQ(kernels::sample_tokens(d_logits.ptr, R, V, d_params.ptr, d_seen.ptr, d_input.ptr, d_tokens.ptr, nullptr),
-            cudaSuccess);
+  ASSERT_EQ(kernels::sample_tokens(d_logits.ptr, R, V, d_params.ptr, d_input.ptr, d_tokens.ptr, nullptr), cudaSuccess);
   const std::vector<float> got = d_logits.get();
   size_t changed = 0;
   for (size_t i = 0; i < got.size(); ++i) {
