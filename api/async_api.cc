@@ -793,7 +793,7 @@ HttpResponse AsyncApi::Impl::chat_completions(const HttpRequest& req) {
         invalid_argument("unknown model '" + body["model"].get<std::string>() + "'", "model"));
   }
   // OpenAI fields this server does not use but clients commonly send.
-  for (const char* key : {"n", "user", "logprobs", "stream_options"}) body.erase(key);
+  for (const char* key : {"n", "user", "stream_options"}) body.erase(key);
   Result<SyncAnswer> a = run_sync(req, body, *model);
   if (!a.is_ok()) return openai_error(a.status());
   json out = {
@@ -825,7 +825,7 @@ Reply AsyncApi::Impl::chat_completions_stream(const HttpRequest& req, json body)
   if (Status st = check_sync_fields(body); !st.is_ok()) return {openai_error(st), nullptr};
   bool include_usage = body.contains("stream_options") && flag(body["stream_options"], "include_usage");
   SyncCall call = sync_call(req, body, *model);
-  for (const char* key : {"n", "user", "logprobs", "stream_options", "stream", "options"}) {
+  for (const char* key : {"n", "user", "stream_options", "stream", "options"}) {
     body.erase(key);
   }
   Result<json> norm = normalize_chat_request(body, *model, limits);

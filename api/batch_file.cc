@@ -147,7 +147,7 @@ std::optional<LineError> InputValidator::check(const InputLine& in, queue::NewRe
     return error("invalid_request", "only n = 1 is supported", "body.n");
   }
   // OpenAI fields this server does not use but clients commonly send (as on the sync route).
-  for (const char* key : {"n", "user", "logprobs", "stream_options"}) body.erase(key);
+  for (const char* key : {"n", "user", "stream_options"}) body.erase(key);
   Result<json> norm = normalize_chat_request(body, *spec, limits_);
   if (!norm.is_ok()) {
     const Status& s = norm.status();

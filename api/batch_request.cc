@@ -50,7 +50,7 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
   static const std::unordered_set<std::string> kKnown = {
       "messages", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
       "external_reference", "custom_id", "frequency_penalty", "presence_penalty",
-      "repetition_penalty", "stream", "model", "max_completion_tokens"};
+      "repetition_penalty", "stream", "model", "max_completion_tokens", "logprobs", "top_logprobs"};
   for (const auto& [key, value] : req.items()) {
     if (!kKnown.count(key)) return bad("unknown field '" + key + "'", key);
   }
@@ -155,6 +155,16 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
                  "stop");
     }
     out["stop"] = std::move(stops);
+  }
+  // Accepted only where they ask for nothing: an answer without the log probabilities asked for
+  // must not pass for one with them.
+  if (req.contains("logprobs") && !req["logprobs"].is_null() &&
+      !(req["logprobs"].is_boolean() && !req["logprobs"].get<bool>())) {
+    return bad("log probabilities are not served: 'logprobs' must be false", "logprobs");
+  }
+  if (req.contains("top_logprobs") && !req["top_logprobs"].is_null() &&
+      !(is_int(req["top_logprobs"]) && req["top_logprobs"].get<int64_t>() == 0)) {
+    return bad("log probabilities are not served: 'top_logprobs' must be 0", "top_logprobs");
   }
   if (req.contains("stream") && !req["stream"].is_null() &&
       !(req["stream"].is_boolean() && !req["stream"].get<bool>())) {

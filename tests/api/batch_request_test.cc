@@ -40,9 +40,11 @@ TEST(BatchRequestTest, PenaltiesThatChangeSomethingAreStored) {
   EXPECT_EQ((*r)["frequency_penalty"], 0.5);
   EXPECT_FALSE(r->contains("presence_penalty"));
   EXPECT_EQ((*r)["repetition_penalty"], 1.2);
-  auto none = normalize_chat_request(json{{"prompt", "x"}, {"repetition_penalty", 1}}, kModel, {});
+  auto none = normalize_chat_request(
+      json{{"prompt", "x"}, {"repetition_penalty", 1}, {"logprobs", false}, {"top_logprobs", 0}}, kModel, {});
   ASSERT_TRUE(none.is_ok());
   EXPECT_FALSE(none->contains("repetition_penalty"));
+  EXPECT_FALSE(none->contains("logprobs"));  // asking for none is fine, and not stored
 }
 
 TEST(BatchRequestTest, NamesTheBadField) {
@@ -63,6 +65,8 @@ TEST(BatchRequestTest, NamesTheBadField) {
       {json{{"prompt", "x"}, {"frequency_penalty", 2.5}}, "frequency_penalty"},
       {json{{"prompt", "x"}, {"presence_penalty", "1"}}, "presence_penalty"},
       {json{{"prompt", "x"}, {"repetition_penalty", 0}}, "repetition_penalty"},
+      {json{{"prompt", "x"}, {"logprobs", true}}, "logprobs"},
+      {json{{"prompt", "x"}, {"top_logprobs", 3}}, "top_logprobs"},
       {json{{"prompt", "x"}, {"top_p", 0}}, "top_p"},
       {json{{"prompt", "x"}, {"top_k", -1}}, "top_k"},
       {json{{"prompt", "x"}, {"seed", 1.5}}, "seed"},
