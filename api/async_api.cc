@@ -217,6 +217,9 @@ Status check_sync_fields(const json& body) {
   if (auto o = body.find("stream_options"); o != body.end() && o->is_object()) {
     HR_RETURN_IF_ERROR(check_flag(*o, "include_usage", "stream_options.include_usage"));
   }
+  if (flag(body, "stream") && body.contains("logprobs") && body["logprobs"] == true) {
+    return invalid_argument("log probabilities are not streamed: ask for them without 'stream'", "logprobs");
+  }
   if (auto n = body.find("n"); n != body.end() && !n->is_null() &&
                                !(n->is_number_integer() && n->get<int64_t>() == 1)) {
     return invalid_argument("'n' must be 1: one choice per request is served", "n");
@@ -735,7 +738,9 @@ HttpResponse AsyncApi::Impl::run_model(const HttpRequest& req, const std::string
   request.erase("queueRequest");
   Result<SyncAnswer> answer = run_sync(req, request, *model);
   if (!answer.is_ok()) return error_response(answer.status());
-  HttpResponse res = ok_response({{"response", answer->text}, {"usage", answer_usage(*answer)}});
+  json result = {{"response", answer->text}, {"usage", answer_usage(*answer)}};
+  if (!answer->logprobs.is_null()) result["logprobs"] = answer->logprobs;
+  HttpResponse res = ok_response(result);
   mark_worker(res, answer->worker);
   return res;
 }
@@ -804,7 +809,7 @@ HttpResponse AsyncApi::Impl::chat_completions(const HttpRequest& req) {
       {"choices", json::array({{{"index", 0},
                                 {"message", {{"role", "assistant"}, {"content", a->text}}},
                                 {"finish_reason", a->finish_reason},
-                                {"logprobs", nullptr}}})},
+                                {"logprobs", a->logprobs}}})},
       {"usage", answer_usage(*a)}};
   HttpResponse res = json_response(200, out.dump());
   mark_worker(res, a->worker);

@@ -156,15 +156,22 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
     }
     out["stop"] = std::move(stops);
   }
-  // Accepted only where they ask for nothing: an answer without the log probabilities asked for
-  // must not pass for one with them.
-  if (req.contains("logprobs") && !req["logprobs"].is_null() &&
-      !(req["logprobs"].is_boolean() && !req["logprobs"].get<bool>())) {
-    return bad("log probabilities are not served: 'logprobs' must be false", "logprobs");
+  // OpenAI's: the answer's tokens' log probabilities, each with up to 20 of the most likely.
+  bool logprobs = false;
+  if (given("logprobs")) {
+    if (!req["logprobs"].is_boolean()) return bad("'logprobs' must be true or false", "logprobs");
+    logprobs = req["logprobs"].get<bool>();
   }
-  if (req.contains("top_logprobs") && !req["top_logprobs"].is_null() &&
-      !(is_int(req["top_logprobs"]) && req["top_logprobs"].get<int64_t>() == 0)) {
-    return bad("log probabilities are not served: 'top_logprobs' must be 0", "top_logprobs");
+  if (given("top_logprobs")) {
+    const json& k = req["top_logprobs"];
+    if (!is_int(k) || k.get<int64_t>() < 0 || k.get<int64_t>() > 20) {
+      return bad("'top_logprobs' must be an integer between 0 and 20", "top_logprobs");
+    }
+    if (k.get<int64_t>() > 0 && !logprobs) return bad("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+  }
+  if (logprobs) {
+    out["logprobs"] = true;
+    out["top_logprobs"] = given("top_logprobs") ? req["top_logprobs"].get<int>() : 0;
   }
   if (req.contains("stream") && !req["stream"].is_null() &&
       !(req["stream"].is_boolean() && !req["stream"].get<bool>())) {

@@ -22,6 +22,9 @@ struct SyncAnswer {
   int prompt_tokens = 0;
   int completion_tokens = 0;
   int cached_tokens = 0;
+  // OpenAI's choice logprobs ({"content": [...], "refusal": null}) when the request asked for
+  // them, else null.
+  nlohmann::json logprobs;
   std::string worker;  // which worker answered (empty in-process)
 };
 

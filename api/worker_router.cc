@@ -81,6 +81,7 @@ Result<SyncAnswer> answer_from_json(const json& j, const std::string& worker) {
   a.prompt_tokens = j.value("prompt_tokens", 0);
   a.completion_tokens = j.value("completion_tokens", 0);
   a.cached_tokens = j.value("cached_tokens", 0);
+  if (j.contains("logprobs") && j["logprobs"].is_object()) a.logprobs = j["logprobs"];
   a.worker = worker;
   return a;
 }

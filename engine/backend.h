@@ -67,8 +67,10 @@ class Backend {
   // are outstanding: submit a third only after collecting the first. A failed submit leaves
   // nothing outstanding that was not before.
   [[nodiscard]] virtual Status submit(const StepInput& in, const SampleSpec* specs) = 0;
-  // Waits for the oldest outstanding step and writes its num_logits tokens to `tokens` (host).
-  [[nodiscard]] virtual Status collect(int32_t* tokens) = 0;
+  // Waits for the oldest outstanding step and writes its num_logits tokens to `tokens` (host),
+  // and, when `logprobs` is not null, to logprobs[row] the log probabilities of each row whose
+  // spec asked for them (SampleSpec::logprobs >= 0; other rows are left as they are).
+  [[nodiscard]] virtual Status collect(int32_t* tokens, TokenLogprobs* logprobs) = 0;
   // Forgets every outstanding step (after a failure), waiting for the device to finish them.
   virtual void discard() = 0;
   // True when submit() returns before the step's work is done, so that the engine can plan the
@@ -82,7 +84,7 @@ class Backend {
   // submit() then collect().
   [[nodiscard]] Status forward_sample(const StepInput& in, const SampleSpec* specs, int32_t* tokens) {
     HR_RETURN_IF_ERROR(submit(in, specs));
-    return collect(tokens);
+    return collect(tokens, nullptr);
   }
 };
 

@@ -190,20 +190,32 @@ Status CpuBackend::submit(const StepInput& in, const SampleSpec* specs) {
   const int V = vocab_size();
   logits_.resize(static_cast<size_t>(std::max(1, in.num_logits)) * V);
   HR_RETURN_IF_ERROR(forward(resolved, logits_.data()));
-  std::vector<int32_t> tokens(static_cast<size_t>(std::max(0, in.num_logits)));
-  for (int i = 0; i < in.num_logits; ++i) {
-    float* row = &logits_[static_cast<size_t>(i) * V];
+  const size_t L = static_cast<size_t>(std::max(0, in.num_logits));
+  Sampled out;
+  out.tokens.resize(L);
+  out.logprobs.resize(L);
+  out.asked.assign(L, -1);
+  for (size_t i = 0; i < L; ++i) {
+    float* row = &logits_[i * V];
     apply_penalties(row, V, specs[i], resolved.token_ids[in.logits_rows[i]]);
-    tokens[static_cast<size_t>(i)] = sample_token(row, V, specs[i]);
+    out.tokens[i] = sample_token(row, V, specs[i]);
+    if (specs[i].logprobs >= 0) {
+      out.asked[i] = specs[i].logprobs;
+      token_logprobs(row, V, out.tokens[i], specs[i].logprobs, &out.logprobs[i]);
+    }
   }
-  last_tokens_ = tokens;
-  outstanding_.push_back(std::move(tokens));
+  last_tokens_ = out.tokens;
+  outstanding_.push_back(std::move(out));
   return Status::ok();
 }
 
-Status CpuBackend::collect(int32_t* tokens) {
+Status CpuBackend::collect(int32_t* tokens, TokenLogprobs* logprobs) {
   if (outstanding_.empty()) return internal_error("no step to collect");
-  std::copy(outstanding_.front().begin(), outstanding_.front().end(), tokens);
+  const Sampled& s = outstanding_.front();
+  std::copy(s.tokens.begin(), s.tokens.end(), tokens);
+  for (size_t i = 0; logprobs && i < s.asked.size(); ++i) {
+    if (s.asked[i] >= 0) logprobs[i] = s.logprobs[i];
+  }
   outstanding_.pop_front();
   return Status::ok();
 }

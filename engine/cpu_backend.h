@@ -38,9 +38,10 @@ class CpuBackend final : public Backend {
   size_t weight_bytes() const override { return weights_->num_bytes(); }
   size_t kv_cache_bytes() const override;
   [[nodiscard]] Status forward(const StepInput& in, float* logits) override;
-  // Samples on the host: apply_penalties, then sample_token(logits, vocab, spec).
+  // Samples on the host: apply_penalties, then sample_token(logits, vocab, spec) (and
+  // token_logprobs where asked).
   [[nodiscard]] Status submit(const StepInput& in, const SampleSpec* specs) override;
-  [[nodiscard]] Status collect(int32_t* tokens) override;
+  [[nodiscard]] Status collect(int32_t* tokens, TokenLogprobs* logprobs) override;
   void discard() override { outstanding_.clear(); }
   bool pipelined() const override { return options_.pipelined; }
 
@@ -62,7 +63,13 @@ class CpuBackend final : public Backend {
   std::vector<float> logits_;
   std::vector<int32_t> fed_ids_;
   std::vector<int32_t> last_tokens_;
-  std::deque<std::vector<int32_t>> outstanding_;
+  // A submitted step's tokens, and their log probabilities where asked for (-1 in `asked`: not).
+  struct Sampled {
+    std::vector<int32_t> tokens;
+    std::vector<TokenLogprobs> logprobs;
+    std::vector<int> asked;
+  };
+  std::deque<Sampled> outstanding_;
 };
 
 // Packs the matrices in place for the CPU backend (ModelWeights::cpu_packed), one at a time (the

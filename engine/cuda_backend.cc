@@ -65,6 +65,7 @@ CudaBackend::~CudaBackend() {
   for (Slot& slot : slots_) {
     if (slot.host) cudaFreeHost(slot.host);
     if (slot.host_tokens) cudaFreeHost(slot.host_tokens);
+    if (slot.host_logprobs) cudaFreeHost(slot.host_logprobs);
     if (slot.penalty_host) cudaFreeHost(slot.penalty_host);
     if (slot.done) cudaEventDestroy(slot.done);
   }
@@ -166,6 +167,7 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
       sp[i].top_p = spec.top_p;
       sp[i].top_k = spec.top_k;
       sp[i].random = spec.random;
+      sp[i].logprobs = std::min(spec.logprobs, kernels::kMaxTopLogprobs);
       if (!spec.has_penalties()) continue;
       sp[i].frequency_penalty = spec.frequency_penalty;
       sp[i].presence_penalty = spec.presence_penalty;
@@ -390,7 +392,7 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   if (sample) {
     HR_CUDA("sampling", kernels::sample_tokens(logits_, L, V,
                                                reinterpret_cast<const kernels::SampleParams*>(d + lay.sample_params),
-                                               input_ids_, tokens_, stream_));
+                                               input_ids_, tokens_, logprobs_, stream_));
   }
   mark("sampling");
   return Status::ok();
@@ -667,8 +669,16 @@ Status CudaBackend::submit(const StepInput& in, const SampleSpec* specs) {
     return enqueued;
   }
   cudaError_t queued = cudaSuccess;
+  slot.asked.clear();
+  const bool any_logprobs =
+      specs && std::any_of(specs, specs + in.num_logits, [](const SampleSpec& sp) { return sp.logprobs >= 0; });
+  for (int i = 0; any_logprobs && i < in.num_logits; ++i) slot.asked.push_back(specs[i].logprobs);
   if (in.num_logits > 0) {
     queued = cudaMemcpyAsync(slot.host_tokens, tokens_, static_cast<size_t>(in.num_logits) * 4,
+                             cudaMemcpyDeviceToHost, stream_);
+  }
+  if (queued == cudaSuccess && !slot.asked.empty()) {
+    queued = cudaMemcpyAsync(slot.host_logprobs, logprobs_, static_cast<size_t>(in.num_logits) * sizeof(kernels::TokenLogprobs),
                              cudaMemcpyDeviceToHost, stream_);
   }
   if (queued == cudaSuccess) queued = cudaEventRecord(slot.done, stream_);
@@ -694,12 +704,21 @@ Status CudaBackend::submit(const StepInput& in, const SampleSpec* specs) {
   return Status::ok();
 }
 
-Status CudaBackend::collect(int32_t* tokens) {
+Status CudaBackend::collect(int32_t* tokens, TokenLogprobs* logprobs) {
   if (outstanding_.empty()) return internal_error("no step to collect");
   const Slot& slot = slots_[outstanding_.front()];
   HR_CUDA("running the step", cudaEventSynchronize(slot.done));
   outstanding_.pop_front();
   std::memcpy(tokens, slot.host_tokens, static_cast<size_t>(slot.num_logits) * 4);
+  for (size_t i = 0; logprobs && i < slot.asked.size(); ++i) {
+    if (slot.asked[i] < 0) continue;
+    const kernels::TokenLogprobs& from = slot.host_logprobs[i];
+    TokenLogprobs& to = logprobs[i];
+    to.logprob = from.logprob;
+    to.num_top = std::clamp(from.num_top, 0, kMaxTopLogprobs);
+    std::copy(from.top_ids, from.top_ids + to.num_top, to.top_ids);
+    std::copy(from.top_logprobs, from.top_logprobs + to.num_top, to.top_logprobs);
+  }
   return Status::ok();
 }
 

@@ -80,7 +80,7 @@ class CudaBackend final : public Backend {
   size_t kv_cache_bytes() const override;
   [[nodiscard]] Status forward(const StepInput& in, float* logits) override;
   [[nodiscard]] Status submit(const StepInput& in, const SampleSpec* specs) override;
-  [[nodiscard]] Status collect(int32_t* tokens) override;
+  [[nodiscard]] Status collect(int32_t* tokens, TokenLogprobs* logprobs) override;
   void discard() override;
   bool pipelined() const override { return true; }
   // Captures the decode graphs of every graph batch size (both staging slots) for block tables up
@@ -157,6 +157,8 @@ class CudaBackend final : public Backend {
     kernels::PenaltyToken* penalty_dev = nullptr;
     size_t penalty_capacity = 0;  // entries
     int32_t* host_tokens = nullptr;  // pinned [max_num_seqs]
+    kernels::TokenLogprobs* host_logprobs = nullptr;  // pinned [max_num_seqs]
+    std::vector<int> asked;  // the step's rows' SampleSpec::logprobs; empty when none asked
     cudaEvent_t done = nullptr;
     int num_logits = 0;
   };
@@ -255,6 +257,7 @@ class CudaBackend final : public Backend {
   float* logits_ = nullptr;          // [S, V]
   int32_t* tokens_ = nullptr;        // [S]
   int32_t* input_ids_ = nullptr;     // [T]: each token row's input token as the embedding read it
+  kernels::TokenLogprobs* logprobs_ = nullptr;  // [S]
   float* partial_out_ = nullptr;     // [max_partials, num_heads, head_dim]
   float* partial_ml_ = nullptr;      // [max_partials, num_heads, 2]
   int32_t* combine_counters_ = nullptr;  // [max_partials / 2, num_kv_heads], zero between launches

@@ -7,6 +7,8 @@
 #include <string>
 
 #include "engine/cuda_backend.h"
+
+#include "kernels/sampling.cuh"
 #include "engine/internal/cuda_status.h"
 #include "engine/safetensors.h"
 #include "kernels/fill.cuh"
@@ -168,6 +170,7 @@ Status CudaBackend::init_runtime() {
   HR_RETURN_IF_ERROR(act(&logits_, S * V * 4, "logits"));
   HR_RETURN_IF_ERROR(act(&tokens_, S * 4, "tokens"));
   HR_RETURN_IF_ERROR(act(&input_ids_, T * 4, "tokens"));
+  HR_RETURN_IF_ERROR(act(&logprobs_, S * sizeof(kernels::TokenLogprobs), "log probabilities"));
   HR_RETURN_IF_ERROR(act(&x2_, static_cast<size_t>(kernels::kGemvMaxFusedRows) * D * 4, "activations"));
   sumsq_bytes_ = static_cast<size_t>(2 * c.num_layers) * kernels::kGemvMaxFusedRows * 4;
   HR_RETURN_IF_ERROR(act(&sumsq_, sumsq_bytes_, "norm sums"));
@@ -182,6 +185,8 @@ Status CudaBackend::init_runtime() {
   HR_CUDA("zeroing merge counters", cudaMemsetAsync(combine_counters_, 0, counter_bytes, stream_));
   for (Slot& slot : slots_) {
     HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(&slot.host_tokens), S * 4, 0));
+    HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(&slot.host_logprobs),
+                                                S * sizeof(kernels::TokenLogprobs), 0));
     HR_CUDA("creating an event", cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
   }
 

@@ -98,7 +98,8 @@ void Engine::fail_all(const std::string& error) {
   blocks_.forget_cached();
 }
 
-void Engine::finish(Active& a, FinishReason reason, int32_t token, std::string delta) {
+void Engine::finish(Active& a, FinishReason reason, int32_t token, std::string delta,
+                    const TokenLogprobs* logprobs) {
   Sequence& s = *a.seq;
   scheduler_.remove(&s);
   s.finished = true;
@@ -112,10 +113,11 @@ void Engine::finish(Active& a, FinishReason reason, int32_t token, std::string d
   ev.usage.completion_tokens = s.num_generated();
   ev.usage.cached_tokens = std::max(0, s.num_cached_prompt);
   ev.error = std::move(a.error);
+  ev.logprobs = logprobs;
   if (a.on_event) a.on_event(ev);
 }
 
-bool Engine::advance(Active& a, int32_t token) {
+bool Engine::advance(Active& a, int32_t token, const TokenLogprobs* logprobs) {
   Sequence& s = *a.seq;
   s.tokens.push_back(token);
   const SamplingParams& p = s.params;
@@ -138,7 +140,7 @@ bool Engine::advance(Active& a, int32_t token) {
     for (const std::string& stop : p.stop) {
       size_t at = a.held.find(stop);
       if (at != std::string::npos) {
-        finish(a, FinishReason::kStop, token, a.held.substr(0, at));
+        finish(a, FinishReason::kStop, token, a.held.substr(0, at), logprobs);
         return true;
       }
     }
@@ -156,7 +158,7 @@ bool Engine::advance(Active& a, int32_t token) {
   }
   if (s.num_generated() >= p.max_tokens || static_cast<int>(s.tokens.size()) >= max_model_len_) {
     std::string rest = delta + a.held + (a.decoder ? a.decoder->flush() : "");
-    finish(a, FinishReason::kLength, token, rest);
+    finish(a, FinishReason::kLength, token, rest, logprobs);
     return true;
   }
   if (a.on_event) {
@@ -164,6 +166,7 @@ bool Engine::advance(Active& a, int32_t token) {
     ev.id = s.id;
     ev.token = token;
     ev.text_delta = std::move(delta);
+    ev.logprobs = logprobs;
     a.on_event(ev);
   }
   return false;
@@ -205,6 +208,7 @@ Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats)
     if (ss.sample) {
       logits_rows_.push_back(static_cast<int32_t>(token_ids_.size()) - 1);
       SampleSpec spec{s.params.temperature, s.params.top_p, s.params.top_k, s.rng()};
+      spec.logprobs = s.params.logprobs;
       if (s.params.has_penalties()) {
         spec.frequency_penalty = s.params.frequency_penalty;
         spec.presence_penalty = s.params.presence_penalty;
@@ -278,7 +282,8 @@ void Engine::advance_all(const Submitted& sub, StepStats* stats) {
       ++stats->num_finished;
       continue;
     }
-    if (advance(it->second, token)) {
+    const TokenLogprobs* logprobs = it->second.seq->params.logprobs >= 0 ? &sampled_logprobs_[row] : nullptr;
+    if (advance(it->second, token, logprobs)) {
       active_.erase(it);
       ++stats->num_finished;
     }
@@ -322,8 +327,9 @@ Result<StepStats> Engine::step() {
   if (!pipeline_) {
     if (!cur) return stats;
     sampled_.resize(cur->sampled.size());
+    sampled_logprobs_.resize(cur->sampled.size());
     const int64_t wait_start = steady_now_ns();
-    Status collected = backend_->collect(sampled_.data());
+    Status collected = backend_->collect(sampled_.data(), sampled_logprobs_.data());
     stats.wait_ns = steady_now_ns() - wait_start;
     if (!collected.is_ok()) return recover(collected, {&*cur});
     complete(*cur);
@@ -336,8 +342,9 @@ Result<StepStats> Engine::step() {
     Submitted prev = std::move(*in_flight_);
     in_flight_.reset();
     sampled_.resize(prev.sampled.size());
+    sampled_logprobs_.resize(prev.sampled.size());
     const int64_t wait_start = steady_now_ns();
-    Status collected = backend_->collect(sampled_.data());
+    Status collected = backend_->collect(sampled_.data(), sampled_logprobs_.data());
     stats.wait_ns = steady_now_ns() - wait_start;
     if (!collected.is_ok()) return recover(collected, {&prev, cur ? &*cur : nullptr});
     advance_all(prev, &stats);

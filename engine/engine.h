@@ -39,6 +39,9 @@ struct TokenEvent {
   FinishReason finish_reason = FinishReason::kNone;
   Usage usage;                // filled on the final event
   std::string error;          // with FinishReason::kError
+  // With SamplingParams::logprobs >= 0: the token's log probabilities, valid during the callback.
+  // Not given for a token that ends the answer without being part of it (EOS, a stop token).
+  const TokenLogprobs* logprobs = nullptr;
 };
 
 struct GenerationRequest {
@@ -139,9 +142,11 @@ class Engine {
   // After a failed collect: drops the outstanding steps, and plans their sequences from what the
   // host knows.
   Status recover(Status failure, std::initializer_list<const Submitted*> steps);
-  // Appends the sampled token; returns true when the request finished.
-  bool advance(Active& a, int32_t token);
-  void finish(Active& a, FinishReason reason, int32_t token, std::string delta);
+  // Appends the sampled token (its log probabilities, when asked for, in `logprobs`); returns
+  // true when the request finished.
+  bool advance(Active& a, int32_t token, const TokenLogprobs* logprobs);
+  void finish(Active& a, FinishReason reason, int32_t token, std::string delta,
+              const TokenLogprobs* logprobs = nullptr);
 
   std::shared_ptr<Backend> backend_;
   std::shared_ptr<const Tokenizer> tokenizer_;
@@ -159,6 +164,7 @@ class Engine {
   std::vector<SampleSpec> specs_;
   std::vector<PenaltyToken> penalty_tokens_;  // the specs' penalty lists, one after another
   std::vector<int32_t> sampled_;
+  std::vector<TokenLogprobs> sampled_logprobs_;
 };
 
 }  // namespace hr::engine

@@ -95,6 +95,37 @@ void apply_penalties(float* logits, int vocab, const SampleSpec& spec, int32_t i
   }
 }
 
+void token_logprobs(const float* logits, int vocab, int32_t token, int top, TokenLogprobs* out) {
+  *out = TokenLogprobs{};
+  const int32_t best = argmax(logits, vocab);
+  if (best < 0) {  // nothing but NaN
+    out->logprob = NAN;
+    return;
+  }
+  const double mx = logits[best];
+  double sum = 0;
+  for (int i = 0; i < vocab; ++i) {
+    if (!std::isnan(logits[i])) sum += std::exp(static_cast<double>(logits[i]) - mx);
+  }
+  const double lse = mx + std::log(sum);
+  auto logprob = [&](int32_t t) { return static_cast<float>(static_cast<double>(logits[t]) - lse); };
+  out->logprob = token >= 0 && token < vocab ? logprob(token) : -INFINITY;
+  std::vector<int32_t> idx;
+  idx.reserve(static_cast<size_t>(vocab));
+  for (int32_t i = 0; i < vocab; ++i) {
+    if (!std::isnan(logits[i])) idx.push_back(i);
+  }
+  const int k = std::min({std::max(0, top), kMaxTopLogprobs, static_cast<int>(idx.size())});
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  out->num_top = k;
+  for (int i = 0; i < k; ++i) {
+    out->top_ids[i] = idx[static_cast<size_t>(i)];
+    out->top_logprobs[i] = logprob(idx[static_cast<size_t>(i)]);
+  }
+}
+
 int32_t sample_token(const float* logits, int vocab, const SampleSpec& spec) {
   SamplingParams p;
   p.temperature = spec.temperature;

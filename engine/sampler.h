@@ -24,6 +24,9 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
   float repetition_penalty = 1.0f;
+  // -1: no log probabilities; else each generated token's, with this many of the most likely
+  // tokens at that step and theirs (at most kMaxTopLogprobs).
+  int logprobs = -1;
   int max_tokens = 256;
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
@@ -36,6 +39,17 @@ struct SamplingParams {
 
 int32_t sample_token(const float* logits, int vocab, const SamplingParams& params,
                      std::mt19937_64& rng);
+
+inline constexpr int kMaxTopLogprobs = 20;
+
+// A sampled token's log probability, and the most likely tokens' (highest first, ties to the lowest
+// id): log-softmax of the logits the sampler chose from, penalties applied, at temperature 1.
+struct TokenLogprobs {
+  float logprob = 0.0f;
+  int num_top = 0;
+  int32_t top_ids[kMaxTopLogprobs] = {};
+  float top_logprobs[kMaxTopLogprobs] = {};
+};
 
 // A token a sequence has seen: how often it was generated so far (0: it is only in the prompt).
 struct PenaltyToken {
@@ -60,6 +74,9 @@ struct SampleSpec {
   // The row's own input token is one more generated token that penalty_tokens does not count
   // yet: the token a pipelined step is fed from the step before, which the host has not seen.
   bool penalize_input = false;
+  // As SamplingParams::logprobs: -1, or the number of most likely tokens wanted with the sampled
+  // one's log probability.
+  int logprobs = -1;
 
   bool has_penalties() const {
     return frequency_penalty != 0.0f || presence_penalty != 0.0f || repetition_penalty != 1.0f;
@@ -78,6 +95,10 @@ inline float penalized_logit(float logit, int count, float frequency, float pres
 // Applies the spec's penalties to one logits row in place. `input_token` is the row's input
 // token, counted when spec.penalize_input (ignored when outside [0, vocab)).
 void apply_penalties(float* logits, int vocab, const SampleSpec& spec, int32_t input_token);
+
+// The log probability of `token` (-inf when it is not a token of the row) and of the `top` most
+// likely tokens, from one row of (penalized) logits. NaN logits count for nothing.
+void token_logprobs(const float* logits, int vocab, int32_t token, int top, TokenLogprobs* out);
 
 // sample_token with the spec's parameters and a generator seeded from its random bits. Penalties
 // are not applied here (apply_penalties first).

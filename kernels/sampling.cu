@@ -71,8 +71,45 @@ __device__ void apply_penalties(float* x, int vocab, const SampleParams& sp, con
   __syncthreads();
 }
 
+// The row's chosen token (known to thread 0) and, when asked, log probabilities: the sampled
+// token's, then the top k found one by one, each the best of the tokens ranked below the one
+// before (value descending, id ascending; NaN never). Every thread of the block calls it.
+__device__ void emit(const float* x, int vocab, float mx, const SampleParams& sp, int32_t token, int row,
+                     int32_t* tokens, TokenLogprobs* logprobs, float* scratch, ArgMax* am_scratch) {
+  if (sp.logprobs >= 0 && logprobs) {
+    TokenLogprobs* out = logprobs + row;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < vocab; i += kThreads) {
+      if (!isnan(x[i])) s += expf(x[i] - mx);
+    }
+    s = internal::block_sum(s, scratch);
+    const float lse = mx + logf(s);
+    if (threadIdx.x == 0) out->logprob = token >= 0 && token < vocab ? x[token] - lse : -INFINITY;
+    const int k = min(static_cast<int>(sp.logprobs), kMaxTopLogprobs);
+    ArgMax prev{INFINITY, -1};
+    int found = 0;
+    for (; found < k; ++found) {
+      ArgMax b{-INFINITY, 0x7fffffff};
+      for (int i = threadIdx.x; i < vocab; i += kThreads) {
+        const float v = x[i];
+        if (v < prev.v || (v == prev.v && i > prev.i)) b = better(b, ArgMax{v, i});
+      }
+      b = block_argmax(b, am_scratch);
+      if (b.i >= vocab) break;
+      if (threadIdx.x == 0) {
+        out->top_ids[found] = b.i;
+        out->top_logprobs[found] = b.v - lse;
+      }
+      prev = b;
+    }
+    if (threadIdx.x == 0) out->num_top = found;
+  }
+  if (threadIdx.x == 0) tokens[row] = token;
+}
+
 __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int vocab, const SampleParams* params,
-                                                          const int32_t* input_ids, int32_t* tokens) {
+                                                          const int32_t* input_ids, int32_t* tokens,
+                                                          TokenLogprobs* logprobs) {
   internal::pdl_launch_dependents();
   internal::pdl_wait();
   __shared__ float scratch[32];
@@ -92,12 +129,18 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int voc
   best = block_argmax(best, am_scratch);
   if (best.i >= vocab) {
     // No logit compares (all NaN): no token. The host ends the sequence in an error.
-    if (threadIdx.x == 0) tokens[row] = -1;
+    if (threadIdx.x == 0) {
+      tokens[row] = -1;
+      if (sp.logprobs >= 0 && logprobs) {
+        logprobs[row].logprob = NAN;
+        logprobs[row].num_top = 0;
+      }
+    }
     return;
   }
   // +inf outweighs everything: its probability is 1 at any temperature.
   if (sp.temperature <= 0.0f || sp.top_k == 1 || best.v == INFINITY) {
-    if (threadIdx.x == 0) tokens[row] = best.i;
+    emit(x, vocab, best.v, sp, best.i, row, tokens, logprobs, scratch, am_scratch);
     return;
   }
   const float mx = best.v;
@@ -144,6 +187,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int voc
   }
   chunk_sums[threadIdx.x] = s;
   __syncthreads();
+  int32_t pick = best.i;
   if (threadIdx.x == 0) {
     float kept = 0.0f;
     for (int c = 0; c < kThreads; ++c) kept += chunk_sums[c];
@@ -155,7 +199,6 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int voc
       ++c;
     }
     // The last token with a kept id in that chunk, unless the prefix reaches u sooner.
-    int pick = best.i;
     const int cb = c * chunk, ce = min(vocab, cb + chunk);
     for (int i = cb; i < ce; ++i) {
       if (!(x[i] >= tau)) continue;  // NaN too, as in the sums above
@@ -163,18 +206,19 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int voc
       u -= __expf((x[i] - mx) * inv_t);
       if (u <= 0.0f) break;
     }
-    tokens[row] = pick;
   }
+  emit(x, vocab, best.v, sp, pick, row, tokens, logprobs, scratch, am_scratch);
 }
 
 }  // namespace
 
 cudaError_t sample_tokens(float* logits, int num_rows, int vocab, const SampleParams* params,
-                          const int32_t* input_ids, int32_t* tokens, cudaStream_t stream) {
+                          const int32_t* input_ids, int32_t* tokens, TokenLogprobs* logprobs,
+                          cudaStream_t stream) {
   if (num_rows < 0 || vocab <= 0 || !logits || !params || !tokens) return cudaErrorInvalidValue;
   if (num_rows == 0) return cudaSuccess;
   return internal::launch(sample_kernel, dim3(num_rows), dim3(kThreads), 0, stream, logits, vocab, params,
-                          input_ids, tokens);
+                          input_ids, tokens, logprobs);
 }
 
 }  // namespace hr::kernels

@@ -19,6 +19,16 @@ struct PenaltyToken {
   int32_t count = 0;
 };
 
+constexpr int kMaxTopLogprobs = 20;
+
+// A row's sampled token's log probability and the top_ids' (engine::TokenLogprobs' layout).
+struct TokenLogprobs {
+  float logprob = 0.0f;
+  int32_t num_top = 0;
+  int32_t top_ids[kMaxTopLogprobs] = {};
+  float top_logprobs[kMaxTopLogprobs] = {};
+};
+
 struct SampleParams {
   float temperature = 0.0f;
   float top_p = 1.0f;
@@ -34,13 +44,18 @@ struct SampleParams {
   // an offset, so that the lists may live in a buffer of their own that grows without moving
   // anything a captured graph points at.
   const PenaltyToken* penalty_tokens = nullptr;
+  // -1: no log probabilities; else the sampled token's, with this many of the most likely tokens
+  // (at most kMaxTopLogprobs) and theirs: log-softmax of the penalized logits at temperature 1.
+  int32_t logprobs = -1;
 };
 
 // logits: [num_rows, vocab] fp32, changed in place by rows with penalties; params: [num_rows];
 // tokens: [num_rows]. input_ids (the step's input token per token row, as the embedding gather
 // resolved them) is read only by rows with penalties and an input_row (may be null when none
-// has). NaN logits are never picked; a row of nothing but NaN gets token -1.
+// has). logprobs: [num_rows], written only for rows asking (may be null when none does). NaN
+// logits are never picked; a row of nothing but NaN gets token -1 (and log probability NaN).
 cudaError_t sample_tokens(float* logits, int num_rows, int vocab, const SampleParams* params,
-                          const int32_t* input_ids, int32_t* tokens, cudaStream_t stream);
+                          const int32_t* input_ids, int32_t* tokens, TokenLogprobs* logprobs,
+                          cudaStream_t stream);
 
 }  // namespace hr::kernels

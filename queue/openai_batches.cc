@@ -170,7 +170,7 @@ void append_result_line(const std::string& batch_id, const std::string& model, c
              {{{"index", 0},
                {"message", {{"role", "assistant"}, {"content", std::move(result["response"])}}},
                {"finish_reason", result.value("finish_reason", "stop")},
-               {"logprobs", nullptr}}})},
+               {"logprobs", result.contains("logprobs") ? std::move(result["logprobs"]) : ojson(nullptr)}}})},
         {"usage", std::move(usage)}};
     line["response"] = {
         {"status_code", 200}, {"request_id", "req_" + suffix}, {"body", std::move(body)}};

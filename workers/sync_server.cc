@@ -34,11 +34,13 @@ api::HttpResponse error_reply(const Status& st, bool retry_elsewhere = false) {
 }
 
 json answer_json(const api::SyncAnswer& a) {
-  return {{"text", a.text},
-          {"finish_reason", a.finish_reason},
-          {"prompt_tokens", a.prompt_tokens},
-          {"completion_tokens", a.completion_tokens},
-          {"cached_tokens", a.cached_tokens}};
+  json j = {{"text", a.text},
+            {"finish_reason", a.finish_reason},
+            {"prompt_tokens", a.prompt_tokens},
+            {"completion_tokens", a.completion_tokens},
+            {"cached_tokens", a.cached_tokens}};
+  if (!a.logprobs.is_null()) j["logprobs"] = a.logprobs;
+  return j;
 }
 
 }  // namespace

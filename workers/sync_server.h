@@ -6,7 +6,7 @@
 //   POST /internal/sync  {"request": <normalized chat request>, "stream": bool,
 //                         "reject_if_busy": bool, "queue_timeout_ms": int}
 //     stream false → 200 {"text", "finish_reason", "prompt_tokens", "completion_tokens",
-//                         "cached_tokens"}
+//                         "cached_tokens", "logprobs" (when asked for)}
 //     stream true  → 200, chunked application/x-ndjson: {"delta": "..."} lines, then one
 //                    {"answer": {...}} or {"error": {...}} line
 //     failure      → the Status's HTTP code with {"error": {"code", "message", "field",

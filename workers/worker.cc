@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <condition_variable>
 #include <deque>
 #include <cstdlib>
@@ -62,9 +64,51 @@ Result<engine::GenerationRequest> to_generation(const json& body, const LoadedMo
   r.params.frequency_penalty = body.value("frequency_penalty", 0.0f);
   r.params.presence_penalty = body.value("presence_penalty", 0.0f);
   r.params.repetition_penalty = body.value("repetition_penalty", 1.0f);
+  if (body.value("logprobs", false)) r.params.logprobs = body.value("top_logprobs", 0);
   if (body.contains("seed")) r.params.seed = body["seed"].get<uint64_t>();
   if (body.contains("stop")) r.params.stop = body["stop"].get<std::vector<std::string>>();
   return r;
+}
+
+// OpenAI's logprobs object for a request that asked for log probabilities ({"content": [],
+// "refusal": null}), or null for one that did not.
+json logprobs_for(const engine::GenerationRequest& r) {
+  return r.params.logprobs >= 0 ? json{{"content", json::array()}, {"refusal", nullptr}} : json();
+}
+
+// One token as OpenAI shows it: its text ("bytes:" and escapes where its bytes are not UTF-8 on
+// their own, as for part of a character), log probability and bytes.
+json token_logprob(const engine::Tokenizer& tok, int32_t id, float logprob) {
+  const std::string raw = tok.token_bytes(id);
+  json bytes = json::array();
+  for (unsigned char c : raw) bytes.push_back(static_cast<int>(c));
+  std::string text = raw;
+  bool utf8 = true;
+  try {
+    (void)json(raw).dump();  // what the answer will go through
+  } catch (const json::exception&) {
+    utf8 = false;
+  }
+  if (!utf8) {
+    static const char* kHex = "0123456789abcdef";
+    text = "bytes:";
+    for (unsigned char c : raw) text += std::string("\\x") + kHex[c >> 4] + kHex[c & 15];
+  }
+  // -inf (a token the logits gave no weight) has no JSON number: the lowest float stands in.
+  const float shown = std::isfinite(logprob) ? logprob : -std::numeric_limits<float>::max();
+  return {{"token", std::move(text)}, {"logprob", shown}, {"bytes", std::move(bytes)}};
+}
+
+// Appends an event's token and its alternatives to a logprobs object from logprobs_for().
+void append_logprobs(json* logprobs, const engine::Tokenizer& tok, const engine::TokenEvent& ev) {
+  if (logprobs->is_null() || !ev.logprobs || ev.token < 0) return;
+  json entry = token_logprob(tok, ev.token, ev.logprobs->logprob);
+  json top = json::array();
+  for (int i = 0; i < ev.logprobs->num_top; ++i) {
+    top.push_back(token_logprob(tok, ev.logprobs->top_ids[i], ev.logprobs->top_logprobs[i]));
+  }
+  entry["top_logprobs"] = std::move(top);
+  (*logprobs)["content"].push_back(std::move(entry));
 }
 
 std::string default_worker_name() {
@@ -128,6 +172,7 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given, const 
 struct Worker::SyncJob {
   engine::GenerationRequest request;
   std::string text;
+  json logprobs;  // OpenAI's choice logprobs when asked for, else null (step loop only)
   std::promise<Result<api::SyncAnswer>> done;
   bool streaming = false;
   std::mutex mu;
@@ -384,6 +429,7 @@ void Worker::loop() {
   struct Running {
     queue::Lease lease;
     std::string text;
+    json logprobs;  // as SyncJob::logprobs
   };
   std::unordered_map<int64_t, Running> running;  // engine id → lease
   std::vector<std::shared_ptr<SyncJob>> generating;  // sync requests in the engine
@@ -452,16 +498,20 @@ void Worker::loop() {
     for (auto& job : jobs) {
       class_metrics(engine::RequestClass::kSync)
           .queue.observe(static_cast<double>(steady_now_ns() - job->arrival_ns) / 1e9);
-      job->request.on_event = timed([job](const engine::TokenEvent& ev) {
+      job->logprobs = logprobs_for(job->request);
+      const engine::Tokenizer* tok = model_->tokenizer.get();
+      job->request.on_event = timed([job, tok](const engine::TokenEvent& ev) {
         if (ev.finish_reason == engine::FinishReason::kError) {
           // Nothing reached the client: another worker may answer (as async work is retried).
           fail_job(*job, unavailable(ev.error));
           return;
         }
         job->text += ev.text_delta;
+        append_logprobs(&job->logprobs, *tok, ev);
         api::SyncAnswer answer;
         if (ev.finished) {
           answer.text = job->text;
+          answer.logprobs = job->logprobs;
           answer.finish_reason = engine::finish_reason_name(ev.finish_reason);
           answer.prompt_tokens = ev.usage.prompt_tokens;
           answer.completion_tokens = ev.usage.completion_tokens;
@@ -546,10 +596,13 @@ void Worker::loop() {
         }
         auto* runs = &running;
         QueueIo* q = &io;
-        gen->on_event = timed([runs, q](const engine::TokenEvent& ev) {
+        const engine::Tokenizer* tok = model_->tokenizer.get();
+        json logprobs = logprobs_for(*gen);
+        gen->on_event = timed([runs, q, tok](const engine::TokenEvent& ev) {
           auto it = runs->find(ev.id);
           if (it == runs->end()) return;
           it->second.text += ev.text_delta;
+          append_logprobs(&it->second.logprobs, *tok, ev);
           if (!ev.finished) return;
           if (ev.finish_reason == engine::FinishReason::kError) {
             // Another attempt (here or on another worker) may well succeed.
@@ -564,6 +617,7 @@ void Worker::loop() {
                         {"prompt_tokens_details", {{"cached_tokens", ev.usage.cached_tokens}}}};
           json result = {{"response", it->second.text}, {"usage", usage},
                          {"finish_reason", engine::finish_reason_name(ev.finish_reason)}};
+          if (!it->second.logprobs.is_null()) result["logprobs"] = std::move(it->second.logprobs);
           q->drop(ev.id);
           q->complete({it->second.lease, result.dump(), ev.usage.prompt_tokens,
                        ev.usage.completion_tokens, ev.usage.cached_tokens});
@@ -574,7 +628,7 @@ void Worker::loop() {
           io.fail({l, "invalid_request", id.status().message(), false});
           continue;
         }
-        running.emplace(*id, Running{l, ""});
+        running.emplace(*id, Running{l, "", std::move(logprobs)});
         io.hold(*id, l);
       }
     }

@@ -45,6 +45,10 @@ TEST(BatchRequestTest, PenaltiesThatChangeSomethingAreStored) {
   ASSERT_TRUE(none.is_ok());
   EXPECT_FALSE(none->contains("repetition_penalty"));
   EXPECT_FALSE(none->contains("logprobs"));  // asking for none is fine, and not stored
+  auto lp = normalize_chat_request(json{{"prompt", "x"}, {"logprobs", true}, {"top_logprobs", 4}}, kModel, {});
+  ASSERT_TRUE(lp.is_ok()) << lp.status().to_string();
+  EXPECT_EQ((*lp)["logprobs"], true);
+  EXPECT_EQ((*lp)["top_logprobs"], 4);
 }
 
 TEST(BatchRequestTest, NamesTheBadField) {
@@ -65,8 +69,9 @@ TEST(BatchRequestTest, NamesTheBadField) {
       {json{{"prompt", "x"}, {"frequency_penalty", 2.5}}, "frequency_penalty"},
       {json{{"prompt", "x"}, {"presence_penalty", "1"}}, "presence_penalty"},
       {json{{"prompt", "x"}, {"repetition_penalty", 0}}, "repetition_penalty"},
-      {json{{"prompt", "x"}, {"logprobs", true}}, "logprobs"},
+      {json{{"prompt", "x"}, {"logprobs", 1}}, "logprobs"},
       {json{{"prompt", "x"}, {"top_logprobs", 3}}, "top_logprobs"},
+      {json{{"prompt", "x"}, {"logprobs", true}, {"top_logprobs", 21}}, "top_logprobs"},
       {json{{"prompt", "x"}, {"top_p", 0}}, "top_p"},
       {json{{"prompt", "x"}, {"top_k", -1}}, "top_k"},
       {json{{"prompt", "x"}, {"seed", 1.5}}, "seed"},

@@ -67,6 +67,7 @@ std::string reversal_file(ApiHarness& h, int n) {
   std::vector<json> lines;
   for (int i = 0; i < n; ++i)
     lines.push_back(request_line("req-" + std::to_string(i), h.model(), "w" + std::to_string(i)));
+  if (n > 2) lines[2]["body"]["logprobs"] = true;  // one asks for log probabilities
   return jsonl(lines);
 }
 
@@ -140,11 +141,17 @@ struct Consumer {
     EXPECT_TRUE(r.is_ok()) << r.status().to_string();
     return r.is_ok() ? *r : std::vector<queue::Lease>{};
   }
-  // Answers each lease with the reversal of its prompt's text ("reverse: abc" → "cba").
+    // What a worker stores for a request that asked for log probabilities (the shape, not the values).
+  inline static const json kStoredLogprobs = {
+      {"content", {{{"token", "2"}, {"logprob", -0.25}, {"bytes", {50}}, {"top_logprobs", json::array()}}}},
+      {"refusal", nullptr}};
+  // Answers each lease with the reversal of its prompt's text ("reverse: abc" → "cba"), and log
+  // probabilities where asked.
   void complete(const std::vector<queue::Lease>& leases) {
     std::vector<queue::Completion> done;
     for (const auto& l : leases) {
-      std::string text = json::parse(l.body)["messages"][0]["content"].get<std::string>().substr(9);
+      const json body = json::parse(l.body);
+      std::string text = body["messages"][0]["content"].get<std::string>().substr(9);
       json result = {{"response", std::string(text.rbegin(), text.rend())},
                      {"usage",
                       {{"prompt_tokens", 7},
@@ -152,6 +159,7 @@ struct Consumer {
                        {"total_tokens", 10},
                        {"prompt_tokens_details", {{"cached_tokens", 0}}}}},
                      {"finish_reason", "stop"}};
+      if (body.value("logprobs", false)) result["logprobs"] = kStoredLogprobs;
       done.push_back({l, result.dump(), 7, 3, 0});
     }
     auto r = lease->complete(done);
@@ -434,6 +442,7 @@ TEST(OpenAiBatchTest, FinishedBatchWritesOutputAndErrorFiles) {
     EXPECT_EQ(body["choices"][0]["message"]["content"], std::string(w.rbegin(), w.rend()));
     EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
     EXPECT_EQ(body["usage"]["total_tokens"], 10);
+    EXPECT_EQ(body["choices"][0]["logprobs"], k == 2 ? Consumer::kStoredLogprobs : json(nullptr));
   }
   auto errors = file_lines(h, done["error_file_id"]);
   ASSERT_EQ(errors.size(), 1u);

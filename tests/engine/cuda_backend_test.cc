@@ -318,6 +318,67 @@ TEST(CudaBackendTest, PenaltiesOnTheDeviceEqualPlainStepsAndTheCpu) {
   EXPECT_GE(same_as_cpu, kPrompts - 2);
 }
 
+// Log probabilities through the CUDA engine (pipelined, decode graphs) against the CPU engine's:
+// one per token, the sampled token first among its alternatives (greedy), values within bf16
+// tolerance wherever the answers agree.
+TEST(CudaBackendTest, LogprobsOnTheDeviceMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const auto ref = load_reference();
+  constexpr size_t kPrompts = 16;
+  struct Answer {
+    std::vector<int32_t> tokens;
+    std::vector<TokenLogprobs> logprobs;
+  };
+  auto run = [&](std::shared_ptr<Backend> backend) {
+    EngineOptions eo;
+    eo.scheduler.max_num_seqs = 64;
+    eo.scheduler.max_batched_tokens = 4096;
+    auto engine = Engine::create(std::move(backend), nullptr, 512, eo);
+    EXPECT_TRUE(engine.is_ok());
+    EXPECT_TRUE((*engine)->warm_up().is_ok());
+    std::vector<Answer> out(kPrompts);
+    for (size_t i = 0; i < kPrompts; ++i) {
+      GenerationRequest r;
+      r.prompt = ref["cases"][i]["prompt_ids"].get<std::vector<int32_t>>();
+      r.params.max_tokens = 16;
+      r.params.ignore_eos = true;
+      r.params.logprobs = 3;
+      r.on_event = [&out, i](const TokenEvent& ev) {
+        if (ev.token >= 0) out[i].tokens.push_back(ev.token);
+        if (ev.logprobs) out[i].logprobs.push_back(*ev.logprobs);
+      };
+      EXPECT_TRUE((*engine)->add(std::move(r)).is_ok());
+    }
+    while ((*engine)->has_work()) EXPECT_TRUE((*engine)->step().is_ok());
+    return out;
+  };
+  auto gpu = CudaBackend::create(*tiny_weights(), small_options());
+  ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
+  CpuBackendOptions co;
+  co.kv_cache_bytes = 16 << 20;
+  co.pipelined = true;
+  auto cpu = CpuBackend::create(tiny_weights(), co);
+  ASSERT_TRUE(cpu.is_ok());
+  const auto on_gpu = run(std::shared_ptr<Backend>(std::move(gpu).value()));
+  const auto on_cpu = run(std::shared_ptr<Backend>(std::move(cpu).value()));
+  size_t compared = 0;
+  for (size_t i = 0; i < kPrompts; ++i) {
+    const Answer& g = on_gpu[i];
+    ASSERT_EQ(g.logprobs.size(), g.tokens.size()) << i;
+    for (size_t j = 0; j < g.tokens.size(); ++j) {
+      ASSERT_EQ(g.logprobs[j].num_top, 3);
+      EXPECT_EQ(g.logprobs[j].top_ids[0], g.tokens[j]) << i << " " << j;
+      EXPECT_LE(g.logprobs[j].logprob, 1e-6f);
+    }
+    if (g.tokens != on_cpu[i].tokens) continue;
+    ++compared;
+    for (size_t j = 0; j < g.tokens.size(); ++j) {
+      EXPECT_NEAR(g.logprobs[j].logprob, on_cpu[i].logprobs[j].logprob, 0.05) << i << " " << j;
+    }
+  }
+  EXPECT_GE(compared, kPrompts - 2);
+}
+
 // S sequences prefilled in one step, then `steps` decode steps. Fed: each decode step is submitted
 // before the step it follows is collected, its tokens fed on the device from that step's rows (the
 // two staging slots alternate); else each step is collected first and given its tokens.
@@ -344,7 +405,7 @@ std::vector<std::vector<int32_t>> decode_tokens(int S, int steps, bool fed) {
   std::vector<int32_t> tokens(static_cast<size_t>(S));
   EXPECT_TRUE(gpu->submit(pre.input(S), greedy.data()).is_ok());
   if (!fed) {
-    EXPECT_TRUE(gpu->collect(tokens.data()).is_ok());
+    EXPECT_TRUE(gpu->collect(tokens.data(), nullptr).is_ok());
     out.push_back(tokens);
   }
   std::vector<int32_t> fed_rows(static_cast<size_t>(S));
@@ -361,11 +422,11 @@ std::vector<std::vector<int32_t>> decode_tokens(int S, int steps, bool fed) {
     StepInput in = d.input(S);
     if (fed) in.fed_rows = fed_rows.data();
     EXPECT_TRUE(gpu->submit(in, greedy.data()).is_ok());
-    EXPECT_TRUE(gpu->collect(tokens.data()).is_ok());  // fed: the step before this one
+    EXPECT_TRUE(gpu->collect(tokens.data(), nullptr).is_ok());  // fed: the step before this one
     out.push_back(tokens);
   }
   if (fed) {
-    EXPECT_TRUE(gpu->collect(tokens.data()).is_ok());
+    EXPECT_TRUE(gpu->collect(tokens.data(), nullptr).is_ok());
     out.push_back(tokens);
   }
   return out;
@@ -486,9 +547,9 @@ TEST(CudaBackendTest, RefusesBadSteps) {
   ASSERT_TRUE((*gpu)->submit(in, &greedy).is_ok());
   EXPECT_FALSE((*gpu)->submit(st.input(1), &greedy).is_ok());
   int32_t token = -1;
-  EXPECT_TRUE((*gpu)->collect(&token).is_ok());
-  EXPECT_TRUE((*gpu)->collect(&token).is_ok());
-  EXPECT_FALSE((*gpu)->collect(&token).is_ok());
+  EXPECT_TRUE((*gpu)->collect(&token, nullptr).is_ok());
+  EXPECT_TRUE((*gpu)->collect(&token, nullptr).is_ok());
+  EXPECT_FALSE((*gpu)->collect(&token, nullptr).is_ok());
   CudaBackendOptions o = small_options();
   o.kv_cache_bytes = 1;
   auto tiny = CudaBackend::create(*tiny_weights(), o);

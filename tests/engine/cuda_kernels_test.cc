@@ -716,7 +716,7 @@ std::vector<int32_t> sample_rows(const std::vector<float>& logits, int rows, ker
   DeviceBuffer<float> d_logits(all);
   DeviceBuffer<kernels::SampleParams> d_params(params);
   DeviceBuffer<int32_t> d_tokens(static_cast<size_t>(rows));
-  EXPECT_EQ(kernels::sample_tokens(d_logits.ptr, rows, V, d_params.ptr, nullptr, d_tokens.ptr, nullptr), cudaSuccess);
+  EXPECT_EQ(kernels::sample_tokens(d_logits.ptr, rows, V, d_params.ptr, nullptr, d_tokens.ptr, nullptr, nullptr), cudaSuccess);
   return d_tokens.get();
 }
 
@@ -772,7 +772,7 @@ TEST(CudaKernelsTest, SamplingPenaltiesMatchTheHostReference) {
   DeviceBuffer<float> d_logits(logits);
   DeviceBuffer<kernels::SampleParams> d_params(params);
   DeviceBuffer<int32_t> d_input(input_ids), d_tokens(static_cast<size_t>(R));
-  ASSERT_EQ(kernels::sample_tokens(d_logits.ptr, R, V, d_params.ptr, d_input.ptr, d_tokens.ptr, nullptr), cudaSuccess);
+  ASSERT_EQ(kernels::sample_tokens(d_logits.ptr, R, V, d_params.ptr, d_input.ptr, d_tokens.ptr, nullptr, nullptr), cudaSuccess);
   const std::vector<float> got = d_logits.get();
   size_t changed = 0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -781,6 +781,56 @@ TEST(CudaKernelsTest, SamplingPenaltiesMatchTheHostReference) {
   }
   EXPECT_GT(changed, static_cast<size_t>(40 * 14));  // rows 1-5 list 40 * 15 tokens
   EXPECT_EQ(d_tokens.get(), greedy);
+}
+
+// Log probabilities on the device equal the host's token_logprobs for the token the kernel chose:
+// greedy and sampled rows, 0, 5 and 20 alternatives (and more asked than there are), rows with
+// NaN and -inf logits, and rows that ask for none left unwritten.
+TEST(CudaKernelsTest, SamplingLogprobsMatchTheHostReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(19);
+  const int V = 5003, R = 8;
+  std::vector<float> logits = random_vec(static_cast<size_t>(R) * V, rng, -6.0f, 6.0f);
+  for (int i = 0; i < V; i += 7) logits[static_cast<size_t>(5 * V + i)] = NAN;
+  for (int i = 3; i < V; i += 11) logits[static_cast<size_t>(6 * V + i)] = -INFINITY;
+  std::vector<kernels::SampleParams> params(R);
+  const int asked[R] = {0, 5, 20, -1, 3, 20, 7, 40};
+  for (int r = 0; r < R; ++r) {
+    kernels::SampleParams& p = params[static_cast<size_t>(r)];
+    p.temperature = r % 2 ? 0.8f : 0.0f;
+    p.top_k = r == 4 ? 50 : 0;
+    p.random = 0x9e3779b97f4a7c15ull * (r + 1);
+    p.logprobs = std::min(asked[r], kernels::kMaxTopLogprobs);
+  }
+  DeviceBuffer<float> d_logits(logits);
+  DeviceBuffer<kernels::SampleParams> d_params(params);
+  DeviceBuffer<int32_t> d_tokens(static_cast<size_t>(R));
+  std::vector<kernels::TokenLogprobs> poison(R);
+  for (auto& p : poison) p.num_top = -7;
+  DeviceBuffer<kernels::TokenLogprobs> d_lp(poison);
+  ASSERT_EQ(kernels::sample_tokens(d_logits.ptr, R, V, d_params.ptr, nullptr, d_tokens.ptr, d_lp.ptr, nullptr),
+            cudaSuccess);
+  const std::vector<int32_t> tokens = d_tokens.get();
+  const std::vector<kernels::TokenLogprobs> got = d_lp.get();
+  for (int r = 0; r < R; ++r) {
+    const kernels::TokenLogprobs& g = got[static_cast<size_t>(r)];
+    if (asked[r] < 0) {
+      EXPECT_EQ(g.num_top, -7) << r;
+      continue;
+    }
+    TokenLogprobs want;
+    token_logprobs(logits.data() + static_cast<size_t>(r) * V, V, tokens[static_cast<size_t>(r)], asked[r], &want);
+    EXPECT_NEAR(g.logprob, want.logprob, 1e-4) << r;
+    ASSERT_EQ(g.num_top, want.num_top) << r;
+    EXPECT_EQ(g.num_top, std::min(asked[r], kernels::kMaxTopLogprobs)) << r;
+    for (int i = 0; i < g.num_top; ++i) {
+      EXPECT_EQ(g.top_ids[i], want.top_ids[i]) << r << " " << i;
+      EXPECT_NEAR(g.top_logprobs[i], want.top_logprobs[i], 1e-4) << r << " " << i;
+    }
+    if (params[static_cast<size_t>(r)].temperature == 0.0f && g.num_top > 0) {
+      EXPECT_EQ(g.top_ids[0], tokens[static_cast<size_t>(r)]) << r;  // greedy takes the most likely
+    }
+  }
 }
 
 TEST(CudaKernelsTest, SamplingGreedyTopKTopPAndSeeds) {

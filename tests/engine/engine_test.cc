@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 #include <sstream>
@@ -78,6 +79,7 @@ struct Fixture {
 
 struct Outcome {
   std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;
   std::string text;
   FinishReason reason = FinishReason::kNone;
   Usage usage;
@@ -95,6 +97,7 @@ std::vector<Outcome> run_all(Engine& e, const std::vector<std::vector<int32_t>>&
     r.cls = cls;
     r.on_event = [&out, i](const TokenEvent& ev) {
       if (ev.token >= 0) out[i].tokens.push_back(ev.token);
+      if (ev.logprobs) out[i].logprobs.push_back(*ev.logprobs);
       out[i].text += ev.text_delta;
       if (ev.finished) {
         out[i].reason = ev.finish_reason;
@@ -343,8 +346,8 @@ class FailingBackend final : public Backend {
     if (++submits_ == fail_submit_at_) return internal_error("could not queue the step");
     return inner_->submit(in, specs);
   }
-  Status collect(int32_t* tokens) override {
-    HR_RETURN_IF_ERROR(inner_->collect(tokens));
+  Status collect(int32_t* tokens, TokenLogprobs* logprobs) override {
+    HR_RETURN_IF_ERROR(inner_->collect(tokens, logprobs));
     if (++collects_ == fail_at_) return internal_error("lost the step's tokens");
     if (collects_ == invalid_at_) tokens[invalid_row_] = invalid_token_;
     return Status::ok();
@@ -678,7 +681,7 @@ TEST(CpuBackendTest, FedTokensEqualKnownTokens) {
     if (feed) next.fed_rows = fed.data();
     second->assign(1, -1);
     ASSERT_TRUE(b->submit(next, &greedy).is_ok());
-    ASSERT_TRUE(b->collect(second->data()).is_ok());
+    ASSERT_TRUE(b->collect(second->data(), nullptr).is_ok());
     if (feed) {
       std::vector<int32_t> bad = {1};
       next.fed_rows = bad.data();
@@ -840,8 +843,60 @@ TEST(SamplerTest, PenaltiesFollowOpenAiAndTransformers) {
   EXPECT_EQ(sample_token(l.data(), 5, s), 4);
 }
 
-// The engine's penalties equal a loop that recomputes the whole sequence each step, counts the
-// tokens itself and applies the formulas by hand, also when pipelined (the input token of each
+// Greedy decoding that recomputes the whole sequence each step, counts the tokens itself and
+// applies the penalties by hand; the log-softmax of each step's penalized logits (in double) goes
+// to `log_softmax` when given.
+std::vector<int32_t> recompute(const std::vector<int32_t>& prompt, const SamplingParams& params,
+                               std::vector<std::vector<double>>* log_softmax = nullptr) {
+  auto& f = Fixture::get();
+  auto b = f.backend(16, 8 << 20, false);
+  const int V = b->vocab_size();
+  std::vector<int32_t> tokens = prompt, out;
+  std::vector<float> logits(static_cast<size_t>(V));
+  std::vector<int32_t> table(64);
+  for (int i = 0; i < 64; ++i) table[static_cast<size_t>(i)] = i;
+  for (int step = 0; step < params.max_tokens; ++step) {
+    const int n = static_cast<int>(tokens.size());
+    std::vector<int32_t> positions(static_cast<size_t>(n)), start = {0, n}, rows = {n - 1};
+    for (int i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = i;
+    StepInput in;
+    in.num_tokens = n;
+    in.num_seqs = 1;
+    in.token_ids = tokens.data();
+    in.positions = positions.data();
+    in.seq_start = start.data();
+    in.block_table = table.data();
+    in.max_blocks_per_seq = 64;
+    in.logits_rows = rows.data();
+    in.num_logits = 1;
+    EXPECT_TRUE(b->forward(in, logits.data()).is_ok());
+    if (params.has_penalties()) {
+      std::map<int32_t, int> generated;
+      for (int32_t t : out) generated[t]++;
+      const std::set<int32_t> all(tokens.begin(), tokens.end());
+      for (int32_t t : all) {
+        float& x = logits[static_cast<size_t>(t)];
+        x = x > 0 ? x / params.repetition_penalty : x * params.repetition_penalty;
+        if (generated.count(t)) x -= params.frequency_penalty * static_cast<float>(generated[t]) + params.presence_penalty;
+      }
+    }
+    if (log_softmax) {
+      const double mx = *std::max_element(logits.begin(), logits.end());
+      double sum = 0;
+      for (float x : logits) sum += std::exp(x - mx);
+      std::vector<double> row(static_cast<size_t>(V));
+      for (int i = 0; i < V; ++i) row[static_cast<size_t>(i)] = logits[static_cast<size_t>(i)] - mx - std::log(sum);
+      log_softmax->push_back(std::move(row));
+    }
+    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    out.push_back(next);
+    tokens.push_back(next);
+    if (std::find(f.tokenizer->eos_ids().begin(), f.tokenizer->eos_ids().end(), next) != f.tokenizer->eos_ids().end()) break;
+  }
+  return out;
+}
+
+// The engine's penalties equal the recomputing loop, also when pipelined (the input token of each
 // decode step is then fed on the backend and counted there); and they change the answers.
 TEST(EngineTest, PenaltiesEqualARecomputingLoop) {
   auto& f = Fixture::get();
@@ -851,45 +906,8 @@ TEST(EngineTest, PenaltiesEqualARecomputingLoop) {
   params.presence_penalty = 1.0f;
   params.repetition_penalty = 1.4f;
   const auto ps = prompts(6, 6);  // 7 and 11 repeat letters: "unnnqu", "bb", "hh"
-  auto reference = [&](const std::vector<int32_t>& prompt) {
-    auto b = f.backend(16, 8 << 20, false);
-    const int V = b->vocab_size();
-    std::vector<int32_t> tokens = prompt, out;
-    std::vector<float> logits(static_cast<size_t>(V));
-    std::vector<int32_t> table(64);
-    for (int i = 0; i < 64; ++i) table[static_cast<size_t>(i)] = i;
-    for (int step = 0; step < params.max_tokens; ++step) {
-      const int n = static_cast<int>(tokens.size());
-      std::vector<int32_t> positions(static_cast<size_t>(n)), start = {0, n}, rows = {n - 1};
-      for (int i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = i;
-      StepInput in;
-      in.num_tokens = n;
-      in.num_seqs = 1;
-      in.token_ids = tokens.data();
-      in.positions = positions.data();
-      in.seq_start = start.data();
-      in.block_table = table.data();
-      in.max_blocks_per_seq = 64;
-      in.logits_rows = rows.data();
-      in.num_logits = 1;
-      EXPECT_TRUE(b->forward(in, logits.data()).is_ok());
-      std::map<int32_t, int> generated;
-      for (int32_t t : out) generated[t]++;
-      const std::set<int32_t> all(tokens.begin(), tokens.end());
-      for (int32_t t : all) {
-        float& x = logits[static_cast<size_t>(t)];
-        x = x > 0 ? x / params.repetition_penalty : x * params.repetition_penalty;
-        if (generated.count(t)) x -= params.frequency_penalty * static_cast<float>(generated[t]) + params.presence_penalty;
-      }
-      const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      out.push_back(next);
-      tokens.push_back(next);
-      if (std::find(f.tokenizer->eos_ids().begin(), f.tokenizer->eos_ids().end(), next) != f.tokenizer->eos_ids().end()) break;
-    }
-    return out;
-  };
   std::vector<std::vector<int32_t>> want;
-  for (const auto& p : ps) want.push_back(reference(p));
+  for (const auto& p : ps) want.push_back(recompute(p, params));
   for (bool pipelined : {false, true}) {
     auto e = f.engine({8, 512, 512}, 16, 8 << 20, pipelined);
     auto got = run_all(*e, ps, RequestClass::kSync, params);
@@ -902,6 +920,44 @@ TEST(EngineTest, PenaltiesEqualARecomputingLoop) {
   int differ = 0;
   for (size_t i = 0; i < ps.size(); ++i) differ += unpenalized[i].tokens != want[i];
   EXPECT_GT(differ, 0);
+}
+
+// Log probabilities: one per answer token (none for the EOS that ends it), each the log-softmax of
+// that step's penalized logits, with the most likely tokens highest first; plain and pipelined.
+TEST(EngineTest, LogprobsAreThoseOfTheRecomputedSteps) {
+  auto& f = Fixture::get();
+  SamplingParams params;
+  params.max_tokens = 24;
+  params.presence_penalty = 0.5f;
+  params.logprobs = 5;
+  const auto ps = prompts(4, 20);
+  for (bool pipelined : {false, true}) {
+    auto e = f.engine({8, 512, 512}, 16, 8 << 20, pipelined);
+    auto got = run_all(*e, ps, RequestClass::kSync, params);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      std::vector<std::vector<double>> ref;
+      const std::vector<int32_t> want = recompute(ps[i], params, &ref);
+      ASSERT_EQ(got[i].tokens, want) << i;
+      const auto& eos = f.tokenizer->eos_ids();
+      const bool ended_by_eos = std::find(eos.begin(), eos.end(), want.back()) != eos.end();
+      ASSERT_EQ(got[i].logprobs.size(), want.size() - (ended_by_eos ? 1 : 0)) << i;
+      for (size_t j = 0; j < got[i].logprobs.size(); ++j) {
+        const TokenLogprobs& lp = got[i].logprobs[j];
+        const std::vector<double>& row = ref[j];
+        EXPECT_NEAR(lp.logprob, row[static_cast<size_t>(want[j])], 1e-4) << i << " " << j;
+        std::vector<int32_t> order(row.size());
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + 5, order.end(),
+                          [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+        ASSERT_EQ(lp.num_top, 5);
+        for (int k = 0; k < 5; ++k) {
+          EXPECT_EQ(lp.top_ids[k], order[static_cast<size_t>(k)]) << i << " " << j << " " << k;
+          EXPECT_NEAR(lp.top_logprobs[k], row[static_cast<size_t>(order[static_cast<size_t>(k)])], 1e-4);
+        }
+        EXPECT_EQ(lp.top_ids[0], want[j]);  // greedy
+      }
+    }
+  }
 }
 
 TEST(CpuGemmTest, PanelProductsMatchDoublePrecisionOnOddSizes) {

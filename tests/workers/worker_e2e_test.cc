@@ -84,10 +84,9 @@ json wait_done(testing::ApiHarness& h, const std::string& id, int seconds) {
   return json();
 }
 
-// The bundled model's own greedy answer for `text`, computed by an engine alone (greedy decoding
-// is deterministic and batch-invariant, so the served answer must equal it exactly).
-// The bundled model's greedy answer to "reverse: <text>", alone on a fresh engine, with the
-// penalties of `penalties`.
+// The bundled model's own greedy answer for "reverse: <text>", computed by an engine alone, with
+// the penalties of `penalties` (greedy decoding is deterministic and batch-invariant, so the
+// served answer must equal it exactly).
 std::string greedy_alone(const std::string& text, const engine::SamplingParams& penalties = {}) {
   static auto weights = [] {
     engine::ModelWeights w = engine::load_weights(kModelDir).value();
@@ -134,6 +133,32 @@ void check_answers(const json& result, const std::vector<std::string>& texts) {
   std::printf("correct reversals: %d of %zu\n", correct, texts.size());
 }
 
+// OpenAI's logprobs object of a greedy answer `text` that ended with EOS: one entry per answer
+// token (the EOS has none), whose texts make up the answer, each with `top` alternatives highest
+// first, the first of them the token itself.
+void check_logprobs(const json& lp, const std::string& text, int top, int completion_tokens) {
+  ASSERT_TRUE(lp.is_object()) << lp.dump();
+  ASSERT_TRUE(lp["content"].is_array()) << lp.dump();
+  EXPECT_TRUE(lp.contains("refusal"));
+  const json& content = lp["content"];
+  EXPECT_EQ(static_cast<int>(content.size()), completion_tokens - 1);
+  std::string joined;
+  for (const json& e : content) {
+    joined += e["token"].get<std::string>();
+    EXPECT_LE(e["logprob"].get<double>(), 0.0);
+    EXPECT_EQ(e["bytes"].size(), e["token"].get<std::string>().size());  // ASCII here
+    ASSERT_EQ(static_cast<int>(e["top_logprobs"].size()), top) << e.dump();
+    for (int k = 0; k + 1 < top; ++k) {
+      EXPECT_GE(e["top_logprobs"][k]["logprob"].get<double>(), e["top_logprobs"][k + 1]["logprob"].get<double>());
+    }
+    if (top > 0) {
+      EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);
+      EXPECT_NEAR(e["top_logprobs"][0]["logprob"].get<double>(), e["logprob"].get<double>(), 1e-6);
+    }
+  }
+  EXPECT_EQ(joined, text);
+}
+
 TEST(WorkerE2eTest, QueuedBatchIsAnsweredCorrectlyInOrder) {
   testing::ApiHarness h;
   ASSERT_TRUE(h.ok());
@@ -147,10 +172,22 @@ TEST(WorkerE2eTest, QueuedBatchIsAnsweredCorrectlyInOrder) {
     reqs.push_back({{"messages", {{{"role", "user"}, {"content", "reverse: " + t}}}},
                     {"temperature", 0}, {"max_tokens", 40}});
   }
+  for (int i = 0; i < 5; ++i) {  // log probabilities for a few
+    reqs[i]["logprobs"] = true;
+    reqs[i]["top_logprobs"] = i;
+  }
   std::string id = h.submit(reqs, h.key_a());
   ASSERT_FALSE(id.empty());
   json result = wait_done(h, id, 120);
   check_answers(result, texts);
+  for (int i = 0; i < 7; ++i) {
+    const json& r = result["responses"][i]["result"];
+    if (i >= 5) {
+      EXPECT_FALSE(r.contains("logprobs")) << r.dump();
+      continue;
+    }
+    check_logprobs(r["logprobs"], r["response"], i, r["usage"]["completion_tokens"]);
+  }
   EXPECT_GT(result["usage"]["completion_tokens"].get<int>(), 200);
   w->stop();
   EXPECT_EQ(w->stats().completed.load(), 200);
@@ -302,6 +339,33 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
                     h.key_a());
   ASSERT_EQ(pen.status, 200) << pen.body;
   EXPECT_EQ(pen.json()["choices"][0]["message"]["content"], penalized);
+  // Log probabilities: in the choice for OpenAI's shape, in the result for Workers AI's; not with
+  // a stream.
+  auto lp = h.post("/v1/chat/completions",
+                   json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: logprobs"}}}},
+                        {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 3}}
+                       .dump(),
+                   h.key_a());
+  ASSERT_EQ(lp.status, 200) << lp.body;
+  EXPECT_EQ(lp.json()["choices"][0]["message"]["content"], greedy_alone("logprobs"));
+  check_logprobs(lp.json()["choices"][0]["logprobs"], greedy_alone("logprobs"), 3,
+                 lp.json()["usage"]["completion_tokens"]);
+  auto cf_lp = h.post("/ai/run/" + h.model(),
+                      json{{"prompt", "reverse: logprobs"}, {"temperature", 0}, {"logprobs", true}}.dump(), h.key_a());
+  ASSERT_EQ(cf_lp.status, 200) << cf_lp.body;
+  check_logprobs(cf_lp.json()["result"]["logprobs"], greedy_alone("logprobs"), 0,
+                 cf_lp.json()["result"]["usage"]["completion_tokens"]);
+  auto streamed_lp = h.post("/v1/chat/completions",
+                            json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                                 {"stream", true}, {"logprobs", true}}
+                                .dump(),
+                            h.key_a());
+  EXPECT_EQ(streamed_lp.status, 400) << streamed_lp.body;
+  EXPECT_NE(streamed_lp.body.find("logprobs"), std::string::npos) << streamed_lp.body;
+  auto plain = h.post("/v1/chat/completions",
+                      json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: x"}}}}}.dump(),
+                      h.key_a());
+  EXPECT_TRUE(plain.json()["choices"][0]["logprobs"].is_null()) << plain.body;
   // The backlog was still running while sync requests were answered.
   json progress = h.get("/v1/async/" + id, h.key_a()).json()["result"];
   EXPECT_NE(progress["status"], "completed");
@@ -413,7 +477,7 @@ class BreakableBackend final : public engine::Backend {
     if (broken) return failure;
     return inner_->submit(in, specs);
   }
-  Status collect(int32_t* tokens) override { return inner_->collect(tokens); }
+  Status collect(int32_t* tokens, engine::TokenLogprobs* logprobs) override { return inner_->collect(tokens, logprobs); }
   void discard() override { inner_->discard(); }
   std::atomic<bool> broken{false};
   Status failure = internal_error("an illegal memory access was encountered");  // set before breaking
