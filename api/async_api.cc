@@ -780,7 +780,12 @@ Result<SyncAnswer> AsyncApi::Impl::run_sync(const HttpRequest& req, const json& 
   Result<json> norm = normalize_chat_request(request, model, limits);
   if (!norm.is_ok()) return norm.status();
   HR_ASSIGN_OR_RETURN(SyncInference * s, sync_for(model));
-  return s->run(*norm, call);
+  HR_ASSIGN_OR_RETURN(SyncAnswer answer, s->run(*norm, call));
+  // A worker of an earlier release ignores logprobs: its answer must not pass for one with them.
+  if (norm->value("logprobs", false) && answer.logprobs.is_null()) {
+    return unavailable("the worker that answered does not serve log probabilities (an earlier release)");
+  }
+  return answer;
 }
 
 HttpResponse AsyncApi::Impl::chat_completions(const HttpRequest& req) {

@@ -105,10 +105,14 @@ void token_logprobs(const float* logits, int vocab, int32_t token, int top, Toke
   const double mx = logits[best];
   double sum = 0;
   for (int i = 0; i < vocab; ++i) {
-    if (!std::isnan(logits[i])) sum += std::exp(static_cast<double>(logits[i]) - mx);
+    // An infinite maximum (+inf, or every logit -inf) is shared by the tokens that have it.
+    if (!std::isnan(logits[i])) sum += std::isinf(mx) ? (logits[i] == mx ? 1.0 : 0.0) : std::exp(logits[i] - mx);
   }
-  const double lse = mx + std::log(sum);
-  auto logprob = [&](int32_t t) { return static_cast<float>(static_cast<double>(logits[t]) - lse); };
+  const double lse = std::isinf(mx) ? std::log(sum) : mx + std::log(sum);
+  auto logprob = [&](int32_t t) {
+    if (std::isinf(mx)) return logits[t] == mx ? static_cast<float>(-lse) : -INFINITY;
+    return static_cast<float>(static_cast<double>(logits[t]) - lse);
+  };
   out->logprob = token >= 0 && token < vocab ? logprob(token) : -INFINITY;
   std::vector<int32_t> idx;
   idx.reserve(static_cast<size_t>(vocab));

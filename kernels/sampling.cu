@@ -78,13 +78,16 @@ __device__ void emit(const float* x, int vocab, float mx, const SampleParams& sp
                      int32_t* tokens, TokenLogprobs* logprobs, float* scratch, ArgMax* am_scratch) {
   if (sp.logprobs >= 0 && logprobs) {
     TokenLogprobs* out = logprobs + row;
+    // An infinite maximum (+inf, or every logit -inf) is shared by the tokens that have it.
+    const bool inf_max = isinf(mx);
     float s = 0.0f;
     for (int i = threadIdx.x; i < vocab; i += kThreads) {
-      if (!isnan(x[i])) s += expf(x[i] - mx);
+      if (!isnan(x[i])) s += inf_max ? (x[i] == mx ? 1.0f : 0.0f) : expf(x[i] - mx);
     }
     s = internal::block_sum(s, scratch);
-    const float lse = mx + logf(s);
-    if (threadIdx.x == 0) out->logprob = token >= 0 && token < vocab ? x[token] - lse : -INFINITY;
+    const float lse = inf_max ? logf(s) : mx + logf(s);
+    auto logprob = [&](float v) { return inf_max ? (v == mx ? -lse : -INFINITY) : v - lse; };
+    if (threadIdx.x == 0) out->logprob = token >= 0 && token < vocab ? logprob(x[token]) : -INFINITY;
     const int k = min(static_cast<int>(sp.logprobs), kMaxTopLogprobs);
     ArgMax prev{INFINITY, -1};
     int found = 0;
@@ -98,7 +101,7 @@ __device__ void emit(const float* x, int vocab, float mx, const SampleParams& sp
       if (b.i >= vocab) break;
       if (threadIdx.x == 0) {
         out->top_ids[found] = b.i;
-        out->top_logprobs[found] = b.v - lse;
+        out->top_logprobs[found] = logprob(b.v);
       }
       prev = b;
     }

@@ -31,11 +31,49 @@ namespace hr::workers {
 
 using nlohmann::json;
 
+// Tokens as OpenAI's logprobs show them: text ("bytes:" and escapes where the bytes are not UTF-8
+// on their own, as for part of a character), log probability and bytes. The text and bytes of
+// each token are worked out once. Used by the step loop alone.
+class TokenShapes {
+ public:
+  explicit TokenShapes(std::shared_ptr<const engine::Tokenizer> tok) : tok_(std::move(tok)) {}
+
+  json entry(int32_t id, float logprob) {
+    if (id >= static_cast<int32_t>(shapes_.size())) shapes_.resize(static_cast<size_t>(id) + 1);
+    json& shape = shapes_[static_cast<size_t>(id)];
+    if (shape.is_null()) shape = make(id);
+    json e = shape;
+    // -inf (a token the logits gave no weight) has no JSON number: the lowest float stands in.
+    e["logprob"] = std::isfinite(logprob) ? logprob : -std::numeric_limits<float>::max();
+    return e;
+  }
+
+ private:
+  json make(int32_t id) const {
+    const std::string raw = tok_->token_bytes(id);
+    json bytes = json::array();
+    for (unsigned char c : raw) bytes.push_back(static_cast<int>(c));
+    std::string text = raw;
+    try {
+      (void)json(raw).dump();  // what the answer will go through
+    } catch (const json::exception&) {
+      static const char* kHex = "0123456789abcdef";
+      text = "bytes:";
+      for (unsigned char c : raw) text += std::string("\\x") + kHex[c >> 4] + kHex[c & 15];
+    }
+    return {{"token", std::move(text)}, {"bytes", std::move(bytes)}};
+  }
+
+  std::shared_ptr<const engine::Tokenizer> tok_;
+  std::vector<json> shapes_;
+};
+
 struct LoadedModel {
   engine::ModelConfig config;
   std::shared_ptr<const engine::Tokenizer> tokenizer;
   engine::ChatFormat chat_format = engine::ChatFormat::kHeadroom;
   std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<TokenShapes> token_shapes;  // created with the tokenizer
 };
 
 namespace {
@@ -76,39 +114,26 @@ json logprobs_for(const engine::GenerationRequest& r) {
   return r.params.logprobs >= 0 ? json{{"content", json::array()}, {"refusal", nullptr}} : json();
 }
 
-// One token as OpenAI shows it: its text ("bytes:" and escapes where its bytes are not UTF-8 on
-// their own, as for part of a character), log probability and bytes.
-json token_logprob(const engine::Tokenizer& tok, int32_t id, float logprob) {
-  const std::string raw = tok.token_bytes(id);
-  json bytes = json::array();
-  for (unsigned char c : raw) bytes.push_back(static_cast<int>(c));
-  std::string text = raw;
-  bool utf8 = true;
-  try {
-    (void)json(raw).dump();  // what the answer will go through
-  } catch (const json::exception&) {
-    utf8 = false;
-  }
-  if (!utf8) {
-    static const char* kHex = "0123456789abcdef";
-    text = "bytes:";
-    for (unsigned char c : raw) text += std::string("\\x") + kHex[c >> 4] + kHex[c & 15];
-  }
-  // -inf (a token the logits gave no weight) has no JSON number: the lowest float stands in.
-  const float shown = std::isfinite(logprob) ? logprob : -std::numeric_limits<float>::max();
-  return {{"token", std::move(text)}, {"logprob", shown}, {"bytes", std::move(bytes)}};
-}
-
 // Appends an event's token and its alternatives to a logprobs object from logprobs_for().
-void append_logprobs(json* logprobs, const engine::Tokenizer& tok, const engine::TokenEvent& ev) {
+void append_logprobs(json* logprobs, TokenShapes& shapes, const engine::TokenEvent& ev) {
   if (logprobs->is_null() || !ev.logprobs || ev.token < 0) return;
-  json entry = token_logprob(tok, ev.token, ev.logprobs->logprob);
+  json entry = shapes.entry(ev.token, ev.logprobs->logprob);
   json top = json::array();
   for (int i = 0; i < ev.logprobs->num_top; ++i) {
-    top.push_back(token_logprob(tok, ev.logprobs->top_ids[i], ev.logprobs->top_logprobs[i]));
+    top.push_back(shapes.entry(ev.logprobs->top_ids[i], ev.logprobs->top_logprobs[i]));
   }
   entry["top_logprobs"] = std::move(top);
   (*logprobs)["content"].push_back(std::move(entry));
+}
+
+// Drops the entries of tokens whose text the answer does not have: those that a stop string
+// held back and then cut off (the text up to where the stop string began is kept).
+void trim_logprobs(json* logprobs, const std::string& answer) {
+  if (logprobs->is_null()) return;
+  json& content = (*logprobs)["content"];
+  size_t offset = 0, keep = 0;
+  for (; keep < content.size() && offset < answer.size(); ++keep) offset += content[keep]["bytes"].size();
+  content.erase(content.begin() + static_cast<long>(keep), content.end());
 }
 
 std::string default_worker_name() {
@@ -128,6 +153,7 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given, const 
   HR_ASSIGN_OR_RETURN(m->config, engine::load_model_config(config.model_dir));
   HR_ASSIGN_OR_RETURN(auto tok, engine::Tokenizer::load(config.model_dir));
   m->tokenizer = std::shared_ptr<const engine::Tokenizer>(tok.release());
+  m->token_shapes = std::make_unique<TokenShapes>(m->tokenizer);
   HR_ASSIGN_OR_RETURN(m->chat_format, engine::load_chat_format(config.model_dir, config.chat_template));
   engine::BackendSpec spec;
   spec.device = config.device;
@@ -499,19 +525,20 @@ void Worker::loop() {
       class_metrics(engine::RequestClass::kSync)
           .queue.observe(static_cast<double>(steady_now_ns() - job->arrival_ns) / 1e9);
       job->logprobs = logprobs_for(job->request);
-      const engine::Tokenizer* tok = model_->tokenizer.get();
-      job->request.on_event = timed([job, tok](const engine::TokenEvent& ev) {
+      TokenShapes* shapes = model_->token_shapes.get();
+      job->request.on_event = timed([job, shapes](const engine::TokenEvent& ev) {
         if (ev.finish_reason == engine::FinishReason::kError) {
           // Nothing reached the client: another worker may answer (as async work is retried).
           fail_job(*job, unavailable(ev.error));
           return;
         }
         job->text += ev.text_delta;
-        append_logprobs(&job->logprobs, *tok, ev);
+        append_logprobs(&job->logprobs, *shapes, ev);
         api::SyncAnswer answer;
         if (ev.finished) {
           answer.text = job->text;
-          answer.logprobs = job->logprobs;
+          trim_logprobs(&job->logprobs, job->text);
+          answer.logprobs = std::move(job->logprobs);
           answer.finish_reason = engine::finish_reason_name(ev.finish_reason);
           answer.prompt_tokens = ev.usage.prompt_tokens;
           answer.completion_tokens = ev.usage.completion_tokens;
@@ -596,13 +623,13 @@ void Worker::loop() {
         }
         auto* runs = &running;
         QueueIo* q = &io;
-        const engine::Tokenizer* tok = model_->tokenizer.get();
+        TokenShapes* shapes = model_->token_shapes.get();
         json logprobs = logprobs_for(*gen);
-        gen->on_event = timed([runs, q, tok](const engine::TokenEvent& ev) {
+        gen->on_event = timed([runs, q, shapes](const engine::TokenEvent& ev) {
           auto it = runs->find(ev.id);
           if (it == runs->end()) return;
           it->second.text += ev.text_delta;
-          append_logprobs(&it->second.logprobs, *tok, ev);
+          append_logprobs(&it->second.logprobs, *shapes, ev);
           if (!ev.finished) return;
           if (ev.finish_reason == engine::FinishReason::kError) {
             // Another attempt (here or on another worker) may well succeed.
@@ -617,7 +644,10 @@ void Worker::loop() {
                         {"prompt_tokens_details", {{"cached_tokens", ev.usage.cached_tokens}}}};
           json result = {{"response", it->second.text}, {"usage", usage},
                          {"finish_reason", engine::finish_reason_name(ev.finish_reason)}};
-          if (!it->second.logprobs.is_null()) result["logprobs"] = std::move(it->second.logprobs);
+          if (!it->second.logprobs.is_null()) {
+            trim_logprobs(&it->second.logprobs, it->second.text);
+            result["logprobs"] = std::move(it->second.logprobs);
+          }
           q->drop(ev.id);
           q->complete({it->second.lease, result.dump(), ev.usage.prompt_tokens,
                        ev.usage.completion_tokens, ev.usage.cached_tokens});

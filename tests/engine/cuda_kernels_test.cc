@@ -785,7 +785,7 @@ TEST(CudaKernelsTest, SamplingPenaltiesMatchTheHostReference) {
 
 // Log probabilities on the device equal the host's token_logprobs for the token the kernel chose:
 // greedy and sampled rows, 0, 5 and 20 alternatives (and more asked than there are), rows with
-// NaN and -inf logits, and rows that ask for none left unwritten.
+// NaN, -inf and +inf logits, and rows that ask for none left unwritten.
 TEST(CudaKernelsTest, SamplingLogprobsMatchTheHostReference) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(19);
@@ -793,6 +793,7 @@ TEST(CudaKernelsTest, SamplingLogprobsMatchTheHostReference) {
   std::vector<float> logits = random_vec(static_cast<size_t>(R) * V, rng, -6.0f, 6.0f);
   for (int i = 0; i < V; i += 7) logits[static_cast<size_t>(5 * V + i)] = NAN;
   for (int i = 3; i < V; i += 11) logits[static_cast<size_t>(6 * V + i)] = -INFINITY;
+  logits[static_cast<size_t>(7 * V + 100)] = logits[static_cast<size_t>(7 * V + 4000)] = INFINITY;  // shared certainty
   std::vector<kernels::SampleParams> params(R);
   const int asked[R] = {0, 5, 20, -1, 3, 20, 7, 40};
   for (int r = 0; r < R; ++r) {
@@ -820,12 +821,16 @@ TEST(CudaKernelsTest, SamplingLogprobsMatchTheHostReference) {
     }
     TokenLogprobs want;
     token_logprobs(logits.data() + static_cast<size_t>(r) * V, V, tokens[static_cast<size_t>(r)], asked[r], &want);
-    EXPECT_NEAR(g.logprob, want.logprob, 1e-4) << r;
+    if (g.logprob != want.logprob) {  // -inf equals -inf
+      EXPECT_NEAR(g.logprob, want.logprob, 1e-4) << r;
+    }
     ASSERT_EQ(g.num_top, want.num_top) << r;
     EXPECT_EQ(g.num_top, std::min(asked[r], kernels::kMaxTopLogprobs)) << r;
     for (int i = 0; i < g.num_top; ++i) {
       EXPECT_EQ(g.top_ids[i], want.top_ids[i]) << r << " " << i;
-      EXPECT_NEAR(g.top_logprobs[i], want.top_logprobs[i], 1e-4) << r << " " << i;
+      if (g.top_logprobs[i] != want.top_logprobs[i]) {
+        EXPECT_NEAR(g.top_logprobs[i], want.top_logprobs[i], 1e-4) << r << " " << i;
+      }
     }
     if (params[static_cast<size_t>(r)].temperature == 0.0f && g.num_top > 0) {
       EXPECT_EQ(g.top_ids[0], tokens[static_cast<size_t>(r)]) << r;  // greedy takes the most likely

@@ -896,6 +896,32 @@ std::vector<int32_t> recompute(const std::vector<int32_t>& prompt, const Samplin
   return out;
 }
 
+// Log probabilities by hand, also where the logits hold +inf (the tokens with it share certainty)
+// or nothing but -inf (every token alike), so that no answer shows NaN.
+TEST(SamplerTest, LogprobsOfFiniteAndInfiniteLogits) {
+  const std::vector<float> logits = {1.0f, 2.0f, NAN, 0.0f};
+  TokenLogprobs lp;
+  token_logprobs(logits.data(), 4, 1, 2, &lp);
+  const double lse = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(0.0));
+  EXPECT_NEAR(lp.logprob, 2.0 - lse, 1e-6);
+  ASSERT_EQ(lp.num_top, 2);
+  EXPECT_EQ(lp.top_ids[0], 1);
+  EXPECT_EQ(lp.top_ids[1], 0);
+  EXPECT_NEAR(lp.top_logprobs[1], 1.0 - lse, 1e-6);
+  const std::vector<float> with_inf = {INFINITY, 3.0f, INFINITY, -INFINITY};
+  token_logprobs(with_inf.data(), 4, 2, 4, &lp);
+  EXPECT_FLOAT_EQ(lp.logprob, -std::log(2.0f));
+  ASSERT_EQ(lp.num_top, 4);
+  EXPECT_EQ(std::vector<int32_t>(lp.top_ids, lp.top_ids + 4), (std::vector<int32_t>{0, 2, 1, 3}));
+  EXPECT_EQ(lp.top_logprobs[2], -INFINITY);
+  const std::vector<float> all_minus_inf(4, -INFINITY);
+  token_logprobs(all_minus_inf.data(), 4, 0, 1, &lp);
+  EXPECT_FLOAT_EQ(lp.logprob, -std::log(4.0f));
+  token_logprobs(logits.data(), 4, -1, 0, &lp);  // no token: -inf, no alternatives asked
+  EXPECT_EQ(lp.logprob, -INFINITY);
+  EXPECT_EQ(lp.num_top, 0);
+}
+
 // The engine's penalties equal the recomputing loop, also when pipelined (the input token of each
 // decode step is then fed on the backend and counted there); and they change the answers.
 TEST(EngineTest, PenaltiesEqualARecomputingLoop) {

@@ -350,6 +350,21 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   EXPECT_EQ(lp.json()["choices"][0]["message"]["content"], greedy_alone("logprobs"));
   check_logprobs(lp.json()["choices"][0]["logprobs"], greedy_alone("logprobs"), 3,
                  lp.json()["usage"]["completion_tokens"]);
+  // A stop string cuts the answer, and the entries of the tokens it held back go with it.
+  const std::string full = greedy_alone("abcdef");
+  ASSERT_NE(full.find("dc"), std::string::npos) << full;
+  auto stopped = h.post("/v1/chat/completions",
+                        json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: abcdef"}}}},
+                             {"temperature", 0}, {"logprobs", true}, {"stop", "dc"}}
+                            .dump(),
+                        h.key_a());
+  ASSERT_EQ(stopped.status, 200) << stopped.body;
+  const json stopped_body = stopped.json();
+  const json& choice = stopped_body["choices"][0];
+  EXPECT_EQ(choice["message"]["content"], full.substr(0, full.find("dc")));
+  std::string joined;
+  for (const json& e : choice["logprobs"]["content"]) joined += e["token"].get<std::string>();
+  EXPECT_EQ(joined, choice["message"]["content"]) << stopped.body;
   auto cf_lp = h.post("/ai/run/" + h.model(),
                       json{{"prompt", "reverse: logprobs"}, {"temperature", 0}, {"logprobs", true}}.dump(), h.key_a());
   ASSERT_EQ(cf_lp.status, 200) << cf_lp.body;
