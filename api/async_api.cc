@@ -217,9 +217,6 @@ Status check_sync_fields(const json& body) {
   if (auto o = body.find("stream_options"); o != body.end() && o->is_object()) {
     HR_RETURN_IF_ERROR(check_flag(*o, "include_usage", "stream_options.include_usage"));
   }
-  if (flag(body, "stream") && body.contains("logprobs") && body["logprobs"] == true) {
-    return invalid_argument("log probabilities are not streamed: ask for them without 'stream'", "logprobs");
-  }
   if (auto n = body.find("n"); n != body.end() && !n->is_null() &&
                                !(n->is_number_integer() && n->get<int64_t>() == 1)) {
     return invalid_argument("'n' must be 1: one choice per request is served", "n");
@@ -856,12 +853,12 @@ Reply AsyncApi::Impl::chat_completions_stream(const HttpRequest& req, json body)
   st->stream = std::move(started).value();
   st->model = model->name;
   st->include_usage = include_usage;
-  auto event = [st](json delta, json finish_reason, json usage) {
+  auto event = [st](json delta, json finish_reason, json usage, json logprobs = nullptr) {
     json chunk = {{"id", st->id}, {"object", "chat.completion.chunk"}, {"created", st->created},
                   {"model", st->model}, {"choices", json::array()}};
     if (!delta.is_null()) {
       chunk["choices"].push_back(
-          {{"index", 0}, {"delta", delta}, {"finish_reason", finish_reason}, {"logprobs", nullptr}});
+          {{"index", 0}, {"delta", delta}, {"finish_reason", finish_reason}, {"logprobs", std::move(logprobs)}});
     }
     if (!usage.is_null()) chunk["usage"] = usage;
     return "data: " + chunk.dump() + "\n\n";
@@ -880,7 +877,9 @@ Reply AsyncApi::Impl::chat_completions_stream(const HttpRequest& req, json body)
       case 1: {
         std::string delta;
         if (st->stream->next(&delta)) {
-          *out = event({{"content", delta}}, nullptr, nullptr);
+          const json& lp = st->stream->delta_logprobs();
+          *out = event({{"content", delta}}, nullptr, nullptr,
+                       lp.is_null() ? json(nullptr) : json{{"content", lp}, {"refusal", nullptr}});
           return true;
         }
         st->phase = 2;
@@ -936,7 +935,10 @@ Reply AsyncApi::Impl::run_model_stream(const HttpRequest& req, json body, const 
     if (st->done) return false;
     std::string delta;
     if (st->stream->next(&delta)) {
-      *out = "data: " + json{{"response", delta}}.dump() + "\n\n";
+      json piece = {{"response", delta}};
+      const json& lp = st->stream->delta_logprobs();
+      if (!lp.is_null()) piece["logprobs"] = {{"content", lp}, {"refusal", nullptr}};
+      *out = "data: " + piece.dump() + "\n\n";
       return true;
     }
     st->done = true;

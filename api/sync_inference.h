@@ -47,6 +47,12 @@ class SyncStream {
  public:
   virtual ~SyncStream() = default;
   virtual bool next(std::string* delta) = 0;
+  // With log probabilities asked for: the entries (OpenAI's logprobs content) of the tokens whose
+  // text the last delta carries; else null.
+  virtual const nlohmann::json& delta_logprobs() const {
+    static const nlohmann::json kNone;
+    return kNone;
+  }
   virtual const Status& status() const = 0;
   virtual const SyncAnswer& answer() const = 0;
   // Which worker generates it (empty in-process).

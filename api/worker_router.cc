@@ -619,6 +619,7 @@ class RemoteStream final : public SyncStream {
         pending_.erase(0, nl + 1);
         if (line.contains("delta") && line["delta"].is_string()) {
           *delta = line["delta"];
+          logprobs_ = line.contains("logprobs") && line["logprobs"].is_array() ? std::move(line["logprobs"]) : json();
           return true;
         }
         if (line.contains("answer")) {
@@ -641,6 +642,7 @@ class RemoteStream final : public SyncStream {
       }
     }
   }
+  const json& delta_logprobs() const override { return logprobs_; }
   const Status& status() const override { return status_; }
   const SyncAnswer& answer() const override { return answer_; }
   std::string worker() const override { return worker_; }
@@ -656,6 +658,7 @@ class RemoteStream final : public SyncStream {
   std::unique_ptr<WorkerCall> call_;
   std::string worker_;
   std::string pending_;
+  json logprobs_;  // the last delta's
   bool finished_ = false;
   Status status_;
   SyncAnswer answer_;

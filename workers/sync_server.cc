@@ -160,7 +160,9 @@ api::Reply SyncServer::handle(const api::HttpRequest& req) {
     if (*done) return false;
     std::string delta;
     if (stream->next(&delta)) {
-      *out = json{{"delta", delta}}.dump() + "\n";
+      json line = {{"delta", delta}};
+      if (!stream->delta_logprobs().is_null()) line["logprobs"] = stream->delta_logprobs();
+      *out = line.dump() + "\n";
       return true;
     }
     *done = true;

@@ -7,7 +7,8 @@
 //                         "reject_if_busy": bool, "queue_timeout_ms": int}
 //     stream false → 200 {"text", "finish_reason", "prompt_tokens", "completion_tokens",
 //                         "cached_tokens", "logprobs" (when asked for)}
-//     stream true  → 200, chunked application/x-ndjson: {"delta": "..."} lines, then one
+//     stream true  → 200, chunked application/x-ndjson: {"delta": "...", "logprobs": [...] (the
+//                    delta's tokens' entries, when asked for)} lines, then one
 //                    {"answer": {...}} or {"error": {...}} line
 //     failure      → the Status's HTTP code with {"error": {"code", "message", "field",
 //                    "retry_elsewhere"}}; retry_elsewhere (true) when this worker takes no

@@ -126,14 +126,23 @@ void append_logprobs(json* logprobs, TokenShapes& shapes, const engine::TokenEve
   (*logprobs)["content"].push_back(std::move(entry));
 }
 
-// Drops the entries of tokens whose text the answer does not have: those that a stop string
-// held back and then cut off (the text up to where the stop string began is kept).
+// Takes from the front of a logprobs object's entries those of the tokens whose text starts
+// within the next `bytes` bytes of the answer (the entries of tokens held back for a possible stop
+// string stay until their text comes, or go when a stop string cuts it off).
+json take_logprobs(json* logprobs, size_t bytes) {
+  json& content = (*logprobs)["content"];
+  size_t offset = 0, n = 0;
+  for (; n < content.size() && offset < bytes; ++n) offset += content[n]["bytes"].size();
+  json taken(content.begin(), content.begin() + static_cast<long>(n));
+  content.erase(content.begin(), content.begin() + static_cast<long>(n));
+  return taken;
+}
+
+// The answer's logprobs when it is complete: the entries of its text, without those a stop string
+// cut off.
 void trim_logprobs(json* logprobs, const std::string& answer) {
   if (logprobs->is_null()) return;
-  json& content = (*logprobs)["content"];
-  size_t offset = 0, keep = 0;
-  for (; keep < content.size() && offset < answer.size(); ++keep) offset += content[keep]["bytes"].size();
-  content.erase(content.begin() + static_cast<long>(keep), content.end());
+  (*logprobs)["content"] = take_logprobs(logprobs, answer.size());
 }
 
 std::string default_worker_name() {
@@ -204,6 +213,7 @@ struct Worker::SyncJob {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::string> deltas;  // guarded by mu
+  std::deque<json> delta_logprobs;  // guarded by mu: each delta's logprobs entries (or null)
   bool finished = false;           // guarded by mu
   Status status;                   // guarded by mu
   api::SyncAnswer answer;          // guarded by mu
@@ -243,12 +253,15 @@ class WorkerStream final : public api::SyncStream {
     if (!job_->deltas.empty()) {
       *delta = std::move(job_->deltas.front());
       job_->deltas.pop_front();
+      logprobs_ = std::move(job_->delta_logprobs.front());
+      job_->delta_logprobs.pop_front();
       return true;
     }
     status_ = job_->status;
     answer_ = job_->answer;
     return false;
   }
+  const json& delta_logprobs() const override { return logprobs_; }
   const Status& status() const override { return status_; }
   const api::SyncAnswer& answer() const override { return answer_; }
 
@@ -257,6 +270,7 @@ class WorkerStream final : public api::SyncStream {
   ActiveSync active_;
   Status status_;
   api::SyncAnswer answer_;
+  json logprobs_;
 };
 
 // Request metrics of one class (sync or async).
@@ -534,11 +548,18 @@ void Worker::loop() {
         }
         job->text += ev.text_delta;
         append_logprobs(&job->logprobs, *shapes, ev);
+        // Streamed, each delta carries the entries of the tokens whose text it brings.
+        json piece_logprobs;
+        if (job->streaming && !ev.text_delta.empty() && !job->logprobs.is_null()) {
+          piece_logprobs = take_logprobs(&job->logprobs, ev.text_delta.size());
+        }
         api::SyncAnswer answer;
         if (ev.finished) {
           answer.text = job->text;
-          trim_logprobs(&job->logprobs, job->text);
-          answer.logprobs = std::move(job->logprobs);
+          if (!job->streaming) {
+            trim_logprobs(&job->logprobs, job->text);
+            answer.logprobs = std::move(job->logprobs);
+          }
           answer.finish_reason = engine::finish_reason_name(ev.finish_reason);
           answer.prompt_tokens = ev.usage.prompt_tokens;
           answer.completion_tokens = ev.usage.completion_tokens;
@@ -546,7 +567,10 @@ void Worker::loop() {
         }
         if (job->streaming) {
           std::lock_guard<std::mutex> lock(job->mu);
-          if (!ev.text_delta.empty()) job->deltas.push_back(ev.text_delta);
+          if (!ev.text_delta.empty()) {
+            job->deltas.push_back(ev.text_delta);
+            job->delta_logprobs.push_back(std::move(piece_logprobs));
+          }
           if (ev.finished) {
             job->finished = true;
             job->answer = answer;

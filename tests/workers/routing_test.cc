@@ -175,6 +175,35 @@ TEST_F(Routing, AnswersComeFromRemoteWorkersInEveryShape) {
   EXPECT_EQ(text, "maerts");
   EXPECT_GT(last_usage["completion_tokens"].get<int>(), 0);
   EXPECT_NE(s.body.find("data: [DONE]"), std::string::npos);
+  // Log probabilities cross the router: in the answer, and with each streamed piece (Workers AI's
+  // shape here), spelling out its text.
+  auto lp = h_->post("/v1/chat/completions",
+                     json{{"model", h_->model()}, {"messages", {{{"role", "user"}, {"content", "reverse: flex batch"}}}},
+                          {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 1}}
+                         .dump(),
+                     h_->key_a());
+  ASSERT_EQ(lp.status, 200) << lp.body;
+  const json lp_body = lp.json();
+  std::string spelled;
+  for (const json& e : lp_body["choices"][0]["logprobs"]["content"]) spelled += e["token"].get<std::string>();
+  EXPECT_EQ(spelled, "hctab xelf");
+  auto lps = h_->post("/ai/run/" + h_->model(),
+                      json{{"prompt", "reverse: flex batch"}, {"temperature", 0}, {"stream", true}, {"logprobs", true}}
+                          .dump(),
+                      h_->key_a());
+  ASSERT_EQ(lps.status, 200) << lps.body;
+  text.clear();
+  spelled.clear();
+  for (size_t pos = 0; (pos = lps.body.find("data: ", pos)) != std::string::npos; pos += 6) {
+    std::string line = lps.body.substr(pos + 6, lps.body.find('\n', pos) - pos - 6);
+    if (line == "[DONE]") continue;
+    json ev = json::parse(line);
+    text += ev.value("response", "");
+    if (!ev.contains("logprobs")) continue;
+    for (const json& e : ev["logprobs"]["content"]) spelled += e["token"].get<std::string>();
+  }
+  EXPECT_EQ(text, "hctab xelf");
+  EXPECT_EQ(spelled, text);
   // Bad input is still refused by the API with the field named, before any worker sees it.
   auto bad = h_->post("/v1/chat/completions",
                       json{{"model", h_->model()}, {"messages", "nope"}}.dump(), h_->key_a());

@@ -133,6 +133,18 @@ void check_answers(const json& result, const std::vector<std::string>& texts) {
   std::printf("correct reversals: %d of %zu\n", correct, texts.size());
 }
 
+// The JSON events of a server-sent event stream (data: lines other than [DONE]).
+std::vector<json> sse_events(const std::string& body) {
+  std::vector<json> out;
+  for (size_t pos = 0; (pos = body.find("data: ", pos)) != std::string::npos;) {
+    const size_t end = body.find("\n\n", pos);
+    const std::string data = body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (data != "[DONE]") out.push_back(json::parse(data));
+  }
+  return out;
+}
+
 // OpenAI's logprobs object of a greedy answer `text` that ended with EOS: one entry per answer
 // token (the EOS has none), whose texts make up the answer, each with `top` alternatives highest
 // first, the first of them the token itself.
@@ -370,13 +382,35 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   ASSERT_EQ(cf_lp.status, 200) << cf_lp.body;
   check_logprobs(cf_lp.json()["result"]["logprobs"], greedy_alone("logprobs"), 0,
                  cf_lp.json()["result"]["usage"]["completion_tokens"]);
+  // Streamed, each chunk carries the entries of the tokens its text brings; a stop string's cut
+  // leaves none behind.
   auto streamed_lp = h.post("/v1/chat/completions",
-                            json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "x"}}}},
-                                 {"stream", true}, {"logprobs", true}}
+                            json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: abcdef"}}}},
+                                 {"temperature", 0}, {"stream", true}, {"logprobs", true}, {"top_logprobs", 2},
+                                 {"stop", "dc"}}
                                 .dump(),
                             h.key_a());
-  EXPECT_EQ(streamed_lp.status, 400) << streamed_lp.body;
-  EXPECT_NE(streamed_lp.body.find("logprobs"), std::string::npos) << streamed_lp.body;
+  ASSERT_EQ(streamed_lp.status, 200) << streamed_lp.body;
+  std::string streamed_text, streamed_tokens;
+  int chunks_with_text = 0;
+  for (const json& chunk : sse_events(streamed_lp.body)) {
+    if (chunk["choices"].empty()) continue;
+    const json& c = chunk["choices"][0];
+    const std::string piece = c["delta"].value("content", "");
+    if (piece.empty()) continue;
+    ++chunks_with_text;
+    streamed_text += piece;
+    std::string tokens;
+    for (const json& e : c["logprobs"]["content"]) {
+      tokens += e["token"].get<std::string>();
+      EXPECT_EQ(e["top_logprobs"].size(), 2u);
+    }
+    EXPECT_EQ(tokens, piece) << chunk.dump();
+    streamed_tokens += tokens;
+  }
+  EXPECT_GT(chunks_with_text, 0);
+  EXPECT_EQ(streamed_text, full.substr(0, full.find("dc")));
+  EXPECT_EQ(streamed_tokens, streamed_text);
   auto plain = h.post("/v1/chat/completions",
                       json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: x"}}}}}.dump(),
                       h.key_a());
