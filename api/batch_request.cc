@@ -1,6 +1,7 @@
 // Request validation.
 #include "api/batch_request.h"
 
+#include <cstdint>
 #include <unordered_set>
 
 namespace hr::api {
@@ -50,7 +51,7 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
   static const std::unordered_set<std::string> kKnown = {
       "messages", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
       "external_reference", "custom_id", "frequency_penalty", "presence_penalty",
-      "repetition_penalty", "stream", "model", "max_completion_tokens", "logprobs", "top_logprobs"};
+      "repetition_penalty", "stream", "model", "max_completion_tokens", "logprobs", "top_logprobs", "logit_bias"};
   for (const auto& [key, value] : req.items()) {
     if (!kKnown.count(key)) return bad("unknown field '" + key + "'", key);
   }
@@ -155,6 +156,25 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
                  "stop");
     }
     out["stop"] = std::move(stops);
+  }
+  // OpenAI's: token id (in decimal, as a string) → bias in [-100, 100], added to its logit. Ids
+  // past the model's vocabulary are refused by the worker, which knows it.
+  if (given("logit_bias")) {
+    const json& lb = req["logit_bias"];
+    if (!lb.is_object()) return bad("'logit_bias' must be an object of token ids to biases", "logit_bias");
+    if (lb.size() > 300) return bad("'logit_bias' may bias 300 tokens at most", "logit_bias");
+    json biases = json::object();
+    for (const auto& [key, value] : lb.items()) {
+      const std::string f = "logit_bias." + key;
+      const bool canonical = !key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos &&
+                             (key == "0" || key[0] != '0') && std::stoll(key) <= INT32_MAX;
+      if (!canonical) return bad("'logit_bias' keys must be token ids (0, 1, 2, ...)", f);
+      if (!value.is_number() || value.get<double>() < -100.0 || value.get<double>() > 100.0) {
+        return bad("a logit bias must be a number between -100 and 100", f);
+      }
+      if (value.get<double>() != 0.0) biases[key] = value;
+    }
+    if (!biases.empty()) out["logit_bias"] = std::move(biases);
   }
   // OpenAI's: the answer's tokens' log probabilities, each with up to 20 of the most likely.
   bool logprobs = false;

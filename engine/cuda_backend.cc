@@ -66,7 +66,7 @@ CudaBackend::~CudaBackend() {
     if (slot.host) cudaFreeHost(slot.host);
     if (slot.host_tokens) cudaFreeHost(slot.host_tokens);
     if (slot.host_logprobs) cudaFreeHost(slot.host_logprobs);
-    if (slot.penalty_host) cudaFreeHost(slot.penalty_host);
+    if (slot.list_host) cudaFreeHost(slot.list_host);
     if (slot.done) cudaEventDestroy(slot.done);
   }
   if (stream_) cudaStreamDestroy(stream_);
@@ -130,13 +130,13 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   lay.total = off;
   Slot& slot = slots_[slot_index];
   if (lay.total > slot.bytes) HR_RETURN_IF_ERROR(grow_slot(slot, std::max<size_t>(lay.total * 2, 1 << 20)));
-  size_t num_penalty_tokens = 0;
+  static_assert(sizeof(kernels::PenaltyToken) == 8 && sizeof(kernels::LogitBias) == 8);
+  size_t list_bytes = 0;
   for (int i = 0; specs && i < L; ++i) {
-    if (specs[i].has_penalties()) num_penalty_tokens += static_cast<size_t>(std::max(0, specs[i].num_penalty_tokens));
+    if (specs[i].has_penalties()) list_bytes += 8 * static_cast<size_t>(std::max(0, specs[i].num_penalty_tokens));
+    list_bytes += 8 * static_cast<size_t>(std::max(0, specs[i].num_logit_bias));
   }
-  if (num_penalty_tokens > slot.penalty_capacity) {
-    HR_RETURN_IF_ERROR(grow_penalty_lists(slot, std::max<size_t>(num_penalty_tokens * 2, 1 << 14)));
-  }
+  if (list_bytes > slot.list_bytes) HR_RETURN_IF_ERROR(grow_lists(slot, std::max<size_t>(list_bytes * 2, 1 << 17)));
   char* h = slot.host;
   std::memcpy(h + lay.token_ids, in.token_ids, T * 4);
   if (in.fed_rows) {
@@ -159,7 +159,7 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   std::memcpy(h + lay.combine_items, combine.data(), combine.size() * sizeof(kernels::AttentionCombineItem));
   if (specs) {
     auto* sp = reinterpret_cast<kernels::SampleParams*>(h + lay.sample_params);
-    size_t listed = 0;
+    size_t listed = 0;  // bytes of slot.list_host filled
     for (int i = 0; i < L; ++i) {
       const SampleSpec& spec = specs[i];
       sp[i] = kernels::SampleParams{};
@@ -168,22 +168,29 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
       sp[i].top_k = spec.top_k;
       sp[i].random = spec.random;
       sp[i].logprobs = std::min(spec.logprobs, kernels::kMaxTopLogprobs);
+      if (spec.num_logit_bias > 0) {
+        const int n = spec.num_logit_bias;
+        auto* list = reinterpret_cast<kernels::LogitBias*>(slot.list_host + listed);
+        for (int k = 0; k < n; ++k) list[k] = {spec.logit_bias[k].token, spec.logit_bias[k].bias};
+        sp[i].num_logit_bias = n;
+        sp[i].logit_bias = reinterpret_cast<const kernels::LogitBias*>(slot.list_dev + listed);
+        listed += 8 * static_cast<size_t>(n);
+      }
       if (!spec.has_penalties()) continue;
       sp[i].frequency_penalty = spec.frequency_penalty;
       sp[i].presence_penalty = spec.presence_penalty;
       sp[i].repetition_penalty = spec.repetition_penalty;
       sp[i].input_row = spec.penalize_input ? in.logits_rows[i] : -1;
       const int n = std::max(0, spec.num_penalty_tokens);
-      kernels::PenaltyToken* list = slot.penalty_host + listed;
+      auto* list = reinterpret_cast<kernels::PenaltyToken*>(slot.list_host + listed);
       for (int k = 0; k < n; ++k) list[k] = {spec.penalty_tokens[k].token, spec.penalty_tokens[k].count};
       sp[i].num_penalty_tokens = n;
-      sp[i].penalty_tokens = slot.penalty_dev + listed;
-      listed += static_cast<size_t>(n);
+      sp[i].penalty_tokens = reinterpret_cast<const kernels::PenaltyToken*>(slot.list_dev + listed);
+      listed += 8 * static_cast<size_t>(n);
     }
     if (listed > 0) {
-      HR_CUDA("copying penalty lists", cudaMemcpyAsync(slot.penalty_dev, slot.penalty_host,
-                                                       listed * sizeof(kernels::PenaltyToken), cudaMemcpyHostToDevice,
-                                                       stream_));
+      HR_CUDA("copying sampling lists",
+              cudaMemcpyAsync(slot.list_dev, slot.list_host, listed, cudaMemcpyHostToDevice, stream_));
     }
   }
   // One copy; or, when a graph's block tables are wider than the step's, everything before them
@@ -198,20 +205,19 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   return Status::ok();
 }
 
-Status CudaBackend::grow_penalty_lists(Slot& slot, size_t entries) {
+Status CudaBackend::grow_lists(Slot& slot, size_t bytes) {
   HR_CUDA("waiting for the stream", cudaStreamSynchronize(stream_));
-  if (slot.penalty_host) cudaFreeHost(slot.penalty_host);
-  if (slot.penalty_dev) {
-    cudaFree(slot.penalty_dev);
-    allocations_.erase(std::find(allocations_.begin(), allocations_.end(), slot.penalty_dev));
+  if (slot.list_host) cudaFreeHost(slot.list_host);
+  if (slot.list_dev) {
+    cudaFree(slot.list_dev);
+    allocations_.erase(std::find(allocations_.begin(), allocations_.end(), slot.list_dev));
   }
-  slot.penalty_host = nullptr;
-  slot.penalty_dev = nullptr;
-  slot.penalty_capacity = 0;  // until both allocations below succeed
-  const size_t bytes = entries * sizeof(kernels::PenaltyToken);
-  HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(&slot.penalty_host), bytes, 0));
-  HR_RETURN_IF_ERROR(alloc(reinterpret_cast<void**>(&slot.penalty_dev), bytes, "penalty lists"));
-  slot.penalty_capacity = entries;
+  slot.list_host = nullptr;
+  slot.list_dev = nullptr;
+  slot.list_bytes = 0;  // until both allocations below succeed
+  HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(&slot.list_host), bytes, 0));
+  HR_RETURN_IF_ERROR(alloc(reinterpret_cast<void**>(&slot.list_dev), bytes, "sampling lists"));
+  slot.list_bytes = bytes;
   return Status::ok();
 }
 

@@ -152,10 +152,11 @@ class CudaBackend final : public Backend {
     char* host = nullptr;
     char* dev = nullptr;
     size_t bytes = 0;
-    // The step's penalty lists (sampling.cuh), apart: rows point at them, graphs do not.
-    kernels::PenaltyToken* penalty_host = nullptr;
-    kernels::PenaltyToken* penalty_dev = nullptr;
-    size_t penalty_capacity = 0;  // entries
+    // The step's penalty and logit-bias lists (sampling.cuh), apart: rows point at them, graphs
+    // do not.
+    char* list_host = nullptr;
+    char* list_dev = nullptr;
+    size_t list_bytes = 0;
     int32_t* host_tokens = nullptr;  // pinned [max_num_seqs]
     kernels::TokenLogprobs* host_logprobs = nullptr;  // pinned [max_num_seqs]
     std::vector<int> asked;  // the step's rows' SampleSpec::logprobs; empty when none asked
@@ -188,8 +189,8 @@ class CudaBackend final : public Backend {
   StepInput pad_decode_step(const StepInput& in, const SampleSpec* specs, int pad, const SampleSpec** padded_specs);
   // Replaces the slot's buffers with ones of `bytes` (after the stream is idle; drops the graphs).
   [[nodiscard]] Status grow_slot(Slot& slot, size_t bytes);
-  // Room for `entries` penalty-list entries in the slot (after the steps queued before finish).
-  [[nodiscard]] Status grow_penalty_lists(Slot& slot, size_t entries);
+  // Room for `bytes` of sampling lists in the slot (after the steps queued before finish).
+  [[nodiscard]] Status grow_lists(Slot& slot, size_t bytes);
   // Replays the decode graph of the prepared step's shape, capturing it first if needed.
   [[nodiscard]] Status launch_graph(const StepLayout& lay, int slot, bool sample);
   // The device pitch of a graph step's block tables `cols` wide: the warmed-up width, so that one

@@ -209,6 +209,8 @@ Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats)
       logits_rows_.push_back(static_cast<int32_t>(token_ids_.size()) - 1);
       SampleSpec spec{s.params.temperature, s.params.top_p, s.params.top_k, s.rng()};
       spec.logprobs = s.params.logprobs;
+      spec.logit_bias = s.params.logit_bias.data();
+      spec.num_logit_bias = static_cast<int>(s.params.logit_bias.size());
       if (s.params.has_penalties()) {
         spec.frequency_penalty = s.params.frequency_penalty;
         spec.presence_penalty = s.params.presence_penalty;

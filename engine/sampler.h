@@ -12,6 +12,12 @@
 
 namespace hr::engine {
 
+// A bias added to one token's logit before sampling (-100 all but bans it, +100 all but forces it).
+struct LogitBias {
+  int32_t token = 0;
+  float bias = 0.0f;
+};
+
 struct SamplingParams {
   float temperature = 0.0f;  // <= 0: greedy
   float top_p = 1.0f;
@@ -24,6 +30,8 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
   float repetition_penalty = 1.0f;
+  // OpenAI's logit_bias: added to these tokens' logits (after the penalties); distinct tokens.
+  std::vector<LogitBias> logit_bias;
   // -1: no log probabilities; else each generated token's, with this many of the most likely
   // tokens at that step and theirs (at most kMaxTopLogprobs).
   int logprobs = -1;
@@ -77,6 +85,9 @@ struct SampleSpec {
   // As SamplingParams::logprobs: -1, or the number of most likely tokens wanted with the sampled
   // one's log probability.
   int logprobs = -1;
+  // SamplingParams::logit_bias, read during submit() only.
+  const LogitBias* logit_bias = nullptr;
+  int num_logit_bias = 0;
 
   bool has_penalties() const {
     return frequency_penalty != 0.0f || presence_penalty != 0.0f || repetition_penalty != 1.0f;
@@ -92,8 +103,8 @@ inline float penalized_logit(float logit, int count, float frequency, float pres
   return logit;
 }
 
-// Applies the spec's penalties to one logits row in place. `input_token` is the row's input
-// token, counted when spec.penalize_input (ignored when outside [0, vocab)).
+// Applies the spec's penalties, then its logit bias, to one logits row in place. `input_token` is
+// the row's input token, counted when spec.penalize_input (ignored when outside [0, vocab)).
 void apply_penalties(float* logits, int vocab, const SampleSpec& spec, int32_t input_token);
 
 // The log probability of `token` (-inf when it is not a token of the row) and of the `top` most

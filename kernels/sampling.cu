@@ -122,6 +122,13 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int voc
   float* x = logits + static_cast<size_t>(row) * vocab;
   const SampleParams sp = params[row];
   if (has_penalties(sp)) apply_penalties(x, vocab, sp, input_ids);
+  if (sp.num_logit_bias > 0) {
+    for (int e = threadIdx.x; e < sp.num_logit_bias; e += kThreads) {
+      const LogitBias b = sp.logit_bias[e];
+      if (b.token >= 0 && b.token < vocab) x[b.token] += b.bias;
+    }
+    __syncthreads();
+  }
 
   ArgMax best{-INFINITY, 0x7fffffff};
   float lo_z = INFINITY;

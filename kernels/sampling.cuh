@@ -1,6 +1,6 @@
 // Token sampling on the GPU, one block per logits row, so that only token ids come back to the
-// host. A row's penalties for tokens already seen are applied to its logits first, in place (the
-// expression of engine::penalized_logit). Then greedy (temperature <= 0 or top_k == 1; ties go to the lowest id), or temperature with
+// host. A row's penalties for tokens already seen, then its logit biases, are applied to its
+// logits first, in place (the expression of engine::penalized_logit). Then greedy (temperature <= 0 or top_k == 1; ties go to the lowest id), or temperature with
 // top-k and top-p. The kept set is found by bisection on a threshold (top-k: the k highest
 // logits; top-p: the smallest highest-probability set whose mass reaches top_p; ties at the
 // threshold are all kept), and the draw walks the kept tokens in id order with a uniform number
@@ -29,6 +29,12 @@ struct TokenLogprobs {
   float top_logprobs[kMaxTopLogprobs] = {};
 };
 
+// A bias added to one token's logit.
+struct LogitBias {
+  int32_t token = 0;
+  float bias = 0.0f;
+};
+
 struct SampleParams {
   float temperature = 0.0f;
   float top_p = 1.0f;
@@ -44,6 +50,9 @@ struct SampleParams {
   // an offset, so that the lists may live in a buffer of their own that grows without moving
   // anything a captured graph points at.
   const PenaltyToken* penalty_tokens = nullptr;
+  // Biases added to the logits after the penalties: num_logit_bias distinct tokens (device memory).
+  const LogitBias* logit_bias = nullptr;
+  int32_t num_logit_bias = 0;
   // -1: no log probabilities; else the sampled token's, with this many of the most likely tokens
   // (at most kMaxTopLogprobs) and theirs: log-softmax of the penalized logits at temperature 1.
   int32_t logprobs = -1;

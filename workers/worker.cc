@@ -103,6 +103,17 @@ Result<engine::GenerationRequest> to_generation(const json& body, const LoadedMo
   r.params.presence_penalty = body.value("presence_penalty", 0.0f);
   r.params.repetition_penalty = body.value("repetition_penalty", 1.0f);
   if (body.value("logprobs", false)) r.params.logprobs = body.value("top_logprobs", 0);
+  if (auto lb = body.find("logit_bias"); lb != body.end() && lb->is_object()) {
+    for (const auto& [key, value] : lb->items()) {
+      const int64_t id = std::strtoll(key.c_str(), nullptr, 10);
+      if (id < 0 || id >= m.config.vocab_size) {
+        return invalid_argument("logit_bias names token " + key + "; the model's vocabulary has " +
+                                    std::to_string(m.config.vocab_size) + " tokens",
+                                "logit_bias." + key);
+      }
+      r.params.logit_bias.push_back({static_cast<int32_t>(id), value.get<float>()});
+    }
+  }
   if (body.contains("seed")) r.params.seed = body["seed"].get<uint64_t>();
   if (body.contains("stop")) r.params.stop = body["stop"].get<std::vector<std::string>>();
   return r;

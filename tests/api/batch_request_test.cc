@@ -49,6 +49,9 @@ TEST(BatchRequestTest, PenaltiesThatChangeSomethingAreStored) {
   ASSERT_TRUE(lp.is_ok()) << lp.status().to_string();
   EXPECT_EQ((*lp)["logprobs"], true);
   EXPECT_EQ((*lp)["top_logprobs"], 4);
+  auto lb = normalize_chat_request(json{{"prompt", "x"}, {"logit_bias", {{"5", 10}, {"0", -100}, {"7", 0}}}}, kModel, {});
+  ASSERT_TRUE(lb.is_ok()) << lb.status().to_string();
+  EXPECT_EQ((*lb)["logit_bias"], (json{{"5", 10}, {"0", -100}}));  // a zero bias changes nothing
 }
 
 TEST(BatchRequestTest, NamesTheBadField) {
@@ -70,6 +73,12 @@ TEST(BatchRequestTest, NamesTheBadField) {
       {json{{"prompt", "x"}, {"presence_penalty", "1"}}, "presence_penalty"},
       {json{{"prompt", "x"}, {"repetition_penalty", 0}}, "repetition_penalty"},
       {json{{"prompt", "x"}, {"logprobs", 1}}, "logprobs"},
+      {json{{"prompt", "x"}, {"logit_bias", json::array()}}, "logit_bias"},
+      {json{{"prompt", "x"}, {"logit_bias", {{"01", 1}}}}, "logit_bias.01"},
+      {json{{"prompt", "x"}, {"logit_bias", {{"-1", 1}}}}, "logit_bias.-1"},
+      {json{{"prompt", "x"}, {"logit_bias", {{"9999999999", 1}}}}, "logit_bias.9999999999"},
+      {json{{"prompt", "x"}, {"logit_bias", {{"3", 101}}}}, "logit_bias.3"},
+      {json{{"prompt", "x"}, {"logit_bias", {{"3", "1"}}}}, "logit_bias.3"},
       {json{{"prompt", "x"}, {"top_logprobs", 3}}, "top_logprobs"},
       {json{{"prompt", "x"}, {"logprobs", true}, {"top_logprobs", 21}}, "top_logprobs"},
       {json{{"prompt", "x"}, {"top_p", 0}}, "top_p"},

@@ -720,9 +720,10 @@ std::vector<int32_t> sample_rows(const std::vector<float>& logits, int rows, ker
   return d_tokens.get();
 }
 
-// Penalties change the logits in place exactly as the host's apply_penalties does, for listed
-// tokens (generated, or prompt-only), the row's input token counted once more whether listed or
-// not, and rows without penalties left alone; the greedy token is the penalized argmax.
+// Penalties and logit biases change the logits in place exactly as the host's apply_penalties
+// does, for listed tokens (generated, or prompt-only), the row's input token counted once more
+// whether listed or not, and rows without penalties left alone; the greedy token is the
+// penalized argmax.
 TEST(CudaKernelsTest, SamplingPenaltiesMatchTheHostReference) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(17);
@@ -734,7 +735,8 @@ TEST(CudaKernelsTest, SamplingPenaltiesMatchTheHostReference) {
   std::vector<PenaltyToken> seen;
   std::vector<SampleSpec> specs(R);
   std::vector<kernels::SampleParams> params(R);
-  std::vector<size_t> begins;
+  std::vector<size_t> begins, bias_begins;
+  std::vector<LogitBias> biases;
   for (int r = 0; r < R; ++r) {
     SampleSpec& s = specs[static_cast<size_t>(r)];
     s.frequency_penalty = r == 0 ? 0.0f : 0.3f * static_cast<float>(r);
@@ -755,12 +757,22 @@ TEST(CudaKernelsTest, SamplingPenaltiesMatchTheHostReference) {
     p.num_penalty_tokens = static_cast<int32_t>(seen.size() - begin);
     s.num_penalty_tokens = p.num_penalty_tokens;
     begins.push_back(begin);
+    if (r >= 2) {  // rows 2 on also have logit biases, on listed tokens and others
+      bias_begins.push_back(biases.size());
+      biases.push_back({seen[begin].token, 3.5f});
+      biases.push_back({(seen[begin].token + 1 + static_cast<int32_t>(rng() % 100)) % V, -100.0f});  // distinct
+      biases.push_back({static_cast<int32_t>(V + 5), 1.0f});  // past the vocabulary: ignored
+      s.num_logit_bias = p.num_logit_bias = 3;
+    } else {
+      bias_begins.push_back(biases.size());
+    }
   }
   std::vector<float> expect = logits;
   std::vector<int32_t> greedy(R);
   for (int r = 0; r < R; ++r) {
     SampleSpec s = specs[static_cast<size_t>(r)];
     s.penalty_tokens = seen.data() + begins[static_cast<size_t>(r)];
+    s.logit_bias = biases.data() + bias_begins[static_cast<size_t>(r)];
     float* row = expect.data() + static_cast<size_t>(r) * V;
     apply_penalties(row, V, s, input_ids[static_cast<size_t>(1 + r)]);
     greedy[static_cast<size_t>(r)] = static_cast<int32_t>(std::max_element(row, row + V) - row);
@@ -769,6 +781,10 @@ TEST(CudaKernelsTest, SamplingPenaltiesMatchTheHostReference) {
   for (const PenaltyToken& p : seen) d_seen_host.push_back({p.token, p.count});
   DeviceBuffer<kernels::PenaltyToken> d_seen(d_seen_host);
   for (int r = 0; r < R; ++r) params[static_cast<size_t>(r)].penalty_tokens = d_seen.ptr + begins[static_cast<size_t>(r)];
+  std::vector<kernels::LogitBias> d_bias_host;
+  for (const LogitBias& b : biases) d_bias_host.push_back({b.token, b.bias});
+  DeviceBuffer<kernels::LogitBias> d_bias(d_bias_host);
+  for (int r = 0; r < R; ++r) params[static_cast<size_t>(r)].logit_bias = d_bias.ptr + bias_begins[static_cast<size_t>(r)];
   DeviceBuffer<float> d_logits(logits);
   DeviceBuffer<kernels::SampleParams> d_params(params);
   DeviceBuffer<int32_t> d_input(input_ids), d_tokens(static_cast<size_t>(R));

@@ -838,6 +838,12 @@ TEST(SamplerTest, PenaltiesFollowOpenAiAndTransformers) {
   none.frequency_penalty = none.presence_penalty = 0.0f;
   none.repetition_penalty = 1.0f;
   EXPECT_EQ(penalized(none, 4), logits);
+  // A logit bias is added after the penalties, to the tokens it names.
+  SampleSpec biased = s;
+  const std::vector<LogitBias> bias = {{2, 10.0f}, {4, -1.0f}, {77, 5.0f}};  // 77: past the vocabulary
+  biased.logit_bias = bias.data();
+  biased.num_logit_bias = 3;
+  EXPECT_EQ(penalized(biased, 3), (std::vector<float>{-0.25f, -2.0f, 10.5f, 0.25f, 0.0f}));
   // Greedy sampling picks the penalized argmax: 4 where 3 was.
   std::vector<float> l = penalized(s, 3);
   EXPECT_EQ(sample_token(l.data(), 5, s), 4);
@@ -946,6 +952,28 @@ TEST(EngineTest, PenaltiesEqualARecomputingLoop) {
   int differ = 0;
   for (size_t i = 0; i < ps.size(); ++i) differ += unpenalized[i].tokens != want[i];
   EXPECT_GT(differ, 0);
+}
+
+// A logit bias of +100 all but forces its token; -100 on the answer's first token turns it away.
+TEST(EngineTest, LogitBiasForcesAndBansTokens) {
+  auto& f = Fixture::get();
+  const auto ps = prompts(2, 30);
+  for (bool pipelined : {false, true}) {
+    auto e = f.engine({8, 512, 512}, 16, 8 << 20, pipelined);
+    SamplingParams plain;
+    plain.max_tokens = 6;
+    const auto base = run_all(*e, ps, RequestClass::kSync, plain);
+    const int32_t forced = f.tokenizer->encode("z")[0];
+    SamplingParams force = plain;
+    force.logit_bias = {{forced, 100.0f}};
+    SamplingParams ban = plain;
+    ban.logit_bias = {{base[0].tokens[0], -100.0f}};
+    const auto forced_out = run_all(*e, ps, RequestClass::kSync, force);
+    for (const auto& o : forced_out) EXPECT_EQ(o.tokens, std::vector<int32_t>(6, forced)) << pipelined;
+    const auto banned = run_all(*e, {ps[0]}, RequestClass::kSync, ban);
+    ASSERT_FALSE(banned[0].tokens.empty());
+    EXPECT_NE(banned[0].tokens[0], base[0].tokens[0]) << pipelined;
+  }
 }
 
 // Log probabilities: one per answer token (none for the EOS that ends it), each the log-softmax of

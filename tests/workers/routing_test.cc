@@ -725,13 +725,14 @@ class LeavingClients : public Routing {
     }
     return m;
   }
-  // `n` more streams than in `before` were cancelled in the engine, each long before max_tokens,
-  // and nothing is left running or holding KV blocks.
+  // `n` more streams than in `before` were cancelled in the engine, each before half of
+  // max_tokens (a stream runs for a few hundred milliseconds before its client leaves: some 500
+  // tokens on a busy machine), and nothing is left running or holding KV blocks.
   static void expect_cancelled(Metrics before, Metrics after, int n) {
     EXPECT_EQ(after[kStreamsCancelled] - before[kStreamsCancelled], n);
     EXPECT_EQ(after[kSyncCancelled] - before[kSyncCancelled], n);
     EXPECT_EQ(sync_finished(after) - sync_finished(before), n);  // none ran to max_tokens
-    EXPECT_LT(after[kSyncGenerated] - before[kSyncGenerated], n * kMaxTokens / 4);
+    EXPECT_LT(after[kSyncGenerated] - before[kSyncGenerated], n * kMaxTokens / 2);
     EXPECT_EQ(after[kSyncRunning], 0);
     EXPECT_EQ(after[kSyncWaiting], 0);
     EXPECT_EQ(after[kKvUsed], 0);

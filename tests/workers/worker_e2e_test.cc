@@ -362,6 +362,25 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   EXPECT_EQ(lp.json()["choices"][0]["message"]["content"], greedy_alone("logprobs"));
   check_logprobs(lp.json()["choices"][0]["logprobs"], greedy_alone("logprobs"), 3,
                  lp.json()["usage"]["completion_tokens"]);
+  // logit_bias reaches the engine: +100 on "z" makes every token "z"; an id past the vocabulary is
+  // refused, naming it.
+  auto tok = engine::Tokenizer::load(kModelDir);
+  ASSERT_TRUE(tok.is_ok());
+  const std::string z = std::to_string((*tok)->encode("z")[0]);
+  auto biased = h.post("/v1/chat/completions",
+                       json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: abc"}}}},
+                            {"max_tokens", 5}, {"logit_bias", {{z, 100}}}}
+                           .dump(),
+                       h.key_a());
+  ASSERT_EQ(biased.status, 200) << biased.body;
+  EXPECT_EQ(biased.json()["choices"][0]["message"]["content"], "zzzzz");
+  auto past = h.post("/v1/chat/completions",
+                     json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                          {"logit_bias", {{"100000", 5}}}}
+                         .dump(),
+                     h.key_a());
+  EXPECT_EQ(past.status, 400) << past.body;
+  EXPECT_EQ(past.json()["error"]["param"], "logit_bias.100000") << past.body;
   // A stop string cuts the answer, and the entries of the tokens it held back go with it.
   const std::string full = greedy_alone("abcdef");
   ASSERT_NE(full.find("dc"), std::string::npos) << full;
