@@ -99,7 +99,7 @@ void Engine::fail_all(const std::string& error) {
 }
 
 void Engine::finish(Active& a, FinishReason reason, int32_t token, std::string delta,
-                    const TokenLogprobs* logprobs) {
+                    const TokenLogprobs* logprobs, int text_bytes) {
   Sequence& s = *a.seq;
   scheduler_.remove(&s);
   s.finished = true;
@@ -114,6 +114,7 @@ void Engine::finish(Active& a, FinishReason reason, int32_t token, std::string d
   ev.usage.cached_tokens = std::max(0, s.num_cached_prompt);
   ev.error = std::move(a.error);
   ev.logprobs = logprobs;
+  ev.text_bytes = text_bytes;
   if (a.on_event) a.on_event(ev);
 }
 
@@ -129,6 +130,7 @@ bool Engine::advance(Active& a, int32_t token, const TokenLogprobs* logprobs) {
                     p.stop_token_ids.end();
   std::string delta;
   if (a.decoder && !eos && !stop_token) delta = a.decoder->push(token);
+  const int text_bytes = static_cast<int>(delta.size());
   if (eos || stop_token) {
     finish(a, FinishReason::kStop, token, a.held);
     return true;
@@ -140,7 +142,7 @@ bool Engine::advance(Active& a, int32_t token, const TokenLogprobs* logprobs) {
     for (const std::string& stop : p.stop) {
       size_t at = a.held.find(stop);
       if (at != std::string::npos) {
-        finish(a, FinishReason::kStop, token, a.held.substr(0, at), logprobs);
+        finish(a, FinishReason::kStop, token, a.held.substr(0, at), logprobs, text_bytes);
         return true;
       }
     }
@@ -157,8 +159,9 @@ bool Engine::advance(Active& a, int32_t token, const TokenLogprobs* logprobs) {
     a.held.erase(0, a.held.size() - keep);
   }
   if (s.num_generated() >= p.max_tokens || static_cast<int>(s.tokens.size()) >= max_model_len_) {
-    std::string rest = delta + a.held + (a.decoder ? a.decoder->flush() : "");
-    finish(a, FinishReason::kLength, token, rest, logprobs);
+    const std::string flushed = a.decoder ? a.decoder->flush() : "";
+    std::string rest = delta + a.held + flushed;
+    finish(a, FinishReason::kLength, token, rest, logprobs, text_bytes + static_cast<int>(flushed.size()));
     return true;
   }
   if (a.on_event) {
@@ -166,6 +169,7 @@ bool Engine::advance(Active& a, int32_t token, const TokenLogprobs* logprobs) {
     ev.id = s.id;
     ev.token = token;
     ev.text_delta = std::move(delta);
+    ev.text_bytes = text_bytes;
     ev.logprobs = logprobs;
     a.on_event(ev);
   }

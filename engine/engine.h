@@ -35,6 +35,11 @@ struct TokenEvent {
   int64_t id = 0;
   int32_t token = -1;         // -1 for the final event of a cancelled request
   std::string text_delta;     // complete UTF-8, stop strings removed
+  // The bytes of text this token decoded to, before any was held back for a stop string (and with
+  // what the decoder had left, at a final event by length): text_delta adds up to the sum of
+  // these, less what a stop string cut off. 0 for a token without text of its own (a special
+  // token, or the first bytes of a character that a later token completes).
+  int text_bytes = 0;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   Usage usage;                // filled on the final event
@@ -146,7 +151,7 @@ class Engine {
   // true when the request finished.
   bool advance(Active& a, int32_t token, const TokenLogprobs* logprobs);
   void finish(Active& a, FinishReason reason, int32_t token, std::string delta,
-              const TokenLogprobs* logprobs = nullptr);
+              const TokenLogprobs* logprobs = nullptr, int text_bytes = 0);
 
   std::shared_ptr<Backend> backend_;
   std::shared_ptr<const Tokenizer> tokenizer_;

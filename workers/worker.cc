@@ -24,6 +24,7 @@
 #include "engine/tokenizer.h"
 #include "engine/model_config.h"
 #include "queue/lease.h"
+#include "workers/answer_logprobs.h"
 #include "workers/queue_io.h"
 #include "workers/utilization.h"
 
@@ -119,41 +120,23 @@ Result<engine::GenerationRequest> to_generation(const json& body, const LoadedMo
   return r;
 }
 
-// OpenAI's logprobs object for a request that asked for log probabilities ({"content": [],
-// "refusal": null}), or null for one that did not.
-json logprobs_for(const engine::GenerationRequest& r) {
-  return r.params.logprobs >= 0 ? json{{"content", json::array()}, {"refusal", nullptr}} : json();
-}
-
-// Appends an event's token and its alternatives to a logprobs object from logprobs_for().
-void append_logprobs(json* logprobs, TokenShapes& shapes, const engine::TokenEvent& ev) {
-  if (logprobs->is_null() || !ev.logprobs || ev.token < 0) return;
+// An event's entry in OpenAI's logprobs content (token, log probability, bytes, top_logprobs), or
+// null for an event without log probabilities.
+json logprob_entry(TokenShapes& shapes, const engine::TokenEvent& ev) {
+  if (!ev.logprobs || ev.token < 0) return json();
   json entry = shapes.entry(ev.token, ev.logprobs->logprob);
   json top = json::array();
   for (int i = 0; i < ev.logprobs->num_top; ++i) {
     top.push_back(shapes.entry(ev.logprobs->top_ids[i], ev.logprobs->top_logprobs[i]));
   }
   entry["top_logprobs"] = std::move(top);
-  (*logprobs)["content"].push_back(std::move(entry));
+  return entry;
 }
 
-// Takes from the front of a logprobs object's entries those of the tokens whose text starts
-// within the next `bytes` bytes of the answer (the entries of tokens held back for a possible stop
-// string stay until their text comes, or go when a stop string cuts it off).
-json take_logprobs(json* logprobs, size_t bytes) {
-  json& content = (*logprobs)["content"];
-  size_t offset = 0, n = 0;
-  for (; n < content.size() && offset < bytes; ++n) offset += content[n]["bytes"].size();
-  json taken(content.begin(), content.begin() + static_cast<long>(n));
-  content.erase(content.begin(), content.begin() + static_cast<long>(n));
-  return taken;
-}
-
-// The answer's logprobs when it is complete: the entries of its text, without those a stop string
-// cut off.
-void trim_logprobs(json* logprobs, const std::string& answer) {
-  if (logprobs->is_null()) return;
-  (*logprobs)["content"] = take_logprobs(logprobs, answer.size());
+// AnswerLogprobs::add for an engine event.
+void add_event(AnswerLogprobs& lp, TokenShapes& shapes, const engine::TokenEvent& ev) {
+  if (!lp.wanted()) return;
+  lp.add(logprob_entry(shapes, ev), ev.text_bytes, ev.text_delta.size(), ev.finished);
 }
 
 std::string default_worker_name() {
@@ -218,7 +201,7 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given, const 
 struct Worker::SyncJob {
   engine::GenerationRequest request;
   std::string text;
-  json logprobs;  // OpenAI's choice logprobs when asked for, else null (step loop only)
+  std::unique_ptr<AnswerLogprobs> logprobs;  // step loop only
   std::promise<Result<api::SyncAnswer>> done;
   bool streaming = false;
   std::mutex mu;
@@ -480,7 +463,7 @@ void Worker::loop() {
   struct Running {
     queue::Lease lease;
     std::string text;
-    json logprobs;  // as SyncJob::logprobs
+    std::unique_ptr<AnswerLogprobs> logprobs;
   };
   std::unordered_map<int64_t, Running> running;  // engine id → lease
   std::vector<std::shared_ptr<SyncJob>> generating;  // sync requests in the engine
@@ -549,7 +532,7 @@ void Worker::loop() {
     for (auto& job : jobs) {
       class_metrics(engine::RequestClass::kSync)
           .queue.observe(static_cast<double>(steady_now_ns() - job->arrival_ns) / 1e9);
-      job->logprobs = logprobs_for(job->request);
+      job->logprobs = std::make_unique<AnswerLogprobs>(job->request.params.logprobs >= 0);
       TokenShapes* shapes = model_->token_shapes.get();
       job->request.on_event = timed([job, shapes](const engine::TokenEvent& ev) {
         if (ev.finish_reason == engine::FinishReason::kError) {
@@ -558,19 +541,17 @@ void Worker::loop() {
           return;
         }
         job->text += ev.text_delta;
-        append_logprobs(&job->logprobs, *shapes, ev);
-        // Streamed, each delta carries the entries of the tokens whose text it brings.
+        add_event(*job->logprobs, *shapes, ev);
+        // Streamed, each delta carries the entries of the tokens whose text it completes; the
+        // last ones may come with an empty delta.
         json piece_logprobs;
-        if (job->streaming && !ev.text_delta.empty() && !job->logprobs.is_null()) {
-          piece_logprobs = take_logprobs(&job->logprobs, ev.text_delta.size());
+        if (job->streaming && job->logprobs->wanted() && (!ev.text_delta.empty() || ev.finished)) {
+          piece_logprobs = job->logprobs->take();
         }
         api::SyncAnswer answer;
         if (ev.finished) {
           answer.text = job->text;
-          if (!job->streaming) {
-            trim_logprobs(&job->logprobs, job->text);
-            answer.logprobs = std::move(job->logprobs);
-          }
+          if (!job->streaming) answer.logprobs = job->logprobs->object();
           answer.finish_reason = engine::finish_reason_name(ev.finish_reason);
           answer.prompt_tokens = ev.usage.prompt_tokens;
           answer.completion_tokens = ev.usage.completion_tokens;
@@ -578,7 +559,7 @@ void Worker::loop() {
         }
         if (job->streaming) {
           std::lock_guard<std::mutex> lock(job->mu);
-          if (!ev.text_delta.empty()) {
+          if (!ev.text_delta.empty() || (piece_logprobs.is_array() && !piece_logprobs.empty())) {
             job->deltas.push_back(ev.text_delta);
             job->delta_logprobs.push_back(std::move(piece_logprobs));
           }
@@ -659,12 +640,12 @@ void Worker::loop() {
         auto* runs = &running;
         QueueIo* q = &io;
         TokenShapes* shapes = model_->token_shapes.get();
-        json logprobs = logprobs_for(*gen);
+        auto logprobs = std::make_unique<AnswerLogprobs>(gen->params.logprobs >= 0);
         gen->on_event = timed([runs, q, shapes](const engine::TokenEvent& ev) {
           auto it = runs->find(ev.id);
           if (it == runs->end()) return;
           it->second.text += ev.text_delta;
-          append_logprobs(&it->second.logprobs, *shapes, ev);
+          add_event(*it->second.logprobs, *shapes, ev);
           if (!ev.finished) return;
           if (ev.finish_reason == engine::FinishReason::kError) {
             // Another attempt (here or on another worker) may well succeed.
@@ -679,10 +660,7 @@ void Worker::loop() {
                         {"prompt_tokens_details", {{"cached_tokens", ev.usage.cached_tokens}}}};
           json result = {{"response", it->second.text}, {"usage", usage},
                          {"finish_reason", engine::finish_reason_name(ev.finish_reason)}};
-          if (!it->second.logprobs.is_null()) {
-            trim_logprobs(&it->second.logprobs, it->second.text);
-            result["logprobs"] = std::move(it->second.logprobs);
-          }
+          if (it->second.logprobs->wanted()) result["logprobs"] = it->second.logprobs->object();
           q->drop(ev.id);
           q->complete({it->second.lease, result.dump(), ev.usage.prompt_tokens,
                        ev.usage.completion_tokens, ev.usage.cached_tokens});
