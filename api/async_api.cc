@@ -224,6 +224,12 @@ Status check_sync_fields(const json& body) {
   return Status::ok();
 }
 
+// An answer without the log probabilities its request asked for: from a worker of an earlier
+// release, which ignores logprobs (every answer of this one carries them, empty or not).
+Status no_logprobs_from_worker() {
+  return unavailable("the worker that answered does not serve log probabilities (an earlier release)");
+}
+
 // Whether a /ai/run call asks to be queued: ?queueRequest=true, "queueRequest": true or
 // "options": {"queueRequest": true} (the last one said wins).
 bool queue_requested(const json& body, const std::map<std::string, std::string>& query) {
@@ -779,9 +785,7 @@ Result<SyncAnswer> AsyncApi::Impl::run_sync(const HttpRequest& req, const json& 
   HR_ASSIGN_OR_RETURN(SyncInference * s, sync_for(model));
   HR_ASSIGN_OR_RETURN(SyncAnswer answer, s->run(*norm, call));
   // A worker of an earlier release ignores logprobs: its answer must not pass for one with them.
-  if (norm->value("logprobs", false) && answer.logprobs.is_null()) {
-    return unavailable("the worker that answered does not serve log probabilities (an earlier release)");
-  }
+  if (norm->value("logprobs", false) && answer.logprobs.is_null()) return no_logprobs_from_worker();
   return answer;
 }
 
@@ -847,9 +851,11 @@ Reply AsyncApi::Impl::chat_completions_stream(const HttpRequest& req, json body)
     int64_t created = SystemClock::instance().now_unix_ms() / 1000;
     std::string model;
     bool include_usage = false;
+    bool logprobs = false;  // asked for
     int phase = 0;  // 0: role, 1: deltas, 2: usage, 3: done
   };
   auto st = std::make_shared<State>();
+  st->logprobs = norm->value("logprobs", false);
   st->stream = std::move(started).value();
   st->model = model->name;
   st->include_usage = include_usage;
@@ -878,6 +884,12 @@ Reply AsyncApi::Impl::chat_completions_stream(const HttpRequest& req, json body)
         std::string delta;
         if (st->stream->next(&delta)) {
           const json& lp = st->stream->delta_logprobs();
+          if (st->logprobs && lp.is_null()) {
+            *out = "data: " + openai_error_body(no_logprobs_from_worker()).dump() + "\n\ndata: [DONE]\n\n";
+            st->phase = 3;
+            st->stream.reset();  // the generation stops
+            return true;
+          }
           *out = event({{"content", delta}}, nullptr, nullptr,
                        lp.is_null() ? json(nullptr) : json{{"content", lp}, {"refusal", nullptr}});
           return true;
@@ -922,10 +934,12 @@ Reply AsyncApi::Impl::run_model_stream(const HttpRequest& req, json body, const 
   if (!started.is_ok()) return {error_response(started.status()), nullptr};
   struct State {
     std::unique_ptr<SyncStream> stream;
+    bool logprobs = false;  // asked for
     bool done = false;
   };
   auto st = std::make_shared<State>();
   st->stream = std::move(started).value();
+  st->logprobs = norm->value("logprobs", false);
   Reply reply;
   reply.response = json_response(200, "");
   reply.response.set(http::field::content_type, "text/event-stream");
@@ -937,6 +951,12 @@ Reply AsyncApi::Impl::run_model_stream(const HttpRequest& req, json body, const 
     if (st->stream->next(&delta)) {
       json piece = {{"response", delta}};
       const json& lp = st->stream->delta_logprobs();
+      if (st->logprobs && lp.is_null()) {
+        *out = "data: " + error_body(no_logprobs_from_worker()).dump() + "\n\ndata: [DONE]\n\n";
+        st->done = true;
+        st->stream.reset();  // the generation stops
+        return true;
+      }
       if (!lp.is_null()) piece["logprobs"] = {{"content", lp}, {"refusal", nullptr}};
       *out = "data: " + piece.dump() + "\n\n";
       return true;

@@ -554,6 +554,46 @@ TEST_F(Routing, RejectIfBusyPassesOverAWorkerThatIsStopping) {
   }
 }
 
+// A worker of an earlier release ignores logprobs: its answers, plain or streamed, must not pass
+// for answers with log probabilities. A stand-in answers in that release's shape.
+TEST_F(Routing, AnswersWithoutTheLogprobsAskedForAreRefused) {
+  api::HttpServerOptions so;
+  so.port = 0;
+  api::HttpServer old(so, api::Handler([](const api::HttpRequest& r) {
+    const std::string answer = R"({"text":"ab","finish_reason":"stop","prompt_tokens":1,"completion_tokens":2})";
+    if (json::parse(r.body()).value("stream", false)) {
+      return api::json_response(200, R"({"delta":"a"})" "\n" R"({"delta":"b"})" "\n" R"({"answer":)" + answer + "}\n");
+    }
+    return api::json_response(200, answer);
+  }));
+  ASSERT_TRUE(old.start().is_ok());
+  queue::WorkerInfo w;
+  w.id = "old";
+  w.model = h_->model();
+  w.url = "http://127.0.0.1:" + std::to_string(old.port());
+  w.capacity = 4;
+  ASSERT_TRUE(registry_->announce(w, 60000).is_ok());
+  ASSERT_TRUE(wait_live({"old"}));
+  json body = {{"model", h_->model()}, {"messages", {{{"role", "user"}, {"content", "x"}}}}};
+  auto plain = h_->post("/v1/chat/completions", body.dump(), h_->key_a());
+  EXPECT_EQ(plain.status, 200) << plain.body;  // not asked for: fine
+  body["logprobs"] = true;
+  auto asked = h_->post("/v1/chat/completions", body.dump(), h_->key_a());
+  EXPECT_EQ(asked.status, 503) << asked.body;
+  EXPECT_NE(asked.body.find("log probabilities"), std::string::npos) << asked.body;
+  body["stream"] = true;
+  auto streamed = h_->post("/v1/chat/completions", body.dump(), h_->key_a());
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  EXPECT_NE(streamed.body.find("log probabilities"), std::string::npos) << streamed.body;
+  EXPECT_EQ(streamed.body.find(R"("content":"a")"), std::string::npos) << streamed.body;  // no text without them
+  auto cf = h_->post("/ai/run/" + h_->model(), json{{"prompt", "x"}, {"stream", true}, {"logprobs", true}}.dump(),
+                     h_->key_a());
+  ASSERT_EQ(cf.status, 200) << cf.body;
+  EXPECT_NE(cf.body.find("log probabilities"), std::string::npos) << cf.body;
+  ASSERT_TRUE(registry_->withdraw(h_->model(), "old").is_ok());
+  old.stop();
+}
+
 // The endless model: a random-weight Llama in the Hugging Face layout with the bundled model's
 // tokenizer and a context of kEndlessContext tokens. Its embedding rows (also the tied LM head) are
 // zero but for the printable ASCII bytes, so greedy decoding writes one character per token and
