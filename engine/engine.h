@@ -37,7 +37,7 @@ struct TokenEvent {
   std::string text_delta;     // complete UTF-8, stop strings removed
   // The bytes of text this token decoded to, before any was held back for a stop string (and with
   // what the decoder had left, at a final event by length): text_delta adds up to the sum of
-  // these, less what a stop string cut off. 0 for a token without text of its own (a special
+  // these, less what a stop string cut off (or, for a cancelled request, what was held back). 0 for a token without text of its own (a special
   // token, or the first bytes of a character that a later token completes).
   int text_bytes = 0;
   bool finished = false;

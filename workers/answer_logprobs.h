@@ -1,6 +1,7 @@
 // The log probabilities of one answer, handed out as its text goes out: a token's entry once all
-// of its text has gone (at the end, once any of it has), so that the entries handed out spell the
-// text sent so far, and none is left for text a stop string cut off. Offsets count the bytes of
+// of its text has gone (at the end, once any of it has; an entry without text waits for the text
+// after it), so that the entries handed out spell the text sent so far, and none is left for text
+// a stop string cut off. Offsets count the bytes of
 // text each token decoded to (engine::TokenEvent::text_bytes), not the token's raw bytes, which
 // differ for a stripped leading space, a special token or a replaced invalid byte.
 #pragma once

@@ -67,9 +67,25 @@ TEST(AnswerLogprobsTest, TextAStopStringCutTakesItsEntriesWithIt) {
   // A stop string that begins inside a token keeps that token: its text partly went out.
   AnswerLogprobs whole(true);
   whole.add(entry("hel"), 3, 3, false);
-  whole.add(entry("lo!"), 3, 0, false);  // held: "lo!" may start the stop string "o!x"
-  whole.add(entry("x"), 1, 1, true);     // "o!x" found: "l" goes out
+  whole.add(entry("lo!"), 3, 1, false);  // "l" goes out; "o!" may start the stop string "o!x"
+  whole.add(entry("x"), 1, 0, true);     // "o!x" found and cut
   EXPECT_EQ(tokens(whole.object()["content"]), (Strings{"hel", "lo!"}));
+}
+
+// An entry without text at the edge of what has gone waits: stop string "€" over "a" and the
+// euro sign's two tokens leaves text "a", and the first half's entry must not have gone out.
+// A special token at the very end, with nothing cut, does go.
+TEST(AnswerLogprobsTest, AnEntryWithoutTextWaitsForTheTextAfterIt) {
+  AnswerLogprobs cut(true);
+  cut.add(entry("a"), 1, 1, false);
+  cut.add(entry("bytes:\\xe2\\x82"), 0, 0, false);
+  EXPECT_EQ(tokens(cut.take()), (Strings{"a"}));
+  cut.add(entry("bytes:\\xac"), 3, 0, true);  // "€" is the stop string: cut
+  EXPECT_TRUE(cut.take().empty());
+  AnswerLogprobs special(true);
+  special.add(entry("a"), 1, 1, false);
+  special.add(entry("<|x|>"), 0, 0, true);
+  EXPECT_EQ(tokens(special.object()["content"]), (Strings{"a", "<|x|>"}));
 }
 
 TEST(AnswerLogprobsTest, NothingWhenNotAskedFor) {
