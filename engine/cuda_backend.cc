@@ -205,37 +205,30 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   return Status::ok();
 }
 
-Status CudaBackend::grow_lists(Slot& slot, size_t bytes) {
+Status CudaBackend::regrow(char** host, char** dev, size_t* size, size_t bytes, const char* what) {
   HR_CUDA("waiting for the stream", cudaStreamSynchronize(stream_));
-  if (slot.list_host) cudaFreeHost(slot.list_host);
-  if (slot.list_dev) {
-    cudaFree(slot.list_dev);
-    allocations_.erase(std::find(allocations_.begin(), allocations_.end(), slot.list_dev));
+  if (*host) cudaFreeHost(*host);
+  if (*dev) {
+    cudaFree(*dev);
+    allocations_.erase(std::find(allocations_.begin(), allocations_.end(), *dev));
   }
-  slot.list_host = nullptr;
-  slot.list_dev = nullptr;
-  slot.list_bytes = 0;  // until both allocations below succeed
-  HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(&slot.list_host), bytes, 0));
-  HR_RETURN_IF_ERROR(alloc(reinterpret_cast<void**>(&slot.list_dev), bytes, "sampling lists"));
-  slot.list_bytes = bytes;
+  *host = nullptr;
+  *dev = nullptr;
+  *size = 0;  // until both allocations below succeed
+  HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(host), bytes, 0));
+  HR_RETURN_IF_ERROR(alloc(reinterpret_cast<void**>(dev), bytes, what));
+  *size = bytes;
   return Status::ok();
 }
 
+Status CudaBackend::grow_lists(Slot& slot, size_t bytes) {
+  return regrow(&slot.list_host, &slot.list_dev, &slot.list_bytes, bytes, "sampling lists");
+}
+
 Status CudaBackend::grow_slot(Slot& slot, size_t bytes) {
-  HR_CUDA("waiting for the stream", cudaStreamSynchronize(stream_));
-  if (slot.host) cudaFreeHost(slot.host);
-  if (slot.dev) {
-    cudaFree(slot.dev);
-    allocations_.erase(std::find(allocations_.begin(), allocations_.end(), slot.dev));
-  }
-  slot.host = nullptr;
-  slot.dev = nullptr;
-  slot.bytes = 0;  // until both allocations below succeed
+  Status grown = regrow(&slot.host, &slot.dev, &slot.bytes, bytes, "step inputs");
   clear_graphs();  // they captured the old buffer's address
-  HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(&slot.host), bytes, 0));
-  HR_RETURN_IF_ERROR(alloc(reinterpret_cast<void**>(&slot.dev), bytes, "step inputs"));
-  slot.bytes = bytes;
-  return Status::ok();
+  return grown;
 }
 
 Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sample) {

@@ -191,6 +191,9 @@ class CudaBackend final : public Backend {
   [[nodiscard]] Status grow_slot(Slot& slot, size_t bytes);
   // Room for `bytes` of sampling lists in the slot (after the steps queued before finish).
   [[nodiscard]] Status grow_lists(Slot& slot, size_t bytes);
+  // Frees a pinned host buffer and its device twin and allocates both at `bytes`, once the steps
+  // queued before have finished; *size is 0 until both allocations succeed.
+  [[nodiscard]] Status regrow(char** host, char** dev, size_t* size, size_t bytes, const char* what);
   // Replays the decode graph of the prepared step's shape, capturing it first if needed.
   [[nodiscard]] Status launch_graph(const StepLayout& lay, int slot, bool sample);
   // The device pitch of a graph step's block tables `cols` wide: the warmed-up width, so that one
