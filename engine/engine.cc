@@ -132,7 +132,10 @@ bool Engine::advance(Active& a, int32_t token, const TokenLogprobs* logprobs) {
   if (a.decoder && !eos && !stop_token) delta = a.decoder->push(token);
   const int text_bytes = static_cast<int>(delta.size());
   if (eos || stop_token) {
-    finish(a, FinishReason::kStop, token, a.held);
+    // What the decoder still holds is part of a character the answer never finished: it ends as
+    // U+FFFD, as at max_tokens.
+    const std::string flushed = a.decoder ? a.decoder->flush() : "";
+    finish(a, FinishReason::kStop, token, a.held + flushed, nullptr, static_cast<int>(flushed.size()));
     return true;
   }
   // Stop strings: emit text only once it cannot be the start of a stop string.

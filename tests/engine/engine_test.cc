@@ -349,16 +349,12 @@ class FailingBackend final : public Backend {
   Status collect(int32_t* tokens, TokenLogprobs* logprobs) override {
     HR_RETURN_IF_ERROR(inner_->collect(tokens, logprobs));
     if (++collects_ == fail_at_) return internal_error("lost the step's tokens");
-    if (collects_ == invalid_at_) tokens[invalid_row_] = invalid_token_;
+    if (auto it = injected_.find(collects_); it != injected_.end()) tokens[it->second.first] = it->second.second;
     return Status::ok();
   }
-  // Collect `at` returns `token` (not a vocabulary id) in row `row`, as a device sampler does for
-  // a row of NaN logits.
-  void return_invalid_token(int at, int row, int32_t token) {
-    invalid_at_ = at;
-    invalid_row_ = row;
-    invalid_token_ = token;
-  }
+  // Collect `at` returns `token` in row `row`: not a vocabulary id, as a device sampler does for a
+  // row of NaN logits, or a token of the test's choosing.
+  void return_invalid_token(int at, int row, int32_t token) { injected_[at] = {row, token}; }
   void discard() override { inner_->discard(); }
   bool pipelined() const override { return inner_->pipelined(); }
   int submits() const { return submits_; }
@@ -372,8 +368,7 @@ class FailingBackend final : public Backend {
   int fail_submit_at_;
   int collects_ = 0;
   int submits_ = 0;
-  int invalid_at_ = 0, invalid_row_ = 0;
-  int32_t invalid_token_ = -1;
+  std::map<int, std::pair<int, int32_t>> injected_;  // collect → (row, token)
 };
 
 TEST(EngineTest, AFailedStepLosesNoTokens) {
@@ -465,6 +460,26 @@ TEST(EngineTest, AnInvalidTokenEndsItsSequenceInAnError) {
 
 // fail_all ends every request, running, waiting or with a step under way, in kError with the
 // reason, once; the KV cache is empty after it and the engine takes new work.
+// An answer that ends (EOS) inside a character ends with U+FFFD for its bytes, as at max_tokens
+// and as Hugging Face's decode does, not with the bytes silently dropped; the log-probability
+// entry of the character's first byte goes out with it.
+TEST(EngineTest, AnUnfinishedCharacterAtEosEndsAsAReplacementCharacter) {
+  auto& f = Fixture::get();
+  const std::vector<int32_t> euro = f.tokenizer->encode("\xe2\x82\xac");
+  ASSERT_EQ(euro.size(), 3u);  // one token per byte
+  ASSERT_FALSE(f.tokenizer->eos_ids().empty());
+  auto backend = std::make_shared<FailingBackend>(f.backend(16, 8 << 20, false), 0);
+  backend->return_invalid_token(1, 0, euro[0]);                     // the prefill samples a lead byte
+  backend->return_invalid_token(2, 0, f.tokenizer->eos_ids()[0]);   // then EOS
+  auto e = f.engine(backend, {4, 512, 512});
+  SamplingParams params;
+  params.logprobs = 0;
+  auto out = run_all(*e, prompts(1), RequestClass::kSync, params);
+  EXPECT_EQ(out[0].reason, FinishReason::kStop);
+  EXPECT_EQ(out[0].text, "\xef\xbf\xbd");
+  EXPECT_EQ(out[0].logprobs.size(), 1u);  // the lead byte's; none for EOS
+}
+
 TEST(EngineTest, FailAllEndsEveryRequestWithTheReason) {
   auto& f = Fixture::get();
   for (bool pipelined : {false, true}) {
