@@ -133,7 +133,7 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   static_assert(sizeof(kernels::PenaltyToken) == 8 && sizeof(kernels::LogitBias) == 8);
   size_t list_bytes = 0;
   for (int i = 0; specs && i < L; ++i) {
-    if (specs[i].has_penalties()) list_bytes += 8 * static_cast<size_t>(std::max(0, specs[i].num_penalty_tokens));
+    if (specs[i].penalties.any()) list_bytes += 8 * static_cast<size_t>(std::max(0, specs[i].num_penalty_tokens));
     list_bytes += 8 * static_cast<size_t>(std::max(0, specs[i].num_logit_bias));
   }
   if (list_bytes > slot.list_bytes) HR_RETURN_IF_ERROR(grow_lists(slot, std::max<size_t>(list_bytes * 2, 1 << 17)));
@@ -176,10 +176,10 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
         sp[i].logit_bias = reinterpret_cast<const kernels::LogitBias*>(slot.list_dev + listed);
         listed += 8 * static_cast<size_t>(n);
       }
-      if (!spec.has_penalties()) continue;
-      sp[i].frequency_penalty = spec.frequency_penalty;
-      sp[i].presence_penalty = spec.presence_penalty;
-      sp[i].repetition_penalty = spec.repetition_penalty;
+      if (!spec.penalties.any()) continue;
+      sp[i].frequency_penalty = spec.penalties.frequency;
+      sp[i].presence_penalty = spec.penalties.presence;
+      sp[i].repetition_penalty = spec.penalties.repetition;
       sp[i].input_row = spec.penalize_input ? in.logits_rows[i] : -1;
       const int n = std::max(0, spec.num_penalty_tokens);
       auto* list = reinterpret_cast<kernels::PenaltyToken*>(slot.list_host + listed);

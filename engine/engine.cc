@@ -65,7 +65,7 @@ Result<int64_t> Engine::add(GenerationRequest r) {
   seq->max_length = max_model_len_;
   seq->params = std::move(r.params);
   seq->rng.seed(seq->params.seed ? *seq->params.seed : std::random_device{}());
-  if (seq->params.repetition_penalty != 1.0f) {
+  if (seq->params.penalties.repetition != 1.0f) {
     for (int32_t t : seq->tokens) seq->note_seen(t, 0);
   }
   Active a;
@@ -122,7 +122,7 @@ bool Engine::advance(Active& a, int32_t token, const TokenLogprobs* logprobs) {
   Sequence& s = *a.seq;
   s.tokens.push_back(token);
   const SamplingParams& p = s.params;
-  if (p.has_penalties()) s.note_seen(token, 1);
+  if (p.penalties.any()) s.note_seen(token, 1);
   bool eos = !p.ignore_eos && tokenizer_ &&
              std::find(tokenizer_->eos_ids().begin(), tokenizer_->eos_ids().end(), token) !=
                  tokenizer_->eos_ids().end();
@@ -214,14 +214,16 @@ Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats)
     std::copy(s.blocks.begin(), s.blocks.end(), block_table_.begin() + static_cast<long>(i) * max_blocks);
     if (ss.sample) {
       logits_rows_.push_back(static_cast<int32_t>(token_ids_.size()) - 1);
-      SampleSpec spec{s.params.temperature, s.params.top_p, s.params.top_k, s.rng()};
+      SampleSpec spec;
+      spec.temperature = s.params.temperature;
+      spec.top_p = s.params.top_p;
+      spec.top_k = s.params.top_k;
+      spec.random = s.rng();
       spec.logprobs = s.params.logprobs;
       spec.logit_bias = s.params.logit_bias.data();
       spec.num_logit_bias = static_cast<int>(s.params.logit_bias.size());
-      if (s.params.has_penalties()) {
-        spec.frequency_penalty = s.params.frequency_penalty;
-        spec.presence_penalty = s.params.presence_penalty;
-        spec.repetition_penalty = s.params.repetition_penalty;
+      if (s.params.penalties.any()) {
+        spec.penalties = s.params.penalties;
         // The lists go one after another; pointers are set once the buffer stops moving.
         penalty_tokens_.insert(penalty_tokens_.end(), s.penalty_list.begin(), s.penalty_list.end());
         spec.num_penalty_tokens = static_cast<int>(s.penalty_list.size());
@@ -235,7 +237,7 @@ Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats)
   seq_start_[static_cast<size_t>(num_seqs)] = static_cast<int32_t>(token_ids_.size());
   size_t listed = 0;
   for (SampleSpec& spec : specs_) {
-    if (!spec.has_penalties()) continue;
+    if (!spec.penalties.any()) continue;
     spec.penalty_tokens = penalty_tokens_.data() + listed;
     listed += static_cast<size_t>(spec.num_penalty_tokens);
   }

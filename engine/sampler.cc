@@ -77,7 +77,7 @@ int32_t sample_token(const float* logits, int vocab, const SamplingParams& p, st
 }
 
 void apply_penalties(float* logits, int vocab, const SampleSpec& spec, int32_t input_token) {
-  if (spec.has_penalties()) {
+  if (spec.penalties.any()) {
     const int32_t extra = spec.penalize_input && input_token >= 0 && input_token < vocab ? input_token : -1;
     bool extra_listed = false;
     for (int i = 0; i < spec.num_penalty_tokens; ++i) {
@@ -86,12 +86,10 @@ void apply_penalties(float* logits, int vocab, const SampleSpec& spec, int32_t i
       const bool is_extra = p.token == extra;
       extra_listed = extra_listed || is_extra;
       float& l = logits[p.token];
-      l = penalized_logit(l, p.count + (is_extra ? 1 : 0), spec.frequency_penalty, spec.presence_penalty,
-                          spec.repetition_penalty);
+      l = penalized_logit(l, p.count + (is_extra ? 1 : 0), spec.penalties);
     }
     if (extra >= 0 && !extra_listed) {
-      logits[extra] = penalized_logit(logits[extra], 1, spec.frequency_penalty, spec.presence_penalty,
-                                      spec.repetition_penalty);
+      logits[extra] = penalized_logit(logits[extra], 1, spec.penalties);
     }
   }
   for (int i = 0; i < spec.num_logit_bias; ++i) {

@@ -18,18 +18,23 @@ struct LogitBias {
   float bias = 0.0f;
 };
 
+// OpenAI's penalties over the tokens generated so far: each logit loses `frequency` times its
+// token's count, and `presence` once if the token occurs at all. `repetition` (Hugging Face
+// transformers' repetition_penalty) over the prompt's and the generated tokens: a positive logit
+// is divided by it, a negative one multiplied. Applied first, then frequency and presence.
+struct Penalties {
+  float frequency = 0.0f;
+  float presence = 0.0f;
+  float repetition = 1.0f;
+  bool any() const { return frequency != 0.0f || presence != 0.0f || repetition != 1.0f; }
+};
+
 struct SamplingParams {
   float temperature = 0.0f;  // <= 0: greedy
   float top_p = 1.0f;
   int top_k = 0;             // 0: no limit
   std::optional<uint64_t> seed;
-  // OpenAI's penalties over the tokens generated so far: each logit loses frequency_penalty times
-  // its token's count, and presence_penalty once if the token occurs at all. repetition_penalty
-  // (as in Hugging Face transformers) over the prompt's and the generated tokens: a positive logit
-  // is divided by it, a negative one multiplied. Applied first, then frequency and presence.
-  float frequency_penalty = 0.0f;
-  float presence_penalty = 0.0f;
-  float repetition_penalty = 1.0f;
+  Penalties penalties;
   // OpenAI's logit_bias: added to these tokens' logits (after the penalties); distinct tokens.
   std::vector<LogitBias> logit_bias;
   // -1: no log probabilities; else each generated token's, with this many of the most likely
@@ -39,10 +44,6 @@ struct SamplingParams {
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
-
-  bool has_penalties() const {
-    return frequency_penalty != 0.0f || presence_penalty != 0.0f || repetition_penalty != 1.0f;
-  }
 };
 
 int32_t sample_token(const float* logits, int vocab, const SamplingParams& params,
@@ -74,9 +75,7 @@ struct SampleSpec {
   uint64_t random = 0;
   // Penalties (SamplingParams) over the distinct tokens penalty_tokens lists; a backend reads
   // the list during submit() only. The prompt's tokens are listed only for repetition_penalty.
-  float frequency_penalty = 0.0f;
-  float presence_penalty = 0.0f;
-  float repetition_penalty = 1.0f;
+  Penalties penalties;
   const PenaltyToken* penalty_tokens = nullptr;
   int num_penalty_tokens = 0;
   // The row's own input token is one more generated token that penalty_tokens does not count
@@ -88,18 +87,14 @@ struct SampleSpec {
   // SamplingParams::logit_bias, read during submit() only.
   const LogitBias* logit_bias = nullptr;
   int num_logit_bias = 0;
-
-  bool has_penalties() const {
-    return frequency_penalty != 0.0f || presence_penalty != 0.0f || repetition_penalty != 1.0f;
-  }
 };
 
 // One token's logit after the penalties, for a token seen `count` times in the output (0: only in
 // the prompt). The CUDA sampler computes the same operations, the multiply-add fused on both
 // sides so that no compiler setting can round them differently.
-inline float penalized_logit(float logit, int count, float frequency, float presence, float repetition) {
-  if (repetition != 1.0f) logit = logit > 0.0f ? logit / repetition : logit * repetition;
-  if (count > 0) logit -= std::fma(frequency, static_cast<float>(count), presence);
+inline float penalized_logit(float logit, int count, const Penalties& p) {
+  if (p.repetition != 1.0f) logit = logit > 0.0f ? logit / p.repetition : logit * p.repetition;
+  if (count > 0) logit -= std::fma(p.frequency, static_cast<float>(count), p.presence);
   return logit;
 }
 

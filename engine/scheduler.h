@@ -41,7 +41,7 @@ struct Sequence {
   bool finished = false;
   SamplingParams params;
   std::mt19937_64 rng;
-  // With penalties (params.has_penalties()): each token seen, with how often it was generated (0:
+  // With penalties (params.penalties.any()): each token seen, with how often it was generated (0:
   // only in the prompt, listed for repetition_penalty alone), as the backend takes the list; and
   // where each token is in it. The pending tokens are not counted.
   std::vector<PenaltyToken> penalty_list;

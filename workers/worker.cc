@@ -100,9 +100,8 @@ Result<engine::GenerationRequest> to_generation(const json& body, const LoadedMo
   r.params.temperature = body.value("temperature", 0.6f);
   r.params.top_p = body.value("top_p", 1.0f);
   r.params.top_k = body.value("top_k", 0);
-  r.params.frequency_penalty = body.value("frequency_penalty", 0.0f);
-  r.params.presence_penalty = body.value("presence_penalty", 0.0f);
-  r.params.repetition_penalty = body.value("repetition_penalty", 1.0f);
+  r.params.penalties = {body.value("frequency_penalty", 0.0f), body.value("presence_penalty", 0.0f),
+                        body.value("repetition_penalty", 1.0f)};
   if (body.value("logprobs", false)) r.params.logprobs = body.value("top_logprobs", 0);
   if (auto lb = body.find("logit_bias"); lb != body.end() && lb->is_object()) {
     for (const auto& [key, value] : lb->items()) {
@@ -201,13 +200,18 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given, const 
 struct Worker::SyncJob {
   engine::GenerationRequest request;
   std::string text;
-  std::unique_ptr<AnswerLogprobs> logprobs;  // step loop only
+  AnswerLogprobs logprobs{false};  // step loop only
   std::promise<Result<api::SyncAnswer>> done;
   bool streaming = false;
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::string> deltas;  // guarded by mu
-  std::deque<json> delta_logprobs;  // guarded by mu: each delta's logprobs entries (or null)
+  // A streamed answer's pieces: text, and the logprobs entries it completes (null when none were
+  // asked for).
+  struct Piece {
+    std::string text;
+    json logprobs;
+  };
+  std::deque<Piece> pieces;  // guarded by mu
   bool finished = false;           // guarded by mu
   Status status;                   // guarded by mu
   api::SyncAnswer answer;          // guarded by mu
@@ -243,12 +247,11 @@ class WorkerStream final : public api::SyncStream {
   ~WorkerStream() override { job_->abandoned = true; }
   bool next(std::string* delta) override {
     std::unique_lock<std::mutex> lock(job_->mu);
-    job_->cv.wait(lock, [&] { return !job_->deltas.empty() || job_->finished; });
-    if (!job_->deltas.empty()) {
-      *delta = std::move(job_->deltas.front());
-      job_->deltas.pop_front();
-      logprobs_ = std::move(job_->delta_logprobs.front());
-      job_->delta_logprobs.pop_front();
+    job_->cv.wait(lock, [&] { return !job_->pieces.empty() || job_->finished; });
+    if (!job_->pieces.empty()) {
+      *delta = std::move(job_->pieces.front().text);
+      logprobs_ = std::move(job_->pieces.front().logprobs);
+      job_->pieces.pop_front();
       return true;
     }
     status_ = job_->status;
@@ -463,7 +466,7 @@ void Worker::loop() {
   struct Running {
     queue::Lease lease;
     std::string text;
-    std::unique_ptr<AnswerLogprobs> logprobs;
+    AnswerLogprobs logprobs;
   };
   std::unordered_map<int64_t, Running> running;  // engine id → lease
   std::vector<std::shared_ptr<SyncJob>> generating;  // sync requests in the engine
@@ -532,7 +535,7 @@ void Worker::loop() {
     for (auto& job : jobs) {
       class_metrics(engine::RequestClass::kSync)
           .queue.observe(static_cast<double>(steady_now_ns() - job->arrival_ns) / 1e9);
-      job->logprobs = std::make_unique<AnswerLogprobs>(job->request.params.logprobs >= 0);
+      job->logprobs = AnswerLogprobs(job->request.params.logprobs >= 0);
       TokenShapes* shapes = model_->token_shapes.get();
       job->request.on_event = timed([job, shapes](const engine::TokenEvent& ev) {
         if (ev.finish_reason == engine::FinishReason::kError) {
@@ -541,17 +544,17 @@ void Worker::loop() {
           return;
         }
         job->text += ev.text_delta;
-        add_event(*job->logprobs, *shapes, ev);
+        add_event(job->logprobs, *shapes, ev);
         // Streamed, each delta carries the entries of the tokens whose text it completes; the
         // last ones may come with an empty delta.
         json piece_logprobs;
-        if (job->streaming && job->logprobs->wanted() && (!ev.text_delta.empty() || ev.finished)) {
-          piece_logprobs = job->logprobs->take();
+        if (job->streaming && job->logprobs.wanted() && (!ev.text_delta.empty() || ev.finished)) {
+          piece_logprobs = job->logprobs.take();
         }
         api::SyncAnswer answer;
         if (ev.finished) {
           answer.text = job->text;
-          if (!job->streaming) answer.logprobs = job->logprobs->object();
+          if (!job->streaming) answer.logprobs = job->logprobs.object();
           answer.finish_reason = engine::finish_reason_name(ev.finish_reason);
           answer.prompt_tokens = ev.usage.prompt_tokens;
           answer.completion_tokens = ev.usage.completion_tokens;
@@ -560,8 +563,7 @@ void Worker::loop() {
         if (job->streaming) {
           std::lock_guard<std::mutex> lock(job->mu);
           if (!ev.text_delta.empty() || (piece_logprobs.is_array() && !piece_logprobs.empty())) {
-            job->deltas.push_back(ev.text_delta);
-            job->delta_logprobs.push_back(std::move(piece_logprobs));
+            job->pieces.push_back({ev.text_delta, std::move(piece_logprobs)});
           }
           if (ev.finished) {
             job->finished = true;
@@ -640,12 +642,12 @@ void Worker::loop() {
         auto* runs = &running;
         QueueIo* q = &io;
         TokenShapes* shapes = model_->token_shapes.get();
-        auto logprobs = std::make_unique<AnswerLogprobs>(gen->params.logprobs >= 0);
+        AnswerLogprobs logprobs(gen->params.logprobs >= 0);
         gen->on_event = timed([runs, q, shapes](const engine::TokenEvent& ev) {
           auto it = runs->find(ev.id);
           if (it == runs->end()) return;
           it->second.text += ev.text_delta;
-          add_event(*it->second.logprobs, *shapes, ev);
+          add_event(it->second.logprobs, *shapes, ev);
           if (!ev.finished) return;
           if (ev.finish_reason == engine::FinishReason::kError) {
             // Another attempt (here or on another worker) may well succeed.
@@ -660,7 +662,7 @@ void Worker::loop() {
                         {"prompt_tokens_details", {{"cached_tokens", ev.usage.cached_tokens}}}};
           json result = {{"response", it->second.text}, {"usage", usage},
                          {"finish_reason", engine::finish_reason_name(ev.finish_reason)}};
-          if (it->second.logprobs->wanted()) result["logprobs"] = it->second.logprobs->object();
+          if (it->second.logprobs.wanted()) result["logprobs"] = it->second.logprobs.object();
           q->drop(ev.id);
           q->complete({it->second.lease, result.dump(), ev.usage.prompt_tokens,
                        ev.usage.completion_tokens, ev.usage.cached_tokens});

@@ -285,9 +285,7 @@ TEST(CudaBackendTest, PenaltiesOnTheDeviceEqualPlainStepsAndTheCpu) {
       r.params.max_tokens = 24;
       r.params.ignore_eos = true;
       if (penalize) {
-        r.params.frequency_penalty = 1.5f;
-        r.params.presence_penalty = 1.0f;
-        r.params.repetition_penalty = 1.4f;
+        r.params.penalties = {1.5f, 1.0f, 1.4f};
       }
       r.on_event = [&out, i](const TokenEvent& ev) { if (ev.token >= 0) out[i].push_back(ev.token); };
       EXPECT_TRUE((*engine)->add(std::move(r)).is_ok());

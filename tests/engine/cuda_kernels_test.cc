@@ -739,9 +739,9 @@ TEST(CudaKernelsTest, SamplingPenaltiesMatchTheHostReference) {
   std::vector<LogitBias> biases;
   for (int r = 0; r < R; ++r) {
     SampleSpec& s = specs[static_cast<size_t>(r)];
-    s.frequency_penalty = r == 0 ? 0.0f : 0.3f * static_cast<float>(r);
-    s.presence_penalty = r == 0 ? 0.0f : 0.7f;
-    s.repetition_penalty = r == 0 ? 1.0f : r % 2 ? 1.3f : 0.8f;
+    s.penalties.frequency = r == 0 ? 0.0f : 0.3f * static_cast<float>(r);
+    s.penalties.presence = r == 0 ? 0.0f : 0.7f;
+    s.penalties.repetition = r == 0 ? 1.0f : r % 2 ? 1.3f : 0.8f;
     s.penalize_input = r != 3;
     const size_t begin = seen.size();
     std::set<int32_t> ids;
@@ -750,9 +750,9 @@ TEST(CudaKernelsTest, SamplingPenaltiesMatchTheHostReference) {
     if (r == 2 || r == 5) ids.erase(input_ids[static_cast<size_t>(1 + r)]);
     for (int32_t id : ids) seen.push_back({id, static_cast<int32_t>(rng() % 4)});  // 0: prompt only
     kernels::SampleParams& p = params[static_cast<size_t>(r)];
-    p.frequency_penalty = s.frequency_penalty;
-    p.presence_penalty = s.presence_penalty;
-    p.repetition_penalty = s.repetition_penalty;
+    p.frequency_penalty = s.penalties.frequency;
+    p.presence_penalty = s.penalties.presence;
+    p.repetition_penalty = s.penalties.repetition;
     p.input_row = s.penalize_input ? 1 + r : -1;
     p.num_penalty_tokens = static_cast<int32_t>(seen.size() - begin);
     s.num_penalty_tokens = p.num_penalty_tokens;

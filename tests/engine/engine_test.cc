@@ -834,9 +834,7 @@ TEST(SamplerTest, PenaltiesFollowOpenAiAndTransformers) {
   const std::vector<float> logits = {2.0f, -1.0f, 0.5f, 3.0f, 1.0f};
   const std::vector<PenaltyToken> seen = {{0, 2}, {1, 0}, {3, 1}};
   SampleSpec s;
-  s.frequency_penalty = 0.5f;
-  s.presence_penalty = 0.25f;
-  s.repetition_penalty = 2.0f;
+  s.penalties = {0.5f, 0.25f, 2.0f};
   s.penalty_tokens = seen.data();
   s.num_penalty_tokens = 3;
   auto penalized = [&](const SampleSpec& spec, int32_t input) {
@@ -850,8 +848,7 @@ TEST(SamplerTest, PenaltiesFollowOpenAiAndTransformers) {
   EXPECT_EQ(penalized(s, 4), (std::vector<float>{-0.25f, -2.0f, 0.5f, 0.75f, -0.25f}));
   EXPECT_EQ(penalized(s, 99), penalized(s, -1));  // an input outside the vocabulary is no token
   SampleSpec none = s;
-  none.frequency_penalty = none.presence_penalty = 0.0f;
-  none.repetition_penalty = 1.0f;
+  none.penalties = Penalties{};
   EXPECT_EQ(penalized(none, 4), logits);
   // A logit bias is added after the penalties, to the tokens it names.
   SampleSpec biased = s;
@@ -891,14 +888,15 @@ std::vector<int32_t> recompute(const std::vector<int32_t>& prompt, const Samplin
     in.logits_rows = rows.data();
     in.num_logits = 1;
     EXPECT_TRUE(b->forward(in, logits.data()).is_ok());
-    if (params.has_penalties()) {
+    if (params.penalties.any()) {
       std::map<int32_t, int> generated;
       for (int32_t t : out) generated[t]++;
       const std::set<int32_t> all(tokens.begin(), tokens.end());
       for (int32_t t : all) {
         float& x = logits[static_cast<size_t>(t)];
-        x = x > 0 ? x / params.repetition_penalty : x * params.repetition_penalty;
-        if (generated.count(t)) x -= params.frequency_penalty * static_cast<float>(generated[t]) + params.presence_penalty;
+        const Penalties& pen = params.penalties;
+        x = x > 0 ? x / pen.repetition : x * pen.repetition;
+        if (generated.count(t)) x -= pen.frequency * static_cast<float>(generated[t]) + pen.presence;
       }
     }
     if (log_softmax) {
@@ -949,9 +947,7 @@ TEST(EngineTest, PenaltiesEqualARecomputingLoop) {
   auto& f = Fixture::get();
   SamplingParams params;
   params.max_tokens = 24;
-  params.frequency_penalty = 1.5f;
-  params.presence_penalty = 1.0f;
-  params.repetition_penalty = 1.4f;
+  params.penalties = {1.5f, 1.0f, 1.4f};
   const auto ps = prompts(6, 6);  // 7 and 11 repeat letters: "unnnqu", "bb", "hh"
   std::vector<std::vector<int32_t>> want;
   for (const auto& p : ps) want.push_back(recompute(p, params));
@@ -997,7 +993,7 @@ TEST(EngineTest, LogprobsAreThoseOfTheRecomputedSteps) {
   auto& f = Fixture::get();
   SamplingParams params;
   params.max_tokens = 24;
-  params.presence_penalty = 0.5f;
+  params.penalties.presence = 0.5f;
   params.logprobs = 5;
   const auto ps = prompts(4, 20);
   for (bool pipelined : {false, true}) {

@@ -87,7 +87,7 @@ json wait_done(testing::ApiHarness& h, const std::string& id, int seconds) {
 // The bundled model's own greedy answer for "reverse: <text>", computed by an engine alone, with
 // the penalties of `penalties` (greedy decoding is deterministic and batch-invariant, so the
 // served answer must equal it exactly).
-std::string greedy_alone(const std::string& text, const engine::SamplingParams& penalties = {}) {
+std::string greedy_alone(const std::string& text, const engine::Penalties& penalties = {}) {
   static auto weights = [] {
     engine::ModelWeights w = engine::load_weights(kModelDir).value();
     engine::pack_for_cpu(&w);  // once, for every engine built here
@@ -103,9 +103,7 @@ std::string greedy_alone(const std::string& text, const engine::SamplingParams& 
                                              tok->eos_text())
                              .value());
   r.params.max_tokens = 40;
-  r.params.frequency_penalty = penalties.frequency_penalty;
-  r.params.presence_penalty = penalties.presence_penalty;
-  r.params.repetition_penalty = penalties.repetition_penalty;
+  r.params.penalties = penalties;
   std::string out;
   r.on_event = [&](const engine::TokenEvent& ev) { out += ev.text_delta; };
   EXPECT_TRUE(eng->add(std::move(r)).is_ok());
@@ -334,10 +332,7 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   }
   // Penalties reach the engine (the answer is the penalized one, and not the plain one); content
   // as OpenAI's text parts.
-  engine::SamplingParams penalties;
-  penalties.frequency_penalty = 1.5f;
-  penalties.presence_penalty = 1.0f;
-  penalties.repetition_penalty = 1.4f;
+  const engine::Penalties penalties{1.5f, 1.0f, 1.4f};
   const std::string repetitive = "bookkeeper committee";
   const std::string penalized = greedy_alone(repetitive, penalties);
   ASSERT_NE(penalized, greedy_alone(repetitive));
