@@ -11,6 +11,7 @@
 #include "engine/attention_plan.h"
 #include "engine/internal/cuda_status.h"
 #include "kernels/embedding.cuh"
+#include "kernels/fill.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/paged_attention.cuh"
@@ -109,7 +110,7 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   lay.decode_kernel = plan_.decode_kernel;
   lay.num_prefill = static_cast<int>(prefill.size());
   lay.num_combine = static_cast<int>(combine.size());
-  lay.fused = options_.small_batch_gemv && options_.fused_small_batch && T <= kGemvRows &&
+  lay.fused = fused_shapes_ && options_.small_batch_gemv && options_.fused_small_batch && T <= kGemvRows &&
               T <= kernels::kGemvMaxFusedRows && uniform_decode(in);
   size_t off = 0;
   auto place = [&](size_t bytes) {
@@ -290,7 +291,9 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   float* r_alt = x2_;
   const float* s_in = nullptr;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  if (fused) HR_CUDA("zeroing norm sums", cudaMemsetAsync(sumsq_, 0, sumsq_bytes_, stream_));
+  // (A kernel, not a memset: the norm after it may be a programmatic launch, whose dependency in a
+  // captured graph must be on a kernel.)
+  if (fused) HR_CUDA("zeroing norm sums", kernels::fill_f32(sumsq_, sumsq_bytes_ / 4, 0.0f, stream_));
   for (int li = 0; li < c.num_layers; ++li) {
     const Layer& W = layers_[static_cast<size_t>(li)];
     rope.bias = W.bqkv;
@@ -397,9 +400,27 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   return Status::ok();
 }
 
+bool CudaBackend::gemv_product(int m, int k) const { return options_.small_batch_gemv && m <= kGemvRows && k % 8 == 0; }
+
+Status CudaBackend::plan_gemms(int T, int L) {
+  const ModelConfig& c = config_;
+  const int D = c.hidden_size, F = c.intermediate_size, Q = c.q_size(), QKV = Q + 2 * c.kv_size();
+  struct Shape {
+    int m, n, k;
+    GemmOut out;
+  };
+  // launch_step's products: q/k/v, o, gate/up, down, the LM head.
+  for (const Shape& s : {Shape{T, QKV, D, GemmOut::kF32}, Shape{T, D, Q, GemmOut::kF32},
+                         Shape{T, 2 * F, D, GemmOut::kBF16}, Shape{T, D, F, GemmOut::kF32},
+                         Shape{L, c.vocab_size, D, GemmOut::kF32}}) {
+    if (s.m > 0 && !gemv_product(s.m, s.k)) HR_RETURN_IF_ERROR(gemm_->prepare(s.m, s.n, s.k, s.out));
+  }
+  return Status::ok();
+}
+
 Status CudaBackend::matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, GemmOut out, int m, int n,
                            int k) {
-  if (options_.small_batch_gemv && m <= kGemvRows && k % 8 == 0) {
+  if (gemv_product(m, k)) {
     kernels::GemvParams p = gemv_params(w, m, n, k);
     p.x = x;
     p.y = y;
@@ -534,6 +555,8 @@ Status CudaBackend::launch_graph(const StepLayout& lay, int slot, bool sample) {
   const auto key = std::make_tuple(lay.num_tokens, sample, lay.max_blocks_per_seq, slot);
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
+    // cuBLASLt chooses its algorithms now: not while the stream is being captured.
+    HR_RETURN_IF_ERROR(plan_gemms(lay.num_tokens, lay.num_logits));
     HR_CUDA("starting a graph capture", cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     Status launched = launch_step(lay, slots_[slot].dev, sample);
     cudaGraph_t graph_def = nullptr;
@@ -583,6 +606,12 @@ Status CudaBackend::warm_up(int max_blocks_per_seq) {
       StepInput in = pad_decode_step(none, &greedy, size, &specs);
       StepLayout lay;
       HR_RETURN_IF_ERROR(prepare(in, specs, true, slot, 0, &lay));
+      if (slot == 0) {
+        // Once eagerly first: every kernel and library call of the step is loaded and set up
+        // before any of it is captured.
+        HR_RETURN_IF_ERROR(launch_step(lay, slots_[slot].dev, true));
+        HR_CUDA("warming up", cudaStreamSynchronize(stream_));
+      }
       HR_RETURN_IF_ERROR(launch_graph(lay, slot, true));
       HR_CUDA("warming up", cudaStreamSynchronize(stream_));
     }

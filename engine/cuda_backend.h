@@ -201,6 +201,10 @@ class CudaBackend final : public Backend {
   int graph_table_width(int cols) const;
   // Every kernel of the step, reading the packed inputs (capturable: no host synchronisation).
   [[nodiscard]] Status launch_step(const StepLayout& lay, const char* inputs, bool sample);
+  // Whether an m x k product runs as the GEMV kernel (else cuBLASLt).
+  bool gemv_product(int m, int k) const;
+  // Chooses the cuBLASLt algorithms a step of T tokens and L logits rows uses (before a capture).
+  [[nodiscard]] Status plan_gemms(int T, int L);
   // y = x · w^T: the GEMV kernel for few rows, cuBLASLt otherwise.
   [[nodiscard]] Status matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, GemmOut out, int m, int n,
                               int k);
@@ -235,6 +239,9 @@ class CudaBackend final : public Backend {
   size_t free_before_kv_ = 0;
   size_t free_after_init_ = 0;
   int num_sms_ = 0;
+  // The fused small-batch GEMVs (and their prefetch ranges) need hidden, query and MLP sizes that
+  // are multiples of 8; other models take the unfused path.
+  bool fused_shapes_ = false;
   int num_blocks_ = 0;    // KV blocks the engine may use; one more, the scratch block, is padding's
   int max_partials_ = 0;
 

@@ -144,6 +144,8 @@ Status CudaBackend::init_runtime() {
   HR_CUDA("reading device attributes",
           cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, options_.device));
   kernels::programmatic_launch_supported();  // asked now, outside any graph capture
+  HR_CUDA("reading the GEMV kernels' occupancy", kernels::gemv_prepare());
+  fused_shapes_ = D % 8 == 0 && Q % 8 == 0 && F % 8 == 0;
   const size_t smem_needed = kernels::paged_attention_smem_bytes(c.head_dim);
   if (static_cast<size_t>(smem_optin) < smem_needed) {
     return unavailable("CUDA device " + std::to_string(options_.device) + " allows " +

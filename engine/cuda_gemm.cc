@@ -57,16 +57,20 @@ Status CublasLtGemm::build(Plan& p, int m, int n, int k, GemmOut out) {
   HR_LT("layout d", cublasLtMatrixLayoutCreate(&p.d, dt, n, m, n));
   cublasLtMatmulPreference_t pref;
   HR_LT("preference", cublasLtMatmulPreferenceCreate(&pref));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
-                                       sizeof workspace_bytes_);
+  cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                          &workspace_bytes_, sizeof workspace_bytes_);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
-    return internal_error("cuBLASLt has no algorithm for a " + std::to_string(m) + "x" + std::to_string(n) + "x" +
-                          std::to_string(k) + " bf16 GEMM");
+  if (s == CUBLAS_STATUS_SUCCESS) {
+    s = cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
   }
+  cublasLtMatmulPreferenceDestroy(pref);
+  const std::string shape = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " bf16 GEMM";
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    return internal_error("cuBLASLt could not choose an algorithm for a " + shape + ": " +
+                          cublasLtGetStatusName(s) + " (" + cublasLtGetStatusString(s) + ")");
+  }
+  if (found == 0) return internal_error("cuBLASLt has no algorithm for a " + shape);
   p.algo = result.algo;
   return Status::ok();
 }
@@ -87,6 +91,13 @@ Result<const CublasLtGemm::Plan*> CublasLtGemm::plan(int m, int n, int k, GemmOu
 Status CublasLtGemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, GemmOut out, int m,
                          int n, int k, cudaStream_t stream) {
   if (m <= 0) return Status::ok();
+  if (!plans_.count(std::make_tuple(m, n, k, static_cast<int>(out)))) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capturing) == cudaSuccess && capturing != cudaStreamCaptureStatusNone) {
+      return internal_error("a " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                            " GEMM in a graph capture was not prepared before it");
+    }
+  }
   HR_ASSIGN_OR_RETURN(const Plan* p, plan(m, n, k, out));
   const float alpha = 1.0f, beta = 0.0f;
   HR_LT("matmul", cublasLtMatmul(handle_, p->op, &alpha, w, p->a, x, p->b, &beta, y, p->d, y, p->d,

@@ -24,9 +24,15 @@ cudaError_t device_info(int device, DeviceInfo* info) {
   std::strncpy(info->name, prop.name, sizeof info->name - 1);
   info->compute_major = prop.major;
   info->compute_minor = prop.minor;
+  // The memory reading needs the device current: the caller's current device is restored after.
+  int current = 0;
+  err = cudaGetDevice(&current);
+  if (err != cudaSuccess) return err;
   err = cudaSetDevice(device);
   if (err != cudaSuccess) return err;
-  return cudaMemGetInfo(&info->free_memory_bytes, &info->total_memory_bytes);
+  err = cudaMemGetInfo(&info->free_memory_bytes, &info->total_memory_bytes);
+  cudaError_t restored = cudaSetDevice(current);
+  return err != cudaSuccess ? err : restored;
 }
 
 }  // namespace hr::kernels

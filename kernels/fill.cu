@@ -1,5 +1,8 @@
 // Fills, grid-stride.
 #include "kernels/fill.cuh"
+
+#include <algorithm>
+
 #include "kernels/internal/common.cuh"
 
 namespace hr::kernels {
@@ -37,7 +40,9 @@ cudaError_t fill_uniform_bf16(__nv_bfloat16* out, size_t n, float scale, uint64_
 cudaError_t fill_f32(float* out, size_t n, float value, cudaStream_t stream) {
   if (!out && n) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  return internal::launch(fill_f32_kernel, dim3(1024), dim3(256), 0, stream, out, n, value);
+  // As many blocks as the fill needs (a few floats take one), at most 1024.
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>(1024, (n + 255) / 256));
+  return internal::launch(fill_f32_kernel, dim3(blocks), dim3(256), 0, stream, out, n, value);
 }
 
 }  // namespace hr::kernels

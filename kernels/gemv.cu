@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <utility>
 
 #include "kernels/internal/common.cuh"
 
@@ -304,7 +305,38 @@ bool valid_rope(const GemvParams& p) {
          r.slot_mapping && r.inv_freq && !p.resid_out && !p.swiglu;
 }
 
+template <int M, GemvInput IN>
+cudaError_t prepare_outputs() {
+  int first = 0;
+  for (cudaError_t e : {last_wave_start<M, IN, GemvOut::kStore>(0, &first),
+                        last_wave_start<M, IN, GemvOut::kResidual>(0, &first),
+                        last_wave_start<M, IN, GemvOut::kRopeKv>(0, &first),
+                        last_wave_start<M, IN, GemvOut::kSwiglu>(0, &first)}) {
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+template <int... M>
+cudaError_t prepare_plain(std::integer_sequence<int, M...>) {
+  int first = 0;
+  for (cudaError_t e : {last_wave_start<M + 1, GemvInput::kBf16, GemvOut::kStore>(0, &first)...}) {
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
 }  // namespace
+
+cudaError_t gemv_prepare() {
+  static_assert(kGemvMaxFusedRows == 2);
+  for (cudaError_t e : {prepare_plain(std::make_integer_sequence<int, kGemvMaxRows>{}),
+                        prepare_outputs<1, GemvInput::kBf16>(), prepare_outputs<1, GemvInput::kRmsNorm>(),
+                        prepare_outputs<2, GemvInput::kBf16>(), prepare_outputs<2, GemvInput::kRmsNorm>()}) {
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
 
 cudaError_t gemv(const GemvParams& p, cudaStream_t stream) {
   if (p.m < 1 || p.m > kGemvMaxRows || p.n < 1 || p.k < 8 || p.k % 8 != 0 || !p.w) return cudaErrorInvalidValue;

@@ -75,4 +75,9 @@ struct GemvParams {
 
 cudaError_t gemv(const GemvParams& p, cudaStream_t stream);
 
+// Reads, for the current device, how many blocks of each GEMV kernel fit at once (what the weight
+// prefetch's last wave is found from), so that no launch has to ask: asking loads the kernel,
+// which must not happen inside a graph capture. Call once per device before capturing.
+cudaError_t gemv_prepare();
+
 }  // namespace hr::kernels

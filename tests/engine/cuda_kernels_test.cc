@@ -20,6 +20,7 @@
 #include "engine/safetensors.h"
 #include "kernels/embedding.cuh"
 #include "kernels/gemv.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/paged_attention.cuh"
 #include "kernels/rms_norm.cuh"
 #include "kernels/rope_kv.cuh"
@@ -254,8 +255,8 @@ void check_attention(const AttentionCase& ac, int num_sms, DecodeAttention decod
                      bool fused_combine, std::mt19937& rng) {
   const int nh = ac.num_heads, nkv = ac.num_kv_heads, hd = ac.head_dim, bs = 16, KV = nkv * hd;
   // (context length after the step, new tokens in the step)
-  std::vector<std::pair<int, int>> seqs = {{1, 1}, {15, 1}, {16, 1}, {17, 1}, {100, 1}, {513, 1},
-                                           {33, 33}, {70, 37}, {16, 16}, {130, 3}, {200, 200}};
+  std::vector<std::pair<int, int>> seqs = {{1, 1},   {15, 1},  {16, 1}, {17, 1},   {64, 1},  {100, 1},   {128, 1},
+                                           {513, 1}, {33, 33}, {70, 37}, {16, 16}, {130, 3}, {200, 200}};
   const int max_blocks = 40;
   std::vector<int32_t> table(seqs.size() * max_blocks);
   std::vector<int32_t> free_blocks(seqs.size() * max_blocks);
@@ -468,93 +469,96 @@ TEST(CudaKernelsTest, GemvMatchesReference) {
 
 // The fused modes: input RMS-normalised from the residual stream's sums of squares, SwiGLU's
 // activation as output, and the residual update that accumulates the new rows' sums of squares.
+// Widths below and above one full batch of loads per warp (256 16-byte pieces), with a remainder.
 TEST(CudaKernelsTest, FusedGemvModesMatchReference) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(9);
-  const int n = 1000, k = 1024;
-  for (int m = 1; m <= kernels::kGemvMaxFusedRows; ++m) {
-    std::vector<float> w = random_vec(static_cast<size_t>(n) * k, rng);
-    DeviceBuffer<uint16_t> d_w(to_bf16(w));
-    // Normalised input.
-    std::vector<float> resid = random_vec(static_cast<size_t>(m) * k, rng, -2.0f, 2.0f);
-    std::vector<float> nw = random_vec(k, rng, 0.5f, 1.5f), sumsq(m, 0.0f);
-    for (int i = 0; i < m; ++i) {
-      for (int c = 0; c < k; ++c) sumsq[i] += resid[i * k + c] * resid[i * k + c];
-    }
-    DeviceBuffer<float> d_resid(resid), d_nw(nw), d_sumsq(sumsq), d_y(static_cast<size_t>(m) * n);
-    kernels::GemvParams gp;
-    gp.w = BF(d_w.ptr);
-    gp.m = m;
-    gp.n = n;
-    gp.k = k;
-    gp.input = kernels::GemvInput::kRmsNorm;
-    gp.resid = d_resid.ptr;
-    gp.resid_sumsq = d_sumsq.ptr;
-    gp.norm_weight = d_nw.ptr;
-    gp.eps = 1e-5f;
-    gp.y = d_y.ptr;
-    ASSERT_EQ(kernels::gemv(gp, nullptr), cudaSuccess);
-    std::vector<float> ref(static_cast<size_t>(m) * n), h(k);
-    for (int i = 0; i < m; ++i) {
-      rms_norm(&resid[i * k], nw.data(), k, 1e-5f, h.data());
-      for (int j = 0; j < n; ++j) {
-        double acc = 0;
-        for (int c = 0; c < k; ++c) acc += static_cast<double>(h[c]) * w[j * k + c];
-        ref[i * n + j] = static_cast<float>(acc);
+  const int n = 1000;
+  for (int k : {1024, 2056, 4104}) {
+    for (int m = 1; m <= kernels::kGemvMaxFusedRows; ++m) {
+      std::vector<float> w = random_vec(static_cast<size_t>(n) * k, rng);
+      DeviceBuffer<uint16_t> d_w(to_bf16(w));
+      // Normalised input.
+      std::vector<float> resid = random_vec(static_cast<size_t>(m) * k, rng, -2.0f, 2.0f);
+      std::vector<float> nw = random_vec(k, rng, 0.5f, 1.5f), sumsq(m, 0.0f);
+      for (int i = 0; i < m; ++i) {
+        for (int c = 0; c < k; ++c) sumsq[i] += resid[i * k + c] * resid[i * k + c];
       }
-    }
-    EXPECT_LT(rel_error(d_y.get(), ref), 1e-4) << "rms-norm input, m=" << m;
-    // SwiGLU output: gate rows then up rows in w2 (2n rows), y = silu(gate) * up.
-    std::vector<float> w2 = random_vec(static_cast<size_t>(2) * n * k, rng);
-    DeviceBuffer<uint16_t> d_w2(to_bf16(w2)), d_act(static_cast<size_t>(m) * n);
-    kernels::GemvParams sp = gp;
-    sp.w = BF(d_w2.ptr);
-    sp.y = d_act.ptr;
-    sp.y_bf16 = true;
-    sp.swiglu = true;
-    ASSERT_EQ(kernels::gemv(sp, nullptr), cudaSuccess);
-    std::vector<float> aref(static_cast<size_t>(m) * n), gu(2 * n);
-    for (int i = 0; i < m; ++i) {
-      rms_norm(&resid[i * k], nw.data(), k, 1e-5f, h.data());
-      for (int j = 0; j < 2 * n; ++j) {
-        double acc = 0;
-        for (int c = 0; c < k; ++c) acc += static_cast<double>(h[c]) * w2[static_cast<size_t>(j) * k + c];
-        gu[j] = static_cast<float>(acc);
+      DeviceBuffer<float> d_resid(resid), d_nw(nw), d_sumsq(sumsq), d_y(static_cast<size_t>(m) * n);
+      kernels::GemvParams gp;
+      gp.w = BF(d_w.ptr);
+      gp.m = m;
+      gp.n = n;
+      gp.k = k;
+      gp.input = kernels::GemvInput::kRmsNorm;
+      gp.resid = d_resid.ptr;
+      gp.resid_sumsq = d_sumsq.ptr;
+      gp.norm_weight = d_nw.ptr;
+      gp.eps = 1e-5f;
+      gp.y = d_y.ptr;
+      ASSERT_EQ(kernels::gemv(gp, nullptr), cudaSuccess);
+      std::vector<float> ref(static_cast<size_t>(m) * n), h(k);
+      for (int i = 0; i < m; ++i) {
+        rms_norm(&resid[i * k], nw.data(), k, 1e-5f, h.data());
+        for (int j = 0; j < n; ++j) {
+          double acc = 0;
+          for (int c = 0; c < k; ++c) acc += static_cast<double>(h[c]) * w[j * k + c];
+          ref[i * n + j] = static_cast<float>(acc);
+        }
       }
-      silu_mul(gu.data(), n, &aref[static_cast<size_t>(i) * n]);
-    }
-    EXPECT_LT(rel_error(bf16_to_float(d_act.get()), aref), 5e-3) << "swiglu output, m=" << m;
-    // Residual update as output, accumulating the new rows' sums of squares.
-    std::vector<float> xin = random_vec(static_cast<size_t>(m) * k, rng, -3.0f, 3.0f);
-    std::vector<float> rin = random_vec(static_cast<size_t>(m) * n, rng);
-    DeviceBuffer<uint16_t> d_xin(to_bf16(xin));
-    DeviceBuffer<float> d_rin(rin), d_rout(static_cast<size_t>(m) * n), d_sums(std::vector<float>(m, 0.0f));
-    kernels::GemvParams rp;
-    rp.w = BF(d_w.ptr);
-    rp.m = m;
-    rp.n = n;
-    rp.k = k;
-    rp.x = BF(d_xin.ptr);
-    rp.resid_in = d_rin.ptr;
-    rp.resid_out = d_rout.ptr;
-    rp.out_sumsq = d_sums.ptr;
-    ASSERT_EQ(kernels::gemv(rp, nullptr), cudaSuccess);
-    std::vector<float> rref(static_cast<size_t>(m) * n);
-    std::vector<double> sref(m, 0.0);
-    for (int i = 0; i < m; ++i) {
-      for (int j = 0; j < n; ++j) {
-        double acc = 0;
-        for (int c = 0; c < k; ++c) acc += static_cast<double>(xin[i * k + c]) * w[j * k + c];
-        rref[i * n + j] = rin[i * n + j] + static_cast<float>(acc);
-        sref[i] += static_cast<double>(rref[i * n + j]) * rref[i * n + j];
+      EXPECT_LT(rel_error(d_y.get(), ref), 1e-4) << "rms-norm input, m=" << m << " k=" << k;
+      // SwiGLU output: gate rows then up rows in w2 (2n rows), y = silu(gate) * up.
+      std::vector<float> w2 = random_vec(static_cast<size_t>(2) * n * k, rng);
+      DeviceBuffer<uint16_t> d_w2(to_bf16(w2)), d_act(static_cast<size_t>(m) * n);
+      kernels::GemvParams sp = gp;
+      sp.w = BF(d_w2.ptr);
+      sp.y = d_act.ptr;
+      sp.y_bf16 = true;
+      sp.swiglu = true;
+      ASSERT_EQ(kernels::gemv(sp, nullptr), cudaSuccess);
+      std::vector<float> aref(static_cast<size_t>(m) * n), gu(2 * n);
+      for (int i = 0; i < m; ++i) {
+        rms_norm(&resid[i * k], nw.data(), k, 1e-5f, h.data());
+        for (int j = 0; j < 2 * n; ++j) {
+          double acc = 0;
+          for (int c = 0; c < k; ++c) acc += static_cast<double>(h[c]) * w2[static_cast<size_t>(j) * k + c];
+          gu[j] = static_cast<float>(acc);
+        }
+        silu_mul(gu.data(), n, &aref[static_cast<size_t>(i) * n]);
       }
+      EXPECT_LT(rel_error(bf16_to_float(d_act.get()), aref), 5e-3) << "swiglu output, m=" << m << " k=" << k;
+      // Residual update as output, accumulating the new rows' sums of squares.
+      std::vector<float> xin = random_vec(static_cast<size_t>(m) * k, rng, -3.0f, 3.0f);
+      std::vector<float> rin = random_vec(static_cast<size_t>(m) * n, rng);
+      DeviceBuffer<uint16_t> d_xin(to_bf16(xin));
+      DeviceBuffer<float> d_rin(rin), d_rout(static_cast<size_t>(m) * n), d_sums(std::vector<float>(m, 0.0f));
+      kernels::GemvParams rp;
+      rp.w = BF(d_w.ptr);
+      rp.m = m;
+      rp.n = n;
+      rp.k = k;
+      rp.x = BF(d_xin.ptr);
+      rp.resid_in = d_rin.ptr;
+      rp.resid_out = d_rout.ptr;
+      rp.out_sumsq = d_sums.ptr;
+      ASSERT_EQ(kernels::gemv(rp, nullptr), cudaSuccess);
+      std::vector<float> rref(static_cast<size_t>(m) * n);
+      std::vector<double> sref(m, 0.0);
+      for (int i = 0; i < m; ++i) {
+        for (int j = 0; j < n; ++j) {
+          double acc = 0;
+          for (int c = 0; c < k; ++c) acc += static_cast<double>(xin[i * k + c]) * w[j * k + c];
+          rref[i * n + j] = rin[i * n + j] + static_cast<float>(acc);
+          sref[i] += static_cast<double>(rref[i * n + j]) * rref[i * n + j];
+        }
+      }
+      EXPECT_LT(rel_error(d_rout.get(), rref), 1e-4) << "residual output, m=" << m << " k=" << k;
+      auto sums = d_sums.get();
+      for (int i = 0; i < m; ++i) EXPECT_NEAR(sums[i], sref[i], 1e-4 * sref[i]) << "row " << i << " k=" << k;
+      // Three rows are refused in the fused modes.
+      rp.m = 3;
+      EXPECT_EQ(kernels::gemv(rp, nullptr), cudaErrorInvalidValue);
     }
-    EXPECT_LT(rel_error(d_rout.get(), rref), 1e-4) << "residual output, m=" << m;
-    auto sums = d_sums.get();
-    for (int i = 0; i < m; ++i) EXPECT_NEAR(sums[i], sref[i], 1e-4 * sref[i]) << "row " << i;
-    // Three rows are refused in the fused modes.
-    rp.m = 3;
-    EXPECT_EQ(kernels::gemv(rp, nullptr), cudaErrorInvalidValue);
   }
 }
 
@@ -610,8 +614,8 @@ TEST(CudaKernelsTest, GemvPrefetchChangesNothing) {
 // The q/k/v GEMV with RoPE and the KV write folded in, against the CPU's products, rms_norm and
 // apply_rope: both inputs (bf16 rows and the normalised residual), with and without bias, GQA
 // groups of 1, 4 and 8.
-void check_fused_gemv_rope(int nh, int nkv, std::mt19937& rng) {
-  const int hd = 64, Q = nh * hd, KV = nkv * hd, n = Q + 2 * KV, k = 264, slots = 16;
+void check_fused_gemv_rope(int nh, int nkv, int k, std::mt19937& rng) {
+  const int hd = 64, Q = nh * hd, KV = nkv * hd, n = Q + 2 * KV, slots = 16;
   std::vector<float> inv_freq(hd / 2);
   for (int i = 0; i < hd / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / hd);
   std::vector<float> w = random_vec(static_cast<size_t>(n) * k, rng);
@@ -665,7 +669,7 @@ void check_fused_gemv_rope(int nh, int nkv, std::mt19937& rng) {
             row[j] = static_cast<float>(acc) + (with_bias ? bias[j] : 0.0f);
           }
           for (int hh = 0; hh < nh + nkv; ++hh) apply_rope(row.data() + hh * hd, hd, pos[i], inv_freq.data());
-          const std::string what = "heads " + std::to_string(nh) + "/" + std::to_string(nkv) +
+          const std::string what = "heads " + std::to_string(nh) + "/" + std::to_string(nkv) + " k=" + std::to_string(k) +
                                    " m=" + std::to_string(m) + " normed=" + std::to_string(normed) +
                                    " bias=" + std::to_string(with_bias) + " row " + std::to_string(i);
           EXPECT_LT(rel_error(std::vector<float>(q.begin() + i * Q, q.begin() + (i + 1) * Q),
@@ -700,7 +704,98 @@ void check_fused_gemv_rope(int nh, int nkv, std::mt19937& rng) {
 TEST(CudaKernelsTest, FusedGemvRopeMatchesReference) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(13);
-  for (auto [nh, nkv] : {std::pair{4, 4}, std::pair{8, 2}, std::pair{16, 2}}) check_fused_gemv_rope(nh, nkv, rng);
+  for (int k : {264, 2056}) {
+    for (auto [nh, nkv] : {std::pair{4, 4}, std::pair{8, 2}, std::pair{16, 2}}) check_fused_gemv_rope(nh, nkv, k, rng);
+  }
+}
+
+// A decode layer's MLP as the backend runs it, three GEMVs in a row on one stream with no sync
+// between them, programmatic launch on and off: o_proj's residual update (which sums the new rows'
+// squares), the normalised gate/up GEMV with SwiGLU output reading those sums, and down_proj's
+// residual update reading the activation. Each kernel must wait for the one before; the widths
+// run the main loop of loads.
+TEST(CudaKernelsTest, ChainedFusedGemvsWaitForEachOther) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(14);
+  const int Q = 2056, D = 2064, F = 4104;
+  std::vector<float> wo = random_vec(static_cast<size_t>(D) * Q, rng);
+  std::vector<float> wgu = random_vec(static_cast<size_t>(2) * F * D, rng);
+  std::vector<float> wd = random_vec(static_cast<size_t>(D) * F, rng), nw = random_vec(D, rng, 0.5f, 1.5f);
+  DeviceBuffer<uint16_t> d_wo(to_bf16(wo)), d_wgu(to_bf16(wgu)), d_wd(to_bf16(wd));
+  DeviceBuffer<float> d_nw(nw);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (int m = 1; m <= kernels::kGemvMaxFusedRows; ++m) {
+    std::vector<float> attn = random_vec(static_cast<size_t>(m) * Q, rng, -2.0f, 2.0f);
+    std::vector<float> r0 = random_vec(static_cast<size_t>(m) * D, rng, -2.0f, 2.0f);
+    DeviceBuffer<uint16_t> d_attn(to_bf16(attn));
+    DeviceBuffer<float> d_r0(r0);
+    // The CPU's layer: r1 = r0 + attn wo^T; act = bf16(silu(gate) up) of rms_norm(r1); r2 = r1 + act wd^T.
+    std::vector<float> r1(static_cast<size_t>(m) * D), r2(static_cast<size_t>(m) * D);
+    std::vector<float> act(static_cast<size_t>(m) * F), h(D), gu(static_cast<size_t>(2) * F);
+    std::vector<double> s2(m, 0.0);
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < D; ++j) {
+        double acc = 0;
+        for (int c = 0; c < Q; ++c) acc += static_cast<double>(attn[i * Q + c]) * wo[static_cast<size_t>(j) * Q + c];
+        r1[i * D + j] = r0[i * D + j] + static_cast<float>(acc);
+      }
+      rms_norm(&r1[i * D], nw.data(), D, 1e-5f, h.data());
+      for (int j = 0; j < 2 * F; ++j) {
+        double acc = 0;
+        for (int c = 0; c < D; ++c) acc += static_cast<double>(h[c]) * wgu[static_cast<size_t>(j) * D + c];
+        gu[j] = static_cast<float>(acc);
+      }
+      silu_mul(gu.data(), F, &act[static_cast<size_t>(i) * F]);
+    }
+    to_bf16(act);
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < D; ++j) {
+        double acc = 0;
+        for (int c = 0; c < F; ++c) {
+          acc += static_cast<double>(act[static_cast<size_t>(i) * F + c]) * wd[static_cast<size_t>(j) * F + c];
+        }
+        r2[i * D + j] = r1[i * D + j] + static_cast<float>(acc);
+        s2[i] += static_cast<double>(r2[i * D + j]) * r2[i * D + j];
+      }
+    }
+    for (bool programmatic : {true, false}) {
+      kernels::set_programmatic_launch(programmatic);
+      DeviceBuffer<float> d_r1(static_cast<size_t>(m) * D), d_r2(static_cast<size_t>(m) * D);
+      DeviceBuffer<float> d_sums(std::vector<float>(static_cast<size_t>(2) * m, 0.0f));
+      DeviceBuffer<uint16_t> d_act(static_cast<size_t>(m) * F);
+      kernels::GemvParams o = plain_gemv(d_wo.ptr, d_attn.ptr, nullptr, m, D, Q);
+      o.resid_in = d_r0.ptr;
+      o.resid_out = d_r1.ptr;
+      o.out_sumsq = d_sums.ptr;
+      o.prefetch[0] = {d_wgu.ptr, size_t{1} << 20};
+      kernels::GemvParams g = plain_gemv(d_wgu.ptr, nullptr, nullptr, m, F, D);
+      g.input = kernels::GemvInput::kRmsNorm;
+      g.resid = d_r1.ptr;
+      g.resid_sumsq = d_sums.ptr;
+      g.norm_weight = d_nw.ptr;
+      g.y = d_act.ptr;
+      g.y_bf16 = true;
+      g.swiglu = true;
+      g.prefetch[0] = {d_wd.ptr, size_t{1} << 20};
+      kernels::GemvParams dn = plain_gemv(d_wd.ptr, d_act.ptr, nullptr, m, D, F);
+      dn.resid_in = d_r1.ptr;
+      dn.resid_out = d_r2.ptr;
+      dn.out_sumsq = d_sums.ptr + m;
+      ASSERT_EQ(kernels::gemv(o, stream), cudaSuccess);
+      ASSERT_EQ(kernels::gemv(g, stream), cudaSuccess);
+      ASSERT_EQ(kernels::gemv(dn, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      const std::string what = "m=" + std::to_string(m) + " programmatic=" + std::to_string(programmatic);
+      EXPECT_LT(rel_error(d_r1.get(), r1), 1e-4) << what;
+      EXPECT_LT(rel_error(bf16_to_float(d_act.get()), act), 5e-3) << what;
+      EXPECT_LT(rel_error(d_r2.get(), r2), 1e-3) << what;
+      auto sums = d_sums.get();
+      for (int i = 0; i < m; ++i) EXPECT_NEAR(sums[m + i], s2[i], 1e-3 * s2[i]) << what << " row " << i;
+    }
+  }
+  kernels::set_programmatic_launch(true);
+  cudaStreamDestroy(stream);
 }
 
 // Runs the sampler over `rows` copies of one logits row with the given parameters and randoms.
