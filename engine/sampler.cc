@@ -30,9 +30,10 @@ std::optional<int32_t> greedy(const float* logits, int vocab, const SamplingPara
 
 int32_t sample_token(const float* logits, int vocab, const SamplingParams& p, std::mt19937_64& rng) {
   if (auto token = greedy(logits, vocab, p)) return *token;
-  // No logit to draw from (all NaN), or +inf, which outweighs everything at any temperature.
+  // No logit to draw from (all NaN), +inf, which outweighs everything at any temperature, or
+  // -inf at most (every token banned): the lowest id of the maximum, as greedy.
   const int32_t top = argmax(logits, vocab);
-  if (top < 0 || logits[top] == INFINITY) return top;
+  if (top < 0 || std::isinf(logits[top])) return top;
   std::vector<int32_t> idx;
   idx.reserve(static_cast<size_t>(vocab));
   for (int32_t i = 0; i < vocab; ++i) {

@@ -148,8 +148,9 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int voc
     }
     return;
   }
-  // +inf outweighs everything: its probability is 1 at any temperature.
-  if (sp.temperature <= 0.0f || sp.top_k == 1 || best.v == INFINITY) {
+  // +inf outweighs everything: its probability is 1 at any temperature. A -inf maximum leaves
+  // nothing to weigh (all tokens banned): the lowest id, as greedy. NaN temperature: greedy.
+  if (!(sp.temperature > 0.0f) || sp.top_k == 1 || best.v == INFINITY || best.v == -INFINITY) {
     emit(x, vocab, best.v, sp, best.i, row, tokens, logprobs, scratch, am_scratch);
     return;
   }
@@ -200,20 +201,27 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int voc
   int32_t pick = best.i;
   if (threadIdx.x == 0) {
     float kept = 0.0f;
-    for (int c = 0; c < kThreads; ++c) kept += chunk_sums[c];
+    int last = 0;  // the last chunk with weight: rounding left over past it lands there
+    for (int c = 0; c < kThreads; ++c) {
+      kept += chunk_sums[c];
+      if (chunk_sums[c] > 0.0f) last = c;
+    }
     const double u01 = static_cast<double>(internal::splitmix64(sp.random) >> 11) * 0x1.0p-53;
     float u = static_cast<float>(u01) * kept;
     int c = 0;
-    while (c < kThreads - 1 && (chunk_sums[c] < u || chunk_sums[c] == 0.0f)) {
+    while (c < last && (chunk_sums[c] < u || chunk_sums[c] == 0.0f)) {
       u -= chunk_sums[c];
       ++c;
     }
-    // The last token with a kept id in that chunk, unless the prefix reaches u sooner.
+    // The last token of weight in that chunk, unless the prefix reaches u sooner. A token of no
+    // weight (-inf, or too unlikely for a float) is never drawn.
     const int cb = c * chunk, ce = min(vocab, cb + chunk);
     for (int i = cb; i < ce; ++i) {
       if (!(x[i] >= tau)) continue;  // NaN too, as in the sums above
+      const float w = __expf((x[i] - mx) * inv_t);
+      if (!(w > 0.0f)) continue;
       pick = i;
-      u -= __expf((x[i] - mx) * inv_t);
+      u -= w;
       if (u <= 0.0f) break;
     }
   }

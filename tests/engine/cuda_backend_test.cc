@@ -263,118 +263,140 @@ TEST(CudaBackendTest, SeededSamplingIsReproducible) {
   EXPECT_EQ(a, plain);
 }
 
+// One engine's answers, with each token's log probabilities when asked for.
+struct Answer {
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;
+};
+
+// Greedy answers to the first `prompts` reference prompts, `max_tokens` each past EOS, with the
+// given penalties and `logprobs` alternatives per token (-1: no log probabilities).
+std::vector<Answer> greedy_answers(std::shared_ptr<Backend> backend, bool pipeline, size_t prompts, int max_tokens,
+                                   const Penalties& penalties, int logprobs, bool warm_up = false) {
+  const auto ref = load_reference();
+  EngineOptions eo;
+  eo.pipeline = pipeline;
+  eo.scheduler.max_num_seqs = 64;
+  eo.scheduler.max_batched_tokens = 4096;
+  auto engine = Engine::create(std::move(backend), nullptr, 512, eo);
+  EXPECT_TRUE(engine.is_ok());
+  if (!engine.is_ok()) return {};
+  if (warm_up) {
+    EXPECT_TRUE((*engine)->warm_up().is_ok());
+  }
+  std::vector<Answer> out(prompts);
+  for (size_t i = 0; i < prompts; ++i) {
+    GenerationRequest r;
+    r.prompt = ref["cases"][i]["prompt_ids"].get<std::vector<int32_t>>();
+    r.params.max_tokens = max_tokens;
+    r.params.ignore_eos = true;
+    r.params.penalties = penalties;
+    r.params.logprobs = logprobs;
+    r.on_event = [&out, i](const TokenEvent& ev) {
+      if (ev.token >= 0) out[i].tokens.push_back(ev.token);
+      if (ev.logprobs) out[i].logprobs.push_back(*ev.logprobs);
+    };
+    EXPECT_TRUE((*engine)->add(std::move(r)).is_ok());
+  }
+  while ((*engine)->has_work()) EXPECT_TRUE((*engine)->step().is_ok());
+  return out;
+}
+
+std::shared_ptr<Backend> cpu_backend() {
+  CpuBackendOptions co;
+  co.kv_cache_bytes = 16 << 20;
+  co.pipelined = true;
+  auto cpu = CpuBackend::create(tiny_weights(), co);
+  EXPECT_TRUE(cpu.is_ok());
+  return cpu.is_ok() ? std::shared_ptr<Backend>(std::move(cpu).value()) : nullptr;
+}
+
+// Where a GPU answer leaves the CPU's (same prompt, same settings, greedy), the CPU must have
+// seen a near-tie there: after the same tokens, the GPU's token is among the CPU's alternatives,
+// within `gap` of the CPU's choice in log probability (bf16 logits may order a near-tie either
+// way; anything else is a wrong answer). Returns how many tokens the answers share before that.
+size_t shared_prefix(const Answer& gpu, const Answer& cpu, float gap, const std::string& what) {
+  size_t j = 0;
+  while (j < gpu.tokens.size() && j < cpu.tokens.size() && gpu.tokens[j] == cpu.tokens[j]) ++j;
+  if (j == gpu.tokens.size() || j >= cpu.logprobs.size()) return j;
+  const TokenLogprobs& at = cpu.logprobs[j];
+  float lp = -INFINITY;
+  for (int t = 0; t < at.num_top; ++t) {
+    if (at.top_ids[t] == gpu.tokens[j]) lp = at.top_logprobs[t];
+  }
+  EXPECT_GE(lp, at.logprob - gap) << what << ": token " << j << " is " << gpu.tokens[j] << " on the GPU, "
+                                  << cpu.tokens[j] << " on the CPU (log probability " << at.logprob
+                                  << "), not a near-tie";
+  return j;
+}
+
 // Penalties sampled on the device: pipelined steps (whose decode rows read their input token fed
 // on the device, which the sampler counts) give what plain steps give, the penalties change the
-// answers, and the CPU engine (pipelined too) agrees on nearly every prompt (bf16 may flip a
-// near-tie, and a flip changes the rest of that answer).
+// answers, and the CPU engine (pipelined too) gives the same tokens up to near-ties (strong
+// penalties keep knocking out the top token, so near-ties are common; a flip changes the rest of
+// that answer).
 TEST(CudaBackendTest, PenaltiesOnTheDeviceEqualPlainStepsAndTheCpu) {
   SKIP_WITHOUT_GPU();
-  const auto ref = load_reference();
   constexpr size_t kPrompts = 32;
-  auto run = [&](std::shared_ptr<Backend> backend, bool pipeline, bool penalize) {
-    EngineOptions eo;
-    eo.pipeline = pipeline;
-    eo.scheduler.max_num_seqs = 64;
-    eo.scheduler.max_batched_tokens = 4096;
-    auto engine = Engine::create(std::move(backend), nullptr, 512, eo);
-    EXPECT_TRUE(engine.is_ok());
-    std::vector<std::vector<int32_t>> out(kPrompts);
-    for (size_t i = 0; i < kPrompts; ++i) {
-      GenerationRequest r;
-      r.prompt = ref["cases"][i]["prompt_ids"].get<std::vector<int32_t>>();
-      r.params.max_tokens = 24;
-      r.params.ignore_eos = true;
-      if (penalize) {
-        r.params.penalties = {1.5f, 1.0f, 1.4f};
-      }
-      r.on_event = [&out, i](const TokenEvent& ev) { if (ev.token >= 0) out[i].push_back(ev.token); };
-      EXPECT_TRUE((*engine)->add(std::move(r)).is_ok());
-    }
-    while ((*engine)->has_work()) EXPECT_TRUE((*engine)->step().is_ok());
-    return out;
-  };
+  constexpr int kTokens = 24;
+  const Penalties strong{1.5f, 1.0f, 1.4f};
   auto gpu = [] {
     auto b = CudaBackend::create(*tiny_weights(), small_options());
     EXPECT_TRUE(b.is_ok()) << b.status().to_string();
     return std::shared_ptr<Backend>(std::move(b).value());
   };
-  CpuBackendOptions co;
-  co.kv_cache_bytes = 16 << 20;
-  co.pipelined = true;
-  auto cpu = CpuBackend::create(tiny_weights(), co);
-  ASSERT_TRUE(cpu.is_ok());
-  const auto piped = run(gpu(), true, true), plain = run(gpu(), false, true), unpenalized = run(gpu(), true, false);
-  const auto on_cpu = run(std::shared_ptr<Backend>(std::move(cpu).value()), true, true);
-  EXPECT_EQ(piped, plain);
-  size_t differ = 0, same_as_cpu = 0;
+  const auto piped = greedy_answers(gpu(), true, kPrompts, kTokens, strong, -1);
+  const auto plain = greedy_answers(gpu(), false, kPrompts, kTokens, strong, -1);
+  const auto unpenalized = greedy_answers(gpu(), true, kPrompts, kTokens, Penalties{}, -1);
+  const auto on_cpu = greedy_answers(cpu_backend(), true, kPrompts, kTokens, strong, kMaxTopLogprobs);
+  ASSERT_EQ(piped.size(), kPrompts);
+  ASSERT_EQ(on_cpu.size(), kPrompts);
+  size_t differ = 0, shared = 0;
   for (size_t i = 0; i < kPrompts; ++i) {
-    differ += piped[i] != unpenalized[i];
-    same_as_cpu += piped[i] == on_cpu[i];
+    EXPECT_EQ(piped[i].tokens, plain[i].tokens) << i;
+    EXPECT_EQ(piped[i].tokens.size(), static_cast<size_t>(kTokens)) << i;
+    differ += piped[i].tokens != unpenalized[i].tokens;
+    shared += shared_prefix(piped[i], on_cpu[i], 0.25f, "prompt " + std::to_string(i));
   }
-  std::printf("penalties: %zu of %zu answers changed, %zu equal to the CPU engine's\n", differ, kPrompts, same_as_cpu);
+  std::printf("penalties: %zu of %zu answers changed; %zu of %zu tokens as on the CPU before a near-tie\n", differ,
+              kPrompts, shared, kPrompts * kTokens);
   EXPECT_GT(differ, 0u);
-  EXPECT_GE(same_as_cpu, kPrompts - 2);
 }
 
 // Log probabilities through the CUDA engine (pipelined, decode graphs) against the CPU engine's:
 // one per token, the sampled token first among its alternatives (greedy), values within bf16
-// tolerance wherever the answers agree.
+// tolerance wherever the answers agree, answers that part only at near-ties.
 TEST(CudaBackendTest, LogprobsOnTheDeviceMatchTheCpu) {
   SKIP_WITHOUT_GPU();
-  const auto ref = load_reference();
   constexpr size_t kPrompts = 16;
-  struct Answer {
-    std::vector<int32_t> tokens;
-    std::vector<TokenLogprobs> logprobs;
-  };
-  auto run = [&](std::shared_ptr<Backend> backend) {
-    EngineOptions eo;
-    eo.scheduler.max_num_seqs = 64;
-    eo.scheduler.max_batched_tokens = 4096;
-    auto engine = Engine::create(std::move(backend), nullptr, 512, eo);
-    EXPECT_TRUE(engine.is_ok());
-    EXPECT_TRUE((*engine)->warm_up().is_ok());
-    std::vector<Answer> out(kPrompts);
-    for (size_t i = 0; i < kPrompts; ++i) {
-      GenerationRequest r;
-      r.prompt = ref["cases"][i]["prompt_ids"].get<std::vector<int32_t>>();
-      r.params.max_tokens = 16;
-      r.params.ignore_eos = true;
-      r.params.logprobs = 3;
-      r.on_event = [&out, i](const TokenEvent& ev) {
-        if (ev.token >= 0) out[i].tokens.push_back(ev.token);
-        if (ev.logprobs) out[i].logprobs.push_back(*ev.logprobs);
-      };
-      EXPECT_TRUE((*engine)->add(std::move(r)).is_ok());
-    }
-    while ((*engine)->has_work()) EXPECT_TRUE((*engine)->step().is_ok());
-    return out;
-  };
+  constexpr int kTokens = 16;
   auto gpu = CudaBackend::create(*tiny_weights(), small_options());
   ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
-  CpuBackendOptions co;
-  co.kv_cache_bytes = 16 << 20;
-  co.pipelined = true;
-  auto cpu = CpuBackend::create(tiny_weights(), co);
-  ASSERT_TRUE(cpu.is_ok());
-  const auto on_gpu = run(std::shared_ptr<Backend>(std::move(gpu).value()));
-  const auto on_cpu = run(std::shared_ptr<Backend>(std::move(cpu).value()));
+  const auto on_gpu =
+      greedy_answers(std::shared_ptr<Backend>(std::move(gpu).value()), true, kPrompts, kTokens, Penalties{}, 3, true);
+  const auto on_cpu = greedy_answers(cpu_backend(), true, kPrompts, kTokens, Penalties{}, kMaxTopLogprobs, true);
+  ASSERT_EQ(on_gpu.size(), kPrompts);
+  ASSERT_EQ(on_cpu.size(), kPrompts);
   size_t compared = 0;
   for (size_t i = 0; i < kPrompts; ++i) {
     const Answer& g = on_gpu[i];
+    ASSERT_EQ(g.tokens.size(), static_cast<size_t>(kTokens)) << i;
     ASSERT_EQ(g.logprobs.size(), g.tokens.size()) << i;
     for (size_t j = 0; j < g.tokens.size(); ++j) {
       ASSERT_EQ(g.logprobs[j].num_top, 3);
       EXPECT_EQ(g.logprobs[j].top_ids[0], g.tokens[j]) << i << " " << j;
       EXPECT_LE(g.logprobs[j].logprob, 1e-6f);
+      EXPECT_GE(g.logprobs[j].top_logprobs[0], g.logprobs[j].top_logprobs[1]) << i << " " << j;
+      EXPECT_GE(g.logprobs[j].top_logprobs[1], g.logprobs[j].top_logprobs[2]) << i << " " << j;
     }
-    if (g.tokens != on_cpu[i].tokens) continue;
-    ++compared;
-    for (size_t j = 0; j < g.tokens.size(); ++j) {
-      EXPECT_NEAR(g.logprobs[j].logprob, on_cpu[i].logprobs[j].logprob, 0.05) << i << " " << j;
+    const size_t same = shared_prefix(g, on_cpu[i], 0.25f, "prompt " + std::to_string(i));
+    for (size_t j = 0; j < same; ++j) {
+      EXPECT_NEAR(g.logprobs[j].logprob, on_cpu[i].logprobs[j].logprob, 0.1) << i << " " << j;
     }
+    compared += same;
   }
-  EXPECT_GE(compared, kPrompts - 2);
+  std::printf("logprobs: %zu of %zu tokens compared with the CPU's\n", compared, kPrompts * kTokens);
+  EXPECT_GT(compared, 0u);
 }
 
 // S sequences prefilled in one step, then `steps` decode steps. Fed: each decode step is submitted

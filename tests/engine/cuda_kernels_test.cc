@@ -1022,6 +1022,15 @@ TEST(CudaKernelsTest, SamplingGreedyTopKTopPAndSeeds) {
   for (const kernels::SampleParams& sp : {greedy, k5, pp}) {
     for (int32_t t : sample_rows(all_nan, 2, sp)) EXPECT_EQ(t, -1);
   }
+  // Every token banned (NaN aside): the lowest -inf id, as greedy and as on the CPU; a NaN
+  // temperature samples greedily.
+  std::vector<float> banned(V, -INFINITY);
+  banned[0] = NAN;
+  for (const kernels::SampleParams& sp : {greedy, k5, pp, t1}) {
+    for (int32_t t : sample_rows(banned, 2, sp)) EXPECT_EQ(t, 1);
+  }
+  kernels::SampleParams nan_t{NAN, 1.0f, 0};
+  for (int32_t t : sample_rows(logits, 2, nan_t)) EXPECT_EQ(t, 31337);
   // Same random, same token; the frequencies follow softmax(logits / T).
   std::vector<float> small = {0.0f, 1.0f, 2.0f, -1.0f, 0.5f, 1.5f, -0.5f, 0.25f};
   auto a = sample_rows(small, 4000, t1), b = sample_rows(small, 4000, t1);

@@ -825,6 +825,14 @@ TEST(SamplerTest, NaNAndInfiniteLogits) {
   for (const SampleSpec& sp : {spec(0.0f, 1.0f, 0, 1), spec(1.0f, 0.9f, 5, 3)}) {
     EXPECT_EQ(sample_token(all_nan.data(), V, sp), -1);
   }
+  // Every token banned (NaN aside): the lowest -inf id, as greedy, at any temperature.
+  std::vector<float> banned = logits;
+  for (int i = 2; i < V; i += 3) banned[static_cast<size_t>(i)] = -INFINITY;
+  for (const SampleSpec& sp : {spec(0.0f, 1.0f, 0, 1), spec(1.0f, 1.0f, 0, 5), spec(1.0f, 0.5f, 4, 6)}) {
+    EXPECT_EQ(sample_token(banned.data(), V, sp), 1);
+  }
+  // A NaN temperature samples greedily.
+  EXPECT_EQ(sample_token(logits.data(), V, spec(NAN, 1.0f, 0, 8)), finite[0]);
 }
 
 // Penalties by hand: repetition divides positive logits and multiplies negative ones for every
