@@ -16,15 +16,27 @@ work=$(mktemp -d /tmp/headroom-serve-check.XXXXXX)
 chmod 755 "$work"
 
 if [ -n "${HEADROOM_PORTABLE:-}" ]; then
-  # Unpacked where the Postgres user can reach it; its libraries are for these programs only.
+  # Unpacked where the Postgres user can reach it (Python unpacks it where there is no xz).
   portable=$work/portable
   mkdir -p "$portable"
-  tar -C "$portable" -xJf "$HEADROOM_PORTABLE"
+  if command -v xz >/dev/null; then
+    tar -C "$portable" -xJf "$HEADROOM_PORTABLE"
+  else
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$HEADROOM_PORTABLE" "$portable"
+  fi
   chmod -R a+rX "$portable"
-  headroom=$portable/bin/headroom
-  export PG_BIN=$portable/usr/lib/postgresql/15/bin
-  export PATH=$portable/usr/bin:$PG_BIN:$PATH
-  export LD_LIBRARY_PATH=$portable/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # Its libraries are for its programs only: each runs through a wrapper that puts them on its
+  # library path, so that this machine's own programs (runuser, useradd, python3) keep theirs.
+  wrap=$work/bin
+  mkdir -p "$wrap"
+  for prog in "$portable"/usr/lib/postgresql/15/bin/* "$portable"/usr/bin/* "$portable"/bin/*; do
+    printf '#!/bin/sh\nexport LD_LIBRARY_PATH=%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}\nexec %s "$@"\n' \
+      "$portable/lib" "$prog" >"$wrap/${prog##*/}"
+    chmod 755 "$wrap/${prog##*/}"
+  done
+  headroom=$wrap/headroom
+  export PG_BIN=$wrap
+  export PATH=$wrap:$PATH
   export TZ=GMT
 else
   scripts/setup.sh >/dev/null
@@ -140,7 +152,7 @@ if options:
         for line in f:
             if "event=backend.cuda_settings" in line or '"backend.cuda_settings"' in line:
                 logged = "," + line.split("settings=")[-1].strip().strip('"}') + ","
-    bare = {"decode_attention": "tensor_core"}
+    bare = {"decode_attention": "tensor_core", "prefetch_weights": "8mb"}  # see cuda_settings()
     for item in options.split(","):
         name, _, value = item.partition("=")
         want = f",{name}={value or bare.get(name, 'on')},"

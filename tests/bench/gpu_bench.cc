@@ -3,7 +3,9 @@
 // backend, on-device sampling). Measures decode tokens/s at several batch sizes after 512-token
 // prompts, prefill tokens/s for 2,048-token prompts, and batch-1 memory-bandwidth utilisation
 // (weight bytes a decode token reads, i.e. all but the embedding table, over the step time,
-// against a device-to-device copy timed in the same run). Prints one JSON object as its last line.
+// against a device-to-device copy timed in the same run). Prints one JSON object with the figures
+// so far after each phase (the last line: all of them, "complete": true); a phase that fails is
+// recorded under "errors", the others run all the same, and the exit status is then 1.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -278,6 +280,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each line out at once, into a pipe too
   if (gemv_profile) return gemv_profile_run(c);
   const double bw = copy_bandwidth();
   const json gemv_bw = gemv_vs_cublaslt(c, bw);
@@ -311,14 +314,51 @@ int main(int argc, char** argv) {
     std::printf("decode graphs: %zu captured in %.2f s\n", backend->num_graphs(), warm_up_s);
   }
   const size_t graphs_after_warm_up = backend->num_graphs();
+  // The figures so far go out as one JSON line after each phase, so that a run stopped early
+  // (a deadline, a failure) still leaves its last complete line; a failed run is recorded under
+  // "errors" and the others go on.
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  json out = {
+      {"device", prop.name},
+      {"weight_bytes", backend->weight_bytes()},
+      {"decode_weight_bytes", backend->decode_weight_bytes()},
+      {"copy_bytes_per_s", bw},
+      {"weight_read_fraction", gemv_bw},
+      {"graph_warm_up_s", std::round(warm_up_s * 100) / 100},
+      {"graphs_after_warm_up", graphs_after_warm_up},
+      {"kv_cache_bytes", backend->kv_cache_bytes()},
+      {"kv_cache_tokens", static_cast<long>(backend->num_kv_blocks()) * backend->block_size()},
+      {"free_for_kv_after_load_bytes", backend->free_before_kv_bytes()},
+      {"free_after_kv_bytes", backend->free_memory_bytes()},
+  };
+  json errors = json::object();
+  auto emit = [&](bool complete) {
+    // The best batch-1 utilisation over the default and the variants that report one.
+    std::string best = "default";
+    double best_mbu = out.value("batch1_mbu", 0.0);
+    for (const auto& [key, v] : out.items()) {
+      if (key.rfind("decode_tok_s_", 0) == 0 && v.is_object() && v.contains("batch1_mbu") &&
+          v["batch1_mbu"].get<double>() > best_mbu) {
+        best = key.substr(std::string("decode_tok_s_").size());
+        best_mbu = v["batch1_mbu"].get<double>();
+      }
+    }
+    out["best_batch1_mbu"] = {{"setting", best}, {"mbu", std::round(best_mbu * 1e4) / 1e4}};
+    out["errors"] = errors;
+    out["complete"] = complete;
+    std::printf("%s\n", out.dump().c_str());
+    std::fflush(stdout);
+  };
   std::mt19937 rng(99);
   json decode = json::object(), step_ms = json::object(), host_ms = json::object();
   double batch1_step = 0;
   for (int b : parse_list(batches)) {
     auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng);
     if (!r.is_ok()) {
+      errors["decode batch " + std::to_string(b)] = r.status().to_string();
       std::fprintf(stderr, "gpu_bench: batch %d: %s\n", b, r.status().to_string().c_str());
-      return 1;
+      continue;
     }
     decode[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
     step_ms[std::to_string(b)] = std::round(r->step_s * 1e5) / 100;
@@ -326,162 +366,130 @@ int main(int argc, char** argv) {
     if (b == 1) batch1_step = r->step_s;
     std::printf("decode batch %d: %.1f tok/s (%.2f ms/step, %.3f ms of it host work)\n", b, r->tok_s,
                 r->step_s * 1e3, r->host_s * 1e3);
-    std::fflush(stdout);
   }
-  const size_t graphs_after_decode = backend->num_graphs();
-  // Decode tokens/s at the batch sizes up to `max_batch` under one setting (the first failure is
-  // kept in `failed` and ends the runs).
-  hr::Status failed;
-  auto variant = [&](const std::string& label, int max_batch, bool pipeline = true, int context = 8192) {
-    json out = json::object();
+  out["decode_tok_s"] = decode;
+  out["decode_step_ms"] = step_ms;
+  out["decode_host_ms_per_step"] = host_ms;
+  out["batch1_mbu"] = batch1_step > 0 ? backend->decode_weight_bytes() / batch1_step / bw : 0.0;
+  out["graphs_captured_while_decoding"] =
+      static_cast<long>(backend->num_graphs()) - static_cast<long>(graphs_after_warm_up);
+  emit(false);
+  // Decode tokens/s at the batch sizes up to `max_batch` under one setting, stored as `key` (with
+  // the batch-1 bandwidth utilisation where batch 1 ran).
+  auto variant = [&](const std::string& key, const std::string& label, int max_batch, bool pipeline = true,
+                     int context = 8192) {
+    json v = json::object();
     for (int b : parse_list(batches)) {
-      if (b > max_batch || !failed.is_ok()) continue;
+      if (b > max_batch) continue;
       auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng, nullptr, pipeline, context);
       if (!r.is_ok()) {
-        failed = r.status().with_context("batch " + std::to_string(b) + ", " + label);
+        errors[key + " batch " + std::to_string(b)] = r.status().to_string();
+        std::fprintf(stderr, "gpu_bench: batch %d, %s: %s\n", b, label.c_str(), r.status().to_string().c_str());
         continue;
       }
-      out[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
+      v[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
       std::printf("decode batch %d, %s: %.1f tok/s (%.2f ms/step)\n", b, label.c_str(), r->tok_s, r->step_s * 1e3);
     }
-    return out;
-  };
-  // With cuBLASLt in place of the GEMV kernel.
-  backend->set_small_batch_gemv(false);
-  const json no_gemv = variant("cuBLASLt only", 8);
-  backend->set_small_batch_gemv(true);
-  // Without the fused small-batch path (separate norm and SiLU kernels).
-  backend->set_fused_small_batch(false);
-  const json no_fused = variant("without the fused small-batch path", 2);
-  backend->set_fused_small_batch(true);
-  // A variant's batch-1 bandwidth utilisation, next to its rates.
-  auto with_mbu = [&](json v) {
     if (v.contains("1")) v["batch1_mbu"] = backend->decode_weight_bytes() * v["1"].get<double>() / bw;
-    return v;
+    out["decode_tok_s_" + key] = v;
   };
-  // RoPE and the KV write folded into the q/k/v GEMV too (one kernel fewer per layer).
+  // First the settings that may raise batch-1 utilisation (one and two tokens per step, cheap).
+  // RoPE and the KV write folded into the q/k/v GEMV (one kernel fewer per layer).
   backend->set_fused_rope(true);
-  const json fused_rope = with_mbu(variant("rope in the q/k/v GEMV", 2));
+  variant("fused_rope", "rope in the q/k/v GEMV", 2);
   // Decode splits merged by the attention kernel's last split (no combine kernel) ...
   backend->set_fused_rope(false);
   backend->set_fused_combine(true);
-  const json fused_combine = with_mbu(variant("splits merged in the attention kernel", 16));
+  variant("fused_combine", "splits merged in the attention kernel", 16);
   // ... and both: five kernels per layer at one or two tokens, with programmatic launch as by
-  // default (off there) and on.
+  // default (off there) and on ...
   backend->set_fused_rope(true);
-  const json fewer_kernels = with_mbu(variant("rope in the GEMV, splits merged in attention", 2));
+  variant("fewer_kernels", "rope in the GEMV, splits merged in attention", 2);
   backend->set_programmatic_launch(ProgrammaticLaunch::kOn);
-  const json fewer_kernels_pdl = with_mbu(variant("rope in the GEMV, splits merged in attention, programmatic launch on", 2));
+  variant("fewer_kernels_programmatic_launch_on",
+          "rope in the GEMV, splits merged in attention, programmatic launch on", 2);
   backend->set_programmatic_launch(ProgrammaticLaunch::kAuto);
   // ... and with each GEMV pulling the start of the next one's weights into L2 as it finishes.
   backend->set_prefetch_weights_mb(8);
-  const json fewer_kernels_prefetch = with_mbu(variant("rope in the GEMV, splits merged in attention, 8 MiB prefetched", 2));
+  variant("fewer_kernels_prefetch_8mb", "rope in the GEMV, splits merged in attention, 8 MiB prefetched", 2);
   backend->set_prefetch_weights_mb(0);
   backend->set_fused_rope(false);
   backend->set_fused_combine(false);
   // The default kernels with the next weights prefetched: 4, 8 and 16 MiB ahead.
-  json prefetch = json::object();
   for (int mb : {4, 8, 16}) {
     backend->set_prefetch_weights_mb(mb);
-    prefetch[std::to_string(mb) + "mb"] = with_mbu(variant(std::to_string(mb) + " MiB of the next weights prefetched", 2));
+    variant("prefetch_" + std::to_string(mb) + "mb", std::to_string(mb) + " MiB of the next weights prefetched", 2);
   }
   backend->set_prefetch_weights_mb(0);
   // Programmatic dependent launch always on, and always off (the default turns it off for the
   // fused one- and two-token steps only).
   backend->set_programmatic_launch(ProgrammaticLaunch::kOn);
-  const json pdl_on = with_mbu(variant("programmatic launch on", 16));
+  variant("programmatic_launch_on", "programmatic launch on", 16);
   backend->set_programmatic_launch(ProgrammaticLaunch::kOff);
-  const json pdl_off = with_mbu(variant("programmatic launch off", 16));
+  variant("programmatic_launch_off", "programmatic launch off", 16);
   backend->set_programmatic_launch(ProgrammaticLaunch::kAuto);
-  // Decode attention on the CUDA-core decode kernel instead of the tensor-core kernel.
-  backend->set_decode_attention(DecodeAttention::kCudaCore);
-  const json cuda_core_decode = variant("CUDA-core decode attention", 1 << 30);
-  // Decode attention on the tensor-core decode kernel (16-row tiles, keys shared out among warps).
-  backend->set_decode_attention(DecodeAttention::kTensorCore);
-  const json tc_decode_kernel = with_mbu(variant("tensor-core decode kernel", 1 << 30));
-  backend->set_decode_attention(DecodeAttention::kPrefillTiles);
-  // Without graph replay.
-  backend->set_cuda_graphs(false);
-  const json no_graphs = variant("without graphs", 16);
-  backend->set_cuda_graphs(true);
-  // Host and device in turn: each step's tokens collected before the next step is planned.
-  const json not_pipelined = variant("steps not pipelined", 1 << 30, /*pipeline=*/false);
-  // A context as long as Llama 3.1's (the engine allows 8,193-block tables instead of 513): steps
-  // pack and copy only the columns their sequences use, so this should match decode_tok_s.
-  const json long_context = variant("131,072-token context", 1 << 30, true, 131072);
-  if (!failed.is_ok()) {
-    std::fprintf(stderr, "gpu_bench: %s\n", failed.to_string().c_str());
-    return 1;
-  }
-  // Where the time goes: per-phase GPU milliseconds per step (kernels launched one by one).
-  json decode_profile = json::object(), prefill_profile = json::object();
-  for (int b : parse_list(batches)) {
-    if (b != 1 && b != 256) continue;
-    json prof = json::object();
-    auto r = decode_rate(backend, b, prompt, 8, max_tokens, rng, &prof);
-    if (!r.is_ok()) {
-      std::fprintf(stderr, "gpu_bench: profiling batch %d: %s\n", b, r.status().to_string().c_str());
-      return 1;
-    }
-    decode_profile[std::to_string(b)] = prof;
-  }
+  // Without the fused small-batch path (separate norm and SiLU kernels), and with cuBLASLt in
+  // place of the GEMV kernel.
+  backend->set_fused_small_batch(false);
+  variant("unfused_small_batch", "without the fused small-batch path", 2);
+  backend->set_fused_small_batch(true);
+  backend->set_small_batch_gemv(false);
+  variant("cublaslt_only", "cuBLASLt only", 8);
+  backend->set_small_batch_gemv(true);
+  emit(false);
+  // Prefill, with where its time goes (per-phase GPU milliseconds per step, kernels launched one
+  // by one).
+  json prefill_profile = json::object();
   auto pre = prefill_rate(backend, 1, prefill_len, max_tokens, rng);  // warm-up
   if (pre.is_ok()) pre = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
   if (pre.is_ok()) {
+    out["prefill_tok_s"] = std::round(*pre * 10) / 10;
+    std::printf("prefill: %.0f tok/s\n", *pre);
     backend->set_profiling(true);
     auto profiled = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
     for (const auto& [phase, ms] : backend->profile()) {
       prefill_profile[phase] = std::round(ms / std::max(1, backend->profiled_steps()) * 1000) / 1000;
     }
     backend->set_profiling(false);
-    if (!profiled.is_ok()) pre = profiled;
-  }
-  if (!pre.is_ok()) {
+    if (!profiled.is_ok()) errors["prefill profile"] = profiled.status().to_string();
+  } else {
+    errors["prefill"] = pre.status().to_string();
     std::fprintf(stderr, "gpu_bench: prefill: %s\n", pre.status().to_string().c_str());
-    return 1;
   }
-  std::printf("prefill: %.0f tok/s\n", *pre);
-  cudaDeviceProp prop;
-  cudaGetDeviceProperties(&prop, 0);
-  json out = {
-      {"device", prop.name},
-      {"weight_bytes", backend->weight_bytes()},
-      {"decode_weight_bytes", backend->decode_weight_bytes()},
-      {"copy_bytes_per_s", bw},
-      {"batch1_mbu", batch1_step > 0 ? backend->decode_weight_bytes() / batch1_step / bw : 0.0},
-      {"decode_tok_s", decode},
-      {"graph_warm_up_s", std::round(warm_up_s * 100) / 100},
-      {"graphs_after_warm_up", graphs_after_warm_up},
-      {"graphs_captured_while_decoding",
-       static_cast<long>(graphs_after_decode) - static_cast<long>(graphs_after_warm_up)},
-      {"decode_step_ms", step_ms},
-      {"decode_host_ms_per_step", host_ms},
-      {"decode_tok_s_without_graphs", no_graphs},
-      {"decode_tok_s_not_pipelined", not_pipelined},
-      {"decode_tok_s_131k_context", long_context},
-      {"decode_tok_s_cublaslt_only", no_gemv},
-      {"decode_tok_s_cuda_core_attention", cuda_core_decode},
-      {"decode_tok_s_tensor_core_decode_kernel", tc_decode_kernel},
-      {"decode_tok_s_programmatic_launch_on", pdl_on},
-      {"decode_tok_s_programmatic_launch_off", pdl_off},
-      {"decode_tok_s_unfused_small_batch", no_fused},
-      {"decode_tok_s_fused_rope", fused_rope},
-      {"decode_tok_s_fused_combine", fused_combine},
-      {"decode_tok_s_fewer_kernels", fewer_kernels},
-      {"decode_tok_s_fewer_kernels_programmatic_launch_on", fewer_kernels_pdl},
-      {"decode_tok_s_fewer_kernels_prefetch_8mb", fewer_kernels_prefetch},
-      {"decode_tok_s_prefetch_4mb", prefetch["4mb"]},
-      {"decode_tok_s_prefetch_8mb", prefetch["8mb"]},
-      {"decode_tok_s_prefetch_16mb", prefetch["16mb"]},
-      {"weight_read_fraction", gemv_bw},
-      {"decode_profile_ms_per_step", decode_profile},
-      {"prefill_profile_ms_per_step", prefill_profile},
-      {"prefill_tok_s", std::round(*pre * 10) / 10},
-      {"kv_cache_bytes", backend->kv_cache_bytes()},
-      {"kv_cache_tokens", static_cast<long>(backend->num_kv_blocks()) * backend->block_size()},
-      {"free_for_kv_after_load_bytes", backend->free_before_kv_bytes()},
-      {"free_after_kv_bytes", backend->free_memory_bytes()},
-  };
-  std::printf("%s\n", out.dump().c_str());
-  return 0;
+  out["prefill_profile_ms_per_step"] = prefill_profile;
+  emit(false);
+  // Then the settings that matter at every batch size.
+  // Decode attention on the tensor-core decode kernel (16-row tiles, keys shared out among warps),
+  // and on the CUDA-core decode kernel, instead of the prefill kernel's tiles.
+  backend->set_decode_attention(DecodeAttention::kTensorCore);
+  variant("tensor_core_decode_kernel", "tensor-core decode kernel", 1 << 30);
+  backend->set_decode_attention(DecodeAttention::kCudaCore);
+  variant("cuda_core_attention", "CUDA-core decode attention", 1 << 30);
+  backend->set_decode_attention(DecodeAttention::kPrefillTiles);
+  // Without graph replay.
+  backend->set_cuda_graphs(false);
+  variant("without_graphs", "without graphs", 16);
+  backend->set_cuda_graphs(true);
+  // Host and device in turn: each step's tokens collected before the next step is planned.
+  variant("not_pipelined", "steps not pipelined", 1 << 30, /*pipeline=*/false);
+  // A context as long as Llama 3.1's (the engine allows 8,193-block tables instead of 513): steps
+  // pack and copy only the columns their sequences use, so this should match decode_tok_s.
+  variant("131k_context", "131,072-token context", 1 << 30, true, 131072);
+  emit(false);
+  // Where decode time goes: per-phase GPU milliseconds per step (kernels launched one by one).
+  json decode_profile = json::object();
+  for (int b : parse_list(batches)) {
+    if (b != 1 && b != 256) continue;
+    json prof = json::object();
+    auto r = decode_rate(backend, b, prompt, 8, max_tokens, rng, &prof);
+    if (!r.is_ok()) {
+      errors["decode profile batch " + std::to_string(b)] = r.status().to_string();
+      continue;
+    }
+    decode_profile[std::to_string(b)] = prof;
+  }
+  out["decode_profile_ms_per_step"] = decode_profile;
+  out["free_after_kv_bytes"] = backend->free_memory_bytes();
+  emit(true);
+  return errors.empty() ? 0 : 1;
 }

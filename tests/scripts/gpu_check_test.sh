@@ -53,7 +53,9 @@ gtest() {  # gtest NAME BODY: a stand-in test binary
 }
 gtest kernels_device_test 'echo "[       OK ] GpuDeviceTest.ListsDevicesWithMemory (1 ms)"'
 gtest cuda_kernels_test 'echo "[       OK ] CudaKernelsTest.GemvMatchesReference (1 ms)"
-echo "[  SKIPPED ] CudaKernelsTest.SamplingGreedyTopKTopPAndSeeds (0 ms)"'
+echo "[  SKIPPED ] CudaKernelsTest.SamplingGreedyTopKTopPAndSeeds (0 ms)"
+echo "[  SKIPPED ] 1 test, listed below:"
+echo "[  SKIPPED ] CudaKernelsTest.SamplingGreedyTopKTopPAndSeeds"'
 gtest cuda_backend_test 'echo "[       OK ] CudaBackendTest.LogitsMatchCpuBackend (1 ms)"
 echo "[  FAILED  ] CudaBackendTest.FedTokensEqualKnownTokens (2 ms)"
 echo "[  FAILED  ] 1 test, listed below:"
@@ -97,6 +99,17 @@ chmod +x "$work"/bin/*
 run 300 tests,bench
 expect "all stages passing pass the run (rc $rc)" test "$rc" -eq 0
 
+# 2b. A benchmark that fails part-way still has its last figures summed up and kept (it prints
+# them after each phase), and fails the run.
+gtest headroom_gpu_bench 'echo "{\"batch1_mbu\": 0.7, \"decode_tok_s\": {\"1\": 150.0}, \"complete\": false}"
+echo "gpu_bench: prefill: out of memory" >&2
+exit 1'
+chmod +x "$work"/bin/*
+run 300 bench
+expect "a failed benchmark fails the run (rc $rc)" test "$rc" -ne 0
+expect "its figures so far are summed up" has '^bench_gpu +FAILED rc=1 .*batch1_mbu=0.700 .*complete=False'
+expect "and kept" grep -q '"complete": false' "$work/logs/bench.json"
+
 # 3. A test that hangs (with a child of its own) is stopped at the deadline; the stages after it
 # are reported as not run; the run fails and still prints its summary.
 gtest cuda_kernels_test 'sleep 600 & echo $! >"'"$work"'/grandchild"; wait'
@@ -125,6 +138,7 @@ kill -TERM "$checker"
 wait "$checker"
 rc=$?
 expect "an interrupted run exits 130 (rc $rc)" test "$rc" -eq 130
+expect "an interrupted run prints its summary" grep -q '^gpu_check interrupted' "$work/out"
 sleep 1
 expect "the interrupted stage's child was stopped too" \
   bash -c "case \$(ps -o stat= -p \$(cat '$work/grandchild2')) in ''|Z*) true ;; *) false ;; esac"
