@@ -148,8 +148,9 @@ fi
 if wants bench; then
   run_stage bench_gpu "$logs/bench.log" 420 \
     env HEADROOM_PREBUILT="$bin" scripts/bench_gpu.sh "$@"
-  # The last figures printed: the merged line, or the engine's own if the stage was cut short.
-  bench_json=$(grep '^{' "$logs/bench.log" | tail -1)
+  # The last figures printed: the merged line, or the engine's own if the stage was cut short
+  # (both say whether they are "complete"; the baseline's own line does not).
+  bench_json=$(grep '^{' "$logs/bench.log" | grep '"complete"' | tail -1)
   if python3 -c 'import json, sys; json.loads(sys.argv[1])' "$bench_json" 2>/dev/null; then
     echo "$bench_json" >"$logs/bench.json"
   else

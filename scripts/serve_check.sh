@@ -22,14 +22,19 @@ if [ -n "${HEADROOM_PORTABLE:-}" ]; then
   if command -v xz >/dev/null; then
     tar -C "$portable" -xJf "$HEADROOM_PORTABLE"
   else
-    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$HEADROOM_PORTABLE" "$portable"
+    # (trusted: the pack's own links, some absolute, are kept as they are)
+    python3 -c 'import sys, tarfile
+kw = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+tarfile.open(sys.argv[1]).extractall(sys.argv[2], **kw)' "$HEADROOM_PORTABLE" "$portable"
   fi
   chmod -R a+rX "$portable"
   # Its libraries are for its programs only: each runs through a wrapper that puts them on its
   # library path, so that this machine's own programs (runuser, useradd, python3) keep theirs.
   wrap=$work/bin
   mkdir -p "$wrap"
+  chmod 755 "$wrap"
   for prog in "$portable"/usr/lib/postgresql/15/bin/* "$portable"/usr/bin/* "$portable"/bin/*; do
+    [ -f "$prog" ] || continue
     printf '#!/bin/sh\nexport LD_LIBRARY_PATH=%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}\nexec %s "$@"\n' \
       "$portable/lib" "$prog" >"$wrap/${prog##*/}"
     chmod 755 "$wrap/${prog##*/}"

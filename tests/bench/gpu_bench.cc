@@ -285,53 +285,12 @@ int main(int argc, char** argv) {
   const double bw = copy_bandwidth();
   const json gemv_bw = gemv_vs_cublaslt(c, bw);
   std::printf("weight-read bandwidth fraction, gemv vs cuBLASLt: %s\n", gemv_bw.dump().c_str());
-  CudaBackendOptions o;
-  o.max_num_tokens = max_tokens;
-  o.max_num_seqs = 256;
-  auto t_load = Clock::now();
-  auto made = CudaBackend::create_random(c, 1234, o);
-  if (!made.is_ok()) {
-    std::fprintf(stderr, "gpu_bench: %s\n", made.status().to_string().c_str());
-    return 1;
-  }
-  std::shared_ptr<CudaBackend> backend = std::move(made).value();
-  std::printf("model: %d layers, %.2f GB of weights, made in %.1f s; KV cache %.2f GB (%d blocks)\n", c.num_layers,
-              backend->weight_bytes() / 1e9, secs(t_load), backend->kv_cache_bytes() / 1e9, backend->num_kv_blocks());
-  // Every decode graph the engines below replay, captured up front (as a worker does at start).
-  double warm_up_s = 0;
-  {
-    EngineOptions eo;
-    eo.scheduler.max_num_seqs = o.max_num_seqs;
-    eo.scheduler.max_batched_tokens = max_tokens;
-    auto engine = Engine::create(backend, nullptr, 8192, eo);
-    auto t_warm = Clock::now();
-    hr::Status warmed = engine.is_ok() ? (*engine)->warm_up() : engine.status();
-    if (!warmed.is_ok()) {
-      std::fprintf(stderr, "gpu_bench: warm-up: %s\n", warmed.to_string().c_str());
-      return 1;
-    }
-    warm_up_s = secs(t_warm);
-    std::printf("decode graphs: %zu captured in %.2f s\n", backend->num_graphs(), warm_up_s);
-  }
-  const size_t graphs_after_warm_up = backend->num_graphs();
   // The figures so far go out as one JSON line after each phase, so that a run stopped early
   // (a deadline, a failure) still leaves its last complete line; a failed run is recorded under
   // "errors" and the others go on.
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  json out = {
-      {"device", prop.name},
-      {"weight_bytes", backend->weight_bytes()},
-      {"decode_weight_bytes", backend->decode_weight_bytes()},
-      {"copy_bytes_per_s", bw},
-      {"weight_read_fraction", gemv_bw},
-      {"graph_warm_up_s", std::round(warm_up_s * 100) / 100},
-      {"graphs_after_warm_up", graphs_after_warm_up},
-      {"kv_cache_bytes", backend->kv_cache_bytes()},
-      {"kv_cache_tokens", static_cast<long>(backend->num_kv_blocks()) * backend->block_size()},
-      {"free_for_kv_after_load_bytes", backend->free_before_kv_bytes()},
-      {"free_after_kv_bytes", backend->free_memory_bytes()},
-  };
+  json out = {{"device", prop.name}, {"copy_bytes_per_s", bw}, {"weight_read_fraction", gemv_bw}};
   json errors = json::object();
   auto emit = [&](bool complete) {
     // The best batch-1 utilisation over the default and the variants that report one.
@@ -350,6 +309,49 @@ int main(int argc, char** argv) {
     std::printf("%s\n", out.dump().c_str());
     std::fflush(stdout);
   };
+  CudaBackendOptions o;
+  o.max_num_tokens = max_tokens;
+  o.max_num_seqs = 256;
+  auto t_load = Clock::now();
+  auto made = CudaBackend::create_random(c, 1234, o);
+  if (!made.is_ok()) {
+    std::fprintf(stderr, "gpu_bench: %s\n", made.status().to_string().c_str());
+    errors["model"] = made.status().to_string();
+    emit(false);
+    return 1;
+  }
+  std::shared_ptr<CudaBackend> backend = std::move(made).value();
+  std::printf("model: %d layers, %.2f GB of weights, made in %.1f s; KV cache %.2f GB (%d blocks)\n", c.num_layers,
+              backend->weight_bytes() / 1e9, secs(t_load), backend->kv_cache_bytes() / 1e9, backend->num_kv_blocks());
+  out["weight_bytes"] = backend->weight_bytes();
+  out["decode_weight_bytes"] = backend->decode_weight_bytes();
+  out["kv_cache_bytes"] = backend->kv_cache_bytes();
+  out["kv_cache_tokens"] = static_cast<long>(backend->num_kv_blocks()) * backend->block_size();
+  out["free_for_kv_after_load_bytes"] = backend->free_before_kv_bytes();
+  out["free_after_kv_bytes"] = backend->free_memory_bytes();
+  // Every decode graph the engines below replay, captured up front (as a worker does at start).
+  // Should that fail, the runs go on without graphs, and say so.
+  bool graphs = true;
+  {
+    EngineOptions eo;
+    eo.scheduler.max_num_seqs = o.max_num_seqs;
+    eo.scheduler.max_batched_tokens = max_tokens;
+    auto engine = Engine::create(backend, nullptr, 8192, eo);
+    auto t_warm = Clock::now();
+    hr::Status warmed = engine.is_ok() ? (*engine)->warm_up() : engine.status();
+    if (warmed.is_ok()) {
+      out["graph_warm_up_s"] = std::round(secs(t_warm) * 100) / 100;
+      std::printf("decode graphs: %zu captured in %.2f s\n", backend->num_graphs(), secs(t_warm));
+    } else {
+      std::fprintf(stderr, "gpu_bench: warm-up: %s\n", warmed.to_string().c_str());
+      errors["warm_up"] = warmed.to_string();
+      graphs = false;
+      backend->set_cuda_graphs(false);
+      out["graphs"] = "off: the warm-up failed";
+    }
+  }
+  const size_t graphs_after_warm_up = backend->num_graphs();
+  out["graphs_after_warm_up"] = graphs_after_warm_up;
   std::mt19937 rng(99);
   json decode = json::object(), step_ms = json::object(), host_ms = json::object();
   double batch1_step = 0;
@@ -469,7 +471,7 @@ int main(int argc, char** argv) {
   // Without graph replay.
   backend->set_cuda_graphs(false);
   variant("without_graphs", "without graphs", 16);
-  backend->set_cuda_graphs(true);
+  backend->set_cuda_graphs(graphs);
   // Host and device in turn: each step's tokens collected before the next step is planned.
   variant("not_pipelined", "steps not pipelined", 1 << 30, /*pipeline=*/false);
   // A context as long as Llama 3.1's (the engine allows 8,193-block tables instead of 513): steps
@@ -489,7 +491,6 @@ int main(int argc, char** argv) {
     decode_profile[std::to_string(b)] = prof;
   }
   out["decode_profile_ms_per_step"] = decode_profile;
-  out["free_after_kv_bytes"] = backend->free_memory_bytes();
   emit(true);
   return errors.empty() ? 0 : 1;
 }

@@ -353,6 +353,8 @@ TEST(CudaBackendTest, PenaltiesOnTheDeviceEqualPlainStepsAndTheCpu) {
   ASSERT_EQ(on_cpu.size(), kPrompts);
   size_t differ = 0, shared = 0;
   for (size_t i = 0; i < kPrompts; ++i) {
+    ASSERT_EQ(on_cpu[i].tokens.size(), static_cast<size_t>(kTokens)) << i;
+    ASSERT_EQ(on_cpu[i].logprobs.size(), on_cpu[i].tokens.size()) << i;
     EXPECT_EQ(piped[i].tokens, plain[i].tokens) << i;
     EXPECT_EQ(piped[i].tokens.size(), static_cast<size_t>(kTokens)) << i;
     differ += piped[i].tokens != unpenalized[i].tokens;
@@ -381,6 +383,8 @@ TEST(CudaBackendTest, LogprobsOnTheDeviceMatchTheCpu) {
   for (size_t i = 0; i < kPrompts; ++i) {
     const Answer& g = on_gpu[i];
     ASSERT_EQ(g.tokens.size(), static_cast<size_t>(kTokens)) << i;
+    ASSERT_EQ(on_cpu[i].tokens.size(), static_cast<size_t>(kTokens)) << i;
+    ASSERT_EQ(on_cpu[i].logprobs.size(), on_cpu[i].tokens.size()) << i;
     ASSERT_EQ(g.logprobs.size(), g.tokens.size()) << i;
     for (size_t j = 0; j < g.tokens.size(); ++j) {
       ASSERT_EQ(g.logprobs[j].num_top, 3);

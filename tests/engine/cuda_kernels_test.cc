@@ -723,8 +723,17 @@ TEST(CudaKernelsTest, ChainedFusedGemvsWaitForEachOther) {
   std::vector<float> wd = random_vec(static_cast<size_t>(D) * F, rng), nw = random_vec(D, rng, 0.5f, 1.5f);
   DeviceBuffer<uint16_t> d_wo(to_bf16(wo)), d_wgu(to_bf16(wgu)), d_wd(to_bf16(wd));
   DeviceBuffer<float> d_nw(nw);
+  // A stream of its own that waits for the legacy stream's set-up copies and fills; programmatic
+  // launch back on (as by default) however the test ends.
   cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  struct Restore {
+    cudaStream_t stream;
+    ~Restore() {
+      kernels::set_programmatic_launch(true);
+      cudaStreamDestroy(stream);
+    }
+  } restore{stream};
   for (int m = 1; m <= kernels::kGemvMaxFusedRows; ++m) {
     std::vector<float> attn = random_vec(static_cast<size_t>(m) * Q, rng, -2.0f, 2.0f);
     std::vector<float> r0 = random_vec(static_cast<size_t>(m) * D, rng, -2.0f, 2.0f);
@@ -782,6 +791,7 @@ TEST(CudaKernelsTest, ChainedFusedGemvsWaitForEachOther) {
       dn.resid_in = d_r1.ptr;
       dn.resid_out = d_r2.ptr;
       dn.out_sumsq = d_sums.ptr + m;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the buffers above are filled
       ASSERT_EQ(kernels::gemv(o, stream), cudaSuccess);
       ASSERT_EQ(kernels::gemv(g, stream), cudaSuccess);
       ASSERT_EQ(kernels::gemv(dn, stream), cudaSuccess);
@@ -794,8 +804,6 @@ TEST(CudaKernelsTest, ChainedFusedGemvsWaitForEachOther) {
       for (int i = 0; i < m; ++i) EXPECT_NEAR(sums[m + i], s2[i], 1e-3 * s2[i]) << what << " row " << i;
     }
   }
-  kernels::set_programmatic_launch(true);
-  cudaStreamDestroy(stream);
 }
 
 // Runs the sampler over `rows` copies of one logits row with the given parameters and randoms.

@@ -62,7 +62,7 @@ echo "[  FAILED  ] 1 test, listed below:"
 echo "[  FAILED  ] CudaBackendTest.FedTokensEqualKnownTokens"
 exit 1'
 gtest headroom_gpu_bench 'echo "decode batch 1: 160.0 tok/s"
-echo "{\"batch1_mbu\": 0.8, \"decode_tok_s\": {\"1\": 160.0}, \"prefill_tok_s\": 39000.0}"'
+echo "{\"batch1_mbu\": 0.8, \"decode_tok_s\": {\"1\": 160.0}, \"prefill_tok_s\": 39000.0, \"complete\": true}"'
 chmod +x "$work"/bin/* "$work"/path/*
 
 run() {  # run DEADLINE STAGES: gpu_check.sh with the stand-ins; output in $work/out, rc in $rc
