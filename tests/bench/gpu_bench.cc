@@ -69,10 +69,12 @@ struct DecodeResult {
 
 // `batch` prompts, prefilled, then `steps` timed decode steps with every sequence decoding.
 // With `profile`, the timed steps run without graphs and their per-phase GPU times are kept there.
-// Without `pipeline`, each step's tokens are collected before the next step is planned.
+// Without `pipeline`, each step's tokens are collected before the next step is planned. `sampling`
+// (greedy by default) is every request's: penalties, log probabilities.
 hr::Result<DecodeResult> decode_rate(std::shared_ptr<CudaBackend> backend, int batch, int prompt_len, int steps,
                                      int max_tokens_per_step, std::mt19937& rng, json* profile = nullptr,
-                                     bool pipeline = true, int context = 8192) {
+                                     bool pipeline = true, int context = 8192,
+                                     const SamplingParams& sampling = SamplingParams{}) {
   EngineOptions eo;
   eo.pipeline = pipeline;
   eo.scheduler.max_num_seqs = batch;
@@ -83,6 +85,7 @@ hr::Result<DecodeResult> decode_rate(std::shared_ptr<CudaBackend> backend, int b
   for (int i = 0; i < batch; ++i) {
     GenerationRequest r;
     r.prompt = random_prompt(rng, prompt_len, backend->vocab_size());
+    r.params = sampling;
     // Early sequences start decoding while later ones are still prefilled in chunks: enough tokens
     // that all of them are decoding together for warmup + steps steps.
     const int prefill_steps = (batch * prompt_len + max_tokens_per_step - 1) / max_tokens_per_step;
@@ -477,6 +480,31 @@ int main(int argc, char** argv) {
   // A context as long as Llama 3.1's (the engine allows 8,193-block tables instead of 513): steps
   // pack and copy only the columns their sequences use, so this should match decode_tok_s.
   variant("131k_context", "131,072-token context", 1 << 30, true, 131072);
+  emit(false);
+  // What the sampler's extras cost, with the default kernels: every request with all three
+  // penalties (repetition over its 512-token prompt: a list of its distinct tokens per row per
+  // step), and every request with 20 alternatives' log probabilities.
+  json extras = json::object();
+  SamplingParams penalized;
+  penalized.penalties = {0.5f, 0.5f, 1.1f};
+  SamplingParams top20;
+  top20.logprobs = 20;
+  for (const auto& [name, params] : {std::pair{"penalties", penalized}, std::pair{"top_logprobs_20", top20}}) {
+    json v = json::object();
+    for (int b : parse_list(batches)) {
+      if (b != 1 && b != 256) continue;
+      auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng, nullptr, true, 8192, params);
+      if (!r.is_ok()) {
+        errors[std::string(name) + " batch " + std::to_string(b)] = r.status().to_string();
+        continue;
+      }
+      v[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
+      std::printf("decode batch %d, %s: %.1f tok/s (%.2f ms/step, %.3f ms of it host work)\n", b, name, r->tok_s,
+                  r->step_s * 1e3, r->host_s * 1e3);
+    }
+    extras[name] = v;
+  }
+  out["sampling_extras_tok_s"] = extras;
   emit(false);
   // Where decode time goes: per-phase GPU milliseconds per step (kernels launched one by one).
   json decode_profile = json::object();
