@@ -481,15 +481,26 @@ int main(int argc, char** argv) {
   // pack and copy only the columns their sequences use, so this should match decode_tok_s.
   variant("131k_context", "131,072-token context", 1 << 30, true, 131072);
   emit(false);
-  // What the sampler's extras cost, with the default kernels: every request with all three
-  // penalties (repetition over its 512-token prompt: a list of its distinct tokens per row per
-  // step), and every request with 20 alternatives' log probabilities.
+  // What sampling costs beyond greedy, with the default kernels: every request drawing at random
+  // with top-p (a bisection over the row per step: tens of passes over its logits) or top-k, with
+  // all three penalties (repetition over its 512-token prompt: a list of its distinct tokens per
+  // row per step), or with 20 alternatives' log probabilities (a pass over the row per
+  // alternative).
   json extras = json::object();
+  SamplingParams top_p;
+  top_p.temperature = 0.8f;
+  top_p.top_p = 0.95f;
+  top_p.seed = 1;
+  SamplingParams top_k = top_p;
+  top_k.top_p = 1.0f;
+  top_k.top_k = 50;
   SamplingParams penalized;
   penalized.penalties = {0.5f, 0.5f, 1.1f};
   SamplingParams top20;
   top20.logprobs = 20;
-  for (const auto& [name, params] : {std::pair{"penalties", penalized}, std::pair{"top_logprobs_20", top20}}) {
+  for (const auto& [name, params] : {std::pair{"temperature_0.8_top_p_0.95", top_p},
+                                     std::pair{"temperature_0.8_top_k_50", top_k}, std::pair{"penalties", penalized},
+                                     std::pair{"top_logprobs_20", top20}}) {
     json v = json::object();
     for (int b : parse_list(batches)) {
       if (b != 1 && b != 256) continue;
