@@ -157,6 +157,10 @@ Result<std::string> describe_cuda_options(const std::string& cuda_options) {
 #endif
 }
 
+#ifdef HEADROOM_HAVE_CUDA
+std::string describe_cuda_backend_options(const CudaBackendOptions& options) { return describe(options); }
+#endif
+
 Status check_device(const std::string& device) {
   HR_ASSIGN_OR_RETURN([[maybe_unused]] int index, parse_device(device));
 #ifndef HEADROOM_HAVE_CUDA

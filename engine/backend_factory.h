@@ -40,6 +40,12 @@ std::string cuda_options_help();
 // Every setting of the CUDA backend, name=value, once `cuda_options` is applied to the defaults
 // (what the backend logs as backend.cuda_settings when it starts); empty without the CUDA backend.
 [[nodiscard]] Result<std::string> describe_cuda_options(const std::string& cuda_options);
+#ifdef HEADROOM_HAVE_CUDA
+struct CudaBackendOptions;
+// The same name=value list for a CUDA backend's options as they are (what --cuda-options would
+// give them): a benchmark names the settings it measured.
+std::string describe_cuda_backend_options(const CudaBackendOptions& options);
+#endif
 
 // Validates the device string alone (for config validation before loading anything).
 [[nodiscard]] Status check_device(const std::string& device);

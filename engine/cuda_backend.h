@@ -130,6 +130,7 @@ class CudaBackend final : public Backend {
     options_.small_batch_gemv = on;
     clear_graphs();
   }
+  const CudaBackendOptions& options() const { return options_; }
   // Device memory free once weights and buffers were in place (what the KV cache was cut from),
   // and free after the KV cache too.
   size_t free_before_kv_bytes() const { return free_before_kv_; }

@@ -5,7 +5,7 @@
 # timed in the same run; GPU memory left for the KV cache), then the same figures for Hugging Face
 # transformers on the same GPU and shape (when PyTorch and transformers are importable). The last
 # line of output is one JSON object; the baseline's figures are under "baseline", the best batch-1
-# setting under "best_batch1_mbu".
+# setting under "best_batch1_mbu" (with the --cuda-options that give it).
 # HEADROOM_PREBUILT=DIR uses a headroom_gpu_bench already built in DIR instead of building;
 # HEADROOM_BENCH_BASELINE=0 leaves the baseline out; HEADROOM_BENCH_BASELINE_TIMEOUT_S bounds it
 # (default 240). Exits non-zero when a phase of the engine's run failed (its figures still print).

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 
+#include "engine/backend_factory.h"
 #include "engine/cuda_backend.h"
 #include "engine/cuda_gemm.h"
 #include "kernels/fill.cuh"
@@ -299,14 +300,17 @@ int main(int argc, char** argv) {
     // The best batch-1 utilisation over the default and the variants that report one.
     std::string best = "default";
     double best_mbu = out.value("batch1_mbu", 0.0);
+    json best_options = out.value("cuda_options", json());
     for (const auto& [key, v] : out.items()) {
       if (key.rfind("decode_tok_s_", 0) == 0 && v.is_object() && v.contains("batch1_mbu") &&
           v["batch1_mbu"].get<double>() > best_mbu) {
         best = key.substr(std::string("decode_tok_s_").size());
         best_mbu = v["batch1_mbu"].get<double>();
+        best_options = v.value("cuda_options", json());
       }
     }
-    out["best_batch1_mbu"] = {{"setting", best}, {"mbu", std::round(best_mbu * 1e4) / 1e4}};
+    out["best_batch1_mbu"] = {
+        {"setting", best}, {"mbu", std::round(best_mbu * 1e4) / 1e4}, {"cuda_options", best_options}};
     out["errors"] = errors;
     out["complete"] = complete;
     std::printf("%s\n", out.dump().c_str());
@@ -324,6 +328,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::shared_ptr<CudaBackend> backend = std::move(made).value();
+  out["cuda_options"] = describe_cuda_backend_options(backend->options());  // the defaults
   std::printf("model: %d layers, %.2f GB of weights, made in %.1f s; KV cache %.2f GB (%d blocks)\n", c.num_layers,
               backend->weight_bytes() / 1e9, secs(t_load), backend->kv_cache_bytes() / 1e9, backend->num_kv_blocks());
   out["weight_bytes"] = backend->weight_bytes();
@@ -396,6 +401,7 @@ int main(int argc, char** argv) {
       std::printf("decode batch %d, %s: %.1f tok/s (%.2f ms/step)\n", b, label.c_str(), r->tok_s, r->step_s * 1e3);
     }
     if (v.contains("1")) v["batch1_mbu"] = backend->decode_weight_bytes() * v["1"].get<double>() / bw;
+    v["cuda_options"] = describe_cuda_backend_options(backend->options());  // serve --cuda-options
     out["decode_tok_s_" + key] = v;
   };
   // First the settings that may raise batch-1 utilisation (one and two tokens per step, cheap).
