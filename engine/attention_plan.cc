@@ -11,7 +11,14 @@ Status plan_attention(const StepInput& in, const AttentionPlanParams& p, Attenti
   plan->prefill.clear();
   plan->combine.clear();
   plan->num_partials = 0;
-  const int nkv = p.num_kv_heads, group = p.num_heads / p.num_kv_heads;
+  const int nkv = p.num_kv_heads;
+  if (nkv <= 0 || p.num_heads < nkv || p.num_heads % nkv != 0 ||
+      p.num_heads / nkv > kernels::kAttentionPrefillRows) {
+    return invalid_argument(std::to_string(p.num_heads) + " query heads over " + std::to_string(nkv) +
+                            " key/value heads: attention takes groups of 1 to " +
+                            std::to_string(kernels::kAttentionPrefillRows) + " query heads per key/value head");
+  }
+  const int group = p.num_heads / nkv;
   using kernels::AttentionKernel;
   plan->decode_kernel = AttentionKernel::kPrefill;
   if (p.decode == DecodeAttention::kCudaCore && group <= kernels::kAttentionDecodeRows) {

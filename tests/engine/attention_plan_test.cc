@@ -217,5 +217,23 @@ TEST(AttentionPlanTest, ASequenceWithoutTokensIsAnError) {
   EXPECT_NE(st.message().find("sequence 1"), std::string::npos) << st.to_string();
 }
 
+// Head counts the kernels cannot group are refused, not planned (a group larger than a prefill
+// tile's rows used to make tiles of no rows, and no key/value heads divided by zero).
+TEST(AttentionPlanTest, HeadGroupsTheKernelsCannotTakeAreRefused) {
+  std::vector<int32_t> positions = {0}, seq_start = {0, 1};
+  StepInput in;
+  in.num_tokens = 1;
+  in.num_seqs = 1;
+  in.positions = positions.data();
+  in.seq_start = seq_start.data();
+  AttentionPlan plan;
+  for (auto [heads, kv_heads] : {std::pair{256, 1}, std::pair{32, 0}, std::pair{4, 8}, std::pair{12, 8}}) {
+    Status st = plan_attention(in, {heads, kv_heads, 132, 1024, false, DecodeAttention::kPrefillTiles}, &plan);
+    EXPECT_FALSE(st.is_ok()) << heads << "/" << kv_heads;
+    EXPECT_NE(st.message().find("query heads"), std::string::npos) << st.to_string();
+  }
+  EXPECT_TRUE(plan_attention(in, {128, 1, 132, 1024, false, DecodeAttention::kPrefillTiles}, &plan).is_ok());
+}
+
 }  // namespace
 }  // namespace hr::engine
