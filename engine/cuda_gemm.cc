@@ -75,10 +75,16 @@ Status CublasLtGemm::build(Plan& p, int m, int n, int k, GemmOut out) {
   return Status::ok();
 }
 
-Result<const CublasLtGemm::Plan*> CublasLtGemm::plan(int m, int n, int k, GemmOut out) {
+Result<const CublasLtGemm::Plan*> CublasLtGemm::plan(int m, int n, int k, GemmOut out, cudaStream_t stream) {
   auto key = std::make_tuple(m, n, k, static_cast<int>(out));
   auto it = plans_.find(key);
   if (it != plans_.end()) return &it->second;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (stream && cudaStreamIsCapturing(stream, &capturing) == cudaSuccess &&
+      capturing != cudaStreamCaptureStatusNone) {
+    return internal_error("a " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                          " GEMM in a graph capture was not prepared before it");
+  }
   Plan p;
   Status built = build(p, m, n, k, out);
   if (!built.is_ok()) {
@@ -91,14 +97,7 @@ Result<const CublasLtGemm::Plan*> CublasLtGemm::plan(int m, int n, int k, GemmOu
 Status CublasLtGemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, GemmOut out, int m,
                          int n, int k, cudaStream_t stream) {
   if (m <= 0) return Status::ok();
-  if (!plans_.count(std::make_tuple(m, n, k, static_cast<int>(out)))) {
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream, &capturing) == cudaSuccess && capturing != cudaStreamCaptureStatusNone) {
-      return internal_error("a " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
-                            " GEMM in a graph capture was not prepared before it");
-    }
-  }
-  HR_ASSIGN_OR_RETURN(const Plan* p, plan(m, n, k, out));
+  HR_ASSIGN_OR_RETURN(const Plan* p, plan(m, n, k, out, stream));
   const float alpha = 1.0f, beta = 0.0f;
   HR_LT("matmul", cublasLtMatmul(handle_, p->op, &alpha, w, p->a, x, p->b, &beta, y, p->d, y, p->d,
                                  &p->algo, workspace_, workspace_bytes_, stream));

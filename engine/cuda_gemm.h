@@ -40,8 +40,8 @@ class CublasLtGemm {
     cublasLtMatmulAlgo_t algo{};
   };
   CublasLtGemm() = default;
-  // The cached plan for the shape, built on first use.
-  Result<const Plan*> plan(int m, int n, int k, GemmOut out);
+  // The cached plan for the shape, built on first use: not while `stream` is being captured.
+  Result<const Plan*> plan(int m, int n, int k, GemmOut out, cudaStream_t stream = nullptr);
   Status build(Plan& p, int m, int n, int k, GemmOut out);
   static void destroy(Plan& p);
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -384,22 +385,30 @@ int main(int argc, char** argv) {
   out["graphs_captured_while_decoding"] =
       static_cast<long>(backend->num_graphs()) - static_cast<long>(graphs_after_warm_up);
   emit(false);
-  // Decode tokens/s at the batch sizes up to `max_batch` under one setting, stored as `key` (with
-  // the batch-1 bandwidth utilisation where batch 1 ran).
-  auto variant = [&](const std::string& key, const std::string& label, int max_batch, bool pipeline = true,
-                     int context = 8192) {
+  // Decode tokens/s at the batch sizes `wanted` picks, as {"batch": tok/s}; a failed run is
+  // recorded under errors as `key` and its batch.
+  auto rates = [&](const std::string& key, const std::string& label, const std::function<bool(int)>& wanted,
+                   bool pipeline = true, int context = 8192, const SamplingParams& sampling = SamplingParams{}) {
     json v = json::object();
     for (int b : parse_list(batches)) {
-      if (b > max_batch) continue;
-      auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng, nullptr, pipeline, context);
+      if (!wanted(b)) continue;
+      auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng, nullptr, pipeline, context, sampling);
       if (!r.is_ok()) {
         errors[key + " batch " + std::to_string(b)] = r.status().to_string();
         std::fprintf(stderr, "gpu_bench: batch %d, %s: %s\n", b, label.c_str(), r.status().to_string().c_str());
         continue;
       }
       v[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
-      std::printf("decode batch %d, %s: %.1f tok/s (%.2f ms/step)\n", b, label.c_str(), r->tok_s, r->step_s * 1e3);
+      std::printf("decode batch %d, %s: %.1f tok/s (%.2f ms/step, %.3f ms of it host work)\n", b, label.c_str(),
+                  r->tok_s, r->step_s * 1e3, r->host_s * 1e3);
     }
+    return v;
+  };
+  // Under one backend setting, at the batch sizes up to `max_batch`, stored as decode_tok_s_`key`
+  // with the batch-1 bandwidth utilisation (where batch 1 ran) and the setting's --cuda-options.
+  auto variant = [&](const std::string& key, const std::string& label, int max_batch, bool pipeline = true,
+                     int context = 8192) {
+    json v = rates(key, label, [&](int b) { return b <= max_batch; }, pipeline, context);
     if (v.contains("1")) v["batch1_mbu"] = backend->decode_weight_bytes() * v["1"].get<double>() / bw;
     v["cuda_options"] = describe_cuda_backend_options(backend->options());  // serve --cuda-options
     out["decode_tok_s_" + key] = v;
@@ -507,19 +516,7 @@ int main(int argc, char** argv) {
   for (const auto& [name, params] : {std::pair{"temperature_0.8_top_p_0.95", top_p},
                                      std::pair{"temperature_0.8_top_k_50", top_k}, std::pair{"penalties", penalized},
                                      std::pair{"top_logprobs_20", top20}}) {
-    json v = json::object();
-    for (int b : parse_list(batches)) {
-      if (b != 1 && b != 256) continue;
-      auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng, nullptr, true, 8192, params);
-      if (!r.is_ok()) {
-        errors[std::string(name) + " batch " + std::to_string(b)] = r.status().to_string();
-        continue;
-      }
-      v[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
-      std::printf("decode batch %d, %s: %.1f tok/s (%.2f ms/step, %.3f ms of it host work)\n", b, name, r->tok_s,
-                  r->step_s * 1e3, r->host_s * 1e3);
-    }
-    extras[name] = v;
+    extras[name] = rates(name, name, [](int b) { return b == 1 || b == 256; }, true, 8192, params);
   }
   out["sampling_extras_tok_s"] = extras;
   emit(false);
