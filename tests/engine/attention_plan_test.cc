@@ -205,12 +205,8 @@ TEST(AttentionPlanTest, DecodeKernelsTakeTheGroupsTheirTilesHold) {
 }
 
 TEST(AttentionPlanTest, ASequenceWithoutTokensIsAnError) {
-  std::vector<int32_t> positions = {0, 1}, seq_start = {0, 2, 2};
-  StepInput in;
-  in.num_tokens = 2;
-  in.num_seqs = 2;
-  in.positions = positions.data();
-  in.seq_start = seq_start.data();
+  const Step step({{2, 2}, {2, 0}});  // the second sequence has no tokens
+  const StepInput& in = step.in;
   AttentionPlan plan;
   Status st = plan_attention(in, {32, 8, 132, 1024, false, DecodeAttention::kPrefillTiles}, &plan);
   EXPECT_FALSE(st.is_ok());
@@ -220,12 +216,8 @@ TEST(AttentionPlanTest, ASequenceWithoutTokensIsAnError) {
 // Head counts the kernels cannot group are refused, not planned (a group larger than a prefill
 // tile's rows used to make tiles of no rows, and no key/value heads divided by zero).
 TEST(AttentionPlanTest, HeadGroupsTheKernelsCannotTakeAreRefused) {
-  std::vector<int32_t> positions = {0}, seq_start = {0, 1};
-  StepInput in;
-  in.num_tokens = 1;
-  in.num_seqs = 1;
-  in.positions = positions.data();
-  in.seq_start = seq_start.data();
+  const Step step({{1, 1}});
+  const StepInput& in = step.in;
   AttentionPlan plan;
   for (auto [heads, kv_heads] : {std::pair{256, 1}, std::pair{32, 0}, std::pair{4, 8}, std::pair{12, 8}}) {
     Status st = plan_attention(in, {heads, kv_heads, 132, 1024, false, DecodeAttention::kPrefillTiles}, &plan);

@@ -467,6 +467,20 @@ TEST(CudaKernelsTest, GemvMatchesReference) {
   }
 }
 
+// The CPU's SwiGLU of one RMS-normalised row: out[j] = silu(gate_j) up_j, with gate and up the
+// rows j and n + j of w [2n, k] times rms_norm(x, nw) (eps 1e-5), in double.
+void normed_swiglu_ref(const float* x, const std::vector<float>& nw, const std::vector<float>& w, int k, int n,
+                       float* out) {
+  std::vector<float> h(static_cast<size_t>(k)), gu(static_cast<size_t>(2) * n);
+  rms_norm(x, nw.data(), k, 1e-5f, h.data());
+  for (int j = 0; j < 2 * n; ++j) {
+    double acc = 0;
+    for (int c = 0; c < k; ++c) acc += static_cast<double>(h[c]) * w[static_cast<size_t>(j) * k + c];
+    gu[static_cast<size_t>(j)] = static_cast<float>(acc);
+  }
+  silu_mul(gu.data(), n, out);
+}
+
 // The fused modes: input RMS-normalised from the residual stream's sums of squares, SwiGLU's
 // activation as output, and the residual update that accumulates the new rows' sums of squares.
 // Widths below and above one full batch of loads per warp (256 16-byte pieces), with a remainder.
@@ -516,16 +530,8 @@ TEST(CudaKernelsTest, FusedGemvModesMatchReference) {
       sp.y_bf16 = true;
       sp.swiglu = true;
       ASSERT_EQ(kernels::gemv(sp, nullptr), cudaSuccess);
-      std::vector<float> aref(static_cast<size_t>(m) * n), gu(2 * n);
-      for (int i = 0; i < m; ++i) {
-        rms_norm(&resid[i * k], nw.data(), k, 1e-5f, h.data());
-        for (int j = 0; j < 2 * n; ++j) {
-          double acc = 0;
-          for (int c = 0; c < k; ++c) acc += static_cast<double>(h[c]) * w2[static_cast<size_t>(j) * k + c];
-          gu[j] = static_cast<float>(acc);
-        }
-        silu_mul(gu.data(), n, &aref[static_cast<size_t>(i) * n]);
-      }
+      std::vector<float> aref(static_cast<size_t>(m) * n);
+      for (int i = 0; i < m; ++i) normed_swiglu_ref(&resid[i * k], nw, w2, k, n, &aref[static_cast<size_t>(i) * n]);
       EXPECT_LT(rel_error(bf16_to_float(d_act.get()), aref), 5e-3) << "swiglu output, m=" << m << " k=" << k;
       // Residual update as output, accumulating the new rows' sums of squares.
       std::vector<float> xin = random_vec(static_cast<size_t>(m) * k, rng, -3.0f, 3.0f);
@@ -741,7 +747,7 @@ TEST(CudaKernelsTest, ChainedFusedGemvsWaitForEachOther) {
     DeviceBuffer<float> d_r0(r0);
     // The CPU's layer: r1 = r0 + attn wo^T; act = bf16(silu(gate) up) of rms_norm(r1); r2 = r1 + act wd^T.
     std::vector<float> r1(static_cast<size_t>(m) * D), r2(static_cast<size_t>(m) * D);
-    std::vector<float> act(static_cast<size_t>(m) * F), h(D), gu(static_cast<size_t>(2) * F);
+    std::vector<float> act(static_cast<size_t>(m) * F);
     std::vector<double> s2(m, 0.0);
     for (int i = 0; i < m; ++i) {
       for (int j = 0; j < D; ++j) {
@@ -749,13 +755,7 @@ TEST(CudaKernelsTest, ChainedFusedGemvsWaitForEachOther) {
         for (int c = 0; c < Q; ++c) acc += static_cast<double>(attn[i * Q + c]) * wo[static_cast<size_t>(j) * Q + c];
         r1[i * D + j] = r0[i * D + j] + static_cast<float>(acc);
       }
-      rms_norm(&r1[i * D], nw.data(), D, 1e-5f, h.data());
-      for (int j = 0; j < 2 * F; ++j) {
-        double acc = 0;
-        for (int c = 0; c < D; ++c) acc += static_cast<double>(h[c]) * wgu[static_cast<size_t>(j) * D + c];
-        gu[j] = static_cast<float>(acc);
-      }
-      silu_mul(gu.data(), F, &act[static_cast<size_t>(i) * F]);
+      normed_swiglu_ref(&r1[i * D], nw, wgu, D, F, &act[static_cast<size_t>(i) * F]);
     }
     to_bf16(act);
     for (int i = 0; i < m; ++i) {

@@ -660,6 +660,30 @@ TEST(CpuBackendTest, RefusesStepsOutsideItsMemory) {
   ASSERT_TRUE(b->forward(Step{}.input(), logits.data()).is_ok());
 }
 
+// A step that runs one whole sequence, positions 0 to n-1, through `table` (its width the step's)
+// and takes the logits of its last row.
+struct WholeSequenceStep {
+  std::vector<int32_t> positions, seq_start, rows;
+  StepInput in;
+  WholeSequenceStep(const std::vector<int32_t>& tokens, const std::vector<int32_t>& table) {
+    const int n = static_cast<int>(tokens.size());
+    for (int i = 0; i < n; ++i) positions.push_back(i);
+    seq_start = {0, n};
+    rows = {n - 1};
+    in.num_tokens = n;
+    in.num_seqs = 1;
+    in.token_ids = tokens.data();
+    in.positions = positions.data();
+    in.seq_start = seq_start.data();
+    in.block_table = table.data();
+    in.max_blocks_per_seq = static_cast<int>(table.size());
+    in.logits_rows = rows.data();
+    in.num_logits = 1;
+  }
+  WholeSequenceStep(const WholeSequenceStep&) = delete;  // `in` points into it
+  WholeSequenceStep& operator=(const WholeSequenceStep&) = delete;
+};
+
 // The backend side of pipelining: a token fed from the previous step's sampled row gives the same
 // step as that token given outright; fed rows outside that step, and a third outstanding step,
 // are refused.
@@ -669,20 +693,10 @@ TEST(CpuBackendTest, FedTokensEqualKnownTokens) {
   const int n = static_cast<int>(prompt.size());
   auto run = [&](bool feed, std::vector<int32_t>* first, std::vector<int32_t>* second) {
     auto b = f.backend(16, 8 << 20, true);
-    std::vector<int32_t> positions(static_cast<size_t>(n)), seq_start = {0, n}, block_table = {0, 1, 2, 3};
-    for (int i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = i;
-    std::vector<int32_t> rows = {n - 1};
+    const std::vector<int32_t> block_table = {0, 1, 2, 3};
+    const WholeSequenceStep whole(prompt, block_table);
+    const StepInput& in = whole.in;
     SampleSpec greedy;
-    StepInput in;
-    in.num_tokens = n;
-    in.num_seqs = 1;
-    in.token_ids = prompt.data();
-    in.positions = positions.data();
-    in.seq_start = seq_start.data();
-    in.block_table = block_table.data();
-    in.max_blocks_per_seq = 4;
-    in.logits_rows = rows.data();
-    in.num_logits = 1;
     first->assign(1, -1);
     ASSERT_TRUE(b->forward_sample(in, &greedy, first->data()).is_ok());
     // The next step: the token just sampled, fed or given.
@@ -882,20 +896,8 @@ std::vector<int32_t> recompute(const std::vector<int32_t>& prompt, const Samplin
   std::vector<int32_t> table(64);
   for (int i = 0; i < 64; ++i) table[static_cast<size_t>(i)] = i;
   for (int step = 0; step < params.max_tokens; ++step) {
-    const int n = static_cast<int>(tokens.size());
-    std::vector<int32_t> positions(static_cast<size_t>(n)), start = {0, n}, rows = {n - 1};
-    for (int i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = i;
-    StepInput in;
-    in.num_tokens = n;
-    in.num_seqs = 1;
-    in.token_ids = tokens.data();
-    in.positions = positions.data();
-    in.seq_start = start.data();
-    in.block_table = table.data();
-    in.max_blocks_per_seq = 64;
-    in.logits_rows = rows.data();
-    in.num_logits = 1;
-    EXPECT_TRUE(b->forward(in, logits.data()).is_ok());
+    const WholeSequenceStep whole(tokens, table);
+    EXPECT_TRUE(b->forward(whole.in, logits.data()).is_ok());
     if (params.penalties.any()) {
       std::map<int32_t, int> generated;
       for (int32_t t : out) generated[t]++;
