@@ -497,10 +497,10 @@ int main(int argc, char** argv) {
   variant("131k_context", "131,072-token context", 1 << 30, true, 131072);
   emit(false);
   // What sampling costs beyond greedy, with the default kernels: every request drawing at random
-  // with top-p (a bisection over the row per step: tens of passes over its logits) or top-k, with
-  // all three penalties (repetition over its 512-token prompt: a list of its distinct tokens per
-  // row per step), or with 20 alternatives' log probabilities (a pass over the row per
-  // alternative).
+  // with top-p or top-k (a threshold search: a pass over the row's logits per probe, 4 to 20 on
+  // normally distributed logits), with all three penalties (repetition over its 512-token prompt:
+  // a list of its distinct tokens per row per step), or with 20 alternatives' log probabilities
+  // (a search for the 20th, then one pass to gather and rank).
   json extras = json::object();
   SamplingParams top_p;
   top_p.temperature = 0.8f;

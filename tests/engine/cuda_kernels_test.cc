@@ -904,17 +904,33 @@ TEST(CudaKernelsTest, SamplingPenaltiesMatchTheHostReference) {
 
 // Log probabilities on the device equal the host's token_logprobs for the token the kernel chose:
 // greedy and sampled rows, 0, 5 and 20 alternatives (and more asked than there are), rows with
-// NaN, -inf and +inf logits, and rows that ask for none left unwritten.
+// NaN, -inf and +inf logits, and rows that ask for none left unwritten. The alternatives are
+// ranked in shared memory from their threshold (ties there within the candidates it holds, row
+// 10; as many candidates as it holds, row 11), or a pass each where that cannot be: an infinite
+// maximum (row 7), more ties at the threshold than it holds (rows 8 and 12), fewer finite logits
+// than alternatives (row 9).
 TEST(CudaKernelsTest, SamplingLogprobsMatchTheHostReference) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(19);
-  const int V = 5003, R = 8;
+  const int V = 5003, R = 13;
   std::vector<float> logits = random_vec(static_cast<size_t>(R) * V, rng, -6.0f, 6.0f);
-  for (int i = 0; i < V; i += 7) logits[static_cast<size_t>(5 * V + i)] = NAN;
-  for (int i = 3; i < V; i += 11) logits[static_cast<size_t>(6 * V + i)] = -INFINITY;
-  logits[static_cast<size_t>(7 * V + 100)] = logits[static_cast<size_t>(7 * V + 4000)] = INFINITY;  // shared certainty
+  auto at = [&](int r, int i) -> float& { return logits[static_cast<size_t>(r) * V + static_cast<size_t>(i)]; };
+  for (int i = 0; i < V; i += 7) at(5, i) = NAN;
+  for (int i = 3; i < V; i += 11) at(6, i) = -INFINITY;
+  at(7, 100) = at(7, 4000) = INFINITY;  // shared certainty
+  for (int i = 0; i < V; ++i) at(8, i) = i % 500 == 0 ? 2.0f + 0.1f * static_cast<float>(i / 500) : 0.5f;
+  for (int i = 0; i < V; ++i) at(9, i) = i == 17 || i == 2500 || i == 4999 ? 1.0f : -INFINITY;
+  for (int i = 0; i < V; ++i) at(10, i) = std::min(at(10, i), 1.0f);
+  for (int i = 0; i < 5; ++i) at(10, 1000 * i + 3) = 3.0f;
+  for (int i = 0; i < 40; ++i) at(10, 120 * i + 11) = 2.0f;  // the 20th value, tied 40 times
+  // Exactly as many tokens at or above the 20th value as shared memory holds (256), and one more.
+  for (int r : {11, 12}) {
+    for (int i = 0; i < V; ++i) at(r, i) = std::min(at(r, i), 1.0f);
+    for (int i = 0; i < 5; ++i) at(r, 1000 * i + 3) = 3.0f;
+    for (int i = 0; i < (r == 11 ? 251 : 252); ++i) at(r, 19 * i + 4) = 2.0f;
+  }
   std::vector<kernels::SampleParams> params(R);
-  const int asked[R] = {0, 5, 20, -1, 3, 20, 7, 40};
+  const int asked[R] = {0, 5, 20, -1, 3, 20, 7, 40, 20, 20, 20, 20, 20};
   for (int r = 0; r < R; ++r) {
     kernels::SampleParams& p = params[static_cast<size_t>(r)];
     p.temperature = r % 2 ? 0.8f : 0.0f;
@@ -1039,6 +1055,25 @@ TEST(CudaKernelsTest, SamplingGreedyTopKTopPAndSeeds) {
   }
   kernels::SampleParams nan_t{NAN, 1.0f, 0};
   for (int32_t t : sample_rows(logits, 2, nan_t)) EXPECT_EQ(t, 31337);
+  // A temperature too small to invert (1 / T overflows) is greedy too; top_p 0 keeps the maximum.
+  kernels::SampleParams tiny_t{1e-40f, 1.0f, 0}, p0{1.0f, 0.0f, 0};
+  for (const kernels::SampleParams& sp : {tiny_t, p0}) {
+    for (int32_t t : sample_rows(logits, 4, sp)) EXPECT_EQ(t, 31337);
+  }
+  // top-k and top-p together: top-p's mass is taken within the top k. The three highest peaked
+  // logits weigh 1, 0.74 and 0.55: the first alone falls short of half, the first two reach it.
+  kernels::SampleParams k3p{1.0f, 0.5f, 3};
+  std::set<int32_t> seen_kp;
+  for (int32_t t : sample_rows(peaked, 400, k3p)) seen_kp.insert(t);
+  EXPECT_EQ(seen_kp, (std::set<int32_t>{100, 107}));
+  // top-k keeps every token tied with the k-th.
+  std::vector<float> tied(V, -3.0f);
+  tied[10] = 4.0f;
+  for (int id : {20000, 7, 49999, 31000}) tied[static_cast<size_t>(id)] = 3.0f;
+  kernels::SampleParams k2{4.0f, 1.0f, 2};
+  std::set<int32_t> seen_tied;
+  for (int32_t t : sample_rows(tied, 400, k2)) seen_tied.insert(t);
+  EXPECT_EQ(seen_tied, (std::set<int32_t>{7, 10, 20000, 31000, 49999}));
   // Same random, same token; the frequencies follow softmax(logits / T).
   std::vector<float> small = {0.0f, 1.0f, 2.0f, -1.0f, 0.5f, 1.5f, -0.5f, 0.25f};
   auto a = sample_rows(small, 4000, t1), b = sample_rows(small, 4000, t1);
@@ -1050,6 +1085,34 @@ TEST(CudaKernelsTest, SamplingGreedyTopKTopPAndSeeds) {
   for (int i = 0; i < 8; ++i) {
     double p = std::exp(small[i]) / z, expect = 4000 * p, sigma = std::sqrt(4000 * p * (1 - p));
     EXPECT_NEAR(counts[i], expect, 5 * sigma) << "token " << i;
+  }
+}
+
+// The draw finds its token through chunk sums and then a walk of one chunk 32 tokens at a time:
+// with chunks of 49 and 126 tokens (50,000 and 128,256 logits), tokens placed early and late in
+// their chunks and in chunks far apart are drawn as often as their weights say, and never a token
+// of no weight.
+TEST(CudaKernelsTest, SamplingDrawsFollowTheWeightsAcrossChunks) {
+  SKIP_WITHOUT_GPU();
+  for (int V : {50000, 128256}) {
+    const int chunk = (V + 1023) / 1024;
+    std::vector<float> row(static_cast<size_t>(V), -INFINITY);
+    const std::vector<int> ids = {0, 31, 32, chunk - 1, chunk, 5 * chunk + 40, 600 * chunk + 33, V - 1};
+    for (size_t j = 0; j < ids.size(); ++j) row[static_cast<size_t>(ids[j])] = 0.25f * static_cast<float>(j % 5);
+    row[static_cast<size_t>(7 * chunk + 2)] = NAN;
+    const int draws = 4000;
+    kernels::SampleParams t1{1.0f, 1.0f, 0};
+    std::map<int, int> counts;
+    for (int32_t t : sample_rows(row, draws, t1)) counts[t]++;
+    double z = 0;
+    for (int id : ids) z += std::exp(static_cast<double>(row[static_cast<size_t>(id)]));
+    int total = 0;
+    for (int id : ids) {
+      const double p = std::exp(static_cast<double>(row[static_cast<size_t>(id)])) / z;
+      EXPECT_NEAR(counts[id], draws * p, 5 * std::sqrt(draws * p * (1 - p))) << "V " << V << " token " << id;
+      total += counts[id];
+    }
+    EXPECT_EQ(total, draws) << "V " << V;  // nothing else drawn
   }
 }
 
