@@ -83,10 +83,19 @@ __device__ __forceinline__ void merge_if_last_split(const PagedAttentionParams& 
 }
 
 // An empty split (decode graphs give every sequence the same number of splits): its partial result
-// weighs nothing, and it still counts towards the merge. Called by every thread of the block.
+// weighs nothing, and it still counts towards the merge. An item without keys that writes out
+// (the planner makes none) writes zeros, as the CUDA-core kernel does. Called by every thread of
+// the block.
 __device__ __forceinline__ void finish_empty_split(const PagedAttentionParams& p, const AttentionWorkItem& it,
                                                    int kvh, int group) {
-  if (it.partial < 0) return;  // the same for the whole block
+  if (it.partial < 0) {  // the same for the whole block
+    const int per_token = group * p.head_dim;
+    for (int e = threadIdx.x; e < it.q_len * per_token; e += blockDim.x) {
+      const int t = e / per_token, r = e % per_token;
+      p.out[(static_cast<size_t>(it.q_row + t) * p.num_heads + kvh * group) * p.head_dim + r] = __float2bfloat16(0.0f);
+    }
+    return;
+  }
   for (int h = threadIdx.x; h < group; h += blockDim.x) {
     const size_t slot = static_cast<size_t>(it.partial) * p.num_heads + kvh * group + h;
     p.partial_ml[slot * 2] = -INFINITY;

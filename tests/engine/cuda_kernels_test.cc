@@ -394,6 +394,42 @@ TEST(CudaKernelsTest, PagedAttentionRefusesWhatItsKernelCannotHold) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
+// An item without keys that writes out (the planner makes none) writes zeros on every kernel,
+// over its own tokens and heads only.
+TEST(CudaKernelsTest, PagedAttentionItemsWithoutKeysWriteZeros) {
+  SKIP_WITHOUT_GPU();
+  const int nh = 8, nkv = 2, hd = 64, T = 3;
+  DeviceBuffer<uint16_t> d_kv(16 * nkv * hd), d_q(static_cast<size_t>(T) * nh * hd), d_out(static_cast<size_t>(T) * nh * hd);
+  DeviceBuffer<int32_t> d_table(std::vector<int32_t>{0}), d_pos(std::vector<int32_t>{0, 1, 2});
+  kernels::PagedAttentionParams p;
+  p.q = BF(d_q.ptr);
+  p.k_cache = p.v_cache = BF(d_kv.ptr);
+  p.out = BF(d_out.ptr);
+  p.block_table = d_table.ptr;
+  p.positions = d_pos.ptr;
+  p.max_blocks_per_seq = 1;
+  p.block_size = 16;
+  p.num_heads = nh;
+  p.num_kv_heads = nkv;
+  p.head_dim = hd;
+  p.scale = 0.125f;
+  using kernels::AttentionKernel;
+  for (AttentionKernel kernel : {AttentionKernel::kDecode, AttentionKernel::kDecodeTc, AttentionKernel::kPrefill}) {
+    // Token 1 alone (decodes), or tokens 1 and 2 (prefill); token 0 stays poisoned.
+    const int q_len = kernel == AttentionKernel::kPrefill ? 2 : 1;
+    DeviceBuffer<kernels::AttentionWorkItem> d_item(std::vector<kernels::AttentionWorkItem>{{0, 1, q_len, 0, 0, -1, 0}});
+    ASSERT_EQ(cudaMemset(d_out.ptr, 0xFF, d_out.n * sizeof(uint16_t)), cudaSuccess);
+    ASSERT_EQ(kernels::paged_attention(p, d_item.ptr, 1, kernel, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<uint16_t> out = d_out.get();
+    for (size_t e = 0; e < out.size(); ++e) {
+      const size_t t = e / (nh * hd);
+      const bool written = t >= 1 && t < static_cast<size_t>(1 + q_len);
+      ASSERT_EQ(out[e], written ? 0 : 0xFFFF) << "kernel " << static_cast<int>(kernel) << " element " << e;
+    }
+  }
+}
+
 TEST(CudaKernelsTest, GemmMatchesReference) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(6);
