@@ -6,7 +6,8 @@
 # fails, runs out of time, or no GPU is visible.
 #   scripts/gpu_check.sh [bench_gpu.sh arguments...]
 # HEADROOM_GPU_CHECK_STAGES   which stages, in this order (default tests,bench,serve,sanitize)
-#   tests     kernels_device_test, cuda_kernels_test, cuda_backend_test; a skip counts as a failure
+#   tests     kernels_device_test, cuda_kernels_test, cuda_sampling_test, cuda_backend_test; a skip
+#             counts as a failure
 #   bench     scripts/bench_gpu.sh (our engine, then Hugging Face transformers as the baseline)
 #   serve     scripts/serve_check.sh cuda, as configured by default and with the settings still off
 #             by default (--cuda-options), where Postgres and Redis can run: installed here, or
@@ -46,7 +47,7 @@ else
   scripts/setup.sh >/dev/null || exit 1
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DHEADROOM_CUDA=ON >/dev/null || exit 1
   cmake --build build-gpu -j "${HEADROOM_JOBS:-$(nproc)}" \
-    --target kernels_device_test cuda_kernels_test cuda_backend_test headroom_gpu_bench || exit 1
+    --target kernels_device_test cuda_kernels_test cuda_sampling_test cuda_backend_test headroom_gpu_bench || exit 1
   bin=$root/build-gpu/tests
 fi
 # The binaries (and the packed headroom) load the CUDA runtime and cuBLASLt from where the build
@@ -134,7 +135,7 @@ outcome() {  # a stage's rc in words
 }
 
 if wants tests; then
-  for t in kernels_device_test cuda_kernels_test cuda_backend_test; do
+  for t in kernels_device_test cuda_kernels_test cuda_sampling_test cuda_backend_test; do
     run_stage "$t" "$logs/$t.log" 300 "$bin/$t" --gtest_color=no
     # (gtest lists each skipped test again at the end: counted once)
     skipped=$(grep '^\[  SKIPPED \] [A-Za-z]' "$logs/$t.log" | awk '{print $4}' | sort -u | grep -c .)
@@ -193,11 +194,14 @@ if wants sanitize; then
   else
     # tool, binary, test filter: memcheck over every kernel test and the whole model's logits (graphs,
     # pipelined steps, the fewer-kernel settings); racecheck and synccheck (shared memory and
-    # barriers) over the attention and GEMV kernels.
+    # barriers) over the attention and GEMV kernels, then the sampling kernel.
     for check in "memcheck cuda_kernels_test *" \
                  "memcheck cuda_backend_test *LogitsMatchCpuBackend*:*FedTokensEqualKnownTokens*" \
                  "racecheck cuda_kernels_test *PagedAttention*:*Gemv*" \
-                 "synccheck cuda_kernels_test *PagedAttention*:*Gemv*"; do
+                 "synccheck cuda_kernels_test *PagedAttention*:*Gemv*" \
+                 "memcheck cuda_sampling_test *" \
+                 "racecheck cuda_sampling_test *Logprobs*:*Penalties*" \
+                 "synccheck cuda_sampling_test *Logprobs*:*Penalties*"; do
       read -r tool t filter <<<"$check"
       name=sanitize_${tool}_${t%_test}
       # Memory errors only: a library's own failed API calls (cuBLASLt probing) are not ours.

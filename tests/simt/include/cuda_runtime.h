@@ -1,0 +1,247 @@
+// A host stand-in for the parts of the CUDA runtime and device intrinsics that our kernels use, so
+// that kernels without inline PTX compile as C++ and run on the CPU (tests/simt/simt.cc): each
+// block in turn, each thread a fiber, shared memory shared by the block's fibers, warp shuffles
+// and votes exchanged among a warp's 32 fibers, __syncthreads a barrier that every live thread of
+// the block must reach. Device memory is host memory that ends at a guard page, so a read past a
+// buffer faults. Not emulated: races (fibers switch only at barriers and warp operations, so
+// shared memory behaves as if every access were ordered), dynamic shared memory, inline PTX. Floating-point intrinsics are the host's IEEE
+// operations (__expf is expf, not the GPU's approximation).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <utility>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __shared__ static
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+#define __align__(n) alignas(n)
+
+struct uint3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct alignas(8) float2 {
+  float x, y;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+struct alignas(16) int4 {
+  int x, y, z, w;
+};
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
+
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorMisalignedAddress = 716,
+  cudaErrorLaunchFailure = 719,
+};
+using cudaError = cudaError_t;
+typedef struct CUstream_st* cudaStream_t;
+
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+};
+
+enum cudaLaunchAttributeID { cudaLaunchAttributeProgrammaticStreamSerialization = 5 };
+union cudaLaunchAttributeValue {
+  int programmaticStreamSerializationAllowed;
+};
+struct cudaLaunchAttribute {
+  cudaLaunchAttributeID id;
+  cudaLaunchAttributeValue val;
+};
+struct cudaLaunchConfig_t {
+  dim3 gridDim, blockDim;
+  size_t dynamicSmemBytes = 0;
+  cudaStream_t stream = nullptr;
+  cudaLaunchAttribute* attrs = nullptr;
+  unsigned numAttrs = 0;
+};
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+struct cudaFuncAttributes {
+  int ptxVersion = 0;
+  int binaryVersion = 0;
+  int maxThreadsPerBlock = 1024;
+};
+
+// The current thread's and block's coordinates, set by the scheduler before it resumes a fiber.
+extern thread_local uint3 threadIdx;
+extern thread_local uint3 blockIdx;
+extern thread_local dim3 blockDim;
+extern thread_local dim3 gridDim;
+
+namespace hr::simt {
+
+enum class WarpOp { kIdx, kUp, kDown, kXor, kBallot };
+
+// Runs body() for every thread of every block of the grid; fails (with last_error()) on a barrier
+// some live thread cannot reach or a warp operation some lane cannot join. Dynamic shared memory
+// (extern __shared__) is not emulated: a launch that asks for it fails.
+cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem, const std::function<void()>& body);
+void sync_block();
+// This lane's contribution to a warp-wide operation, and what it gets back.
+uint64_t warp_exchange(WarpOp op, uint64_t bits, int arg);
+const char* last_error();
+
+template <typename T>
+uint64_t to_bits(T v) {
+  static_assert(sizeof(T) <= 8);
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof v);
+  return b;
+}
+template <typename T>
+T from_bits(uint64_t b) {
+  T v;
+  std::memcpy(&v, &b, sizeof v);
+  return v;
+}
+
+}  // namespace hr::simt
+
+// Runtime API.
+cudaError_t cudaMalloc(void** ptr, size_t bytes);
+template <typename T>
+cudaError_t cudaMalloc(T** ptr, size_t bytes) {
+  return cudaMalloc(reinterpret_cast<void**>(ptr), bytes);
+}
+cudaError_t cudaFree(void* ptr);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream = nullptr);
+cudaError_t cudaMemset(void* ptr, int value, size_t bytes);
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream = nullptr);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaGetLastError();
+const char* cudaGetErrorString(cudaError_t err);
+template <typename F>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, F*) {
+  *a = cudaFuncAttributes{};  // ptxVersion 0: no programmatic launch
+  return cudaSuccess;
+}
+template <typename F>
+cudaError_t cudaFuncSetAttribute(F*, cudaFuncAttribute, int) {
+  return cudaSuccess;
+}
+template <typename... Params, typename... Args>
+cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* cfg, void (*kernel)(Params...), Args&&... args) {
+  // Parameters by value, as a launch copies them.
+  return hr::simt::launch(cfg->gridDim, cfg->blockDim, cfg->dynamicSmemBytes,
+                          [&, kernel] { kernel(static_cast<Params>(args)...); });
+}
+
+// Synchronisation and warp intrinsics (full warps only: every lane of the warp takes part).
+inline void __syncthreads() { hr::simt::sync_block(); }
+inline void __syncwarp(unsigned = 0xffffffffu) {}
+inline void __threadfence() {}
+inline void __threadfence_block() {}
+template <typename T>
+T __shfl_sync(unsigned, T v, int src, int = 32) {
+  return hr::simt::from_bits<T>(hr::simt::warp_exchange(hr::simt::WarpOp::kIdx, hr::simt::to_bits(v), src));
+}
+template <typename T>
+T __shfl_up_sync(unsigned, T v, unsigned delta, int = 32) {
+  return hr::simt::from_bits<T>(
+      hr::simt::warp_exchange(hr::simt::WarpOp::kUp, hr::simt::to_bits(v), static_cast<int>(delta)));
+}
+template <typename T>
+T __shfl_down_sync(unsigned, T v, unsigned delta, int = 32) {
+  return hr::simt::from_bits<T>(
+      hr::simt::warp_exchange(hr::simt::WarpOp::kDown, hr::simt::to_bits(v), static_cast<int>(delta)));
+}
+template <typename T>
+T __shfl_xor_sync(unsigned, T v, int lane_mask, int = 32) {
+  return hr::simt::from_bits<T>(hr::simt::warp_exchange(hr::simt::WarpOp::kXor, hr::simt::to_bits(v), lane_mask));
+}
+inline unsigned __ballot_sync(unsigned, int pred) {
+  return static_cast<unsigned>(hr::simt::warp_exchange(hr::simt::WarpOp::kBallot, pred != 0 ? 1 : 0, 0));
+}
+inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
+inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == 0xffffffffu; }
+
+// Atomics: fibers switch only at barriers and warp operations, so plain updates are atomic.
+template <typename T>
+T atomicAdd(T* p, T v) {
+  const T old = *p;
+  *p = old + v;
+  return old;
+}
+template <typename T>
+T atomicMin(T* p, T v) {
+  const T old = *p;
+  if (v < old) *p = v;
+  return old;
+}
+template <typename T>
+T atomicMax(T* p, T v) {
+  const T old = *p;
+  if (v > old) *p = v;
+  return old;
+}
+template <typename T>
+T atomicExch(T* p, T v) {
+  const T old = *p;
+  *p = v;
+  return old;
+}
+template <typename T>
+T atomicCAS(T* p, T compare, T v) {
+  const T old = *p;
+  if (old == compare) *p = v;
+  return old;
+}
+
+// Integer and floating-point intrinsics.
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __saturatef(float x) { return x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
+inline unsigned __float_as_uint(float f) { return hr::simt::from_bits<unsigned>(hr::simt::to_bits(f)); }
+inline float __uint_as_float(unsigned u) { return hr::simt::from_bits<float>(u); }
+inline int __float_as_int(float f) { return hr::simt::from_bits<int>(hr::simt::to_bits(f)); }
+inline float __int_as_float(int i) { return hr::simt::from_bits<float>(static_cast<uint32_t>(i)); }
+using std::isfinite;
+using std::isinf;
+using std::isnan;
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline float max(float a, float b) { return std::fmax(a, b); }
