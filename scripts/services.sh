@@ -35,8 +35,17 @@ load_ports() {
     # shellcheck disable=SC1091
     source "$dir/ports"
   fi
+  # A port picked here (neither given nor saved) may be taken by another program before the
+  # server binds it: such a port is picked again when the server cannot start on it.
+  PG_PICKED=; REDIS_PICKED=
+  [ -n "${PG_PORT:-${SAVED_PG_PORT:-}}" ] || PG_PICKED=1
+  [ -n "${REDIS_PORT:-${SAVED_REDIS_PORT:-}}" ] || REDIS_PICKED=1
   PG_PORT=${PG_PORT:-${SAVED_PG_PORT:-$(free_port)}}
   REDIS_PORT=${REDIS_PORT:-${SAVED_REDIS_PORT:-$(free_port)}}
+  save_ports
+}
+
+save_ports() {
   printf 'SAVED_PG_PORT=%s\nSAVED_REDIS_PORT=%s\n' "$PG_PORT" "$REDIS_PORT" >"$dir/ports"
 }
 
@@ -82,8 +91,17 @@ shared_buffers = 256MB
 log_min_messages = warning
 CONF
   if as_pg "$PG_BIN/pg_ctl" -D "$home/data" status >/dev/null 2>&1; then return 0; fi
-  as_pg "$PG_BIN/pg_ctl" -D "$home/data" -l "$(readlink -f "$home")/postgres.log" -w -t 60 start >/dev/null \
-    || { tail -20 "$home/postgres.log" >&2; exit 1; }
+  if ! as_pg "$PG_BIN/pg_ctl" -D "$home/data" -l "$(readlink -f "$home")/postgres.log" -w -t 60 start >/dev/null; then
+    if [ -n "$PG_PICKED" ] && [ "${pg_tries:-0}" -lt 3 ] && grep -q 'could not bind\|could not create any TCP' "$home/postgres.log"; then
+      pg_tries=$((${pg_tries:-0} + 1))
+      PG_PORT=$(free_port)
+      save_ports
+      start_pg
+      return
+    fi
+    tail -20 "$home/postgres.log" >&2
+    exit 1
+  fi
   if [ "$(as_pg psql -h 127.0.0.1 -p "$PG_PORT" -U "$PG_USER" -d postgres -tAc \
         "SELECT 1 FROM pg_database WHERE datname = 'headroom'")" != "1" ]; then
     as_pg psql -q -h 127.0.0.1 -p "$PG_PORT" -U "$PG_USER" -d postgres -c "CREATE DATABASE headroom" >/dev/null
@@ -92,14 +110,25 @@ CONF
 
 start_redis() {
   mkdir -p "$dir/redis"
-  if redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then return 0; fi
+  if timeout 2 redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then return 0; fi
   redis-server --daemonize yes --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$dir/redis" \
     --appendonly yes --appendfsync everysec --maxmemory-policy noeviction --save "" \
     --pidfile "$dir/redis/redis.pid" --logfile "$dir/redis/redis.log" >/dev/null
   for _ in $(seq 1 100); do
-    redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && return 0
+    timeout 2 redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && return 0
+    # A server that could not bind its port has exited: no need to wait it out.
+    if grep -q 'Could not create server TCP\|Address already in use' "$dir/redis/redis.log" 2>/dev/null; then break; fi
     sleep 0.1
   done
+  if [ -n "$REDIS_PICKED" ] && [ "${redis_tries:-0}" -lt 3 ] \
+    && grep -q 'Could not create server TCP\|Address already in use' "$dir/redis/redis.log" 2>/dev/null; then
+    redis_tries=$((${redis_tries:-0} + 1))
+    mv "$dir/redis/redis.log" "$dir/redis/redis.log.port-$REDIS_PORT"
+    REDIS_PORT=$(free_port)
+    save_ports
+    start_redis
+    return
+  fi
   echo "redis did not start; see $dir/redis/redis.log" >&2
   exit 1
 }
@@ -134,7 +163,7 @@ case "$cmd" in
     else
       echo "postgres: stopped"; rc=3
     fi
-    if redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+    if timeout 2 redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
       echo "redis:    running on 127.0.0.1:$REDIS_PORT"
     else
       echo "redis:    stopped"; rc=3
