@@ -125,23 +125,11 @@ __device__ internal::Probe probe_row(const float* x, int vocab, float t, float m
 // `totals` holds 32 floats.
 __device__ float block_inclusive_scan(float v, float* totals) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const float n = __shfl_up_sync(0xffffffffu, v, o);
-    if (lane >= o) v += n;
-  }
+  v = internal::warp_inclusive_scan(v);
   __syncthreads();
   if (lane == 31) totals[warp] = v;
   __syncthreads();
-  if (warp == 0) {
-    float t = lane < kThreads / 32 ? totals[lane] : 0.0f;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const float n = __shfl_up_sync(0xffffffffu, t, o);
-      if (lane >= o) t += n;
-    }
-    totals[lane] = t;
-  }
+  if (warp == 0) totals[lane] = internal::warp_inclusive_scan(lane < kThreads / 32 ? totals[lane] : 0.0f);
   __syncthreads();
   return warp > 0 ? v + totals[warp - 1] : v;
 }
@@ -329,12 +317,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int voc
       const int i = base + lane;
       const float v = i < ce ? x[i] : -INFINITY;
       const float w = v >= tau ? __expf((v - mx) * inv_t) : 0.0f;  // NaN weighs nothing, as above
-      float prefix = w;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const float n = __shfl_up_sync(0xffffffffu, prefix, o);
-        if (lane >= o) prefix += n;
-      }
+      const float prefix = internal::warp_inclusive_scan(w);
       const unsigned reached = __ballot_sync(0xffffffffu, w > 0.0f && prefix >= left);
       if (reached) {
         pick = base + __ffs(reached) - 1;

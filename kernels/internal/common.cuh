@@ -45,6 +45,17 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// Inclusive prefix sum over the warp's lanes, in lane order (a fixed order: same inputs, same sums).
+__device__ __forceinline__ float warp_inclusive_scan(float v) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float n = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += n;
+  }
+  return v;
+}
+
 // Sum over the block; every thread gets the result. `scratch` holds 32 floats; blockDim.x is a
 // multiple of 32.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {

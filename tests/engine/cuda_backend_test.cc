@@ -16,6 +16,7 @@
 #include "engine/device.h"
 #include "engine/engine.h"
 #include "engine/weights.h"
+#include "tests/engine/cuda_test_util.h"
 
 namespace hr::engine {
 namespace {
@@ -27,9 +28,6 @@ std::string source_dir() {
   return env && *env ? env : HEADROOM_SOURCE_DIR;
 }
 const std::string kModelDir = source_dir() + "/models/tiny-reverse";
-
-#define SKIP_WITHOUT_GPU() \
-  if (list_gpus().empty()) GTEST_SKIP() << "no CUDA device present"
 
 std::shared_ptr<const ModelWeights> tiny_weights() {
   static std::shared_ptr<const ModelWeights> w = [] {

@@ -92,7 +92,7 @@ thread_local cudaError_t t_last = cudaSuccess;
 struct Stacks {
   char* base = nullptr;
   size_t count = 0;
-  char* top(size_t i) const { return base + (i + 1) * (kStackBytes + page()) ; }
+  char* top(size_t i) const { return base + (i + 1) * (kStackBytes + page()); }
   static size_t page() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
   void reserve(size_t n) {
     if (n <= count) return;
