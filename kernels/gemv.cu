@@ -98,17 +98,7 @@ __device__ __forceinline__ void prefetch_share(const GemvParams& p, int first_bl
     const size_t begin = me * share;
     if (begin >= range.bytes) continue;
     const size_t size = min(share, range.bytes - begin);
-    const char* at = static_cast<const char*>(range.ptr) + begin;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (lane == 0) {
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(at), "r"(static_cast<uint32_t>(size))
-                   : "memory");
-    }
-#else
-    for (size_t off = static_cast<size_t>(lane) * 128; off < size; off += 32 * 128) {
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(at + off));
-    }
-#endif
+    internal::prefetch_l2_range(static_cast<const char*>(range.ptr) + begin, size, lane);
   }
 }
 
@@ -183,7 +173,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvParams p,
     for (int r = 0; r < R; ++r) {
 #pragma unroll
       for (int u = 0; u < kPrefetch; ++u) {
-        if (lane + 32 * u < num_vec) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(wrow[r] + lane + 32 * u));
+        if (lane + 32 * u < num_vec) internal::prefetch_l2(wrow[r] + lane + 32 * u);
       }
     }
   }

@@ -12,6 +12,12 @@
 
 #include "kernels/launch.cuh"
 
+// Declares `name`, the kernel's dynamic shared memory as an array of `type`, 128-byte aligned. (The
+// CPU stand-in for the CUDA runtime, tests/simt, defines it first, as its own per-block buffer.)
+#ifndef HR_DYNAMIC_SMEM
+#define HR_DYNAMIC_SMEM(type, name) extern __shared__ __align__(128) type name[]
+#endif
+
 namespace hr::kernels::internal {
 
 // Eight bf16 values (16 bytes) to floats.
@@ -92,6 +98,32 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Pulls the 16-byte-aligned range [p, p + bytes) into L2 (bytes a multiple of 16, under 4 GiB):
+// one bulk prefetch on sm_90, one line of 128 bytes per lane of the warp elsewhere (the whole warp
+// calls it there). On the CPU stand-in (tests/simt), a range outside every allocation fails.
+__device__ __forceinline__ void prefetch_l2_range(const void* p, size_t bytes, int lane) {
+#if defined(HEADROOM_SIMT)
+  if (lane == 0) ::hr::simt::check_device_range(p, bytes, "L2 prefetch");
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (lane == 0) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(static_cast<uint32_t>(bytes)) : "memory");
+  }
+#else
+  for (size_t off = static_cast<size_t>(lane) * 128; off < bytes; off += 32 * 128) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(static_cast<const char*>(p) + off));
+  }
+#endif
+}
+
+// Pulls the line holding p into L2.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if defined(HEADROOM_SIMT)
+  ::hr::simt::check_device_range(p, 1, "L2 prefetch");
+#else
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 #endif
 }
 

@@ -11,6 +11,26 @@
 
 namespace hr::kernels::internal {
 
+// Each wrapper has a stand-in on the CPU stand-in for the CUDA runtime (tests/simt, where
+// HEADROOM_SIMT is defined) that follows the instruction's documented semantics.
+#if defined(HEADROOM_SIMT)
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  ::hr::simt::cp_async16(dst, src, valid);
+}
+__device__ __forceinline__ void cp_async_commit() { ::hr::simt::cp_async_commit(); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  ::hr::simt::cp_async_wait(N);
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) { ::hr::simt::ldmatrix_x4(r, p, false); }
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) { ::hr::simt::ldmatrix_x4(r, p, true); }
+__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  ::hr::simt::mma16816(c, a, b0, b1);
+}
+
+#else
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -21,6 +41,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
                "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N committed groups of this thread's copies are still in flight.
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
@@ -45,6 +66,8 @@ __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+
+#endif
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

@@ -67,14 +67,31 @@ constexpr int kWarp = 32;
 
 enum class State { kRunnable, kAtBarrier, kAtWarp, kDone };
 
+// A queued cp.async: 16 bytes from src to dst, or zeros when !valid.
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  bool valid;
+};
+
 struct Fiber {
   void* sp = nullptr;
   unsigned tid = 0;
+  uint3 idx;  // threadIdx
   State state = State::kRunnable;
   WarpOp op = WarpOp::kIdx;
   uint64_t bits = 0;
   int arg = 0;
+  WarpCollective collective = nullptr;
   uint64_t result = 0;
+  // Queued cp.async copies, oldest first, and where each committed group ends among them (copies
+  // past the last end are not committed yet); `copies_done` have been done.
+  std::vector<AsyncCopy> copies;
+  std::vector<size_t> group_ends;
+  size_t copies_done = 0, groups_done = 0;
+
+  // Ready to run thread `t` from the top on the stack ending at `top` (keeps the queues' storage).
+  void reset(unsigned t, char* top);
 };
 
 struct Block {
@@ -82,10 +99,12 @@ struct Block {
   void* main_sp = nullptr;
   Fiber* current = nullptr;
   const std::function<void()>* body = nullptr;
+  void* dynamic_smem = nullptr;
 };
 
 thread_local Block* t_block = nullptr;
 thread_local std::string t_error;
+thread_local std::string t_fault;  // the running launch's first fault
 thread_local cudaError_t t_last = cudaSuccess;
 
 // Fiber stacks, each with a guard page below it, kept for the next launch.
@@ -118,13 +137,20 @@ thread_local Stacks t_stacks;
   std::abort();  // a finished fiber is never resumed
 }
 
-void prepare(Fiber& f, char* top) {
-  auto* sp = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(top) & ~uintptr_t{15});
-  *--sp = 0;                                          // so that fiber_entry starts as if called
-  *--sp = reinterpret_cast<uint64_t>(&fiber_entry);   // where the first switch returns to
-  for (int r = 0; r < 6; ++r) *--sp = 0;              // rbp rbx r12 r13 r14 r15
-  *--sp = 0x037full << 32 | 0x1f80ull;                // MXCSR and x87 control word: the defaults
-  f.sp = sp;
+void Fiber::reset(unsigned t, char* top) {
+  tid = t;
+  idx = uint3{t % blockDim.x, t / blockDim.x % blockDim.y, t / (blockDim.x * blockDim.y)};
+  state = State::kRunnable;
+  collective = nullptr;
+  copies.clear();
+  group_ends.clear();
+  copies_done = groups_done = 0;
+  auto* s = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(top) & ~uintptr_t{15});
+  *--s = 0;                                          // so that fiber_entry starts as if called
+  *--s = reinterpret_cast<uint64_t>(&fiber_entry);   // where the first switch returns to
+  for (int r = 0; r < 6; ++r) *--s = 0;              // rbp rbx r12 r13 r14 r15
+  *--s = 0x037full << 32 | 0x1f80ull;                // MXCSR and x87 control word: the defaults
+  sp = s;
 }
 
 void yield() {
@@ -145,10 +171,21 @@ bool settle_warp(Fiber* lanes, int n, std::string* error) {
     return false;
   }
   for (int l = 1; l < n; ++l) {
-    if (lanes[l].op != lanes[0].op) {
+    if (lanes[l].op != lanes[0].op || lanes[l].collective != lanes[0].collective) {
       *error = "lanes of one warp at different warp operations (thread " + std::to_string(lanes[l].tid) + ")";
       return false;
     }
+  }
+  if (lanes[0].op == WarpOp::kCollective) {
+    if (n != kWarp) {
+      *error = "a whole-warp operation in a warp of " + std::to_string(n) + " threads";
+      return false;
+    }
+    void* operands[kWarp];
+    for (int l = 0; l < kWarp; ++l) operands[l] = reinterpret_cast<void*>(lanes[l].bits);
+    lanes[0].collective(operands);
+    for (int l = 0; l < n; ++l) lanes[l].state = State::kRunnable;
+    return true;
   }
   uint64_t ballot = 0;
   for (int l = 0; l < n; ++l) ballot |= (lanes[l].bits & 1) << l;
@@ -160,7 +197,9 @@ bool settle_warp(Fiber* lanes, int n, std::string* error) {
       case WarpOp::kUp: src = l - f.arg >= 0 ? l - f.arg : l; break;
       case WarpOp::kDown: src = l + f.arg < kWarp ? l + f.arg : l; break;
       case WarpOp::kXor: src = l ^ f.arg; break;
-      case WarpOp::kBallot: break;
+      case WarpOp::kBallot:
+      case WarpOp::kSync:
+      case WarpOp::kCollective: break;
     }
     if (f.op == WarpOp::kBallot) {
       f.result = ballot;
@@ -179,14 +218,19 @@ bool run_block(Block& b, std::string* error) {
     bool progress = false;
     for (Fiber& f : b.fibers) {
       if (f.state != State::kRunnable) continue;
-      threadIdx = uint3{f.tid % blockDim.x, f.tid / blockDim.x % blockDim.y, f.tid / (blockDim.x * blockDim.y)};
+      threadIdx = f.idx;
       b.current = &f;
       hr_simt_switch(&b.main_sp, f.sp);
       progress = true;
+      if (!t_fault.empty()) break;
     }
-    for (int w = 0; w < n; w += kWarp) {
+    for (int w = 0; w < n && t_fault.empty(); w += kWarp) {
       if (settle_warp(&b.fibers[w], std::min(kWarp, n - w), error)) progress = true;
       if (!error->empty()) return false;
+    }
+    if (!t_fault.empty()) {
+      *error = t_fault;
+      return false;
     }
     int at_barrier = 0, done = 0;
     for (const Fiber& f : b.fibers) {
@@ -214,6 +258,7 @@ bool run_block(Block& b, std::string* error) {
 struct Allocation {
   void* map;
   size_t map_bytes;
+  size_t bytes;  // as asked for
 };
 std::map<void*, Allocation>& allocations() {
   static std::map<void*, Allocation> m;
@@ -228,14 +273,20 @@ cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, const std::
     t_error = "bad launch shape";
     return t_last = cudaErrorInvalidValue;
   }
+  if (dynamic_smem_bytes > static_cast<size_t>(kMaxSharedMemoryPerBlock)) {
+    t_error = "more dynamic shared memory than a block can have";
+    return t_last = cudaErrorInvalidValue;
+  }
   t_stacks.reserve(threads);
   Block b;
   b.body = &body;
   b.fibers.resize(threads);
-  if (dynamic_smem_bytes > 0) {
-    t_error = "dynamic shared memory is not emulated";
-    return t_last = cudaErrorInvalidValue;
+  // Ends at a guard page, as device buffers do (cudaMalloc below).
+  if (dynamic_smem_bytes > 0 && cudaMalloc(&b.dynamic_smem, dynamic_smem_bytes) != cudaSuccess) {
+    t_error = "dynamic shared memory";
+    return t_last = cudaErrorMemoryAllocation;
   }
+  t_fault.clear();
   Block* outer = t_block;
   t_block = &b;
   blockDim = block;
@@ -245,11 +296,8 @@ cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, const std::
     for (unsigned y = 0; y < grid.y && error.empty(); ++y) {
       for (unsigned x = 0; x < grid.x && error.empty(); ++x) {
         blockIdx = uint3{x, y, z};
-        for (size_t i = 0; i < threads; ++i) {
-          b.fibers[i] = Fiber{};
-          b.fibers[i].tid = static_cast<unsigned>(i);
-          prepare(b.fibers[i], t_stacks.top(i));
-        }
+        if (b.dynamic_smem) std::memset(b.dynamic_smem, 0xFF, dynamic_smem_bytes);
+        for (size_t i = 0; i < threads; ++i) b.fibers[i].reset(static_cast<unsigned>(i), t_stacks.top(i));
         if (!run_block(b, &error)) {
           error = "block (" + std::to_string(x) + "," + std::to_string(y) + "," + std::to_string(z) + "): " + error;
         }
@@ -257,6 +305,7 @@ cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, const std::
     }
   }
   t_block = outer;
+  cudaFree(b.dynamic_smem);
   if (!error.empty()) {
     t_error = error;
     std::fprintf(stderr, "simt: %s\n", error.c_str());
@@ -282,6 +331,153 @@ uint64_t warp_exchange(WarpOp op, uint64_t bits, int arg) {
 
 const char* last_error() { return t_error.c_str(); }
 
+void warp_collective(WarpCollective fn, void* mine) {
+  Fiber* f = t_block->current;
+  f->state = State::kAtWarp;
+  f->op = WarpOp::kCollective;
+  f->collective = fn;
+  f->bits = reinterpret_cast<uint64_t>(mine);
+  yield();
+  t_block->current->collective = nullptr;
+}
+
+void fault(const char* what) {
+  if (t_fault.empty()) t_fault = what;
+}
+
+void* dynamic_smem() {
+  if (!t_block->dynamic_smem) fault("dynamic shared memory used by a launch that asked for none");
+  return t_block->dynamic_smem;
+}
+
+void check_device_range(const void* p, size_t bytes, const char* what) {
+  auto& m = allocations();
+  auto it = m.upper_bound(const_cast<void*>(p));
+  const char* c = static_cast<const char*>(p);
+  if (it != m.begin()) {
+    --it;
+    const char* start = static_cast<const char*>(it->first);
+    if (c >= start && c + bytes <= start + it->second.bytes) return;
+  }
+  fault((std::string(what) + ": a range outside every device allocation").c_str());
+}
+
+void cp_async16(void* dst, const void* src, bool valid) {
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || (valid && reinterpret_cast<uintptr_t>(src) % 16 != 0)) {
+    fault("cp.async of 16 bytes at an address not 16-byte aligned");
+    return;
+  }
+  t_block->current->copies.push_back({dst, src, valid});
+}
+
+void cp_async_commit() {
+  Fiber* f = t_block->current;
+  f->group_ends.push_back(f->copies.size());
+}
+
+void cp_async_wait(int pending) {
+  Fiber* f = t_block->current;
+  while (f->group_ends.size() - f->groups_done > static_cast<size_t>(pending)) {
+    for (; f->copies_done < f->group_ends[f->groups_done]; ++f->copies_done) {
+      const AsyncCopy& c = f->copies[f->copies_done];
+      if (c.valid) {
+        std::memcpy(c.dst, c.src, 16);
+      } else {
+        std::memset(c.dst, 0, 16);
+      }
+    }
+    ++f->groups_done;
+  }
+}
+
+namespace {
+
+uint16_t half_of(uint32_t v, int i) { return static_cast<uint16_t>(i == 0 ? v & 0xffffu : v >> 16); }
+uint32_t pack(uint16_t lo, uint16_t hi) { return static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16; }
+float bf16_bits_to_float(uint16_t h) { return from_bits<float>(static_cast<uint64_t>(h) << 16); }
+
+struct LdmatrixOperands {
+  uint32_t* r;
+  const void* p;
+  bool trans;
+};
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8i..8i+7 give the rows of matrix i;
+// lane l receives, in register i, row l/4's elements 2(l%4) and 2(l%4)+1 (or, transposed, those
+// of column l/4).
+void ldmatrix_all(void* const* lanes) {
+  const auto* op = static_cast<const LdmatrixOperands* const*>(static_cast<const void*>(lanes));
+  for (int l = 0; l < kWarp; ++l) {
+    if (reinterpret_cast<uintptr_t>(op[l]->p) % 16 != 0 || op[l]->trans != op[0]->trans) {
+      fault("ldmatrix with a row address not 16-byte aligned, or lanes disagreeing on .trans");
+      return;
+    }
+  }
+  uint16_t m[4][8][8];
+  for (int i = 0; i < 4; ++i) {
+    for (int row = 0; row < 8; ++row) std::memcpy(m[i][row], op[8 * i + row]->p, 16);
+  }
+  for (int l = 0; l < kWarp; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int i = 0; i < 4; ++i) {
+      op[l]->r[i] = op[0]->trans ? pack(m[i][2 * t][g], m[i][2 * t + 1][g]) : pack(m[i][g][2 * t], m[i][g][2 * t + 1]);
+    }
+  }
+}
+
+struct MmaOperands {
+  float* c;
+  const uint32_t* a;
+  uint32_t b0, b1;
+};
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 with lane l = 4g + t holding A's rows g and
+// g+8 at columns 2t, 2t+1 (a0, a1) and 2t+8, 2t+9 (a2, a3); B's column g at rows 2t, 2t+1 (b0) and
+// 2t+8, 2t+9 (b1); C's rows g (c0, c1) and g+8 (c2, c3) at columns 2t, 2t+1.
+void mma_all(void* const* lanes) {
+  const auto* op = static_cast<const MmaOperands* const*>(static_cast<const void*>(lanes));
+  float a[16][16], b[16][8], c[16][8];
+  for (int l = 0; l < kWarp; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int e = 0; e < 2; ++e) {
+      a[g][2 * t + e] = bf16_bits_to_float(half_of(op[l]->a[0], e));
+      a[g + 8][2 * t + e] = bf16_bits_to_float(half_of(op[l]->a[1], e));
+      a[g][2 * t + 8 + e] = bf16_bits_to_float(half_of(op[l]->a[2], e));
+      a[g + 8][2 * t + 8 + e] = bf16_bits_to_float(half_of(op[l]->a[3], e));
+      b[2 * t + e][g] = bf16_bits_to_float(half_of(op[l]->b0, e));
+      b[2 * t + 8 + e][g] = bf16_bits_to_float(half_of(op[l]->b1, e));
+      c[g][2 * t + e] = op[l]->c[e];
+      c[g + 8][2 * t + e] = op[l]->c[2 + e];
+    }
+  }
+  for (int i = 0; i < 16; ++i) {
+    for (int j = 0; j < 8; ++j) {
+      float acc = c[i][j];
+      for (int k = 0; k < 16; ++k) acc += a[i][k] * b[k][j];
+      c[i][j] = acc;
+    }
+  }
+  for (int l = 0; l < kWarp; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int e = 0; e < 2; ++e) {
+      op[l]->c[e] = c[g][2 * t + e];
+      op[l]->c[2 + e] = c[g + 8][2 * t + e];
+    }
+  }
+}
+
+}  // namespace
+
+void ldmatrix_x4(uint32_t* r, const void* p, bool trans) {
+  LdmatrixOperands mine{r, p, trans};
+  warp_collective(&ldmatrix_all, &mine);
+}
+
+void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  MmaOperands mine{c, a, b0, b1};
+  warp_collective(&mma_all, &mine);
+}
+
 }  // namespace hr::simt
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
@@ -298,7 +494,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   // kernels need 16), so that a read past the end faults at once.
   char* start = c + page + usable - body;
   *ptr = start;
-  hr::simt::allocations()[start] = {map, map_bytes};
+  hr::simt::allocations()[start] = {map, map_bytes, bytes};
   return cudaSuccess;
 }
 
@@ -334,6 +530,19 @@ cudaError_t cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;
 }
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount: *value = hr::simt::kMultiprocessors; return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = hr::simt::kMaxSharedMemoryPerBlock; return cudaSuccess;
+  }
+  return cudaErrorInvalidValue;
+}
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  static uintptr_t next = 0;
+  *stream = reinterpret_cast<cudaStream_t>(++next);  // names only: work runs at once, in order
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaGetLastError() { return cudaDeviceSynchronize(); }
 const char* cudaGetErrorString(cudaError_t err) {
   switch (err) {

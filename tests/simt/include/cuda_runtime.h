@@ -1,11 +1,18 @@
 // A host stand-in for the parts of the CUDA runtime and device intrinsics that our kernels use, so
-// that kernels without inline PTX compile as C++ and run on the CPU (tests/simt/simt.cc): each
-// block in turn, each thread a fiber, shared memory shared by the block's fibers, warp shuffles
-// and votes exchanged among a warp's 32 fibers, __syncthreads a barrier that every live thread of
+// that their sources compile as C++ and run on the CPU (tests/simt/simt.cc): each block in turn,
+// each thread a fiber, shared memory shared by the block's fibers, warp shuffles, votes and
+// __syncwarp exchanged among a warp's 32 fibers, __syncthreads a barrier that every live thread of
 // the block must reach. Device memory is host memory that ends at a guard page, so a read past a
-// buffer faults. Not emulated: races (fibers switch only at barriers and warp operations, so
-// shared memory behaves as if every access were ordered), dynamic shared memory, inline PTX. Floating-point intrinsics are the host's IEEE
-// operations (__expf is expf, not the GPU's approximation).
+// buffer faults; dynamic shared memory (HR_DYNAMIC_SMEM) is a per-block buffer ending at one too,
+// filled with 0xFF bytes (NaN as floats) before each block. The PTX the kernels use has stand-ins
+// behind their wrappers (kernels/internal/mma.cuh, common.cuh): ldmatrix and mma.sync are
+// whole-warp operations on the warp's fragments; cp.async copies are queued per thread and done
+// only when a cp.async.wait_group lets their group complete, so a read before the wait sees the
+// poison; L2 prefetches fail unless their range lies inside one device allocation. Not emulated:
+// races (fibers switch only at barriers and warp operations, so shared memory behaves as if every
+// access were ordered) and programmatic dependent launch (kernels run one after another).
+// Floating-point intrinsics are the host's IEEE operations (__expf is expf, not the GPU's
+// approximation); mma.sync sums in fp32 in k order.
 #pragma once
 
 #include <cmath>
@@ -82,6 +89,7 @@ struct cudaLaunchConfig_t {
   unsigned numAttrs = 0;
 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
 struct cudaFuncAttributes {
   int ptxVersion = 0;
   int binaryVersion = 0;
@@ -96,7 +104,12 @@ extern thread_local dim3 gridDim;
 
 namespace hr::simt {
 
-enum class WarpOp { kIdx, kUp, kDown, kXor, kBallot };
+enum class WarpOp { kIdx, kUp, kDown, kXor, kBallot, kSync, kCollective };
+
+// The stand-in's device: an H100's multiprocessor count and shared memory per block.
+constexpr int kMultiprocessors = 132;
+constexpr int kMaxSharedMemoryPerBlock = 227 << 10;
+constexpr int kBlocksPerMultiprocessor = 8;
 
 // Runs body() for every thread of every block of the grid; fails (with last_error()) on a barrier
 // some live thread cannot reach or a warp operation some lane cannot join. Dynamic shared memory
@@ -106,6 +119,23 @@ void sync_block();
 // This lane's contribution to a warp-wide operation, and what it gets back.
 uint64_t warp_exchange(WarpOp op, uint64_t bits, int arg);
 const char* last_error();
+// A warp operation on more than a value per lane: every lane passes a pointer to its operands, and
+// once the whole warp (32 lanes) has joined with the same fn, fn(lanes) runs once, lanes[l] being
+// lane l's pointer.
+using WarpCollective = void (*)(void* const* lanes);
+void warp_collective(WarpCollective fn, void* mine);
+// Fails the running launch with `what` (the first failure is the one reported).
+void fault(const char* what);
+// The running block's dynamic shared memory.
+void* dynamic_smem();
+// Faults unless [p, p + bytes) lies inside one device allocation.
+void check_device_range(const void* p, size_t bytes, const char* what);
+// The PTX the kernels use (kernels/internal/mma.cuh).
+void cp_async16(void* dst, const void* src, bool valid);
+void cp_async_commit();
+void cp_async_wait(int pending);
+void ldmatrix_x4(uint32_t* r, const void* p, bool trans);
+void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1);
 
 template <typename T>
 uint64_t to_bits(T v) {
@@ -123,6 +153,9 @@ T from_bits(uint64_t b) {
 
 }  // namespace hr::simt
 
+// Dynamic shared memory (kernels/internal/common.cuh declares it through this macro).
+#define HR_DYNAMIC_SMEM(type, name) type* name = static_cast<type*>(::hr::simt::dynamic_smem())
+
 // Runtime API.
 cudaError_t cudaMalloc(void** ptr, size_t bytes);
 template <typename T>
@@ -137,6 +170,14 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t str
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
+cudaError_t cudaStreamCreate(cudaStream_t* stream);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+template <typename F>
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, F*, int, size_t) {
+  *blocks = hr::simt::kBlocksPerMultiprocessor;
+  return cudaSuccess;
+}
 cudaError_t cudaGetLastError();
 const char* cudaGetErrorString(cudaError_t err);
 template <typename F>
@@ -157,7 +198,7 @@ cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* cfg, void (*kernel)(Par
 
 // Synchronisation and warp intrinsics (full warps only: every lane of the warp takes part).
 inline void __syncthreads() { hr::simt::sync_block(); }
-inline void __syncwarp(unsigned = 0xffffffffu) {}
+inline void __syncwarp(unsigned = 0xffffffffu) { hr::simt::warp_exchange(hr::simt::WarpOp::kSync, 0, 0); }
 inline void __threadfence() {}
 inline void __threadfence_block() {}
 template <typename T>
@@ -216,6 +257,23 @@ T atomicCAS(T* p, T compare, T v) {
   return old;
 }
 
+// Loads with cache hints.
+template <typename T>
+T __ldg(const T* p) {
+  return *p;
+}
+template <typename T>
+T __ldcg(const T* p) {
+  return *p;
+}
+template <typename T>
+T __ldcs(const T* p) {
+  return *p;
+}
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+
 // Integer and floating-point intrinsics.
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
@@ -243,5 +301,7 @@ inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 inline long long min(long long a, long long b) { return a < b ? a : b; }
 inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline unsigned long min(unsigned long a, unsigned long b) { return a < b ? a : b; }
+inline unsigned long max(unsigned long a, unsigned long b) { return a > b ? a : b; }
 inline float min(float a, float b) { return std::fmin(a, b); }
 inline float max(float a, float b) { return std::fmax(a, b); }
