@@ -2,7 +2,8 @@
 // backend (prefill and decode steps over scattered blocks), greedy answers equal to PyTorch's on at
 // least 99% of the reference prompts through the engine (any that differ are listed with their
 // reference margin), with steps pipelined or not; tokens fed on the device equal to tokens given;
-// seeded sampling reproducible; and bad steps refused. Skips without a device.
+// seeded sampling reproducible; and bad steps refused. Skips without a device. Also built against
+// the CPU stand-in for the CUDA runtime (tests/simt, HEADROOM_SIMT), cuBLASLt included.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -13,10 +14,12 @@
 
 #include "engine/cpu_backend.h"
 #include "engine/cuda_backend.h"
-#include "engine/device.h"
 #include "engine/engine.h"
 #include "engine/weights.h"
 #include "tests/engine/cuda_test_util.h"
+#ifndef HEADROOM_SIMT
+#include "engine/device.h"
+#endif
 
 namespace hr::engine {
 namespace {
@@ -38,11 +41,15 @@ std::shared_ptr<const ModelWeights> tiny_weights() {
   return w;
 }
 
+// Sequences per step. The CPU stand-in runs a step's kernels thread by thread (a sampled row costs
+// about a millisecond): there, fewer sequences at once, and so fewer decode graphs to warm up.
+constexpr int kMaxSeqs = kOnSimt ? 32 : 256;
+
 CudaBackendOptions small_options() {
   CudaBackendOptions o;
   o.kv_cache_bytes = 16 << 20;
   o.max_num_tokens = 4096;
-  o.max_num_seqs = 256;
+  o.max_num_seqs = kMaxSeqs;
   return o;
 }
 
@@ -172,23 +179,25 @@ void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline, bool fewer_ke
   auto gpu = CudaBackend::create(*tiny_weights(), o);
   ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
   EngineOptions eo;
-  eo.scheduler.max_num_seqs = 256;
+  eo.scheduler.max_num_seqs = kMaxSeqs;
   eo.scheduler.max_batched_tokens = 4096;
   eo.pipeline = pipeline;
   std::shared_ptr<CudaBackend> backend = std::move(gpu).value();
   auto engine = Engine::create(backend, nullptr, 512, eo);
   ASSERT_TRUE(engine.is_ok());
   EXPECT_EQ((*engine)->pipelined(), pipeline);
-  // Every decode graph up front: 1, 2, 4, 8, 16, ..., 256 sequences, in both staging slots, for
-  // block tables 33 wide. The steps below pad their batches up to those sizes and replay them; their
-  // tables (as wide as their sequences need: 1 to 8 blocks) are copied into the graphs' pitch.
+  // Every decode graph up front: 1, 2, 4, 8, 16, ..., kMaxSeqs sequences, in both staging slots,
+  // for block tables 33 wide. The steps below pad their batches up to those sizes and replay them;
+  // their tables (as wide as their sequences need: 1 to 8 blocks) are copied into the graphs' pitch.
+  const size_t graphs = 2u * (3 + kMaxSeqs / 8);
   ASSERT_TRUE((*engine)->warm_up().is_ok());
-  EXPECT_EQ(backend->num_graphs(), cuda_graphs ? 2u * (3 + 32) : 0u);
+  EXPECT_EQ(backend->num_graphs(), cuda_graphs ? graphs : 0u);
   EXPECT_EQ(backend->graph_batch_size(3), 4);
   EXPECT_EQ(backend->graph_batch_size(9), 16);
-  EXPECT_EQ(backend->graph_batch_size(255), 256);
+  EXPECT_EQ(backend->graph_batch_size(kMaxSeqs - 1), kMaxSeqs);
   auto ref = load_reference();
-  const size_t n = ref["cases"].size();
+  // Every reference prompt; on the CPU stand-in, as many as run at once.
+  const size_t n = kOnSimt ? static_cast<size_t>(kMaxSeqs) : ref["cases"].size();
   std::vector<std::vector<int32_t>> out(n);
   for (size_t i = 0; i < n; ++i) {
     GenerationRequest r;
@@ -217,7 +226,7 @@ void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline, bool fewer_ke
   std::printf("greedy on GPU (graphs %s, pipelined %s, fewer kernels %s, decode attention %d, prefetch %d MiB): "
               "%zu of %zu reference prompts equal to PyTorch\n", cuda_graphs ? "on" : "off", pipeline ? "on" : "off",
               fewer_kernels ? "on" : "off", static_cast<int>(decode), prefetch_mb, same, n);
-  EXPECT_EQ(backend->num_graphs(), cuda_graphs ? 2u * (3 + 32) : 0u) << "a decode step captured a new graph";
+  EXPECT_EQ(backend->num_graphs(), cuda_graphs ? graphs : 0u) << "a decode step captured a new graph";
   EXPECT_GE(static_cast<double>(same), 0.99 * static_cast<double>(n));
 }
 
@@ -274,7 +283,7 @@ std::vector<Answer> greedy_answers(std::shared_ptr<Backend> backend, bool pipeli
   const auto ref = load_reference();
   EngineOptions eo;
   eo.pipeline = pipeline;
-  eo.scheduler.max_num_seqs = 64;
+  eo.scheduler.max_num_seqs = std::min(64, kMaxSeqs);
   eo.scheduler.max_batched_tokens = 4096;
   auto engine = Engine::create(std::move(backend), nullptr, 512, eo);
   EXPECT_TRUE(engine.is_ok());
@@ -582,7 +591,11 @@ TEST(CudaBackendTest, RefusesBadSteps) {
 // Without a device (or with a wrong index) the backend is refused with a clear error, no crash.
 TEST(CudaBackendTest, MissingDeviceIsAClearError) {
   CudaBackendOptions o = small_options();
+#ifdef HEADROOM_SIMT
+  o.device = 64;  // the CPU stand-in always has device 0
+#else
   o.device = list_gpus().empty() ? 0 : 64;
+#endif
   auto b = CudaBackend::create(*tiny_weights(), o);
   ASSERT_FALSE(b.is_ok());
   EXPECT_EQ(b.status().code(), StatusCode::kUnavailable);

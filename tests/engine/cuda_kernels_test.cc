@@ -1,8 +1,7 @@
 // Each CUDA kernel against its CPU reference (the CPU backend's own functions where they exist):
 // random inputs without ties, odd sizes, block-boundary lengths, GQA ratios 1, 4 and 8, outputs
 // poisoned before each launch. Skips without a device. Sampling: cuda_sampling_test.cc. Also built
-// against the CPU stand-in for the CUDA runtime (tests/simt, HEADROOM_SIMT), without the cuBLASLt
-// test.
+// against the CPU stand-in for the CUDA runtime (tests/simt, HEADROOM_SIMT).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -16,6 +15,7 @@
 
 #include "engine/attention_plan.h"
 #include "engine/cpu_backend.h"
+#include "engine/cuda_gemm.h"
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
 #include "kernels/embedding.cuh"
@@ -26,9 +26,6 @@
 #include "kernels/rope_kv.cuh"
 #include "kernels/silu_mul.cuh"
 #include "tests/engine/cuda_test_util.h"
-#ifndef HEADROOM_SIMT
-#include "engine/cuda_gemm.h"
-#endif
 
 namespace hr::engine {
 namespace {
@@ -414,7 +411,6 @@ TEST(CudaKernelsTest, PagedAttentionItemsWithoutKeysWriteZeros) {
   }
 }
 
-#ifndef HEADROOM_SIMT
 TEST(CudaKernelsTest, GemmMatchesReference) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(6);
@@ -438,7 +434,6 @@ TEST(CudaKernelsTest, GemmMatchesReference) {
     EXPECT_LT(rel_error(bf16_to_float(d_y16.get()), ref), 5e-3) << m << "x" << n << "x" << k;
   }
 }
-#endif
 
 // y [m, n] = x [m, k] · w [n, k]^T, bf16 in, fp32 out.
 kernels::GemvParams plain_gemv(uint16_t* w, uint16_t* x, float* y, int m, int n, int k) {

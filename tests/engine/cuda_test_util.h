@@ -20,13 +20,15 @@
 
 namespace hr::engine {
 
+#ifdef HEADROOM_SIMT
+constexpr bool kOnSimt = true;
+#else
+constexpr bool kOnSimt = false;
+#endif
+
 // Draws for the statistical checks: a quarter on the CPU stand-in, where a row costs about a
 // millisecond of fiber switches (the checks hold at either count).
-#ifdef HEADROOM_SIMT
-constexpr int kDrawDivisor = 4;
-#else
-constexpr int kDrawDivisor = 1;
-#endif
+constexpr int kDrawDivisor = kOnSimt ? 4 : 1;
 
 inline std::vector<float> random_vec(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
   std::uniform_real_distribution<float> d(lo, hi);

@@ -8,10 +8,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda_runtime.h"
@@ -25,8 +29,9 @@ thread_local dim3 gridDim;
 #error "tests/simt switches fibers with x86-64 code"
 #endif
 
-// Saves the callee-saved registers, MXCSR and the x87 control word on the current stack, stores
-// the stack pointer in *save and resumes the context whose stack pointer is `load`.
+// Saves the callee-saved registers on the current stack, stores the stack pointer in *save and
+// resumes the context whose stack pointer is `load`. (MXCSR and the x87 control word are not
+// switched: nothing here changes them, and restoring them is most of a switch's cost.)
 extern "C" void hr_simt_switch(void** save, void* load);
 asm(R"(
   .text
@@ -39,14 +44,8 @@ hr_simt_switch:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -149,7 +148,6 @@ void Fiber::reset(unsigned t, char* top) {
   *--s = 0;                                          // so that fiber_entry starts as if called
   *--s = reinterpret_cast<uint64_t>(&fiber_entry);   // where the first switch returns to
   for (int r = 0; r < 6; ++r) *--s = 0;              // rbp rbx r12 r13 r14 r15
-  *--s = 0x037full << 32 | 0x1f80ull;                // MXCSR and x87 control word: the defaults
   sp = s;
 }
 
@@ -267,6 +265,10 @@ std::map<void*, Allocation>& allocations() {
 
 }  // namespace
 
+// Dynamic shared memory: ends at a guard page, like device memory, but is not counted as it.
+void* alloc_dynamic_smem(size_t bytes);
+void free_dynamic_smem(void* p);
+
 cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, const std::function<void()>& body) {
   const size_t threads = static_cast<size_t>(block.x) * block.y * block.z;
   if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0) {
@@ -282,7 +284,7 @@ cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, const std::
   b.body = &body;
   b.fibers.resize(threads);
   // Ends at a guard page, as device buffers do (cudaMalloc below).
-  if (dynamic_smem_bytes > 0 && cudaMalloc(&b.dynamic_smem, dynamic_smem_bytes) != cudaSuccess) {
+  if (dynamic_smem_bytes > 0 && !(b.dynamic_smem = alloc_dynamic_smem(dynamic_smem_bytes))) {
     t_error = "dynamic shared memory";
     return t_last = cudaErrorMemoryAllocation;
   }
@@ -305,7 +307,7 @@ cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, const std::
     }
   }
   t_block = outer;
-  cudaFree(b.dynamic_smem);
+  free_dynamic_smem(b.dynamic_smem);
   if (!error.empty()) {
     t_error = error;
     std::fprintf(stderr, "simt: %s\n", error.c_str());
@@ -348,18 +350,6 @@ void fault(const char* what) {
 void* dynamic_smem() {
   if (!t_block->dynamic_smem) fault("dynamic shared memory used by a launch that asked for none");
   return t_block->dynamic_smem;
-}
-
-void check_device_range(const void* p, size_t bytes, const char* what) {
-  auto& m = allocations();
-  auto it = m.upper_bound(const_cast<void*>(p));
-  const char* c = static_cast<const char*>(p);
-  if (it != m.begin()) {
-    --it;
-    const char* start = static_cast<const char*>(it->first);
-    if (c >= start && c + bytes <= start + it->second.bytes) return;
-  }
-  fault((std::string(what) + ": a range outside every device allocation").c_str());
 }
 
 void cp_async16(void* dst, const void* src, bool valid) {
@@ -480,54 +470,199 @@ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
 
 }  // namespace hr::simt
 
-cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+namespace hr::simt {
+namespace {
+
+std::mutex& state_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+// Device memory that ends at a guard page (within 15 bytes), with a guard page below its first
+// page too.
+void* map_guarded(size_t bytes) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t body = (bytes + 15) / 16 * 16;
   const size_t usable = (body + page - 1) / page * page;
   const size_t map_bytes = usable + 2 * page;
   void* map = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (map == MAP_FAILED) return cudaErrorMemoryAllocation;
+  if (map == MAP_FAILED) return nullptr;
   char* c = static_cast<char*>(map);
   mprotect(c, page, PROT_NONE);
   mprotect(c + page + usable, page, PROT_NONE);
   // As close to the end guard as a 16-byte aligned start allows (cudaMalloc aligns to 256; our
   // kernels need 16), so that a read past the end faults at once.
   char* start = c + page + usable - body;
-  *ptr = start;
-  hr::simt::allocations()[start] = {map, map_bytes, bytes};
+  std::lock_guard<std::mutex> lock(state_mutex());
+  allocations()[start] = {map, map_bytes, bytes};
+  return start;
+}
+
+bool unmap_guarded(void* ptr) {
+  Allocation a;
+  {
+    std::lock_guard<std::mutex> lock(state_mutex());
+    auto& m = allocations();
+    auto it = m.find(ptr);
+    if (it == m.end()) return false;
+    a = it->second;
+    m.erase(it);
+  }
+  munmap(a.map, a.map_bytes);
+  return true;
+}
+
+std::atomic<size_t> g_allocated{0};  // by cudaMalloc
+
+}  // namespace
+
+void* alloc_dynamic_smem(size_t bytes) { return map_guarded(bytes); }
+void free_dynamic_smem(void* p) {
+  if (p) unmap_guarded(p);
+}
+
+void check_device_range(const void* p, size_t bytes, const char* what) {
+  {
+    std::lock_guard<std::mutex> lock(state_mutex());
+    auto& m = allocations();
+    auto it = m.upper_bound(const_cast<void*>(p));
+    const char* c = static_cast<const char*>(p);
+    if (it != m.begin()) {
+      --it;
+      const char* start = static_cast<const char*>(it->first);
+      if (c >= start && c + bytes <= start + it->second.bytes) return;
+    }
+  }
+  fault((std::string(what) + ": a range outside every device allocation").c_str());
+}
+
+namespace {
+
+using Work = std::function<cudaError_t()>;
+
+struct Graph {
+  std::vector<Work> work;
+};
+
+struct Capture {
+  std::thread::id thread;
+  Graph* graph = nullptr;
+  bool invalidated = false;
+};
+
+// Streams being captured (guarded by state_mutex()).
+std::map<cudaStream_t, Capture>& captures() {
+  static std::map<cudaStream_t, Capture> m;
+  return m;
+}
+
+// True (and the captures invalidated) when this thread is capturing: for what a capture forbids.
+bool forbidden_while_capturing() {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  bool any = false;
+  for (auto& [stream, c] : captures()) {
+    if (c.thread == std::this_thread::get_id()) {
+      c.invalidated = true;
+      any = true;
+    }
+  }
+  return any;
+}
+
+cudaError_t sticky_error() {
+  const cudaError_t e = t_last;
+  t_last = cudaSuccess;
+  return e;
+}
+
+}  // namespace
+
+cudaError_t enqueue(cudaStream_t stream, Work work) {
+  {
+    std::lock_guard<std::mutex> lock(state_mutex());
+    auto it = captures().find(stream);
+    if (it != captures().end()) {
+      if (it->second.invalidated) return cudaErrorStreamCaptureInvalidated;
+      it->second.graph->work.push_back(std::move(work));
+      return cudaSuccess;
+    }
+  }
+  if (stream == nullptr && forbidden_while_capturing()) return cudaErrorStreamCaptureImplicit;
+  return work();
+}
+
+}  // namespace hr::simt
+
+using hr::simt::forbidden_while_capturing;
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  if (forbidden_while_capturing()) return cudaErrorStreamCaptureUnsupported;
+  if (bytes > hr::simt::kDeviceMemoryBytes - hr::simt::g_allocated.load()) return cudaErrorMemoryAllocation;
+  *ptr = hr::simt::map_guarded(bytes);
+  if (!*ptr) return cudaErrorMemoryAllocation;
+  hr::simt::g_allocated += bytes;
   return cudaSuccess;
 }
 
 cudaError_t cudaFree(void* ptr) {
   if (!ptr) return cudaSuccess;
-  auto& m = hr::simt::allocations();
-  auto it = m.find(ptr);
-  if (it == m.end()) return cudaErrorInvalidValue;
-  munmap(it->second.map, it->second.map_bytes);
-  m.erase(it);
+  if (forbidden_while_capturing()) return cudaErrorStreamCaptureUnsupported;
+  size_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(hr::simt::state_mutex());
+    auto it = hr::simt::allocations().find(ptr);
+    if (it == hr::simt::allocations().end()) return cudaErrorInvalidValue;
+    bytes = it->second.bytes;
+  }
+  hr::simt::unmap_guarded(ptr);
+  hr::simt::g_allocated -= bytes;
   return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  if (forbidden_while_capturing()) return cudaErrorStreamCaptureImplicit;
   if (bytes) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t stream) {
+  return hr::simt::enqueue(stream, [=] {
+    if (bytes) std::memmove(dst, src, bytes);
+    return cudaSuccess;
+  });
+}
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind, cudaStream_t stream) {
+  if (width > dpitch || width > spitch) return cudaErrorInvalidValue;
+  return hr::simt::enqueue(stream, [=] {
+    for (size_t r = 0; r < height; ++r) {
+      std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+    }
+    return cudaSuccess;
+  });
 }
 cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
+  if (forbidden_while_capturing()) return cudaErrorStreamCaptureImplicit;
   if (bytes) std::memset(ptr, value, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t) { return cudaMemset(ptr, value, bytes); }
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
+  return hr::simt::enqueue(stream, [=] {
+    if (bytes) std::memset(ptr, value, bytes);
+    return cudaSuccess;
+  });
+}
 cudaError_t cudaDeviceSynchronize() {
-  const cudaError_t e = hr::simt::t_last;
-  hr::simt::t_last = cudaSuccess;
-  return e;
+  if (forbidden_while_capturing()) return cudaErrorStreamCaptureUnsupported;
+  return hr::simt::sticky_error();
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaDeviceSynchronize(); }
 cudaError_t cudaGetDevice(int* device) {
   *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
@@ -537,20 +672,146 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   }
   return cudaErrorInvalidValue;
 }
-cudaError_t cudaStreamCreate(cudaStream_t* stream) {
-  static uintptr_t next = 0;
-  *stream = reinterpret_cast<cudaStream_t>(++next);  // names only: work runs at once, in order
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  *total_bytes = hr::simt::kDeviceMemoryBytes;
+  *free_bytes = hr::simt::kDeviceMemoryBytes - hr::simt::g_allocated.load();
   return cudaSuccess;
 }
-cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaGetLastError() { return cudaDeviceSynchronize(); }
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned) {
+  if (forbidden_while_capturing()) return cudaErrorStreamCaptureUnsupported;
+  *ptr = std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64);
+  return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFreeHost(void* ptr) {
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+// Streams are names only: distinct handles for the capture bookkeeping.
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  static std::atomic<uintptr_t> next{0};
+  *stream = reinterpret_cast<cudaStream_t>(++next);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) { return cudaStreamCreate(stream); }
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(hr::simt::state_mutex());
+  return hr::simt::captures().count(stream) ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  if (stream == nullptr) return cudaErrorStreamCaptureUnsupported;
+  std::lock_guard<std::mutex> lock(hr::simt::state_mutex());
+  auto [it, added] = hr::simt::captures().try_emplace(stream);
+  if (!added) return cudaErrorStreamCaptureUnsupported;
+  it->second.thread = std::this_thread::get_id();
+  it->second.graph = new hr::simt::Graph();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  std::lock_guard<std::mutex> lock(hr::simt::state_mutex());
+  auto it = hr::simt::captures().find(stream);
+  *graph = nullptr;
+  if (it == hr::simt::captures().end()) return cudaErrorInvalidValue;
+  const hr::simt::Capture c = it->second;
+  hr::simt::captures().erase(it);
+  if (c.invalidated) {
+    delete c.graph;
+    return cudaErrorStreamCaptureInvalidated;
+  }
+  *graph = reinterpret_cast<cudaGraph_t>(c.graph);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  std::lock_guard<std::mutex> lock(hr::simt::state_mutex());
+  auto it = hr::simt::captures().find(stream);
+  *status = it == hr::simt::captures().end() ? cudaStreamCaptureStatusNone
+            : it->second.invalidated         ? cudaStreamCaptureStatusInvalidated
+                                             : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (!graph) return cudaErrorInvalidValue;
+  *exec = reinterpret_cast<cudaGraphExec_t>(new hr::simt::Graph(*reinterpret_cast<hr::simt::Graph*>(graph)));
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (!exec) return cudaErrorInvalidValue;
+  const auto* g = reinterpret_cast<const hr::simt::Graph*>(exec);
+  return hr::simt::enqueue(stream, [g] {
+    for (const hr::simt::Work& w : g->work) {
+      if (cudaError_t e = w(); e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  });
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete reinterpret_cast<hr::simt::Graph*>(graph);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete reinterpret_cast<hr::simt::Graph*>(exec);
+  return cudaSuccess;
+}
+
+// Events: the host's clock when the stream reached them (at once, as work runs at once).
+struct CUevent_st {
+  std::chrono::steady_clock::time_point at{};
+};
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  *event = new CUevent_st();
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) { return cudaEventCreate(event); }
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (!event) return cudaErrorInvalidResourceHandle;
+  return hr::simt::enqueue(stream, [event] {
+    event->at = std::chrono::steady_clock::now();
+    return cudaSuccess;
+  });
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (!event) return cudaErrorInvalidResourceHandle;
+  return cudaDeviceSynchronize();
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!start || !end) return cudaErrorInvalidResourceHandle;
+  *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError() { return hr::simt::sticky_error(); }
+const char* cudaGetErrorName(cudaError_t err) {
+  switch (err) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorMisalignedAddress: return "cudaErrorMisalignedAddress";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+  }
+  return "cudaErrorUnknown";
+}
 const char* cudaGetErrorString(cudaError_t err) {
   switch (err) {
     case cudaSuccess: return "no error";
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorMisalignedAddress: return "misaligned address";
     case cudaErrorLaunchFailure: return hr::simt::last_error();
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
   }
   return "unknown error";
 }

@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 
 #define __global__
@@ -59,11 +61,25 @@ enum cudaError_t {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
   cudaErrorMisalignedAddress = 716,
   cudaErrorLaunchFailure = 719,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureImplicit = 906,
 };
 using cudaError = cudaError_t;
 typedef struct CUstream_st* cudaStream_t;
+typedef struct CUevent_st* cudaEvent_t;
+typedef struct CUgraph_st* cudaGraph_t;
+typedef struct CUgraphExec_st* cudaGraphExec_t;
+constexpr unsigned cudaStreamNonBlocking = 1;
+constexpr unsigned cudaEventDisableTiming = 2;
+enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1,
+                             cudaStreamCaptureModeRelaxed = 2 };
+enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone = 0, cudaStreamCaptureStatusActive = 1,
+                               cudaStreamCaptureStatusInvalidated = 2 };
 
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
@@ -110,11 +126,17 @@ enum class WarpOp { kIdx, kUp, kDown, kXor, kBallot, kSync, kCollective };
 constexpr int kMultiprocessors = 132;
 constexpr int kMaxSharedMemoryPerBlock = 227 << 10;
 constexpr int kBlocksPerMultiprocessor = 8;
+constexpr size_t kDeviceMemoryBytes = size_t{80} << 30;
 
 // Runs body() for every thread of every block of the grid; fails (with last_error()) on a barrier
 // some live thread cannot reach or a warp operation some lane cannot join. Dynamic shared memory
 // (extern __shared__) is not emulated: a launch that asks for it fails.
 cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem, const std::function<void()>& body);
+// Streams and graphs: work runs at once, in the order it is issued, except on a stream being
+// captured, where it is recorded into the graph instead (and runs at each launch of the graph).
+// While this thread captures, what a capture forbids (synchronising, a synchronous copy, an
+// allocation, work on the legacy stream) fails and invalidates the capture.
+cudaError_t enqueue(cudaStream_t stream, std::function<cudaError_t()> work);
 void sync_block();
 // This lane's contribution to a warp-wide operation, and what it gets back.
 uint64_t warp_exchange(WarpOp op, uint64_t bits, int arg);
@@ -165,6 +187,8 @@ cudaError_t cudaMalloc(T** ptr, size_t bytes) {
 cudaError_t cudaFree(void* ptr);
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream = nullptr);
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t stream = nullptr);
 cudaError_t cudaMemset(void* ptr, int value, size_t bytes);
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream = nullptr);
 cudaError_t cudaDeviceSynchronize();
@@ -191,10 +215,36 @@ cudaError_t cudaFuncSetAttribute(F*, cudaFuncAttribute, int) {
 }
 template <typename... Params, typename... Args>
 cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* cfg, void (*kernel)(Params...), Args&&... args) {
-  // Parameters by value, as a launch copies them.
-  return hr::simt::launch(cfg->gridDim, cfg->blockDim, cfg->dynamicSmemBytes,
-                          [&, kernel] { kernel(static_cast<Params>(args)...); });
+  // The parameters copied, as a launch (or a graph's kernel node) copies them.
+  std::tuple<std::remove_cvref_t<Params>...> params(static_cast<Params>(args)...);
+  const dim3 grid = cfg->gridDim, block = cfg->blockDim;
+  const size_t smem = cfg->dynamicSmemBytes;
+  return hr::simt::enqueue(cfg->stream, [kernel, params, grid, block, smem] {
+    return hr::simt::launch(grid, block, smem, [&] { std::apply(kernel, params); });
+  });
 }
+
+// Events, streams, graphs, pinned memory, the device.
+cudaError_t cudaEventCreate(cudaEvent_t* event);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned flags);
+cudaError_t cudaFreeHost(void* ptr);
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDeviceCount(int* count);
+const char* cudaGetErrorName(cudaError_t err);
 
 // Synchronisation and warp intrinsics (full warps only: every lane of the warp takes part).
 inline void __syncthreads() { hr::simt::sync_block(); }
