@@ -29,34 +29,37 @@ thread_local dim3 gridDim;
 #error "tests/simt switches fibers with x86-64 code"
 #endif
 
-// Saves the callee-saved registers on the current stack, stores the stack pointer in *save and
-// resumes the context whose stack pointer is `load`. (MXCSR and the x87 control word are not
-// switched: nothing here changes them, and restoring them is most of a switch's cost.)
-extern "C" void hr_simt_switch(void** save, void* load);
-asm(R"(
-  .text
-  .globl hr_simt_switch
-  .type hr_simt_switch, @function
-hr_simt_switch:
-  pushq %rbp
-  pushq %rbx
-  pushq %r12
-  pushq %r13
-  pushq %r14
-  pushq %r15
-  movq %rsp, (%rdi)
-  movq %rsi, %rsp
-  popq %r15
-  popq %r14
-  popq %r13
-  popq %r12
-  popq %rbx
-  popq %rbp
-  ret
-  .size hr_simt_switch, .-hr_simt_switch
-  .section .note.GNU-stack,"",@progbits
-  .text
-)");
+// Save the callee-saved registers on the current stack, store the stack pointer in *save and
+// resume the context whose stack pointer is `load`: hr_simt_to_fiber from the scheduler,
+// hr_simt_to_main from a fiber. Two copies, each ending in an indirect jump rather than a return
+// (a switch never returns to its own caller), so that the branch predictor learns each one's
+// usual target: the scheduler's loop, or where the block's fibers wait. (MXCSR and the x87
+// control word are not switched: nothing here changes them, and restoring them is slow.)
+extern "C" void hr_simt_to_fiber(void** save, void* load);
+extern "C" void hr_simt_to_main(void** save, void* load);
+#define HR_SIMT_SWITCH(name)  \
+  "  .globl " #name "\n"      \
+  "  .type " #name ", @function\n" \
+  #name ":\n"                 \
+  "  pushq %rbp\n"            \
+  "  pushq %rbx\n"            \
+  "  pushq %r12\n"            \
+  "  pushq %r13\n"            \
+  "  pushq %r14\n"            \
+  "  pushq %r15\n"            \
+  "  movq %rsp, (%rdi)\n"     \
+  "  movq %rsi, %rsp\n"       \
+  "  popq %r15\n"             \
+  "  popq %r14\n"             \
+  "  popq %r13\n"             \
+  "  popq %r12\n"             \
+  "  popq %rbx\n"             \
+  "  popq %rbp\n"             \
+  "  popq %r11\n"             \
+  "  jmpq *%r11\n"            \
+  "  .size " #name ", .-" #name "\n"
+asm("  .text\n" HR_SIMT_SWITCH(hr_simt_to_fiber) HR_SIMT_SWITCH(hr_simt_to_main)
+    "  .section .note.GNU-stack,\"\",@progbits\n  .text\n");
 
 namespace hr::simt {
 namespace {
@@ -132,7 +135,7 @@ thread_local Stacks t_stacks;
   Block* b = t_block;
   (*b->body)();
   b->current->state = State::kDone;
-  hr_simt_switch(&b->current->sp, b->main_sp);
+  hr_simt_to_main(&b->current->sp, b->main_sp);
   std::abort();  // a finished fiber is never resumed
 }
 
@@ -153,7 +156,7 @@ void Fiber::reset(unsigned t, char* top) {
 
 void yield() {
   Block* b = t_block;
-  hr_simt_switch(&b->current->sp, b->main_sp);
+  hr_simt_to_main(&b->current->sp, b->main_sp);
 }
 
 // Completes a warp's operation once all its live lanes have joined; false while some have not.
@@ -218,7 +221,7 @@ bool run_block(Block& b, std::string* error) {
       if (f.state != State::kRunnable) continue;
       threadIdx = f.idx;
       b.current = &f;
-      hr_simt_switch(&b.main_sp, f.sp);
+      hr_simt_to_fiber(&b.main_sp, f.sp);
       progress = true;
       if (!t_fault.empty()) break;
     }
