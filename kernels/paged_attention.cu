@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedAttentio
   internal::pdl_wait();
   using Smem = AttentionSmem<HD, RPW>;
   constexpr int kDpl = HD / 32;  // output dims per lane
-  HR_DYNAMIC_SMEM(float, smem);
+  HR_DYNAMIC_SMEM(float, smem, alignof(float));
   float* q_s = smem;
   float* k_s = q_s + Smem::kQ;
   float* v_s = k_s + Smem::kK;

@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_tc_kernel(Paged
   pdl_wait();
   using Sm = TcSmem<HD>;
   constexpr int kChunks = HD / 16;  // k-chunks of Q K^T, and pairs of 8-wide output tiles
-  HR_DYNAMIC_SMEM(unsigned char, smem);
+  HR_DYNAMIC_SMEM(unsigned char, smem, 128);
   __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* kv_s = q_s + Sm::kQ;  // stage s: K at kv_s + 2 s kKv, V after it
 

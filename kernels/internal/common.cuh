@@ -12,10 +12,11 @@
 
 #include "kernels/launch.cuh"
 
-// Declares `name`, the kernel's dynamic shared memory as an array of `type`, 128-byte aligned. (The
-// CPU stand-in for the CUDA runtime, tests/simt, defines it first, as its own per-block buffer.)
+// Declares `name`, the kernel's dynamic shared memory as an array of `type`, aligned to `align`
+// bytes. (The CPU stand-in for the CUDA runtime, tests/simt, defines it first, as its own
+// per-block buffer.)
 #ifndef HR_DYNAMIC_SMEM
-#define HR_DYNAMIC_SMEM(type, name) extern __shared__ __align__(128) type name[]
+#define HR_DYNAMIC_SMEM(type, name, align) extern __shared__ __align__(align) type name[]
 #endif
 
 namespace hr::kernels::internal {
@@ -106,6 +107,9 @@ __device__ __forceinline__ void pdl_wait() {
 // calls it there). On the CPU stand-in (tests/simt), a range outside every allocation fails.
 __device__ __forceinline__ void prefetch_l2_range(const void* p, size_t bytes, int lane) {
 #if defined(HEADROOM_SIMT)
+  if (lane == 0 && ((reinterpret_cast<uintptr_t>(p) & 15u) != 0 || bytes % 16 != 0)) {
+    ::hr::simt::fault("L2 bulk prefetch not in 16-byte pieces");
+  }
   if (lane == 0) ::hr::simt::check_device_range(p, bytes, "L2 prefetch");
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (lane == 0) {

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -102,6 +103,7 @@ struct Block {
   Fiber* current = nullptr;
   const std::function<void()>* body = nullptr;
   void* dynamic_smem = nullptr;
+  size_t dynamic_smem_bytes = 0;
 };
 
 thread_local Block* t_block = nullptr;
@@ -270,7 +272,7 @@ std::map<void*, Allocation>& allocations() {
 
 // Dynamic shared memory: ends at a guard page, like device memory, but is not counted as it.
 void* alloc_dynamic_smem(size_t bytes);
-void free_dynamic_smem(void* p);
+void free_dynamic_smem(void* p, size_t bytes);
 
 cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, const std::function<void()>& body) {
   const size_t threads = static_cast<size_t>(block.x) * block.y * block.z;
@@ -282,6 +284,10 @@ cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, const std::
     t_error = "more dynamic shared memory than a block can have";
     return t_last = cudaErrorInvalidValue;
   }
+  if (t_block) {  // (the fibers' stacks are in use)
+    t_error = "a launch from inside a kernel";
+    return t_last = cudaErrorInvalidValue;
+  }
   t_stacks.reserve(threads);
   Block b;
   b.body = &body;
@@ -291,8 +297,8 @@ cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, const std::
     t_error = "dynamic shared memory";
     return t_last = cudaErrorMemoryAllocation;
   }
+  b.dynamic_smem_bytes = dynamic_smem_bytes;
   t_fault.clear();
-  Block* outer = t_block;
   t_block = &b;
   blockDim = block;
   gridDim = grid;
@@ -309,8 +315,8 @@ cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, const std::
       }
     }
   }
-  t_block = outer;
-  free_dynamic_smem(b.dynamic_smem);
+  t_block = nullptr;
+  free_dynamic_smem(b.dynamic_smem, dynamic_smem_bytes);
   if (!error.empty()) {
     t_error = error;
     std::fprintf(stderr, "simt: %s\n", error.c_str());
@@ -351,13 +357,32 @@ void fault(const char* what) {
 }
 
 void* dynamic_smem() {
-  if (!t_block->dynamic_smem) fault("dynamic shared memory used by a launch that asked for none");
+  if (!t_block->dynamic_smem) {
+    std::fprintf(stderr, "simt: dynamic shared memory used by a launch that asked for none\n");
+    std::abort();
+  }
   return t_block->dynamic_smem;
 }
+
+namespace {
+
+// Whether [p, p + bytes) lies in the running block's dynamic shared memory (where the kernels keep
+// what cp.async fills and ldmatrix reads).
+bool in_dynamic_smem(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  const char* base = static_cast<const char*>(t_block->dynamic_smem);
+  return base && c >= base && c + bytes <= base + t_block->dynamic_smem_bytes;
+}
+
+}  // namespace
 
 void cp_async16(void* dst, const void* src, bool valid) {
   if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || (valid && reinterpret_cast<uintptr_t>(src) % 16 != 0)) {
     fault("cp.async of 16 bytes at an address not 16-byte aligned");
+    return;
+  }
+  if (!in_dynamic_smem(dst, 16)) {
+    fault("cp.async to outside the block's dynamic shared memory");
     return;
   }
   t_block->current->copies.push_back({dst, src, valid});
@@ -403,6 +428,10 @@ void ldmatrix_all(void* const* lanes) {
   for (int l = 0; l < kWarp; ++l) {
     if (reinterpret_cast<uintptr_t>(op[l]->p) % 16 != 0 || op[l]->trans != op[0]->trans) {
       fault("ldmatrix with a row address not 16-byte aligned, or lanes disagreeing on .trans");
+      return;
+    }
+    if (!in_dynamic_smem(op[l]->p, 16)) {
+      fault("ldmatrix of a row outside the block's dynamic shared memory");
       return;
     }
   }
@@ -481,9 +510,9 @@ std::mutex& state_mutex() {
   return m;
 }
 
-// Device memory that ends at a guard page (within 15 bytes), with a guard page below its first
-// page too.
-void* map_guarded(size_t bytes) {
+// Memory that ends at a guard page (within 15 bytes), with a guard page below its first page too;
+// device memory (`device`) is listed among the allocations.
+void* map_guarded(size_t bytes, bool device) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t body = (bytes + 15) / 16 * 16;
   const size_t usable = (body + page - 1) / page * page;
@@ -496,12 +525,24 @@ void* map_guarded(size_t bytes) {
   // As close to the end guard as a 16-byte aligned start allows (cudaMalloc aligns to 256; our
   // kernels need 16), so that a read past the end faults at once.
   char* start = c + page + usable - body;
-  std::lock_guard<std::mutex> lock(state_mutex());
-  allocations()[start] = {map, map_bytes, bytes};
+  if (device) {
+    std::lock_guard<std::mutex> lock(state_mutex());
+    allocations()[start] = {map, map_bytes, bytes};
+  }
   return start;
 }
 
-bool unmap_guarded(void* ptr) {
+void unmap(const Allocation& a) { munmap(a.map, a.map_bytes); }
+
+// The mapping map_guarded(bytes, ...) returned `start` in.
+Allocation mapping_of(void* start, size_t bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t body = (bytes + 15) / 16 * 16;
+  const size_t usable = (body + page - 1) / page * page;
+  return {static_cast<char*>(start) + body - usable - page, usable + 2 * page, bytes};
+}
+
+bool unmap_device(void* ptr) {
   Allocation a;
   {
     std::lock_guard<std::mutex> lock(state_mutex());
@@ -511,7 +552,7 @@ bool unmap_guarded(void* ptr) {
     a = it->second;
     m.erase(it);
   }
-  munmap(a.map, a.map_bytes);
+  unmap(a);
   return true;
 }
 
@@ -519,9 +560,9 @@ std::atomic<size_t> g_allocated{0};  // by cudaMalloc
 
 }  // namespace
 
-void* alloc_dynamic_smem(size_t bytes) { return map_guarded(bytes); }
-void free_dynamic_smem(void* p) {
-  if (p) unmap_guarded(p);
+void* alloc_dynamic_smem(size_t bytes) { return map_guarded(bytes, false); }
+void free_dynamic_smem(void* p, size_t bytes) {
+  if (p) unmap(mapping_of(p, bytes));
 }
 
 void check_device_range(const void* p, size_t bytes, const char* what) {
@@ -551,7 +592,20 @@ struct Capture {
   std::thread::id thread;
   Graph* graph = nullptr;
   bool invalidated = false;
+  bool blocking = true;  // the stream synchronises with the legacy stream
 };
+
+// Streams created with cudaStreamNonBlocking (guarded by state_mutex()).
+std::set<cudaStream_t>& non_blocking_streams() {
+  static std::set<cudaStream_t> s;
+  return s;
+}
+
+// Dynamic shared memory limits raised per kernel (guarded by state_mutex()).
+std::map<const void*, int>& smem_limits() {
+  static std::map<const void*, int> m;
+  return m;
+}
 
 // Streams being captured (guarded by state_mutex()).
 std::map<cudaStream_t, Capture>& captures() {
@@ -590,8 +644,27 @@ cudaError_t enqueue(cudaStream_t stream, Work work) {
       return cudaSuccess;
     }
   }
-  if (stream == nullptr && forbidden_while_capturing()) return cudaErrorStreamCaptureImplicit;
+  if (stream == nullptr) {
+    // Work on the legacy stream waits for every blocking stream: one this thread captures fails.
+    std::lock_guard<std::mutex> lock(state_mutex());
+    bool implicit = false;
+    for (auto& [s, c] : captures()) {
+      if (c.thread == std::this_thread::get_id() && c.blocking) c.invalidated = implicit = true;
+    }
+    if (implicit) return cudaErrorStreamCaptureImplicit;
+  }
   return work();
+}
+
+void set_dynamic_smem_limit(const void* kernel, int bytes) {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  smem_limits()[kernel] = bytes;
+}
+
+int dynamic_smem_limit(const void* kernel) {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  auto it = smem_limits().find(kernel);
+  return it == smem_limits().end() ? kDefaultDynamicSmem : std::max(kDefaultDynamicSmem, it->second);
 }
 
 }  // namespace hr::simt
@@ -601,7 +674,7 @@ using hr::simt::forbidden_while_capturing;
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   if (forbidden_while_capturing()) return cudaErrorStreamCaptureUnsupported;
   if (bytes > hr::simt::kDeviceMemoryBytes - hr::simt::g_allocated.load()) return cudaErrorMemoryAllocation;
-  *ptr = hr::simt::map_guarded(bytes);
+  *ptr = hr::simt::map_guarded(bytes, true);
   if (!*ptr) return cudaErrorMemoryAllocation;
   hr::simt::g_allocated += bytes;
   return cudaSuccess;
@@ -617,13 +690,15 @@ cudaError_t cudaFree(void* ptr) {
     if (it == hr::simt::allocations().end()) return cudaErrorInvalidValue;
     bytes = it->second.bytes;
   }
-  hr::simt::unmap_guarded(ptr);
+  hr::simt::unmap_device(ptr);
   hr::simt::g_allocated -= bytes;
   return cudaSuccess;
 }
 
+// Synchronous copies and fills wait for the device: they report a failed launch before them.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
   if (forbidden_while_capturing()) return cudaErrorStreamCaptureImplicit;
+  if (cudaError_t e = hr::simt::sticky_error(); e != cudaSuccess) return e;
   if (bytes) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
@@ -645,6 +720,7 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
 }
 cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
   if (forbidden_while_capturing()) return cudaErrorStreamCaptureImplicit;
+  if (cudaError_t e = hr::simt::sticky_error(); e != cudaSuccess) return e;
   if (bytes) std::memset(ptr, value, bytes);
   return cudaSuccess;
 }
@@ -696,10 +772,19 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   *stream = reinterpret_cast<cudaStream_t>(++next);
   return cudaSuccess;
 }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) { return cudaStreamCreate(stream); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
+  cudaStreamCreate(stream);
+  if (flags & cudaStreamNonBlocking) {
+    std::lock_guard<std::mutex> lock(hr::simt::state_mutex());
+    hr::simt::non_blocking_streams().insert(*stream);
+  }
+  return cudaSuccess;
+}
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(hr::simt::state_mutex());
-  return hr::simt::captures().count(stream) ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+  if (hr::simt::captures().count(stream)) return cudaErrorStreamCaptureUnsupported;
+  hr::simt::non_blocking_streams().erase(stream);
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
@@ -709,6 +794,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
   if (!added) return cudaErrorStreamCaptureUnsupported;
   it->second.thread = std::this_thread::get_id();
   it->second.graph = new hr::simt::Graph();
+  it->second.blocking = hr::simt::non_blocking_streams().count(stream) == 0;
   return cudaSuccess;
 }
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {

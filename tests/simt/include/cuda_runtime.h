@@ -4,15 +4,18 @@
 // __syncwarp exchanged among a warp's 32 fibers, __syncthreads a barrier that every live thread of
 // the block must reach. Device memory is host memory that ends at a guard page, so a read past a
 // buffer faults; dynamic shared memory (HR_DYNAMIC_SMEM) is a per-block buffer ending at one too,
-// filled with 0xFF bytes (NaN as floats) before each block. The PTX the kernels use has stand-ins
-// behind their wrappers (kernels/internal/mma.cuh, common.cuh): ldmatrix and mma.sync are
-// whole-warp operations on the warp's fragments; cp.async copies are queued per thread and done
-// only when a cp.async.wait_group lets their group complete, so a read before the wait sees the
-// poison; L2 prefetches fail unless their range lies inside one device allocation. Not emulated:
+// filled with 0xFF bytes (NaN as floats) before each block; more than 48 KiB of it needs the
+// kernel's limit raised first, as on a GPU. The PTX the kernels use has stand-ins behind their
+// wrappers (kernels/internal/mma.cuh, common.cuh): ldmatrix and mma.sync are whole-warp
+// operations on the warp's fragments (rows in the block's dynamic shared memory); cp.async copies
+// into it are queued per thread and done only when a cp.async.wait_group lets their group
+// complete, so a read before the wait sees the poison; L2 prefetches fail unless their range lies
+// inside one device allocation (in 16-byte pieces for the bulk one). Not emulated:
 // races (fibers switch only at barriers and warp operations, so shared memory behaves as if every
 // access were ordered) and programmatic dependent launch (kernels run one after another).
 // Floating-point intrinsics are the host's IEEE operations (__expf is expf, not the GPU's
-// approximation); mma.sync sums in fp32 in k order.
+// approximation); mma.sync sums in fp32 in k order. Launch errors are sticky until a synchronise,
+// a synchronous copy or cudaGetLastError reports them (and then cleared, unlike a GPU's).
 #pragma once
 
 #include <cmath>
@@ -128,14 +131,15 @@ constexpr int kMaxSharedMemoryPerBlock = 227 << 10;
 constexpr int kBlocksPerMultiprocessor = 8;
 constexpr size_t kDeviceMemoryBytes = size_t{80} << 30;
 
-// Runs body() for every thread of every block of the grid; fails (with last_error()) on a barrier
-// some live thread cannot reach or a warp operation some lane cannot join. Dynamic shared memory
-// (extern __shared__) is not emulated: a launch that asks for it fails.
+// Runs body() for every thread of every block of the grid, with `dynamic_smem` bytes of dynamic
+// shared memory per block; fails (with last_error()) on a barrier some live thread cannot reach, a
+// warp operation some lane cannot join, or a fault. Not from inside a kernel.
 cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem, const std::function<void()>& body);
 // Streams and graphs: work runs at once, in the order it is issued, except on a stream being
 // captured, where it is recorded into the graph instead (and runs at each launch of the graph).
 // While this thread captures, what a capture forbids (synchronising, a synchronous copy, an
-// allocation, work on the legacy stream) fails and invalidates the capture.
+// allocation, work on the legacy stream while a blocking stream is captured) fails and invalidates
+// the capture.
 cudaError_t enqueue(cudaStream_t stream, std::function<cudaError_t()> work);
 void sync_block();
 // This lane's contribution to a warp-wide operation, and what it gets back.
@@ -176,7 +180,8 @@ T from_bits(uint64_t b) {
 }  // namespace hr::simt
 
 // Dynamic shared memory (kernels/internal/common.cuh declares it through this macro).
-#define HR_DYNAMIC_SMEM(type, name) type* name = static_cast<type*>(::hr::simt::dynamic_smem())
+// (16-byte aligned, whatever the kernel asks: the buffer ends at a guard page.)
+#define HR_DYNAMIC_SMEM(type, name, align) type* name = static_cast<type*>(::hr::simt::dynamic_smem())
 
 // Runtime API.
 cudaError_t cudaMalloc(void** ptr, size_t bytes);
@@ -209,8 +214,18 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, F*) {
   *a = cudaFuncAttributes{};  // ptxVersion 0: no programmatic launch
   return cudaSuccess;
 }
+namespace hr::simt {
+// The dynamic shared memory a kernel may ask for: 48 KiB unless raised (cudaFuncSetAttribute).
+constexpr int kDefaultDynamicSmem = 48 << 10;
+void set_dynamic_smem_limit(const void* kernel, int bytes);
+int dynamic_smem_limit(const void* kernel);
+}  // namespace hr::simt
 template <typename F>
-cudaError_t cudaFuncSetAttribute(F*, cudaFuncAttribute, int) {
+cudaError_t cudaFuncSetAttribute(F* kernel, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > hr::simt::kMaxSharedMemoryPerBlock) {
+    return cudaErrorInvalidValue;
+  }
+  hr::simt::set_dynamic_smem_limit(reinterpret_cast<const void*>(kernel), value);
   return cudaSuccess;
 }
 template <typename... Params, typename... Args>
@@ -219,6 +234,9 @@ cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* cfg, void (*kernel)(Par
   std::tuple<std::remove_cvref_t<Params>...> params(static_cast<Params>(args)...);
   const dim3 grid = cfg->gridDim, block = cfg->blockDim;
   const size_t smem = cfg->dynamicSmemBytes;
+  if (smem > static_cast<size_t>(hr::simt::dynamic_smem_limit(reinterpret_cast<const void*>(kernel)))) {
+    return cudaErrorInvalidValue;  // more than 48 KiB without raising the kernel's limit first
+  }
   return hr::simt::enqueue(cfg->stream, [kernel, params, grid, block, smem] {
     return hr::simt::launch(grid, block, smem, [&] { std::apply(kernel, params); });
   });
