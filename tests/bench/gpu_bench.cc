@@ -34,8 +34,7 @@ namespace {
 double secs(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Bytes read plus bytes written per second by a large device-to-device copy (median of 20).
-double copy_bandwidth() {
-  const size_t bytes = 2ull << 30;
+double copy_bandwidth(size_t bytes) {
   void *a = nullptr, *b = nullptr;
   if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) return 0;
   cudaMemset(a, 0x5a, bytes);
@@ -141,27 +140,32 @@ hr::Result<double> prefill_rate(std::shared_ptr<CudaBackend> backend, int count,
 }
 
 // Small-batch matrix products at the model's shapes: our GEMV kernel and cuBLASLt, as the fraction
-// of the copy bandwidth reached reading the weights (median of 30 runs; weight copies rotated so
-// that no run reads from L2).
-json gemv_vs_cublaslt(const ModelConfig& c, double bw) {
+// of the copy bandwidth reached reading the weights (median of 30 runs; weight copies rotated, at
+// least `rotate_bytes` of them, so that no run reads from L2).
+json gemv_vs_cublaslt(const ModelConfig& c, double bw, size_t rotate_bytes) {
   auto gemm = CublasLtGemm::create(32ull << 20);
   if (!gemm.is_ok()) return json::object();
   const int D = c.hidden_size, F = c.intermediate_size;
   const int shapes[][2] = {{c.q_size() + 2 * c.kv_size(), D}, {D, c.q_size()}, {2 * F, D}, {D, F}, {c.vocab_size, D}};
   const char* names[] = {"qkv", "o", "gate_up", "down", "lm_head"};
   json out = json::object();
+  size_t max_n = 0, max_k = 0;
+  for (const auto& s : shapes) {
+    max_n = std::max(max_n, static_cast<size_t>(s[0]));
+    max_k = std::max(max_k, static_cast<size_t>(s[1]));
+  }
   __nv_bfloat16* x = nullptr;
   float* y = nullptr;
-  cudaMalloc(&x, 8ull * 32768 * 2);
-  cudaMalloc(&y, 8ull * c.vocab_size * 4);
-  kernels::fill_uniform_bf16(x, 8ull * 32768, 1.0f, 7, nullptr);
+  cudaMalloc(&x, 8 * max_k * 2);
+  cudaMalloc(&y, 8 * max_n * 4);
+  kernels::fill_uniform_bf16(x, 8 * max_k, 1.0f, 7, nullptr);
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   for (int si = 0; si < 5; ++si) {
     const int n = shapes[si][0], k = shapes[si][1];
     const size_t bytes = static_cast<size_t>(n) * k * 2;
-    const int copies = static_cast<int>(std::max<size_t>(1, (400ull << 20) / bytes + 1));
+    const int copies = static_cast<int>(std::max<size_t>(1, rotate_bytes / bytes + 1));
     std::vector<__nv_bfloat16*> ws(static_cast<size_t>(copies));
     for (auto& w : ws) {
       cudaMalloc(&w, bytes);
@@ -212,14 +216,18 @@ int gemv_profile_run(const ModelConfig& c) {
   const char* names[] = {"qkv", "o", "gate_up", "down", "lm_head"};
   __nv_bfloat16 *x = nullptr, *w = nullptr;
   float* y = nullptr;
-  size_t largest = 0;
-  for (const auto& s : shapes) largest = std::max(largest, static_cast<size_t>(s[0]) * s[1]);
-  if (cudaMalloc(&x, 2ull * 32768 * 2) != cudaSuccess || cudaMalloc(&w, largest * 2) != cudaSuccess ||
-      cudaMalloc(&y, 2ull * c.vocab_size * 4) != cudaSuccess) {
+  size_t largest = 0, max_n = 0, max_k = 0;
+  for (const auto& s : shapes) {
+    largest = std::max(largest, static_cast<size_t>(s[0]) * s[1]);
+    max_n = std::max(max_n, static_cast<size_t>(s[0]));
+    max_k = std::max(max_k, static_cast<size_t>(s[1]));
+  }
+  if (cudaMalloc(&x, 2 * max_k * 2) != cudaSuccess || cudaMalloc(&w, largest * 2) != cudaSuccess ||
+      cudaMalloc(&y, 2 * max_n * 4) != cudaSuccess) {
     std::fprintf(stderr, "gpu_bench: out of memory for the GEMV profile\n");
     return 1;
   }
-  kernels::fill_uniform_bf16(x, 2ull * 32768, 1.0f, 7, nullptr);
+  kernels::fill_uniform_bf16(x, 2 * max_k, 1.0f, 7, nullptr);
   kernels::fill_uniform_bf16(w, largest, 0.02f, 11, nullptr);
   for (int si = 0; si < 5; ++si) {
     for (int m : {1, 2}) {
@@ -269,10 +277,24 @@ int main(int argc, char** argv) {
   c.rope_theta = 500000.0;
   std::string batches = "1,16,64,256";
   int prompt = 512, steps = 32, prefill_len = 2048, prefill_count = 8, max_tokens = 8192;
+  size_t copy_mb = 2048, rotate_mb = 400, kv_cache_mb = 0;  // KV: 0, 90% of what is left
+  int max_seqs = 256;
   bool gemv_profile = false;
+  // The model's shape can be made smaller (a quick run of every phase, as on the CPU stand-in for
+  // the CUDA runtime, tests/simt).
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--layers") c.num_layers = std::stoi(v);
+    else if (k == "--hidden") c.hidden_size = std::stoi(v);
+    else if (k == "--intermediate") c.intermediate_size = std::stoi(v);
+    else if (k == "--heads") c.num_heads = std::stoi(v);
+    else if (k == "--kv-heads") c.num_kv_heads = std::stoi(v);
+    else if (k == "--head-dim") c.head_dim = std::stoi(v);
+    else if (k == "--vocab") c.vocab_size = std::stoi(v);
+    else if (k == "--copy-mb") copy_mb = std::stoul(v);
+    else if (k == "--rotate-mb") rotate_mb = std::stoul(v);
+    else if (k == "--kv-cache-mb") kv_cache_mb = std::stoul(v);
+    else if (k == "--max-seqs") max_seqs = std::stoi(v);
     else if (k == "--batches") batches = v;
     else if (k == "--prompt") prompt = std::stoi(v);
     else if (k == "--steps") steps = std::stoi(v);
@@ -287,8 +309,8 @@ int main(int argc, char** argv) {
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each line out at once, into a pipe too
   if (gemv_profile) return gemv_profile_run(c);
-  const double bw = copy_bandwidth();
-  const json gemv_bw = gemv_vs_cublaslt(c, bw);
+  const double bw = copy_bandwidth(copy_mb << 20);
+  const json gemv_bw = gemv_vs_cublaslt(c, bw, rotate_mb << 20);
   std::printf("weight-read bandwidth fraction, gemv vs cuBLASLt: %s\n", gemv_bw.dump().c_str());
   // The figures so far go out as one JSON line after each phase, so that a run stopped early
   // (a deadline, a failure) still leaves its last complete line; a failed run is recorded under
@@ -319,7 +341,8 @@ int main(int argc, char** argv) {
   };
   CudaBackendOptions o;
   o.max_num_tokens = max_tokens;
-  o.max_num_seqs = 256;
+  o.max_num_seqs = max_seqs;
+  o.kv_cache_bytes = kv_cache_mb << 20;
   auto t_load = Clock::now();
   auto made = CudaBackend::create_random(c, 1234, o);
   if (!made.is_ok()) {

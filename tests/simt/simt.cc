@@ -744,6 +744,16 @@ cudaError_t cudaGetDeviceCount(int* count) {
   *count = 1;
   return cudaSuccess;
 }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  *prop = cudaDeviceProp{};
+  std::strncpy(prop->name, "CPU stand-in (tests/simt)", sizeof prop->name - 1);
+  prop->major = 9;
+  prop->minor = 0;
+  prop->totalGlobalMem = hr::simt::kDeviceMemoryBytes;
+  prop->multiProcessorCount = hr::simt::kMultiprocessors;
+  return cudaSuccess;
+}
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   switch (attr) {
     case cudaDevAttrMultiProcessorCount: *value = hr::simt::kMultiprocessors; return cudaSuccess;
@@ -879,6 +889,8 @@ const char* cudaGetErrorName(cudaError_t err) {
     case cudaSuccess: return "cudaSuccess";
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorMisalignedAddress: return "cudaErrorMisalignedAddress";
@@ -894,6 +906,8 @@ const char* cudaGetErrorString(cudaError_t err) {
     case cudaSuccess: return "no error";
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInsufficientDriver: return "CUDA driver version is insufficient for CUDA runtime version";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorMisalignedAddress: return "misaligned address";

@@ -64,6 +64,8 @@ enum cudaError_t {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
+  cudaErrorInsufficientDriver = 35,
+  cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorMisalignedAddress = 716,
@@ -109,6 +111,12 @@ struct cudaLaunchConfig_t {
 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+struct cudaDeviceProp {
+  char name[256];
+  int major, minor;
+  size_t totalGlobalMem;
+  int multiProcessorCount;
+};
 struct cudaFuncAttributes {
   int ptxVersion = 0;
   int binaryVersion = 0;
@@ -262,6 +270,7 @@ cudaError_t cudaFreeHost(void* ptr);
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
 const char* cudaGetErrorName(cudaError_t err);
 
 // Synchronisation and warp intrinsics (full warps only: every lane of the warp takes part).
