@@ -215,11 +215,23 @@ bool settle_warp(Fiber* lanes, int n, std::string* error) {
 }
 
 // Runs one block to the end; false with `error` set when it cannot go on.
+thread_local int t_reverse = -1;  // set_reverse_order's, or -1: the environment's
+
+bool reverse_order() {
+  static const bool from_env = [] {
+    const char* v = std::getenv("HEADROOM_SIMT_ORDER");
+    return v && std::string(v) == "reverse";
+  }();
+  return t_reverse < 0 ? from_env : t_reverse == 1;
+}
+
 bool run_block(Block& b, std::string* error) {
   const int n = static_cast<int>(b.fibers.size());
+  const bool reverse = reverse_order();
   for (;;) {
     bool progress = false;
-    for (Fiber& f : b.fibers) {
+    for (int i = 0; i < n; ++i) {
+      Fiber& f = b.fibers[reverse ? n - 1 - i : i];
       if (f.state != State::kRunnable) continue;
       threadIdx = f.idx;
       b.current = &f;
@@ -341,6 +353,8 @@ uint64_t warp_exchange(WarpOp op, uint64_t bits, int arg) {
 }
 
 const char* last_error() { return t_error.c_str(); }
+
+void set_reverse_order(bool reverse) { t_reverse = reverse ? 1 : 0; }
 
 void warp_collective(WarpCollective fn, void* mine) {
   Fiber* f = t_block->current;

@@ -10,9 +10,9 @@
 // operations on the warp's fragments (rows in the block's dynamic shared memory); cp.async copies
 // into it are queued per thread and done only when a cp.async.wait_group lets their group
 // complete, so a read before the wait sees the poison; L2 prefetches fail unless their range lies
-// inside one device allocation (in 16-byte pieces for the bulk one). Not emulated:
-// races (fibers switch only at barriers and warp operations, so shared memory behaves as if every
-// access were ordered) and programmatic dependent launch (kernels run one after another).
+// inside one device allocation (in 16-byte pieces for the bulk one). Races show only where one of
+// the two thread orders (set_reverse_order) exposes them: fibers switch only at barriers and warp
+// operations. Programmatic dependent launch is not emulated (kernels run one after another).
 // Floating-point intrinsics are the host's IEEE operations (__expf is expf, not the GPU's
 // approximation); mma.sync sums in fp32 in k order. Launch errors are sticky until a synchronise,
 // a synchronous copy or cudaGetLastError reports them (and then cleared, unlike a GPU's).
@@ -153,6 +153,12 @@ void sync_block();
 // This lane's contribution to a warp-wide operation, and what it gets back.
 uint64_t warp_exchange(WarpOp op, uint64_t bits, int arg);
 const char* last_error();
+// Fibers run from the last thread to the first (else first to last) between switches. A thread
+// that reads what another writes with no barrier between sees it in one order and not in the
+// other, so a test run in both orders shows such a race as a wrong result in one of them. The
+// default is HEADROOM_SIMT_ORDER (reverse, or anything else for forward); this sets it for the
+// calling thread.
+void set_reverse_order(bool reverse);
 // A warp operation on more than a value per lane: every lane passes a pointer to its operands, and
 // once the whole warp (32 lanes) has joined with the same fn, fn(lanes) runs once, lanes[l] being
 // lane l's pointer.
