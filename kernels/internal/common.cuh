@@ -97,7 +97,9 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 __device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(HEADROOM_SIMT)
+  ::hr::simt::pdl_wait();  // (checks that every thread of a programmatic launch waits)
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }

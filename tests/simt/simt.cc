@@ -92,6 +92,7 @@ struct Fiber {
   std::vector<AsyncCopy> copies;
   std::vector<size_t> group_ends;
   size_t copies_done = 0, groups_done = 0;
+  bool waited = false;  // called pdl_wait()
 
   // Ready to run thread `t` from the top on the stack ending at `top` (keeps the queues' storage).
   void reset(unsigned t, char* top);
@@ -104,6 +105,7 @@ struct Block {
   const std::function<void()>* body = nullptr;
   void* dynamic_smem = nullptr;
   size_t dynamic_smem_bytes = 0;
+  bool programmatic = false;
 };
 
 thread_local Block* t_block = nullptr;
@@ -136,6 +138,9 @@ thread_local Stacks t_stacks;
 [[noreturn]] void fiber_entry() {
   Block* b = t_block;
   (*b->body)();
+  if (b->programmatic && !b->current->waited) {
+    fault("a thread of a programmatically launched kernel ended without pdl_wait()");
+  }
   b->current->state = State::kDone;
   hr_simt_to_main(&b->current->sp, b->main_sp);
   std::abort();  // a finished fiber is never resumed
@@ -149,6 +154,7 @@ void Fiber::reset(unsigned t, char* top) {
   copies.clear();
   group_ends.clear();
   copies_done = groups_done = 0;
+  waited = false;
   auto* s = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(top) & ~uintptr_t{15});
   *--s = 0;                                          // so that fiber_entry starts as if called
   *--s = reinterpret_cast<uint64_t>(&fiber_entry);   // where the first switch returns to
@@ -286,7 +292,8 @@ std::map<void*, Allocation>& allocations() {
 void* alloc_dynamic_smem(size_t bytes);
 void free_dynamic_smem(void* p, size_t bytes);
 
-cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, const std::function<void()>& body) {
+cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, bool programmatic,
+                   const std::function<void()>& body) {
   const size_t threads = static_cast<size_t>(block.x) * block.y * block.z;
   if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0) {
     t_error = "bad launch shape";
@@ -310,6 +317,7 @@ cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, const std::
     return t_last = cudaErrorMemoryAllocation;
   }
   b.dynamic_smem_bytes = dynamic_smem_bytes;
+  b.programmatic = programmatic;
   t_fault.clear();
   t_block = &b;
   blockDim = block;
@@ -365,6 +373,8 @@ void warp_collective(WarpCollective fn, void* mine) {
   yield();
   t_block->current->collective = nullptr;
 }
+
+void pdl_wait() { t_block->current->waited = true; }
 
 void fault(const char* what) {
   if (t_fault.empty()) t_fault = what;

@@ -1,7 +1,7 @@
 // The CPU stand-in for the CUDA runtime itself: what it must catch (a barrier or warp operation
 // some threads miss, a read of a cp.async tile before its wait, a read outside a buffer, a race
-// that one thread order hides) and what it must compute (shuffles, ballots, mma.sync against a
-// plain product).
+// that one thread order hides, a programmatic launch some thread of which never waits) and what it
+// must compute (shuffles, ballots, mma.sync against a plain product).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/internal/common.cuh"
 #include "kernels/internal/mma.cuh"
 
 namespace {
@@ -20,6 +21,20 @@ cudaError_t run(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, A
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+// The same with programmatic stream serialisation.
+template <typename... Params, typename... Args>
+cudaError_t run_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, Args... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
@@ -67,6 +82,26 @@ __global__ void shuffle_half_the_warp_skips(int* out) {
 }
 
 __global__ void read_past_the_end(const int* in, int* out) { out[threadIdx.x] = in[threadIdx.x + 1]; }
+
+__global__ void waits_then_writes(int* out) {
+  hr::kernels::internal::pdl_wait();
+  out[threadIdx.x] = 1;
+}
+
+__global__ void writes_without_waiting(int* out) {
+  if (threadIdx.x > 0) hr::kernels::internal::pdl_wait();
+  out[threadIdx.x] = 1;
+}
+
+TEST(SimtTest, AProgrammaticLaunchWhoseThreadsDoNotAllWaitFails) {
+  int* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, 64 * sizeof(int)), cudaSuccess);
+  EXPECT_EQ(run_programmatic(waits_then_writes, dim3(2), dim3(64), out), cudaSuccess);
+  EXPECT_EQ(run_programmatic(writes_without_waiting, dim3(2), dim3(64), out), cudaErrorLaunchFailure);
+  EXPECT_EQ(run(writes_without_waiting, dim3(2), dim3(64), 0, out), cudaSuccess);  // (not programmatic)
+  cudaGetLastError();
+  cudaFree(out);
+}
 
 TEST(SimtTest, WhatAGpuWouldHangOrFaultOnFailsTheLaunch) {
   int *in = nullptr, *out = nullptr;

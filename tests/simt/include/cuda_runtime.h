@@ -141,8 +141,13 @@ constexpr size_t kDeviceMemoryBytes = size_t{80} << 30;
 
 // Runs body() for every thread of every block of the grid, with `dynamic_smem` bytes of dynamic
 // shared memory per block; fails (with last_error()) on a barrier some live thread cannot reach, a
-// warp operation some lane cannot join, or a fault. Not from inside a kernel.
-cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem, const std::function<void()>& body);
+// warp operation some lane cannot join, or a fault. Not from inside a kernel. A `programmatic`
+// launch (programmatic stream serialisation) fails when a thread ends without having called
+// pdl_wait(): kernels/launch.cuh's rule that every kernel waits for the one before it before it
+// touches what that one writes (a kernel that never waits would race with it on a GPU).
+cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem, bool programmatic, const std::function<void()>& body);
+// griddepcontrol.wait (kernels/internal/common.cuh's pdl_wait): here the previous kernel is done.
+void pdl_wait();
 // Streams and graphs: work runs at once, in the order it is issued, except on a stream being
 // captured, where it is recorded into the graph instead (and runs at each launch of the graph).
 // While this thread captures, what a capture forbids (synchronising, a synchronous copy, an
@@ -225,7 +230,8 @@ cudaError_t cudaGetLastError();
 const char* cudaGetErrorString(cudaError_t err);
 template <typename F>
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, F*) {
-  *a = cudaFuncAttributes{};  // ptxVersion 0: no programmatic launch
+  *a = cudaFuncAttributes{};
+  a->ptxVersion = 90;  // as the kernels' sm_90 code: programmatic launch supported
   return cudaSuccess;
 }
 namespace hr::simt {
@@ -251,8 +257,13 @@ cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* cfg, void (*kernel)(Par
   if (smem > static_cast<size_t>(hr::simt::dynamic_smem_limit(reinterpret_cast<const void*>(kernel)))) {
     return cudaErrorInvalidValue;  // more than 48 KiB without raising the kernel's limit first
   }
-  return hr::simt::enqueue(cfg->stream, [kernel, params, grid, block, smem] {
-    return hr::simt::launch(grid, block, smem, [&] { std::apply(kernel, params); });
+  bool programmatic = false;
+  for (unsigned i = 0; i < cfg->numAttrs; ++i) {
+    programmatic |= cfg->attrs[i].id == cudaLaunchAttributeProgrammaticStreamSerialization &&
+                    cfg->attrs[i].val.programmaticStreamSerializationAllowed != 0;
+  }
+  return hr::simt::enqueue(cfg->stream, [kernel, params, grid, block, smem, programmatic] {
+    return hr::simt::launch(grid, block, smem, programmatic, [&] { std::apply(kernel, params); });
   });
 }
 
