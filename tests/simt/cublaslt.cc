@@ -42,16 +42,12 @@ bool valid_layout(const cublasLtMatrixLayoutOpaque_t* l) {
   return l && (l->type == CUDA_R_32F || l->type == CUDA_R_16BF) && l->ld >= static_cast<int64_t>(l->rows);
 }
 
-// op(X) as a dense row-major [rows x inner] float matrix (rows: D's rows for A, D's columns for B).
-std::vector<float> operand(const cublasLtMatrixLayoutOpaque_t& l, const void* p, bool trans, uint64_t rows,
-                           uint64_t inner, bool is_b) {
+// X, or its transpose, as a dense row-major [rows x inner] float matrix.
+std::vector<float> dense(const cublasLtMatrixLayoutOpaque_t& l, const void* p, bool transposed, uint64_t rows,
+                         uint64_t inner) {
   std::vector<float> out(rows * inner);
   for (uint64_t i = 0; i < rows; ++i) {
-    for (uint64_t k = 0; k < inner; ++k) {
-      // A: op(A)(i, k); B: op(B)(k, i).
-      const bool t = is_b ? !trans : trans;
-      out[i * inner + k] = t ? element(l, p, k, i) : element(l, p, i, k);
-    }
+    for (uint64_t k = 0; k < inner; ++k) out[i * inner + k] = transposed ? element(l, p, k, i) : element(l, p, i, k);
   }
   return out;
 }
@@ -142,7 +138,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   // Layouts by value: the caller may destroy its descriptors once the matmul is enqueued.
   const cublasLtMatrixLayoutOpaque_t la = *a_desc, lb = *b_desc, lc = *c_desc, ld = *d_desc;
   const cudaError_t e = hr::simt::enqueue(stream, [=] {
-    const std::vector<float> A = operand(la, a, ta, m, k, false), B = operand(lb, b, tb, n, k, true);
+    // op(A) [m x k], and op(B) transposed [n x k], so that both run along k.
+    const std::vector<float> A = dense(la, a, ta, m, k), B = dense(lb, b, !tb, n, k);
     for (uint64_t j = 0; j < n; ++j) {
       for (uint64_t i = 0; i < m; ++i) {
         // Eight partial sums (as a tensor-core GEMM also sums in its own order), added at the end.

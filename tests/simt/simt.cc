@@ -98,12 +98,21 @@ struct Fiber {
   void reset(unsigned t, char* top);
 };
 
+// Memory that ends at a guard page (device buffers, dynamic shared memory): the mapping, and the
+// bytes asked for.
+struct Allocation {
+  void* map;
+  size_t map_bytes;
+  size_t bytes;
+};
+
 struct Block {
   std::vector<Fiber> fibers;
   void* main_sp = nullptr;
   Fiber* current = nullptr;
   const std::function<void()>* body = nullptr;
   void* dynamic_smem = nullptr;
+  Allocation dynamic_smem_map{};
   size_t dynamic_smem_bytes = 0;
   bool programmatic = false;
 };
@@ -220,7 +229,6 @@ bool settle_warp(Fiber* lanes, int n, std::string* error) {
   return true;
 }
 
-// Runs one block to the end; false with `error` set when it cannot go on.
 thread_local int t_reverse = -1;  // set_reverse_order's, or -1: the environment's
 
 bool reverse_order() {
@@ -231,6 +239,7 @@ bool reverse_order() {
   return t_reverse < 0 ? from_env : t_reverse == 1;
 }
 
+// Runs one block to the end; false with `error` set when it cannot go on.
 bool run_block(Block& b, std::string* error) {
   const int n = static_cast<int>(b.fibers.size());
   const bool reverse = reverse_order();
@@ -274,23 +283,17 @@ bool run_block(Block& b, std::string* error) {
   }
 }
 
-// Device memory: each allocation ends at a guard page (within 15 bytes), and a guard page lies
-// below its first page.
-struct Allocation {
-  void* map;
-  size_t map_bytes;
-  size_t bytes;  // as asked for
-};
+// Device memory, by its first byte.
 std::map<void*, Allocation>& allocations() {
   static std::map<void*, Allocation> m;
   return m;
 }
 
-}  // namespace
+// Defined with the runtime API below.
+void* map_guarded(size_t bytes, Allocation* mapping);
+void unmap(const Allocation& a);
 
-// Dynamic shared memory: ends at a guard page, like device memory, but is not counted as it.
-void* alloc_dynamic_smem(size_t bytes);
-void free_dynamic_smem(void* p, size_t bytes);
+}  // namespace
 
 cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, bool programmatic,
                    const std::function<void()>& body) {
@@ -311,8 +314,8 @@ cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, bool progra
   Block b;
   b.body = &body;
   b.fibers.resize(threads);
-  // Ends at a guard page, as device buffers do (cudaMalloc below).
-  if (dynamic_smem_bytes > 0 && !(b.dynamic_smem = alloc_dynamic_smem(dynamic_smem_bytes))) {
+  // Ends at a guard page, as device buffers do, but is not one of them.
+  if (dynamic_smem_bytes > 0 && !(b.dynamic_smem = map_guarded(dynamic_smem_bytes, &b.dynamic_smem_map))) {
     t_error = "dynamic shared memory";
     return t_last = cudaErrorMemoryAllocation;
   }
@@ -336,7 +339,7 @@ cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, bool progra
     }
   }
   t_block = nullptr;
-  free_dynamic_smem(b.dynamic_smem, dynamic_smem_bytes);
+  if (b.dynamic_smem) unmap(b.dynamic_smem_map);
   if (!error.empty()) {
     t_error = error;
     std::fprintf(stderr, "simt: %s\n", error.c_str());
@@ -534,9 +537,8 @@ std::mutex& state_mutex() {
   return m;
 }
 
-// Memory that ends at a guard page (within 15 bytes), with a guard page below its first page too;
-// device memory (`device`) is listed among the allocations.
-void* map_guarded(size_t bytes, bool device) {
+// Memory that ends at a guard page (within 15 bytes), with a guard page below its first page too.
+void* map_guarded(size_t bytes, Allocation* mapping) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t body = (bytes + 15) / 16 * 16;
   const size_t usable = (body + page - 1) / page * page;
@@ -548,46 +550,15 @@ void* map_guarded(size_t bytes, bool device) {
   mprotect(c + page + usable, page, PROT_NONE);
   // As close to the end guard as a 16-byte aligned start allows (cudaMalloc aligns to 256; our
   // kernels need 16), so that a read past the end faults at once.
-  char* start = c + page + usable - body;
-  if (device) {
-    std::lock_guard<std::mutex> lock(state_mutex());
-    allocations()[start] = {map, map_bytes, bytes};
-  }
-  return start;
+  *mapping = {map, map_bytes, bytes};
+  return c + page + usable - body;
 }
 
 void unmap(const Allocation& a) { munmap(a.map, a.map_bytes); }
 
-// The mapping map_guarded(bytes, ...) returned `start` in.
-Allocation mapping_of(void* start, size_t bytes) {
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t body = (bytes + 15) / 16 * 16;
-  const size_t usable = (body + page - 1) / page * page;
-  return {static_cast<char*>(start) + body - usable - page, usable + 2 * page, bytes};
-}
-
-bool unmap_device(void* ptr) {
-  Allocation a;
-  {
-    std::lock_guard<std::mutex> lock(state_mutex());
-    auto& m = allocations();
-    auto it = m.find(ptr);
-    if (it == m.end()) return false;
-    a = it->second;
-    m.erase(it);
-  }
-  unmap(a);
-  return true;
-}
-
 std::atomic<size_t> g_allocated{0};  // by cudaMalloc
 
 }  // namespace
-
-void* alloc_dynamic_smem(size_t bytes) { return map_guarded(bytes, false); }
-void free_dynamic_smem(void* p, size_t bytes) {
-  if (p) unmap(mapping_of(p, bytes));
-}
 
 void check_device_range(const void* p, size_t bytes, const char* what) {
   {
@@ -698,8 +669,13 @@ using hr::simt::forbidden_while_capturing;
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   if (forbidden_while_capturing()) return cudaErrorStreamCaptureUnsupported;
   if (bytes > hr::simt::kDeviceMemoryBytes - hr::simt::g_allocated.load()) return cudaErrorMemoryAllocation;
-  *ptr = hr::simt::map_guarded(bytes, true);
+  hr::simt::Allocation mapping;
+  *ptr = hr::simt::map_guarded(bytes, &mapping);
   if (!*ptr) return cudaErrorMemoryAllocation;
+  {
+    std::lock_guard<std::mutex> lock(hr::simt::state_mutex());
+    hr::simt::allocations()[*ptr] = mapping;
+  }
   hr::simt::g_allocated += bytes;
   return cudaSuccess;
 }
@@ -707,15 +683,16 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
 cudaError_t cudaFree(void* ptr) {
   if (!ptr) return cudaSuccess;
   if (forbidden_while_capturing()) return cudaErrorStreamCaptureUnsupported;
-  size_t bytes = 0;
+  hr::simt::Allocation a;
   {
     std::lock_guard<std::mutex> lock(hr::simt::state_mutex());
     auto it = hr::simt::allocations().find(ptr);
     if (it == hr::simt::allocations().end()) return cudaErrorInvalidValue;
-    bytes = it->second.bytes;
+    a = it->second;
+    hr::simt::allocations().erase(it);
   }
-  hr::simt::unmap_device(ptr);
-  hr::simt::g_allocated -= bytes;
+  hr::simt::unmap(a);
+  hr::simt::g_allocated -= a.bytes;
   return cudaSuccess;
 }
 
@@ -908,37 +885,49 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 
 cudaError_t cudaGetLastError() { return hr::simt::sticky_error(); }
-const char* cudaGetErrorName(cudaError_t err) {
-  switch (err) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorMisalignedAddress: return "cudaErrorMisalignedAddress";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
-    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
-    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+namespace {
+
+// Each error's name and text, as the CUDA runtime gives them (a failed launch's text is what
+// failed).
+struct ErrorText {
+  cudaError_t err;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorText kErrors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver",
+     "CUDA driver version is insufficient for CUDA runtime version"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorMisalignedAddress, "cudaErrorMisalignedAddress", "misaligned address"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", nullptr},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit",
+     "operation would make the legacy stream depend on a capturing blocking stream"},
+};
+
+const ErrorText* error_text(cudaError_t err) {
+  for (const ErrorText& e : kErrors) {
+    if (e.err == err) return &e;
   }
-  return "cudaErrorUnknown";
+  return nullptr;
+}
+
+}  // namespace
+
+const char* cudaGetErrorName(cudaError_t err) {
+  const ErrorText* e = error_text(err);
+  return e ? e->name : "cudaErrorUnknown";
 }
 const char* cudaGetErrorString(cudaError_t err) {
-  switch (err) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInsufficientDriver: return "CUDA driver version is insufficient for CUDA runtime version";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorMisalignedAddress: return "misaligned address";
-    case cudaErrorLaunchFailure: return hr::simt::last_error();
-    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
-    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
-    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
-  }
-  return "unknown error";
+  if (err == cudaErrorLaunchFailure) return hr::simt::last_error();
+  const ErrorText* e = error_text(err);
+  return e ? e->text : "unknown error";
 }
