@@ -28,8 +28,8 @@
 namespace hr::engine {
 
 // When kernels launch with programmatic dependent launch (kernels/launch.cuh). On an H100 it
-// helped steps of 16 tokens by ~3% and slowed the fused one- and two-token steps by ~4%, when
-// every kernel still let its successor in at its first instruction (see kernels/README.md).
+// slows the fused one- and two-token steps by ~2% and is even at 16 tokens, off at 16 costs ~2%
+// (docs/gpu-performance.md).
 enum class ProgrammaticLaunch { kAuto, kOn, kOff };  // kAuto: on except for fused small steps
 
 struct CudaBackendOptions {
@@ -41,10 +41,10 @@ struct CudaBackendOptions {
   int max_num_seqs = 256;           // sequences per step
   bool cuda_graphs = true;          // replay captured graphs for decode steps
   bool small_batch_gemv = true;     // our GEMV kernel for steps of up to 2 tokens, else cuBLASLt
-  DecodeAttention decode_attention = DecodeAttention::kPrefillTiles;  // decoding tokens' attention
+  DecodeAttention decode_attention = DecodeAttention::kTensorCore;  // decoding tokens' attention
   bool fused_small_batch = true;    // decode steps of 1-2 tokens: norms and SiLU folded into GEMVs
-  bool fused_rope = false;          // ... and RoPE with the KV write folded into the q/k/v GEMV
-  bool fused_combine = false;       // split decodes merged by their last split, not a combine kernel
+  bool fused_rope = true;           // ... and RoPE with the KV write folded into the q/k/v GEMV
+  bool fused_combine = true;        // split decodes merged by their last split, not a combine kernel
   ProgrammaticLaunch programmatic_launch = ProgrammaticLaunch::kAuto;
   // Fused small-batch steps: each GEMV's last wave, as it finishes, pulls the first this-many MiB
   // of the next GEMV's weights into L2, so that memory stays busy across kernel boundaries (0: off).
@@ -92,9 +92,17 @@ class CudaBackend final : public Backend {
   int graph_batch_size(int batch) const;
   size_t num_graphs() const { return graphs_.size(); }
   const ModelConfig& config() const { return config_; }
-  // Benchmark switches, each effective from the next step (and dropping captured graphs).
-  void set_cuda_graphs(bool on) {
-    options_.cuda_graphs = on;
+  // For benchmarks: the paths of `o` (graphs, GEMV, fused steps, decode attention, programmatic
+  // launch, prefetch), effective from the next step; captured graphs are dropped. Sizes stay.
+  void set_paths(const CudaBackendOptions& o) {
+    options_.cuda_graphs = o.cuda_graphs;
+    options_.small_batch_gemv = o.small_batch_gemv;
+    options_.decode_attention = o.decode_attention;
+    options_.fused_small_batch = o.fused_small_batch;
+    options_.fused_rope = o.fused_rope;
+    options_.fused_combine = o.fused_combine;
+    options_.programmatic_launch = o.programmatic_launch;
+    options_.prefetch_weights_mb = o.prefetch_weights_mb;
     clear_graphs();
   }
   // Per-phase GPU time (ms summed over the steps run since profiling was turned on; graphs are
@@ -102,34 +110,6 @@ class CudaBackend final : public Backend {
   void set_profiling(bool on);
   const std::map<std::string, double>& profile() const { return profile_; }
   int profiled_steps() const { return profiled_steps_; }
-  void set_decode_attention(DecodeAttention kernel) {
-    options_.decode_attention = kernel;
-    clear_graphs();
-  }
-  void set_programmatic_launch(ProgrammaticLaunch mode) {
-    options_.programmatic_launch = mode;
-    clear_graphs();
-  }
-  void set_fused_small_batch(bool on) {
-    options_.fused_small_batch = on;
-    clear_graphs();
-  }
-  void set_fused_rope(bool on) {
-    options_.fused_rope = on;
-    clear_graphs();
-  }
-  void set_fused_combine(bool on) {
-    options_.fused_combine = on;
-    clear_graphs();
-  }
-  void set_prefetch_weights_mb(int mb) {
-    options_.prefetch_weights_mb = mb;
-    clear_graphs();
-  }
-  void set_small_batch_gemv(bool on) {
-    options_.small_batch_gemv = on;
-    clear_graphs();
-  }
   const CudaBackendOptions& options() const { return options_; }
   // Device memory free once weights and buffers were in place (what the KV cache was cut from),
   // and free after the KV cache too.

@@ -9,8 +9,8 @@
 #   tests     kernels_device_test, cuda_kernels_test, cuda_sampling_test, cuda_backend_test; a skip
 #             counts as a failure
 #   bench     scripts/bench_gpu.sh (our engine, then Hugging Face transformers as the baseline)
-#   serve     scripts/serve_check.sh cuda, as configured by default and with the settings still off
-#             by default (--cuda-options), where Postgres and Redis can run: installed here, or
+#   serve     scripts/serve_check.sh cuda, as configured by default and with the paths the
+#             defaults leave unused (--cuda-options), where Postgres and Redis can run: installed here, or
 #             packed by scripts/pack_portable.sh and named by HEADROOM_PORTABLE
 #   profile   (only when named) Nsight Compute over the GEMV kernel at every decode shape, one and
 #             two rows: duration, DRAM throughput and the bandwidth it reached, per launch
@@ -174,8 +174,10 @@ fi
 
 if wants serve; then
   if [ -n "${HEADROOM_PORTABLE:-}" ] || { [ -z "${HEADROOM_PREBUILT:-}" ] && [ -x /usr/lib/postgresql/15/bin/postgres ]; }; then
-    # As configured by default, then with the settings still off by default (--cuda-options).
-    for options in "" "fused_rope,fused_combine,decode_attention=tensor_core,prefetch_weights"; do
+    # As configured by default, then with the paths the defaults leave unused (--cuda-options):
+    # RoPE and the split merge in kernels of their own, decode attention in prefill tiles, and the
+    # next weights prefetched.
+    for options in "" "fused_rope=off,fused_combine=off,decode_attention=prefill_tiles,prefetch_weights"; do
       name=serve_check${options:+_options}
       run_stage "$name" "$logs/$name.log" 150 env HEADROOM_CUDA_OPTIONS="$options" scripts/serve_check.sh cuda
       [ "$stage_rc" -eq 0 ] || failed=1

@@ -363,7 +363,6 @@ int main(int argc, char** argv) {
   out["free_after_kv_bytes"] = backend->free_memory_bytes();
   // Every decode graph the engines below replay, captured up front (as a worker does at start).
   // Should that fail, the runs go on without graphs, and say so.
-  bool graphs = true;
   {
     EngineOptions eo;
     eo.scheduler.max_num_seqs = o.max_num_seqs;
@@ -377,8 +376,9 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "gpu_bench: warm-up: %s\n", warmed.to_string().c_str());
       errors["warm_up"] = warmed.to_string();
-      graphs = false;
-      backend->set_cuda_graphs(false);
+      CudaBackendOptions without = backend->options();
+      without.cuda_graphs = false;
+      backend->set_paths(without);
       out["graphs"] = "off: the warm-up failed";
     }
   }
@@ -427,58 +427,48 @@ int main(int argc, char** argv) {
     }
     return v;
   };
-  // Under one backend setting, at the batch sizes up to `max_batch`, stored as decode_tok_s_`key`
-  // with the batch-1 bandwidth utilisation (where batch 1 ran) and the setting's --cuda-options.
-  auto variant = [&](const std::string& key, const std::string& label, int max_batch, bool pipeline = true,
-                     int context = 8192) {
+  // The settings every decode run below starts from: the backend's defaults, less graphs where
+  // their warm-up failed.
+  const CudaBackendOptions defaults = backend->options();
+  using Change = std::function<void(CudaBackendOptions&)>;
+  // Under the defaults as `change` leaves them, at the batch sizes up to `max_batch`, stored as
+  // decode_tok_s_`key` with the batch-1 bandwidth utilisation (where batch 1 ran) and the setting's
+  // --cuda-options; the defaults are back in place afterwards.
+  auto variant = [&](const std::string& key, const std::string& label, int max_batch, const Change& change,
+                     bool pipeline = true, int context = 8192) {
+    CudaBackendOptions changed = defaults;
+    change(changed);
+    backend->set_paths(changed);
     json v = rates(key, label, [&](int b) { return b <= max_batch; }, pipeline, context);
     if (v.contains("1")) v["batch1_mbu"] = backend->decode_weight_bytes() * v["1"].get<double>() / bw;
     v["cuda_options"] = describe_cuda_backend_options(backend->options());  // serve --cuda-options
     out["decode_tok_s_" + key] = v;
+    backend->set_paths(defaults);
   };
-  // First the settings that may raise batch-1 utilisation (one and two tokens per step, cheap).
-  // RoPE and the KV write folded into the q/k/v GEMV (one kernel fewer per layer).
-  backend->set_fused_rope(true);
-  variant("fused_rope", "rope in the q/k/v GEMV", 2);
-  // Decode splits merged by the attention kernel's last split (no combine kernel) ...
-  backend->set_fused_rope(false);
-  backend->set_fused_combine(true);
-  variant("fused_combine", "splits merged in the attention kernel", 16);
-  // ... and both: five kernels per layer at one or two tokens, with programmatic launch as by
-  // default (off there) and on ...
-  backend->set_fused_rope(true);
-  variant("fewer_kernels", "rope in the GEMV, splits merged in attention", 2);
-  backend->set_programmatic_launch(ProgrammaticLaunch::kOn);
-  variant("fewer_kernels_programmatic_launch_on",
-          "rope in the GEMV, splits merged in attention, programmatic launch on", 2);
-  backend->set_programmatic_launch(ProgrammaticLaunch::kAuto);
-  // ... and with each GEMV pulling the start of the next one's weights into L2 as it finishes.
-  backend->set_prefetch_weights_mb(8);
-  variant("fewer_kernels_prefetch_8mb", "rope in the GEMV, splits merged in attention, 8 MiB prefetched", 2);
-  backend->set_prefetch_weights_mb(0);
-  backend->set_fused_rope(false);
-  backend->set_fused_combine(false);
-  // The default kernels with the next weights prefetched: 4, 8 and 16 MiB ahead.
+  // First the settings that may change batch-1 utilisation (one and two tokens per step, cheap).
+  // By default a fused layer is five kernels: RoPE and the KV write ride in the q/k/v GEMV, and
+  // decode splits are merged by the attention kernel's last split. Each undone, and both (seven).
+  variant("separate_rope", "RoPE in its own kernel", 2, [](auto& o) { o.fused_rope = false; });
+  variant("combine_kernel", "splits merged by a combine kernel", 16, [](auto& o) { o.fused_combine = false; });
+  variant("more_kernels", "RoPE and the split merge in kernels of their own", 2, [](auto& o) {
+    o.fused_rope = false;
+    o.fused_combine = false;
+  });
+  // Each GEMV pulling the start of the next one's weights into L2 as it finishes: 4, 8, 16 MiB.
   for (int mb : {4, 8, 16}) {
-    backend->set_prefetch_weights_mb(mb);
-    variant("prefetch_" + std::to_string(mb) + "mb", std::to_string(mb) + " MiB of the next weights prefetched", 2);
+    variant("prefetch_" + std::to_string(mb) + "mb", std::to_string(mb) + " MiB of the next weights prefetched", 2,
+            [mb](auto& o) { o.prefetch_weights_mb = mb; });
   }
-  backend->set_prefetch_weights_mb(0);
-  // Programmatic dependent launch always on, and always off (the default turns it off for the
-  // fused one- and two-token steps only).
-  backend->set_programmatic_launch(ProgrammaticLaunch::kOn);
-  variant("programmatic_launch_on", "programmatic launch on", 16);
-  backend->set_programmatic_launch(ProgrammaticLaunch::kOff);
-  variant("programmatic_launch_off", "programmatic launch off", 16);
-  backend->set_programmatic_launch(ProgrammaticLaunch::kAuto);
+  // Programmatic dependent launch always on, and always off (by default it is off for the fused
+  // one- and two-token steps only).
+  variant("programmatic_launch_on", "programmatic launch on", 16,
+          [](auto& o) { o.programmatic_launch = ProgrammaticLaunch::kOn; });
+  variant("programmatic_launch_off", "programmatic launch off", 16,
+          [](auto& o) { o.programmatic_launch = ProgrammaticLaunch::kOff; });
   // Without the fused small-batch path (separate norm and SiLU kernels), and with cuBLASLt in
   // place of the GEMV kernel.
-  backend->set_fused_small_batch(false);
-  variant("unfused_small_batch", "without the fused small-batch path", 2);
-  backend->set_fused_small_batch(true);
-  backend->set_small_batch_gemv(false);
-  variant("cublaslt_only", "cuBLASLt only", 8);
-  backend->set_small_batch_gemv(true);
+  variant("unfused_small_batch", "without the fused small-batch path", 2, [](auto& o) { o.fused_small_batch = false; });
+  variant("cublaslt_only", "cuBLASLt only", 8, [](auto& o) { o.small_batch_gemv = false; });
   emit(false);
   // Prefill, with where its time goes (per-phase GPU milliseconds per step, kernels launched one
   // by one).
@@ -502,22 +492,19 @@ int main(int argc, char** argv) {
   out["prefill_profile_ms_per_step"] = prefill_profile;
   emit(false);
   // Then the settings that matter at every batch size.
-  // Decode attention on the tensor-core decode kernel (16-row tiles, keys shared out among warps),
-  // and on the CUDA-core decode kernel, instead of the prefill kernel's tiles.
-  backend->set_decode_attention(DecodeAttention::kTensorCore);
-  variant("tensor_core_decode_kernel", "tensor-core decode kernel", 1 << 30);
-  backend->set_decode_attention(DecodeAttention::kCudaCore);
-  variant("cuda_core_attention", "CUDA-core decode attention", 1 << 30);
-  backend->set_decode_attention(DecodeAttention::kPrefillTiles);
+  // Decode attention on the prefill kernel's 128-row tiles, and on the CUDA-core decode kernel,
+  // instead of the tensor-core decode kernel (16-row tiles, keys shared out among warps).
+  variant("prefill_tiles_decode_attention", "decode attention in prefill tiles", 1 << 30,
+          [](auto& o) { o.decode_attention = DecodeAttention::kPrefillTiles; });
+  variant("cuda_core_attention", "CUDA-core decode attention", 1 << 30,
+          [](auto& o) { o.decode_attention = DecodeAttention::kCudaCore; });
   // Without graph replay.
-  backend->set_cuda_graphs(false);
-  variant("without_graphs", "without graphs", 16);
-  backend->set_cuda_graphs(graphs);
+  variant("without_graphs", "without graphs", 16, [](auto& o) { o.cuda_graphs = false; });
   // Host and device in turn: each step's tokens collected before the next step is planned.
-  variant("not_pipelined", "steps not pipelined", 1 << 30, /*pipeline=*/false);
+  variant("not_pipelined", "steps not pipelined", 1 << 30, [](auto&) {}, /*pipeline=*/false);
   // A context as long as Llama 3.1's (the engine allows 8,193-block tables instead of 513): steps
   // pack and copy only the columns their sequences use, so this should match decode_tok_s.
-  variant("131k_context", "131,072-token context", 1 << 30, true, 131072);
+  variant("131k_context", "131,072-token context", 1 << 30, [](auto&) {}, true, 131072);
   emit(false);
   // What sampling costs beyond greedy, with the default kernels: every request drawing at random
   // with top-p or top-k (a threshold search: a pass over the row's logits per probe, 4 to 20 on

@@ -147,8 +147,8 @@ TEST(BackendSpecTest, CudaOptionsParseAndRefuseClearly) {
   auto defaults = describe_cuda_options("");
   ASSERT_TRUE(defaults.is_ok());
   EXPECT_EQ(*defaults,
-            "graphs=on,small_batch_gemv=on,fused_small_batch=on,fused_rope=off,fused_combine=off,"
-            "decode_attention=prefill_tiles,programmatic_launch=auto,prefetch_weights=off");
+            "graphs=on,small_batch_gemv=on,fused_small_batch=on,fused_rope=on,fused_combine=on,"
+            "decode_attention=tensor_core,programmatic_launch=auto,prefetch_weights=off");
   ASSERT_EQ(cuda_settings().size(), 8u);
   for (const auto& [name, values] : cuda_settings()) {
     for (const auto& value : values) {
