@@ -6,13 +6,23 @@ throughput and active warps as percentages of peak.
 import csv
 import sys
 
-SCALE = {"": 1, "byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
-         "nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1, "%": 1}
+# Units to base units (bytes, seconds), as Nsight Compute writes them ("ns" in its CSV, "nsecond"
+# on its pages); thousands come with commas ("22,368").
+SCALE = {"": 1, "%": 1, "byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
+         "ns": 1e-9, "nsecond": 1e-9, "us": 1e-6, "usecond": 1e-6, "ms": 1e-3, "msecond": 1e-3,
+         "s": 1, "second": 1}
+
+
+class UnknownUnit(Exception):
+    pass
 
 
 def number(text, unit=""):
     value = float(text.replace(",", ""))
-    return value * SCALE.get(unit.strip().lower(), 1)
+    key = unit.strip().lower()
+    if key not in SCALE:
+        raise UnknownUnit("unit %r not known (value %s)" % (unit, text))
+    return value * SCALE[key]
 
 
 def launches(lines):
@@ -53,7 +63,11 @@ def launches(lines):
 
 def main():
     with open(sys.argv[1], errors="replace") as f:
-        found = launches(f.read().splitlines())
+        try:
+            found = launches(f.read().splitlines())
+        except UnknownUnit as e:
+            print("ncu_summary:", e)
+            return 1
     if not found:
         print("no kernel launches in", sys.argv[1])
         return 1
