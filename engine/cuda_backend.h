@@ -27,9 +27,9 @@
 
 namespace hr::engine {
 
-// When kernels launch with programmatic dependent launch (kernels/launch.cuh). On an H100 it
-// slows the fused one- and two-token steps by ~2% and is even at 16 tokens, off at 16 costs ~2%
-// (docs/gpu-performance.md).
+// When kernels launch with programmatic dependent launch (kernels/launch.cuh). On an H100, on
+// slows the fused one- and two-token steps by ~2%; at 16 tokens on and kAuto are even and off is
+// ~2% slower (docs/gpu-performance.md).
 enum class ProgrammaticLaunch { kAuto, kOn, kOff };  // kAuto: on except for fused small steps
 
 struct CudaBackendOptions {
@@ -92,17 +92,17 @@ class CudaBackend final : public Backend {
   int graph_batch_size(int batch) const;
   size_t num_graphs() const { return graphs_.size(); }
   const ModelConfig& config() const { return config_; }
-  // For benchmarks: the paths of `o` (graphs, GEMV, fused steps, decode attention, programmatic
-  // launch, prefetch), effective from the next step; captured graphs are dropped. Sizes stay.
-  void set_paths(const CudaBackendOptions& o) {
-    options_.cuda_graphs = o.cuda_graphs;
-    options_.small_batch_gemv = o.small_batch_gemv;
-    options_.decode_attention = o.decode_attention;
-    options_.fused_small_batch = o.fused_small_batch;
-    options_.fused_rope = o.fused_rope;
-    options_.fused_combine = o.fused_combine;
-    options_.programmatic_launch = o.programmatic_launch;
-    options_.prefetch_weights_mb = o.prefetch_weights_mb;
+  // For benchmarks: every path of `o` (graphs, GEMV, fused steps, decode attention, programmatic
+  // launch, prefetch), effective from the next step; captured graphs are dropped. What was sized
+  // and allocated at creation stays.
+  void set_paths(CudaBackendOptions o) {
+    o.device = options_.device;
+    o.block_size = options_.block_size;
+    o.kv_cache_bytes = options_.kv_cache_bytes;
+    o.kv_cache_fraction = options_.kv_cache_fraction;
+    o.max_num_tokens = options_.max_num_tokens;
+    o.max_num_seqs = options_.max_num_seqs;
+    options_ = o;
     clear_graphs();
   }
   // Per-phase GPU time (ms summed over the steps run since profiling was turned on; graphs are
