@@ -55,8 +55,7 @@ void ApiConfig::bind(CLI::App& app) {
   cli::add(app, "--max-file-bytes", max_file_bytes,
            "Largest OpenAI batch input file (POST /v1/files)");
   cli::add(app, "--max-file-lines", max_file_lines, "Most lines in an OpenAI batch input file");
-  cli::add(app, "--served-model", models,
-           "A served model as NAME:CONTEXT_LENGTH (repeatable)")
+  cli::add(app, "--served-model", models, "A served model as NAME:CONTEXT_LENGTH (repeatable)")
       ->delimiter(',');
   bind_webhook_allow(app, webhook_allow);
   cli::add(app, "--sync-queue-timeout-ms", sync_queue_timeout_ms,
@@ -141,8 +140,11 @@ HttpServerOptions ApiConfig::server_options() const {
 Result<int64_t> parse_duration_ms(const std::string& text, const std::string& field) {
   if (text.size() < 2) return invalid_argument("duration must look like 24h, 90m or 30s", field);
   char unit = text.back();
-  int64_t mult = unit == 's' ? 1000 : unit == 'm' ? 60000 : unit == 'h' ? 3600000
-                 : unit == 'd' ? 86400000 : 0;
+  int64_t mult = unit == 's'   ? 1000
+                 : unit == 'm' ? 60000
+                 : unit == 'h' ? 3600000
+                 : unit == 'd' ? 86400000
+                               : 0;
   int64_t n = 0;
   for (size_t i = 0; i + 1 < text.size() && mult != 0; ++i) {
     if (!std::isdigit(static_cast<unsigned char>(text[i])) || n > 1000000) {
@@ -151,7 +153,8 @@ Result<int64_t> parse_duration_ms(const std::string& text, const std::string& fi
       n = n * 10 + (text[i] - '0');
     }
   }
-  if (mult == 0 || n <= 0) return invalid_argument("duration must look like 24h, 90m or 30s", field);
+  if (mult == 0 || n <= 0)
+    return invalid_argument("duration must look like 24h, 90m or 30s", field);
   int64_t ms = n * mult;
   if (ms > 7LL * 86400000) return invalid_argument("duration must be at most 7d", field);
   return ms;
@@ -217,8 +220,8 @@ Status check_sync_fields(const json& body) {
   if (auto o = body.find("stream_options"); o != body.end() && o->is_object()) {
     HR_RETURN_IF_ERROR(check_flag(*o, "include_usage", "stream_options.include_usage"));
   }
-  if (auto n = body.find("n"); n != body.end() && !n->is_null() &&
-                               !(n->is_number_integer() && n->get<int64_t>() == 1)) {
+  if (auto n = body.find("n");
+      n != body.end() && !n->is_null() && !(n->is_number_integer() && n->get<int64_t>() == 1)) {
     return invalid_argument("'n' must be 1: one choice per request is served", "n");
   }
   return Status::ok();
@@ -227,7 +230,8 @@ Status check_sync_fields(const json& body) {
 // An answer without the log probabilities its request asked for: from a worker of an earlier
 // release, which ignores logprobs (every answer of this one carries them, empty or not).
 Status no_logprobs_from_worker() {
-  return unavailable("the worker that answered does not serve log probabilities (an earlier release)");
+  return unavailable(
+      "the worker that answered does not serve log probabilities (an earlier release)");
 }
 
 // Whether a /ai/run call asks to be queued: ?queueRequest=true, "queueRequest": true or
@@ -245,7 +249,8 @@ bool queue_requested(const json& body, const std::map<std::string, std::string>&
 // The model of a /ai/run/{model} or /accounts/{account}/ai/run/{model} path, and the account
 // the second form names.
 std::optional<std::pair<std::string, std::string>> run_path(const std::string& path) {
-  if (path.rfind("/ai/run/", 0) == 0) return std::make_pair(percent_decode(path.substr(8)), std::string());
+  if (path.rfind("/ai/run/", 0) == 0)
+    return std::make_pair(percent_decode(path.substr(8)), std::string());
   if (path.rfind("/accounts/", 0) == 0) {
     size_t run = path.find("/ai/run/");
     if (run != std::string::npos) {
@@ -269,26 +274,34 @@ std::map<std::string, std::string> parse_query(std::string_view q) {
 }
 
 json progress_of(const queue::BatchInfo& b) {
-  return {{"total", b.num_total}, {"completed", b.num_completed}, {"failed", b.num_failed},
-          {"cancelled", b.num_cancelled}, {"expired", b.num_expired}};
+  return {{"total", b.num_total},
+          {"completed", b.num_completed},
+          {"failed", b.num_failed},
+          {"cancelled", b.num_cancelled},
+          {"expired", b.num_expired}};
 }
 
 json summary_of(const queue::BatchInfo& b) {
-  json j = {{"request_id", b.id}, {"model", b.model}, {"status", b.status},
-            {"progress", progress_of(b)}, {"created_at", b.created_at_ms / 1000}};
+  json j = {{"request_id", b.id},
+            {"model", b.model},
+            {"status", b.status},
+            {"progress", progress_of(b)},
+            {"created_at", b.created_at_ms / 1000}};
   if (b.finished_at_ms) j["finished_at"] = *b.finished_at_ms / 1000;
   if (b.deadline_ms) j["deadline"] = *b.deadline_ms / 1000;
   return j;
 }
 
 json usage_of(const queue::BatchInfo& b) {
-  return {{"prompt_tokens", b.prompt_tokens}, {"completion_tokens", b.completion_tokens},
+  return {{"prompt_tokens", b.prompt_tokens},
+          {"completion_tokens", b.completion_tokens},
           {"total_tokens", b.prompt_tokens + b.completion_tokens},
           {"prompt_tokens_details", {{"cached_tokens", b.cached_tokens}}}};
 }
 
 json response_of(const queue::RequestResult& r) {
-  json j = {{"id", r.idx}, {"external_reference", r.custom_id ? json(*r.custom_id) : json(nullptr)},
+  json j = {{"id", r.idx},
+            {"external_reference", r.custom_id ? json(*r.custom_id) : json(nullptr)},
             {"success", r.status == "completed"}};
   if (r.status == "completed" && r.result_json) {
     j["result"] = json::parse(*r.result_json, nullptr, false);
@@ -396,8 +409,8 @@ struct AsyncApi::Impl {
   Result<std::string> authenticate(const HttpRequest& req) {
     auto it = req.find(http::field::authorization);
     if (it == req.end()) {
-      return Status(StatusCode::kUnauthenticated, "missing API key: send Authorization: Bearer <key>",
-                    "Authorization");
+      return Status(StatusCode::kUnauthenticated,
+                    "missing API key: send Authorization: Bearer <key>", "Authorization");
     }
     std::string_view v(it->value().data(), it->value().size());
     if (v.size() < 8 || (v.substr(0, 7) != "Bearer " && v.substr(0, 7) != "bearer ")) {
@@ -469,8 +482,9 @@ AsyncApi::AsyncApi(ApiConfig config, queue::StoreConfig store) : impl_(std::make
   impl_->config = std::move(config);
   impl_->store = std::move(store);
   impl_->models = impl_->config.model_specs().value();
-  impl_->pool = std::make_unique<queue::PgPool>(impl_->store.database_url, impl_->config.db_connections,
-                                                std::chrono::milliseconds(impl_->config.db_wait_ms));
+  impl_->pool =
+      std::make_unique<queue::PgPool>(impl_->store.database_url, impl_->config.db_connections,
+                                      std::chrono::milliseconds(impl_->config.db_wait_ms));
   impl_->limits.max_requests = impl_->config.max_batch_requests;
   Impl* impl = impl_.get();
   impl_->webhooks.policy = AddressPolicy::parse(impl_->config.webhook_allow).value();
@@ -527,9 +541,9 @@ namespace {
 
 // A coarse route name for request metrics (ids and models left out).
 std::string route_of(std::string_view path) {
-  for (const char* prefix : {"/ai/run", "/v1/async", "/v1/chat/completions", "/v1/models",
-                             "/v1/files", "/v1/batches", "/v1/webhooks", "/healthz", "/readyz",
-                             "/metrics"}) {
+  for (const char* prefix :
+       {"/ai/run", "/v1/async", "/v1/chat/completions", "/v1/models", "/v1/files", "/v1/batches",
+        "/v1/webhooks", "/healthz", "/readyz", "/metrics"}) {
     if (path.rfind(prefix, 0) == 0) return prefix;
   }
   if (path.rfind("/accounts/", 0) == 0 && path.find("/ai/run/") != std::string_view::npos) {
@@ -582,9 +596,10 @@ HttpServerOptions AsyncApi::server_options() const {
       return impl->authenticate(header);
     }();
     // Only a key known to be bad is refused here; the handler answers a database outage.
-    if (account.is_ok() || account.status().code() != StatusCode::kUnauthenticated) return std::nullopt;
-    HttpResponse res = shaped_error(account.status(), is_openai_path(path) ? ErrorShape::kOpenAi
-                                                                             : ErrorShape::kWorkersAi);
+    if (account.is_ok() || account.status().code() != StatusCode::kUnauthenticated)
+      return std::nullopt;
+    HttpResponse res = shaped_error(
+        account.status(), is_openai_path(path) ? ErrorShape::kOpenAi : ErrorShape::kWorkersAi);
     count_answer(path, res.result_int());
     return res;
   };
@@ -615,7 +630,8 @@ Reply AsyncApi::route_streaming(const HttpRequest& req) {
 HttpResponse AsyncApi::Impl::metrics_page() {
   // The handlers' database connections as this scrape found them (before it borrowed one).
   const int lent = pool->lent(), open = pool->open();
-  const char* kPoolHelp = "Postgres connections of the API's handlers: lent to a request, or open and idle";
+  const char* kPoolHelp =
+      "Postgres connections of the API's handlers: lent to a request, or open and idle";
   metrics::gauge("headroom_api_db_connections", kPoolHelp, "state=\"lent\"").set(lent);
   metrics::gauge("headroom_api_db_connections", kPoolHelp, "state=\"idle\"").set(open - lent);
   Status st = database_check.run([this] { return read_queue_depth(); });
@@ -631,9 +647,9 @@ Status AsyncApi::Impl::read_queue_depth() {
   if (!c.is_ok()) return c.status();
   Status read = queue::pg_guard("queue depth", [&]() -> Status {
     pqxx::nontransaction tx(**c);
-    for (const auto& row : tx.exec(
-             "SELECT model, sum(num_total - num_completed - num_failed - num_cancelled - "
-             "num_expired) FROM batches WHERE finished_at IS NULL GROUP BY model")) {
+    for (const auto& row :
+         tx.exec("SELECT model, sum(num_total - num_completed - num_failed - num_cancelled - "
+                 "num_expired) FROM batches WHERE finished_at IS NULL GROUP BY model")) {
       metrics::gauge("headroom_async_pending_requests",
                      "Requests of unfinished batches not yet ended (queued or running)",
                      "model=\"" + row[0].as<std::string>() + "\"")
@@ -641,7 +657,10 @@ Status AsyncApi::Impl::read_queue_depth() {
     }
     return Status::ok();
   });
-  if (read.code() == StatusCode::kUnavailable) pool->drop(); else pool->release();
+  if (read.code() == StatusCode::kUnavailable)
+    pool->drop();
+  else
+    pool->release();
   return read;
 }
 
@@ -719,12 +738,14 @@ HttpResponse AsyncApi::Impl::run_model(const HttpRequest& req, const std::string
   json body = parse_client_json(req.body(), &why);
   parse_ns_ = steady_now_ns() - t0;
   if (body.is_discarded()) return error_response(invalid_argument("body " + why, "body"));
-  if (!body.is_object()) return error_response(invalid_argument("body must be a JSON object", "body"));
+  if (!body.is_object())
+    return error_response(invalid_argument("body must be a JSON object", "body"));
   if (body.contains("request_id")) {
     if (!body["request_id"].is_string()) {
       return error_response(invalid_argument("'request_id' must be a string", "request_id"));
     }
-    return poll(account, body["request_id"], query.count("include") && query.at("include") == "partial");
+    return poll(account, body["request_id"],
+                query.count("include") && query.at("include") == "partial");
   }
   const ModelSpec* model = find_model(model_name);
   if (model == nullptr) {
@@ -807,16 +828,15 @@ HttpResponse AsyncApi::Impl::chat_completions(const HttpRequest& req) {
   for (const char* key : {"n", "user", "stream_options"}) body.erase(key);
   Result<SyncAnswer> a = run_sync(req, body, *model);
   if (!a.is_ok()) return openai_error(a.status());
-  json out = {
-      {"id", "chatcmpl-" + new_uuid_v4().to_string()},
-      {"object", "chat.completion"},
-      {"created", SystemClock::instance().now_unix_ms() / 1000},
-      {"model", model->name},
-      {"choices", json::array({{{"index", 0},
-                                {"message", {{"role", "assistant"}, {"content", a->text}}},
-                                {"finish_reason", a->finish_reason},
-                                {"logprobs", a->logprobs}}})},
-      {"usage", answer_usage(*a)}};
+  json out = {{"id", "chatcmpl-" + new_uuid_v4().to_string()},
+              {"object", "chat.completion"},
+              {"created", SystemClock::instance().now_unix_ms() / 1000},
+              {"model", model->name},
+              {"choices", json::array({{{"index", 0},
+                                        {"message", {{"role", "assistant"}, {"content", a->text}}},
+                                        {"finish_reason", a->finish_reason},
+                                        {"logprobs", a->logprobs}}})},
+              {"usage", answer_usage(*a)}};
   HttpResponse res = json_response(200, out.dump());
   mark_worker(res, a->worker);
   return res;
@@ -834,7 +854,8 @@ Reply AsyncApi::Impl::chat_completions_stream(const HttpRequest& req, json body)
             nullptr};
   }
   if (Status st = check_sync_fields(body); !st.is_ok()) return {openai_error(st), nullptr};
-  bool include_usage = body.contains("stream_options") && flag(body["stream_options"], "include_usage");
+  bool include_usage =
+      body.contains("stream_options") && flag(body["stream_options"], "include_usage");
   SyncCall call = sync_call(req, body, *model);
   for (const char* key : {"n", "user", "stream_options", "stream", "options"}) {
     body.erase(key);
@@ -852,7 +873,7 @@ Reply AsyncApi::Impl::chat_completions_stream(const HttpRequest& req, json body)
     std::string model;
     bool include_usage = false;
     bool logprobs = false;  // asked for
-    int phase = 0;  // 0: role, 1: deltas, 2: usage, 3: done
+    int phase = 0;          // 0: role, 1: deltas, 2: usage, 3: done
   };
   auto st = std::make_shared<State>();
   st->logprobs = norm->value("logprobs", false);
@@ -860,11 +881,16 @@ Reply AsyncApi::Impl::chat_completions_stream(const HttpRequest& req, json body)
   st->model = model->name;
   st->include_usage = include_usage;
   auto event = [st](json delta, json finish_reason, json usage, json logprobs = nullptr) {
-    json chunk = {{"id", st->id}, {"object", "chat.completion.chunk"}, {"created", st->created},
-                  {"model", st->model}, {"choices", json::array()}};
+    json chunk = {{"id", st->id},
+                  {"object", "chat.completion.chunk"},
+                  {"created", st->created},
+                  {"model", st->model},
+                  {"choices", json::array()}};
     if (!delta.is_null()) {
-      chunk["choices"].push_back(
-          {{"index", 0}, {"delta", delta}, {"finish_reason", finish_reason}, {"logprobs", std::move(logprobs)}});
+      chunk["choices"].push_back({{"index", 0},
+                                  {"delta", delta},
+                                  {"finish_reason", finish_reason},
+                                  {"logprobs", std::move(logprobs)}});
     }
     if (!usage.is_null()) chunk["usage"] = usage;
     return "data: " + chunk.dump() + "\n\n";
@@ -885,7 +911,8 @@ Reply AsyncApi::Impl::chat_completions_stream(const HttpRequest& req, json body)
         if (st->stream->next(&delta)) {
           const json& lp = st->stream->delta_logprobs();
           if (st->logprobs && lp.is_null()) {
-            *out = "data: " + openai_error_body(no_logprobs_from_worker()).dump() + "\n\ndata: [DONE]\n\n";
+            *out = "data: " + openai_error_body(no_logprobs_from_worker()).dump() +
+                   "\n\ndata: [DONE]\n\n";
             st->phase = 3;
             st->stream.reset();  // the generation stops
             return true;
@@ -966,8 +993,10 @@ Reply AsyncApi::Impl::run_model_stream(const HttpRequest& req, json body, const 
       *out = "data: " + error_body(st->stream->status()).dump() + "\n\n";
     } else {
       const SyncAnswer& a = st->stream->answer();
-      *out = "data: " + json{{"response", ""}, {"usage", answer_usage(a)},
-                             {"finish_reason", a.finish_reason}}.dump() + "\n\n";
+      *out = "data: " +
+             json{{"response", ""}, {"usage", answer_usage(a)}, {"finish_reason", a.finish_reason}}
+                 .dump() +
+             "\n\n";
     }
     *out += "data: [DONE]\n\n";
     return true;
@@ -978,7 +1007,10 @@ Reply AsyncApi::Impl::run_model_stream(const HttpRequest& req, json body, const 
 HttpResponse AsyncApi::Impl::models_list() {
   json data = json::array();
   for (const auto& m : models) {
-    data.push_back({{"id", m.name}, {"object", "model"}, {"created", 0}, {"owned_by", "headroom"},
+    data.push_back({{"id", m.name},
+                    {"object", "model"},
+                    {"created", 0},
+                    {"owned_by", "headroom"},
                     {"context_length", m.context_length}});
   }
   return json_response(200, json{{"object", "list"}, {"data", data}}.dump());
@@ -987,8 +1019,8 @@ HttpResponse AsyncApi::Impl::models_list() {
 HttpResponse AsyncApi::Impl::submit(const HttpRequest& req, const std::string& account,
                                     const ModelSpec& model, const json& body) {
   static const std::unordered_set<std::string> kTopLevel = {
-      "requests", "queueRequest", "options", "completion_window", "metadata", "webhook_url",
-      "webhook_events", "webhook_secret"};
+      "requests", "queueRequest", "options",        "completion_window",
+      "metadata", "webhook_url",  "webhook_events", "webhook_secret"};
   for (const auto& [key, value] : body.items()) {
     if (!kTopLevel.count(key)) {
       return error_response(invalid_argument("unknown field '" + key + "'", key));
@@ -1000,8 +1032,8 @@ HttpResponse AsyncApi::Impl::submit(const HttpRequest& req, const std::string& a
   if (auto err = check_batch_envelope(body, limits)) return error_response(err->status, err->index);
   if (body.contains("completion_window")) {
     if (!body["completion_window"].is_string()) {
-      return error_response(invalid_argument("'completion_window' must be a string like 24h",
-                                             "completion_window"));
+      return error_response(
+          invalid_argument("'completion_window' must be a string like 24h", "completion_window"));
     }
     Result<int64_t> ms = parse_duration_ms(body["completion_window"], "completion_window");
     if (!ms.is_ok()) return error_response(ms.status());
@@ -1023,8 +1055,8 @@ HttpResponse AsyncApi::Impl::submit(const HttpRequest& req, const std::string& a
   if (idem != req.end()) {
     std::string key(idem->value());
     if (key.empty() || key.size() > 255) {
-      return error_response(invalid_argument("Idempotency-Key must be 1 to 255 characters",
-                                             "Idempotency-Key"));
+      return error_response(
+          invalid_argument("Idempotency-Key must be 1 to 255 characters", "Idempotency-Key"));
     }
     batch.idempotency_key = key;
   }
@@ -1049,9 +1081,11 @@ HttpResponse AsyncApi::Impl::submit(const HttpRequest& req, const std::string& a
     if (r.status().code() == StatusCode::kConflict) return error_response(r.status());
     return db_error(r.status());
   }
-  log::info("batch.submitted", {{"batch", r->batch_id}, {"model", model.name},
+  log::info("batch.submitted", {{"batch", r->batch_id},
+                                {"model", model.name},
                                 {"num_requests", static_cast<int64_t>(batch.size())},
-                                {"replayed", r->replayed}, {"parse_ms", parse_ns_ / 1000000},
+                                {"replayed", r->replayed},
+                                {"parse_ms", parse_ns_ / 1000000},
                                 {"validate_and_store_ms", store_ns / 1000000}});
   return ok_response({{"status", "queued"}, {"request_id", r->batch_id}, {"model", model.name}});
 }
@@ -1071,8 +1105,9 @@ HttpResponse AsyncApi::Impl::poll(const std::string& account, const std::string&
   }
   json result = summary_of(*b);
   if (b->is_terminal() || include_partial) {
-    Result<std::vector<queue::RequestResult>> rs = read_with_retry<std::vector<queue::RequestResult>>(
-        [&](pqxx::connection& c) { return queue::get_results(c, b->id, include_partial); });
+    Result<std::vector<queue::RequestResult>> rs =
+        read_with_retry<std::vector<queue::RequestResult>>(
+            [&](pqxx::connection& c) { return queue::get_results(c, b->id, include_partial); });
     if (!rs.is_ok()) return db_error(rs.status());
     json responses = json::array();
     for (const auto& r : *rs) responses.push_back(response_of(r));
@@ -1119,8 +1154,8 @@ HttpResponse AsyncApi::Impl::list(const std::string& account,
   }
   if (auto it = query.find("status"); it != query.end() && !it->second.empty()) {
     static const std::unordered_set<std::string> kStatuses = {
-        "queued", "running", "completed", "completed_with_errors", "failed", "cancelled",
-        "expired"};
+        "queued", "running",   "completed", "completed_with_errors",
+        "failed", "cancelled", "expired"};
     if (!kStatuses.count(it->second)) {
       return error_response(invalid_argument("unknown status '" + it->second + "'", "status"));
     }

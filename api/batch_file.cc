@@ -86,7 +86,8 @@ std::optional<LineError> InputValidator::check(const InputLine& in, queue::NewRe
   };
   std::string why;
   json j = parse_client_json(in.text, &why);
-  if (j.is_discarded()) return error("invalid_json_line", why.rfind("is ", 0) == 0 ? why.substr(3) : why, "");
+  if (j.is_discarded())
+    return error("invalid_json_line", why.rfind("is ", 0) == 0 ? why.substr(3) : why, "");
   if (!j.is_object()) return error("invalid_json_line", "must be a JSON object", "");
   for (const auto& [key, value] : j.items()) {
     if (key != "custom_id" && key != "method" && key != "url" && key != "body") {

@@ -9,7 +9,9 @@ namespace {
 
 using nlohmann::json;
 
-Status bad(const std::string& msg, const std::string& field) { return invalid_argument(msg, field); }
+Status bad(const std::string& msg, const std::string& field) {
+  return invalid_argument(msg, field);
+}
 
 bool is_int(const json& v) { return v.is_number_integer() || v.is_number_unsigned(); }
 
@@ -48,10 +50,25 @@ Result<std::string> message_text(const json& m, const std::string& field) {
 Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
                                     const BatchLimits& limits) {
   if (!req.is_object()) return bad("each request must be a JSON object", "");
-  static const std::unordered_set<std::string> kKnown = {
-      "messages", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-      "external_reference", "custom_id", "frequency_penalty", "presence_penalty",
-      "repetition_penalty", "stream", "model", "max_completion_tokens", "logprobs", "top_logprobs", "logit_bias"};
+  static const std::unordered_set<std::string> kKnown = {"messages",
+                                                         "prompt",
+                                                         "max_tokens",
+                                                         "temperature",
+                                                         "top_p",
+                                                         "top_k",
+                                                         "seed",
+                                                         "stop",
+                                                         "external_reference",
+                                                         "custom_id",
+                                                         "frequency_penalty",
+                                                         "presence_penalty",
+                                                         "repetition_penalty",
+                                                         "stream",
+                                                         "model",
+                                                         "max_completion_tokens",
+                                                         "logprobs",
+                                                         "top_logprobs",
+                                                         "logit_bias"};
   for (const auto& [key, value] : req.items()) {
     if (!kKnown.count(key)) return bad("unknown field '" + key + "'", key);
   }
@@ -63,13 +80,15 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
   }
   if (has_messages) {
     const json& msgs = req["messages"];
-    if (!msgs.is_array() || msgs.empty()) return bad("'messages' must be a non-empty array", "messages");
+    if (!msgs.is_array() || msgs.empty())
+      return bad("'messages' must be a non-empty array", "messages");
     json norm = json::array();
     for (size_t i = 0; i < msgs.size(); ++i) {
       std::string f = "messages[" + std::to_string(i) + "]";
       const json& m = msgs[i];
       if (!m.is_object()) return bad("each message must be an object", f);
-      if (!m.contains("role") || !m["role"].is_string()) return bad("'role' must be a string", f + ".role");
+      if (!m.contains("role") || !m["role"].is_string())
+        return bad("'role' must be a string", f + ".role");
       std::string role = m["role"];
       if (role != "system" && role != "user" && role != "assistant" && role != "tool" &&
           role != "developer") {
@@ -161,12 +180,14 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
   // past the model's vocabulary are refused by the worker, which knows it.
   if (given("logit_bias")) {
     const json& lb = req["logit_bias"];
-    if (!lb.is_object()) return bad("'logit_bias' must be an object of token ids to biases", "logit_bias");
+    if (!lb.is_object())
+      return bad("'logit_bias' must be an object of token ids to biases", "logit_bias");
     if (lb.size() > 300) return bad("'logit_bias' may bias 300 tokens at most", "logit_bias");
     json biases = json::object();
     for (const auto& [key, value] : lb.items()) {
       const std::string f = "logit_bias." + key;
-      const bool canonical = !key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos &&
+      const bool canonical = !key.empty() && key.size() <= 10 &&
+                             key.find_first_not_of("0123456789") == std::string::npos &&
                              (key == "0" || key[0] != '0') && std::stoll(key) <= INT32_MAX;
       if (!canonical) return bad("'logit_bias' keys must be token ids (0, 1, 2, ...)", f);
       if (!value.is_number() || value.get<double>() < -100.0 || value.get<double>() > 100.0) {
@@ -187,7 +208,8 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
     if (!is_int(k) || k.get<int64_t>() < 0 || k.get<int64_t>() > 20) {
       return bad("'top_logprobs' must be an integer between 0 and 20", "top_logprobs");
     }
-    if (k.get<int64_t>() > 0 && !logprobs) return bad("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    if (k.get<int64_t>() > 0 && !logprobs)
+      return bad("'top_logprobs' needs 'logprobs': true", "top_logprobs");
   }
   if (logprobs) {
     out["logprobs"] = true;
@@ -211,8 +233,10 @@ std::optional<BatchError> check_batch_envelope(const json& body, const BatchLimi
                       std::nullopt};
   }
   const json& reqs = body["requests"];
-  if (!reqs.is_array()) return BatchError{bad("'requests' must be an array", "requests"), std::nullopt};
-  if (reqs.empty()) return BatchError{bad("'requests' must not be empty", "requests"), std::nullopt};
+  if (!reqs.is_array())
+    return BatchError{bad("'requests' must be an array", "requests"), std::nullopt};
+  if (reqs.empty())
+    return BatchError{bad("'requests' must not be empty", "requests"), std::nullopt};
   if (static_cast<int64_t>(reqs.size()) > limits.max_requests) {
     return BatchError{Status(StatusCode::kTooLarge,
                              "a batch holds at most " + std::to_string(limits.max_requests) +

@@ -42,9 +42,11 @@ struct BatchError {
                                                              const BatchLimits& limits);
 
 // Validates request `i` of `reqs` into a store request, checking custom ids against `seen`.
-[[nodiscard]] std::optional<BatchError> parse_batch_request(
-    const nlohmann::json& reqs, size_t i, const ModelSpec& model, const BatchLimits& limits,
-    std::unordered_set<std::string>* seen, queue::NewRequest* out);
+[[nodiscard]] std::optional<BatchError> parse_batch_request(const nlohmann::json& reqs, size_t i,
+                                                            const ModelSpec& model,
+                                                            const BatchLimits& limits,
+                                                            std::unordered_set<std::string>* seen,
+                                                            queue::NewRequest* out);
 
 // Validates a whole {"requests": [...]} body into store requests; on error, names the index.
 [[nodiscard]] std::optional<BatchError> parse_batch(const nlohmann::json& body,

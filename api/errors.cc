@@ -5,36 +5,60 @@ namespace hr::api {
 
 int http_status_for(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return 200;
-    case StatusCode::kInvalidArgument: return 400;
-    case StatusCode::kUnauthenticated: return 401;
-    case StatusCode::kNotFound: return 404;
-    case StatusCode::kConflict: return 409;
-    case StatusCode::kFailedPrecondition: return 409;
-    case StatusCode::kTooLarge: return 413;
-    case StatusCode::kResourceExhausted: return 429;
-    case StatusCode::kUnavailable: return 503;
-    case StatusCode::kDeadlineExceeded: return 504;
-    case StatusCode::kCancelled: return 499;
-    case StatusCode::kInternal: return 500;
+    case StatusCode::kOk:
+      return 200;
+    case StatusCode::kInvalidArgument:
+      return 400;
+    case StatusCode::kUnauthenticated:
+      return 401;
+    case StatusCode::kNotFound:
+      return 404;
+    case StatusCode::kConflict:
+      return 409;
+    case StatusCode::kFailedPrecondition:
+      return 409;
+    case StatusCode::kTooLarge:
+      return 413;
+    case StatusCode::kResourceExhausted:
+      return 429;
+    case StatusCode::kUnavailable:
+      return 503;
+    case StatusCode::kDeadlineExceeded:
+      return 504;
+    case StatusCode::kCancelled:
+      return 499;
+    case StatusCode::kInternal:
+      return 500;
   }
   return 500;
 }
 
 int error_code_for(StatusCode code) {
   switch (code) {
-    case StatusCode::kInvalidArgument: return 1001;
-    case StatusCode::kUnauthenticated: return 1002;
-    case StatusCode::kNotFound: return 1004;
-    case StatusCode::kConflict: return 1009;
-    case StatusCode::kFailedPrecondition: return 1010;
-    case StatusCode::kTooLarge: return 1013;
-    case StatusCode::kResourceExhausted: return 3040;
-    case StatusCode::kUnavailable: return 1503;
-    case StatusCode::kDeadlineExceeded: return 1504;
-    case StatusCode::kCancelled: return 1499;
-    case StatusCode::kInternal: return 1500;
-    case StatusCode::kOk: return 0;
+    case StatusCode::kInvalidArgument:
+      return 1001;
+    case StatusCode::kUnauthenticated:
+      return 1002;
+    case StatusCode::kNotFound:
+      return 1004;
+    case StatusCode::kConflict:
+      return 1009;
+    case StatusCode::kFailedPrecondition:
+      return 1010;
+    case StatusCode::kTooLarge:
+      return 1013;
+    case StatusCode::kResourceExhausted:
+      return 3040;
+    case StatusCode::kUnavailable:
+      return 1503;
+    case StatusCode::kDeadlineExceeded:
+      return 1504;
+    case StatusCode::kCancelled:
+      return 1499;
+    case StatusCode::kInternal:
+      return 1500;
+    case StatusCode::kOk:
+      return 0;
   }
   return 1500;
 }
@@ -45,7 +69,8 @@ namespace {
 // (a path, a query value), and a body holding invalid UTF-8 cannot be printed.
 std::string printable(const std::string& s) {
   using nlohmann::json;
-  return json::parse(json(s).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+  return json::parse(json(s).dump(-1, ' ', false, json::error_handler_t::replace))
+      .get<std::string>();
 }
 
 }  // namespace
@@ -85,8 +110,10 @@ nlohmann::json error_body(const Status& status, std::optional<int> index) {
                         {"message", printable(status.message())}};
   if (!status.field().empty()) err["field"] = printable(status.field());
   if (index) err["index"] = *index;
-  return {{"success", false}, {"errors", nlohmann::json::array({err})},
-          {"messages", nlohmann::json::array()}, {"result", nullptr}};
+  return {{"success", false},
+          {"errors", nlohmann::json::array({err})},
+          {"messages", nlohmann::json::array()},
+          {"result", nullptr}};
 }
 
 HttpResponse error_response(const Status& st, std::optional<int> index) {
@@ -99,8 +126,10 @@ HttpResponse error_response(const Status& st, std::optional<int> index) {
 }
 
 HttpResponse ok_response(nlohmann::json result, unsigned status) {
-  nlohmann::json body = {{"result", std::move(result)}, {"success", true},
-                         {"errors", nlohmann::json::array()}, {"messages", nlohmann::json::array()}};
+  nlohmann::json body = {{"result", std::move(result)},
+                         {"success", true},
+                         {"errors", nlohmann::json::array()},
+                         {"messages", nlohmann::json::array()}};
   return json_response(status, body.dump());
 }
 
@@ -128,7 +157,8 @@ nlohmann::json openai_error_body(const Status& status, std::optional<std::string
   nlohmann::json err = {
       {"message", printable(status.message())},
       {"type", type},
-      {"param", status.field().empty() ? nlohmann::json(nullptr) : nlohmann::json(printable(status.field()))},
+      {"param", status.field().empty() ? nlohmann::json(nullptr)
+                                       : nlohmann::json(printable(status.field()))},
       {"code", *code}};
   return {{"error", std::move(err)}};
 }

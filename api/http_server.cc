@@ -73,12 +73,13 @@ struct HttpServer::Impl {
   // On its own strand: accepting and closing (at stop) never run at the same time.
   tcp::acceptor acceptor{asio::make_strand(ioc)};
   asio::steady_timer accept_retry{acceptor.get_executor()};  // on the acceptor's strand
-  int64_t last_accept_warning_ns = 0;                       // on the acceptor's strand
+  int64_t last_accept_warning_ns = 0;                        // on the acceptor's strand
   asio::thread_pool pool;
   std::vector<std::thread> threads;
 
   Impl(HttpServerOptions o, StreamingHandler h)
-      : options(std::move(o)), handler(std::move(h)),
+      : options(std::move(o)),
+        handler(std::move(h)),
         pool(static_cast<size_t>(options.handler_threads)) {}
 
   void do_accept();
@@ -138,13 +139,14 @@ class Session : public OpenConnection, public std::enable_shared_from_this<Sessi
   }
 
   void shut(bool idle_only, std::function<void()> done) override {
-    asio::post(stream_.get_executor(), [self = shared_from_this(), idle_only, done = std::move(done)] {
-      if (!idle_only || self->idle_) {
-        beast::error_code ignored;  // already closed (a timeout, say): nothing to do
-        self->stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-      }
-      done();
-    });
+    asio::post(stream_.get_executor(),
+               [self = shared_from_this(), idle_only, done = std::move(done)] {
+                 if (!idle_only || self->idle_) {
+                   beast::error_code ignored;  // already closed (a timeout, say): nothing to do
+                   self->stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+                 }
+                 done();
+               });
   }
 
   void start() {
@@ -225,7 +227,8 @@ class Session : public OpenConnection, public std::enable_shared_from_this<Sessi
   void expect_body() {
     // From now: the time for the body starts after the header's check, however long that took.
     const HttpServerOptions& o = server_->options;
-    stream_.expires_after(std::chrono::seconds(upload_ ? o.upload_read_timeout_s : o.read_timeout_s));
+    stream_.expires_after(
+        std::chrono::seconds(upload_ ? o.upload_read_timeout_s : o.read_timeout_s));
     const auto& header = parser_->get();
     auto expect = header.find(http::field::expect);
     if (expect != header.end() && beast::iequals(expect->value(), "100-continue")) {
@@ -242,10 +245,9 @@ class Session : public OpenConnection, public std::enable_shared_from_this<Sessi
   }
 
   void read_body() {
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       self->on_read(ec);
-                     });
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
   // Answers 413 and closes the connection (the rest of the body is not read).
@@ -458,9 +460,10 @@ HttpServer::HttpServer(HttpServerOptions options, StreamingHandler handler)
     : impl_(std::make_unique<Impl>(std::move(options), std::move(handler))) {}
 
 HttpServer::HttpServer(HttpServerOptions options, Handler handler)
-    : HttpServer(std::move(options), StreamingHandler([h = std::move(handler)](const HttpRequest& r) {
-        return Reply{h(r), nullptr};
-      })) {}
+    : HttpServer(std::move(options),
+                 StreamingHandler([h = std::move(handler)](const HttpRequest& r) {
+                   return Reply{h(r), nullptr};
+                 })) {}
 
 HttpServer::~HttpServer() { stop(); }
 
@@ -501,7 +504,8 @@ void HttpServer::stop() {
   // Kept-alive connections between requests end now; their clients (the API's router, say) see
   // them closed and go elsewhere rather than send a request that would wait unanswered.
   impl_->shut_connections(/*idle_only=*/true);
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(impl_->options.drain_timeout_s);
+  auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(impl_->options.drain_timeout_s);
   // A request counts until its answer is written, so none is cut off here unless it overran.
   while (impl_->in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

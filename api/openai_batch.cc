@@ -8,9 +8,9 @@
 #include "api/async_api.h"
 #include "api/batch_file.h"
 #include "api/errors.h"
-#include "api/webhooks_api.h"
 #include "api/multipart.h"
 #include "api/openai_objects.h"
+#include "api/webhooks_api.h"
 #include "base/clock.h"
 #include "base/hash.h"
 #include "base/ids.h"
@@ -85,8 +85,11 @@ Result<std::optional<std::string>> after_param(const std::map<std::string, std::
 ojson list_object(ojson data, bool has_more) {
   ojson first = data.empty() ? ojson(nullptr) : data.front()["id"];
   ojson last = data.empty() ? ojson(nullptr) : data.back()["id"];
-  return {{"object", "list"}, {"data", std::move(data)}, {"first_id", std::move(first)},
-          {"last_id", std::move(last)}, {"has_more", has_more}};
+  return {{"object", "list"},
+          {"data", std::move(data)},
+          {"first_id", std::move(first)},
+          {"last_id", std::move(last)},
+          {"has_more", has_more}};
 }
 
 // A list page from `rows`, fetched with one row more than `limit` (which only says whether there

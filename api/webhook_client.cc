@@ -65,7 +65,8 @@ WebhookClient::WebhookClient(WebhookClientOptions options) : options_(std::move(
   beast::error_code ec;
   tls_->set_default_verify_paths(ec);
   if (!ec && !options_.ca_file.empty()) tls_->load_verify_file(options_.ca_file, ec);
-  if (ec) tls_status_ = invalid_argument("cannot load trusted CAs: " + ec.message(), "webhook-ca-file");
+  if (ec)
+    tls_status_ = invalid_argument("cannot load trusted CAs: " + ec.message(), "webhook-ca-file");
 }
 
 WebhookClient::~WebhookClient() = default;
@@ -76,9 +77,9 @@ PostResult WebhookClient::post(const std::string& url,
   auto t0 = std::chrono::steady_clock::now();
   PostResult res;
   auto done = [&]() {
-    res.duration_ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                           std::chrono::steady_clock::now() - t0)
-                                           .count());
+    res.duration_ms = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count());
     return res;
   };
   Result<Url> u = parse_url(url);

@@ -20,16 +20,16 @@
 namespace hr::api {
 
 struct WebhookClientOptions {
-  int timeout_ms = 15000;      // the whole attempt: resolve, connect, TLS, send, answer
-  std::string ca_file;         // extra trusted CAs (PEM), besides the system's
+  int timeout_ms = 15000;  // the whole attempt: resolve, connect, TLS, send, answer
+  std::string ca_file;     // extra trusted CAs (PEM), besides the system's
   AddressPolicy policy;
-  std::string user_agent;      // default: Headroom-Webhooks/<version>
+  std::string user_agent;  // default: Headroom-Webhooks/<version>
 };
 
 struct PostResult {
-  int status = 0;                    // HTTP status; 0 when no answer came
-  std::string error;                 // what went wrong when status is 0 (or refused)
-  bool refused = false;              // the address policy refused the target; nothing was sent
+  int status = 0;        // HTTP status; 0 when no answer came
+  std::string error;     // what went wrong when status is 0 (or refused)
+  bool refused = false;  // the address policy refused the target; nothing was sent
   std::optional<int64_t> retry_after_ms;
   int duration_ms = 0;
 };

@@ -39,7 +39,8 @@ void WebhookOptions::bind(CLI::App& app, bool with_allow) {
   cli::add(app, "--webhook-timeout-ms", timeout_ms, "Time limit of one delivery attempt");
   cli::add(app, "--webhook-retry-schedule", retry_schedule,
            "Delays before each retry, comma-separated (e.g. 5s,5m,30m); then the delivery fails");
-  cli::add(app, "--webhook-ca-file", ca_file, "Extra trusted CA certificates (PEM) for HTTPS targets");
+  cli::add(app, "--webhook-ca-file", ca_file,
+           "Extra trusted CA certificates (PEM) for HTTPS targets");
   cli::add(app, "--webhook-retention-hours", retention_hours,
            "Keep sent events and ended deliveries (the delivery log) this long");
   if (with_allow) bind_webhook_allow(app, allow);
@@ -49,7 +50,8 @@ Status WebhookOptions::validate() const {
   if (concurrency < 1 || concurrency > 1024) {
     return invalid_argument("--webhook-concurrency must be 1..1024", "webhook-concurrency");
   }
-  if (timeout_ms < 100) return invalid_argument("--webhook-timeout-ms must be at least 100", "webhook-timeout-ms");
+  if (timeout_ms < 100)
+    return invalid_argument("--webhook-timeout-ms must be at least 100", "webhook-timeout-ms");
   if (retention_hours < 0) {
     return invalid_argument("--webhook-retention-hours must be >= 0", "webhook-retention-hours");
   }
@@ -62,8 +64,8 @@ Result<std::vector<int64_t>> WebhookOptions::schedule_ms() const {
   size_t start = 0;
   while (start <= retry_schedule.size() && !retry_schedule.empty()) {
     size_t comma = retry_schedule.find(',', start);
-    std::string item = retry_schedule.substr(start, comma == std::string::npos ? std::string::npos
-                                                                               : comma - start);
+    std::string item = retry_schedule.substr(
+        start, comma == std::string::npos ? std::string::npos : comma - start);
     HR_ASSIGN_OR_RETURN(int64_t ms, parse_duration_ms(item, "webhook-retry-schedule"));
     out.push_back(ms);
     if (comma == std::string::npos) break;
@@ -108,7 +110,8 @@ queue::AttemptOutcome decide_outcome(const queue::ClaimedDelivery& d, const Post
   }
   o.outcome = "retry";
   o.retry_in_ms = static_cast<int64_t>(static_cast<double>(schedule_ms[retries_done]) * jitter);
-  bool honours_retry_after = r.status == 429 || r.status == 502 || r.status == 503 || r.status == 504;
+  bool honours_retry_after =
+      r.status == 429 || r.status == 502 || r.status == 503 || r.status == 504;
   if (honours_retry_after && r.retry_after_ms) {
     o.retry_in_ms = std::min<int64_t>(*r.retry_after_ms, 24LL * 3600 * 1000);
   }
@@ -125,13 +128,16 @@ struct WebhookDispatcher::Impl {
   std::mutex mu;
   std::condition_variable work_cv;
   std::condition_variable done_cv;
-  std::deque<queue::ClaimedDelivery> work;       // guarded by mu
-  std::vector<queue::AttemptOutcome> results;    // guarded by mu
-  int inflight = 0;                              // claimed and not yet recorded; guarded by mu
-  bool stopping = false;                         // guarded by mu
+  std::deque<queue::ClaimedDelivery> work;     // guarded by mu
+  std::vector<queue::AttemptOutcome> results;  // guarded by mu
+  int inflight = 0;                            // claimed and not yet recorded; guarded by mu
+  bool stopping = false;                       // guarded by mu
 
   Impl(std::string url, WebhookOptions o, std::vector<int64_t> s, AddressPolicy p)
-      : database_url(url), options(std::move(o)), schedule(std::move(s)), policy(std::move(p)),
+      : database_url(url),
+        options(std::move(o)),
+        schedule(std::move(s)),
+        policy(std::move(p)),
         pg(std::move(url)) {}
 
   WebhookClientOptions client_options() const {
@@ -150,15 +156,14 @@ Result<std::unique_ptr<WebhookDispatcher>> WebhookDispatcher::create(
   HR_ASSIGN_OR_RETURN(std::vector<int64_t> schedule, options.schedule_ms());
   HR_ASSIGN_OR_RETURN(AddressPolicy policy, AddressPolicy::parse(options.allow));
   HR_RETURN_IF_ERROR(queue::pg_connect(database_url).status());
-  return std::unique_ptr<WebhookDispatcher>(
-      new WebhookDispatcher(database_url, std::move(options), std::move(schedule),
-                            std::move(policy)));
+  return std::unique_ptr<WebhookDispatcher>(new WebhookDispatcher(
+      database_url, std::move(options), std::move(schedule), std::move(policy)));
 }
 
 WebhookDispatcher::WebhookDispatcher(std::string database_url, WebhookOptions options,
                                      std::vector<int64_t> schedule, AddressPolicy policy)
-    : impl_(std::make_unique<Impl>(std::move(database_url), std::move(options),
-                                   std::move(schedule), std::move(policy))) {}
+    : impl_(std::make_unique<Impl>(std::move(database_url), std::move(options), std::move(schedule),
+                                   std::move(policy))) {}
 
 WebhookDispatcher::~WebhookDispatcher() = default;
 
@@ -188,11 +193,14 @@ queue::AttemptOutcome WebhookDispatcher::send(WebhookClient& client,
   metrics::histogram("headroom_webhook_attempt_seconds", "Duration of a webhook delivery attempt")
       .observe(r.duration_ms / 1e3);
   if (o.outcome == "delivered") {
-    log::debug("webhook.delivered", {{"delivery", d.id}, {"attempt", d.attempt},
-                                     {"status", r.status}, {"ms", r.duration_ms}});
+    log::debug(
+        "webhook.delivered",
+        {{"delivery", d.id}, {"attempt", d.attempt}, {"status", r.status}, {"ms", r.duration_ms}});
   } else {
-    log::info("webhook.attempt_failed", {{"delivery", d.id}, {"attempt", d.attempt},
-                                         {"outcome", o.outcome}, {"error", o.error},
+    log::info("webhook.attempt_failed", {{"delivery", d.id},
+                                         {"attempt", d.attempt},
+                                         {"outcome", o.outcome},
+                                         {"error", o.error},
                                          {"retry_in_ms", o.retry_in_ms}});
   }
   return o;

@@ -30,7 +30,7 @@ struct WebhookOptions {
   std::string retry_schedule = "5s,5m,30m,2h,5h,10h,10h";
   // Non-public targets allowed anyway: CIDRs, "loopback" or "private" (--webhook-allow).
   std::vector<std::string> allow;
-  std::string ca_file;     // extra trusted CAs for HTTPS targets
+  std::string ca_file;  // extra trusted CAs for HTTPS targets
   int claim_batch = 256;
   int retention_hours = 168;  // fanned-out events and ended deliveries are kept this long
 
@@ -58,8 +58,8 @@ class WebhookDispatcher {
   void run(const std::atomic<bool>& stop);
 
  private:
-  WebhookDispatcher(std::string database_url, WebhookOptions options,
-                    std::vector<int64_t> schedule, AddressPolicy policy);
+  WebhookDispatcher(std::string database_url, WebhookOptions options, std::vector<int64_t> schedule,
+                    AddressPolicy policy);
   queue::AttemptOutcome send(WebhookClient& client, const queue::ClaimedDelivery& d);
 
   struct Impl;

@@ -16,9 +16,7 @@ using nlohmann::json;
 
 namespace {
 
-json opt_seconds(const std::optional<int64_t>& ms) {
-  return ms ? json(*ms / 1000) : json(nullptr);
-}
+json opt_seconds(const std::optional<int64_t>& ms) { return ms ? json(*ms / 1000) : json(nullptr); }
 
 json endpoint_json(const queue::WebhookEndpoint& e) {
   json j = {{"id", e.id},
@@ -101,12 +99,12 @@ Result<std::vector<std::string>> event_types_of(const json& v, const std::string
 }
 
 Result<std::string> string_field(const json& body, const char* name, size_t max_len) {
-  if (!body[name].is_string()) return invalid_argument(std::string(name) + " must be a string", name);
+  if (!body[name].is_string())
+    return invalid_argument(std::string(name) + " must be a string", name);
   std::string s = body[name].get<std::string>();
   if (s.size() > max_len) {
-    return invalid_argument(std::string(name) + " must be at most " + std::to_string(max_len) +
-                                " characters",
-                            name);
+    return invalid_argument(
+        std::string(name) + " must be at most " + std::to_string(max_len) + " characters", name);
   }
   return s;
 }
@@ -115,8 +113,7 @@ Result<int64_t> grace_of(const json& body, int64_t fallback) {
   if (!body.contains("grace_period_s")) return fallback;
   const json& g = body["grace_period_s"];
   if (!g.is_number_integer() || g.get<int64_t>() < 0 || g.get<int64_t>() > 7 * 86400) {
-    return invalid_argument("grace_period_s must be an integer from 0 to 604800",
-                            "grace_period_s");
+    return invalid_argument("grace_period_s must be an integer from 0 to 604800", "grace_period_s");
   }
   return g.get<int64_t>() * 1000;
 }
@@ -134,7 +131,8 @@ Result<queue::DeliveryQuery> delivery_query(const std::map<std::string, std::str
   for (const char* key : {"after", "batch_id"}) {
     auto it = query.find(key);
     if (it == query.end() || it->second.empty()) continue;
-    if (!parse_uuid(it->second).is_ok()) return invalid_argument(std::string(key) + " is not an id", key);
+    if (!parse_uuid(it->second).is_ok())
+      return invalid_argument(std::string(key) + " is not an id", key);
     (std::string(key) == "after" ? q.after : q.batch_id) = it->second;
   }
   if (auto it = query.find("status"); it != query.end() && !it->second.empty()) {
@@ -151,8 +149,8 @@ json delivery_list(const std::vector<queue::DeliveryInfo>& rows, int limit) {
   for (int i = 0; i < std::min<int>(limit, static_cast<int>(rows.size())); ++i) {
     data.push_back(delivery_json(rows[static_cast<size_t>(i)]));
   }
-  json out = {{"object", "list"}, {"data", data},
-              {"has_more", static_cast<int>(rows.size()) > limit}};
+  json out = {
+      {"object", "list"}, {"data", data}, {"has_more", static_cast<int>(rows.size()) > limit}};
   if (!data.empty()) out["last_id"] = data.back()["id"];
   return out;
 }
@@ -210,8 +208,8 @@ class Routes {
     }
     return with_conn(
         [&](pqxx::connection& c) -> Result<json> {
-          HR_ASSIGN_OR_RETURN(auto e, queue::create_endpoint(c, account_, *url, description,
-                                                             types, enabled));
+          HR_ASSIGN_OR_RETURN(
+              auto e, queue::create_endpoint(c, account_, *url, description, types, enabled));
           return endpoint_json(e);
         },
         201);
@@ -257,7 +255,8 @@ class Routes {
     Result<json> body = body_object(req_, true);
     if (!body.is_ok()) return error_response(body.status());
     Status st = check_fields(*body, {"grace_period_s"});
-    Result<int64_t> grace = st.is_ok() ? grace_of(*body, ctx_.default_grace_ms) : Result<int64_t>(st);
+    Result<int64_t> grace =
+        st.is_ok() ? grace_of(*body, ctx_.default_grace_ms) : Result<int64_t>(st);
     if (!grace.is_ok()) return error_response(grace.status());
     return with_conn([&](pqxx::connection& c) -> Result<json> {
       if (id.empty()) {
@@ -317,8 +316,8 @@ Result<BatchWebhook> parse_batch_webhook(const json& fields, const AddressPolicy
       std::string list = ev.get<std::string>();
       for (size_t start = 0; start <= list.size();) {
         size_t comma = list.find(',', start);
-        std::string item = list.substr(start, comma == std::string::npos ? std::string::npos
-                                                                         : comma - start);
+        std::string item =
+            list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
         item.erase(0, item.find_first_not_of(' '));
         item.erase(item.find_last_not_of(' ') + 1);
         types.push_back(item);
@@ -335,7 +334,8 @@ Result<BatchWebhook> parse_batch_webhook(const json& fields, const AddressPolicy
   }
   if (fields.contains("webhook_secret")) {
     const json& secret = fields["webhook_secret"];
-    if (!secret.is_string()) return invalid_argument(secret_field + " must be a string", secret_field);
+    if (!secret.is_string())
+      return invalid_argument(secret_field + " must be a string", secret_field);
     HR_RETURN_IF_ERROR(queue::check_webhook_secret(secret, secret_field));
     out.secret = secret.get<std::string>();
   }
@@ -378,7 +378,8 @@ std::optional<HttpResponse> handle_webhooks(const HttpRequest& req, const std::s
   std::vector<std::string> parts;
   for (size_t start = 0; start < rest.size();) {
     size_t slash = rest.find('/', start);
-    parts.push_back(rest.substr(start, slash == std::string::npos ? std::string::npos : slash - start));
+    parts.push_back(
+        rest.substr(start, slash == std::string::npos ? std::string::npos : slash - start));
     if (slash == std::string::npos) break;
     start = slash + 1;
   }

@@ -26,8 +26,8 @@ struct WebhookApiContext {
   std::function<Result<pqxx::connection*>()> conn;      // this thread's connection
   std::function<HttpResponse(const Status&)> db_error;  // a database failure as a response
   std::function<void()> release_conn;  // back to the pool while the thread looks a host up
-  AddressPolicy policy;                                 // which targets may be registered
-  int64_t default_grace_ms = 24LL * 3600 * 1000;        // old secret keeps signing this long
+  AddressPolicy policy;                // which targets may be registered
+  int64_t default_grace_ms = 24LL * 3600 * 1000;  // old secret keeps signing this long
 };
 
 // Registers --webhook-allow: non-public targets allowed anyway (CIDRs, "loopback", "private").

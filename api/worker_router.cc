@@ -88,12 +88,14 @@ Result<SyncAnswer> answer_from_json(const json& j, const std::string& worker) {
 
 metrics::Counter& routed(const std::string& outcome) {
   return metrics::counter("headroom_sync_routed_total",
-                          "Sync calls forwarded to workers, by outcome", "outcome=\"" + outcome + "\"");
+                          "Sync calls forwarded to workers, by outcome",
+                          "outcome=\"" + outcome + "\"");
 }
 
 metrics::Counter& connects(const std::string& connection) {
   return metrics::counter("headroom_sync_worker_connections_total",
-                          "Connections to workers used for sync calls: opened for the call, or kept open from an earlier one",
+                          "Connections to workers used for sync calls: opened for the call, or "
+                          "kept open from an earlier one",
                           "connection=\"" + connection + "\"");
 }
 
@@ -155,7 +157,8 @@ class WorkerCall {
     http::request<http::string_body> req{http::verb::post, "/internal/sync", 11};
     req.set(http::field::host, u->host + ":" + std::to_string(u->port));
     req.set(http::field::content_type, "application/json");
-    if (!options_.internal_token.empty()) req.set("x-headroom-internal-token", options_.internal_token);
+    if (!options_.internal_token.empty())
+      req.set("x-headroom-internal-token", options_.internal_token);
     req.keep_alive(true);
     req.body() = body;
     req.prepare_payload();
@@ -183,7 +186,8 @@ class WorkerCall {
     // A request that stays unacknowledged this long fails the connection: a worker host that
     // vanished (no FIN, no RST) is given up on in seconds, not after the idle timeout. It does not
     // limit how long an answer may take: nothing of ours is unacknowledged meanwhile.
-    const unsigned int unacked_ms = static_cast<unsigned int>(std::max(5000, options_.connect_timeout_ms));
+    const unsigned int unacked_ms =
+        static_cast<unsigned int>(std::max(5000, options_.connect_timeout_ms));
     ::setsockopt(conn_->stream.socket().native_handle(), IPPROTO_TCP, TCP_USER_TIMEOUT, &unacked_ms,
                  sizeof unacked_ms);
     return exchange(req, url);
@@ -619,7 +623,9 @@ class RemoteStream final : public SyncStream {
         pending_.erase(0, nl + 1);
         if (line.contains("delta") && line["delta"].is_string()) {
           *delta = line["delta"];
-          logprobs_ = line.contains("logprobs") && line["logprobs"].is_array() ? std::move(line["logprobs"]) : json();
+          logprobs_ = line.contains("logprobs") && line["logprobs"].is_array()
+                          ? std::move(line["logprobs"])
+                          : json();
           return true;
         }
         if (line.contains("answer")) {
@@ -670,8 +676,8 @@ Result<std::unique_ptr<SyncStream>> WorkerRouter::start_stream(const json& reque
                                                                const SyncCall& call) {
   return forward<std::unique_ptr<SyncStream>>(
       call, body_for(request, call, true),
-      [](const std::shared_ptr<Attempt>& a, std::unique_ptr<WorkerCall> wc)
-          -> Result<std::unique_ptr<SyncStream>> {
+      [](const std::shared_ptr<Attempt>& a,
+         std::unique_ptr<WorkerCall> wc) -> Result<std::unique_ptr<SyncStream>> {
         return std::unique_ptr<SyncStream>(new RemoteStream(a, std::move(wc), a->worker_id));
       });
 }

@@ -35,12 +35,12 @@ namespace hr::api {
 struct RouterOptions {
   std::string redis_url;
   std::string internal_token;
-  int refresh_ms = 250;            // how old the view of a model's workers may get
+  int refresh_ms = 250;  // how old the view of a model's workers may get
   int connect_timeout_ms = 1000;
-  int idle_timeout_ms = 300000;    // longest silence while an answer is generated
-  int suspect_ms = 3000;           // an unreachable worker is skipped this long
-  int max_attempts = 3;            // workers tried for one call
-  int max_idle_per_worker = 64;    // idle connections kept open to each worker
+  int idle_timeout_ms = 300000;  // longest silence while an answer is generated
+  int suspect_ms = 3000;         // an unreachable worker is skipped this long
+  int max_attempts = 3;          // workers tried for one call
+  int max_idle_per_worker = 64;  // idle connections kept open to each worker
   // An idle connection is closed after this long; below the workers' own limit on waiting for the
   // next request (HttpServerOptions::read_timeout_s, 30 s), so that they rarely close it first.
   int idle_keep_ms = 10000;
@@ -90,7 +90,8 @@ class WorkerRouter final : public SyncInference {
   explicit WorkerRouter(RouterOptions options);
   ~WorkerRouter() override;
 
-  [[nodiscard]] Result<SyncAnswer> run(const nlohmann::json& request, const SyncCall& call) override;
+  [[nodiscard]] Result<SyncAnswer> run(const nlohmann::json& request,
+                                       const SyncCall& call) override;
   [[nodiscard]] Result<std::unique_ptr<SyncStream>> start_stream(const nlohmann::json& request,
                                                                  const SyncCall& call) override;
 
@@ -103,7 +104,8 @@ class WorkerRouter final : public SyncInference {
   };
   // Picks a worker for `call`, waiting for room as the call allows; `skip` lists worker ids that
   // already failed this call.
-  Result<std::shared_ptr<Attempt>> place(const SyncCall& call, const std::vector<std::string>& skip);
+  Result<std::shared_ptr<Attempt>> place(const SyncCall& call,
+                                         const std::vector<std::string>& skip);
   Result<std::vector<queue::WorkerInfo>> workers_of(const std::string& model);
   void suspect(const std::string& worker_id);
   std::string body_for(const nlohmann::json& request, const SyncCall& call, bool stream) const;
@@ -115,9 +117,9 @@ class WorkerRouter final : public SyncInference {
 
   RouterOptions options_;
   std::mutex mu_;
-  std::unique_ptr<queue::WorkerRegistry> registry_;           // guarded by mu_
-  std::unordered_map<std::string, ModelView> views_;          // guarded by mu_
-  std::unordered_map<std::string, int> in_flight_;            // worker id → calls; guarded by mu_
+  std::unique_ptr<queue::WorkerRegistry> registry_;   // guarded by mu_
+  std::unordered_map<std::string, ModelView> views_;  // guarded by mu_
+  std::unordered_map<std::string, int> in_flight_;    // worker id → calls; guarded by mu_
   std::unordered_map<std::string, int64_t> suspect_until_ns_;  // guarded by mu_
   uint64_t calls_ = 0;                                         // guarded by mu_
   WorkerConnections connections_{options_};

@@ -28,10 +28,9 @@ struct Voidify {
 
 }  // namespace hr::internal
 
-#define HR_CHECK(cond)                 \
-  (cond) ? (void)0                     \
-         : ::hr::internal::Voidify() & \
-               ::hr::internal::CheckFailure(__FILE__, __LINE__, #cond)
+#define HR_CHECK(cond) \
+  (cond) ? (void)0     \
+         : ::hr::internal::Voidify() & ::hr::internal::CheckFailure(__FILE__, __LINE__, #cond)
 #define HR_CHECK_OP(a, op, b) HR_CHECK((a)op(b)) << "(" << (a) << " vs " << (b) << ") "
 #define HR_CHECK_EQ(a, b) HR_CHECK_OP(a, ==, b)
 #define HR_CHECK_NE(a, b) HR_CHECK_OP(a, !=, b)

@@ -116,8 +116,8 @@ Status apply_config_file(CLI::App& root, const ConfigFile& file) {
       if (!scope->parsed()) continue;
     }
     for (const auto& [key, value] : values) {
-      CLI::Option* opt = section.empty() ? find_in_parsed(root, key)
-                                         : scope->get_option_no_throw("--" + key);
+      CLI::Option* opt =
+          section.empty() ? find_in_parsed(root, key) : scope->get_option_no_throw("--" + key);
       if (opt == nullptr) {
         bool known = section.empty() ? exists_anywhere(root, key) : false;
         if (known) continue;  // belongs to a subcommand that is not running

@@ -61,7 +61,8 @@ std::optional<std::string> base64_decode(std::string_view text) {
   if (n < 0) return std::nullopt;
   // EVP_DecodeBlock counts padding as zero bytes; drop them.
   size_t pad = 0;
-  if (!text.empty() && text.back() == '=') pad = text.size() >= 2 && text[text.size() - 2] == '=' ? 2 : 1;
+  if (!text.empty() && text.back() == '=')
+    pad = text.size() >= 2 && text[text.size() - 2] == '=' ? 2 : 1;
   out.resize(static_cast<size_t>(n) - pad);
   return out;
 }

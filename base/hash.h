@@ -8,7 +8,7 @@
 
 namespace hr {
 
-std::string sha256(std::string_view data);  // 32 raw bytes
+std::string sha256(std::string_view data);                             // 32 raw bytes
 std::string hmac_sha256(std::string_view key, std::string_view data);  // 32 raw bytes
 std::string to_hex(std::string_view bytes);
 std::string base64_encode(std::string_view bytes);

@@ -83,8 +83,8 @@ Result<Uuid> parse_uuid(std::string_view text) {
   int byte = 0;
   for (size_t i = 0; i < 36;) {
     if (i == 8 || i == 13 || i == 18 || i == 23) {
-      if (text[i] != '-') return invalid_argument("not a UUID: expected '-' at position " +
-                                                  std::to_string(i));
+      if (text[i] != '-')
+        return invalid_argument("not a UUID: expected '-' at position " + std::to_string(i));
       ++i;
       continue;
     }

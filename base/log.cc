@@ -18,10 +18,14 @@ std::function<void(std::string_view)> g_sink;  // guarded by g_mu
 
 const char* level_name(Level l) {
   switch (l) {
-    case Level::kDebug: return "debug";
-    case Level::kInfo: return "info";
-    case Level::kWarn: return "warn";
-    case Level::kError: return "error";
+    case Level::kDebug:
+      return "debug";
+    case Level::kInfo:
+      return "info";
+    case Level::kWarn:
+      return "warn";
+    case Level::kError:
+      return "error";
   }
   return "info";
 }
@@ -43,11 +47,21 @@ void append_json_string(std::string& out, std::string_view s) {
   out += '"';
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -87,9 +101,9 @@ Result<Level> parse_level(std::string_view name) {
   if (name == "info") return Level::kInfo;
   if (name == "warn" || name == "warning") return Level::kWarn;
   if (name == "error") return Level::kError;
-  return invalid_argument("unknown log level '" + std::string(name) +
-                              "' (expected debug, info, warn or error)",
-                          "log-level");
+  return invalid_argument(
+      "unknown log level '" + std::string(name) + "' (expected debug, info, warn or error)",
+      "log-level");
 }
 
 Result<Format> parse_format(std::string_view name) {

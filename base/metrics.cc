@@ -74,7 +74,8 @@ void Histogram::observe(double v) {
 
 uint64_t Histogram::cumulative(size_t i) const {
   uint64_t n = 0;
-  for (size_t k = 0; k <= i && k <= bounds_.size(); ++k) n += buckets_[k].load(std::memory_order_relaxed);
+  for (size_t k = 0; k <= i && k <= bounds_.size(); ++k)
+    n += buckets_[k].load(std::memory_order_relaxed);
   return n;
 }
 
@@ -124,7 +125,8 @@ std::string render() {
         out += series(name + "_bucket", labels, "le=\"" + number(h->bounds()[i]) + "\"") + " " +
                std::to_string(h->cumulative(i)) + "\n";
       }
-      out += series(name + "_bucket", labels, "le=\"+Inf\"") + " " + std::to_string(h->count()) + "\n";
+      out +=
+          series(name + "_bucket", labels, "le=\"+Inf\"") + " " + std::to_string(h->count()) + "\n";
       out += series(name + "_sum", labels) + " " + number(h->sum()) + "\n";
       out += series(name + "_count", labels) + " " + std::to_string(h->count()) + "\n";
     }

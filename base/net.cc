@@ -21,20 +21,27 @@ struct Range {
 
 // IPv4 ranges that are not the public internet (RFC 6890 and friends).
 constexpr Range kV4Forbidden[] = {
-    {"0.0.0.0/8", "unspecified"},        {"10.0.0.0/8", "private"},
-    {"100.64.0.0/10", "shared (CGNAT)"}, {"127.0.0.0/8", "loopback"},
+    {"0.0.0.0/8", "unspecified"},
+    {"10.0.0.0/8", "private"},
+    {"100.64.0.0/10", "shared (CGNAT)"},
+    {"127.0.0.0/8", "loopback"},
     {"169.254.0.0/16", "link-local (cloud metadata)"},
-    {"172.16.0.0/12", "private"},        {"192.0.0.0/24", "IETF protocol"},
-    {"192.0.2.0/24", "documentation"},   {"192.88.99.0/24", "6to4 relay"},
-    {"192.168.0.0/16", "private"},       {"198.18.0.0/15", "benchmarking"},
-    {"198.51.100.0/24", "documentation"}, {"203.0.113.0/24", "documentation"},
-    {"224.0.0.0/4", "multicast"},        {"240.0.0.0/4", "reserved"},
+    {"172.16.0.0/12", "private"},
+    {"192.0.0.0/24", "IETF protocol"},
+    {"192.0.2.0/24", "documentation"},
+    {"192.88.99.0/24", "6to4 relay"},
+    {"192.168.0.0/16", "private"},
+    {"198.18.0.0/15", "benchmarking"},
+    {"198.51.100.0/24", "documentation"},
+    {"203.0.113.0/24", "documentation"},
+    {"224.0.0.0/4", "multicast"},
+    {"240.0.0.0/4", "reserved"},
 };
 constexpr Range kV6Forbidden[] = {
-    {"::/128", "unspecified"},        {"::1/128", "loopback"},
-    {"::/96", "IPv4-compatible"},     {"100::/64", "discard"},
+    {"::/128", "unspecified"},          {"::1/128", "loopback"},
+    {"::/96", "IPv4-compatible"},       {"100::/64", "discard"},
     {"2001:db8::/32", "documentation"}, {"fc00::/7", "unique local (private)"},
-    {"fe80::/10", "link-local"},      {"fec0::/10", "site-local"},
+    {"fe80::/10", "link-local"},        {"fec0::/10", "site-local"},
     {"ff00::/8", "multicast"},
 };
 
@@ -92,7 +99,8 @@ bool Cidr::contains(const IpAddress& a) const {
   int rest = prefix % 8;
   if (rest == 0) return true;
   uint8_t mask = static_cast<uint8_t>(0xff << (8 - rest));
-  return (a.bytes[static_cast<size_t>(full)] & mask) == (base.bytes[static_cast<size_t>(full)] & mask);
+  return (a.bytes[static_cast<size_t>(full)] & mask) ==
+         (base.bytes[static_cast<size_t>(full)] & mask);
 }
 
 Result<Cidr> parse_cidr(std::string_view text) {
@@ -138,9 +146,9 @@ Result<AddressPolicy> AddressPolicy::parse(const std::vector<std::string>& allow
     }
     Result<Cidr> c = parse_cidr(entry);
     if (!c.is_ok()) {
-      return invalid_argument("webhook allow-list entries are CIDRs, 'loopback' or 'private': " +
-                                  entry,
-                              "webhook-allow");
+      return invalid_argument(
+          "webhook allow-list entries are CIDRs, 'loopback' or 'private': " + entry,
+          "webhook-allow");
     }
     p.allow_.push_back(*c);
   }
@@ -161,8 +169,8 @@ Status AddressPolicy::check(const IpAddress& a, std::string_view host,
   for (const Cidr& c : allow_) {
     if (c.contains(a) || c.contains(plain)) return Status::ok();
   }
-  std::string where = host == a.to_string() ? a.to_string()
-                                            : std::string(host) + " (" + a.to_string() + ")";
+  std::string where =
+      host == a.to_string() ? a.to_string() : std::string(host) + " (" + a.to_string() + ")";
   return invalid_argument(std::string(field) + " points at " + where + ", a " + *range +
                               " address; only public addresses may receive webhooks",
                           std::string(field));
@@ -178,8 +186,8 @@ Result<std::vector<IpAddress>> system_lookup(const std::string& host, const std:
   addrinfo* res = nullptr;
   int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
   if (rc != 0) {
-    return Status(StatusCode::kUnavailable, field + " host " + host + " does not resolve: " + gai_strerror(rc),
-                  field);
+    return Status(StatusCode::kUnavailable,
+                  field + " host " + host + " does not resolve: " + gai_strerror(rc), field);
   }
   std::vector<IpAddress> out;
   for (addrinfo* p = res; p != nullptr; p = p->ai_next) {
@@ -207,7 +215,9 @@ Result<std::vector<IpAddress>> lookup_within(const std::string& host, std::strin
   using Answer = Result<std::vector<IpAddress>>;
   auto answer = std::make_shared<std::promise<Answer>>();
   std::future<Answer> future = answer->get_future();
-  std::thread([answer, host, lookup = std::move(lookup)] { answer->set_value(lookup(host)); }).detach();
+  std::thread([answer, host, lookup = std::move(lookup)] {
+    answer->set_value(lookup(host));
+  }).detach();
   if (future.wait_for(timeout) != std::future_status::ready) {
     return Status(StatusCode::kUnavailable,
                   std::string(field) + " host " + host + " did not resolve within " +
@@ -218,13 +228,17 @@ Result<std::vector<IpAddress>> lookup_within(const std::string& host, std::strin
 }
 
 Result<std::vector<IpAddress>> resolve_checked(const std::string& host, const AddressPolicy& policy,
-                                               std::string_view field, std::chrono::milliseconds timeout) {
-  if (host.empty()) return invalid_argument(std::string(field) + " has no host", std::string(field));
+                                               std::string_view field,
+                                               std::chrono::milliseconds timeout) {
+  if (host.empty())
+    return invalid_argument(std::string(field) + " has no host", std::string(field));
   const std::string name(field);
-  HR_ASSIGN_OR_RETURN(std::vector<IpAddress> out,
-                      lookup_within(host, field, timeout,
-                                    policy.lookup() ? policy.lookup()
-                                                    : HostLookup([name](const std::string& h) { return system_lookup(h, name); })));
+  HR_ASSIGN_OR_RETURN(
+      std::vector<IpAddress> out,
+      lookup_within(host, field, timeout,
+                    policy.lookup() ? policy.lookup() : HostLookup([name](const std::string& h) {
+                      return system_lookup(h, name);
+                    })));
   if (out.empty()) {
     return invalid_argument(std::string(field) + " host " + host + " has no addresses",
                             std::string(field));

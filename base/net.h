@@ -74,7 +74,9 @@ class AddressPolicy {
 // What `lookup(host)` answers if it answers within `timeout`; else kUnavailable naming `field`,
 // and the lookup (the system resolver may hang for tens of seconds) finishes on its own thread,
 // its answer dropped. resolve_checked's deadline, for any lookup.
-[[nodiscard]] Result<std::vector<IpAddress>> lookup_within(const std::string& host, std::string_view field,
-                                                           std::chrono::milliseconds timeout, HostLookup lookup);
+[[nodiscard]] Result<std::vector<IpAddress>> lookup_within(const std::string& host,
+                                                           std::string_view field,
+                                                           std::chrono::milliseconds timeout,
+                                                           HostLookup lookup);
 
 }  // namespace hr

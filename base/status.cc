@@ -5,18 +5,30 @@ namespace hr {
 
 const char* status_code_name(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kInvalidArgument: return "invalid_argument";
-    case StatusCode::kUnauthenticated: return "unauthenticated";
-    case StatusCode::kNotFound: return "not_found";
-    case StatusCode::kConflict: return "conflict";
-    case StatusCode::kTooLarge: return "too_large";
-    case StatusCode::kResourceExhausted: return "resource_exhausted";
-    case StatusCode::kUnavailable: return "unavailable";
-    case StatusCode::kDeadlineExceeded: return "deadline_exceeded";
-    case StatusCode::kFailedPrecondition: return "failed_precondition";
-    case StatusCode::kCancelled: return "cancelled";
-    case StatusCode::kInternal: return "internal";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid_argument";
+    case StatusCode::kUnauthenticated:
+      return "unauthenticated";
+    case StatusCode::kNotFound:
+      return "not_found";
+    case StatusCode::kConflict:
+      return "conflict";
+    case StatusCode::kTooLarge:
+      return "too_large";
+    case StatusCode::kResourceExhausted:
+      return "resource_exhausted";
+    case StatusCode::kUnavailable:
+      return "unavailable";
+    case StatusCode::kDeadlineExceeded:
+      return "deadline_exceeded";
+    case StatusCode::kFailedPrecondition:
+      return "failed_precondition";
+    case StatusCode::kCancelled:
+      return "cancelled";
+    case StatusCode::kInternal:
+      return "internal";
   }
   return "unknown";
 }

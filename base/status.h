@@ -1,6 +1,6 @@
-// Status and Result<T>: how expected failures (bad input, not found, dependency down, timeout) travel
-// between modules. Broken invariants use HR_CHECK (base/check.h) instead; "no room" is a normal
-// return value, not a Status. Value types; safe to copy between threads.
+// Status and Result<T>: how expected failures (bad input, not found, dependency down, timeout)
+// travel between modules. Broken invariants use HR_CHECK (base/check.h) instead; "no room" is a
+// normal return value, not a Status. Value types; safe to copy between threads.
 #pragma once
 
 #include <optional>
@@ -15,17 +15,17 @@ namespace hr {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,    // bad input from a caller (400)
-  kUnauthenticated,    // missing or invalid credentials (401)
-  kNotFound,           // unknown id, or one the caller may not see (404)
-  kConflict,           // idempotency or state conflict (409)
-  kTooLarge,           // body or batch over a limit (413)
-  kResourceExhausted,  // capacity or rate (429)
-  kUnavailable,        // a dependency is down; retryable (503)
-  kDeadlineExceeded,   // timed out
-  kFailedPrecondition, // the operation does not apply in the current state
+  kInvalidArgument,     // bad input from a caller (400)
+  kUnauthenticated,     // missing or invalid credentials (401)
+  kNotFound,            // unknown id, or one the caller may not see (404)
+  kConflict,            // idempotency or state conflict (409)
+  kTooLarge,            // body or batch over a limit (413)
+  kResourceExhausted,   // capacity or rate (429)
+  kUnavailable,         // a dependency is down; retryable (503)
+  kDeadlineExceeded,    // timed out
+  kFailedPrecondition,  // the operation does not apply in the current state
   kCancelled,
-  kInternal,           // a bug or an unexpected failure
+  kInternal,  // a bug or an unexpected failure
 };
 
 const char* status_code_name(StatusCode code);
@@ -71,7 +71,7 @@ inline Status internal_error(std::string msg) {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT
     HR_CHECK(!std::get<Status>(v_).is_ok()) << "Result built from an OK status";
   }
@@ -108,14 +108,15 @@ class [[nodiscard]] Result {
 #define HR_CONCAT(a, b) HR_CONCAT_INNER(a, b)
 
 // Returns the Status from the enclosing function when `expr` is not OK.
-#define HR_RETURN_IF_ERROR(expr)              \
-  do {                                        \
-    ::hr::Status hr_status_ = (expr);         \
+#define HR_RETURN_IF_ERROR(expr)                \
+  do {                                          \
+    ::hr::Status hr_status_ = (expr);           \
     if (!hr_status_.is_ok()) return hr_status_; \
   } while (0)
 
 // `HR_ASSIGN_OR_RETURN(auto x, f());` unwraps a Result or returns its Status.
-#define HR_ASSIGN_OR_RETURN(lhs, expr) HR_ASSIGN_OR_RETURN_IMPL(HR_CONCAT(hr_result_, __LINE__), lhs, expr)
+#define HR_ASSIGN_OR_RETURN(lhs, expr) \
+  HR_ASSIGN_OR_RETURN_IMPL(HR_CONCAT(hr_result_, __LINE__), lhs, expr)
 #define HR_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                             \
   if (!tmp.is_ok()) return tmp.status();         \

@@ -60,7 +60,8 @@ Result<Url> parse_url(std::string_view text) {
   if (!port_text.empty()) {
     uint32_t port = 0;
     for (char c : port_text) {
-      if (!std::isdigit(static_cast<unsigned char>(c))) return invalid_argument("URL port is not a number");
+      if (!std::isdigit(static_cast<unsigned char>(c)))
+        return invalid_argument("URL port is not a number");
       port = port * 10 + static_cast<uint32_t>(c - '0');
       if (port > 65535) return invalid_argument("URL port is out of range");
     }

@@ -14,9 +14,10 @@ Status plan_attention(const StepInput& in, const AttentionPlanParams& p, Attenti
   const int nkv = p.num_kv_heads;
   if (nkv <= 0 || p.num_heads < nkv || p.num_heads % nkv != 0 ||
       p.num_heads / nkv > kernels::kAttentionPrefillRows) {
-    return invalid_argument(std::to_string(p.num_heads) + " query heads over " + std::to_string(nkv) +
-                            " key/value heads: attention takes groups of 1 to " +
-                            std::to_string(kernels::kAttentionPrefillRows) + " query heads per key/value head");
+    return invalid_argument(
+        std::to_string(p.num_heads) + " query heads over " + std::to_string(nkv) +
+        " key/value heads: attention takes groups of 1 to " +
+        std::to_string(kernels::kAttentionPrefillRows) + " query heads per key/value head");
   }
   const int group = p.num_heads / nkv;
   using kernels::AttentionKernel;
@@ -30,9 +31,10 @@ Status plan_attention(const StepInput& in, const AttentionPlanParams& p, Attenti
   const int prefill_tile = kernels::kAttentionPrefillRows / group;
   // Splits are whole tiles of the kernel that will run them.
   const int kTile = plan->decode_kernel == AttentionKernel::kDecode ? kernels::kAttentionKeyTile
-                                                                     : kernels::kAttentionTcKeyTile;
+                                                                    : kernels::kAttentionTcKeyTile;
   int num_decode_seqs = 0;
-  for (int s = 0; s < in.num_seqs; ++s) num_decode_seqs += in.seq_start[s + 1] - in.seq_start[s] == 1;
+  for (int s = 0; s < in.num_seqs; ++s)
+    num_decode_seqs += in.seq_start[s + 1] - in.seq_start[s] == 1;
   int want_splits = 1;
   if (num_decode_seqs > 0 && num_decode_seqs * nkv < p.num_sms) {
     want_splits = (2 * p.num_sms + num_decode_seqs * nkv - 1) / (num_decode_seqs * nkv);
@@ -40,7 +42,8 @@ Status plan_attention(const StepInput& in, const AttentionPlanParams& p, Attenti
   }
   for (int s = 0; s < in.num_seqs; ++s) {
     const int a = in.seq_start[s], n = in.seq_start[s + 1] - a;
-    if (n <= 0) return invalid_argument("sequence " + std::to_string(s) + " has no tokens in the step");
+    if (n <= 0)
+      return invalid_argument("sequence " + std::to_string(s) + " has no tokens in the step");
     if (n == 1) {
       const int ctx = in.positions[a] + 1;
       int splits = p.fixed_splits ? want_splits : std::min(want_splits, (ctx + kTile - 1) / kTile);
@@ -55,7 +58,8 @@ Status plan_attention(const StepInput& in, const AttentionPlanParams& p, Attenti
       plan->combine.push_back({a, plan->num_partials, splits});
       for (int k = 0; k < splits; ++k) {
         const int begin = std::min(ctx, k * chunk);
-        list.push_back({s, a, 1, begin, std::min(ctx, (k + 1) * chunk), plan->num_partials++, combine});
+        list.push_back(
+            {s, a, 1, begin, std::min(ctx, (k + 1) * chunk), plan->num_partials++, combine});
       }
       continue;
     }

@@ -20,7 +20,7 @@ enum class DecodeAttention {
 };
 
 struct AttentionPlan {
-  std::vector<kernels::AttentionWorkItem> decode;   // for decode_kernel
+  std::vector<kernels::AttentionWorkItem> decode;  // for decode_kernel
   kernels::AttentionKernel decode_kernel = kernels::AttentionKernel::kDecode;
   std::vector<kernels::AttentionWorkItem> prefill;  // for the prefill kernel
   std::vector<kernels::AttentionCombineItem> combine;
@@ -30,8 +30,8 @@ struct AttentionPlan {
 struct AttentionPlanParams {
   int num_heads = 0;
   int num_kv_heads = 0;
-  int num_sms = 1;        // the GPU's multiprocessors: splits aim at two blocks per multiprocessor
-  int max_partials = 0;   // capacity of the partial-result buffers
+  int num_sms = 1;       // the GPU's multiprocessors: splits aim at two blocks per multiprocessor
+  int max_partials = 0;  // capacity of the partial-result buffers
   // Every decoding sequence gets the same number of splits, whatever its length (some may be
   // empty), so that the item counts depend on the batch size alone (CUDA graph replay).
   bool fixed_splits = false;
@@ -41,6 +41,7 @@ struct AttentionPlanParams {
 };
 
 // Fills `plan` (cleared first) for the step. Errors for a sequence without tokens.
-[[nodiscard]] Status plan_attention(const StepInput& in, const AttentionPlanParams& p, AttentionPlan* plan);
+[[nodiscard]] Status plan_attention(const StepInput& in, const AttentionPlanParams& p,
+                                    AttentionPlan* plan);
 
 }  // namespace hr::engine

@@ -17,9 +17,9 @@ namespace hr::engine {
 struct StepInput {
   int num_tokens = 0;
   int num_seqs = 0;
-  const int32_t* token_ids = nullptr;    // [num_tokens]
-  const int32_t* positions = nullptr;    // [num_tokens]
-  const int32_t* seq_start = nullptr;    // [num_seqs + 1]: token rows of sequence s
+  const int32_t* token_ids = nullptr;  // [num_tokens]
+  const int32_t* positions = nullptr;  // [num_tokens]
+  const int32_t* seq_start = nullptr;  // [num_seqs + 1]: token rows of sequence s
   // [num_seqs, max_blocks_per_seq]: each row at least as wide as its sequence's blocks; the
   // engine makes them as wide as the step's longest sequence needs, not the longest it allows.
   const int32_t* block_table = nullptr;
@@ -29,7 +29,7 @@ struct StepInput {
   // Tokens the host has not seen yet (submit() only; null: none): for each token row, -1 to take
   // token_ids[row], or the logits row of the previously submitted step whose sampled token goes
   // there. This is how a pipelined engine plans step N+1 while step N still runs.
-  const int32_t* fed_rows = nullptr;     // [num_tokens] or null
+  const int32_t* fed_rows = nullptr;  // [num_tokens] or null
 };
 
 // What a backend accepts in a step (check_step below).
@@ -82,7 +82,8 @@ class Backend {
   [[nodiscard]] virtual Status warm_up(int max_blocks_per_seq) { return Status::ok(); }
 
   // submit() then collect().
-  [[nodiscard]] Status forward_sample(const StepInput& in, const SampleSpec* specs, int32_t* tokens) {
+  [[nodiscard]] Status forward_sample(const StepInput& in, const SampleSpec* specs,
+                                      int32_t* tokens) {
     HR_RETURN_IF_ERROR(submit(in, specs));
     return collect(tokens, nullptr);
   }

@@ -26,7 +26,8 @@ Result<int> parse_device(const std::string& device) {
 // "a, b or c".
 std::string listed(const std::vector<std::string>& items) {
   std::string out;
-  for (size_t i = 0; i < items.size(); ++i) out += (i == 0 ? "" : i + 1 == items.size() ? " or " : ", ") + items[i];
+  for (size_t i = 0; i < items.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == items.size() ? " or " : ", ") + items[i];
   return out;
 }
 
@@ -45,7 +46,9 @@ void for_each_cuda_field(CudaBackendOptions& o, F&& f) {
 }
 
 // A field's values and their setting texts.
-std::vector<std::pair<bool, const char*>> field_values(bool) { return {{true, "on"}, {false, "off"}}; }
+std::vector<std::pair<bool, const char*>> field_values(bool) {
+  return {{true, "on"}, {false, "off"}};
+}
 std::vector<std::pair<DecodeAttention, const char*>> field_values(DecodeAttention) {
   return {{DecodeAttention::kTensorCore, "tensor_core"},
           {DecodeAttention::kCudaCore, "cuda_core"},
@@ -55,7 +58,9 @@ std::vector<std::pair<int, const char*>> field_values(int) {  // prefetch_weight
   return {{8, "8mb"}, {0, "off"}, {4, "4mb"}, {16, "16mb"}};
 }
 std::vector<std::pair<ProgrammaticLaunch, const char*>> field_values(ProgrammaticLaunch) {
-  return {{ProgrammaticLaunch::kOn, "on"}, {ProgrammaticLaunch::kOff, "off"}, {ProgrammaticLaunch::kAuto, "auto"}};
+  return {{ProgrammaticLaunch::kOn, "on"},
+          {ProgrammaticLaunch::kOff, "off"},
+          {ProgrammaticLaunch::kAuto, "auto"}};
 }
 
 // Applies parsed settings; an error for one that names no field or value (a table out of step).
@@ -71,7 +76,9 @@ Status apply_cuda_settings(const CudaSettings& settings, CudaBackendOptions* o) 
         }
       }
     });
-    if (!applied) return internal_error("--cuda-options: setting " + name + "=" + value + " has no option field");
+    if (!applied)
+      return internal_error("--cuda-options: setting " + name + "=" + value +
+                            " has no option field");
   }
   return Status::ok();
 }
@@ -107,7 +114,8 @@ const std::vector<CudaSetting>& cuda_settings() {
 }
 
 std::string cuda_options_help() {
-  std::string out = "CUDA backend settings, comma-separated name=value (a bare name: its first value):";
+  std::string out =
+      "CUDA backend settings, comma-separated name=value (a bare name: its first value):";
   for (const auto& s : cuda_settings()) {
     out += std::string(&s == &cuda_settings().front() ? " " : ", ") + s.name + " (";
     for (const auto& v : s.values) out += (&v == &s.values.front() ? "" : "|") + v;
@@ -132,13 +140,15 @@ Result<CudaSettings> parse_cuda_options(const std::string& text) {
     if (setting == nullptr) {
       std::vector<std::string> names;
       for (const auto& s : cuda_settings()) names.push_back(s.name);
-      return invalid_argument("--cuda-options: unknown setting \"" + name + "\" (known: " + listed(names) + ")",
-                              "cuda-options");
+      return invalid_argument(
+          "--cuda-options: unknown setting \"" + name + "\" (known: " + listed(names) + ")",
+          "cuda-options");
     }
-    const std::string value = eq == std::string::npos ? setting->values.front() : item.substr(eq + 1);
+    const std::string value =
+        eq == std::string::npos ? setting->values.front() : item.substr(eq + 1);
     if (std::find(setting->values.begin(), setting->values.end(), value) == setting->values.end()) {
-      return invalid_argument("--cuda-options: " + name + " takes " + listed(setting->values) + ", not \"" +
-                                  value + "\"",
+      return invalid_argument("--cuda-options: " + name + " takes " + listed(setting->values) +
+                                  ", not \"" + value + "\"",
                               "cuda-options");
     }
     out.emplace_back(name, value);
@@ -158,26 +168,33 @@ Result<std::string> describe_cuda_options(const std::string& cuda_options) {
 }
 
 #ifdef HEADROOM_HAVE_CUDA
-std::string describe_cuda_backend_options(const CudaBackendOptions& options) { return describe(options); }
+std::string describe_cuda_backend_options(const CudaBackendOptions& options) {
+  return describe(options);
+}
 #endif
 
 Status check_device(const std::string& device) {
   HR_ASSIGN_OR_RETURN([[maybe_unused]] int index, parse_device(device));
 #ifndef HEADROOM_HAVE_CUDA
-  if (index >= 0) return invalid_argument("this build has no CUDA backend; use --device cpu", "device");
+  if (index >= 0)
+    return invalid_argument("this build has no CUDA backend; use --device cpu", "device");
 #endif
   return Status::ok();
 }
 
-Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir, const BackendSpec& spec) {
+Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
+                                              const BackendSpec& spec) {
   HR_RETURN_IF_ERROR(check_device(spec.device));
   HR_ASSIGN_OR_RETURN(int index, parse_device(spec.device));
   if (index < 0) {
-    if (!spec.cuda_options.empty()) return invalid_argument("--cuda-options needs a CUDA device", "cuda-options");
+    if (!spec.cuda_options.empty())
+      return invalid_argument("--cuda-options needs a CUDA device", "cuda-options");
     HR_ASSIGN_OR_RETURN(ModelWeights weights, load_weights(model_dir));
     pack_for_cpu(&weights);  // in place: the backend then holds the only copy
-    HR_ASSIGN_OR_RETURN(auto cpu, CpuBackend::create(std::make_shared<const ModelWeights>(std::move(weights)),
-                                                     {spec.block_size, spec.kv_cache_bytes, 0, spec.cpu_thread_nice}));
+    HR_ASSIGN_OR_RETURN(
+        auto cpu,
+        CpuBackend::create(std::make_shared<const ModelWeights>(std::move(weights)),
+                           {spec.block_size, spec.kv_cache_bytes, 0, spec.cpu_thread_nice}));
     return std::shared_ptr<Backend>(std::move(cpu));
   }
 #ifdef HEADROOM_HAVE_CUDA

@@ -13,9 +13,9 @@ Result<ChatFormat> detect_chat_format(const std::string& t, const std::string& o
     if (override_name == "llama3") return ChatFormat::kLlama3;
     if (override_name == "chatml") return ChatFormat::kChatMl;
     if (override_name == "mistral") return ChatFormat::kMistral;
-    return invalid_argument("unknown chat template '" + override_name +
-                                "' (headroom, llama3, chatml, mistral)",
-                            "chat-template");
+    return invalid_argument(
+        "unknown chat template '" + override_name + "' (headroom, llama3, chatml, mistral)",
+        "chat-template");
   }
   if (t.find("<|start_header_id|>") != std::string::npos) return ChatFormat::kLlama3;
   if (t.find("<|im_start|>") != std::string::npos) return ChatFormat::kChatMl;

@@ -47,11 +47,12 @@ float dot(const float* a, const float* b, int n) {
 
 }  // namespace
 
-void attend(const float* q, const float* k_cache, const float* v_cache, const int32_t* block_table_row,
-            int block_size, int kv_size, int kv_head, int head_dim, int pos, float scale,
-            std::vector<float>& scores, float* out) {
+void attend(const float* q, const float* k_cache, const float* v_cache,
+            const int32_t* block_table_row, int block_size, int kv_size, int kv_head, int head_dim,
+            int pos, float scale, std::vector<float>& scores, float* out) {
   auto at = [&](const float* cache, int p) {
-    size_t slot = static_cast<size_t>(block_table_row[p / block_size]) * block_size + p % block_size;
+    size_t slot =
+        static_cast<size_t>(block_table_row[p / block_size]) * block_size + p % block_size;
     return cache + slot * kv_size + static_cast<size_t>(kv_head) * head_dim;
   };
   scores.resize(static_cast<size_t>(pos) + 1);
@@ -124,9 +125,8 @@ void CpuBackend::matmul(const float* x, const float* w, float* y, int m, int n, 
   const int panels = num_panels(n);
   const int triples = (panels + 2) / 3;
   const int min_split = static_cast<int>(std::max(1.0, kMinSplitWeights / (3.0 * kPanelRows * k)));
-  pool_.parallel_for(triples, min_split, [&](int t0, int t1) {
-    multiply_panels(p, 3 * t0, std::min(panels, 3 * t1));
-  });
+  pool_.parallel_for(triples, min_split,
+                     [&](int t0, int t1) { multiply_panels(p, 3 * t0, std::min(panels, 3 * t1)); });
 }
 
 Result<std::unique_ptr<CpuBackend>> CpuBackend::create(std::shared_ptr<const ModelWeights> weights,
@@ -146,7 +146,8 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::create(std::shared_ptr<const Mod
   int num_blocks = static_cast<int>(options.kv_cache_bytes / per_block);
   if (num_blocks < 1) {
     return invalid_argument("KV cache budget of " + std::to_string(options.kv_cache_bytes) +
-                                " bytes holds no block (one takes " + std::to_string(per_block) + ")",
+                                " bytes holds no block (one takes " + std::to_string(per_block) +
+                                ")",
                             "kv-cache-bytes");
   }
   return std::unique_ptr<CpuBackend>(new CpuBackend(std::move(weights), options, num_blocks));
@@ -154,9 +155,12 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::create(std::shared_ptr<const Mod
 
 CpuBackend::CpuBackend(std::shared_ptr<const ModelWeights> weights, CpuBackendOptions options,
                        int num_blocks)
-    : weights_(std::move(weights)), options_(options), num_blocks_(num_blocks),
-      pool_(options.num_threads > 0 ? options.num_threads
-                                    : std::max(1, static_cast<int>(std::thread::hardware_concurrency())),
+    : weights_(std::move(weights)),
+      options_(options),
+      num_blocks_(num_blocks),
+      pool_(options.num_threads > 0
+                ? options.num_threads
+                : std::max(1, static_cast<int>(std::thread::hardware_concurrency())),
             options.thread_nice) {
   const ModelConfig& c = weights_->config;
   rope_inv_freq_ = c.rope_inv_freq();
@@ -171,8 +175,10 @@ size_t CpuBackend::kv_cache_bytes() const {
 }
 
 Status CpuBackend::submit(const StepInput& in, const SampleSpec* specs) {
-  if (outstanding_.size() >= 2) return internal_error("two steps are outstanding: collect one first");
-  if (in.num_logits > 0 && specs == nullptr) return invalid_argument("no sampling specs for the logits rows");
+  if (outstanding_.size() >= 2)
+    return internal_error("two steps are outstanding: collect one first");
+  if (in.num_logits > 0 && specs == nullptr)
+    return invalid_argument("no sampling specs for the logits rows");
   StepInput resolved = in;
   if (in.fed_rows) {
     fed_ids_.assign(in.token_ids, in.token_ids + std::max(0, in.num_tokens));
@@ -180,7 +186,8 @@ Status CpuBackend::submit(const StepInput& in, const SampleSpec* specs) {
       const int32_t row = in.fed_rows[t];
       if (row < 0) continue;
       if (row >= static_cast<int>(last_tokens_.size())) {
-        return invalid_argument("fed row " + std::to_string(row) + " is not a row of the previous step");
+        return invalid_argument("fed row " + std::to_string(row) +
+                                " is not a row of the previous step");
       }
       fed_ids_[static_cast<size_t>(t)] = last_tokens_[static_cast<size_t>(row)];
     }
@@ -297,8 +304,8 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
         int kvh = h / group;
         const float* q = &qkv_[static_cast<size_t>(t) * QKV + h * hd];
         float* out = &attn_[static_cast<size_t>(t) * Q + h * hd];
-        attend(q, kc, vc, in.block_table + static_cast<size_t>(s) * in.max_blocks_per_seq, bs, KV, kvh,
-               hd, pos, scale, scores, out);
+        attend(q, kc, vc, in.block_table + static_cast<size_t>(s) * in.max_blocks_per_seq, bs, KV,
+               kvh, hd, pos, scale, scores, out);
       }
     });
     matmul(attn_.data(), L.wo.data(), x_.data(), T, D, Q, /*accumulate=*/true);
@@ -319,7 +326,8 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
   final_.resize(static_cast<size_t>(in.num_logits) * D);
   for (int i = 0; i < in.num_logits; ++i) {
     int row = in.logits_rows[i];
-    rms_norm(&x_[static_cast<size_t>(row) * D], w.final_norm.data(), D, eps, &final_[static_cast<size_t>(i) * D]);
+    rms_norm(&x_[static_cast<size_t>(row) * D], w.final_norm.data(), D, eps,
+             &final_[static_cast<size_t>(i) * D]);
   }
   matmul(final_.data(), w.lm_head_data(), logits, in.num_logits, c.vocab_size, D, false);
   return Status::ok();

@@ -46,7 +46,8 @@ class CpuBackend final : public Backend {
   bool pipelined() const override { return options_.pipelined; }
 
  private:
-  CpuBackend(std::shared_ptr<const ModelWeights> weights, CpuBackendOptions options, int num_blocks);
+  CpuBackend(std::shared_ptr<const ModelWeights> weights, CpuBackendOptions options,
+             int num_blocks);
   // y[m, n] = x[m, k] · w[n, k]^T (+ y when accumulate), w packed (cpu_gemm.h).
   void matmul(const float* x, const float* w, float* y, int m, int n, int k, bool accumulate);
 
@@ -54,8 +55,9 @@ class CpuBackend final : public Backend {
   CpuBackendOptions options_;
   int num_blocks_;
   ThreadPool pool_;
-  std::vector<float> rope_inv_freq_;         // [head_dim / 2]
-  std::vector<std::vector<float>> k_cache_;  // per layer: [num_blocks, block_size, kv_heads, head_dim]
+  std::vector<float> rope_inv_freq_;  // [head_dim / 2]
+  std::vector<std::vector<float>>
+      k_cache_;  // per layer: [num_blocks, block_size, kv_heads, head_dim]
   std::vector<std::vector<float>> v_cache_;  // same
   // Activation scratch, grown to the largest step seen.
   std::vector<float> x_, h_, qkv_, attn_, gu_, act_, final_;
@@ -81,9 +83,9 @@ void rms_norm(const float* x, const float* w, int n, float eps, float* out);
 void apply_rope(float* vec, int head_dim, int position, const float* inv_freq);
 // One query head's causal attention over positions [0, pos] of a paged cache whose slots hold
 // kv_size floats ([slots, kv_heads, head_dim]); `scores` is scratch. Writes head_dim outputs.
-void attend(const float* q, const float* k_cache, const float* v_cache, const int32_t* block_table_row,
-            int block_size, int kv_size, int kv_head, int head_dim, int pos, float scale,
-            std::vector<float>& scores, float* out);
+void attend(const float* q, const float* k_cache, const float* v_cache,
+            const int32_t* block_table_row, int block_size, int kv_size, int kv_head, int head_dim,
+            int pos, float scale, std::vector<float>& scores, float* out);
 // SwiGLU's activation for one row: out[i] = silu(gate_up[i]) * gate_up[ffn + i].
 void silu_mul(const float* gate_up, int ffn, float* out);
 

@@ -66,8 +66,8 @@ __attribute__((target("avx512f,avx2,fma"))) void tile_avx512(const PanelProduct&
   }
   for (int c = 0; c < NP; ++c) {
     const int col = (p0 + c) * kPanelRows;
-    const __mmask16 mask = static_cast<__mmask16>(
-        p.n - col >= kPanelRows ? 0xffffu : (1u << (p.n - col)) - 1);
+    const __mmask16 mask =
+        static_cast<__mmask16>(p.n - col >= kPanelRows ? 0xffffu : (1u << (p.n - col)) - 1);
     for (int i = 0; i < MR; ++i) {
       float* y = p.y + static_cast<size_t>(i0 + i) * p.n + col;
       __m512 v = acc[i][c];
@@ -178,13 +178,15 @@ void pack_panels(const float* w, int n, int k, float* out) {
     for (int r = 0; r < kPanelRows; ++r) {
       const int row = pi * kPanelRows + r;
       const float* src = row < n ? w + static_cast<size_t>(row) * k : nullptr;
-      for (int j = 0; j < k; ++j) panel[static_cast<size_t>(j) * kPanelRows + r] = src ? src[j] : 0.0f;
+      for (int j = 0; j < k; ++j)
+        panel[static_cast<size_t>(j) * kPanelRows + r] = src ? src[j] : 0.0f;
     }
   }
 }
 
 void unpack_row(const float* packed, int k, int r, float* out) {
-  const float* panel = packed + static_cast<size_t>(r / kPanelRows) * kPanelRows * k + r % kPanelRows;
+  const float* panel =
+      packed + static_cast<size_t>(r / kPanelRows) * kPanelRows * k + r % kPanelRows;
   for (int j = 0; j < k; ++j) out[j] = panel[static_cast<size_t>(j) * kPanelRows];
 }
 

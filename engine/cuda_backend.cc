@@ -43,14 +43,15 @@ kernels::GemvParams gemv_params(const __nv_bfloat16* w, int m, int n, int k) {
 
 // Byte offsets of one step's inputs inside the staging buffers (each 16-byte aligned).
 struct CudaBackend::StepLayout {
-  size_t token_ids = 0, fed_rows = 0, positions = 0, slots = 0, logits_rows = 0, block_table = 0, decode_items = 0,
-         prefill_items = 0, combine_items = 0, sample_params = 0, total = 0;
+  size_t token_ids = 0, fed_rows = 0, positions = 0, slots = 0, logits_rows = 0, block_table = 0,
+         decode_items = 0, prefill_items = 0, combine_items = 0, sample_params = 0, total = 0;
   int num_tokens = 0, num_logits = 0;
   // The block tables' row pitch on the device (the attention kernels' max_blocks_per_seq), and
   // the columns given (packed at that width on the host; the rest of each device row is not read).
   int max_blocks_per_seq = 0, table_cols = 0;
   int num_decode = 0, num_prefill = 0, num_combine = 0;
-  kernels::AttentionKernel decode_kernel = kernels::AttentionKernel::kDecode;  // for the decode items
+  kernels::AttentionKernel decode_kernel =
+      kernels::AttentionKernel::kDecode;  // for the decode items
   bool fused = false;  // the small-batch path with norms and activation folded into GEMVs
 };
 
@@ -77,24 +78,27 @@ size_t CudaBackend::kv_cache_bytes() const {
   return 2ull * config_.num_layers * num_blocks_ * options_.block_size * config_.kv_size() * 2;
 }
 
-Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool graph_shape, int slot_index,
-                            int real_seqs, StepLayout* out) {
+Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool graph_shape,
+                            int slot_index, int real_seqs, StepLayout* out) {
   const ModelConfig& c = config_;
   const int T = in.num_tokens, S = in.num_seqs, L = in.num_logits, V = c.vocab_size;
   const int bs = options_.block_size, nkv = c.num_kv_heads;
   if (T <= 0) return invalid_argument("empty step");
   if (T > options_.max_num_tokens) {
     return invalid_argument("step of " + std::to_string(T) + " tokens exceeds the backend's " +
-                            std::to_string(options_.max_num_tokens), "max-batched-tokens");
+                                std::to_string(options_.max_num_tokens),
+                            "max-batched-tokens");
   }
   if (S > options_.max_num_seqs || L > options_.max_num_seqs) {
     return invalid_argument("step of " + std::to_string(S) + " sequences exceeds the backend's " +
-                            std::to_string(options_.max_num_seqs), "max-num-seqs");
+                                std::to_string(options_.max_num_seqs),
+                            "max-num-seqs");
   }
   HR_CUDA("selecting the device", cudaSetDevice(options_.device));
   HR_RETURN_IF_ERROR(check_step(in, {V, bs, num_blocks_, prev_num_logits_, real_seqs}));
   HR_RETURN_IF_ERROR(plan_attention(
-      in, {c.num_heads, nkv, num_sms_, max_partials_, graph_shape, options_.decode_attention}, &plan_));
+      in, {c.num_heads, nkv, num_sms_, max_partials_, graph_shape, options_.decode_attention},
+      &plan_));
   const auto& decode = plan_.decode;
   const auto& prefill = plan_.prefill;
   const auto& combine = plan_.combine;
@@ -105,13 +109,14 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   lay.num_tokens = T;
   lay.num_logits = L;
   lay.table_cols = in.max_blocks_per_seq;
-  lay.max_blocks_per_seq = graph_shape ? graph_table_width(in.max_blocks_per_seq) : in.max_blocks_per_seq;
+  lay.max_blocks_per_seq =
+      graph_shape ? graph_table_width(in.max_blocks_per_seq) : in.max_blocks_per_seq;
   lay.num_decode = static_cast<int>(decode.size());
   lay.decode_kernel = plan_.decode_kernel;
   lay.num_prefill = static_cast<int>(prefill.size());
   lay.num_combine = static_cast<int>(combine.size());
-  lay.fused = fused_shapes_ && options_.small_batch_gemv && options_.fused_small_batch && T <= kGemvRows &&
-              T <= kernels::kGemvMaxFusedRows && uniform_decode(in);
+  lay.fused = fused_shapes_ && options_.small_batch_gemv && options_.fused_small_batch &&
+              T <= kGemvRows && T <= kernels::kGemvMaxFusedRows && uniform_decode(in);
   size_t off = 0;
   auto place = [&](size_t bytes) {
     size_t at = off;
@@ -127,17 +132,21 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   lay.prefill_items = place(prefill.size() * sizeof(kernels::AttentionWorkItem));
   lay.combine_items = place(combine.size() * sizeof(kernels::AttentionCombineItem));
   lay.sample_params = place(static_cast<size_t>(L) * sizeof(kernels::SampleParams));
-  lay.block_table = place(static_cast<size_t>(S) * lay.max_blocks_per_seq * 4);  // last: see the copy below
+  lay.block_table =
+      place(static_cast<size_t>(S) * lay.max_blocks_per_seq * 4);  // last: see the copy below
   lay.total = off;
   Slot& slot = slots_[slot_index];
-  if (lay.total > slot.bytes) HR_RETURN_IF_ERROR(grow_slot(slot, std::max<size_t>(lay.total * 2, 1 << 20)));
+  if (lay.total > slot.bytes)
+    HR_RETURN_IF_ERROR(grow_slot(slot, std::max<size_t>(lay.total * 2, 1 << 20)));
   static_assert(sizeof(kernels::PenaltyToken) == 8 && sizeof(kernels::LogitBias) == 8);
   size_t list_bytes = 0;
   for (int i = 0; specs && i < L; ++i) {
-    if (specs[i].penalties.any()) list_bytes += 8 * static_cast<size_t>(std::max(0, specs[i].num_penalty_tokens));
+    if (specs[i].penalties.any())
+      list_bytes += 8 * static_cast<size_t>(std::max(0, specs[i].num_penalty_tokens));
     list_bytes += 8 * static_cast<size_t>(std::max(0, specs[i].num_logit_bias));
   }
-  if (list_bytes > slot.list_bytes) HR_RETURN_IF_ERROR(grow_lists(slot, std::max<size_t>(list_bytes * 2, 1 << 17)));
+  if (list_bytes > slot.list_bytes)
+    HR_RETURN_IF_ERROR(grow_lists(slot, std::max<size_t>(list_bytes * 2, 1 << 17)));
   char* h = slot.host;
   std::memcpy(h + lay.token_ids, in.token_ids, T * 4);
   if (in.fed_rows) {
@@ -154,10 +163,12 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
     }
   }
   std::memcpy(h + lay.logits_rows, in.logits_rows, static_cast<size_t>(L) * 4);
-  std::memcpy(h + lay.block_table, in.block_table, static_cast<size_t>(S) * in.max_blocks_per_seq * 4);
+  std::memcpy(h + lay.block_table, in.block_table,
+              static_cast<size_t>(S) * in.max_blocks_per_seq * 4);
   std::memcpy(h + lay.decode_items, decode.data(), decode.size() * sizeof decode[0]);
   std::memcpy(h + lay.prefill_items, prefill.data(), prefill.size() * sizeof prefill[0]);
-  std::memcpy(h + lay.combine_items, combine.data(), combine.size() * sizeof(kernels::AttentionCombineItem));
+  std::memcpy(h + lay.combine_items, combine.data(),
+              combine.size() * sizeof(kernels::AttentionCombineItem));
   if (specs) {
     auto* sp = reinterpret_cast<kernels::SampleParams*>(h + lay.sample_params);
     size_t listed = 0;  // bytes of slot.list_host filled
@@ -184,24 +195,28 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
       sp[i].input_row = spec.penalize_input ? in.logits_rows[i] : -1;
       const int n = std::max(0, spec.num_penalty_tokens);
       auto* list = reinterpret_cast<kernels::PenaltyToken*>(slot.list_host + listed);
-      for (int k = 0; k < n; ++k) list[k] = {spec.penalty_tokens[k].token, spec.penalty_tokens[k].count};
+      for (int k = 0; k < n; ++k)
+        list[k] = {spec.penalty_tokens[k].token, spec.penalty_tokens[k].count};
       sp[i].num_penalty_tokens = n;
       sp[i].penalty_tokens = reinterpret_cast<const kernels::PenaltyToken*>(slot.list_dev + listed);
       listed += 8 * static_cast<size_t>(n);
     }
     if (listed > 0) {
-      HR_CUDA("copying sampling lists",
-              cudaMemcpyAsync(slot.list_dev, slot.list_host, listed, cudaMemcpyHostToDevice, stream_));
+      HR_CUDA("copying sampling lists", cudaMemcpyAsync(slot.list_dev, slot.list_host, listed,
+                                                        cudaMemcpyHostToDevice, stream_));
     }
   }
   // One copy; or, when a graph's block tables are wider than the step's, everything before them
   // and then only the columns given, row by row into the graph's pitch.
-  const size_t cols = static_cast<size_t>(lay.table_cols) * 4, pitch = static_cast<size_t>(lay.max_blocks_per_seq) * 4;
+  const size_t cols = static_cast<size_t>(lay.table_cols) * 4,
+               pitch = static_cast<size_t>(lay.max_blocks_per_seq) * 4;
   const size_t bytes = cols == pitch || S == 0 ? lay.total : lay.block_table;
-  HR_CUDA("copying step inputs", cudaMemcpyAsync(slot.dev, slot.host, bytes, cudaMemcpyHostToDevice, stream_));
+  HR_CUDA("copying step inputs",
+          cudaMemcpyAsync(slot.dev, slot.host, bytes, cudaMemcpyHostToDevice, stream_));
   if (bytes != lay.total) {
-    HR_CUDA("copying block tables", cudaMemcpy2DAsync(slot.dev + lay.block_table, pitch, h + lay.block_table, cols,
-                                                      cols, S, cudaMemcpyHostToDevice, stream_));
+    HR_CUDA("copying block tables",
+            cudaMemcpy2DAsync(slot.dev + lay.block_table, pitch, h + lay.block_table, cols, cols, S,
+                              cudaMemcpyHostToDevice, stream_));
   }
   return Status::ok();
 }
@@ -244,10 +259,12 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   const auto* d_logits_rows = reinterpret_cast<const int32_t*>(d + lay.logits_rows);
 
   const ProgrammaticLaunch pl = options_.programmatic_launch;
-  kernels::set_programmatic_launch(pl == ProgrammaticLaunch::kOn || (pl == ProgrammaticLaunch::kAuto && !lay.fused));
+  kernels::set_programmatic_launch(pl == ProgrammaticLaunch::kOn ||
+                                   (pl == ProgrammaticLaunch::kAuto && !lay.fused));
   mark("start");
-  HR_CUDA("embedding", kernels::embedding_gather(embed_, d_tokens, reinterpret_cast<const int32_t*>(d + lay.fed_rows),
-                                                 tokens_, T, config_.vocab_size, D, x_, input_ids_, stream_));
+  HR_CUDA("embedding", kernels::embedding_gather(
+                           embed_, d_tokens, reinterpret_cast<const int32_t*>(d + lay.fed_rows),
+                           tokens_, T, config_.vocab_size, D, x_, input_ids_, stream_));
   mark("embedding");
   kernels::AddRmsNormParams norm;
   norm.x = x_;
@@ -263,7 +280,8 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   attn.partial_out = partial_out_;
   attn.partial_ml = partial_ml_;
   if (options_.fused_combine) {
-    attn.combine_items = reinterpret_cast<const kernels::AttentionCombineItem*>(d + lay.combine_items);
+    attn.combine_items =
+        reinterpret_cast<const kernels::AttentionCombineItem*>(d + lay.combine_items);
     attn.combine_counters = combine_counters_;
   }
   attn.max_blocks_per_seq = lay.max_blocks_per_seq;
@@ -293,7 +311,8 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   const float eps = static_cast<float>(c.rms_norm_eps);
   // (A kernel, not a memset: the norm after it may be a programmatic launch, whose dependency in a
   // captured graph must be on a kernel.)
-  if (fused) HR_CUDA("zeroing norm sums", kernels::fill_f32(sumsq_, sumsq_bytes_ / 4, 0.0f, stream_));
+  if (fused)
+    HR_CUDA("zeroing norm sums", kernels::fill_f32(sumsq_, sumsq_bytes_ / 4, 0.0f, stream_));
   for (int li = 0; li < c.num_layers; ++li) {
     const Layer& W = layers_[static_cast<size_t>(li)];
     rope.bias = W.bqkv;
@@ -317,8 +336,8 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
         qp.norm_weight = W.input_norm;
         qp.eps = eps;
       }
-      qp.rope = {q_, rope.k_cache, rope.v_cache, rope.bias, d_positions, d_slots, inv_freq_, c.num_heads, nkv,
-                 c.head_dim};
+      qp.rope = {q_,      rope.k_cache, rope.v_cache, rope.bias, d_positions,
+                 d_slots, inv_freq_,    c.num_heads,  nkv,       c.head_dim};
       const Ahead next = ahead(W.wo, D, Q);
       std::copy(next.begin(), next.end(), qp.prefetch);
       HR_CUDA("qkv, rope and KV write", kernels::gemv(qp, stream_));
@@ -327,8 +346,8 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
       if (!fused || li == 0) {
         HR_RETURN_IF_ERROR(matmul(h_, W.wqkv, qkv_, GemmOut::kF32, T, QKV, D));
       } else {
-        HR_RETURN_IF_ERROR(
-            gemv_normed(r_in, s_in, W.input_norm, eps, W.wqkv, qkv_, false, T, QKV, D, false, ahead(W.wo, D, Q)));
+        HR_RETURN_IF_ERROR(gemv_normed(r_in, s_in, W.input_norm, eps, W.wqkv, qkv_, false, T, QKV,
+                                       D, false, ahead(W.wo, D, Q)));
       }
       mark("qkv_proj");
       HR_CUDA("rope and KV write", kernels::rope_write_kv(rope, stream_));
@@ -337,29 +356,35 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
     attn.k_cache = rope.k_cache;
     attn.v_cache = rope.v_cache;
     HR_CUDA("decode attention",
-            kernels::paged_attention(attn, reinterpret_cast<const kernels::AttentionWorkItem*>(d + lay.decode_items),
-                                     lay.num_decode, lay.decode_kernel, stream_));
+            kernels::paged_attention(
+                attn, reinterpret_cast<const kernels::AttentionWorkItem*>(d + lay.decode_items),
+                lay.num_decode, lay.decode_kernel, stream_));
     HR_CUDA("prefill attention",
-            kernels::paged_attention(attn, reinterpret_cast<const kernels::AttentionWorkItem*>(d + lay.prefill_items),
-                                     lay.num_prefill, kernels::AttentionKernel::kPrefill, stream_));
+            kernels::paged_attention(
+                attn, reinterpret_cast<const kernels::AttentionWorkItem*>(d + lay.prefill_items),
+                lay.num_prefill, kernels::AttentionKernel::kPrefill, stream_));
     if (!options_.fused_combine) {
-      HR_CUDA("attention combine",
-              kernels::paged_attention_combine(
-                  attn, reinterpret_cast<const kernels::AttentionCombineItem*>(d + lay.combine_items),
-                  lay.num_combine, stream_));
+      HR_CUDA(
+          "attention combine",
+          kernels::paged_attention_combine(
+              attn, reinterpret_cast<const kernels::AttentionCombineItem*>(d + lay.combine_items),
+              lay.num_combine, stream_));
     }
     mark("attention");
     if (fused) {
       float* sums = sumsq_ + static_cast<size_t>(2 * li) * kernels::kGemvMaxFusedRows;
-      HR_RETURN_IF_ERROR(gemv_residual(attn_, W.wo, r_in, r_alt, sums, T, D, Q, ahead(W.w_gate_up, 2 * F, D, true)));
+      HR_RETURN_IF_ERROR(gemv_residual(attn_, W.wo, r_in, r_alt, sums, T, D, Q,
+                                       ahead(W.w_gate_up, 2 * F, D, true)));
       mark("o_proj");
       // Each warp computes a gate row and its up row and writes SwiGLU's activation.
-      HR_RETURN_IF_ERROR(
-          gemv_normed(r_alt, sums, W.post_norm, eps, W.w_gate_up, act_, true, T, F, D, true, ahead(W.w_down, D, F)));
+      HR_RETURN_IF_ERROR(gemv_normed(r_alt, sums, W.post_norm, eps, W.w_gate_up, act_, true, T, F,
+                                     D, true, ahead(W.w_down, D, F)));
       mark("gate_up_proj");
       float* next_sums = sums + kernels::kGemvMaxFusedRows;
-      const Ahead next = li + 1 < c.num_layers ? ahead(layers_[static_cast<size_t>(li) + 1].wqkv, QKV, D)
-                                               : L > 0 ? ahead(lm_head_, V, D) : Ahead{};
+      const Ahead next = li + 1 < c.num_layers
+                             ? ahead(layers_[static_cast<size_t>(li) + 1].wqkv, QKV, D)
+                         : L > 0 ? ahead(lm_head_, V, D)
+                                 : Ahead{};
       HR_RETURN_IF_ERROR(gemv_residual(act_, W.w_down, r_alt, r_in, next_sums, T, D, F, next));
       s_in = next_sums;
       mark("down_proj");
@@ -380,7 +405,8 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   }
   if (L == 0) return Status::ok();
   if (fused) {
-    HR_RETURN_IF_ERROR(gemv_normed(r_in, s_in, final_norm_, eps, lm_head_, logits_, false, L, V, D));
+    HR_RETURN_IF_ERROR(
+        gemv_normed(r_in, s_in, final_norm_, eps, lm_head_, logits_, false, L, V, D));
   } else {
     norm.delta = delta_;
     norm.weight = final_norm_;
@@ -392,15 +418,18 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   }
   mark("lm_head");
   if (sample) {
-    HR_CUDA("sampling", kernels::sample_tokens(logits_, L, V,
-                                               reinterpret_cast<const kernels::SampleParams*>(d + lay.sample_params),
-                                               input_ids_, tokens_, logprobs_, stream_));
+    HR_CUDA("sampling", kernels::sample_tokens(
+                            logits_, L, V,
+                            reinterpret_cast<const kernels::SampleParams*>(d + lay.sample_params),
+                            input_ids_, tokens_, logprobs_, stream_));
   }
   mark("sampling");
   return Status::ok();
 }
 
-bool CudaBackend::gemv_product(int m, int k) const { return options_.small_batch_gemv && m <= kGemvRows && k % 8 == 0; }
+bool CudaBackend::gemv_product(int m, int k) const {
+  return options_.small_batch_gemv && m <= kGemvRows && k % 8 == 0;
+}
 
 Status CudaBackend::plan_gemms(int T, int L) {
   const ModelConfig& c = config_;
@@ -413,13 +442,14 @@ Status CudaBackend::plan_gemms(int T, int L) {
   for (const Shape& s : {Shape{T, QKV, D, GemmOut::kF32}, Shape{T, D, Q, GemmOut::kF32},
                          Shape{T, 2 * F, D, GemmOut::kBF16}, Shape{T, D, F, GemmOut::kF32},
                          Shape{L, c.vocab_size, D, GemmOut::kF32}}) {
-    if (s.m > 0 && !gemv_product(s.m, s.k)) HR_RETURN_IF_ERROR(gemm_->prepare(s.m, s.n, s.k, s.out));
+    if (s.m > 0 && !gemv_product(s.m, s.k))
+      HR_RETURN_IF_ERROR(gemm_->prepare(s.m, s.n, s.k, s.out));
   }
   return Status::ok();
 }
 
-Status CudaBackend::matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, GemmOut out, int m, int n,
-                           int k) {
+Status CudaBackend::matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, GemmOut out,
+                           int m, int n, int k) {
   if (gemv_product(m, k)) {
     kernels::GemvParams p = gemv_params(w, m, n, k);
     p.x = x;
@@ -434,7 +464,8 @@ Status CudaBackend::matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, void*
 CudaBackend::Ahead CudaBackend::ahead(const __nv_bfloat16* w, int rows, int k, bool halves) const {
   Ahead out{};
   if (options_.prefetch_weights_mb <= 0) return out;
-  const size_t matrix = static_cast<size_t>(rows) * k * 2, want = static_cast<size_t>(options_.prefetch_weights_mb) << 20;
+  const size_t matrix = static_cast<size_t>(rows) * k * 2,
+               want = static_cast<size_t>(options_.prefetch_weights_mb) << 20;
   if (!halves) {
     out[0] = {w, std::min(matrix, want) / 16 * 16};
     return out;
@@ -445,9 +476,9 @@ CudaBackend::Ahead CudaBackend::ahead(const __nv_bfloat16* w, int rows, int k, b
   return out;
 }
 
-Status CudaBackend::gemv_normed(const float* resid, const float* sumsq, const float* norm_weight, float eps,
-                                const __nv_bfloat16* w, void* y, bool y_bf16, int m, int n, int k, bool swiglu,
-                                const Ahead& next) {
+Status CudaBackend::gemv_normed(const float* resid, const float* sumsq, const float* norm_weight,
+                                float eps, const __nv_bfloat16* w, void* y, bool y_bf16, int m,
+                                int n, int k, bool swiglu, const Ahead& next) {
   kernels::GemvParams p = gemv_params(w, m, n, k);
   std::copy(next.begin(), next.end(), p.prefetch);
   p.input = kernels::GemvInput::kRmsNorm;
@@ -462,8 +493,9 @@ Status CudaBackend::gemv_normed(const float* resid, const float* sumsq, const fl
   return Status::ok();
 }
 
-Status CudaBackend::gemv_residual(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* resid_in,
-                                  float* resid_out, float* sumsq, int m, int n, int k, const Ahead& next) {
+Status CudaBackend::gemv_residual(const __nv_bfloat16* x, const __nv_bfloat16* w,
+                                  const float* resid_in, float* resid_out, float* sumsq, int m,
+                                  int n, int k, const Ahead& next) {
   kernels::GemvParams p = gemv_params(w, m, n, k);
   std::copy(next.begin(), next.end(), p.prefetch);
   p.x = x;
@@ -492,7 +524,10 @@ void CudaBackend::clear_graphs() {
 }
 
 int CudaBackend::graph_batch_size(int batch) const {
-  int size = batch <= 2 ? batch : batch <= 4 ? 4 : batch <= 256 ? (batch + 7) / 8 * 8 : (batch + 15) / 16 * 16;
+  int size = batch <= 2     ? batch
+             : batch <= 4   ? 4
+             : batch <= 256 ? (batch + 7) / 8 * 8
+                            : (batch + 15) / 16 * 16;
   return std::max(batch, std::min({size, options_.max_num_seqs, options_.max_num_tokens}));
 }
 
@@ -546,7 +581,8 @@ Status CudaBackend::enqueue(const StepInput& given, const SampleSpec* given_spec
 }
 
 int CudaBackend::graph_table_width(int cols) const {
-  return cols <= warm_table_width_ ? warm_table_width_ : static_cast<int>(std::bit_ceil(static_cast<unsigned>(cols)));
+  return cols <= warm_table_width_ ? warm_table_width_
+                                   : static_cast<int>(std::bit_ceil(static_cast<unsigned>(cols)));
 }
 
 Status CudaBackend::launch_graph(const StepLayout& lay, int slot, bool sample) {
@@ -557,7 +593,8 @@ Status CudaBackend::launch_graph(const StepLayout& lay, int slot, bool sample) {
   if (it == graphs_.end()) {
     // cuBLASLt chooses its algorithms now: not while the stream is being captured.
     HR_RETURN_IF_ERROR(plan_gemms(lay.num_tokens, lay.num_logits));
-    HR_CUDA("starting a graph capture", cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    HR_CUDA("starting a graph capture",
+            cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     Status launched = launch_step(lay, slots_[slot].dev, sample);
     cudaGraph_t graph_def = nullptr;
     cudaError_t ended = cudaStreamEndCapture(stream_, &graph_def);
@@ -565,11 +602,13 @@ Status CudaBackend::launch_graph(const StepLayout& lay, int slot, bool sample) {
       if (graph_def) cudaGraphDestroy(graph_def);
       return launched;
     }
-    if (ended != cudaSuccess) return internal::cuda_error("capturing a decode step", ended, options_.device);
+    if (ended != cudaSuccess)
+      return internal::cuda_error("capturing a decode step", ended, options_.device);
     cudaGraphExec_t exec = nullptr;
     cudaError_t made = cudaGraphInstantiate(&exec, graph_def, 0);
     cudaGraphDestroy(graph_def);
-    if (made != cudaSuccess) return internal::cuda_error("instantiating a decode graph", made, options_.device);
+    if (made != cudaSuccess)
+      return internal::cuda_error("instantiating a decode graph", made, options_.device);
     it = graphs_.emplace(key, exec).first;
   }
   HR_CUDA("launching a decode graph", cudaGraphLaunch(it->second, stream_));
@@ -578,7 +617,8 @@ Status CudaBackend::launch_graph(const StepLayout& lay, int slot, bool sample) {
 
 Status CudaBackend::warm_up(int max_blocks_per_seq) {
   if (!outstanding_.empty()) return internal_error("warm_up with steps outstanding");
-  if (max_blocks_per_seq < 1) return invalid_argument("block tables must be at least one block wide");
+  if (max_blocks_per_seq < 1)
+    return invalid_argument("block tables must be at least one block wide");
   // The graphs' pitch, also for graphs captured later (graphs switched on after this).
   warm_table_width_ = std::max(warm_table_width_, max_blocks_per_seq);
   if (!options_.cuda_graphs || profiling_) return Status::ok();
@@ -586,11 +626,13 @@ Status CudaBackend::warm_up(int max_blocks_per_seq) {
   // Staging slots big enough for any step (growing one later would drop the graphs): the
   // per-token arrays, the block tables, the per-row arrays, and attention items for every token and
   // every possible split, generously.
-  const size_t T = static_cast<size_t>(options_.max_num_tokens), S = static_cast<size_t>(options_.max_num_seqs);
-  const size_t item = std::max(sizeof(kernels::AttentionWorkItem), sizeof(kernels::AttentionCombineItem));
+  const size_t T = static_cast<size_t>(options_.max_num_tokens),
+               S = static_cast<size_t>(options_.max_num_seqs);
+  const size_t item =
+      std::max(sizeof(kernels::AttentionWorkItem), sizeof(kernels::AttentionCombineItem));
   const size_t bound = 5 * T * 4 + S * static_cast<size_t>(warm_table_width_) * 4 +
-                       S * (4 + sizeof(kernels::SampleParams)) + (2 * T + static_cast<size_t>(max_partials_)) * item +
-                       16 * 16;
+                       S * (4 + sizeof(kernels::SampleParams)) +
+                       (2 * T + static_cast<size_t>(max_partials_)) * item + 16 * 16;
   for (Slot& slot : slots_) {
     if (slot.bytes < bound) HR_RETURN_IF_ERROR(grow_slot(slot, bound));
   }
@@ -665,15 +707,17 @@ void CudaBackend::set_profiling(bool on) {
 
 Status CudaBackend::forward(const StepInput& in, float* logits) {
   if (in.fed_rows) return invalid_argument("forward() takes no fed rows");
-  if (outstanding_.size() >= 2) return internal_error("two steps are outstanding: collect one first");
+  if (outstanding_.size() >= 2)
+    return internal_error("two steps are outstanding: collect one first");
   Status enqueued = enqueue(in, nullptr, free_slot());
   if (!enqueued.is_ok()) {
     cudaStreamSynchronize(stream_);  // as in submit()
     return enqueued;
   }
   if (in.num_logits > 0) {
-    const cudaError_t queued = cudaMemcpyAsync(logits, logits_, static_cast<size_t>(in.num_logits) * config_.vocab_size * 4,
-                                               cudaMemcpyDeviceToHost, stream_);
+    const cudaError_t queued = cudaMemcpyAsync(
+        logits, logits_, static_cast<size_t>(in.num_logits) * config_.vocab_size * 4,
+        cudaMemcpyDeviceToHost, stream_);
     if (queued != cudaSuccess) {
       cudaStreamSynchronize(stream_);  // the step still reads the slot's pinned inputs
       return internal::cuda_error("copying logits", queued, options_.device);
@@ -685,8 +729,10 @@ Status CudaBackend::forward(const StepInput& in, float* logits) {
 }
 
 Status CudaBackend::submit(const StepInput& in, const SampleSpec* specs) {
-  if (outstanding_.size() >= 2) return internal_error("two steps are outstanding: collect one first");
-  if (in.num_logits > 0 && specs == nullptr) return invalid_argument("no sampling specs for the logits rows");
+  if (outstanding_.size() >= 2)
+    return internal_error("two steps are outstanding: collect one first");
+  if (in.num_logits > 0 && specs == nullptr)
+    return invalid_argument("no sampling specs for the logits rows");
   const int index = free_slot();
   Slot& slot = slots_[index];
   Status enqueued = enqueue(in, specs, index);
@@ -699,14 +745,16 @@ Status CudaBackend::submit(const StepInput& in, const SampleSpec* specs) {
   cudaError_t queued = cudaSuccess;
   slot.asked.clear();
   const bool any_logprobs =
-      specs && std::any_of(specs, specs + in.num_logits, [](const SampleSpec& sp) { return sp.logprobs >= 0; });
+      specs && std::any_of(specs, specs + in.num_logits,
+                           [](const SampleSpec& sp) { return sp.logprobs >= 0; });
   for (int i = 0; any_logprobs && i < in.num_logits; ++i) slot.asked.push_back(specs[i].logprobs);
   if (in.num_logits > 0) {
     queued = cudaMemcpyAsync(slot.host_tokens, tokens_, static_cast<size_t>(in.num_logits) * 4,
                              cudaMemcpyDeviceToHost, stream_);
   }
   if (queued == cudaSuccess && !slot.asked.empty()) {
-    queued = cudaMemcpyAsync(slot.host_logprobs, logprobs_, static_cast<size_t>(in.num_logits) * sizeof(kernels::TokenLogprobs),
+    queued = cudaMemcpyAsync(slot.host_logprobs, logprobs_,
+                             static_cast<size_t>(in.num_logits) * sizeof(kernels::TokenLogprobs),
                              cudaMemcpyDeviceToHost, stream_);
   }
   if (queued == cudaSuccess) queued = cudaEventRecord(slot.done, stream_);

@@ -35,19 +35,20 @@ enum class ProgrammaticLaunch { kAuto, kOn, kOff };  // kAuto: on except for fus
 struct CudaBackendOptions {
   int device = 0;
   int block_size = 16;
-  size_t kv_cache_bytes = 0;        // 0: kv_cache_fraction of the memory left after weights
-  double kv_cache_fraction = 0.9;   // of free device memory once weights and buffers are in place
-  int max_num_tokens = 8192;        // tokens per step (activation buffers are sized for it)
-  int max_num_seqs = 256;           // sequences per step
-  bool cuda_graphs = true;          // replay captured graphs for decode steps
-  bool small_batch_gemv = true;     // our GEMV kernel for steps of up to 2 tokens, else cuBLASLt
+  size_t kv_cache_bytes = 0;       // 0: kv_cache_fraction of the memory left after weights
+  double kv_cache_fraction = 0.9;  // of free device memory once weights and buffers are in place
+  int max_num_tokens = 8192;       // tokens per step (activation buffers are sized for it)
+  int max_num_seqs = 256;          // sequences per step
+  bool cuda_graphs = true;         // replay captured graphs for decode steps
+  bool small_batch_gemv = true;    // our GEMV kernel for steps of up to 2 tokens, else cuBLASLt
   DecodeAttention decode_attention = DecodeAttention::kTensorCore;  // decoding tokens' attention
-  bool fused_small_batch = true;    // decode steps of 1-2 tokens: norms and SiLU folded into GEMVs
-  bool fused_rope = true;           // ... and RoPE with the KV write folded into the q/k/v GEMV
-  bool fused_combine = true;        // split decodes merged by their last split, not a combine kernel
+  bool fused_small_batch = true;  // decode steps of 1-2 tokens: norms and SiLU folded into GEMVs
+  bool fused_rope = true;         // ... and RoPE with the KV write folded into the q/k/v GEMV
+  bool fused_combine = true;      // split decodes merged by their last split, not a combine kernel
   ProgrammaticLaunch programmatic_launch = ProgrammaticLaunch::kAuto;
   // Fused small-batch steps: each GEMV's last wave, as it finishes, pulls the first this-many MiB
-  // of the next GEMV's weights into L2, so that memory stays busy across kernel boundaries (0: off).
+  // of the next GEMV's weights into L2, so that memory stays busy across kernel boundaries (0:
+  // off).
   int prefetch_weights_mb = 0;
 };
 
@@ -58,12 +59,11 @@ class CudaBackend final : public Backend {
                                                                    CudaBackendOptions options);
   // Uploads the Hugging Face folder's safetensors weights straight to the device as bf16 (norms
   // and biases fp32), without an fp32 copy on the host. Errors name the tensor or option.
-  [[nodiscard]] static Result<std::unique_ptr<CudaBackend>> create_from_dir(const std::string& dir,
-                                                                            CudaBackendOptions options);
+  [[nodiscard]] static Result<std::unique_ptr<CudaBackend>> create_from_dir(
+      const std::string& dir, CudaBackendOptions options);
   // A model of `config`'s shape with uniform random bf16 weights made on the GPU (benchmarks).
-  [[nodiscard]] static Result<std::unique_ptr<CudaBackend>> create_random(const ModelConfig& config,
-                                                                          uint64_t seed,
-                                                                          CudaBackendOptions options);
+  [[nodiscard]] static Result<std::unique_ptr<CudaBackend>> create_random(
+      const ModelConfig& config, uint64_t seed, CudaBackendOptions options);
   ~CudaBackend() override;
 
   const char* name() const override { return "cuda"; }
@@ -138,7 +138,7 @@ class CudaBackend final : public Backend {
     char* list_host = nullptr;
     char* list_dev = nullptr;
     size_t list_bytes = 0;
-    int32_t* host_tokens = nullptr;  // pinned [max_num_seqs]
+    int32_t* host_tokens = nullptr;                   // pinned [max_num_seqs]
     kernels::TokenLogprobs* host_logprobs = nullptr;  // pinned [max_num_seqs]
     std::vector<int> asked;  // the step's rows' SampleSpec::logprobs; empty when none asked
     cudaEvent_t done = nullptr;
@@ -163,18 +163,20 @@ class CudaBackend final : public Backend {
   [[nodiscard]] Status enqueue(const StepInput& in, const SampleSpec* specs, int slot);
   // Validation, attention planning, and the packed inputs' copy to the device. Sequences from
   // `real_seqs` on are padding (graph_batch_size), which alone may use the scratch block.
-  [[nodiscard]] Status prepare(const StepInput& in, const SampleSpec* specs, bool graph_shape, int slot,
-                               int real_seqs, StepLayout* lay);
+  [[nodiscard]] Status prepare(const StepInput& in, const SampleSpec* specs, bool graph_shape,
+                               int slot, int real_seqs, StepLayout* lay);
   // A uniform decode step of `in.num_seqs` real sequences padded with `pad` more, each decoding
   // token 0 at position 0 into the scratch block, greedily; the result points into pad_*.
-  StepInput pad_decode_step(const StepInput& in, const SampleSpec* specs, int pad, const SampleSpec** padded_specs);
+  StepInput pad_decode_step(const StepInput& in, const SampleSpec* specs, int pad,
+                            const SampleSpec** padded_specs);
   // Replaces the slot's buffers with ones of `bytes` (after the stream is idle; drops the graphs).
   [[nodiscard]] Status grow_slot(Slot& slot, size_t bytes);
   // Room for `bytes` of sampling lists in the slot (after the steps queued before finish).
   [[nodiscard]] Status grow_lists(Slot& slot, size_t bytes);
   // Frees a pinned host buffer and its device twin and allocates both at `bytes`, once the steps
   // queued before have finished; *size is 0 until both allocations succeed.
-  [[nodiscard]] Status regrow(char** host, char** dev, size_t* size, size_t bytes, const char* what);
+  [[nodiscard]] Status regrow(char** host, char** dev, size_t* size, size_t bytes,
+                              const char* what);
   // Replays the decode graph of the prepared step's shape, capturing it first if needed.
   [[nodiscard]] Status launch_graph(const StepLayout& lay, int slot, bool sample);
   // The device pitch of a graph step's block tables `cols` wide: the warmed-up width, so that one
@@ -187,17 +189,18 @@ class CudaBackend final : public Backend {
   // Chooses the cuBLASLt algorithms a step of T tokens and L logits rows uses (before a capture).
   [[nodiscard]] Status plan_gemms(int T, int L);
   // y = x · w^T: the GEMV kernel for few rows, cuBLASLt otherwise.
-  [[nodiscard]] Status matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, GemmOut out, int m, int n,
-                              int k);
+  [[nodiscard]] Status matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, GemmOut out,
+                              int m, int n, int k);
   // GEMVs with the input RMS-normalised from the residual stream's sums of squares (optionally
   // writing SwiGLU's activation), and with a residual update as output (see kernels/gemv.cuh).
   // `next`: what the GEMV pulls into L2 for the kernels after it (GemvParams::prefetch).
   using Ahead = std::array<kernels::GemvPrefetch, 2>;
-  [[nodiscard]] Status gemv_normed(const float* resid, const float* sumsq, const float* norm_weight, float eps,
-                                   const __nv_bfloat16* w, void* y, bool y_bf16, int m, int n, int k,
-                                   bool swiglu = false, const Ahead& next = {});
-  [[nodiscard]] Status gemv_residual(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* resid_in,
-                                     float* resid_out, float* sumsq, int m, int n, int k, const Ahead& next = {});
+  [[nodiscard]] Status gemv_normed(const float* resid, const float* sumsq, const float* norm_weight,
+                                   float eps, const __nv_bfloat16* w, void* y, bool y_bf16, int m,
+                                   int n, int k, bool swiglu = false, const Ahead& next = {});
+  [[nodiscard]] Status gemv_residual(const __nv_bfloat16* x, const __nv_bfloat16* w,
+                                     const float* resid_in, float* resid_out, float* sumsq, int m,
+                                     int n, int k, const Ahead& next = {});
   // The first prefetch_weights_mb MiB of matrix w [rows, k] (half of it from the start of each
   // half when `halves`: SwiGLU's gate and up rows are read from both starts at once); none when
   // prefetching is off.
@@ -223,7 +226,7 @@ class CudaBackend final : public Backend {
   // The fused small-batch GEMVs (and their prefetch ranges) need hidden, query and MLP sizes that
   // are multiples of 8; other models take the unfused path.
   bool fused_shapes_ = false;
-  int num_blocks_ = 0;    // KV blocks the engine may use; one more, the scratch block, is padding's
+  int num_blocks_ = 0;  // KV blocks the engine may use; one more, the scratch block, is padding's
   int max_partials_ = 0;
 
   __nv_bfloat16* embed_ = nullptr;    // [V, D]
@@ -231,27 +234,28 @@ class CudaBackend final : public Backend {
   float* final_norm_ = nullptr;       // [D]
   float* inv_freq_ = nullptr;         // [head_dim / 2]
   std::vector<Layer> layers_;
-  std::vector<__nv_bfloat16*> k_cache_, v_cache_;  // per layer: [num_blocks * block_size, KV_heads, hd]
+  std::vector<__nv_bfloat16*> k_cache_,
+      v_cache_;  // per layer: [num_blocks * block_size, KV_heads, hd]
 
   // Activations, sized for max_num_tokens (T) and max_num_seqs (S) rows.
-  float* x_ = nullptr;               // [T, D] residual stream
-  float* x2_ = nullptr;              // [kGemvMaxFusedRows, D] its other half in the fused path
-  float* sumsq_ = nullptr;           // [2 layers, kGemvMaxFusedRows] residual rows' sums of squares
+  float* x_ = nullptr;      // [T, D] residual stream
+  float* x2_ = nullptr;     // [kGemvMaxFusedRows, D] its other half in the fused path
+  float* sumsq_ = nullptr;  // [2 layers, kGemvMaxFusedRows] residual rows' sums of squares
   size_t sumsq_bytes_ = 0;
-  float* delta_ = nullptr;           // [T, D] o_proj / down_proj output
-  __nv_bfloat16* h_ = nullptr;       // [T, D] normalised
-  float* qkv_ = nullptr;             // [T, Q + 2 KV]
-  __nv_bfloat16* q_ = nullptr;       // [T, Q] rotated queries
-  __nv_bfloat16* attn_ = nullptr;    // [T, Q]
-  __nv_bfloat16* gate_up_ = nullptr; // [T, 2 F]
-  __nv_bfloat16* act_ = nullptr;     // [T, F]
-  __nv_bfloat16* final_ = nullptr;   // [S, D]
-  float* logits_ = nullptr;          // [S, V]
-  int32_t* tokens_ = nullptr;        // [S]
-  int32_t* input_ids_ = nullptr;     // [T]: each token row's input token as the embedding read it
+  float* delta_ = nullptr;            // [T, D] o_proj / down_proj output
+  __nv_bfloat16* h_ = nullptr;        // [T, D] normalised
+  float* qkv_ = nullptr;              // [T, Q + 2 KV]
+  __nv_bfloat16* q_ = nullptr;        // [T, Q] rotated queries
+  __nv_bfloat16* attn_ = nullptr;     // [T, Q]
+  __nv_bfloat16* gate_up_ = nullptr;  // [T, 2 F]
+  __nv_bfloat16* act_ = nullptr;      // [T, F]
+  __nv_bfloat16* final_ = nullptr;    // [S, D]
+  float* logits_ = nullptr;           // [S, V]
+  int32_t* tokens_ = nullptr;         // [S]
+  int32_t* input_ids_ = nullptr;      // [T]: each token row's input token as the embedding read it
   kernels::TokenLogprobs* logprobs_ = nullptr;  // [S]
-  float* partial_out_ = nullptr;     // [max_partials, num_heads, head_dim]
-  float* partial_ml_ = nullptr;      // [max_partials, num_heads, 2]
+  float* partial_out_ = nullptr;                // [max_partials, num_heads, head_dim]
+  float* partial_ml_ = nullptr;                 // [max_partials, num_heads, 2]
   int32_t* combine_counters_ = nullptr;  // [max_partials / 2, num_kv_heads], zero between launches
 
   // Two slots, so that step N+1 is packed while step N reads its own inputs.
@@ -261,8 +265,8 @@ class CudaBackend final : public Backend {
   std::vector<SampleSpec> pad_specs_;
   std::deque<int> outstanding_;  // slots of submitted, uncollected steps, oldest first
   int prev_num_logits_ = 0;      // rows of the last submitted step (what fed_rows may name)
-  AttentionPlan plan_;  // reused each step
-  int warm_table_width_ = 0;  // the widest block tables warm_up() captured graphs for
+  AttentionPlan plan_;           // reused each step
+  int warm_table_width_ = 0;     // the widest block tables warm_up() captured graphs for
   // Decode graphs by (batch size, sampled on device, block-table pitch, slot).
   std::map<std::tuple<int, bool, int, int>, cudaGraphExec_t> graphs_;
   bool profiling_ = false;

@@ -8,12 +8,12 @@
 
 #include "engine/cuda_backend.h"
 
-#include "kernels/sampling.cuh"
 #include "engine/internal/cuda_status.h"
 #include "engine/safetensors.h"
 #include "kernels/fill.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/paged_attention.cuh"
+#include "kernels/sampling.cuh"
 
 namespace hr::engine {
 
@@ -23,7 +23,8 @@ Status CudaBackend::check_options() const {
   if (options_.max_num_tokens < 1 || options_.max_num_tokens > 65535) {
     return invalid_argument("max tokens per step must be 1 to 65535", "max-batched-tokens");
   }
-  if (options_.max_num_seqs < 1) return invalid_argument("max sequences per step must be positive", "max-num-seqs");
+  if (options_.max_num_seqs < 1)
+    return invalid_argument("max sequences per step must be positive", "max-num-seqs");
   if (options_.kv_cache_fraction <= 0 || options_.kv_cache_fraction > 0.98) {
     return invalid_argument("KV cache fraction must be in (0, 0.98]", "kv-cache-fraction");
   }
@@ -31,14 +32,17 @@ Status CudaBackend::check_options() const {
     return invalid_argument("weights prefetched ahead must be 0 to 1024 MiB", "cuda-options");
   }
   if (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128) {
-    return invalid_argument("the CUDA backend supports head_dim 32, 64 or 128, not " +
-                            std::to_string(c.head_dim), "head_dim");
+    return invalid_argument(
+        "the CUDA backend supports head_dim 32, 64 or 128, not " + std::to_string(c.head_dim),
+        "head_dim");
   }
   if (c.num_heads / c.num_kv_heads > kernels::kAttentionPrefillRows) {
-    return invalid_argument("GQA groups above 128 query heads per KV head are not supported", "num_attention_heads");
+    return invalid_argument("GQA groups above 128 query heads per KV head are not supported",
+                            "num_attention_heads");
   }
   if (c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0) {
-    return invalid_argument("hidden_size and intermediate_size must be multiples of 8", "hidden_size");
+    return invalid_argument("hidden_size and intermediate_size must be multiples of 8",
+                            "hidden_size");
   }
   return Status::ok();
 }
@@ -47,8 +51,8 @@ Status CudaBackend::open_device() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || options_.device >= count) {
     cudaGetLastError();
-    return unavailable("no CUDA device " + std::to_string(options_.device) + " here (" + std::to_string(count) +
-                       " visible); use --device cpu or another index");
+    return unavailable("no CUDA device " + std::to_string(options_.device) + " here (" +
+                       std::to_string(count) + " visible); use --device cpu or another index");
   }
   HR_CUDA("selecting the device", cudaSetDevice(options_.device));
   HR_CUDA("creating a stream", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -58,8 +62,9 @@ Status CudaBackend::open_device() {
 Status CudaBackend::alloc(void** p, size_t bytes, const char* what) {
   cudaError_t err = cudaMalloc(p, std::max<size_t>(bytes, 16));
   if (err != cudaSuccess) {
-    return internal::cuda_error(std::string("allocating ") + what + " (" + std::to_string(bytes) + " bytes)", err,
-                                options_.device);
+    return internal::cuda_error(
+        std::string("allocating ") + what + " (" + std::to_string(bytes) + " bytes)", err,
+        options_.device);
   }
   allocations_.push_back(*p);
   return Status::ok();
@@ -99,7 +104,8 @@ Status CudaBackend::allocate_weights() {
 
 Status CudaBackend::upload(void* dst, const std::vector<float>& src, bool bf16) {
   if (!bf16) {
-    HR_CUDA("uploading weights", cudaMemcpy(dst, src.data(), src.size() * 4, cudaMemcpyHostToDevice));
+    HR_CUDA("uploading weights",
+            cudaMemcpy(dst, src.data(), src.size() * 4, cudaMemcpyHostToDevice));
     return Status::ok();
   }
   std::vector<uint16_t> tmp(src.size());
@@ -142,16 +148,19 @@ Status CudaBackend::init_runtime() {
           cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, options_.device));
   int smem_optin = 0;
   HR_CUDA("reading device attributes",
-          cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, options_.device));
+          cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                 options_.device));
   kernels::programmatic_launch_supported();  // asked now, outside any graph capture
   HR_CUDA("reading the GEMV kernels' occupancy", kernels::gemv_prepare());
   fused_shapes_ = D % 8 == 0 && Q % 8 == 0 && F % 8 == 0;
   const size_t smem_needed = kernels::paged_attention_smem_bytes(c.head_dim);
   if (static_cast<size_t>(smem_optin) < smem_needed) {
-    return unavailable("CUDA device " + std::to_string(options_.device) + " allows " +
-                       std::to_string(smem_optin / 1024) + " KiB of shared memory per block; attention at head_dim " +
-                       std::to_string(c.head_dim) + " needs " + std::to_string(smem_needed / 1024) +
-                       " KiB (an A100, H100 or H200 has enough); use --device cpu or another device");
+    return unavailable(
+        "CUDA device " + std::to_string(options_.device) + " allows " +
+        std::to_string(smem_optin / 1024) +
+        " KiB of shared memory per block; attention at head_dim " + std::to_string(c.head_dim) +
+        " needs " + std::to_string(smem_needed / 1024) +
+        " KiB (an A100, H100 or H200 has enough); use --device cpu or another device");
   }
   HR_ASSIGN_OR_RETURN(gemm_, CublasLtGemm::create(32ull << 20));
   std::vector<float> inv_freq = c.rope_inv_freq();
@@ -173,20 +182,24 @@ Status CudaBackend::init_runtime() {
   HR_RETURN_IF_ERROR(act(&tokens_, S * 4, "tokens"));
   HR_RETURN_IF_ERROR(act(&input_ids_, T * 4, "tokens"));
   HR_RETURN_IF_ERROR(act(&logprobs_, S * sizeof(kernels::TokenLogprobs), "log probabilities"));
-  HR_RETURN_IF_ERROR(act(&x2_, static_cast<size_t>(kernels::kGemvMaxFusedRows) * D * 4, "activations"));
+  HR_RETURN_IF_ERROR(
+      act(&x2_, static_cast<size_t>(kernels::kGemvMaxFusedRows) * D * 4, "activations"));
   sumsq_bytes_ = static_cast<size_t>(2 * c.num_layers) * kernels::kGemvMaxFusedRows * 4;
   HR_RETURN_IF_ERROR(act(&sumsq_, sumsq_bytes_, "norm sums"));
   max_partials_ = std::max(8 * num_sms_, 64);
-  HR_RETURN_IF_ERROR(act(&partial_out_, static_cast<size_t>(max_partials_) * c.num_heads * c.head_dim * 4,
+  HR_RETURN_IF_ERROR(act(&partial_out_,
+                         static_cast<size_t>(max_partials_) * c.num_heads * c.head_dim * 4,
                          "attention partials"));
   HR_RETURN_IF_ERROR(act(&partial_ml_, static_cast<size_t>(max_partials_) * c.num_heads * 2 * 4,
                          "attention partials"));
-  // Merge counters (fused_combine): one per (combine item, KV head); an item has two splits or more.
+  // Merge counters (fused_combine): one per (combine item, KV head); an item has two splits or
+  // more.
   const size_t counter_bytes = static_cast<size_t>(max_partials_ / 2) * c.num_kv_heads * 4;
   HR_RETURN_IF_ERROR(act(&combine_counters_, counter_bytes, "attention merge counters"));
   HR_CUDA("zeroing merge counters", cudaMemsetAsync(combine_counters_, 0, counter_bytes, stream_));
   for (Slot& slot : slots_) {
-    HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(&slot.host_tokens), S * 4, 0));
+    HR_CUDA("pinned host buffer",
+            cudaHostAlloc(reinterpret_cast<void**>(&slot.host_tokens), S * 4, 0));
     HR_CUDA("pinned host buffer", cudaHostAlloc(reinterpret_cast<void**>(&slot.host_logprobs),
                                                 S * sizeof(kernels::TokenLogprobs), 0));
     HR_CUDA("creating an event", cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
@@ -197,18 +210,23 @@ Status CudaBackend::init_runtime() {
   HR_CUDA("reading free memory", cudaMemGetInfo(&free_bytes, &total_bytes));
   free_before_kv_ = free_bytes;
   const size_t per_block = 2ull * c.num_layers * options_.block_size * KV * 2;
-  size_t budget = options_.kv_cache_bytes > 0
-                      ? options_.kv_cache_bytes
-                      : static_cast<size_t>(static_cast<double>(free_bytes) * options_.kv_cache_fraction);
+  size_t budget =
+      options_.kv_cache_bytes > 0
+          ? options_.kv_cache_bytes
+          : static_cast<size_t>(static_cast<double>(free_bytes) * options_.kv_cache_fraction);
   if (budget > free_bytes) {
     return invalid_argument("KV cache budget of " + std::to_string(budget) + " bytes exceeds the " +
-                            std::to_string(free_bytes) + " bytes free on the device", "kv-cache-bytes");
+                                std::to_string(free_bytes) + " bytes free on the device",
+                            "kv-cache-bytes");
   }
   // One block of the budget is the scratch block that padded decode rows write to.
   num_blocks_ = static_cast<int>(std::min<size_t>(budget / per_block, 1u << 30)) - 1;
   if (num_blocks_ < 1) {
-    return invalid_argument("KV cache budget of " + std::to_string(budget) + " bytes holds fewer than two blocks "
-                            "(one takes " + std::to_string(per_block) + ")", "kv-cache-bytes");
+    return invalid_argument("KV cache budget of " + std::to_string(budget) +
+                                " bytes holds fewer than two blocks "
+                                "(one takes " +
+                                std::to_string(per_block) + ")",
+                            "kv-cache-bytes");
   }
   const size_t layer_bytes = static_cast<size_t>(num_blocks_ + 1) * options_.block_size * KV * 2;
   k_cache_.resize(static_cast<size_t>(c.num_layers));
@@ -224,10 +242,11 @@ Status CudaBackend::init_runtime() {
   return Status::ok();
 }
 
-Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelWeights& w, CudaBackendOptions options) {
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelWeights& w,
+                                                         CudaBackendOptions options) {
   if (w.cpu_packed) {
-    return invalid_argument("weights packed for the CPU backend cannot go to the GPU; load them again",
-                            "weights");
+    return invalid_argument(
+        "weights packed for the CPU backend cannot go to the GPU; load them again", "weights");
   }
   std::unique_ptr<CudaBackend> b(new CudaBackend(w.config, options));
   HR_RETURN_IF_ERROR(b->check_options());
@@ -236,7 +255,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelWeights& w, 
   for (const WeightPiece& piece : weight_pieces(w.config)) {
     const std::vector<float>* src = &w.slot(piece.slot, piece.layer);
     if (piece.offset != 0) continue;  // the fused vector goes up whole with its first piece
-    HR_RETURN_IF_ERROR(b->upload(b->slot_data(piece.slot, piece.layer), *src, !is_vector_slot(piece.slot)));
+    HR_RETURN_IF_ERROR(
+        b->upload(b->slot_data(piece.slot, piece.layer), *src, !is_vector_slot(piece.slot)));
   }
   HR_RETURN_IF_ERROR(b->init_runtime());
   return b;
@@ -259,11 +279,13 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create_from_dir(const std::str
     if (is_vector_slot(piece.slot)) {
       h32.resize(n);
       HR_RETURN_IF_ERROR(st->read_f32(piece.name, piece.shape, h32.data()));
-      HR_CUDA_OF(b, "uploading " + piece.name, cudaMemcpy(dst + piece.offset * 4, h32.data(), n * 4, cudaMemcpyHostToDevice));
+      HR_CUDA_OF(b, "uploading " + piece.name,
+                 cudaMemcpy(dst + piece.offset * 4, h32.data(), n * 4, cudaMemcpyHostToDevice));
     } else {
       h16.resize(n);
       HR_RETURN_IF_ERROR(st->read_bf16(piece.name, piece.shape, h16.data()));
-      HR_CUDA_OF(b, "uploading " + piece.name, cudaMemcpy(dst + piece.offset * 2, h16.data(), n * 2, cudaMemcpyHostToDevice));
+      HR_CUDA_OF(b, "uploading " + piece.name,
+                 cudaMemcpy(dst + piece.offset * 2, h16.data(), n * 2, cudaMemcpyHostToDevice));
     }
   }
   HR_RETURN_IF_ERROR(b->init_runtime());
@@ -273,21 +295,32 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create_from_dir(const std::str
 void* CudaBackend::slot_data(WeightSlot slot, int layer) const {
   const Layer* l = layer >= 0 ? &layers_[static_cast<size_t>(layer)] : nullptr;
   switch (slot) {
-    case WeightSlot::kEmbed: return embed_;
-    case WeightSlot::kLmHead: return lm_head_;
-    case WeightSlot::kFinalNorm: return final_norm_;
-    case WeightSlot::kInputNorm: return l->input_norm;
-    case WeightSlot::kPostNorm: return l->post_norm;
-    case WeightSlot::kQkv: return l->wqkv;
-    case WeightSlot::kQkvBias: return l->bqkv;
-    case WeightSlot::kO: return l->wo;
-    case WeightSlot::kGateUp: return l->w_gate_up;
-    case WeightSlot::kDown: return l->w_down;
+    case WeightSlot::kEmbed:
+      return embed_;
+    case WeightSlot::kLmHead:
+      return lm_head_;
+    case WeightSlot::kFinalNorm:
+      return final_norm_;
+    case WeightSlot::kInputNorm:
+      return l->input_norm;
+    case WeightSlot::kPostNorm:
+      return l->post_norm;
+    case WeightSlot::kQkv:
+      return l->wqkv;
+    case WeightSlot::kQkvBias:
+      return l->bqkv;
+    case WeightSlot::kO:
+      return l->wo;
+    case WeightSlot::kGateUp:
+      return l->w_gate_up;
+    case WeightSlot::kDown:
+      return l->w_down;
   }
   return nullptr;
 }
 
-Result<std::unique_ptr<CudaBackend>> CudaBackend::create_random(const ModelConfig& config, uint64_t seed,
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create_random(const ModelConfig& config,
+                                                                uint64_t seed,
                                                                 CudaBackendOptions options) {
   std::unique_ptr<CudaBackend> b(new CudaBackend(config, options));
   HR_RETURN_IF_ERROR(b->check_options());

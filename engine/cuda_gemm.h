@@ -27,11 +27,13 @@ class CublasLtGemm {
 
   // Chooses (and caches) the algorithm for the shape. A stream being captured into a graph runs
   // only shapes prepared before: choosing one is not done during a capture.
-  [[nodiscard]] Status prepare(int m, int n, int k, GemmOut out) { return plan(m, n, k, out).status(); }
+  [[nodiscard]] Status prepare(int m, int n, int k, GemmOut out) {
+    return plan(m, n, k, out).status();
+  }
 
   // x: [m, k] bf16; w: [n, k] bf16; y: [m, n] (fp32 or bf16 per `out`). Enqueued on `stream`.
-  [[nodiscard]] Status run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, GemmOut out, int m,
-                           int n, int k, cudaStream_t stream);
+  [[nodiscard]] Status run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, GemmOut out,
+                           int m, int n, int k, cudaStream_t stream);
 
  private:
   struct Plan {

@@ -9,11 +9,16 @@ namespace hr::engine {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCancelled: return "cancelled";
-    case FinishReason::kError: return "error";
-    case FinishReason::kNone: return "";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
+    case FinishReason::kNone:
+      return "";
   }
   return "";
 }
@@ -29,15 +34,21 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<Backend> backend,
                                           : max_position_embeddings;
   // No sequence may need more KV than the whole cache: one that did would wait for a block forever
   // (and hold up everything queued behind it). It ends with kLength at this size instead.
-  max_len = static_cast<int>(std::min<int64_t>(max_len, int64_t{backend->num_kv_blocks()} * backend->block_size()));
-  return std::unique_ptr<Engine>(new Engine(std::move(backend), std::move(tokenizer), max_len, options));
+  max_len = static_cast<int>(
+      std::min<int64_t>(max_len, int64_t{backend->num_kv_blocks()} * backend->block_size()));
+  return std::unique_ptr<Engine>(
+      new Engine(std::move(backend), std::move(tokenizer), max_len, options));
 }
 
 Engine::Engine(std::shared_ptr<Backend> backend, std::shared_ptr<const Tokenizer> tokenizer,
                int max_model_len, EngineOptions options)
-    : backend_(std::move(backend)), tokenizer_(std::move(tokenizer)), max_model_len_(max_model_len),
-      options_(options), blocks_(backend_->num_kv_blocks(), backend_->block_size()),
-      scheduler_(options.scheduler, &blocks_), pipeline_(options.pipeline && backend_->pipelined()) {}
+    : backend_(std::move(backend)),
+      tokenizer_(std::move(tokenizer)),
+      max_model_len_(max_model_len),
+      options_(options),
+      blocks_(backend_->num_kv_blocks(), backend_->block_size()),
+      scheduler_(options.scheduler, &blocks_),
+      pipeline_(options.pipeline && backend_->pipelined()) {}
 
 Result<int64_t> Engine::add(GenerationRequest r) {
   if (r.prompt.empty()) return invalid_argument("the prompt is empty", "prompt");
@@ -52,9 +63,11 @@ Result<int64_t> Engine::add(GenerationRequest r) {
     return invalid_argument("the prompt does not fit in the KV cache", "messages");
   }
   for (int32_t t : r.prompt) {
-    if (t < 0 || t >= backend_->vocab_size()) return invalid_argument("token id out of range", "prompt");
+    if (t < 0 || t >= backend_->vocab_size())
+      return invalid_argument("token id out of range", "prompt");
   }
-  if (r.params.max_tokens < 1) return invalid_argument("max_tokens must be at least 1", "max_tokens");
+  if (r.params.max_tokens < 1)
+    return invalid_argument("max_tokens must be at least 1", "max_tokens");
   auto seq = std::make_unique<Sequence>();
   seq->id = next_id_++;
   seq->cls = r.cls;
@@ -126,8 +139,8 @@ bool Engine::advance(Active& a, int32_t token, const TokenLogprobs* logprobs) {
   bool eos = !p.ignore_eos && tokenizer_ &&
              std::find(tokenizer_->eos_ids().begin(), tokenizer_->eos_ids().end(), token) !=
                  tokenizer_->eos_ids().end();
-  bool stop_token = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) !=
-                    p.stop_token_ids.end();
+  bool stop_token =
+      std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
   std::string delta;
   if (a.decoder && !eos && !stop_token) delta = a.decoder->push(token);
   const int text_bytes = static_cast<int>(delta.size());
@@ -135,7 +148,8 @@ bool Engine::advance(Active& a, int32_t token, const TokenLogprobs* logprobs) {
     // What the decoder still holds is part of a character the answer never finished: it ends as
     // U+FFFD, as at max_tokens.
     const std::string flushed = a.decoder ? a.decoder->flush() : "";
-    finish(a, FinishReason::kStop, token, a.held + flushed, nullptr, static_cast<int>(flushed.size()));
+    finish(a, FinishReason::kStop, token, a.held + flushed, nullptr,
+           static_cast<int>(flushed.size()));
     return true;
   }
   // Stop strings: emit text only once it cannot be the start of a stop string.
@@ -164,7 +178,8 @@ bool Engine::advance(Active& a, int32_t token, const TokenLogprobs* logprobs) {
   if (s.num_generated() >= p.max_tokens || static_cast<int>(s.tokens.size()) >= max_model_len_) {
     const std::string flushed = a.decoder ? a.decoder->flush() : "";
     std::string rest = delta + a.held + flushed;
-    finish(a, FinishReason::kLength, token, rest, logprobs, text_bytes + static_cast<int>(flushed.size()));
+    finish(a, FinishReason::kLength, token, rest, logprobs,
+           text_bytes + static_cast<int>(flushed.size()));
     return true;
   }
   if (a.on_event) {
@@ -183,7 +198,8 @@ Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats)
   // Block tables as wide as this step's longest sequence: a long allowed context costs nothing
   // until some sequence uses it.
   int max_blocks = 1;
-  for (const ScheduledSeq& ss : plan.seqs) max_blocks = std::max(max_blocks, static_cast<int>(ss.seq->blocks.size()));
+  for (const ScheduledSeq& ss : plan.seqs)
+    max_blocks = std::max(max_blocks, static_cast<int>(ss.seq->blocks.size()));
   const int num_seqs = static_cast<int>(plan.seqs.size());
   token_ids_.clear();
   positions_.clear();
@@ -211,7 +227,8 @@ Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats)
       }
       positions_.push_back(pos);
     }
-    std::copy(s.blocks.begin(), s.blocks.end(), block_table_.begin() + static_cast<long>(i) * max_blocks);
+    std::copy(s.blocks.begin(), s.blocks.end(),
+              block_table_.begin() + static_cast<long>(i) * max_blocks);
     if (ss.sample) {
       logits_rows_.push_back(static_cast<int32_t>(token_ids_.size()) - 1);
       SampleSpec spec;
@@ -232,7 +249,8 @@ Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats)
       }
       specs_.push_back(spec);
     }
-    (s.num_computed >= s.num_prompt ? stats->num_decode_tokens : stats->num_prefill_tokens) += ss.num_tokens;
+    (s.num_computed >= s.num_prompt ? stats->num_decode_tokens : stats->num_prefill_tokens) +=
+        ss.num_tokens;
   }
   seq_start_[static_cast<size_t>(num_seqs)] = static_cast<int32_t>(token_ids_.size());
   size_t listed = 0;
@@ -293,7 +311,8 @@ void Engine::advance_all(const Submitted& sub, StepStats* stats) {
       ++stats->num_finished;
       continue;
     }
-    const TokenLogprobs* logprobs = it->second.seq->params.logprobs >= 0 ? &sampled_logprobs_[row] : nullptr;
+    const TokenLogprobs* logprobs =
+        it->second.seq->params.logprobs >= 0 ? &sampled_logprobs_[row] : nullptr;
     if (advance(it->second, token, logprobs)) {
       active_.erase(it);
       ++stats->num_finished;

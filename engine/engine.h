@@ -33,17 +33,18 @@ struct Usage {
 
 struct TokenEvent {
   int64_t id = 0;
-  int32_t token = -1;         // -1 for the final event of a cancelled request
-  std::string text_delta;     // complete UTF-8, stop strings removed
+  int32_t token = -1;      // -1 for the final event of a cancelled request
+  std::string text_delta;  // complete UTF-8, stop strings removed
   // The bytes of text this token decoded to, before any was held back for a stop string (and with
   // what the decoder had left, at a final event by length): text_delta adds up to the sum of
-  // these, less what a stop string cut off (or, for a cancelled request, what was held back). 0 for a token without text of its own (a special
-  // token, or the first bytes of a character that a later token completes).
+  // these, less what a stop string cut off (or, for a cancelled request, what was held back). 0 for
+  // a token without text of its own (a special token, or the first bytes of a character that a
+  // later token completes).
   int text_bytes = 0;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
-  Usage usage;                // filled on the final event
-  std::string error;          // with FinishReason::kError
+  Usage usage;        // filled on the final event
+  std::string error;  // with FinishReason::kError
   // With SamplingParams::logprobs >= 0: the token's log probabilities, valid during the callback.
   // Not given for a token that ends the answer without being part of it (EOS, a stop token).
   const TokenLogprobs* logprobs = nullptr;
@@ -123,7 +124,7 @@ class Engine {
     std::unique_ptr<Sequence> seq;
     std::function<void(const TokenEvent&)> on_event;
     std::unique_ptr<StreamDecoder> decoder;
-    std::string held;  // text held back: it may be the start of a stop string
+    std::string held;   // text held back: it may be the start of a stop string
     std::string error;  // why it ends with kError
   };
   // A submitted step: its plan (pointers valid only while the id is active), in logits-row order
@@ -137,7 +138,9 @@ class Engine {
   Engine(std::shared_ptr<Backend> backend, std::shared_ptr<const Tokenizer> tokenizer,
          int max_model_len, EngineOptions options);
   // The widest block table a step may have: room for the longest sequence.
-  int max_blocks_per_seq() const { return (max_model_len_ + blocks_.block_size() - 1) / blocks_.block_size() + 1; }
+  int max_blocks_per_seq() const {
+    return (max_model_len_ + blocks_.block_size() - 1) / blocks_.block_size() + 1;
+  }
   // Builds the plan's inputs and submits them; marks the sampled sequences' tokens pending.
   [[nodiscard]] Result<Submitted> submit(const StepPlan& plan, StepStats* stats);
   // The scheduler's complete() for the step's sequences that are still active.

@@ -33,7 +33,8 @@ struct GpuMonitor::Api {
 
 Result<std::unique_ptr<GpuMonitor>> GpuMonitor::open() {
   void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib) return unavailable("NVML is not available (no NVIDIA driver): " + std::string(dlerror()));
+  if (!lib)
+    return unavailable("NVML is not available (no NVIDIA driver): " + std::string(dlerror()));
   std::unique_ptr<GpuMonitor> m(new GpuMonitor());
   m->lib_ = lib;
   m->api_ = std::make_unique<Api>();
@@ -43,9 +44,10 @@ Result<std::unique_ptr<GpuMonitor>> GpuMonitor::open() {
     return fn != nullptr;
   };
   if (!sym(a.init, "nvmlInit_v2") || !sym(a.shutdown, "nvmlShutdown") ||
-      !sym(a.device_count, "nvmlDeviceGetCount_v2") || !sym(a.handle_by_index, "nvmlDeviceGetHandleByIndex_v2") ||
-      !sym(a.utilization, "nvmlDeviceGetUtilizationRates") || !sym(a.memory, "nvmlDeviceGetMemoryInfo") ||
-      !sym(a.error_string, "nvmlErrorString")) {
+      !sym(a.device_count, "nvmlDeviceGetCount_v2") ||
+      !sym(a.handle_by_index, "nvmlDeviceGetHandleByIndex_v2") ||
+      !sym(a.utilization, "nvmlDeviceGetUtilizationRates") ||
+      !sym(a.memory, "nvmlDeviceGetMemoryInfo") || !sym(a.error_string, "nvmlErrorString")) {
     a.init = nullptr;  // not initialised: nothing to shut down
     return unavailable("libnvidia-ml lacks an expected entry point");
   }
@@ -68,8 +70,9 @@ GpuMonitor::~GpuMonitor() {
 
 Result<GpuReading> GpuMonitor::read(int index) const {
   if (index < 0 || index >= num_devices_) {
-    return invalid_argument("no GPU " + std::to_string(index) + " (NVML sees " + std::to_string(num_devices_) + ")",
-                            "device");
+    return invalid_argument(
+        "no GPU " + std::to_string(index) + " (NVML sees " + std::to_string(num_devices_) + ")",
+        "device");
   }
   nvmlDevice dev = nullptr;
   if (nvmlReturn r = api_->handle_by_index(static_cast<unsigned int>(index), &dev); r != 0) {

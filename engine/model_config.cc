@@ -18,7 +18,8 @@ Result<int> get_int(const json& j, const char* key, bool required, int def = 0) 
     return def;
   }
   if (!j[key].is_number_integer() || j[key].get<int64_t>() < 0) {
-    return invalid_argument(std::string("config.json: ") + key + " must be a non-negative integer", key);
+    return invalid_argument(std::string("config.json: ") + key + " must be a non-negative integer",
+                            key);
   }
   return j[key].get<int>();
 }
@@ -34,8 +35,10 @@ std::vector<float> ModelConfig::rope_inv_freq() const {
   }
   if (rope_scaling.llama3) {
     const double pi = 3.14159265358979323846;
-    double low_wavelen = rope_scaling.original_max_position_embeddings / rope_scaling.low_freq_factor;
-    double high_wavelen = rope_scaling.original_max_position_embeddings / rope_scaling.high_freq_factor;
+    double low_wavelen =
+        rope_scaling.original_max_position_embeddings / rope_scaling.low_freq_factor;
+    double high_wavelen =
+        rope_scaling.original_max_position_embeddings / rope_scaling.high_freq_factor;
     for (float& f : inv) {
       double wavelen = 2 * pi / f;
       if (wavelen > low_wavelen) {
@@ -53,13 +56,14 @@ std::vector<float> ModelConfig::rope_inv_freq() const {
 
 Result<ModelConfig> parse_model_config(const std::string& json_text) {
   json j = json::parse(json_text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return invalid_argument("config.json is not a JSON object");
+  if (j.is_discarded() || !j.is_object())
+    return invalid_argument("config.json is not a JSON object");
   ModelConfig c;
   c.model_type = j.value("model_type", "");
   if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2") {
-    return invalid_argument("unsupported model_type '" + c.model_type +
-                                "' (supported: llama, mistral, qwen2)",
-                            "model_type");
+    return invalid_argument(
+        "unsupported model_type '" + c.model_type + "' (supported: llama, mistral, qwen2)",
+        "model_type");
   }
   HR_ASSIGN_OR_RETURN(c.vocab_size, get_int(j, "vocab_size", true));
   HR_ASSIGN_OR_RETURN(c.hidden_size, get_int(j, "hidden_size", true));
@@ -71,10 +75,12 @@ Result<ModelConfig> parse_model_config(const std::string& json_text) {
     return invalid_argument("config.json: sizes must be positive", "hidden_size");
   }
   HR_ASSIGN_OR_RETURN(c.head_dim, get_int(j, "head_dim", false, c.hidden_size / c.num_heads));
-  HR_ASSIGN_OR_RETURN(c.max_position_embeddings, get_int(j, "max_position_embeddings", false, 2048));
+  HR_ASSIGN_OR_RETURN(c.max_position_embeddings,
+                      get_int(j, "max_position_embeddings", false, 2048));
   if (c.num_kv_heads == 0 || c.num_heads % c.num_kv_heads != 0) {
-    return invalid_argument("config.json: num_attention_heads must be a multiple of num_key_value_heads",
-                            "num_key_value_heads");
+    return invalid_argument(
+        "config.json: num_attention_heads must be a multiple of num_key_value_heads",
+        "num_key_value_heads");
   }
   if (c.head_dim == 0 || c.head_dim % 2 != 0) {
     return invalid_argument("config.json: head_dim must be even", "head_dim");

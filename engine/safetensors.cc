@@ -6,11 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <algorithm>
+#include <cstring>
 #include <fstream>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 namespace hr::engine {
@@ -55,9 +55,12 @@ class MappedFile {
 
 const char* dtype_name(DType d) {
   switch (d) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
   }
   return "?";
 }
@@ -136,14 +139,16 @@ Result<std::unique_ptr<SafetensorsModel>> SafetensorsModel::open_dir(const std::
   }
   std::set<std::string> shards;
   for (const auto& [name, file] : j["weight_map"].items()) {
-    if (!file.is_string()) return invalid_argument(index_path + ": weight_map[" + name + "] is not a file name");
+    if (!file.is_string())
+      return invalid_argument(index_path + ": weight_map[" + name + "] is not a file name");
     shards.insert(file.get<std::string>());
   }
   for (const std::string& shard : shards) HR_RETURN_IF_ERROR(m->add_file(dir + "/" + shard));
   for (const auto& [name, file] : j["weight_map"].items()) {
     auto it = m->tensors_.find(name);
     if (it == m->tensors_.end() || it->second.file != dir + "/" + file.get<std::string>()) {
-      return invalid_argument(index_path + ": tensor " + name + " is not in " + file.get<std::string>());
+      return invalid_argument(index_path + ": tensor " + name + " is not in " +
+                              file.get<std::string>());
     }
   }
   return m;
@@ -158,7 +163,8 @@ Status SafetensorsModel::add_file(const std::string& path) {
     return invalid_argument(path + ": corrupt header length " + std::to_string(header_len) +
                             " for a file of " + std::to_string(file->size()) + " bytes");
   }
-  auto header = nlohmann::json::parse(file->data() + 8, file->data() + 8 + header_len, nullptr, false);
+  auto header =
+      nlohmann::json::parse(file->data() + 8, file->data() + 8 + header_len, nullptr, false);
   if (header.is_discarded() || !header.is_object()) {
     return invalid_argument(path + ": header is not a JSON object");
   }
@@ -187,7 +193,8 @@ Status SafetensorsModel::add_file(const std::string& path) {
     }
     if (!info["shape"].is_array()) return invalid_argument(where + ": shape is not an array");
     for (const auto& d : info["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0) return invalid_argument(where + ": bad shape");
+      if (!d.is_number_integer() || d.get<int64_t>() < 0)
+        return invalid_argument(where + ": bad shape");
       t.shape.push_back(d.get<int64_t>());
     }
     const auto& off = info["data_offsets"];
@@ -236,9 +243,8 @@ Result<const TensorView*> SafetensorsModel::checked(const std::string& name,
       for (size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
       return o + "]";
     };
-    return invalid_argument("tensor " + name + " has shape " + str(t->shape) + ", expected " +
-                                str(shape),
-                            name);
+    return invalid_argument(
+        "tensor " + name + " has shape " + str(t->shape) + ", expected " + str(shape), name);
   }
   return t;
 }

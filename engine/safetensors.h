@@ -50,7 +50,8 @@ class SafetensorsModel {
   SafetensorsModel() = default;
   Status add_file(const std::string& path);
   // The tensor, when it exists with this shape; errors name it.
-  Result<const TensorView*> checked(const std::string& name, const std::vector<int64_t>& shape) const;
+  Result<const TensorView*> checked(const std::string& name,
+                                    const std::vector<int64_t>& shape) const;
 
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::map<std::string, TensorView> tensors_;

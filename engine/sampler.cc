@@ -28,7 +28,8 @@ std::optional<int32_t> greedy(const float* logits, int vocab, const SamplingPara
 
 }  // namespace
 
-int32_t sample_token(const float* logits, int vocab, const SamplingParams& p, std::mt19937_64& rng) {
+int32_t sample_token(const float* logits, int vocab, const SamplingParams& p,
+                     std::mt19937_64& rng) {
   if (auto token = greedy(logits, vocab, p)) return *token;
   // No logit to draw from (all NaN), +inf, which outweighs everything at any temperature, or
   // -inf at most (every token banned): the lowest id of the maximum, as greedy.
@@ -79,7 +80,8 @@ int32_t sample_token(const float* logits, int vocab, const SamplingParams& p, st
 
 void apply_penalties(float* logits, int vocab, const SampleSpec& spec, int32_t input_token) {
   if (spec.penalties.any()) {
-    const int32_t extra = spec.penalize_input && input_token >= 0 && input_token < vocab ? input_token : -1;
+    const int32_t extra =
+        spec.penalize_input && input_token >= 0 && input_token < vocab ? input_token : -1;
     bool extra_listed = false;
     for (int i = 0; i < spec.num_penalty_tokens; ++i) {
       const PenaltyToken& p = spec.penalty_tokens[i];
@@ -110,7 +112,8 @@ void token_logprobs(const float* logits, int vocab, int32_t token, int top, Toke
   double sum = 0;
   for (int i = 0; i < vocab; ++i) {
     // An infinite maximum (+inf, or every logit -inf) is shared by the tokens that have it.
-    if (!std::isnan(logits[i])) sum += std::isinf(mx) ? (logits[i] == mx ? 1.0 : 0.0) : std::exp(logits[i] - mx);
+    if (!std::isnan(logits[i]))
+      sum += std::isinf(mx) ? (logits[i] == mx ? 1.0 : 0.0) : std::exp(logits[i] - mx);
   }
   const double lse = std::isinf(mx) ? std::log(sum) : mx + std::log(sum);
   auto logprob = [&](int32_t t) {

@@ -32,7 +32,7 @@ struct Penalties {
 struct SamplingParams {
   float temperature = 0.0f;  // <= 0: greedy
   float top_p = 1.0f;
-  int top_k = 0;             // 0: no limit
+  int top_k = 0;  // 0: no limit
   std::optional<uint64_t> seed;
   Penalties penalties;
   // OpenAI's logit_bias: added to these tokens' logits (after the penalties); distinct tokens.

@@ -24,18 +24,18 @@ enum class RequestClass { kSync = 0, kAsync = 1 };
 struct Sequence {
   int64_t id = 0;
   RequestClass cls = RequestClass::kSync;
-  int priority = 0;      // async only: higher runs first
-  int64_t arrival = 0;   // admission order
+  int priority = 0;             // async only: higher runs first
+  int64_t arrival = 0;          // admission order
   std::vector<int32_t> tokens;  // prompt, then generated
   int num_prompt = 0;
-  int num_computed = 0;         // tokens whose K/V is in the cache
+  int num_computed = 0;  // tokens whose K/V is in the cache
   // Tokens sampled by a step still running (a pipelined engine): they follow `tokens` and are
   // planned at once, fed from the running step's row `pending_row`.
   int num_pending = 0;
   int pending_row = -1;
-  std::vector<int> blocks;      // block table
+  std::vector<int> blocks;             // block table
   std::vector<uint64_t> block_hashes;  // of the committed full blocks
-  int num_cached_prompt = -1;   // prompt tokens found in the prefix cache at first admission
+  int num_cached_prompt = -1;          // prompt tokens found in the prefix cache at first admission
   int num_preemptions = 0;
   bool running = false;
   bool finished = false;
@@ -80,8 +80,8 @@ struct SchedulerConfig {
 
 struct ScheduledSeq {
   Sequence* seq = nullptr;
-  int num_tokens = 0;    // new tokens computed this step
-  bool sample = false;   // the step finishes its tokens: sample the next one
+  int num_tokens = 0;   // new tokens computed this step
+  bool sample = false;  // the step finishes its tokens: sample the next one
 };
 
 struct StepPlan {
@@ -114,7 +114,9 @@ class Scheduler {
   // Removes a finished or cancelled sequence and releases its blocks.
   void remove(Sequence* seq);
   Headroom headroom() const;
-  bool has_work() const { return !running_.empty() || !waiting_sync_.empty() || !waiting_async_.empty(); }
+  bool has_work() const {
+    return !running_.empty() || !waiting_sync_.empty() || !waiting_async_.empty();
+  }
   const SchedulerConfig& config() const { return config_; }
   // Sync requests are expected soon (they came recently): max_async_tokens_with_sync applies even
   // while none is in the engine, so an arriving one does not wait behind a long async step.

@@ -53,16 +53,26 @@ size_t ModelWeights::num_parameters() const {
 std::vector<float>& ModelWeights::slot(WeightSlot s, int layer) {
   LayerWeights* l = layer >= 0 ? &layers[static_cast<size_t>(layer)] : nullptr;
   switch (s) {
-    case WeightSlot::kEmbed: return embed;
-    case WeightSlot::kLmHead: return lm_head;
-    case WeightSlot::kFinalNorm: return final_norm;
-    case WeightSlot::kInputNorm: return l->input_norm;
-    case WeightSlot::kPostNorm: return l->post_norm;
-    case WeightSlot::kQkv: return l->wqkv;
-    case WeightSlot::kQkvBias: return l->bqkv;
-    case WeightSlot::kO: return l->wo;
-    case WeightSlot::kGateUp: return l->w_gate_up;
-    case WeightSlot::kDown: return l->w_down;
+    case WeightSlot::kEmbed:
+      return embed;
+    case WeightSlot::kLmHead:
+      return lm_head;
+    case WeightSlot::kFinalNorm:
+      return final_norm;
+    case WeightSlot::kInputNorm:
+      return l->input_norm;
+    case WeightSlot::kPostNorm:
+      return l->post_norm;
+    case WeightSlot::kQkv:
+      return l->wqkv;
+    case WeightSlot::kQkvBias:
+      return l->bqkv;
+    case WeightSlot::kO:
+      return l->wo;
+    case WeightSlot::kGateUp:
+      return l->w_gate_up;
+    case WeightSlot::kDown:
+      return l->w_down;
   }
   HR_CHECK(false) << "unknown weight slot";
   return embed;

@@ -13,7 +13,18 @@
 namespace hr::engine {
 
 // Where a checkpoint tensor goes (see weight_pieces below).
-enum class WeightSlot { kEmbed, kLmHead, kFinalNorm, kInputNorm, kPostNorm, kQkv, kQkvBias, kO, kGateUp, kDown };
+enum class WeightSlot {
+  kEmbed,
+  kLmHead,
+  kFinalNorm,
+  kInputNorm,
+  kPostNorm,
+  kQkv,
+  kQkvBias,
+  kO,
+  kGateUp,
+  kDown
+};
 
 struct LayerWeights {
   std::vector<float> input_norm;  // [D]
@@ -46,11 +57,11 @@ struct ModelWeights {
 // Where each checkpoint tensor goes in the fused layout above: one list for every loader (the
 // fp32 host loader below, the CUDA backend's direct bf16 upload).
 struct WeightPiece {
-  std::string name;             // checkpoint tensor name
-  std::vector<int64_t> shape;   // expected shape
+  std::string name;            // checkpoint tensor name
+  std::vector<int64_t> shape;  // expected shape
   WeightSlot slot;
-  int layer = -1;               // for per-layer slots
-  size_t offset = 0;            // first element inside the slot's fused matrix
+  int layer = -1;     // for per-layer slots
+  size_t offset = 0;  // first element inside the slot's fused matrix
 };
 std::vector<WeightPiece> weight_pieces(const ModelConfig& c);
 // Norm weights and biases stay fp32 on every backend; the matrices may be bf16.

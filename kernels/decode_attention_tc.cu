@@ -27,19 +27,19 @@ template <int HD>
 struct DecodeSmem {
   static constexpr int kLd = HD + 8;  // bf16 row stride, as in the prefill kernel
   static constexpr int kQ = 16 * kLd;
-  static constexpr int kKv = kKeys * kLd;  // one K or V tile
+  static constexpr int kKv = kKeys * kLd;                                   // one K or V tile
   static constexpr size_t kBytes = sizeof(__nv_bfloat16) * (kQ + 4 * kKv);  // Q, 2 x (K, V)
-  // After the key loop the K/V stages hold the warps' results, all fp32: outputs [kWarps][16][kOutLd]
-  // (rows padded so that a warp's stores fall in distinct banks), running max and sum
-  // [kWarps][16][2], and each row's common max and 1 / sum [16][2].
+  // After the key loop the K/V stages hold the warps' results, all fp32: outputs
+  // [kWarps][16][kOutLd] (rows padded so that a warp's stores fall in distinct banks), running max
+  // and sum [kWarps][16][2], and each row's common max and 1 / sum [16][2].
   static constexpr int kOutLd = HD + 8;
   static constexpr size_t kMergeBytes = sizeof(float) * (kWarps * 16 * (kOutLd + 2) + 16 * 2);
   static_assert(kMergeBytes <= sizeof(__nv_bfloat16) * 4 * kKv, "the merge fits in the K/V stages");
 };
 
 template <int HD>
-__global__ void __launch_bounds__(kThreads, 3) decode_attention_tc_kernel(PagedAttentionParams p,
-                                                                       const AttentionWorkItem* items) {
+__global__ void __launch_bounds__(kThreads, 3)
+    decode_attention_tc_kernel(PagedAttentionParams p, const AttentionWorkItem* items) {
   pdl_wait();
   using Sm = DecodeSmem<HD>;
   constexpr int kChunks = HD / 16;  // k-chunks of Q K^T, and pairs of 8-wide output tiles
@@ -93,7 +93,8 @@ __global__ void __launch_bounds__(kThreads, 3) decode_attention_tc_kernel(PagedA
     if (tile == 0) {
 #pragma unroll
       for (int kc = 0; kc < kChunks; ++kc) {
-        ldmatrix_x4(qa[kc], q_s + ((lane % 8) + ((lane / 8) % 2) * 8) * Sm::kLd + kc * 16 + (lane / 16) * 8);
+        ldmatrix_x4(qa[kc], q_s + ((lane % 8) + ((lane / 8) % 2) * 8) * Sm::kLd + kc * 16 +
+                                (lane / 16) * 8);
       }
     }
     const __nv_bfloat16* k_s = kv_s + (tile % 2) * 2 * Sm::kKv;
@@ -106,16 +107,19 @@ __global__ void __launch_bounds__(kThreads, 3) decode_attention_tc_kernel(PagedA
     for (int kc = 0; kc < kChunks; ++kc) {
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
-        const __nv_bfloat16* kp = k_s + (key0 + n * 8 + lane / 4) * Sm::kLd + kc * 16 + (lane % 4) * 2;
-        mma16816(s[n], qa[kc], *reinterpret_cast<const uint32_t*>(kp), *reinterpret_cast<const uint32_t*>(kp + 8));
+        const __nv_bfloat16* kp =
+            k_s + (key0 + n * 8 + lane / 4) * Sm::kLd + kc * 16 + (lane % 4) * 2;
+        mma16816(s[n], qa[kc], *reinterpret_cast<const uint32_t*>(kp),
+                 *reinterpret_cast<const uint32_t*>(kp + 8));
       }
     }
     // Mask, scale, and the online softmax over the warp's keys (both rows: the same token).
     float alpha_a, alpha_b;
-    online_softmax_tile<2>(s, t0 + key0, it.kv_end, qpos, qpos, p.scale, m_a, m_b, l_a, l_b, alpha_a, alpha_b);
+    online_softmax_tile<2>(s, t0 + key0, it.kv_end, qpos, qpos, p.scale, m_a, m_b, l_a, l_b,
+                           alpha_a, alpha_b);
     // O = O alpha + P V over the warp's 16 keys; V fragments through ldmatrix.trans.
-    const uint32_t a[4] = {pack_bf16(s[0][0], s[0][1]), pack_bf16(s[0][2], s[0][3]), pack_bf16(s[1][0], s[1][1]),
-                           pack_bf16(s[1][2], s[1][3])};
+    const uint32_t a[4] = {pack_bf16(s[0][0], s[0][1]), pack_bf16(s[0][2], s[0][3]),
+                           pack_bf16(s[1][0], s[1][1]), pack_bf16(s[1][2], s[1][3])};
 #pragma unroll
     for (int nc = 0; nc < kChunks; ++nc) {
       o[2 * nc][0] *= alpha_a;
@@ -127,18 +131,20 @@ __global__ void __launch_bounds__(kThreads, 3) decode_attention_tc_kernel(PagedA
       o[2 * nc + 1][2] *= alpha_b;
       o[2 * nc + 1][3] *= alpha_b;
       uint32_t b[4];
-      ldmatrix_x4_trans(b, v_s + (key0 + (lane % 8) + ((lane / 8) % 2) * 8) * Sm::kLd + nc * 16 + (lane / 16) * 8);
+      ldmatrix_x4_trans(b, v_s + (key0 + (lane % 8) + ((lane / 8) % 2) * 8) * Sm::kLd + nc * 16 +
+                               (lane / 16) * 8);
       mma16816(o[2 * nc], a, b[0], b[1]);
       mma16816(o[2 * nc + 1], a, b[2], b[3]);
     }
-    __syncthreads();  // the next iteration's loads overwrite this stage; after the last, the merge does
+    __syncthreads();  // the next iteration's loads overwrite this stage; after the last, the merge
+                      // does
   }
   pdl_launch_dependents();  // only the merge and the epilogue are left
 
   // The warps' results: each warp's rows scaled to the rows' common max, then summed.
   float* o_s = reinterpret_cast<float*>(kv_s);   // [kWarps][16][kOutLd]
   float* ml_s = o_s + kWarps * 16 * Sm::kOutLd;  // [kWarps][16][2]
-  float* row_s = ml_s + kWarps * 16 * 2;          // [16][2]: common max, 1 / sum
+  float* row_s = ml_s + kWarps * 16 * 2;         // [16][2]: common max, 1 / sum
   const int r_a = lane / 4, r_b = r_a + 8;
   if (lane % 4 == 0) {
     ml_s[(warp * 16 + r_a) * 2] = m_a;
@@ -166,8 +172,10 @@ __global__ void __launch_bounds__(kThreads, 3) decode_attention_tc_kernel(PagedA
 #pragma unroll
   for (int n = 0; n < 2 * kChunks; ++n) {
     const int col = n * 8 + (lane % 4) * 2;
-    *reinterpret_cast<float2*>(o_s + (warp * 16 + r_a) * Sm::kOutLd + col) = make_float2(o[n][0] * f_a, o[n][1] * f_a);
-    *reinterpret_cast<float2*>(o_s + (warp * 16 + r_b) * Sm::kOutLd + col) = make_float2(o[n][2] * f_b, o[n][3] * f_b);
+    *reinterpret_cast<float2*>(o_s + (warp * 16 + r_a) * Sm::kOutLd + col) =
+        make_float2(o[n][0] * f_a, o[n][1] * f_a);
+    *reinterpret_cast<float2*>(o_s + (warp * 16 + r_b) * Sm::kOutLd + col) =
+        make_float2(o[n][2] * f_b, o[n][3] * f_b);
   }
   __syncthreads();
   for (int e = threadIdx.x; e < group * HD; e += kThreads) {
@@ -179,7 +187,8 @@ __global__ void __launch_bounds__(kThreads, 3) decode_attention_tc_kernel(PagedA
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     const int head = kvh * group + r;
     if (it.partial < 0) {
-      p.out[(static_cast<size_t>(it.q_row) * p.num_heads + head) * HD + d] = __float2bfloat16_rn(acc * inv);
+      p.out[(static_cast<size_t>(it.q_row) * p.num_heads + head) * HD + d] =
+          __float2bfloat16_rn(acc * inv);
     } else {
       const size_t slot = static_cast<size_t>(it.partial) * p.num_heads + head;
       p.partial_out[slot * HD + d] = acc * inv;
@@ -194,13 +203,13 @@ __global__ void __launch_bounds__(kThreads, 3) decode_attention_tc_kernel(PagedA
 
 }  // namespace
 
-cudaError_t decode_attention_tc(const PagedAttentionParams& p, const AttentionWorkItem* items, int num_items,
-                                cudaStream_t stream) {
+cudaError_t decode_attention_tc(const PagedAttentionParams& p, const AttentionWorkItem* items,
+                                int num_items, cudaStream_t stream) {
   if (!aligned16(p.q)) return cudaErrorMisalignedAddress;
   return for_head_dim(p.head_dim, [&](auto hd) {
     constexpr int HD = decltype(hd)::value;
-    return launch_attention<decode_attention_tc_kernel<HD>>(p, items, num_items, kThreads, DecodeSmem<HD>::kBytes,
-                                                            stream);
+    return launch_attention<decode_attention_tc_kernel<HD>>(p, items, num_items, kThreads,
+                                                            DecodeSmem<HD>::kBytes, stream);
   });
 }
 

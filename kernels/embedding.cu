@@ -5,9 +5,9 @@
 namespace hr::kernels {
 namespace {
 
-__global__ void embedding_gather_kernel(const __nv_bfloat16* table, const int32_t* ids, const int32_t* fed_rows,
-                                        const int32_t* fed_tokens, int vocab, int dim, float* out,
-                                        int32_t* ids_out) {
+__global__ void embedding_gather_kernel(const __nv_bfloat16* table, const int32_t* ids,
+                                        const int32_t* fed_rows, const int32_t* fed_tokens,
+                                        int vocab, int dim, float* out, int32_t* ids_out) {
   internal::pdl_launch_dependents();
   internal::pdl_wait();
   const int t = blockIdx.x;
@@ -29,16 +29,18 @@ __global__ void embedding_gather_kernel(const __nv_bfloat16* table, const int32_
 
 }  // namespace
 
-cudaError_t embedding_gather(const __nv_bfloat16* table, const int32_t* ids, const int32_t* fed_rows,
-                             const int32_t* fed_tokens, int num_tokens, int vocab, int dim, float* out,
-                             int32_t* ids_out, cudaStream_t stream) {
-  if (num_tokens < 0 || vocab <= 0 || dim <= 0 || dim % 8 != 0 || !ids || (fed_rows && !fed_tokens)) {
+cudaError_t embedding_gather(const __nv_bfloat16* table, const int32_t* ids,
+                             const int32_t* fed_rows, const int32_t* fed_tokens, int num_tokens,
+                             int vocab, int dim, float* out, int32_t* ids_out,
+                             cudaStream_t stream) {
+  if (num_tokens < 0 || vocab <= 0 || dim <= 0 || dim % 8 != 0 || !ids ||
+      (fed_rows && !fed_tokens)) {
     return cudaErrorInvalidValue;
   }
   if (!internal::aligned16(table) || !internal::aligned16(out)) return cudaErrorMisalignedAddress;
   if (num_tokens == 0) return cudaSuccess;
-  return internal::launch(embedding_gather_kernel, dim3(num_tokens), dim3(128), 0, stream, table, ids, fed_rows, fed_tokens,
-                          vocab, dim, out, ids_out);
+  return internal::launch(embedding_gather_kernel, dim3(num_tokens), dim3(128), 0, stream, table,
+                          ids, fed_rows, fed_tokens, vocab, dim, out, ids_out);
 }
 
 }  // namespace hr::kernels

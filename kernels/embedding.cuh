@@ -16,8 +16,8 @@ namespace hr::kernels {
 // vocab) (a fed -1 from the sampler) reads row 0 instead of memory outside the table.
 // ids_out: [num_tokens] or null: each row's id(t) as given or fed (before that replacement), for
 // the sampler's penalties.
-cudaError_t embedding_gather(const __nv_bfloat16* table, const int32_t* ids, const int32_t* fed_rows,
-                             const int32_t* fed_tokens, int num_tokens, int vocab, int dim, float* out,
-                             int32_t* ids_out, cudaStream_t stream);
+cudaError_t embedding_gather(const __nv_bfloat16* table, const int32_t* ids,
+                             const int32_t* fed_rows, const int32_t* fed_tokens, int num_tokens,
+                             int vocab, int dim, float* out, int32_t* ids_out, cudaStream_t stream);
 
 }  // namespace hr::kernels

@@ -34,7 +34,8 @@ cudaError_t fill_uniform_bf16(__nv_bfloat16* out, size_t n, float scale, uint64_
                               cudaStream_t stream) {
   if (!out && n) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  return internal::launch(fill_uniform_bf16_kernel, dim3(1024), dim3(256), 0, stream, out, n, scale, seed);
+  return internal::launch(fill_uniform_bf16_kernel, dim3(1024), dim3(256), 0, stream, out, n, scale,
+                          seed);
 }
 
 cudaError_t fill_f32(float* out, size_t n, float value, cudaStream_t stream) {

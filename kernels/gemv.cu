@@ -21,11 +21,14 @@ constexpr int kPrefetch = 2;  // pieces per lane and weight row pulled into L2 b
 
 // Input row i's elements [8 v, 8 v + 8) as floats.
 template <GemvInput IN>
-__device__ __forceinline__ void load_input(const GemvParams& p, int i, int v, float scale, float* xf) {
+__device__ __forceinline__ void load_input(const GemvParams& p, int i, int v, float scale,
+                                           float* xf) {
   if constexpr (IN == GemvInput::kBf16) {
-    internal::bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(p.x + static_cast<size_t>(i) * p.k) + v), xf);
+    internal::bf16x8_to_float(
+        __ldg(reinterpret_cast<const uint4*>(p.x + static_cast<size_t>(i) * p.k) + v), xf);
   } else {
-    const float4* r = reinterpret_cast<const float4*>(p.resid + static_cast<size_t>(i) * p.k) + 2 * v;
+    const float4* r =
+        reinterpret_cast<const float4*>(p.resid + static_cast<size_t>(i) * p.k) + 2 * v;
     const float4* w = reinterpret_cast<const float4*>(p.norm_weight) + 2 * v;
     const float4 r0 = __ldg(r), r1 = __ldg(r + 1), w0 = __ldg(w), w1 = __ldg(w + 1);
     xf[0] = r0.x * scale * w0.x;
@@ -41,8 +44,9 @@ __device__ __forceinline__ void load_input(const GemvParams& p, int i, int v, fl
 
 // acc[r][i] += w_r[8 v, 8 v + 8) · input_i[8 v, 8 v + 8) for R weight rows and M input rows.
 template <int M, int R, GemvInput IN>
-__device__ __forceinline__ void accumulate(const GemvParams& p, const uint4* const* wrow, int num_vec, int lane,
-                                           const float* scale, float (*acc)[M]) {
+__device__ __forceinline__ void accumulate(const GemvParams& p, const uint4* const* wrow,
+                                           int num_vec, int lane, const float* scale,
+                                           float (*acc)[M]) {
   int v = lane;
   for (; v + 32 * (kUnroll - 1) < num_vec; v += 32 * kUnroll) {
     // The last full batch of loads: the next kernel may launch (and prefetch) behind them.
@@ -51,7 +55,8 @@ __device__ __forceinline__ void accumulate(const GemvParams& p, const uint4* con
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) wv[r][u] = __ldcs(wrow[r] + v + 32 * u);  // streamed: read once
+      for (int u = 0; u < kUnroll; ++u)
+        wv[r][u] = __ldcs(wrow[r] + v + 32 * u);  // streamed: read once
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -87,7 +92,8 @@ __device__ __forceinline__ void accumulate(const GemvParams& p, const uint4* con
 
 // This warp's share of p.prefetch: the warps of blocks from first_block on split each range in
 // 16-byte-aligned pieces, one per warp (one bulk prefetch on Hopper, else a line per lane).
-__device__ __forceinline__ void prefetch_share(const GemvParams& p, int first_block, int warp, int lane) {
+__device__ __forceinline__ void prefetch_share(const GemvParams& p, int first_block, int warp,
+                                               int lane) {
   if (static_cast<int>(blockIdx.x) < first_block) return;
   const size_t warps = static_cast<size_t>(gridDim.x - first_block) * kWarpsPerBlock;
   const size_t me = static_cast<size_t>(blockIdx.x - first_block) * kWarpsPerBlock + warp;
@@ -118,7 +124,8 @@ __host__ __device__ int num_warps(const GemvParams& p) {
 // (SwiGLU); the two rows of rotation pair `col` (RoPE: pair i of a head is rows i and i + hd / 2).
 template <GemvOut OUT>
 __device__ __forceinline__ size_t weight_row(const GemvParams& p, int col, int r) {
-  if constexpr (OUT == GemvOut::kSwiglu) return static_cast<size_t>(col) + static_cast<size_t>(r) * p.n;
+  if constexpr (OUT == GemvOut::kSwiglu)
+    return static_cast<size_t>(col) + static_cast<size_t>(r) * p.n;
   if constexpr (OUT == GemvOut::kRopeKv) {
     const int half = p.rope.head_dim / 2;
     return static_cast<size_t>(col / half) * p.rope.head_dim + col % half + r * half;
@@ -126,7 +133,8 @@ __device__ __forceinline__ size_t weight_row(const GemvParams& p, int col, int r
   return static_cast<size_t>(col);
 }
 
-// RoPE epilogue for input row i: a and b are rows (pair, pair + half) of head h of the q/k/v output.
+// RoPE epilogue for input row i: a and b are rows (pair, pair + half) of head h of the q/k/v
+// output.
 __device__ __forceinline__ void rope_store(const GemvParams& p, int i, int col, float a, float b) {
   const int hd = p.rope.head_dim, half = hd / 2;
   const int h = col / half, e = col % half;
@@ -148,15 +156,17 @@ __device__ __forceinline__ void rope_store(const GemvParams& p, int i, int col, 
     dst = p.rope.q_out + static_cast<size_t>(i) * q_size + r0;
   } else {
     const size_t slot = static_cast<size_t>(p.rope.slot_mapping[i]) * kv_size;
-    dst = h < p.rope.num_heads + p.rope.num_kv_heads ? p.rope.k_cache + slot + (r0 - q_size)
-                                                     : p.rope.v_cache + slot + (r0 - q_size - kv_size);
+    dst = h < p.rope.num_heads + p.rope.num_kv_heads
+              ? p.rope.k_cache + slot + (r0 - q_size)
+              : p.rope.v_cache + slot + (r0 - q_size - kv_size);
   }
   dst[0] = __float2bfloat16_rn(a);
   dst[half] = __float2bfloat16_rn(b);
 }
 
 template <int M, GemvInput IN, GemvOut OUT>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvParams p, int prefetch_first_block) {
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    gemv_kernel(GemvParams p, int prefetch_first_block) {
   constexpr int R = rows_per_warp<OUT>();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int col = blockIdx.x * kWarpsPerBlock + warp;
@@ -181,7 +191,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvParams p,
   float scale[M];
 #pragma unroll
   for (int i = 0; i < M; ++i) {
-    scale[i] = IN == GemvInput::kRmsNorm ? rsqrtf(p.resid_sumsq[i] / static_cast<float>(p.k) + p.eps) : 1.0f;
+    scale[i] = IN == GemvInput::kRmsNorm
+                   ? rsqrtf(p.resid_sumsq[i] / static_cast<float>(p.k) + p.eps)
+                   : 1.0f;
   }
   float acc[R][M];
 #pragma unroll
@@ -191,7 +203,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvParams p,
   }
   if (active) accumulate<M, R, IN>(p, wrow, num_vec, lane, scale, acc);
   internal::pdl_launch_dependents();  // (if no full batch did) only the epilogue is left
-  if (p.prefetch[0].bytes + p.prefetch[1].bytes > 0) prefetch_share(p, prefetch_first_block, warp, lane);
+  if (p.prefetch[0].bytes + p.prefetch[1].bytes > 0)
+    prefetch_share(p, prefetch_first_block, warp, lane);
   if constexpr (OUT == GemvOut::kResidual) {
     __shared__ float squares[M][kWarpsPerBlock];
 #pragma unroll
@@ -229,7 +242,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvParams p,
       if (lane == 0 && active) {
         const size_t at = static_cast<size_t>(i) * p.n + col;
         if (OUT == GemvOut::kSwiglu) {
-          reinterpret_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16_rn(s / (1.0f + __expf(-s)) * u);
+          reinterpret_cast<__nv_bfloat16*>(p.y)[at] =
+              __float2bfloat16_rn(s / (1.0f + __expf(-s)) * u);
         } else if (p.y_bf16) {
           reinterpret_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16_rn(s);
         } else {
@@ -254,7 +268,8 @@ cudaError_t last_wave_start(int blocks, int* first) {
     int sms = 0, per_sm = 0;
     cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (e == cudaSuccess) {
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<M, IN, OUT>, kWarpsPerBlock * 32, 0);
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<M, IN, OUT>,
+                                                        kWarpsPerBlock * 32, 0);
     }
     if (e != cudaSuccess) return e;
     n = std::max(1, sms * per_sm);
@@ -271,7 +286,8 @@ cudaError_t launch_gemv(const GemvParams& p, cudaStream_t stream) {
   if (p.prefetch[0].bytes + p.prefetch[1].bytes > 0) {
     if (cudaError_t e = last_wave_start<M, IN, OUT>(blocks, &first); e != cudaSuccess) return e;
   }
-  return internal::launch(gemv_kernel<M, IN, OUT>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream, p, first);
+  return internal::launch(gemv_kernel<M, IN, OUT>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0,
+                          stream, p, first);
 }
 
 template <int M, GemvInput IN>
@@ -291,8 +307,8 @@ cudaError_t launch_fused(const GemvParams& p, cudaStream_t stream) {
 bool valid_rope(const GemvParams& p) {
   const GemvRope& r = p.rope;
   return r.head_dim > 0 && r.head_dim % 2 == 0 && r.num_heads > 0 && r.num_kv_heads > 0 &&
-         p.n == (r.num_heads + 2 * r.num_kv_heads) * r.head_dim && r.k_cache && r.v_cache && r.positions &&
-         r.slot_mapping && r.inv_freq && !p.resid_out && !p.swiglu;
+         p.n == (r.num_heads + 2 * r.num_kv_heads) * r.head_dim && r.k_cache && r.v_cache &&
+         r.positions && r.slot_mapping && r.inv_freq && !p.resid_out && !p.swiglu;
 }
 
 template <int M, GemvInput IN>
@@ -320,16 +336,18 @@ cudaError_t prepare_plain(std::integer_sequence<int, M...>) {
 
 cudaError_t gemv_prepare() {
   static_assert(kGemvMaxFusedRows == 2);
-  for (cudaError_t e : {prepare_plain(std::make_integer_sequence<int, kGemvMaxRows>{}),
-                        prepare_outputs<1, GemvInput::kBf16>(), prepare_outputs<1, GemvInput::kRmsNorm>(),
-                        prepare_outputs<2, GemvInput::kBf16>(), prepare_outputs<2, GemvInput::kRmsNorm>()}) {
+  for (cudaError_t e :
+       {prepare_plain(std::make_integer_sequence<int, kGemvMaxRows>{}),
+        prepare_outputs<1, GemvInput::kBf16>(), prepare_outputs<1, GemvInput::kRmsNorm>(),
+        prepare_outputs<2, GemvInput::kBf16>(), prepare_outputs<2, GemvInput::kRmsNorm>()}) {
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
 
 cudaError_t gemv(const GemvParams& p, cudaStream_t stream) {
-  if (p.m < 1 || p.m > kGemvMaxRows || p.n < 1 || p.k < 8 || p.k % 8 != 0 || !p.w) return cudaErrorInvalidValue;
+  if (p.m < 1 || p.m > kGemvMaxRows || p.n < 1 || p.k < 8 || p.k % 8 != 0 || !p.w)
+    return cudaErrorInvalidValue;
   const bool rope = p.rope.q_out != nullptr;
   const bool fused = p.input != GemvInput::kBf16 || p.resid_out != nullptr || p.swiglu || rope;
   if (fused && p.m > kGemvMaxFusedRows) return cudaErrorInvalidValue;
@@ -337,28 +355,39 @@ cudaError_t gemv(const GemvParams& p, cudaStream_t stream) {
   if (p.input == GemvInput::kRmsNorm ? (!p.resid || !p.resid_sumsq || !p.norm_weight) : !p.x) {
     return cudaErrorInvalidValue;
   }
-  if (p.resid_out ? (!p.resid_in || !p.out_sumsq || p.resid_in == p.resid_out || p.swiglu) : (!p.y && !rope)) {
+  if (p.resid_out ? (!p.resid_in || !p.out_sumsq || p.resid_in == p.resid_out || p.swiglu)
+                  : (!p.y && !rope)) {
     return cudaErrorInvalidValue;
   }
   for (const GemvPrefetch& r : p.prefetch) {
-    if (r.bytes % 16 != 0 || (r.bytes > 0 && (!r.ptr || !internal::aligned16(r.ptr))) || r.bytes > 0xFFFFFFF0u) {
+    if (r.bytes % 16 != 0 || (r.bytes > 0 && (!r.ptr || !internal::aligned16(r.ptr))) ||
+        r.bytes > 0xFFFFFFF0u) {
       return cudaErrorInvalidValue;
     }
   }
-  if (!internal::aligned16(p.w) || (p.x && !internal::aligned16(p.x)) || (p.resid && !internal::aligned16(p.resid)) ||
+  if (!internal::aligned16(p.w) || (p.x && !internal::aligned16(p.x)) ||
+      (p.resid && !internal::aligned16(p.resid)) ||
       (p.norm_weight && !internal::aligned16(p.norm_weight))) {
     return cudaErrorMisalignedAddress;
   }
   if (fused) return p.m == 1 ? launch_fused<1>(p, stream) : launch_fused<2>(p, stream);
   switch (p.m) {
-    case 1: return launch_gemv<1, GemvInput::kBf16, GemvOut::kStore>(p, stream);
-    case 2: return launch_gemv<2, GemvInput::kBf16, GemvOut::kStore>(p, stream);
-    case 3: return launch_gemv<3, GemvInput::kBf16, GemvOut::kStore>(p, stream);
-    case 4: return launch_gemv<4, GemvInput::kBf16, GemvOut::kStore>(p, stream);
-    case 5: return launch_gemv<5, GemvInput::kBf16, GemvOut::kStore>(p, stream);
-    case 6: return launch_gemv<6, GemvInput::kBf16, GemvOut::kStore>(p, stream);
-    case 7: return launch_gemv<7, GemvInput::kBf16, GemvOut::kStore>(p, stream);
-    default: return launch_gemv<8, GemvInput::kBf16, GemvOut::kStore>(p, stream);
+    case 1:
+      return launch_gemv<1, GemvInput::kBf16, GemvOut::kStore>(p, stream);
+    case 2:
+      return launch_gemv<2, GemvInput::kBf16, GemvOut::kStore>(p, stream);
+    case 3:
+      return launch_gemv<3, GemvInput::kBf16, GemvOut::kStore>(p, stream);
+    case 4:
+      return launch_gemv<4, GemvInput::kBf16, GemvOut::kStore>(p, stream);
+    case 5:
+      return launch_gemv<5, GemvInput::kBf16, GemvOut::kStore>(p, stream);
+    case 6:
+      return launch_gemv<6, GemvInput::kBf16, GemvOut::kStore>(p, stream);
+    case 7:
+      return launch_gemv<7, GemvInput::kBf16, GemvOut::kStore>(p, stream);
+    default:
+      return launch_gemv<8, GemvInput::kBf16, GemvOut::kStore>(p, stream);
   }
 }
 

@@ -38,7 +38,8 @@ struct GemvPrefetch {
 
 enum class GemvInput {
   kBf16,     // x: [m, k] bf16
-  kRmsNorm,  // resid [m, k] fp32, resid_sumsq [m], norm_weight [k]: resid * rsqrt(sumsq / k + eps) * w
+  kRmsNorm,  // resid [m, k] fp32, resid_sumsq [m], norm_weight [k]: resid * rsqrt(sumsq / k + eps)
+             // * w
 };
 
 struct GemvParams {
@@ -53,7 +54,8 @@ struct GemvParams {
   // Output y [m, n] (fp32, or bf16 when y_bf16) ...
   void* y = nullptr;
   bool y_bf16 = false;
-  // ... with swiglu, w has 2n rows (gate rows, then up rows) and y[i, j] = bf16(silu(gate_j) * up_j) ...
+  // ... with swiglu, w has 2n rows (gate rows, then up rows) and y[i, j] = bf16(silu(gate_j) *
+  // up_j) ...
   bool swiglu = false;
   // ... or, when resid_out is set, the residual update resid_out = resid_in + x · w^T, with each
   // row's sum of squares added into out_sumsq [m] (zeroed by the caller). resid_out != resid_in.

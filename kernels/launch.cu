@@ -24,7 +24,8 @@ bool programmatic_launch_supported() {
   }
   cudaFuncAttributes a{};
   const bool yes = cudaFuncGetAttributes(&a, probe_kernel) == cudaSuccess && a.ptxVersion >= 90;
-  if (device >= 0 && device < kMaxDevices) known[device].store(yes ? 1 : 2, std::memory_order_relaxed);
+  if (device >= 0 && device < kMaxDevices)
+    known[device].store(yes ? 1 : 2, std::memory_order_relaxed);
   return yes;
 }
 

@@ -46,8 +46,10 @@ struct KvTileLoader {
       if (e < kVecs && pos < kv_end) {
         const int block = table[pos / p.block_size];
         const size_t off =
-            ((static_cast<size_t>(block) * p.block_size + pos % p.block_size) * p.num_kv_heads + kvh) *
-                HD + c;
+            ((static_cast<size_t>(block) * p.block_size + pos % p.block_size) * p.num_kv_heads +
+             kvh) *
+                HD +
+            c;
         k[i] = *reinterpret_cast<const uint4*>(p.k_cache + off);
         v[i] = *reinterpret_cast<const uint4*>(p.v_cache + off);
       } else {
@@ -75,8 +77,8 @@ struct KvTileLoader {
 };
 
 template <int HD, int RPW>
-__global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedAttentionParams p,
-                                                                   const AttentionWorkItem* items) {
+__global__ void __launch_bounds__(kThreads)
+    paged_attention_kernel(PagedAttentionParams p, const AttentionWorkItem* items) {
   internal::pdl_wait();
   using Smem = AttentionSmem<HD, RPW>;
   constexpr int kDpl = HD / 32;  // output dims per lane
@@ -99,7 +101,8 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedAttentio
   for (int e = threadIdx.x; e < rows * HD; e += kThreads) {
     const int r = e / HD, d = e % HD;
     const int tok = it.q_row + r / group, head = kvh * group + r % group;
-    q_s[e] = __bfloat162float(p.q[(static_cast<size_t>(tok) * p.num_heads + head) * HD + d]) * p.scale;
+    q_s[e] =
+        __bfloat162float(p.q[(static_cast<size_t>(tok) * p.num_heads + head) * HD + d]) * p.scale;
   }
 
   float m[RPW], l[RPW], acc[RPW][kDpl];
@@ -203,15 +206,16 @@ __global__ void paged_attention_combine_kernel(PagedAttentionParams p,
 
 cudaError_t paged_attention(const PagedAttentionParams& p, const AttentionWorkItem* items,
                             int num_items, AttentionKernel kernel, cudaStream_t stream) {
-  if (num_items < 0 || p.num_heads <= 0 || p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0 ||
-      p.block_size <= 0 || p.max_blocks_per_seq <= 0) {
+  if (num_items < 0 || p.num_heads <= 0 || p.num_kv_heads <= 0 ||
+      p.num_heads % p.num_kv_heads != 0 || p.block_size <= 0 || p.max_blocks_per_seq <= 0) {
     return cudaErrorInvalidValue;
   }
   if (!p.q || !p.k_cache || !p.v_cache || !p.block_table || !p.positions || !p.out || !items) {
     return cudaErrorInvalidValue;
   }
   if ((p.combine_counters != nullptr) != (p.combine_items != nullptr)) return cudaErrorInvalidValue;
-  if (!internal::aligned16(p.k_cache) || !internal::aligned16(p.v_cache)) return cudaErrorMisalignedAddress;
+  if (!internal::aligned16(p.k_cache) || !internal::aligned16(p.v_cache))
+    return cudaErrorMisalignedAddress;
   if (num_items == 0) return cudaSuccess;
   const int group = p.num_heads / p.num_kv_heads;
   switch (kernel) {
@@ -226,18 +230,19 @@ cudaError_t paged_attention(const PagedAttentionParams& p, const AttentionWorkIt
       constexpr int kRpw = kAttentionDecodeRows / kWarps;
       return internal::for_head_dim(p.head_dim, [&](auto hd) {
         constexpr int HD = decltype(hd)::value;
-        return internal::launch_attention<paged_attention_kernel<HD, kRpw>>(p, items, num_items, kThreads,
-                                                                             AttentionSmem<HD, kRpw>::kBytes, stream);
+        return internal::launch_attention<paged_attention_kernel<HD, kRpw>>(
+            p, items, num_items, kThreads, AttentionSmem<HD, kRpw>::kBytes, stream);
       });
     }
   }
   return cudaErrorInvalidValue;
 }
 
-cudaError_t paged_attention_combine(const PagedAttentionParams& p, const AttentionCombineItem* items,
-                                    int num_items, cudaStream_t stream) {
-  if (num_items < 0 || !p.partial_out || !p.partial_ml || !p.out || p.num_heads <= 0 || p.head_dim <= 0 ||
-      p.head_dim % 32 != 0 || p.head_dim > 32 * internal::kMaxMergeDims) {
+cudaError_t paged_attention_combine(const PagedAttentionParams& p,
+                                    const AttentionCombineItem* items, int num_items,
+                                    cudaStream_t stream) {
+  if (num_items < 0 || !p.partial_out || !p.partial_ml || !p.out || p.num_heads <= 0 ||
+      p.head_dim <= 0 || p.head_dim % 32 != 0 || p.head_dim > 32 * internal::kMaxMergeDims) {
     return cudaErrorInvalidValue;
   }
   if (num_items == 0) return cudaSuccess;

@@ -1,6 +1,6 @@
 // Paged attention over the flattened batch, flash-attention style: each work item is one query
-// tile of one sequence (a prefill chunk of up to 128 / group tokens, or one decoding token), run for
-// one KV head with all the query heads of its GQA group, streaming K/V tiles through the block
+// tile of one sequence (a prefill chunk of up to 128 / group tokens, or one decoding token), run
+// for one KV head with all the query heads of its GQA group, streaming K/V tiles through the block
 // table with an online softmax: prefill tiles on tensor cores; decodes on the CUDA-core decode
 // kernel, on the tensor-core decode kernel (a 16-row tile, the keys shared out among warps), or,
 // routed with the prefill items, on the prefill kernel. Causal: a query at position p sees
@@ -28,8 +28,9 @@ struct AttentionWorkItem {
 };
 
 struct AttentionCombineItem {
-  int32_t q_row;          // token row of the flattened batch
-  int32_t first_partial;  // its splits occupy partial slots [first_partial, first_partial + num_splits)
+  int32_t q_row;  // token row of the flattened batch
+  int32_t
+      first_partial;  // its splits occupy partial slots [first_partial, first_partial + num_splits)
   int32_t num_splits;
 };
 
@@ -75,7 +76,8 @@ cudaError_t paged_attention(const PagedAttentionParams& p, const AttentionWorkIt
 size_t paged_attention_smem_bytes(int head_dim);
 
 // Merges the splits of each combine item into out.
-cudaError_t paged_attention_combine(const PagedAttentionParams& p, const AttentionCombineItem* items,
-                                    int num_items, cudaStream_t stream);
+cudaError_t paged_attention_combine(const PagedAttentionParams& p,
+                                    const AttentionCombineItem* items, int num_items,
+                                    cudaStream_t stream);
 
 }  // namespace hr::kernels

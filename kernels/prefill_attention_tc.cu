@@ -23,13 +23,13 @@ template <int HD>
 struct TcSmem {
   static constexpr int kLd = HD + 8;  // bf16 row stride: 16-byte rows, conflict-free fragment loads
   static constexpr int kQ = kRows * kLd;
-  static constexpr int kKv = kKeys * kLd;  // one K or V tile
+  static constexpr int kKv = kKeys * kLd;                                   // one K or V tile
   static constexpr size_t kBytes = sizeof(__nv_bfloat16) * (kQ + 4 * kKv);  // Q, 2 x (K, V)
 };
 
 template <int HD>
-__global__ void __launch_bounds__(kThreads, 2) prefill_attention_tc_kernel(PagedAttentionParams p,
-                                                                        const AttentionWorkItem* items) {
+__global__ void __launch_bounds__(kThreads, 2)
+    prefill_attention_tc_kernel(PagedAttentionParams p, const AttentionWorkItem* items) {
   pdl_wait();
   using Sm = TcSmem<HD>;
   constexpr int kChunks = HD / 16;  // k-chunks of Q K^T, and pairs of 8-wide output tiles
@@ -55,7 +55,10 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_tc_kernel(Paged
     const int r = e / kVecPerRow, c = (e % kVecPerRow) * 8;
     const bool valid = r < rows;
     size_t off = 0;
-    if (valid) off = (static_cast<size_t>(it.q_row + r / group) * p.num_heads + kvh * group + r % group) * HD + c;
+    if (valid)
+      off =
+          (static_cast<size_t>(it.q_row + r / group) * p.num_heads + kvh * group + r % group) * HD +
+          c;
     cp_async16(q_s + r * Sm::kLd + c, p.q + off, valid);
   }
   load_kv_tile<HD, kThreads>(p, table, kvh, it.kv_begin, it.kv_end, kv_s, kv_s + Sm::kKv);
@@ -92,16 +95,19 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_tc_kernel(Paged
 #pragma unroll
       for (int kc = 0; kc < kChunks; ++kc) {
         uint32_t a[4];
-        ldmatrix_x4(a, q_s + (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * Sm::kLd + kc * 16 + (lane / 16) * 8);
+        ldmatrix_x4(a, q_s + (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * Sm::kLd + kc * 16 +
+                           (lane / 16) * 8);
 #pragma unroll
         for (int n = 0; n < kKeys / 8; ++n) {
           const __nv_bfloat16* kp = k_s + (n * 8 + lane / 4) * Sm::kLd + kc * 16 + (lane % 4) * 2;
-          mma16816(s[n], a, *reinterpret_cast<const uint32_t*>(kp), *reinterpret_cast<const uint32_t*>(kp + 8));
+          mma16816(s[n], a, *reinterpret_cast<const uint32_t*>(kp),
+                   *reinterpret_cast<const uint32_t*>(kp + 8));
         }
       }
       // Mask, scale, and the online softmax over this tile.
       float alpha_a, alpha_b;
-      online_softmax_tile<kKeys / 8>(s, t0, it.kv_end, qpos_a, qpos_b, p.scale, m_a, m_b, l_a, l_b, alpha_a, alpha_b);
+      online_softmax_tile<kKeys / 8>(s, t0, it.kv_end, qpos_a, qpos_b, p.scale, m_a, m_b, l_a, l_b,
+                                     alpha_a, alpha_b);
 #pragma unroll
       for (int n = 0; n < 2 * kChunks; ++n) {
         o[n][0] *= alpha_a;
@@ -112,13 +118,15 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_tc_kernel(Paged
       // O += P V, 16 keys at a time; V fragments through ldmatrix.trans, two 8-wide tiles per load.
 #pragma unroll
       for (int kc = 0; kc < kKeys / 16; ++kc) {
-        uint32_t a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+        uint32_t a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]),
+                         pack_bf16(s[2 * kc][2], s[2 * kc][3]),
                          pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
                          pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
 #pragma unroll
         for (int nc = 0; nc < kChunks; ++nc) {
           uint32_t b[4];
-          ldmatrix_x4_trans(b, v_s + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * Sm::kLd + nc * 16 + (lane / 16) * 8);
+          ldmatrix_x4_trans(b, v_s + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * Sm::kLd +
+                                   nc * 16 + (lane / 16) * 8);
           mma16816(o[2 * nc], a, b[0], b[1]);
           mma16816(o[2 * nc + 1], a, b[2], b[3]);
         }
@@ -126,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_tc_kernel(Paged
     }
     __syncthreads();  // the next iteration's loads overwrite this stage
   }
-  cp_async_wait<0>();  // (the last tile already waited for every copy)
+  cp_async_wait<0>();       // (the last tile already waited for every copy)
   pdl_launch_dependents();  // only the epilogue is left
 
   // Each lane writes columns (lane % 4) * 2 + {0, 1} of every 8-wide tile, for rows r_a and r_b.
@@ -138,7 +146,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_tc_kernel(Paged
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const int tok = it.q_row + r / group, head = kvh * group + r % group;
     if (it.partial < 0) {
-      __nv_bfloat16* out = p.out + (static_cast<size_t>(tok) * p.num_heads + head) * HD + (lane % 4) * 2;
+      __nv_bfloat16* out =
+          p.out + (static_cast<size_t>(tok) * p.num_heads + head) * HD + (lane % 4) * 2;
 #pragma unroll
       for (int n = 0; n < 2 * kChunks; ++n) {
         *reinterpret_cast<__nv_bfloat162*>(out + n * 8) =
@@ -168,8 +177,8 @@ cudaError_t prefill_attention_tc(const PagedAttentionParams& p, const AttentionW
   if (!aligned16(p.q)) return cudaErrorMisalignedAddress;
   return for_head_dim(p.head_dim, [&](auto hd) {
     constexpr int HD = decltype(hd)::value;
-    return launch_attention<prefill_attention_tc_kernel<HD>>(p, items, num_items, kThreads, TcSmem<HD>::kBytes,
-                                                             stream);
+    return launch_attention<prefill_attention_tc_kernel<HD>>(p, items, num_items, kThreads,
+                                                             TcSmem<HD>::kBytes, stream);
   });
 }
 

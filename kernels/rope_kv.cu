@@ -52,7 +52,8 @@ cudaError_t rope_write_kv(const RopeKvParams& p, cudaStream_t stream) {
       p.head_dim % 2 != 0 || p.num_heads % p.num_kv_heads != 0) {
     return cudaErrorInvalidValue;
   }
-  if (!p.qkv || !p.positions || !p.slot_mapping || !p.inv_freq || !p.q_out || !p.k_cache || !p.v_cache) {
+  if (!p.qkv || !p.positions || !p.slot_mapping || !p.inv_freq || !p.q_out || !p.k_cache ||
+      !p.v_cache) {
     return cudaErrorInvalidValue;
   }
   if (p.num_tokens == 0) return cudaSuccess;

@@ -12,14 +12,14 @@
 namespace hr::kernels {
 
 struct RopeKvParams {
-  const float* qkv = nullptr;           // [num_tokens, (num_heads + 2 num_kv_heads) head_dim]
-  const float* bias = nullptr;          // [(num_heads + 2 num_kv_heads) head_dim] or null
-  const int32_t* positions = nullptr;   // [num_tokens]
+  const float* qkv = nullptr;             // [num_tokens, (num_heads + 2 num_kv_heads) head_dim]
+  const float* bias = nullptr;            // [(num_heads + 2 num_kv_heads) head_dim] or null
+  const int32_t* positions = nullptr;     // [num_tokens]
   const int32_t* slot_mapping = nullptr;  // [num_tokens]
-  const float* inv_freq = nullptr;      // [head_dim / 2]
-  __nv_bfloat16* q_out = nullptr;       // [num_tokens, num_heads, head_dim]
-  __nv_bfloat16* k_cache = nullptr;     // [num_slots, num_kv_heads, head_dim]
-  __nv_bfloat16* v_cache = nullptr;     // [num_slots, num_kv_heads, head_dim]
+  const float* inv_freq = nullptr;        // [head_dim / 2]
+  __nv_bfloat16* q_out = nullptr;         // [num_tokens, num_heads, head_dim]
+  __nv_bfloat16* k_cache = nullptr;       // [num_slots, num_kv_heads, head_dim]
+  __nv_bfloat16* v_cache = nullptr;       // [num_slots, num_kv_heads, head_dim]
   int num_tokens = 0;
   int num_heads = 0;
   int num_kv_heads = 0;

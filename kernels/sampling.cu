@@ -44,19 +44,24 @@ __device__ ArgMax block_argmax(ArgMax a, ArgMax* scratch) {
 // engine::penalized_logit: one fused multiply-add, as on the host.
 __device__ __forceinline__ float penalized(float logit, int count, const SampleParams& sp) {
   if (sp.repetition_penalty != 1.0f) {
-    logit = logit > 0.0f ? __fdiv_rn(logit, sp.repetition_penalty) : __fmul_rn(logit, sp.repetition_penalty);
+    logit = logit > 0.0f ? __fdiv_rn(logit, sp.repetition_penalty)
+                         : __fmul_rn(logit, sp.repetition_penalty);
   }
-  if (count > 0) logit = __fsub_rn(logit, __fmaf_rn(sp.frequency_penalty, static_cast<float>(count), sp.presence_penalty));
+  if (count > 0)
+    logit = __fsub_rn(
+        logit, __fmaf_rn(sp.frequency_penalty, static_cast<float>(count), sp.presence_penalty));
   return logit;
 }
 
 bool __device__ __forceinline__ has_penalties(const SampleParams& sp) {
-  return sp.frequency_penalty != 0.0f || sp.presence_penalty != 0.0f || sp.repetition_penalty != 1.0f;
+  return sp.frequency_penalty != 0.0f || sp.presence_penalty != 0.0f ||
+         sp.repetition_penalty != 1.0f;
 }
 
 // Each listed token's logit once (the ids are distinct); the input token, when it counts and is
 // not listed, after them.
-__device__ void apply_penalties(float* x, int vocab, const SampleParams& sp, const int32_t* input_ids) {
+__device__ void apply_penalties(float* x, int vocab, const SampleParams& sp,
+                                const int32_t* input_ids) {
   __shared__ int listed;
   int32_t extra = sp.input_row >= 0 && input_ids ? input_ids[sp.input_row] : -1;
   if (extra >= vocab) extra = -1;
@@ -107,7 +112,8 @@ __device__ internal::Probe block_probe(internal::Probe p, Scratch& s) {
 // weight exp((x - mx) * inv_t), as the draw weighs them), the least of them and the greatest
 // logit below. NaN counts nowhere.
 template <bool kMass>
-__device__ internal::Probe probe_row(const float* x, int vocab, float t, float mx, float inv_t, Scratch& s) {
+__device__ internal::Probe probe_row(const float* x, int vocab, float t, float mx, float inv_t,
+                                     Scratch& s) {
   internal::Probe p{0.0f, INFINITY, -INFINITY};
   for (int i = threadIdx.x; i < vocab; i += kThreads) {
     const float v = x[i];
@@ -129,20 +135,24 @@ __device__ float block_inclusive_scan(float v, float* totals) {
   __syncthreads();
   if (lane == 31) totals[warp] = v;
   __syncthreads();
-  if (warp == 0) totals[lane] = internal::warp_inclusive_scan(lane < kThreads / 32 ? totals[lane] : 0.0f);
+  if (warp == 0)
+    totals[lane] = internal::warp_inclusive_scan(lane < kThreads / 32 ? totals[lane] : 0.0f);
   __syncthreads();
   return warp > 0 ? v + totals[warp - 1] : v;
 }
 
 // Ranks before: value descending, id ascending.
-__device__ __forceinline__ bool ranks_before(ArgMax a, ArgMax b) { return a.v > b.v || (a.v == b.v && a.i < b.i); }
+__device__ __forceinline__ bool ranks_before(ArgMax a, ArgMax b) {
+  return a.v > b.v || (a.v == b.v && a.i < b.i);
+}
 
 // The row's chosen token (known to thread 0) and, when asked, log probabilities: the sampled
 // token's, then the top k (value descending, id ascending; NaN never). `fin` holds the number of
 // finite logits and the least of them, reduced over the block whenever alternatives are asked.
 // Every thread of the block calls it.
-__device__ void emit(const float* x, int vocab, float mx, internal::Probe fin, const SampleParams& sp, int32_t token,
-                     int row, int32_t* tokens, TokenLogprobs* logprobs, Scratch& scratch) {
+__device__ void emit(const float* x, int vocab, float mx, internal::Probe fin,
+                     const SampleParams& sp, int32_t token, int row, int32_t* tokens,
+                     TokenLogprobs* logprobs, Scratch& scratch) {
   __shared__ int num_candidates;
   __shared__ ArgMax candidates[kMaxCandidates];
   if (sp.logprobs >= 0 && logprobs) {
@@ -156,16 +166,17 @@ __device__ void emit(const float* x, int vocab, float mx, internal::Probe fin, c
     s = internal::block_sum(s, scratch.sum);
     const float lse = inf_max ? logf(s) : mx + logf(s);
     auto logprob = [&](float v) { return inf_max ? (v == mx ? -lse : -INFINITY) : v - lse; };
-    if (threadIdx.x == 0) out->logprob = token >= 0 && token < vocab ? logprob(x[token]) : -INFINITY;
+    if (threadIdx.x == 0)
+      out->logprob = token >= 0 && token < vocab ? logprob(x[token]) : -INFINITY;
     const int k = min(static_cast<int>(sp.logprobs), kMaxTopLogprobs);
     int found = 0;
     bool ranked = false;
     if (k > 0 && !inf_max && fin.weight >= static_cast<float>(k)) {
       // The k-th largest logit, then every token at or above it gathered and ranked in shared
       // memory: a few passes instead of one per alternative.
-      const float t = internal::highest_threshold(fin.least_at_or_above, mx, static_cast<float>(k), [&](float v) {
-        return probe_row<false>(x, vocab, v, mx, 1.0f, scratch);
-      });
+      const float t = internal::highest_threshold(
+          fin.least_at_or_above, mx, static_cast<float>(k),
+          [&](float v) { return probe_row<false>(x, vocab, v, mx, 1.0f, scratch); });
       if (threadIdx.x == 0) num_candidates = 0;
       __syncthreads();
       for (int i = threadIdx.x; i < vocab; i += kThreads) {
@@ -214,9 +225,9 @@ __device__ void emit(const float* x, int vocab, float mx, internal::Probe fin, c
   if (threadIdx.x == 0) tokens[row] = token;
 }
 
-__global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int vocab, const SampleParams* params,
-                                                          const int32_t* input_ids, int32_t* tokens,
-                                                          TokenLogprobs* logprobs) {
+__global__ void __launch_bounds__(kThreads)
+    sample_kernel(float* logits, int vocab, const SampleParams* params, const int32_t* input_ids,
+                  int32_t* tokens, TokenLogprobs* logprobs) {
   internal::pdl_launch_dependents();
   internal::pdl_wait();
   __shared__ Scratch scratch;
@@ -260,8 +271,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int voc
   // nothing to weigh (all tokens banned): the lowest id, as greedy. A NaN temperature, or one so
   // small that its inverse overflows (the maximum alone has weight then): greedy.
   const float inv_t = 1.0f / sp.temperature;
-  const bool draw = sp.temperature > 0.0f && isfinite(sp.temperature) && isfinite(inv_t) && sp.top_k != 1 &&
-                    isfinite(best.v);
+  const bool draw = sp.temperature > 0.0f && isfinite(sp.temperature) && isfinite(inv_t) &&
+                    sp.top_k != 1 && isfinite(best.v);
   if (draw || (sp.logprobs > 0 && logprobs)) fin = block_probe(fin, scratch);
   if (!draw) {
     emit(x, vocab, best.v, fin, sp, best.i, row, tokens, logprobs, scratch);
@@ -284,7 +295,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int voc
   // sums finds the first chunk with weight whose end reaches the draw, and warp 0 walks that
   // chunk 32 tokens at a time.
   const int chunk = (vocab + kThreads - 1) / kThreads;
-  const int begin = min(vocab, static_cast<int>(threadIdx.x) * chunk), end = min(vocab, begin + chunk);
+  const int begin = min(vocab, static_cast<int>(threadIdx.x) * chunk),
+            end = min(vocab, begin + chunk);
   float s = 0.0f;
   for (int i = begin; i < end; ++i) {
     if (x[i] >= tau) s += __expf((x[i] - mx) * inv_t);
@@ -338,8 +350,8 @@ cudaError_t sample_tokens(float* logits, int num_rows, int vocab, const SamplePa
                           cudaStream_t stream) {
   if (num_rows < 0 || vocab <= 0 || !logits || !params || !tokens) return cudaErrorInvalidValue;
   if (num_rows == 0) return cudaSuccess;
-  return internal::launch(sample_kernel, dim3(num_rows), dim3(kThreads), 0, stream, logits, vocab, params,
-                          input_ids, tokens, logprobs);
+  return internal::launch(sample_kernel, dim3(num_rows), dim3(kThreads), 0, stream, logits, vocab,
+                          params, input_ids, tokens, logprobs);
 }
 
 }  // namespace hr::kernels

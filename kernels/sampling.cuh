@@ -2,11 +2,11 @@
 // host. A row's penalties for tokens already seen, then its logit biases, are applied to its
 // logits first, in place (the expression of engine::penalized_logit). Then greedy (temperature
 // <= 0, NaN, infinite or too small to invert in a float, or top_k == 1; ties go to the lowest id),
-// or temperature with top-k and top-p. The kept set is everything at or above a threshold found by a search over the
-// row's own values (internal/threshold_search.h; top-k: the k highest logits; top-p: the smallest
-// highest-probability set whose mass reaches top_p; ties at the threshold are all kept), and the
-// draw walks the kept tokens in id order with a uniform number derived from the row's 64-bit
-// `random` (same inputs, same token).
+// or temperature with top-k and top-p. The kept set is everything at or above a threshold found by
+// a search over the row's own values (internal/threshold_search.h; top-k: the k highest logits;
+// top-p: the smallest highest-probability set whose mass reaches top_p; ties at the threshold are
+// all kept), and the draw walks the kept tokens in id order with a uniform number derived from the
+// row's 64-bit `random` (same inputs, same token).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -27,9 +27,10 @@ Result<std::unique_ptr<Dispatcher>> Dispatcher::create(const std::string& databa
   // nothing.
   auto policy = redis->command({"CONFIG", "GET", "maxmemory-policy"});
   if (policy.is_ok() && policy->elements.size() == 2 && policy->elements[1].str != "noeviction") {
-    log::warn("dispatcher.redis_may_evict",
-              {{"maxmemory_policy", policy->elements[1].str},
-               {"advice", "set maxmemory-policy noeviction: an evicted stream is sent again whole"}});
+    log::warn(
+        "dispatcher.redis_may_evict",
+        {{"maxmemory_policy", policy->elements[1].str},
+         {"advice", "set maxmemory-policy noeviction: an evicted stream is sent again whole"}});
   }
   return std::unique_ptr<Dispatcher>(
       new Dispatcher(database_url, std::move(redis), std::move(options)));
@@ -37,7 +38,9 @@ Result<std::unique_ptr<Dispatcher>> Dispatcher::create(const std::string& databa
 
 Dispatcher::Dispatcher(std::string database_url, std::unique_ptr<RedisClient> redis,
                        DispatcherOptions options)
-    : database_url_(database_url), pg_(std::move(database_url)), redis_(std::move(redis)),
+    : database_url_(database_url),
+      pg_(std::move(database_url)),
+      redis_(std::move(redis)),
       options_(std::move(options)) {}
 
 namespace {
@@ -46,8 +49,8 @@ namespace {
 // Two batches whose ids hash alike merely take turns.
 constexpr int kRelayLockSpace = 0x4852;  // "HR"
 
-// Holds the advisory lock of one batch's relay on the connection `pg` for as long as it lives (if it
-// got it); unlocked on every way out, and if the connection broke, the lock went with it.
+// Holds the advisory lock of one batch's relay on the connection `pg` for as long as it lives (if
+// it got it); unlocked on every way out, and if the connection broke, the lock went with it.
 class RelayLock {
  public:
   // wait: block until the lock is free; else try once.
@@ -57,8 +60,9 @@ class RelayLock {
       tx.exec_params("SELECT pg_advisory_lock($1, hashtext($2))", kRelayLockSpace, id_);
       held_ = true;
     } else {
-      held_ = tx.exec_params1("SELECT pg_try_advisory_lock($1, hashtext($2))", kRelayLockSpace, id_)[0]
-                  .as<bool>();
+      held_ =
+          tx.exec_params1("SELECT pg_try_advisory_lock($1, hashtext($2))", kRelayLockSpace, id_)[0]
+              .as<bool>();
     }
   }
   ~RelayLock() {
@@ -115,7 +119,9 @@ Result<bool> Dispatcher::ensure_stream(const std::string& model) {
       RelayLock lock(pg, id, /*wait=*/true);
       pqxx::nontransaction tx(pg);
       rewound += static_cast<int>(
-          tx.exec_params("UPDATE batches SET num_dispatched = 0 WHERE id = $1::uuid AND num_dispatched > 0", id)
+          tx.exec_params(
+                "UPDATE batches SET num_dispatched = 0 WHERE id = $1::uuid AND num_dispatched > 0",
+                id)
               .affected_rows());
     }
     return Status::ok();
@@ -152,7 +158,8 @@ Result<int> Dispatcher::relay_once() {
   std::set<std::string> models;
   Status st = pg_.run("relay", [&](pqxx::connection& pg) -> Status {
     pqxx::nontransaction tx(pg);
-    for (const auto& row : tx.exec(std::string("SELECT DISTINCT model FROM batches WHERE ") + kDue)) {
+    for (const auto& row :
+         tx.exec(std::string("SELECT DISTINCT model FROM batches WHERE ") + kDue)) {
       models.insert(row[0].as<std::string>());
     }
     return Status::ok();
@@ -176,10 +183,11 @@ Result<int> Dispatcher::relay_once() {
         page.clear();
         next = 0;
         pqxx::nontransaction tx(pg);
-        for (const auto& b : tx.exec_params(std::string("SELECT id::text, model FROM batches WHERE ") +
-                                                kDue + " AND ($1::uuid IS NULL OR id > $1::uuid) "
-                                                       "ORDER BY id LIMIT 32",
-                                            after)) {
+        for (const auto& b :
+             tx.exec_params(std::string("SELECT id::text, model FROM batches WHERE ") + kDue +
+                                " AND ($1::uuid IS NULL OR id > $1::uuid) "
+                                "ORDER BY id LIMIT 32",
+                            after)) {
           page.push_back({b[0].as<std::string>(), b[1].as<std::string>()});
         }
         if (page.empty()) break;
@@ -196,7 +204,8 @@ Result<int> Dispatcher::relay_once() {
         pqxx::read_transaction tx(pg);
         observed = observed_redis(tx, false);
         pqxx::result b = tx.exec_params(
-            std::string("SELECT num_dispatched, num_total FROM batches WHERE id = $1::uuid AND ") + kDue,
+            std::string("SELECT num_dispatched, num_total FROM batches WHERE id = $1::uuid AND ") +
+                kDue,
             d.id);
         if (b.empty()) continue;  // relayed meanwhile, or ended
         ++taken;
@@ -211,17 +220,18 @@ Result<int> Dispatcher::relay_once() {
       }
       // The cursor stays on failure; pushed again next time.
       HR_RETURN_IF_ERROR(enqueue(*redis_, d.model, refs));
-      const int cursor = static_cast<int>(refs.size()) < options_.relay_chunk ? total
-                                                                               : refs.back().idx + 1;
+      const int cursor =
+          static_cast<int>(refs.size()) < options_.relay_chunk ? total : refs.back().idx + 1;
       pqxx::work tx(pg);
       if (observed_redis(tx, true) != observed) {
         log::warn("dispatcher.relay_raced_resync", {{"batch", d.id}});
         continue;  // the resync rewound the cursor: leave it there
       }
-      const auto moved =
-          tx.exec_params("UPDATE batches SET num_dispatched = $2 WHERE id = $1::uuid AND num_dispatched = $3",
-                         d.id, cursor, from)
-              .affected_rows();
+      const auto moved = tx.exec_params(
+                               "UPDATE batches SET num_dispatched = $2 WHERE id = $1::uuid AND "
+                               "num_dispatched = $3",
+                               d.id, cursor, from)
+                             .affected_rows();
       tx.commit();
       if (moved == 1) relayed += static_cast<int>(refs.size());
     }
@@ -276,7 +286,8 @@ Result<std::pair<int, int>> Dispatcher::requeue_expired_leases() {
   });
   if (!st.is_ok()) return st;
   // Committed as queued with push_pending: if a push fails here, push_requeued() retries it.
-  for (const auto& [model, requeued] : requeue) HR_RETURN_IF_ERROR(queue::push_requeued(*redis_, pg_, model, requeued));
+  for (const auto& [model, requeued] : requeue)
+    HR_RETURN_IF_ERROR(queue::push_requeued(*redis_, pg_, model, requeued));
   if (num_requeued + num_failed > 0) {
     log::info("janitor.leases_expired", {{"requeued", num_requeued}, {"failed", num_failed}});
   }
@@ -288,10 +299,10 @@ Result<int> Dispatcher::push_requeued() {
   int n = 0;
   Status st = pg_.run("push pending", [&](pqxx::connection& pg) -> Status {
     pqxx::nontransaction tx(pg);
-    for (const auto& row : tx.exec(
-             "SELECT r.batch_id::text, r.idx, r.attempt, b.model FROM requests r "
-             "JOIN batches b ON b.id = r.batch_id WHERE r.push_pending AND r.status = 'queued' "
-             "LIMIT 1000")) {
+    for (const auto& row :
+         tx.exec("SELECT r.batch_id::text, r.idx, r.attempt, b.model FROM requests r "
+                 "JOIN batches b ON b.id = r.batch_id WHERE r.push_pending AND r.status = 'queued' "
+                 "LIMIT 1000")) {
       pending[row[3].as<std::string>()].push_back(
           {row[0].as<std::string>(), row[1].as<int>(), row[2].as<int>()});
       ++n;
@@ -299,7 +310,8 @@ Result<int> Dispatcher::push_requeued() {
     return Status::ok();
   });
   if (!st.is_ok()) return st;
-  for (const auto& [model, requeued] : pending) HR_RETURN_IF_ERROR(queue::push_requeued(*redis_, pg_, model, requeued));
+  for (const auto& [model, requeued] : pending)
+    HR_RETURN_IF_ERROR(queue::push_requeued(*redis_, pg_, model, requeued));
   if (n > 0) log::info("janitor.requeued_pushed", {{"requests", n}});
   return n;
 }
@@ -311,14 +323,16 @@ Result<int> Dispatcher::cancel_requeued() {
     pqxx::work tx(pg);
     pqxx::result r = tx.exec(
         "WITH c AS (SELECT r.batch_id, r.idx FROM requests r JOIN batches b ON b.id = r.batch_id "
-        "  WHERE b.cancel_requested_at IS NOT NULL AND b.finished_at IS NULL AND r.status = 'queued' "
+        "  WHERE b.cancel_requested_at IS NOT NULL AND b.finished_at IS NULL AND r.status = "
+        "'queued' "
         "  ORDER BY r.batch_id, r.idx LIMIT 1000 FOR UPDATE OF r SKIP LOCKED) "
         "UPDATE requests r SET status = 'cancelled', finished_at = now(), push_pending = false "
         "FROM c WHERE r.batch_id = c.batch_id AND r.idx = c.idx RETURNING r.batch_id::text");
     std::map<std::string, int> per_batch;
     for (const auto& row : r) ++per_batch[row[0].as<std::string>()];
     for (const auto& [batch, n] : per_batch) {
-      tx.exec_params("UPDATE batches SET num_cancelled = num_cancelled + $2 WHERE id = $1::uuid", batch, n);
+      tx.exec_params("UPDATE batches SET num_cancelled = num_cancelled + $2 WHERE id = $1::uuid",
+                     batch, n);
       finish_batch_if_done(tx, batch);
       cancelled += n;
     }
@@ -344,14 +358,15 @@ Result<int> Dispatcher::expire_deadlines() {
     for (const std::string& id : due) {
       pqxx::work tx(pg);
       pqxx::result r = tx.exec_params(
-          "UPDATE requests SET status = 'expired', finished_at = now(), push_pending = false, error = "
+          "UPDATE requests SET status = 'expired', finished_at = now(), push_pending = false, "
+          "error = "
           "'{\"code\":\"batch_expired\",\"message\":\"the batch deadline passed before this "
           "request ran\"}' WHERE batch_id = $1::uuid AND status = 'queued'",
           id);
       int n = static_cast<int>(r.affected_rows());
       if (n > 0) {
-        tx.exec_params("UPDATE batches SET num_expired = num_expired + $2 WHERE id = $1::uuid",
-                       id, n);
+        tx.exec_params("UPDATE batches SET num_expired = num_expired + $2 WHERE id = $1::uuid", id,
+                       n);
       }
       finish_batch_if_done(tx, id);
       tx.commit();
@@ -381,8 +396,8 @@ std::string info_field(const std::string& info, const std::string& field) {
 // stream is noticed by ensure_stream.)
 Result<bool> Dispatcher::resync_if_redis_lost() {
   HR_ASSIGN_OR_RETURN(RedisReply server, redis_->command({"INFO", "server"}));
-  HR_ASSIGN_OR_RETURN(RedisReply set, redis_->command({"SET", "hr:epoch",
-                                                       new_uuid_v4().to_string(), "NX"}));
+  HR_ASSIGN_OR_RETURN(RedisReply set,
+                      redis_->command({"SET", "hr:epoch", new_uuid_v4().to_string(), "NX"}));
   (void)set;
   HR_ASSIGN_OR_RETURN(RedisReply epoch, redis_->command({"GET", "hr:epoch"}));
   std::string observed = info_field(server.str, "run_id") + "/" + epoch.str;
@@ -390,8 +405,7 @@ Result<bool> Dispatcher::resync_if_redis_lost() {
   int rewound = 0;
   Status st = pg_.run("resync", [&](pqxx::connection& pg) -> Status {
     pqxx::work tx(pg);
-    pqxx::result r = tx.exec(
-        "SELECT value FROM redis_state WHERE key = 'observed' FOR UPDATE");
+    pqxx::result r = tx.exec("SELECT value FROM redis_state WHERE key = 'observed' FOR UPDATE");
     if (!r.empty() && r[0][0].as<std::string>() == observed) return Status::ok();
     tx.exec_params(
         "INSERT INTO redis_state (key, value) VALUES ('observed', $1) "
@@ -416,7 +430,8 @@ Result<int> Dispatcher::reclaim_idle_entries() {
   std::vector<std::string> models;
   Status st = pg_.run("models", [&](pqxx::connection& pg) -> Status {
     pqxx::nontransaction tx(pg);
-    for (const auto& row : tx.exec("SELECT DISTINCT model FROM batches WHERE finished_at IS NULL")) {
+    for (const auto& row :
+         tx.exec("SELECT DISTINCT model FROM batches WHERE finished_at IS NULL")) {
       models.push_back(row[0].as<std::string>());
     }
     return Status::ok();
@@ -425,10 +440,10 @@ Result<int> Dispatcher::reclaim_idle_entries() {
   int reclaimed = 0;
   for (const std::string& model : models) {
     if (!stream_ready(model)) continue;
-    HR_ASSIGN_OR_RETURN(RedisReply r,
-                        redis_->command({"XAUTOCLAIM", stream_key(model), kConsumerGroup,
-                                         options_.name, std::to_string(options_.reclaim_idle_ms),
-                                         "0", "COUNT", "1000"}));
+    HR_ASSIGN_OR_RETURN(
+        RedisReply r,
+        redis_->command({"XAUTOCLAIM", stream_key(model), kConsumerGroup, options_.name,
+                         std::to_string(options_.reclaim_idle_ms), "0", "COUNT", "1000"}));
     if (r.is_error() || r.elements.size() < 2 || r.elements[1].elements.empty()) continue;
     std::vector<std::string> ids;
     nlohmann::json keys = nlohmann::json::array();

@@ -29,11 +29,11 @@
 namespace hr::queue {
 
 struct DispatcherOptions {
-  std::string name = "dispatcher";  // consumer name used when reclaiming entries
-  int relay_chunk = 5000;           // requests pushed per batch per pass
+  std::string name = "dispatcher";         // consumer name used when reclaiming entries
+  int relay_chunk = 5000;                  // requests pushed per batch per pass
   int max_attempts = kDefaultMaxAttempts;  // failed attempts before a request ends failed
-  int reclaim_idle_ms = 60000;      // pending entries idle this long are reclaimed
-  int tick_ms = 500;                // janitor period in run()
+  int reclaim_idle_ms = 60000;             // pending entries idle this long are reclaimed
+  int tick_ms = 500;                       // janitor period in run()
 };
 
 struct TickReport {

@@ -15,7 +15,8 @@ namespace {
 
 nlohmann::json lease_keys(const std::vector<Lease>& leases) {
   nlohmann::json arr = nlohmann::json::array();
-  for (const Lease& l : leases) arr.push_back({{"b", l.ref.batch_id}, {"i", l.ref.idx}, {"a", l.attempt}});
+  for (const Lease& l : leases)
+    arr.push_back({{"b", l.ref.batch_id}, {"i", l.ref.idx}, {"a", l.attempt}});
   return arr;
 }
 
@@ -51,8 +52,8 @@ Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
   std::vector<Lease> out;
   if (max <= 0) return out;
   // BLOCK 0 would wait forever: without a wait, leave BLOCK out.
-  std::vector<std::string> cmd = {"XREADGROUP", "GROUP", kConsumerGroup, options_.owner, "COUNT",
-                                  std::to_string(max)};
+  std::vector<std::string> cmd = {"XREADGROUP",   "GROUP", kConsumerGroup,
+                                  options_.owner, "COUNT", std::to_string(max)};
   if (block_ms > 0) {
     cmd.push_back("BLOCK");
     cmd.push_back(std::to_string(block_ms));
@@ -169,9 +170,12 @@ Result<std::vector<bool>> LeaseClient::finish(const std::vector<Lease>& leases,
   if (leases.empty()) return accepted;
   nlohmann::json rows = nlohmann::json::array();
   for (size_t k = 0; k < leases.size(); ++k) {
-    nlohmann::json row = {{"b", leases[k].ref.batch_id}, {"i", leases[k].ref.idx},
-                          {"a", leases[k].attempt},      {"s", statuses[k]},
-                          {"pt", usage[k][0]},           {"ct", usage[k][1]},
+    nlohmann::json row = {{"b", leases[k].ref.batch_id},
+                          {"i", leases[k].ref.idx},
+                          {"a", leases[k].attempt},
+                          {"s", statuses[k]},
+                          {"pt", usage[k][0]},
+                          {"ct", usage[k][1]},
                           {"cc", usage[k][2]}};
     row["res"] = results[k].empty() ? nlohmann::json(nullptr) : nlohmann::json(results[k]);
     row["err"] = errors[k].empty() ? nlohmann::json(nullptr) : nlohmann::json(errors[k]);
@@ -285,14 +289,16 @@ Status LeaseClient::requeue(const std::vector<Lease>& leases, bool count_failure
         "RETURNING r.batch_id::text, r.idx, r.attempt",
         lease_keys(leases).dump(), count_failure ? 1 : 0);
     tx.commit();
-    for (const auto& row : r) requeued.push_back({row[0].as<std::string>(), row[1].as<int>(), row[2].as<int>()});
+    for (const auto& row : r)
+      requeued.push_back({row[0].as<std::string>(), row[1].as<int>(), row[2].as<int>()});
     return Status::ok();
   });
   if (!st.is_ok()) return st;
   // Committed with push_pending: if this push fails (or the process dies first), the janitor
   // pushes them instead.
   if (Status pushed = push_requeued(*redis_, pg_, options_.model, requeued); !pushed.is_ok()) {
-    log::warn("lease.requeue_push_failed", {{"requests", static_cast<int>(requeued.size())}, {"error", pushed}});
+    log::warn("lease.requeue_push_failed",
+              {{"requests", static_cast<int>(requeued.size())}, {"error", pushed}});
   }
   return ack_and_delete(*redis_, options_.model, entry_ids(leases));
 }

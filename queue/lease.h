@@ -22,7 +22,7 @@ namespace hr::queue {
 
 struct LeaseOptions {
   std::string model;
-  std::string owner;         // worker identity, also the Redis consumer name
+  std::string owner;  // worker identity, also the Redis consumer name
   int lease_ms = 30000;
   int max_attempts = kDefaultMaxAttempts;  // a request that fails this often ends failed
 };
@@ -30,10 +30,10 @@ struct LeaseOptions {
 struct Lease {
   RequestRef ref;
   int attempt = 0;
-  int num_failures = 0;      // earlier failed attempts and expired leases
-  std::string body;          // the request JSON
-  std::string api_shape;     // "workers_ai" or "openai"
-  std::string entry_id;      // Redis stream entry
+  int num_failures = 0;         // earlier failed attempts and expired leases
+  std::string body;             // the request JSON
+  std::string api_shape;        // "workers_ai" or "openai"
+  std::string entry_id;         // Redis stream entry
   int64_t submitted_at_ms = 0;  // when its batch was submitted (for queue-time metrics)
 };
 
@@ -58,10 +58,12 @@ class LeaseClient {
                                                                    const std::string& redis_url,
                                                                    LeaseOptions options);
 
-  // Reads up to `max` entries (waiting up to `block_ms` for the first; 0: no wait) and leases the requests
-  // that are still queued. Entries for requests that ended or are leased elsewhere are dropped.
+  // Reads up to `max` entries (waiting up to `block_ms` for the first; 0: no wait) and leases the
+  // requests that are still queued. Entries for requests that ended or are leased elsewhere are
+  // dropped.
   [[nodiscard]] Result<std::vector<Lease>> pull(int max, int block_ms);
-  // Extends the leases; returns the ones that were lost (taken over or ended) — stop working on them.
+  // Extends the leases; returns the ones that were lost (taken over or ended) — stop working on
+  // them.
   [[nodiscard]] Result<std::vector<RequestRef>> renew(const std::vector<Lease>& leases);
   // Records results. Returns, for each completion, whether it was accepted (false: fenced out).
   [[nodiscard]] Result<std::vector<bool>> complete(const std::vector<Completion>& completions);

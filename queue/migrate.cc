@@ -76,7 +76,8 @@ Result<MigrateReport> migrate(const std::string& database_url,
   MigrateReport report;
   Status st = pg_guard("migrate", [&]() -> Status {
     // Session-level lock: a second migrator blocks here until the first one is done.
-    pqxx::nontransaction(*conn).exec("SELECT pg_advisory_lock(" + std::to_string(kMigrationLockKey) + ")");
+    pqxx::nontransaction(*conn).exec("SELECT pg_advisory_lock(" +
+                                     std::to_string(kMigrationLockKey) + ")");
     struct Unlock {
       pqxx::connection& c;
       ~Unlock() {
@@ -113,8 +114,9 @@ Result<MigrateReport> migrate(const std::string& database_url,
       try {
         pqxx::work tx(*conn);
         tx.exec(m.sql);
-        tx.exec_params("INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
-                       m.version, m.name, m.checksum);
+        tx.exec_params(
+            "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+            m.version, m.name, m.checksum);
         tx.commit();
       } catch (const std::exception& e) {
         return pg_error(e, "migration " + m.name);

@@ -12,8 +12,8 @@
 namespace hr::queue {
 
 struct Migration {
-  int version = 0;       // NNNN
-  std::string name;      // file name, e.g. "0001_accounts.sql"
+  int version = 0;   // NNNN
+  std::string name;  // file name, e.g. "0001_accounts.sql"
   std::string sql;
   std::string checksum;  // hex FNV-1a 64 of `sql`
 };

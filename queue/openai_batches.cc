@@ -170,7 +170,8 @@ void append_result_line(const std::string& batch_id, const std::string& model, c
              {{{"index", 0},
                {"message", {{"role", "assistant"}, {"content", std::move(result["response"])}}},
                {"finish_reason", result.value("finish_reason", "stop")},
-               {"logprobs", result.contains("logprobs") ? std::move(result["logprobs"]) : ojson(nullptr)}}})},
+               {"logprobs",
+                result.contains("logprobs") ? std::move(result["logprobs"]) : ojson(nullptr)}}})},
         {"usage", std::move(usage)}};
     line["response"] = {
         {"status_code", 200}, {"request_id", "req_" + suffix}, {"body", std::move(body)}};
@@ -269,7 +270,8 @@ Result<int> finalize_openai_batches(pqxx::connection& conn, int max, std::string
     if (!cursor->empty()) after = *cursor;
     for (const auto& row : tx.exec_params(
              "SELECT id::text FROM batches WHERE api_shape = 'openai' AND finished_at IS NOT NULL "
-             "AND finalized_at IS NULL AND ($1::uuid IS NULL OR id > $1::uuid) ORDER BY id LIMIT $2",
+             "AND finalized_at IS NULL AND ($1::uuid IS NULL OR id > $1::uuid) ORDER BY id LIMIT "
+             "$2",
              after, max)) {
       due.push_back(row[0].as<std::string>());
     }

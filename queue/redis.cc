@@ -57,7 +57,8 @@ void append(redisContext* ctx, const std::vector<std::string>& args) {
 
 Result<std::unique_ptr<RedisClient>> RedisClient::connect(const std::string& url, int timeout_ms) {
   Result<Url> u = parse_url(url);
-  if (!u.is_ok() || u->scheme != "redis") return invalid_argument("not a redis:// URL", "redis-url");
+  if (!u.is_ok() || u->scheme != "redis")
+    return invalid_argument("not a redis:// URL", "redis-url");
   int db = 0;
   if (u->path.size() > 1) db = std::atoi(u->path.c_str() + 1);
   std::unique_ptr<RedisClient> c(new RedisClient(u->host.empty() ? "127.0.0.1" : u->host,
@@ -68,7 +69,10 @@ Result<std::unique_ptr<RedisClient>> RedisClient::connect(const std::string& url
 }
 
 RedisClient::RedisClient(std::string host, int port, int db, std::string password, int timeout_ms)
-    : host_(std::move(host)), port_(port), db_(db), password_(std::move(password)),
+    : host_(std::move(host)),
+      port_(port),
+      db_(db),
+      password_(std::move(password)),
       timeout_ms_(timeout_ms) {}
 
 RedisClient::~RedisClient() { drop(); }

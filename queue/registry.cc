@@ -71,12 +71,11 @@ Result<std::unique_ptr<WorkerRegistry>> WorkerRegistry::connect(const std::strin
 Status WorkerRegistry::announce(const WorkerInfo& w, int ttl_ms) {
   HR_ASSIGN_OR_RETURN(
       auto replies,
-      redis_->pipeline({{"SET", entry_key(w.model, w.id), w.to_json().dump(), "PX",
-                         std::to_string(ttl_ms)},
-                        {"ZADD", set_key(w.model),
-                         std::to_string(SystemClock::instance().now_unix_ms()), w.id},
-                        // The index outlives its workers only briefly once they all stop.
-                        {"PEXPIRE", set_key(w.model), std::to_string(std::max(60000, 20 * ttl_ms))}}));
+      redis_->pipeline(
+          {{"SET", entry_key(w.model, w.id), w.to_json().dump(), "PX", std::to_string(ttl_ms)},
+           {"ZADD", set_key(w.model), std::to_string(SystemClock::instance().now_unix_ms()), w.id},
+           // The index outlives its workers only briefly once they all stop.
+           {"PEXPIRE", set_key(w.model), std::to_string(std::max(60000, 20 * ttl_ms))}}));
   for (const RedisReply& r : replies) HR_RETURN_IF_ERROR(reply_error(r, "announce"));
   return Status::ok();
 }

@@ -20,7 +20,7 @@
 namespace hr::queue {
 
 struct WorkerInfo {
-  std::string id;     // unique among the model's workers (the worker name)
+  std::string id;  // unique among the model's workers (the worker name)
   std::string model;
   std::string url;    // base URL of its sync endpoint, e.g. http://10.0.0.5:7001
   int capacity = 0;   // sync requests it runs at once (the engine's sequence slots)
@@ -28,8 +28,8 @@ struct WorkerInfo {
   int async_running = 0;
   int free_kv_blocks = 0;
   int total_kv_blocks = 0;
-  double utilization = 0;  // busy fraction of its device, 0..1
-  bool draining = false;   // stopping: takes no new sync requests
+  double utilization = 0;    // busy fraction of its device, 0..1
+  bool draining = false;     // stopping: takes no new sync requests
   int64_t heartbeat_ms = 0;  // wall clock of the announcement
 
   nlohmann::json to_json() const;

@@ -99,9 +99,9 @@ Result<std::string> ensure_api_key(pqxx::connection& conn, const std::string& ac
                    new_uuid_v4().to_string(), account);
     account_id = tx.exec_params1("SELECT id::text FROM accounts WHERE name = $1", account)[0]
                      .as<std::string>();
-    pqxx::result existing = tx.exec_params(
-        "SELECT account_id::text FROM api_keys WHERE key_hash = decode($1, 'hex')",
-        to_hex(sha256(key)));
+    pqxx::result existing =
+        tx.exec_params("SELECT account_id::text FROM api_keys WHERE key_hash = decode($1, 'hex')",
+                       to_hex(sha256(key)));
     if (!existing.empty()) {
       if (existing[0][0].as<std::string>() != account_id) {
         return Status(StatusCode::kConflict, "this key belongs to another account", "key");
@@ -174,7 +174,8 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
           "WHERE account_id = $1 AND idempotency_key = $2",
           batch.account_id, batch.idempotency_key);
       // The same body for another model (named in the path, not the body) is another request.
-      if (prior[1].as<std::string>() != to_hex(batch.request_hash) || prior[2].as<std::string>() != batch.model) {
+      if (prior[1].as<std::string>() != to_hex(batch.request_hash) ||
+          prior[2].as<std::string>() != batch.model) {
         return Status(StatusCode::kConflict,
                       "Idempotency-Key was already used with a different request body or model",
                       "Idempotency-Key");
@@ -205,9 +206,10 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
     }
     if (batch.webhook_url && !batch.webhook_secret) ensure_signing_secret(tx, batch.account_id);
     write_event(tx, "batch.queued", batch.account_id, id,
-                {{"id", id}, {"status", "queued"}, {"model", batch.model},
-                 {"request_counts", {{"total", batch.size()}, {"completed", 0},
-                                     {"failed", 0}}}});
+                {{"id", id},
+                 {"status", "queued"},
+                 {"model", batch.model},
+                 {"request_counts", {{"total", batch.size()}, {"completed", 0}, {"failed", 0}}}});
     tx.exec("NOTIFY hr_dispatch");
     tx.commit();
     out.batch_id = id;
@@ -281,16 +283,19 @@ std::optional<std::string> finish_batch_if_done(pqxx::work& tx, const std::strin
   if (r.empty()) return std::nullopt;
   const pqxx::row& row = r[0];
   std::string status = row[0].as<std::string>();
-  nlohmann::json data = {
-      {"id", batch_id},
-      {"status", status},
-      {"model", row[2].as<std::string>()},
-      {"request_counts",
-       {{"total", row[3].as<int>()}, {"completed", row[4].as<int>()}, {"failed", row[5].as<int>()},
-        {"cancelled", row[6].as<int>()}, {"expired", row[7].as<int>()}}},
-      {"usage",
-       {{"prompt_tokens", row[8].as<int64_t>()}, {"completion_tokens", row[9].as<int64_t>()},
-        {"cached_tokens", row[10].as<int64_t>()}}}};
+  nlohmann::json data = {{"id", batch_id},
+                         {"status", status},
+                         {"model", row[2].as<std::string>()},
+                         {"request_counts",
+                          {{"total", row[3].as<int>()},
+                           {"completed", row[4].as<int>()},
+                           {"failed", row[5].as<int>()},
+                           {"cancelled", row[6].as<int>()},
+                           {"expired", row[7].as<int>()}}},
+                         {"usage",
+                          {{"prompt_tokens", row[8].as<int64_t>()},
+                           {"completion_tokens", row[9].as<int64_t>()},
+                           {"cached_tokens", row[10].as<int64_t>()}}}};
   write_event(tx, event_type_for(status), row[1].as<std::string>(), batch_id, data);
   tx.exec("NOTIFY hr_dispatch");
   return status;
@@ -303,10 +308,10 @@ void write_request_events(pqxx::work& tx, const pqxx::result& rows) {
   }
   if (batch_ids.empty()) return;
   std::map<std::string, std::string> account_of;
-  for (const auto& row : tx.exec_params(
-           "SELECT id::text, account_id::text FROM batches WHERE request_events "
-           "AND id IN (SELECT jsonb_array_elements_text($1::jsonb)::uuid)",
-           nlohmann::json(batch_ids).dump())) {
+  for (const auto& row :
+       tx.exec_params("SELECT id::text, account_id::text FROM batches WHERE request_events "
+                      "AND id IN (SELECT jsonb_array_elements_text($1::jsonb)::uuid)",
+                      nlohmann::json(batch_ids).dump())) {
     account_of[row[0].as<std::string>()] = row[1].as<std::string>();
   }
   if (account_of.empty()) return;
@@ -316,11 +321,13 @@ void write_request_events(pqxx::work& tx, const pqxx::result& rows) {
     nlohmann::json data = {
         {"batch_id", it->first},
         {"id", row[1].as<int>()},
-        {"custom_id", row[6].is_null() ? nlohmann::json(nullptr)
-                                       : nlohmann::json(row[6].as<std::string>())},
+        {"custom_id",
+         row[6].is_null() ? nlohmann::json(nullptr) : nlohmann::json(row[6].as<std::string>())},
         {"status", row[2].as<std::string>()},
-        {"usage", {{"prompt_tokens", row[3].as<int>()}, {"completion_tokens", row[4].as<int>()},
-                   {"cached_tokens", row[5].as<int>()}}}};
+        {"usage",
+         {{"prompt_tokens", row[3].as<int>()},
+          {"completion_tokens", row[4].as<int>()},
+          {"cached_tokens", row[5].as<int>()}}}};
     write_event(tx, "request.completed", it->second, it->first, data);
   }
 }
@@ -328,7 +335,8 @@ void write_request_events(pqxx::work& tx, const pqxx::result& rows) {
 Status mark_pushed(pqxx::connection& conn, const std::vector<Requeued>& requeued) {
   if (requeued.empty()) return Status::ok();
   nlohmann::json keys = nlohmann::json::array();
-  for (const Requeued& r : requeued) keys.push_back({{"b", r.batch_id}, {"i", r.idx}, {"a", r.attempt}});
+  for (const Requeued& r : requeued)
+    keys.push_back({{"b", r.batch_id}, {"i", r.idx}, {"a", r.attempt}});
   return pg_guard("mark pushed", [&]() -> Status {
     pqxx::nontransaction tx(conn);
     tx.exec_params(

@@ -64,7 +64,8 @@ Status ack_and_delete(RedisClient& redis, const std::string& model,
   HR_ASSIGN_OR_RETURN(auto replies, redis.pipeline({ack, del}));
   for (const auto& r : replies) {
     // No group (Redis lost the stream, and a push made it anew): nothing is pending to ack.
-    if (r.is_error() && r.str.rfind("NOGROUP", 0) != 0) return unavailable("redis XACK/XDEL: " + r.str);
+    if (r.is_error() && r.str.rfind("NOGROUP", 0) != 0)
+      return unavailable("redis XACK/XDEL: " + r.str);
   }
   return Status::ok();
 }

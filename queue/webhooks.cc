@@ -42,8 +42,8 @@ const std::string& endpoint_columns() {
   static const std::string cols =
       "id::text, url, description, to_json(event_types)::text, enabled, disabled_reason, " +
       ms_of("created_at") + ", " + ms_of("updated_at") +
-      ", CASE WHEN previous_secret_expires_at > now() THEN " +
-      ms_of("previous_secret_expires_at") + " END";
+      ", CASE WHEN previous_secret_expires_at > now() THEN " + ms_of("previous_secret_expires_at") +
+      " END";
   return cols;
 }
 
@@ -62,10 +62,9 @@ WebhookEndpoint endpoint_from_row(const pqxx::row& r) {
 }
 
 const std::string& secret_columns() {
-  static const std::string cols =
-      "secret, " + ms_of("created_at") + ", " + ms_of("rotated_at") +
-      ", CASE WHEN previous_secret_expires_at > now() THEN " +
-      ms_of("previous_secret_expires_at") + " END";
+  static const std::string cols = "secret, " + ms_of("created_at") + ", " + ms_of("rotated_at") +
+                                  ", CASE WHEN previous_secret_expires_at > now() THEN " +
+                                  ms_of("previous_secret_expires_at") + " END";
   return cols;
 }
 
@@ -82,9 +81,9 @@ const std::string& delivery_columns() {
   static const std::string cols =
       "d.id::text, d.event_id::text, d.event_type, d.batch_id::text, d.endpoint_id::text, d.url, "
       "d.status, d.attempts, d.last_status_code, d.last_error, "
-      "CASE WHEN d.status = 'pending' THEN " + ms_of("d.next_attempt_at") + " END, " +
-      ms_of("d.last_attempt_at") + ", " + ms_of("d.delivered_at") + ", " +
-      ms_of("d.created_at") +
+      "CASE WHEN d.status = 'pending' THEN " +
+      ms_of("d.next_attempt_at") + " END, " + ms_of("d.last_attempt_at") + ", " +
+      ms_of("d.delivered_at") + ", " + ms_of("d.created_at") +
       ", (SELECT coalesce(json_agg(json_build_array(a.attempt, " + ms_of("a.started_at") +
       ", a.duration_ms, a.status_code, a.error, a.outcome) ORDER BY a.attempt), '[]') "
       "FROM webhook_attempts a WHERE a.delivery_id = d.id)::text";
@@ -131,9 +130,9 @@ Result<T> guarded(std::string_view op, Fn&& fn) {
 }  // namespace
 
 const std::vector<std::string>& webhook_event_types() {
-  static const std::vector<std::string> types = {"batch.queued",    "batch.completed",
-                                                 "batch.failed",    "batch.cancelled",
-                                                 "batch.expired",   "request.completed"};
+  static const std::vector<std::string> types = {"batch.queued",  "batch.completed",
+                                                 "batch.failed",  "batch.cancelled",
+                                                 "batch.expired", "request.completed"};
   return types;
 }
 
@@ -167,8 +166,8 @@ Status check_webhook_secret(const std::string& secret, const std::string& field)
   std::optional<std::string> key;
   if (secret.rfind("whsec_", 0) == 0) key = base64_decode(secret.substr(6));
   if (!key || key->size() < 24 || key->size() > 64) {
-    return invalid_argument(field + " must be whsec_ followed by the base64 of 24 to 64 random bytes",
-                            field);
+    return invalid_argument(
+        field + " must be whsec_ followed by the base64 of 24 to 64 random bytes", field);
   }
   return Status::ok();
 }
@@ -189,16 +188,16 @@ std::string sign_webhook(const std::vector<std::string>& secrets, const std::str
 
 Result<WebhookEndpoint> create_endpoint(pqxx::connection& conn, const std::string& account_id,
                                         const std::string& url, const std::string& description,
-                                        const std::vector<std::string>& event_types,
-                                        bool enabled) {
+                                        const std::vector<std::string>& event_types, bool enabled) {
   return guarded<WebhookEndpoint>("create webhook", [&](WebhookEndpoint* out) -> Status {
     pqxx::work tx(conn);
     std::string secret = new_webhook_secret();
     *out = endpoint_from_row(tx.exec_params1(
         "INSERT INTO webhook_endpoints (id, account_id, url, description, event_types, enabled, "
-        "secret) VALUES ($1, $2, $3, $4, $5::text[], $6, $7) RETURNING " + endpoint_columns(),
-        new_uuid_v7().to_string(), account_id, url, description, pg_text_array(event_types), enabled,
-        secret));
+        "secret) VALUES ($1, $2, $3, $4, $5::text[], $6, $7) RETURNING " +
+            endpoint_columns(),
+        new_uuid_v7().to_string(), account_id, url, description, pg_text_array(event_types),
+        enabled, secret));
     tx.commit();
     out->secret = secret;
     return Status::ok();
@@ -269,15 +268,16 @@ Status delete_endpoint(pqxx::connection& conn, const std::string& account_id,
 }
 
 Result<WebhookEndpoint> rotate_endpoint_secret(pqxx::connection& conn,
-                                               const std::string& account_id,
-                                               const std::string& id, int64_t grace_ms) {
+                                               const std::string& account_id, const std::string& id,
+                                               int64_t grace_ms) {
   return guarded<WebhookEndpoint>("rotate webhook secret", [&](WebhookEndpoint* out) -> Status {
     pqxx::work tx(conn);
     std::string secret = new_webhook_secret();
     pqxx::result r = tx.exec_params(
         "UPDATE webhook_endpoints SET previous_secret = secret, secret = $3, "
         "previous_secret_expires_at = now() + $4 * interval '1 millisecond', updated_at = now() "
-        "WHERE id = $1::uuid AND account_id = $2 RETURNING " + endpoint_columns(),
+        "WHERE id = $1::uuid AND account_id = $2 RETURNING " +
+            endpoint_columns(),
         id, account_id, secret, grace_ms);
     if (r.empty()) return not_found("no such webhook endpoint: " + id);
     *out = endpoint_from_row(r[0]);
@@ -314,7 +314,8 @@ Result<SigningSecret> rotate_signing_secret(pqxx::connection& conn, const std::s
     *out = secret_from_row(tx.exec_params1(
         "UPDATE account_webhook_secrets SET previous_secret = secret, secret = $2, "
         "previous_secret_expires_at = now() + $3 * interval '1 millisecond', rotated_at = now() "
-        "WHERE account_id = $1 RETURNING " + secret_columns(),
+        "WHERE account_id = $1 RETURNING " +
+            secret_columns(),
         account_id, new_webhook_secret(), grace_ms));
     tx.commit();
     return Status::ok();
@@ -328,8 +329,9 @@ Result<std::vector<DeliveryInfo>> list_deliveries(pqxx::connection& conn,
       "list deliveries", [&](std::vector<DeliveryInfo>* out) -> Status {
         pqxx::nontransaction tx(conn);
         if (q.endpoint_id &&
-            tx.exec_params("SELECT 1 FROM webhook_endpoints WHERE id = $1::uuid AND account_id = $2",
-                           *q.endpoint_id, account_id)
+            tx.exec_params(
+                  "SELECT 1 FROM webhook_endpoints WHERE id = $1::uuid AND account_id = $2",
+                  *q.endpoint_id, account_id)
                 .empty()) {
           return not_found("no such webhook endpoint: " + *q.endpoint_id);
         }
@@ -358,8 +360,8 @@ Result<DeliveryInfo> retry_delivery(pqxx::connection& conn, const std::string& a
         delivery_id, account_id);
     if (cur.empty()) return not_found("no such delivery: " + delivery_id);
     if (cur[0][0].as<std::string>() == "pending") {
-      return Status(StatusCode::kFailedPrecondition,
-                    "this delivery already has an attempt pending", "delivery");
+      return Status(StatusCode::kFailedPrecondition, "this delivery already has an attempt pending",
+                    "delivery");
     }
     if (!cur[0][1].as<bool>()) {
       return Status(StatusCode::kFailedPrecondition,
@@ -431,46 +433,46 @@ Result<int> prune_webhook_history(pqxx::connection& conn, int keep_hours, int li
 
 Result<std::vector<ClaimedDelivery>> claim_deliveries(pqxx::connection& conn, int limit,
                                                       int64_t lease_ms) {
-  return guarded<std::vector<ClaimedDelivery>>(
-      "claim deliveries", [&](std::vector<ClaimedDelivery>* out) -> Status {
-        pqxx::work tx(conn);
-        pqxx::result r = tx.exec_params(
-            "WITH c AS (SELECT id FROM webhook_deliveries WHERE status = 'pending' "
-            "  AND next_attempt_at <= now() ORDER BY next_attempt_at LIMIT $1 "
-            "  FOR UPDATE SKIP LOCKED) "
-            "UPDATE webhook_deliveries d SET attempts = d.attempts + 1, "
-            "  next_attempt_at = now() + $2 * interval '1 millisecond', last_attempt_at = now() "
-            "FROM c WHERE d.id = c.id "
-            "RETURNING d.id::text, d.event_id::text, d.url, d.payload, d.attempts, d.manual, "
-            "  d.endpoint_id::text, "
-            "  coalesce((SELECT e.enabled FROM webhook_endpoints e WHERE e.id = d.endpoint_id), "
-            "    true), "
-            "  (CASE WHEN d.endpoint_id IS NOT NULL THEN "
-            "    (SELECT json_build_array(e.secret, CASE WHEN e.previous_secret_expires_at > now() "
-            "       THEN e.previous_secret END) FROM webhook_endpoints e WHERE e.id = d.endpoint_id) "
-            "  ELSE coalesce("
-            "    (SELECT json_build_array(b.webhook_secret) FROM batches b "
-            "       WHERE b.id = d.batch_id AND b.webhook_secret IS NOT NULL), "
-            "    (SELECT json_build_array(s.secret, CASE WHEN s.previous_secret_expires_at > now() "
-            "       THEN s.previous_secret END) FROM account_webhook_secrets s "
-            "       WHERE s.account_id = d.account_id)) END)::text",
-            limit, lease_ms);
-        tx.commit();
-        for (const auto& row : r) {
-          ClaimedDelivery c;
-          c.id = row[0].as<std::string>();
-          c.event_id = row[1].as<std::string>();
-          c.url = row[2].as<std::string>();
-          c.payload = row[3].as<std::string>();
-          c.attempt = row[4].as<int>();
-          c.manual = row[5].as<bool>();
-          c.endpoint_id = opt_str(row[6]);
-          c.endpoint_enabled = row[7].as<bool>();
-          if (!row[8].is_null()) c.secrets = strings_of(row[8].as<std::string>());
-          out->push_back(std::move(c));
-        }
-        return Status::ok();
-      });
+  return guarded<std::vector<
+      ClaimedDelivery>>("claim deliveries", [&](std::vector<ClaimedDelivery>* out) -> Status {
+    pqxx::work tx(conn);
+    pqxx::result r = tx.exec_params(
+        "WITH c AS (SELECT id FROM webhook_deliveries WHERE status = 'pending' "
+        "  AND next_attempt_at <= now() ORDER BY next_attempt_at LIMIT $1 "
+        "  FOR UPDATE SKIP LOCKED) "
+        "UPDATE webhook_deliveries d SET attempts = d.attempts + 1, "
+        "  next_attempt_at = now() + $2 * interval '1 millisecond', last_attempt_at = now() "
+        "FROM c WHERE d.id = c.id "
+        "RETURNING d.id::text, d.event_id::text, d.url, d.payload, d.attempts, d.manual, "
+        "  d.endpoint_id::text, "
+        "  coalesce((SELECT e.enabled FROM webhook_endpoints e WHERE e.id = d.endpoint_id), "
+        "    true), "
+        "  (CASE WHEN d.endpoint_id IS NOT NULL THEN "
+        "    (SELECT json_build_array(e.secret, CASE WHEN e.previous_secret_expires_at > now() "
+        "       THEN e.previous_secret END) FROM webhook_endpoints e WHERE e.id = d.endpoint_id) "
+        "  ELSE coalesce("
+        "    (SELECT json_build_array(b.webhook_secret) FROM batches b "
+        "       WHERE b.id = d.batch_id AND b.webhook_secret IS NOT NULL), "
+        "    (SELECT json_build_array(s.secret, CASE WHEN s.previous_secret_expires_at > now() "
+        "       THEN s.previous_secret END) FROM account_webhook_secrets s "
+        "       WHERE s.account_id = d.account_id)) END)::text",
+        limit, lease_ms);
+    tx.commit();
+    for (const auto& row : r) {
+      ClaimedDelivery c;
+      c.id = row[0].as<std::string>();
+      c.event_id = row[1].as<std::string>();
+      c.url = row[2].as<std::string>();
+      c.payload = row[3].as<std::string>();
+      c.attempt = row[4].as<int>();
+      c.manual = row[5].as<bool>();
+      c.endpoint_id = opt_str(row[6]);
+      c.endpoint_enabled = row[7].as<bool>();
+      if (!row[8].is_null()) c.secrets = strings_of(row[8].as<std::string>());
+      out->push_back(std::move(c));
+    }
+    return Status::ok();
+  });
 }
 
 Status release_claims(pqxx::connection& conn, const std::vector<ClaimedDelivery>& claims) {
@@ -494,9 +496,13 @@ Result<int> record_attempts(pqxx::connection& conn, const std::vector<AttemptOut
   json rows = json::array();
   json disable = json::array();
   for (const AttemptOutcome& o : outcomes) {
-    rows.push_back({{"id", o.delivery_id}, {"attempt", o.attempt}, {"outcome", o.outcome},
+    rows.push_back({{"id", o.delivery_id},
+                    {"attempt", o.attempt},
+                    {"outcome", o.outcome},
                     {"code", o.status_code ? json(*o.status_code) : json(nullptr)},
-                    {"error", o.error}, {"started", o.started_at_ms}, {"dur", o.duration_ms},
+                    {"error", o.error},
+                    {"started", o.started_at_ms},
+                    {"dur", o.duration_ms},
                     {"retry", o.retry_in_ms}});
     if (o.disable_endpoint) disable.push_back(*o.disable_endpoint);
   }

@@ -55,12 +55,9 @@ struct EndpointPatch {
   std::optional<bool> enabled;
 };
 
-[[nodiscard]] Result<WebhookEndpoint> create_endpoint(pqxx::connection& conn,
-                                                      const std::string& account_id,
-                                                      const std::string& url,
-                                                      const std::string& description,
-                                                      const std::vector<std::string>& event_types,
-                                                      bool enabled);
+[[nodiscard]] Result<WebhookEndpoint> create_endpoint(
+    pqxx::connection& conn, const std::string& account_id, const std::string& url,
+    const std::string& description, const std::vector<std::string>& event_types, bool enabled);
 [[nodiscard]] Result<std::vector<WebhookEndpoint>> list_endpoints(pqxx::connection& conn,
                                                                   const std::string& account_id);
 [[nodiscard]] Result<WebhookEndpoint> get_endpoint(pqxx::connection& conn,
@@ -179,7 +176,7 @@ struct AttemptOutcome {
   std::string error;
   int64_t started_at_ms = 0;
   int duration_ms = 0;
-  int64_t retry_in_ms = 0;  // for retry
+  int64_t retry_in_ms = 0;                      // for retry
   std::optional<std::string> disable_endpoint;  // an endpoint id to disable (410 Gone)
 };
 

@@ -58,7 +58,6 @@ int run_version() {
   return 0;
 }
 
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -179,7 +178,8 @@ int main(int argc, char** argv) {
     return hr::workers::run_worker(worker, worker_store, worker_sync, worker_metrics_port);
   }
   if (dispatcher_cmd->parsed()) {
-    if (!validate(dispatcher_store.validate()) || !validate(dispatcher_webhooks.validate())) return 2;
+    if (!validate(dispatcher_store.validate()) || !validate(dispatcher_webhooks.validate()))
+      return 2;
     return hr::workers::run_dispatcher(dispatcher_store, dispatcher, dispatcher_webhooks);
   }
   if (keys_create->parsed()) {

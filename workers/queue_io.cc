@@ -16,7 +16,9 @@ QueueIo::QueueIo(const WorkerConfig& config, const queue::StoreConfig& store, Wo
 
 QueueIo::~QueueIo() { stop({}); }
 
-void QueueIo::start() { thread_ = std::thread([this] { loop(); }); }
+void QueueIo::start() {
+  thread_ = std::thread([this] { loop(); });
+}
 
 void QueueIo::stop(const std::vector<queue::Lease>& unfinished) {
   if (!thread_.joinable()) return;
@@ -112,10 +114,12 @@ void write_queued(std::vector<Item>& queued, std::atomic<int64_t>& recorded, con
 }  // namespace
 
 void QueueIo::flush(queue::LeaseClient& leases, std::unique_lock<std::mutex>& lock) {
-  write_queued(done_, stats_.completed, "worker.complete_failed",
-               [&](const std::vector<queue::Completion>& b) { return leases.complete(b); }, lock);
-  write_queued(failed_, stats_.failed, "worker.fail_failed",
-               [&](const std::vector<queue::Failure>& b) { return leases.fail(b); }, lock);
+  write_queued(
+      done_, stats_.completed, "worker.complete_failed",
+      [&](const std::vector<queue::Completion>& b) { return leases.complete(b); }, lock);
+  write_queued(
+      failed_, stats_.failed, "worker.fail_failed",
+      [&](const std::vector<queue::Failure>& b) { return leases.fail(b); }, lock);
 }
 
 void QueueIo::loop() {

@@ -60,16 +60,16 @@ class QueueIo {
   std::function<void()> wake_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool stop_ = false;                                   // guarded by mu_
-  int want_ = 0;                                        // guarded by mu_
-  int pulling_ = 0;                                     // guarded by mu_
-  bool connected_ = false;                              // guarded by mu_
-  std::vector<queue::Lease> pulled_;                    // guarded by mu_
-  std::vector<queue::Completion> done_;                 // guarded by mu_
-  std::vector<queue::Failure> failed_;                  // guarded by mu_
-  std::unordered_map<int64_t, queue::Lease> held_;      // guarded by mu_
-  std::vector<int64_t> lost_;                           // guarded by mu_
-  std::vector<queue::Lease> to_release_;                // guarded by mu_
+  bool stop_ = false;                               // guarded by mu_
+  int want_ = 0;                                    // guarded by mu_
+  int pulling_ = 0;                                 // guarded by mu_
+  bool connected_ = false;                          // guarded by mu_
+  std::vector<queue::Lease> pulled_;                // guarded by mu_
+  std::vector<queue::Completion> done_;             // guarded by mu_
+  std::vector<queue::Failure> failed_;              // guarded by mu_
+  std::unordered_map<int64_t, queue::Lease> held_;  // guarded by mu_
+  std::vector<int64_t> lost_;                       // guarded by mu_
+  std::vector<queue::Lease> to_release_;            // guarded by mu_
   std::thread thread_;
 };
 

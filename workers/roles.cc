@@ -56,7 +56,8 @@ std::thread start_webhooks(const std::string& database_url, const api::WebhookOp
         return;
       }
       log::warn("webhooks.start_failed", {{"error", d.status()}});
-      for (int i = 0; i < 10 && !stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      for (int i = 0; i < 10 && !stop; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   });
 }
@@ -112,12 +113,14 @@ int run_worker(const WorkerConfig& config, const queue::StoreConfig& store,
     api::HttpServerOptions o;
     o.port = static_cast<uint16_t>(metrics_port);
     o.handler_threads = 1;
-    metrics_server = std::make_unique<api::HttpServer>(o, api::Handler([](const api::HttpRequest& r) {
-      if (r.target() != "/metrics") return api::json_response(404, R"({"error":"only /metrics here"})");
-      api::HttpResponse res = api::json_response(200, metrics::render());
-      res.set(boost::beast::http::field::content_type, "text/plain; version=0.0.4");
-      return res;
-    }));
+    metrics_server = std::make_unique<api::HttpServer>(
+        o, api::Handler([](const api::HttpRequest& r) {
+          if (r.target() != "/metrics")
+            return api::json_response(404, R"({"error":"only /metrics here"})");
+          api::HttpResponse res = api::json_response(200, metrics::render());
+          res.set(boost::beast::http::field::content_type, "text/plain; version=0.0.4");
+          return res;
+        }));
     Status st = metrics_server->start();
     if (!st.is_ok()) {
       log::error("worker.metrics_failed", {{"error", st}});
@@ -167,7 +170,8 @@ int run_dispatcher(const queue::StoreConfig& store, const queue::DispatcherOptio
         return;
       }
       log::warn("dispatcher.connect_failed", {{"error", d.status()}});
-      for (int i = 0; i < 10 && !stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      for (int i = 0; i < 10 && !stop; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
       if (stop) return;
     }
   });
@@ -217,8 +221,9 @@ int run_serve(const ServeConfig& config) {
   if (AddressPolicy::parse(webhooks.allow).value().allows_loopback()) {
     log::warn("serve.webhooks_allow_loopback",
               {{"allow", config.api.webhook_allow.empty() ? "" : config.api.webhook_allow[0]},
-               {"note", "webhook targets on this machine are allowed (development default); "
-                        "set --webhook-allow '' in production"}});
+               {"note",
+                "webhook targets on this machine are allowed (development default); "
+                "set --webhook-allow '' in production"}});
   }
   std::thread webhook_thread = start_webhooks(config.store.database_url, webhooks, stop);
   auto stop_background = [&] {
@@ -246,7 +251,8 @@ int run_serve(const ServeConfig& config) {
   }
   // The API serves exactly the worker's model, with its context length.
   api::ApiConfig api_config = config.api;
-  api_config.models = {config.worker.model_name + ":" + std::to_string((*worker)->context_length())};
+  api_config.models = {config.worker.model_name + ":" +
+                       std::to_string((*worker)->context_length())};
   api::AsyncApi async_api(api_config, config.store);
   async_api.set_sync_inference(worker->get());
   api::HttpServer server(async_api.server_options(),
@@ -262,8 +268,8 @@ int run_serve(const ServeConfig& config) {
     dispatcher.join();
     return 1;
   }
-  log::info("serve.listening", {{"url", "http://" + config.api.host + ":" +
-                                             std::to_string(server.port())}});
+  log::info("serve.listening",
+            {{"url", "http://" + config.api.host + ":" + std::to_string(server.port())}});
   wait_for_stop_signal(set);
   (*worker)->begin_drain();
   server.stop();

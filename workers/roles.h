@@ -1,5 +1,6 @@
 // The long-running roles of the headroom binary: api, dispatcher and serve (everything in one
-// process). Each runs until SIGINT or SIGTERM, then shuts down gracefully, and returns an exit code.
+// process). Each runs until SIGINT or SIGTERM, then shuts down gracefully, and returns an exit
+// code.
 #pragma once
 
 #include <string>

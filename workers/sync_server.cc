@@ -53,13 +53,16 @@ void SyncServerOptions::bind(CLI::App& app) {
   cli::add(app, "--internal-token", internal_token,
            "Shared secret the API must send with sync requests (empty: none)");
   cli::add(app, "--sync-threads", handler_threads,
-           "Sync requests handled at once (-1: the engine's sequences, --max-num-seqs, and 8 more; 64 at least)");
+           "Sync requests handled at once (-1: the engine's sequences, --max-num-seqs, and 8 more; "
+           "64 at least)");
 }
 
 Status SyncServerOptions::validate() const {
-  if (port < 0 || port > 65535) return invalid_argument("--sync-port must be 0..65535", "sync-port");
+  if (port < 0 || port > 65535)
+    return invalid_argument("--sync-port must be 0..65535", "sync-port");
   if (handler_threads < 1 && handler_threads != -1) {
-    return invalid_argument("--sync-threads must be -1 (by the engine's sequences) or at least 1", "sync-threads");
+    return invalid_argument("--sync-threads must be -1 (by the engine's sequences) or at least 1",
+                            "sync-threads");
   }
   if (!advertise_url.empty() && advertise_url.rfind("http://", 0) != 0) {
     return invalid_argument("--advertise-url must start with http://", "advertise-url");
@@ -81,8 +84,9 @@ Status SyncServer::start() {
   o.port = static_cast<uint16_t>(options_.port);
   o.io_threads = 1;
   // Every sequence the worker announces room for can be a blocking sync call.
-  o.handler_threads = options_.handler_threads > 0 ? options_.handler_threads
-                                                   : std::max(64, worker_.config().max_num_seqs + 8);
+  o.handler_threads = options_.handler_threads > 0
+                          ? options_.handler_threads
+                          : std::max(64, worker_.config().max_num_seqs + 8);
   // Answers are bounded by max_tokens; a stream may be quiet while the engine is busy.
   o.write_timeout_s = 300;
   // The server's own refusals in the shape the router reads. Those of a server shutting down or
@@ -90,7 +94,9 @@ Status SyncServer::start() {
   // so that the router hands the call to another worker.
   o.error_body_for = [](std::string_view, const Status& st) {
     if (st.code() != StatusCode::kUnavailable) return error_json(st).dump();
-    return error_json(Status(StatusCode::kResourceExhausted, "Out of capacity: " + st.message()), true).dump();
+    return error_json(Status(StatusCode::kResourceExhausted, "Out of capacity: " + st.message()),
+                      true)
+        .dump();
   };
   server_ = std::make_unique<api::HttpServer>(
       o, api::StreamingHandler([this](const api::HttpRequest& r) { return handle(r); }));
@@ -99,8 +105,8 @@ Status SyncServer::start() {
 
 std::string SyncServer::url() const {
   if (!options_.advertise_url.empty()) return options_.advertise_url;
-  std::string host = options_.host.find(':') != std::string::npos ? "[" + options_.host + "]"
-                                                                  : options_.host;
+  std::string host =
+      options_.host.find(':') != std::string::npos ? "[" + options_.host + "]" : options_.host;
   return "http://" + host + ":" + std::to_string(server_ ? server_->port() : 0);
 }
 
@@ -134,12 +140,16 @@ api::Reply SyncServer::handle(const api::HttpRequest& req) {
     return {error_reply(invalid_argument("body must be {\"request\": {...}}", "request")), nullptr};
   }
   api::SyncCall call;
-  auto flag = [&](const char* key) { return body.contains(key) && body[key].is_boolean() && body[key].get<bool>(); };
+  auto flag = [&](const char* key) {
+    return body.contains(key) && body[key].is_boolean() && body[key].get<bool>();
+  };
   call.reject_if_busy = flag("reject_if_busy");
-  call.queue_timeout_ms = body.contains("queue_timeout_ms") && body["queue_timeout_ms"].is_number_integer()
-                              ? body["queue_timeout_ms"].get<int>()
-                              : 2000;
-  call.client_gone = api::current_client_gone;  // the router closes its connection for a client gone
+  call.queue_timeout_ms =
+      body.contains("queue_timeout_ms") && body["queue_timeout_ms"].is_number_integer()
+          ? body["queue_timeout_ms"].get<int>()
+          : 2000;
+  call.client_gone =
+      api::current_client_gone;  // the router closes its connection for a client gone
   // A refusal for lack of room from a worker that is stopping: any other worker will do.
   auto refusal = [&](const Status& st) {
     return error_reply(st, st.code() == StatusCode::kResourceExhausted && worker_.load().stopping);
@@ -180,7 +190,9 @@ Announcer::Announcer(const Worker& worker, std::string redis_url, std::string ur
 
 Announcer::~Announcer() { stop(); }
 
-void Announcer::start() { thread_ = std::thread([this] { loop(); }); }
+void Announcer::start() {
+  thread_ = std::thread([this] { loop(); });
+}
 
 void Announcer::stop() {
   {

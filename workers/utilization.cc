@@ -7,7 +7,7 @@
 namespace hr::workers {
 
 namespace {
-constexpr double kWindowNs = 1e9;            // smoothing time constant
+constexpr double kWindowNs = 1e9;               // smoothing time constant
 constexpr int64_t kGpuReadEveryNs = 200000000;  // NVML samples about every 1/6 s
 }  // namespace
 
@@ -19,7 +19,8 @@ UtilizationBrake::~UtilizationBrake() = default;
 
 void UtilizationBrake::record(int64_t busy_ns, int64_t loop_ns, int64_t now_ns) {
   if (loop_ns > 0) {
-    double sample = std::clamp(static_cast<double>(busy_ns) / static_cast<double>(loop_ns), 0.0, 1.0);
+    double sample =
+        std::clamp(static_cast<double>(busy_ns) / static_cast<double>(loop_ns), 0.0, 1.0);
     double keep = std::exp(-static_cast<double>(loop_ns) / kWindowNs);
     busy_ = keep * busy_ + (1 - keep) * sample;
   }

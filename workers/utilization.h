@@ -30,8 +30,8 @@ class UtilizationBrake {
   double max_;
   std::unique_ptr<engine::GpuMonitor> gpu_;
   int device_;
-  double busy_ = 0;        // smoothed own busy fraction
-  double gpu_util_ = 0;    // last NVML reading
+  double busy_ = 0;      // smoothed own busy fraction
+  double gpu_util_ = 0;  // last NVML reading
   int64_t next_gpu_read_ns_ = 0;
   double utilization_ = 0;
 };

@@ -1,16 +1,16 @@
 // The worker's step loop.
 #include "workers/worker.h"
 
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
-#include <limits>
 #include <condition_variable>
-#include <deque>
 #include <cstdlib>
+#include <deque>
 #include <future>
+#include <limits>
 #include <unordered_map>
 #include <utility>
 
@@ -19,10 +19,10 @@
 #include "base/log.h"
 #include "base/metrics.h"
 #include "base/priority.h"
-#include "engine/chat_template.h"
 #include "engine/backend_factory.h"
-#include "engine/tokenizer.h"
+#include "engine/chat_template.h"
 #include "engine/model_config.h"
+#include "engine/tokenizer.h"
 #include "queue/lease.h"
 #include "workers/answer_logprobs.h"
 #include "workers/queue_io.h"
@@ -90,9 +90,9 @@ Result<engine::GenerationRequest> to_generation(const json& body, const LoadedMo
   } else {
     messages.push_back({"user", body.value("prompt", "")});
   }
-  HR_ASSIGN_OR_RETURN(std::string text, engine::render_chat(m.chat_format, messages,
-                                                            m.tokenizer->bos_text(),
-                                                            m.tokenizer->eos_text()));
+  HR_ASSIGN_OR_RETURN(std::string text,
+                      engine::render_chat(m.chat_format, messages, m.tokenizer->bos_text(),
+                                          m.tokenizer->eos_text()));
   engine::GenerationRequest r;
   r.prompt = m.tokenizer->encode(text);
   r.cls = cls;
@@ -146,7 +146,8 @@ std::string default_worker_name() {
 
 }  // namespace
 
-Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given, const queue::StoreConfig& store,
+Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given,
+                                               const queue::StoreConfig& store,
                                                std::shared_ptr<engine::Backend> backend) {
   const WorkerConfig config = given.resolved();
   std::unique_ptr<Worker> w(new Worker(config, store));
@@ -156,7 +157,8 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given, const 
   HR_ASSIGN_OR_RETURN(auto tok, engine::Tokenizer::load(config.model_dir));
   m->tokenizer = std::shared_ptr<const engine::Tokenizer>(tok.release());
   m->token_shapes = std::make_unique<TokenShapes>(m->tokenizer);
-  HR_ASSIGN_OR_RETURN(m->chat_format, engine::load_chat_format(config.model_dir, config.chat_template));
+  HR_ASSIGN_OR_RETURN(m->chat_format,
+                      engine::load_chat_format(config.model_dir, config.chat_template));
   engine::BackendSpec spec;
   spec.device = config.device;
   spec.cuda_options = config.cuda_options;
@@ -174,15 +176,14 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given, const 
   eo.scheduler.max_prefill_chunk = config.max_batched_tokens;
   eo.scheduler.max_async_tokens_with_sync = config.async_tokens_with_sync;
   eo.scheduler.sync_prefill_alone = config.sync_prefill_alone;
-  HR_ASSIGN_OR_RETURN(m->engine,
-                      engine::Engine::create(std::move(backend),
-                                             m->tokenizer,
-                                             m->config.max_position_embeddings, eo));
+  HR_ASSIGN_OR_RETURN(m->engine, engine::Engine::create(std::move(backend), m->tokenizer,
+                                                        m->config.max_position_embeddings, eo));
   // Decode graphs are captured now, not while the first requests wait.
   const int64_t warm_start = steady_now_ns();
   HR_RETURN_IF_ERROR(m->engine->warm_up());
   log::info("worker.model_loaded",
-            {{"model", config.model_name}, {"dir", config.model_dir},
+            {{"model", config.model_name},
+             {"dir", config.model_dir},
              {"weight_bytes", static_cast<int64_t>(m->engine->backend().weight_bytes())},
              {"kv_blocks", m->engine->headroom().total_kv_blocks},
              {"backend", m->engine->backend().name()},
@@ -212,9 +213,9 @@ struct Worker::SyncJob {
     json logprobs;
   };
   std::deque<Piece> pieces;  // guarded by mu
-  bool finished = false;           // guarded by mu
-  Status status;                   // guarded by mu
-  api::SyncAnswer answer;          // guarded by mu
+  bool finished = false;     // guarded by mu
+  Status status;             // guarded by mu
+  api::SyncAnswer answer;    // guarded by mu
   int64_t arrival_ns = steady_now_ns();
   std::atomic<bool> abandoned{false};  // the client went away: cancel in the engine
   int64_t engine_id = -1;              // step loop only
@@ -285,8 +286,8 @@ struct ClassMetrics {
                                  "Sync: waiting for the step loop; async: from batch submit to "
                                  "being pulled by a worker",
                                  labels)),
-        prompt(metrics::counter("headroom_prompt_tokens_total", "Prompt tokens of finished requests",
-                                labels)),
+        prompt(metrics::counter("headroom_prompt_tokens_total",
+                                "Prompt tokens of finished requests", labels)),
         cached(metrics::counter("headroom_cached_prompt_tokens_total",
                                 "Prompt tokens served from the prefix cache", labels)),
         generated(metrics::counter("headroom_generation_tokens_total",
@@ -320,34 +321,36 @@ std::function<void(const engine::TokenEvent&)> timed(
   auto last_ns = std::make_shared<int64_t>(0);
   ClassMetrics* m = &class_metrics(cls);
   const char* cls_name = cls == engine::RequestClass::kSync ? "sync" : "async";
-  return [inner = std::move(inner), last_ns, m, arrival_ns, cls_name](const engine::TokenEvent& ev) {
-    int64_t now = steady_now_ns();
-    if (ev.token >= 0) {
-      if (*last_ns == 0) {
-        m->ttft.observe(static_cast<double>(now - arrival_ns) / 1e9);
-      } else {
-        m->itl.observe(static_cast<double>(now - *last_ns) / 1e9);
-      }
-      *last_ns = now;
-    }
-    if (ev.finished) {
-      m->e2e.observe(static_cast<double>(now - arrival_ns) / 1e9);
-      m->prompt.add(ev.usage.prompt_tokens);
-      m->cached.add(ev.usage.cached_tokens);
-      m->generated.add(ev.usage.completion_tokens);
-      metrics::counter("headroom_requests_finished_total", "Requests that left the engine",
-                       std::string("class=\"") + cls_name + "\",reason=\"" +
-                           engine::finish_reason_name(ev.finish_reason) + "\"")
-          .add();
-    }
-    inner(ev);
-  };
+  return
+      [inner = std::move(inner), last_ns, m, arrival_ns, cls_name](const engine::TokenEvent& ev) {
+        int64_t now = steady_now_ns();
+        if (ev.token >= 0) {
+          if (*last_ns == 0) {
+            m->ttft.observe(static_cast<double>(now - arrival_ns) / 1e9);
+          } else {
+            m->itl.observe(static_cast<double>(now - *last_ns) / 1e9);
+          }
+          *last_ns = now;
+        }
+        if (ev.finished) {
+          m->e2e.observe(static_cast<double>(now - arrival_ns) / 1e9);
+          m->prompt.add(ev.usage.prompt_tokens);
+          m->cached.add(ev.usage.cached_tokens);
+          m->generated.add(ev.usage.completion_tokens);
+          metrics::counter("headroom_requests_finished_total", "Requests that left the engine",
+                           std::string("class=\"") + cls_name + "\",reason=\"" +
+                               engine::finish_reason_name(ev.finish_reason) + "\"")
+              .add();
+        }
+        inner(ev);
+      };
 }
 
 }  // namespace
 
 Status Worker::take_sync_slot(bool reject_if_busy) {
-  if (stopping_ || draining_) return Status(StatusCode::kResourceExhausted, "Out of capacity: the worker is stopping");
+  if (stopping_ || draining_)
+    return Status(StatusCode::kResourceExhausted, "Out of capacity: the worker is stopping");
   if (!reject_if_busy) {
     ++sync_active_;
     return Status::ok();
@@ -356,7 +359,8 @@ Status Worker::take_sync_slot(bool reject_if_busy) {
   // and the count are one step: concurrent callers cannot all see the last free slot.
   int active = sync_active_.load();
   do {
-    if (active >= config_.max_num_seqs) return Status(StatusCode::kResourceExhausted, "Out of capacity");
+    if (active >= config_.max_num_seqs)
+      return Status(StatusCode::kResourceExhausted, "Out of capacity");
   } while (!sync_active_.compare_exchange_weak(active, active + 1));
   return Status::ok();
 }
@@ -389,7 +393,8 @@ Status Worker::hand_to_step_loop(const std::shared_ptr<SyncJob>& job) {
   {
     std::lock_guard<std::mutex> lock(inbox_mu_);
     // The step loop has ended (stopped, or its engine failed) and reads the inbox no more.
-    if (inbox_closed_) return Status(StatusCode::kResourceExhausted, "Out of capacity: the worker is stopping");
+    if (inbox_closed_)
+      return Status(StatusCode::kResourceExhausted, "Out of capacity: the worker is stopping");
     inbox_.push_back(job);
   }
   inbox_cv_.notify_one();
@@ -416,14 +421,16 @@ Result<api::SyncAnswer> Worker::run(const json& request, const api::SyncCall& ca
   HR_RETURN_IF_ERROR(hand_to_step_loop(job));
   // The answer's own generation time is bounded by max_tokens; the wait covers queueing too.
   // A client that goes away meanwhile stops the generation (the step loop cancels it).
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(call.queue_timeout_ms) +
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(call.queue_timeout_ms) +
                         std::chrono::seconds(120);
   while (future.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
     const bool gone = call.client_gone && call.client_gone();
     if (gone || std::chrono::steady_clock::now() >= deadline) {
       job->abandoned = true;
       inbox_cv_.notify_one();
-      return gone ? Status(StatusCode::kCancelled, "the client went away before the answer was ready")
+      return gone ? Status(StatusCode::kCancelled,
+                           "the client went away before the answer was ready")
                   : Status(StatusCode::kDeadlineExceeded, "the request did not finish in time");
     }
   }
@@ -468,9 +475,9 @@ void Worker::loop() {
     std::string text;
     AnswerLogprobs logprobs;
   };
-  std::unordered_map<int64_t, Running> running;  // engine id → lease
+  std::unordered_map<int64_t, Running> running;      // engine id → lease
   std::vector<std::shared_ptr<SyncJob>> generating;  // sync requests in the engine
-  std::vector<queue::Lease> unstarted;            // pulled while stopping: handed back
+  std::vector<queue::Lease> unstarted;               // pulled while stopping: handed back
   int64_t drain_deadline = 0;
   metrics::Counter& credits_granted = metrics::counter(
       "headroom_async_credits_granted_total", "Async requests the worker had headroom to pull");
@@ -481,18 +488,19 @@ void Worker::loop() {
       "headroom_preemptions_total", "Async sequences preempted to make room for sync ones");
   metrics::Counter& prefix_queries = metrics::counter(
       "headroom_prefix_cache_queries_total", "Full prompt blocks looked up in the prefix cache");
-  metrics::Counter& prefix_hits = metrics::counter(
-      "headroom_prefix_cache_hits_total", "Full prompt blocks found in the prefix cache");
-  metrics::Gauge& kv_used = metrics::gauge("headroom_kv_cache_blocks_used", "KV cache blocks in use");
+  metrics::Counter& prefix_hits = metrics::counter("headroom_prefix_cache_hits_total",
+                                                   "Full prompt blocks found in the prefix cache");
+  metrics::Gauge& kv_used =
+      metrics::gauge("headroom_kv_cache_blocks_used", "KV cache blocks in use");
   metrics::Gauge& kv_total = metrics::gauge("headroom_kv_cache_blocks_total", "KV cache blocks");
   metrics::Gauge& kv_usage =
       metrics::gauge("headroom_kv_cache_usage_ratio", "Fraction of the KV cache in use");
   metrics::Gauge& utilization = metrics::gauge(
       "headroom_device_utilization_ratio",
       "Busy fraction of the device (engine steps, or NVML on a GPU), smoothed over ~1 s");
-  metrics::Counter& braked = metrics::counter(
-      "headroom_async_pulls_braked_total",
-      "Times the utilization brake (--max-utilization) held back a pull");
+  metrics::Counter& braked =
+      metrics::counter("headroom_async_pulls_braked_total",
+                       "Times the utilization brake (--max-utilization) held back a pull");
   std::unique_ptr<engine::GpuMonitor> gpu;
   int gpu_index = 0;
   if (std::string(eng.backend().name()) == "cuda") {
@@ -506,8 +514,8 @@ void Worker::loop() {
   RecentPeak sync_recent(3);  // the same over the last 3 s: is sync traffic about?
   StepCost step_cost;         // time per token, for sizing steps with async work
   const double async_step_ms = config_.async_step_ms;
-  int failed_steps = 0;              // engine steps failed in a row
-  int64_t busy_ns = 0;               // time in engine steps since mark_ns
+  int failed_steps = 0;  // engine steps failed in a row
+  int64_t busy_ns = 0;   // time in engine steps since mark_ns
   int64_t mark_ns = steady_now_ns();
   auto publish_engine_gauges = [&] {
     engine::Headroom h = eng.headroom();
@@ -537,47 +545,51 @@ void Worker::loop() {
           .queue.observe(static_cast<double>(steady_now_ns() - job->arrival_ns) / 1e9);
       job->logprobs = AnswerLogprobs(job->request.params.logprobs >= 0);
       TokenShapes* shapes = model_->token_shapes.get();
-      job->request.on_event = timed([job, shapes](const engine::TokenEvent& ev) {
-        if (ev.finish_reason == engine::FinishReason::kError) {
-          // Nothing reached the client: another worker may answer (as async work is retried).
-          fail_job(*job, unavailable(ev.error));
-          return;
-        }
-        job->text += ev.text_delta;
-        add_event(job->logprobs, *shapes, ev);
-        // Streamed, each delta carries the entries of the tokens whose text it completes; the
-        // last ones may come with an empty delta.
-        json piece_logprobs;
-        if (job->streaming && job->logprobs.wanted() && (!ev.text_delta.empty() || ev.finished)) {
-          piece_logprobs = job->logprobs.take();
-        }
-        api::SyncAnswer answer;
-        if (ev.finished) {
-          answer.text = job->text;
-          if (!job->streaming) answer.logprobs = job->logprobs.object();
-          answer.finish_reason = engine::finish_reason_name(ev.finish_reason);
-          answer.prompt_tokens = ev.usage.prompt_tokens;
-          answer.completion_tokens = ev.usage.completion_tokens;
-          answer.cached_tokens = ev.usage.cached_tokens;
-        }
-        if (job->streaming) {
-          std::lock_guard<std::mutex> lock(job->mu);
-          if (!ev.text_delta.empty() || (piece_logprobs.is_array() && !piece_logprobs.empty())) {
-            job->pieces.push_back({ev.text_delta, std::move(piece_logprobs)});
-          }
-          if (ev.finished) {
-            job->finished = true;
-            job->answer = answer;
-          }
-          job->cv.notify_one();
-        } else if (ev.finished) {
-          {
-            std::lock_guard<std::mutex> lock(job->mu);
-            job->finished = true;
-          }
-          job->done.set_value(answer);
-        }
-      }, engine::RequestClass::kSync, job->arrival_ns);
+      job->request.on_event = timed(
+          [job, shapes](const engine::TokenEvent& ev) {
+            if (ev.finish_reason == engine::FinishReason::kError) {
+              // Nothing reached the client: another worker may answer (as async work is retried).
+              fail_job(*job, unavailable(ev.error));
+              return;
+            }
+            job->text += ev.text_delta;
+            add_event(job->logprobs, *shapes, ev);
+            // Streamed, each delta carries the entries of the tokens whose text it completes; the
+            // last ones may come with an empty delta.
+            json piece_logprobs;
+            if (job->streaming && job->logprobs.wanted() &&
+                (!ev.text_delta.empty() || ev.finished)) {
+              piece_logprobs = job->logprobs.take();
+            }
+            api::SyncAnswer answer;
+            if (ev.finished) {
+              answer.text = job->text;
+              if (!job->streaming) answer.logprobs = job->logprobs.object();
+              answer.finish_reason = engine::finish_reason_name(ev.finish_reason);
+              answer.prompt_tokens = ev.usage.prompt_tokens;
+              answer.completion_tokens = ev.usage.completion_tokens;
+              answer.cached_tokens = ev.usage.cached_tokens;
+            }
+            if (job->streaming) {
+              std::lock_guard<std::mutex> lock(job->mu);
+              if (!ev.text_delta.empty() ||
+                  (piece_logprobs.is_array() && !piece_logprobs.empty())) {
+                job->pieces.push_back({ev.text_delta, std::move(piece_logprobs)});
+              }
+              if (ev.finished) {
+                job->finished = true;
+                job->answer = answer;
+              }
+              job->cv.notify_one();
+            } else if (ev.finished) {
+              {
+                std::lock_guard<std::mutex> lock(job->mu);
+                job->finished = true;
+              }
+              job->done.set_value(answer);
+            }
+          },
+          engine::RequestClass::kSync, job->arrival_ns);
       auto id = eng.add(std::move(job->request));
       if (!id.is_ok()) {
         fail_job(*job, id.status());
@@ -630,11 +642,13 @@ void Worker::loop() {
       for (queue::Lease& l : arrived) {
         if (l.submitted_at_ms > 0) {
           class_metrics(engine::RequestClass::kAsync)
-              .queue.observe(static_cast<double>(std::max<int64_t>(0, now_ms - l.submitted_at_ms)) / 1e3);
+              .queue.observe(static_cast<double>(std::max<int64_t>(0, now_ms - l.submitted_at_ms)) /
+                             1e3);
         }
         json body = api::parse_client_json(l.body);
-        auto gen = body.is_discarded() ? Result<engine::GenerationRequest>(invalid_argument("bad body"))
-                                       : to_generation(body, *model_, engine::RequestClass::kAsync);
+        auto gen = body.is_discarded()
+                       ? Result<engine::GenerationRequest>(invalid_argument("bad body"))
+                       : to_generation(body, *model_, engine::RequestClass::kAsync);
         if (!gen.is_ok()) {
           io.fail({l, "invalid_request", gen.status().message(), false});
           continue;
@@ -643,31 +657,34 @@ void Worker::loop() {
         QueueIo* q = &io;
         TokenShapes* shapes = model_->token_shapes.get();
         AnswerLogprobs logprobs(gen->params.logprobs >= 0);
-        gen->on_event = timed([runs, q, shapes](const engine::TokenEvent& ev) {
-          auto it = runs->find(ev.id);
-          if (it == runs->end()) return;
-          it->second.text += ev.text_delta;
-          add_event(it->second.logprobs, *shapes, ev);
-          if (!ev.finished) return;
-          if (ev.finish_reason == engine::FinishReason::kError) {
-            // Another attempt (here or on another worker) may well succeed.
-            q->drop(ev.id);
-            q->fail({it->second.lease, "inference_error", ev.error, true});
-            runs->erase(it);
-            return;
-          }
-          json usage = {{"prompt_tokens", ev.usage.prompt_tokens},
-                        {"completion_tokens", ev.usage.completion_tokens},
-                        {"total_tokens", ev.usage.prompt_tokens + ev.usage.completion_tokens},
-                        {"prompt_tokens_details", {{"cached_tokens", ev.usage.cached_tokens}}}};
-          json result = {{"response", it->second.text}, {"usage", usage},
-                         {"finish_reason", engine::finish_reason_name(ev.finish_reason)}};
-          if (it->second.logprobs.wanted()) result["logprobs"] = it->second.logprobs.object();
-          q->drop(ev.id);
-          q->complete({it->second.lease, result.dump(), ev.usage.prompt_tokens,
-                       ev.usage.completion_tokens, ev.usage.cached_tokens});
-          runs->erase(it);
-        }, engine::RequestClass::kAsync, pulled_ns);
+        gen->on_event = timed(
+            [runs, q, shapes](const engine::TokenEvent& ev) {
+              auto it = runs->find(ev.id);
+              if (it == runs->end()) return;
+              it->second.text += ev.text_delta;
+              add_event(it->second.logprobs, *shapes, ev);
+              if (!ev.finished) return;
+              if (ev.finish_reason == engine::FinishReason::kError) {
+                // Another attempt (here or on another worker) may well succeed.
+                q->drop(ev.id);
+                q->fail({it->second.lease, "inference_error", ev.error, true});
+                runs->erase(it);
+                return;
+              }
+              json usage = {{"prompt_tokens", ev.usage.prompt_tokens},
+                            {"completion_tokens", ev.usage.completion_tokens},
+                            {"total_tokens", ev.usage.prompt_tokens + ev.usage.completion_tokens},
+                            {"prompt_tokens_details", {{"cached_tokens", ev.usage.cached_tokens}}}};
+              json result = {{"response", it->second.text},
+                             {"usage", usage},
+                             {"finish_reason", engine::finish_reason_name(ev.finish_reason)}};
+              if (it->second.logprobs.wanted()) result["logprobs"] = it->second.logprobs.object();
+              q->drop(ev.id);
+              q->complete({it->second.lease, result.dump(), ev.usage.prompt_tokens,
+                           ev.usage.completion_tokens, ev.usage.cached_tokens});
+              runs->erase(it);
+            },
+            engine::RequestClass::kAsync, pulled_ns);
         auto id = eng.add(std::move(gen).value());
         if (!id.is_ok()) {
           io.fail({l, "invalid_request", id.status().message(), false});
@@ -698,8 +715,8 @@ void Worker::loop() {
     if (!stopping && !draining_.load() && h.waiting_sync == 0 && h.waiting_async == 0) {
       credits = std::min(h.free_seq_slots - reserve, config_.max_pull);
       int blocks_per_request = 4;
-      credits = std::min(credits, (h.free_kv_blocks - reserve * blocks_per_request) /
-                                      blocks_per_request);
+      credits =
+          std::min(credits, (h.free_kv_blocks - reserve * blocks_per_request) / blocks_per_request);
       // The last step used its whole token budget: new requests would only wait in the engine.
       if (eng.has_work() && h.token_budget_left <= 0) credits = 0;
       credits -= io.in_transit();  // already granted, still on their way
@@ -733,8 +750,9 @@ void Worker::loop() {
           // End everything held here, so that no client waits on this engine: sync calls get an
           // error their router may take elsewhere, async requests go back to the queue.
           const bool device = st.status().code() == StatusCode::kInternal;
-          log::error("worker.engine_failed",
-                     {{"error", st.status()}, {"failed_steps", failed_steps}, {"stopping", device}});
+          log::error(
+              "worker.engine_failed",
+              {{"error", st.status()}, {"failed_steps", failed_steps}, {"stopping", device}});
           eng.fail_all("the worker's engine failed " + std::to_string(failed_steps) +
                        " steps in a row: " + st.status().message());
           publish_engine_gauges();
@@ -780,7 +798,8 @@ void Worker::loop() {
     eng.cancel(id);
   }
   io.stop(unstarted);
-  log::info("worker.stopped", {{"completed", stats_.completed.load()}, {"released", stats_.released.load()}});
+  log::info("worker.stopped",
+            {{"completed", stats_.completed.load()}, {"released", stats_.released.load()}});
   if (failed_ && on_failure_) on_failure_();
 }
 

@@ -11,8 +11,8 @@
 #include <condition_variable>
 #include <functional>
 #include <memory>
-#include <string>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -38,7 +38,7 @@ struct WorkerStats {
   std::atomic<int64_t> steps{0};
   std::atomic<int64_t> streams_cancelled{0};
   std::atomic<int64_t> calls_cancelled{0};  // sync answers not streamed, their client gone
-  std::atomic<int64_t> braked{0};  // pulls held back by the utilization brake
+  std::atomic<int64_t> braked{0};           // pulls held back by the utilization brake
 };
 
 // What the worker announces to the API's router (queue/registry.h), as of the last engine step.
@@ -88,7 +88,7 @@ class Worker final : public api::SyncInference {
   // Whether the engine gave up.
   bool failed() const { return failed_.load(); }
 
- struct SyncJob;  // a sync request handed to the step loop (defined in worker.cc)
+  struct SyncJob;  // a sync request handed to the step loop (defined in worker.cc)
 
  private:
   Worker(WorkerConfig config, queue::StoreConfig store);

@@ -20,12 +20,14 @@ void WorkerConfig::bind(CLI::App& app) {
            "Stop pulling async work while the device is busier than this fraction (engine "
            "steps, or NVML utilization on a GPU, over ~1 s); 1 never brakes");
   cli::add(app, "--drain-seconds", drain_seconds, "On SIGTERM, time to finish or release leases");
-  cli::add(app, "--max-num-seqs", max_num_seqs, "Sequences the engine runs at once (-1: 32 on the CPU backend, 256 on a GPU)");
+  cli::add(app, "--max-num-seqs", max_num_seqs,
+           "Sequences the engine runs at once (-1: 32 on the CPU backend, 256 on a GPU)");
   cli::add(app, "--max-batched-tokens", max_batched_tokens,
            "Tokens per engine step (-1: 512 on the CPU backend, 2048 on a GPU)");
-  cli::add(app, "--max-model-len", max_model_len,
-           "Longest sequence (prompt and answer) in tokens, below the model's own to keep step inputs "
-           "small (0: the model's max_position_embeddings)");
+  cli::add(
+      app, "--max-model-len", max_model_len,
+      "Longest sequence (prompt and answer) in tokens, below the model's own to keep step inputs "
+      "small (0: the model's max_position_embeddings)");
   cli::add(app, "--max-pull", max_pull, "Most requests taken from the queue at once");
   cli::add(app, "--async-tokens-with-sync", async_tokens_with_sync,
            "While sync requests run (or ran in the last 3 s), async sequences get at most this "
@@ -43,9 +45,10 @@ void WorkerConfig::bind(CLI::App& app) {
            "cores runs first (-1: 5 on the CPU backend, 0 on a GPU)");
   cli::add(app, "--idle-poll-ms", idle_poll_ms,
            "An idle worker looks for async work this often (sync arrivals wake it at once)");
-  cli::add(app, "--kv-cache-bytes", kv_cache_bytes,
-           "KV cache size in bytes (with --device cuda, 0: 90% of the GPU memory left after loading; "
-           "-1: 64 MiB on the CPU backend, 0 on a GPU)");
+  cli::add(
+      app, "--kv-cache-bytes", kv_cache_bytes,
+      "KV cache size in bytes (with --device cuda, 0: 90% of the GPU memory left after loading; "
+      "-1: 64 MiB on the CPU backend, 0 on a GPU)");
   cli::add(app, "--device", device, "Compute device: cpu, cuda or cuda:N");
   cli::add(app, "--cuda-options", cuda_options, engine::cuda_options_help());
   cli::add(app, "--chat-template", chat_template,
@@ -55,9 +58,12 @@ void WorkerConfig::bind(CLI::App& app) {
 Status WorkerConfig::validate() const {
   if (model_dir.empty()) return invalid_argument("--model must name a folder", "model");
   if (model_name.empty()) return invalid_argument("--name must not be empty", "name");
-  if (lease_seconds < 2) return invalid_argument("--lease-seconds must be at least 2", "lease-seconds");
-  if (max_attempts < 1) return invalid_argument("--max-attempts must be at least 1", "max-attempts");
-  if (heartbeat_ms < 50) return invalid_argument("--heartbeat-ms must be at least 50", "heartbeat-ms");
+  if (lease_seconds < 2)
+    return invalid_argument("--lease-seconds must be at least 2", "lease-seconds");
+  if (max_attempts < 1)
+    return invalid_argument("--max-attempts must be at least 1", "max-attempts");
+  if (heartbeat_ms < 50)
+    return invalid_argument("--heartbeat-ms must be at least 50", "heartbeat-ms");
   if (reserve_slots < 0) return invalid_argument("--reserve-slots must be >= 0", "reserve-slots");
   if (max_utilization <= 0 || max_utilization > 1) {
     return invalid_argument("--max-utilization must be in (0, 1]", "max-utilization");
@@ -80,16 +86,19 @@ Status WorkerConfig::validate() const {
     return invalid_argument("--max-num-seqs must be -1 (by device) or positive", "max-num-seqs");
   }
   if (max_batched_tokens < 1 && max_batched_tokens != -1) {
-    return invalid_argument("--max-batched-tokens must be -1 (by device) or positive", "max-batched-tokens");
+    return invalid_argument("--max-batched-tokens must be -1 (by device) or positive",
+                            "max-batched-tokens");
   }
   if (max_pull < 1) return invalid_argument("--max-pull must be positive", "max-pull");
   if (max_model_len < 0) return invalid_argument("--max-model-len must be >= 0", "max-model-len");
   if (kv_cache_bytes < -1 || (kv_cache_bytes == 0 && device == "cpu")) {
-    return invalid_argument("--kv-cache-bytes must be -1 (by device), a size in bytes, or 0 with --device cuda",
-                            "kv-cache-bytes");
+    return invalid_argument(
+        "--kv-cache-bytes must be -1 (by device), a size in bytes, or 0 with --device cuda",
+        "kv-cache-bytes");
   }
   if (!cuda_options.empty()) {
-    if (device == "cpu") return invalid_argument("--cuda-options needs --device cuda", "cuda-options");
+    if (device == "cpu")
+      return invalid_argument("--cuda-options needs --device cuda", "cuda-options");
     HR_RETURN_IF_ERROR(engine::parse_cuda_options(cuda_options).status());
   }
   HR_RETURN_IF_ERROR(engine::check_device(device));

@@ -19,18 +19,18 @@ struct WorkerConfig {
   int lease_seconds = 30;
   int max_attempts = queue::kDefaultMaxAttempts;  // failed attempts before a request ends failed
   int heartbeat_ms = 1000;
-  int reserve_slots = 2;             // sequence slots always kept free for sync bursts
-  double max_utilization = 1.0;      // stop pulling above this busy fraction (1: never)
-  int drain_seconds = 30;            // SIGTERM: time to finish or release leases
-  int max_num_seqs = -1;             // sequences the engine runs at once (-1: 32 on CPU, 256 on a GPU)
-  int max_batched_tokens = -1;       // tokens per engine step (-1: 512 on CPU, 2048 on a GPU)
-  int max_model_len = 0;             // longest sequence, prompt and answer (0: the model's own)
-  int max_pull = 64;                 // most requests taken from the queue at once
-  int idle_poll_ms = 20;             // an idle worker looks at the queue this often
+  int reserve_slots = 2;         // sequence slots always kept free for sync bursts
+  double max_utilization = 1.0;  // stop pulling above this busy fraction (1: never)
+  int drain_seconds = 30;        // SIGTERM: time to finish or release leases
+  int max_num_seqs = -1;         // sequences the engine runs at once (-1: 32 on CPU, 256 on a GPU)
+  int max_batched_tokens = -1;   // tokens per engine step (-1: 512 on CPU, 2048 on a GPU)
+  int max_model_len = 0;         // longest sequence, prompt and answer (0: the model's own)
+  int max_pull = 64;             // most requests taken from the queue at once
+  int idle_poll_ms = 20;         // an idle worker looks at the queue this often
   // Async tokens per step while sync requests run: 0 no cap, -1 auto (8 on the CPU backend, whose
   // step time grows with the tokens in it; no cap on a GPU).
   int async_tokens_with_sync = -1;
-  bool sync_prefill_alone = true;    // steps computing a sync prompt carry no async tokens
+  bool sync_prefill_alone = true;  // steps computing a sync prompt carry no async tokens
   // Nice value of the engine's threads (step loop and CPU pool): -1 auto (5 on the CPU backend,
   // 0 on a GPU), so that request handling on the same cores preempts the compute at once.
   int engine_nice = -1;
@@ -42,7 +42,7 @@ struct WorkerConfig {
   int64_t kv_cache_bytes = -1;
   std::string device = "cpu";  // cpu | cuda | cuda:N
   std::string cuda_options;    // CUDA backend settings (engine::parse_cuda_options)
-  std::string chat_template;         // override: headroom, llama3, chatml, mistral
+  std::string chat_template;   // override: headroom, llama3, chatml, mistral
 
   // This configuration with every -1 ("by device") filled in. The CPU backend's step time grows
   // with the tokens in a step and its threads share the cores with request handling; a GPU's do

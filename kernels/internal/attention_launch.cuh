@@ -15,18 +15,22 @@ namespace hr::kernels::internal {
 template <typename F>
 cudaError_t for_head_dim(int head_dim, F&& f) {
   switch (head_dim) {
-    case 32: return f(std::integral_constant<int, 32>{});
-    case 64: return f(std::integral_constant<int, 64>{});
-    case 128: return f(std::integral_constant<int, 128>{});
-    default: return cudaErrorInvalidValue;
+    case 32:
+      return f(std::integral_constant<int, 32>{});
+    case 64:
+      return f(std::integral_constant<int, 64>{});
+    case 128:
+      return f(std::integral_constant<int, 128>{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
 // Runs Kernel(p, items) on a (num_items, num_kv_heads) grid of `threads`-thread blocks with
 // `smem` bytes of dynamic shared memory.
 template <auto Kernel>
-cudaError_t launch_attention(const PagedAttentionParams& p, const AttentionWorkItem* items, int num_items,
-                             int threads, size_t smem, cudaStream_t stream) {
+cudaError_t launch_attention(const PagedAttentionParams& p, const AttentionWorkItem* items,
+                             int num_items, int threads, size_t smem, cudaStream_t stream) {
   cudaError_t err = allow_dynamic_smem<Kernel>(smem);
   if (err != cudaSuccess) return err;
   return launch(Kernel, dim3(num_items, p.num_kv_heads), dim3(threads), smem, stream, p, items);

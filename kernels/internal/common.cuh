@@ -16,7 +16,9 @@
 // bytes. (The CPU stand-in for the CUDA runtime, tests/simt, defines it first, as its own
 // per-block buffer.)
 #ifndef HR_DYNAMIC_SMEM
-#define HR_DYNAMIC_SMEM(type, name, align) extern __shared__ __align__(align) type name[]
+#define HR_DYNAMIC_SMEM(type, name, align) \
+  extern __shared__ __align__(align)       \
+  type name[]
 #endif
 
 namespace hr::kernels::internal {
@@ -52,7 +54,8 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Inclusive prefix sum over the warp's lanes, in lane order (a fixed order: same inputs, same sums).
+// Inclusive prefix sum over the warp's lanes, in lane order (a fixed order: same inputs, same
+// sums).
 __device__ __forceinline__ float warp_inclusive_scan(float v) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -115,7 +118,9 @@ __device__ __forceinline__ void prefetch_l2_range(const void* p, size_t bytes, i
   if (lane == 0) ::hr::simt::check_device_range(p, bytes, "L2 prefetch");
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (lane == 0) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(static_cast<uint32_t>(bytes)) : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p),
+                 "r"(static_cast<uint32_t>(bytes))
+                 : "memory");
   }
 #else
   for (size_t off = static_cast<size_t>(lane) * 128; off < bytes; off += 32 * 128) {
@@ -135,8 +140,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 
 // Launches `kernel` on `stream`, with programmatic stream serialisation when it is switched on.
 template <typename... Params, typename... Args>
-cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                   Args&&... args) {
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -159,7 +164,8 @@ cudaError_t allow_dynamic_smem(size_t bytes) {
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
   if (dev < kMaxDevices && done[dev].load(std::memory_order_acquire)) return cudaSuccess;
-  err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(bytes));
   if (err == cudaSuccess && dev < kMaxDevices) done[dev].store(true, std::memory_order_release);
   return err;
 }

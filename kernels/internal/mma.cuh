@@ -23,8 +23,12 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   ::hr::simt::cp_async_wait(N);
 }
-__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) { ::hr::simt::ldmatrix_x4(r, p, false); }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) { ::hr::simt::ldmatrix_x4(r, p, true); }
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
+  ::hr::simt::ldmatrix_x4(r, p, false);
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
+  ::hr::simt::ldmatrix_x4(r, p, true);
+}
 __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
   ::hr::simt::mma16816(c, a, b0, b1);
 }
@@ -77,8 +81,9 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // Keys [t0, t0 + kAttentionTcKeyTile) of KV head kvh, gathered through the block table into
 // shared-memory tiles of rows HD + 8 bf16 wide (zeros past kv_end), by THREADS threads.
 template <int HD, int THREADS>
-__device__ __forceinline__ void load_kv_tile(const PagedAttentionParams& p, const int32_t* table, int kvh, int t0,
-                                             int kv_end, __nv_bfloat16* k_s, __nv_bfloat16* v_s) {
+__device__ __forceinline__ void load_kv_tile(const PagedAttentionParams& p, const int32_t* table,
+                                             int kvh, int t0, int kv_end, __nv_bfloat16* k_s,
+                                             __nv_bfloat16* v_s) {
   constexpr int kLd = HD + 8;
   constexpr int kVecPerRow = HD / 8;
   for (int e = threadIdx.x; e < kAttentionTcKeyTile * kVecPerRow; e += THREADS) {
@@ -88,7 +93,10 @@ __device__ __forceinline__ void load_kv_tile(const PagedAttentionParams& p, cons
     size_t off = 0;
     if (valid) {
       const int block = table[pos / p.block_size];
-      off = ((static_cast<size_t>(block) * p.block_size + pos % p.block_size) * p.num_kv_heads + kvh) * HD + c;
+      off = ((static_cast<size_t>(block) * p.block_size + pos % p.block_size) * p.num_kv_heads +
+             kvh) *
+                HD +
+            c;
     }
     cp_async16(k_s + j * kLd + c, p.k_cache + off, valid);
     cp_async16(v_s + j * kLd + c, p.v_cache + off, valid);
@@ -102,8 +110,9 @@ __device__ __forceinline__ void load_kv_tile(const PagedAttentionParams& p, cons
 // are rescaled and grown, and alpha_a, alpha_b are what the output accumulators must be scaled by.
 // A lane quad shares its rows.
 template <int N>
-__device__ __forceinline__ void online_softmax_tile(float (&s)[N][4], int key0, int kv_end, int qpos_a, int qpos_b,
-                                                    float scale, float& m_a, float& m_b, float& l_a, float& l_b,
+__device__ __forceinline__ void online_softmax_tile(float (&s)[N][4], int key0, int kv_end,
+                                                    int qpos_a, int qpos_b, float scale, float& m_a,
+                                                    float& m_b, float& l_a, float& l_b,
                                                     float& alpha_a, float& alpha_b) {
   const int lane = threadIdx.x % 32;
   float mx_a = -INFINITY, mx_b = -INFINITY;

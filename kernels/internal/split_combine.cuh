@@ -16,12 +16,16 @@ constexpr int kMaxMergeDims = 4;  // head dims per lane: head_dim <= 128
 // the weights, then each lane sums dims lane, lane + 32, ... over the splits, taking each split's
 // weight from the lane that computed it. Partial results are read from L2 (__ldcg): in the
 // in-place merge other blocks of the same launch wrote them.
-__device__ __forceinline__ void merge_head(const PagedAttentionParams& p, const AttentionCombineItem& c, int head) {
+__device__ __forceinline__ void merge_head(const PagedAttentionParams& p,
+                                           const AttentionCombineItem& c, int head) {
   const int lane = threadIdx.x % 32;
-  auto slot_of = [&](int s) { return static_cast<size_t>(c.first_partial + s) * p.num_heads + head; };
+  auto slot_of = [&](int s) {
+    return static_cast<size_t>(c.first_partial + s) * p.num_heads + head;
+  };
   float mx = -INFINITY;
   for (int s = lane; s < c.num_splits; s += 32) {
-    if (__ldcg(p.partial_ml + slot_of(s) * 2 + 1) > 0.0f) mx = fmaxf(mx, __ldcg(p.partial_ml + slot_of(s) * 2));
+    if (__ldcg(p.partial_ml + slot_of(s) * 2 + 1) > 0.0f)
+      mx = fmaxf(mx, __ldcg(p.partial_ml + slot_of(s) * 2));
   }
   mx = warp_max(mx);
   float den = 0.0f;
@@ -50,7 +54,8 @@ __device__ __forceinline__ void merge_head(const PagedAttentionParams& p, const 
       }
     }
   }
-  __nv_bfloat16* out = p.out + (static_cast<size_t>(c.q_row) * p.num_heads + head) * p.head_dim + lane;
+  __nv_bfloat16* out =
+      p.out + (static_cast<size_t>(c.q_row) * p.num_heads + head) * p.head_dim + lane;
 #pragma unroll
   for (int q = 0; q < kMaxMergeDims; ++q) {
     if (q < dims) out[32 * q] = __float2bfloat16_rn(acc[q]);
@@ -61,8 +66,9 @@ __device__ __forceinline__ void merge_head(const PagedAttentionParams& p, const 
 // partial results (all `group` heads) are written, when p.combine_counters is set: the last of the
 // item's splits to get here, counted per (combine item, KV head), merges them into p.out (a warp
 // per head) and sets its counter back to zero for the next launch.
-__device__ __forceinline__ void merge_if_last_split(const PagedAttentionParams& p, const AttentionWorkItem& it,
-                                                    int kvh, int group) {
+__device__ __forceinline__ void merge_if_last_split(const PagedAttentionParams& p,
+                                                    const AttentionWorkItem& it, int kvh,
+                                                    int group) {
   __shared__ int last;
   __threadfence();  // this thread's partial results, before the count that publishes them
   __syncthreads();
@@ -86,13 +92,15 @@ __device__ __forceinline__ void merge_if_last_split(const PagedAttentionParams& 
 // weighs nothing, and it still counts towards the merge. An item without keys that writes out
 // (the planner makes none) writes zeros, as the CUDA-core kernel does. Called by every thread of
 // the block.
-__device__ __forceinline__ void finish_empty_split(const PagedAttentionParams& p, const AttentionWorkItem& it,
-                                                   int kvh, int group) {
+__device__ __forceinline__ void finish_empty_split(const PagedAttentionParams& p,
+                                                   const AttentionWorkItem& it, int kvh,
+                                                   int group) {
   if (it.partial < 0) {  // the same for the whole block
     const int per_token = group * p.head_dim;
     for (int e = threadIdx.x; e < it.q_len * per_token; e += blockDim.x) {
       const int t = e / per_token, r = e % per_token;
-      p.out[(static_cast<size_t>(it.q_row + t) * p.num_heads + kvh * group) * p.head_dim + r] = __float2bfloat16(0.0f);
+      p.out[(static_cast<size_t>(it.q_row + t) * p.num_heads + kvh * group) * p.head_dim + r] =
+          __float2bfloat16(0.0f);
     }
     return;
   }

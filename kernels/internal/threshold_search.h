@@ -17,9 +17,9 @@ namespace hr::kernels::internal {
 
 // What one pass over a row tells about a threshold t. NaN counts nowhere.
 struct Probe {
-  float weight = 0.0f;               // of the values >= t
-  float least_at_or_above = 0.0f;    // min {x : x >= t}; +inf when none
-  float greatest_below = 0.0f;       // max {x : x < t}; -inf when none
+  float weight = 0.0f;             // of the values >= t
+  float least_at_or_above = 0.0f;  // min {x : x >= t}; +inf when none
+  float greatest_below = 0.0f;     // max {x : x < t}; -inf when none
 };
 
 // Probes after which the midpoint is taken between the bounds' bit patterns rather than their
@@ -55,7 +55,8 @@ HR_HOST_DEVICE inline float key_float(uint32_t k) {
 // value, so the search ends as soon as no value lies between the bounds, and never takes more
 // than kValueHalvings + 32 probes. `probes` (may be null) counts them.
 template <typename ProbeFn>
-HR_HOST_DEVICE float highest_threshold(float lo, float top, float need, ProbeFn&& probe, int* probes = nullptr) {
+HR_HOST_DEVICE float highest_threshold(float lo, float top, float need, ProbeFn&& probe,
+                                       int* probes = nullptr) {
   // Adding +0 makes -0 +0: fminf and fmaxf may give either zero when both meet, so lanes that
   // reduced in different orders agree on the bounds' bits (the bit halving reads them).
   lo += 0.0f;

@@ -87,9 +87,9 @@ TEST(AsyncApiTest, SubmitPollListCancelRoundTrip) {
   EXPECT_EQ(partial.json()["result"]["responses"][2]["status"], "queued");
 
   // queueRequest in the body and in options work too.
-  auto body_flag = h.post("/ai/run/" + h.model(),
-                          json{{"queueRequest", true}, {"requests", {reversal("q")}}}.dump(),
-                          h.key_a());
+  auto body_flag =
+      h.post("/ai/run/" + h.model(),
+             json{{"queueRequest", true}, {"requests", {reversal("q")}}}.dump(), h.key_a());
   EXPECT_EQ(body_flag.status, 200) << body_flag.body;
   auto options_flag = h.post(
       "/ai/run/" + h.model(),
@@ -100,8 +100,8 @@ TEST(AsyncApiTest, SubmitPollListCancelRoundTrip) {
   ASSERT_EQ(list.status, 200) << list.body;
   EXPECT_EQ(list.json()["result"]["data"].size(), 2u);
   EXPECT_EQ(list.json()["result"]["has_more"], true);
-  auto page2 = h.get("/v1/async?limit=2&after=" +
-                         list.json()["result"]["last_id"].get<std::string>(), h.key_a());
+  auto page2 = h.get(
+      "/v1/async?limit=2&after=" + list.json()["result"]["last_id"].get<std::string>(), h.key_a());
   ASSERT_EQ(page2.json()["result"]["data"].size(), 1u);
   EXPECT_EQ(page2.json()["result"]["data"][0]["request_id"], id);
   EXPECT_EQ(page2.json()["result"]["has_more"], false);
@@ -179,7 +179,7 @@ struct BadCase {
   std::string name;
   std::string target;  // "" → the harness model's queueRequest URL
   std::string body;
-  std::string key;     // "a", "b", "none", "bad"
+  std::string key;  // "a", "b", "none", "bad"
   int status;
   std::string field;
   int index = -1;
@@ -203,14 +203,18 @@ TEST(AsyncApiTest, BadInputIsRejectedWholeAndWritesNothing) {
       {"too large body", "", "{\"requests\": [{\"prompt\": \"" + big + "\"}]}", "a", 413, "body"},
       {"unknown model", "/ai/run/@hr/nope?queueRequest=true", "{\"requests\": [" + ok_req + "]}",
        "a", 400, "model"},
-      {"wrong type", "", "{\"requests\": [" + ok_req + ", {\"prompt\": \"x\", \"max_tokens\": \"ten\"}]}",
-       "a", 400, "requests[1].max_tokens", 1},
-      {"max_tokens over context", "", "{\"requests\": [{\"prompt\": \"x\", \"max_tokens\": 100000}]}",
-       "a", 400, "requests[0].max_tokens", 0},
-      {"bad role", "", "{\"requests\": [{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}]}",
-       "a", 400, "requests[0].messages[0].role", 0},
+      {"wrong type", "",
+       "{\"requests\": [" + ok_req + ", {\"prompt\": \"x\", \"max_tokens\": \"ten\"}]}", "a", 400,
+       "requests[1].max_tokens", 1},
+      {"max_tokens over context", "",
+       "{\"requests\": [{\"prompt\": \"x\", \"max_tokens\": 100000}]}", "a", 400,
+       "requests[0].max_tokens", 0},
+      {"bad role", "",
+       "{\"requests\": [{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}]}", "a", 400,
+       "requests[0].messages[0].role", 0},
       {"both prompt and messages", "",
-       "{\"requests\": [{\"prompt\": \"x\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}]}",
+       "{\"requests\": [{\"prompt\": \"x\", \"messages\": [{\"role\": \"user\", \"content\": "
+       "\"x\"}]}]}",
        "a", 400, "requests[0].prompt", 0},
       {"unknown field", "", "{\"requests\": [{\"prompt\": \"x\", \"max_token\": 3}]}", "a", 400,
        "requests[0].max_token", 0},
@@ -218,17 +222,19 @@ TEST(AsyncApiTest, BadInputIsRejectedWholeAndWritesNothing) {
        "{\"requests\": [{\"prompt\": \"x\", \"external_reference\": \"r1\"}, {\"prompt\": \"y\", "
        "\"external_reference\": \"r1\"}]}",
        "a", 400, "requests[1].external_reference", 1},
-      {"bad temperature", "", "{\"requests\": [{\"prompt\": \"x\", \"temperature\": -1}]}", "a", 400,
-       "requests[0].temperature", 0},
-      {"bad completion window", "", "{\"requests\": [" + ok_req + "], \"completion_window\": \"soon\"}",
-       "a", 400, "completion_window"},
+      {"bad temperature", "", "{\"requests\": [{\"prompt\": \"x\", \"temperature\": -1}]}", "a",
+       400, "requests[0].temperature", 0},
+      {"bad completion window", "",
+       "{\"requests\": [" + ok_req + "], \"completion_window\": \"soon\"}", "a", 400,
+       "completion_window"},
       {"missing key", "", "{\"requests\": [" + ok_req + "]}", "none", 401, "Authorization"},
       {"invalid key", "", "{\"requests\": [" + ok_req + "]}", "bad", 401, "Authorization"},
   };
   for (const BadCase& c : cases) {
     SCOPED_TRACE(c.name);
     std::string key = c.key == "a" ? h.key_a() : c.key == "bad" ? "hr_not_a_real_key_000000" : "";
-    std::string target = c.target.empty() ? "/ai/run/" + h.model() + "?queueRequest=true" : c.target;
+    std::string target =
+        c.target.empty() ? "/ai/run/" + h.model() + "?queueRequest=true" : c.target;
     auto r = h.post(target, c.body, key);
     EXPECT_EQ(r.status, c.status) << r.body;
     json j = r.json();
@@ -267,8 +273,10 @@ TEST(AsyncApiTest, HostileBodiesAreRefusedNamingTheField) {
   const std::vector<Case> cases = {
       {"/v1/chat/completions", R"({"model":"x","stream":true,"x":)" + deep + "}", "body"},
       {"/v1/chat/completions", R"({"model":"x","x":)" + deep + "}", "body"},
-      {run + "?queueRequest=true", R"({"requests":[{"prompt":"x"}],"metadata":)" + deep + "}", "body"},
-      {run + "?queueRequest=true", R"({"requests":[{"prompt":"x"}],"metadata":{"k":"\u0000"}})", "body"},
+      {run + "?queueRequest=true", R"({"requests":[{"prompt":"x"}],"metadata":)" + deep + "}",
+       "body"},
+      {run + "?queueRequest=true", R"({"requests":[{"prompt":"x"}],"metadata":{"k":"\u0000"}})",
+       "body"},
       {"/v1/chat/completions", with("stream", "yes"), "stream"},
       {"/v1/chat/completions", with("options", {{"rejectIfBusy", "yes"}}), "options.rejectIfBusy"},
       {"/v1/chat/completions", with("options", 3), "options"},
@@ -297,13 +305,14 @@ TEST(AsyncApiTest, HostileBodiesAreRefusedNamingTheField) {
 }
 
 // Without a valid key the API answers 401 from the header alone: it never reads (or waits for) the
-// body, however large its Content-Length (within the limits), on upload routes too. Keyed requests are unaffected.
+// body, however large its Content-Length (within the limits), on upload routes too. Keyed requests
+// are unaffected.
 TEST(AsyncApiTest, RequestsWithoutAValidKeyAreRefusedBeforeTheirBodyIsRead) {
   ApiHarness h;
   ASSERT_TRUE(h.ok());
   struct Case {
     std::string target;
-    std::string auth;  // the Authorization header line, or none
+    std::string auth;   // the Authorization header line, or none
     std::string field;  // where the error names the field
   };
   const std::string run = "/ai/run/" + h.model() + "?queueRequest=true";
@@ -368,7 +377,8 @@ TEST(AsyncApiTest, IdempotencyKeyReplaysOrConflicts) {
   EXPECT_EQ(r3.status, 409) << r3.body;
   EXPECT_EQ(r3.json()["errors"][0]["field"], "Idempotency-Key");
   // The same body for another model (named in the path) is another request.
-  auto r5 = h.post("/ai/run/@test/other-model?queueRequest=true", body, h.key_a(), {{"Idempotency-Key", "k-1"}});
+  auto r5 = h.post("/ai/run/@test/other-model?queueRequest=true", body, h.key_a(),
+                   {{"Idempotency-Key", "k-1"}});
   EXPECT_EQ(r5.status, 409) << r5.body;
   EXPECT_EQ(r5.json()["errors"][0]["field"], "Idempotency-Key");
   // Another account may use the same key independently.
@@ -383,7 +393,8 @@ TEST(AsyncApiTest, HundredThousandRequestBatchRoundTrips) {
   ASSERT_TRUE(h.ok());
   json reqs = json::array();
   for (int i = 0; i < 100000; ++i) {
-    reqs.push_back({{"prompt", "reverse: " + std::to_string(i)}, {"external_reference", "r" + std::to_string(i)}});
+    reqs.push_back({{"prompt", "reverse: " + std::to_string(i)},
+                    {"external_reference", "r" + std::to_string(i)}});
   }
   std::string id = h.submit(reqs, h.key_a());
   ASSERT_FALSE(id.empty());

@@ -208,12 +208,28 @@ TEST(OpenAiObjectsTest, BatchObjectFields) {
   std::vector<std::string> keys;
   nlohmann::ordered_json ordered = batch_object(b);
   for (const auto& [key, value] : ordered.items()) keys.push_back(key);
-  EXPECT_EQ(keys, (std::vector<std::string>{
-                      "id", "object", "endpoint", "model", "errors", "input_file_id",
-                      "completion_window", "status", "output_file_id", "error_file_id",
-                      "created_at", "in_progress_at", "expires_at", "finalizing_at",
-                      "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at",
-                      "request_counts", "usage", "metadata"}));  // OpenAI's order
+  EXPECT_EQ(keys, (std::vector<std::string>{"id",
+                                            "object",
+                                            "endpoint",
+                                            "model",
+                                            "errors",
+                                            "input_file_id",
+                                            "completion_window",
+                                            "status",
+                                            "output_file_id",
+                                            "error_file_id",
+                                            "created_at",
+                                            "in_progress_at",
+                                            "expires_at",
+                                            "finalizing_at",
+                                            "completed_at",
+                                            "failed_at",
+                                            "expired_at",
+                                            "cancelling_at",
+                                            "cancelled_at",
+                                            "request_counts",
+                                            "usage",
+                                            "metadata"}));  // OpenAI's order
   EXPECT_EQ(j["object"], "batch");
   EXPECT_EQ(j["status"], "completed");
   EXPECT_EQ(j["created_at"], 1000);
@@ -242,8 +258,9 @@ TEST(OpenAiObjectsTest, BatchObjectFields) {
   EXPECT_TRUE(fj["in_progress_at"].is_null());
   EXPECT_TRUE(fj["finalizing_at"].is_null());
   EXPECT_EQ(fj["errors"]["data"][0]["code"], "empty_file");
-  EXPECT_EQ(batch_object(f)["errors"].dump(),
-            R"({"object":"list","data":[{"code":"empty_file","message":"m","param":null,"line":null}]})");
+  EXPECT_EQ(
+      batch_object(f)["errors"].dump(),
+      R"({"object":"list","data":[{"code":"empty_file","message":"m","param":null,"line":null}]})");
 }
 
 TEST(OpenAiObjectsTest, ResultLinesForEveryEnding) {

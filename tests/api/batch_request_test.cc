@@ -25,31 +25,38 @@ TEST(BatchRequestTest, NormalizesWithDefaults) {
 
 // OpenAI's content parts: text parts are joined with newlines into the message's text.
 TEST(BatchRequestTest, TextContentPartsBecomeTheMessagesText) {
-  json parts = json::array({{{"type", "text"}, {"text", "reverse: "}}, {{"type", "text"}, {"text", "hi"}}});
-  auto r = normalize_chat_request(json{{"messages", {{{"role", "user"}, {"content", parts}}}}}, kModel, {});
+  json parts =
+      json::array({{{"type", "text"}, {"text", "reverse: "}}, {{"type", "text"}, {"text", "hi"}}});
+  auto r = normalize_chat_request(json{{"messages", {{{"role", "user"}, {"content", parts}}}}},
+                                  kModel, {});
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ((*r)["messages"][0]["content"], "reverse: \nhi");
 }
 
 // Penalties are stored only when they do something; the worker reads them from there.
 TEST(BatchRequestTest, PenaltiesThatChangeSomethingAreStored) {
-  auto r = normalize_chat_request(
-      json{{"prompt", "x"}, {"frequency_penalty", 0.5}, {"presence_penalty", 0}, {"repetition_penalty", 1.2}},
-      kModel, {});
+  auto r = normalize_chat_request(json{{"prompt", "x"},
+                                       {"frequency_penalty", 0.5},
+                                       {"presence_penalty", 0},
+                                       {"repetition_penalty", 1.2}},
+                                  kModel, {});
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ((*r)["frequency_penalty"], 0.5);
   EXPECT_FALSE(r->contains("presence_penalty"));
   EXPECT_EQ((*r)["repetition_penalty"], 1.2);
   auto none = normalize_chat_request(
-      json{{"prompt", "x"}, {"repetition_penalty", 1}, {"logprobs", false}, {"top_logprobs", 0}}, kModel, {});
+      json{{"prompt", "x"}, {"repetition_penalty", 1}, {"logprobs", false}, {"top_logprobs", 0}},
+      kModel, {});
   ASSERT_TRUE(none.is_ok());
   EXPECT_FALSE(none->contains("repetition_penalty"));
   EXPECT_FALSE(none->contains("logprobs"));  // asking for none is fine, and not stored
-  auto lp = normalize_chat_request(json{{"prompt", "x"}, {"logprobs", true}, {"top_logprobs", 4}}, kModel, {});
+  auto lp = normalize_chat_request(json{{"prompt", "x"}, {"logprobs", true}, {"top_logprobs", 4}},
+                                   kModel, {});
   ASSERT_TRUE(lp.is_ok()) << lp.status().to_string();
   EXPECT_EQ((*lp)["logprobs"], true);
   EXPECT_EQ((*lp)["top_logprobs"], 4);
-  auto lb = normalize_chat_request(json{{"prompt", "x"}, {"logit_bias", {{"5", 10}, {"0", -100}, {"7", 0}}}}, kModel, {});
+  auto lb = normalize_chat_request(
+      json{{"prompt", "x"}, {"logit_bias", {{"5", 10}, {"0", -100}, {"7", 0}}}}, kModel, {});
   ASSERT_TRUE(lb.is_ok()) << lb.status().to_string();
   EXPECT_EQ((*lb)["logit_bias"], (json{{"5", 10}, {"0", -100}}));  // a zero bias changes nothing
 }
@@ -65,7 +72,8 @@ TEST(BatchRequestTest, NamesTheBadField) {
       {json{{"messages", json::array()}}, "messages"},
       {json{{"messages", {{{"role", "user"}}}}}, "messages[0].content"},
       {json{{"messages", {{{"role", "user"}, {"content", json::array()}}}}}, "messages[0].content"},
-      {json{{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}, {"image_url", "x"}}}}}}}},
+      {json{{"messages",
+             {{{"role", "user"}, {"content", {{{"type", "image_url"}, {"image_url", "x"}}}}}}}},
        "messages[0].content[0].type"},
       {json{{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", 1}}}}}}}},
        "messages[0].content[0].text"},
@@ -99,13 +107,15 @@ TEST(BatchRequestTest, NamesTheBadField) {
 
 TEST(BatchRequestTest, BatchErrorsCarryIndexAndPath) {
   std::vector<queue::NewRequest> out;
-  auto err = parse_batch(json{{"requests", {{{"prompt", "ok"}}, {{"prompt", "ok"}, {"top_k", "x"}}}}},
-                         kModel, {}, &out);
+  auto err =
+      parse_batch(json{{"requests", {{{"prompt", "ok"}}, {{"prompt", "ok"}, {"top_k", "x"}}}}},
+                  kModel, {}, &out);
   ASSERT_TRUE(err.has_value());
   EXPECT_EQ(err->index, 1);
   EXPECT_EQ(err->status.field(), "requests[1].top_k");
-  auto ok = parse_batch(json{{"requests", {{{"prompt", "a"}, {"custom_id", "c"}}, {{"prompt", "b"}}}}},
-                        kModel, {}, &out);
+  auto ok =
+      parse_batch(json{{"requests", {{{"prompt", "a"}, {"custom_id", "c"}}, {{"prompt", "b"}}}}},
+                  kModel, {}, &out);
   EXPECT_FALSE(ok.has_value());
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(*out[0].custom_id, "c");
@@ -120,7 +130,8 @@ TEST(BatchRequestTest, Durations) {
   EXPECT_FALSE(parse_duration_ms("10x", "w").is_ok());
   EXPECT_FALSE(parse_duration_ms("-1h", "w").is_ok());
   EXPECT_FALSE(parse_duration_ms("30d", "w").is_ok());
-  EXPECT_FALSE(parse_duration_ms(std::string(400, '9') + "h", "w").is_ok());  // no overflow on the way
+  EXPECT_FALSE(
+      parse_duration_ms(std::string(400, '9') + "h", "w").is_ok());  // no overflow on the way
   EXPECT_EQ(parse_duration_ms("7d", "w").value(), 7 * 86400000LL);
 }
 

@@ -22,8 +22,9 @@ TEST(ErrorsTest, BodyNamesFieldAndIndex) {
   EXPECT_EQ(body["errors"][0]["field"], "messages[0].role");
   EXPECT_EQ(body["errors"][0]["index"], 7);
   EXPECT_EQ(body["errors"][0]["code"], 1001);
-  EXPECT_EQ(error_body(Status(StatusCode::kResourceExhausted, "Out of capacity"))["errors"][0]["code"],
-            3040);
+  EXPECT_EQ(
+      error_body(Status(StatusCode::kResourceExhausted, "Out of capacity"))["errors"][0]["code"],
+      3040);
 }
 
 TEST(ErrorsTest, OpenAiErrorBody) {
@@ -42,8 +43,8 @@ TEST(ErrorsTest, OpenAiErrorBody) {
   EXPECT_EQ(openai_error_body(Status(StatusCode::kTooLarge, "big"))["error"]["code"], "too_large");
 }
 
-// Client JSON nesting deeper than kMaxJsonDepth, or holding NUL in a string, is refused before it is
-// parsed; brackets and escapes inside strings do not count, and the text "\\u0000" is fine.
+// Client JSON nesting deeper than kMaxJsonDepth, or holding NUL in a string, is refused before it
+// is parsed; brackets and escapes inside strings do not count, and the text "\\u0000" is fine.
 TEST(ErrorsTest, ClientJsonIsRefusedTooDeepOrWithNul) {
   auto nested = [](int depth) { return std::string(depth, '[') + std::string(depth, ']'); };
   std::string why;
@@ -51,7 +52,9 @@ TEST(ErrorsTest, ClientJsonIsRefusedTooDeepOrWithNul) {
   EXPECT_TRUE(parse_client_json(nested(kMaxJsonDepth + 1), &why).is_discarded());
   EXPECT_EQ(why, "nests deeper than 64 levels");
   EXPECT_TRUE(parse_client_json("{\"x\":" + nested(200000) + "}", &why).is_discarded());
-  EXPECT_FALSE(parse_client_json("{\"s\": \"" + std::string(100, '[') + "\\\"{\"}", &why).is_discarded()) << why;
+  EXPECT_FALSE(
+      parse_client_json("{\"s\": \"" + std::string(100, '[') + "\\\"{\"}", &why).is_discarded())
+      << why;
   EXPECT_TRUE(parse_client_json(R"({"k": "a\u0000b"})", &why).is_discarded());
   EXPECT_EQ(why, "holds a NUL character (\\u0000)");
   nlohmann::json literal = parse_client_json(R"({"k": "a\\u0000b"})", &why);

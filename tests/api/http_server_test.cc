@@ -9,9 +9,9 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 
+#include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -179,7 +179,8 @@ TEST(HttpServerTest, HandlersSeeTheirClientHangUp) {
   boost::asio::write(socket, boost::asio::buffer(req));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   socket.close();
-  for (int i = 0; i < 600 && seen < 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 600 && seen < 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_TRUE(connected_at_first);
   EXPECT_EQ(seen.load(), 1);
   server.stop();

@@ -7,12 +7,12 @@
 #include <pqxx/pqxx>
 #include <thread>
 
+#include "api/webhook_dispatcher.h"
 #include "queue/dispatcher.h"
 #include "queue/lease.h"
 #include "queue/openai_batches.h"
 #include "queue/redis.h"
 #include "queue/stream.h"
-#include "api/webhook_dispatcher.h"
 #include "queue/webhooks.h"
 #include "tests/testing/api_harness.h"
 #include "tests/testing/webhook_receiver.h"
@@ -141,9 +141,11 @@ struct Consumer {
     EXPECT_TRUE(r.is_ok()) << r.status().to_string();
     return r.is_ok() ? *r : std::vector<queue::Lease>{};
   }
-    // What a worker stores for a request that asked for log probabilities (the shape, not the values).
+  // What a worker stores for a request that asked for log probabilities (the shape, not the
+  // values).
   inline static const json kStoredLogprobs = {
-      {"content", {{{"token", "2"}, {"logprob", -0.25}, {"bytes", {50}}, {"top_logprobs", json::array()}}}},
+      {"content",
+       {{{"token", "2"}, {"logprob", -0.25}, {"bytes", {50}}, {"top_logprobs", json::array()}}}},
       {"refusal", nullptr}};
   // Answers each lease with the reversal of its prompt's text ("reverse: abc" → "cba"), and log
   // probabilities where asked.
@@ -664,13 +666,14 @@ TEST(OpenAiBatchTest, WebhooksFromExtraFieldsOrMetadata) {
   ApiHarness h([](ApiConfig& c) { c.webhook_allow = {"loopback"}; });
   ASSERT_TRUE(h.ok() && rx.ok());
   std::string file = upload_ok(h, reversal_file(h, 2));
-  HttpResult extra = create(h, h.key_a(), file, "24h",
-                            {{"webhook_url", rx.url("/extra")},
-                             {"webhook_events", {"batch.completed"}}});
+  HttpResult extra =
+      create(h, h.key_a(), file, "24h",
+             {{"webhook_url", rx.url("/extra")}, {"webhook_events", {"batch.completed"}}});
   ASSERT_EQ(extra.status, 200) << extra.body;
-  HttpResult meta = create(h, h.key_a(), file, "24h",
-                           {{"metadata", {{"webhook_url", rx.url("/meta")},
-                                          {"webhook_events", "batch.completed, batch.failed"}}}});
+  HttpResult meta = create(
+      h, h.key_a(), file, "24h",
+      {{"metadata",
+        {{"webhook_url", rx.url("/meta")}, {"webhook_events", "batch.completed, batch.failed"}}}});
   ASSERT_EQ(meta.status, 200) << meta.body;
   // A file that fails validation fails the batch: its webhook hears batch.failed.
   std::string bad = upload_ok(h, "{not json}\n");
@@ -683,10 +686,11 @@ TEST(OpenAiBatchTest, WebhooksFromExtraFieldsOrMetadata) {
   expect_openai_error(create(h, h.key_a(), file, "24h",
                              {{"metadata", {{"webhook_url", "http://169.254.169.254/"}}}}),
                       400, "metadata.webhook_url");
-  expect_openai_error(create(h, h.key_a(), file, "24h",
-                             {{"metadata", {{"webhook_url", rx.url()},
-                                            {"webhook_secret", queue::new_webhook_secret()}}}}),
-                      400, "metadata.webhook_secret");
+  expect_openai_error(
+      create(h, h.key_a(), file, "24h",
+             {{"metadata",
+               {{"webhook_url", rx.url()}, {"webhook_secret", queue::new_webhook_secret()}}}}),
+      400, "metadata.webhook_secret");
   expect_openai_error(create(h, h.key_a(), file, "24h",
                              {{"webhook_url", rx.url()}, {"webhook_events", {"batch.done"}}}),
                       400, "webhook_events");

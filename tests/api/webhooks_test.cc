@@ -127,10 +127,10 @@ bool signature_matches(const Received& r, const std::string& secret) {
 
 TEST(WebhookSignatureTest, MatchesTheStandardWebhooksVector) {
   // The reference vector of the Standard Webhooks libraries.
-  EXPECT_EQ(queue::sign_webhook({"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"},
-                                "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330,
-                                R"({"test": 2432232314})"),
-            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+  EXPECT_EQ(
+      queue::sign_webhook({"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"},
+                          "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, R"({"test": 2432232314})"),
+      "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
   std::string two = queue::sign_webhook({queue::new_webhook_secret(), queue::new_webhook_secret()},
                                         "id", 1, "{}");
   EXPECT_EQ(std::count(two.begin(), two.end(), ' '), 1);
@@ -146,7 +146,8 @@ TEST(WebhooksTest, CompletedBatchIsDeliveredOnceSignedToEveryTarget) {
   ASSERT_TRUE(h.ok() && batch_rx.ok() && endpoint_rx.ok());
 
   auto created = h.post("/v1/webhooks",
-                        json{{"url", endpoint_rx.url("/ep")}, {"description", "ops"},
+                        json{{"url", endpoint_rx.url("/ep")},
+                             {"description", "ops"},
                              {"event_types", {"batch.completed"}}}
                             .dump(),
                         h.key_a());
@@ -208,8 +209,10 @@ TEST(WebhooksTest, CompletedBatchIsDeliveredOnceSignedToEveryTarget) {
 
   // The official library agrees, run by node.
   json cases = json::array();
-  for (const auto& r : per_batch) cases.push_back({{"secret", account_secret}, {"headers", r.headers}, {"body", r.body}});
-  cases.push_back({{"secret", endpoint_secret}, {"headers", per_endpoint[0].headers},
+  for (const auto& r : per_batch)
+    cases.push_back({{"secret", account_secret}, {"headers", r.headers}, {"body", r.body}});
+  cases.push_back({{"secret", endpoint_secret},
+                   {"headers", per_endpoint[0].headers},
                    {"body", per_endpoint[0].body}});
   std::string file = ::testing::TempDir() + "webhook_cases_" + random_hex(4) + ".json";
   std::ofstream(file) << cases.dump();
@@ -227,7 +230,8 @@ TEST(WebhooksTest, FailingReceiverGetsTheSameEventLaterAndRetryAfterIsHonoured) 
   ApiHarness h([](ApiConfig& c) { c.webhook_allow = {"loopback"}; });
   ASSERT_TRUE(h.ok());
   std::string url = "http://127.0.0.1:" + std::to_string(port) + "/hook";
-  std::string batch = submit_with(h, 1, {{"webhook_url", url}, {"webhook_events", {"batch.queued"}}});
+  std::string batch =
+      submit_with(h, 1, {{"webhook_url", url}, {"webhook_events", {"batch.queued"}}});
   ASSERT_FALSE(batch.empty());
   BackgroundDispatcher dispatcher(h.database_url(), fast_options());
   // Attempt 1: connection refused. Then the receiver comes up: 500, a timeout, 429 with
@@ -236,10 +240,14 @@ TEST(WebhooksTest, FailingReceiverGetsTheSameEventLaterAndRetryAfterIsHonoured) 
   Receiver rx(
       [](int n) {
         switch (n) {
-          case 0: return Receiver::Answer{500};
-          case 1: return Receiver::Answer{200, "", 2000};
-          case 2: return Receiver::Answer{429, "3"};
-          default: return Receiver::Answer{200};
+          case 0:
+            return Receiver::Answer{500};
+          case 1:
+            return Receiver::Answer{200, "", 2000};
+          case 2:
+            return Receiver::Answer{429, "3"};
+          default:
+            return Receiver::Answer{200};
         }
       },
       port);
@@ -297,7 +305,8 @@ TEST(WebhooksTest, GoneDisablesTheEndpointAndExhaustedRetriesFail) {
     auto e = h.get("/v1/webhooks/" + ep_id, h.key_a()).json()["result"];
     EXPECT_EQ(e["enabled"], false);
     EXPECT_NE(e["disabled_reason"].get<std::string>().find("410"), std::string::npos);
-    json ep_log = h.get("/v1/webhooks/" + ep_id + "/deliveries", h.key_a()).json()["result"]["data"];
+    json ep_log =
+        h.get("/v1/webhooks/" + ep_id + "/deliveries", h.key_a()).json()["result"]["data"];
     ASSERT_EQ(ep_log.size(), 1u);
     std::string delivery = ep_log[0]["id"];
 
@@ -338,7 +347,8 @@ TEST(WebhooksTest, EndpointAdminValidatesRotatesAndDeletes) {
   Receiver rx([](int) { return Receiver::Answer{}; });
   ApiHarness h([](ApiConfig& c) { c.webhook_allow = {"loopback"}; });
   ASSERT_TRUE(h.ok() && rx.ok());
-  auto bad_type = h.post("/v1/webhooks", json{{"url", rx.url()}, {"event_types", {"batch.done"}}}.dump(), h.key_a());
+  auto bad_type = h.post(
+      "/v1/webhooks", json{{"url", rx.url()}, {"event_types", {"batch.done"}}}.dump(), h.key_a());
   EXPECT_EQ(bad_type.status, 400);
   EXPECT_EQ(bad_type.json()["errors"][0]["field"], "event_types");
   auto no_url = h.post("/v1/webhooks", json{{"description", "x"}}.dump(), h.key_a());
@@ -355,7 +365,8 @@ TEST(WebhooksTest, EndpointAdminValidatesRotatesAndDeletes) {
   EXPECT_EQ(e["event_types"].size(), 5u);  // every batch.* event by default
   std::string id = e["id"];
   std::string first = e["secret"];
-  auto rotated = h.post("/v1/webhooks/" + id + "/rotate-secret", json{{"grace_period_s", 3600}}.dump(), h.key_a());
+  auto rotated = h.post("/v1/webhooks/" + id + "/rotate-secret",
+                        json{{"grace_period_s", 3600}}.dump(), h.key_a());
   ASSERT_EQ(rotated.status, 200) << rotated.body;
   std::string second = rotated.json()["result"]["secret"];
   EXPECT_NE(first, second);
@@ -367,7 +378,9 @@ TEST(WebhooksTest, EndpointAdminValidatesRotatesAndDeletes) {
   BackgroundDispatcher dispatcher(h.database_url(), fast_options());
   ASSERT_TRUE(rx.wait_for(1, 10000));
   Received r = rx.received()[0];
-  EXPECT_EQ(std::count(r.headers["webhook-signature"].begin(), r.headers["webhook-signature"].end(), ' '), 1);
+  EXPECT_EQ(
+      std::count(r.headers["webhook-signature"].begin(), r.headers["webhook-signature"].end(), ' '),
+      1);
   EXPECT_TRUE(signature_matches(r, first));
   EXPECT_TRUE(signature_matches(r, second));
 
@@ -379,9 +392,13 @@ TEST(WebhooksTest, EndpointAdminValidatesRotatesAndDeletes) {
             account_rotated.json()["result"]["secret"]);
 
   EXPECT_EQ(testing::http_call("DELETE", h.port(), "/v1/webhooks/" + id, "",
-                               {{"Authorization", "Bearer " + h.key_b()}}).status, 404);
+                               {{"Authorization", "Bearer " + h.key_b()}})
+                .status,
+            404);
   EXPECT_EQ(testing::http_call("DELETE", h.port(), "/v1/webhooks/" + id, "",
-                               {{"Authorization", "Bearer " + h.key_a()}}).status, 200);
+                               {{"Authorization", "Bearer " + h.key_a()}})
+                .status,
+            200);
   EXPECT_EQ(h.get("/v1/webhooks/" + id, h.key_a()).status, 404);
 }
 
@@ -389,9 +406,11 @@ TEST(WebhooksTest, RequestEventsAreOptIn) {
   Receiver rx([](int) { return Receiver::Answer{}; });
   ApiHarness h([](ApiConfig& c) { c.webhook_allow = {"loopback"}; });
   ASSERT_TRUE(h.ok() && rx.ok());
-  std::string plain = submit_with(h, 2, {{"webhook_url", rx.url("/plain")}, {"webhook_events", {"batch.completed"}}});
-  std::string opted = submit_with(h, 3, {{"webhook_url", rx.url("/opted")},
-                                         {"webhook_events", {"batch.completed", "request.completed"}}});
+  std::string plain = submit_with(
+      h, 2, {{"webhook_url", rx.url("/plain")}, {"webhook_events", {"batch.completed"}}});
+  std::string opted = submit_with(h, 3,
+                                  {{"webhook_url", rx.url("/opted")},
+                                   {"webhook_events", {"batch.completed", "request.completed"}}});
   BackgroundDispatcher dispatcher(h.database_url(), fast_options());
   complete_all(h);
   ASSERT_TRUE(rx.wait_for(5, 10000));  // 2 batch.completed + 3 request.completed
@@ -429,12 +448,16 @@ TEST(WebhooksTest, PrivateTargetsAreRefusedAtSubmitAndAtDelivery) {
     EXPECT_EQ(ep.status, 400) << url;
     EXPECT_EQ(ep.json()["errors"][0]["field"], "url") << url;
   }
-  auto bad_events = h.post("/ai/run/" + h.model() + "?queueRequest=true",
-                           json{{"webhook_events", {"batch.done"}}, {"requests", {reversal("a")}}}.dump(), h.key_a());
+  auto bad_events = h.post(
+      "/ai/run/" + h.model() + "?queueRequest=true",
+      json{{"webhook_events", {"batch.done"}}, {"requests", {reversal("a")}}}.dump(), h.key_a());
   EXPECT_EQ(bad_events.json()["errors"][0]["field"], "webhook_events");
   auto bad_secret = h.post("/ai/run/" + h.model() + "?queueRequest=true",
-                           json{{"webhook_url", "https://93.184.216.34/h"}, {"webhook_secret", "hunter2"},
-                                {"requests", {reversal("a")}}}.dump(), h.key_a());
+                           json{{"webhook_url", "https://93.184.216.34/h"},
+                                {"webhook_secret", "hunter2"},
+                                {"requests", {reversal("a")}}}
+                               .dump(),
+                           h.key_a());
   EXPECT_EQ(bad_secret.json()["errors"][0]["field"], "webhook_secret");
   EXPECT_EQ(h.scalar("SELECT count(*) FROM batches"), 0);
   EXPECT_EQ(h.scalar("SELECT count(*) FROM outbox"), 0);
@@ -446,11 +469,15 @@ TEST(WebhooksTest, PrivateTargetsAreRefusedAtSubmitAndAtDelivery) {
   {
     pqxx::connection c(h.database_url());
     pqxx::work tx(c);
-    std::string account = tx.exec1("SELECT id::text FROM accounts WHERE name = 'alice'")[0].as<std::string>();
-    for (const std::string& url : {rx.url(), "http://localhost:" + std::to_string(rx.port()) + "/h"}) {
-      tx.exec_params("INSERT INTO webhook_deliveries (event_id, event_type, account_id, url, payload, next_attempt_at) "
-                     "VALUES ($1, 'batch.completed', $2, $3, '{}', now())",
-                     new_uuid_v4().to_string(), account, url);
+    std::string account =
+        tx.exec1("SELECT id::text FROM accounts WHERE name = 'alice'")[0].as<std::string>();
+    for (const std::string& url :
+         {rx.url(), "http://localhost:" + std::to_string(rx.port()) + "/h"}) {
+      tx.exec_params(
+          "INSERT INTO webhook_deliveries (event_id, event_type, account_id, url, payload, "
+          "next_attempt_at) "
+          "VALUES ($1, 'batch.completed', $2, $3, '{}', now())",
+          new_uuid_v4().to_string(), account, url);
     }
     queue::ensure_signing_secret(tx, account);
     tx.commit();
@@ -467,7 +494,8 @@ TEST(WebhooksTest, PrivateTargetsAreRefusedAtSubmitAndAtDelivery) {
   ASSERT_EQ(log.size(), 2u);
   for (const auto& del : log) {
     EXPECT_EQ(del["status"], "failed");
-    EXPECT_NE(del["last_error"].get<std::string>().find("refused"), std::string::npos) << del.dump();
+    EXPECT_NE(del["last_error"].get<std::string>().find("refused"), std::string::npos)
+        << del.dump();
   }
 }
 
@@ -523,10 +551,13 @@ TEST(WebhooksTest, ASlowWebhookLookupHoldsNoDatabaseConnection) {
     input_file = queue::create_file(conn, {carol, "batch", "in.jsonl", line, 1}).value().id;
   }
   const std::vector<Case> cases = {
-      {"a batch with a webhook_url", "/ai/run/" + h.model() + "?queueRequest=true",
-       {{"webhook_url", "https://hooks.example.com/h"}, {"requests", {reversal("a")}}}, 200},
+      {"a batch with a webhook_url",
+       "/ai/run/" + h.model() + "?queueRequest=true",
+       {{"webhook_url", "https://hooks.example.com/h"}, {"requests", {reversal("a")}}},
+       200},
       {"a webhook endpoint", "/v1/webhooks", {{"url", "https://hooks.example.com/e"}}, 201},
-      {"an OpenAI batch with a webhook_url", "/v1/batches",
+      {"an OpenAI batch with a webhook_url",
+       "/v1/batches",
        {{"input_file_id", input_file},
         {"endpoint", "/v1/chat/completions"},
         {"completion_window", "24h"},
@@ -560,22 +591,29 @@ TEST(WebhooksTest, ASlowWebhookLookupHoldsNoDatabaseConnection) {
     EXPECT_EQ(listed.status, 200) << listed.body;
     EXPECT_EQ(posted.status, c.status) << posted.body;
   }
-  EXPECT_EQ(h.scalar("SELECT count(*) FROM batches WHERE webhook_url = 'https://hooks.example.com/h'"), 1);
-  EXPECT_EQ(h.scalar("SELECT count(*) FROM webhook_endpoints WHERE url = 'https://hooks.example.com/e'"), 1);
-  EXPECT_EQ(h.scalar("SELECT count(*) FROM batches WHERE webhook_url = 'https://hooks.example.com/o'"), 1);
+  EXPECT_EQ(
+      h.scalar("SELECT count(*) FROM batches WHERE webhook_url = 'https://hooks.example.com/h'"),
+      1);
+  EXPECT_EQ(
+      h.scalar("SELECT count(*) FROM webhook_endpoints WHERE url = 'https://hooks.example.com/e'"),
+      1);
+  EXPECT_EQ(
+      h.scalar("SELECT count(*) FROM batches WHERE webhook_url = 'https://hooks.example.com/o'"),
+      1);
 }
 
 TEST(WebhooksTest, SeveralDispatchersNeverSendTheSameAttemptTwice) {
   Receiver rx([](int) { return Receiver::Answer{}; });
   ApiHarness h([](ApiConfig& c) { c.webhook_allow = {"loopback"}; });
   ASSERT_TRUE(h.ok() && rx.ok());
-  auto ep = h.post("/v1/webhooks", json{{"url", rx.url()}, {"event_types", {"batch.queued"}}}.dump(),
-                   h.key_a());
+  auto ep = h.post("/v1/webhooks",
+                   json{{"url", rx.url()}, {"event_types", {"batch.queued"}}}.dump(), h.key_a());
   ASSERT_EQ(ep.status, 201);
   {
     std::vector<std::unique_ptr<BackgroundDispatcher>> dispatchers;
     for (int i = 0; i < 3; ++i) {
-      dispatchers.push_back(std::make_unique<BackgroundDispatcher>(h.database_url(), fast_options()));
+      dispatchers.push_back(
+          std::make_unique<BackgroundDispatcher>(h.database_url(), fast_options()));
     }
     for (int i = 0; i < 150; ++i) submit_with(h, 1, {});
     ASSERT_TRUE(rx.wait_for(150, 20000));
@@ -605,10 +643,20 @@ TEST(WebhooksTest, SeveralDispatchersNeverSendTheSameAttemptTwice) {
 // --- a dispatcher process killed while a receiver holds its request ---
 
 pid_t spawn_dispatcher(ApiHarness& h) {
-  std::vector<std::string> args = {HEADROOM_BINARY, "--log-level", "warn", "dispatcher",
-                                   "--database-url", h.database_url(), "--redis-url",
-                                   h.redis_url(), "--webhook-allow", "loopback",
-                                   "--webhook-timeout-ms", "2000", "--webhook-retry-schedule", "1s"};
+  std::vector<std::string> args = {HEADROOM_BINARY,
+                                   "--log-level",
+                                   "warn",
+                                   "dispatcher",
+                                   "--database-url",
+                                   h.database_url(),
+                                   "--redis-url",
+                                   h.redis_url(),
+                                   "--webhook-allow",
+                                   "loopback",
+                                   "--webhook-timeout-ms",
+                                   "2000",
+                                   "--webhook-retry-schedule",
+                                   "1s"};
   return testing::spawn(std::move(args));
 }
 
@@ -616,7 +664,8 @@ TEST(WebhooksTest, DispatcherKilledMidDeliveryStillDelivers) {
   Receiver rx([](int n) { return n == 0 ? Receiver::Answer{200, "", 4000} : Receiver::Answer{}; });
   ApiHarness h([](ApiConfig& c) { c.webhook_allow = {"loopback"}; });
   ASSERT_TRUE(h.ok() && rx.ok());
-  std::string batch = submit_with(h, 1, {{"webhook_url", rx.url()}, {"webhook_events", {"batch.queued"}}});
+  std::string batch =
+      submit_with(h, 1, {{"webhook_url", rx.url()}, {"webhook_events", {"batch.queued"}}});
   pid_t first = spawn_dispatcher(h);
   ASSERT_TRUE(rx.wait_for(1, 15000));  // the first attempt is being held by the receiver
   kill(first, SIGKILL);
@@ -638,7 +687,9 @@ TEST(WebhooksTest, DispatcherKilledMidDeliveryStillDelivers) {
 
 // --- HTTPS with a test CA ---
 
-bool run_cmd(const std::string& cmd) { return std::system(("(" + cmd + ") >/dev/null 2>&1").c_str()) == 0; }
+bool run_cmd(const std::string& cmd) {
+  return std::system(("(" + cmd + ") >/dev/null 2>&1").c_str()) == 0;
+}
 
 // A CA and a server certificate for `name` (DNS) signed by it, in `dir`.
 bool make_certs(const std::string& dir, const std::string& name) {
@@ -647,7 +698,8 @@ bool make_certs(const std::string& dir, const std::string& name) {
                  " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
                  "-subj /CN=headroom-test-ca"
                  " && openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr "
-                 "-subj /CN=" + name +
+                 "-subj /CN=" +
+                 name +
                  " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
                  "-out server.pem -days 2 -extfile ext.cnf");
 }
@@ -689,7 +741,8 @@ class TlsReceiver {
       boost::system::error_code ec;
       boost::asio::io_context ioc;
       boost::asio::ip::tcp::socket poke(ioc);
-      poke.connect(acceptor_.local_endpoint(), ec);  // wakes accept(); closing it ends the handshake
+      poke.connect(acceptor_.local_endpoint(),
+                   ec);  // wakes accept(); closing it ends the handshake
     }
     thread_.join();
   }

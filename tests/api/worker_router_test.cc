@@ -48,7 +48,7 @@ TEST(WorkerRouterTest, AffinityKeysSpreadAndOnlyTheLostWorkersKeysMove) {
   }
   ASSERT_EQ(per_worker.size(), 4u);
   for (const auto& [id, n] : per_worker) {
-    EXPECT_GT(n, 800) << id;   // about 1000 each
+    EXPECT_GT(n, 800) << id;  // about 1000 each
     EXPECT_LT(n, 1200) << id;
   }
   std::vector<queue::WorkerInfo> without_b = {ws[0], ws[2], ws[3]};
@@ -85,7 +85,8 @@ TEST(WorkerRouterTest, EqualLoadPrefersFewerAsyncSequencesThenSpreadsAtRandom) {
   EXPECT_EQ(ws[route_order(ws, {0, 0}, "", 3)[0]].id, "y");
   std::vector<queue::WorkerInfo> twins = {worker("p"), worker("q")};
   std::map<std::string, int> first;
-  for (uint64_t seed = 0; seed < 200; ++seed) ++first[twins[route_order(twins, {0, 0}, "", seed)[0]].id];
+  for (uint64_t seed = 0; seed < 200; ++seed)
+    ++first[twins[route_order(twins, {0, 0}, "", seed)[0]].id];
   EXPECT_GT(first["p"], 50);
   EXPECT_GT(first["q"], 50);
 }
@@ -98,7 +99,8 @@ TEST(WorkerRouterTest, LoadDifferencesBelowAnEighthOfCapacitySpreadAtRandom) {
   EXPECT_GT(first["p"], 50);
   EXPECT_GT(first["q"], 50);
   ws[0].sync_load = 4;  // an eighth: now it counts
-  for (uint64_t seed = 0; seed < 50; ++seed) EXPECT_EQ(ws[route_order(ws, {0, 0}, "", seed)[0]].id, "q");
+  for (uint64_t seed = 0; seed < 50; ++seed)
+    EXPECT_EQ(ws[route_order(ws, {0, 0}, "", seed)[0]].id, "q");
 }
 
 TEST(WorkerRouterTest, RoomIsCapacityMinusTheLargerLoad) {

@@ -32,8 +32,9 @@ TEST(CliTest, EnvNames) {
 }
 
 TEST(CliTest, PrecedenceFlagsOverEnvOverFile) {
-  auto file = parse_config_text("# comment\nport = 3\n[api]\ndatabase_url = \"postgresql://f\"\n"
-                                "verbose-thing = true\n");
+  auto file = parse_config_text(
+      "# comment\nport = 3\n[api]\ndatabase_url = \"postgresql://f\"\n"
+      "verbose-thing = true\n");
   ASSERT_TRUE(file.is_ok()) << file.status().to_string();
 
   {  // file only

@@ -33,9 +33,9 @@ TEST(IdsTest, V7IsTimeOrderedAcrossMilliseconds) {
 TEST(IdsTest, ParseRejectsMalformed) {
   EXPECT_FALSE(parse_uuid("").is_ok());
   EXPECT_FALSE(parse_uuid("not-a-uuid").is_ok());
-  EXPECT_FALSE(parse_uuid("0191b9c8-7d2a-7c3e-9b1a-2f1e4c5d6e7").is_ok());     // 35 chars
-  EXPECT_FALSE(parse_uuid("0191b9c8x7d2a-7c3e-9b1a-2f1e4c5d6e7f").is_ok());    // bad dash
-  EXPECT_FALSE(parse_uuid("0191b9c8-7d2a-7c3e-9b1a-2f1e4c5d6e7g").is_ok());    // non-hex
+  EXPECT_FALSE(parse_uuid("0191b9c8-7d2a-7c3e-9b1a-2f1e4c5d6e7").is_ok());   // 35 chars
+  EXPECT_FALSE(parse_uuid("0191b9c8x7d2a-7c3e-9b1a-2f1e4c5d6e7f").is_ok());  // bad dash
+  EXPECT_FALSE(parse_uuid("0191b9c8-7d2a-7c3e-9b1a-2f1e4c5d6e7g").is_ok());  // non-hex
   EXPECT_TRUE(parse_uuid("0191B9C8-7D2A-7C3E-9B1A-2F1E4C5D6E7F").is_ok());
 }
 

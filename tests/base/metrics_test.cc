@@ -44,7 +44,7 @@ TEST(MetricsTest, ConcurrentUpdatesAddUp) {
   EXPECT_EQ(c.value(), 40000);
   EXPECT_EQ(h.count(), 40000u);
   EXPECT_NEAR(h.sum(), 80, 1e-6);
-  EXPECT_EQ(h.cumulative(0), 0u);   // 1 ms
+  EXPECT_EQ(h.cumulative(0), 0u);      // 1 ms
   EXPECT_EQ(h.cumulative(1), 40000u);  // 2.5 ms
 }
 

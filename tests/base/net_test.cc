@@ -13,11 +13,29 @@ namespace {
 IpAddress ip(const char* s) { return parse_ip(s).value(); }
 
 TEST(NetTest, ClassifiesForbiddenRanges) {
-  for (const char* a : {"127.0.0.1", "127.9.9.9", "10.1.2.3", "172.16.0.1", "172.31.255.255",
-                        "192.168.0.1", "169.254.169.254", "100.64.0.1", "0.0.0.0", "224.0.0.1",
-                        "255.255.255.255", "198.18.0.1", "::1", "::", "fe80::1", "fc00::1",
-                        "fd00:ec2::254", "ff02::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1",
-                        "64:ff9b::a9fe:a9fe", "2002:7f00:1::1", "::127.0.0.1"}) {
+  for (const char* a : {"127.0.0.1",
+                        "127.9.9.9",
+                        "10.1.2.3",
+                        "172.16.0.1",
+                        "172.31.255.255",
+                        "192.168.0.1",
+                        "169.254.169.254",
+                        "100.64.0.1",
+                        "0.0.0.0",
+                        "224.0.0.1",
+                        "255.255.255.255",
+                        "198.18.0.1",
+                        "::1",
+                        "::",
+                        "fe80::1",
+                        "fc00::1",
+                        "fd00:ec2::254",
+                        "ff02::1",
+                        "::ffff:127.0.0.1",
+                        "::ffff:10.0.0.1",
+                        "64:ff9b::a9fe:a9fe",
+                        "2002:7f00:1::1",
+                        "::127.0.0.1"}) {
     EXPECT_TRUE(forbidden_range(ip(a)).has_value()) << a;
   }
   for (const char* a : {"8.8.8.8", "93.184.216.34", "172.32.0.1", "100.128.0.1", "1.1.1.1",
@@ -64,12 +82,15 @@ TEST(NetTest, ALookupThatHangsEndsAtItsDeadline) {
   ASSERT_FALSE(hung.is_ok());
   EXPECT_EQ(hung.status().code(), StatusCode::kUnavailable);
   EXPECT_EQ(hung.status().field(), "webhook_url");
-  EXPECT_NE(hung.status().message().find("slow.example did not resolve within 100 ms"), std::string::npos);
+  EXPECT_NE(hung.status().message().find("slow.example did not resolve within 100 ms"),
+            std::string::npos);
   EXPECT_GE(waited, std::chrono::milliseconds(100));
   EXPECT_LT(waited, std::chrono::seconds(2));
-  auto quick = lookup_within("dns.google", "u", std::chrono::seconds(5), [](const std::string& host) {
-    return Result<std::vector<IpAddress>>(std::vector<IpAddress>{ip(host == "dns.google" ? "8.8.8.8" : "0.0.0.0")});
-  });
+  auto quick =
+      lookup_within("dns.google", "u", std::chrono::seconds(5), [](const std::string& host) {
+        return Result<std::vector<IpAddress>>(
+            std::vector<IpAddress>{ip(host == "dns.google" ? "8.8.8.8" : "0.0.0.0")});
+      });
   ASSERT_TRUE(quick.is_ok());
   ASSERT_EQ(quick->size(), 1u);
   EXPECT_EQ((*quick)[0].to_string(), "8.8.8.8");
@@ -89,7 +110,8 @@ TEST(NetTest, ResolvesAndChecksEveryAddress) {
 }
 
 TEST(NetTest, Base64RoundTrips) {
-  for (std::string s : std::vector<std::string>{"", "a", "ab", "abc", "abcd", std::string("\0\xff\x10", 3)}) {
+  for (std::string s :
+       std::vector<std::string>{"", "a", "ab", "abc", "abcd", std::string("\0\xff\x10", 3)}) {
     EXPECT_EQ(base64_decode(base64_encode(s)).value(), s);
   }
   EXPECT_FALSE(base64_decode("abc").has_value());

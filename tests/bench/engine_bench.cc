@@ -181,17 +181,21 @@ int main(int argc, char** argv) {
   double load_s = secs(t0);
   auto weights = std::make_shared<const ModelWeights>(std::move(loaded));
   int threads = static_cast<int>(std::thread::hardware_concurrency());
-  json out = {{"model", model}, {"parameters", weights->num_parameters()},
-              {"weight_bytes_fp32", weights->num_bytes()}, {"load_seconds", load_s},
-              {"threads", threads}, {"simd", simd_level_name(cpu_simd_level())}};
+  json out = {{"model", model},
+              {"parameters", weights->num_parameters()},
+              {"weight_bytes_fp32", weights->num_bytes()},
+              {"load_seconds", load_s},
+              {"threads", threads},
+              {"simd", simd_level_name(cpu_simd_level())}};
   int prompt_len = std::min(32, weights->config.max_position_embeddings / 4);
   int gen_len = std::min(64, weights->config.max_position_embeddings / 2);
   if (only_batch > 0) {
     // Three decode runs at one batch size, for profiling and quick comparisons.
     for (int run = 0; run < 3; ++run) {
       DecodeResult r = run_batch(weights, only_batch, prompt_len, gen_len);
-      std::printf("{\"batch\":%d,\"decode_tok_s\":%.1f,\"prefill_tok_s\":%.1f,\"load_seconds\":%.2f}\n",
-                  only_batch, r.decode_tok_s, r.prefill_tok_s, load_s);
+      std::printf(
+          "{\"batch\":%d,\"decode_tok_s\":%.1f,\"prefill_tok_s\":%.1f,\"load_seconds\":%.2f}\n",
+          only_batch, r.decode_tok_s, r.prefill_tok_s, load_s);
       std::fflush(stdout);
     }
     return 0;

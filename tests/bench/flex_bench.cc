@@ -516,10 +516,11 @@ int main(int argc, char** argv) {
   const double token_rate = o.sync_fraction * capacity / mean_tokens;
   double probe_start = since_t0();
   const double probe_seconds = std::max(6.0, o.warmup_seconds + 4);
-  SyncLoad probe_load = run_sync_load(
-      o, poisson_schedule(o, token_rate, o.seed + 1, probe_seconds), t0, Clock::now());
+  SyncLoad probe_load = run_sync_load(o, poisson_schedule(o, token_rate, o.seed + 1, probe_seconds),
+                                      t0, Clock::now());
   if (!probe_load.drained) give_up("sync requests of the probe did not end", errors);
-  Window probe = measure(sampler.all(), probe_start + o.warmup_seconds, probe_start + probe_seconds);
+  Window probe =
+      measure(sampler.all(), probe_start + o.warmup_seconds, probe_start + probe_seconds);
   double probe_util = probe.utilization;
   const double rate =
       probe_util > 0 ? token_rate * std::clamp(o.sync_fraction / probe_util, 0.1, 2.0) : token_rate;
@@ -562,7 +563,8 @@ int main(int argc, char** argv) {
     // (b) the same sync arrivals over an async backlog that outlasts the slice, starting
     // `warmup_seconds` after async tokens appear.
     double b_start = since_t0();
-    int backlog = static_cast<int>(std::ceil(capacity / mean_tokens * (slice + o.warmup_seconds + 10)));
+    int backlog =
+        static_cast<int>(std::ceil(capacity / mean_tokens * (slice + o.warmup_seconds + 10)));
     if (start_async(feeder, sampler, std::max(backlog, 2 * o.async_batch), 5, o.drain_timeout_s) <
         0) {
       give_up("no async token appeared in phase b", errors);

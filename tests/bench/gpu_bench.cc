@@ -20,9 +20,9 @@
 #include "engine/backend_factory.h"
 #include "engine/cuda_backend.h"
 #include "engine/cuda_gemm.h"
+#include "engine/engine.h"
 #include "kernels/fill.cuh"
 #include "kernels/gemv.cuh"
-#include "engine/engine.h"
 
 using namespace hr::engine;
 namespace kernels = hr::kernels;
@@ -72,8 +72,9 @@ struct DecodeResult {
 // With `profile`, the timed steps run without graphs and their per-phase GPU times are kept there.
 // Without `pipeline`, each step's tokens are collected before the next step is planned. `sampling`
 // (greedy by default) is every request's: penalties, log probabilities.
-hr::Result<DecodeResult> decode_rate(std::shared_ptr<CudaBackend> backend, int batch, int prompt_len, int steps,
-                                     int max_tokens_per_step, std::mt19937& rng, json* profile = nullptr,
+hr::Result<DecodeResult> decode_rate(std::shared_ptr<CudaBackend> backend, int batch,
+                                     int prompt_len, int steps, int max_tokens_per_step,
+                                     std::mt19937& rng, json* profile = nullptr,
                                      bool pipeline = true, int context = 8192,
                                      const SamplingParams& sampling = SamplingParams{}) {
   EngineOptions eo;
@@ -120,8 +121,8 @@ hr::Result<DecodeResult> decode_rate(std::shared_ptr<CudaBackend> backend, int b
 }
 
 // `count` prompts of `len` tokens, one output token each; prompt tokens per second.
-hr::Result<double> prefill_rate(std::shared_ptr<CudaBackend> backend, int count, int len, int max_tokens_per_step,
-                                std::mt19937& rng) {
+hr::Result<double> prefill_rate(std::shared_ptr<CudaBackend> backend, int count, int len,
+                                int max_tokens_per_step, std::mt19937& rng) {
   EngineOptions eo;
   eo.scheduler.max_num_seqs = count;
   eo.scheduler.max_batched_tokens = max_tokens_per_step;
@@ -146,7 +147,8 @@ json gemv_vs_cublaslt(const ModelConfig& c, double bw, size_t rotate_bytes) {
   auto gemm = CublasLtGemm::create(32ull << 20);
   if (!gemm.is_ok()) return json::object();
   const int D = c.hidden_size, F = c.intermediate_size;
-  const int shapes[][2] = {{c.q_size() + 2 * c.kv_size(), D}, {D, c.q_size()}, {2 * F, D}, {D, F}, {c.vocab_size, D}};
+  const int shapes[][2] = {
+      {c.q_size() + 2 * c.kv_size(), D}, {D, c.q_size()}, {2 * F, D}, {D, F}, {c.vocab_size, D}};
   const char* names[] = {"qkv", "o", "gate_up", "down", "lm_head"};
   json out = json::object();
   size_t max_n = 0, max_k = 0;
@@ -212,7 +214,8 @@ json gemv_vs_cublaslt(const ModelConfig& c, double bw, size_t rotate_bytes) {
 // at one and two rows, after one warm-up launch each; nothing timed here.
 int gemv_profile_run(const ModelConfig& c) {
   const int D = c.hidden_size, F = c.intermediate_size;
-  const int shapes[][2] = {{c.q_size() + 2 * c.kv_size(), D}, {D, c.q_size()}, {2 * F, D}, {D, F}, {c.vocab_size, D}};
+  const int shapes[][2] = {
+      {c.q_size() + 2 * c.kv_size(), D}, {D, c.q_size()}, {2 * F, D}, {D, F}, {c.vocab_size, D}};
   const char* names[] = {"qkv", "o", "gate_up", "down", "lm_head"};
   __nv_bfloat16 *x = nullptr, *w = nullptr;
   float* y = nullptr;
@@ -284,24 +287,42 @@ int main(int argc, char** argv) {
   // the CUDA runtime, tests/simt).
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
-    if (k == "--layers") c.num_layers = std::stoi(v);
-    else if (k == "--hidden") c.hidden_size = std::stoi(v);
-    else if (k == "--intermediate") c.intermediate_size = std::stoi(v);
-    else if (k == "--heads") c.num_heads = std::stoi(v);
-    else if (k == "--kv-heads") c.num_kv_heads = std::stoi(v);
-    else if (k == "--head-dim") c.head_dim = std::stoi(v);
-    else if (k == "--vocab") c.vocab_size = std::stoi(v);
-    else if (k == "--copy-mb") copy_mb = std::stoul(v);
-    else if (k == "--rotate-mb") rotate_mb = std::stoul(v);
-    else if (k == "--kv-cache-mb") kv_cache_mb = std::stoul(v);
-    else if (k == "--max-seqs") max_seqs = std::stoi(v);
-    else if (k == "--batches") batches = v;
-    else if (k == "--prompt") prompt = std::stoi(v);
-    else if (k == "--steps") steps = std::stoi(v);
-    else if (k == "--prefill-prompt") prefill_len = std::stoi(v);
-    else if (k == "--prefill-count") prefill_count = std::stoi(v);
-    else if (k == "--max-batched-tokens") max_tokens = std::stoi(v);
-    else if (k == "--gemv-profile") gemv_profile = v == "1";
+    if (k == "--layers")
+      c.num_layers = std::stoi(v);
+    else if (k == "--hidden")
+      c.hidden_size = std::stoi(v);
+    else if (k == "--intermediate")
+      c.intermediate_size = std::stoi(v);
+    else if (k == "--heads")
+      c.num_heads = std::stoi(v);
+    else if (k == "--kv-heads")
+      c.num_kv_heads = std::stoi(v);
+    else if (k == "--head-dim")
+      c.head_dim = std::stoi(v);
+    else if (k == "--vocab")
+      c.vocab_size = std::stoi(v);
+    else if (k == "--copy-mb")
+      copy_mb = std::stoul(v);
+    else if (k == "--rotate-mb")
+      rotate_mb = std::stoul(v);
+    else if (k == "--kv-cache-mb")
+      kv_cache_mb = std::stoul(v);
+    else if (k == "--max-seqs")
+      max_seqs = std::stoi(v);
+    else if (k == "--batches")
+      batches = v;
+    else if (k == "--prompt")
+      prompt = std::stoi(v);
+    else if (k == "--steps")
+      steps = std::stoi(v);
+    else if (k == "--prefill-prompt")
+      prefill_len = std::stoi(v);
+    else if (k == "--prefill-count")
+      prefill_count = std::stoi(v);
+    else if (k == "--max-batched-tokens")
+      max_tokens = std::stoi(v);
+    else if (k == "--gemv-profile")
+      gemv_profile = v == "1";
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -332,8 +353,9 @@ int main(int argc, char** argv) {
         best_options = v.value("cuda_options", json());
       }
     }
-    out["best_batch1_mbu"] = {
-        {"setting", best}, {"mbu", std::round(best_mbu * 1e4) / 1e4}, {"cuda_options", best_options}};
+    out["best_batch1_mbu"] = {{"setting", best},
+                              {"mbu", std::round(best_mbu * 1e4) / 1e4},
+                              {"cuda_options", best_options}};
     out["errors"] = errors;
     out["complete"] = complete;
     std::printf("%s\n", out.dump().c_str());
@@ -353,8 +375,10 @@ int main(int argc, char** argv) {
   }
   std::shared_ptr<CudaBackend> backend = std::move(made).value();
   out["cuda_options"] = describe_cuda_backend_options(backend->options());  // the defaults
-  std::printf("model: %d layers, %.2f GB of weights, made in %.1f s; KV cache %.2f GB (%d blocks)\n", c.num_layers,
-              backend->weight_bytes() / 1e9, secs(t_load), backend->kv_cache_bytes() / 1e9, backend->num_kv_blocks());
+  std::printf(
+      "model: %d layers, %.2f GB of weights, made in %.1f s; KV cache %.2f GB (%d blocks)\n",
+      c.num_layers, backend->weight_bytes() / 1e9, secs(t_load), backend->kv_cache_bytes() / 1e9,
+      backend->num_kv_blocks());
   out["weight_bytes"] = backend->weight_bytes();
   out["decode_weight_bytes"] = backend->decode_weight_bytes();
   out["kv_cache_bytes"] = backend->kv_cache_bytes();
@@ -398,8 +422,8 @@ int main(int argc, char** argv) {
     step_ms[std::to_string(b)] = std::round(r->step_s * 1e5) / 100;
     host_ms[std::to_string(b)] = std::round(r->host_s * 1e5) / 100;
     if (b == 1) batch1_step = r->step_s;
-    std::printf("decode batch %d: %.1f tok/s (%.2f ms/step, %.3f ms of it host work)\n", b, r->tok_s,
-                r->step_s * 1e3, r->host_s * 1e3);
+    std::printf("decode batch %d: %.1f tok/s (%.2f ms/step, %.3f ms of it host work)\n", b,
+                r->tok_s, r->step_s * 1e3, r->host_s * 1e3);
   }
   out["decode_tok_s"] = decode;
   out["decode_step_ms"] = step_ms;
@@ -410,20 +434,23 @@ int main(int argc, char** argv) {
   emit(false);
   // Decode tokens/s at the batch sizes `wanted` picks, as {"batch": tok/s}; a failed run is
   // recorded under errors as `key` and its batch.
-  auto rates = [&](const std::string& key, const std::string& label, const std::function<bool(int)>& wanted,
-                   bool pipeline = true, int context = 8192, const SamplingParams& sampling = SamplingParams{}) {
+  auto rates = [&](const std::string& key, const std::string& label,
+                   const std::function<bool(int)>& wanted, bool pipeline = true, int context = 8192,
+                   const SamplingParams& sampling = SamplingParams{}) {
     json v = json::object();
     for (int b : parse_list(batches)) {
       if (!wanted(b)) continue;
-      auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng, nullptr, pipeline, context, sampling);
+      auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng, nullptr, pipeline, context,
+                           sampling);
       if (!r.is_ok()) {
         errors[key + " batch " + std::to_string(b)] = r.status().to_string();
-        std::fprintf(stderr, "gpu_bench: batch %d, %s: %s\n", b, label.c_str(), r.status().to_string().c_str());
+        std::fprintf(stderr, "gpu_bench: batch %d, %s: %s\n", b, label.c_str(),
+                     r.status().to_string().c_str());
         continue;
       }
       v[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
-      std::printf("decode batch %d, %s: %.1f tok/s (%.2f ms/step, %.3f ms of it host work)\n", b, label.c_str(),
-                  r->tok_s, r->step_s * 1e3, r->host_s * 1e3);
+      std::printf("decode batch %d, %s: %.1f tok/s (%.2f ms/step, %.3f ms of it host work)\n", b,
+                  label.c_str(), r->tok_s, r->step_s * 1e3, r->host_s * 1e3);
     }
     return v;
   };
@@ -434,13 +461,15 @@ int main(int argc, char** argv) {
   // Under the defaults as `change` leaves them, at the batch sizes up to `max_batch`, stored as
   // decode_tok_s_`key` with the batch-1 bandwidth utilisation (where batch 1 ran) and the setting's
   // --cuda-options; the defaults are back in place afterwards.
-  auto variant = [&](const std::string& key, const std::string& label, int max_batch, const Change& change,
-                     bool pipeline = true, int context = 8192) {
+  auto variant = [&](const std::string& key, const std::string& label, int max_batch,
+                     const Change& change, bool pipeline = true, int context = 8192) {
     CudaBackendOptions changed = defaults;
     change(changed);
     backend->set_paths(changed);
-    json v = rates(key, label, [&](int b) { return b <= max_batch; }, pipeline, context);
-    if (v.contains("1")) v["batch1_mbu"] = backend->decode_weight_bytes() * v["1"].get<double>() / bw;
+    json v = rates(
+        key, label, [&](int b) { return b <= max_batch; }, pipeline, context);
+    if (v.contains("1"))
+      v["batch1_mbu"] = backend->decode_weight_bytes() * v["1"].get<double>() / bw;
     v["cuda_options"] = describe_cuda_backend_options(backend->options());  // serve --cuda-options
     out["decode_tok_s_" + key] = v;
     backend->set_paths(defaults);
@@ -449,14 +478,16 @@ int main(int argc, char** argv) {
   // By default a fused layer is five kernels: RoPE and the KV write ride in the q/k/v GEMV, and
   // decode splits are merged by the attention kernel's last split. Each undone, and both (seven).
   variant("separate_rope", "RoPE in its own kernel", 2, [](auto& o) { o.fused_rope = false; });
-  variant("combine_kernel", "splits merged by a combine kernel", 16, [](auto& o) { o.fused_combine = false; });
+  variant("combine_kernel", "splits merged by a combine kernel", 16,
+          [](auto& o) { o.fused_combine = false; });
   variant("more_kernels", "RoPE and the split merge in kernels of their own", 2, [](auto& o) {
     o.fused_rope = false;
     o.fused_combine = false;
   });
   // Each GEMV pulling the start of the next one's weights into L2 as it finishes: 4, 8, 16 MiB.
   for (int mb : {4, 8, 16}) {
-    variant("prefetch_" + std::to_string(mb) + "mb", std::to_string(mb) + " MiB of the next weights prefetched", 2,
+    variant("prefetch_" + std::to_string(mb) + "mb",
+            std::to_string(mb) + " MiB of the next weights prefetched", 2,
             [mb](auto& o) { o.prefetch_weights_mb = mb; });
   }
   // Programmatic dependent launch always on, and always off (by default it is off for the fused
@@ -467,7 +498,8 @@ int main(int argc, char** argv) {
           [](auto& o) { o.programmatic_launch = ProgrammaticLaunch::kOff; });
   // Without the fused small-batch path (separate norm and SiLU kernels), and with cuBLASLt in
   // place of the GEMV kernel.
-  variant("unfused_small_batch", "without the fused small-batch path", 2, [](auto& o) { o.fused_small_batch = false; });
+  variant("unfused_small_batch", "without the fused small-batch path", 2,
+          [](auto& o) { o.fused_small_batch = false; });
   variant("cublaslt_only", "cuBLASLt only", 8, [](auto& o) { o.small_batch_gemv = false; });
   emit(false);
   // Prefill, with where its time goes (per-phase GPU milliseconds per step, kernels launched one
@@ -481,7 +513,8 @@ int main(int argc, char** argv) {
     backend->set_profiling(true);
     auto profiled = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
     for (const auto& [phase, ms] : backend->profile()) {
-      prefill_profile[phase] = std::round(ms / std::max(1, backend->profiled_steps()) * 1000) / 1000;
+      prefill_profile[phase] =
+          std::round(ms / std::max(1, backend->profiled_steps()) * 1000) / 1000;
     }
     backend->set_profiling(false);
     if (!profiled.is_ok()) errors["prefill profile"] = profiled.status().to_string();
@@ -501,10 +534,12 @@ int main(int argc, char** argv) {
   // Without graph replay.
   variant("without_graphs", "without graphs", 16, [](auto& o) { o.cuda_graphs = false; });
   // Host and device in turn: each step's tokens collected before the next step is planned.
-  variant("not_pipelined", "steps not pipelined", 1 << 30, [](auto&) {}, /*pipeline=*/false);
+  variant(
+      "not_pipelined", "steps not pipelined", 1 << 30, [](auto&) {}, /*pipeline=*/false);
   // A context as long as Llama 3.1's (the engine allows 8,193-block tables instead of 513): steps
   // pack and copy only the columns their sequences use, so this should match decode_tok_s.
-  variant("131k_context", "131,072-token context", 1 << 30, [](auto&) {}, true, 131072);
+  variant(
+      "131k_context", "131,072-token context", 1 << 30, [](auto&) {}, true, 131072);
   emit(false);
   // What sampling costs beyond greedy, with the default kernels: every request drawing at random
   // with top-p or top-k (a threshold search: a pass over the row's logits per probe, 4 to 20 on
@@ -523,10 +558,12 @@ int main(int argc, char** argv) {
   penalized.penalties = {0.5f, 0.5f, 1.1f};
   SamplingParams top20;
   top20.logprobs = 20;
-  for (const auto& [name, params] : {std::pair{"temperature_0.8_top_p_0.95", top_p},
-                                     std::pair{"temperature_0.8_top_k_50", top_k}, std::pair{"penalties", penalized},
-                                     std::pair{"top_logprobs_20", top20}}) {
-    extras[name] = rates(name, name, [](int b) { return b == 1 || b == 256; }, true, 8192, params);
+  for (const auto& [name, params] :
+       {std::pair{"temperature_0.8_top_p_0.95", top_p},
+        std::pair{"temperature_0.8_top_k_50", top_k}, std::pair{"penalties", penalized},
+        std::pair{"top_logprobs_20", top20}}) {
+    extras[name] = rates(
+        name, name, [](int b) { return b == 1 || b == 256; }, true, 8192, params);
   }
   out["sampling_extras_tok_s"] = extras;
   emit(false);

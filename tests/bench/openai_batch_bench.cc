@@ -42,9 +42,9 @@ struct Answer {
 
 Answer call(int port, http::verb verb, const std::string& target, const std::string& key,
             const std::string& body = "", const std::string& content_type = "application/json") {
-  hr::testing::HttpResult r = hr::testing::http_call(
-      std::string(http::to_string(verb)), port, target, body,
-      {{"Authorization", "Bearer " + key}, {"Content-Type", content_type}});
+  hr::testing::HttpResult r =
+      hr::testing::http_call(std::string(http::to_string(verb)), port, target, body,
+                             {{"Authorization", "Bearer " + key}, {"Content-Type", content_type}});
   if (r.status == 0) throw std::runtime_error("no answer: " + r.body);
   return {r.status, std::move(r.body)};
 }

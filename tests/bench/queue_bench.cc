@@ -79,8 +79,9 @@ long peak_rss_mb(int pid) {
 std::string batch_body(int n) {
   json reqs = json::array();
   for (int i = 0; i < n; ++i) {
-    reqs.push_back({{"messages", {{{"role", "user"}, {"content", "reverse: item " + std::to_string(i)}}}},
-                    {"max_tokens", 40}});
+    reqs.push_back(
+        {{"messages", {{{"role", "user"}, {"content", "reverse: item " + std::to_string(i)}}}},
+         {"max_tokens", 40}});
   }
   return json{{"requests", reqs}}.dump();
 }
@@ -198,7 +199,8 @@ int main(int argc, char** argv) {
     out["pull_complete_seconds"] = s;
     out["pull_complete_requests_per_s"] = done.load() / s;
   }
-  out["goals"] = {{"intake_requests_per_s", ">= 50000"}, {"pull_complete_requests_per_s", ">= 10000"},
+  out["goals"] = {{"intake_requests_per_s", ">= 50000"},
+                  {"pull_complete_requests_per_s", ">= 10000"},
                   {"poll_p99_ms", "<= 10"}};
   std::printf("%s\n", out.dump().c_str());
   return 0;

@@ -190,7 +190,8 @@ size_t wait_delivered(Receiver& rx, const std::unordered_map<std::string, int64_
   }
 }
 
-std::vector<double> latencies(Receiver& rx, const std::unordered_map<std::string, int64_t>& events) {
+std::vector<double> latencies(Receiver& rx,
+                              const std::unordered_map<std::string, int64_t>& events) {
   auto got = rx.first();
   std::vector<double> out;
   for (const auto& [id, done_ms] : events) {
@@ -275,7 +276,10 @@ int main(int argc, char** argv) {
       while (!stop) {
         int ms = interval(rng);
         up = !up;
-        if (up) rx.up(); else rx.down();
+        if (up)
+          rx.up();
+        else
+          rx.down();
         for (int t = 0; t < ms && !stop; t += 20) {
           std::this_thread::sleep_for(std::chrono::milliseconds(20));
           if (!up) down_ms += 20;
@@ -294,8 +298,10 @@ int main(int argc, char** argv) {
     auto lat = latencies(rx, ev);
     out["flaky_events"] = flaky_events;
     out["flaky_delivered"] = n;
-    out["delivered_fraction_flaky"] = ev.empty() ? 0.0 : static_cast<double>(n) / static_cast<double>(ev.size());
-    out["flaky_receiver_down_fraction"] = static_cast<double>(down_ms.load()) / static_cast<double>(t1 - t0);
+    out["delivered_fraction_flaky"] =
+        ev.empty() ? 0.0 : static_cast<double>(n) / static_cast<double>(ev.size());
+    out["flaky_receiver_down_fraction"] =
+        static_cast<double>(down_ms.load()) / static_cast<double>(t1 - t0);
     out["flaky_duplicates"] = (rx.receipts() - receipts_before) - static_cast<int64_t>(n);
     out["flaky_delivery_p50_ms"] = percentile(lat, 0.5);
     out["flaky_delivery_p99_ms"] = percentile(lat, 0.99);

@@ -33,7 +33,8 @@ struct Step {
 };
 
 // Checks the plan's invariants; returns the number of splits of each decoding sequence.
-std::map<int, int> check_plan(const Step& step, const AttentionPlanParams& params, const AttentionPlan& plan) {
+std::map<int, int> check_plan(const Step& step, const AttentionPlanParams& params,
+                              const AttentionPlan& plan) {
   std::map<int, int> splits;
   const int group = params.num_heads / params.num_kv_heads;
   std::vector<int> partial_seen(static_cast<size_t>(plan.num_partials), 0);
@@ -50,7 +51,8 @@ std::map<int, int> check_plan(const Step& step, const AttentionPlanParams& param
       EXPECT_EQ(it.partial, -1) << "prefill tiles are not split";
       EXPECT_LE(it.q_len * group, kernels::kAttentionPrefillRows);
       EXPECT_EQ(it.kv_begin, 0);
-      EXPECT_EQ(it.kv_end, step.positions[it.q_row + it.q_len - 1] + 1) << "causal: up to the tile's last token";
+      EXPECT_EQ(it.kv_end, step.positions[it.q_row + it.q_len - 1] + 1)
+          << "causal: up to the tile's last token";
     }
   }
   for (auto& [seq, items] : decode_items) {
@@ -75,9 +77,11 @@ std::map<int, int> check_plan(const Step& step, const AttentionPlanParams& param
     for (size_t k = 0; k < items.size(); ++k) {
       const auto& it = items[k];
       EXPECT_EQ(it.combine, combine) << "seq " << seq << " split " << k;
-      EXPECT_EQ(it.partial, c.first_partial + static_cast<int>(k)) << "seq " << seq << " split " << k;
+      EXPECT_EQ(it.partial, c.first_partial + static_cast<int>(k))
+          << "seq " << seq << " split " << k;
       if (it.partial < 0 || it.partial >= plan.num_partials) {
-        ADD_FAILURE() << "seq " << seq << " split " << k << ": partial slot " << it.partial << " out of range";
+        ADD_FAILURE() << "seq " << seq << " split " << k << ": partial slot " << it.partial
+                      << " out of range";
         continue;
       }
       ++partial_seen[static_cast<size_t>(it.partial)];
@@ -87,7 +91,8 @@ std::map<int, int> check_plan(const Step& step, const AttentionPlanParams& param
     }
     EXPECT_EQ(at, ctx) << "seq " << seq;
   }
-  for (size_t i = 0; i < partial_seen.size(); ++i) EXPECT_EQ(partial_seen[i], 1) << "partial slot " << i;
+  for (size_t i = 0; i < partial_seen.size(); ++i)
+    EXPECT_EQ(partial_seen[i], 1) << "partial slot " << i;
   EXPECT_LE(plan.num_partials, params.max_partials);
   // Prefill tiles: every multi-token sequence's tokens once; longest key range first.
   std::vector<int> covered(static_cast<size_t>(step.in.num_tokens), 0);
@@ -168,7 +173,8 @@ TEST(AttentionPlanTest, PrefillTilesHoldAtMost128Rows) {
     ASSERT_TRUE(plan_attention(step.in, params, &plan).is_ok());
     check_plan(step, params, plan);
     const int tile = kernels::kAttentionPrefillRows / (heads / kv);  // tokens per tile
-    EXPECT_EQ(static_cast<int>(plan.prefill.size()), (1000 + tile - 1) / tile + 2) << heads << "/" << kv;
+    EXPECT_EQ(static_cast<int>(plan.prefill.size()), (1000 + tile - 1) / tile + 2)
+        << heads << "/" << kv;
   }
 }
 
@@ -183,11 +189,12 @@ TEST(AttentionPlanTest, DecodeKernelsTakeTheGroupsTheirTilesHold) {
     AttentionKernel expected;
     int key_tile;
   };
-  for (const Case& c : {Case{32, 8, DecodeAttention::kCudaCore, AttentionKernel::kDecode, 32},
-                        Case{16, 1, DecodeAttention::kCudaCore, AttentionKernel::kPrefill, 64},
-                        Case{16, 1, DecodeAttention::kTensorCore, AttentionKernel::kDecodeTc, 64},
-                        Case{32, 1, DecodeAttention::kTensorCore, AttentionKernel::kPrefill, 64},
-                        Case{32, 8, DecodeAttention::kPrefillTiles, AttentionKernel::kPrefill, 64}}) {
+  for (const Case& c :
+       {Case{32, 8, DecodeAttention::kCudaCore, AttentionKernel::kDecode, 32},
+        Case{16, 1, DecodeAttention::kCudaCore, AttentionKernel::kPrefill, 64},
+        Case{16, 1, DecodeAttention::kTensorCore, AttentionKernel::kDecodeTc, 64},
+        Case{32, 1, DecodeAttention::kTensorCore, AttentionKernel::kPrefill, 64},
+        Case{32, 8, DecodeAttention::kPrefillTiles, AttentionKernel::kPrefill, 64}}) {
     AttentionPlanParams params{c.heads, c.kv_heads, 132, 1024, false, c.decode};
     AttentionPlan plan;
     ASSERT_TRUE(plan_attention(step.in, params, &plan).is_ok());
@@ -219,12 +226,15 @@ TEST(AttentionPlanTest, HeadGroupsTheKernelsCannotTakeAreRefused) {
   const Step step({{1, 1}});
   const StepInput& in = step.in;
   AttentionPlan plan;
-  for (auto [heads, kv_heads] : {std::pair{256, 1}, std::pair{32, 0}, std::pair{4, 8}, std::pair{12, 8}}) {
-    Status st = plan_attention(in, {heads, kv_heads, 132, 1024, false, DecodeAttention::kPrefillTiles}, &plan);
+  for (auto [heads, kv_heads] :
+       {std::pair{256, 1}, std::pair{32, 0}, std::pair{4, 8}, std::pair{12, 8}}) {
+    Status st = plan_attention(
+        in, {heads, kv_heads, 132, 1024, false, DecodeAttention::kPrefillTiles}, &plan);
     EXPECT_FALSE(st.is_ok()) << heads << "/" << kv_heads;
     EXPECT_NE(st.message().find("query heads"), std::string::npos) << st.to_string();
   }
-  EXPECT_TRUE(plan_attention(in, {128, 1, 132, 1024, false, DecodeAttention::kPrefillTiles}, &plan).is_ok());
+  EXPECT_TRUE(plan_attention(in, {128, 1, 132, 1024, false, DecodeAttention::kPrefillTiles}, &plan)
+                  .is_ok());
 }
 
 }  // namespace

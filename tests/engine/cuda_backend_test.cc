@@ -83,7 +83,8 @@ struct Step {
 // fewer_kernels: RoPE folded into the q/k/v GEMV and decode splits merged by the attention kernel;
 // prefetch_mb: the GEMVs pull the next weights into L2.
 void check_logits_against_cpu(int S, bool fewer_kernels = false,
-                              DecodeAttention decode = DecodeAttention::kPrefillTiles, int prefetch_mb = 0) {
+                              DecodeAttention decode = DecodeAttention::kPrefillTiles,
+                              int prefetch_mb = 0) {
   auto w = tiny_weights();
   auto cpu = CpuBackend::create(w, {16, 16 << 20});
   CudaBackendOptions o = small_options();
@@ -96,14 +97,16 @@ void check_logits_against_cpu(int S, bool fewer_kernels = false,
   const int V = (*gpu)->vocab_size();
   auto ref = load_reference();
   std::vector<std::vector<int32_t>> prompts;
-  for (int s = 0; s < S; ++s) prompts.push_back(ref["cases"][s]["prompt_ids"].get<std::vector<int32_t>>());
+  for (int s = 0; s < S; ++s)
+    prompts.push_back(ref["cases"][s]["prompt_ids"].get<std::vector<int32_t>>());
   std::vector<int> done(S, 0);
   // Three steps: whole prompts (prefill), then two decode steps with the greedy token of each.
   for (int step = 0; step < 3; ++step) {
     Step st;
     st.table.resize(S * st.max_blocks);
     for (int s = 0; s < S; ++s) {
-      for (int b = 0; b < st.max_blocks; ++b) st.table[s * st.max_blocks + b] = (S - s) * st.max_blocks - 1 - b;
+      for (int b = 0; b < st.max_blocks; ++b)
+        st.table[s * st.max_blocks + b] = (S - s) * st.max_blocks - 1 - b;
       int n = static_cast<int>(prompts[s].size()) - done[s];
       for (int i = 0; i < n; ++i) {
         st.ids.push_back(prompts[s][done[s] + i]);
@@ -118,7 +121,8 @@ void check_logits_against_cpu(int S, bool fewer_kernels = false,
     Status status = (*gpu)->forward(in, b.data());
     ASSERT_TRUE(status.is_ok()) << status.to_string();
     for (int s = 0; s < S; ++s) {
-      std::vector<float> ga(a.begin() + s * V, a.begin() + (s + 1) * V), gb(b.begin() + s * V, b.begin() + (s + 1) * V);
+      std::vector<float> ga(a.begin() + s * V, a.begin() + (s + 1) * V),
+          gb(b.begin() + s * V, b.begin() + (s + 1) * V);
       double num = 0, den = 0;
       for (int i = 0; i < V; ++i) {
         num += (gb[i] - ga[i]) * static_cast<double>(gb[i] - ga[i]);
@@ -126,7 +130,8 @@ void check_logits_against_cpu(int S, bool fewer_kernels = false,
       }
       EXPECT_LT(std::sqrt(num / den), 2e-2) << "batch " << S << " step " << step << " seq " << s;
       done[s] = static_cast<int>(prompts[s].size());
-      prompts[s].push_back(static_cast<int32_t>(std::max_element(ga.begin(), ga.end()) - ga.begin()));
+      prompts[s].push_back(
+          static_cast<int32_t>(std::max_element(ga.begin(), ga.end()) - ga.begin()));
     }
   }
 }
@@ -158,7 +163,8 @@ TEST(CudaBackendTest, UploadFromFilesEqualsUploadFromHostWeights) {
   ASSERT_TRUE((*a)->forward(st.input(1), la.data()).is_ok());
   ASSERT_TRUE((*b)->forward(st.input(1), lb.data()).is_ok());
   EXPECT_EQ(la, lb);
-  auto missing = CudaBackend::create_from_dir(source_dir() + "/models/no-such-model", small_options());
+  auto missing =
+      CudaBackend::create_from_dir(source_dir() + "/models/no-such-model", small_options());
   EXPECT_FALSE(missing.is_ok());
 }
 
@@ -169,7 +175,8 @@ TEST(CudaBackendTest, UploadFromFilesEqualsUploadFromHostWeights) {
 // kernels (RoPE in the q/k/v GEMV, decode splits merged in the attention kernel), and decode
 // attention on another kernel, and the next weights prefetched into L2.
 void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline, bool fewer_kernels = false,
-                                  DecodeAttention decode = DecodeAttention::kPrefillTiles, int prefetch_mb = 0) {
+                                  DecodeAttention decode = DecodeAttention::kPrefillTiles,
+                                  int prefetch_mb = 0) {
   CudaBackendOptions o = small_options();
   o.prefetch_weights_mb = prefetch_mb;
   o.cuda_graphs = cuda_graphs;
@@ -188,7 +195,8 @@ void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline, bool fewer_ke
   EXPECT_EQ((*engine)->pipelined(), pipeline);
   // Every decode graph up front: 1, 2, 4, 8, 16, ..., kMaxSeqs sequences, in both staging slots,
   // for block tables 33 wide. The steps below pad their batches up to those sizes and replay them;
-  // their tables (as wide as their sequences need: 1 to 8 blocks) are copied into the graphs' pitch.
+  // their tables (as wide as their sequences need: 1 to 8 blocks) are copied into the graphs'
+  // pitch.
   const size_t graphs = 2u * (3 + kMaxSeqs / 8);
   ASSERT_TRUE((*engine)->warm_up().is_ok());
   EXPECT_EQ(backend->num_graphs(), cuda_graphs ? graphs : 0u);
@@ -197,14 +205,17 @@ void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline, bool fewer_ke
   EXPECT_EQ(backend->graph_batch_size(kMaxSeqs - 1), kMaxSeqs);
   auto ref = load_reference();
   // Every reference prompt; on the CPU stand-in, as many as run at once.
-  const size_t n = kOnSimt ? std::min(static_cast<size_t>(kMaxSeqs), ref["cases"].size()) : ref["cases"].size();
+  const size_t n =
+      kOnSimt ? std::min(static_cast<size_t>(kMaxSeqs), ref["cases"].size()) : ref["cases"].size();
   std::vector<std::vector<int32_t>> out(n);
   for (size_t i = 0; i < n; ++i) {
     GenerationRequest r;
     r.prompt = ref["cases"][i]["prompt_ids"].get<std::vector<int32_t>>();
     r.params.max_tokens = static_cast<int>(ref["cases"][i]["output_ids"].size());
     r.params.ignore_eos = true;
-    r.on_event = [&out, i](const TokenEvent& ev) { if (ev.token >= 0) out[i].push_back(ev.token); };
+    r.on_event = [&out, i](const TokenEvent& ev) {
+      if (ev.token >= 0) out[i].push_back(ev.token);
+    };
     ASSERT_TRUE((*engine)->add(std::move(r)).is_ok());
   }
   while ((*engine)->has_work()) ASSERT_TRUE((*engine)->step().is_ok());
@@ -219,14 +230,19 @@ void check_greedy_against_pytorch(bool cuda_graphs, bool pipeline, bool fewer_ke
     while (at < expected.size() && at < out[i].size() && out[i][at] == expected[at]) ++at;
     const auto& top = ref["cases"][i]["top_logits"][at];
     double margin = top[0][1].get<double>() - top[1][1].get<double>();
-    std::printf("differs: case %zu (%s) at step %zu: got %d, PyTorch %d; PyTorch's top-2 margin %.4f\n", i,
-                ref["cases"][i]["text"].get<std::string>().c_str(), at, at < out[i].size() ? out[i][at] : -1,
-                expected[at], margin);
+    std::printf(
+        "differs: case %zu (%s) at step %zu: got %d, PyTorch %d; PyTorch's top-2 margin %.4f\n", i,
+        ref["cases"][i]["text"].get<std::string>().c_str(), at,
+        at < out[i].size() ? out[i][at] : -1, expected[at], margin);
   }
-  std::printf("greedy on GPU (graphs %s, pipelined %s, fewer kernels %s, decode attention %d, prefetch %d MiB): "
-              "%zu of %zu reference prompts equal to PyTorch\n", cuda_graphs ? "on" : "off", pipeline ? "on" : "off",
-              fewer_kernels ? "on" : "off", static_cast<int>(decode), prefetch_mb, same, n);
-  EXPECT_EQ(backend->num_graphs(), cuda_graphs ? graphs : 0u) << "a decode step captured a new graph";
+  std::printf(
+      "greedy on GPU (graphs %s, pipelined %s, fewer kernels %s, decode attention %d, prefetch %d "
+      "MiB): "
+      "%zu of %zu reference prompts equal to PyTorch\n",
+      cuda_graphs ? "on" : "off", pipeline ? "on" : "off", fewer_kernels ? "on" : "off",
+      static_cast<int>(decode), prefetch_mb, same, n);
+  EXPECT_EQ(backend->num_graphs(), cuda_graphs ? graphs : 0u)
+      << "a decode step captured a new graph";
   EXPECT_GE(static_cast<double>(same), 0.99 * static_cast<double>(n));
 }
 
@@ -238,7 +254,8 @@ TEST(CudaBackendTest, GreedyAnswersMatchPyTorchOnAtLeast99Percent) {
   check_greedy_against_pytorch(true, true, /*fewer_kernels=*/true);
   check_greedy_against_pytorch(true, true, /*fewer_kernels=*/true, DecodeAttention::kTensorCore);
   check_greedy_against_pytorch(true, true, false, DecodeAttention::kCudaCore);
-  check_greedy_against_pytorch(true, true, /*fewer_kernels=*/true, DecodeAttention::kPrefillTiles, 8);
+  check_greedy_against_pytorch(true, true, /*fewer_kernels=*/true, DecodeAttention::kPrefillTiles,
+                               8);
 }
 
 TEST(CudaBackendTest, SeededSamplingIsReproducible) {
@@ -248,7 +265,8 @@ TEST(CudaBackendTest, SeededSamplingIsReproducible) {
     EXPECT_TRUE(gpu.is_ok());
     EngineOptions eo;
     eo.pipeline = pipeline;
-    auto engine = Engine::create(std::shared_ptr<Backend>(std::move(gpu).value()), nullptr, 512, eo);
+    auto engine =
+        Engine::create(std::shared_ptr<Backend>(std::move(gpu).value()), nullptr, 512, eo);
     std::vector<int32_t> out;
     GenerationRequest r;
     r.prompt = {256, 258, 114, 101, 118, 101, 114, 115, 101, 58, 32, 97, 98, 99, 259};
@@ -258,7 +276,9 @@ TEST(CudaBackendTest, SeededSamplingIsReproducible) {
     r.params.seed = seed;
     r.params.max_tokens = 24;
     r.params.ignore_eos = true;
-    r.on_event = [&out](const TokenEvent& ev) { if (ev.token >= 0) out.push_back(ev.token); };
+    r.on_event = [&out](const TokenEvent& ev) {
+      if (ev.token >= 0) out.push_back(ev.token);
+    };
     EXPECT_TRUE((*engine)->add(std::move(r)).is_ok());
     while ((*engine)->has_work()) EXPECT_TRUE((*engine)->step().is_ok());
     return out;
@@ -278,8 +298,9 @@ struct Answer {
 
 // Greedy answers to the first `prompts` reference prompts, `max_tokens` each past EOS, with the
 // given penalties and `logprobs` alternatives per token (-1: no log probabilities).
-std::vector<Answer> greedy_answers(std::shared_ptr<Backend> backend, bool pipeline, size_t prompts, int max_tokens,
-                                   const Penalties& penalties, int logprobs, bool warm_up = false) {
+std::vector<Answer> greedy_answers(std::shared_ptr<Backend> backend, bool pipeline, size_t prompts,
+                                   int max_tokens, const Penalties& penalties, int logprobs,
+                                   bool warm_up = false) {
   const auto ref = load_reference();
   EngineOptions eo;
   eo.pipeline = pipeline;
@@ -331,8 +352,9 @@ size_t shared_prefix(const Answer& gpu, const Answer& cpu, float gap, const std:
   for (int t = 0; t < at.num_top; ++t) {
     if (at.top_ids[t] == gpu.tokens[j]) lp = at.top_logprobs[t];
   }
-  EXPECT_GE(lp, at.logprob - gap) << what << ": token " << j << " is " << gpu.tokens[j] << " on the GPU, "
-                                  << cpu.tokens[j] << " on the CPU (log probability " << at.logprob
+  EXPECT_GE(lp, at.logprob - gap) << what << ": token " << j << " is " << gpu.tokens[j]
+                                  << " on the GPU, " << cpu.tokens[j]
+                                  << " on the CPU (log probability " << at.logprob
                                   << "), not a near-tie";
   return j;
 }
@@ -355,7 +377,8 @@ TEST(CudaBackendTest, PenaltiesOnTheDeviceEqualPlainStepsAndTheCpu) {
   const auto piped = greedy_answers(gpu(), true, kPrompts, kTokens, strong, -1);
   const auto plain = greedy_answers(gpu(), false, kPrompts, kTokens, strong, -1);
   const auto unpenalized = greedy_answers(gpu(), true, kPrompts, kTokens, Penalties{}, -1);
-  const auto on_cpu = greedy_answers(cpu_backend(), true, kPrompts, kTokens, strong, kMaxTopLogprobs);
+  const auto on_cpu =
+      greedy_answers(cpu_backend(), true, kPrompts, kTokens, strong, kMaxTopLogprobs);
   ASSERT_EQ(piped.size(), kPrompts);
   ASSERT_EQ(on_cpu.size(), kPrompts);
   size_t differ = 0, shared = 0;
@@ -367,8 +390,9 @@ TEST(CudaBackendTest, PenaltiesOnTheDeviceEqualPlainStepsAndTheCpu) {
     differ += piped[i].tokens != unpenalized[i].tokens;
     shared += shared_prefix(piped[i], on_cpu[i], 0.25f, "prompt " + std::to_string(i));
   }
-  std::printf("penalties: %zu of %zu answers changed; %zu of %zu tokens as on the CPU before a near-tie\n", differ,
-              kPrompts, shared, kPrompts * kTokens);
+  std::printf(
+      "penalties: %zu of %zu answers changed; %zu of %zu tokens as on the CPU before a near-tie\n",
+      differ, kPrompts, shared, kPrompts * kTokens);
   EXPECT_GT(differ, 0u);
 }
 
@@ -381,9 +405,10 @@ TEST(CudaBackendTest, LogprobsOnTheDeviceMatchTheCpu) {
   constexpr int kTokens = 16;
   auto gpu = CudaBackend::create(*tiny_weights(), small_options());
   ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
-  const auto on_gpu =
-      greedy_answers(std::shared_ptr<Backend>(std::move(gpu).value()), true, kPrompts, kTokens, Penalties{}, 3, true);
-  const auto on_cpu = greedy_answers(cpu_backend(), true, kPrompts, kTokens, Penalties{}, kMaxTopLogprobs, true);
+  const auto on_gpu = greedy_answers(std::shared_ptr<Backend>(std::move(gpu).value()), true,
+                                     kPrompts, kTokens, Penalties{}, 3, true);
+  const auto on_cpu =
+      greedy_answers(cpu_backend(), true, kPrompts, kTokens, Penalties{}, kMaxTopLogprobs, true);
   ASSERT_EQ(on_gpu.size(), kPrompts);
   ASSERT_EQ(on_cpu.size(), kPrompts);
   size_t compared = 0;
@@ -406,7 +431,8 @@ TEST(CudaBackendTest, LogprobsOnTheDeviceMatchTheCpu) {
     }
     compared += same;
   }
-  std::printf("logprobs: %zu of %zu tokens compared with the CPU's\n", compared, kPrompts * kTokens);
+  std::printf("logprobs: %zu of %zu tokens compared with the CPU's\n", compared,
+              kPrompts * kTokens);
   EXPECT_GT(compared, 0u);
 }
 
@@ -599,7 +625,8 @@ TEST(CudaBackendTest, MissingDeviceIsAClearError) {
   auto b = CudaBackend::create(*tiny_weights(), o);
   ASSERT_FALSE(b.is_ok());
   EXPECT_EQ(b.status().code(), StatusCode::kUnavailable);
-  EXPECT_NE(b.status().message().find("no CUDA device"), std::string::npos) << b.status().to_string();
+  EXPECT_NE(b.status().message().find("no CUDA device"), std::string::npos)
+      << b.status().to_string();
 }
 
 }  // namespace

@@ -69,7 +69,8 @@ TEST(CudaKernelsTest, EmbeddingGatherCopiesRows) {
   for (int& id : ids) id = static_cast<int>(rng() % V);
   DeviceBuffer<int32_t> d_ids(ids);
   DeviceBuffer<float> d_out(static_cast<size_t>(T) * D);
-  ASSERT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, V, D, d_out.ptr, nullptr, nullptr),
+  ASSERT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, V, D,
+                                      d_out.ptr, nullptr, nullptr),
             cudaSuccess);
   auto out = d_out.get();
   for (int t = 0; t < T; ++t) {
@@ -87,8 +88,8 @@ TEST(CudaKernelsTest, EmbeddingGatherCopiesRows) {
   DeviceBuffer<int32_t> d_fed_rows(fed_rows), d_fed_tokens(fed_tokens);
   DeviceBuffer<int32_t> d_ids_out(std::vector<int32_t>(T, 12345));
   ASSERT_EQ(cudaMemset(d_out.ptr, 0xFF, d_out.n * sizeof(float)), cudaSuccess);  // poisoned again
-  ASSERT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, d_fed_rows.ptr, d_fed_tokens.ptr, T, V, D,
-                                      d_out.ptr, d_ids_out.ptr, nullptr),
+  ASSERT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, d_fed_rows.ptr, d_fed_tokens.ptr,
+                                      T, V, D, d_out.ptr, d_ids_out.ptr, nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   out = d_out.get();
@@ -99,12 +100,14 @@ TEST(CudaKernelsTest, EmbeddingGatherCopiesRows) {
     if (id < 0 || id >= V) id = 0;
     for (int i = 0; i < D; ++i) ASSERT_EQ(out[t * D + i], table[id * D + i]) << t << "," << i;
   }
-  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, V, 100, d_out.ptr, nullptr, nullptr),
+  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, V, 100,
+                                      d_out.ptr, nullptr, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, 0, D, d_out.ptr, nullptr, nullptr),
+  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, nullptr, nullptr, T, 0, D,
+                                      d_out.ptr, nullptr, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, d_fed_rows.ptr, nullptr, T, V, D, d_out.ptr,
-                                      nullptr, nullptr),
+  EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, d_fed_rows.ptr, nullptr, T, V, D,
+                                      d_out.ptr, nullptr, nullptr),
             cudaErrorInvalidValue);
 }
 
@@ -157,7 +160,8 @@ TEST(CudaKernelsTest, RopeWritesRotatedQueriesAndCacheSlots) {
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
   const int nh = 8, nkv = 2, hd = 64, T = 5, Q = nh * hd, KV = nkv * hd, W = Q + 2 * KV, slots = 40;
   std::vector<float> inv_freq = cfg->rope_inv_freq();
-  std::vector<float> qkv = random_vec(static_cast<size_t>(T) * W, rng), bias = random_vec(W, rng, -0.1f, 0.1f);
+  std::vector<float> qkv = random_vec(static_cast<size_t>(T) * W, rng),
+                     bias = random_vec(W, rng, -0.1f, 0.1f);
   std::vector<int32_t> pos = {0, 15, 16, 5000, 70000}, slot = {3, 17, 16, 39, 0};
   DeviceBuffer<float> d_qkv(qkv), d_bias(bias), d_inv(inv_freq);
   DeviceBuffer<int32_t> d_pos(pos), d_slot(slot);
@@ -184,7 +188,8 @@ TEST(CudaKernelsTest, RopeWritesRotatedQueriesAndCacheSlots) {
     std::vector<float> row(qkv.begin() + t * W, qkv.begin() + (t + 1) * W);
     for (int i = 0; i < W; ++i) row[i] += bias[i];
     for (int h = 0; h < nh + nkv; ++h) apply_rope(row.data() + h * hd, hd, pos[t], inv_freq.data());
-    std::vector<float> gq(q.begin() + t * Q, q.begin() + (t + 1) * Q), rq(row.begin(), row.begin() + Q);
+    std::vector<float> gq(q.begin() + t * Q, q.begin() + (t + 1) * Q),
+        rq(row.begin(), row.begin() + Q);
     EXPECT_LT(rel_error(gq, rq), 5e-3) << "token " << t;
     std::vector<float> gk(k.begin() + slot[t] * KV, k.begin() + (slot[t] + 1) * KV),
         rk(row.begin() + Q, row.begin() + Q + KV);
@@ -195,7 +200,8 @@ TEST(CudaKernelsTest, RopeWritesRotatedQueriesAndCacheSlots) {
   }
   for (int s = 0; s < slots; ++s) {
     if (written.count(s)) continue;
-    for (int i = 0; i < KV; ++i) ASSERT_EQ(kraw[s * KV + i], 0xFFFF) << "slot " << s << " was written";
+    for (int i = 0; i < KV; ++i)
+      ASSERT_EQ(kraw[s * KV + i], 0xFFFF) << "slot " << s << " was written";
   }
 }
 
@@ -209,7 +215,8 @@ TEST(CudaKernelsTest, SiluMulMatchesReference) {
     ASSERT_EQ(kernels::silu_mul(BF(d_gu.ptr), T, F, BF(d_out.ptr), nullptr), cudaSuccess);
     auto out = bf16_to_float(d_out.get());
     std::vector<float> ref(static_cast<size_t>(T) * F);
-    for (int t = 0; t < T; ++t) silu_mul(&gu[static_cast<size_t>(t) * 2 * F], F, &ref[static_cast<size_t>(t) * F]);
+    for (int t = 0; t < T; ++t)
+      silu_mul(&gu[static_cast<size_t>(t) * 2 * F], F, &ref[static_cast<size_t>(t) * F]);
     EXPECT_LT(rel_error(out, ref), 5e-3) << "F=" << F;
   }
 }
@@ -222,12 +229,13 @@ struct AttentionCase {
 // (with a small or large multiprocessor count, to force or avoid decode splits), against the CPU
 // backend's attend(). With fused_combine the splits merge inside the attention kernels: run twice
 // (the counters must be back at zero for the second launch), no combine kernel.
-void check_attention(const AttentionCase& ac, int num_sms, DecodeAttention decode, bool fixed_splits,
-                     bool fused_combine, std::mt19937& rng) {
+void check_attention(const AttentionCase& ac, int num_sms, DecodeAttention decode,
+                     bool fixed_splits, bool fused_combine, std::mt19937& rng) {
   const int nh = ac.num_heads, nkv = ac.num_kv_heads, hd = ac.head_dim, bs = 16, KV = nkv * hd;
   // (context length after the step, new tokens in the step)
-  std::vector<std::pair<int, int>> seqs = {{1, 1},   {15, 1},  {16, 1}, {17, 1},   {64, 1},  {100, 1},   {128, 1},
-                                           {513, 1}, {33, 33}, {70, 37}, {16, 16}, {130, 3}, {200, 200}};
+  std::vector<std::pair<int, int>> seqs = {{1, 1},   {15, 1},  {16, 1},   {17, 1},  {64, 1},
+                                           {100, 1}, {128, 1}, {513, 1},  {33, 33}, {70, 37},
+                                           {16, 16}, {130, 3}, {200, 200}};
   const int max_blocks = 40;
   std::vector<int32_t> table(seqs.size() * max_blocks);
   std::vector<int32_t> free_blocks(seqs.size() * max_blocks);
@@ -256,12 +264,14 @@ void check_attention(const AttentionCase& ac, int num_sms, DecodeAttention decod
   in.max_blocks_per_seq = max_blocks;
   AttentionPlan plan;
   const int max_partials = 1024;
-  ASSERT_TRUE(plan_attention(in, {nh, nkv, num_sms, max_partials, fixed_splits, decode}, &plan).is_ok());
+  ASSERT_TRUE(
+      plan_attention(in, {nh, nkv, num_sms, max_partials, fixed_splits, decode}, &plan).is_ok());
   if (decode == DecodeAttention::kPrefillTiles) {
     EXPECT_TRUE(plan.decode.empty());
   }
   if (decode == DecodeAttention::kTensorCore) {
-    EXPECT_FALSE(plan.decode.empty()) << "groups of up to 16 heads fit the tensor-core decode kernel";
+    EXPECT_FALSE(plan.decode.empty())
+        << "groups of up to 16 heads fit the tensor-core decode kernel";
     EXPECT_EQ(plan.decode_kernel, kernels::AttentionKernel::kDecodeTc);
   }
   if (num_sms > 100 && nh / nkv <= kernels::kAttentionDecodeRows) {
@@ -269,7 +279,8 @@ void check_attention(const AttentionCase& ac, int num_sms, DecodeAttention decod
   }
   DeviceBuffer<kernels::AttentionWorkItem> d_dec(plan.decode), d_pre(plan.prefill);
   DeviceBuffer<kernels::AttentionCombineItem> d_comb(plan.combine);
-  DeviceBuffer<float> d_po(static_cast<size_t>(max_partials) * nh * hd), d_pml(static_cast<size_t>(max_partials) * nh * 2);
+  DeviceBuffer<float> d_po(static_cast<size_t>(max_partials) * nh * hd),
+      d_pml(static_cast<size_t>(max_partials) * nh * 2);
   kernels::PagedAttentionParams p;
   p.q = BF(d_q.ptr);
   p.k_cache = BF(d_k.ptr);
@@ -285,21 +296,24 @@ void check_attention(const AttentionCase& ac, int num_sms, DecodeAttention decod
   p.num_kv_heads = nkv;
   p.head_dim = hd;
   p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  DeviceBuffer<int32_t> d_counters(std::vector<int32_t>(std::max<size_t>(1, plan.combine.size()) * nkv, 0));
+  DeviceBuffer<int32_t> d_counters(
+      std::vector<int32_t>(std::max<size_t>(1, plan.combine.size()) * nkv, 0));
   if (fused_combine) {
     p.combine_items = d_comb.ptr;
     p.combine_counters = d_counters.ptr;
   }
   for (int run = 0; run < (fused_combine ? 2 : 1); ++run) {
-    ASSERT_EQ(cudaMemset(d_out.ptr, 0xFF, d_out.n * sizeof(uint16_t)), cudaSuccess);  // poisoned again
-    ASSERT_EQ(kernels::paged_attention(p, d_dec.ptr, static_cast<int>(plan.decode.size()), plan.decode_kernel,
-                                       nullptr),
+    ASSERT_EQ(cudaMemset(d_out.ptr, 0xFF, d_out.n * sizeof(uint16_t)),
+              cudaSuccess);  // poisoned again
+    ASSERT_EQ(kernels::paged_attention(p, d_dec.ptr, static_cast<int>(plan.decode.size()),
+                                       plan.decode_kernel, nullptr),
               cudaSuccess);
     ASSERT_EQ(kernels::paged_attention(p, d_pre.ptr, static_cast<int>(plan.prefill.size()),
                                        kernels::AttentionKernel::kPrefill, nullptr),
               cudaSuccess);
     if (!fused_combine) {
-      ASSERT_EQ(kernels::paged_attention_combine(p, d_comb.ptr, static_cast<int>(plan.combine.size()), nullptr),
+      ASSERT_EQ(kernels::paged_attention_combine(p, d_comb.ptr,
+                                                 static_cast<int>(plan.combine.size()), nullptr),
                 cudaSuccess);
     }
   }
@@ -310,14 +324,15 @@ void check_attention(const AttentionCase& ac, int num_sms, DecodeAttention decod
   for (size_t s = 0; s < seqs.size(); ++s) {
     for (int t = seq_start[s]; t < seq_start[s + 1]; ++t) {
       for (int h = 0; h < nh; ++h) {
-        attend(&q[(static_cast<size_t>(t) * nh + h) * hd], kc.data(), vc.data(), &table[s * max_blocks], bs, KV,
-               h / (nh / nkv), hd, positions[t], p.scale, scores, ref.data());
+        attend(&q[(static_cast<size_t>(t) * nh + h) * hd], kc.data(), vc.data(),
+               &table[s * max_blocks], bs, KV, h / (nh / nkv), hd, positions[t], p.scale, scores,
+               ref.data());
         std::vector<float> got(out.begin() + (static_cast<size_t>(t) * nh + h) * hd,
                                out.begin() + (static_cast<size_t>(t) * nh + h + 1) * hd);
-        ASSERT_LT(rel_error(got, ref), 2e-2) << "heads " << nh << "/" << nkv << " hd " << hd << " sms " << num_sms
-                                             << " decode " << static_cast<int>(decode) << " fixed_splits " << fixed_splits
-                                             << " fused_combine " << fused_combine << " seq " << s << " pos "
-                                             << positions[t] << " head " << h;
+        ASSERT_LT(rel_error(got, ref), 2e-2)
+            << "heads " << nh << "/" << nkv << " hd " << hd << " sms " << num_sms << " decode "
+            << static_cast<int>(decode) << " fixed_splits " << fixed_splits << " fused_combine "
+            << fused_combine << " seq " << s << " pos " << positions[t] << " head " << h;
       }
     }
   }
@@ -331,22 +346,25 @@ TEST_P(PagedAttentionTest, MatchesReference) {
   const AttentionCase ac = GetParam();
   std::mt19937 rng(5 + ac.num_heads * 1000 + ac.num_kv_heads * 10 + ac.head_dim);
   for (int sms : {1, 132}) {
-    for (DecodeAttention decode :
-         {DecodeAttention::kCudaCore, DecodeAttention::kPrefillTiles, DecodeAttention::kTensorCore}) {
+    for (DecodeAttention decode : {DecodeAttention::kCudaCore, DecodeAttention::kPrefillTiles,
+                                   DecodeAttention::kTensorCore}) {
       for (bool fixed_splits : {false, true}) {
-        for (bool fused_combine : {false, true}) check_attention(ac, sms, decode, fixed_splits, fused_combine, rng);
+        for (bool fused_combine : {false, true})
+          check_attention(ac, sms, decode, fixed_splits, fused_combine, rng);
       }
     }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(CudaKernelsTest, PagedAttentionTest,
-                         ::testing::Values(AttentionCase{4, 4, 32}, AttentionCase{8, 8, 64}, AttentionCase{32, 8, 128},
-                                           AttentionCase{16, 2, 128}, AttentionCase{16, 1, 64}),
+                         ::testing::Values(AttentionCase{4, 4, 32}, AttentionCase{8, 8, 64},
+                                           AttentionCase{32, 8, 128}, AttentionCase{16, 2, 128},
+                                           AttentionCase{16, 1, 64}),
                          [](const ::testing::TestParamInfo<AttentionCase>& info) {
                            const AttentionCase& c = info.param;
-                           return "heads" + std::to_string(c.num_heads) + "_kv" + std::to_string(c.num_kv_heads) +
-                                  "_dim" + std::to_string(c.head_dim);
+                           return "heads" + std::to_string(c.num_heads) + "_kv" +
+                                  std::to_string(c.num_kv_heads) + "_dim" +
+                                  std::to_string(c.head_dim);
                          });
 
 // Each kernel refuses a group of heads larger than its tile, and the merge counters without the
@@ -364,14 +382,17 @@ TEST(CudaKernelsTest, PagedAttentionRefusesWhatItsKernelCannotHold) {
   p.head_dim = 128;
   p.num_kv_heads = 1;
   using kernels::AttentionKernel;
-  for (auto [heads, kernel] : {std::pair{16, AttentionKernel::kDecode}, std::pair{32, AttentionKernel::kDecodeTc},
-                               std::pair{256, AttentionKernel::kPrefill}}) {
+  for (auto [heads, kernel] :
+       {std::pair{16, AttentionKernel::kDecode}, std::pair{32, AttentionKernel::kDecodeTc},
+        std::pair{256, AttentionKernel::kPrefill}}) {
     p.num_heads = heads;
-    EXPECT_EQ(kernels::paged_attention(p, d_items.ptr, 1, kernel, nullptr), cudaErrorInvalidValue) << heads;
+    EXPECT_EQ(kernels::paged_attention(p, d_items.ptr, 1, kernel, nullptr), cudaErrorInvalidValue)
+        << heads;
   }
   p.num_heads = 8;
   p.combine_counters = d_i32.ptr;
-  EXPECT_EQ(kernels::paged_attention(p, d_items.ptr, 1, AttentionKernel::kDecodeTc, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::paged_attention(p, d_items.ptr, 1, AttentionKernel::kDecodeTc, nullptr),
+            cudaErrorInvalidValue);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
@@ -380,7 +401,8 @@ TEST(CudaKernelsTest, PagedAttentionRefusesWhatItsKernelCannotHold) {
 TEST(CudaKernelsTest, PagedAttentionItemsWithoutKeysWriteZeros) {
   SKIP_WITHOUT_GPU();
   const int nh = 8, nkv = 2, hd = 64, T = 3;
-  DeviceBuffer<uint16_t> d_kv(16 * nkv * hd), d_q(static_cast<size_t>(T) * nh * hd), d_out(static_cast<size_t>(T) * nh * hd);
+  DeviceBuffer<uint16_t> d_kv(16 * nkv * hd), d_q(static_cast<size_t>(T) * nh * hd),
+      d_out(static_cast<size_t>(T) * nh * hd);
   DeviceBuffer<int32_t> d_table(std::vector<int32_t>{0}), d_pos(std::vector<int32_t>{0, 1, 2});
   kernels::PagedAttentionParams p;
   p.q = BF(d_q.ptr);
@@ -395,10 +417,12 @@ TEST(CudaKernelsTest, PagedAttentionItemsWithoutKeysWriteZeros) {
   p.head_dim = hd;
   p.scale = 0.125f;
   using kernels::AttentionKernel;
-  for (AttentionKernel kernel : {AttentionKernel::kDecode, AttentionKernel::kDecodeTc, AttentionKernel::kPrefill}) {
+  for (AttentionKernel kernel :
+       {AttentionKernel::kDecode, AttentionKernel::kDecodeTc, AttentionKernel::kPrefill}) {
     // Token 1 alone (decodes), or tokens 1 and 2 (prefill); token 0 stays poisoned.
     const int q_len = kernel == AttentionKernel::kPrefill ? 2 : 1;
-    DeviceBuffer<kernels::AttentionWorkItem> d_item(std::vector<kernels::AttentionWorkItem>{{0, 1, q_len, 0, 0, -1, 0}});
+    DeviceBuffer<kernels::AttentionWorkItem> d_item(
+        std::vector<kernels::AttentionWorkItem>{{0, 1, q_len, 0, 0, -1, 0}});
     ASSERT_EQ(cudaMemset(d_out.ptr, 0xFF, d_out.n * sizeof(uint16_t)), cudaSuccess);
     ASSERT_EQ(kernels::paged_attention(p, d_item.ptr, 1, kernel, nullptr), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -406,7 +430,8 @@ TEST(CudaKernelsTest, PagedAttentionItemsWithoutKeysWriteZeros) {
     for (size_t e = 0; e < out.size(); ++e) {
       const size_t t = e / (nh * hd);
       const bool written = t >= 1 && t < static_cast<size_t>(1 + q_len);
-      ASSERT_EQ(out[e], written ? 0 : 0xFFFF) << "kernel " << static_cast<int>(kernel) << " element " << e;
+      ASSERT_EQ(out[e], written ? 0 : 0xFFFF)
+          << "kernel " << static_cast<int>(kernel) << " element " << e;
     }
   }
 }
@@ -416,12 +441,17 @@ TEST(CudaKernelsTest, GemmMatchesReference) {
   std::mt19937 rng(6);
   auto gemm = CublasLtGemm::create(8 << 20);
   ASSERT_TRUE(gemm.is_ok()) << gemm.status().to_string();
-  for (auto [m, n, k] : {std::tuple{3, 257, 136}, std::tuple{64, 1000, 4096}, std::tuple{1, 4096, 512}}) {
-    std::vector<float> x = random_vec(static_cast<size_t>(m) * k, rng), w = random_vec(static_cast<size_t>(n) * k, rng);
+  for (auto [m, n, k] :
+       {std::tuple{3, 257, 136}, std::tuple{64, 1000, 4096}, std::tuple{1, 4096, 512}}) {
+    std::vector<float> x = random_vec(static_cast<size_t>(m) * k, rng),
+                       w = random_vec(static_cast<size_t>(n) * k, rng);
     DeviceBuffer<uint16_t> d_x(to_bf16(x)), d_w(to_bf16(w)), d_y16(static_cast<size_t>(m) * n);
     DeviceBuffer<float> d_y(static_cast<size_t>(m) * n);
-    ASSERT_TRUE((*gemm)->run(BF(d_x.ptr), BF(d_w.ptr), d_y.ptr, GemmOut::kF32, m, n, k, nullptr).is_ok());
-    ASSERT_TRUE((*gemm)->run(BF(d_x.ptr), BF(d_w.ptr), d_y16.ptr, GemmOut::kBF16, m, n, k, nullptr).is_ok());
+    ASSERT_TRUE(
+        (*gemm)->run(BF(d_x.ptr), BF(d_w.ptr), d_y.ptr, GemmOut::kF32, m, n, k, nullptr).is_ok());
+    ASSERT_TRUE((*gemm)
+                    ->run(BF(d_x.ptr), BF(d_w.ptr), d_y16.ptr, GemmOut::kBF16, m, n, k, nullptr)
+                    .is_ok());
     std::vector<float> ref(static_cast<size_t>(m) * n);
     for (int i = 0; i < m; ++i) {
       for (int j = 0; j < n; ++j) {
@@ -452,9 +482,12 @@ TEST(CudaKernelsTest, GemvMatchesReference) {
   std::mt19937 rng(8);
   for (auto [n, k] : {std::pair{257, 136}, std::pair{1000, 4096}, std::pair{33, 1064}}) {
     for (int m = 1; m <= kernels::kGemvMaxRows; ++m) {
-      std::vector<float> x = random_vec(static_cast<size_t>(m) * k, rng), w = random_vec(static_cast<size_t>(n) * k, rng);
-      DeviceBuffer<uint16_t> d_x(to_bf16(x)), d_w(to_bf16(w)), d_y16(static_cast<size_t>(m + 1) * n);
-      DeviceBuffer<float> d_y(static_cast<size_t>(m + 1) * n);  // one spare row: must stay untouched
+      std::vector<float> x = random_vec(static_cast<size_t>(m) * k, rng),
+                         w = random_vec(static_cast<size_t>(n) * k, rng);
+      DeviceBuffer<uint16_t> d_x(to_bf16(x)), d_w(to_bf16(w)),
+          d_y16(static_cast<size_t>(m + 1) * n);
+      DeviceBuffer<float> d_y(static_cast<size_t>(m + 1) *
+                              n);  // one spare row: must stay untouched
       kernels::GemvParams gp = plain_gemv(d_w.ptr, d_x.ptr, d_y.ptr, m, n, k);
       ASSERT_EQ(kernels::gemv(gp, nullptr), cudaSuccess);
       gp.y = d_y16.ptr;
@@ -486,13 +519,14 @@ TEST(CudaKernelsTest, GemvMatchesReference) {
 
 // The CPU's SwiGLU of one RMS-normalised row: out[j] = silu(gate_j) up_j, with gate and up the
 // rows j and n + j of w [2n, k] times rms_norm(x, nw) (eps 1e-5), in double.
-void normed_swiglu_ref(const float* x, const std::vector<float>& nw, const std::vector<float>& w, int k, int n,
-                       float* out) {
+void normed_swiglu_ref(const float* x, const std::vector<float>& nw, const std::vector<float>& w,
+                       int k, int n, float* out) {
   std::vector<float> h(static_cast<size_t>(k)), gu(static_cast<size_t>(2) * n);
   rms_norm(x, nw.data(), k, 1e-5f, h.data());
   for (int j = 0; j < 2 * n; ++j) {
     double acc = 0;
-    for (int c = 0; c < k; ++c) acc += static_cast<double>(h[c]) * w[static_cast<size_t>(j) * k + c];
+    for (int c = 0; c < k; ++c)
+      acc += static_cast<double>(h[c]) * w[static_cast<size_t>(j) * k + c];
     gu[static_cast<size_t>(j)] = static_cast<float>(acc);
   }
   silu_mul(gu.data(), n, out);
@@ -548,13 +582,16 @@ TEST(CudaKernelsTest, FusedGemvModesMatchReference) {
       sp.swiglu = true;
       ASSERT_EQ(kernels::gemv(sp, nullptr), cudaSuccess);
       std::vector<float> aref(static_cast<size_t>(m) * n);
-      for (int i = 0; i < m; ++i) normed_swiglu_ref(&resid[i * k], nw, w2, k, n, &aref[static_cast<size_t>(i) * n]);
-      EXPECT_LT(rel_error(bf16_to_float(d_act.get()), aref), 5e-3) << "swiglu output, m=" << m << " k=" << k;
+      for (int i = 0; i < m; ++i)
+        normed_swiglu_ref(&resid[i * k], nw, w2, k, n, &aref[static_cast<size_t>(i) * n]);
+      EXPECT_LT(rel_error(bf16_to_float(d_act.get()), aref), 5e-3)
+          << "swiglu output, m=" << m << " k=" << k;
       // Residual update as output, accumulating the new rows' sums of squares.
       std::vector<float> xin = random_vec(static_cast<size_t>(m) * k, rng, -3.0f, 3.0f);
       std::vector<float> rin = random_vec(static_cast<size_t>(m) * n, rng);
       DeviceBuffer<uint16_t> d_xin(to_bf16(xin));
-      DeviceBuffer<float> d_rin(rin), d_rout(static_cast<size_t>(m) * n), d_sums(std::vector<float>(m, 0.0f));
+      DeviceBuffer<float> d_rin(rin), d_rout(static_cast<size_t>(m) * n),
+          d_sums(std::vector<float>(m, 0.0f));
       kernels::GemvParams rp;
       rp.w = BF(d_w.ptr);
       rp.m = m;
@@ -577,7 +614,8 @@ TEST(CudaKernelsTest, FusedGemvModesMatchReference) {
       }
       EXPECT_LT(rel_error(d_rout.get(), rref), 1e-4) << "residual output, m=" << m << " k=" << k;
       auto sums = d_sums.get();
-      for (int i = 0; i < m; ++i) EXPECT_NEAR(sums[i], sref[i], 1e-4 * sref[i]) << "row " << i << " k=" << k;
+      for (int i = 0; i < m; ++i)
+        EXPECT_NEAR(sums[i], sref[i], 1e-4 * sref[i]) << "row " << i << " k=" << k;
       // Three rows are refused in the fused modes.
       rp.m = 3;
       EXPECT_EQ(kernels::gemv(rp, nullptr), cudaErrorInvalidValue);
@@ -594,10 +632,12 @@ TEST(CudaKernelsTest, GemvPrefetchChangesNothing) {
   DeviceBuffer<uint16_t> next(static_cast<size_t>(3) << 20);  // 6 MiB: the "next weights"
   for (auto [n, k] : {std::pair{1000, 1024}, std::pair{100000, 64}}) {
     const int m = 1;
-    std::vector<float> x = random_vec(static_cast<size_t>(k), rng), w = random_vec(static_cast<size_t>(n) * k, rng);
+    std::vector<float> x = random_vec(static_cast<size_t>(k), rng),
+                       w = random_vec(static_cast<size_t>(n) * k, rng);
     std::vector<float> rin = random_vec(static_cast<size_t>(n), rng);
     DeviceBuffer<uint16_t> d_x(to_bf16(x)), d_w(to_bf16(w));
-    DeviceBuffer<float> d_y(n), d_y2(n), d_rin(rin), d_rout(n), d_rout2(n), d_s(std::vector<float>(1, 0.0f));
+    DeviceBuffer<float> d_y(n), d_y2(n), d_rin(rin), d_rout(n), d_rout2(n),
+        d_s(std::vector<float>(1, 0.0f));
     kernels::GemvParams gp = plain_gemv(d_w.ptr, d_x.ptr, d_y.ptr, m, n, k);
     ASSERT_EQ(kernels::gemv(gp, nullptr), cudaSuccess);
     kernels::GemvParams rp = gp;
@@ -658,8 +698,8 @@ void check_fused_gemv_rope(int nh, int nkv, int k, std::mt19937& rng) {
         std::vector<float> xb = x;
         DeviceBuffer<uint16_t> d_xb(to_bf16(xb));  // xb now holds the bf16-rounded values
         DeviceBuffer<float> d_x(x), d_nw(nw), d_sumsq(sumsq);
-        DeviceBuffer<uint16_t> d_q(static_cast<size_t>(m) * Q), d_k(static_cast<size_t>(slots) * KV),
-            d_v(static_cast<size_t>(slots) * KV);
+        DeviceBuffer<uint16_t> d_q(static_cast<size_t>(m) * Q),
+            d_k(static_cast<size_t>(slots) * KV), d_v(static_cast<size_t>(slots) * KV);
         kernels::GemvParams gp;
         gp.w = BF(d_w.ptr);
         gp.m = m;
@@ -674,10 +714,12 @@ void check_fused_gemv_rope(int nh, int nkv, int k, std::mt19937& rng) {
         } else {
           gp.x = BF(d_xb.ptr);
         }
-        gp.rope = {BF(d_q.ptr), BF(d_k.ptr), BF(d_v.ptr), with_bias ? d_bias.ptr : nullptr, d_pos.ptr, d_slot.ptr,
-                   d_inv.ptr, nh, nkv, hd};
+        gp.rope = {BF(d_q.ptr), BF(d_k.ptr), BF(d_v.ptr), with_bias ? d_bias.ptr : nullptr,
+                   d_pos.ptr,   d_slot.ptr,  d_inv.ptr,   nh,
+                   nkv,         hd};
         ASSERT_EQ(kernels::gemv(gp, nullptr), cudaSuccess);
-        auto q = bf16_to_float(d_q.get()), kc = bf16_to_float(d_k.get()), vc = bf16_to_float(d_v.get());
+        auto q = bf16_to_float(d_q.get()), kc = bf16_to_float(d_k.get()),
+             vc = bf16_to_float(d_v.get());
         auto kraw = d_k.get(), vraw = d_v.get();
         std::vector<float> h(k), row(n);
         for (int i = 0; i < m; ++i) {
@@ -688,19 +730,31 @@ void check_fused_gemv_rope(int nh, int nkv, int k, std::mt19937& rng) {
           }
           for (int j = 0; j < n; ++j) {
             double acc = 0;
-            for (int c = 0; c < k; ++c) acc += static_cast<double>(h[c]) * w[static_cast<size_t>(j) * k + c];
+            for (int c = 0; c < k; ++c)
+              acc += static_cast<double>(h[c]) * w[static_cast<size_t>(j) * k + c];
             row[j] = static_cast<float>(acc) + (with_bias ? bias[j] : 0.0f);
           }
-          for (int hh = 0; hh < nh + nkv; ++hh) apply_rope(row.data() + hh * hd, hd, pos[i], inv_freq.data());
-          const std::string what = "heads " + std::to_string(nh) + "/" + std::to_string(nkv) + " k=" + std::to_string(k) +
-                                   " m=" + std::to_string(m) + " normed=" + std::to_string(normed) +
-                                   " bias=" + std::to_string(with_bias) + " row " + std::to_string(i);
+          for (int hh = 0; hh < nh + nkv; ++hh)
+            apply_rope(row.data() + hh * hd, hd, pos[i], inv_freq.data());
+          const std::string what = "heads " + std::to_string(nh) + "/" + std::to_string(nkv) +
+                                   " k=" + std::to_string(k) + " m=" + std::to_string(m) +
+                                   " normed=" + std::to_string(normed) +
+                                   " bias=" + std::to_string(with_bias) + " row " +
+                                   std::to_string(i);
           EXPECT_LT(rel_error(std::vector<float>(q.begin() + i * Q, q.begin() + (i + 1) * Q),
-                              std::vector<float>(row.begin(), row.begin() + Q)), 5e-3) << "q " << what;
-          EXPECT_LT(rel_error(std::vector<float>(kc.begin() + slot[i] * KV, kc.begin() + (slot[i] + 1) * KV),
-                              std::vector<float>(row.begin() + Q, row.begin() + Q + KV)), 5e-3) << "k " << what;
-          EXPECT_LT(rel_error(std::vector<float>(vc.begin() + slot[i] * KV, vc.begin() + (slot[i] + 1) * KV),
-                              std::vector<float>(row.begin() + Q + KV, row.end())), 5e-3) << "v " << what;
+                              std::vector<float>(row.begin(), row.begin() + Q)),
+                    5e-3)
+              << "q " << what;
+          EXPECT_LT(rel_error(std::vector<float>(kc.begin() + slot[i] * KV,
+                                                 kc.begin() + (slot[i] + 1) * KV),
+                              std::vector<float>(row.begin() + Q, row.begin() + Q + KV)),
+                    5e-3)
+              << "k " << what;
+          EXPECT_LT(rel_error(std::vector<float>(vc.begin() + slot[i] * KV,
+                                                 vc.begin() + (slot[i] + 1) * KV),
+                              std::vector<float>(row.begin() + Q + KV, row.end())),
+                    5e-3)
+              << "v " << what;
         }
         for (int s = 0; s < slots; ++s) {
           if (s == slot[0] || (m > 1 && s == slot[1])) continue;
@@ -718,9 +772,14 @@ void check_fused_gemv_rope(int nh, int nkv, int k, std::mt19937& rng) {
   bad.m = 1;
   bad.n = n - 2;
   bad.k = k;
-  DeviceBuffer<uint16_t> d_x1(static_cast<size_t>(k)), d_q1(static_cast<size_t>(Q)), d_kv1(static_cast<size_t>(slots) * KV);
+  DeviceBuffer<uint16_t> d_x1(static_cast<size_t>(k)), d_q1(static_cast<size_t>(Q)),
+      d_kv1(static_cast<size_t>(slots) * KV);
   bad.x = BF(d_x1.ptr);
-  bad.rope = {BF(d_q1.ptr), BF(d_kv1.ptr), BF(d_kv1.ptr), nullptr, d_pos.ptr, d_slot.ptr, d_inv.ptr, nh, nkv, hd};
+  bad.rope = {BF(d_q1.ptr),  BF(d_kv1.ptr),
+              BF(d_kv1.ptr), nullptr,
+              d_pos.ptr,     d_slot.ptr,
+              d_inv.ptr,     nh,
+              nkv,           hd};
   EXPECT_EQ(kernels::gemv(bad, nullptr), cudaErrorInvalidValue);
 }
 
@@ -728,7 +787,8 @@ TEST(CudaKernelsTest, FusedGemvRopeMatchesReference) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(13);
   for (int k : {264, 2056}) {
-    for (auto [nh, nkv] : {std::pair{4, 4}, std::pair{8, 2}, std::pair{16, 2}}) check_fused_gemv_rope(nh, nkv, k, rng);
+    for (auto [nh, nkv] : {std::pair{4, 4}, std::pair{8, 2}, std::pair{16, 2}})
+      check_fused_gemv_rope(nh, nkv, k, rng);
   }
 }
 
@@ -743,7 +803,8 @@ TEST(CudaKernelsTest, ChainedFusedGemvsWaitForEachOther) {
   const int Q = 2056, D = 2064, F = 4104;
   std::vector<float> wo = random_vec(static_cast<size_t>(D) * Q, rng);
   std::vector<float> wgu = random_vec(static_cast<size_t>(2) * F * D, rng);
-  std::vector<float> wd = random_vec(static_cast<size_t>(D) * F, rng), nw = random_vec(D, rng, 0.5f, 1.5f);
+  std::vector<float> wd = random_vec(static_cast<size_t>(D) * F, rng),
+                     nw = random_vec(D, rng, 0.5f, 1.5f);
   DeviceBuffer<uint16_t> d_wo(to_bf16(wo)), d_wgu(to_bf16(wgu)), d_wd(to_bf16(wd));
   DeviceBuffer<float> d_nw(nw);
   // A stream of its own that waits for the legacy stream's set-up copies and fills; programmatic
@@ -762,14 +823,16 @@ TEST(CudaKernelsTest, ChainedFusedGemvsWaitForEachOther) {
     std::vector<float> r0 = random_vec(static_cast<size_t>(m) * D, rng, -2.0f, 2.0f);
     DeviceBuffer<uint16_t> d_attn(to_bf16(attn));
     DeviceBuffer<float> d_r0(r0);
-    // The CPU's layer: r1 = r0 + attn wo^T; act = bf16(silu(gate) up) of rms_norm(r1); r2 = r1 + act wd^T.
+    // The CPU's layer: r1 = r0 + attn wo^T; act = bf16(silu(gate) up) of rms_norm(r1); r2 = r1 +
+    // act wd^T.
     std::vector<float> r1(static_cast<size_t>(m) * D), r2(static_cast<size_t>(m) * D);
     std::vector<float> act(static_cast<size_t>(m) * F);
     std::vector<double> s2(m, 0.0);
     for (int i = 0; i < m; ++i) {
       for (int j = 0; j < D; ++j) {
         double acc = 0;
-        for (int c = 0; c < Q; ++c) acc += static_cast<double>(attn[i * Q + c]) * wo[static_cast<size_t>(j) * Q + c];
+        for (int c = 0; c < Q; ++c)
+          acc += static_cast<double>(attn[i * Q + c]) * wo[static_cast<size_t>(j) * Q + c];
         r1[i * D + j] = r0[i * D + j] + static_cast<float>(acc);
       }
       normed_swiglu_ref(&r1[i * D], nw, wgu, D, F, &act[static_cast<size_t>(i) * F]);
@@ -779,7 +842,8 @@ TEST(CudaKernelsTest, ChainedFusedGemvsWaitForEachOther) {
       for (int j = 0; j < D; ++j) {
         double acc = 0;
         for (int c = 0; c < F; ++c) {
-          acc += static_cast<double>(act[static_cast<size_t>(i) * F + c]) * wd[static_cast<size_t>(j) * F + c];
+          acc += static_cast<double>(act[static_cast<size_t>(i) * F + c]) *
+                 wd[static_cast<size_t>(j) * F + c];
         }
         r2[i * D + j] = r1[i * D + j] + static_cast<float>(acc);
         s2[i] += static_cast<double>(r2[i * D + j]) * r2[i * D + j];
@@ -813,12 +877,14 @@ TEST(CudaKernelsTest, ChainedFusedGemvsWaitForEachOther) {
       ASSERT_EQ(kernels::gemv(g, stream), cudaSuccess);
       ASSERT_EQ(kernels::gemv(dn, stream), cudaSuccess);
       ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-      const std::string what = "m=" + std::to_string(m) + " programmatic=" + std::to_string(programmatic);
+      const std::string what =
+          "m=" + std::to_string(m) + " programmatic=" + std::to_string(programmatic);
       EXPECT_LT(rel_error(d_r1.get(), r1), 1e-4) << what;
       EXPECT_LT(rel_error(bf16_to_float(d_act.get()), act), 5e-3) << what;
       EXPECT_LT(rel_error(d_r2.get(), r2), 1e-3) << what;
       auto sums = d_sums.get();
-      for (int i = 0; i < m; ++i) EXPECT_NEAR(sums[m + i], s2[i], 1e-3 * s2[i]) << what << " row " << i;
+      for (int i = 0; i < m; ++i)
+        EXPECT_NEAR(sums[m + i], s2[i], 1e-3 * s2[i]) << what << " row " << i;
     }
   }
 }

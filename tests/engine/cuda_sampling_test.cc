@@ -22,7 +22,8 @@ namespace {
 
 // Runs the sampler over `rows` copies of one logits row with the given parameters, row r with
 // random 0x1234567 * (r + 1); launches of up to 256 rows, to bound memory at large vocabularies.
-std::vector<int32_t> sample_rows(const std::vector<float>& logits, int rows, kernels::SampleParams sp) {
+std::vector<int32_t> sample_rows(const std::vector<float>& logits, int rows,
+                                 kernels::SampleParams sp) {
   const int V = static_cast<int>(logits.size());
   std::vector<int32_t> tokens;
   for (int first = 0; first < rows; first += 256) {
@@ -37,7 +38,8 @@ std::vector<int32_t> sample_rows(const std::vector<float>& logits, int rows, ker
     DeviceBuffer<float> d_logits(all);
     DeviceBuffer<kernels::SampleParams> d_params(params);
     DeviceBuffer<int32_t> d_tokens(static_cast<size_t>(n));
-    EXPECT_EQ(kernels::sample_tokens(d_logits.ptr, n, V, d_params.ptr, nullptr, d_tokens.ptr, nullptr, nullptr),
+    EXPECT_EQ(kernels::sample_tokens(d_logits.ptr, n, V, d_params.ptr, nullptr, d_tokens.ptr,
+                                     nullptr, nullptr),
               cudaSuccess);
     const std::vector<int32_t> got = d_tokens.get();
     tokens.insert(tokens.end(), got.begin(), got.end());
@@ -85,7 +87,8 @@ TEST(CudaSamplingTest, PenaltiesMatchTheHostReference) {
     if (r >= 2) {  // rows 2 on also have logit biases, on listed tokens and others
       bias_begins.push_back(biases.size());
       biases.push_back({seen[begin].token, 3.5f});
-      biases.push_back({(seen[begin].token + 1 + static_cast<int32_t>(rng() % 100)) % V, -100.0f});  // distinct
+      biases.push_back(
+          {(seen[begin].token + 1 + static_cast<int32_t>(rng() % 100)) % V, -100.0f});  // distinct
       biases.push_back({static_cast<int32_t>(V + 5), 1.0f});  // past the vocabulary: ignored
       s.num_logit_bias = p.num_logit_bias = 3;
     } else {
@@ -105,15 +108,19 @@ TEST(CudaSamplingTest, PenaltiesMatchTheHostReference) {
   std::vector<kernels::PenaltyToken> d_seen_host;
   for (const PenaltyToken& p : seen) d_seen_host.push_back({p.token, p.count});
   DeviceBuffer<kernels::PenaltyToken> d_seen(d_seen_host);
-  for (int r = 0; r < R; ++r) params[static_cast<size_t>(r)].penalty_tokens = d_seen.ptr + begins[static_cast<size_t>(r)];
+  for (int r = 0; r < R; ++r)
+    params[static_cast<size_t>(r)].penalty_tokens = d_seen.ptr + begins[static_cast<size_t>(r)];
   std::vector<kernels::LogitBias> d_bias_host;
   for (const LogitBias& b : biases) d_bias_host.push_back({b.token, b.bias});
   DeviceBuffer<kernels::LogitBias> d_bias(d_bias_host);
-  for (int r = 0; r < R; ++r) params[static_cast<size_t>(r)].logit_bias = d_bias.ptr + bias_begins[static_cast<size_t>(r)];
+  for (int r = 0; r < R; ++r)
+    params[static_cast<size_t>(r)].logit_bias = d_bias.ptr + bias_begins[static_cast<size_t>(r)];
   DeviceBuffer<float> d_logits(logits);
   DeviceBuffer<kernels::SampleParams> d_params(params);
   DeviceBuffer<int32_t> d_input(input_ids), d_tokens(static_cast<size_t>(R));
-  ASSERT_EQ(kernels::sample_tokens(d_logits.ptr, R, V, d_params.ptr, d_input.ptr, d_tokens.ptr, nullptr, nullptr), cudaSuccess);
+  ASSERT_EQ(kernels::sample_tokens(d_logits.ptr, R, V, d_params.ptr, d_input.ptr, d_tokens.ptr,
+                                   nullptr, nullptr),
+            cudaSuccess);
   const std::vector<float> got = d_logits.get();
   size_t changed = 0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -136,11 +143,14 @@ TEST(CudaSamplingTest, LogprobsMatchTheHostReference) {
   std::mt19937 rng(19);
   const int V = 5003, R = 13;
   std::vector<float> logits = random_vec(static_cast<size_t>(R) * V, rng, -6.0f, 6.0f);
-  auto at = [&](int r, int i) -> float& { return logits[static_cast<size_t>(r) * V + static_cast<size_t>(i)]; };
+  auto at = [&](int r, int i) -> float& {
+    return logits[static_cast<size_t>(r) * V + static_cast<size_t>(i)];
+  };
   for (int i = 0; i < V; i += 7) at(5, i) = NAN;
   for (int i = 3; i < V; i += 11) at(6, i) = -INFINITY;
   at(7, 100) = at(7, 4000) = INFINITY;  // shared certainty
-  for (int i = 0; i < V; ++i) at(8, i) = i % 500 == 0 ? 2.0f + 0.1f * static_cast<float>(i / 500) : 0.5f;
+  for (int i = 0; i < V; ++i)
+    at(8, i) = i % 500 == 0 ? 2.0f + 0.1f * static_cast<float>(i / 500) : 0.5f;
   for (int i = 0; i < V; ++i) at(9, i) = i == 17 || i == 2500 || i == 4999 ? 1.0f : -INFINITY;
   for (int i = 0; i < V; ++i) at(10, i) = std::min(at(10, i), 1.0f);
   for (int i = 0; i < 5; ++i) at(10, 1000 * i + 3) = 3.0f;
@@ -166,7 +176,8 @@ TEST(CudaSamplingTest, LogprobsMatchTheHostReference) {
   std::vector<kernels::TokenLogprobs> poison(R);
   for (auto& p : poison) p.num_top = -7;
   DeviceBuffer<kernels::TokenLogprobs> d_lp(poison);
-  ASSERT_EQ(kernels::sample_tokens(d_logits.ptr, R, V, d_params.ptr, nullptr, d_tokens.ptr, d_lp.ptr, nullptr),
+  ASSERT_EQ(kernels::sample_tokens(d_logits.ptr, R, V, d_params.ptr, nullptr, d_tokens.ptr,
+                                   d_lp.ptr, nullptr),
             cudaSuccess);
   const std::vector<int32_t> tokens = d_tokens.get();
   const std::vector<kernels::TokenLogprobs> got = d_lp.get();
@@ -177,7 +188,8 @@ TEST(CudaSamplingTest, LogprobsMatchTheHostReference) {
       continue;
     }
     TokenLogprobs want;
-    token_logprobs(logits.data() + static_cast<size_t>(r) * V, V, tokens[static_cast<size_t>(r)], asked[r], &want);
+    token_logprobs(logits.data() + static_cast<size_t>(r) * V, V, tokens[static_cast<size_t>(r)],
+                   asked[r], &want);
     if (g.logprob != want.logprob) {  // -inf equals -inf
       EXPECT_NEAR(g.logprob, want.logprob, 1e-4) << r;
     }
@@ -249,17 +261,22 @@ TEST(CudaSamplingTest, GreedyTopKTopPAndSeeds) {
   for (int32_t t : sample_rows(some_nan, 2, greedy)) EXPECT_EQ(t, 31337);
   kernels::SampleParams t1{1.0f, 1.0f, 0};
   for (const kernels::SampleParams& sp : {k5, pp, t1}) {
-    for (int32_t t : sample_rows(some_nan, 50, sp)) EXPECT_FALSE(std::isnan(some_nan[static_cast<size_t>(t)])) << t;
+    for (int32_t t : sample_rows(some_nan, 50, sp))
+      EXPECT_FALSE(std::isnan(some_nan[static_cast<size_t>(t)])) << t;
   }
   // -inf is never picked and leaves top-k as it is; +inf is picked at any temperature.
   std::vector<float> some_inf = logits;
-  for (int i = 1; i < V; i += 5) some_inf[static_cast<size_t>(i)] = -INFINITY;  // 31337 % 5 == 2: kept
+  for (int i = 1; i < V; i += 5)
+    some_inf[static_cast<size_t>(i)] = -INFINITY;  // 31337 % 5 == 2: kept
   std::vector<int> inf_order(V);
   std::iota(inf_order.begin(), inf_order.end(), 0);
-  std::sort(inf_order.begin(), inf_order.end(), [&](int a, int b) { return some_inf[a] > some_inf[b]; });
+  std::sort(inf_order.begin(), inf_order.end(),
+            [&](int a, int b) { return some_inf[a] > some_inf[b]; });
   const std::set<int32_t> inf_top5(inf_order.begin(), inf_order.begin() + 5);
-  for (int32_t t : sample_rows(some_inf, 100 / kDrawDivisor, k5)) EXPECT_TRUE(inf_top5.count(t)) << t;
-  for (int32_t t : sample_rows(some_inf, 100 / kDrawDivisor, t1)) EXPECT_NE(some_inf[static_cast<size_t>(t)], -INFINITY) << t;
+  for (int32_t t : sample_rows(some_inf, 100 / kDrawDivisor, k5))
+    EXPECT_TRUE(inf_top5.count(t)) << t;
+  for (int32_t t : sample_rows(some_inf, 100 / kDrawDivisor, t1))
+    EXPECT_NE(some_inf[static_cast<size_t>(t)], -INFINITY) << t;
   some_inf[123] = INFINITY;
   for (const kernels::SampleParams& sp : {greedy, k5, pp, t1}) {
     for (int32_t t : sample_rows(some_inf, 4, sp)) EXPECT_EQ(t, 123);
@@ -320,8 +337,10 @@ TEST(CudaSamplingTest, DrawsFollowTheWeightsAcrossChunks) {
   for (int V : {50000, 128256}) {
     const int chunk = (V + 1023) / 1024;
     std::vector<float> row(static_cast<size_t>(V), -INFINITY);
-    const std::vector<int> ids = {0, 31, 32, chunk - 1, chunk, 5 * chunk + 40, 600 * chunk + 33, V - 1};
-    for (size_t j = 0; j < ids.size(); ++j) row[static_cast<size_t>(ids[j])] = 0.25f * static_cast<float>(j % 5);
+    const std::vector<int> ids = {0,    31, 32, chunk - 1, chunk, 5 * chunk + 40, 600 * chunk + 33,
+                                  V - 1};
+    for (size_t j = 0; j < ids.size(); ++j)
+      row[static_cast<size_t>(ids[j])] = 0.25f * static_cast<float>(j % 5);
     row[static_cast<size_t>(7 * chunk + 2)] = NAN;
     const int draws = 4000 / kDrawDivisor;
     kernels::SampleParams t1{1.0f, 1.0f, 0};
@@ -332,7 +351,8 @@ TEST(CudaSamplingTest, DrawsFollowTheWeightsAcrossChunks) {
     int total = 0;
     for (int id : ids) {
       const double p = std::exp(static_cast<double>(row[static_cast<size_t>(id)])) / z;
-      EXPECT_NEAR(counts[id], draws * p, 5 * std::sqrt(draws * p * (1 - p))) << "V " << V << " token " << id;
+      EXPECT_NEAR(counts[id], draws * p, 5 * std::sqrt(draws * p * (1 - p)))
+          << "V " << V << " token " << id;
       total += counts[id];
     }
     EXPECT_EQ(total, draws) << "V " << V;  // nothing else drawn

@@ -30,7 +30,8 @@ constexpr bool kOnSimt = false;
 // millisecond of fiber switches (the checks hold at either count).
 constexpr int kDrawDivisor = kOnSimt ? 4 : 1;
 
-inline std::vector<float> random_vec(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+inline std::vector<float> random_vec(size_t n, std::mt19937& rng, float lo = -1.0f,
+                                     float hi = 1.0f) {
   std::uniform_real_distribution<float> d(lo, hi);
   std::vector<float> v(n);
   for (float& x : v) x = d(rng);

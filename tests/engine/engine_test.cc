@@ -65,7 +65,9 @@ struct Fixture {
   std::unique_ptr<Engine> engine(std::shared_ptr<Backend> backend, SchedulerConfig sc) {
     EngineOptions o;
     o.scheduler = sc;
-    auto e = Engine::create(std::move(backend), tokenizer, weights->config.max_position_embeddings, o).value();
+    auto e =
+        Engine::create(std::move(backend), tokenizer, weights->config.max_position_embeddings, o)
+            .value();
     EXPECT_EQ(e->pipelined(), e->backend().pipelined());
     return e;
   }
@@ -113,7 +115,9 @@ std::vector<Outcome> run_all(Engine& e, const std::vector<std::vector<int32_t>>&
 std::vector<std::vector<int32_t>> prompts(int n, int offset = 0) {
   std::vector<std::vector<int32_t>> p;
   for (int i = 0; i < n; ++i) {
-    p.push_back(Fixture::get().cases[static_cast<size_t>(offset + i)]["prompt_ids"].get<std::vector<int32_t>>());
+    p.push_back(Fixture::get()
+                    .cases[static_cast<size_t>(offset + i)]["prompt_ids"]
+                    .get<std::vector<int32_t>>());
   }
   return p;
 }
@@ -194,7 +198,9 @@ void expect_preempted_requests_equal_undisturbed_ones(bool pipelined) {
   }
 }
 
-TEST(EngineTest, PreemptedAsyncRequestsEqualUndisturbedOnes) { expect_preempted_requests_equal_undisturbed_ones(false); }
+TEST(EngineTest, PreemptedAsyncRequestsEqualUndisturbedOnes) {
+  expect_preempted_requests_equal_undisturbed_ones(false);
+}
 
 TEST(EngineTest, PreemptedAsyncRequestsEqualUndisturbedOnesWhenPipelined) {
   expect_preempted_requests_equal_undisturbed_ones(true);
@@ -209,7 +215,8 @@ TEST(EngineTest, SamplingIsReproducibleWithASeedAndStopsWork) {
   p.seed = 42;
   auto a = run_all(*f.engine({8, 512, 512}), prompts(3, 20), RequestClass::kSync, p);
   auto b = run_all(*f.engine({8, 512, 512}), prompts(3, 20), RequestClass::kSync, p);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(a[static_cast<size_t>(i)].tokens, b[static_cast<size_t>(i)].tokens);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(a[static_cast<size_t>(i)].tokens, b[static_cast<size_t>(i)].tokens);
 
   int long_case = 0;
   while (f.cases[static_cast<size_t>(long_case)]["text"].get<std::string>().size() < 8) ++long_case;
@@ -274,14 +281,18 @@ TEST(EngineTest, PipelinedStepsEqualPlainSteps) {
   seeded.top_k = 20;
   seeded.top_p = 0.95f;
   seeded.seed = 7;
-  expect_same_outcomes(run_all(*f.engine({8, 512, 512}, 16, 8 << 20, true), prompts(6, 60), RequestClass::kAsync, seeded),
-                       run_all(*f.engine({8, 512, 512}), prompts(6, 60), RequestClass::kAsync, seeded));
+  expect_same_outcomes(
+      run_all(*f.engine({8, 512, 512}, 16, 8 << 20, true), prompts(6, 60), RequestClass::kAsync,
+              seeded),
+      run_all(*f.engine({8, 512, 512}), prompts(6, 60), RequestClass::kAsync, seeded));
 
   SamplingParams limits;
   limits.max_tokens = 3;
   limits.stop = {"e", "a"};
-  expect_same_outcomes(run_all(*f.engine({4, 64, 16}, 16, 8 << 20, true), prompts(10, 80), RequestClass::kSync, limits),
-                       run_all(*f.engine({4, 64, 16}), prompts(10, 80), RequestClass::kSync, limits));
+  expect_same_outcomes(
+      run_all(*f.engine({4, 64, 16}, 16, 8 << 20, true), prompts(10, 80), RequestClass::kSync,
+              limits),
+      run_all(*f.engine({4, 64, 16}), prompts(10, 80), RequestClass::kSync, limits));
 }
 
 TEST(EngineTest, PipelinedPrefixCacheHitEqualsMiss) {
@@ -308,7 +319,8 @@ TEST(EngineTest, PipelinedCancelWhileATokenIsOnTheWay) {
     r.prompt = prompts(1, 30 + i)[0];
     r.params.max_tokens = 40;
     r.on_event = [&, i](const TokenEvent& ev) {
-      if (out[static_cast<size_t>(i)].reason != FinishReason::kNone) ++events_after_final[static_cast<size_t>(i)];
+      if (out[static_cast<size_t>(i)].reason != FinishReason::kNone)
+        ++events_after_final[static_cast<size_t>(i)];
       if (ev.token >= 0) out[static_cast<size_t>(i)].tokens.push_back(ev.token);
       if (ev.finished) out[static_cast<size_t>(i)].reason = ev.finish_reason;
     };
@@ -340,7 +352,9 @@ class FailingBackend final : public Backend {
   int num_kv_blocks() const override { return inner_->num_kv_blocks(); }
   size_t weight_bytes() const override { return inner_->weight_bytes(); }
   size_t kv_cache_bytes() const override { return inner_->kv_cache_bytes(); }
-  Status forward(const StepInput& in, float* logits) override { return inner_->forward(in, logits); }
+  Status forward(const StepInput& in, float* logits) override {
+    return inner_->forward(in, logits);
+  }
   Status submit(const StepInput& in, const SampleSpec* specs) override {
     table_widths_.push_back(in.max_blocks_per_seq);
     if (++submits_ == fail_submit_at_) return internal_error("could not queue the step");
@@ -349,7 +363,8 @@ class FailingBackend final : public Backend {
   Status collect(int32_t* tokens, TokenLogprobs* logprobs) override {
     HR_RETURN_IF_ERROR(inner_->collect(tokens, logprobs));
     if (++collects_ == fail_at_) return internal_error("lost the step's tokens");
-    if (auto it = injected_.find(collects_); it != injected_.end()) tokens[it->second.first] = it->second.second;
+    if (auto it = injected_.find(collects_); it != injected_.end())
+      tokens[it->second.first] = it->second.second;
     return Status::ok();
   }
   // Collect `at` returns `token` in row `row`: not a vocabulary id, as a device sampler does for a
@@ -392,10 +407,12 @@ TEST(EngineTest, AFailedStepLosesNoTokens) {
         ASSERT_TRUE(e->add(std::move(r)).is_ok());
       }
       int failures = 0;
-      for (int guard = 0; e->has_work() && guard < 10000; ++guard) failures += e->step().is_ok() ? 0 : 1;
+      for (int guard = 0; e->has_work() && guard < 10000; ++guard)
+        failures += e->step().is_ok() ? 0 : 1;
       EXPECT_EQ(failures, 1) << pipelined << " " << fail_at;
       for (int i = 0; i < 4; ++i) {
-        EXPECT_EQ(out[static_cast<size_t>(i)].tokens, expected(50 + i)) << pipelined << " " << fail_at << " " << i;
+        EXPECT_EQ(out[static_cast<size_t>(i)].tokens, expected(50 + i))
+            << pipelined << " " << fail_at << " " << i;
         EXPECT_EQ(out[static_cast<size_t>(i)].reason, FinishReason::kStop);
       }
       EXPECT_EQ(e->blocks().num_available(), e->blocks().num_blocks());
@@ -433,7 +450,8 @@ TEST(EngineTest, AnInvalidTokenEndsItsSequenceInAnError) {
         ASSERT_TRUE(e->add(std::move(r)).is_ok());
       }
       for (int guard = 0; e->has_work() && guard < 10000; ++guard) ASSERT_TRUE(e->step().is_ok());
-      const std::string label = "pipelined " + std::to_string(pipelined) + " token " + std::to_string(bad);
+      const std::string label =
+          "pipelined " + std::to_string(pipelined) + " token " + std::to_string(bad);
       int failed = 0;
       for (int i = 0; i < 3; ++i) {
         const auto k = static_cast<size_t>(i);
@@ -445,7 +463,8 @@ TEST(EngineTest, AnInvalidTokenEndsItsSequenceInAnError) {
           continue;
         }
         ++failed;
-        EXPECT_NE(errors[k].find("no valid token (" + std::to_string(bad) + ")"), std::string::npos) << errors[k];
+        EXPECT_NE(errors[k].find("no valid token (" + std::to_string(bad) + ")"), std::string::npos)
+            << errors[k];
         // What it had before the bad row is its own answer's start.
         ASSERT_LT(out[k].tokens.size(), want.size()) << label;
         EXPECT_TRUE(std::equal(out[k].tokens.begin(), out[k].tokens.end(), want.begin())) << label;
@@ -469,8 +488,8 @@ TEST(EngineTest, AnUnfinishedCharacterAtEosEndsAsAReplacementCharacter) {
   ASSERT_EQ(euro.size(), 3u);  // one token per byte
   ASSERT_FALSE(f.tokenizer->eos_ids().empty());
   auto backend = std::make_shared<FailingBackend>(f.backend(16, 8 << 20, false), 0);
-  backend->return_invalid_token(1, 0, euro[0]);                     // the prefill samples a lead byte
-  backend->return_invalid_token(2, 0, f.tokenizer->eos_ids()[0]);   // then EOS
+  backend->return_invalid_token(1, 0, euro[0]);  // the prefill samples a lead byte
+  backend->return_invalid_token(2, 0, f.tokenizer->eos_ids()[0]);  // then EOS
   auto e = f.engine(backend, {4, 512, 512});
   SamplingParams params;
   params.logprobs = 0;
@@ -486,7 +505,8 @@ TEST(EngineTest, FailAllEndsEveryRequestWithTheReason) {
     auto e = f.engine(f.backend(16, 8 << 20, pipelined), {2, 512, 512});  // two run, two wait
     std::vector<int> cases;  // answers long enough to be under way after three steps
     for (int c = 0; cases.size() < 5; ++c) {
-      if (f.cases[static_cast<size_t>(c)]["text"].get<std::string>().size() >= 10) cases.push_back(c);
+      if (f.cases[static_cast<size_t>(c)]["text"].get<std::string>().size() >= 10)
+        cases.push_back(c);
     }
     std::vector<Outcome> out(4);
     std::vector<std::string> errors(4);
@@ -599,7 +619,8 @@ TEST(EngineTest, BlockTablesAreAsWideAsTheStepNeeds) {
     size_t longest = 0;
     for (int i = 0; i < 4; ++i) {
       EXPECT_EQ(out[static_cast<size_t>(i)].tokens, expected(60 + i)) << i;
-      longest = std::max(longest, prompts(1, 60 + i)[0].size() + out[static_cast<size_t>(i)].tokens.size());
+      longest = std::max(longest,
+                         prompts(1, 60 + i)[0].size() + out[static_cast<size_t>(i)].tokens.size());
     }
     const auto& widths = recording->table_widths();
     ASSERT_FALSE(widths.empty());
@@ -641,10 +662,18 @@ TEST(CpuBackendTest, RefusesStepsOutsideItsMemory) {
       {"outside the block table", [](Step& s) { s.positions[2] = 4 * 16; }},
       {"outside the block table", [](Step& s) { s.positions[0] = -1; }},
       {"outside the KV cache", [&](Step& s) { s.table[0] = nb; }},
-      {"outside the KV cache", [](Step& s) { s.table[5] = -1; }},  // read, not written: before position 40's block
-      {"do not cover", [](Step& s) { s.seq_start = {0, 2, 2}; }},
-      {"do not cover", [](Step& s) { s.seq_start = {1, 2, 3}; }},
-      {"ends before it starts", [](Step& s) {
+      {"outside the KV cache",
+       [](Step& s) { s.table[5] = -1; }},  // read, not written: before position 40's block
+      {"do not cover",
+       [](Step& s) {
+         s.seq_start = {0, 2, 2};
+       }},
+      {"do not cover",
+       [](Step& s) {
+         s.seq_start = {1, 2, 3};
+       }},
+      {"ends before it starts",
+       [](Step& s) {
          s.seq_start = {0, 3, 1, 3};
          s.table.resize(12, 0);
        }},
@@ -700,7 +729,8 @@ TEST(CpuBackendTest, FedTokensEqualKnownTokens) {
     first->assign(1, -1);
     ASSERT_TRUE(b->forward_sample(in, &greedy, first->data()).is_ok());
     // The next step: the token just sampled, fed or given.
-    std::vector<int32_t> ids = {feed ? 0 : (*first)[0]}, pos = {n}, start = {0, 1}, fed = {0}, row0 = {0};
+    std::vector<int32_t> ids = {feed ? 0 : (*first)[0]}, pos = {n}, start = {0, 1}, fed = {0},
+                         row0 = {0};
     StepInput next = in;
     next.num_tokens = 1;
     next.token_ids = ids.data();
@@ -731,7 +761,8 @@ TEST(CpuBackendTest, FedTokensEqualKnownTokens) {
   EXPECT_EQ(a2, b2);
   const std::vector<int32_t> want = expected(3);
   ASSERT_GE(want.size(), 2u);
-  EXPECT_EQ(std::vector<int32_t>({a1[0], a2[0]}), std::vector<int32_t>(want.begin(), want.begin() + 2));
+  EXPECT_EQ(std::vector<int32_t>({a1[0], a2[0]}),
+            std::vector<int32_t>(want.begin(), want.begin() + 2));
 }
 
 std::vector<SimdLevel> simd_levels() {
@@ -793,7 +824,7 @@ void expect_product_matches(int m, int n, int k, bool accumulate, SimdLevel leve
 }
 
 // n past whole panels, k odd, m across the tile heights (8, 6, 4) and their remainders.
-const std::pair<int, int> kOddSizes[] = {{1, 1},   {3, 5},    {7, 13},  {17, 31},  {37, 67},
+const std::pair<int, int> kOddSizes[] = {{1, 1},   {3, 5},    {7, 13},  {17, 31},   {37, 67},
                                          {5, 129}, {29, 300}, {50, 96}, {11, 1031}, {64, 768}};
 
 // NaN is never drawn (a row of nothing but NaN gives -1, which ends the sequence in an error),
@@ -801,7 +832,8 @@ const std::pair<int, int> kOddSizes[] = {{1, 1},   {3, 5},    {7, 13},  {17, 31}
 TEST(SamplerTest, NaNAndInfiniteLogits) {
   const int V = 64;
   std::vector<float> logits(V);
-  for (int i = 0; i < V; ++i) logits[static_cast<size_t>(i)] = std::sin(static_cast<float>(i)) * 3.0f;
+  for (int i = 0; i < V; ++i)
+    logits[static_cast<size_t>(i)] = std::sin(static_cast<float>(i)) * 3.0f;
   for (int i = 0; i < V; i += 3) logits[static_cast<size_t>(i)] = NAN;
   for (int i = 1; i < V; i += 3) logits[static_cast<size_t>(i)] = -INFINITY;
   auto spec = [](float t, float top_p, int top_k, uint64_t random) {
@@ -819,7 +851,8 @@ TEST(SamplerTest, NaNAndInfiniteLogits) {
   EXPECT_EQ(sample_token(logits.data(), V, spec(0.0f, 1.0f, 0, 1)), finite[0]);
   std::set<int32_t> seen;
   for (uint64_t r = 1; r <= 300; ++r) {
-    for (const SampleSpec& sp : {spec(1.0f, 1.0f, 0, r), spec(1.0f, 0.5f, 0, r), spec(2.0f, 1.0f, 3, r)}) {
+    for (const SampleSpec& sp :
+         {spec(1.0f, 1.0f, 0, r), spec(1.0f, 0.5f, 0, r), spec(2.0f, 1.0f, 3, r)}) {
       int32_t t = sample_token(logits.data(), V, sp);
       ASSERT_TRUE(t >= 0 && t < V) << t;
       EXPECT_TRUE(std::isfinite(logits[static_cast<size_t>(t)])) << t;
@@ -832,7 +865,8 @@ TEST(SamplerTest, NaNAndInfiniteLogits) {
   EXPECT_GT(seen.size(), 3u);
   std::vector<float> with_inf = logits;
   with_inf[20] = INFINITY;
-  for (const SampleSpec& sp : {spec(0.0f, 1.0f, 0, 1), spec(1.0f, 1.0f, 0, 7), spec(1.0f, 0.5f, 5, 9)}) {
+  for (const SampleSpec& sp :
+       {spec(0.0f, 1.0f, 0, 1), spec(1.0f, 1.0f, 0, 7), spec(1.0f, 0.5f, 5, 9)}) {
     EXPECT_EQ(sample_token(with_inf.data(), V, sp), 20);
   }
   const std::vector<float> all_nan(V, NAN);
@@ -842,7 +876,8 @@ TEST(SamplerTest, NaNAndInfiniteLogits) {
   // Every token banned (NaN aside): the lowest -inf id, as greedy, at any temperature.
   std::vector<float> banned = logits;
   for (int i = 2; i < V; i += 3) banned[static_cast<size_t>(i)] = -INFINITY;
-  for (const SampleSpec& sp : {spec(0.0f, 1.0f, 0, 1), spec(1.0f, 1.0f, 0, 5), spec(1.0f, 0.5f, 4, 6)}) {
+  for (const SampleSpec& sp :
+       {spec(0.0f, 1.0f, 0, 1), spec(1.0f, 1.0f, 0, 5), spec(1.0f, 0.5f, 4, 6)}) {
     EXPECT_EQ(sample_token(banned.data(), V, sp), 1);
   }
   // A NaN temperature samples greedily.
@@ -874,7 +909,8 @@ TEST(SamplerTest, PenaltiesFollowOpenAiAndTransformers) {
   EXPECT_EQ(penalized(none, 4), logits);
   // A logit bias is added after the penalties, to the tokens it names.
   SampleSpec biased = s;
-  const std::vector<LogitBias> bias = {{2, 10.0f}, {4, -1.0f}, {77, 5.0f}};  // 77: past the vocabulary
+  const std::vector<LogitBias> bias = {
+      {2, 10.0f}, {4, -1.0f}, {77, 5.0f}};  // 77: past the vocabulary
   biased.logit_bias = bias.data();
   biased.num_logit_bias = 3;
   EXPECT_EQ(penalized(biased, 3), (std::vector<float>{-0.25f, -2.0f, 10.5f, 0.25f, 0.0f}));
@@ -906,7 +942,8 @@ std::vector<int32_t> recompute(const std::vector<int32_t>& prompt, const Samplin
         float& x = logits[static_cast<size_t>(t)];
         const Penalties& pen = params.penalties;
         x = x > 0 ? x / pen.repetition : x * pen.repetition;
-        if (generated.count(t)) x -= pen.frequency * static_cast<float>(generated[t]) + pen.presence;
+        if (generated.count(t))
+          x -= pen.frequency * static_cast<float>(generated[t]) + pen.presence;
       }
     }
     if (log_softmax) {
@@ -914,13 +951,17 @@ std::vector<int32_t> recompute(const std::vector<int32_t>& prompt, const Samplin
       double sum = 0;
       for (float x : logits) sum += std::exp(x - mx);
       std::vector<double> row(static_cast<size_t>(V));
-      for (int i = 0; i < V; ++i) row[static_cast<size_t>(i)] = logits[static_cast<size_t>(i)] - mx - std::log(sum);
+      for (int i = 0; i < V; ++i)
+        row[static_cast<size_t>(i)] = logits[static_cast<size_t>(i)] - mx - std::log(sum);
       log_softmax->push_back(std::move(row));
     }
-    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const int32_t next =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     out.push_back(next);
     tokens.push_back(next);
-    if (std::find(f.tokenizer->eos_ids().begin(), f.tokenizer->eos_ids().end(), next) != f.tokenizer->eos_ids().end()) break;
+    if (std::find(f.tokenizer->eos_ids().begin(), f.tokenizer->eos_ids().end(), next) !=
+        f.tokenizer->eos_ids().end())
+      break;
   }
   return out;
 }
@@ -964,7 +1005,8 @@ TEST(EngineTest, PenaltiesEqualARecomputingLoop) {
   for (bool pipelined : {false, true}) {
     auto e = f.engine({8, 512, 512}, 16, 8 << 20, pipelined);
     auto got = run_all(*e, ps, RequestClass::kSync, params);
-    for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(got[i].tokens, want[i]) << "pipelined " << pipelined << " " << i;
+    for (size_t i = 0; i < ps.size(); ++i)
+      EXPECT_EQ(got[i].tokens, want[i]) << "pipelined " << pipelined << " " << i;
   }
   auto plain = f.engine({8, 512, 512});
   SamplingParams no_penalties;
@@ -990,7 +1032,8 @@ TEST(EngineTest, LogitBiasForcesAndBansTokens) {
     SamplingParams ban = plain;
     ban.logit_bias = {{base[0].tokens[0], -100.0f}};
     const auto forced_out = run_all(*e, ps, RequestClass::kSync, force);
-    for (const auto& o : forced_out) EXPECT_EQ(o.tokens, std::vector<int32_t>(6, forced)) << pipelined;
+    for (const auto& o : forced_out)
+      EXPECT_EQ(o.tokens, std::vector<int32_t>(6, forced)) << pipelined;
     const auto banned = run_all(*e, {ps[0]}, RequestClass::kSync, ban);
     ASSERT_FALSE(banned[0].tokens.empty());
     EXPECT_NE(banned[0].tokens[0], base[0].tokens[0]) << pipelined;
@@ -1027,7 +1070,8 @@ TEST(EngineTest, LogprobsAreThoseOfTheRecomputedSteps) {
         ASSERT_EQ(lp.num_top, 5);
         for (int k = 0; k < 5; ++k) {
           EXPECT_EQ(lp.top_ids[k], order[static_cast<size_t>(k)]) << i << " " << j << " " << k;
-          EXPECT_NEAR(lp.top_logprobs[k], row[static_cast<size_t>(order[static_cast<size_t>(k)])], 1e-4);
+          EXPECT_NEAR(lp.top_logprobs[k], row[static_cast<size_t>(order[static_cast<size_t>(k)])],
+                      1e-4);
         }
         EXPECT_EQ(lp.top_ids[0], want[j]);  // greedy
       }

@@ -68,7 +68,8 @@ TEST(GoldenTest, GreedyTokensAndLogitsMatchPyTorch) {
         max_diff = std::max(max_diff, d);
         EXPECT_LT(d, 1e-4) << "case " << c["text"] << " step " << step;
       }
-      int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      int32_t next =
+          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
       out.push_back(next);
       tokens.push_back(next);
     }

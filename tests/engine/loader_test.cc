@@ -21,10 +21,12 @@ const std::string kModelDir = std::string(HEADROOM_SOURCE_DIR) + "/models/tiny-r
 class LoaderTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("hr-loader-" + std::to_string(::getpid()) + "-" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("hr-loader-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
-    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}) {
+    for (const char* f :
+         {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}) {
       fs::copy_file(kModelDir + "/" + f, dir_ / f, fs::copy_options::overwrite_existing);
     }
   }
@@ -92,8 +94,9 @@ TEST_F(LoaderTest, MissingTensorAndWrongShapeAreNamed) {
   write("config.json", wider);
   w = load_weights(dir_.string());
   ASSERT_FALSE(w.is_ok());
-  EXPECT_NE(w.status().message().find("mlp.gate_proj.weight has shape [512, 128], expected [640, 128]"),
-            std::string::npos)
+  EXPECT_NE(
+      w.status().message().find("mlp.gate_proj.weight has shape [512, 128], expected [640, 128]"),
+      std::string::npos)
       << w.status().message();
 }
 
@@ -124,7 +127,8 @@ TEST(BackendSpecTest, CudaOptionsParseAndRefuseClearly) {
   auto empty = parse_cuda_options("");
   ASSERT_TRUE(empty.is_ok());
   EXPECT_TRUE(empty->empty());
-  auto ok = parse_cuda_options("fused_rope,fused_combine=off,decode_attention=cuda_core,programmatic_launch=auto");
+  auto ok = parse_cuda_options(
+      "fused_rope,fused_combine=off,decode_attention=cuda_core,programmatic_launch=auto");
   ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
   const CudaSettings want = {{"fused_rope", "on"},
                              {"fused_combine", "off"},
@@ -140,8 +144,10 @@ TEST(BackendSpecTest, CudaOptionsParseAndRefuseClearly) {
     ASSERT_FALSE(r.is_ok()) << bad;
     EXPECT_EQ(r.status().field(), "cuda-options") << bad;
   }
-  EXPECT_NE(parse_cuda_options("graphs=yes").status().message().find("on or off"), std::string::npos);
-  EXPECT_NE(parse_cuda_options("fused_ropes").status().message().find("fused_rope"), std::string::npos);
+  EXPECT_NE(parse_cuda_options("graphs=yes").status().message().find("on or off"),
+            std::string::npos);
+  EXPECT_NE(parse_cuda_options("fused_ropes").status().message().find("fused_rope"),
+            std::string::npos);
 #ifdef HEADROOM_HAVE_CUDA
   // Every setting and value reaches its option field: the backend's settings read it back.
   auto defaults = describe_cuda_options("");
@@ -154,7 +160,8 @@ TEST(BackendSpecTest, CudaOptionsParseAndRefuseClearly) {
     for (const auto& value : values) {
       auto d = describe_cuda_options(name + "=" + value);
       ASSERT_TRUE(d.is_ok()) << d.status().to_string();
-      EXPECT_NE(("," + *d + ",").find("," + name + "=" + value + ","), std::string::npos) << name << "=" << value;
+      EXPECT_NE(("," + *d + ",").find("," + name + "=" + value + ","), std::string::npos)
+          << name << "=" << value;
     }
   }
 #endif
@@ -211,8 +218,8 @@ TEST(ChatTemplateTest, FormatsAndUnknownTemplates) {
   EXPECT_EQ(*render_chat(ChatFormat::kLlama3, {{"user", "hi"}}, "", ""),
             "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
-  EXPECT_EQ(*render_chat(ChatFormat::kMistral, {{"user", "hi"}, {"assistant", "yo"}, {"user", "go"}},
-                         "<s>", "</s>"),
+  EXPECT_EQ(*render_chat(ChatFormat::kMistral,
+                         {{"user", "hi"}, {"assistant", "yo"}, {"user", "go"}}, "<s>", "</s>"),
             "<s>[INST] hi [/INST]yo</s>[INST] go [/INST]");
   EXPECT_EQ(render_chat(ChatFormat::kHeadroom, {{"system", "x"}, {"user", "y"}}, "<s>", "</s>")
                 .status()

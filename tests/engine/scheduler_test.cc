@@ -99,7 +99,7 @@ TEST(SchedulerTest, AsyncStepCapHoldsWithOrWithoutSync) {
   EXPECT_EQ(tokens_of(p, a), 8);
   Sequence* s = h.add(RequestClass::kSync, 6, 0, 300);
   p = h.step();
-  EXPECT_EQ(tokens_of(p, s), 6);  // sync is never capped
+  EXPECT_EQ(tokens_of(p, s), 6);   // sync is never capped
   EXPECT_EQ(p.num_tokens, 6 + 5);  // the smaller of the two caps
   h.sched.set_async_step_cap(0);
   s->finished = true;

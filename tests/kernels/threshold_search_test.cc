@@ -48,7 +48,10 @@ float reference(const std::vector<float>& row, const RowProbe& probe, float need
   size_t good = 0, bad = v.size();  // v[good] meets need; nothing at or past bad does
   while (bad - good > 1) {
     const size_t mid = (good + bad) / 2;
-    if (probe(v[mid]).weight >= need) good = mid; else bad = mid;
+    if (probe(v[mid]).weight >= need)
+      good = mid;
+    else
+      bad = mid;
   }
   return v[good];
 }
@@ -83,7 +86,8 @@ std::vector<float> normal_row(size_t n, float sigma, std::mt19937& rng) {
 // A language model's row: a long low tail and a few likely tokens well above it.
 std::vector<float> peaked_row(size_t n, std::mt19937& rng) {
   std::vector<float> row = normal_row(n, 2.0f, rng);
-  for (int i = 0; i < 8; ++i) row[rng() % n] = 14.0f - 1.5f * static_cast<float>(i) + 0.01f * static_cast<float>(rng() % 100);
+  for (int i = 0; i < 8; ++i)
+    row[rng() % n] = 14.0f - 1.5f * static_cast<float>(i) + 0.01f * static_cast<float>(rng() % 100);
   return row;
 }
 
@@ -131,7 +135,9 @@ TEST(ThresholdSearchTest, TiesNanAndInfinitiesTakeNoPart) {
   std::vector<float> row(5003);
   for (size_t i = 0; i < row.size(); ++i) {
     const unsigned kind = rng() % 10;
-    row[i] = kind == 0 ? NAN : kind == 1 ? -kInf : static_cast<float>(rng() % 6);  // six tied values
+    row[i] = kind == 0   ? NAN
+             : kind == 1 ? -kInf
+                         : static_cast<float>(rng() % 6);  // six tied values
   }
   const RowProbe count{&row};
   int finite = 0;
@@ -172,7 +178,8 @@ TEST(ThresholdSearchTest, ExtremeRangesEndWithinTheBitBound) {
   const std::vector<float> zeros = {0.0f, -std::numeric_limits<float>::denorm_min(), -0.0f,
                                     std::numeric_limits<float>::denorm_min(), 0.0f};
   const RowProbe zero_count{&zeros};
-  for (int k = 1; k <= 5; ++k) expect_exact(search(zeros, zero_count, static_cast<float>(k)), "zeros");
+  for (int k = 1; k <= 5; ++k)
+    expect_exact(search(zeros, zero_count, static_cast<float>(k)), "zeros");
 }
 
 TEST(ThresholdSearchTest, SmallRows) {
@@ -182,16 +189,18 @@ TEST(ThresholdSearchTest, SmallRows) {
       std::vector<float> row(n);
       for (float& x : row) x = static_cast<float>(static_cast<int>(rng() % 7) - 3) * 0.5f;
       const RowProbe count{&row};
-      for (size_t k = 1; k <= n; ++k) expect_exact(search(row, count, static_cast<float>(k)), "small");
+      for (size_t k = 1; k <= n; ++k)
+        expect_exact(search(row, count, static_cast<float>(k)), "small");
     }
   }
 }
 
 TEST(ThresholdSearchTest, KeysKeepTheOrderOfFloats) {
-  const std::vector<float> ordered = {-kInf, std::numeric_limits<float>::lowest(), -1.0f,
-                                      -std::numeric_limits<float>::denorm_min(), 0.0f,
-                                      std::numeric_limits<float>::denorm_min(), 1.0f,
-                                      std::numeric_limits<float>::max(), kInf};
+  const std::vector<float> ordered = {-kInf, std::numeric_limits<float>::lowest(),
+                                      -1.0f, -std::numeric_limits<float>::denorm_min(),
+                                      0.0f,  std::numeric_limits<float>::denorm_min(),
+                                      1.0f,  std::numeric_limits<float>::max(),
+                                      kInf};
   for (size_t i = 0; i + 1 < ordered.size(); ++i) {
     EXPECT_LT(float_key(ordered[i]), float_key(ordered[i + 1])) << i;
     EXPECT_EQ(key_float(float_key(ordered[i])), ordered[i]) << i;

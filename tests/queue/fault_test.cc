@@ -1,5 +1,5 @@
-// Fault tests on a private Postgres and Redis: Redis flushed, restarted empty or evicting the stream
-// mid-batch, Redis paused under the relay, and Postgres restarted under the API. Nothing
+// Fault tests on a private Postgres and Redis: Redis flushed, restarted empty or evicting the
+// stream mid-batch, Redis paused under the relay, and Postgres restarted under the API. Nothing
 // acknowledged may be lost.
 #include <gtest/gtest.h>
 #include <pqxx/pqxx>
@@ -84,7 +84,8 @@ void evict_stream(const std::string& redis_url, const std::string& model) {
   std::string memory = redis.command({"INFO", "memory"})->str;
   size_t p = memory.find("used_memory:") + 12;
   int64_t used = std::stoll(memory.substr(p, memory.find('\r', p) - p));
-  ASSERT_TRUE(redis.command({"CONFIG", "SET", "maxmemory", std::to_string(used + (2 << 20))}).is_ok());
+  ASSERT_TRUE(
+      redis.command({"CONFIG", "SET", "maxmemory", std::to_string(used + (2 << 20))}).is_ok());
   const std::string filler(64 << 10, 'x');
   for (int i = 0; i < 2000 && redis.command({"EXISTS", key})->integer == 1; ++i) {
     (void)redis.command({"SET", "filler:" + std::to_string(i), filler, "EX", "100000"});
@@ -92,8 +93,9 @@ void evict_stream(const std::string& redis_url, const std::string& model) {
   EXPECT_EQ(redis.command({"EXISTS", key})->integer, 0) << "the stream was not evicted";
   EXPECT_EQ(redis.command({"EXISTS", "hr:epoch"})->integer, 1);
   ASSERT_TRUE(redis.command({"CONFIG", "SET", "maxmemory", "0"}).is_ok());
-  ASSERT_TRUE(redis.command({"XADD", key, "*", "b", "00000000-0000-4000-8000-000000000000", "i", "0"})
-                  .is_ok());
+  ASSERT_TRUE(
+      redis.command({"XADD", key, "*", "b", "00000000-0000-4000-8000-000000000000", "i", "0"})
+          .is_ok());
 }
 
 void run_redis_loss(RedisLoss loss) {

@@ -129,7 +129,8 @@ TEST_F(LeaseTest, RequeuesWhosePushFailedArePushedByTheJanitor) {
   ASSERT_TRUE(redis->command({"DEL", key}).is_ok());
   ASSERT_TRUE(redis->command({"SET", key, "not a stream"}).is_ok());
   EXPECT_FALSE(c->fail({{leases[0], "inference_error", "boom", true}}).is_ok());
-  EXPECT_FALSE(c->fail({{leases[0], "inference_error", "boom", true}}).is_ok());  // the worker retries
+  EXPECT_FALSE(
+      c->fail({{leases[0], "inference_error", "boom", true}}).is_ok());  // the worker retries
   EXPECT_FALSE(c->release({leases[1]}).is_ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(400));
   EXPECT_FALSE(d->requeue_expired_leases().is_ok());
@@ -142,7 +143,9 @@ TEST_F(LeaseTest, RequeuesWhosePushFailedArePushedByTheJanitor) {
   std::vector<Lease> again = consumer("w3")->pull(10, 1000).value();
   ASSERT_EQ(again.size(), 3u);
   for (const Lease& l : again) EXPECT_EQ(l.attempt, 2);
-  EXPECT_EQ(scalar("SELECT num_failures FROM requests WHERE idx = " + std::to_string(leases[0].ref.idx)), 1);
+  EXPECT_EQ(
+      scalar("SELECT num_failures FROM requests WHERE idx = " + std::to_string(leases[0].ref.idx)),
+      1);
   EXPECT_EQ(d->tick()->pushed, 0);
 }
 
@@ -189,9 +192,10 @@ TEST_F(LeaseTest, RequestsTheJanitorFailsGetTheirRequestEvent) {
   auto ended = d->requeue_expired_leases();
   ASSERT_TRUE(ended.is_ok()) << ended.status().to_string();
   EXPECT_EQ(ended->second, 1);
-  EXPECT_EQ(scalar("SELECT count(*) FROM outbox WHERE event_type = 'request.completed' "
-                   "AND payload->'data'->>'status' = 'failed' AND payload->'data'->>'custom_id' = 'c-1'"),
-            1);
+  EXPECT_EQ(
+      scalar("SELECT count(*) FROM outbox WHERE event_type = 'request.completed' "
+             "AND payload->'data'->>'status' = 'failed' AND payload->'data'->>'custom_id' = 'c-1'"),
+      1);
 }
 
 TEST_F(LeaseTest, StaleConsumersLateCompletionIsRefused) {
@@ -288,14 +292,16 @@ TEST_F(LeaseTest, ReleasedWorkGoesBackWithoutCountingAFailure) {
   auto got = c->pull(3, 1000).value();
   ASSERT_EQ(got.size(), 3u);
   ASSERT_TRUE(c->release(got).is_ok());
-  EXPECT_EQ(scalar("SELECT count(*) FROM requests WHERE status = 'queued' AND num_failures = 0"), 3);
+  EXPECT_EQ(scalar("SELECT count(*) FROM requests WHERE status = 'queued' AND num_failures = 0"),
+            3);
   auto again = c->pull(3, 1000).value();
   EXPECT_EQ(again.size(), 3u);
 }
 
 TEST_F(LeaseTest, DeadlinePassedExpiresUnstartedRequests) {
   int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                       std::chrono::system_clock::now().time_since_epoch()).count();
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count();
   std::string batch = submit(4, now_ms + 800);
   auto d = dispatcher();
   ASSERT_TRUE(d->tick().is_ok());

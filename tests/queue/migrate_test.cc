@@ -21,8 +21,10 @@ int count_rows(const std::string& url, const std::string& sql) {
 }
 
 bool table_exists(const std::string& url, const std::string& table) {
-  return count_rows(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND "
-                         "tablename = '" + table + "'") == 1;
+  return count_rows(url,
+                    "SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND "
+                    "tablename = '" +
+                        table + "'") == 1;
 }
 
 Migration mig(const std::string& name, const std::string& sql) {
@@ -60,8 +62,14 @@ TEST(MigrateTest, ConcurrentMigratorsApplyExactlyOnce) {
   std::atomic<int> started{0};
   Result<MigrateReport> r1 = Status(StatusCode::kInternal, "not run");
   Result<MigrateReport> r2 = Status(StatusCode::kInternal, "not run");
-  std::thread t1([&] { ++started; r1 = migrate(db.url(), files); });
-  std::thread t2([&] { ++started; r2 = migrate(db.url(), files); });
+  std::thread t1([&] {
+    ++started;
+    r1 = migrate(db.url(), files);
+  });
+  std::thread t2([&] {
+    ++started;
+    r2 = migrate(db.url(), files);
+  });
   t1.join();
   t2.join();
   ASSERT_TRUE(r1.is_ok()) << r1.status().to_string();
@@ -78,7 +86,8 @@ TEST(MigrateTest, SecondMigratorWaitsForTheLock) {
   std::vector<Migration> files = {mig("0001_a.sql", "CREATE TABLE a (x int);")};
   // Hold the migration lock from another session, as a running migrator would.
   pqxx::connection holder(db.url());
-  pqxx::nontransaction(holder).exec("SELECT pg_advisory_lock(" + std::to_string(0x68726d6967726174) + ")");
+  pqxx::nontransaction(holder).exec("SELECT pg_advisory_lock(" +
+                                    std::to_string(0x68726d6967726174) + ")");
   std::atomic<bool> done{false};
   Result<MigrateReport> r = Status(StatusCode::kInternal, "not run");
   std::thread t([&] {
@@ -88,7 +97,8 @@ TEST(MigrateTest, SecondMigratorWaitsForTheLock) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_FALSE(done.load()) << "migrator ran while another held the lock";
   EXPECT_FALSE(table_exists(db.url(), "a"));
-  pqxx::nontransaction(holder).exec("SELECT pg_advisory_unlock(" + std::to_string(0x68726d6967726174) + ")");
+  pqxx::nontransaction(holder).exec("SELECT pg_advisory_unlock(" +
+                                    std::to_string(0x68726d6967726174) + ")");
   t.join();
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ(r->applied.size(), 1u);
@@ -104,8 +114,7 @@ TEST(MigrateTest, FailedMigrationLeavesSchemaAsItWasAndNamesTheFile) {
   auto r = migrate(db.url(), files);
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().message().find("0002_bad.sql"), std::string::npos) << r.status().message();
-  EXPECT_NE(r.status().message().find("no_such_column"), std::string::npos)
-      << r.status().message();
+  EXPECT_NE(r.status().message().find("no_such_column"), std::string::npos) << r.status().message();
   EXPECT_TRUE(table_exists(db.url(), "ok_table"));
   EXPECT_FALSE(table_exists(db.url(), "half"));
   EXPECT_EQ(count_rows(db.url(), "SELECT count(*) FROM schema_migrations"), 1);

@@ -32,7 +32,8 @@ int sessions(const hr::testing::TestDatabase& db, int expected) {
   for (int i = 0; i < 100 && n != expected; ++i) {
     if (i > 0) std::this_thread::sleep_for(milliseconds(20));
     pqxx::nontransaction tx(admin);
-    n = tx.exec1("SELECT count(*) FROM pg_stat_activity WHERE datname = " + tx.quote(db.name()))[0].as<int>();
+    n = tx.exec1("SELECT count(*) FROM pg_stat_activity WHERE datname = " + tx.quote(db.name()))[0]
+            .as<int>();
   }
   return n;
 }
@@ -40,12 +41,14 @@ int sessions(const hr::testing::TestDatabase& db, int expected) {
 // The server session of a connection borrowed on another thread and given back at once; -1 when
 // none could be borrowed.
 int pid_on_another_thread(PgPool& pool) {
-  return std::async(std::launch::async, [&] {
-    auto c = pool.connection();
-    const int pid = c.is_ok() ? backend_pid(**c) : -1;
-    pool.release();
-    return pid;
-  }).get();
+  return std::async(std::launch::async,
+                    [&] {
+                      auto c = pool.connection();
+                      const int pid = c.is_ok() ? backend_pid(**c) : -1;
+                      pool.release();
+                      return pid;
+                    })
+      .get();
 }
 
 TEST(PgPoolTest, AThreadKeepsItsConnectionUntilItGivesItBack) {
@@ -109,10 +112,10 @@ TEST(PgPoolTest, AThreadThatFindsAllLentGetsResourceExhaustedAfterTheWait) {
   PgPool pool(db.url(), 1, milliseconds(150));
   ASSERT_TRUE(pool.connection().is_ok());
   auto other = std::async(std::launch::async, [&] {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto c = pool.connection();
-    return std::make_pair(c.status(), std::chrono::steady_clock::now() - t0);
-  }).get();
+                 const auto t0 = std::chrono::steady_clock::now();
+                 auto c = pool.connection();
+                 return std::make_pair(c.status(), std::chrono::steady_clock::now() - t0);
+               }).get();
   EXPECT_EQ(other.first.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(other.first.message().find("all 1 database connections are busy"), std::string::npos);
   EXPECT_GE(other.second, milliseconds(150));

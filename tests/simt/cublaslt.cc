@@ -39,15 +39,17 @@ void store(const cublasLtMatrixLayoutOpaque_t& l, void* p, uint64_t r, uint64_t 
 }
 
 bool valid_layout(const cublasLtMatrixLayoutOpaque_t* l) {
-  return l && (l->type == CUDA_R_32F || l->type == CUDA_R_16BF) && l->ld >= static_cast<int64_t>(l->rows);
+  return l && (l->type == CUDA_R_32F || l->type == CUDA_R_16BF) &&
+         l->ld >= static_cast<int64_t>(l->rows);
 }
 
 // X, or its transpose, as a dense row-major [rows x inner] float matrix.
-std::vector<float> dense(const cublasLtMatrixLayoutOpaque_t& l, const void* p, bool transposed, uint64_t rows,
-                         uint64_t inner) {
+std::vector<float> dense(const cublasLtMatrixLayoutOpaque_t& l, const void* p, bool transposed,
+                         uint64_t rows, uint64_t inner) {
   std::vector<float> out(rows * inner);
   for (uint64_t i = 0; i < rows; ++i) {
-    for (uint64_t k = 0; k < inner; ++k) out[i * inner + k] = transposed ? element(l, p, k, i) : element(l, p, i, k);
+    for (uint64_t k = 0; k < inner; ++k)
+      out[i * inner + k] = transposed ? element(l, p, k, i) : element(l, p, i, k);
   }
   return out;
 }
@@ -62,7 +64,8 @@ cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
   delete handle;
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute, cudaDataType_t scale) {
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+                                        cudaDataType_t scale) {
   if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
   *desc = new cublasLtMatmulDescOpaque_t();
   return CUBLAS_STATUS_SUCCESS;
@@ -71,8 +74,9 @@ cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
   delete desc;
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
-                                              const void* buf, size_t size) {
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
+                                              cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                              size_t size) {
   if (!desc || size != sizeof(cublasOperation_t)) return CUBLAS_STATUS_INVALID_VALUE;
   cublasOperation_t op;
   std::memcpy(&op, buf, sizeof op);
@@ -85,8 +89,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
   }
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType_t type, uint64_t rows,
-                                          uint64_t cols, int64_t ld) {
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType_t type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
   *layout = new cublasLtMatrixLayoutOpaque_t{type, rows, cols, ld};
   return valid_layout(*layout) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
 }
@@ -103,24 +107,29 @@ cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) 
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
-                                                    cublasLtMatmulPreferenceAttributes_t attr, const void*, size_t) {
-  return pref && attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void*, size_t) {
+  return pref && attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES ? CUBLAS_STATUS_SUCCESS
+                                                                  : CUBLAS_STATUS_INVALID_VALUE;
 }
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
                                               cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                                               cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
                                               cublasLtMatmulPreference_t pref, int requested,
-                                              cublasLtMatmulHeuristicResult_t* results, int* found) {
-  if (!handle || !desc || !a || !b || !c || !d || !pref || requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
+                                              cublasLtMatmulHeuristicResult_t* results,
+                                              int* found) {
+  if (!handle || !desc || !a || !b || !c || !d || !pref || requested < 1)
+    return CUBLAS_STATUS_INVALID_VALUE;
   results[0] = cublasLtMatmulHeuristicResult_t{};
   *found = 1;
   return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha, const void* a,
-                              cublasLtMatrixLayout_t a_desc, const void* b, cublasLtMatrixLayout_t b_desc,
-                              const void* beta, const void* c, cublasLtMatrixLayout_t c_desc, void* d,
-                              cublasLtMatrixLayout_t d_desc, const cublasLtMatmulAlgo_t* algo, void*, size_t,
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha,
+                              const void* a, cublasLtMatrixLayout_t a_desc, const void* b,
+                              cublasLtMatrixLayout_t b_desc, const void* beta, const void* c,
+                              cublasLtMatrixLayout_t c_desc, void* d, cublasLtMatrixLayout_t d_desc,
+                              const cublasLtMatmulAlgo_t* algo, void*, size_t,
                               cudaStream_t stream) {
   if (!handle || !desc || !a_desc || !b_desc || !c_desc || !d_desc || !algo || !alpha || !beta) {
     return CUBLAS_STATUS_INVALID_VALUE;
@@ -165,11 +174,16 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
 
 const char* cublasLtGetStatusName(cublasStatus_t status) {
   switch (status) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
   }
   return "CUBLAS_STATUS_UNKNOWN";
 }

@@ -38,29 +38,30 @@ thread_local dim3 gridDim;
 // control word are not switched: nothing here changes them, and restoring them is slow.)
 extern "C" void hr_simt_to_fiber(void** save, void* load);
 extern "C" void hr_simt_to_main(void** save, void* load);
-#define HR_SIMT_SWITCH(name)  \
-  "  .globl " #name "\n"      \
-  "  .type " #name ", @function\n" \
-  #name ":\n"                 \
-  "  pushq %rbp\n"            \
-  "  pushq %rbx\n"            \
-  "  pushq %r12\n"            \
-  "  pushq %r13\n"            \
-  "  pushq %r14\n"            \
-  "  pushq %r15\n"            \
-  "  movq %rsp, (%rdi)\n"     \
-  "  movq %rsi, %rsp\n"       \
-  "  popq %r15\n"             \
-  "  popq %r14\n"             \
-  "  popq %r13\n"             \
-  "  popq %r12\n"             \
-  "  popq %rbx\n"             \
-  "  popq %rbp\n"             \
-  "  popq %r11\n"             \
-  "  jmpq *%r11\n"            \
+#define HR_SIMT_SWITCH(name)             \
+  "  .globl " #name                      \
+  "\n"                                   \
+  "  .type " #name ", @function\n" #name \
+  ":\n"                                  \
+  "  pushq %rbp\n"                       \
+  "  pushq %rbx\n"                       \
+  "  pushq %r12\n"                       \
+  "  pushq %r13\n"                       \
+  "  pushq %r14\n"                       \
+  "  pushq %r15\n"                       \
+  "  movq %rsp, (%rdi)\n"                \
+  "  movq %rsi, %rsp\n"                  \
+  "  popq %r15\n"                        \
+  "  popq %r14\n"                        \
+  "  popq %r13\n"                        \
+  "  popq %r12\n"                        \
+  "  popq %rbx\n"                        \
+  "  popq %rbp\n"                        \
+  "  popq %r11\n"                        \
+  "  jmpq *%r11\n"                       \
   "  .size " #name ", .-" #name "\n"
-asm("  .text\n" HR_SIMT_SWITCH(hr_simt_to_fiber) HR_SIMT_SWITCH(hr_simt_to_main)
-    "  .section .note.GNU-stack,\"\",@progbits\n  .text\n");
+asm("  .text\n" HR_SIMT_SWITCH(hr_simt_to_fiber)
+        HR_SIMT_SWITCH(hr_simt_to_main) "  .section .note.GNU-stack,\"\",@progbits\n  .text\n");
 
 namespace hr::simt {
 namespace {
@@ -132,7 +133,8 @@ struct Stacks {
     if (n <= count) return;
     if (base) munmap(base, count * (kStackBytes + page()));
     const size_t bytes = n * (kStackBytes + page());
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
       std::perror("simt: fiber stacks");
       std::abort();
@@ -165,9 +167,9 @@ void Fiber::reset(unsigned t, char* top) {
   copies_done = groups_done = 0;
   waited = false;
   auto* s = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(top) & ~uintptr_t{15});
-  *--s = 0;                                          // so that fiber_entry starts as if called
-  *--s = reinterpret_cast<uint64_t>(&fiber_entry);   // where the first switch returns to
-  for (int r = 0; r < 6; ++r) *--s = 0;              // rbp rbx r12 r13 r14 r15
+  *--s = 0;                                         // so that fiber_entry starts as if called
+  *--s = reinterpret_cast<uint64_t>(&fiber_entry);  // where the first switch returns to
+  for (int r = 0; r < 6; ++r) *--s = 0;             // rbp rbx r12 r13 r14 r15
   sp = s;
 }
 
@@ -185,12 +187,14 @@ bool settle_warp(Fiber* lanes, int n, std::string* error) {
   }
   if (joined == 0 || joined + done < n) return false;
   if (done > 0) {
-    *error = "a warp operation that exited lanes cannot join (warp of thread " + std::to_string(lanes[0].tid) + ")";
+    *error = "a warp operation that exited lanes cannot join (warp of thread " +
+             std::to_string(lanes[0].tid) + ")";
     return false;
   }
   for (int l = 1; l < n; ++l) {
     if (lanes[l].op != lanes[0].op || lanes[l].collective != lanes[0].collective) {
-      *error = "lanes of one warp at different warp operations (thread " + std::to_string(lanes[l].tid) + ")";
+      *error = "lanes of one warp at different warp operations (thread " +
+               std::to_string(lanes[l].tid) + ")";
       return false;
     }
   }
@@ -211,13 +215,22 @@ bool settle_warp(Fiber* lanes, int n, std::string* error) {
     Fiber& f = lanes[l];
     int src = l;
     switch (f.op) {
-      case WarpOp::kIdx: src = f.arg & (kWarp - 1); break;
-      case WarpOp::kUp: src = l - f.arg >= 0 ? l - f.arg : l; break;
-      case WarpOp::kDown: src = l + f.arg < kWarp ? l + f.arg : l; break;
-      case WarpOp::kXor: src = l ^ f.arg; break;
+      case WarpOp::kIdx:
+        src = f.arg & (kWarp - 1);
+        break;
+      case WarpOp::kUp:
+        src = l - f.arg >= 0 ? l - f.arg : l;
+        break;
+      case WarpOp::kDown:
+        src = l + f.arg < kWarp ? l + f.arg : l;
+        break;
+      case WarpOp::kXor:
+        src = l ^ f.arg;
+        break;
       case WarpOp::kBallot:
       case WarpOp::kSync:
-      case WarpOp::kCollective: break;
+      case WarpOp::kCollective:
+        break;
     }
     if (f.op == WarpOp::kBallot) {
       f.result = ballot;
@@ -270,7 +283,8 @@ bool run_block(Block& b, std::string* error) {
     if (done == n) return true;
     if (at_barrier > 0 && at_barrier + done == n) {
       if (done > 0) {
-        *error = "__syncthreads that " + std::to_string(done) + " exited threads of the block cannot reach";
+        *error = "__syncthreads that " + std::to_string(done) +
+                 " exited threads of the block cannot reach";
         return false;
       }
       for (Fiber& f : b.fibers) f.state = State::kRunnable;
@@ -315,7 +329,8 @@ cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, bool progra
   b.body = &body;
   b.fibers.resize(threads);
   // Ends at a guard page, as device buffers do, but is not one of them.
-  if (dynamic_smem_bytes > 0 && !(b.dynamic_smem = map_guarded(dynamic_smem_bytes, &b.dynamic_smem_map))) {
+  if (dynamic_smem_bytes > 0 &&
+      !(b.dynamic_smem = map_guarded(dynamic_smem_bytes, &b.dynamic_smem_map))) {
     t_error = "dynamic shared memory";
     return t_last = cudaErrorMemoryAllocation;
   }
@@ -331,9 +346,11 @@ cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, bool progra
       for (unsigned x = 0; x < grid.x && error.empty(); ++x) {
         blockIdx = uint3{x, y, z};
         if (b.dynamic_smem) std::memset(b.dynamic_smem, 0xFF, dynamic_smem_bytes);
-        for (size_t i = 0; i < threads; ++i) b.fibers[i].reset(static_cast<unsigned>(i), t_stacks.top(i));
+        for (size_t i = 0; i < threads; ++i)
+          b.fibers[i].reset(static_cast<unsigned>(i), t_stacks.top(i));
         if (!run_block(b, &error)) {
-          error = "block (" + std::to_string(x) + "," + std::to_string(y) + "," + std::to_string(z) + "): " + error;
+          error = "block (" + std::to_string(x) + "," + std::to_string(y) + "," +
+                  std::to_string(z) + "): " + error;
         }
       }
     }
@@ -404,7 +421,8 @@ bool in_dynamic_smem(const void* p, size_t bytes) {
 }  // namespace
 
 void cp_async16(void* dst, const void* src, bool valid) {
-  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || (valid && reinterpret_cast<uintptr_t>(src) % 16 != 0)) {
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 ||
+      (valid && reinterpret_cast<uintptr_t>(src) % 16 != 0)) {
     fault("cp.async of 16 bytes at an address not 16-byte aligned");
     return;
   }
@@ -437,8 +455,12 @@ void cp_async_wait(int pending) {
 
 namespace {
 
-uint16_t half_of(uint32_t v, int i) { return static_cast<uint16_t>(i == 0 ? v & 0xffffu : v >> 16); }
-uint32_t pack(uint16_t lo, uint16_t hi) { return static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16; }
+uint16_t half_of(uint32_t v, int i) {
+  return static_cast<uint16_t>(i == 0 ? v & 0xffffu : v >> 16);
+}
+uint32_t pack(uint16_t lo, uint16_t hi) {
+  return static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16;
+}
 float bf16_bits_to_float(uint16_t h) { return from_bits<float>(static_cast<uint64_t>(h) << 16); }
 
 struct LdmatrixOperands {
@@ -469,7 +491,8 @@ void ldmatrix_all(void* const* lanes) {
   for (int l = 0; l < kWarp; ++l) {
     const int g = l / 4, t = l % 4;
     for (int i = 0; i < 4; ++i) {
-      op[l]->r[i] = op[0]->trans ? pack(m[i][2 * t][g], m[i][2 * t + 1][g]) : pack(m[i][g][2 * t], m[i][g][2 * t + 1]);
+      op[l]->r[i] = op[0]->trans ? pack(m[i][2 * t][g], m[i][2 * t + 1][g])
+                                 : pack(m[i][g][2 * t], m[i][g][2 * t + 1]);
     }
   }
 }
@@ -659,7 +682,8 @@ void set_dynamic_smem_limit(const void* kernel, int bytes) {
 int dynamic_smem_limit(const void* kernel) {
   std::lock_guard<std::mutex> lock(state_mutex());
   auto it = smem_limits().find(kernel);
-  return it == smem_limits().end() ? kDefaultDynamicSmem : std::max(kDefaultDynamicSmem, it->second);
+  return it == smem_limits().end() ? kDefaultDynamicSmem
+                                   : std::max(kDefaultDynamicSmem, it->second);
 }
 
 }  // namespace hr::simt
@@ -668,7 +692,8 @@ using hr::simt::forbidden_while_capturing;
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   if (forbidden_while_capturing()) return cudaErrorStreamCaptureUnsupported;
-  if (bytes > hr::simt::kDeviceMemoryBytes - hr::simt::g_allocated.load()) return cudaErrorMemoryAllocation;
+  if (bytes > hr::simt::kDeviceMemoryBytes - hr::simt::g_allocated.load())
+    return cudaErrorMemoryAllocation;
   hr::simt::Allocation mapping;
   *ptr = hr::simt::map_guarded(bytes, &mapping);
   if (!*ptr) return cudaErrorMemoryAllocation;
@@ -703,18 +728,20 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind)
   if (bytes) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t stream) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
+                            cudaStream_t stream) {
   return hr::simt::enqueue(stream, [=] {
     if (bytes) std::memmove(dst, src, bytes);
     return cudaSuccess;
   });
 }
-cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
-                              cudaMemcpyKind, cudaStream_t stream) {
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind, cudaStream_t stream) {
   if (width > dpitch || width > spitch) return cudaErrorInvalidValue;
   return hr::simt::enqueue(stream, [=] {
     for (size_t r = 0; r < height; ++r) {
-      std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+      std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
+                   width);
     }
     return cudaSuccess;
   });
@@ -757,8 +784,12 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   switch (attr) {
-    case cudaDevAttrMultiProcessorCount: *value = hr::simt::kMultiprocessors; return cudaSuccess;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = hr::simt::kMaxSharedMemoryPerBlock; return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount:
+      *value = hr::simt::kMultiprocessors;
+      return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = hr::simt::kMaxSharedMemoryPerBlock;
+      return cudaSuccess;
   }
   return cudaErrorInvalidValue;
 }
@@ -832,7 +863,8 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* 
 }
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
   if (!graph) return cudaErrorInvalidValue;
-  *exec = reinterpret_cast<cudaGraphExec_t>(new hr::simt::Graph(*reinterpret_cast<hr::simt::Graph*>(graph)));
+  *exec = reinterpret_cast<cudaGraphExec_t>(
+      new hr::simt::Graph(*reinterpret_cast<hr::simt::Graph*>(graph)));
   return cudaSuccess;
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
@@ -862,7 +894,9 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) {
   *event = new CUevent_st();
   return cudaSuccess;
 }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) { return cudaEventCreate(event); }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
+  return cudaEventCreate(event);
+}
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (!event) return cudaErrorInvalidResourceHandle;
   return hr::simt::enqueue(stream, [event] {

@@ -81,7 +81,9 @@ __global__ void shuffle_half_the_warp_skips(int* out) {
   out[threadIdx.x] = v;
 }
 
-__global__ void read_past_the_end(const int* in, int* out) { out[threadIdx.x] = in[threadIdx.x + 1]; }
+__global__ void read_past_the_end(const int* in, int* out) {
+  out[threadIdx.x] = in[threadIdx.x + 1];
+}
 
 __global__ void waits_then_writes(int* out) {
   hr::kernels::internal::pdl_wait();
@@ -97,8 +99,10 @@ TEST(SimtTest, AProgrammaticLaunchWhoseThreadsDoNotAllWaitFails) {
   int* out = nullptr;
   ASSERT_EQ(cudaMalloc(&out, 64 * sizeof(int)), cudaSuccess);
   EXPECT_EQ(run_programmatic(waits_then_writes, dim3(2), dim3(64), out), cudaSuccess);
-  EXPECT_EQ(run_programmatic(writes_without_waiting, dim3(2), dim3(64), out), cudaErrorLaunchFailure);
-  EXPECT_EQ(run(writes_without_waiting, dim3(2), dim3(64), 0, out), cudaSuccess);  // (not programmatic)
+  EXPECT_EQ(run_programmatic(writes_without_waiting, dim3(2), dim3(64), out),
+            cudaErrorLaunchFailure);
+  EXPECT_EQ(run(writes_without_waiting, dim3(2), dim3(64), 0, out),
+            cudaSuccess);  // (not programmatic)
   cudaGetLastError();
   cudaFree(out);
 }
@@ -156,7 +160,8 @@ TEST(SimtTest, ACopyIsSeenOnlyAfterItsWait) {
   float *in = nullptr, *out = nullptr;
   ASSERT_EQ(cudaMalloc(&in, host.size() * sizeof(float)), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&out, 64 * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(in, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(in, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice),
+            cudaSuccess);
   ASSERT_EQ(run(copy_then_read, dim3(1), dim3(32), 32 * 4 * sizeof(float), in, out), cudaSuccess);
   const std::vector<float> v = get(out, 64);
   for (int t = 0; t < 32; ++t) {
@@ -178,7 +183,8 @@ __global__ void one_mma(const __nv_bfloat16* a, const __nv_bfloat16* bt, float* 
   for (int i = lane; i < 8 * 16; i += 32) s[256 + i] = bt[i];
   __syncwarp();
   uint32_t fa[4];
-  hr::kernels::internal::ldmatrix_x4(fa, s + ((lane % 8) + ((lane / 8) % 2) * 8) * 16 + (lane / 16) * 8);
+  hr::kernels::internal::ldmatrix_x4(
+      fa, s + ((lane % 8) + ((lane / 8) % 2) * 8) * 16 + (lane / 16) * 8);
   const __nv_bfloat16* bp = s + 256 + (lane / 4) * 16 + (lane % 4) * 2;
   float acc[4] = {0, 0, 0, 0};
   hr::kernels::internal::mma16816(acc, fa, *reinterpret_cast<const uint32_t*>(bp),

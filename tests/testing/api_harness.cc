@@ -70,8 +70,8 @@ void ApiHarness::init() {
   api::HttpServerOptions server_options = api_->server_options();
   if (configure_server_) configure_server_(server_options);
   server_ = std::make_unique<api::HttpServer>(
-      server_options,
-      api::StreamingHandler([this](const api::HttpRequest& r) { return api_->handle_streaming(r); }));
+      server_options, api::StreamingHandler(
+                          [this](const api::HttpRequest& r) { return api_->handle_streaming(r); }));
   Status st = server_->start();
   if (!st.is_ok()) {
     ADD_FAILURE() << st.to_string();

@@ -22,8 +22,9 @@ class ApiHarness {
   // The same with the API configuration adjusted by `configure` before the API starts, and the
   // HTTP server's options by `configure_server` (e.g. no key check before bodies, so that a test
   // sees what a handler does with a key it has not seen).
-  explicit ApiHarness(const std::function<void(api::ApiConfig&)>& configure,
-                      const std::function<void(api::HttpServerOptions&)>& configure_server = nullptr);
+  explicit ApiHarness(
+      const std::function<void(api::ApiConfig&)>& configure,
+      const std::function<void(api::HttpServerOptions&)>& configure_server = nullptr);
   // Uses the given service locations (e.g. a PrivateStack's).
   ApiHarness(const std::string& database_url, const std::string& redis_url);
   ~ApiHarness();

@@ -58,8 +58,8 @@ struct RawConnection::Impl {
 };
 
 RawConnection::RawConnection(int port, int timeout_ms) : impl_(std::make_unique<Impl>()) {
-  impl_->socket.connect(tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"),
-                                      static_cast<unsigned short>(port)));
+  impl_->socket.connect(
+      tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)));
   impl_->timeout_ms = timeout_ms;
 }
 

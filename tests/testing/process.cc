@@ -13,7 +13,8 @@ pid_t spawn(std::vector<std::string> args, const std::string& stderr_file) {
   argv.push_back(nullptr);
   pid_t pid = fork();
   if (pid == 0) {
-    if (!stderr_file.empty() && std::freopen(stderr_file.c_str(), "w", stderr) == nullptr) _exit(126);
+    if (!stderr_file.empty() && std::freopen(stderr_file.c_str(), "w", stderr) == nullptr)
+      _exit(126);
     execv(argv[0], argv.data());
     _exit(127);
   }

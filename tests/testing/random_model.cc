@@ -20,14 +20,23 @@ size_t write_random_llama(const std::string& dir, const std::string& tokenizer_d
   using nlohmann::json;
   fs::create_directories(dir);
   const int V = s.vocab, D = s.hidden, F = s.intermediate, hd = s.head_dim;
-  json config = {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}},
-                 {"vocab_size", V}, {"hidden_size", D}, {"intermediate_size", F},
-                 {"num_hidden_layers", s.layers}, {"num_attention_heads", s.heads},
-                 {"num_key_value_heads", s.kv_heads}, {"head_dim", hd},
-                 {"max_position_embeddings", s.context}, {"rms_norm_eps", 1e-5},
-                 {"rope_theta", s.rope_theta}, {"tie_word_embeddings", true},
-                 {"hidden_act", "silu"}, {"torch_dtype", s.bf16 ? "bfloat16" : "float32"},
-                 {"bos_token_id", 256}, {"eos_token_id", 257}};
+  json config = {{"model_type", "llama"},
+                 {"architectures", {"LlamaForCausalLM"}},
+                 {"vocab_size", V},
+                 {"hidden_size", D},
+                 {"intermediate_size", F},
+                 {"num_hidden_layers", s.layers},
+                 {"num_attention_heads", s.heads},
+                 {"num_key_value_heads", s.kv_heads},
+                 {"head_dim", hd},
+                 {"max_position_embeddings", s.context},
+                 {"rms_norm_eps", 1e-5},
+                 {"rope_theta", s.rope_theta},
+                 {"tie_word_embeddings", true},
+                 {"hidden_act", "silu"},
+                 {"torch_dtype", s.bf16 ? "bfloat16" : "float32"},
+                 {"bos_token_id", 256},
+                 {"eos_token_id", 257}};
   std::ofstream(dir + "/config.json") << config.dump(2);
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
     fs::copy_file(tokenizer_dir + "/" + f, dir + "/" + f, fs::copy_options::overwrite_existing);

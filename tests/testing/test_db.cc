@@ -13,8 +13,9 @@ namespace hr::testing {
 std::string admin_database_url() {
   const char* url = std::getenv("HEADROOM_TEST_DATABASE_URL");
   if (url == nullptr || *url == '\0') {
-    ADD_FAILURE() << "HEADROOM_TEST_DATABASE_URL is not set: run the tests through scripts/test.sh, "
-                     "which starts Postgres and Redis";
+    ADD_FAILURE()
+        << "HEADROOM_TEST_DATABASE_URL is not set: run the tests through scripts/test.sh, "
+           "which starts Postgres and Redis";
     return "";
   }
   return url;

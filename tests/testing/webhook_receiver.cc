@@ -18,28 +18,29 @@ Receiver::Receiver(std::function<Answer(int)> script, uint16_t port) : script_(s
   o.port = port;
   o.handler_threads = 8;
   o.drain_timeout_s = 1;
-  server_ = std::make_unique<api::HttpServer>(o, api::Handler([this](const api::HttpRequest& req) {
-    Received r;
-    for (const auto& f : req) {
-      std::string name(f.name_string());
-      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      r.headers[name] = std::string(f.value());
-    }
-    r.body = req.body();
-    r.at_ms = now_ms();
-    int n = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      n = static_cast<int>(received_.size());
-      received_.push_back(r);
-      cv_.notify_all();
-    }
-    Answer a = script_(n);
-    if (a.sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(a.sleep_ms));
-    api::HttpResponse res = api::json_response(static_cast<unsigned>(a.status), "{}");
-    if (!a.retry_after.empty()) res.set(boost::beast::http::field::retry_after, a.retry_after);
-    return res;
-  }));
+  server_ = std::make_unique<api::HttpServer>(
+      o, api::Handler([this](const api::HttpRequest& req) {
+        Received r;
+        for (const auto& f : req) {
+          std::string name(f.name_string());
+          for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+          r.headers[name] = std::string(f.value());
+        }
+        r.body = req.body();
+        r.at_ms = now_ms();
+        int n = 0;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          n = static_cast<int>(received_.size());
+          received_.push_back(r);
+          cv_.notify_all();
+        }
+        Answer a = script_(n);
+        if (a.sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(a.sleep_ms));
+        api::HttpResponse res = api::json_response(static_cast<unsigned>(a.status), "{}");
+        if (!a.retry_after.empty()) res.set(boost::beast::http::field::retry_after, a.retry_after);
+        return res;
+      }));
   ok_ = server_->start().is_ok();
 }
 

@@ -19,7 +19,7 @@ TEST(RecentPeakTest, KeepsTheLargestValueOfTheWindowAndForgetsOlderOnes) {
   p.record(3, 102 * kSecond);
   EXPECT_EQ(p.peak(), 5);  // second 100 is still inside the 3-s window
   p.record(0, 103 * kSecond);
-  EXPECT_EQ(p.peak(), 3);  // second 100 left it
+  EXPECT_EQ(p.peak(), 3);      // second 100 left it
   p.record(0, 200 * kSecond);  // a long gap clears everything
   EXPECT_EQ(p.peak(), 0);
 }
@@ -31,7 +31,7 @@ TEST(StepCostTest, SizesStepsFromTheTimePerTokenOfLargeSteps) {
   EXPECT_EQ(c.tokens_within(100), 0);
   c.record(32'000'000, 32);  // 1 ms per token
   EXPECT_EQ(c.tokens_within(100), 100);
-  EXPECT_EQ(c.tokens_within(1), StepCost::kMinTokens);  // never below a useful step
+  EXPECT_EQ(c.tokens_within(1), StepCost::kMinTokens);     // never below a useful step
   for (int i = 0; i < 100; ++i) c.record(64'000'000, 32);  // the machine got twice as slow
   EXPECT_NEAR(c.tokens_within(100), 50, 1);
 }

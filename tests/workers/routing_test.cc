@@ -68,12 +68,26 @@ class Routing : public ::testing::Test {
   }
 
   void start_worker(const std::string& name, const std::vector<std::string>& extra = {},
-                    const std::string& model_dir =
-                        std::string(HEADROOM_SOURCE_DIR) + "/models/tiny-reverse") {
-    std::vector<std::string> args = {
-        HEADROOM_BINARY, "--log-level", "warn", "worker", "--model", model_dir, "--name",
-        h_->model(), "--worker-name", name, "--database-url", h_->database_url(), "--redis-url",
-        h_->redis_url(), "--heartbeat-ms", "200", "--drain-seconds", "2"};
+                    const std::string& model_dir = std::string(HEADROOM_SOURCE_DIR) +
+                                                   "/models/tiny-reverse") {
+    std::vector<std::string> args = {HEADROOM_BINARY,
+                                     "--log-level",
+                                     "warn",
+                                     "worker",
+                                     "--model",
+                                     model_dir,
+                                     "--name",
+                                     h_->model(),
+                                     "--worker-name",
+                                     name,
+                                     "--database-url",
+                                     h_->database_url(),
+                                     "--redis-url",
+                                     h_->redis_url(),
+                                     "--heartbeat-ms",
+                                     "200",
+                                     "--drain-seconds",
+                                     "2"};
     if (std::find(extra.begin(), extra.end(), "--sync-port") == extra.end()) {
       args.insert(args.end(), {"--sync-port", "0"});
     }
@@ -129,14 +143,15 @@ TEST_F(Routing, AnswersComeFromRemoteWorkersInEveryShape) {
     EXPECT_GT(j["usage"]["completion_tokens"].get<int>(), 0);
   }
   // Workers AI shape, plain and streamed.
-  auto cf = h_->post("/ai/run/" + h_->model(),
-                     json{{"prompt", "reverse: hello world"}, {"temperature", 0}}.dump(), h_->key_a());
+  auto cf =
+      h_->post("/ai/run/" + h_->model(),
+               json{{"prompt", "reverse: hello world"}, {"temperature", 0}}.dump(), h_->key_a());
   ASSERT_EQ(cf.status, 200) << cf.body;
   EXPECT_EQ(cf.json()["result"]["response"], "dlrow olleh");
-  auto cfs = h_->post("/ai/run/" + h_->model(),
-                      json{{"prompt", "reverse: hello world"}, {"temperature", 0}, {"stream", true}}
-                          .dump(),
-                      h_->key_a());
+  auto cfs = h_->post(
+      "/ai/run/" + h_->model(),
+      json{{"prompt", "reverse: hello world"}, {"temperature", 0}, {"stream", true}}.dump(),
+      h_->key_a());
   ASSERT_EQ(cfs.status, 200) << cfs.body;
   std::string text;
   bool usage = false, done = false;
@@ -157,7 +172,8 @@ TEST_F(Routing, AnswersComeFromRemoteWorkersInEveryShape) {
   auto s = h_->post("/v1/chat/completions",
                     json{{"model", h_->model()},
                          {"messages", {{{"role", "user"}, {"content", "reverse: stream"}}}},
-                         {"temperature", 0}, {"stream", true},
+                         {"temperature", 0},
+                         {"stream", true},
                          {"stream_options", {{"include_usage", true}}}}
                         .dump(),
                     h_->key_a());
@@ -178,17 +194,24 @@ TEST_F(Routing, AnswersComeFromRemoteWorkersInEveryShape) {
   // Log probabilities cross the router: in the answer, and with each streamed piece (Workers AI's
   // shape here), spelling out its text.
   auto lp = h_->post("/v1/chat/completions",
-                     json{{"model", h_->model()}, {"messages", {{{"role", "user"}, {"content", "reverse: flex batch"}}}},
-                          {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 1}}
+                     json{{"model", h_->model()},
+                          {"messages", {{{"role", "user"}, {"content", "reverse: flex batch"}}}},
+                          {"temperature", 0},
+                          {"logprobs", true},
+                          {"top_logprobs", 1}}
                          .dump(),
                      h_->key_a());
   ASSERT_EQ(lp.status, 200) << lp.body;
   const json lp_body = lp.json();
   std::string spelled;
-  for (const json& e : lp_body["choices"][0]["logprobs"]["content"]) spelled += e["token"].get<std::string>();
+  for (const json& e : lp_body["choices"][0]["logprobs"]["content"])
+    spelled += e["token"].get<std::string>();
   EXPECT_EQ(spelled, "hctab xelf");
   auto lps = h_->post("/ai/run/" + h_->model(),
-                      json{{"prompt", "reverse: flex batch"}, {"temperature", 0}, {"stream", true}, {"logprobs", true}}
+                      json{{"prompt", "reverse: flex batch"},
+                           {"temperature", 0},
+                           {"stream", true},
+                           {"logprobs", true}}
                           .dump(),
                       h_->key_a());
   ASSERT_EQ(lps.status, 200) << lps.body;
@@ -298,7 +321,8 @@ TEST_F(Routing, FullWorkersMean429WhileOneWithRoomTakesTheCall) {
   for (int k = 0; k < 100 && key.empty(); ++k) {
     std::string cand = "k" + std::to_string(k);
     std::vector<queue::WorkerInfo> ws = *registry_->live(h_->model());
-    if (ws[api::route_order(ws, std::vector<int>(ws.size(), 0), cand, 0)[0]].id == "full") key = cand;
+    if (ws[api::route_order(ws, std::vector<int>(ws.size(), 0), cand, 0)[0]].id == "full")
+      key = cand;
   }
   ASSERT_FALSE(key.empty());
   auto r = chat("hello world", key, true);
@@ -342,9 +366,10 @@ TEST_F(Routing, CallsToAWorkerShareOneConnection) {
     ASSERT_EQ(r.status, 200) << r.body;
     EXPECT_NE(r.body.find("data: [DONE]"), std::string::npos) << r.body;
   }
-  auto cf = h_->post("/ai/run/" + h_->model(),
-                     json{{"prompt", "reverse: hello world"}, {"temperature", 0}, {"stream", true}}.dump(),
-                     h_->key_a());
+  auto cf = h_->post(
+      "/ai/run/" + h_->model(),
+      json{{"prompt", "reverse: hello world"}, {"temperature", 0}, {"stream", true}}.dump(),
+      h_->key_a());
   ASSERT_EQ(cf.status, 200) << cf.body;
   // An error answered by the worker (a prompt longer than its context) leaves it open too.
   json too_long = {{"model", h_->model()},
@@ -440,10 +465,14 @@ TEST_F(Routing, ASilentWorkerIsNotSentTheRequestTwice) {
           const size_t next = end + 4 + std::stoul(in.substr(cl + 16));
           in.erase(0, next);
           if (requests.fetch_add(1) == 0) {
-            const std::string body = R"({"text":"ok","finish_reason":"stop","prompt_tokens":1,"completion_tokens":1})";
-            boost::asio::write(sock, boost::asio::buffer("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                                                         "Content-Length: " + std::to_string(body.size()) +
-                                                         "\r\n\r\n" + body), ec);
+            const std::string body =
+                R"({"text":"ok","finish_reason":"stop","prompt_tokens":1,"completion_tokens":1})";
+            boost::asio::write(
+                sock,
+                boost::asio::buffer("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                    "Content-Length: " +
+                                    std::to_string(body.size()) + "\r\n\r\n" + body),
+                ec);
           }
           continue;
         }
@@ -500,22 +529,28 @@ TEST_F(Routing, RejectIfBusyPassesOverAWorkerThatIsStopping) {
     std::atomic<int> refused{0};
     api::HttpServerOptions so;
     so.port = 0;
-    const std::string refusal =
-        json{{"error", {{"code", "resource_exhausted"}, {"message", "Out of capacity: the worker is stopping"}}}}
-            .dump();
-    const std::string elsewhere =
-        json{{"error", {{"code", "resource_exhausted"}, {"message", "Out of capacity: the worker is stopping"},
-                        {"retry_elsewhere", true}}}}
-            .dump();
+    const std::string refusal = json{{"error",
+                                      {{"code", "resource_exhausted"},
+                                       {"message", "Out of capacity: the worker is stopping"}}}}
+                                    .dump();
+    const std::string elsewhere = json{
+        {"error",
+         {{"code", "resource_exhausted"},
+          {"message", "Out of capacity: the worker is stopping"},
+          {"retry_elsewhere", true}}}}.dump();
     api::HttpServer refusing(so, api::Handler([&](const api::HttpRequest&) {
-      ++refused;
-      return api::json_response(429, stopping ? elsewhere : refusal);
-    }));
-    api::HttpServer answering(so, api::Handler([](const api::HttpRequest&) {
-      return api::json_response(200, R"({"text":"ok","finish_reason":"stop","prompt_tokens":1,"completion_tokens":1})");
-    }));
+                               ++refused;
+                               return api::json_response(429, stopping ? elsewhere : refusal);
+                             }));
+    api::HttpServer answering(
+        so, api::Handler([](const api::HttpRequest&) {
+          return api::json_response(
+              200,
+              R"({"text":"ok","finish_reason":"stop","prompt_tokens":1,"completion_tokens":1})");
+        }));
     ASSERT_TRUE(refusing.start().is_ok() && answering.start().is_ok());
-    for (auto [id, server] : {std::pair<std::string, api::HttpServer*>{"refusing", &refusing}, {"answering", &answering}}) {
+    for (auto [id, server] : {std::pair<std::string, api::HttpServer*>{"refusing", &refusing},
+                              {"answering", &answering}}) {
       queue::WorkerInfo w;
       w.id = id;
       w.model = h_->model();
@@ -547,7 +582,8 @@ TEST_F(Routing, RejectIfBusyPassesOverAWorkerThatIsStopping) {
     } else {
       EXPECT_EQ(busy, refused.load());  // each call it refused ends there, with 429
     }
-    for (const char* id : {"refusing", "answering"}) ASSERT_TRUE(registry_->withdraw(h_->model(), id).is_ok());
+    for (const char* id : {"refusing", "answering"})
+      ASSERT_TRUE(registry_->withdraw(h_->model(), id).is_ok());
     ASSERT_TRUE(wait_live({}));
     refusing.stop();
     answering.stop();
@@ -559,13 +595,20 @@ TEST_F(Routing, RejectIfBusyPassesOverAWorkerThatIsStopping) {
 TEST_F(Routing, AnswersWithoutTheLogprobsAskedForAreRefused) {
   api::HttpServerOptions so;
   so.port = 0;
-  api::HttpServer old(so, api::Handler([](const api::HttpRequest& r) {
-    const std::string answer = R"({"text":"ab","finish_reason":"stop","prompt_tokens":1,"completion_tokens":2})";
-    if (json::parse(r.body()).value("stream", false)) {
-      return api::json_response(200, R"({"delta":"a"})" "\n" R"({"delta":"b"})" "\n" R"({"answer":)" + answer + "}\n");
-    }
-    return api::json_response(200, answer);
-  }));
+  api::HttpServer old(
+      so, api::Handler([](const api::HttpRequest& r) {
+        const std::string answer =
+            R"({"text":"ab","finish_reason":"stop","prompt_tokens":1,"completion_tokens":2})";
+        if (json::parse(r.body()).value("stream", false)) {
+          return api::json_response(200, R"({"delta":"a"})"
+                                         "\n"
+                                         R"({"delta":"b"})"
+                                         "\n"
+                                         R"({"answer":)" +
+                                             answer + "}\n");
+        }
+        return api::json_response(200, answer);
+      }));
   ASSERT_TRUE(old.start().is_ok());
   queue::WorkerInfo w;
   w.id = "old";
@@ -585,9 +628,11 @@ TEST_F(Routing, AnswersWithoutTheLogprobsAskedForAreRefused) {
   auto streamed = h_->post("/v1/chat/completions", body.dump(), h_->key_a());
   ASSERT_EQ(streamed.status, 200) << streamed.body;
   EXPECT_NE(streamed.body.find("log probabilities"), std::string::npos) << streamed.body;
-  EXPECT_EQ(streamed.body.find(R"("content":"a")"), std::string::npos) << streamed.body;  // no text without them
-  auto cf = h_->post("/ai/run/" + h_->model(), json{{"prompt", "x"}, {"stream", true}, {"logprobs", true}}.dump(),
-                     h_->key_a());
+  EXPECT_EQ(streamed.body.find(R"("content":"a")"), std::string::npos)
+      << streamed.body;  // no text without them
+  auto cf =
+      h_->post("/ai/run/" + h_->model(),
+               json{{"prompt", "x"}, {"stream", true}, {"logprobs", true}}.dump(), h_->key_a());
   ASSERT_EQ(cf.status, 200) << cf.body;
   EXPECT_NE(cf.body.find("log probabilities"), std::string::npos) << cf.body;
   ASSERT_TRUE(registry_->withdraw(h_->model(), "old").is_ok());
@@ -612,8 +657,7 @@ void write_endless_model(const std::string& dir) {
   spec.rope_theta = 10000.0;
   spec.bf16 = false;
   spec.printable_output = true;
-  testing::write_random_llama(dir, std::string(HEADROOM_SOURCE_DIR) + "/models/tiny-reverse",
-                              spec);
+  testing::write_random_llama(dir, std::string(HEADROOM_SOURCE_DIR) + "/models/tiny-reverse", spec);
 }
 
 // A client on its own connection: sends one POST, reads the start of the answer, then leaves
@@ -624,9 +668,9 @@ class LeavingClient {
                 const std::string& key = "") {
     socket_.connect(tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"),
                                   static_cast<unsigned short>(port)));
-    std::string req = "POST " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
-                      "Content-Type: application/json\r\nContent-Length: " +
-                      std::to_string(body.size()) + "\r\n";
+    std::string req =
+        "POST " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
+        "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
     if (!key.empty()) req += "Authorization: Bearer " + key + "\r\n";
     req += "\r\n" + body;
     boost::asio::write(socket_, boost::asio::buffer(req));
@@ -800,13 +844,17 @@ TEST_F(LeavingClients, MidStreamStopsTheGeneration) {
     int pieces;          // read before leaving
   };
   const std::vector<Case> cases = {
-      {{"OpenAI shape", h_->port(), "/v1/chat/completions", chat_stream().dump(), h_->key_a()}, "data: ", 3},
+      {{"OpenAI shape", h_->port(), "/v1/chat/completions", chat_stream().dump(), h_->key_a()},
+       "data: ",
+       3},
       {{"Workers AI shape", h_->port(), "/ai/run/" + h_->model(),
-        json{{"prompt", "write"}, {"max_tokens", kMaxTokens}, {"temperature", 0}, {"stream", true}}.dump(),
+        json{{"prompt", "write"}, {"max_tokens", kMaxTokens}, {"temperature", 0}, {"stream", true}}
+            .dump(),
         h_->key_a()},
        "data: ",
        2},
-      {{"the worker's own endpoint", port, "/internal/sync", json{{"request", request()}, {"stream", true}}.dump(), ""},
+      {{"the worker's own endpoint", port, "/internal/sync",
+        json{{"request", request()}, {"stream", true}}.dump(), ""},
        R"({"delta")",
        2},
   };
@@ -834,7 +882,9 @@ TEST_F(LeavingClients, UnstreamedCallStopsWhenItsClientLeaves) {
   };
   const std::vector<Case> cases = {
       {{"through the API", h_->port(), "/v1/chat/completions", chat.dump(), h_->key_a()}, 1},
-      {{"the worker's own endpoint", port, "/internal/sync", json{{"request", request()}}.dump(), ""}, 0},
+      {{"the worker's own endpoint", port, "/internal/sync", json{{"request", request()}}.dump(),
+        ""},
+       0},
   };
   const std::string cancelled = "headroom_sync_calls_cancelled_total";
   const std::string router_gone = R"(headroom_sync_routed_total{outcome="client_gone"})";
@@ -884,7 +934,8 @@ TEST_F(LeavingClients, CallsBeingGeneratedHoldNoDatabaseConnection) {
   Metrics before = scrape(port);
   std::list<LeavingClient> calls;
   for (int i = 0; i < 4; ++i) {
-    calls.emplace_back(h_->port(), "/v1/chat/completions", chat(/*stream=*/i % 2 == 1).dump(), keys[i]);
+    calls.emplace_back(h_->port(), "/v1/chat/completions", chat(/*stream=*/i % 2 == 1).dump(),
+                       keys[i]);
   }
   Metrics during;
   for (int i = 0; i < 400; ++i) {
@@ -905,7 +956,9 @@ TEST_F(LeavingClients, CallsBeingGeneratedHoldNoDatabaseConnection) {
   Metrics after = settled(port, before, 4);
   EXPECT_EQ(after[kSyncCancelled] - before[kSyncCancelled], 4);
   EXPECT_EQ(after[kStreamsCancelled] - before[kStreamsCancelled], 2);
-  EXPECT_EQ(after["headroom_sync_calls_cancelled_total"] - before["headroom_sync_calls_cancelled_total"], 2);
+  EXPECT_EQ(
+      after["headroom_sync_calls_cancelled_total"] - before["headroom_sync_calls_cancelled_total"],
+      2);
   EXPECT_EQ(after[kSyncRunning], 0);
   EXPECT_EQ(after[kKvUsed], 0);
 }

@@ -14,8 +14,8 @@ namespace {
 // kv_cache_bytes, max_model_len, async_tokens_with_sync, async_step_ms, engine_nice.
 using Sizes = std::tuple<int, int, int64_t, int, int, double, int>;
 Sizes sizes(const WorkerConfig& c) {
-  return {c.max_num_seqs, c.max_batched_tokens, c.kv_cache_bytes, c.max_model_len, c.async_tokens_with_sync,
-          c.async_step_ms, c.engine_nice};
+  return {c.max_num_seqs,           c.max_batched_tokens, c.kv_cache_bytes, c.max_model_len,
+          c.async_tokens_with_sync, c.async_step_ms,      c.engine_nice};
 }
 
 TEST(WorkerConfigTest, SizesTheEngineByDevice) {

@@ -93,15 +93,17 @@ std::string greedy_alone(const std::string& text, const engine::Penalties& penal
     engine::pack_for_cpu(&w);  // once, for every engine built here
     return std::make_shared<const engine::ModelWeights>(std::move(w));
   }();
-  static std::shared_ptr<const engine::Tokenizer> tok(engine::Tokenizer::load(kModelDir).value().release());
+  static std::shared_ptr<const engine::Tokenizer> tok(
+      engine::Tokenizer::load(kModelDir).value().release());
   auto backend = engine::CpuBackend::create(weights, {16, 4 << 20, 1}).value();
-  auto eng = engine::Engine::create(std::shared_ptr<engine::Backend>(std::move(backend)), tok, 128, {})
-                 .value();
+  auto eng =
+      engine::Engine::create(std::shared_ptr<engine::Backend>(std::move(backend)), tok, 128, {})
+          .value();
   engine::GenerationRequest r;
-  r.prompt = tok->encode(engine::render_chat(engine::ChatFormat::kHeadroom,
-                                             {{"user", "reverse: " + text}}, tok->bos_text(),
-                                             tok->eos_text())
-                             .value());
+  r.prompt =
+      tok->encode(engine::render_chat(engine::ChatFormat::kHeadroom, {{"user", "reverse: " + text}},
+                                      tok->bos_text(), tok->eos_text())
+                      .value());
   r.params.max_tokens = 40;
   r.params.penalties = penalties;
   std::string out;
@@ -124,7 +126,8 @@ void check_answers(const json& result, const std::vector<std::string>& texts) {
     EXPECT_EQ(got, greedy_alone(texts[i])) << "request " << i;
     if (got == std::string(texts[i].rbegin(), texts[i].rend())) ++correct;
     EXPECT_GT(r["result"]["usage"]["prompt_tokens"].get<int>(), 0);
-    EXPECT_EQ(r["result"]["usage"]["completion_tokens"].get<int>(), static_cast<int>(got.size()) + 1);
+    EXPECT_EQ(r["result"]["usage"]["completion_tokens"].get<int>(),
+              static_cast<int>(got.size()) + 1);
   }
   // The model itself is right on about 99.6% of held-out prompts.
   EXPECT_GE(correct, static_cast<int>(texts.size() * 98 / 100));
@@ -159,7 +162,8 @@ void check_logprobs(const json& lp, const std::string& text, int top, int comple
     EXPECT_EQ(e["bytes"].size(), e["token"].get<std::string>().size());  // ASCII here
     ASSERT_EQ(static_cast<int>(e["top_logprobs"].size()), top) << e.dump();
     for (int k = 0; k + 1 < top; ++k) {
-      EXPECT_GE(e["top_logprobs"][k]["logprob"].get<double>(), e["top_logprobs"][k + 1]["logprob"].get<double>());
+      EXPECT_GE(e["top_logprobs"][k]["logprob"].get<double>(),
+                e["top_logprobs"][k + 1]["logprob"].get<double>());
     }
     if (top > 0) {
       EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);
@@ -180,7 +184,8 @@ TEST(WorkerE2eTest, QueuedBatchIsAnsweredCorrectlyInOrder) {
   json reqs = json::array();
   for (const auto& t : texts) {
     reqs.push_back({{"messages", {{{"role", "user"}, {"content", "reverse: " + t}}}},
-                    {"temperature", 0}, {"max_tokens", 40}});
+                    {"temperature", 0},
+                    {"max_tokens", 40}});
   }
   for (int i = 0; i < 5; ++i) {  // log probabilities for a few
     reqs[i]["logprobs"] = true;
@@ -245,7 +250,8 @@ TEST(WorkerE2eTest, TwoWorkersSplitABatchAndCompleteEachRequestOnce) {
   EXPECT_EQ(w1->stats().completed.load() + w2->stats().completed.load(), 120);
   EXPECT_GT(w1->stats().completed.load(), 0);
   EXPECT_GT(w2->stats().completed.load(), 0);
-  EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE status = 'completed' AND attempt = 1"), 120);
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE status = 'completed' AND attempt = 1"),
+            120);
 }
 
 TEST(WorkerE2eTest, StopReleasesOrFinishesEverythingItHeld) {
@@ -325,8 +331,8 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
     EXPECT_EQ(j["choices"][0]["message"]["content"], greedy_alone(t));
     EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
     EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 0);
-    auto cf = h.post("/ai/run/" + h.model(), json{{"prompt", "reverse: " + t}, {"temperature", 0}}.dump(),
-                     h.key_a());
+    auto cf = h.post("/ai/run/" + h.model(),
+                     json{{"prompt", "reverse: " + t}, {"temperature", 0}}.dump(), h.key_a());
     ASSERT_EQ(cf.status, 200) << cf.body;
     EXPECT_EQ(cf.json()["result"]["response"], greedy_alone(t));
   }
@@ -336,21 +342,28 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   const std::string repetitive = "bookkeeper committee";
   const std::string penalized = greedy_alone(repetitive, penalties);
   ASSERT_NE(penalized, greedy_alone(repetitive));
-  auto pen = h.post("/v1/chat/completions",
-                    json{{"model", h.model()},
-                         {"messages", {{{"role", "user"},
-                                        {"content", {{{"type", "text"}, {"text", "reverse: " + repetitive}}}}}}},
-                         {"temperature", 0}, {"frequency_penalty", 1.5}, {"presence_penalty", 1.0},
-                         {"repetition_penalty", 1.4}}
-                        .dump(),
-                    h.key_a());
+  auto pen =
+      h.post("/v1/chat/completions",
+             json{{"model", h.model()},
+                  {"messages",
+                   {{{"role", "user"},
+                     {"content", {{{"type", "text"}, {"text", "reverse: " + repetitive}}}}}}},
+                  {"temperature", 0},
+                  {"frequency_penalty", 1.5},
+                  {"presence_penalty", 1.0},
+                  {"repetition_penalty", 1.4}}
+                 .dump(),
+             h.key_a());
   ASSERT_EQ(pen.status, 200) << pen.body;
   EXPECT_EQ(pen.json()["choices"][0]["message"]["content"], penalized);
   // Log probabilities: in the choice for OpenAI's shape, in the result for Workers AI's; not with
   // a stream.
   auto lp = h.post("/v1/chat/completions",
-                   json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: logprobs"}}}},
-                        {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 3}}
+                   json{{"model", h.model()},
+                        {"messages", {{{"role", "user"}, {"content", "reverse: logprobs"}}}},
+                        {"temperature", 0},
+                        {"logprobs", true},
+                        {"top_logprobs", 3}}
                        .dump(),
                    h.key_a());
   ASSERT_EQ(lp.status, 200) << lp.body;
@@ -363,14 +376,17 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   ASSERT_TRUE(tok.is_ok());
   const std::string z = std::to_string((*tok)->encode("z")[0]);
   auto biased = h.post("/v1/chat/completions",
-                       json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: abc"}}}},
-                            {"max_tokens", 5}, {"logit_bias", {{z, 100}}}}
+                       json{{"model", h.model()},
+                            {"messages", {{{"role", "user"}, {"content", "reverse: abc"}}}},
+                            {"max_tokens", 5},
+                            {"logit_bias", {{z, 100}}}}
                            .dump(),
                        h.key_a());
   ASSERT_EQ(biased.status, 200) << biased.body;
   EXPECT_EQ(biased.json()["choices"][0]["message"]["content"], "zzzzz");
   auto past = h.post("/v1/chat/completions",
-                     json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                     json{{"model", h.model()},
+                          {"messages", {{{"role", "user"}, {"content", "x"}}}},
                           {"logit_bias", {{"100000", 5}}}}
                          .dump(),
                      h.key_a());
@@ -380,8 +396,11 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   const std::string full = greedy_alone("abcdef");
   ASSERT_NE(full.find("dc"), std::string::npos) << full;
   auto stopped = h.post("/v1/chat/completions",
-                        json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: abcdef"}}}},
-                             {"temperature", 0}, {"logprobs", true}, {"stop", "dc"}}
+                        json{{"model", h.model()},
+                             {"messages", {{{"role", "user"}, {"content", "reverse: abcdef"}}}},
+                             {"temperature", 0},
+                             {"logprobs", true},
+                             {"stop", "dc"}}
                             .dump(),
                         h.key_a());
   ASSERT_EQ(stopped.status, 200) << stopped.body;
@@ -391,16 +410,22 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   std::string joined;
   for (const json& e : choice["logprobs"]["content"]) joined += e["token"].get<std::string>();
   EXPECT_EQ(joined, choice["message"]["content"]) << stopped.body;
-  auto cf_lp = h.post("/ai/run/" + h.model(),
-                      json{{"prompt", "reverse: logprobs"}, {"temperature", 0}, {"logprobs", true}}.dump(), h.key_a());
+  auto cf_lp =
+      h.post("/ai/run/" + h.model(),
+             json{{"prompt", "reverse: logprobs"}, {"temperature", 0}, {"logprobs", true}}.dump(),
+             h.key_a());
   ASSERT_EQ(cf_lp.status, 200) << cf_lp.body;
   check_logprobs(cf_lp.json()["result"]["logprobs"], greedy_alone("logprobs"), 0,
                  cf_lp.json()["result"]["usage"]["completion_tokens"]);
   // Streamed, each chunk carries the entries of the tokens its text brings; a stop string's cut
   // leaves none behind.
   auto streamed_lp = h.post("/v1/chat/completions",
-                            json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: abcdef"}}}},
-                                 {"temperature", 0}, {"stream", true}, {"logprobs", true}, {"top_logprobs", 2},
+                            json{{"model", h.model()},
+                                 {"messages", {{{"role", "user"}, {"content", "reverse: abcdef"}}}},
+                                 {"temperature", 0},
+                                 {"stream", true},
+                                 {"logprobs", true},
+                                 {"top_logprobs", 2},
                                  {"stop", "dc"}}
                                 .dump(),
                             h.key_a());
@@ -425,9 +450,11 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   EXPECT_GT(chunks_with_text, 0);
   EXPECT_EQ(streamed_text, full.substr(0, full.find("dc")));
   EXPECT_EQ(streamed_tokens, streamed_text);
-  auto plain = h.post("/v1/chat/completions",
-                      json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: x"}}}}}.dump(),
-                      h.key_a());
+  auto plain = h.post(
+      "/v1/chat/completions",
+      json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: x"}}}}}
+          .dump(),
+      h.key_a());
   EXPECT_TRUE(plain.json()["choices"][0]["logprobs"].is_null()) << plain.body;
   // The backlog was still running while sync requests were answered.
   json progress = h.get("/v1/async/" + id, h.key_a()).json()["result"];
@@ -439,7 +466,8 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   auto stream = h.post("/v1/chat/completions",
                        json{{"model", h.model()},
                             {"messages", {{{"role", "user"}, {"content", "reverse: " + t}}}},
-                            {"temperature", 0}, {"stream", true},
+                            {"temperature", 0},
+                            {"stream", true},
                             {"stream_options", {{"include_usage", true}}}}
                            .dump(),
                        h.key_a());
@@ -462,7 +490,8 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
     ++events;
     if (!chunk["choices"].empty()) {
       text += chunk["choices"][0]["delta"].value("content", "");
-      if (chunk["choices"][0]["finish_reason"].is_string()) finish = chunk["choices"][0]["finish_reason"];
+      if (chunk["choices"][0]["finish_reason"].is_string())
+        finish = chunk["choices"][0]["finish_reason"];
     }
     if (chunk.contains("usage")) usage = chunk["usage"]["completion_tokens"].get<int>() > 0;
   }
@@ -472,9 +501,9 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   EXPECT_GT(events, 3);
   EXPECT_EQ(text, greedy_alone(t));
   // The Workers-AI shape streams too: {"response": delta} events, then the usage, then [DONE].
-  auto cf_stream = h.post("/ai/run/" + h.model(),
-                          json{{"prompt", "reverse: " + t}, {"temperature", 0}, {"stream", true}}.dump(),
-                          h.key_a());
+  auto cf_stream = h.post(
+      "/ai/run/" + h.model(),
+      json{{"prompt", "reverse: " + t}, {"temperature", 0}, {"stream", true}}.dump(), h.key_a());
   ASSERT_EQ(cf_stream.status, 200) << cf_stream.body;
   EXPECT_EQ(cf_stream.headers["Content-Type"], "text/event-stream");
   std::string cf_text;
@@ -498,9 +527,12 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   EXPECT_EQ(cf_text, greedy_alone(t));
   EXPECT_GT(last["usage"]["completion_tokens"].get<int>(), 0);
   EXPECT_EQ(last["finish_reason"], "stop");
-  auto bad_stream = h.post("/ai/run/" + h.model(), json{{"stream", true}, {"prompt", 5}}.dump(), h.key_a());
+  auto bad_stream =
+      h.post("/ai/run/" + h.model(), json{{"stream", true}, {"prompt", 5}}.dump(), h.key_a());
   EXPECT_EQ(bad_stream.status, 400) << bad_stream.body;
-  EXPECT_EQ(h.post("/ai/run/" + h.model(), json{{"stream", true}, {"prompt", "x"}}.dump(), "").status, 401);
+  EXPECT_EQ(
+      h.post("/ai/run/" + h.model(), json{{"stream", true}, {"prompt", "x"}}.dump(), "").status,
+      401);
   // Prometheus metrics (no key needed) saw all of this.
   auto m = testing::http_call("GET", h.port(), "/metrics");
   ASSERT_EQ(m.status, 200);
@@ -535,15 +567,20 @@ class BreakableBackend final : public engine::Backend {
   int num_kv_blocks() const override { return inner_->num_kv_blocks(); }
   size_t weight_bytes() const override { return inner_->weight_bytes(); }
   size_t kv_cache_bytes() const override { return inner_->kv_cache_bytes(); }
-  Status forward(const engine::StepInput& in, float* logits) override { return inner_->forward(in, logits); }
+  Status forward(const engine::StepInput& in, float* logits) override {
+    return inner_->forward(in, logits);
+  }
   Status submit(const engine::StepInput& in, const engine::SampleSpec* specs) override {
     if (broken) return failure;
     return inner_->submit(in, specs);
   }
-  Status collect(int32_t* tokens, engine::TokenLogprobs* logprobs) override { return inner_->collect(tokens, logprobs); }
+  Status collect(int32_t* tokens, engine::TokenLogprobs* logprobs) override {
+    return inner_->collect(tokens, logprobs);
+  }
   void discard() override { inner_->discard(); }
   std::atomic<bool> broken{false};
-  Status failure = internal_error("an illegal memory access was encountered");  // set before breaking
+  Status failure =
+      internal_error("an illegal memory access was encountered");  // set before breaking
 
  private:
   std::shared_ptr<engine::Backend> inner_;
@@ -552,10 +589,11 @@ class BreakableBackend final : public engine::Backend {
 std::shared_ptr<BreakableBackend> breakable_backend() {
   engine::ModelWeights weights = engine::load_weights(kModelDir).value();
   engine::pack_for_cpu(&weights);
-  auto cpu = engine::CpuBackend::create(std::make_shared<const engine::ModelWeights>(std::move(weights)),
-                                        {16, 16 << 20, 1});
+  auto cpu = engine::CpuBackend::create(
+      std::make_shared<const engine::ModelWeights>(std::move(weights)), {16, 16 << 20, 1});
   EXPECT_TRUE(cpu.is_ok());
-  return std::make_shared<BreakableBackend>(std::shared_ptr<engine::Backend>(std::move(cpu).value()));
+  return std::make_shared<BreakableBackend>(
+      std::shared_ptr<engine::Backend>(std::move(cpu).value()));
 }
 
 // Submits `n` reversals (their texts in `texts`) and waits until worker `w` has completed 20 of
@@ -597,7 +635,10 @@ TEST(WorkerE2eTest, RejectIfBusyAdmitsNoMoreThanTheWorkerHasSlotsFor) {
         ++ready;
         while (ready.load() < kCallers) std::this_thread::yield();
         auto s = w->start_stream(request, call);
-        if (s.is_ok()) streams[i] = std::move(s).value(); else refused[i] = s.status();
+        if (s.is_ok())
+          streams[i] = std::move(s).value();
+        else
+          refused[i] = s.status();
       });
     }
     for (auto& t : callers) t.join();
@@ -628,8 +669,10 @@ TEST(WorkerE2eTest, ADrainingWorkerTellsTheRouterToTryElsewhere) {
   ASSERT_TRUE(server.start().is_ok());
   const int port = std::stoi(server.url().substr(server.url().rfind(':') + 1));
   auto call = [&](int max_tokens) {
-    const json body = {{"request", {{"messages", {{{"role", "user"}, {"content", "reverse: drain"}}}},
-                                    {"max_tokens", max_tokens}, {"temperature", 0}}},
+    const json body = {{"request",
+                        {{"messages", {{{"role", "user"}, {"content", "reverse: drain"}}}},
+                         {"max_tokens", max_tokens},
+                         {"temperature", 0}}},
                        {"reject_if_busy", true}};
     return testing::http_call("POST", port, "/internal/sync", body.dump());
   };
@@ -638,8 +681,8 @@ TEST(WorkerE2eTest, ADrainingWorkerTellsTheRouterToTryElsewhere) {
   // Full: its one slot held by a stream.
   api::SyncCall sc;
   sc.reject_if_busy = true;
-  auto held = w->start_stream({{"messages", {{{"role", "user"}, {"content", "reverse: held"}}}}, {"max_tokens", 200}},
-                              sc);
+  auto held = w->start_stream(
+      {{"messages", {{{"role", "user"}, {"content", "reverse: held"}}}}, {"max_tokens", 200}}, sc);
   ASSERT_TRUE(held.is_ok());
   auto full = call(8);
   EXPECT_EQ(full.status, 429) << full.body;
@@ -674,11 +717,14 @@ TEST(WorkerE2eTest, AWorkerWhoseEngineKeepsFailingHandsItsWorkBackAndStops) {
   backend->broken = true;
   // A sync call now gets an error (it ended in the failing engine, or the worker is stopping),
   // not a wait.
-  auto sync = h.post("/v1/chat/completions",
-                     json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: abc"}}}}}.dump(),
-                     h.key_a());
+  auto sync = h.post(
+      "/v1/chat/completions",
+      json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: abc"}}}}}
+          .dump(),
+      h.key_a());
   EXPECT_TRUE(sync.status >= 500 || sync.status == 429) << sync.status << " " << sync.body;
-  for (int i = 0; i < 500 && !w->failed(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 500 && !w->failed(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_TRUE(w->failed());
   w->stop();  // the loop has ended already: returns at once
   h.api().set_sync_inference(nullptr);
@@ -686,7 +732,8 @@ TEST(WorkerE2eTest, AWorkerWhoseEngineKeepsFailingHandsItsWorkBackAndStops) {
   // Nothing stays leased to the failed worker: what it ran went back to the queue.
   EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE status = 'running'"), 0);
   EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE status = 'failed'"), 0);
-  EXPECT_GT(h.scalar("SELECT count(*) FROM requests WHERE status = 'queued' AND num_failures >= 1"), 0);
+  EXPECT_GT(h.scalar("SELECT count(*) FROM requests WHERE status = 'queued' AND num_failures >= 1"),
+            0);
   auto healthy = make_worker(h, "healthy");
   ASSERT_TRUE(healthy);
   ASSERT_TRUE(healthy->start().is_ok());
@@ -713,7 +760,8 @@ TEST(WorkerE2eTest, AWorkerWhoseStepsFailForTheWorkGoesOnWithACleanEngine) {
   ASSERT_FALSE(id.empty());
   backend->broken = true;
   // What it held went back to the queue as failed attempts.
-  for (int i = 0; i < 500 && h.scalar("SELECT count(*) FROM requests WHERE num_failures >= 1") == 0; ++i) {
+  for (int i = 0; i < 500 && h.scalar("SELECT count(*) FROM requests WHERE num_failures >= 1") == 0;
+       ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_GT(h.scalar("SELECT count(*) FROM requests WHERE num_failures >= 1"), 0);

@@ -20,11 +20,28 @@ using nlohmann::json;
 
 pid_t spawn_worker(testing::ApiHarness& h, const std::string& name) {
   std::string model_dir = std::string(HEADROOM_SOURCE_DIR) + "/models/tiny-reverse";
-  std::vector<std::string> args = {HEADROOM_BINARY, "--log-level", "warn", "worker", "--model",
-                                   model_dir, "--name", h.model(), "--worker-name", name,
-                                   "--database-url", h.database_url(), "--redis-url",
-                                   h.redis_url(), "--lease-seconds", "2", "--max-num-seqs", "8",
-                                   "--reserve-slots", "0", "--max-pull", "8"};
+  std::vector<std::string> args = {HEADROOM_BINARY,
+                                   "--log-level",
+                                   "warn",
+                                   "worker",
+                                   "--model",
+                                   model_dir,
+                                   "--name",
+                                   h.model(),
+                                   "--worker-name",
+                                   name,
+                                   "--database-url",
+                                   h.database_url(),
+                                   "--redis-url",
+                                   h.redis_url(),
+                                   "--lease-seconds",
+                                   "2",
+                                   "--max-num-seqs",
+                                   "8",
+                                   "--reserve-slots",
+                                   "0",
+                                   "--max-pull",
+                                   "8"};
   return testing::spawn(std::move(args));
 }
 
@@ -44,7 +61,8 @@ TEST(WorkerKillTest, KilledWorkersLoseNothingAndCompleteEachRequestOnce) {
   std::mt19937 rng(5);
   for (int i = 0; i < 400; ++i) {
     std::string s;
-    for (int k = 0, n = 8 + static_cast<int>(rng() % 24); k < n; ++k) s += static_cast<char>('a' + rng() % 26);
+    for (int k = 0, n = 8 + static_cast<int>(rng() % 24); k < n; ++k)
+      s += static_cast<char>('a' + rng() % 26);
     reqs.push_back({{"prompt", "reverse: " + s}, {"temperature", 0}});
   }
   std::string id = h.submit(reqs, h.key_a());

@@ -81,10 +81,16 @@ typedef struct CUgraph_st* cudaGraph_t;
 typedef struct CUgraphExec_st* cudaGraphExec_t;
 constexpr unsigned cudaStreamNonBlocking = 1;
 constexpr unsigned cudaEventDisableTiming = 2;
-enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1,
-                             cudaStreamCaptureModeRelaxed = 2 };
-enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone = 0, cudaStreamCaptureStatusActive = 1,
-                               cudaStreamCaptureStatusInvalidated = 2 };
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2
+};
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2
+};
 
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
@@ -110,7 +116,10 @@ struct cudaLaunchConfig_t {
   unsigned numAttrs = 0;
 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
-enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+enum cudaDeviceAttr {
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
+};
 struct cudaDeviceProp {
   char name[256];
   int major, minor;
@@ -145,7 +154,8 @@ constexpr size_t kDeviceMemoryBytes = size_t{80} << 30;
 // launch (programmatic stream serialisation) fails when a thread ends without having called
 // pdl_wait(): kernels/launch.cuh's rule that every kernel waits for the one before it before it
 // touches what that one writes (a kernel that never waits would race with it on a GPU).
-cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem, bool programmatic, const std::function<void()>& body);
+cudaError_t launch(dim3 grid, dim3 block, size_t dynamic_smem, bool programmatic,
+                   const std::function<void()>& body);
 // griddepcontrol.wait (kernels/internal/common.cuh's pdl_wait): here the previous kernel is done.
 void pdl_wait();
 // Streams and graphs: work runs at once, in the order it is issued, except on a stream being
@@ -200,7 +210,8 @@ T from_bits(uint64_t b) {
 
 // Dynamic shared memory (kernels/internal/common.cuh declares it through this macro).
 // (16-byte aligned, whatever the kernel asks: the buffer ends at a guard page.)
-#define HR_DYNAMIC_SMEM(type, name, align) type* name = static_cast<type*>(::hr::simt::dynamic_smem())
+#define HR_DYNAMIC_SMEM(type, name, align) \
+  type* name = static_cast<type*>(::hr::simt::dynamic_smem())
 
 // Runtime API.
 cudaError_t cudaMalloc(void** ptr, size_t bytes);
@@ -210,9 +221,11 @@ cudaError_t cudaMalloc(T** ptr, size_t bytes) {
 }
 cudaError_t cudaFree(void* ptr);
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream = nullptr);
-cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
-                              cudaMemcpyKind kind, cudaStream_t stream = nullptr);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream = nullptr);
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind kind,
+                              cudaStream_t stream = nullptr);
 cudaError_t cudaMemset(void* ptr, int value, size_t bytes);
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream = nullptr);
 cudaError_t cudaDeviceSynchronize();
@@ -242,19 +255,22 @@ int dynamic_smem_limit(const void* kernel);
 }  // namespace hr::simt
 template <typename F>
 cudaError_t cudaFuncSetAttribute(F* kernel, cudaFuncAttribute attr, int value) {
-  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > hr::simt::kMaxSharedMemoryPerBlock) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
+      value > hr::simt::kMaxSharedMemoryPerBlock) {
     return cudaErrorInvalidValue;
   }
   hr::simt::set_dynamic_smem_limit(reinterpret_cast<const void*>(kernel), value);
   return cudaSuccess;
 }
 template <typename... Params, typename... Args>
-cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* cfg, void (*kernel)(Params...), Args&&... args) {
+cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* cfg, void (*kernel)(Params...),
+                               Args&&... args) {
   // The parameters copied, as a launch (or a graph's kernel node) copies them.
   std::tuple<std::remove_cvref_t<Params>...> params(static_cast<Params>(args)...);
   const dim3 grid = cfg->gridDim, block = cfg->blockDim;
   const size_t smem = cfg->dynamicSmemBytes;
-  if (smem > static_cast<size_t>(hr::simt::dynamic_smem_limit(reinterpret_cast<const void*>(kernel)))) {
+  if (smem >
+      static_cast<size_t>(hr::simt::dynamic_smem_limit(reinterpret_cast<const void*>(kernel)))) {
     return cudaErrorInvalidValue;  // more than 48 KiB without raising the kernel's limit first
   }
   bool programmatic = false;
@@ -278,7 +294,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status);
-cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
+                                 unsigned long long flags = 0);
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
 cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
@@ -292,29 +309,34 @@ const char* cudaGetErrorName(cudaError_t err);
 
 // Synchronisation and warp intrinsics (full warps only: every lane of the warp takes part).
 inline void __syncthreads() { hr::simt::sync_block(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { hr::simt::warp_exchange(hr::simt::WarpOp::kSync, 0, 0); }
+inline void __syncwarp(unsigned = 0xffffffffu) {
+  hr::simt::warp_exchange(hr::simt::WarpOp::kSync, 0, 0);
+}
 inline void __threadfence() {}
 inline void __threadfence_block() {}
 template <typename T>
 T __shfl_sync(unsigned, T v, int src, int = 32) {
-  return hr::simt::from_bits<T>(hr::simt::warp_exchange(hr::simt::WarpOp::kIdx, hr::simt::to_bits(v), src));
+  return hr::simt::from_bits<T>(
+      hr::simt::warp_exchange(hr::simt::WarpOp::kIdx, hr::simt::to_bits(v), src));
 }
 template <typename T>
 T __shfl_up_sync(unsigned, T v, unsigned delta, int = 32) {
-  return hr::simt::from_bits<T>(
-      hr::simt::warp_exchange(hr::simt::WarpOp::kUp, hr::simt::to_bits(v), static_cast<int>(delta)));
+  return hr::simt::from_bits<T>(hr::simt::warp_exchange(hr::simt::WarpOp::kUp, hr::simt::to_bits(v),
+                                                        static_cast<int>(delta)));
 }
 template <typename T>
 T __shfl_down_sync(unsigned, T v, unsigned delta, int = 32) {
-  return hr::simt::from_bits<T>(
-      hr::simt::warp_exchange(hr::simt::WarpOp::kDown, hr::simt::to_bits(v), static_cast<int>(delta)));
+  return hr::simt::from_bits<T>(hr::simt::warp_exchange(
+      hr::simt::WarpOp::kDown, hr::simt::to_bits(v), static_cast<int>(delta)));
 }
 template <typename T>
 T __shfl_xor_sync(unsigned, T v, int lane_mask, int = 32) {
-  return hr::simt::from_bits<T>(hr::simt::warp_exchange(hr::simt::WarpOp::kXor, hr::simt::to_bits(v), lane_mask));
+  return hr::simt::from_bits<T>(
+      hr::simt::warp_exchange(hr::simt::WarpOp::kXor, hr::simt::to_bits(v), lane_mask));
 }
 inline unsigned __ballot_sync(unsigned, int pred) {
-  return static_cast<unsigned>(hr::simt::warp_exchange(hr::simt::WarpOp::kBallot, pred != 0 ? 1 : 0, 0));
+  return static_cast<unsigned>(
+      hr::simt::warp_exchange(hr::simt::WarpOp::kBallot, pred != 0 ? 1 : 0, 0));
 }
 inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
 inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == 0xffffffffu; }
@@ -382,7 +404,9 @@ inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
-inline unsigned __float_as_uint(float f) { return hr::simt::from_bits<unsigned>(hr::simt::to_bits(f)); }
+inline unsigned __float_as_uint(float f) {
+  return hr::simt::from_bits<unsigned>(hr::simt::to_bits(f));
+}
 inline float __uint_as_float(unsigned u) { return hr::simt::from_bits<float>(u); }
 inline int __float_as_int(float f) { return hr::simt::from_bits<int>(hr::simt::to_bits(f)); }
 inline float __int_as_float(int i) { return hr::simt::from_bits<float>(static_cast<uint32_t>(i)); }
