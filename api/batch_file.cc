@@ -4,6 +4,8 @@
 #include <cstring>
 
 #include "api/errors.h"
+#include "wire/chat_request_json.h"
+#include "wire/json_text.h"
 
 namespace hr::api {
 namespace {
@@ -65,7 +67,7 @@ InputValidator::InputValidator(const std::vector<ModelSpec>& models, const Batch
 
 const ModelSpec* InputValidator::pick_model(const std::vector<InputLine>& lines) {
   for (const InputLine& line : lines) {
-    json j = parse_client_json(line.text);
+    json j = wire::parse_client_json(line.text);
     if (!j.is_object() || !j.contains("body") || !j["body"].is_object()) continue;
     const json& m = j["body"].contains("model") ? j["body"]["model"] : json();
     if (!m.is_string()) continue;
@@ -85,7 +87,7 @@ std::optional<LineError> InputValidator::check(const InputLine& in, queue::NewRe
                      in.line};
   };
   std::string why;
-  json j = parse_client_json(in.text, &why);
+  json j = wire::parse_client_json(in.text, &why);
   if (j.is_discarded())
     return error("invalid_json_line", why.rfind("is ", 0) == 0 ? why.substr(3) : why, "");
   if (!j.is_object()) return error("invalid_json_line", "must be a JSON object", "");
@@ -149,13 +151,13 @@ std::optional<LineError> InputValidator::check(const InputLine& in, queue::NewRe
   }
   // OpenAI fields this server does not use but clients commonly send (as on the sync route).
   for (const char* key : {"n", "user", "stream_options"}) body.erase(key);
-  Result<json> norm = normalize_chat_request(body, *spec, limits_);
+  Result<wire::ChatRequest> norm = normalize_chat_request(body, *spec, limits_);
   if (!norm.is_ok()) {
     const Status& s = norm.status();
     return error("invalid_request", s.message(), s.field().empty() ? "body" : "body." + s.field());
   }
   out->custom_id = std::move(custom_id);
-  out->body = norm->dump();
+  out->body = wire::to_json(*norm).dump();
   return std::nullopt;
 }
 

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <unordered_set>
 
+#include "wire/chat_request_json.h"
+
 namespace hr::api {
 namespace {
 
@@ -47,8 +49,8 @@ Result<std::string> message_text(const json& m, const std::string& field) {
 
 }  // namespace
 
-Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
-                                    const BatchLimits& limits) {
+Result<wire::ChatRequest> normalize_chat_request(const json& req, const ModelSpec& model,
+                                                 const BatchLimits& limits) {
   if (!req.is_object()) return bad("each request must be a JSON object", "");
   static const std::unordered_set<std::string> kKnown = {"messages",
                                                          "prompt",
@@ -72,7 +74,7 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
   for (const auto& [key, value] : req.items()) {
     if (!kKnown.count(key)) return bad("unknown field '" + key + "'", key);
   }
-  json out = json::object();
+  wire::ChatRequest out;
   bool has_messages = req.contains("messages");
   bool has_prompt = req.contains("prompt");
   if (has_messages == has_prompt) {
@@ -82,7 +84,8 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
     const json& msgs = req["messages"];
     if (!msgs.is_array() || msgs.empty())
       return bad("'messages' must be a non-empty array", "messages");
-    json norm = json::array();
+    std::vector<wire::ChatMessage> norm;
+    norm.reserve(msgs.size());
     for (size_t i = 0; i < msgs.size(); ++i) {
       std::string f = "messages[" + std::to_string(i) + "]";
       const json& m = msgs[i];
@@ -95,14 +98,14 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
         return bad("role must be one of system, user, assistant, tool, developer", f + ".role");
       }
       HR_ASSIGN_OR_RETURN(std::string content, message_text(m, f + ".content"));
-      norm.push_back({{"role", role}, {"content", std::move(content)}});
+      norm.push_back({std::move(role), std::move(content)});
     }
-    out["messages"] = std::move(norm);
+    out.messages = std::move(norm);
   } else {
     if (!req["prompt"].is_string() || req["prompt"].get_ref<const std::string&>().empty()) {
       return bad("'prompt' must be a non-empty string", "prompt");
     }
-    out["prompt"] = req["prompt"];
+    out.prompt = req["prompt"].get<std::string>();
   }
   int max_tokens = std::min(256, model.context_length);
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
@@ -116,7 +119,7 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
     }
     max_tokens = static_cast<int>(v);
   }
-  out["max_tokens"] = max_tokens;
+  out.max_tokens = max_tokens;
   auto number = [&](const char* key, double lo, double hi, double def) -> Result<double> {
     if (!req.contains(key) || req[key].is_null()) return def;
     if (!req[key].is_number()) return bad(std::string("'") + key + "' must be a number", key);
@@ -137,35 +140,35 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
   if (top_p == 0.0) return bad("'top_p' must be greater than 0", "top_p");
   // Defaults are the worker's; only what the caller set is stored.
   auto given = [&](const char* key) { return req.contains(key) && !req[key].is_null(); };
-  if (given("temperature")) out["temperature"] = temperature;
-  if (given("top_p")) out["top_p"] = top_p;
-  if (given("frequency_penalty") && fp != 0.0) out["frequency_penalty"] = fp;
-  if (given("presence_penalty") && pp != 0.0) out["presence_penalty"] = pp;
-  if (given("repetition_penalty") && rp != 1.0) out["repetition_penalty"] = rp;
+  if (given("temperature")) out.temperature = temperature;
+  if (given("top_p")) out.top_p = top_p;
+  if (given("frequency_penalty") && fp != 0.0) out.frequency_penalty = fp;
+  if (given("presence_penalty") && pp != 0.0) out.presence_penalty = pp;
+  if (given("repetition_penalty") && rp != 1.0) out.repetition_penalty = rp;
   if (req.contains("top_k") && !req["top_k"].is_null()) {
     if (!is_int(req["top_k"]) || req["top_k"].get<int64_t>() < 0 ||
         req["top_k"].get<int64_t>() > 1000) {
       return bad("'top_k' must be an integer between 0 and 1000", "top_k");
     }
-    out["top_k"] = req["top_k"];
+    out.top_k = req["top_k"].get<int>();
   }
   if (req.contains("seed") && !req["seed"].is_null()) {
     if (!is_int(req["seed"]) || req["seed"].get<int64_t>() < 0) {
       return bad("'seed' must be a non-negative integer", "seed");
     }
-    out["seed"] = req["seed"];
+    out.seed = req["seed"].get<uint64_t>();
   }
   if (req.contains("stop") && !req["stop"].is_null()) {
     const json& s = req["stop"];
-    json stops = json::array();
+    std::vector<std::string> stops;
     if (s.is_string()) {
-      stops.push_back(s);
+      stops.push_back(s.get<std::string>());
     } else if (s.is_array()) {
       for (const auto& e : s) {
         if (!e.is_string() || e.get_ref<const std::string&>().empty()) {
           return bad("'stop' entries must be non-empty strings", "stop");
         }
-        stops.push_back(e);
+        stops.push_back(e.get<std::string>());
       }
     } else {
       return bad("'stop' must be a string or an array of strings", "stop");
@@ -174,7 +177,7 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
       return bad("at most " + std::to_string(limits.max_stop_sequences) + " stop sequences",
                  "stop");
     }
-    out["stop"] = std::move(stops);
+    out.stop = std::move(stops);
   }
   // OpenAI's: token id (in decimal, as a string) → bias in [-100, 100], added to its logit. Ids
   // past the model's vocabulary are refused by the worker, which knows it.
@@ -183,7 +186,6 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
     if (!lb.is_object())
       return bad("'logit_bias' must be an object of token ids to biases", "logit_bias");
     if (lb.size() > 300) return bad("'logit_bias' may bias 300 tokens at most", "logit_bias");
-    json biases = json::object();
     for (const auto& [key, value] : lb.items()) {
       const std::string f = "logit_bias." + key;
       const bool canonical = !key.empty() && key.size() <= 10 &&
@@ -193,9 +195,9 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
       if (!value.is_number() || value.get<double>() < -100.0 || value.get<double>() > 100.0) {
         return bad("a logit bias must be a number between -100 and 100", f);
       }
-      if (value.get<double>() != 0.0) biases[key] = value;
+      if (value.get<double>() != 0.0)
+        out.logit_bias.emplace_back(std::stoll(key), value.get<double>());
     }
-    if (!biases.empty()) out["logit_bias"] = std::move(biases);
   }
   // OpenAI's: the answer's tokens' log probabilities, each with up to 20 of the most likely.
   bool logprobs = false;
@@ -212,8 +214,8 @@ Result<json> normalize_chat_request(const json& req, const ModelSpec& model,
       return bad("'top_logprobs' needs 'logprobs': true", "top_logprobs");
   }
   if (logprobs) {
-    out["logprobs"] = true;
-    out["top_logprobs"] = given("top_logprobs") ? req["top_logprobs"].get<int>() : 0;
+    out.logprobs = true;
+    out.top_logprobs = given("top_logprobs") ? req["top_logprobs"].get<int>() : 0;
   }
   if (req.contains("stream") && !req["stream"].is_null() &&
       !(req["stream"].is_boolean() && !req["stream"].get<bool>())) {
@@ -253,7 +255,7 @@ std::optional<BatchError> parse_batch_request(const json& reqs, size_t i, const 
                                               queue::NewRequest* out) {
   int idx = static_cast<int>(i);
   const json& req = reqs[i];
-  Result<json> norm = normalize_chat_request(req, model, limits);
+  Result<wire::ChatRequest> norm = normalize_chat_request(req, model, limits);
   if (!norm.is_ok()) {
     const Status& s = norm.status();
     std::string field = "requests[" + std::to_string(i) + "]";
@@ -282,7 +284,7 @@ std::optional<BatchError> parse_batch_request(const json& reqs, size_t i, const 
     }
     out->custom_id = ref;
   }
-  out->body = norm->dump();
+  out->body = wire::to_json(*norm).dump();
   return std::nullopt;
 }
 

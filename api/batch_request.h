@@ -12,6 +12,7 @@
 
 #include "base/status.h"
 #include "queue/store.h"
+#include "wire/chat_request.h"
 
 namespace hr::api {
 
@@ -31,11 +32,12 @@ struct BatchError {
   std::optional<int> index;
 };
 
-// Validates one chat request (Workers-AI / OpenAI fields) and returns its normalized JSON:
-// {"messages": [...]} or {"prompt": "..."}, plus max_tokens, temperature, top_p, top_k, seed, stop.
-[[nodiscard]] Result<nlohmann::json> normalize_chat_request(const nlohmann::json& req,
-                                                            const ModelSpec& model,
-                                                            const BatchLimits& limits);
+// Validates one chat request (Workers-AI / OpenAI fields) into the native request: messages (text
+// parts joined) or a prompt, max_tokens (the model's default when absent), and the sampling
+// fields the client set.
+[[nodiscard]] Result<wire::ChatRequest> normalize_chat_request(const nlohmann::json& req,
+                                                               const ModelSpec& model,
+                                                               const BatchLimits& limits);
 
 // Checks the batch envelope: {"requests": [...]} with 1..max_requests elements.
 [[nodiscard]] std::optional<BatchError> check_batch_envelope(const nlohmann::json& body,

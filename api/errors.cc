@@ -1,37 +1,9 @@
-// Status → HTTP mapping.
+// The API's error bodies and responses.
 #include "api/errors.h"
 
-namespace hr::api {
+#include "http/status.h"
 
-int http_status_for(StatusCode code) {
-  switch (code) {
-    case StatusCode::kOk:
-      return 200;
-    case StatusCode::kInvalidArgument:
-      return 400;
-    case StatusCode::kUnauthenticated:
-      return 401;
-    case StatusCode::kNotFound:
-      return 404;
-    case StatusCode::kConflict:
-      return 409;
-    case StatusCode::kFailedPrecondition:
-      return 409;
-    case StatusCode::kTooLarge:
-      return 413;
-    case StatusCode::kResourceExhausted:
-      return 429;
-    case StatusCode::kUnavailable:
-      return 503;
-    case StatusCode::kDeadlineExceeded:
-      return 504;
-    case StatusCode::kCancelled:
-      return 499;
-    case StatusCode::kInternal:
-      return 500;
-  }
-  return 500;
-}
+namespace hr::api {
 
 int error_code_for(StatusCode code) {
   switch (code) {
@@ -75,35 +47,6 @@ std::string printable(const std::string& s) {
 
 }  // namespace
 
-nlohmann::json parse_client_json(std::string_view text, std::string* why) {
-  auto refuse = [&](const char* reason) {
-    if (why) *why = reason;
-    return nlohmann::json(nlohmann::json::value_t::discarded);
-  };
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '"') {
-        in_string = false;
-      } else if (c == '\\') {
-        if (text.substr(i + 1, 5) == "u0000") return refuse("holds a NUL character (\\u0000)");
-        ++i;  // the escaped character
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth) return refuse("nests deeper than 64 levels");
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded()) return refuse("is not valid JSON");
-  return j;
-}
-
 nlohmann::json error_body(const Status& status, std::optional<int> index) {
   nlohmann::json err = {{"code", error_code_for(status.code())},
                         {"type", status_code_name(status.code())},
@@ -116,21 +59,34 @@ nlohmann::json error_body(const Status& status, std::optional<int> index) {
           {"result", nullptr}};
 }
 
-HttpResponse error_response(const Status& st, std::optional<int> index) {
-  HttpResponse res = json_response(static_cast<unsigned>(http_status_for(st.code())),
-                                   error_body(st, index).dump());
+namespace {
+
+// A JSON response with the Status's HTTP code, and Retry-After: 1 when trying again may help.
+http::HttpResponse with_status(const Status& st, const nlohmann::json& body) {
+  http::HttpResponse res =
+      http::json_response(static_cast<unsigned>(http::http_status_for(st.code())), body.dump());
   if (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kResourceExhausted) {
     res.set(boost::beast::http::field::retry_after, "1");
   }
   return res;
 }
 
-HttpResponse ok_response(nlohmann::json result, unsigned status) {
+}  // namespace
+
+http::HttpResponse error_response(const Status& st, std::optional<int> index) {
+  return with_status(st, error_body(st, index));
+}
+
+http::HttpResponse openai_error_response(const Status& st) {
+  return with_status(st, openai_error_body(st));
+}
+
+http::HttpResponse ok_response(nlohmann::json result, unsigned status) {
   nlohmann::json body = {{"result", std::move(result)},
                          {"success", true},
                          {"errors", nlohmann::json::array()},
                          {"messages", nlohmann::json::array()}};
-  return json_response(status, body.dump());
+  return http::json_response(status, body.dump());
 }
 
 nlohmann::json openai_error_body(const Status& status, std::optional<std::string> code) {

@@ -5,23 +5,24 @@
 
 #include <nlohmann/json.hpp>
 
-#include "api/async_api.h"
 #include "api/batch_file.h"
 #include "api/errors.h"
 #include "api/multipart.h"
 #include "api/openai_objects.h"
 #include "api/webhooks_api.h"
 #include "base/clock.h"
+#include "base/duration.h"
 #include "base/hash.h"
 #include "base/ids.h"
 #include "base/log.h"
 #include "queue/files.h"
 #include "queue/openai_batches.h"
+#include "wire/json_text.h"
 
 namespace hr::api {
 namespace {
 
-namespace http = boost::beast::http;
+namespace beast_http = boost::beast::http;
 using nlohmann::json;
 using ojson = nlohmann::ordered_json;  // answers keep OpenAI's field order
 
@@ -29,20 +30,13 @@ constexpr const char* kEndpoint = "/v1/chat/completions";
 constexpr size_t kMaxLineErrors = 100;  // validation errors reported per batch
 constexpr int kResultPage = 5000;       // rows read per query for results so far
 
-Reply error_reply(const Status& st) {
-  HttpResponse res = json_response(static_cast<unsigned>(http_status_for(st.code())),
-                                   openai_error_body(st).dump());
-  if (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kResourceExhausted) {
-    res.set(http::field::retry_after, "1");
-  }
-  return {std::move(res), nullptr};
-}
+http::Reply error_reply(const Status& st) { return {openai_error_response(st), nullptr}; }
 
-Reply ok(const ojson& body) { return {json_response(200, body.dump()), nullptr}; }
+http::Reply ok(const ojson& body) { return {http::json_response(200, body.dump()), nullptr}; }
 
-Reply raw_reply(std::string body, const char* content_type) {
-  HttpResponse res = json_response(200, "");
-  res.set(http::field::content_type, content_type);
+http::Reply raw_reply(std::string body, const char* content_type) {
+  http::HttpResponse res = http::json_response(200, "");
+  res.set(beast_http::field::content_type, content_type);
   res.body() = std::move(body);
   res.prepare_payload();
   return {std::move(res), nullptr};
@@ -129,70 +123,53 @@ bool OpenAiBatchApi::serves(std::string_view path) {
          path.starts_with("/v1/batches/");
 }
 
-template <typename T, typename Fn>
-Result<T> OpenAiBatchApi::with_retry(Fn&& fn) {
-  for (int attempt = 0;; ++attempt) {
-    Result<pqxx::connection*> c = ctx_.conn();
-    if (!c.is_ok()) return c.status();
-    Result<T> r = fn(**c);
-    if (r.is_ok() || r.status().code() != StatusCode::kUnavailable || attempt == 1) return r;
-    ctx_.drop_conn();
-  }
-}
-
-Reply OpenAiBatchApi::failure(const Status& st) {
+http::Reply OpenAiBatchApi::failure(const Status& st) {
   return st.code() == StatusCode::kNotFound ? error_reply(st) : db_error(st);
 }
 
-Reply OpenAiBatchApi::db_error(const Status& st) {
-  log::warn("api.db_error", {{"error", st}});
-  if (st.code() == StatusCode::kUnavailable) {
-    ctx_.drop_conn();
-    return error_reply(
-        Status(StatusCode::kUnavailable, "the database is unavailable; retry later"));
-  }
-  return error_reply(st);
+http::Reply OpenAiBatchApi::db_error(const Status& st) {
+  return error_reply(ctx_.pool->client_status(st));
 }
 
-Reply OpenAiBatchApi::handle(const HttpRequest& req, const std::string& path,
-                             const std::map<std::string, std::string>& query) {
+http::Reply OpenAiBatchApi::handle(const http::HttpRequest& req, const std::string& path,
+                                   const std::map<std::string, std::string>& query) {
   Result<std::string> account = ctx_.authenticate(req);
   if (!account.is_ok()) {
     if (account.status().code() == StatusCode::kUnavailable) return db_error(account.status());
     return error_reply(account.status());
   }
   const std::string& acct = *account;
-  http::verb m = req.method();
+  beast_http::verb m = req.method();
   if (path == "/v1/files") {
-    if (m == http::verb::post) return upload(req, acct);
-    if (m == http::verb::get) return list_files(acct, query);
+    if (m == beast_http::verb::post) return upload(req, acct);
+    if (m == beast_http::verb::get) return list_files(acct, query);
   } else if (path == "/v1/batches") {
-    if (m == http::verb::post) return create_batch(req, acct);
-    if (m == http::verb::get) return list_batches(acct, query);
+    if (m == beast_http::verb::post) return create_batch(req, acct);
+    if (m == beast_http::verb::get) return list_batches(acct, query);
   } else if (path.starts_with("/v1/files/")) {
     std::string rest = path.substr(10);
     size_t slash = rest.find('/');
     std::string id = rest.substr(0, slash);
     std::string sub = slash == std::string::npos ? "" : rest.substr(slash);
-    if (sub.empty() && m == http::verb::get) return get_file(acct, id);
-    if (sub.empty() && m == http::verb::delete_) return delete_file(acct, id);
-    if (sub == "/content" && m == http::verb::get) return file_content(acct, id);
+    if (sub.empty() && m == beast_http::verb::get) return get_file(acct, id);
+    if (sub.empty() && m == beast_http::verb::delete_) return delete_file(acct, id);
+    if (sub == "/content" && m == beast_http::verb::get) return file_content(acct, id);
   } else if (path.starts_with("/v1/batches/")) {
     std::string rest = path.substr(12);
     size_t slash = rest.find('/');
     std::string id = rest.substr(0, slash);
     std::string sub = slash == std::string::npos ? "" : rest.substr(slash);
-    if (sub.empty() && m == http::verb::get) return get_batch(acct, id);
-    if (sub == "/cancel" && m == http::verb::post) return cancel_batch(acct, id);
-    if (sub == "/output" && m == http::verb::get) return results_so_far(acct, id, true);
-    if (sub == "/errors" && m == http::verb::get) return results_so_far(acct, id, false);
+    if (sub.empty() && m == beast_http::verb::get) return get_batch(acct, id);
+    if (sub == "/cancel" && m == beast_http::verb::post) return cancel_batch(acct, id);
+    if (sub == "/output" && m == beast_http::verb::get) return results_so_far(acct, id, true);
+    if (sub == "/errors" && m == beast_http::verb::get) return results_so_far(acct, id, false);
   }
   return error_reply(not_found("no route for " + std::string(req.method_string()) + " " + path));
 }
 
-Reply OpenAiBatchApi::upload(const HttpRequest& req, const std::string& account) {
+http::Reply OpenAiBatchApi::upload(const http::HttpRequest& req, const std::string& account) {
   int64_t start = steady_now_ns();
-  auto ct = req.find(http::field::content_type);
+  auto ct = req.find(beast_http::field::content_type);
   if (ct == req.end()) {
     return error_reply(invalid_argument("Content-Type must be multipart/form-data with a boundary",
                                         "Content-Type"));
@@ -238,7 +215,7 @@ Reply OpenAiBatchApi::upload(const HttpRequest& req, const std::string& account)
                                   " lines; the limit is " + std::to_string(ctx_.max_file_lines),
                               "file"));
   }
-  Result<pqxx::connection*> c = ctx_.conn();
+  Result<pqxx::connection*> c = ctx_.pool->connection();
   if (!c.is_ok()) return db_error(c.status());
   int64_t t0 = steady_now_ns();
   Result<queue::FileInfo> f =
@@ -255,7 +232,7 @@ Reply OpenAiBatchApi::upload(const HttpRequest& req, const std::string& account)
   return ok(file_object(*f));
 }
 
-Reply OpenAiBatchApi::list_files(const std::string& account, const Query& query) {
+http::Reply OpenAiBatchApi::list_files(const std::string& account, const Query& query) {
   queue::FileListQuery q;
   Result<int> limit = int_param(query, "limit", 1, 10000, 10000);
   if (!limit.is_ok()) return error_reply(limit.status());
@@ -272,15 +249,15 @@ Reply OpenAiBatchApi::list_files(const std::string& account, const Query& query)
   }
   q.after = *after;
   q.limit = *limit + 1;
-  Result<std::vector<queue::FileInfo>> r = with_retry<std::vector<queue::FileInfo>>(
+  Result<std::vector<queue::FileInfo>> r = ctx_.pool->with_connection<std::vector<queue::FileInfo>>(
       [&](pqxx::connection& c) { return queue::list_files(c, account, q); });
   if (!r.is_ok()) return db_error(r.status());
   return ok(page_of(*r, *limit, file_object));
 }
 
-Reply OpenAiBatchApi::get_file(const std::string& account, const std::string& id) {
+http::Reply OpenAiBatchApi::get_file(const std::string& account, const std::string& id) {
   if (!parse_uuid(id).is_ok()) return error_reply(not_found("no such file: " + id));
-  Result<queue::FileInfo> f = with_retry<queue::FileInfo>(
+  Result<queue::FileInfo> f = ctx_.pool->with_connection<queue::FileInfo>(
       [&](pqxx::connection& c) { return queue::get_file(c, account, id); });
   if (!f.is_ok()) {
     return failure(f.status());
@@ -288,28 +265,28 @@ Reply OpenAiBatchApi::get_file(const std::string& account, const std::string& id
   return ok(file_object(*f));
 }
 
-Reply OpenAiBatchApi::file_content(const std::string& account, const std::string& id) {
+http::Reply OpenAiBatchApi::file_content(const std::string& account, const std::string& id) {
   if (!parse_uuid(id).is_ok()) return error_reply(not_found("no such file: " + id));
-  Result<queue::FileInfo> f = with_retry<queue::FileInfo>(
+  Result<queue::FileInfo> f = ctx_.pool->with_connection<queue::FileInfo>(
       [&](pqxx::connection& c) { return queue::get_file(c, account, id); });
   if (!f.is_ok()) {
     return failure(f.status());
   }
   if (f->num_chunks() <= 1) {
-    Result<std::string> content =
-        with_retry<std::string>([&](pqxx::connection& c) { return queue::read_file(c, *f); });
+    Result<std::string> content = ctx_.pool->with_connection<std::string>(
+        [&](pqxx::connection& c) { return queue::read_file(c, *f); });
     if (!content.is_ok()) {
       return failure(content.status());
     }
     return raw_reply(std::move(content).value(), "application/octet-stream");
   }
   // Larger files go out one stored chunk at a time, so memory stays at one chunk per download.
-  Reply reply = raw_reply("", "application/octet-stream");
+  http::Reply reply = raw_reply("", "application/octet-stream");
   reply.stream_bytes = static_cast<uint64_t>(f->bytes);
   auto next_seq = std::make_shared<int>(0);
   reply.stream = [this, file = *f, next_seq](std::string* out) -> bool {
     if (*next_seq >= file.num_chunks()) return false;
-    Result<bool> read = with_retry<bool>(
+    Result<bool> read = ctx_.pool->with_connection<bool>(
         [&](pqxx::connection& c) { return queue::read_file_chunk(c, file.id, *next_seq, out); });
     if (!read.is_ok() || !*read) {
       log::warn("file.read_failed",
@@ -325,9 +302,9 @@ Reply OpenAiBatchApi::file_content(const std::string& account, const std::string
   return reply;
 }
 
-Reply OpenAiBatchApi::delete_file(const std::string& account, const std::string& id) {
+http::Reply OpenAiBatchApi::delete_file(const std::string& account, const std::string& id) {
   if (!parse_uuid(id).is_ok()) return error_reply(not_found("no such file: " + id));
-  Result<pqxx::connection*> c = ctx_.conn();
+  Result<pqxx::connection*> c = ctx_.pool->connection();
   if (!c.is_ok()) return db_error(c.status());
   Status st = queue::delete_file(**c, account, id);
   if (!st.is_ok()) {
@@ -336,9 +313,9 @@ Reply OpenAiBatchApi::delete_file(const std::string& account, const std::string&
   return ok({{"id", id}, {"object", "file"}, {"deleted", true}});
 }
 
-Reply OpenAiBatchApi::create_batch(const HttpRequest& req, const std::string& account) {
+http::Reply OpenAiBatchApi::create_batch(const http::HttpRequest& req, const std::string& account) {
   std::string why;
-  json body = parse_client_json(req.body(), &why);
+  json body = wire::parse_client_json(req.body(), &why);
   if (body.is_discarded()) return error_reply(invalid_argument("body " + why, "body"));
   if (!body.is_object()) return error_reply(invalid_argument("body must be a JSON object", "body"));
   for (const auto& [key, value] : body.items()) {
@@ -376,7 +353,7 @@ Reply OpenAiBatchApi::create_batch(const HttpRequest& req, const std::string& ac
         "send webhook_secret as a top-level field; metadata is shown to anyone reading the batch",
         "metadata.webhook_secret"));
   }
-  if (ctx_.release_conn) ctx_.release_conn();  // a webhook host's lookup may take seconds
+  ctx_.pool->release();  // a webhook host's lookup may take seconds
   Result<BatchWebhook> hook = hook_in_body
                                   ? parse_batch_webhook(body, ctx_.webhook_policy)
                                   : parse_batch_webhook(metadata, ctx_.webhook_policy, "metadata.");
@@ -392,7 +369,7 @@ Reply OpenAiBatchApi::create_batch(const HttpRequest& req, const std::string& ac
   if (!parse_uuid(file_id).is_ok()) {
     return error_reply(Status(StatusCode::kNotFound, "no such file: " + file_id, "input_file_id"));
   }
-  Result<queue::FileInfo> file = with_retry<queue::FileInfo>(
+  Result<queue::FileInfo> file = ctx_.pool->with_connection<queue::FileInfo>(
       [&](pqxx::connection& c) { return queue::get_file(c, account, file_id); });
   if (!file.is_ok()) {
     if (file.status().code() != StatusCode::kNotFound) return db_error(file.status());
@@ -403,14 +380,14 @@ Reply OpenAiBatchApi::create_batch(const HttpRequest& req, const std::string& ac
         "input_file_id must name a file uploaded with purpose 'batch'", "input_file_id"));
   }
   int64_t t0 = steady_now_ns();
-  Result<std::string> content =
-      with_retry<std::string>([&](pqxx::connection& c) { return queue::read_file(c, *file); });
+  Result<std::string> content = ctx_.pool->with_connection<std::string>(
+      [&](pqxx::connection& c) { return queue::read_file(c, *file); });
   if (!content.is_ok()) return db_error(content.status());
   int64_t read_ns = steady_now_ns() - t0;
   std::vector<InputLine> lines = split_jsonl(*content);
   std::vector<LineError> errors;
   const ModelSpec* model = nullptr;
-  Result<pqxx::connection*> c = ctx_.conn();
+  Result<pqxx::connection*> c = ctx_.pool->connection();
   if (!c.is_ok()) return db_error(c.status());
   if (lines.empty()) {
     errors.push_back({"empty_file", "the input file has no requests", "", std::nullopt});
@@ -494,9 +471,9 @@ Reply OpenAiBatchApi::create_batch(const HttpRequest& req, const std::string& ac
   return get_batch(account, *id);
 }
 
-Reply OpenAiBatchApi::get_batch(const std::string& account, const std::string& id) {
+http::Reply OpenAiBatchApi::get_batch(const std::string& account, const std::string& id) {
   if (!parse_uuid(id).is_ok()) return error_reply(not_found("no such batch: " + id));
-  Result<queue::OpenAiBatch> b = with_retry<queue::OpenAiBatch>(
+  Result<queue::OpenAiBatch> b = ctx_.pool->with_connection<queue::OpenAiBatch>(
       [&](pqxx::connection& c) { return queue::get_openai_batch(c, account, id); });
   if (!b.is_ok()) {
     return failure(b.status());
@@ -504,28 +481,28 @@ Reply OpenAiBatchApi::get_batch(const std::string& account, const std::string& i
   return ok(batch_object(*b));
 }
 
-Reply OpenAiBatchApi::list_batches(const std::string& account, const Query& query) {
+http::Reply OpenAiBatchApi::list_batches(const std::string& account, const Query& query) {
   Result<int> limit = int_param(query, "limit", 1, 100, 20);
   if (!limit.is_ok()) return error_reply(limit.status());
   Result<std::optional<std::string>> after = after_param(query);
   if (!after.is_ok()) return error_reply(after.status());
   Result<std::vector<queue::OpenAiBatch>> r =
-      with_retry<std::vector<queue::OpenAiBatch>>([&](pqxx::connection& c) {
+      ctx_.pool->with_connection<std::vector<queue::OpenAiBatch>>([&](pqxx::connection& c) {
         return queue::list_openai_batches(c, account, *limit + 1, *after);
       });
   if (!r.is_ok()) return db_error(r.status());
   return ok(page_of(*r, *limit, batch_object));
 }
 
-Reply OpenAiBatchApi::cancel_batch(const std::string& account, const std::string& id) {
+http::Reply OpenAiBatchApi::cancel_batch(const std::string& account, const std::string& id) {
   if (!parse_uuid(id).is_ok()) return error_reply(not_found("no such batch: " + id));
-  Result<queue::OpenAiBatch> b = with_retry<queue::OpenAiBatch>(
+  Result<queue::OpenAiBatch> b = ctx_.pool->with_connection<queue::OpenAiBatch>(
       [&](pqxx::connection& c) { return queue::get_openai_batch(c, account, id); });
   if (!b.is_ok()) {
     return failure(b.status());
   }
   // Queued requests end now; running ones finish and keep their results. Idempotent.
-  Result<pqxx::connection*> c = ctx_.conn();
+  Result<pqxx::connection*> c = ctx_.pool->connection();
   if (!c.is_ok()) return db_error(c.status());
   Result<queue::CancelResult> r = queue::cancel_batch(**c, account, id);
   if (!r.is_ok()) return db_error(r.status());
@@ -535,10 +512,10 @@ Reply OpenAiBatchApi::cancel_batch(const std::string& account, const std::string
   return get_batch(account, id);
 }
 
-Reply OpenAiBatchApi::results_so_far(const std::string& account, const std::string& id,
-                                     bool succeeded) {
+http::Reply OpenAiBatchApi::results_so_far(const std::string& account, const std::string& id,
+                                           bool succeeded) {
   if (!parse_uuid(id).is_ok()) return error_reply(not_found("no such batch: " + id));
-  Result<queue::OpenAiBatch> b = with_retry<queue::OpenAiBatch>(
+  Result<queue::OpenAiBatch> b = ctx_.pool->with_connection<queue::OpenAiBatch>(
       [&](pqxx::connection& c) { return queue::get_openai_batch(c, account, id); });
   if (!b.is_ok()) {
     return failure(b.status());
@@ -549,17 +526,18 @@ Reply OpenAiBatchApi::results_so_far(const std::string& account, const std::stri
       succeeded ? queue::ResultFilter::kSucceeded : queue::ResultFilter::kUnsucceeded;
   for (int from = 0;;) {
     Result<std::vector<queue::ResultRow>> rows =
-        with_retry<std::vector<queue::ResultRow>>([&](pqxx::connection& c) {
+        ctx_.pool->with_connection<std::vector<queue::ResultRow>>([&](pqxx::connection& c) {
           return queue::read_result_rows(c, id, filter, from, kResultPage);
         });
     if (!rows.is_ok()) return db_error(rows.status());
     for (const queue::ResultRow& row : *rows) {
-      queue::append_result_line(id, b->info.model, row, &output, &errors);
+      wire::append_result_line(id, b->info.model, row, &output, &errors);
     }
     if (static_cast<int>(rows->size()) < kResultPage) break;
     from = rows->back().idx + 1;
   }
-  Reply reply = raw_reply(succeeded ? std::move(output) : std::move(errors), "application/jsonl");
+  http::Reply reply =
+      raw_reply(succeeded ? std::move(output) : std::move(errors), "application/jsonl");
   reply.response.set("x-batch-status", openai_batch_status(*b));
   return reply;
 }

@@ -10,8 +10,6 @@
 // each on the Postgres connection the context gives it.
 #pragma once
 
-#include <pqxx/connection>
-
 #include <functional>
 #include <map>
 #include <string>
@@ -19,23 +17,25 @@
 #include <vector>
 
 #include "api/batch_request.h"
-#include "api/http_server.h"
-#include "base/net.h"
 #include "base/status.h"
+#include "http/server.h"
+#include "queue/pg_pool.h"
+#include "webhooks/address_policy.h"
 
 namespace hr::api {
 
 // What these routes borrow from the API that hosts them.
 struct OpenAiBatchContext {
-  std::function<Result<std::string>(const HttpRequest&)> authenticate;  // the caller's account id
-  std::function<Result<pqxx::connection*>()> conn;                      // this thread's connection
-  std::function<void()> drop_conn;     // after this thread's connection broke
-  std::function<void()> release_conn;  // back to the pool while the thread waits on something else
+  std::function<Result<std::string>(const http::HttpRequest&)>
+      authenticate;  // the caller's account id
+  // The handlers' connections: a thread borrows one on its first query and gives it back when
+  // its request is answered, or while it waits on something else.
+  queue::PgPool* pool = nullptr;
   std::vector<ModelSpec> models;
   BatchLimits limits;
   int64_t max_file_bytes = 200 << 20;
   int max_file_lines = 100000;
-  AddressPolicy webhook_policy;  // which webhook targets a batch may name
+  webhooks::AddressPolicy webhook_policy;  // which webhook targets a batch may name
 };
 
 class OpenAiBatchApi {
@@ -44,28 +44,26 @@ class OpenAiBatchApi {
 
   // Whether `path` (without the query) belongs to these routes.
   static bool serves(std::string_view path);
-  Reply handle(const HttpRequest& req, const std::string& path,
-               const std::map<std::string, std::string>& query);
+  http::Reply handle(const http::HttpRequest& req, const std::string& path,
+                     const std::map<std::string, std::string>& query);
 
  private:
   using Query = std::map<std::string, std::string>;
-  Reply upload(const HttpRequest& req, const std::string& account);
-  Reply list_files(const std::string& account, const Query& query);
-  Reply get_file(const std::string& account, const std::string& id);
-  Reply file_content(const std::string& account, const std::string& id);
-  Reply delete_file(const std::string& account, const std::string& id);
-  Reply create_batch(const HttpRequest& req, const std::string& account);
-  Reply get_batch(const std::string& account, const std::string& id);
-  Reply list_batches(const std::string& account, const Query& query);
-  Reply cancel_batch(const std::string& account, const std::string& id);
-  Reply results_so_far(const std::string& account, const std::string& id, bool succeeded);
+  http::Reply upload(const http::HttpRequest& req, const std::string& account);
+  http::Reply list_files(const std::string& account, const Query& query);
+  http::Reply get_file(const std::string& account, const std::string& id);
+  http::Reply file_content(const std::string& account, const std::string& id);
+  http::Reply delete_file(const std::string& account, const std::string& id);
+  http::Reply create_batch(const http::HttpRequest& req, const std::string& account);
+  http::Reply get_batch(const std::string& account, const std::string& id);
+  http::Reply list_batches(const std::string& account, const Query& query);
+  http::Reply cancel_batch(const std::string& account, const std::string& id);
+  http::Reply results_so_far(const std::string& account, const std::string& id, bool succeeded);
 
   // Runs fn(connection); when the connection turns out broken, reconnects and tries once more.
-  template <typename T, typename Fn>
-  Result<T> with_retry(Fn&& fn);
-  Reply db_error(const Status& st);
+  http::Reply db_error(const Status& st);
   // kNotFound as the caller's error (404); anything else as a database failure.
-  Reply failure(const Status& st);
+  http::Reply failure(const Status& st);
 
   OpenAiBatchContext ctx_;
 };

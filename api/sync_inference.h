@@ -1,30 +1,24 @@
 // The API's view of synchronous inference: something that runs one validated chat request now and
-// returns its answer. In `serve` it is the in-process worker; in a standalone `api` it is the
-// WorkerRouter (api/worker_router.h), which forwards to a live worker; the API never links the
-// engine.
+// returns its answer. In `serve` it is the in-process worker (an adapter in cmd/); in a standalone
+// `api` it is the WorkerRouter (api/worker_router.h), which forwards to a live worker; the API
+// never links the engine.
 // Implementations are thread-safe: run() is called from many handler threads at once and blocks
 // until the answer is ready, the deadline passes, or there is no capacity.
 #pragma once
-
-#include <nlohmann/json.hpp>
 
 #include <functional>
 #include <memory>
 #include <string>
 
 #include "base/status.h"
+#include "wire/answer.h"
+#include "wire/answer_stream.h"
+#include "wire/chat_request.h"
 
 namespace hr::api {
 
 struct SyncAnswer {
-  std::string text;
-  std::string finish_reason;  // stop, length
-  int prompt_tokens = 0;
-  int completion_tokens = 0;
-  int cached_tokens = 0;
-  // OpenAI's choice logprobs ({"content": [...], "refusal": null}) when the request asked for
-  // them, else null.
-  nlohmann::json logprobs;
+  wire::Answer answer;
   std::string worker;  // which worker answered (empty in-process)
 };
 
@@ -41,34 +35,16 @@ struct SyncCall {
   std::function<bool()> client_gone;
 };
 
-// The pieces of one streamed answer. next() blocks until the next text delta (true) or the end
-// (false; then answer() holds the totals, or status() the failure). Used by one thread.
-class SyncStream {
- public:
-  virtual ~SyncStream() = default;
-  virtual bool next(std::string* delta) = 0;
-  // With log probabilities asked for: the entries (OpenAI's logprobs content) of the tokens whose
-  // text the last delta carries; else null.
-  virtual const nlohmann::json& delta_logprobs() const {
-    static const nlohmann::json kNone;
-    return kNone;
-  }
-  virtual const Status& status() const = 0;
-  virtual const SyncAnswer& answer() const = 0;
-  // Which worker generates it (empty in-process).
-  virtual std::string worker() const { return {}; }
-};
-
 class SyncInference {
  public:
   virtual ~SyncInference() = default;
   // Like run(), but the answer arrives as it is generated.
-  [[nodiscard]] virtual Result<std::unique_ptr<SyncStream>> start_stream(
-      const nlohmann::json& request, const SyncCall& call) = 0;
-  // `request` is normalized by normalize_chat_request(). kResourceExhausted when there is no room
-  // (at once with call.reject_if_busy, else after waiting call.queue_timeout_ms);
-  // kInvalidArgument for a request the model cannot take (e.g. too long), naming the field.
-  [[nodiscard]] virtual Result<SyncAnswer> run(const nlohmann::json& request,
+  [[nodiscard]] virtual Result<std::unique_ptr<wire::AnswerStream>> start_stream(
+      const wire::ChatRequest& request, const SyncCall& call) = 0;
+  // kResourceExhausted when there is no room (at once with call.reject_if_busy, else after
+  // waiting call.queue_timeout_ms); kInvalidArgument for a request the model cannot take (e.g.
+  // too long), naming the field.
+  [[nodiscard]] virtual Result<SyncAnswer> run(const wire::ChatRequest& request,
                                                const SyncCall& call) = 0;
 };
 

@@ -8,10 +8,11 @@
 #include "base/ids.h"
 #include "base/url.h"
 #include "queue/webhooks.h"
+#include "wire/json_text.h"
 
 namespace hr::api {
 
-namespace http = boost::beast::http;
+namespace beast_http = boost::beast::http;
 using nlohmann::json;
 
 namespace {
@@ -69,10 +70,10 @@ json delivery_json(const queue::DeliveryInfo& d) {
           {"attempt_log", log}};
 }
 
-Result<json> body_object(const HttpRequest& req, bool allow_empty) {
+Result<json> body_object(const http::HttpRequest& req, bool allow_empty) {
   if (req.body().empty() && allow_empty) return json::object();
   std::string why;
-  json body = parse_client_json(req.body(), &why);
+  json body = wire::parse_client_json(req.body(), &why);
   if (body.is_discarded()) return invalid_argument("body " + why, "body");
   if (!body.is_object()) return invalid_argument("body must be a JSON object", "body");
   return body;
@@ -157,26 +158,30 @@ json delivery_list(const std::vector<queue::DeliveryInfo>& rows, int limit) {
 
 class Routes {
  public:
-  Routes(const HttpRequest& req, const std::string& account, const WebhookApiContext& ctx)
+  Routes(const http::HttpRequest& req, const std::string& account, const WebhookApiContext& ctx)
       : req_(req), account_(account), ctx_(ctx) {}
+
+  http::HttpResponse database_error(const Status& st) {
+    return error_response(ctx_.pool->client_status(st));
+  }
 
   // Runs fn(connection) → Result<json> and answers with it (or the error).
   template <typename Fn>
-  HttpResponse with_conn(Fn&& fn, unsigned ok_status = 200) {
-    Result<pqxx::connection*> c = ctx_.conn();
-    if (!c.is_ok()) return ctx_.db_error(c.status());
+  http::HttpResponse with_conn(Fn&& fn, unsigned ok_status = 200) {
+    Result<pqxx::connection*> c = ctx_.pool->connection();
+    if (!c.is_ok()) return database_error(c.status());
     Result<json> r = fn(**c);
     if (!r.is_ok()) {
       StatusCode code = r.status().code();
       if (code == StatusCode::kUnavailable || code == StatusCode::kInternal) {
-        return ctx_.db_error(r.status());
+        return database_error(r.status());
       }
       return error_response(r.status());
     }
     return ok_response(std::move(r).value(), ok_status);
   }
 
-  HttpResponse create() {
+  http::HttpResponse create() {
     Result<json> body = body_object(req_, false);
     if (!body.is_ok()) return error_response(body.status());
     Status st = check_fields(*body, {"url", "description", "event_types", "enabled"});
@@ -184,7 +189,7 @@ class Routes {
     if (!body->contains("url")) return error_response(invalid_argument("url is required", "url"));
     Result<std::string> url = string_field(*body, "url", 2048);
     if (!url.is_ok()) return error_response(url.status());
-    if (ctx_.release_conn) ctx_.release_conn();  // the host's lookup may take seconds
+    ctx_.pool->release();  // the host's lookup may take seconds
     st = check_webhook_url(*url, ctx_.policy, "url");
     if (!st.is_ok()) return error_response(st);
     std::string description;
@@ -215,7 +220,7 @@ class Routes {
         201);
   }
 
-  HttpResponse update(const std::string& id) {
+  http::HttpResponse update(const std::string& id) {
     Result<json> body = body_object(req_, false);
     if (!body.is_ok()) return error_response(body.status());
     Status st = check_fields(*body, {"url", "description", "event_types", "enabled"});
@@ -224,7 +229,7 @@ class Routes {
     if (body->contains("url")) {
       Result<std::string> url = string_field(*body, "url", 2048);
       if (!url.is_ok()) return error_response(url.status());
-      if (ctx_.release_conn) ctx_.release_conn();  // the host's lookup may take seconds
+      ctx_.pool->release();  // the host's lookup may take seconds
       st = check_webhook_url(*url, ctx_.policy, "url");
       if (!st.is_ok()) return error_response(st);
       patch.url = *url;
@@ -251,7 +256,7 @@ class Routes {
     });
   }
 
-  HttpResponse rotate(const std::string& id) {
+  http::HttpResponse rotate(const std::string& id) {
     Result<json> body = body_object(req_, true);
     if (!body.is_ok()) return error_response(body.status());
     Status st = check_fields(*body, {"grace_period_s"});
@@ -268,8 +273,8 @@ class Routes {
     });
   }
 
-  HttpResponse deliveries(const std::optional<std::string>& endpoint_id,
-                          const std::map<std::string, std::string>& query) {
+  http::HttpResponse deliveries(const std::optional<std::string>& endpoint_id,
+                                const std::map<std::string, std::string>& query) {
     Result<queue::DeliveryQuery> q = delivery_query(query);
     if (!q.is_ok()) return error_response(q.status());
     q->endpoint_id = endpoint_id;
@@ -282,21 +287,14 @@ class Routes {
   }
 
  private:
-  const HttpRequest& req_;
+  const http::HttpRequest& req_;
   const std::string& account_;
   const WebhookApiContext& ctx_;
 };
 
 }  // namespace
 
-void bind_webhook_allow(CLI::App& app, std::vector<std::string>& allow) {
-  cli::add(app, "--webhook-allow", allow,
-           "Non-public webhook targets to allow anyway: CIDRs, 'loopback' or 'private' "
-           "(repeatable or comma-separated)")
-      ->delimiter(',');
-}
-
-Result<BatchWebhook> parse_batch_webhook(const json& fields, const AddressPolicy& policy,
+Result<BatchWebhook> parse_batch_webhook(const json& fields, const webhooks::AddressPolicy& policy,
                                          const std::string& prefix) {
   BatchWebhook out;
   if (!fields.is_object()) return out;
@@ -346,7 +344,7 @@ Result<BatchWebhook> parse_batch_webhook(const json& fields, const AddressPolicy
   return out;
 }
 
-Status check_webhook_url(const std::string& url, const AddressPolicy& policy,
+Status check_webhook_url(const std::string& url, const webhooks::AddressPolicy& policy,
                          const std::string& field) {
   if (url.size() > 2048) return invalid_argument(field + " must be at most 2048 characters", field);
   Result<Url> u = parse_url(url);
@@ -361,15 +359,16 @@ Status check_webhook_url(const std::string& url, const AddressPolicy& policy,
       return invalid_argument(field + " must not contain spaces or control characters", field);
     }
   }
-  Result<std::vector<IpAddress>> addrs = resolve_checked(u->host, policy, field);
+  Result<std::vector<webhooks::IpAddress>> addrs = resolve_checked(u->host, policy, field);
   if (!addrs.is_ok()) return invalid_argument(addrs.status().message(), field);
   return Status::ok();
 }
 
-std::optional<HttpResponse> handle_webhooks(const HttpRequest& req, const std::string& path,
-                                            const std::map<std::string, std::string>& query,
-                                            const std::string& account,
-                                            const WebhookApiContext& ctx) {
+std::optional<http::HttpResponse> handle_webhooks(const http::HttpRequest& req,
+                                                  const std::string& path,
+                                                  const std::map<std::string, std::string>& query,
+                                                  const std::string& account,
+                                                  const WebhookApiContext& ctx) {
   const std::string prefix = "/v1/webhooks";
   if (path.rfind(prefix, 0) != 0) return std::nullopt;
   std::string rest = path.substr(prefix.size());
@@ -383,15 +382,15 @@ std::optional<HttpResponse> handle_webhooks(const HttpRequest& req, const std::s
     if (slash == std::string::npos) break;
     start = slash + 1;
   }
-  http::verb m = req.method();
+  beast_http::verb m = req.method();
   Routes r(req, account, ctx);
   auto bad_id = [](const std::string& id) {
     return error_response(not_found("no such webhook endpoint: " + id));
   };
 
   if (parts.empty()) {
-    if (m == http::verb::post) return r.create();
-    if (m == http::verb::get) {
+    if (m == beast_http::verb::post) return r.create();
+    if (m == beast_http::verb::get) {
       return r.with_conn([&](pqxx::connection& c) -> Result<json> {
         HR_ASSIGN_OR_RETURN(auto list, queue::list_endpoints(c, account));
         json data = json::array();
@@ -400,16 +399,17 @@ std::optional<HttpResponse> handle_webhooks(const HttpRequest& req, const std::s
       });
     }
   } else if (parts[0] == "signing-secret") {
-    if (parts.size() == 1 && m == http::verb::get) {
+    if (parts.size() == 1 && m == beast_http::verb::get) {
       return r.with_conn([&](pqxx::connection& c) -> Result<json> {
         HR_ASSIGN_OR_RETURN(auto s, queue::get_signing_secret(c, account));
         return secret_json(s);
       });
     }
-    if (parts.size() == 2 && parts[1] == "rotate" && m == http::verb::post) return r.rotate("");
+    if (parts.size() == 2 && parts[1] == "rotate" && m == beast_http::verb::post)
+      return r.rotate("");
   } else if (parts[0] == "deliveries") {
-    if (parts.size() == 1 && m == http::verb::get) return r.deliveries(std::nullopt, query);
-    if (parts.size() == 3 && parts[2] == "retry" && m == http::verb::post) {
+    if (parts.size() == 1 && m == beast_http::verb::get) return r.deliveries(std::nullopt, query);
+    if (parts.size() == 3 && parts[2] == "retry" && m == beast_http::verb::post) {
       if (!parse_uuid(parts[1]).is_ok()) {
         return error_response(not_found("no such delivery: " + parts[1]));
       }
@@ -422,22 +422,22 @@ std::optional<HttpResponse> handle_webhooks(const HttpRequest& req, const std::s
     const std::string& id = parts[0];
     if (!parse_uuid(id).is_ok()) return bad_id(id);
     if (parts.size() == 1) {
-      if (m == http::verb::get) {
+      if (m == beast_http::verb::get) {
         return r.with_conn([&](pqxx::connection& c) -> Result<json> {
           HR_ASSIGN_OR_RETURN(auto e, queue::get_endpoint(c, account, id));
           return endpoint_json(e);
         });
       }
-      if (m == http::verb::patch) return r.update(id);
-      if (m == http::verb::delete_) {
+      if (m == beast_http::verb::patch) return r.update(id);
+      if (m == beast_http::verb::delete_) {
         return r.with_conn([&](pqxx::connection& c) -> Result<json> {
           HR_RETURN_IF_ERROR(queue::delete_endpoint(c, account, id));
           return json{{"id", id}, {"object", "webhook_endpoint"}, {"deleted", true}};
         });
       }
-    } else if (parts.size() == 2 && parts[1] == "rotate-secret" && m == http::verb::post) {
+    } else if (parts.size() == 2 && parts[1] == "rotate-secret" && m == beast_http::verb::post) {
       return r.rotate(id);
-    } else if (parts.size() == 2 && parts[1] == "deliveries" && m == http::verb::get) {
+    } else if (parts.size() == 2 && parts[1] == "deliveries" && m == beast_http::verb::get) {
       return r.deliveries(id, query);
     }
   }

@@ -16,28 +16,26 @@
 #include <string>
 #include <vector>
 
-#include "api/http_server.h"
-#include "base/net.h"
 #include "base/status.h"
+#include "http/server.h"
+#include "queue/pg_pool.h"
+#include "webhooks/address_policy.h"
 
 namespace hr::api {
 
 struct WebhookApiContext {
-  std::function<Result<pqxx::connection*>()> conn;      // this thread's connection
-  std::function<HttpResponse(const Status&)> db_error;  // a database failure as a response
-  std::function<void()> release_conn;  // back to the pool while the thread looks a host up
-  AddressPolicy policy;                // which targets may be registered
+  // The handlers' connections (given back while a thread looks a host up).
+  queue::PgPool* pool = nullptr;
+  webhooks::AddressPolicy policy;                 // which targets may be registered
   int64_t default_grace_ms = 24LL * 3600 * 1000;  // old secret keeps signing this long
 };
 
-// Registers --webhook-allow: non-public targets allowed anyway (CIDRs, "loopback", "private").
-void bind_webhook_allow(CLI::App& app, std::vector<std::string>& allow);
-
 // Handles a /v1/webhooks route; nullopt when `path` is not one.
-std::optional<HttpResponse> handle_webhooks(const HttpRequest& req, const std::string& path,
-                                            const std::map<std::string, std::string>& query,
-                                            const std::string& account,
-                                            const WebhookApiContext& ctx);
+std::optional<http::HttpResponse> handle_webhooks(const http::HttpRequest& req,
+                                                  const std::string& path,
+                                                  const std::map<std::string, std::string>& query,
+                                                  const std::string& account,
+                                                  const WebhookApiContext& ctx);
 
 // The webhook fields of a batch submit, all optional: webhook_url, webhook_events (an array, or
 // a comma-separated string as OpenAI metadata values must be) and webhook_secret (whsec_...).
@@ -49,12 +47,13 @@ struct BatchWebhook {
 // Reads them from `fields` (a JSON object; other keys are ignored). Errors name the field with
 // `prefix` before it (e.g. "metadata.webhook_url").
 [[nodiscard]] Result<BatchWebhook> parse_batch_webhook(const nlohmann::json& fields,
-                                                       const AddressPolicy& policy,
+                                                       const webhooks::AddressPolicy& policy,
                                                        const std::string& prefix = "");
 
 // A webhook target must be an http(s) URL without credentials, at most 2048 characters, whose
 // host resolves only to addresses the policy allows. Errors name `field`.
-[[nodiscard]] Status check_webhook_url(const std::string& url, const AddressPolicy& policy,
+[[nodiscard]] Status check_webhook_url(const std::string& url,
+                                       const webhooks::AddressPolicy& policy,
                                        const std::string& field);
 
 }  // namespace hr::api

@@ -28,54 +28,10 @@
 #include <vector>
 
 #include "api/sync_inference.h"
+#include "api/worker_connections.h"
 #include "queue/registry.h"
 
 namespace hr::api {
-
-struct RouterOptions {
-  std::string redis_url;
-  std::string internal_token;
-  int refresh_ms = 250;  // how old the view of a model's workers may get
-  int connect_timeout_ms = 1000;
-  int idle_timeout_ms = 300000;  // longest silence while an answer is generated
-  int suspect_ms = 3000;         // an unreachable worker is skipped this long
-  int max_attempts = 3;          // workers tried for one call
-  int max_idle_per_worker = 64;  // idle connections kept open to each worker
-  // An idle connection is closed after this long; below the workers' own limit on waiting for the
-  // next request (HttpServerOptions::read_timeout_s, 30 s), so that they rarely close it first.
-  int idle_keep_ms = 10000;
-};
-
-struct WorkerConnection;  // an open connection to a worker, idle or in use by one call
-
-// Idle connections to workers, by worker URL. Thread-safe. A thread of its own closes, every
-// second, those idle too long and those the worker has closed (a worker that stopped), so that
-// none waits in CLOSE_WAIT for a next call that may never come.
-class WorkerConnections {
- public:
-  explicit WorkerConnections(const RouterOptions& options);
-  ~WorkerConnections();
-  WorkerConnections(const WorkerConnections&) = delete;
-  WorkerConnections& operator=(const WorkerConnections&) = delete;
-  // An idle connection to `url` that still looks open (the worker has not closed it), or null.
-  std::unique_ptr<WorkerConnection> take(const std::string& url);
-  // Keeps `c`, whose last answer was read to its end, for the next call to its worker.
-  void give_back(std::unique_ptr<WorkerConnection> c);
-  // Closes every idle connection to `url` (its worker failed).
-  void forget(const std::string& url);
-  size_t idle() const;
-
- private:
-  void sweep();
-
-  const RouterOptions& options_;
-  mutable std::mutex mu_;
-  // Per worker URL, the least recently used first.
-  std::unordered_map<std::string, std::vector<std::unique_ptr<WorkerConnection>>> idle_;
-  bool stopping_ = false;  // guarded by mu_
-  std::condition_variable wake_;
-  std::thread sweeper_;  // last: it starts once the rest is ready
-};
 
 // The order in which to try `workers` for one call: by rendezvous rank of `affinity` when it is
 // set, else by load (in_flight[i] is this API's count for workers[i]); `seed` breaks ties.
@@ -90,10 +46,10 @@ class WorkerRouter final : public SyncInference {
   explicit WorkerRouter(RouterOptions options);
   ~WorkerRouter() override;
 
-  [[nodiscard]] Result<SyncAnswer> run(const nlohmann::json& request,
+  [[nodiscard]] Result<SyncAnswer> run(const wire::ChatRequest& request,
                                        const SyncCall& call) override;
-  [[nodiscard]] Result<std::unique_ptr<SyncStream>> start_stream(const nlohmann::json& request,
-                                                                 const SyncCall& call) override;
+  [[nodiscard]] Result<std::unique_ptr<wire::AnswerStream>> start_stream(
+      const wire::ChatRequest& request, const SyncCall& call) override;
 
   struct Attempt;  // one call's choice of worker, released when the call ends
 
@@ -108,7 +64,7 @@ class WorkerRouter final : public SyncInference {
                                          const std::vector<std::string>& skip);
   Result<std::vector<queue::WorkerInfo>> workers_of(const std::string& model);
   void suspect(const std::string& worker_id);
-  std::string body_for(const nlohmann::json& request, const SyncCall& call, bool stream) const;
+  std::string body_for(const wire::ChatRequest& request, const SyncCall& call, bool stream) const;
   // Sends `body` to a worker placed for `call`, moving on to the next one while workers cannot be
   // reached or hand the call on; on_ok(attempt, exchange) turns a 200 answer into the result
   // (kUnavailable from it: the worker broke off, try another).

@@ -1,4 +1,4 @@
-// URL parsing for service locations (postgresql://, redis://) and, later, webhook targets.
+// URL parsing for service locations (postgresql://, redis://) and webhook targets.
 // Only what those need: scheme://[user[:password]@]host[:port][/path][?query]. IPv6 hosts in [].
 #pragma once
 

@@ -1,6 +1,6 @@
 // GPU utilisation and memory readings from NVML, loaded at run time with dlopen (no link-time
-// dependency: machines without the NVIDIA driver simply have no monitor). Meant for the worker's
-// secondary brake on pulling async work, which does not read it yet. Thread-safe after open().
+// dependency: machines without the NVIDIA driver simply have no monitor). The worker's secondary
+// brake on pulling async work reads it (workers/utilization.h). Thread-safe after open().
 #pragma once
 
 #include <cstddef>

@@ -14,8 +14,6 @@
 namespace hr::queue {
 namespace {
 
-using ojson = nlohmann::ordered_json;
-
 std::string openai_columns() {
   return std::string(kBatchColumns) +
          ", account_id::text, endpoint, input_file_id::text, output_file_id::text, "
@@ -66,23 +64,6 @@ ResultRow result_from_row(const pqxx::row& r) {
 }
 
 // The {code, message} of a request that ended without a result.
-ojson error_of(const ResultRow& row) {
-  if (row.error_json) {
-    ojson e = ojson::parse(*row.error_json, nullptr, false);
-    if (e.is_object() && e.contains("code") && e.contains("message")) {
-      return {{"code", e["code"]}, {"message", e["message"]}};
-    }
-  }
-  if (row.status == "cancelled") {
-    return {{"code", "batch_cancelled"},
-            {"message", "the batch was cancelled before this request ran"}};
-  }
-  if (row.status == "expired") {
-    return {{"code", "batch_expired"},
-            {"message", "the batch's completion window ended before this request ran"}};
-  }
-  return {{"code", "request_failed"}, {"message", "the request failed"}};
-}
 
 }  // namespace
 
@@ -149,46 +130,6 @@ Result<std::string> record_failed_batch(pqxx::connection& conn, const FailedBatc
   return id;
 }
 
-void append_result_line(const std::string& batch_id, const std::string& model, const ResultRow& row,
-                        std::string* output, std::string* errors) {
-  std::string suffix = batch_id + "-" + std::to_string(row.idx);
-  ojson line = {{"id", "batch_req_" + suffix},
-                {"custom_id", row.custom_id ? ojson(*row.custom_id) : ojson(nullptr)}};
-  ojson result;
-  if (row.status == "completed" && row.result_json) {
-    result = ojson::parse(*row.result_json, nullptr, false);
-  }
-  if (result.is_object() && result.contains("response") && result["response"].is_string()) {
-    ojson usage = result.contains("usage") ? result["usage"] : ojson::object();
-    ojson body = {
-        {"id", "chatcmpl-" + suffix},
-        {"object", "chat.completion"},
-        {"created", row.finished_at_s},
-        {"model", model},
-        {"choices",
-         ojson::array(
-             {{{"index", 0},
-               {"message", {{"role", "assistant"}, {"content", std::move(result["response"])}}},
-               {"finish_reason", result.value("finish_reason", "stop")},
-               {"logprobs",
-                result.contains("logprobs") ? std::move(result["logprobs"]) : ojson(nullptr)}}})},
-        {"usage", std::move(usage)}};
-    line["response"] = {
-        {"status_code", 200}, {"request_id", "req_" + suffix}, {"body", std::move(body)}};
-    line["error"] = nullptr;
-    output->append(line.dump());
-    output->push_back('\n');
-    return;
-  }
-  line["response"] = nullptr;
-  line["error"] =
-      row.status == "completed"
-          ? ojson{{"code", "invalid_result"}, {"message", "the stored result is not a chat answer"}}
-          : error_of(row);
-  errors->append(line.dump());
-  errors->push_back('\n');
-}
-
 Result<std::vector<ResultRow>> read_result_rows(pqxx::connection& conn, const std::string& batch_id,
                                                 ResultFilter filter, int from_idx, int limit) {
   std::vector<ResultRow> out;
@@ -229,7 +170,7 @@ Result<bool> finalize_openai_batch(pqxx::connection& conn, const std::string& ba
                                        batch_id);
     for (const auto& r : rows) {
       size_t before = output.size();
-      append_result_line(batch_id, model, result_from_row(r), &output, &errors);
+      wire::append_result_line(batch_id, model, result_from_row(r), &output, &errors);
       (output.size() > before ? num_output : num_errors) += 1;
     }
     std::optional<std::string> output_id;

@@ -1,7 +1,7 @@
 // The store side of the OpenAI Batch API, on the shared batch and request tables: reading batches
 // with their OpenAI columns, recording a batch whose input failed validation (a row with status
-// failed and its errors, nothing enqueued), rendering results as OpenAI output/error JSONL lines,
-// and finalizing a finished batch (writing its output and error files once).
+// failed and its errors, nothing enqueued), reading results, and finalizing a finished batch
+// (writing its output and error files once, rendered by wire/openai_batch_lines.h).
 // Functions take a connection owned by the caller's thread; finalizing is safe to run in several
 // processes at once (the batch row is locked with SKIP LOCKED).
 #pragma once
@@ -14,6 +14,7 @@
 
 #include "base/status.h"
 #include "queue/store.h"
+#include "wire/openai_batch_lines.h"
 
 namespace hr::queue {
 
@@ -60,20 +61,8 @@ struct FailedBatch {
 [[nodiscard]] Result<std::string> record_failed_batch(pqxx::connection& conn,
                                                       const FailedBatch& batch);
 
-// One ended request, as the output renderer needs it.
-struct ResultRow {
-  int idx = 0;
-  std::optional<std::string> custom_id;
-  std::string status;  // completed, failed, cancelled, expired
-  std::optional<std::string> result_json;
-  std::optional<std::string> error_json;
-  int64_t finished_at_s = 0;
-};
-
-// Appends the request's JSONL line to `output` (completed) or `errors` (every other ending).
-// Deterministic: a batch's results render to the same bytes every time.
-void append_result_line(const std::string& batch_id, const std::string& model, const ResultRow& row,
-                        std::string* output, std::string* errors);
+// One ended request, as the output renderer (wire/openai_batch_lines.h) needs it.
+using ResultRow = wire::StoredResult;
 
 enum class ResultFilter { kSucceeded, kUnsucceeded };
 

@@ -1,6 +1,7 @@
 // A bounded, lazily opened Postgres connection pool with per-thread loans.
 #include "queue/pg_pool.h"
 
+#include "base/log.h"
 #include "queue/pg.h"
 
 namespace hr::queue {
@@ -89,6 +90,13 @@ int PgPool::lent() const {
 int PgPool::open() const {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int>(lent_.size() + idle_.size());
+}
+
+Status PgPool::client_status(const Status& failure) {
+  log::warn("api.db_error", {{"error", failure}});
+  if (failure.code() != StatusCode::kUnavailable) return failure;
+  drop();
+  return Status(StatusCode::kUnavailable, "the database is unavailable; retry later");
 }
 
 }  // namespace hr::queue

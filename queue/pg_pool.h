@@ -36,6 +36,23 @@ class PgPool {
   void release();
   // Closes the calling thread's connection (it broke) and frees its place.
   void drop();
+  // Runs `fn(pqxx::connection&) -> Result<T>` on the calling thread's connection; when the
+  // connection turns out to be broken (kUnavailable: the server restarted since it was opened,
+  // say), reconnects and tries once more.
+  template <typename T, typename Fn>
+  [[nodiscard]] Result<T> with_connection(Fn&& fn) {
+    for (int attempt = 0;; ++attempt) {
+      Result<pqxx::connection*> c = connection();
+      if (!c.is_ok()) return c.status();
+      Result<T> r = fn(**c);
+      if (r.is_ok() || r.status().code() != StatusCode::kUnavailable || attempt == 1) return r;
+      drop();
+    }
+  }
+  // What to tell a client about a failed database call: kUnavailable (the connection is dropped,
+  // so that the next call reconnects) becomes "the database is unavailable; retry later"; any
+  // other failure is returned as it is. Logged either way.
+  Status client_status(const Status& failure);
 
   int size() const { return size_; }
   int lent() const;

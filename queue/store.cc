@@ -398,4 +398,19 @@ Result<std::vector<BatchInfo>> list_batches(pqxx::connection& conn, const std::s
   return out;
 }
 
+Result<std::vector<PendingRequests>> pending_requests_by_model(pqxx::connection& conn) {
+  std::vector<PendingRequests> out;
+  Status st = pg_guard("queue depth", [&]() -> Status {
+    pqxx::nontransaction tx(conn);
+    for (const auto& row :
+         tx.exec("SELECT model, sum(num_total - num_completed - num_failed - num_cancelled - "
+                 "num_expired) FROM batches WHERE finished_at IS NULL GROUP BY model")) {
+      out.push_back({row[0].as<std::string>(), row[1].as<int64_t>()});
+    }
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  return out;
+}
+
 }  // namespace hr::queue

@@ -132,6 +132,14 @@ struct ListQuery {
                                                           const std::string& account_id,
                                                           const ListQuery& query);
 
+// Requests of unfinished batches not yet ended (queued or running), per model: the queue depth.
+struct PendingRequests {
+  std::string model;
+  int64_t num_pending = 0;
+};
+[[nodiscard]] Result<std::vector<PendingRequests>> pending_requests_by_model(
+    pqxx::connection& conn);
+
 // Moves the batch to its terminal status and writes the batch event to the outbox when every
 // request has ended, and wakes the dispatchers (an OpenAI batch's output files are written next).
 // Call inside the transaction that ended the last requests. Returns the terminal status, or

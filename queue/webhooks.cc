@@ -172,20 +172,6 @@ Status check_webhook_secret(const std::string& secret, const std::string& field)
   return Status::ok();
 }
 
-std::string sign_webhook(const std::vector<std::string>& secrets, const std::string& msg_id,
-                         int64_t timestamp_s, const std::string& body) {
-  std::string content = msg_id + "." + std::to_string(timestamp_s) + "." + body;
-  std::string out;
-  for (const std::string& s : secrets) {
-    if (s.rfind("whsec_", 0) != 0) continue;
-    std::optional<std::string> key = base64_decode(s.substr(6));
-    if (!key) continue;
-    if (!out.empty()) out += ' ';
-    out += "v1," + base64_encode(hmac_sha256(*key, content));
-  }
-  return out;
-}
-
 Result<WebhookEndpoint> create_endpoint(pqxx::connection& conn, const std::string& account_id,
                                         const std::string& url, const std::string& description,
                                         const std::vector<std::string>& event_types, bool enabled) {

@@ -2,7 +2,7 @@
 // fan-out of outbox events into deliveries (one per event and target), claiming due deliveries
 // for sending (FOR UPDATE SKIP LOCKED, each claim bumps the attempt number and parks the delivery
 // until the claim lapses, so a dispatcher that dies mid-send only delays the next attempt), and
-// recording outcomes fenced by that attempt number. Plus the Standard Webhooks signature.
+// recording outcomes fenced by that attempt number. (The signature itself: webhooks/signature.h.)
 // Every API-facing function is scoped to an account. Functions take a connection owned by the
 // caller's thread.
 #pragma once
@@ -30,10 +30,6 @@ const std::vector<std::string>& default_webhook_events();
 std::string new_webhook_secret();
 // A caller-given secret must be whsec_<base64 of 24..64 bytes>.
 [[nodiscard]] Status check_webhook_secret(const std::string& secret, const std::string& field);
-// The webhook-signature header value: "v1,<base64 HMAC-SHA256(key, id.timestamp.body)>" for each
-// secret, space-separated. Secrets that do not decode are skipped.
-std::string sign_webhook(const std::vector<std::string>& secrets, const std::string& msg_id,
-                         int64_t timestamp_s, const std::string& body);
 
 struct WebhookEndpoint {
   std::string id;

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build ccache pkg-config git
+  build-essential cmake ninja-build ccache pkg-config git clang-format
   libpqxx-dev libhiredis-dev libboost-dev libboost-system-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libssl-dev
   postgresql-15 postgresql-client-15 redis-server redis-tools

@@ -2,16 +2,16 @@
 #include "workers/answer_logprobs.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace hr::workers {
 
-using nlohmann::json;
-
-void AnswerLogprobs::add(json entry, int text_bytes, size_t sent_bytes, bool finished) {
+void AnswerLogprobs::add(std::optional<wire::TokenLogprob> entry, int text_bytes, size_t sent_bytes,
+                         bool finished) {
   if (!wanted_) return;
   const size_t start = decoded_;
   decoded_ += static_cast<size_t>(std::max(0, text_bytes));
-  if (!entry.is_null()) pending_.push_back({std::move(entry), start, decoded_});
+  if (entry) pending_.push_back({std::move(*entry), start, decoded_});
   sent_ += sent_bytes;
   // An entry goes once all of its text has gone. One without text (a special token, the first
   // bytes of a character) at the edge of what has gone waits for the text after it: that text
@@ -28,14 +28,11 @@ void AnswerLogprobs::add(json entry, int text_bytes, size_t sent_bytes, bool fin
   if (finished) pending_.clear();
 }
 
-json AnswerLogprobs::take() {
-  json out = std::move(released_);
-  released_ = json::array();
-  return out;
-}
+std::vector<wire::TokenLogprob> AnswerLogprobs::take() { return std::exchange(released_, {}); }
 
-json AnswerLogprobs::object() {
-  return wanted_ ? json{{"content", take()}, {"refusal", nullptr}} : json();
+wire::Logprobs AnswerLogprobs::answer() {
+  if (!wanted_) return std::nullopt;
+  return take();
 }
 
 }  // namespace hr::workers

@@ -6,41 +6,23 @@
 #include <algorithm>
 #include <chrono>
 
-#include "api/errors.h"
 #include "base/cli.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "http/status.h"
 #include "queue/registry.h"
+#include "wire/worker_protocol.h"
 
 namespace hr::workers {
 
-using nlohmann::json;
-namespace http = boost::beast::http;
+namespace beast_http = boost::beast::http;
 
 namespace {
 
-// retry_elsewhere: the call never started here, and another worker may take it.
-json error_json(const Status& st, bool retry_elsewhere = false) {
-  json e = {{"code", status_code_name(st.code())}, {"message", st.message()}};
-  if (!st.field().empty()) e["field"] = st.field();
-  if (retry_elsewhere) e["retry_elsewhere"] = true;
-  return {{"error", e}};
-}
-
-api::HttpResponse error_reply(const Status& st, bool retry_elsewhere = false) {
-  return api::json_response(static_cast<unsigned>(api::http_status_for(st.code())),
-                            error_json(st, retry_elsewhere).dump());
-}
-
-json answer_json(const api::SyncAnswer& a) {
-  json j = {{"text", a.text},
-            {"finish_reason", a.finish_reason},
-            {"prompt_tokens", a.prompt_tokens},
-            {"completion_tokens", a.completion_tokens},
-            {"cached_tokens", a.cached_tokens}};
-  if (!a.logprobs.is_null()) j["logprobs"] = a.logprobs;
-  return j;
+http::HttpResponse error_reply(const Status& st, bool retry_elsewhere = false) {
+  return http::json_response(static_cast<unsigned>(http::http_status_for(st.code())),
+                             wire::protocol_error(st, retry_elsewhere).dump());
 }
 
 }  // namespace
@@ -79,7 +61,7 @@ SyncServer::SyncServer(Worker& worker, SyncServerOptions options)
 SyncServer::~SyncServer() { stop(); }
 
 Status SyncServer::start() {
-  api::HttpServerOptions o;
+  http::HttpServerOptions o;
   o.host = options_.host;
   o.port = static_cast<uint16_t>(options_.port);
   o.io_threads = 1;
@@ -93,13 +75,13 @@ Status SyncServer::start() {
   // full (503) never reached the worker: "out of capacity", like a stopping worker's own answer,
   // so that the router hands the call to another worker.
   o.error_body_for = [](std::string_view, const Status& st) {
-    if (st.code() != StatusCode::kUnavailable) return error_json(st).dump();
-    return error_json(Status(StatusCode::kResourceExhausted, "Out of capacity: " + st.message()),
-                      true)
+    if (st.code() != StatusCode::kUnavailable) return wire::protocol_error(st).dump();
+    return wire::protocol_error(
+               Status(StatusCode::kResourceExhausted, "Out of capacity: " + st.message()), true)
         .dump();
   };
-  server_ = std::make_unique<api::HttpServer>(
-      o, api::StreamingHandler([this](const api::HttpRequest& r) { return handle(r); }));
+  server_ = std::make_unique<http::HttpServer>(
+      o, http::StreamingHandler([this](const http::HttpRequest& r) { return handle(r); }));
   return server_->start();
 }
 
@@ -114,17 +96,17 @@ void SyncServer::stop() {
   if (server_) server_->stop();
 }
 
-api::Reply SyncServer::handle(const api::HttpRequest& req) {
+http::Reply SyncServer::handle(const http::HttpRequest& req) {
   std::string_view target(req.target().data(), req.target().size());
-  if (req.method() == http::verb::get && target == "/healthz") {
-    return {api::json_response(200, R"({"status":"ok"})"), nullptr};
+  if (req.method() == beast_http::verb::get && target == "/healthz") {
+    return {http::json_response(200, R"({"status":"ok"})"), nullptr};
   }
-  if (req.method() == http::verb::get && target == "/metrics") {
-    api::HttpResponse res = api::json_response(200, metrics::render());
-    res.set(http::field::content_type, "text/plain; version=0.0.4");
+  if (req.method() == beast_http::verb::get && target == "/metrics") {
+    http::HttpResponse res = http::json_response(200, metrics::render());
+    res.set(beast_http::field::content_type, "text/plain; version=0.0.4");
     return {std::move(res), nullptr};
   }
-  if (target != "/internal/sync" || req.method() != http::verb::post) {
+  if (target != "/internal/sync" || req.method() != beast_http::verb::post) {
     return {error_reply(not_found("no such route on a worker")), nullptr};
   }
   if (!options_.internal_token.empty()) {
@@ -135,49 +117,41 @@ api::Reply SyncServer::handle(const api::HttpRequest& req) {
               nullptr};
     }
   }
-  json body = api::parse_client_json(req.body());
-  if (!body.is_object() || !body.contains("request") || !body["request"].is_object()) {
-    return {error_reply(invalid_argument("body must be {\"request\": {...}}", "request")), nullptr};
-  }
-  api::SyncCall call;
-  auto flag = [&](const char* key) {
-    return body.contains(key) && body[key].is_boolean() && body[key].get<bool>();
-  };
-  call.reject_if_busy = flag("reject_if_busy");
-  call.queue_timeout_ms =
-      body.contains("queue_timeout_ms") && body["queue_timeout_ms"].is_number_integer()
-          ? body["queue_timeout_ms"].get<int>()
-          : 2000;
-  call.client_gone =
-      api::current_client_gone;  // the router closes its connection for a client gone
+  Result<wire::ForwardedCall> call = wire::decode_forwarded_call(req.body());
+  if (!call.is_ok()) return {error_reply(call.status()), nullptr};
+  SyncOptions options;
+  options.reject_if_busy = call->reject_if_busy;
+  options.queue_timeout_ms = call->queue_timeout_ms;
+  // The router closes its connection for a client gone.
+  options.client_gone = http::current_client_gone;
   // A refusal for lack of room from a worker that is stopping: any other worker will do.
   auto refusal = [&](const Status& st) {
     return error_reply(st, st.code() == StatusCode::kResourceExhausted && worker_.load().stopping);
   };
-  if (!flag("stream")) {
-    Result<api::SyncAnswer> a = worker_.run(body["request"], call);
+  if (!call->stream) {
+    Result<wire::Answer> a = worker_.run(call->request, options);
     if (!a.is_ok()) return {refusal(a.status()), nullptr};
-    return {api::json_response(200, answer_json(*a).dump()), nullptr};
+    return {http::json_response(200, wire::protocol_answer(*a).dump()), nullptr};
   }
-  Result<std::unique_ptr<api::SyncStream>> started = worker_.start_stream(body["request"], call);
+  Result<std::unique_ptr<wire::AnswerStream>> started =
+      worker_.start_stream(call->request, options);
   if (!started.is_ok()) return {refusal(started.status()), nullptr};
-  std::shared_ptr<api::SyncStream> stream = std::move(started).value();
+  std::shared_ptr<wire::AnswerStream> stream = std::move(started).value();
   auto done = std::make_shared<bool>(false);
-  api::Reply reply;
-  reply.response = api::json_response(200, "");
-  reply.response.set(http::field::content_type, "application/x-ndjson");
+  http::Reply reply;
+  reply.response = http::json_response(200, "");
+  reply.response.set(beast_http::field::content_type, "application/x-ndjson");
   reply.stream = [stream, done](std::string* out) -> bool {
     if (*done) return false;
     std::string delta;
     if (stream->next(&delta)) {
-      json line = {{"delta", delta}};
-      if (!stream->delta_logprobs().is_null()) line["logprobs"] = stream->delta_logprobs();
-      *out = line.dump() + "\n";
+      *out = wire::protocol_delta_line(delta, stream->delta_logprobs()) + "\n";
       return true;
     }
     *done = true;
-    *out = (stream->status().is_ok() ? json{{"answer", answer_json(stream->answer())}}
-                                     : error_json(stream->status()))
+    *out = (stream->status().is_ok()
+                ? nlohmann::json{{"answer", wire::protocol_answer(stream->answer())}}
+                : wire::protocol_error(stream->status()))
                .dump() +
            "\n";
     return true;

@@ -26,8 +26,8 @@
 #include <string>
 #include <thread>
 
-#include "api/http_server.h"
 #include "base/status.h"
+#include "http/server.h"
 #include "workers/worker.h"
 
 namespace hr::workers {
@@ -57,10 +57,10 @@ class SyncServer {
   void stop();
 
  private:
-  api::Reply handle(const api::HttpRequest& req);
+  http::Reply handle(const http::HttpRequest& req);
   Worker& worker_;
   SyncServerOptions options_;
-  std::unique_ptr<api::HttpServer> server_;
+  std::unique_ptr<http::HttpServer> server_;
 };
 
 // Announces the worker every heartbeat_ms (entry TTL: three heartbeats) until stop(), which

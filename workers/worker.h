@@ -1,10 +1,10 @@
 // A worker: one engine instance that pulls async requests for its model from the queue only into
-// the headroom the engine reports (free sequence slots minus a reserve kept for sync bursts, KV
-// blocks, no sync request waiting, busy fraction under a threshold), runs them, and records each
-// result in the queue. Leases are renewed while requests run; on stop, unstarted work is released
-// and running work is finished within the drain deadline or released.
-// Thread-safety: start()/stop() from any one thread; everything else runs on the worker's own
-// step-loop thread, which owns the engine and the lease client.
+// the headroom the engine reports (workers/headroom_policy.h), runs them, and records each result
+// in the queue; sync requests handed to it run first. Leases are renewed while requests run; on
+// stop, unstarted work is released and running work is finished within the drain deadline or
+// released.
+// Thread-safety: start()/stop() from any one thread; run() and start_stream() from many handler
+// threads; everything else runs on the worker's own step-loop thread, which owns the engine.
 #pragma once
 
 #include <atomic>
@@ -16,10 +16,12 @@
 #include <thread>
 #include <vector>
 
-#include "api/sync_inference.h"
 #include "base/status.h"
 #include "engine/engine.h"
 #include "queue/config.h"
+#include "wire/answer.h"
+#include "wire/answer_stream.h"
+#include "wire/chat_request.h"
 #include "workers/worker_config.h"
 
 namespace hr::engine {
@@ -29,6 +31,7 @@ class Backend;
 namespace hr::workers {
 
 struct LoadedModel;
+struct SyncJob;
 
 struct WorkerStats {
   std::atomic<int64_t> pulled{0};
@@ -52,7 +55,16 @@ struct WorkerLoad {
   bool stopping = false;
 };
 
-class Worker final : public api::SyncInference {
+// How one sync request waits for room.
+struct SyncOptions {
+  bool reject_if_busy = false;  // no room: kResourceExhausted at once
+  int queue_timeout_ms = 2000;  // otherwise wait this long for room
+  // Polled while the request waits: true (the client went away) ends it with kCancelled. May be
+  // empty.
+  std::function<bool()> client_gone;
+};
+
+class Worker final {
  public:
   // Loads the model (weights, tokenizer, chat template) and builds the engine, on `backend` when
   // one is given (else the one the config names).
@@ -74,10 +86,13 @@ class Worker final : public api::SyncInference {
   void stop();
   const WorkerStats& stats() const { return stats_; }
   // Runs one sync request on this worker's engine, ahead of async work (thread-safe).
-  [[nodiscard]] Result<api::SyncAnswer> run(const nlohmann::json& request,
-                                            const api::SyncCall& call) override;
-  [[nodiscard]] Result<std::unique_ptr<api::SyncStream>> start_stream(
-      const nlohmann::json& request, const api::SyncCall& call) override;
+  // kResourceExhausted when there is no room (see SyncOptions), kInvalidArgument naming the field
+  // for a request the model cannot take, kUnavailable when the engine failed it.
+  [[nodiscard]] Result<wire::Answer> run(const wire::ChatRequest& request,
+                                         const SyncOptions& options);
+  // Like run(), but the answer arrives as it is generated.
+  [[nodiscard]] Result<std::unique_ptr<wire::AnswerStream>> start_stream(
+      const wire::ChatRequest& request, const SyncOptions& options);
   // The model's context length (for the API's validation in `serve`).
   int context_length() const;
   const WorkerConfig& config() const { return config_; }
@@ -88,16 +103,18 @@ class Worker final : public api::SyncInference {
   // Whether the engine gave up.
   bool failed() const { return failed_.load(); }
 
-  struct SyncJob;  // a sync request handed to the step loop (defined in worker.cc)
-
  private:
   Worker(WorkerConfig config, queue::StoreConfig store);
+  struct Loop;  // the step loop's state and phases (worker.cc)
   void loop();
+  // The sync jobs handed in since the last call.
+  std::vector<std::shared_ptr<SyncJob>> take_inbox();
+  // Waits for a sync arrival or for news from the queue I/O thread, at most `ms`.
+  void wait_for_work(int ms);
 
   WorkerConfig config_;
   queue::StoreConfig store_;
   std::unique_ptr<LoadedModel> model_;
-  static void fail_job(SyncJob& job, const Status& st);
   // Queues a sync job for the step loop; kResourceExhausted once the loop has ended.
   Status hand_to_step_loop(const std::shared_ptr<SyncJob>& job);
   // Counts one more sync request in sync_active_ (the caller's ActiveSync gives it back).

@@ -13,7 +13,7 @@
 #include "kernels/launch.cuh"
 
 // Declares `name`, the kernel's dynamic shared memory as an array of `type`, aligned to `align`
-// bytes. (The CPU stand-in for the CUDA runtime, tests/simt, defines it first, as its own
+// bytes. (The CPU stand-in for the CUDA runtime, simt/, defines it first, as its own
 // per-block buffer.)
 #ifndef HR_DYNAMIC_SMEM
 #define HR_DYNAMIC_SMEM(type, name, align) \
@@ -109,7 +109,7 @@ __device__ __forceinline__ void pdl_wait() {
 
 // Pulls the 16-byte-aligned range [p, p + bytes) into L2 (bytes a multiple of 16, under 4 GiB):
 // one bulk prefetch on sm_90, one line of 128 bytes per lane of the warp elsewhere (the whole warp
-// calls it there). On the CPU stand-in (tests/simt), a range outside every allocation fails.
+// calls it there). On the CPU stand-in (simt/), a range outside every allocation fails.
 __device__ __forceinline__ void prefetch_l2_range(const void* p, size_t bytes, int lane) {
 #if defined(HEADROOM_SIMT)
   if (lane == 0 && ((reinterpret_cast<uintptr_t>(p) & 15u) != 0 || bytes % 16 != 0)) {

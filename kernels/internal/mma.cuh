@@ -11,7 +11,7 @@
 
 namespace hr::kernels::internal {
 
-// Each wrapper has a stand-in on the CPU stand-in for the CUDA runtime (tests/simt, where
+// Each wrapper has a stand-in on the CPU stand-in for the CUDA runtime (simt/, where
 // HEADROOM_SIMT is defined) that follows the instruction's documented semantics.
 #if defined(HEADROOM_SIMT)
 

@@ -272,7 +272,7 @@ TEST(OpenAiObjectsTest, ResultLinesForEveryEnding) {
                         R"("total_tokens":9},"finish_reason":"length"})",
                         std::nullopt,
                         1700000000};
-  queue::append_result_line("B", "@hr/m", done, &out, &err);
+  wire::append_result_line("B", "@hr/m", done, &out, &err);
   EXPECT_TRUE(err.empty());
   ASSERT_EQ(out.back(), '\n');
   json o = json::parse(out);
@@ -291,7 +291,7 @@ TEST(OpenAiObjectsTest, ResultLinesForEveryEnding) {
   EXPECT_EQ(body["usage"]["total_tokens"], 9);
   // Rendering is deterministic.
   std::string again, unused;
-  queue::append_result_line("B", "@hr/m", done, &again, &unused);
+  wire::append_result_line("B", "@hr/m", done, &again, &unused);
   EXPECT_EQ(again, out);
 
   out.clear();
@@ -301,7 +301,7 @@ TEST(OpenAiObjectsTest, ResultLinesForEveryEnding) {
   queue::ResultRow expired{
       6, "c6", "expired", std::nullopt, R"({"code":"batch_expired","message":"late"})", 0};
   for (const auto& r : {failed, cancelled, expired})
-    queue::append_result_line("B", "m", r, &out, &err);
+    wire::append_result_line("B", "m", r, &out, &err);
   EXPECT_TRUE(out.empty());
   auto lines = split_jsonl(err);
   ASSERT_EQ(lines.size(), 3u);

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
-#include "api/async_api.h"
+#include "api/api.h"
+#include "base/duration.h"
+#include "wire/chat_request_json.h"
 
 namespace hr::api {
 namespace {
@@ -12,10 +14,15 @@ using nlohmann::json;
 
 const ModelSpec kModel{"@hr/tiny-reverse", 128};
 
+// A request as normalize_chat_request() takes it, in its stored form (wire/chat_request_json.h).
+Result<json> normalized(const json& req) {
+  HR_ASSIGN_OR_RETURN(wire::ChatRequest r, normalize_chat_request(req, kModel, {}));
+  return wire::to_json(r);
+}
+
 TEST(BatchRequestTest, NormalizesWithDefaults) {
-  auto r = normalize_chat_request(
-      json{{"messages", {{{"role", "user"}, {"content", "reverse: hi"}}}}, {"stop", "x"}}, kModel,
-      {});
+  auto r = normalized(
+      json{{"messages", {{{"role", "user"}, {"content", "reverse: hi"}}}}, {"stop", "x"}});
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ((*r)["max_tokens"], 128);
   EXPECT_FALSE(r->contains("temperature"));  // sampling defaults belong to the worker
@@ -27,36 +34,31 @@ TEST(BatchRequestTest, NormalizesWithDefaults) {
 TEST(BatchRequestTest, TextContentPartsBecomeTheMessagesText) {
   json parts =
       json::array({{{"type", "text"}, {"text", "reverse: "}}, {{"type", "text"}, {"text", "hi"}}});
-  auto r = normalize_chat_request(json{{"messages", {{{"role", "user"}, {"content", parts}}}}},
-                                  kModel, {});
+  auto r = normalized(json{{"messages", {{{"role", "user"}, {"content", parts}}}}});
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ((*r)["messages"][0]["content"], "reverse: \nhi");
 }
 
 // Penalties are stored only when they do something; the worker reads them from there.
 TEST(BatchRequestTest, PenaltiesThatChangeSomethingAreStored) {
-  auto r = normalize_chat_request(json{{"prompt", "x"},
-                                       {"frequency_penalty", 0.5},
-                                       {"presence_penalty", 0},
-                                       {"repetition_penalty", 1.2}},
-                                  kModel, {});
+  auto r = normalized(json{{"prompt", "x"},
+                           {"frequency_penalty", 0.5},
+                           {"presence_penalty", 0},
+                           {"repetition_penalty", 1.2}});
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ((*r)["frequency_penalty"], 0.5);
   EXPECT_FALSE(r->contains("presence_penalty"));
   EXPECT_EQ((*r)["repetition_penalty"], 1.2);
-  auto none = normalize_chat_request(
-      json{{"prompt", "x"}, {"repetition_penalty", 1}, {"logprobs", false}, {"top_logprobs", 0}},
-      kModel, {});
+  auto none = normalized(
+      json{{"prompt", "x"}, {"repetition_penalty", 1}, {"logprobs", false}, {"top_logprobs", 0}});
   ASSERT_TRUE(none.is_ok());
   EXPECT_FALSE(none->contains("repetition_penalty"));
   EXPECT_FALSE(none->contains("logprobs"));  // asking for none is fine, and not stored
-  auto lp = normalize_chat_request(json{{"prompt", "x"}, {"logprobs", true}, {"top_logprobs", 4}},
-                                   kModel, {});
+  auto lp = normalized(json{{"prompt", "x"}, {"logprobs", true}, {"top_logprobs", 4}});
   ASSERT_TRUE(lp.is_ok()) << lp.status().to_string();
   EXPECT_EQ((*lp)["logprobs"], true);
   EXPECT_EQ((*lp)["top_logprobs"], 4);
-  auto lb = normalize_chat_request(
-      json{{"prompt", "x"}, {"logit_bias", {{"5", 10}, {"0", -100}, {"7", 0}}}}, kModel, {});
+  auto lb = normalized(json{{"prompt", "x"}, {"logit_bias", {{"5", 10}, {"0", -100}, {"7", 0}}}});
   ASSERT_TRUE(lb.is_ok()) << lb.status().to_string();
   EXPECT_EQ((*lb)["logit_bias"], (json{{"5", 10}, {"0", -100}}));  // a zero bias changes nothing
 }
@@ -98,7 +100,7 @@ TEST(BatchRequestTest, NamesTheBadField) {
       {json{{"prompt", "x"}, {"max_tokens", 0}}, "max_tokens"},
   };
   for (const auto& c : cases) {
-    auto r = normalize_chat_request(c.req, kModel, {});
+    auto r = normalized(c.req);
     ASSERT_FALSE(r.is_ok()) << c.req.dump();
     EXPECT_EQ(r.status().field(), c.field) << c.req.dump();
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);

@@ -2,17 +2,20 @@
 
 #include <gtest/gtest.h>
 
+#include "http/status.h"
+#include "wire/json_text.h"
+
 namespace hr::api {
 namespace {
 
 TEST(ErrorsTest, StatusesMapToDocumentedHttpCodes) {
-  EXPECT_EQ(http_status_for(StatusCode::kInvalidArgument), 400);
-  EXPECT_EQ(http_status_for(StatusCode::kUnauthenticated), 401);
-  EXPECT_EQ(http_status_for(StatusCode::kNotFound), 404);
-  EXPECT_EQ(http_status_for(StatusCode::kConflict), 409);
-  EXPECT_EQ(http_status_for(StatusCode::kTooLarge), 413);
-  EXPECT_EQ(http_status_for(StatusCode::kResourceExhausted), 429);
-  EXPECT_EQ(http_status_for(StatusCode::kUnavailable), 503);
+  EXPECT_EQ(http::http_status_for(StatusCode::kInvalidArgument), 400);
+  EXPECT_EQ(http::http_status_for(StatusCode::kUnauthenticated), 401);
+  EXPECT_EQ(http::http_status_for(StatusCode::kNotFound), 404);
+  EXPECT_EQ(http::http_status_for(StatusCode::kConflict), 409);
+  EXPECT_EQ(http::http_status_for(StatusCode::kTooLarge), 413);
+  EXPECT_EQ(http::http_status_for(StatusCode::kResourceExhausted), 429);
+  EXPECT_EQ(http::http_status_for(StatusCode::kUnavailable), 503);
 }
 
 TEST(ErrorsTest, BodyNamesFieldAndIndex) {
@@ -43,24 +46,25 @@ TEST(ErrorsTest, OpenAiErrorBody) {
   EXPECT_EQ(openai_error_body(Status(StatusCode::kTooLarge, "big"))["error"]["code"], "too_large");
 }
 
-// Client JSON nesting deeper than kMaxJsonDepth, or holding NUL in a string, is refused before it
-// is parsed; brackets and escapes inside strings do not count, and the text "\\u0000" is fine.
+// Client JSON nesting deeper than wire::kMaxJsonDepth, or holding NUL in a string, is refused
+// before it is parsed; brackets and escapes inside strings do not count, and the text "\\u0000" is
+// fine.
 TEST(ErrorsTest, ClientJsonIsRefusedTooDeepOrWithNul) {
   auto nested = [](int depth) { return std::string(depth, '[') + std::string(depth, ']'); };
   std::string why;
-  EXPECT_FALSE(parse_client_json(nested(kMaxJsonDepth), &why).is_discarded());
-  EXPECT_TRUE(parse_client_json(nested(kMaxJsonDepth + 1), &why).is_discarded());
+  EXPECT_FALSE(wire::parse_client_json(nested(wire::kMaxJsonDepth), &why).is_discarded());
+  EXPECT_TRUE(wire::parse_client_json(nested(wire::kMaxJsonDepth + 1), &why).is_discarded());
   EXPECT_EQ(why, "nests deeper than 64 levels");
-  EXPECT_TRUE(parse_client_json("{\"x\":" + nested(200000) + "}", &why).is_discarded());
-  EXPECT_FALSE(
-      parse_client_json("{\"s\": \"" + std::string(100, '[') + "\\\"{\"}", &why).is_discarded())
+  EXPECT_TRUE(wire::parse_client_json("{\"x\":" + nested(200000) + "}", &why).is_discarded());
+  EXPECT_FALSE(wire::parse_client_json("{\"s\": \"" + std::string(100, '[') + "\\\"{\"}", &why)
+                   .is_discarded())
       << why;
-  EXPECT_TRUE(parse_client_json(R"({"k": "a\u0000b"})", &why).is_discarded());
+  EXPECT_TRUE(wire::parse_client_json(R"({"k": "a\u0000b"})", &why).is_discarded());
   EXPECT_EQ(why, "holds a NUL character (\\u0000)");
-  nlohmann::json literal = parse_client_json(R"({"k": "a\\u0000b"})", &why);
+  nlohmann::json literal = wire::parse_client_json(R"({"k": "a\\u0000b"})", &why);
   ASSERT_FALSE(literal.is_discarded()) << why;
   EXPECT_EQ(literal["k"], "a\\u0000b");
-  EXPECT_TRUE(parse_client_json("{", &why).is_discarded());
+  EXPECT_TRUE(wire::parse_client_json("{", &why).is_discarded());
   EXPECT_EQ(why, "is not valid JSON");
 }
 

@@ -7,7 +7,6 @@
 #include <pqxx/pqxx>
 #include <thread>
 
-#include "api/webhook_dispatcher.h"
 #include "queue/dispatcher.h"
 #include "queue/lease.h"
 #include "queue/openai_batches.h"
@@ -16,6 +15,7 @@
 #include "queue/webhooks.h"
 #include "tests/testing/api_harness.h"
 #include "tests/testing/webhook_receiver.h"
+#include "webhooks/deliverer.h"
 
 namespace hr::api {
 namespace {
@@ -698,9 +698,9 @@ TEST(OpenAiBatchTest, WebhooksFromExtraFieldsOrMetadata) {
 
   Consumer c(h);
   c.complete(c.pull(10));
-  WebhookOptions o;
+  webhooks::DeliveryOptions o;
   o.allow = {"loopback"};
-  auto d = WebhookDispatcher::create(h.database_url(), o);
+  auto d = webhooks::Deliverer::create(h.database_url(), o);
   ASSERT_TRUE(d.is_ok());
   for (int i = 0; i < 50 && rx.received().size() < 3; ++i) {
     ASSERT_TRUE((*d)->run_once().is_ok());

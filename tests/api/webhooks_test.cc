@@ -21,7 +21,6 @@
 #include <set>
 #include <thread>
 
-#include "api/webhook_dispatcher.h"
 #include "base/hash.h"
 #include "base/ids.h"
 #include "queue/dispatcher.h"
@@ -31,9 +30,16 @@
 #include "tests/testing/api_harness.h"
 #include "tests/testing/process.h"
 #include "tests/testing/webhook_receiver.h"
+#include "webhooks/deliverer.h"
+#include "webhooks/signature.h"
 
 namespace hr::api {
 namespace {
+
+using webhooks::decide_outcome;
+using webhooks::parse_ip;
+using webhooks::parse_retry_after;
+using webhooks::PostResult;
 
 using nlohmann::json;
 using testing::ApiHarness;
@@ -48,8 +54,8 @@ uint16_t unused_port() {
   return a.local_endpoint().port();
 }
 
-WebhookOptions fast_options() {
-  WebhookOptions o;
+webhooks::DeliveryOptions fast_options() {
+  webhooks::DeliveryOptions o;
   o.allow = {"loopback"};
   o.timeout_ms = 700;
   o.retry_schedule = "1s,1s,1s,1s,1s,1s";
@@ -57,11 +63,11 @@ WebhookOptions fast_options() {
   return o;
 }
 
-// Runs a WebhookDispatcher on a thread for the lifetime of this object.
+// Runs a webhooks::Deliverer on a thread for the lifetime of this object.
 class BackgroundDispatcher {
  public:
-  BackgroundDispatcher(const std::string& database_url, WebhookOptions o) {
-    auto d = WebhookDispatcher::create(database_url, std::move(o));
+  BackgroundDispatcher(const std::string& database_url, webhooks::DeliveryOptions o) {
+    auto d = webhooks::Deliverer::create(database_url, std::move(o));
     EXPECT_TRUE(d.is_ok()) << d.status().to_string();
     if (!d.is_ok()) return;
     d_ = std::move(d).value();
@@ -73,7 +79,7 @@ class BackgroundDispatcher {
   }
 
  private:
-  std::unique_ptr<WebhookDispatcher> d_;
+  std::unique_ptr<webhooks::Deliverer> d_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -120,19 +126,19 @@ json deliveries(ApiHarness& h, const std::string& query) {
 
 // Verifies a received webhook with our signer against `secret` (any of the v1 signatures).
 bool signature_matches(const Received& r, const std::string& secret) {
-  std::string expected = queue::sign_webhook({secret}, r.headers.at("webhook-id"),
-                                             std::stoll(r.headers.at("webhook-timestamp")), r.body);
+  std::string expected = webhooks::sign_webhook(
+      {secret}, r.headers.at("webhook-id"), std::stoll(r.headers.at("webhook-timestamp")), r.body);
   return r.headers.at("webhook-signature").find(expected) != std::string::npos;
 }
 
 TEST(WebhookSignatureTest, MatchesTheStandardWebhooksVector) {
   // The reference vector of the Standard Webhooks libraries.
   EXPECT_EQ(
-      queue::sign_webhook({"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"},
-                          "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, R"({"test": 2432232314})"),
+      webhooks::sign_webhook({"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"},
+                             "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, R"({"test": 2432232314})"),
       "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
-  std::string two = queue::sign_webhook({queue::new_webhook_secret(), queue::new_webhook_secret()},
-                                        "id", 1, "{}");
+  std::string two = webhooks::sign_webhook(
+      {queue::new_webhook_secret(), queue::new_webhook_secret()}, "id", 1, "{}");
   EXPECT_EQ(std::count(two.begin(), two.end(), ' '), 1);
   EXPECT_TRUE(queue::check_webhook_secret(queue::new_webhook_secret(), "s").is_ok());
   EXPECT_FALSE(queue::check_webhook_secret("whsec_c2hvcnQ=", "s").is_ok());
@@ -286,7 +292,7 @@ TEST(WebhooksTest, GoneDisablesTheEndpointAndExhaustedRetriesFail) {
   auto ep = h.post("/v1/webhooks", json{{"url", gone.url()}}.dump(), h.key_a());
   ASSERT_EQ(ep.status, 201);
   std::string ep_id = ep.json()["result"]["id"];
-  WebhookOptions o = fast_options();
+  webhooks::DeliveryOptions o = fast_options();
   o.retry_schedule = "1s";  // two attempts in all
   {
     BackgroundDispatcher dispatcher(h.database_url(), o);
@@ -482,9 +488,9 @@ TEST(WebhooksTest, PrivateTargetsAreRefusedAtSubmitAndAtDelivery) {
     queue::ensure_signing_secret(tx, account);
     tx.commit();
   }
-  WebhookOptions strict = fast_options();
+  webhooks::DeliveryOptions strict = fast_options();
   strict.allow = {};
-  auto d = WebhookDispatcher::create(h.database_url(), strict);
+  auto d = webhooks::Deliverer::create(h.database_url(), strict);
   ASSERT_TRUE(d.is_ok());
   auto n = (*d)->run_once();
   ASSERT_TRUE(n.is_ok()) << n.status().to_string();
@@ -514,17 +520,17 @@ TEST(WebhooksTest, ASlowWebhookLookupHoldsNoDatabaseConnection) {
         c.db_connections = 1;
         c.db_wait_ms = 300;
         c.handler_threads = 8;
-        c.webhook_lookup = [gate](const std::string&) -> Result<std::vector<IpAddress>> {
+        c.webhook_lookup = [gate](const std::string&) -> Result<std::vector<webhooks::IpAddress>> {
           std::unique_lock<std::mutex> lock(gate->mu);
           gate->entered = true;
           gate->cv.notify_all();
           gate->cv.wait(lock, [&] { return gate->open; });
-          return std::vector<IpAddress>{parse_ip("93.184.216.34").value()};
+          return std::vector<webhooks::IpAddress>{parse_ip("93.184.216.34").value()};
         };
       },
       // The handlers alone: without the key check before the body, each request's handler
       // looks its new key up in the database, and so holds a connection before the lookup.
-      [](api::HttpServerOptions& o) { o.check_header = nullptr; });
+      [](http::HttpServerOptions& o) { o.check_header = nullptr; });
   ASSERT_TRUE(h.ok());
   auto open_gate = [gate] {
     std::lock_guard<std::mutex> lock(gate->mu);
@@ -713,7 +719,7 @@ class TlsReceiver {
     tls_.use_certificate_chain_file(dir + "/server.pem");
     tls_.use_private_key_file(dir + "/server.key", boost::asio::ssl::context::pem);
     thread_ = std::thread([this] {
-      namespace http = boost::beast::http;
+      namespace beast_http = boost::beast::http;
       while (!stop_) {
         boost::system::error_code ec;
         boost::asio::ip::tcp::socket sock(ioc_);
@@ -723,14 +729,14 @@ class TlsReceiver {
         s.handshake(boost::asio::ssl::stream_base::server, ec);
         if (ec) continue;
         boost::beast::flat_buffer buf;
-        http::request<http::string_body> req;
-        http::read(s, buf, req, ec);
+        beast_http::request<beast_http::string_body> req;
+        beast_http::read(s, buf, req, ec);
         if (ec) continue;
         ++requests_;
-        http::response<http::string_body> res{http::status::ok, 11};
+        beast_http::response<beast_http::string_body> res{beast_http::status::ok, 11};
         res.body() = "{}";
         res.prepare_payload();
-        http::write(s, res, ec);
+        beast_http::write(s, res, ec);
         s.shutdown(ec);
       }
     });
@@ -763,11 +769,11 @@ TEST(WebhookClientTest, HttpsVerifiesTheChainAndTheHostName) {
   ASSERT_TRUE(run_cmd("mkdir -p " + dir));
   ASSERT_TRUE(make_certs(dir, "localhost"));
   TlsReceiver rx(dir);
-  WebhookClientOptions o;
-  o.policy = AddressPolicy::parse({"loopback"}).value();
+  webhooks::ClientOptions o;
+  o.policy = webhooks::AddressPolicy::parse({"loopback"}).value();
   o.ca_file = dir + "/ca.pem";
   o.timeout_ms = 3000;
-  WebhookClient client(o);
+  webhooks::Client client(o);
   std::string port = std::to_string(rx.port());
   PostResult good = client.post("https://localhost:" + port + "/h", {{"webhook-id", "x"}}, "{}");
   EXPECT_EQ(good.status, 200) << good.error;
@@ -776,9 +782,9 @@ TEST(WebhookClientTest, HttpsVerifiesTheChainAndTheHostName) {
   EXPECT_EQ(wrong_name.status, 0);
   EXPECT_NE(wrong_name.error.find("TLS handshake"), std::string::npos) << wrong_name.error;
   // Without the test CA the chain is not trusted.
-  WebhookClientOptions no_ca = o;
+  webhooks::ClientOptions no_ca = o;
   no_ca.ca_file.clear();
-  WebhookClient untrusting(no_ca);
+  webhooks::Client untrusting(no_ca);
   PostResult untrusted = untrusting.post("https://localhost:" + port + "/h", {}, "{}");
   EXPECT_EQ(untrusted.status, 0);
   EXPECT_NE(untrusted.error.find("TLS handshake"), std::string::npos) << untrusted.error;

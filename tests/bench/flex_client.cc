@@ -16,19 +16,21 @@
 namespace hr::bench {
 
 namespace beast = boost::beast;
-namespace http = beast::http;
+namespace beast_http = beast::http;
 using tcp = boost::asio::ip::tcp;
 using nlohmann::json;
 
 namespace {
 
-http::request<http::string_body> make_request(http::verb method, const std::string& target,
-                                              const std::string& key, const std::string& body) {
-  http::request<http::string_body> req{method, target, 11};
-  req.set(http::field::host, "127.0.0.1");
-  if (!key.empty()) req.set(http::field::authorization, "Bearer " + key);
-  if (method == http::verb::post) {
-    req.set(http::field::content_type, "application/json");
+beast_http::request<beast_http::string_body> make_request(beast_http::verb method,
+                                                          const std::string& target,
+                                                          const std::string& key,
+                                                          const std::string& body) {
+  beast_http::request<beast_http::string_body> req{method, target, 11};
+  req.set(beast_http::field::host, "127.0.0.1");
+  if (!key.empty()) req.set(beast_http::field::authorization, "Bearer " + key);
+  if (method == beast_http::verb::post) {
+    req.set(beast_http::field::content_type, "application/json");
     req.body() = body;
     req.prepare_payload();
   }
@@ -117,11 +119,12 @@ StreamResult stream_chat(int port, const std::string& key, const std::string& bo
     socket.connect(tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"),
                                  static_cast<unsigned short>(port)));
     socket.set_option(tcp::no_delay(true));
-    http::write(socket, make_request(http::verb::post, "/v1/chat/completions", key, body));
+    beast_http::write(socket,
+                      make_request(beast_http::verb::post, "/v1/chat/completions", key, body));
     beast::flat_buffer buffer;
-    http::response_parser<http::buffer_body> parser;
+    beast_http::response_parser<beast_http::buffer_body> parser;
     parser.body_limit(1ull << 30);
-    http::read_header(socket, buffer, parser);
+    beast_http::read_header(socket, buffer, parser);
     out.status = static_cast<int>(parser.get().result_int());
     SseReader sse(out, start);
     std::string error_body;
@@ -130,8 +133,8 @@ StreamResult stream_chat(int port, const std::string& key, const std::string& bo
       parser.get().body().data = piece;
       parser.get().body().size = sizeof piece;
       beast::error_code ec;
-      http::read_some(socket, buffer, parser, ec);
-      if (ec == http::error::need_buffer) ec = {};
+      beast_http::read_some(socket, buffer, parser, ec);
+      if (ec == beast_http::error::need_buffer) ec = {};
       if (ec) throw beast::system_error(ec);
       size_t n = sizeof piece - parser.get().body().size;
       if (out.status == 200) {

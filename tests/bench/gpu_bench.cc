@@ -284,7 +284,7 @@ int main(int argc, char** argv) {
   int max_seqs = 256;
   bool gemv_profile = false;
   // The model's shape can be made smaller (a quick run of every phase, as on the CPU stand-in for
-  // the CUDA runtime, tests/simt).
+  // the CUDA runtime, simt/).
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--layers")

@@ -22,7 +22,7 @@
 #include "tests/testing/http_client.h"
 
 namespace beast = boost::beast;
-namespace http = beast::http;
+namespace beast_http = beast::http;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
@@ -40,10 +40,10 @@ struct Answer {
   std::string body;
 };
 
-Answer call(int port, http::verb verb, const std::string& target, const std::string& key,
+Answer call(int port, beast_http::verb verb, const std::string& target, const std::string& key,
             const std::string& body = "", const std::string& content_type = "application/json") {
   hr::testing::HttpResult r =
-      hr::testing::http_call(std::string(http::to_string(verb)), port, target, body,
+      hr::testing::http_call(std::string(beast_http::to_string(verb)), port, target, body,
                              {{"Authorization", "Bearer " + key}, {"Content-Type", content_type}});
   if (r.status == 0) throw std::runtime_error("no answer: " + r.body);
   return {r.status, std::move(r.body)};
@@ -79,7 +79,7 @@ std::pair<std::string, double> upload(const Args& a, const std::string& content)
   body += content;
   body += "\r\n--" + b + "--\r\n";
   auto t0 = Clock::now();
-  Answer r = call(a.port, http::verb::post, "/v1/files", a.key, body,
+  Answer r = call(a.port, beast_http::verb::post, "/v1/files", a.key, body,
                   "multipart/form-data; boundary=" + b);
   double s = seconds_since(t0);
   if (r.status != 200) {
@@ -94,7 +94,7 @@ std::pair<json, double> create(const Args& a, const std::string& file_id) {
                {"endpoint", "/v1/chat/completions"},
                {"completion_window", "24h"}};
   auto t0 = Clock::now();
-  Answer r = call(a.port, http::verb::post, "/v1/batches", a.key, body.dump());
+  Answer r = call(a.port, beast_http::verb::post, "/v1/batches", a.key, body.dump());
   double s = seconds_since(t0);
   json j = json::parse(r.body, nullptr, false);
   if (r.status != 200 || j.value("status", "") != "in_progress") {
@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
   std::printf("{\"phase\":\"upload\",\"mb\":%.1f,\"seconds\":%.3f}\n", big.size() / 1e6, up_s);
   std::fflush(stdout);
   auto t0 = Clock::now();
-  Answer down = call(a.port, http::verb::get, "/v1/files/" + big_id + "/content", a.key);
+  Answer down = call(a.port, beast_http::verb::get, "/v1/files/" + big_id + "/content", a.key);
   double down_s = seconds_since(t0);
   if (down.status != 200 || down.body != big) {
     std::fprintf(stderr, "download differs: %d, %zu bytes\n", down.status, down.body.size());
@@ -160,8 +160,8 @@ int main(int argc, char** argv) {
   std::printf("{\"phase\":\"create_100k\",\"seconds\":%.3f}\n", create_big_s);
   std::fflush(stdout);
   // Cancel it so it does not compete with the 10,000-request batch below.
-  call(a.port, http::verb::post, "/v1/batches/" + big_batch["id"].get<std::string>() + "/cancel",
-       a.key, "");
+  call(a.port, beast_http::verb::post,
+       "/v1/batches/" + big_batch["id"].get<std::string>() + "/cancel", a.key, "");
   auto [small_id, small_up_s] = upload(a, input_file(a.model, 10000, 24));
   if (small_id.empty()) return 1;
   auto [batch, create_s] = create(a, small_id);
@@ -213,19 +213,20 @@ int main(int argc, char** argv) {
     return 1;
   }
   out["finalize_10k_seconds"] = fin_s;
-  json final_batch = json::parse(call(a.port, http::verb::get, "/v1/batches/" + id, a.key).body);
+  json final_batch =
+      json::parse(call(a.port, beast_http::verb::get, "/v1/batches/" + id, a.key).body);
   if (final_batch["status"] != "completed") {
     std::fprintf(stderr, "batch is %s\n", final_batch.dump().c_str());
     return 1;
   }
   t0 = Clock::now();
   Answer output =
-      call(a.port, http::verb::get,
+      call(a.port, beast_http::verb::get,
            "/v1/files/" + final_batch["output_file_id"].get<std::string>() + "/content", a.key);
   out["output_10k_download_seconds"] = seconds_since(t0);
   out["output_10k_bytes"] = output.body.size();
   t0 = Clock::now();
-  Answer live = call(a.port, http::verb::get, "/v1/batches/" + id + "/output", a.key);
+  Answer live = call(a.port, beast_http::verb::get, "/v1/batches/" + id + "/output", a.key);
   out["live_output_10k_seconds"] = seconds_since(t0);
   if (live.body != output.body) {
     std::fprintf(stderr, "the live output differs from the output file\n");

@@ -18,7 +18,7 @@
 #include "queue/lease.h"
 
 namespace beast = boost::beast;
-namespace http = beast::http;
+namespace beast_http = beast::http;
 using tcp = boost::asio::ip::tcp;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -38,21 +38,21 @@ class Conn {
     stream_.connect(tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"),
                                   static_cast<unsigned short>(port)));
   }
-  std::pair<int, std::string> call(http::verb verb, const std::string& target,
+  std::pair<int, std::string> call(beast_http::verb verb, const std::string& target,
                                    const std::string& key, const std::string& body = "") {
-    http::request<http::string_body> req{verb, target, 11};
-    req.set(http::field::host, "127.0.0.1");
-    req.set(http::field::authorization, "Bearer " + key);
+    beast_http::request<beast_http::string_body> req{verb, target, 11};
+    req.set(beast_http::field::host, "127.0.0.1");
+    req.set(beast_http::field::authorization, "Bearer " + key);
     req.keep_alive(true);
-    if (verb == http::verb::post) {
-      req.set(http::field::content_type, "application/json");
+    if (verb == beast_http::verb::post) {
+      req.set(beast_http::field::content_type, "application/json");
       req.body() = body;
       req.prepare_payload();
     }
-    http::write(stream_, req);
-    http::response_parser<http::string_body> parser;
+    beast_http::write(stream_, req);
+    beast_http::response_parser<beast_http::string_body> parser;
     parser.body_limit(1ull << 30);
-    http::read(stream_, buffer_, parser);
+    beast_http::read(stream_, buffer_, parser);
     auto res = parser.release();
     return {static_cast<int>(res.result_int()), res.body()};
   }
@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
     std::string body = batch_body(n);
     Conn c(a.port);
     auto t0 = Clock::now();
-    auto [status, resp] = c.call(http::verb::post, target, a.key, body);
+    auto [status, resp] = c.call(beast_http::verb::post, target, a.key, body);
     double s = seconds_since(t0);
     if (status != 200) {
       std::fprintf(stderr, "submit failed: %d %s\n", status, resp.c_str());
@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
         std::string t = "/v1/async/" + ids[0];
         while (Clock::now() < end) {
           auto t0 = Clock::now();
-          auto [status, body] = c.call(http::verb::get, t, a.key);
+          auto [status, body] = c.call(beast_http::verb::get, t, a.key);
           lat[p].push_back(seconds_since(t0) * 1000);
           if (status != 200) ++errors;
           std::this_thread::sleep_for(std::chrono::milliseconds(20));

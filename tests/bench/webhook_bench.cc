@@ -21,7 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "api/http_server.h"
+#include "http/server.h"
 #include "queue/store.h"
 #include "queue/webhooks.h"
 
@@ -44,13 +44,13 @@ class Receiver {
   void up() {
     std::lock_guard<std::mutex> lock(server_mu_);
     if (server_) return;
-    hr::api::HttpServerOptions o;
+    hr::http::HttpServerOptions o;
     o.port = port_;
     o.io_threads = 1;
     o.handler_threads = 4;
     o.drain_timeout_s = 2;
-    server_ = std::make_unique<hr::api::HttpServer>(
-        o, hr::api::Handler([this](const hr::api::HttpRequest& req) {
+    server_ = std::make_unique<hr::http::HttpServer>(
+        o, hr::http::Handler([this](const hr::http::HttpRequest& req) {
           std::string id(req["webhook-id"]);
           int64_t at = now_ms();
           {
@@ -58,7 +58,7 @@ class Receiver {
             ++receipts_;
             first_.emplace(id, at);
           }
-          return hr::api::json_response(200, "{}");
+          return hr::http::json_response(200, "{}");
         }));
     if (!server_->start().is_ok()) {
       std::fprintf(stderr, "receiver: cannot listen on %d\n", port_);
@@ -85,7 +85,7 @@ class Receiver {
  private:
   uint16_t port_;
   std::mutex server_mu_;
-  std::unique_ptr<hr::api::HttpServer> server_;
+  std::unique_ptr<hr::http::HttpServer> server_;
   std::mutex mu_;
   std::unordered_map<std::string, int64_t> first_;
   int64_t receipts_ = 0;

@@ -3,7 +3,7 @@
 // least 99% of the reference prompts through the engine (any that differ are listed with their
 // reference margin), with steps pipelined or not; tokens fed on the device equal to tokens given;
 // seeded sampling reproducible; and bad steps refused. Skips without a device. Also built against
-// the CPU stand-in for the CUDA runtime (tests/simt, HEADROOM_SIMT), cuBLASLt included.
+// the CPU stand-in for the CUDA runtime (simt/, HEADROOM_SIMT), cuBLASLt included.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 

@@ -1,7 +1,7 @@
 // Each CUDA kernel against its CPU reference (the CPU backend's own functions where they exist):
 // random inputs without ties, odd sizes, block-boundary lengths, GQA ratios 1, 4 and 8, outputs
 // poisoned before each launch. Skips without a device. Sampling: cuda_sampling_test.cc. Also built
-// against the CPU stand-in for the CUDA runtime (tests/simt, HEADROOM_SIMT).
+// against the CPU stand-in for the CUDA runtime (simt/, HEADROOM_SIMT).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 

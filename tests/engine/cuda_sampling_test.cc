@@ -1,7 +1,7 @@
 // The sampling kernel against the host sampler (engine/sampler.h): penalties and biases applied
 // in place, log probabilities, greedy, top-k, top-p, seeds and the draw's frequencies. Built twice:
 // against the CUDA runtime (label gpu; skips without a device) and against the CPU stand-in for
-// it (tests/simt, label unit), which runs the kernel's own source on fibers and so checks its
+// it (simt/, label unit), which runs the kernel's own source on fibers and so checks its
 // logic, barriers and warp operations on any machine (not its speed, nor the GPU's __expf).
 #include <gtest/gtest.h>
 

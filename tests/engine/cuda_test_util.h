@@ -1,5 +1,5 @@
 // Helpers shared by the kernel tests: device buffers, random inputs, and the skip without a GPU.
-// The sampling tests also build against the CPU stand-in for the CUDA runtime (tests/simt, where
+// The sampling tests also build against the CPU stand-in for the CUDA runtime (simt/, where
 // HEADROOM_SIMT is defined): there the "device" is always present.
 #pragma once
 

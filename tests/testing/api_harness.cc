@@ -29,7 +29,7 @@ ApiHarness::ApiHarness(int max_batch_requests, int64_t body_limit_bytes) {
 }
 
 ApiHarness::ApiHarness(const std::function<void(api::ApiConfig&)>& configure,
-                       const std::function<void(api::HttpServerOptions&)>& configure_server)
+                       const std::function<void(http::HttpServerOptions&)>& configure_server)
     : configure_(configure), configure_server_(configure_server) {
   db_ = std::make_unique<TestDatabase>();
   database_url_ = db_->url();
@@ -66,12 +66,13 @@ void ApiHarness::init() {
   queue::StoreConfig store;
   store.database_url = database_url_;
   store.redis_url = redis_url_;
-  api_ = std::make_unique<api::AsyncApi>(config_, store);
-  api::HttpServerOptions server_options = api_->server_options();
+  api_ = std::make_unique<api::Api>(config_, store);
+  http::HttpServerOptions server_options = api_->server_options();
   if (configure_server_) configure_server_(server_options);
-  server_ = std::make_unique<api::HttpServer>(
-      server_options, api::StreamingHandler(
-                          [this](const api::HttpRequest& r) { return api_->handle_streaming(r); }));
+  server_ = std::make_unique<http::HttpServer>(
+      server_options, http::StreamingHandler([this](const http::HttpRequest& r) {
+        return api_->handle_streaming(r);
+      }));
   Status st = server_->start();
   if (!st.is_ok()) {
     ADD_FAILURE() << st.to_string();

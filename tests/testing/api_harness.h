@@ -6,8 +6,8 @@
 #include <memory>
 #include <string>
 
-#include "api/async_api.h"
-#include "api/http_server.h"
+#include "api/api.h"
+#include "http/server.h"
 #include "tests/testing/http_client.h"
 #include "tests/testing/test_db.h"
 
@@ -24,7 +24,7 @@ class ApiHarness {
   // sees what a handler does with a key it has not seen).
   explicit ApiHarness(
       const std::function<void(api::ApiConfig&)>& configure,
-      const std::function<void(api::HttpServerOptions&)>& configure_server = nullptr);
+      const std::function<void(http::HttpServerOptions&)>& configure_server = nullptr);
   // Uses the given service locations (e.g. a PrivateStack's).
   ApiHarness(const std::string& database_url, const std::string& redis_url);
   ~ApiHarness();
@@ -37,7 +37,7 @@ class ApiHarness {
   const std::string& key_a() const { return key_a_; }
   const std::string& key_b() const { return key_b_; }
   api::ApiConfig& config() { return config_; }
-  api::AsyncApi& api() { return *api_; }
+  api::Api& api() { return *api_; }
 
   HttpResult post(const std::string& target, const std::string& body, const std::string& key,
                   std::map<std::string, std::string> headers = {});
@@ -50,7 +50,7 @@ class ApiHarness {
  private:
   void init();
   std::function<void(api::ApiConfig&)> configure_;
-  std::function<void(api::HttpServerOptions&)> configure_server_;
+  std::function<void(http::HttpServerOptions&)> configure_server_;
   std::unique_ptr<TestDatabase> db_;
   std::string database_url_;
   std::string redis_url_;
@@ -58,8 +58,8 @@ class ApiHarness {
   std::string key_a_;
   std::string key_b_;
   api::ApiConfig config_;
-  std::unique_ptr<api::AsyncApi> api_;
-  std::unique_ptr<api::HttpServer> server_;
+  std::unique_ptr<api::Api> api_;
+  std::unique_ptr<http::HttpServer> server_;
   bool ok_ = false;
 };
 

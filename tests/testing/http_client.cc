@@ -12,7 +12,7 @@
 namespace hr::testing {
 
 namespace beast = boost::beast;
-namespace http = beast::http;
+namespace beast_http = beast::http;
 using tcp = boost::asio::ip::tcp;
 
 HttpResult http_call(const std::string& method, int port, const std::string& target,
@@ -23,21 +23,22 @@ HttpResult http_call(const std::string& method, int port, const std::string& tar
     beast::tcp_stream stream(ioc);
     stream.connect(tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"),
                                  static_cast<unsigned short>(port)));
-    http::request<http::string_body> req{http::string_to_verb(method), target, 11};
-    req.set(http::field::host, "127.0.0.1");
+    beast_http::request<beast_http::string_body> req{beast_http::string_to_verb(method), target,
+                                                     11};
+    req.set(beast_http::field::host, "127.0.0.1");
     for (const auto& [k, v] : headers) req.set(k, v);
     if (!body.empty() || method == "POST") {
-      if (req.find(http::field::content_type) == req.end()) {
-        req.set(http::field::content_type, "application/json");
+      if (req.find(beast_http::field::content_type) == req.end()) {
+        req.set(beast_http::field::content_type, "application/json");
       }
       req.body() = body;
       req.prepare_payload();
     }
-    http::write(stream, req);
+    beast_http::write(stream, req);
     beast::flat_buffer buffer;
-    http::response_parser<http::string_body> parser;
+    beast_http::response_parser<beast_http::string_body> parser;
     parser.body_limit(1ull << 30);
-    http::read(stream, buffer, parser);
+    beast_http::read(stream, buffer, parser);
     auto res = parser.release();
     out.status = static_cast<int>(res.result_int());
     out.body = res.body();

@@ -14,12 +14,12 @@ int64_t now_ms() {
 }
 
 Receiver::Receiver(std::function<Answer(int)> script, uint16_t port) : script_(std::move(script)) {
-  api::HttpServerOptions o;
+  http::HttpServerOptions o;
   o.port = port;
   o.handler_threads = 8;
   o.drain_timeout_s = 1;
-  server_ = std::make_unique<api::HttpServer>(
-      o, api::Handler([this](const api::HttpRequest& req) {
+  server_ = std::make_unique<http::HttpServer>(
+      o, http::Handler([this](const http::HttpRequest& req) {
         Received r;
         for (const auto& f : req) {
           std::string name(f.name_string());
@@ -37,7 +37,7 @@ Receiver::Receiver(std::function<Answer(int)> script, uint16_t port) : script_(s
         }
         Answer a = script_(n);
         if (a.sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(a.sleep_ms));
-        api::HttpResponse res = api::json_response(static_cast<unsigned>(a.status), "{}");
+        http::HttpResponse res = http::json_response(static_cast<unsigned>(a.status), "{}");
         if (!a.retry_after.empty()) res.set(boost::beast::http::field::retry_after, a.retry_after);
         return res;
       }));

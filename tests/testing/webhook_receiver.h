@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "api/http_server.h"
+#include "http/server.h"
 
 namespace hr::testing {
 
@@ -48,7 +48,7 @@ class Receiver {
 
  private:
   std::function<Answer(int)> script_;
-  std::unique_ptr<api::HttpServer> server_;
+  std::unique_ptr<http::HttpServer> server_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Received> received_;

@@ -10,13 +10,11 @@
 namespace hr::workers {
 namespace {
 
-using nlohmann::json;
+wire::TokenLogprob entry(const std::string& token) { return {token, -1.0f, {}}; }
 
-json entry(const std::string& token) { return {{"token", token}}; }
-
-std::vector<std::string> tokens(const json& entries) {
+std::vector<std::string> tokens(const std::vector<wire::TokenLogprob>& entries) {
   std::vector<std::string> out;
-  for (const json& e : entries) out.push_back(e["token"]);
+  for (const wire::TokenLogprob& e : entries) out.push_back(e.bytes);
   return out;
 }
 
@@ -28,8 +26,8 @@ TEST(AnswerLogprobsTest, AStrippedLeadingSpaceLosesNoEntry) {
   AnswerLogprobs lp(true);
   lp.add(entry(" Hi"), 2, 2, false);
   lp.add(entry("."), 1, 1, false);
-  lp.add(json(), 0, 0, true);  // EOS: no entry of its own
-  EXPECT_EQ(tokens(lp.object()["content"]), (Strings{" Hi", "."}));
+  lp.add(std::nullopt, 0, 0, true);  // EOS: no entry of its own
+  EXPECT_EQ(tokens(*lp.answer()), (Strings{" Hi", "."}));
 }
 
 // A special token has no text: its entry goes out with the next piece of text.
@@ -69,7 +67,7 @@ TEST(AnswerLogprobsTest, TextAStopStringCutTakesItsEntriesWithIt) {
   whole.add(entry("hel"), 3, 3, false);
   whole.add(entry("lo!"), 3, 1, false);  // "l" goes out; "o!" may start the stop string "o!x"
   whole.add(entry("x"), 1, 0, true);     // "o!x" found and cut
-  EXPECT_EQ(tokens(whole.object()["content"]), (Strings{"hel", "lo!"}));
+  EXPECT_EQ(tokens(*whole.answer()), (Strings{"hel", "lo!"}));
 }
 
 // An entry without text at the edge of what has gone waits: stop string "€" over "a" and the
@@ -85,13 +83,13 @@ TEST(AnswerLogprobsTest, AnEntryWithoutTextWaitsForTheTextAfterIt) {
   AnswerLogprobs special(true);
   special.add(entry("a"), 1, 1, false);
   special.add(entry("<|x|>"), 0, 0, true);
-  EXPECT_EQ(tokens(special.object()["content"]), (Strings{"a", "<|x|>"}));
+  EXPECT_EQ(tokens(*special.answer()), (Strings{"a", "<|x|>"}));
 }
 
 TEST(AnswerLogprobsTest, NothingWhenNotAskedFor) {
   AnswerLogprobs lp(false);
   lp.add(entry("a"), 1, 1, true);
-  EXPECT_TRUE(lp.object().is_null());
+  EXPECT_TRUE(!lp.answer().has_value());
   EXPECT_TRUE(lp.take().empty());
 }
 

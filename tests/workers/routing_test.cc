@@ -20,16 +20,17 @@
 #include <set>
 #include <thread>
 
-#include "api/http_server.h"
 #include "api/worker_router.h"
 #include "base/ids.h"
 #include "base/metrics.h"
 #include "base/url.h"
+#include "http/server.h"
 #include "queue/registry.h"
 #include "queue/store.h"
 #include "tests/testing/api_harness.h"
 #include "tests/testing/process.h"
 #include "tests/testing/random_model.h"
+#include "wire/chat_request_json.h"
 
 namespace hr::workers {
 namespace {
@@ -500,10 +501,11 @@ TEST_F(Routing, ASilentWorkerIsNotSentTheRequestTwice) {
   api::SyncCall call;
   call.model = h_->model();
   call.reject_if_busy = true;
-  const json request = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  const wire::ChatRequest request =
+      wire::chat_request_from_json({{"messages", {{{"role", "user"}, {"content", "hi"}}}}}).value();
   auto first = router.run(request, call);
   ASSERT_TRUE(first.is_ok()) << first.status().to_string();
-  EXPECT_EQ(first->text, "ok");
+  EXPECT_EQ(first->answer.text, "ok");
   const auto t0 = std::chrono::steady_clock::now();
   auto second = router.run(request, call);
   const auto waited = std::chrono::steady_clock::now() - t0;
@@ -527,7 +529,7 @@ TEST_F(Routing, ASilentWorkerIsNotSentTheRequestTwice) {
 TEST_F(Routing, RejectIfBusyPassesOverAWorkerThatIsStopping) {
   for (bool stopping : {true, false}) {
     std::atomic<int> refused{0};
-    api::HttpServerOptions so;
+    http::HttpServerOptions so;
     so.port = 0;
     const std::string refusal = json{{"error",
                                       {{"code", "resource_exhausted"},
@@ -538,18 +540,18 @@ TEST_F(Routing, RejectIfBusyPassesOverAWorkerThatIsStopping) {
          {{"code", "resource_exhausted"},
           {"message", "Out of capacity: the worker is stopping"},
           {"retry_elsewhere", true}}}}.dump();
-    api::HttpServer refusing(so, api::Handler([&](const api::HttpRequest&) {
-                               ++refused;
-                               return api::json_response(429, stopping ? elsewhere : refusal);
-                             }));
-    api::HttpServer answering(
-        so, api::Handler([](const api::HttpRequest&) {
-          return api::json_response(
+    http::HttpServer refusing(so, http::Handler([&](const http::HttpRequest&) {
+                                ++refused;
+                                return http::json_response(429, stopping ? elsewhere : refusal);
+                              }));
+    http::HttpServer answering(
+        so, http::Handler([](const http::HttpRequest&) {
+          return http::json_response(
               200,
               R"({"text":"ok","finish_reason":"stop","prompt_tokens":1,"completion_tokens":1})");
         }));
     ASSERT_TRUE(refusing.start().is_ok() && answering.start().is_ok());
-    for (auto [id, server] : {std::pair<std::string, api::HttpServer*>{"refusing", &refusing},
+    for (auto [id, server] : {std::pair<std::string, http::HttpServer*>{"refusing", &refusing},
                               {"answering", &answering}}) {
       queue::WorkerInfo w;
       w.id = id;
@@ -565,7 +567,9 @@ TEST_F(Routing, RejectIfBusyPassesOverAWorkerThatIsStopping) {
     api::SyncCall call;
     call.model = h_->model();
     call.reject_if_busy = true;
-    const json request = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+    const wire::ChatRequest request =
+        wire::chat_request_from_json({{"messages", {{{"role", "user"}, {"content", "hi"}}}}})
+            .value();
     int answered = 0, busy = 0;
     for (int i = 0; i < 24; ++i) {
       auto r = router.run(request, call);
@@ -593,21 +597,21 @@ TEST_F(Routing, RejectIfBusyPassesOverAWorkerThatIsStopping) {
 // A worker of an earlier release ignores logprobs: its answers, plain or streamed, must not pass
 // for answers with log probabilities. A stand-in answers in that release's shape.
 TEST_F(Routing, AnswersWithoutTheLogprobsAskedForAreRefused) {
-  api::HttpServerOptions so;
+  http::HttpServerOptions so;
   so.port = 0;
-  api::HttpServer old(
-      so, api::Handler([](const api::HttpRequest& r) {
+  http::HttpServer old(
+      so, http::Handler([](const http::HttpRequest& r) {
         const std::string answer =
             R"({"text":"ab","finish_reason":"stop","prompt_tokens":1,"completion_tokens":2})";
         if (json::parse(r.body()).value("stream", false)) {
-          return api::json_response(200, R"({"delta":"a"})"
-                                         "\n"
-                                         R"({"delta":"b"})"
-                                         "\n"
-                                         R"({"answer":)" +
-                                             answer + "}\n");
+          return http::json_response(200, R"({"delta":"a"})"
+                                          "\n"
+                                          R"({"delta":"b"})"
+                                          "\n"
+                                          R"({"answer":)" +
+                                              answer + "}\n");
         }
-        return api::json_response(200, answer);
+        return http::json_response(200, answer);
       }));
   ASSERT_TRUE(old.start().is_ok());
   queue::WorkerInfo w;

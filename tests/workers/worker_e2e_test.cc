@@ -10,12 +10,14 @@
 #include <random>
 #include <thread>
 
+#include "cmd/worker_sync.h"
 #include "engine/chat_template.h"
 #include "engine/cpu_backend.h"
 #include "engine/weights.h"
 #include "queue/dispatcher.h"
 #include "tests/testing/api_harness.h"
 #include "tests/testing/http_client.h"
+#include "wire/chat_request_json.h"
 #include "workers/sync_server.h"
 
 namespace hr::workers {
@@ -306,7 +308,8 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   DispatcherThread d(h.database_url(), h.redis_url());
   auto w = make_worker(h, "w");
   ASSERT_TRUE(w);
-  h.api().set_sync_inference(w.get());
+  cmd::WorkerSync worker_sync(*w);
+  h.api().set_sync_inference(&worker_sync);
   ASSERT_TRUE(w->start().is_ok());
   auto backlog = random_texts(2000, 4);
   json reqs = json::array();
@@ -620,13 +623,14 @@ TEST(WorkerE2eTest, RejectIfBusyAdmitsNoMoreThanTheWorkerHasSlotsFor) {
   auto w = make_worker(h, "w", 1.0, 5, nullptr, [](WorkerConfig& c) { c.max_num_seqs = kSlots; });
   ASSERT_TRUE(w);
   ASSERT_TRUE(w->start().is_ok());
-  const json request = {{"messages", {{{"role", "user"}, {"content", "reverse: busy"}}}},
-                        {"max_tokens", 200}};
-  api::SyncCall call;
-  call.model = h.model();
+  const wire::ChatRequest request =
+      wire::chat_request_from_json(
+          {{"messages", {{{"role", "user"}, {"content", "reverse: busy"}}}}, {"max_tokens", 200}})
+          .value();
+  SyncOptions call;
   call.reject_if_busy = true;
   for (int round = 0; round < 50; ++round) {
-    std::vector<std::unique_ptr<api::SyncStream>> streams(kCallers);
+    std::vector<std::unique_ptr<wire::AnswerStream>> streams(kCallers);
     std::vector<Status> refused(kCallers);
     std::atomic<int> ready{0};
     std::vector<std::thread> callers;
@@ -679,10 +683,13 @@ TEST(WorkerE2eTest, ADrainingWorkerTellsTheRouterToTryElsewhere) {
   auto ok = call(8);
   ASSERT_EQ(ok.status, 200) << ok.body;
   // Full: its one slot held by a stream.
-  api::SyncCall sc;
+  SyncOptions sc;
   sc.reject_if_busy = true;
   auto held = w->start_stream(
-      {{"messages", {{{"role", "user"}, {"content", "reverse: held"}}}}, {"max_tokens", 200}}, sc);
+      wire::chat_request_from_json(
+          {{"messages", {{{"role", "user"}, {"content", "reverse: held"}}}}, {"max_tokens", 200}})
+          .value(),
+      sc);
   ASSERT_TRUE(held.is_ok());
   auto full = call(8);
   EXPECT_EQ(full.status, 429) << full.body;
@@ -708,7 +715,8 @@ TEST(WorkerE2eTest, AWorkerWhoseEngineKeepsFailingHandsItsWorkBackAndStops) {
   ASSERT_TRUE(w);
   std::atomic<int> failures{0};
   w->set_on_failure([&] { ++failures; });
-  h.api().set_sync_inference(w.get());
+  cmd::WorkerSync worker_sync(*w);
+  h.api().set_sync_inference(&worker_sync);
   ASSERT_TRUE(w->start().is_ok());
   std::vector<std::string> texts;
   const std::string id = submit_under_way(h, *w, 400, 9, &texts);

@@ -1,0 +1,269 @@
+// The API's front: the route table, authentication, and the request metrics.
+#include "api/api.h"
+
+#include <pqxx/pqxx>
+
+#include "api/internal/api_impl.h"
+#include "base/clock.h"
+#include "base/hash.h"
+#include "base/log.h"
+#include "base/metrics.h"
+#include "base/url.h"
+#include "wire/json_text.h"
+
+namespace hr::api {
+
+namespace beast_http = boost::beast::http;
+
+// The routes of OpenAI's API answer errors in OpenAI's shape (what its SDKs parse).
+bool is_openai_path(std::string_view path) {
+  return path == "/v1/chat/completions" || path == "/v1/models" || OpenAiBatchApi::serves(path);
+}
+
+http::HttpResponse shaped_error(const Status& st, ErrorShape shape) {
+  return shape == ErrorShape::kOpenAi ? openai_error_response(st) : error_response(st);
+}
+
+std::map<std::string, std::string> parse_query(std::string_view q) {
+  std::map<std::string, std::string> out;
+  while (!q.empty()) {
+    size_t amp = q.find('&');
+    std::string_view kv = q.substr(0, amp);
+    size_t eq = kv.find('=');
+    out[percent_decode(kv.substr(0, eq))] =
+        eq == std::string_view::npos ? "" : percent_decode(kv.substr(eq + 1));
+    q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
+  }
+  return out;
+}
+
+thread_local int64_t Api::Impl::parse_ns_ = 0;
+
+Api::Api(ApiConfig config, queue::StoreConfig store) : impl_(std::make_unique<Impl>()) {
+  impl_->config = std::move(config);
+  impl_->store = std::move(store);
+  impl_->models = impl_->config.model_specs().value();
+  impl_->pool =
+      std::make_unique<queue::PgPool>(impl_->store.database_url, impl_->config.db_connections,
+                                      std::chrono::milliseconds(impl_->config.db_wait_ms));
+  impl_->limits.max_requests = impl_->config.max_batch_requests;
+  impl_->webhooks.policy = webhooks::AddressPolicy::parse(impl_->config.webhook_allow).value();
+  impl_->webhooks.policy.set_lookup(impl_->config.webhook_lookup);
+  impl_->webhooks.pool = impl_->pool.get();
+  OpenAiBatchContext ctx;
+  ctx.authenticate = [impl = impl_.get()](const http::HttpRequest& r) {
+    return impl->authenticate(r);
+  };
+  ctx.pool = impl_->pool.get();
+  ctx.models = impl_->models;
+  ctx.limits = impl_->limits;
+  ctx.max_file_bytes = impl_->config.max_file_bytes;
+  ctx.max_file_lines = impl_->config.max_file_lines;
+  ctx.webhook_policy = impl_->webhooks.policy;
+  impl_->openai = std::make_unique<OpenAiBatchApi>(std::move(ctx));
+}
+
+Api::~Api() = default;
+
+void Api::set_sync_inference(SyncInference* sync) { impl_->sync = sync; }
+
+http::HttpResponse Api::handle(const http::HttpRequest& req) {
+  std::string_view target(req.target().data(), req.target().size());
+  if (!OpenAiBatchApi::serves(target.substr(0, target.find('?')))) {
+    GiveBack done{impl_->pool.get()};
+    return impl_->handle(req);
+  }
+  http::Reply reply = handle_streaming(req);  // a streamed file download, collected whole
+  if (reply.stream) {
+    std::string piece;
+    while (reply.stream(&piece)) {
+      reply.response.body() += piece;
+      piece.clear();
+    }
+    reply.response.prepare_payload();
+  }
+  return std::move(reply.response);
+}
+
+namespace {
+
+// A coarse route name for request metrics (ids and models left out).
+std::string route_of(std::string_view path) {
+  for (const char* prefix :
+       {"/ai/run", "/v1/async", "/v1/chat/completions", "/v1/models", "/v1/files", "/v1/batches",
+        "/v1/webhooks", "/healthz", "/readyz", "/metrics"}) {
+    if (path.rfind(prefix, 0) == 0) return prefix;
+  }
+  if (path.rfind("/accounts/", 0) == 0 && path.find("/ai/run/") != std::string_view::npos) {
+    return "/ai/run";
+  }
+  return "other";
+}
+
+// Counts an answer in the request metrics; returns its route.
+std::string count_answer(std::string_view path, unsigned code) {
+  std::string route = route_of(path);
+  metrics::counter("headroom_http_requests_total", "HTTP requests answered, by route and status",
+                   "route=\"" + route + "\",code=\"" + std::to_string(code) + "\"")
+      .add();
+  return route;
+}
+
+// The model of a run path, and the account the second form names.
+std::optional<std::pair<std::string, std::string>> run_path(const std::string& path) {
+  if (path.rfind("/ai/run/", 0) == 0)
+    return std::make_pair(percent_decode(path.substr(8)), std::string());
+  if (path.rfind("/accounts/", 0) == 0) {
+    size_t run = path.find("/ai/run/");
+    if (run != std::string::npos) {
+      return std::make_pair(percent_decode(path.substr(run + 8)), path.substr(10, run - 10));
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+http::Reply Api::handle_streaming(const http::HttpRequest& req) {
+  int64_t t0 = steady_now_ns();
+  http::Reply reply;
+  {
+    GiveBack done{impl_->pool.get()};
+    reply = route_streaming(req);
+  }
+  if (reply.stream) {  // each piece may borrow a connection (file downloads) and gives it back
+    reply.stream = [next = std::move(reply.stream), pool = impl_->pool.get()](std::string* piece) {
+      GiveBack done{pool};
+      return next(piece);
+    };
+  }
+  std::string_view target(req.target().data(), req.target().size());
+  std::string route = count_answer(target.substr(0, target.find('?')), reply.response.result_int());
+  metrics::histogram("headroom_http_response_seconds",
+                     "Time to the response header (a streamed body continues after)",
+                     "route=\"" + route + "\"")
+      .observe(static_cast<double>(steady_now_ns() - t0) / 1e9);
+  return reply;
+}
+
+http::HttpServerOptions Api::server_options() const {
+  http::HttpServerOptions o = impl_->config.server_options();
+  o.check_header =
+      [impl = impl_.get()](const http::HttpRequest& header) -> std::optional<http::HttpResponse> {
+    std::string_view target(header.target().data(), header.target().size());
+    std::string_view path = target.substr(0, target.find('?'));
+    if (path == "/healthz" || path == "/readyz" || path == "/metrics") return std::nullopt;
+    Result<std::string> account = [&] {
+      GiveBack done{impl->pool.get()};
+      return impl->authenticate(header);
+    }();
+    // Only a key known to be bad is refused here; the handler answers a database outage.
+    if (account.is_ok() || account.status().code() != StatusCode::kUnauthenticated)
+      return std::nullopt;
+    http::HttpResponse res = shaped_error(
+        account.status(), is_openai_path(path) ? ErrorShape::kOpenAi : ErrorShape::kWorkersAi);
+    count_answer(path, res.result_int());
+    return res;
+  };
+  return o;
+}
+
+http::Reply Api::route_streaming(const http::HttpRequest& req) {
+  std::string_view target(req.target().data(), req.target().size());
+  size_t qpos = target.find('?');
+  if (OpenAiBatchApi::serves(target.substr(0, qpos))) {
+    return impl_->openai->handle(
+        req, std::string(target.substr(0, qpos)),
+        parse_query(qpos == std::string_view::npos ? "" : target.substr(qpos + 1)));
+  }
+  if (req.method() == beast_http::verb::post && target.substr(0, qpos) == "/v1/chat/completions") {
+    json body = wire::parse_client_json(req.body());
+    if (flag(body, "stream")) {
+      Result<std::string> account = impl_->authenticate(req);
+      if (!account.is_ok()) return {openai_error_response(account.status()), nullptr};
+      return impl_->chat_completions_stream(req, body);
+    }
+  }
+  http::Reply reply;
+  reply.response = impl_->handle(req, &reply.stream);
+  return reply;
+}
+
+Result<std::string> Api::Impl::authenticate(const http::HttpRequest& req) {
+  auto it = req.find(beast_http::field::authorization);
+  if (it == req.end()) {
+    return Status(StatusCode::kUnauthenticated, "missing API key: send Authorization: Bearer <key>",
+                  "Authorization");
+  }
+  std::string_view v(it->value().data(), it->value().size());
+  if (v.size() < 8 || (v.substr(0, 7) != "Bearer " && v.substr(0, 7) != "bearer ")) {
+    return Status(StatusCode::kUnauthenticated, "Authorization must be 'Bearer <key>'",
+                  "Authorization");
+  }
+  std::string key(v.substr(7));
+  std::string digest = to_hex(sha256(key));
+  int64_t now = SystemClock::instance().now_unix_ms();
+  {
+    std::lock_guard<std::mutex> lock(auth_mu);
+    auto c = auth_cache.find(digest);
+    if (c != auth_cache.end() && c->second.expires_ms > now) return c->second.account_id;
+  }
+  Result<std::string> account = pool->with_connection<std::string>(
+      [&](pqxx::connection& c) { return queue::authenticate(c, key); });
+  if (!account.is_ok()) {
+    if (account.status().code() == StatusCode::kUnauthenticated) {
+      return Status(StatusCode::kUnauthenticated, "invalid API key", "Authorization");
+    }
+    return account.status();
+  }
+  std::lock_guard<std::mutex> lock(auth_mu);
+  if (auth_cache.size() > 10000) auth_cache.clear();
+  auth_cache[digest] = {*account, now + 30000};
+  return account;
+}
+http::HttpResponse Api::Impl::handle(const http::HttpRequest& req, http::BodyStream* stream) {
+  std::string_view target(req.target().data(), req.target().size());
+  size_t qpos = target.find('?');
+  std::string path = std::string(target.substr(0, qpos));
+  auto query = parse_query(qpos == std::string_view::npos ? "" : target.substr(qpos + 1));
+  if (path == "/healthz") return http::json_response(200, R"({"status":"ok"})");
+  if (path == "/readyz") return readyz();
+  if (path == "/metrics" && req.method() == beast_http::verb::get) return metrics_page();
+
+  Result<std::string> account = authenticate(req);
+  if (!account.is_ok()) {
+    ErrorShape shape = is_openai_path(path) ? ErrorShape::kOpenAi : ErrorShape::kWorkersAi;
+    if (account.status().code() == StatusCode::kUnavailable) {
+      return db_error(account.status(), shape);
+    }
+    return shaped_error(account.status(), shape);
+  }
+  const std::string& acct = *account;
+
+  auto is_post = req.method() == beast_http::verb::post;
+  auto is_get = req.method() == beast_http::verb::get;
+  if (auto run = run_path(path); run && is_post) {
+    if (!run->second.empty() && run->second != acct) {
+      return error_response(not_found("unknown account " + run->second));
+    }
+    return run_model(req, acct, run->first, query, stream);
+  }
+  if (path == "/v1/async" && is_get) return list(acct, query);
+  if (path.rfind("/v1/webhooks", 0) == 0) {
+    if (auto r = handle_webhooks(req, path, query, acct, webhooks)) return std::move(*r);
+  }
+  if (path == "/v1/chat/completions" && is_post) return chat_completions(req);
+  if (path == "/v1/models" && is_get) return models_list();
+  if (path.rfind("/v1/async/", 0) == 0) {
+    std::string rest = path.substr(10);
+    if (rest.size() > 7 && rest.ends_with("/cancel") && is_post) {
+      return cancel(acct, rest.substr(0, rest.size() - 7));
+    }
+    if (is_get && rest.find('/') == std::string::npos) {
+      return poll(acct, rest, query.count("include") && query.at("include") == "partial");
+    }
+  }
+  return error_response(not_found("no route for " + std::string(req.method_string()) + " " + path));
+}
+
+}  // namespace hr::api

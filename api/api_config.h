@@ -1,0 +1,51 @@
+// The API's configuration: where it listens, its limits, the models it serves and how long sync
+// calls wait for room. Bound to the command line of `api` and `serve`, validated once.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "api/batch_request.h"
+#include "base/status.h"
+#include "http/server.h"
+#include "webhooks/address_policy.h"
+
+namespace hr::api {
+
+struct ApiConfig {
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  int io_threads = 2;
+  // A sync call (streamed or not) holds one while it is generated. Threads borrow database
+  // connections from a pool of db_connections only while they query, so these may be many more.
+  int handler_threads = 512;
+  int db_connections = 16;
+  int db_wait_ms = 5000;  // a request waits this long for a free connection, then gets 429
+  int64_t body_limit_bytes = 10 << 20;
+  int max_batch_requests = 100000;
+  // OpenAI Batch API input files (POST /v1/files may carry up to this much, plus the form).
+  int64_t max_file_bytes = 200 << 20;
+  int max_file_lines = 100000;
+  // Served models as NAME:CONTEXT_LENGTH; a batch for one of these is accepted even while no
+  // worker for it is up.
+  std::vector<std::string> models = {"@hr/tiny-reverse:128"};
+  // Non-public webhook targets accepted anyway (CIDRs, "loopback", "private").
+  std::vector<std::string> webhook_allow;
+  // How webhook hosts are looked up when a batch names one (null: the system resolver).
+  webhooks::HostLookup webhook_lookup;
+  // A sync request waits this long for a worker with room (unless options.rejectIfBusy), then
+  // gets 429 with code 3040.
+  int sync_queue_timeout_ms = 2000;
+  // Sent to workers with each forwarded sync request (`api` only; workers check it when set).
+  std::string internal_token;
+
+  void bind(CLI::App& app);
+  [[nodiscard]] Status validate() const;
+  [[nodiscard]] Result<std::vector<ModelSpec>> model_specs() const;
+  http::HttpServerOptions server_options() const;
+};
+
+}  // namespace hr::api

@@ -1,0 +1,235 @@
+// The async routes: submit a queued batch (POST /ai/run/{model} with queueRequest), poll it by
+// request_id (GET /v1/async/{id}), cancel it and list the account's batches. Results are stored
+// answers (wire/stored_answer.h), shown in Workers AI's shape.
+#include <pqxx/pqxx>
+
+#include <optional>
+#include <unordered_set>
+
+#include "api/internal/api_impl.h"
+#include "base/clock.h"
+#include "base/duration.h"
+#include "base/hash.h"
+#include "base/ids.h"
+#include "base/log.h"
+#include "wire/openai_chat.h"
+#include "wire/workers_ai.h"
+
+namespace hr::api {
+
+namespace {
+
+json progress_of(const queue::BatchInfo& b) {
+  return {{"total", b.num_total},
+          {"completed", b.num_completed},
+          {"failed", b.num_failed},
+          {"cancelled", b.num_cancelled},
+          {"expired", b.num_expired}};
+}
+
+json summary_of(const queue::BatchInfo& b) {
+  json j = {{"request_id", b.id},
+            {"model", b.model},
+            {"status", b.status},
+            {"progress", progress_of(b)},
+            {"created_at", b.created_at_ms / 1000}};
+  if (b.finished_at_ms) j["finished_at"] = *b.finished_at_ms / 1000;
+  if (b.deadline_ms) j["deadline"] = *b.deadline_ms / 1000;
+  return j;
+}
+
+json usage_of(const queue::BatchInfo& b) {
+  return wire::usage_json({b.prompt_tokens, b.completion_tokens, b.cached_tokens});
+}
+
+json response_of(const queue::RequestResult& r) {
+  json j = {{"id", r.idx},
+            {"external_reference", r.custom_id ? json(*r.custom_id) : json(nullptr)},
+            {"success", r.status == "completed"}};
+  if (r.status == "completed" && r.result_json) {
+    Result<json> result = wire::workers_ai_stored_result(*r.result_json);
+    if (result.is_ok()) {
+      j["result"] = std::move(result).value();
+    } else {
+      j["error"] = {{"code", "invalid_result"}, {"message", result.status().message()}};
+    }
+  } else if (r.error_json) {
+    j["error"] = json::parse(*r.error_json, nullptr, false);
+  } else if (r.status == "cancelled") {
+    j["error"] = {{"code", "cancelled"}, {"message", "the batch was cancelled"}};
+  } else if (r.status == "queued" || r.status == "running") {
+    j["status"] = r.status;
+  }
+  if (r.status != "completed") j["status"] = r.status;
+  return j;
+}
+
+}  // namespace
+
+http::HttpResponse Api::Impl::submit(const http::HttpRequest& req, const std::string& account,
+                                     const ModelSpec& model, const json& body) {
+  static const std::unordered_set<std::string> kTopLevel = {
+      "requests", "queueRequest", "options",        "completion_window",
+      "metadata", "webhook_url",  "webhook_events", "webhook_secret"};
+  for (const auto& [key, value] : body.items()) {
+    if (!kTopLevel.count(key)) {
+      return error_response(invalid_argument("unknown field '" + key + "'", key));
+    }
+  }
+  queue::NewBatch batch;
+  batch.account_id = account;
+  batch.model = model.name;
+  if (auto err = check_batch_envelope(body, limits)) return error_response(err->status, err->index);
+  if (body.contains("completion_window")) {
+    if (!body["completion_window"].is_string()) {
+      return error_response(
+          invalid_argument("'completion_window' must be a string like 24h", "completion_window"));
+    }
+    Result<int64_t> ms = parse_duration_ms(body["completion_window"], "completion_window");
+    if (!ms.is_ok()) return error_response(ms.status());
+    batch.deadline_unix_ms = SystemClock::instance().now_unix_ms() + *ms;
+  }
+  if (body.contains("metadata")) {
+    if (!body["metadata"].is_object()) {
+      return error_response(invalid_argument("'metadata' must be an object", "metadata"));
+    }
+    batch.metadata_json = body["metadata"].dump();
+  }
+  pool->release();  // a webhook host's lookup may take seconds: hold no connection meanwhile
+  Result<BatchWebhook> hook = parse_batch_webhook(body, webhooks.policy);
+  if (!hook.is_ok()) return error_response(hook.status());
+  batch.webhook_url = hook->url;
+  batch.webhook_events = hook->events;
+  batch.webhook_secret = hook->secret;
+  auto idem = req.find("Idempotency-Key");
+  if (idem != req.end()) {
+    std::string key(idem->value());
+    if (key.empty() || key.size() > 255) {
+      return error_response(
+          invalid_argument("Idempotency-Key must be 1 to 255 characters", "Idempotency-Key"));
+    }
+    batch.idempotency_key = key;
+  }
+  batch.request_hash = sha256(req.body());
+  Result<pqxx::connection*> c = pool->connection();
+  if (!c.is_ok()) return db_error(c.status());
+  // Each request is validated as it streams into COPY, so validation overlaps with the database
+  // storing the rows before it; the first bad request rolls the whole batch back.
+  const json& reqs = body["requests"];
+  std::unordered_set<std::string> seen;
+  std::optional<BatchError> bad_request;
+  batch.num_requests = reqs.size();
+  batch.produce = [&](size_t i, queue::NewRequest* out) -> Status {
+    bad_request = parse_batch_request(reqs, i, model, limits, &seen, out);
+    return bad_request ? bad_request->status : Status::ok();
+  };
+  int64_t t1 = steady_now_ns();
+  Result<queue::SubmitResult> r = queue::submit_batch(**c, batch);
+  int64_t store_ns = steady_now_ns() - t1;
+  if (bad_request) return error_response(bad_request->status, bad_request->index);
+  if (!r.is_ok()) {
+    if (r.status().code() == StatusCode::kConflict) return error_response(r.status());
+    return db_error(r.status());
+  }
+  log::info("batch.submitted", {{"batch", r->batch_id},
+                                {"model", model.name},
+                                {"num_requests", static_cast<int64_t>(batch.size())},
+                                {"replayed", r->replayed},
+                                {"parse_ms", parse_ns_ / 1000000},
+                                {"validate_and_store_ms", store_ns / 1000000}});
+  return ok_response({{"status", "queued"}, {"request_id", r->batch_id}, {"model", model.name}});
+}
+
+http::HttpResponse Api::Impl::poll(const std::string& account, const std::string& request_id,
+                                   bool include_partial) {
+  if (!parse_uuid(request_id).is_ok()) {
+    return error_response(invalid_argument("request_id is not a valid id", "request_id"));
+  }
+  Result<queue::BatchInfo> b = pool->with_connection<queue::BatchInfo>(
+      [&](pqxx::connection& c) { return queue::get_batch(c, account, request_id); });
+  if (!b.is_ok()) {
+    if (b.status().code() == StatusCode::kNotFound) {
+      return error_response(not_found("no such request_id: " + request_id));
+    }
+    return db_error(b.status());
+  }
+  json result = summary_of(*b);
+  if (b->is_terminal() || include_partial) {
+    Result<std::vector<queue::RequestResult>> rs =
+        pool->with_connection<std::vector<queue::RequestResult>>(
+            [&](pqxx::connection& c) { return queue::get_results(c, b->id, include_partial); });
+    if (!rs.is_ok()) return db_error(rs.status());
+    json responses = json::array();
+    for (const auto& r : *rs) responses.push_back(response_of(r));
+    result["responses"] = std::move(responses);
+    result["usage"] = usage_of(*b);
+  }
+  return ok_response(std::move(result));
+}
+
+http::HttpResponse Api::Impl::cancel(const std::string& account, const std::string& request_id) {
+  if (!parse_uuid(request_id).is_ok()) {
+    return error_response(invalid_argument("request_id is not a valid id", "request_id"));
+  }
+  Result<pqxx::connection*> c = pool->connection();
+  if (!c.is_ok()) return db_error(c.status());
+  Result<queue::CancelResult> r = queue::cancel_batch(**c, account, request_id);
+  if (!r.is_ok()) {
+    if (r.status().code() == StatusCode::kNotFound) {
+      return error_response(not_found("no such request_id: " + request_id));
+    }
+    return db_error(r.status());
+  }
+  json result = summary_of(r->batch);
+  result["cancelled_now"] = r->num_cancelled_now;
+  result["already_cancelled"] = r->already_requested;
+  if (r->batch.is_terminal() && !r->batch.cancel_requested) {
+    result["message"] = "the batch had already finished; nothing to cancel";
+  }
+  return ok_response(std::move(result));
+}
+
+http::HttpResponse Api::Impl::list(const std::string& account,
+                                   const std::map<std::string, std::string>& query) {
+  queue::ListQuery q;
+  if (auto it = query.find("limit"); it != query.end()) {
+    try {
+      q.limit = std::stoi(it->second);
+    } catch (...) {
+      q.limit = 0;
+    }
+    if (q.limit < 1 || q.limit > 100) {
+      return error_response(invalid_argument("limit must be 1 to 100", "limit"));
+    }
+  }
+  if (auto it = query.find("status"); it != query.end() && !it->second.empty()) {
+    static const std::unordered_set<std::string> kStatuses = {
+        "queued", "running",   "completed", "completed_with_errors",
+        "failed", "cancelled", "expired"};
+    if (!kStatuses.count(it->second)) {
+      return error_response(invalid_argument("unknown status '" + it->second + "'", "status"));
+    }
+    q.status = it->second;
+  }
+  if (auto it = query.find("after"); it != query.end() && !it->second.empty()) {
+    if (!parse_uuid(it->second).is_ok()) {
+      return error_response(invalid_argument("after must be a request_id", "after"));
+    }
+    q.after = it->second;
+  }
+  int want = q.limit;
+  q.limit = want + 1;
+  Result<std::vector<queue::BatchInfo>> r = pool->with_connection<std::vector<queue::BatchInfo>>(
+      [&](pqxx::connection& c) { return queue::list_batches(c, account, q); });
+  if (!r.is_ok()) return db_error(r.status());
+  bool has_more = static_cast<int>(r->size()) > want;
+  json data = json::array();
+  for (int i = 0; i < std::min<int>(want, static_cast<int>(r->size())); ++i) {
+    data.push_back(summary_of((*r)[i]));
+  }
+  json result = {{"data", data}, {"has_more", has_more}};
+  if (!data.empty()) result["last_id"] = data.back()["request_id"];
+  return ok_response(std::move(result));
+}
+
+}  // namespace hr::api

@@ -1,0 +1,343 @@
+// The sync routes: POST /ai/run/{model} (Workers AI's shape; queued when asked, see
+// async_routes.cc), POST /v1/chat/completions (OpenAI's), each streamed as server-sent events with
+// `stream: true`, and GET /v1/models. The answers' shapes come from wire/.
+#include <string>
+#include <utility>
+
+#include "api/internal/api_impl.h"
+#include "base/clock.h"
+#include "base/ids.h"
+#include "wire/json_text.h"
+#include "wire/openai_chat.h"
+#include "wire/workers_ai.h"
+
+namespace hr::api {
+
+namespace beast_http = boost::beast::http;
+
+namespace {
+
+// Names the worker that answered a sync call (x-headroom-worker), when it was a remote one.
+void mark_worker(http::HttpResponse& res, const std::string& worker) {
+  if (!worker.empty()) res.set("x-headroom-worker", worker);
+}
+
+// The sync routes' own fields, checked before they are read: flags are booleans (or null), the
+// option groups objects, and n (OpenAI's number of choices) one.
+Status check_sync_fields(const json& body) {
+  auto check_flag = [](const json& obj, const char* key, const std::string& field) -> Status {
+    auto it = obj.find(key);
+    if (it != obj.end() && !it->is_null() && !it->is_boolean()) {
+      return invalid_argument("'" + field + "' must be true or false", field);
+    }
+    return Status::ok();
+  };
+  HR_RETURN_IF_ERROR(check_flag(body, "stream", "stream"));
+  for (const char* group : {"options", "stream_options"}) {
+    auto it = body.find(group);
+    if (it != body.end() && !it->is_null() && !it->is_object()) {
+      return invalid_argument(std::string("'") + group + "' must be an object", group);
+    }
+  }
+  if (auto o = body.find("options"); o != body.end() && o->is_object()) {
+    HR_RETURN_IF_ERROR(check_flag(*o, "rejectIfBusy", "options.rejectIfBusy"));
+  }
+  if (auto o = body.find("stream_options"); o != body.end() && o->is_object()) {
+    HR_RETURN_IF_ERROR(check_flag(*o, "include_usage", "stream_options.include_usage"));
+  }
+  if (auto n = body.find("n");
+      n != body.end() && !n->is_null() && !(n->is_number_integer() && n->get<int64_t>() == 1)) {
+    return invalid_argument("'n' must be 1: one choice per request is served", "n");
+  }
+  return Status::ok();
+}
+
+// An answer without the log probabilities its request asked for: from a worker of an earlier
+// release, which ignores logprobs (every answer of this one carries them, empty or not).
+Status no_logprobs_from_worker() {
+  return unavailable(
+      "the worker that answered does not serve log probabilities (an earlier release)");
+}
+
+// Whether a /ai/run call asks to be queued: ?queueRequest=true, "queueRequest": true or
+// "options": {"queueRequest": true} (the last one said wins).
+bool queue_requested(const json& body, const std::map<std::string, std::string>& query) {
+  bool queued = query.count("queueRequest") && query.at("queueRequest") == "true";
+  if (body.contains("queueRequest")) queued = body["queueRequest"] == true;
+  if (body.contains("options") && body["options"].is_object() &&
+      body["options"].contains("queueRequest")) {
+    queued = body["options"]["queueRequest"] == true;
+  }
+  return queued;
+}
+
+}  // namespace
+
+// obj[key] as a flag: absent, null or not a boolean is false (check_sync_fields refuses the last).
+bool flag(const json& obj, const char* key) {
+  if (!obj.is_object()) return false;
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_boolean() && it->get<bool>();
+}
+
+http::HttpResponse Api::Impl::run_model(const http::HttpRequest& req, const std::string& account,
+                                        const std::string& model_name,
+                                        const std::map<std::string, std::string>& query,
+                                        http::BodyStream* stream) {
+  int64_t t0 = steady_now_ns();
+  std::string why;
+  json body = wire::parse_client_json(req.body(), &why);
+  parse_ns_ = steady_now_ns() - t0;
+  if (body.is_discarded()) return error_response(invalid_argument("body " + why, "body"));
+  if (!body.is_object())
+    return error_response(invalid_argument("body must be a JSON object", "body"));
+  if (body.contains("request_id")) {
+    if (!body["request_id"].is_string()) {
+      return error_response(invalid_argument("'request_id' must be a string", "request_id"));
+    }
+    return poll(account, body["request_id"],
+                query.count("include") && query.at("include") == "partial");
+  }
+  const ModelSpec* model = find_model(model_name);
+  if (model == nullptr) {
+    return error_response(invalid_argument("unknown model '" + model_name + "'", "model"));
+  }
+  if (queue_requested(body, query)) return submit(req, account, *model, body);
+  if (Status st = check_sync_fields(body); !st.is_ok()) return error_response(st);
+  if (body.contains("stream") && body["stream"] == true && stream != nullptr) {
+    http::Reply r = run_model_stream(req, std::move(body), *model);
+    *stream = std::move(r.stream);
+    return std::move(r.response);
+  }
+  json request = body;
+  request.erase("queueRequest");
+  Result<SyncAnswer> answer = run_sync(req, request, *model);
+  if (!answer.is_ok()) return error_response(answer.status());
+  http::HttpResponse res = ok_response(wire::workers_ai_result(answer->answer, false));
+  mark_worker(res, answer->worker);
+  return res;
+}
+
+SyncCall Api::Impl::sync_call(const http::HttpRequest& req, const json& body,
+                              const ModelSpec& model) const {
+  SyncCall call;
+  call.model = model.name;
+  call.reject_if_busy = body.contains("options") && flag(body["options"], "rejectIfBusy");
+  call.queue_timeout_ms = config.sync_queue_timeout_ms;
+  auto it = req.find("x-session-affinity");
+  if (it != req.end()) call.affinity = std::string(it->value());
+  call.client_gone = http::current_client_gone;
+  return call;
+}
+
+Result<SyncInference*> Api::Impl::sync_for(const ModelSpec& model) const {
+  pool->release();  // the caller waits on the inference next: it needs no database meanwhile
+  SyncInference* s = sync.load();
+  if (s == nullptr) {
+    return Status(StatusCode::kResourceExhausted,
+                  "Out of capacity: no worker is serving " + model.name + " here");
+  }
+  return s;
+}
+
+Result<SyncAnswer> Api::Impl::run_sync(const http::HttpRequest& req, const json& body,
+                                       const ModelSpec& model) {
+  SyncCall call = sync_call(req, body, model);
+  json request = body;
+  request.erase("options");
+  if (request.contains("stream") && request["stream"] == true) {
+    return invalid_argument("stream: true needs a streaming connection; send stream: false",
+                            "stream");
+  }
+  request.erase("stream");
+  HR_ASSIGN_OR_RETURN(wire::ChatRequest norm, normalize_chat_request(request, model, limits));
+  HR_ASSIGN_OR_RETURN(SyncInference * s, sync_for(model));
+  HR_ASSIGN_OR_RETURN(SyncAnswer answer, s->run(norm, call));
+  // A worker of an earlier release ignores logprobs: its answer must not pass for one with them.
+  if (norm.logprobs && !answer.answer.logprobs) return no_logprobs_from_worker();
+  return answer;
+}
+
+http::HttpResponse Api::Impl::chat_completions(const http::HttpRequest& req) {
+  std::string why;
+  json body = wire::parse_client_json(req.body(), &why);
+  if (body.is_discarded()) return openai_error_response(invalid_argument("body " + why, "body"));
+  if (!body.is_object())
+    return openai_error_response(invalid_argument("body is not a JSON object", "body"));
+  if (Status st = check_sync_fields(body); !st.is_ok()) return openai_error_response(st);
+  if (!body.contains("model") || !body["model"].is_string()) {
+    return openai_error_response(invalid_argument("'model' is required", "model"));
+  }
+  const ModelSpec* model = find_model(body["model"]);
+  if (model == nullptr) {
+    return openai_error_response(
+        invalid_argument("unknown model '" + body["model"].get<std::string>() + "'", "model"));
+  }
+  // OpenAI fields this server does not use but clients commonly send.
+  for (const char* key : {"n", "user", "stream_options"}) body.erase(key);
+  Result<SyncAnswer> a = run_sync(req, body, *model);
+  if (!a.is_ok()) return openai_error_response(a.status());
+  http::HttpResponse res = http::json_response(
+      200, wire::chat_completion(a->answer, "chatcmpl-" + new_uuid_v4().to_string(),
+                                 SystemClock::instance().now_unix_ms() / 1000, model->name)
+               .dump());
+  mark_worker(res, a->worker);
+  return res;
+}
+
+// OpenAI chat.completion.chunk events over SSE, ending with data: [DONE].
+http::Reply Api::Impl::chat_completions_stream(const http::HttpRequest& req, json body) {
+  if (!body.contains("model") || !body["model"].is_string()) {
+    return {openai_error_response(invalid_argument("'model' is required", "model")), nullptr};
+  }
+  const ModelSpec* model = find_model(body["model"]);
+  if (model == nullptr) {
+    return {openai_error_response(invalid_argument(
+                "unknown model '" + body["model"].get<std::string>() + "'", "model")),
+            nullptr};
+  }
+  if (Status st = check_sync_fields(body); !st.is_ok()) return {openai_error_response(st), nullptr};
+  bool include_usage =
+      body.contains("stream_options") && flag(body["stream_options"], "include_usage");
+  SyncCall call = sync_call(req, body, *model);
+  for (const char* key : {"n", "user", "stream_options", "stream", "options"}) {
+    body.erase(key);
+  }
+  Result<wire::ChatRequest> norm = normalize_chat_request(body, *model, limits);
+  if (!norm.is_ok()) return {openai_error_response(norm.status()), nullptr};
+  Result<SyncInference*> s = sync_for(*model);
+  if (!s.is_ok()) return {openai_error_response(s.status()), nullptr};
+  Result<std::unique_ptr<wire::AnswerStream>> started = (*s)->start_stream(*norm, call);
+  if (!started.is_ok()) return {openai_error_response(started.status()), nullptr};
+  struct State {
+    std::unique_ptr<wire::AnswerStream> stream;
+    std::string id = "chatcmpl-" + new_uuid_v4().to_string();
+    int64_t created = SystemClock::instance().now_unix_ms() / 1000;
+    std::string model;
+    bool include_usage = false;
+    bool logprobs = false;  // asked for
+    int phase = 0;          // 0: role, 1: deltas, 2: usage, 3: done
+  };
+  auto st = std::make_shared<State>();
+  st->logprobs = norm->logprobs;
+  st->stream = std::move(started).value();
+  st->model = model->name;
+  st->include_usage = include_usage;
+  auto event = [st](json delta, json finish_reason, json usage, json logprobs = nullptr) {
+    return wire::chat_chunk_event(st->id, st->created, st->model, std::move(delta),
+                                  std::move(finish_reason), std::move(usage), std::move(logprobs));
+  };
+  http::Reply reply;
+  reply.response = http::json_response(200, "");
+  reply.response.set(beast_http::field::content_type, "text/event-stream");
+  reply.response.set(beast_http::field::cache_control, "no-cache");
+  mark_worker(reply.response, st->stream->worker());
+  reply.stream = [st, event](std::string* out) -> bool {
+    switch (st->phase) {
+      case 0:
+        st->phase = 1;
+        *out = event({{"role", "assistant"}, {"content", ""}}, nullptr, nullptr);
+        return true;
+      case 1: {
+        std::string delta;
+        if (st->stream->next(&delta)) {
+          const wire::Logprobs& lp = st->stream->delta_logprobs();
+          if (st->logprobs && !lp) {
+            *out = "data: " + openai_error_body(no_logprobs_from_worker()).dump() +
+                   "\n\ndata: [DONE]\n\n";
+            st->phase = 3;
+            st->stream.reset();  // the generation stops
+            return true;
+          }
+          *out = event({{"content", delta}}, nullptr, nullptr, wire::logprobs_object(lp));
+          return true;
+        }
+        st->phase = 2;
+        if (!st->stream->status().is_ok()) {
+          *out = "data: " + openai_error_body(st->stream->status()).dump() + "\n\n";
+          st->phase = 3;
+          *out += "data: [DONE]\n\n";
+          return true;
+        }
+        *out = event(json::object(), st->stream->answer().finish_reason, nullptr);
+        return true;
+      }
+      case 2: {
+        st->phase = 3;
+        if (st->include_usage) {
+          *out = event(nullptr, nullptr, wire::usage_json(st->stream->answer().usage));
+        }
+        *out += "data: [DONE]\n\n";
+        return true;
+      }
+      default:
+        return false;
+    }
+  };
+  return reply;
+}
+
+// Server-sent events in Workers AI's shape: data: {"response": "<delta>"} per piece, then
+// data: {"response": "", "usage": {...}, "finish_reason": ...}, then data: [DONE].
+http::Reply Api::Impl::run_model_stream(const http::HttpRequest& req, json body,
+                                        const ModelSpec& model) {
+  SyncCall call = sync_call(req, body, model);
+  for (const char* key : {"stream", "options", "queueRequest"}) body.erase(key);
+  Result<wire::ChatRequest> norm = normalize_chat_request(body, model, limits);
+  if (!norm.is_ok()) return {error_response(norm.status()), nullptr};
+  Result<SyncInference*> s = sync_for(model);
+  if (!s.is_ok()) return {error_response(s.status()), nullptr};
+  Result<std::unique_ptr<wire::AnswerStream>> started = (*s)->start_stream(*norm, call);
+  if (!started.is_ok()) return {error_response(started.status()), nullptr};
+  struct State {
+    std::unique_ptr<wire::AnswerStream> stream;
+    bool logprobs = false;  // asked for
+    bool done = false;
+  };
+  auto st = std::make_shared<State>();
+  st->stream = std::move(started).value();
+  st->logprobs = norm->logprobs;
+  http::Reply reply;
+  reply.response = http::json_response(200, "");
+  reply.response.set(beast_http::field::content_type, "text/event-stream");
+  reply.response.set(beast_http::field::cache_control, "no-cache");
+  mark_worker(reply.response, st->stream->worker());
+  reply.stream = [st](std::string* out) -> bool {
+    if (st->done) return false;
+    std::string delta;
+    if (st->stream->next(&delta)) {
+      const wire::Logprobs& lp = st->stream->delta_logprobs();
+      if (st->logprobs && !lp) {
+        *out = "data: " + error_body(no_logprobs_from_worker()).dump() + "\n\ndata: [DONE]\n\n";
+        st->done = true;
+        st->stream.reset();  // the generation stops
+        return true;
+      }
+      *out = wire::workers_ai_delta_event(delta, lp);
+      return true;
+    }
+    st->done = true;
+    if (!st->stream->status().is_ok()) {
+      *out = "data: " + error_body(st->stream->status()).dump() + "\n\n";
+    } else {
+      *out = wire::workers_ai_final_event(st->stream->answer());
+    }
+    *out += "data: [DONE]\n\n";
+    return true;
+  };
+  return reply;
+}
+
+http::HttpResponse Api::Impl::models_list() {
+  json data = json::array();
+  for (const auto& m : models) {
+    data.push_back({{"id", m.name},
+                    {"object", "model"},
+                    {"created", 0},
+                    {"owned_by", "headroom"},
+                    {"context_length", m.context_length}});
+  }
+  return http::json_response(200, json{{"object", "list"}, {"data", data}}.dump());
+}
+
+}  // namespace hr::api

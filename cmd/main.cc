@@ -1,0 +1,189 @@
+// headroom: one binary, several roles. Parses the command line (flags > HEADROOM_* environment >
+// config file), sets up logging and runs the chosen subcommand.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <string>
+
+#include "base/cli.h"
+#include "base/log.h"
+#include "cmd/roles.h"
+#include "engine/device.h"
+#include "queue/config.h"
+#include "queue/migrate.h"
+#include "workers/worker_config.h"
+
+namespace {
+
+struct GlobalConfig {
+  std::string config_file;
+  std::string log_level = "info";
+  std::string log_format = "text";
+};
+
+struct MigrateCommand {
+  hr::queue::StoreConfig store;
+  std::string migrations_dir;
+};
+
+int run_migrate(const MigrateCommand& cmd) {
+  std::vector<hr::queue::Migration> files;
+  if (cmd.migrations_dir.empty()) {
+    files = hr::queue::bundled_migrations();
+  } else {
+    auto loaded = hr::queue::load_migrations_dir(cmd.migrations_dir);
+    if (!loaded.is_ok()) {
+      hr::log::error("migrate.failed", {{"error", loaded.status()}});
+      return 1;
+    }
+    files = std::move(loaded).value();
+  }
+  auto report = hr::queue::migrate(cmd.store.database_url, files);
+  if (!report.is_ok()) {
+    hr::log::error("migrate.failed", {{"error", report.status()}});
+    return 1;
+  }
+  hr::log::info("migrate.done", {{"applied", static_cast<int64_t>(report->applied.size())},
+                                 {"already_applied", report->num_already_applied}});
+  return 0;
+}
+
+int run_version() {
+  std::printf("headroom %s\n", HEADROOM_VERSION);
+  std::printf("cuda backend: %s\n", hr::engine::cuda_compiled() ? "compiled" : "not compiled");
+  for (const auto& gpu : hr::engine::list_gpus()) {
+    std::printf("gpu %d: %s (sm_%d%d, %zu MiB)\n", gpu.index, gpu.name.c_str(), gpu.compute_major,
+                gpu.compute_minor, gpu.total_memory_bytes >> 20);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Headroom: asynchronous (flex) LLM inference", "headroom"};
+  app.require_subcommand(1);
+  GlobalConfig global;
+  hr::cli::add(app, "--config", global.config_file,
+               "Config file of key = value lines, [subcommand] sections allowed");
+  hr::cli::add(app, "--log-level", global.log_level, "debug, info, warn or error");
+  hr::cli::add(app, "--log-format", global.log_format, "text (key=value) or json");
+
+  MigrateCommand migrate;
+  CLI::App* migrate_cmd = app.add_subcommand("migrate", "Apply database migrations in order");
+  migrate.store.bind(*migrate_cmd, /*with_redis=*/false);
+  hr::cli::add(*migrate_cmd, "--migrations-dir", migrate.migrations_dir,
+               "Read NNNN_name.sql files from this folder instead of the built-in ones");
+
+  CLI::App* version_cmd = app.add_subcommand("version", "Print the version and the devices");
+
+  hr::cmd::ServeConfig serve;
+  CLI::App* serve_cmd =
+      app.add_subcommand("serve", "API + worker + dispatcher in one process for one machine");
+  serve.store.bind(*serve_cmd);
+  serve.api.webhook_allow = {"loopback"};  // one machine: local receivers are the common case
+  serve.api.bind(*serve_cmd);
+  serve.webhooks.bind(*serve_cmd, /*with_allow=*/false);
+  serve.worker.bind(*serve_cmd);
+  hr::cli::add(*serve_cmd, "--api-key", serve.api_key,
+               "Key for the default account (HEADROOM_API_KEY); a new one is printed when unset");
+  hr::cli::add(*serve_cmd, "--account", serve.account, "Name of the default account");
+
+  hr::queue::StoreConfig api_store;
+  hr::api::ApiConfig api_config;
+  CLI::App* api_cmd = app.add_subcommand("api", "Stateless HTTP front");
+  api_store.bind(*api_cmd);
+  api_config.bind(*api_cmd);
+
+  hr::queue::StoreConfig worker_store;
+  hr::workers::WorkerConfig worker;
+  CLI::App* worker_cmd = app.add_subcommand("worker", "Host one engine instance");
+  worker_store.bind(*worker_cmd);
+  worker.bind(*worker_cmd);
+  hr::workers::SyncServerOptions worker_sync;
+  worker_sync.bind(*worker_cmd);
+  int worker_metrics_port = 0;
+  hr::cli::add(*worker_cmd, "--metrics-port", worker_metrics_port,
+               "Serve GET /metrics (Prometheus text) on this port; 0: off");
+
+  hr::queue::StoreConfig dispatcher_store;
+  hr::queue::DispatcherOptions dispatcher;
+  CLI::App* dispatcher_cmd =
+      app.add_subcommand("dispatcher", "Postgres→Redis relay, lease janitor, webhook delivery");
+  dispatcher_store.bind(*dispatcher_cmd);
+  hr::cli::add(*dispatcher_cmd, "--dispatcher-name", dispatcher.name,
+               "Name used when reclaiming stream entries");
+  hr::cli::add(*dispatcher_cmd, "--max-attempts", dispatcher.max_attempts,
+               "Failed attempts (errors worth retrying, expired leases) before a request ends "
+               "failed; give the workers the same");
+  hr::cli::add(*dispatcher_cmd, "--reclaim-idle-ms", dispatcher.reclaim_idle_ms,
+               "Pending stream entries idle this long are reclaimed");
+  hr::webhooks::DeliveryOptions dispatcher_webhooks;
+  dispatcher_webhooks.bind(*dispatcher_cmd, /*with_allow=*/true);
+
+  hr::queue::StoreConfig keys_store;
+  std::string key_account;
+  CLI::App* keys_cmd = app.add_subcommand("keys", "Manage API keys");
+  keys_cmd->require_subcommand(1);
+  CLI::App* keys_create = keys_cmd->add_subcommand("create", "Create a key and print it once");
+  keys_store.bind(*keys_create, /*with_redis=*/false);
+  keys_create->add_option("--account", key_account, "Account name (created if new)")->required();
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (!global.config_file.empty()) {
+    auto file = hr::cli::read_config_file(global.config_file);
+    hr::Status st = file.is_ok() ? hr::cli::apply_config_file(app, *file) : file.status();
+    if (!st.is_ok()) {
+      std::fprintf(stderr, "headroom: %s\n", st.to_string().c_str());
+      return 2;
+    }
+  }
+  auto level = hr::log::parse_level(global.log_level);
+  auto format = hr::log::parse_format(global.log_format);
+  if (!level.is_ok() || !format.is_ok()) {
+    std::fprintf(stderr, "headroom: %s\n",
+                 (!level.is_ok() ? level.status() : format.status()).to_string().c_str());
+    return 2;
+  }
+  hr::log::set_level(*level);
+  hr::log::set_format(*format);
+
+  auto validate = [](const hr::Status& st) {
+    if (st.is_ok()) return true;
+    std::fprintf(stderr, "headroom: %s\n", st.to_string().c_str());
+    return false;
+  };
+  if (migrate_cmd->parsed()) {
+    return validate(migrate.store.validate()) ? run_migrate(migrate) : 2;
+  }
+  if (version_cmd->parsed()) return run_version();
+  if (serve_cmd->parsed()) {
+    if (!validate(serve.store.validate()) || !validate(serve.api.validate()) ||
+        !validate(serve.worker.validate()) || !validate(serve.webhooks.validate())) {
+      return 2;
+    }
+    serve.dispatcher.max_attempts = serve.worker.max_attempts;  // one limit for both
+    return hr::cmd::run_serve(serve);
+  }
+  if (api_cmd->parsed()) {
+    if (!validate(api_store.validate()) || !validate(api_config.validate())) return 2;
+    return hr::cmd::run_api(api_config, api_store);
+  }
+  if (worker_cmd->parsed()) {
+    if (!validate(worker_store.validate()) || !validate(worker.validate()) ||
+        !validate(worker_sync.validate())) {
+      return 2;
+    }
+    return hr::cmd::run_worker(worker, worker_store, worker_sync, worker_metrics_port);
+  }
+  if (dispatcher_cmd->parsed()) {
+    if (!validate(dispatcher_store.validate()) || !validate(dispatcher_webhooks.validate()))
+      return 2;
+    return hr::cmd::run_dispatcher(dispatcher_store, dispatcher, dispatcher_webhooks);
+  }
+  if (keys_create->parsed()) {
+    return validate(keys_store.validate()) ? hr::cmd::run_keys_create(keys_store, key_account) : 2;
+  }
+  return 2;
+}

@@ -1,0 +1,299 @@
+// The forward pass of one step: embedding, per layer the normed q/k/v products with RoPE and the
+// KV write, paged attention, the output and MLP products with their residuals, then the LM head
+// and sampling; matrix products by the GEMV kernel for small steps and cuBLASLt otherwise.
+#include "engine/cuda_backend.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "engine/attention_plan.h"
+#include "engine/internal/cuda_status.h"
+#include "engine/internal/cuda_step.h"
+#include "kernels/embedding.cuh"
+#include "kernels/fill.cuh"
+#include "kernels/gemv.cuh"
+#include "kernels/launch.cuh"
+#include "kernels/paged_attention.cuh"
+#include "kernels/rms_norm.cuh"
+#include "kernels/rope_kv.cuh"
+#include "kernels/sampling.cuh"
+#include "kernels/silu_mul.cuh"
+
+namespace hr::engine {
+
+namespace {
+
+kernels::GemvParams gemv_params(const __nv_bfloat16* w, int m, int n, int k) {
+  kernels::GemvParams p;
+  p.w = w;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  return p;
+}
+
+}  // namespace
+
+Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sample) {
+  const ModelConfig& c = config_;
+  const int T = lay.num_tokens, L = lay.num_logits;
+  const int D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
+  const int Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
+  const int bs = options_.block_size, nkv = c.num_kv_heads;
+  const auto* d_tokens = reinterpret_cast<const int32_t*>(d + lay.token_ids);
+  const auto* d_positions = reinterpret_cast<const int32_t*>(d + lay.positions);
+  const auto* d_slots = reinterpret_cast<const int32_t*>(d + lay.slots);
+  const auto* d_logits_rows = reinterpret_cast<const int32_t*>(d + lay.logits_rows);
+
+  const ProgrammaticLaunch pl = options_.programmatic_launch;
+  kernels::set_programmatic_launch(pl == ProgrammaticLaunch::kOn ||
+                                   (pl == ProgrammaticLaunch::kAuto && !lay.fused));
+  mark("start");
+  HR_CUDA("embedding", kernels::embedding_gather(
+                           embed_, d_tokens, reinterpret_cast<const int32_t*>(d + lay.fed_rows),
+                           tokens_, T, config_.vocab_size, D, x_, input_ids_, stream_));
+  mark("embedding");
+  kernels::AddRmsNormParams norm;
+  norm.x = x_;
+  norm.num_rows = T;
+  norm.dim = D;
+  norm.eps = static_cast<float>(c.rms_norm_eps);
+  norm.out = h_;
+  kernels::PagedAttentionParams attn;
+  attn.q = q_;
+  attn.block_table = reinterpret_cast<const int32_t*>(d + lay.block_table);
+  attn.positions = d_positions;
+  attn.out = attn_;
+  attn.partial_out = partial_out_;
+  attn.partial_ml = partial_ml_;
+  if (options_.fused_combine) {
+    attn.combine_items =
+        reinterpret_cast<const kernels::AttentionCombineItem*>(d + lay.combine_items);
+    attn.combine_counters = combine_counters_;
+  }
+  attn.max_blocks_per_seq = lay.max_blocks_per_seq;
+  attn.block_size = bs;
+  attn.num_heads = c.num_heads;
+  attn.num_kv_heads = nkv;
+  attn.head_dim = c.head_dim;
+  attn.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  kernels::RopeKvParams rope;
+  rope.qkv = qkv_;
+  rope.positions = d_positions;
+  rope.slot_mapping = d_slots;
+  rope.inv_freq = inv_freq_;
+  rope.q_out = q_;
+  rope.num_tokens = T;
+  rope.num_heads = c.num_heads;
+  rope.num_kv_heads = nkv;
+  rope.head_dim = c.head_dim;
+
+  // Small uniform decode steps run each layer as four GEMVs with the norms, the residual adds and
+  // the activation folded in; the residual stream then alternates between x_ and x2_, and each
+  // residual write accumulates its rows' sums of squares into sumsq_ for the next norm.
+  const bool fused = lay.fused;
+  float* r_in = x_;
+  float* r_alt = x2_;
+  const float* s_in = nullptr;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  // (A kernel, not a memset: the norm after it may be a programmatic launch, whose dependency in a
+  // captured graph must be on a kernel.)
+  if (fused)
+    HR_CUDA("zeroing norm sums", kernels::fill_f32(sumsq_, sumsq_bytes_ / 4, 0.0f, stream_));
+  for (int li = 0; li < c.num_layers; ++li) {
+    const Layer& W = layers_[static_cast<size_t>(li)];
+    rope.bias = W.bqkv;
+    rope.k_cache = k_cache_[static_cast<size_t>(li)];
+    rope.v_cache = v_cache_[static_cast<size_t>(li)];
+    if (!fused || li == 0) {
+      norm.delta = li == 0 ? nullptr : delta_;
+      norm.weight = W.input_norm;
+      HR_CUDA("input norm", kernels::add_rms_norm(norm, stream_));
+      mark("norm");
+    }
+    if (fused && options_.fused_rope) {
+      // One GEMV: q/k/v, RoPE and the KV write.
+      kernels::GemvParams qp = gemv_params(W.wqkv, T, QKV, D);
+      if (li == 0) {
+        qp.x = h_;
+      } else {
+        qp.input = kernels::GemvInput::kRmsNorm;
+        qp.resid = r_in;
+        qp.resid_sumsq = s_in;
+        qp.norm_weight = W.input_norm;
+        qp.eps = eps;
+      }
+      qp.rope = {q_,      rope.k_cache, rope.v_cache, rope.bias, d_positions,
+                 d_slots, inv_freq_,    c.num_heads,  nkv,       c.head_dim};
+      const Ahead next = ahead(W.wo, D, Q);
+      std::copy(next.begin(), next.end(), qp.prefetch);
+      HR_CUDA("qkv, rope and KV write", kernels::gemv(qp, stream_));
+      mark("qkv_proj");
+    } else {
+      if (!fused || li == 0) {
+        HR_RETURN_IF_ERROR(matmul(h_, W.wqkv, qkv_, GemmOut::kF32, T, QKV, D));
+      } else {
+        HR_RETURN_IF_ERROR(gemv_normed(r_in, s_in, W.input_norm, eps, W.wqkv, qkv_, false, T, QKV,
+                                       D, false, ahead(W.wo, D, Q)));
+      }
+      mark("qkv_proj");
+      HR_CUDA("rope and KV write", kernels::rope_write_kv(rope, stream_));
+      mark("rope_kv");
+    }
+    attn.k_cache = rope.k_cache;
+    attn.v_cache = rope.v_cache;
+    HR_CUDA("decode attention",
+            kernels::paged_attention(
+                attn, reinterpret_cast<const kernels::AttentionWorkItem*>(d + lay.decode_items),
+                lay.num_decode, lay.decode_kernel, stream_));
+    HR_CUDA("prefill attention",
+            kernels::paged_attention(
+                attn, reinterpret_cast<const kernels::AttentionWorkItem*>(d + lay.prefill_items),
+                lay.num_prefill, kernels::AttentionKernel::kPrefill, stream_));
+    if (!options_.fused_combine) {
+      HR_CUDA(
+          "attention combine",
+          kernels::paged_attention_combine(
+              attn, reinterpret_cast<const kernels::AttentionCombineItem*>(d + lay.combine_items),
+              lay.num_combine, stream_));
+    }
+    mark("attention");
+    if (fused) {
+      float* sums = sumsq_ + static_cast<size_t>(2 * li) * kernels::kGemvMaxFusedRows;
+      HR_RETURN_IF_ERROR(gemv_residual(attn_, W.wo, r_in, r_alt, sums, T, D, Q,
+                                       ahead(W.w_gate_up, 2 * F, D, true)));
+      mark("o_proj");
+      // Each warp computes a gate row and its up row and writes SwiGLU's activation.
+      HR_RETURN_IF_ERROR(gemv_normed(r_alt, sums, W.post_norm, eps, W.w_gate_up, act_, true, T, F,
+                                     D, true, ahead(W.w_down, D, F)));
+      mark("gate_up_proj");
+      float* next_sums = sums + kernels::kGemvMaxFusedRows;
+      const Ahead next = li + 1 < c.num_layers
+                             ? ahead(layers_[static_cast<size_t>(li) + 1].wqkv, QKV, D)
+                         : L > 0 ? ahead(lm_head_, V, D)
+                                 : Ahead{};
+      HR_RETURN_IF_ERROR(gemv_residual(act_, W.w_down, r_alt, r_in, next_sums, T, D, F, next));
+      s_in = next_sums;
+      mark("down_proj");
+      continue;
+    }
+    HR_RETURN_IF_ERROR(matmul(attn_, W.wo, delta_, GemmOut::kF32, T, D, Q));
+    mark("o_proj");
+    norm.delta = delta_;
+    norm.weight = W.post_norm;
+    HR_CUDA("post-attention norm", kernels::add_rms_norm(norm, stream_));
+    mark("norm");
+    HR_RETURN_IF_ERROR(matmul(h_, W.w_gate_up, gate_up_, GemmOut::kBF16, T, 2 * F, D));
+    mark("gate_up_proj");
+    HR_CUDA("silu_mul", kernels::silu_mul(gate_up_, T, F, act_, stream_));
+    mark("silu_mul");
+    HR_RETURN_IF_ERROR(matmul(act_, W.w_down, delta_, GemmOut::kF32, T, D, F));
+    mark("down_proj");
+  }
+  if (L == 0) return Status::ok();
+  if (fused) {
+    HR_RETURN_IF_ERROR(
+        gemv_normed(r_in, s_in, final_norm_, eps, lm_head_, logits_, false, L, V, D));
+  } else {
+    norm.delta = delta_;
+    norm.weight = final_norm_;
+    norm.rows = d_logits_rows;
+    norm.num_rows = L;
+    norm.out = final_;
+    HR_CUDA("final norm", kernels::add_rms_norm(norm, stream_));
+    HR_RETURN_IF_ERROR(matmul(final_, lm_head_, logits_, GemmOut::kF32, L, V, D));
+  }
+  mark("lm_head");
+  if (sample) {
+    HR_CUDA("sampling", kernels::sample_tokens(
+                            logits_, L, V,
+                            reinterpret_cast<const kernels::SampleParams*>(d + lay.sample_params),
+                            input_ids_, tokens_, logprobs_, stream_));
+  }
+  mark("sampling");
+  return Status::ok();
+}
+
+bool CudaBackend::gemv_product(int m, int k) const {
+  return options_.small_batch_gemv && m <= kGemvRows && k % 8 == 0;
+}
+
+Status CudaBackend::plan_gemms(int T, int L) {
+  const ModelConfig& c = config_;
+  const int D = c.hidden_size, F = c.intermediate_size, Q = c.q_size(), QKV = Q + 2 * c.kv_size();
+  struct Shape {
+    int m, n, k;
+    GemmOut out;
+  };
+  // launch_step's products: q/k/v, o, gate/up, down, the LM head.
+  for (const Shape& s : {Shape{T, QKV, D, GemmOut::kF32}, Shape{T, D, Q, GemmOut::kF32},
+                         Shape{T, 2 * F, D, GemmOut::kBF16}, Shape{T, D, F, GemmOut::kF32},
+                         Shape{L, c.vocab_size, D, GemmOut::kF32}}) {
+    if (s.m > 0 && !gemv_product(s.m, s.k))
+      HR_RETURN_IF_ERROR(gemm_->prepare(s.m, s.n, s.k, s.out));
+  }
+  return Status::ok();
+}
+
+Status CudaBackend::matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, GemmOut out,
+                           int m, int n, int k) {
+  if (gemv_product(m, k)) {
+    kernels::GemvParams p = gemv_params(w, m, n, k);
+    p.x = x;
+    p.y = y;
+    p.y_bf16 = out == GemmOut::kBF16;
+    HR_CUDA("gemv", kernels::gemv(p, stream_));
+    return Status::ok();
+  }
+  return gemm_->run(x, w, y, out, m, n, k, stream_);
+}
+
+CudaBackend::Ahead CudaBackend::ahead(const __nv_bfloat16* w, int rows, int k, bool halves) const {
+  Ahead out{};
+  if (options_.prefetch_weights_mb <= 0) return out;
+  const size_t matrix = static_cast<size_t>(rows) * k * 2,
+               want = static_cast<size_t>(options_.prefetch_weights_mb) << 20;
+  if (!halves) {
+    out[0] = {w, std::min(matrix, want) / 16 * 16};
+    return out;
+  }
+  const size_t half = std::min(matrix / 2, want / 2) / 16 * 16;
+  out[0] = {w, half};
+  out[1] = {w + static_cast<size_t>(rows / 2) * k, half};
+  return out;
+}
+
+Status CudaBackend::gemv_normed(const float* resid, const float* sumsq, const float* norm_weight,
+                                float eps, const __nv_bfloat16* w, void* y, bool y_bf16, int m,
+                                int n, int k, bool swiglu, const Ahead& next) {
+  kernels::GemvParams p = gemv_params(w, m, n, k);
+  std::copy(next.begin(), next.end(), p.prefetch);
+  p.input = kernels::GemvInput::kRmsNorm;
+  p.resid = resid;
+  p.resid_sumsq = sumsq;
+  p.norm_weight = norm_weight;
+  p.eps = eps;
+  p.y = y;
+  p.y_bf16 = y_bf16;
+  p.swiglu = swiglu;
+  HR_CUDA("normed gemv", kernels::gemv(p, stream_));
+  return Status::ok();
+}
+
+Status CudaBackend::gemv_residual(const __nv_bfloat16* x, const __nv_bfloat16* w,
+                                  const float* resid_in, float* resid_out, float* sumsq, int m,
+                                  int n, int k, const Ahead& next) {
+  kernels::GemvParams p = gemv_params(w, m, n, k);
+  std::copy(next.begin(), next.end(), p.prefetch);
+  p.x = x;
+  p.resid_in = resid_in;
+  p.resid_out = resid_out;
+  p.out_sumsq = sumsq;
+  HR_CUDA("residual gemv", kernels::gemv(p, stream_));
+  return Status::ok();
+}
+
+}  // namespace hr::engine

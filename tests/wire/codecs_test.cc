@@ -1,0 +1,107 @@
+// One codec per external shape: Workers AI's result and events, OpenAI's chat.completion and
+// chunks, and the router ↔ worker protocol, all from one native answer.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <limits>
+
+#include "wire/json_text.h"
+#include "wire/openai_chat.h"
+#include "wire/worker_protocol.h"
+#include "wire/workers_ai.h"
+
+namespace hr::wire {
+namespace {
+
+using nlohmann::json;
+
+Answer sample(bool with_logprobs) {
+  Answer a;
+  a.text = "cba";
+  a.finish_reason = "length";
+  a.usage = {5, 3, 2};
+  if (with_logprobs) {
+    a.logprobs = std::vector<TokenLogprob>{{"c", -0.5f, {{"c", -0.5f}, {"\xe2\x82", -2.0f}}},
+                                           {"ba", -std::numeric_limits<float>::infinity(), {}}};
+  }
+  return a;
+}
+
+const json kUsage = {{"prompt_tokens", 5},
+                     {"completion_tokens", 3},
+                     {"total_tokens", 8},
+                     {"prompt_tokens_details", {{"cached_tokens", 2}}}};
+
+TEST(CodecsTest, WorkersAiResult) {
+  const json plain = {{"response", "cba"}, {"usage", kUsage}};
+  EXPECT_EQ(workers_ai_result(sample(false), false), plain);
+  json queued = workers_ai_result(sample(true), true);
+  EXPECT_EQ(queued["finish_reason"], "length");
+  const json& content = queued["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_TRUE(queued["logprobs"]["refusal"].is_null());
+  EXPECT_EQ(content[0]["token"], "c");
+  EXPECT_EQ(content[0]["bytes"], json::array({99}));
+  EXPECT_EQ(content[0]["top_logprobs"][1]["token"], "bytes:\\xe2\\x82");  // not UTF-8 alone
+  EXPECT_EQ(content[0]["top_logprobs"][1]["bytes"], json::array({226, 130}));
+  EXPECT_EQ(content[1]["logprob"], -std::numeric_limits<float>::max());
+  EXPECT_EQ(workers_ai_delta_event("cb", std::nullopt), "data: {\"response\":\"cb\"}\n\n");
+  const json last = {{"response", ""}, {"usage", kUsage}, {"finish_reason", "length"}};
+  EXPECT_EQ(workers_ai_final_event(sample(false)), "data: " + last.dump() + "\n\n");
+}
+
+TEST(CodecsTest, OpenAiChatCompletionAndChunks) {
+  nlohmann::ordered_json c = chat_completion(sample(false), "chatcmpl-1", 1700000000, "@hr/m");
+  EXPECT_EQ(
+      c.dump(),
+      R"({"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"@hr/m",)"
+      R"("choices":[{"index":0,"message":{"role":"assistant","content":"cba"},)"
+      R"("finish_reason":"length","logprobs":null}],)"
+      R"("usage":{"completion_tokens":3,"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens":2},"total_tokens":8}})");
+  std::string chunk = chat_chunk_event("chatcmpl-1", 7, "@hr/m", json{{"content", "c"}}, nullptr,
+                                       nullptr, logprobs_object(sample(true).logprobs));
+  ASSERT_TRUE(chunk.starts_with("data: ") && chunk.ends_with("\n\n"));
+  json j = json::parse(chunk.substr(6));
+  EXPECT_EQ(j["object"], "chat.completion.chunk");
+  EXPECT_EQ(j["choices"][0]["delta"]["content"], "c");
+  EXPECT_EQ(j["choices"][0]["logprobs"]["content"].size(), 2u);
+  EXPECT_FALSE(j.contains("usage"));
+  json usage_only = json::parse(
+      chat_chunk_event("chatcmpl-1", 7, "@hr/m", nullptr, nullptr, usage_json(sample(false).usage))
+          .substr(6));
+  EXPECT_TRUE(usage_only["choices"].empty());
+  EXPECT_EQ(usage_only["usage"], kUsage);
+}
+
+TEST(CodecsTest, WorkerProtocolRoundTrips) {
+  for (bool lp : {false, true}) {
+    Result<Answer> back = answer_from_protocol(protocol_answer(sample(lp)));
+    ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+    EXPECT_EQ(protocol_answer(*back), protocol_answer(sample(lp)));
+    EXPECT_EQ(back->logprobs.has_value(), lp);
+  }
+  EXPECT_FALSE(answer_from_protocol(json{{"answer", 1}}).is_ok());
+  ForwardedCall call;
+  call.request.prompt = "x";
+  call.request.logprobs = true;
+  call.stream = true;
+  call.reject_if_busy = true;
+  call.queue_timeout_ms = 7;
+  Result<ForwardedCall> decoded = decode_forwarded_call(encode_forwarded_call(call));
+  ASSERT_TRUE(decoded.is_ok()) << decoded.status().to_string();
+  EXPECT_EQ(*decoded->request.prompt, "x");
+  EXPECT_TRUE(decoded->request.logprobs);
+  EXPECT_TRUE(decoded->stream);
+  EXPECT_TRUE(decoded->reject_if_busy);
+  EXPECT_EQ(decoded->queue_timeout_ms, 7);
+  EXPECT_EQ(decode_forwarded_call("{}").status().field(), "request");
+  Status st = status_from_protocol_error(
+      429, protocol_error(Status(StatusCode::kResourceExhausted, "full", "x"), true).dump());
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(st.field(), "x");
+  EXPECT_TRUE(protocol_retry_elsewhere(protocol_error(st, true).dump()));
+  EXPECT_FALSE(protocol_retry_elsewhere(protocol_error(st).dump()));
+}
+
+}  // namespace
+}  // namespace hr::wire

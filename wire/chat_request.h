@@ -1,0 +1,46 @@
+// The native chat request: what a client asked for once its JSON has been validated
+// (api/batch_request.h), in every route's shape. Workers turn it into the engine's request; the
+// queue stores it as JSON (wire/chat_request_json.h). Fields the client left out stay unset, so
+// that the worker's defaults apply and the stored form holds only what was asked.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace hr::wire {
+
+struct ChatMessage {
+  std::string role;  // system, user, assistant, tool, developer
+  std::string content;
+};
+
+struct ChatRequest {
+  // Exactly one of the two: a conversation, or a bare prompt (sent as one user message).
+  std::vector<ChatMessage> messages;
+  std::optional<std::string> prompt;
+
+  int max_tokens = 256;
+  std::optional<double> temperature;  // worker default 0.6
+  std::optional<double> top_p;        // worker default 1
+  std::optional<int> top_k;           // 0: off
+  std::optional<uint64_t> seed;
+  std::optional<std::vector<std::string>> stop;
+  // OpenAI's penalties over the answer so far, and transformers' over prompt and answer; set only
+  // when they change anything (0, 0 and 1 are off).
+  std::optional<double> frequency_penalty;
+  std::optional<double> presence_penalty;
+  std::optional<double> repetition_penalty;
+  // Token id → bias added to its logit, in the order given; ids are checked by the worker, which
+  // knows the vocabulary.
+  std::vector<std::pair<int64_t, double>> logit_bias;
+  // OpenAI's log probabilities: each answer token's, with `top_logprobs` (0..20) alternatives.
+  bool logprobs = false;
+  int top_logprobs = 0;
+  // Room for what comes next (tools, response_format) goes here, with its JSON in
+  // wire/chat_request_json.cc.
+};
+
+}  // namespace hr::wire

@@ -1,0 +1,134 @@
+// The chat request's JSON.
+#include "wire/chat_request_json.h"
+
+#include <cstdlib>
+
+namespace hr::wire {
+
+using nlohmann::json;
+
+json to_json(const ChatRequest& r) {
+  json out = json::object();
+  if (r.prompt) {
+    out["prompt"] = *r.prompt;
+  } else {
+    json messages = json::array();
+    for (const ChatMessage& m : r.messages) {
+      messages.push_back({{"role", m.role}, {"content", m.content}});
+    }
+    out["messages"] = std::move(messages);
+  }
+  out["max_tokens"] = r.max_tokens;
+  if (r.temperature) out["temperature"] = *r.temperature;
+  if (r.top_p) out["top_p"] = *r.top_p;
+  if (r.top_k) out["top_k"] = *r.top_k;
+  if (r.seed) out["seed"] = *r.seed;
+  if (r.stop) out["stop"] = *r.stop;
+  if (r.frequency_penalty) out["frequency_penalty"] = *r.frequency_penalty;
+  if (r.presence_penalty) out["presence_penalty"] = *r.presence_penalty;
+  if (r.repetition_penalty) out["repetition_penalty"] = *r.repetition_penalty;
+  if (!r.logit_bias.empty()) {
+    json biases = json::object();
+    for (const auto& [id, bias] : r.logit_bias) biases[std::to_string(id)] = bias;
+    out["logit_bias"] = std::move(biases);
+  }
+  if (r.logprobs) {
+    out["logprobs"] = true;
+    out["top_logprobs"] = r.top_logprobs;
+  }
+  return out;
+}
+
+namespace {
+
+Status wrong(const std::string& field, const char* what) {
+  return invalid_argument("'" + field + "' must be " + what, field);
+}
+
+Status read_number(const json& j, const char* key, std::optional<double>* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return Status::ok();
+  if (!it->is_number()) return wrong(key, "a number");
+  *out = it->get<double>();
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<ChatRequest> chat_request_from_json(const json& j) {
+  if (!j.is_object()) return invalid_argument("a request must be a JSON object", "body");
+  ChatRequest r;
+  if (auto it = j.find("messages"); it != j.end()) {
+    if (!it->is_array()) return wrong("messages", "an array");
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& m = (*it)[i];
+      const std::string f = "messages[" + std::to_string(i) + "]";
+      if (!m.is_object()) return wrong(f, "an object");
+      auto role = m.find("role");
+      auto content = m.find("content");
+      if (role == m.end() || !role->is_string()) return wrong(f + ".role", "a string");
+      if (content == m.end() || !content->is_string()) return wrong(f + ".content", "a string");
+      r.messages.push_back({role->get<std::string>(), content->get<std::string>()});
+    }
+  } else {
+    auto it2 = j.find("prompt");
+    if (it2 == j.end() || !it2->is_string()) return wrong("prompt", "a string");
+    r.prompt = it2->get<std::string>();
+  }
+  if (auto it = j.find("max_tokens"); it != j.end()) {
+    if (!it->is_number_integer()) return wrong("max_tokens", "an integer");
+    r.max_tokens = it->get<int>();
+  }
+  HR_RETURN_IF_ERROR(read_number(j, "temperature", &r.temperature));
+  HR_RETURN_IF_ERROR(read_number(j, "top_p", &r.top_p));
+  HR_RETURN_IF_ERROR(read_number(j, "frequency_penalty", &r.frequency_penalty));
+  HR_RETURN_IF_ERROR(read_number(j, "presence_penalty", &r.presence_penalty));
+  HR_RETURN_IF_ERROR(read_number(j, "repetition_penalty", &r.repetition_penalty));
+  if (auto it = j.find("top_k"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer()) return wrong("top_k", "an integer");
+    r.top_k = it->get<int>();
+  }
+  if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 0) {
+      if (!it->is_number_unsigned()) return wrong("seed", "a non-negative integer");
+    }
+    r.seed = it->get<uint64_t>();
+  }
+  if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return wrong("stop", "an array of strings");
+    std::vector<std::string> stops;
+    for (const json& s : *it) {
+      if (!s.is_string()) return wrong("stop", "an array of strings");
+      stops.push_back(s.get<std::string>());
+    }
+    r.stop = std::move(stops);
+  }
+  if (auto it = j.find("logit_bias"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return wrong("logit_bias", "an object");
+    for (const auto& [key, value] : it->items()) {
+      const std::string f = "logit_bias." + key;
+      char* end = nullptr;
+      const long long id = std::strtoll(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0') return wrong(f, "keyed by a token id");
+      if (!value.is_number()) return wrong(f, "a number");
+      r.logit_bias.emplace_back(id, value.get<double>());
+    }
+  }
+  if (auto it = j.find("logprobs"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) return wrong("logprobs", "true or false");
+    r.logprobs = it->get<bool>();
+  }
+  if (auto it = j.find("top_logprobs"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer()) return wrong("top_logprobs", "an integer");
+    r.top_logprobs = it->get<int>();
+  }
+  return r;
+}
+
+Result<ChatRequest> parse_chat_request(std::string_view text) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) return invalid_argument("the stored request is not valid JSON", "body");
+  return chat_request_from_json(j);
+}
+
+}  // namespace hr::wire

@@ -1,0 +1,38 @@
+// What a worker loads once at start: the model's config, tokenizer and chat format, the engine
+// built on them, and the bytes of each token as log probabilities show them. Owned by the Worker;
+// the step loop alone uses the engine.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/chat_template.h"
+#include "engine/engine.h"
+#include "engine/model_config.h"
+#include "engine/tokenizer.h"
+
+namespace hr::workers {
+
+// Each token's raw bytes, looked up once per id. Step loop only.
+class TokenBytes {
+ public:
+  explicit TokenBytes(std::shared_ptr<const engine::Tokenizer> tok) : tok_(std::move(tok)) {}
+  const std::string& of(int32_t id);
+
+ private:
+  std::shared_ptr<const engine::Tokenizer> tok_;
+  std::vector<std::string> bytes_;
+  std::vector<bool> known_;
+};
+
+struct LoadedModel {
+  engine::ModelConfig config;
+  std::shared_ptr<const engine::Tokenizer> tokenizer;
+  engine::ChatFormat chat_format = engine::ChatFormat::kHeadroom;
+  std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<TokenBytes> token_bytes;  // created with the tokenizer
+};
+
+}  // namespace hr::workers

@@ -1,0 +1,143 @@
+// Sync requests in a worker.
+#include "workers/sync_jobs.h"
+
+#include "workers/generation_request.h"
+#include "workers/worker.h"
+#include "workers/worker_metrics.h"
+
+namespace hr::workers {
+
+void SyncJob::fail(const Status& st) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    finished = true;
+    status = st;
+    cv.notify_one();
+  }
+  if (!streaming) done.set_value(st);
+}
+
+namespace {
+
+class JobStream final : public wire::AnswerStream {
+ public:
+  JobStream(std::shared_ptr<SyncJob> job, ActiveSync active)
+      : job_(std::move(job)), active_(std::move(active)) {}
+  // Dropped before the end (the client left): the step loop cancels the request.
+  ~JobStream() override { job_->abandoned = true; }
+  bool next(std::string* delta) override {
+    std::unique_lock<std::mutex> lock(job_->mu);
+    job_->cv.wait(lock, [&] { return !job_->pieces.empty() || job_->finished; });
+    if (!job_->pieces.empty()) {
+      *delta = std::move(job_->pieces.front().text);
+      logprobs_ = std::move(job_->pieces.front().logprobs);
+      job_->pieces.pop_front();
+      return true;
+    }
+    status_ = job_->status;
+    answer_ = job_->answer;
+    return false;
+  }
+  const wire::Logprobs& delta_logprobs() const override { return logprobs_; }
+  const Status& status() const override { return status_; }
+  const wire::Answer& answer() const override { return answer_; }
+
+ private:
+  std::shared_ptr<SyncJob> job_;
+  ActiveSync active_;
+  Status status_;
+  wire::Answer answer_;
+  wire::Logprobs logprobs_;
+};
+
+// The job's answer as the engine's events come.
+void on_event(SyncJob& job, TokenBytes& bytes, const engine::TokenEvent& ev) {
+  if (ev.finish_reason == engine::FinishReason::kError) {
+    // Nothing reached the client: another worker may answer (as async work is retried).
+    job.fail(unavailable(ev.error));
+    return;
+  }
+  job.text += ev.text_delta;
+  if (job.logprobs.wanted()) {
+    job.logprobs.add(token_logprob(bytes, ev), ev.text_bytes, ev.text_delta.size(), ev.finished);
+  }
+  // Streamed, each delta carries the entries of the tokens whose text it completes; the last ones
+  // may come with an empty delta.
+  wire::Logprobs piece_logprobs;
+  if (job.streaming && job.logprobs.wanted() && (!ev.text_delta.empty() || ev.finished)) {
+    piece_logprobs = job.logprobs.take();
+  }
+  wire::Answer answer;
+  if (ev.finished) {
+    answer.text = job.text;
+    if (!job.streaming) answer.logprobs = job.logprobs.answer();
+    answer.finish_reason = engine::finish_reason_name(ev.finish_reason);
+    answer.usage = {ev.usage.prompt_tokens, ev.usage.completion_tokens, ev.usage.cached_tokens};
+  }
+  if (job.streaming) {
+    std::lock_guard<std::mutex> lock(job.mu);
+    if (!ev.text_delta.empty() || (piece_logprobs && !piece_logprobs->empty())) {
+      job.pieces.push_back({ev.text_delta, std::move(piece_logprobs)});
+    }
+    if (ev.finished) {
+      job.finished = true;
+      job.answer = answer;
+    }
+    job.cv.notify_one();
+  } else if (ev.finished) {
+    {
+      std::lock_guard<std::mutex> lock(job.mu);
+      job.finished = true;
+    }
+    job.done.set_value(answer);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<wire::AnswerStream> make_job_stream(std::shared_ptr<SyncJob> job,
+                                                    ActiveSync active) {
+  return std::make_unique<JobStream>(std::move(job), std::move(active));
+}
+
+void SyncJobs::admit(std::vector<std::shared_ptr<SyncJob>> jobs) {
+  for (auto& job : jobs) {
+    class_metrics(engine::RequestClass::kSync)
+        .queue.observe(static_cast<double>(steady_now_ns() - job->arrival_ns) / 1e9);
+    job->logprobs = AnswerLogprobs(job->request.params.logprobs >= 0);
+    TokenBytes* bytes = &bytes_;
+    job->request.on_event =
+        timed([job, bytes](const engine::TokenEvent& ev) { on_event(*job, *bytes, ev); },
+              engine::RequestClass::kSync, job->arrival_ns);
+    auto id = eng_.add(std::move(job->request));
+    if (!id.is_ok()) {
+      job->fail(id.status());
+    } else {
+      job->engine_id = *id;
+      generating_.push_back(job);
+    }
+  }
+}
+
+void SyncJobs::cancel_abandoned() {
+  std::erase_if(generating_, [&](const std::shared_ptr<SyncJob>& job) {
+    bool finished = false;
+    {
+      std::lock_guard<std::mutex> lock(job->mu);
+      finished = job->finished;
+    }
+    if (finished) return true;
+    if (!job->abandoned) return false;
+    eng_.cancel(job->engine_id);
+    if (job->streaming) {
+      ++stats_.streams_cancelled;
+      metrics_.streams_cancelled.add();
+    } else {
+      ++stats_.calls_cancelled;
+      metrics_.calls_cancelled.add();
+    }
+    return true;
+  });
+}
+
+}  // namespace hr::workers
