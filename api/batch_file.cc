@@ -157,7 +157,7 @@ std::optional<LineError> InputValidator::check(const InputLine& in, queue::NewRe
     return error("invalid_request", s.message(), s.field().empty() ? "body" : "body." + s.field());
   }
   out->custom_id = std::move(custom_id);
-  out->body = wire::to_json(*norm).dump();
+  out->body = wire::to_json(std::move(norm).value()).dump();
   return std::nullopt;
 }
 

@@ -284,7 +284,7 @@ std::optional<BatchError> parse_batch_request(const json& reqs, size_t i, const 
     }
     out->custom_id = ref;
   }
-  out->body = wire::to_json(*norm).dump();
+  out->body = wire::to_json(std::move(norm).value()).dump();
   return std::nullopt;
 }
 

@@ -1,4 +1,4 @@
-// Built-in chat template renderers.
+// Chat templates: the model's own, and the built-in renderers.
 #include "engine/chat_template.h"
 
 #include <fstream>
@@ -97,6 +97,78 @@ Result<std::string> render_chat(ChatFormat format, const std::vector<ChatMessage
     }
   }
   return internal_error("unknown chat format");
+}
+
+namespace {
+
+std::optional<std::string> read_text(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The model's own template text, if its folder has one.
+std::optional<std::string> own_template(const std::string& dir) {
+  if (auto t = read_text(dir + "/chat_template.jinja")) return t;
+  auto config = read_text(dir + "/tokenizer_config.json");
+  if (!config) return std::nullopt;
+  auto j = nlohmann::json::parse(*config, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  auto it = j.find("chat_template");
+  if (it == j.end()) return std::nullopt;
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_array()) {
+    for (const auto& named : *it) {
+      if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
+          named["template"].is_string()) {
+        return named["template"].get<std::string>();
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<ChatTemplate> ChatTemplate::load(const std::string& dir, const std::string& override_name) {
+  if (!override_name.empty()) {
+    HR_ASSIGN_OR_RETURN(ChatFormat f, detect_chat_format("", override_name));
+    return builtin(f);
+  }
+  std::optional<std::string> text = own_template(dir);
+  if (!text) {
+    return invalid_argument(
+        "the model folder has no chat template; choose a built-in one with --chat-template "
+        "(headroom, llama3, chatml, mistral)",
+        "chat-template");
+  }
+  Result<jinja::Template> t = jinja::Template::parse(*text);
+  if (!t.is_ok()) return invalid_argument(t.status().message(), "chat-template");
+  ChatTemplate out;
+  out.jinja_ = std::move(t).value();
+  return out;
+}
+
+ChatTemplate ChatTemplate::builtin(ChatFormat format) {
+  ChatTemplate out;
+  out.format_ = format;
+  return out;
+}
+
+Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages,
+                                         const std::string& bos, const std::string& eos) const {
+  if (!jinja_) return render_chat(format_, messages, bos, eos);
+  if (messages.empty()) return invalid_argument("no messages", "messages");
+  nlohmann::ordered_json context = nlohmann::ordered_json::object();
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
+  context["messages"] = std::move(list);
+  context["add_generation_prompt"] = true;
+  context["bos_token"] = bos;
+  context["eos_token"] = eos;
+  return jinja_->render(context);
 }
 
 }  // namespace hr::engine

@@ -1,12 +1,14 @@
-// Chat templates: built-in renderers for the common families, chosen from the chat_template in
-// tokenizer_config.json (or by name with an override): Llama 3, ChatML (Qwen), Mistral, and the
-// bundled model's own format. Pure functions; thread-safe.
+// Chat templates: the model's own (Jinja, engine/jinja/) from its folder, and built-in renderers
+// for the common families (Llama 3, ChatML (Qwen), Mistral, the bundled model's format), used
+// when the folder has none or when one is named with an override. Thread-safe.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "base/status.h"
+#include "engine/jinja/template.h"
 
 namespace hr::engine {
 
@@ -30,5 +32,29 @@ struct ChatMessage {
 [[nodiscard]] Result<std::string> render_chat(ChatFormat format,
                                               const std::vector<ChatMessage>& messages,
                                               const std::string& bos, const std::string& eos);
+
+// A model's chat template: its own when its folder has one, else a built-in format.
+class ChatTemplate {
+ public:
+  // dir/chat_template.jinja, else the chat_template of dir/tokenizer_config.json (a string, or
+  // the entry named "default" of a list). With `override_name` ("headroom", "llama3", "chatml",
+  // "mistral"), that built-in format instead. kInvalidArgument (field chat-template) for a folder
+  // with no template and no override, or a template that does not parse (naming its line).
+  [[nodiscard]] static Result<ChatTemplate> load(const std::string& dir,
+                                                 const std::string& override_name = "");
+  static ChatTemplate builtin(ChatFormat format);
+
+  // The conversation and the assistant's generation prompt, as text (special tokens written as
+  // text). The model's own template gets messages, add_generation_prompt, bos_token and
+  // eos_token; what it refuses (raise_exception) is kInvalidArgument with its message.
+  [[nodiscard]] Result<std::string> render(const std::vector<ChatMessage>& messages,
+                                           const std::string& bos, const std::string& eos) const;
+  // Whether this is the model's own template (else a built-in format).
+  bool is_models_own() const { return jinja_.has_value(); }
+
+ private:
+  std::optional<jinja::Template> jinja_;
+  ChatFormat format_ = ChatFormat::kHeadroom;
+};
 
 }  // namespace hr::engine

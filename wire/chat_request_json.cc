@@ -2,19 +2,33 @@
 #include "wire/chat_request_json.h"
 
 #include <cstdlib>
+#include <type_traits>
+#include <utility>
 
 namespace hr::wire {
 
 using nlohmann::json;
 
-json to_json(const ChatRequest& r) {
+namespace {
+
+// The JSON of `r`; moves its strings out when R is not an lvalue reference.
+template <typename R>
+json request_json(R&& r) {
+  constexpr bool kMove = !std::is_lvalue_reference_v<R>;
+  auto take = [](auto& s) -> decltype(auto) {
+    if constexpr (kMove) {
+      return std::move(s);
+    } else {
+      return static_cast<const std::remove_reference_t<decltype(s)>&>(s);
+    }
+  };
   json out = json::object();
   if (r.prompt) {
-    out["prompt"] = *r.prompt;
+    out["prompt"] = take(*r.prompt);
   } else {
     json messages = json::array();
-    for (const ChatMessage& m : r.messages) {
-      messages.push_back({{"role", m.role}, {"content", m.content}});
+    for (auto& m : r.messages) {
+      messages.push_back({{"role", take(m.role)}, {"content", take(m.content)}});
     }
     out["messages"] = std::move(messages);
   }
@@ -23,7 +37,7 @@ json to_json(const ChatRequest& r) {
   if (r.top_p) out["top_p"] = *r.top_p;
   if (r.top_k) out["top_k"] = *r.top_k;
   if (r.seed) out["seed"] = *r.seed;
-  if (r.stop) out["stop"] = *r.stop;
+  if (r.stop) out["stop"] = take(*r.stop);
   if (r.frequency_penalty) out["frequency_penalty"] = *r.frequency_penalty;
   if (r.presence_penalty) out["presence_penalty"] = *r.presence_penalty;
   if (r.repetition_penalty) out["repetition_penalty"] = *r.repetition_penalty;
@@ -38,6 +52,12 @@ json to_json(const ChatRequest& r) {
   }
   return out;
 }
+
+}  // namespace
+
+json to_json(const ChatRequest& r) { return request_json(r); }
+
+json to_json(ChatRequest&& r) { return request_json(std::move(r)); }
 
 namespace {
 

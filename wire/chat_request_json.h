@@ -18,6 +18,8 @@
 namespace hr::wire {
 
 nlohmann::json to_json(const ChatRequest& request);
+// The same, moving the request's strings into the JSON (for a request about to be stored).
+nlohmann::json to_json(ChatRequest&& request);
 
 // Reads the JSON above; a field of the wrong type is kInvalidArgument naming it. It trusts what
 // the API validated (ranges are not checked again).

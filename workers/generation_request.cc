@@ -27,9 +27,8 @@ Result<engine::GenerationRequest> to_generation(const wire::ChatRequest& req, co
   } else {
     for (const wire::ChatMessage& msg : req.messages) messages.push_back({msg.role, msg.content});
   }
-  HR_ASSIGN_OR_RETURN(std::string text,
-                      engine::render_chat(m.chat_format, messages, m.tokenizer->bos_text(),
-                                          m.tokenizer->eos_text()));
+  HR_ASSIGN_OR_RETURN(std::string text, m.chat_template.render(messages, m.tokenizer->bos_text(),
+                                                               m.tokenizer->eos_text()));
   engine::GenerationRequest r;
   r.prompt = m.tokenizer->encode(text);
   r.cls = cls;

@@ -1,4 +1,4 @@
-// What a worker loads once at start: the model's config, tokenizer and chat format, the engine
+// What a worker loads once at start: the model's config, tokenizer and chat template, the engine
 // built on them, and the bytes of each token as log probabilities show them. Owned by the Worker;
 // the step loop alone uses the engine.
 #pragma once
@@ -30,7 +30,7 @@ class TokenBytes {
 struct LoadedModel {
   engine::ModelConfig config;
   std::shared_ptr<const engine::Tokenizer> tokenizer;
-  engine::ChatFormat chat_format = engine::ChatFormat::kHeadroom;
+  engine::ChatTemplate chat_template;  // the model's own, or a built-in format
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<TokenBytes> token_bytes;  // created with the tokenizer
 };

@@ -45,8 +45,8 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given,
   HR_ASSIGN_OR_RETURN(auto tok, engine::Tokenizer::load(config.model_dir));
   m->tokenizer = std::shared_ptr<const engine::Tokenizer>(tok.release());
   m->token_bytes = std::make_unique<TokenBytes>(m->tokenizer);
-  HR_ASSIGN_OR_RETURN(m->chat_format,
-                      engine::load_chat_format(config.model_dir, config.chat_template));
+  HR_ASSIGN_OR_RETURN(m->chat_template,
+                      engine::ChatTemplate::load(config.model_dir, config.chat_template));
   engine::BackendSpec spec;
   spec.device = config.device;
   spec.cuda_options = config.cuda_options;

@@ -52,7 +52,8 @@ void WorkerConfig::bind(CLI::App& app) {
   cli::add(app, "--device", device, "Compute device: cpu, cuda or cuda:N");
   cli::add(app, "--cuda-options", cuda_options, engine::cuda_options_help());
   cli::add(app, "--chat-template", chat_template,
-           "Override the chat template: headroom, llama3, chatml or mistral");
+           "Use a built-in chat template instead of the model's own: headroom, llama3, chatml or "
+           "mistral");
 }
 
 Status WorkerConfig::validate() const {
