@@ -1,6 +1,7 @@
 // Request validation.
 #include "api/batch_request.h"
 
+#include <cctype>
 #include <cstdint>
 #include <unordered_set>
 
@@ -47,6 +48,138 @@ Result<std::string> message_text(const json& m, const std::string& field) {
   return text;
 }
 
+// A function name as OpenAI accepts it: 1 to 64 of a-z, A-Z, 0-9, _ and -.
+bool valid_function_name(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '-') return false;
+  }
+  return true;
+}
+
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name",
+// "arguments": JSON text of an object}}].
+Result<std::vector<wire::ToolCall>> message_tool_calls(const json& calls,
+                                                       const std::string& field) {
+  if (!calls.is_array()) return bad("'tool_calls' must be an array", field);
+  std::vector<wire::ToolCall> out;
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const json& c = calls[k];
+    const std::string f = field + "[" + std::to_string(k) + "]";
+    if (!c.is_object()) return bad("each tool call must be an object", f);
+    if (!c.contains("id") || !c["id"].is_string())
+      return bad("a tool call needs a string 'id'", f + ".id");
+    if (c.contains("type") && c["type"] != "function")
+      return bad("a tool call's type must be 'function'", f + ".type");
+    if (!c.contains("function") || !c["function"].is_object()) {
+      return bad("a tool call needs its 'function'", f + ".function");
+    }
+    const json& fn = c["function"];
+    if (!fn.contains("name") || !fn["name"].is_string()) {
+      return bad("a tool call needs the function's 'name'", f + ".function.name");
+    }
+    std::string arguments = "{}";
+    if (fn.contains("arguments")) {
+      if (!fn["arguments"].is_string()) {
+        return bad("a tool call's 'arguments' must be a string of JSON", f + ".function.arguments");
+      }
+      json parsed = json::parse(fn["arguments"].get<std::string>(), nullptr, false);
+      if (!parsed.is_object()) {
+        return bad("a tool call's 'arguments' must be a JSON object", f + ".function.arguments");
+      }
+      arguments = fn["arguments"].get<std::string>();
+    }
+    out.push_back(
+        {c["id"].get<std::string>(), fn["name"].get<std::string>(), std::move(arguments)});
+  }
+  return out;
+}
+
+// `tools`: OpenAI's [{"type": "function", "function": {"name", "description"?, "parameters"?}}],
+// or Workers AI's [{"name", "description"?, "parameters"?}].
+Status parse_tools(const json& tools, std::vector<wire::Tool>* out) {
+  if (!tools.is_array()) return bad("'tools' must be an array of functions", "tools");
+  if (tools.size() > 128) return bad("at most 128 tools", "tools");
+  for (size_t k = 0; k < tools.size(); ++k) {
+    const std::string f = "tools[" + std::to_string(k) + "]";
+    const json& t = tools[k];
+    if (!t.is_object()) return bad("each tool must be an object", f);
+    const json* fn = &t;
+    std::string prefix = f;
+    if (t.contains("function") || t.contains("type")) {
+      if (t.value("type", "") != "function")
+        return bad("a tool's type must be 'function'", f + ".type");
+      if (!t.contains("function") || !t["function"].is_object()) {
+        return bad("a tool needs its 'function'", f + ".function");
+      }
+      fn = &t["function"];
+      prefix = f + ".function";
+    }
+    if (!fn->contains("name") || !(*fn)["name"].is_string() ||
+        !valid_function_name((*fn)["name"].get<std::string>())) {
+      return bad("a function's name must be 1 to 64 letters, digits, _ or -", prefix + ".name");
+    }
+    wire::Tool tool;
+    tool.name = (*fn)["name"].get<std::string>();
+    for (const wire::Tool& other : *out) {
+      if (other.name == tool.name)
+        return bad("two tools are named '" + tool.name + "'", prefix + ".name");
+    }
+    if (fn->contains("description") && !(*fn)["description"].is_null()) {
+      if (!(*fn)["description"].is_string()) {
+        return bad("a function's description must be a string", prefix + ".description");
+      }
+      tool.description = (*fn)["description"].get<std::string>();
+    }
+    if (fn->contains("parameters") && !(*fn)["parameters"].is_null()) {
+      if (!(*fn)["parameters"].is_object()) {
+        return bad("a function's parameters must be a JSON Schema object", prefix + ".parameters");
+      }
+      tool.parameters = (*fn)["parameters"].dump();
+    }
+    out->push_back(std::move(tool));
+  }
+  return Status::ok();
+}
+
+// tool_choice: "auto" and "none" are served. "required" and a named function need the answer
+// constrained to a call, which this server does not do yet: refused by name.
+Status parse_tool_choice(const json& choice, const std::vector<wire::Tool>& tools,
+                         std::string* out) {
+  if (choice.is_string()) {
+    const std::string c = choice.get<std::string>();
+    if (c == "auto" || c == "none") {
+      *out = c;
+      return Status::ok();
+    }
+    if (c == "required") {
+      return bad(
+          "tool_choice 'required' needs constrained decoding, which is not served yet; "
+          "send 'auto' or 'none'",
+          "tool_choice");
+    }
+    return bad("tool_choice must be 'auto', 'none', 'required' or a function", "tool_choice");
+  }
+  if (!choice.is_object() || choice.value("type", "") != "function" ||
+      !choice.contains("function") || !choice["function"].is_object() ||
+      !choice["function"].contains("name") || !choice["function"]["name"].is_string()) {
+    return bad(
+        "tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", "
+        "\"function\": {\"name\": ...}}",
+        "tool_choice");
+  }
+  const std::string name = choice["function"]["name"].get<std::string>();
+  bool known = false;
+  for (const wire::Tool& t : tools) known = known || t.name == name;
+  if (!known)
+    return bad("tool_choice names '" + name + "', which is not among the tools",
+               "tool_choice.function.name");
+  return bad(
+      "a tool_choice naming a function needs constrained decoding, which is not served yet; "
+      "send 'auto' or 'none'",
+      "tool_choice");
+}
+
 }  // namespace
 
 Result<wire::ChatRequest> normalize_chat_request(const json& req, const ModelSpec& model,
@@ -70,7 +203,10 @@ Result<wire::ChatRequest> normalize_chat_request(const json& req, const ModelSpe
                                                          "max_completion_tokens",
                                                          "logprobs",
                                                          "top_logprobs",
-                                                         "logit_bias"};
+                                                         "logit_bias",
+                                                         "tools",
+                                                         "tool_choice",
+                                                         "parallel_tool_calls"};
   for (const auto& [key, value] : req.items()) {
     if (!kKnown.count(key)) return bad("unknown field '" + key + "'", key);
   }
@@ -97,8 +233,26 @@ Result<wire::ChatRequest> normalize_chat_request(const json& req, const ModelSpe
           role != "developer") {
         return bad("role must be one of system, user, assistant, tool, developer", f + ".role");
       }
-      HR_ASSIGN_OR_RETURN(std::string content, message_text(m, f + ".content"));
-      norm.push_back({std::move(role), std::move(content)});
+      wire::ChatMessage msg;
+      const bool calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
+      if (calls && role != "assistant")
+        return bad("only assistant messages carry tool_calls", f + ".tool_calls");
+      if (calls) {
+        HR_ASSIGN_OR_RETURN(msg.tool_calls, message_tool_calls(m["tool_calls"], f + ".tool_calls"));
+      }
+      if (calls && (!m.contains("content") || m["content"].is_null())) {
+        msg.content = "";  // a call without text
+      } else {
+        HR_ASSIGN_OR_RETURN(msg.content, message_text(m, f + ".content"));
+      }
+      if (role == "tool") {
+        if (!m.contains("tool_call_id") || !m["tool_call_id"].is_string()) {
+          return bad("a tool message needs the 'tool_call_id' it answers", f + ".tool_call_id");
+        }
+        msg.tool_call_id = m["tool_call_id"].get<std::string>();
+      }
+      msg.role = std::move(role);
+      norm.push_back(std::move(msg));
     }
     out.messages = std::move(norm);
   } else {
@@ -224,6 +378,15 @@ Result<wire::ChatRequest> normalize_chat_request(const json& req, const ModelSpe
   if (req.contains("model") && !req["model"].is_null() &&
       (!req["model"].is_string() || req["model"].get<std::string>() != model.name)) {
     return bad("'model' must match the batch's model " + model.name, "model");
+  }
+  if (given("tools")) HR_RETURN_IF_ERROR(parse_tools(req["tools"], &out.tools));
+  if (given("tool_choice"))
+    HR_RETURN_IF_ERROR(parse_tool_choice(req["tool_choice"], out.tools, &out.tool_choice));
+  if (given("parallel_tool_calls")) {
+    if (!req["parallel_tool_calls"].is_boolean()) {
+      return bad("'parallel_tool_calls' must be true or false", "parallel_tool_calls");
+    }
+    out.parallel_tool_calls = req["parallel_tool_calls"].get<bool>();
   }
   return out;
 }

@@ -148,6 +148,7 @@ Result<ChatTemplate> ChatTemplate::load(const std::string& dir, const std::strin
   if (!t.is_ok()) return invalid_argument(t.status().message(), "chat-template");
   ChatTemplate out;
   out.jinja_ = std::move(t).value();
+  out.tool_calls_ = detect_tool_call_format(*text);
   return out;
 }
 
@@ -165,6 +166,34 @@ Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& message
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
   context["messages"] = std::move(list);
+  context["add_generation_prompt"] = true;
+  context["bos_token"] = bos;
+  context["eos_token"] = eos;
+  return jinja_->render(context);
+}
+
+Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& messages,
+                                         const nlohmann::ordered_json& tools,
+                                         const std::string& bos, const std::string& eos) const {
+  if (!messages.is_array() || messages.empty()) return invalid_argument("no messages", "messages");
+  if (!jinja_) {
+    if (!tools.is_null()) {
+      return invalid_argument("this model's chat template does not take tools", "tools");
+    }
+    std::vector<ChatMessage> plain;
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const auto& m = messages[i];
+      if (m.contains("tool_calls") || m.contains("tool_call_id")) {
+        return invalid_argument("this model's chat template does not take tool calls or results",
+                                "messages[" + std::to_string(i) + "]");
+      }
+      plain.push_back({m.value("role", ""), m.value("content", "")});
+    }
+    return render_chat(format_, plain, bos, eos);
+  }
+  nlohmann::ordered_json context = nlohmann::ordered_json::object();
+  context["messages"] = messages;
+  if (!tools.is_null()) context["tools"] = tools;
   context["add_generation_prompt"] = true;
   context["bos_token"] = bos;
   context["eos_token"] = eos;

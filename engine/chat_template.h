@@ -9,6 +9,7 @@
 
 #include "base/status.h"
 #include "engine/jinja/template.h"
+#include "engine/tool_calls.h"
 
 namespace hr::engine {
 
@@ -49,12 +50,21 @@ class ChatTemplate {
   // eos_token; what it refuses (raise_exception) is kInvalidArgument with its message.
   [[nodiscard]] Result<std::string> render(const std::vector<ChatMessage>& messages,
                                            const std::string& bos, const std::string& eos) const;
+  // The same with messages as Hugging Face passes them ([{role, content, tool_calls?,
+  // tool_call_id?}]) and `tools` (null, or OpenAI's function list). Only the model's own template
+  // takes tools or tool messages: a built-in format refuses them (field tools).
+  [[nodiscard]] Result<std::string> render(const nlohmann::ordered_json& messages,
+                                           const nlohmann::ordered_json& tools,
+                                           const std::string& bos, const std::string& eos) const;
   // Whether this is the model's own template (else a built-in format).
   bool is_models_own() const { return jinja_.has_value(); }
+  // How the model writes tool calls (from its own template's markers; kNone for the built-ins).
+  ToolCallFormat tool_call_format() const { return tool_calls_; }
 
  private:
   std::optional<jinja::Template> jinja_;
   ChatFormat format_ = ChatFormat::kHeadroom;
+  ToolCallFormat tool_calls_ = ToolCallFormat::kNone;
 };
 
 }  // namespace hr::engine

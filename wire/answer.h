@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "wire/chat_request.h"
+
 namespace hr::wire {
 
 struct Usage {
@@ -36,7 +38,8 @@ using Logprobs = std::optional<std::vector<TokenLogprob>>;
 
 struct Answer {
   std::string text;
-  std::string finish_reason = "stop";  // stop, length
+  std::string finish_reason = "stop";  // stop, length, tool_calls
+  std::vector<ToolCall> tool_calls;    // the functions the model called (finish_reason tool_calls)
   Usage usage;
   Logprobs logprobs;
 };

@@ -12,9 +12,25 @@
 
 namespace hr::wire {
 
+// A function the model called (in an answer), or called earlier in the conversation.
+struct ToolCall {
+  std::string id;         // call_...
+  std::string name;       // the function's name
+  std::string arguments;  // JSON text of an object
+};
+
 struct ChatMessage {
   std::string role;  // system, user, assistant, tool, developer
   std::string content;
+  std::vector<ToolCall> tool_calls;         // assistant: the calls it made
+  std::optional<std::string> tool_call_id;  // tool: the call this message answers
+};
+
+// A function the model may call (OpenAI's {"type": "function", "function": {...}}).
+struct Tool {
+  std::string name;
+  std::string description;
+  std::string parameters;  // JSON Schema text of an object ("" when none was given)
 };
 
 struct ChatRequest {
@@ -39,8 +55,11 @@ struct ChatRequest {
   // OpenAI's log probabilities: each answer token's, with `top_logprobs` (0..20) alternatives.
   bool logprobs = false;
   int top_logprobs = 0;
-  // Room for what comes next (tools, response_format) goes here, with its JSON in
-  // wire/chat_request_json.cc.
+  // Functions the model may call, and whether it may (tool_choice "auto", the default, or
+  // "none": the tools are not offered).
+  std::vector<Tool> tools;
+  std::string tool_choice = "auto";
+  bool parallel_tool_calls = true;
 };
 
 }  // namespace hr::wire

@@ -28,7 +28,19 @@ json request_json(R&& r) {
   } else {
     json messages = json::array();
     for (auto& m : r.messages) {
-      messages.push_back({{"role", take(m.role)}, {"content", take(m.content)}});
+      json msg = {{"role", take(m.role)}, {"content", take(m.content)}};
+      if (!m.tool_calls.empty()) {
+        json calls = json::array();
+        for (auto& call : m.tool_calls) {
+          calls.push_back(
+              {{"id", take(call.id)},
+               {"type", "function"},
+               {"function", {{"name", take(call.name)}, {"arguments", take(call.arguments)}}}});
+        }
+        msg["tool_calls"] = std::move(calls);
+      }
+      if (m.tool_call_id) msg["tool_call_id"] = take(*m.tool_call_id);
+      messages.push_back(std::move(msg));
     }
     out["messages"] = std::move(messages);
   }
@@ -50,6 +62,18 @@ json request_json(R&& r) {
     out["logprobs"] = true;
     out["top_logprobs"] = r.top_logprobs;
   }
+  if (!r.tools.empty()) {
+    json tools = json::array();
+    for (auto& t : r.tools) {
+      json fn = {{"name", take(t.name)}};
+      if (!t.description.empty()) fn["description"] = take(t.description);
+      if (!t.parameters.empty()) fn["parameters"] = json::parse(t.parameters, nullptr, false);
+      tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
+    }
+    out["tools"] = std::move(tools);
+  }
+  if (r.tool_choice != "auto") out["tool_choice"] = r.tool_choice;
+  if (!r.parallel_tool_calls) out["parallel_tool_calls"] = false;
   return out;
 }
 
@@ -88,7 +112,28 @@ Result<ChatRequest> chat_request_from_json(const json& j) {
       auto content = m.find("content");
       if (role == m.end() || !role->is_string()) return wrong(f + ".role", "a string");
       if (content == m.end() || !content->is_string()) return wrong(f + ".content", "a string");
-      r.messages.push_back({role->get<std::string>(), content->get<std::string>()});
+      ChatMessage msg{role->get<std::string>(), content->get<std::string>(), {}, std::nullopt};
+      if (auto calls = m.find("tool_calls"); calls != m.end()) {
+        if (!calls->is_array()) return wrong(f + ".tool_calls", "an array");
+        for (size_t k = 0; k < calls->size(); ++k) {
+          const json& call = (*calls)[k];
+          const std::string cf = f + ".tool_calls[" + std::to_string(k) + "]";
+          auto fn = call.find("function");
+          if (!call.is_object() || fn == call.end() || !fn->is_object()) {
+            return wrong(cf + ".function", "an object");
+          }
+          ToolCall tc;
+          tc.id = call.value("id", "");
+          tc.name = fn->value("name", "");
+          tc.arguments = fn->value("arguments", "{}");
+          msg.tool_calls.push_back(std::move(tc));
+        }
+      }
+      if (auto id = m.find("tool_call_id"); id != m.end()) {
+        if (!id->is_string()) return wrong(f + ".tool_call_id", "a string");
+        msg.tool_call_id = id->get<std::string>();
+      }
+      r.messages.push_back(std::move(msg));
     }
   } else {
     auto it2 = j.find("prompt");
@@ -141,6 +186,32 @@ Result<ChatRequest> chat_request_from_json(const json& j) {
   if (auto it = j.find("top_logprobs"); it != j.end() && !it->is_null()) {
     if (!it->is_number_integer()) return wrong("top_logprobs", "an integer");
     r.top_logprobs = it->get<int>();
+  }
+  if (auto it = j.find("tools"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return wrong("tools", "an array");
+    for (size_t k = 0; k < it->size(); ++k) {
+      const json& t = (*it)[k];
+      const std::string f = "tools[" + std::to_string(k) + "]";
+      auto fn = t.find("function");
+      if (!t.is_object() || fn == t.end() || !fn->is_object() || !fn->contains("name") ||
+          !(*fn)["name"].is_string()) {
+        return wrong(f + ".function", "an object with a name");
+      }
+      Tool tool;
+      tool.name = (*fn)["name"].get<std::string>();
+      tool.description = fn->value("description", "");
+      if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null())
+        tool.parameters = p->dump();
+      r.tools.push_back(std::move(tool));
+    }
+  }
+  if (auto it = j.find("tool_choice"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return wrong("tool_choice", "a string");
+    r.tool_choice = it->get<std::string>();
+  }
+  if (auto it = j.find("parallel_tool_calls"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) return wrong("parallel_tool_calls", "true or false");
+    r.parallel_tool_calls = it->get<bool>();
   }
   return r;
 }

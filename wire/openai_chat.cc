@@ -118,11 +118,41 @@ json logprobs_object(const Logprobs& logprobs) {
   return {{"content", logprob_entries(*logprobs)}, {"refusal", nullptr}};
 }
 
+json tool_calls_json(const std::vector<ToolCall>& calls) {
+  json out = json::array();
+  for (const ToolCall& c : calls) {
+    out.push_back({{"id", c.id},
+                   {"type", "function"},
+                   {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  }
+  return out;
+}
+
+Result<std::vector<ToolCall>> tool_calls_from_json(const json& j) {
+  if (!j.is_array()) return invalid_argument("tool_calls must be an array", "tool_calls");
+  std::vector<ToolCall> out;
+  for (size_t k = 0; k < j.size(); ++k) {
+    const json& c = j[k];
+    auto fn = c.find("function");
+    if (!c.is_object() || fn == c.end() || !fn->is_object()) {
+      return invalid_argument("a tool call needs its function",
+                              "tool_calls[" + std::to_string(k) + "].function");
+    }
+    out.push_back({c.value("id", ""), fn->value("name", ""), fn->value("arguments", "{}")});
+  }
+  return out;
+}
+
 nlohmann::ordered_json chat_completion(const Answer& a, const std::string& id, int64_t created,
                                        const std::string& model) {
   using ojson = nlohmann::ordered_json;
+  ojson message = {{"role", "assistant"}, {"content", a.text}};
+  if (!a.tool_calls.empty()) {
+    if (a.text.empty()) message["content"] = nullptr;
+    message["tool_calls"] = ojson(tool_calls_json(a.tool_calls));
+  }
   ojson choice = {{"index", 0},
-                  {"message", {{"role", "assistant"}, {"content", a.text}}},
+                  {"message", std::move(message)},
                   {"finish_reason", a.finish_reason},
                   {"logprobs", ojson(logprobs_object(a.logprobs))}};
   return {{"id", id},

@@ -30,7 +30,13 @@ nlohmann::json logprob_entries(const std::vector<TokenLogprob>& tokens);
 // {"content": [entries], "refusal": null}, or null when none were asked for.
 nlohmann::json logprobs_object(const Logprobs& logprobs);
 
-// The response of POST /v1/chat/completions, in OpenAI's field order.
+// OpenAI's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}].
+nlohmann::json tool_calls_json(const std::vector<ToolCall>& calls);
+// Reads tool_calls_json() back (also the stored and protocol forms, which share it).
+[[nodiscard]] Result<std::vector<ToolCall>> tool_calls_from_json(const nlohmann::json& j);
+
+// The response of POST /v1/chat/completions, in OpenAI's field order. With tool calls, the message
+// carries them (and content null when the answer has no text).
 nlohmann::ordered_json chat_completion(const Answer& answer, const std::string& id, int64_t created,
                                        const std::string& model);
 

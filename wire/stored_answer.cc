@@ -16,6 +16,7 @@ std::string encode_stored_answer(const Answer& a) {
               {"completion_tokens", a.usage.completion_tokens},
               {"cached_tokens", a.usage.cached_tokens}}}};
   if (a.logprobs) j["logprobs"] = logprob_entries(*a.logprobs);
+  if (!a.tool_calls.empty()) j["tool_calls"] = tool_calls_json(a.tool_calls);
   return j.dump();
 }
 
@@ -69,6 +70,9 @@ Result<Answer> decode_stored_answer_json(const json& j) {
   }
   if (auto lp = j.find("logprobs"); lp != j.end() && !lp->is_null()) {
     HR_ASSIGN_OR_RETURN(a.logprobs, logprob_entries_from_json(*lp));
+  }
+  if (auto calls = j.find("tool_calls"); calls != j.end()) {
+    HR_ASSIGN_OR_RETURN(a.tool_calls, tool_calls_from_json(*calls));
   }
   return a;
 }

@@ -2,7 +2,8 @@
 // leaks into; the codecs render it for each route.
 //   version 1: {"v": 1, "text": "...", "finish_reason": "stop",
 //               "usage": {"prompt_tokens", "completion_tokens", "cached_tokens"},
-//               "logprobs"?: [{"token", "logprob", "bytes", "top_logprobs"}...]}
+//               "logprobs"?: [{"token", "logprob", "bytes", "top_logprobs"}...],
+//               "tool_calls"?: [{"id", "type": "function", "function": {"name", "arguments"}}]}
 // (the logprobs entries keep each token's bytes, so nothing is lost). Results stored by earlier
 // releases are Workers AI's result ({"response", "usage", "finish_reason", "logprobs"}); they are
 // read too. Pure functions.

@@ -42,6 +42,7 @@ json protocol_answer(const Answer& a) {
             {"completion_tokens", a.usage.completion_tokens},
             {"cached_tokens", a.usage.cached_tokens}};
   if (a.logprobs) j["logprobs"] = logprobs_object(a.logprobs);
+  if (!a.tool_calls.empty()) j["tool_calls"] = tool_calls_json(a.tool_calls);
   return j;
 }
 
@@ -60,6 +61,12 @@ Result<Answer> answer_from_protocol(const json& j) {
     if (!entries.is_ok())
       return internal_error("malformed logprobs: " + entries.status().message());
     a.logprobs = std::move(entries).value();
+  }
+  if (auto calls = j.find("tool_calls"); calls != j.end()) {
+    Result<std::vector<ToolCall>> parsed = tool_calls_from_json(*calls);
+    if (!parsed.is_ok())
+      return internal_error("malformed tool calls: " + parsed.status().message());
+    a.tool_calls = std::move(parsed).value();
   }
   return a;
 }

@@ -3,7 +3,7 @@
 //   call:   {"request": <chat request JSON>, "stream": bool, "reject_if_busy": bool,
 //            "queue_timeout_ms": int}
 //   answer: {"text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
-//            "logprobs"?: {"content": [...], "refusal": null} (when asked for)}
+//            "logprobs"?: {"content": [...], "refusal": null} (when asked for), "tool_calls"?}
 //   streamed: {"delta": "...", "logprobs"?: [entries]} lines, then {"answer": {...}} or
 //            {"error": {"code", "message", "field"?, "retry_elsewhere"?}}
 // Pure functions.

@@ -10,6 +10,16 @@ using nlohmann::json;
 
 json workers_ai_result(const Answer& a, bool with_finish_reason) {
   json result = {{"response", a.text}, {"usage", usage_json(a.usage)}};
+  if (!a.tool_calls.empty()) {
+    // Workers AI's shape: [{"name", "arguments": {...}}].
+    json calls = json::array();
+    for (const ToolCall& c : a.tool_calls) {
+      json args = json::parse(c.arguments, nullptr, false);
+      calls.push_back(
+          {{"name", c.name}, {"arguments", args.is_discarded() ? json(c.arguments) : args}});
+    }
+    result["tool_calls"] = std::move(calls);
+  }
   if (with_finish_reason) result["finish_reason"] = a.finish_reason;
   if (a.logprobs) result["logprobs"] = logprobs_object(a.logprobs);
   return result;

@@ -12,7 +12,8 @@
 
 namespace hr::wire {
 
-// {"response": text, "usage": {...}, "finish_reason"?, "logprobs"?} (finish_reason with
+// {"response": text, "usage": {...}, "tool_calls"?: [{"name", "arguments"}], "finish_reason"?,
+// "logprobs"?} (finish_reason with
 // `with_finish_reason`: the queued results carry it, the sync answer does not).
 nlohmann::json workers_ai_result(const Answer& answer, bool with_finish_reason);
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/tool_calls.h"
 #include "queue/lease.h"
 #include "workers/answer_logprobs.h"
 
@@ -35,6 +36,7 @@ class AsyncJobs {
     queue::Lease lease;
     std::string text;
     AnswerLogprobs logprobs;
+    engine::ToolCallFormat tool_calls;  // read out of the answer when tools were offered
   };
   engine::Engine& eng_;
   QueueIo& io_;

@@ -1,8 +1,11 @@
 // The engine's request from the chat request.
 #include "workers/generation_request.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
+
+#include "base/ids.h"
 
 namespace hr::workers {
 
@@ -19,16 +22,58 @@ const std::string& TokenBytes::of(int32_t id) {
   return bytes_[i];
 }
 
+namespace {
+
+// The conversation as Hugging Face passes it to a template: tool calls with their arguments as
+// objects, tool results with the call they answer.
+nlohmann::ordered_json template_messages(const wire::ChatRequest& req) {
+  using ojson = nlohmann::ordered_json;
+  ojson out = ojson::array();
+  if (req.prompt) {
+    out.push_back({{"role", "user"}, {"content", *req.prompt}});
+    return out;
+  }
+  for (const wire::ChatMessage& m : req.messages) {
+    ojson msg = {{"role", m.role}, {"content", m.content}};
+    if (!m.tool_calls.empty()) {
+      ojson calls = ojson::array();
+      for (const wire::ToolCall& c : m.tool_calls) {
+        ojson args = ojson::parse(c.arguments, nullptr, false);
+        calls.push_back(
+            {{"id", c.id},
+             {"type", "function"},
+             {"function",
+              {{"name", c.name}, {"arguments", args.is_discarded() ? ojson::object() : args}}}});
+      }
+      msg["tool_calls"] = std::move(calls);
+    }
+    if (m.tool_call_id) msg["tool_call_id"] = *m.tool_call_id;
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
+// The tools as OpenAI lists them, or null when none are offered.
+nlohmann::ordered_json template_tools(const wire::ChatRequest& req) {
+  using ojson = nlohmann::ordered_json;
+  if (req.tools.empty() || req.tool_choice == "none") return nullptr;
+  ojson tools = ojson::array();
+  for (const wire::Tool& t : req.tools) {
+    ojson fn = {{"name", t.name}};
+    if (!t.description.empty()) fn["description"] = t.description;
+    if (!t.parameters.empty()) fn["parameters"] = ojson::parse(t.parameters, nullptr, false);
+    tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
+  }
+  return tools;
+}
+
+}  // namespace
+
 Result<engine::GenerationRequest> to_generation(const wire::ChatRequest& req, const LoadedModel& m,
                                                 engine::RequestClass cls) {
-  std::vector<engine::ChatMessage> messages;
-  if (req.prompt) {
-    messages.push_back({"user", *req.prompt});
-  } else {
-    for (const wire::ChatMessage& msg : req.messages) messages.push_back({msg.role, msg.content});
-  }
-  HR_ASSIGN_OR_RETURN(std::string text, m.chat_template.render(messages, m.tokenizer->bos_text(),
-                                                               m.tokenizer->eos_text()));
+  HR_ASSIGN_OR_RETURN(std::string text,
+                      m.chat_template.render(template_messages(req), template_tools(req),
+                                             m.tokenizer->bos_text(), m.tokenizer->eos_text()));
   engine::GenerationRequest r;
   r.prompt = m.tokenizer->encode(text);
   r.cls = cls;
@@ -64,6 +109,25 @@ std::optional<wire::TokenLogprob> token_logprob(TokenBytes& bytes, const engine:
     t.top.push_back({bytes.of(ev.logprobs->top_ids[i]), ev.logprobs->top_logprobs[i]});
   }
   return t;
+}
+
+engine::ToolCallFormat offered_tool_calls(const wire::ChatRequest& req, const LoadedModel& m) {
+  if (req.tools.empty() || req.tool_choice == "none") return engine::ToolCallFormat::kNone;
+  return m.chat_template.tool_call_format();
+}
+
+void extract_tool_calls(engine::ToolCallFormat format, wire::Answer* answer) {
+  if (format == engine::ToolCallFormat::kNone) return;
+  engine::ParsedAnswer parsed = engine::parse_tool_calls(format, answer->text);
+  if (parsed.calls.empty()) return;
+  answer->text = std::move(parsed.text);
+  for (engine::ParsedCall& c : parsed.calls) {
+    std::string id = new_uuid_v4().to_string();
+    id.erase(std::remove(id.begin(), id.end(), '-'), id.end());
+    answer->tool_calls.push_back(
+        {"call_" + id.substr(0, 24), std::move(c.name), std::move(c.arguments)});
+  }
+  answer->finish_reason = "tool_calls";
 }
 
 }  // namespace hr::workers

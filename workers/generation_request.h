@@ -7,6 +7,7 @@
 
 #include "base/status.h"
 #include "engine/engine.h"
+#include "engine/tool_calls.h"
 #include "wire/answer.h"
 #include "wire/chat_request.h"
 #include "workers/loaded_model.h"
@@ -18,6 +19,15 @@ namespace hr::workers {
 [[nodiscard]] Result<engine::GenerationRequest> to_generation(const wire::ChatRequest& request,
                                                               const LoadedModel& model,
                                                               engine::RequestClass cls);
+
+// The format the model writes tool calls in when the request offers it tools (tool_choice auto),
+// else kNone: the answer is then read for calls (extract_tool_calls).
+engine::ToolCallFormat offered_tool_calls(const wire::ChatRequest& request,
+                                          const LoadedModel& model);
+
+// Moves the calls in `answer`'s text into its tool_calls (each with a new id), leaving the rest of
+// the text; finish_reason becomes tool_calls when there were any.
+void extract_tool_calls(engine::ToolCallFormat format, wire::Answer* answer);
 
 // The event's token with its log probability and alternatives; none for an event without log
 // probabilities (a cancelled or failed end).

@@ -73,6 +73,7 @@ void on_event(SyncJob& job, TokenBytes& bytes, const engine::TokenEvent& ev) {
     if (!job.streaming) answer.logprobs = job.logprobs.answer();
     answer.finish_reason = engine::finish_reason_name(ev.finish_reason);
     answer.usage = {ev.usage.prompt_tokens, ev.usage.completion_tokens, ev.usage.cached_tokens};
+    if (!job.streaming) extract_tool_calls(job.tool_calls, &answer);
   }
   if (job.streaming) {
     std::lock_guard<std::mutex> lock(job.mu);

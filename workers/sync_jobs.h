@@ -18,6 +18,7 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "engine/engine.h"
+#include "engine/tool_calls.h"
 #include "wire/answer.h"
 #include "wire/answer_stream.h"
 #include "workers/answer_logprobs.h"
@@ -51,6 +52,8 @@ struct SyncJob {
   int64_t arrival_ns = steady_now_ns();
   std::atomic<bool> abandoned{false};  // the client went away: cancel in the engine
   int64_t engine_id = -1;              // step loop only
+  // How the model writes tool calls when the request offered tools (read out of the answer).
+  engine::ToolCallFormat tool_calls = engine::ToolCallFormat::kNone;
 
   // Ends the job with an error (for the handler waiting on it).
   void fail(const Status& st);

@@ -146,6 +146,7 @@ Result<wire::Answer> Worker::run(const wire::ChatRequest& request, const SyncOpt
   HR_ASSIGN_OR_RETURN(auto gen, to_generation(request, *model_, engine::RequestClass::kSync));
   auto job = std::make_shared<SyncJob>();
   job->request = std::move(gen);
+  job->tool_calls = offered_tool_calls(request, *model_);
   auto future = job->done.get_future();
   HR_RETURN_IF_ERROR(hand_to_step_loop(job));
   // The answer's own generation time is bounded by max_tokens; the wait covers queueing too.

@@ -63,6 +63,33 @@ TEST(BatchRequestTest, PenaltiesThatChangeSomethingAreStored) {
   EXPECT_EQ((*lb)["logit_bias"], (json{{"5", 10}, {"0", -100}}));  // a zero bias changes nothing
 }
 
+// Tools in OpenAI's and Workers AI's shapes, calls and results in the conversation.
+TEST(BatchRequestTest, ToolsCallsAndResultsAreKept) {
+  auto r = normalized(json{
+      {"messages",
+       {{{"role", "user"}, {"content", "weather in Oslo?"}},
+        {{"role", "assistant"},
+         {"content", nullptr},
+         {"tool_calls",
+          {{{"id", "call_1"},
+            {"type", "function"},
+            {"function", {{"name", "get_weather"}, {"arguments", R"({"city": "Oslo"})"}}}}}}},
+        {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "12 C"}}}},
+      {"tools",
+       {{{"type", "function"},
+         {"function",
+          {{"name", "get_weather"}, {"parameters", {{"type", "object"}}}, {"description", "d"}}}},
+        {{"name", "search"}}}},
+      {"tool_choice", "auto"}});
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ((*r)["messages"][1]["content"], "");
+  EXPECT_EQ((*r)["messages"][1]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ((*r)["messages"][2]["tool_call_id"], "call_1");
+  EXPECT_EQ((*r)["tools"][0]["function"]["parameters"], (json{{"type", "object"}}));
+  EXPECT_EQ((*r)["tools"][1]["function"]["name"], "search");
+  EXPECT_FALSE(r->contains("tool_choice"));  // auto is the default
+}
+
 TEST(BatchRequestTest, NamesTheBadField) {
   struct Case {
     json req;
@@ -98,6 +125,29 @@ TEST(BatchRequestTest, NamesTheBadField) {
       {json{{"prompt", "x"}, {"stream", true}}, "stream"},
       {json{{"prompt", "x"}, {"model", "@other/model"}}, "model"},
       {json{{"prompt", "x"}, {"max_tokens", 0}}, "max_tokens"},
+      {json{{"prompt", "x"}, {"tools", "f"}}, "tools"},
+      {json{{"prompt", "x"},
+            {"tools", {{{"type", "function"}, {"function", {{"name", "bad name"}}}}}}},
+       "tools[0].function.name"},
+      {json{
+           {"prompt", "x"},
+           {"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", "x"}}}}}}},
+       "tools[0].function.parameters"},
+      {json{{"prompt", "x"}, {"tools", {{{"name", "f"}}, {{"name", "f"}}}}}, "tools[1].name"},
+      {json{{"prompt", "x"}, {"tool_choice", "sometimes"}}, "tool_choice"},
+      {json{{"prompt", "x"}, {"tool_choice", "required"}}, "tool_choice"},
+      {json{{"prompt", "x"},
+            {"tools", {{{"name", "f"}}}},
+            {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}}},
+       "tool_choice.function.name"},
+      {json{{"messages", {{{"role", "tool"}, {"content", "42"}}}}}, "messages[0].tool_call_id"},
+      {json{{"messages", {{{"role", "user"}, {"content", "x"}, {"tool_calls", json::array()}}}}},
+       "messages[0].tool_calls"},
+      {json{{"messages",
+             {{{"role", "assistant"},
+               {"tool_calls",
+                {{{"id", "c1"}, {"function", {{"name", "f"}, {"arguments", "[1]"}}}}}}}}}},
+       "messages[0].tool_calls[0].function.arguments"},
   };
   for (const auto& c : cases) {
     auto r = normalized(c.req);

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 namespace hr::engine {
 namespace {
@@ -64,6 +65,41 @@ TEST(ChatTemplateTest, FindsTheTemplateWhereTransformersKeepsIt) {
   EXPECT_FALSE(chatml->is_models_own());
   EXPECT_EQ(*chatml->render({{"user", "hi"}}, "", ""),
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+// A real template (Qwen2.5's) gets the tools, the assistant's calls and the tool's result.
+TEST(ChatTemplateTest, TheModelsTemplateGetsToolsCallsAndResults) {
+  using ojson = nlohmann::ordered_json;
+  std::ifstream in(std::string(HEADROOM_SOURCE_DIR) +
+                   "/tests/data/chat_templates/Qwen--Qwen2.5-7B-Instruct.jinja");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  Result<ChatTemplate> qwen =
+      ChatTemplate::load(folder("qwen", {{"chat_template.jinja", ss.str()}}));
+  ASSERT_TRUE(qwen.is_ok()) << qwen.status().to_string();
+  EXPECT_EQ(qwen->tool_call_format(), ToolCallFormat::kHermes);
+  const ojson messages = ojson::parse(R"([
+    {"role": "user", "content": "weather in Oslo?"},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
+      "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "12 C"}])");
+  const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather",
+    "description": "The weather", "parameters": {"type": "object"}}}])");
+  Result<std::string> text = qwen->render(messages, tools, "", "<|im_end|>");
+  ASSERT_TRUE(text.is_ok()) << text.status().to_string();
+  EXPECT_NE(text->find("\"name\": \"get_weather\""), std::string::npos) << *text;
+  EXPECT_NE(
+      text->find("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"),
+      std::string::npos)
+      << *text;
+  EXPECT_NE(text->find("<tool_response>\n12 C\n</tool_response>"), std::string::npos) << *text;
+  // A built-in format takes neither.
+  const ChatTemplate builtin = ChatTemplate::builtin(ChatFormat::kChatMl);
+  EXPECT_EQ(builtin.render(messages, nullptr, "", "").status().field(), "messages[1]");
+  EXPECT_EQ(builtin.render(ojson::parse(R"([{"role": "user", "content": "x"}])"), tools, "", "")
+                .status()
+                .field(),
+            "tools");
 }
 
 TEST(ChatTemplateTest, ErrorsSayWhatIsWrongAndWhere) {

@@ -45,7 +45,13 @@ TEST(ChatRequestJsonTest, ReadsRequestsQueuedByTheEarlierRelease) {
 
 TEST(ChatRequestJsonTest, EveryFieldRoundTrips) {
   ChatRequest r;
-  r.messages = {{"user", "a"}, {"assistant", "b"}, {"user", "c"}};
+  r.messages = {{"user", "a", {}, std::nullopt},
+                {"assistant", "", {{"call_1", "f", R"({"x":1})"}}, std::nullopt},
+                {"tool", "b", {}, "call_1"},
+                {"user", "c", {}, std::nullopt}};
+  r.tools = {{"f", "does f", R"({"type":"object"})"}, {"g", "", ""}};
+  r.tool_choice = "none";
+  r.parallel_tool_calls = false;
   r.max_tokens = 9;
   r.temperature = 0.25;
   r.top_p = 0.5;
@@ -63,6 +69,11 @@ TEST(ChatRequestJsonTest, EveryFieldRoundTrips) {
   ASSERT_TRUE(back.is_ok()) << back.status().to_string();
   EXPECT_EQ(to_json(*back), j);
   EXPECT_EQ(*back->seed, r.seed);
+  EXPECT_EQ(back->messages[1].tool_calls[0].arguments, R"({"x":1})");
+  EXPECT_EQ(*back->messages[2].tool_call_id, "call_1");
+  EXPECT_EQ(back->tools[0].parameters, R"({"type":"object"})");
+  EXPECT_EQ(back->tool_choice, "none");
+  EXPECT_FALSE(back->parallel_tool_calls);
   EXPECT_EQ(j["stop"], json::array());  // given, even empty
   ChatRequest bare;
   bare.prompt = "x";

@@ -73,6 +73,26 @@ TEST(CodecsTest, OpenAiChatCompletionAndChunks) {
   EXPECT_EQ(usage_only["usage"], kUsage);
 }
 
+TEST(CodecsTest, ToolCallsInEveryShape) {
+  Answer a = sample(false);
+  a.text = "";
+  a.finish_reason = "tool_calls";
+  a.tool_calls = {{"call_1", "get_weather", R"({"city":"Oslo"})"}};
+  nlohmann::ordered_json c = chat_completion(a, "chatcmpl-1", 1, "m");
+  EXPECT_TRUE(c["choices"][0]["message"]["content"].is_null());
+  EXPECT_EQ(c["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            R"({"city":"Oslo"})");
+  EXPECT_EQ(c["choices"][0]["message"]["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(c["choices"][0]["finish_reason"], "tool_calls");
+  json w = workers_ai_result(a, true);
+  EXPECT_EQ(w["tool_calls"][0]["name"], "get_weather");
+  EXPECT_EQ(w["tool_calls"][0]["arguments"], (json{{"city", "Oslo"}}));
+  Result<Answer> back = answer_from_protocol(protocol_answer(a));
+  ASSERT_TRUE(back.is_ok());
+  ASSERT_EQ(back->tool_calls.size(), 1u);
+  EXPECT_EQ(back->tool_calls[0].id, "call_1");
+}
+
 TEST(CodecsTest, WorkerProtocolRoundTrips) {
   for (bool lp : {false, true}) {
     Result<Answer> back = answer_from_protocol(protocol_answer(sample(lp)));

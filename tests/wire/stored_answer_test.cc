@@ -109,6 +109,13 @@ TEST(StoredAnswerTest, KeepsEveryByteAndTheLowestLogprob) {
   EXPECT_EQ((*back->logprobs)[0].top[1].logprob, -std::numeric_limits<float>::max());
   EXPECT_EQ((*back->logprobs)[1].bytes, "\xc3\xa9");
   EXPECT_EQ((*back->logprobs)[1].logprob, -0.125f);
+  // Tool calls are kept.
+  a.tool_calls = {{"call_9", "f", R"({"x":[1]})"}};
+  back = decode_stored_answer(encode_stored_answer(a));
+  ASSERT_TRUE(back.is_ok());
+  ASSERT_EQ(back->tool_calls.size(), 1u);
+  EXPECT_EQ(back->tool_calls[0].arguments, R"({"x":[1]})");
+  a.tool_calls.clear();
   // Without logprobs asked for, none are stored, and none come back.
   a.logprobs.reset();
   back = decode_stored_answer(encode_stored_answer(a));

@@ -211,6 +211,50 @@ TEST(WorkerE2eTest, QueuedBatchIsAnsweredCorrectlyInOrder) {
   EXPECT_EQ(w->stats().braked.load(), 0);  // the brake is off by default
 }
 
+// Tools, earlier calls and tool results reach the model's own template (the bundled model's
+// ignores them and answers as ever); an answer without calls ends with stop; an answer that may
+// call tools is not streamed yet, and says so.
+TEST(WorkerE2eTest, RequestsWithToolsAreAnsweredByTheModelsTemplate) {
+  testing::ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  auto w = make_worker(h, "w");
+  ASSERT_TRUE(w);
+  cmd::WorkerSync worker_sync(*w);
+  h.api().set_sync_inference(&worker_sync);
+  ASSERT_TRUE(w->start().is_ok());
+  const json tools = {{{"type", "function"},
+                       {"function", {{"name", "lookup"}, {"parameters", {{"type", "object"}}}}}}};
+  json body = {{"model", h.model()},
+               {"temperature", 0},
+               {"messages", {{{"role", "user"}, {"content", "reverse: hello"}}}},
+               {"tools", tools}};
+  auto r = h.post("/v1/chat/completions", body.dump(), h.key_a());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["choices"][0]["message"]["content"], "olleh");
+  EXPECT_EQ(r.json()["choices"][0]["finish_reason"], "stop");
+  EXPECT_FALSE(r.json()["choices"][0]["message"].contains("tool_calls"));
+  // An earlier call and its result are taken (the conversation is the model's to read).
+  body["messages"] = {{{"role", "user"}, {"content", "reverse: abc"}},
+                      {{"role", "assistant"},
+                       {"content", nullptr},
+                       {"tool_calls",
+                        {{{"id", "call_1"},
+                          {"type", "function"},
+                          {"function", {{"name", "lookup"}, {"arguments", R"({"q": "abc"})"}}}}}}},
+                      {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "found"}},
+                      {{"role", "user"}, {"content", "reverse: hello"}}};
+  auto turns = h.post("/v1/chat/completions", body.dump(), h.key_a());
+  ASSERT_EQ(turns.status, 200) << turns.body;
+  EXPECT_TRUE(turns.json()["choices"][0]["message"]["content"].is_string());
+  EXPECT_NE(turns.json()["choices"][0]["finish_reason"], "tool_calls");
+  body["stream"] = true;
+  auto s = h.post("/v1/chat/completions", body.dump(), h.key_a());
+  EXPECT_EQ(s.status, 400) << s.body;
+  EXPECT_EQ(s.json()["error"]["param"], "stream") << s.body;
+  h.api().set_sync_inference(nullptr);
+  w->stop();
+}
+
 TEST(WorkerE2eTest, UtilizationBrakeHoldsBackPullsAndStarvesNothing) {
   testing::ApiHarness h;
   ASSERT_TRUE(h.ok());

@@ -1,0 +1,139 @@
+// Tool calls in a model's output.
+#include "engine/tool_calls.h"
+
+#include <nlohmann/json.hpp>
+
+namespace hr::engine {
+namespace {
+
+using nlohmann::json;
+
+std::string trim(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t\r\n");
+  if (a == std::string::npos) return "";
+  const size_t z = s.find_last_not_of(" \t\r\n");
+  return s.substr(a, z - a + 1);
+}
+
+// {"name": string, "<args_key>": object or JSON text of one} → a call.
+bool call_of(const json& j, const char* args_key, ParsedCall* out) {
+  if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return false;
+  json args = j.contains(args_key) ? j[args_key] : json::object();
+  if (args.is_string()) args = json::parse(args.get<std::string>(), nullptr, false);
+  if (!args.is_object()) return false;
+  out->name = j["name"].get<std::string>();
+  out->arguments = args.dump();
+  return true;
+}
+
+ParsedAnswer hermes(const std::string& answer) {
+  ParsedAnswer out;
+  std::string text;
+  size_t pos = 0;
+  while (true) {
+    const size_t open = answer.find("<tool_call>", pos);
+    if (open == std::string::npos) break;
+    const size_t body = open + 11;
+    const size_t close = answer.find("</tool_call>", body);
+    const std::string inside =
+        answer.substr(body, close == std::string::npos ? std::string::npos : close - body);
+    ParsedCall call;
+    if (!call_of(json::parse(trim(inside), nullptr, false), "arguments", &call)) break;
+    text += answer.substr(pos, open - pos);
+    out.calls.push_back(std::move(call));
+    pos = close == std::string::npos ? answer.size() : close + 12;
+  }
+  if (out.calls.empty()) return {answer, {}};
+  text += answer.substr(pos);
+  out.text = trim(text);
+  return out;
+}
+
+ParsedAnswer mistral(const std::string& answer) {
+  const size_t at = answer.find("[TOOL_CALLS]");
+  if (at == std::string::npos) return {answer, {}};
+  json list = json::parse(trim(answer.substr(at + 12)), nullptr, false);
+  if (list.is_object()) list = json::array({list});
+  if (!list.is_array() || list.empty()) return {answer, {}};
+  ParsedAnswer out;
+  for (const json& j : list) {
+    ParsedCall call;
+    if (!call_of(j, "arguments", &call)) return {answer, {}};
+    out.calls.push_back(std::move(call));
+  }
+  out.text = trim(answer.substr(0, at));
+  return out;
+}
+
+ParsedAnswer llama3(const std::string& answer) {
+  std::string body = trim(answer);
+  if (body.rfind("<|python_tag|>", 0) == 0) body = trim(body.substr(14));
+  if (body.empty() || body[0] != '{') return {answer, {}};
+  ParsedAnswer out;
+  // Calls separated by ';' (each a whole JSON object).
+  size_t start = 0;
+  while (start < body.size()) {
+    size_t end = body.size();
+    json j;
+    // The shortest prefix that parses as an object and is followed by ';' or the end.
+    for (size_t semi = body.find(';', start);; semi = body.find(';', semi + 1)) {
+      const size_t stop = semi == std::string::npos ? body.size() : semi;
+      j = json::parse(body.substr(start, stop - start), nullptr, false);
+      if (!j.is_discarded()) {
+        end = stop;
+        break;
+      }
+      if (semi == std::string::npos) return {answer, {}};
+    }
+    ParsedCall call;
+    if (!call_of(j, j.contains("parameters") ? "parameters" : "arguments", &call))
+      return {answer, {}};
+    out.calls.push_back(std::move(call));
+    start = end + 1;
+    while (start < body.size() && (body[start] == ' ' || body[start] == '\n')) ++start;
+  }
+  return out;
+}
+
+}  // namespace
+
+ToolCallFormat detect_tool_call_format(const std::string& t) {
+  if (t.find("<tool_call>") != std::string::npos) return ToolCallFormat::kHermes;
+  if (t.find("[TOOL_CALLS]") != std::string::npos) return ToolCallFormat::kMistral;
+  if (t.find("<|python_tag|>") != std::string::npos ||
+      (t.find("<|start_header_id|>") != std::string::npos &&
+       t.find("ipython") != std::string::npos)) {
+    return ToolCallFormat::kLlama3;
+  }
+  return ToolCallFormat::kNone;
+}
+
+const char* tool_call_format_name(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kNone:
+      return "none";
+    case ToolCallFormat::kHermes:
+      return "hermes";
+    case ToolCallFormat::kMistral:
+      return "mistral";
+    case ToolCallFormat::kLlama3:
+      return "llama3";
+  }
+  return "none";
+}
+
+ParsedAnswer parse_tool_calls(ToolCallFormat format, const std::string& answer) {
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return hermes(answer);
+    case ToolCallFormat::kMistral:
+      return mistral(answer);
+    case ToolCallFormat::kLlama3:
+      return llama3(answer);
+    case ToolCallFormat::kNone:
+      break;
+  }
+  return {answer, {}};
+}
+
+}  // namespace hr::engine

