@@ -157,7 +157,41 @@ async function main() {
   assert.equal(cancelErrors.length, cancelled.request_counts.failed);
   assert.ok(cancelErrors.every((l) => l.error.code === 'batch_cancelled'));
 
-  // 6. Delete a file.
+  // 6. Tools through the SDK: offered, with an earlier call and its result in the conversation;
+  // the bundled model answers in text (its template takes no tools), so the answer has no calls.
+  // A stream with tools is refused, naming the field.
+  const tools = [{ type: 'function', function: { name: 'lookup', description: 'Looks a word up',
+    parameters: { type: 'object', properties: { q: { type: 'string' } }, required: ['q'] } } }];
+  const withTools = await client.chat.completions.create({
+    model, temperature: 0, tools, tool_choice: 'auto',
+    messages: [
+      { role: 'user', content: 'reverse: abc' },
+      { role: 'assistant', content: null, tool_calls: [
+        { id: 'call_1', type: 'function', function: { name: 'lookup', arguments: '{"q":"abc"}' } }] },
+      { role: 'tool', tool_call_id: 'call_1', content: 'found' },
+      { role: 'user', content: 'reverse: hello' }],
+  });
+  assert.equal(withTools.object, 'chat.completion');
+  assert.equal(typeof withTools.choices[0].message.content, 'string');
+  assert.notEqual(withTools.choices[0].finish_reason, 'tool_calls');
+  await assert.rejects(
+    client.chat.completions.create({ model, tools, stream: true,
+                                     messages: [{ role: 'user', content: 'reverse: x' }] }),
+    (e) => {
+      assert.ok(e instanceof BadRequestError, String(e));
+      assert.equal(e.param, 'stream');
+      return true;
+    });
+  await assert.rejects(
+    client.chat.completions.create({ model, tools, tool_choice: { type: 'function',
+      function: { name: 'nope' } }, messages: [{ role: 'user', content: 'reverse: x' }] }),
+    (e) => {
+      assert.ok(e instanceof BadRequestError, String(e));
+      assert.equal(e.param, 'tool_choice.function.name');
+      return true;
+    });
+
+  // 7. Delete a file.
   const deleted = await client.files.delete(badFile.id);
   assert.deepEqual(deleted, { id: badFile.id, object: 'file', deleted: true });
   await assert.rejects(client.files.retrieve(badFile.id), NotFoundError);
