@@ -3,6 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <vector>
+
 namespace hr::engine {
 namespace {
 
@@ -95,9 +97,97 @@ ParsedAnswer llama3(const std::string& answer) {
   return out;
 }
 
+// The text between `open` and `close` markers, in turn: [start, end) pairs of each section.
+struct Section {
+  size_t open, body, end, after;  // open marker, its body, the close marker, past it
+};
+
+std::vector<Section> sections(const std::string& s, const std::string& open,
+                              const std::string& close, size_t from = 0) {
+  std::vector<Section> out;
+  size_t pos = from;
+  while (true) {
+    const size_t o = s.find(open, pos);
+    if (o == std::string::npos) break;
+    const size_t body = o + open.size();
+    const size_t e = s.find(close, body);
+    if (e == std::string::npos) break;
+    out.push_back({o, body, e, e + close.size()});
+    pos = e + close.size();
+  }
+  return out;
+}
+
+ParsedAnswer deepseek(const std::string& answer) {
+  static const std::string kBegin = "<｜tool▁calls▁begin｜>", kEnd = "<｜tool▁calls▁end｜>";
+  static const std::string kCall = "<｜tool▁call▁begin｜>", kCallEnd = "<｜tool▁call▁end｜>";
+  static const std::string kSep = "<｜tool▁sep｜>";
+  const size_t begin = answer.find(kBegin);
+  if (begin == std::string::npos) return {answer, {}};
+  ParsedAnswer out;
+  for (const Section& c : sections(answer, kCall, kCallEnd, begin)) {
+    const std::string call = answer.substr(c.body, c.end - c.body);
+    const size_t sep = call.find(kSep);
+    if (sep == std::string::npos) return {answer, {}};
+    std::string rest = call.substr(sep + kSep.size());
+    const size_t nl = rest.find('\n');
+    const std::string name = trim(rest.substr(0, nl));
+    std::string args = nl == std::string::npos ? "{}" : rest.substr(nl + 1);
+    args = trim(args);
+    if (args.rfind("```json", 0) == 0) args = args.substr(7);
+    if (args.size() >= 3 && args.compare(args.size() - 3, 3, "```") == 0)
+      args.resize(args.size() - 3);
+    ParsedCall parsed;
+    if (!call_of(json{{"name", name}, {"arguments", json::parse(trim(args), nullptr, false)}},
+                 "arguments", &parsed)) {
+      return {answer, {}};
+    }
+    out.calls.push_back(std::move(parsed));
+  }
+  if (out.calls.empty()) return {answer, {}};
+  const size_t end = answer.find(kEnd, begin);
+  out.text = trim(answer.substr(0, begin) +
+                  (end == std::string::npos ? "" : answer.substr(end + kEnd.size())));
+  return out;
+}
+
+ParsedAnswer kimi(const std::string& answer) {
+  static const std::string kBegin = "<|tool_calls_section_begin|>";
+  static const std::string kEnd = "<|tool_calls_section_end|>";
+  static const std::string kArgs = "<|tool_call_argument_begin|>";
+  const size_t begin = answer.find(kBegin);
+  if (begin == std::string::npos) return {answer, {}};
+  ParsedAnswer out;
+  for (const Section& c : sections(answer, "<|tool_call_begin|>", "<|tool_call_end|>", begin)) {
+    const std::string call = answer.substr(c.body, c.end - c.body);
+    const size_t a = call.find(kArgs);
+    if (a == std::string::npos) return {answer, {}};
+    // The id is "functions.NAME:INDEX".
+    std::string id = trim(call.substr(0, a));
+    if (id.rfind("functions.", 0) == 0) id = id.substr(10);
+    const size_t colon = id.rfind(':');
+    if (colon != std::string::npos) id.resize(colon);
+    ParsedCall parsed;
+    if (!call_of(
+            json{{"name", id},
+                 {"arguments", json::parse(trim(call.substr(a + kArgs.size())), nullptr, false)}},
+            "arguments", &parsed)) {
+      return {answer, {}};
+    }
+    out.calls.push_back(std::move(parsed));
+  }
+  if (out.calls.empty()) return {answer, {}};
+  const size_t end = answer.find(kEnd, begin);
+  out.text = trim(answer.substr(0, begin) +
+                  (end == std::string::npos ? "" : answer.substr(end + kEnd.size())));
+  return out;
+}
+
 }  // namespace
 
 ToolCallFormat detect_tool_call_format(const std::string& t) {
+  if (t.find("<｜tool▁calls▁begin｜>") != std::string::npos) return ToolCallFormat::kDeepSeek;
+  if (t.find("<|tool_calls_section_begin|>") != std::string::npos) return ToolCallFormat::kKimi;
   if (t.find("<tool_call>") != std::string::npos) return ToolCallFormat::kHermes;
   if (t.find("[TOOL_CALLS]") != std::string::npos) return ToolCallFormat::kMistral;
   if (t.find("<|python_tag|>") != std::string::npos ||
@@ -118,6 +208,10 @@ const char* tool_call_format_name(ToolCallFormat format) {
       return "mistral";
     case ToolCallFormat::kLlama3:
       return "llama3";
+    case ToolCallFormat::kDeepSeek:
+      return "deepseek";
+    case ToolCallFormat::kKimi:
+      return "kimi";
   }
   return "none";
 }
@@ -130,6 +224,10 @@ ParsedAnswer parse_tool_calls(ToolCallFormat format, const std::string& answer) 
       return mistral(answer);
     case ToolCallFormat::kLlama3:
       return llama3(answer);
+    case ToolCallFormat::kDeepSeek:
+      return deepseek(answer);
+    case ToolCallFormat::kKimi:
+      return kimi(answer);
     case ToolCallFormat::kNone:
       break;
   }

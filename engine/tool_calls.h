@@ -4,6 +4,11 @@
 //   kMistral (Mistral v0.3, Nemo):  [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
 //   kLlama3  (Llama 3.1/3.2/3.3):   {"name": ..., "parameters": {...}} (the whole answer, after an
 //                                   optional <|python_tag|>; several separated by ;)
+//   kDeepSeek (DeepSeek V3, R1):
+//   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+//                                   ```json {...} ```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+//   kKimi    (Kimi K2):             <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0
+//                                   <|tool_call_argument_begin|>{...}<|tool_call_end|>...
 #pragma once
 
 #include <string>
@@ -11,7 +16,7 @@
 
 namespace hr::engine {
 
-enum class ToolCallFormat { kNone, kHermes, kMistral, kLlama3 };
+enum class ToolCallFormat { kNone, kHermes, kMistral, kLlama3, kDeepSeek, kKimi };
 
 // The format a chat template's model writes calls in, from the template's own markers; kNone
 // when it shows none.

@@ -28,6 +28,12 @@ TEST(ToolCallsTest, TheFamilyComesFromTheModelsTemplate) {
             ToolCallFormat::kMistral);
   EXPECT_EQ(detect_tool_call_format(template_file("meta-llama--Llama-3.1-8B-Instruct.jinja")),
             ToolCallFormat::kLlama3);
+  EXPECT_EQ(detect_tool_call_format(template_file("lenml-deepseek_v3.jinja")),
+            ToolCallFormat::kDeepSeek);
+  EXPECT_EQ(detect_tool_call_format(template_file("deepseek-ai--DeepSeek-R1.jinja")),
+            ToolCallFormat::kDeepSeek);
+  EXPECT_EQ(detect_tool_call_format(template_file("moonshotai--Kimi-K2-Thinking.jinja")),
+            ToolCallFormat::kKimi);
   EXPECT_EQ(detect_tool_call_format(template_file("HuggingFaceH4--zephyr-7b-beta.jinja")),
             ToolCallFormat::kNone);
 }
@@ -71,6 +77,32 @@ TEST(ToolCallsTest, MistralAndLlamaCalls) {
   EXPECT_EQ(s.calls[0].arguments, R"({"k":2})");
   EXPECT_TRUE(parse_tool_calls(ToolCallFormat::kLlama3, "The answer is {x}.").calls.empty());
   EXPECT_TRUE(parse_tool_calls(ToolCallFormat::kNone, "<tool_call>{}</tool_call>").calls.empty());
+}
+
+TEST(ToolCallsTest, DeepSeekAndKimiSections) {
+  ParsedAnswer d = parse_tool_calls(
+      ToolCallFormat::kDeepSeek,
+      "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+      "```json\n{\"city\": \"Oslo\"}\n```<｜tool▁call▁end｜><｜tool▁call▁begin｜>function"
+      "<｜tool▁sep｜>search\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+  ASSERT_EQ(d.calls.size(), 2u);
+  EXPECT_EQ(d.calls[0].name, "get_weather");
+  EXPECT_EQ(d.calls[0].arguments, R"({"city":"Oslo"})");
+  EXPECT_EQ(d.calls[1].name, "search");
+  EXPECT_EQ(d.text, "Checking.");
+  ParsedAnswer k =
+      parse_tool_calls(ToolCallFormat::kKimi,
+                       "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+                       "<|tool_call_argument_begin|>{\"city\": \"Rome\"}<|tool_call_end|>"
+                       "<|tool_calls_section_end|>");
+  ASSERT_EQ(k.calls.size(), 1u);
+  EXPECT_EQ(k.calls[0].name, "get_weather");
+  EXPECT_EQ(k.calls[0].arguments, R"({"city":"Rome"})");
+  EXPECT_EQ(k.text, "");
+  // A section that does not parse leaves the answer whole.
+  EXPECT_TRUE(parse_tool_calls(ToolCallFormat::kKimi,
+                               "<|tool_calls_section_begin|><|tool_call_begin|>x<|tool_call_end|>")
+                  .calls.empty());
 }
 
 }  // namespace
