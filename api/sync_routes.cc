@@ -71,17 +71,6 @@ bool queue_requested(const json& body, const std::map<std::string, std::string>&
   return queued;
 }
 
-// Answers that may call tools are not streamed yet (their calls would arrive as text).
-Status check_streamable(const wire::ChatRequest& r) {
-  if (!r.tools.empty() && r.tool_choice != "none") {
-    return invalid_argument(
-        "streamed answers with tools are not served yet; send stream: false (or tool_choice: "
-        "none)",
-        "stream");
-  }
-  return Status::ok();
-}
-
 }  // namespace
 
 // obj[key] as a flag: absent, null or not a boolean is false (check_sync_fields refuses the last).
@@ -216,7 +205,6 @@ http::Reply Api::Impl::chat_completions_stream(const http::HttpRequest& req, jso
   }
   Result<wire::ChatRequest> norm = normalize_chat_request(body, *model, limits);
   if (!norm.is_ok()) return {openai_error_response(norm.status()), nullptr};
-  if (Status st = check_streamable(*norm); !st.is_ok()) return {openai_error_response(st), nullptr};
   Result<SyncInference*> s = sync_for(*model);
   if (!s.is_ok()) return {openai_error_response(s.status()), nullptr};
   Result<std::unique_ptr<wire::AnswerStream>> started = (*s)->start_stream(*norm, call);
@@ -271,7 +259,20 @@ http::Reply Api::Impl::chat_completions_stream(const http::HttpRequest& req, jso
           *out += "data: [DONE]\n\n";
           return true;
         }
-        *out = event(json::object(), st->stream->answer().finish_reason, nullptr);
+        // The calls, each as one chunk with its id and name and one with its arguments, then the
+        // finish reason.
+        out->clear();
+        const std::vector<wire::ToolCall>& calls = st->stream->answer().tool_calls;
+        for (size_t i = 0; i < calls.size(); ++i) {
+          const json head = {{"index", i},
+                             {"id", calls[i].id},
+                             {"type", "function"},
+                             {"function", {{"name", calls[i].name}, {"arguments", ""}}}};
+          const json args = {{"index", i}, {"function", {{"arguments", calls[i].arguments}}}};
+          *out += event({{"tool_calls", json::array({head})}}, nullptr, nullptr);
+          *out += event({{"tool_calls", json::array({args})}}, nullptr, nullptr);
+        }
+        *out += event(json::object(), st->stream->answer().finish_reason, nullptr);
         return true;
       }
       case 2: {
@@ -297,7 +298,6 @@ http::Reply Api::Impl::run_model_stream(const http::HttpRequest& req, json body,
   for (const char* key : {"stream", "options", "queueRequest"}) body.erase(key);
   Result<wire::ChatRequest> norm = normalize_chat_request(body, model, limits);
   if (!norm.is_ok()) return {error_response(norm.status()), nullptr};
-  if (Status st = check_streamable(*norm); !st.is_ok()) return {error_response(st), nullptr};
   Result<SyncInference*> s = sync_for(model);
   if (!s.is_ok()) return {error_response(s.status()), nullptr};
   Result<std::unique_ptr<wire::AnswerStream>> started = (*s)->start_stream(*norm, call);

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <vector>
 
 namespace hr::engine {
@@ -214,6 +215,43 @@ const char* tool_call_format_name(ToolCallFormat format) {
       return "kimi";
   }
   return "none";
+}
+
+size_t streamable_prefix(ToolCallFormat format, const std::string& text) {
+  std::string marker;
+  switch (format) {
+    case ToolCallFormat::kNone:
+      return text.size();
+    case ToolCallFormat::kHermes:
+      marker = "<tool_call>";
+      break;
+    case ToolCallFormat::kMistral:
+      marker = "[TOOL_CALLS]";
+      break;
+    case ToolCallFormat::kDeepSeek:
+      marker = "<｜tool▁calls▁begin｜>";
+      break;
+    case ToolCallFormat::kKimi:
+      marker = "<|tool_calls_section_begin|>";
+      break;
+    case ToolCallFormat::kLlama3: {
+      const size_t first = text.find_first_not_of(" \t\r\n");
+      if (first == std::string::npos) return 0;
+      static const std::string kTag = "<|python_tag|>";
+      const std::string rest = text.substr(first);
+      const bool could_be_call =
+          rest[0] == '{' || kTag.compare(0, std::min(rest.size(), kTag.size()), rest, 0,
+                                         std::min(rest.size(), kTag.size())) == 0;
+      return could_be_call ? 0 : text.size();
+    }
+  }
+  const size_t at = text.find(marker);
+  if (at != std::string::npos) return at;
+  // Hold back an ending that could be the start of the marker.
+  for (size_t k = std::min(marker.size() - 1, text.size()); k > 0; --k) {
+    if (text.compare(text.size() - k, k, marker, 0, k) == 0) return text.size() - k;
+  }
+  return text.size();
 }
 
 ParsedAnswer parse_tool_calls(ToolCallFormat format, const std::string& answer) {

@@ -11,6 +11,7 @@
 //                                   <|tool_call_argument_begin|>{...}<|tool_call_end|>...
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,12 @@ struct ParsedAnswer {
   std::string text;  // what remains of the answer outside the calls
   std::vector<ParsedCall> calls;
 };
+
+// How much of an answer streamed so far (`text`) may go out before it is known whether a call
+// begins there: everything before the first place a call could start (a marker, or the start of
+// a partial one at the end); for Llama 3, nothing while the answer could still be a call (it
+// starts with "{" or <|python_tag|>), else all of it. Never less as `text` grows.
+size_t streamable_prefix(ToolCallFormat format, const std::string& text);
 
 // The calls in `answer`, and its text without them. An answer with no well-formed call comes back
 // whole, with no calls.

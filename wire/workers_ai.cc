@@ -40,10 +40,10 @@ std::string workers_ai_delta_event(const std::string& delta, const Logprobs& log
 }
 
 std::string workers_ai_final_event(const Answer& a) {
-  return "data: " +
-         json{{"response", ""}, {"usage", usage_json(a.usage)}, {"finish_reason", a.finish_reason}}
-             .dump() +
-         "\n\n";
+  json last = {
+      {"response", ""}, {"usage", usage_json(a.usage)}, {"finish_reason", a.finish_reason}};
+  if (!a.tool_calls.empty()) last["tool_calls"] = workers_ai_result(a, false)["tool_calls"];
+  return "data: " + last.dump() + "\n\n";
 }
 
 }  // namespace hr::wire

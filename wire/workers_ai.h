@@ -24,7 +24,8 @@ nlohmann::json workers_ai_result(const Answer& answer, bool with_finish_reason);
 
 // One streamed piece: data: {"response": delta, "logprobs"?: {"content": [...], "refusal": null}}
 std::string workers_ai_delta_event(const std::string& delta, const Logprobs& logprobs);
-// The last event before [DONE]: data: {"response": "", "usage": {...}, "finish_reason": ...}
+// The last event before [DONE]: data: {"response": "", "usage": {...}, "finish_reason": ...,
+// "tool_calls"?: [{"name", "arguments"}]}
 std::string workers_ai_final_event(const Answer& answer);
 
 }  // namespace hr::wire

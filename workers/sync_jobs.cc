@@ -1,6 +1,8 @@
 // Sync requests in a worker.
 #include "workers/sync_jobs.h"
 
+#include <algorithm>
+
 #include "workers/generation_request.h"
 #include "workers/worker.h"
 #include "workers/worker_metrics.h"
@@ -58,27 +60,42 @@ void on_event(SyncJob& job, TokenBytes& bytes, const engine::TokenEvent& ev) {
     return;
   }
   job.text += ev.text_delta;
-  if (job.logprobs.wanted()) {
-    job.logprobs.add(token_logprob(bytes, ev), ev.text_bytes, ev.text_delta.size(), ev.finished);
-  }
-  // Streamed, each delta carries the entries of the tokens whose text it completes; the last ones
-  // may come with an empty delta.
-  wire::Logprobs piece_logprobs;
-  if (job.streaming && job.logprobs.wanted() && (!ev.text_delta.empty() || ev.finished)) {
-    piece_logprobs = job.logprobs.take();
-  }
   wire::Answer answer;
   if (ev.finished) {
     answer.text = job.text;
-    if (!job.streaming) answer.logprobs = job.logprobs.answer();
     answer.finish_reason = engine::finish_reason_name(ev.finish_reason);
     answer.usage = {ev.usage.prompt_tokens, ev.usage.completion_tokens, ev.usage.cached_tokens};
-    if (!job.streaming) extract_tool_calls(job.tool_calls, &answer);
+    extract_tool_calls(job.tool_calls, &answer);
   }
+  // What of the text goes out now. Streamed with tools offered, text that may be the start of a
+  // call is held back until it is known; calls go out as tool_calls at the end, not as text.
+  std::string piece = ev.text_delta;
+  if (job.streaming) {
+    size_t end = job.text.size();
+    if (job.tool_calls != engine::ToolCallFormat::kNone) {
+      if (!ev.finished) {
+        end = std::max(job.sent, engine::streamable_prefix(job.tool_calls, job.text));
+      } else if (!answer.tool_calls.empty()) {
+        end = job.sent;
+      }
+    }
+    piece = job.text.substr(job.sent, end - job.sent);
+    job.sent = end;
+  }
+  if (job.logprobs.wanted()) {
+    job.logprobs.add(token_logprob(bytes, ev), ev.text_bytes, piece.size(), ev.finished);
+  }
+  // Streamed, each piece carries the entries of the tokens whose text it completes; the last ones
+  // may come with an empty piece.
+  wire::Logprobs piece_logprobs;
+  if (job.streaming && job.logprobs.wanted() && (!piece.empty() || ev.finished)) {
+    piece_logprobs = job.logprobs.take();
+  }
+  if (ev.finished && !job.streaming) answer.logprobs = job.logprobs.answer();
   if (job.streaming) {
     std::lock_guard<std::mutex> lock(job.mu);
-    if (!ev.text_delta.empty() || (piece_logprobs && !piece_logprobs->empty())) {
-      job.pieces.push_back({ev.text_delta, std::move(piece_logprobs)});
+    if (!piece.empty() || (piece_logprobs && !piece_logprobs->empty())) {
+      job.pieces.push_back({std::move(piece), std::move(piece_logprobs)});
     }
     if (ev.finished) {
       job.finished = true;

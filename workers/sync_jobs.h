@@ -54,6 +54,7 @@ struct SyncJob {
   int64_t engine_id = -1;              // step loop only
   // How the model writes tool calls when the request offered tools (read out of the answer).
   engine::ToolCallFormat tool_calls = engine::ToolCallFormat::kNone;
+  size_t sent = 0;  // step loop only: bytes of `text` streamed (the rest may be a tool call)
 
   // Ends the job with an error (for the handler waiting on it).
   void fail(const Status& st);

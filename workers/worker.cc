@@ -123,6 +123,7 @@ Result<std::unique_ptr<wire::AnswerStream>> Worker::start_stream(const wire::Cha
   auto job = std::make_shared<SyncJob>();
   job->request = std::move(gen);
   job->streaming = true;
+  job->tool_calls = offered_tool_calls(request, *model_);
   HR_RETURN_IF_ERROR(hand_to_step_loop(job));
   return make_job_stream(job, std::move(active));
 }

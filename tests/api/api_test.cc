@@ -11,6 +11,7 @@
 #include "queue/lease.h"
 #include "tests/testing/api_harness.h"
 #include "tests/testing/http_client.h"
+#include "wire/answer_stream.h"
 
 namespace hr::api {
 namespace {
@@ -20,6 +21,113 @@ using testing::ApiHarness;
 
 json reversal(const std::string& text) {
   return {{"messages", {{{"role", "user"}, {"content", "reverse: " + text}}}}, {"max_tokens", 40}};
+}
+
+// Sync inference that answers every call with two tool calls (and, streamed, the text "Let me
+// look." first), as a model that calls tools would.
+class ToolCallingSync final : public SyncInference {
+ public:
+  static wire::Answer answer() {
+    wire::Answer a;
+    a.text = "Let me look.";
+    a.finish_reason = "tool_calls";
+    a.usage = {10, 5, 0};
+    a.tool_calls = {{"call_a", "get_weather", R"({"city":"Oslo"})"}, {"call_b", "get_time", "{}"}};
+    return a;
+  }
+  Result<SyncAnswer> run(const wire::ChatRequest&, const SyncCall&) override {
+    return SyncAnswer{answer(), ""};
+  }
+  Result<std::unique_ptr<wire::AnswerStream>> start_stream(const wire::ChatRequest&,
+                                                           const SyncCall&) override {
+    class Stream final : public wire::AnswerStream {
+     public:
+      bool next(std::string* delta) override {
+        if (sent_) return false;
+        sent_ = true;
+        *delta = "Let me look.";
+        return true;
+      }
+      const wire::Logprobs& delta_logprobs() const override { return none_; }
+      const Status& status() const override { return status_; }
+      const wire::Answer& answer() const override { return answer_; }
+
+     private:
+      bool sent_ = false;
+      wire::Logprobs none_;
+      Status status_;
+      wire::Answer answer_ = ToolCallingSync::answer();
+    };
+    return std::unique_ptr<wire::AnswerStream>(new Stream());
+  }
+};
+
+// Tool calls in every sync shape: OpenAI's message and stream chunks (id and name first, then
+// the arguments), and Workers AI's result and last event.
+TEST(ApiTest, ToolCallsGoOutInEveryShape) {
+  ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  ToolCallingSync sync;
+  h.api().set_sync_inference(&sync);
+  const json tools = {{{"type", "function"}, {"function", {{"name", "get_weather"}}}},
+                      {{"type", "function"}, {"function", {{"name", "get_time"}}}}};
+  json body = {{"model", h.model()},
+               {"messages", {{{"role", "user"}, {"content", "weather?"}}}},
+               {"tools", tools}};
+  auto plain = h.post("/v1/chat/completions", body.dump(), h.key_a());
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const json answer = plain.json();
+  const json& msg = answer["choices"][0]["message"];
+  EXPECT_EQ(msg["content"], "Let me look.");
+  ASSERT_EQ(msg["tool_calls"].size(), 2u);
+  EXPECT_EQ(msg["tool_calls"][0]["id"], "call_a");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["arguments"], R"({"city":"Oslo"})");
+  EXPECT_EQ(answer["choices"][0]["finish_reason"], "tool_calls");
+
+  body["stream"] = true;
+  auto streamed = h.post("/v1/chat/completions", body.dump(), h.key_a());
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  std::vector<json> calls(2, json::object());
+  std::string text, finish;
+  for (size_t at = streamed.body.find("data: {"); at != std::string::npos;
+       at = streamed.body.find("data: {", at + 1)) {
+    const json chunk =
+        json::parse(streamed.body.substr(at + 6, streamed.body.find("\n", at) - at - 6));
+    if (chunk["choices"].empty()) continue;
+    const json& delta = chunk["choices"][0]["delta"];
+    if (delta.contains("content")) text += delta["content"].get<std::string>();
+    if (!chunk["choices"][0]["finish_reason"].is_null())
+      finish = chunk["choices"][0]["finish_reason"];
+    if (!delta.contains("tool_calls")) continue;
+    const json& d = delta["tool_calls"][0];
+    json& call = calls.at(d["index"].get<size_t>());
+    // The SDKs' reassembly: id, type and name once, arguments appended.
+    if (d.contains("id")) {
+      call["id"] = d["id"];
+      call["name"] = d["function"]["name"];
+    }
+    call["arguments"] = call.value("arguments", "") + d["function"]["arguments"].get<std::string>();
+  }
+  EXPECT_EQ(text, "Let me look.");
+  EXPECT_EQ(finish, "tool_calls");
+  EXPECT_EQ(calls[0],
+            (json{{"id", "call_a"}, {"name", "get_weather"}, {"arguments", R"({"city":"Oslo"})"}}));
+  EXPECT_EQ(calls[1], (json{{"id", "call_b"}, {"name", "get_time"}, {"arguments", "{}"}}));
+
+  json run = {{"messages", {{{"role", "user"}, {"content", "weather?"}}}}, {"tools", tools}};
+  auto result = h.post("/ai/run/" + h.model(), run.dump(), h.key_a());
+  ASSERT_EQ(result.status, 200) << result.body;
+  EXPECT_EQ(result.json()["result"]["tool_calls"][0],
+            (json{{"name", "get_weather"}, {"arguments", {{"city", "Oslo"}}}}));
+  run["stream"] = true;
+  auto run_stream = h.post("/ai/run/" + h.model(), run.dump(), h.key_a());
+  ASSERT_EQ(run_stream.status, 200) << run_stream.body;
+  const size_t last = run_stream.body.rfind("data: {");
+  const json final_event =
+      json::parse(run_stream.body.substr(last + 6, run_stream.body.find("\n", last) - last - 6));
+  EXPECT_EQ(final_event["finish_reason"], "tool_calls");
+  EXPECT_EQ(final_event["tool_calls"][1]["name"], "get_time");
+  h.api().set_sync_inference(nullptr);
 }
 
 TEST(ApiTest, HealthNeedsNoKey) {

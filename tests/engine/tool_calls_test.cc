@@ -105,5 +105,28 @@ TEST(ToolCallsTest, DeepSeekAndKimiSections) {
                   .calls.empty());
 }
 
+// Streamed, text goes out up to where a call could begin; never less as the answer grows.
+TEST(ToolCallsTest, StreamsEverythingBeforeWhereACallCouldBegin) {
+  EXPECT_EQ(streamable_prefix(ToolCallFormat::kHermes, "Hello"), 5u);
+  EXPECT_EQ(streamable_prefix(ToolCallFormat::kHermes, "Hello <tool"), 6u);
+  EXPECT_EQ(streamable_prefix(ToolCallFormat::kHermes, "Hello <tool_call>{\"name\""), 6u);
+  EXPECT_EQ(streamable_prefix(ToolCallFormat::kHermes, "a < b"), 5u);
+  EXPECT_EQ(streamable_prefix(ToolCallFormat::kMistral, "x [TOOL"), 2u);
+  EXPECT_EQ(streamable_prefix(ToolCallFormat::kLlama3, "  {\"name\": "), 0u);
+  EXPECT_EQ(streamable_prefix(ToolCallFormat::kLlama3, "<|python"), 0u);
+  EXPECT_EQ(streamable_prefix(ToolCallFormat::kLlama3, "The answer {x}"), 14u);
+  EXPECT_EQ(streamable_prefix(ToolCallFormat::kLlama3, "<b>"), 3u);
+  EXPECT_EQ(streamable_prefix(ToolCallFormat::kNone, "<tool_call>"), 11u);
+  // Growing text never takes back what could go out.
+  const std::string answer = "Sure. <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
+  size_t last = 0;
+  for (size_t n = 0; n <= answer.size(); ++n) {
+    const size_t p = streamable_prefix(ToolCallFormat::kHermes, answer.substr(0, n));
+    EXPECT_GE(p, last) << n;
+    last = p;
+  }
+  EXPECT_EQ(last, 6u);
+}
+
 }  // namespace
 }  // namespace hr::engine

@@ -212,8 +212,7 @@ TEST(WorkerE2eTest, QueuedBatchIsAnsweredCorrectlyInOrder) {
 }
 
 // Tools, earlier calls and tool results reach the model's own template (the bundled model's
-// ignores them and answers as ever); an answer without calls ends with stop; an answer that may
-// call tools is not streamed yet, and says so.
+// ignores them and answers as ever); an answer without calls ends with stop, streamed or not.
 TEST(WorkerE2eTest, RequestsWithToolsAreAnsweredByTheModelsTemplate) {
   testing::ApiHarness h;
   ASSERT_TRUE(h.ok());
@@ -247,10 +246,22 @@ TEST(WorkerE2eTest, RequestsWithToolsAreAnsweredByTheModelsTemplate) {
   ASSERT_EQ(turns.status, 200) << turns.body;
   EXPECT_TRUE(turns.json()["choices"][0]["message"]["content"].is_string());
   EXPECT_NE(turns.json()["choices"][0]["finish_reason"], "tool_calls");
+  // Streamed, the answer goes out as text (it holds no call), and ends with stop.
+  body["messages"] = {{{"role", "user"}, {"content", "reverse: hello"}}};
   body["stream"] = true;
   auto s = h.post("/v1/chat/completions", body.dump(), h.key_a());
-  EXPECT_EQ(s.status, 400) << s.body;
-  EXPECT_EQ(s.json()["error"]["param"], "stream") << s.body;
+  ASSERT_EQ(s.status, 200) << s.body;
+  std::string streamed;
+  for (size_t at = s.body.find("data: {"); at != std::string::npos;
+       at = s.body.find("data: {", at + 1)) {
+    const json chunk = json::parse(s.body.substr(at + 6, s.body.find("\n", at) - at - 6));
+    if (chunk["choices"].empty()) continue;
+    const json& delta = chunk["choices"][0]["delta"];
+    EXPECT_FALSE(delta.contains("tool_calls"));
+    if (delta.contains("content")) streamed += delta["content"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, "olleh");
+  EXPECT_NE(s.body.find("\"finish_reason\":\"stop\""), std::string::npos) << s.body;
   h.api().set_sync_inference(nullptr);
   w->stop();
 }
