@@ -119,6 +119,25 @@ std::vector<Section> sections(const std::string& s, const std::string& open,
   return out;
 }
 
+// A call whose name and arguments (JSON text of an object) stand apart.
+bool named_call(const std::string& name, const std::string& arguments, ParsedCall* out) {
+  return call_of(json{{"name", name}, {"arguments", json::parse(trim(arguments), nullptr, false)}},
+                 "arguments", out);
+}
+
+// The calls of a section that starts at `begin` and ends with `end_marker`, and the answer's text
+// around that section; the whole answer when there are no calls.
+ParsedAnswer outside_section(const std::string& answer, size_t begin, const std::string& end_marker,
+                             std::vector<ParsedCall> calls) {
+  if (calls.empty()) return {answer, {}};
+  const size_t end = answer.find(end_marker, begin);
+  ParsedAnswer out;
+  out.text = trim(answer.substr(0, begin) +
+                  (end == std::string::npos ? "" : answer.substr(end + end_marker.size())));
+  out.calls = std::move(calls);
+  return out;
+}
+
 ParsedAnswer deepseek(const std::string& answer) {
   static const std::string kBegin = "<｜tool▁calls▁begin｜>", kEnd = "<｜tool▁calls▁end｜>";
   static const std::string kCall = "<｜tool▁call▁begin｜>", kCallEnd = "<｜tool▁call▁end｜>";
@@ -139,17 +158,10 @@ ParsedAnswer deepseek(const std::string& answer) {
     if (args.size() >= 3 && args.compare(args.size() - 3, 3, "```") == 0)
       args.resize(args.size() - 3);
     ParsedCall parsed;
-    if (!call_of(json{{"name", name}, {"arguments", json::parse(trim(args), nullptr, false)}},
-                 "arguments", &parsed)) {
-      return {answer, {}};
-    }
+    if (!named_call(name, args, &parsed)) return {answer, {}};
     out.calls.push_back(std::move(parsed));
   }
-  if (out.calls.empty()) return {answer, {}};
-  const size_t end = answer.find(kEnd, begin);
-  out.text = trim(answer.substr(0, begin) +
-                  (end == std::string::npos ? "" : answer.substr(end + kEnd.size())));
-  return out;
+  return outside_section(answer, begin, kEnd, std::move(out.calls));
 }
 
 ParsedAnswer kimi(const std::string& answer) {
@@ -169,19 +181,10 @@ ParsedAnswer kimi(const std::string& answer) {
     const size_t colon = id.rfind(':');
     if (colon != std::string::npos) id.resize(colon);
     ParsedCall parsed;
-    if (!call_of(
-            json{{"name", id},
-                 {"arguments", json::parse(trim(call.substr(a + kArgs.size())), nullptr, false)}},
-            "arguments", &parsed)) {
-      return {answer, {}};
-    }
+    if (!named_call(id, call.substr(a + kArgs.size()), &parsed)) return {answer, {}};
     out.calls.push_back(std::move(parsed));
   }
-  if (out.calls.empty()) return {answer, {}};
-  const size_t end = answer.find(kEnd, begin);
-  out.text = trim(answer.substr(0, begin) +
-                  (end == std::string::npos ? "" : answer.substr(end + kEnd.size())));
-  return out;
+  return outside_section(answer, begin, kEnd, std::move(out.calls));
 }
 
 }  // namespace
