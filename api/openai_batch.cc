@@ -15,6 +15,7 @@
 #include "base/hash.h"
 #include "base/ids.h"
 #include "base/log.h"
+#include "base/strings.h"
 #include "queue/files.h"
 #include "queue/openai_batches.h"
 #include "wire/json_text.h"
@@ -40,12 +41,6 @@ http::Reply raw_reply(std::string body, const char* content_type) {
   res.body() = std::move(body);
   res.prepare_payload();
   return {std::move(res), nullptr};
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
 }
 
 // An integer query parameter in [lo, hi], `def` when absent.

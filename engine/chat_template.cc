@@ -161,15 +161,9 @@ ChatTemplate ChatTemplate::builtin(ChatFormat format) {
 Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages,
                                          const std::string& bos, const std::string& eos) const {
   if (!jinja_) return render_chat(format_, messages, bos, eos);
-  if (messages.empty()) return invalid_argument("no messages", "messages");
-  nlohmann::ordered_json context = nlohmann::ordered_json::object();
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
-  context["messages"] = std::move(list);
-  context["add_generation_prompt"] = true;
-  context["bos_token"] = bos;
-  context["eos_token"] = eos;
-  return jinja_->render(context);
+  return render(list, nullptr, bos, eos);
 }
 
 Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& messages,

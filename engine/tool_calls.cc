@@ -6,17 +6,14 @@
 #include <algorithm>
 #include <vector>
 
+#include "base/strings.h"
+
 namespace hr::engine {
 namespace {
 
 using nlohmann::json;
 
-std::string trim(const std::string& s) {
-  const size_t a = s.find_first_not_of(" \t\r\n");
-  if (a == std::string::npos) return "";
-  const size_t z = s.find_last_not_of(" \t\r\n");
-  return s.substr(a, z - a + 1);
-}
+std::string trim(const std::string& s) { return std::string(hr::trim(s)); }
 
 // {"name": string, "<args_key>": object or JSON text of one} → a call.
 bool call_of(const json& j, const char* args_key, ParsedCall* out) {

@@ -8,18 +8,24 @@ namespace hr::wire {
 
 using nlohmann::json;
 
+namespace {
+
+// Workers AI's tool calls: [{"name", "arguments": {...}}].
+json workers_ai_tool_calls(const std::vector<ToolCall>& calls) {
+  json out = json::array();
+  for (const ToolCall& c : calls) {
+    json args = json::parse(c.arguments, nullptr, false);
+    out.push_back(
+        {{"name", c.name}, {"arguments", args.is_discarded() ? json(c.arguments) : args}});
+  }
+  return out;
+}
+
+}  // namespace
+
 json workers_ai_result(const Answer& a, bool with_finish_reason) {
   json result = {{"response", a.text}, {"usage", usage_json(a.usage)}};
-  if (!a.tool_calls.empty()) {
-    // Workers AI's shape: [{"name", "arguments": {...}}].
-    json calls = json::array();
-    for (const ToolCall& c : a.tool_calls) {
-      json args = json::parse(c.arguments, nullptr, false);
-      calls.push_back(
-          {{"name", c.name}, {"arguments", args.is_discarded() ? json(c.arguments) : args}});
-    }
-    result["tool_calls"] = std::move(calls);
-  }
+  if (!a.tool_calls.empty()) result["tool_calls"] = workers_ai_tool_calls(a.tool_calls);
   if (with_finish_reason) result["finish_reason"] = a.finish_reason;
   if (a.logprobs) result["logprobs"] = logprobs_object(a.logprobs);
   return result;
@@ -42,7 +48,7 @@ std::string workers_ai_delta_event(const std::string& delta, const Logprobs& log
 std::string workers_ai_final_event(const Answer& a) {
   json last = {
       {"response", ""}, {"usage", usage_json(a.usage)}, {"finish_reason", a.finish_reason}};
-  if (!a.tool_calls.empty()) last["tool_calls"] = workers_ai_result(a, false)["tool_calls"];
+  if (!a.tool_calls.empty()) last["tool_calls"] = workers_ai_tool_calls(a.tool_calls);
   return "data: " + last.dump() + "\n\n";
 }
 

@@ -9,6 +9,8 @@
 #include <optional>
 #include <utility>
 
+#include "base/strings.h"
+
 namespace hr::engine::jinja {
 
 Value Env::lookup(const std::string& name) const {
@@ -38,19 +40,9 @@ bool is_space(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
 }
 
-std::string trim_start(const std::string& s) {
-  size_t a = 0;
-  while (a < s.size() && is_space(s[a])) ++a;
-  return s.substr(a);
-}
-
-std::string trim_end(const std::string& s) {
-  size_t z = s.size();
-  while (z > 0 && is_space(s[z - 1])) --z;
-  return s.substr(0, z);
-}
-
-std::string trim(const std::string& s) { return trim_start(trim_end(s)); }
+std::string trim_start(const std::string& s) { return std::string(hr::trim_start(s)); }
+std::string trim_end(const std::string& s) { return std::string(hr::trim_end(s)); }
+std::string trim(const std::string& s) { return std::string(hr::trim(s)); }
 
 bool is_word(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
 
@@ -88,13 +80,8 @@ int64_t js_length(const std::string& s) {
 // forced decimal point.
 std::string value_text(const Value& v) {
   switch (v.kind) {
-    case Kind::kFloat: {
-      std::string t = v.to_string();
-      if (t.size() > 2 && t.compare(t.size() - 2, 2, ".0") == 0 && t != "-0.0") {
-        t.resize(t.size() - 2);
-      }
-      return t == "-0.0" ? "0" : t;
-    }
+    case Kind::kFloat:
+      return js_number(v.f);
     case Kind::kArray:
     case Kind::kTuple: {
       std::string out;

@@ -154,10 +154,8 @@ bool Value::truthy() const {
   return false;
 }
 
-namespace {
-
-// A number as JavaScript's String(n) writes it: the shortest digits that read back the same, in
-// fixed notation from 1e-7 up to 1e21 and in exponent notation ("1e-7", "1.5e+21") outside.
+// The shortest digits that read back the same, in fixed notation from 1e-7 up to 1e21 and in
+// exponent notation outside, as JavaScript writes them.
 std::string js_number(double d) {
   if (std::isnan(d)) return "NaN";
   if (std::isinf(d)) return d > 0 ? "Infinity" : "-Infinity";
@@ -189,6 +187,8 @@ std::string js_number(double d) {
   }
   return negative ? "-" + out : out;
 }
+
+namespace {
 
 std::string float_text(double f) {
   if (f == 0 && std::signbit(f)) return "-0.0";

@@ -105,6 +105,9 @@ struct Value {
   const char* kind_name() const;
 };
 
+// A number as JavaScript's String(n) writes it ("1", "0.5", "1e-7", "1.5e+21").
+std::string js_number(double d);
+
 struct JsonOptions {
   int indent = -1;  // < 0: on one line
   bool ensure_ascii = false;
