@@ -1,0 +1,78 @@
+// A constraint ready to run against one vocabulary: its lazy DFA (dfa.h) and, per DFA state, the
+// mask of the tokens allowed there, built the first time the state is reached and kept. Since
+// recursion is unrolled (nfa.h), a state's mask never depends on anything but the state, so a
+// cached mask is exact: a step costs one copy of the mask (XGrammar's adaptive token-mask cache,
+// with nothing left to check at run time).
+//
+// The answer's length budget: each state knows its fewest bytes to completion, and each cached
+// mask the largest such distance its tokens lead to. When the tokens left before max_tokens could
+// run out before the document closes, the mask keeps only tokens after which it still can (one
+// byte per token at worst, and a stop token at the end), so a constrained answer that stops by
+// max_tokens is complete all the same, whenever max_tokens leaves room for the shortest document.
+//
+// Thread-safe: one lock per call (states and masks are shared by every sequence that uses the
+// constraint).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "grammar/dfa.h"
+#include "grammar/nfa.h"
+#include "grammar/vocabulary.h"
+
+namespace hr::grammar {
+
+inline constexpr int kNoLimit = std::numeric_limits<int>::max();
+
+class CompiledGrammar {
+ public:
+  CompiledGrammar(std::shared_ptr<const Nfa> nfa, std::shared_ptr<const Vocabulary> vocab);
+
+  const Vocabulary& vocabulary() const { return *vocab_; }
+  int32_t start() const { return 0; }
+  // The state after token `id` (its bytes), or kDead when the constraint forbids it there. Stop
+  // tokens are the Matcher's business.
+  int32_t advance(int32_t state, int32_t id);
+  // The tokens allowed next, as bits (vocabulary().mask_words() words), when the answer may have
+  // `remaining` more tokens counting this one (kNoLimit: no limit). Stop tokens where the document
+  // may end.
+  void fill_mask(int32_t state, int remaining, uint32_t* mask);
+  bool accepting(int32_t state);
+  // Whether more text may follow in `state` (else only a stop token).
+  bool open(int32_t state);
+  int32_t dist(int32_t state);
+
+  struct Stats {
+    int64_t masks_built = 0;    // walks of the vocabulary for a new state
+    int64_t masks_cached = 0;   // steps served by a cached mask
+    int64_t masks_limited = 0;  // steps near the length budget (walked, not cached)
+    size_t states = 0;
+    size_t memory_bytes = 0;
+  };
+  Stats stats();
+
+ private:
+  struct Entry {
+    std::vector<uint32_t> bits;
+    int32_t max_next_dist = 0;
+  };
+  const Entry& entry(int32_t state);
+  // Sets the bits of the tokens that lead from `state` to a live state at most max_dist bytes from
+  // completion; the largest such distance (-1 when none).
+  int32_t walk(int32_t state, int32_t max_dist, uint32_t* bits);
+
+  std::mutex mu_;
+  std::shared_ptr<const Vocabulary> vocab_;
+  Dfa dfa_;
+  std::unordered_map<int32_t, Entry> cache_;
+  size_t max_cached_;
+  std::vector<int32_t> depth_state_;  // walk scratch: the state after each prefix length
+  Stats stats_;
+};
+
+}  // namespace hr::grammar
