@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <unordered_set>
 
+#include "grammar/json_schema.h"
 #include "wire/chat_request_json.h"
 
 namespace hr::api {
@@ -142,21 +143,14 @@ Status parse_tools(const json& tools, std::vector<wire::Tool>* out) {
   return Status::ok();
 }
 
-// tool_choice: "auto" and "none" are served. "required" and a named function need the answer
-// constrained to a call, which this server does not do yet: refused by name.
-Status parse_tool_choice(const json& choice, const std::vector<wire::Tool>& tools,
-                         std::string* out) {
+// tool_choice: "auto", "none", "required" (the answer is calls to the tools) or a function
+// ({"type": "function", "function": {"name"}}: the answer is a call to it).
+Status parse_tool_choice(const json& choice, wire::ChatRequest* out) {
   if (choice.is_string()) {
     const std::string c = choice.get<std::string>();
-    if (c == "auto" || c == "none") {
-      *out = c;
+    if (c == "auto" || c == "none" || c == "required") {
+      out->tool_choice = c;
       return Status::ok();
-    }
-    if (c == "required") {
-      return bad(
-          "tool_choice 'required' needs constrained decoding, which is not served yet; "
-          "send 'auto' or 'none'",
-          "tool_choice");
     }
     return bad("tool_choice must be 'auto', 'none', 'required' or a function", "tool_choice");
   }
@@ -170,14 +164,72 @@ Status parse_tool_choice(const json& choice, const std::vector<wire::Tool>& tool
   }
   const std::string name = choice["function"]["name"].get<std::string>();
   bool known = false;
-  for (const wire::Tool& t : tools) known = known || t.name == name;
+  for (const wire::Tool& t : out->tools) known = known || t.name == name;
   if (!known)
     return bad("tool_choice names '" + name + "', which is not among the tools",
                "tool_choice.function.name");
-  return bad(
-      "a tool_choice naming a function needs constrained decoding, which is not served yet; "
-      "send 'auto' or 'none'",
-      "tool_choice");
+  out->tool_choice = "function";
+  out->tool_choice_function = name;
+  return Status::ok();
+}
+
+// A schema the answer will be constrained to: compiled once here so that what the grammar engine
+// does not support is refused at the edge, naming the keyword.
+Status check_schema(const std::string& schema_text, const std::string& field) {
+  auto schema = nlohmann::ordered_json::parse(schema_text, nullptr, false);
+  if (schema.is_discarded()) return bad("the schema is not valid JSON", field);
+  auto compiled = grammar::compile_json_schema(schema, field);
+  if (!compiled.is_ok()) return compiled.status();
+  return Status::ok();
+}
+
+// OpenAI's {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema": {"name",
+// "schema", "strict"?, "description"?}}; Workers AI's {"type": "json_schema", "json_schema":
+// <the schema itself>}.
+Status parse_response_format(const json& rf, wire::ResponseFormat* out) {
+  if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+    return bad("response_format must be an object with a 'type'", "response_format");
+  const std::string type = rf["type"].get<std::string>();
+  for (const auto& [key, v] : rf.items()) {
+    if (key != "type" && key != "json_schema")
+      return bad("unknown field '" + key + "'", "response_format." + key);
+  }
+  if (type == "text") return Status::ok();
+  if (type == "json_object") {
+    out->type = wire::ResponseFormat::Type::kJsonObject;
+    return Status::ok();
+  }
+  if (type != "json_schema")
+    return bad("response_format.type must be 'text', 'json_object' or 'json_schema'",
+               "response_format.type");
+  if (!rf.contains("json_schema") || !rf["json_schema"].is_object())
+    return bad("response_format json_schema needs its 'json_schema' object",
+               "response_format.json_schema");
+  const json& js = rf["json_schema"];
+  const bool openai = js.contains("name") && js.contains("schema") && js["schema"].is_object();
+  out->type = wire::ResponseFormat::Type::kJsonSchema;
+  if (openai) {
+    for (const auto& [key, v] : js.items()) {
+      if (key != "name" && key != "schema" && key != "strict" && key != "description")
+        return bad("unknown field '" + key + "'", "response_format.json_schema." + key);
+    }
+    if (!js["name"].is_string() || !valid_function_name(js["name"].get<std::string>()))
+      return bad("the schema's name must be 1 to 64 letters, digits, _ or -",
+                 "response_format.json_schema.name");
+    out->name = js["name"].get<std::string>();
+    if (js.contains("strict") && !js["strict"].is_null()) {
+      if (!js["strict"].is_boolean())
+        return bad("'strict' must be true or false", "response_format.json_schema.strict");
+      out->strict = js["strict"].get<bool>();
+    }
+    out->schema = js["schema"].dump();
+    return check_schema(out->schema, "response_format.json_schema.schema");
+  }
+  if (js.contains("schema") && !js.contains("type") && !js.contains("properties"))
+    return bad("response_format.json_schema needs a 'name' beside its 'schema'",
+               "response_format.json_schema.name");
+  out->schema = js.dump();
+  return check_schema(out->schema, "response_format.json_schema");
 }
 
 }  // namespace
@@ -206,7 +258,8 @@ Result<wire::ChatRequest> normalize_chat_request(const json& req, const ModelSpe
                                                          "logit_bias",
                                                          "tools",
                                                          "tool_choice",
-                                                         "parallel_tool_calls"};
+                                                         "parallel_tool_calls",
+                                                         "response_format"};
   for (const auto& [key, value] : req.items()) {
     if (!kKnown.count(key)) return bad("unknown field '" + key + "'", key);
   }
@@ -380,8 +433,21 @@ Result<wire::ChatRequest> normalize_chat_request(const json& req, const ModelSpe
     return bad("'model' must match the batch's model " + model.name, "model");
   }
   if (given("tools")) HR_RETURN_IF_ERROR(parse_tools(req["tools"], &out.tools));
-  if (given("tool_choice"))
-    HR_RETURN_IF_ERROR(parse_tool_choice(req["tool_choice"], out.tools, &out.tool_choice));
+  if (given("tool_choice")) HR_RETURN_IF_ERROR(parse_tool_choice(req["tool_choice"], &out));
+  if (out.tool_choice == "required" || out.tool_choice == "function") {
+    if (out.tools.empty())
+      return bad("tool_choice '" + out.tool_choice + "' needs tools", "tool_choice");
+    // The call's arguments are constrained to the function's parameters: each must compile.
+    for (size_t k = 0; k < out.tools.size(); ++k) {
+      const wire::Tool& t = out.tools[k];
+      if (t.parameters.empty()) continue;
+      if (out.tool_choice == "function" && t.name != out.tool_choice_function) continue;
+      HR_RETURN_IF_ERROR(
+          check_schema(t.parameters, "tools[" + std::to_string(k) + "].function.parameters"));
+    }
+  }
+  if (given("response_format"))
+    HR_RETURN_IF_ERROR(parse_response_format(req["response_format"], &out.response_format));
   if (given("parallel_tool_calls")) {
     if (!req["parallel_tool_calls"].is_boolean()) {
       return bad("'parallel_tool_calls' must be true or false", "parallel_tool_calls");

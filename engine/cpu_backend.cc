@@ -205,6 +205,7 @@ Status CpuBackend::submit(const StepInput& in, const SampleSpec* specs) {
   for (size_t i = 0; i < L; ++i) {
     float* row = &logits_[i * V];
     apply_penalties(row, V, specs[i], resolved.token_ids[in.logits_rows[i]]);
+    if (specs[i].allowed) apply_token_mask(row, V, specs[i].allowed);
     out.tokens[i] = sample_token(row, V, specs[i]);
     if (specs[i].logprobs >= 0) {
       out.asked[i] = specs[i].logprobs;

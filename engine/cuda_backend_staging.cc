@@ -86,10 +86,12 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
     HR_RETURN_IF_ERROR(grow_slot(slot, std::max<size_t>(lay.total * 2, 1 << 20)));
   static_assert(sizeof(kernels::PenaltyToken) == 8 && sizeof(kernels::LogitBias) == 8);
   size_t list_bytes = 0;
+  const size_t mask_bytes = static_cast<size_t>((vocab_size() + 31) / 32) * 4;
   for (int i = 0; specs && i < L; ++i) {
     if (specs[i].penalties.any())
       list_bytes += 8 * static_cast<size_t>(std::max(0, specs[i].num_penalty_tokens));
     list_bytes += 8 * static_cast<size_t>(std::max(0, specs[i].num_logit_bias));
+    if (specs[i].allowed) list_bytes += mask_bytes;
   }
   if (list_bytes > slot.list_bytes)
     HR_RETURN_IF_ERROR(grow_lists(slot, std::max<size_t>(list_bytes * 2, 1 << 17)));
@@ -133,6 +135,11 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
         sp[i].num_logit_bias = n;
         sp[i].logit_bias = reinterpret_cast<const kernels::LogitBias*>(slot.list_dev + listed);
         listed += 8 * static_cast<size_t>(n);
+      }
+      if (spec.allowed) {
+        std::memcpy(slot.list_host + listed, spec.allowed, mask_bytes);
+        sp[i].allowed = reinterpret_cast<const uint32_t*>(slot.list_dev + listed);
+        listed += mask_bytes;
       }
       if (!spec.penalties.any()) continue;
       sp[i].frequency_penalty = spec.penalties.frequency;

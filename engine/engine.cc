@@ -83,6 +83,7 @@ Result<int64_t> Engine::add(GenerationRequest r) {
   }
   Active a;
   a.on_event = std::move(r.on_event);
+  if (r.constraint) a.matcher = std::make_unique<grammar::Matcher>(std::move(r.constraint));
   if (tokenizer_) a.decoder = std::make_unique<StreamDecoder>(*tokenizer_);
   a.seq = std::move(seq);
   int64_t id = a.seq->id;
@@ -141,6 +142,13 @@ bool Engine::advance(Active& a, int32_t token, const TokenLogprobs* logprobs) {
                  tokenizer_->eos_ids().end();
   bool stop_token =
       std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
+  if (a.matcher && !a.matcher->accept(token)) {
+    // The mask allowed only what the constraint takes: a backend that sampled outside it failed.
+    a.error = "the " + std::string(backend_->name()) + " backend sampled token " +
+              std::to_string(token) + ", which the answer's constraint does not allow";
+    finish(a, FinishReason::kError, token, "");
+    return true;
+  }
   std::string delta;
   if (a.decoder && !eos && !stop_token) delta = a.decoder->push(token);
   const int text_bytes = static_cast<int>(delta.size());
@@ -207,6 +215,8 @@ Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats)
   fed_rows_.clear();
   specs_.clear();
   penalty_tokens_.clear();
+  masks_.clear();
+  std::vector<std::pair<size_t, size_t>> mask_of;  // (spec index, offset in masks_)
   bool any_fed = false;
   seq_start_.assign(static_cast<size_t>(num_seqs) + 1, 0);
   block_table_.assign(static_cast<size_t>(num_seqs) * max_blocks, 0);
@@ -247,6 +257,16 @@ Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats)
         // The row's input token was sampled by the step still running: counted on the device.
         spec.penalize_input = fed_rows_.back() >= 0;
       }
+      if (auto it = active_.find(s.id); it != active_.end() && it->second.matcher) {
+        grammar::Matcher& m = *it->second.matcher;
+        HR_CHECK(s.num_pending == 0) << "a constrained sequence planned before its token is known";
+        const size_t at = masks_.size();
+        masks_.resize(at + static_cast<size_t>(m.mask_words()));
+        const int remaining = std::min(s.params.max_tokens - s.num_generated(),
+                                       max_model_len_ - static_cast<int>(s.tokens.size()));
+        m.fill_mask(std::max(1, remaining), masks_.data() + at);
+        mask_of.push_back({specs_.size(), at});
+      }
       specs_.push_back(spec);
     }
     (s.num_computed >= s.num_prompt ? stats->num_decode_tokens : stats->num_prefill_tokens) +=
@@ -259,6 +279,7 @@ Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats)
     spec.penalty_tokens = penalty_tokens_.data() + listed;
     listed += static_cast<size_t>(spec.num_penalty_tokens);
   }
+  for (auto [spec, at] : mask_of) specs_[spec].allowed = masks_.data() + at;
   StepInput in;
   in.num_tokens = static_cast<int>(token_ids_.size());
   in.num_seqs = num_seqs;
@@ -340,8 +361,31 @@ Status Engine::recover(Status failure, std::initializer_list<const Submitted*> s
   return failure;
 }
 
+Status Engine::collect_for_constraints(StepStats* stats) {
+  if (!in_flight_) return Status::ok();
+  bool waiting = false;
+  for (int64_t id : in_flight_->sampled) {
+    auto it = active_.find(id);
+    waiting = waiting || (it != active_.end() && it->second.matcher);
+  }
+  if (!waiting) return Status::ok();
+  Submitted prev = std::move(*in_flight_);
+  in_flight_.reset();
+  sampled_.resize(prev.sampled.size());
+  sampled_logprobs_.resize(prev.sampled.size());
+  const int64_t wait_start = steady_now_ns();
+  Status collected = backend_->collect(sampled_.data(), sampled_logprobs_.data());
+  stats->wait_ns += steady_now_ns() - wait_start;
+  if (!collected.is_ok()) return recover(collected, {&prev});
+  advance_all(prev, stats);
+  return Status::ok();
+}
+
 Result<StepStats> Engine::step() {
   StepStats stats;
+  // A constrained sequence's mask needs the token the step in flight samples: wait for it first
+  // (such steps do not overlap the host's work with the device's).
+  HR_RETURN_IF_ERROR(collect_for_constraints(&stats));
   StepPlan plan = scheduler_.schedule();
   stats.num_preempted = static_cast<int>(plan.preempted.size());
   std::optional<Submitted> cur;
@@ -360,7 +404,7 @@ Result<StepStats> Engine::step() {
     sampled_logprobs_.resize(cur->sampled.size());
     const int64_t wait_start = steady_now_ns();
     Status collected = backend_->collect(sampled_.data(), sampled_logprobs_.data());
-    stats.wait_ns = steady_now_ns() - wait_start;
+    stats.wait_ns += steady_now_ns() - wait_start;
     if (!collected.is_ok()) return recover(collected, {&*cur});
     complete(*cur);
     advance_all(*cur, &stats);
@@ -375,7 +419,7 @@ Result<StepStats> Engine::step() {
     sampled_logprobs_.resize(prev.sampled.size());
     const int64_t wait_start = steady_now_ns();
     Status collected = backend_->collect(sampled_.data(), sampled_logprobs_.data());
-    stats.wait_ns = steady_now_ns() - wait_start;
+    stats.wait_ns += steady_now_ns() - wait_start;
     if (!collected.is_ok()) return recover(collected, {&prev, cur ? &*cur : nullptr});
     advance_all(prev, &stats);
   }

@@ -17,6 +17,8 @@
 #include "engine/block_manager.h"
 #include "engine/scheduler.h"
 #include "engine/tokenizer.h"
+#include "grammar/compiled_grammar.h"
+#include "grammar/matcher.h"
 
 namespace hr::engine {
 
@@ -55,6 +57,9 @@ struct GenerationRequest {
   SamplingParams params;
   RequestClass cls = RequestClass::kSync;
   int priority = 0;
+  // Structured output: the answer is a document of this constraint (each step's tokens masked to
+  // those it allows, the stop token only where the document is complete). Null: free text.
+  std::shared_ptr<grammar::CompiledGrammar> constraint;
   std::function<void(const TokenEvent&)> on_event;
 };
 
@@ -126,6 +131,7 @@ class Engine {
     std::unique_ptr<StreamDecoder> decoder;
     std::string held;   // text held back: it may be the start of a stop string
     std::string error;  // why it ends with kError
+    std::unique_ptr<grammar::Matcher> matcher;  // a constrained answer's place in its document
   };
   // A submitted step: its plan (pointers valid only while the id is active), in logits-row order
   // the ids of the sequences it samples, and its token count.
@@ -147,6 +153,9 @@ class Engine {
   void complete(const Submitted& sub);
   // Appends the collected tokens (sampled_) to the sequences still active.
   void advance_all(const Submitted& sub, StepStats* stats);
+  // Collects the step in flight (pipelined), when a constrained sequence waits for its token: its
+  // next mask depends on it.
+  [[nodiscard]] Status collect_for_constraints(StepStats* stats);
   // After a failed collect: drops the outstanding steps, and plans their sequences from what the
   // host knows.
   Status recover(Status failure, std::initializer_list<const Submitted*> steps);
@@ -171,6 +180,7 @@ class Engine {
   std::vector<int32_t> token_ids_, positions_, seq_start_, block_table_, logits_rows_, fed_rows_;
   std::vector<SampleSpec> specs_;
   std::vector<PenaltyToken> penalty_tokens_;  // the specs' penalty lists, one after another
+  std::vector<uint32_t> masks_;               // the specs' token masks, one after another
   std::vector<int32_t> sampled_;
   std::vector<TokenLogprobs> sampled_logprobs_;
 };

@@ -101,6 +101,17 @@ void apply_penalties(float* logits, int vocab, const SampleSpec& spec, int32_t i
   }
 }
 
+void apply_token_mask(float* logits, int vocab, const uint32_t* allowed) {
+  for (int w = 0; w * 32 < vocab; ++w) {
+    const uint32_t bits = allowed[w];
+    if (bits == 0xFFFFFFFFu) continue;
+    const int end = std::min(vocab, w * 32 + 32);
+    for (int i = w * 32; i < end; ++i) {
+      if (!((bits >> (i - w * 32)) & 1u)) logits[i] = -INFINITY;
+    }
+  }
+}
+
 void token_logprobs(const float* logits, int vocab, int32_t token, int top, TokenLogprobs* out) {
   *out = TokenLogprobs{};
   const int32_t best = argmax(logits, vocab);

@@ -87,6 +87,9 @@ struct SampleSpec {
   // SamplingParams::logit_bias, read during submit() only.
   const LogitBias* logit_bias = nullptr;
   int num_logit_bias = 0;
+  // A constraint's allowed tokens (bit t of word t / 32), read during submit() only; null: all.
+  // Applied after the penalties and biases: every other token's logit becomes -inf.
+  const uint32_t* allowed = nullptr;
 };
 
 // One token's logit after the penalties, for a token seen `count` times in the output (0: only in
@@ -101,6 +104,9 @@ inline float penalized_logit(float logit, int count, const Penalties& p) {
 // Applies the spec's penalties, then its logit bias, to one logits row in place. `input_token` is
 // the row's input token, counted when spec.penalize_input (ignored when outside [0, vocab)).
 void apply_penalties(float* logits, int vocab, const SampleSpec& spec, int32_t input_token);
+
+// Sets the logit of every token not in `allowed` (a bitmask over the row) to -inf.
+void apply_token_mask(float* logits, int vocab, const uint32_t* allowed);
 
 // The log probability of `token` (-inf when it is not a token of the row) and of the `top` most
 // likely tokens, from one row of (penalized) logits. NaN logits count for nothing.

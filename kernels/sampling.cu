@@ -244,6 +244,12 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
   }
+  if (sp.allowed) {
+    for (int i = threadIdx.x; i < vocab; i += kThreads) {
+      if (!((sp.allowed[i >> 5] >> (i & 31)) & 1u)) x[i] = -INFINITY;
+    }
+    __syncthreads();
+  }
 
   ArgMax best{-INFINITY, 0x7fffffff};
   internal::Probe fin{0.0f, INFINITY, -INFINITY};  // the finite logits: how many, and the least

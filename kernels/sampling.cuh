@@ -1,6 +1,7 @@
 // Token sampling on the GPU, one block per logits row, so that only token ids come back to the
 // host. A row's penalties for tokens already seen, then its logit biases, are applied to its
-// logits first, in place (the expression of engine::penalized_logit). Then greedy (temperature
+// logits first, in place (the expression of engine::penalized_logit), then a constraint's token
+// bitmask. Then greedy (temperature
 // <= 0, NaN, infinite or too small to invert in a float, or top_k == 1; ties go to the lowest id),
 // or temperature with top-k and top-p. The kept set is everything at or above a threshold found by
 // a search over the row's own values (internal/threshold_search.h; top-k: the k highest logits;
@@ -55,6 +56,9 @@ struct SampleParams {
   // Biases added to the logits after the penalties: num_logit_bias distinct tokens (device memory).
   const LogitBias* logit_bias = nullptr;
   int32_t num_logit_bias = 0;
+  // A constraint's allowed tokens (device memory, bit t of word t / 32), or null for all: every
+  // other token's logit becomes -inf after the penalties and biases.
+  const uint32_t* allowed = nullptr;
   // -1: no log probabilities; else the sampled token's, with this many of the most likely tokens
   // (at most kMaxTopLogprobs) and theirs: log-softmax of the penalized logits at temperature 1.
   int32_t logprobs = -1;

@@ -33,6 +33,16 @@ struct Tool {
   std::string parameters;  // JSON Schema text of an object ("" when none was given)
 };
 
+// OpenAI's response_format (Workers AI's too): free text, any JSON object, or a document valid
+// against a JSON Schema.
+struct ResponseFormat {
+  enum class Type { kText, kJsonObject, kJsonSchema };
+  Type type = Type::kText;
+  std::string name;    // kJsonSchema: the schema's name (OpenAI's json_schema.name)
+  std::string schema;  // kJsonSchema: JSON Schema text
+  bool strict = false;
+};
+
 struct ChatRequest {
   // Exactly one of the two: a conversation, or a bare prompt (sent as one user message).
   std::vector<ChatMessage> messages;
@@ -55,10 +65,13 @@ struct ChatRequest {
   // OpenAI's log probabilities: each answer token's, with `top_logprobs` (0..20) alternatives.
   bool logprobs = false;
   int top_logprobs = 0;
-  // Functions the model may call, and whether it may (tool_choice "auto", the default, or
-  // "none": the tools are not offered).
+  // Functions the model may call, and whether it may or must: tool_choice "auto" (the default),
+  // "none" (the tools are not offered), "required" (the answer is one or more calls) or
+  // "function" (the answer calls tool_choice_function).
   std::vector<Tool> tools;
   std::string tool_choice = "auto";
+  std::string tool_choice_function;
+  ResponseFormat response_format;
   bool parallel_tool_calls = true;
 };
 

@@ -72,7 +72,19 @@ json request_json(R&& r) {
     }
     out["tools"] = std::move(tools);
   }
-  if (r.tool_choice != "auto") out["tool_choice"] = r.tool_choice;
+  if (r.tool_choice == "function") {
+    out["tool_choice"] = {{"type", "function"}, {"function", {{"name", r.tool_choice_function}}}};
+  } else if (r.tool_choice != "auto") {
+    out["tool_choice"] = r.tool_choice;
+  }
+  using RF = ResponseFormat::Type;
+  if (r.response_format.type == RF::kJsonObject) out["response_format"] = {{"type", "json_object"}};
+  if (r.response_format.type == RF::kJsonSchema) {
+    json js = {{"name", r.response_format.name},
+               {"schema", json::parse(r.response_format.schema, nullptr, false)}};
+    if (r.response_format.strict) js["strict"] = true;
+    out["response_format"] = {{"type", "json_schema"}, {"json_schema", std::move(js)}};
+  }
   if (!r.parallel_tool_calls) out["parallel_tool_calls"] = false;
   return out;
 }
@@ -206,8 +218,33 @@ Result<ChatRequest> chat_request_from_json(const json& j) {
     }
   }
   if (auto it = j.find("tool_choice"); it != j.end() && !it->is_null()) {
-    if (!it->is_string()) return wrong("tool_choice", "a string");
-    r.tool_choice = it->get<std::string>();
+    if (it->is_object()) {
+      const json* fn = it->contains("function") ? &(*it)["function"] : nullptr;
+      if (!fn || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string())
+        return wrong("tool_choice.function.name", "a string");
+      r.tool_choice = "function";
+      r.tool_choice_function = (*fn)["name"].get<std::string>();
+    } else if (it->is_string()) {
+      r.tool_choice = it->get<std::string>();
+    } else {
+      return wrong("tool_choice", "a string or a function");
+    }
+  }
+  if (auto it = j.find("response_format"); it != j.end() && !it->is_null()) {
+    const std::string type = it->is_object() ? it->value("type", "") : "";
+    if (type == "json_object") {
+      r.response_format.type = ResponseFormat::Type::kJsonObject;
+    } else if (type == "json_schema") {
+      const json* js = it->contains("json_schema") ? &(*it)["json_schema"] : nullptr;
+      if (!js || !js->is_object() || !js->contains("schema"))
+        return wrong("response_format.json_schema.schema", "a JSON Schema");
+      r.response_format.type = ResponseFormat::Type::kJsonSchema;
+      r.response_format.name = js->value("name", "");
+      r.response_format.strict = js->value("strict", false);
+      r.response_format.schema = (*js)["schema"].dump();
+    } else if (type != "text") {
+      return wrong("response_format.type", "text, json_object or json_schema");
+    }
   }
   if (auto it = j.find("parallel_tool_calls"); it != j.end() && !it->is_null()) {
     if (!it->is_boolean()) return wrong("parallel_tool_calls", "true or false");

@@ -5,8 +5,10 @@
 //    "temperature"?, "top_p"?, "top_k"?, "seed"?, "stop"?: [...], "frequency_penalty"?,
 //    "presence_penalty"?, "repetition_penalty"?, "logit_bias"?: {"id": bias},
 //    "logprobs"?: true, "top_logprobs"?: N, "tools"?: [{"type": "function", "function":
-//    {"name", "description"?, "parameters"?}}], "tool_choice"?: "none", "parallel_tool_calls"?:
-//    false}; an assistant message may carry "tool_calls" ([{"id", "type": "function",
+//    {"name", "description"?, "parameters"?}}], "tool_choice"?: "none" | "required" |
+//    {"type": "function", "function": {"name"}}, "parallel_tool_calls"?: false,
+//    "response_format"?: {"type": "json_object"} | {"type": "json_schema", "json_schema":
+//    {"name", "schema", "strict"?}}}; an assistant message may carry "tool_calls" ([{"id", "type": "function",
 //    "function": {"name", "arguments"}}]) and a tool message its "tool_call_id"
 // Pure functions.
 #pragma once

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "base/ids.h"
+#include "engine/tool_call_grammar.h"
+#include "grammar/json_schema.h"
 
 namespace hr::workers {
 
@@ -67,7 +69,57 @@ nlohmann::ordered_json template_tools(const wire::ChatRequest& req) {
   return tools;
 }
 
+// The answer's constraint: calls to the tools (tool_choice required or a function), a JSON object
+// or a document of the response_format's schema; null for free text.
+Result<std::shared_ptr<grammar::CompiledGrammar>> constraint_of(const wire::ChatRequest& req,
+                                                                const LoadedModel& m) {
+  if (!m.grammars) return std::shared_ptr<grammar::CompiledGrammar>();
+  if (req.tool_choice == "required" || req.tool_choice == "function") {
+    std::vector<engine::ToolSchema> tools;
+    for (const wire::Tool& t : req.tools) {
+      if (req.tool_choice == "required" || t.name == req.tool_choice_function)
+        tools.push_back({t.name, t.parameters});
+    }
+    const engine::ToolCallFormat format = m.chat_template.tool_call_format();
+    const bool parallel = req.tool_choice == "required" && req.parallel_tool_calls;
+    std::string key = std::string("tools\x1f") + engine::tool_call_format_name(format) +
+                      (parallel ? "\x1fparallel" : "\x1fone");
+    for (const engine::ToolSchema& t : tools) key += "\x1f" + t.name + "\x1f" + t.parameters;
+    return m.grammars->get(key, [&] { return engine::tool_call_grammar(format, tools, parallel); });
+  }
+  using Type = wire::ResponseFormat::Type;
+  if (req.response_format.type == Type::kJsonObject) {
+    return m.grammars->get("json_object", []() -> Result<std::shared_ptr<const grammar::Nfa>> {
+      return grammar::compile_json_object();
+    });
+  }
+  if (req.response_format.type == Type::kJsonSchema) {
+    const std::string& text = req.response_format.schema;
+    return m.grammars->get(
+        "json_schema\x1f" + text, [&]() -> Result<std::shared_ptr<const grammar::Nfa>> {
+          auto schema = nlohmann::ordered_json::parse(text, nullptr, false);
+          if (schema.is_discarded())
+            return invalid_argument("the schema is not valid JSON",
+                                    "response_format.json_schema.schema");
+          return grammar::compile_json_schema(schema, "response_format.json_schema.schema");
+        });
+  }
+  return std::shared_ptr<grammar::CompiledGrammar>();
+}
+
 }  // namespace
+
+std::shared_ptr<const grammar::Vocabulary> constraint_vocabulary(const engine::Tokenizer& tok,
+                                                                 int logits_width) {
+  std::vector<std::string> bytes(static_cast<size_t>(tok.vocab_size()));
+  std::vector<bool> usable(bytes.size());
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+    bytes[static_cast<size_t>(id)] = tok.token_bytes(id);
+    usable[static_cast<size_t>(id)] = !tok.is_special(id);
+  }
+  return std::make_shared<grammar::Vocabulary>(std::move(bytes), usable, tok.eos_ids(),
+                                               logits_width);
+}
 
 Result<engine::GenerationRequest> to_generation(const wire::ChatRequest& req, const LoadedModel& m,
                                                 engine::RequestClass cls) {
@@ -96,6 +148,7 @@ Result<engine::GenerationRequest> to_generation(const wire::ChatRequest& req, co
   }
   if (req.seed) r.params.seed = *req.seed;
   if (req.stop) r.params.stop = *req.stop;
+  HR_ASSIGN_OR_RETURN(r.constraint, constraint_of(req, m));
   return r;
 }
 
@@ -113,6 +166,8 @@ std::optional<wire::TokenLogprob> token_logprob(TokenBytes& bytes, const engine:
 
 engine::ToolCallFormat offered_tool_calls(const wire::ChatRequest& req, const LoadedModel& m) {
   if (req.tools.empty() || req.tool_choice == "none") return engine::ToolCallFormat::kNone;
+  if (req.tool_choice == "required" || req.tool_choice == "function")
+    return engine::constrained_call_format(m.chat_template.tool_call_format());
   return m.chat_template.tool_call_format();
 }
 

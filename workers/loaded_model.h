@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "engine/model_config.h"
 #include "engine/tokenizer.h"
+#include "grammar/grammar_cache.h"
 
 namespace hr::workers {
 
@@ -33,6 +34,12 @@ struct LoadedModel {
   engine::ChatTemplate chat_template;  // the model's own, or a built-in format
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<TokenBytes> token_bytes;  // created with the tokenizer
+  // Compiled structured-output constraints over this model's vocabulary (thread-safe).
+  std::unique_ptr<grammar::GrammarCache> grammars;
 };
+
+// The constraints' view of the model's vocabulary: special tokens unusable, EOS ends an answer.
+std::shared_ptr<const grammar::Vocabulary> constraint_vocabulary(const engine::Tokenizer& tok,
+                                                                 int logits_width);
 
 }  // namespace hr::workers

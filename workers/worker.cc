@@ -45,6 +45,8 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given,
   HR_ASSIGN_OR_RETURN(auto tok, engine::Tokenizer::load(config.model_dir));
   m->tokenizer = std::shared_ptr<const engine::Tokenizer>(tok.release());
   m->token_bytes = std::make_unique<TokenBytes>(m->tokenizer);
+  m->grammars = std::make_unique<grammar::GrammarCache>(
+      constraint_vocabulary(*m->tokenizer, m->config.vocab_size));
   HR_ASSIGN_OR_RETURN(m->chat_template,
                       engine::ChatTemplate::load(config.model_dir, config.chat_template));
   engine::BackendSpec spec;

@@ -137,6 +137,31 @@ TEST(BatchRequestTest, NamesTheBadField) {
       {json{{"prompt", "x"}, {"tool_choice", "sometimes"}}, "tool_choice"},
       {json{{"prompt", "x"}, {"tool_choice", "required"}}, "tool_choice"},
       {json{{"prompt", "x"},
+            {"tools",
+             {{{"name", "f"},
+               {"parameters",
+                {{"type", "object"},
+                 {"properties", {{"d", {{"type", "string"}, {"format", "date"}}}}}}}}}},
+            {"tool_choice", "required"}},
+       "tools[0].function.parameters.properties.d.format"},
+      {json{{"prompt", "x"}, {"response_format", {{"type", "xml"}}}}, "response_format.type"},
+      {json{{"prompt", "x"}, {"response_format", {{"type", "json_schema"}}}},
+       "response_format.json_schema"},
+      {json{{"prompt", "x"},
+            {"response_format",
+             {{"type", "json_schema"},
+              {"json_schema",
+               {{"name", "n"},
+                {"schema",
+                 {{"type", "object"},
+                  {"properties", {{"a", {{"type", "integer"}, {"minimum", 1}}}}}}}}}}}},
+       "response_format.json_schema.schema.properties.a.minimum"},
+      {json{{"prompt", "x"},
+            {"response_format",
+             {{"type", "json_schema"},
+              {"json_schema", {{"type", "object"}, {"oneOf", json::array({json::object()})}}}}}},
+       "response_format.json_schema.oneOf"},
+      {json{{"prompt", "x"},
             {"tools", {{{"name", "f"}}}},
             {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}}},
        "tool_choice.function.name"},
@@ -155,6 +180,41 @@ TEST(BatchRequestTest, NamesTheBadField) {
     EXPECT_EQ(r.status().field(), c.field) << c.req.dump();
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   }
+}
+
+// response_format in OpenAI's shape and in Workers AI's, and tool_choice required or named, come
+// through to the stored request and back.
+TEST(BatchRequestTest, ConstraintsRoundTrip) {
+  json schema = {
+      {"type", "object"}, {"properties", {{"a", {{"type", "string"}}}}}, {"required", {"a"}}};
+  auto openai = normalized(
+      json{{"prompt", "x"},
+           {"response_format",
+            {{"type", "json_schema"},
+             {"json_schema", {{"name", "thing"}, {"schema", schema}, {"strict", true}}}}}});
+  ASSERT_TRUE(openai.is_ok()) << openai.status().message();
+  auto back = wire::chat_request_from_json(openai.value());
+  ASSERT_TRUE(back.is_ok());
+  EXPECT_EQ(back.value().response_format.type, wire::ResponseFormat::Type::kJsonSchema);
+  EXPECT_EQ(back.value().response_format.name, "thing");
+  EXPECT_TRUE(back.value().response_format.strict);
+  EXPECT_EQ(json::parse(back.value().response_format.schema), schema);
+  auto workers_ai = normalized(json{
+      {"prompt", "x"}, {"response_format", {{"type", "json_schema"}, {"json_schema", schema}}}});
+  ASSERT_TRUE(workers_ai.is_ok()) << workers_ai.status().message();
+  EXPECT_EQ((*workers_ai)["response_format"]["json_schema"]["schema"], schema);
+  auto object = normalized(json{{"prompt", "x"}, {"response_format", {{"type", "json_object"}}}});
+  ASSERT_TRUE(object.is_ok());
+  EXPECT_EQ((*object)["response_format"], json({{"type", "json_object"}}));
+  auto named =
+      normalized(json{{"prompt", "x"},
+                      {"tools", {{{"name", "f"}}, {{"name", "g"}}}},
+                      {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}}});
+  ASSERT_TRUE(named.is_ok()) << named.status().message();
+  auto named_back = wire::chat_request_from_json(named.value());
+  ASSERT_TRUE(named_back.is_ok());
+  EXPECT_EQ(named_back.value().tool_choice, "function");
+  EXPECT_EQ(named_back.value().tool_choice_function, "g");
 }
 
 TEST(BatchRequestTest, BatchErrorsCarryIndexAndPath) {

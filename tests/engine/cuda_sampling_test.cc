@@ -138,6 +138,49 @@ TEST(CudaSamplingTest, PenaltiesMatchTheHostReference) {
 // 10; as many candidates as it holds, row 11), or a pass each where that cannot be: an infinite
 // maximum (row 7), more ties at the threshold than it holds (rows 8 and 12), fewer finite logits
 // than alternatives (row 9).
+// A constraint's token bitmask: masked logits become -inf in place as the host's
+// apply_token_mask makes them, greedy rows take the best allowed token, and sampled rows (hot
+// temperature, every token near equally likely) never draw a masked one.
+TEST(CudaSamplingTest, TokenMaskMatchesTheHost) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(23);
+  const int V = 3001, R = 8, W = (V + 31) / 32;
+  std::vector<float> logits = random_vec(static_cast<size_t>(R) * V, rng, -4.0f, 4.0f);
+  std::vector<uint32_t> masks(static_cast<size_t>(R) * W);
+  for (uint32_t& m : masks) m = static_cast<uint32_t>(rng()) & static_cast<uint32_t>(rng());
+  masks[static_cast<size_t>(W) * 3] = 0;  // row 3: a mask with a hole at the start
+  DeviceBuffer<uint32_t> d_masks(masks);
+  std::vector<kernels::SampleParams> params(R);
+  for (int r = 0; r < R; ++r) {
+    params[static_cast<size_t>(r)].temperature = r % 2 ? 5.0f : 0.0f;
+    params[static_cast<size_t>(r)].random = 77ull * (r + 1);
+    params[static_cast<size_t>(r)].allowed = d_masks.ptr + static_cast<size_t>(r) * W;
+  }
+  DeviceBuffer<float> d_logits(logits);
+  DeviceBuffer<kernels::SampleParams> d_params(params);
+  DeviceBuffer<int32_t> d_tokens(static_cast<size_t>(R));
+  ASSERT_EQ(kernels::sample_tokens(d_logits.ptr, R, V, d_params.ptr, nullptr, d_tokens.ptr, nullptr,
+                                   nullptr),
+            cudaSuccess);
+  const std::vector<float> got_logits = d_logits.get();
+  const std::vector<int32_t> tokens = d_tokens.get();
+  for (int r = 0; r < R; ++r) {
+    std::vector<float> row(logits.begin() + static_cast<long>(r) * V,
+                           logits.begin() + static_cast<long>(r + 1) * V);
+    const uint32_t* mask = masks.data() + static_cast<size_t>(r) * W;
+    apply_token_mask(row.data(), V, mask);
+    for (int i = 0; i < V; ++i)
+      ASSERT_EQ(got_logits[static_cast<size_t>(r) * V + i], row[static_cast<size_t>(i)]) << r;
+    const int32_t t = tokens[static_cast<size_t>(r)];
+    ASSERT_GE(t, 0);
+    EXPECT_TRUE((mask[t >> 5] >> (t & 31)) & 1u) << "row " << r << " drew masked token " << t;
+    if (r % 2 == 0) {
+      SampleSpec greedy;
+      EXPECT_EQ(t, sample_token(row.data(), V, greedy)) << r;
+    }
+  }
+}
+
 TEST(CudaSamplingTest, LogprobsMatchTheHostReference) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(19);

@@ -20,18 +20,19 @@ ALLOWED = {
     "http": {"base"},
     "kernels": set(),  # the CPU stand-in (simt/) only through the CUDA headers it stands in for
     "simt": {"kernels"},
+    "grammar": {"base"},
     "queue": {"base", "wire"},
-    "engine": {"base", "kernels"},
+    "engine": {"base", "grammar", "kernels"},
     "webhooks": {"base", "queue"},
-    "api": {"base", "http", "queue", "webhooks", "wire"},
-    "workers": {"base", "engine", "http", "queue", "wire"},
-    "cmd": {"api", "base", "engine", "http", "queue", "webhooks", "wire", "workers"},
+    "api": {"base", "grammar", "http", "queue", "webhooks", "wire"},
+    "workers": {"base", "engine", "grammar", "http", "queue", "wire"},
+    "cmd": {"api", "base", "engine", "grammar", "http", "queue", "webhooks", "wire", "workers"},
 }
 
 # Library target → folder.
 LIBRARIES = {
     "hr_base": "base", "hr_wire": "wire", "hr_http": "http", "hr_kernels": "kernels",
-    "hr_simt": "simt", "hr_queue": "queue", "hr_engine": "engine", "hr_engine_cpu": "engine",
+    "hr_simt": "simt", "hr_grammar": "grammar", "hr_queue": "queue", "hr_engine": "engine", "hr_engine_cpu": "engine",
     "hr_webhooks": "webhooks", "hr_api": "api", "hr_workers": "workers", "hr_cmd": "cmd",
 }
 
