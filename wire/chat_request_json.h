@@ -8,8 +8,8 @@
 //    {"name", "description"?, "parameters"?}}], "tool_choice"?: "none" | "required" |
 //    {"type": "function", "function": {"name"}}, "parallel_tool_calls"?: false,
 //    "response_format"?: {"type": "json_object"} | {"type": "json_schema", "json_schema":
-//    {"name", "schema", "strict"?}}}; an assistant message may carry "tool_calls" ([{"id", "type": "function",
-//    "function": {"name", "arguments"}}]) and a tool message its "tool_call_id"
+//    {"name", "schema", "strict"?}}}; an assistant message may carry "tool_calls" ([{"id", "type":
+//    "function", "function": {"name", "arguments"}}]) and a tool message its "tool_call_id"
 // Pure functions.
 #pragma once
 
