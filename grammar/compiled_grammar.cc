@@ -45,7 +45,8 @@ int32_t CompiledGrammar::dist(int32_t state) {
   return dfa_.dist(state);
 }
 
-int32_t CompiledGrammar::walk(int32_t state, int32_t max_dist, uint32_t* bits) {
+int32_t CompiledGrammar::walk(int32_t state, int32_t max_dist, uint32_t* bits, Entry* entry) {
+  const int32_t own = dfa_.dist(state);
   const std::vector<int32_t>& sorted = vocab_->sorted();
   const std::vector<uint16_t>& lcp = vocab_->common_prefix();
   int32_t largest = -1;
@@ -75,6 +76,8 @@ int32_t CompiledGrammar::walk(int32_t state, int32_t max_dist, uint32_t* bits) {
     if (dist > max_dist) continue;
     bits[id >> 5] |= 1u << (id & 31);
     largest = std::max(largest, dist);
+    if (entry && dist > own) entry->growing.push_back({id, dist});
+    if (entry && dist < own) entry->shrinking.push_back({id, dist});
   }
   return largest;
 }
@@ -89,7 +92,13 @@ const CompiledGrammar::Entry& CompiledGrammar::entry(int32_t state) {
   if (cache_.size() >= max_cached_) cache_.erase(cache_.begin());  // bounded memory
   Entry& e = cache_[state];
   e.bits.assign(static_cast<size_t>(vocab_->mask_words()), 0);
-  e.max_next_dist = walk(state, kUnreachable, e.bits.data());
+  e.max_next_dist = walk(state, kUnreachable, e.bits.data(), &e);
+  std::sort(e.growing.begin(), e.growing.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::sort(e.shrinking.begin(), e.shrinking.end(),
+            [](const auto& a, const auto& b) { return a.second < b.second; });
+  e.growing.shrink_to_fit();
+  e.shrinking.shrink_to_fit();
   return e;
 }
 
@@ -106,12 +115,33 @@ void CompiledGrammar::fill_mask(int32_t state, int remaining, uint32_t* mask) {
     const int64_t budget = remaining == kNoLimit ? kNoLimit : static_cast<int64_t>(remaining) - 2;
     if (e.max_next_dist <= budget) {
       std::memcpy(mask, e.bits.data(), words * sizeof(uint32_t));
+    } else if (dfa_.dist(state) <= budget) {
+      // Every token but the growing ones keeps the distance within the budget: drop those that
+      // would overrun it.
+      ++stats_.masks_limited;
+      std::memcpy(mask, e.bits.data(), words * sizeof(uint32_t));
+      for (const auto& [id, d] : e.growing) {
+        if (d <= budget) break;
+        mask[id >> 5] &= ~(1u << (id & 31));
+      }
     } else {
       ++stats_.masks_limited;
-      int32_t found = budget >= 0 ? walk(state, static_cast<int32_t>(budget), mask) : -1;
-      // Not enough room either way: at least get closer to the end.
-      if (found < 0 && !accepting) found = walk(state, dfa_.dist(state) - 1, mask);
-      if (found < 0 && !accepting) std::memcpy(mask, e.bits.data(), words * sizeof(uint32_t));
+      bool any = false;
+      if (dfa_.dist(state) == budget + 1) {
+        // Every token must bring the end closer.
+        for (const auto& [id, d] : e.shrinking) {
+          if (d > budget) break;
+          mask[id >> 5] |= 1u << (id & 31);
+          any = true;
+        }
+      }
+      // Not enough room (the budget was short from the start, or the vocabulary lacks a token
+      // for some byte): at least get closer to the end, else anything the constraint allows.
+      if (!any && !accepting) {
+        for (const auto& [id, d] : e.shrinking) mask[id >> 5] |= 1u << (id & 31);
+        any = !e.shrinking.empty();
+      }
+      if (!any && !accepting) std::memcpy(mask, e.bits.data(), words * sizeof(uint32_t));
     }
   }
   if (accepting) {
@@ -123,8 +153,9 @@ CompiledGrammar::Stats CompiledGrammar::stats() {
   std::lock_guard<std::mutex> lock(mu_);
   Stats s = stats_;
   s.states = dfa_.num_states();
-  s.memory_bytes =
-      dfa_.memory_bytes() + cache_.size() * (static_cast<size_t>(vocab_->mask_words()) * 4 + 64);
+  s.memory_bytes = dfa_.memory_bytes();
+  for (const auto& [state, e] : cache_)
+    s.memory_bytes += e.bits.size() * 4 + (e.growing.size() + e.shrinking.size()) * 8 + 64;
   return s;
 }
 

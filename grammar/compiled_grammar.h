@@ -50,7 +50,7 @@ class CompiledGrammar {
   struct Stats {
     int64_t masks_built = 0;    // walks of the vocabulary for a new state
     int64_t masks_cached = 0;   // steps served by a cached mask
-    int64_t masks_limited = 0;  // steps near the length budget (walked, not cached)
+    int64_t masks_limited = 0;  // steps near the length budget (trimmed or walked)
     size_t states = 0;
     size_t memory_bytes = 0;
   };
@@ -60,11 +60,18 @@ class CompiledGrammar {
   struct Entry {
     std::vector<uint32_t> bits;
     int32_t max_next_dist = 0;
+    // The allowed tokens after which the document is further from complete than before, farthest
+    // first: near the length budget, the mask is this one less those that would overrun it.
+    std::vector<std::pair<int32_t, int32_t>> growing;  // (token, distance after it)
+    // The allowed tokens after which it is closer, nearest first: when every token left must make
+    // progress, the mask is these (those within the budget).
+    std::vector<std::pair<int32_t, int32_t>> shrinking;
   };
   const Entry& entry(int32_t state);
   // Sets the bits of the tokens that lead from `state` to a live state at most max_dist bytes from
   // completion; the largest such distance (-1 when none).
-  int32_t walk(int32_t state, int32_t max_dist, uint32_t* bits);
+  // With `entry`, also lists its growing and shrinking tokens.
+  int32_t walk(int32_t state, int32_t max_dist, uint32_t* bits, Entry* entry = nullptr);
 
   std::mutex mu_;
   std::shared_ptr<const Vocabulary> vocab_;
