@@ -2,6 +2,7 @@
 #include "grammar/json_schema.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <vector>
@@ -22,11 +23,24 @@ const std::set<std::string>& annotations() {
 }
 
 const std::set<std::string>& supported() {
-  static const std::set<std::string> s = {
-      "type",      "properties", "required", "additionalProperties",
-      "enum",      "const",      "items",    "minItems",
-      "maxItems",  "anyOf",      "$ref",     "minLength",
-      "maxLength", "pattern"};
+  static const std::set<std::string> s = {"type",
+                                          "properties",
+                                          "required",
+                                          "additionalProperties",
+                                          "enum",
+                                          "const",
+                                          "items",
+                                          "minItems",
+                                          "maxItems",
+                                          "anyOf",
+                                          "$ref",
+                                          "minLength",
+                                          "maxLength",
+                                          "pattern",
+                                          "minimum",
+                                          "maximum",
+                                          "exclusiveMinimum",
+                                          "exclusiveMaximum"};
   return s;
 }
 
@@ -120,6 +134,9 @@ class Compiler {
       types.push_back("array");
     } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern")) {
       types.push_back("string");
+    } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
+               s.contains("exclusiveMaximum")) {
+      types.push_back("number");
     } else {
       return any_value(0);
     }
@@ -135,9 +152,11 @@ class Compiler {
         HR_ASSIGN_OR_RETURN(Frag f, string(s, path));
         frags.push_back(f);
       } else if (t == "number") {
-        frags.push_back(number());
+        HR_ASSIGN_OR_RETURN(Frag f, bounded(s, path, /*integer=*/false));
+        frags.push_back(f);
       } else if (t == "integer") {
-        frags.push_back(integer());
+        HR_ASSIGN_OR_RETURN(Frag f, bounded(s, path, /*integer=*/true));
+        frags.push_back(f);
       } else if (t == "boolean") {
         frags.push_back(nfa_.alt({nfa_.literal("true"), nfa_.literal("false")}));
       } else if (t == "null") {
@@ -241,6 +260,128 @@ class Compiler {
     Frag sign = nfa_.opt(nfa_.literal("-"));
     Frag mag = nfa_.alt({nfa_.literal("0"), nfa_.seq(nfa_.byte_range('1', '9'), digits(0, 15))});
     return nfa_.seq(sign, mag);
+  }
+
+  // The largest magnitude written: 16 digits.
+  static constexpr int64_t kMaxMagnitude = 9'999'999'999'999'999;
+
+  // A number or integer within the schema's minimum/maximum/exclusive bounds (none: any).
+  Result<Frag> bounded(const ojson& s, const std::string& path, bool integer_only) {
+    double lo = -static_cast<double>(kMaxMagnitude), hi = static_cast<double>(kMaxMagnitude);
+    bool lo_open = false, hi_open = false, any = false;
+    for (const char* key : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
+      if (!s.contains(key)) continue;
+      const ojson& v = s[key];
+      if (!v.is_number())
+        return bad(join(path, key), std::string("'") + key + "' must be a number");
+      any = true;
+      const double x = v.get<double>();
+      const std::string k = key;
+      if (k == "minimum" && x > lo) lo = x, lo_open = false;
+      if (k == "exclusiveMinimum" && x >= lo) lo = x, lo_open = true;
+      if (k == "maximum" && x < hi) hi = x, hi_open = false;
+      if (k == "exclusiveMaximum" && x <= hi) hi = x, hi_open = true;
+    }
+    if (!any) return integer_only ? integer() : number();
+    auto clamp = [](double x) {
+      return std::max(-static_cast<double>(kMaxMagnitude),
+                      std::min(static_cast<double>(kMaxMagnitude), x));
+    };
+    lo = clamp(lo);
+    hi = clamp(hi);
+    // The integers inside the bounds.
+    const int64_t ilo = static_cast<int64_t>(lo_open ? std::floor(lo) + 1 : std::ceil(lo));
+    const int64_t ihi = static_cast<int64_t>(hi_open ? std::ceil(hi) - 1 : std::floor(hi));
+    std::vector<Frag> options;
+    if (ilo <= ihi) options.push_back(int_range(ilo, ihi));
+    if (!integer_only) {
+      // N.fraction lies in [N, N + 1): inside when N >= ilo and N + 1 <= hi.
+      const int64_t top = static_cast<int64_t>(std::floor(hi)) - 1;
+      if (std::max<int64_t>(ilo, 0) <= top)
+        options.push_back(nfa_.seq(nonneg_range(std::max<int64_t>(ilo, 0), top), fraction()));
+      // -N.fraction lies in (-(N + 1), -N]: inside when -(N + 1) >= lo and -N <= hi (< hi when
+      // open).
+      const int64_t nmax = static_cast<int64_t>(std::floor(-lo)) - 1;
+      const int64_t nmin = std::max<int64_t>(
+          0, static_cast<int64_t>(hi_open ? std::floor(-hi) + 1 : std::ceil(-hi)));
+      if (nmin <= nmax)
+        options.push_back(
+            nfa_.seq(nfa_.seq(nfa_.literal("-"), nonneg_range(nmin, nmax)), fraction()));
+    }
+    if (!integer_only) {
+      // An open bound at a whole number: just past it, with a fraction that is not all zeros.
+      if (lo_open && lo == std::floor(lo) && lo >= 0 && lo + 1 <= hi) {
+        options.push_back(nfa_.seq(nonneg_range(static_cast<int64_t>(lo), static_cast<int64_t>(lo)),
+                                   nonzero_fraction()));
+      }
+      if (hi_open && hi == std::floor(hi) && hi <= 0 && hi - 1 >= lo) {
+        const int64_t n = static_cast<int64_t>(-hi);
+        options.push_back(
+            nfa_.seq(nfa_.seq(nfa_.literal("-"), nonneg_range(n, n)), nonzero_fraction()));
+      }
+    }
+    if (options.empty()) return bad(path, "no number lies within the schema's bounds");
+    return nfa_.alt(options);
+  }
+
+  Frag fraction() { return nfa_.seq(nfa_.literal("."), digits(1, 16)); }
+
+  // "." and 1 to 16 digits, not all zeros.
+  Frag nonzero_fraction() {
+    std::vector<Frag> options;
+    for (int zeros = 0; zeros < 16; ++zeros) {
+      Frag f = nfa_.literal(std::string(static_cast<size_t>(zeros), '0'));
+      f = nfa_.seq(nfa_.seq(f, nfa_.byte_range('1', '9')), digits(0, 15 - zeros));
+      options.push_back(f);
+    }
+    return nfa_.seq(nfa_.literal("."), nfa_.alt(options));
+  }
+
+  // Integers in [lo, hi].
+  Frag int_range(int64_t lo, int64_t hi) {
+    std::vector<Frag> options;
+    if (hi >= 0) options.push_back(nonneg_range(std::max<int64_t>(lo, 0), hi));
+    if (lo < 0) {
+      const int64_t a = std::max<int64_t>(1, -hi), b = -lo;
+      if (a <= b) options.push_back(nfa_.seq(nfa_.literal("-"), nonneg_range(a, b)));
+    }
+    return nfa_.alt(options);
+  }
+
+  // Non-negative integers in [lo, hi], without leading zeros: one digit-string range per length.
+  Frag nonneg_range(int64_t lo, int64_t hi) {
+    std::vector<Frag> options;
+    int64_t first = 0, last = 9;
+    for (int len = 1; len <= 16; ++len) {
+      const int64_t a = std::max(lo, first), b = std::min(hi, last);
+      if (a <= b) options.push_back(same_length(std::to_string(a), std::to_string(b)));
+      first = last + 1;
+      if (len < 16) last = last * 10 + 9;
+    }
+    return nfa_.alt(options);
+  }
+
+  // Digit strings of one length from a to b (a <= b).
+  Frag same_length(const std::string& a, const std::string& b) {
+    if (a.empty()) return nfa_.empty();
+    const size_t rest = a.size() - 1;
+    // Every digit string of the length (keeps the splits below linear in the length).
+    if (a.find_first_not_of('0') == std::string::npos &&
+        b.find_first_not_of('9') == std::string::npos)
+      return digits(static_cast<int>(a.size()), static_cast<int>(a.size()));
+    if (a[0] == b[0])
+      return nfa_.seq(nfa_.literal(a.substr(0, 1)), same_length(a.substr(1), b.substr(1)));
+    std::vector<Frag> options;
+    options.push_back(
+        nfa_.seq(nfa_.literal(a.substr(0, 1)), same_length(a.substr(1), std::string(rest, '9'))));
+    if (b[0] - a[0] >= 2) {
+      options.push_back(
+          nfa_.seq(nfa_.byte_range(static_cast<uint8_t>(a[0] + 1), static_cast<uint8_t>(b[0] - 1)),
+                   digits(static_cast<int>(rest), static_cast<int>(rest))));
+    }
+    options.push_back(
+        nfa_.seq(nfa_.literal(b.substr(0, 1)), same_length(std::string(rest, '0'), b.substr(1))));
+    return nfa_.alt(options);
   }
 
   Frag number() {

@@ -3,10 +3,11 @@
 // Supported: `type` (one or a list), `properties`/`required`/`additionalProperties`, `enum`,
 // `const`, `items`/`minItems`/`maxItems`, `anyOf`, local `$ref` (`#`, `#/$defs/...`,
 // `#/definitions/...`, any JSON pointer into the document) with `$defs`/`definitions`, string
-// `minLength`/`maxLength` (in code points) and `pattern` (regex.h), and boolean schemas.
-// Annotations
-// (`title`, `description`, `default`, `examples`, `$schema`, `$id`, `$comment`, `deprecated`,
-// `readOnly`, `writeOnly`) are ignored. Any other keyword is refused by name, with its path.
+// `minLength`/`maxLength` (in code points) and `pattern` (regex.h), numeric `minimum`/`maximum`/
+// `exclusiveMinimum`/`exclusiveMaximum` (integers exactly; a number with a fraction only between
+// two whole numbers inside the bounds; no exponent), and boolean schemas. Annotations (`title`,
+// `description`, `default`, `examples`, `$schema`, `$id`, `$comment`, `deprecated`, `readOnly`,
+// `writeOnly`) are ignored. Any other keyword is refused by name, with its path.
 //
 // What is generated, always valid against the schema but not every valid document:
 //   - properties in the schema's order; optional ones may be left out; no property beyond those

@@ -83,6 +83,26 @@ TEST(JsonSchemaTest, StringsNumbersArraysEnumsAnyOfRefs) {
   EXPECT_FALSE(accepts(any, R"({"a": 1])"));
 }
 
+TEST(JsonSchemaTest, NumericBounds) {
+  auto i = schema_nfa(R"({"type": "integer", "minimum": -12, "exclusiveMaximum": 107})");
+  for (int v = -30; v <= 130; ++v)
+    EXPECT_EQ(accepts(i, std::to_string(v)), v >= -12 && v < 107) << v;
+  EXPECT_FALSE(accepts(i, "-0"));
+  EXPECT_FALSE(accepts(i, "007"));
+  auto safe = schema_nfa(R"({"type": "integer", "minimum": -9007199254740991,
+                             "maximum": 9007199254740991})");  // zod's int()
+  EXPECT_TRUE(accepts(safe, "9007199254740991"));
+  EXPECT_TRUE(accepts(safe, "-9007199254740991"));
+  EXPECT_FALSE(accepts(safe, "9007199254740992"));
+  EXPECT_FALSE(accepts(safe, "-9007199254740992"));
+  auto n = schema_nfa(R"({"type": "number", "exclusiveMinimum": 0, "maximum": 2.5})");
+  for (const char* ok : {"1", "2", "0.5", "1.999", "0.0001"}) EXPECT_TRUE(accepts(n, ok)) << ok;
+  for (const char* no : {"0", "3", "-0.5", "2.6", "2.5", "1e1"}) EXPECT_FALSE(accepts(n, no)) << no;
+  auto neg = schema_nfa(R"({"type": "number", "minimum": -3, "maximum": -1})");
+  for (const char* ok : {"-1", "-3", "-2.5", "-1.5"}) EXPECT_TRUE(accepts(neg, ok)) << ok;
+  for (const char* no : {"0", "-0.5", "-3.5", "-4"}) EXPECT_FALSE(accepts(neg, no)) << no;
+}
+
 TEST(JsonSchemaTest, PatternsMatchTheWholeString) {
   auto p = schema_nfa(R"({"type": "string", "pattern": "^[A-Z]{2}-\\d{3}(x|yz)?$"})");
   EXPECT_TRUE(accepts(p, R"("AB-123")"));
@@ -102,7 +122,8 @@ TEST(JsonSchemaTest, UnsupportedKeywordsAreRefusedByName) {
     const char* schema;
     const char* field;
   } cases[] = {
-      {R"({"type": "integer", "minimum": 3})", "schema.minimum"},
+      {R"({"type": "integer", "multipleOf": 3})", "schema.multipleOf"},
+      {R"({"type": "integer", "minimum": 5, "maximum": 4})", "schema"},
       {R"({"properties": {"a": {"oneOf": [{"type": "null"}]}}})", "schema.properties.a.oneOf"},
       {R"({"type": "string", "format": "email"})", "schema.format"},
       {R"({"type": "object", "required": ["x"]})", "schema.required"},

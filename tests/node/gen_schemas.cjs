@@ -24,8 +24,11 @@ function scalar() {
     case 0: return {type: "string", maxLength: int(0, 6)};
     case 1: { const min = int(0, 2); return {type: "string", minLength: min, maxLength: min + int(0, 4)}; }
     case 2: return {type: "string", pattern: pick(patterns)};
-    case 3: return {type: "integer"};
-    case 4: return {type: "number"};
+    case 3: return rand() < 0.5 ? {type: "integer"}
+                                : {type: "integer", minimum: int(-20, 5), maximum: int(6, 300)};
+    case 4: return rand() < 0.5 ? {type: "number"}
+                                : {type: "number", exclusiveMinimum: int(-9, 0) - 0.5,
+                                   maximum: int(1, 40) + 0.25};
     case 5: return {type: "boolean"};
     case 6: return {type: "null"};
     case 7: return {enum: [pick(["p", "q\"r", "s t"]), int(-5, 5), pick([true, null, 1.5])]};
