@@ -1,10 +1,13 @@
 // The official OpenAI Node SDK, unchanged, against a running headroom: upload a JSONL of reversal
 // requests, create a batch, poll it until it ends, read the output file and compare every line with
 // the bundled model's answer; then the SDK's view of errors, a batch whose file fails validation,
-// listing, cancelling and deleting. Environment: HEADROOM_BASE_URL (…/v1), HEADROOM_API_KEY,
+// listing, cancelling and deleting; tools and structured output (zod through the SDK's parse
+// helper, required and named tool calls plain and streamed, a batch file using both). Environment: HEADROOM_BASE_URL (…/v1), HEADROOM_API_KEY,
 // HEADROOM_MODEL. Exits non-zero on the first mismatch; prints one JSON summary line at the end.
 import assert from 'node:assert/strict';
 import OpenAI, { toFile, NotFoundError, BadRequestError } from 'openai';
+import { zodResponseFormat } from 'openai/helpers/zod';
+import { z } from 'zod';
 
 const client = new OpenAI({
   baseURL: process.env.HEADROOM_BASE_URL,
@@ -195,7 +198,90 @@ async function main() {
       return true;
     });
 
-  // 7. Delete a file.
+  // 7. Structured output. A zod schema through the SDK's own helper: the answer parses and
+  // satisfies the schema (sampled, not greedy: the bundled model knows no JSON).
+  const Word = z.object({
+    word: z.string().max(12),
+    letters: z.number().int(),
+    kind: z.enum(['noun', 'verb', 'other']),
+    tags: z.array(z.string()).max(3),
+    note: z.string().nullable(),
+  });
+  for (const seed of [1, 2, 3]) {
+    const parsed = await client.chat.completions.parse({
+      model, temperature: 1, seed, max_tokens: 100,
+      messages: [{ role: 'user', content: 'reverse: json' }],
+      response_format: zodResponseFormat(Word, 'word_info'),
+    });
+    assert.equal(parsed.choices[0].finish_reason, 'stop');
+    Word.parse(parsed.choices[0].message.parsed);
+  }
+  // A schema keyword the grammar engine does not support is refused by name.
+  await assert.rejects(
+    client.chat.completions.create({ model, messages: [{ role: 'user', content: 'reverse: x' }],
+      response_format: { type: 'json_schema', json_schema: { name: 'n', schema: {
+        type: 'object', properties: { e: { type: 'string', format: 'email' } } } } } }),
+    (e) => {
+      assert.ok(e instanceof BadRequestError, String(e));
+      assert.equal(e.param, 'response_format.json_schema.schema.properties.e.format');
+      return true;
+    });
+  // tool_choice required, streamed: the SDK reassembles the calls from their deltas.
+  const toolMessages = [{ role: 'user', content: 'reverse: abc' }];
+  const runner = client.chat.completions.stream({ model, tools, tool_choice: 'required',
+    temperature: 1, seed: 5, max_tokens: 90, messages: toolMessages });
+  const streamed = await runner.finalChatCompletion();
+  assert.equal(streamed.choices[0].finish_reason, 'tool_calls');
+  const streamedCalls = streamed.choices[0].message.tool_calls;
+  assert.ok(streamedCalls.length >= 1);
+  for (const c of streamedCalls) {
+    assert.equal(c.function.name, 'lookup');
+    assert.equal(typeof JSON.parse(c.function.arguments).q, 'string');
+    assert.match(c.id, /^call_/);
+  }
+  // A named function, not streamed: one call to it.
+  const twoTools = [...tools, { type: 'function', function: { name: 'count',
+    parameters: { type: 'object', properties: { n: { type: 'integer', minimum: 0, maximum: 9 } },
+      required: ['n'], additionalProperties: false } } }];
+  const named = await client.chat.completions.create({ model, tools: twoTools, temperature: 1,
+    seed: 9, max_tokens: 100, tool_choice: { type: 'function', function: { name: 'count' } },
+    messages: toolMessages });
+  assert.equal(named.choices[0].finish_reason, 'tool_calls');
+  assert.equal(named.choices[0].message.tool_calls.length, 1);
+  assert.equal(named.choices[0].message.tool_calls[0].function.name, 'count');
+  const n = JSON.parse(named.choices[0].message.tool_calls[0].function.arguments).n;
+  assert.ok(Number.isInteger(n) && n >= 0 && n <= 9, String(n));
+  // A batch file whose lines use response_format and tools.
+  const structuredLines = [
+    { custom_id: 'schema', method: 'POST', url: '/v1/chat/completions', body: { model,
+      messages: [{ role: 'user', content: 'reverse: a' }], temperature: 1, seed: 4, max_tokens: 100,
+      response_format: zodResponseFormat(Word, 'word_info') } },
+    { custom_id: 'object', method: 'POST', url: '/v1/chat/completions', body: { model,
+      messages: [{ role: 'user', content: 'reverse: b' }], temperature: 1, seed: 5, max_tokens: 80,
+      response_format: { type: 'json_object' } } },
+    { custom_id: 'tools', method: 'POST', url: '/v1/chat/completions', body: { model,
+      messages: toolMessages, temperature: 1, seed: 6, max_tokens: 100, tools: twoTools,
+      tool_choice: 'required', parallel_tool_calls: false } },
+  ];
+  const structuredFile = await client.files.create({
+    file: await toFile(Buffer.from(jsonl(structuredLines)), 'structured.jsonl'), purpose: 'batch' });
+  const structuredBatch = await client.batches.create({ input_file_id: structuredFile.id,
+    endpoint: '/v1/chat/completions', completion_window: '24h' });
+  const { batch: structuredDone } = await waitUntilDone(structuredBatch.id, 120);
+  assert.equal(structuredDone.status, 'completed');
+  const structuredOut = Object.fromEntries(
+    (await (await client.files.content(structuredDone.output_file_id)).text()).trim().split('\n')
+      .map((l) => JSON.parse(l)).map((l) => [l.custom_id, l.response.body.choices[0]]));
+  Word.parse(JSON.parse(structuredOut.schema.message.content));
+  const obj = JSON.parse(structuredOut.object.message.content);
+  assert.ok(obj !== null && typeof obj === 'object' && !Array.isArray(obj));
+  assert.equal(structuredOut.tools.finish_reason, 'tool_calls');
+  assert.equal(structuredOut.tools.message.tool_calls.length, 1);
+  const call = structuredOut.tools.message.tool_calls[0];
+  assert.ok(['lookup', 'count'].includes(call.function.name));
+  assert.equal(typeof JSON.parse(call.function.arguments), 'object');
+
+  // 8. Delete a file.
   const deleted = await client.files.delete(badFile.id);
   assert.deepEqual(deleted, { id: badFile.id, object: 'file', deleted: true });
   await assert.rejects(client.files.retrieve(badFile.id), NotFoundError);
