@@ -116,11 +116,15 @@ http::HttpResponse Api::Impl::submit(const http::HttpRequest& req, const std::st
   // Each request is validated as it streams into COPY, so validation overlaps with the database
   // storing the rows before it; the first bad request rolls the whole batch back.
   const json& reqs = body["requests"];
+  const std::unique_ptr<nlohmann::ordered_json> ordered = ordered_schemas(req.body());
+  const nlohmann::ordered_json* ordered_reqs =
+      ordered && ordered->is_object() && ordered->contains("requests") ? &(*ordered)["requests"]
+                                                                       : nullptr;
   std::unordered_set<std::string> seen;
   std::optional<BatchError> bad_request;
   batch.num_requests = reqs.size();
   batch.produce = [&](size_t i, queue::NewRequest* out) -> Status {
-    bad_request = parse_batch_request(reqs, i, model, limits, &seen, out);
+    bad_request = parse_batch_request(reqs, i, model, limits, &seen, out, ordered_reqs);
     return bad_request ? bad_request->status : Status::ok();
   };
   int64_t t1 = steady_now_ns();

@@ -151,7 +151,10 @@ std::optional<LineError> InputValidator::check(const InputLine& in, queue::NewRe
   }
   // OpenAI fields this server does not use but clients commonly send (as on the sync route).
   for (const char* key : {"n", "user", "stream_options"}) body.erase(key);
-  Result<wire::ChatRequest> norm = normalize_chat_request(body, *spec, limits_);
+  const std::unique_ptr<nlohmann::ordered_json> ordered = ordered_schemas(in.text);
+  const nlohmann::ordered_json* ordered_body =
+      ordered && ordered->is_object() && ordered->contains("body") ? &(*ordered)["body"] : nullptr;
+  Result<wire::ChatRequest> norm = normalize_chat_request(body, *spec, limits_, ordered_body);
   if (!norm.is_ok()) {
     const Status& s = norm.status();
     return error("invalid_request", s.message(), s.field().empty() ? "body" : "body." + s.field());

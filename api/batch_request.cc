@@ -232,10 +232,54 @@ Status parse_response_format(const json& rf, wire::ResponseFormat* out) {
   return check_schema(out->schema, "response_format.json_schema");
 }
 
+// The schemas as the client ordered their keys (the same values: only the order differs).
+const nlohmann::ordered_json* member(const nlohmann::ordered_json& j, const char* key) {
+  if (!j.is_object()) return nullptr;
+  auto it = j.find(key);
+  return it == j.end() ? nullptr : &*it;
+}
+
+void keep_schema_order(const nlohmann::ordered_json& req, std::vector<wire::Tool>* tools) {
+  const nlohmann::ordered_json* list = member(req, "tools");
+  if (!list || !list->is_array() || list->size() != tools->size()) return;
+  for (size_t k = 0; k < tools->size(); ++k) {
+    const nlohmann::ordered_json* fn = &(*list)[k];
+    if (const nlohmann::ordered_json* f = member(*fn, "function")) fn = f;
+    const nlohmann::ordered_json* params = member(*fn, "parameters");
+    if (params && params->is_object() && !(*tools)[k].parameters.empty())
+      (*tools)[k].parameters = params->dump();
+  }
+}
+
+void keep_schema_order(const nlohmann::ordered_json& req, wire::ResponseFormat* rf) {
+  if (rf->type != wire::ResponseFormat::Type::kJsonSchema) return;
+  const nlohmann::ordered_json* f = member(req, "response_format");
+  const nlohmann::ordered_json* js = f ? member(*f, "json_schema") : nullptr;
+  if (!js) return;
+  const nlohmann::ordered_json* schema = member(*js, "schema");
+  // OpenAI's {name, schema} or Workers AI's bare schema, as parse_response_format decided.
+  if (schema && schema->is_object() && member(*js, "name")) {
+    rf->schema = schema->dump();
+  } else if (!member(*js, "name")) {
+    rf->schema = js->dump();
+  }
+}
+
 }  // namespace
 
+std::unique_ptr<nlohmann::ordered_json> ordered_schemas(std::string_view text) {
+  if (text.find("\"tools\"") == std::string_view::npos &&
+      text.find("\"response_format\"") == std::string_view::npos)
+    return nullptr;
+  auto j =
+      std::make_unique<nlohmann::ordered_json>(nlohmann::ordered_json::parse(text, nullptr, false));
+  if (j->is_discarded()) return nullptr;
+  return j;
+}
+
 Result<wire::ChatRequest> normalize_chat_request(const json& req, const ModelSpec& model,
-                                                 const BatchLimits& limits) {
+                                                 const BatchLimits& limits,
+                                                 const nlohmann::ordered_json* ordered) {
   if (!req.is_object()) return bad("each request must be a JSON object", "");
   static const std::unordered_set<std::string> kKnown = {"messages",
                                                          "prompt",
@@ -433,6 +477,7 @@ Result<wire::ChatRequest> normalize_chat_request(const json& req, const ModelSpe
     return bad("'model' must match the batch's model " + model.name, "model");
   }
   if (given("tools")) HR_RETURN_IF_ERROR(parse_tools(req["tools"], &out.tools));
+  if (ordered) keep_schema_order(*ordered, &out.tools);
   if (given("tool_choice")) HR_RETURN_IF_ERROR(parse_tool_choice(req["tool_choice"], &out));
   if (out.tool_choice == "required" || out.tool_choice == "function") {
     if (out.tools.empty())
@@ -448,6 +493,7 @@ Result<wire::ChatRequest> normalize_chat_request(const json& req, const ModelSpe
   }
   if (given("response_format"))
     HR_RETURN_IF_ERROR(parse_response_format(req["response_format"], &out.response_format));
+  if (ordered) keep_schema_order(*ordered, &out.response_format);
   if (given("parallel_tool_calls")) {
     if (!req["parallel_tool_calls"].is_boolean()) {
       return bad("'parallel_tool_calls' must be true or false", "parallel_tool_calls");
@@ -481,10 +527,14 @@ std::optional<BatchError> check_batch_envelope(const json& body, const BatchLimi
 std::optional<BatchError> parse_batch_request(const json& reqs, size_t i, const ModelSpec& model,
                                               const BatchLimits& limits,
                                               std::unordered_set<std::string>* seen,
-                                              queue::NewRequest* out) {
+                                              queue::NewRequest* out,
+                                              const nlohmann::ordered_json* ordered_reqs) {
   int idx = static_cast<int>(i);
   const json& req = reqs[i];
-  Result<wire::ChatRequest> norm = normalize_chat_request(req, model, limits);
+  const nlohmann::ordered_json* ordered =
+      ordered_reqs && ordered_reqs->is_array() && i < ordered_reqs->size() ? &(*ordered_reqs)[i]
+                                                                           : nullptr;
+  Result<wire::ChatRequest> norm = normalize_chat_request(req, model, limits, ordered);
   if (!norm.is_ok()) {
     const Status& s = norm.status();
     std::string field = "requests[" + std::to_string(i) + "]";

@@ -5,6 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <memory>
+#include <string_view>
+
 #include <optional>
 #include <string>
 #include <unordered_set>
@@ -34,21 +37,27 @@ struct BatchError {
 
 // Validates one chat request (Workers-AI / OpenAI fields) into the native request: messages (text
 // parts joined) or a prompt, max_tokens (the model's default when absent), and the sampling
-// fields the client set.
-[[nodiscard]] Result<wire::ChatRequest> normalize_chat_request(const nlohmann::json& req,
-                                                               const ModelSpec& model,
-                                                               const BatchLimits& limits);
+// fields the client set. `ordered`, when given, is the same request with its objects' keys in the
+// client's order: schemas (a tool's parameters, response_format's) are taken from it, since the
+// answer's properties are generated in the schema's order.
+[[nodiscard]] Result<wire::ChatRequest> normalize_chat_request(
+    const nlohmann::json& req, const ModelSpec& model, const BatchLimits& limits,
+    const nlohmann::ordered_json* ordered = nullptr);
+
+// The client's JSON text parsed with its keys in order, when it holds a schema that needs them
+// (tools or response_format); null otherwise, or when it does not parse.
+std::unique_ptr<nlohmann::ordered_json> ordered_schemas(std::string_view text);
 
 // Checks the batch envelope: {"requests": [...]} with 1..max_requests elements.
 [[nodiscard]] std::optional<BatchError> check_batch_envelope(const nlohmann::json& body,
                                                              const BatchLimits& limits);
 
-// Validates request `i` of `reqs` into a store request, checking custom ids against `seen`.
-[[nodiscard]] std::optional<BatchError> parse_batch_request(const nlohmann::json& reqs, size_t i,
-                                                            const ModelSpec& model,
-                                                            const BatchLimits& limits,
-                                                            std::unordered_set<std::string>* seen,
-                                                            queue::NewRequest* out);
+// Validates request `i` of `reqs` into a store request, checking custom ids against `seen`
+// (`ordered_reqs`: `reqs` with keys in order, see normalize_chat_request).
+[[nodiscard]] std::optional<BatchError> parse_batch_request(
+    const nlohmann::json& reqs, size_t i, const ModelSpec& model, const BatchLimits& limits,
+    std::unordered_set<std::string>* seen, queue::NewRequest* out,
+    const nlohmann::ordered_json* ordered_reqs = nullptr);
 
 // Validates a whole {"requests": [...]} body into store requests; on error, names the index.
 [[nodiscard]] std::optional<BatchError> parse_batch(const nlohmann::json& body,

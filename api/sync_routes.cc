@@ -150,9 +150,12 @@ Result<SyncAnswer> Api::Impl::run_sync(const http::HttpRequest& req, const json&
                             "stream");
   }
   request.erase("stream");
-  HR_ASSIGN_OR_RETURN(wire::ChatRequest norm, normalize_chat_request(request, model, limits));
+  HR_ASSIGN_OR_RETURN(
+      wire::ChatRequest norm,
+      normalize_chat_request(request, model, limits, ordered_schemas(req.body()).get()));
   HR_ASSIGN_OR_RETURN(SyncInference * s, sync_for(model));
   HR_ASSIGN_OR_RETURN(SyncAnswer answer, s->run(norm, call));
+  answer.answer.json = wire::answers_json(norm);
   // A worker of an earlier release ignores logprobs: its answer must not pass for one with them.
   if (norm.logprobs && !answer.answer.logprobs) return no_logprobs_from_worker();
   return answer;
@@ -203,7 +206,8 @@ http::Reply Api::Impl::chat_completions_stream(const http::HttpRequest& req, jso
   for (const char* key : {"n", "user", "stream_options", "stream", "options"}) {
     body.erase(key);
   }
-  Result<wire::ChatRequest> norm = normalize_chat_request(body, *model, limits);
+  Result<wire::ChatRequest> norm =
+      normalize_chat_request(body, *model, limits, ordered_schemas(req.body()).get());
   if (!norm.is_ok()) return {openai_error_response(norm.status()), nullptr};
   Result<SyncInference*> s = sync_for(*model);
   if (!s.is_ok()) return {openai_error_response(s.status()), nullptr};
@@ -296,7 +300,8 @@ http::Reply Api::Impl::run_model_stream(const http::HttpRequest& req, json body,
                                         const ModelSpec& model) {
   SyncCall call = sync_call(req, body, model);
   for (const char* key : {"stream", "options", "queueRequest"}) body.erase(key);
-  Result<wire::ChatRequest> norm = normalize_chat_request(body, model, limits);
+  Result<wire::ChatRequest> norm =
+      normalize_chat_request(body, model, limits, ordered_schemas(req.body()).get());
   if (!norm.is_ok()) return {error_response(norm.status()), nullptr};
   Result<SyncInference*> s = sync_for(model);
   if (!s.is_ok()) return {error_response(s.status()), nullptr};

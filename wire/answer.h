@@ -40,6 +40,9 @@ struct Answer {
   std::string text;
   std::string finish_reason = "stop";  // stop, length, tool_calls
   std::vector<ToolCall> tool_calls;    // the functions the model called (finish_reason tool_calls)
+  // The text is a JSON document the request's response_format asked for: Workers AI answers it
+  // as a JSON value, not as a string.
+  bool json = false;
   Usage usage;
   Logprobs logprobs;
 };

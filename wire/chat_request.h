@@ -75,4 +75,11 @@ struct ChatRequest {
   bool parallel_tool_calls = true;
 };
 
+// Whether the answer is a JSON document (response_format json_object or json_schema, and no call
+// that tool_choice requires).
+inline bool answers_json(const ChatRequest& r) {
+  return r.response_format.type != ResponseFormat::Type::kText && r.tool_choice != "required" &&
+         r.tool_choice != "function";
+}
+
 }  // namespace hr::wire

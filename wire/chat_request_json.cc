@@ -67,7 +67,8 @@ json request_json(R&& r) {
     for (auto& t : r.tools) {
       json fn = {{"name", take(t.name)}};
       if (!t.description.empty()) fn["description"] = take(t.description);
-      if (!t.parameters.empty()) fn["parameters"] = json::parse(t.parameters, nullptr, false);
+      // As text: an object here would lose the order of its keys.
+      if (!t.parameters.empty()) fn["parameters"] = take(t.parameters);
       tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
     }
     out["tools"] = std::move(tools);
@@ -80,8 +81,7 @@ json request_json(R&& r) {
   using RF = ResponseFormat::Type;
   if (r.response_format.type == RF::kJsonObject) out["response_format"] = {{"type", "json_object"}};
   if (r.response_format.type == RF::kJsonSchema) {
-    json js = {{"name", r.response_format.name},
-               {"schema", json::parse(r.response_format.schema, nullptr, false)}};
+    json js = {{"name", r.response_format.name}, {"schema", r.response_format.schema}};
     if (r.response_format.strict) js["strict"] = true;
     out["response_format"] = {{"type", "json_schema"}, {"json_schema", std::move(js)}};
   }
@@ -213,7 +213,7 @@ Result<ChatRequest> chat_request_from_json(const json& j) {
       tool.name = (*fn)["name"].get<std::string>();
       tool.description = fn->value("description", "");
       if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null())
-        tool.parameters = p->dump();
+        tool.parameters = p->is_string() ? p->get<std::string>() : p->dump();
       r.tools.push_back(std::move(tool));
     }
   }
@@ -241,7 +241,8 @@ Result<ChatRequest> chat_request_from_json(const json& j) {
       r.response_format.type = ResponseFormat::Type::kJsonSchema;
       r.response_format.name = js->value("name", "");
       r.response_format.strict = js->value("strict", false);
-      r.response_format.schema = (*js)["schema"].dump();
+      const json& schema = (*js)["schema"];
+      r.response_format.schema = schema.is_string() ? schema.get<std::string>() : schema.dump();
     } else if (type != "text") {
       return wrong("response_format.type", "text, json_object or json_schema");
     }

@@ -9,7 +9,9 @@
 //    {"type": "function", "function": {"name"}}, "parallel_tool_calls"?: false,
 //    "response_format"?: {"type": "json_object"} | {"type": "json_schema", "json_schema":
 //    {"name", "schema", "strict"?}}}; an assistant message may carry "tool_calls" ([{"id", "type":
-//    "function", "function": {"name", "arguments"}}]) and a tool message its "tool_call_id"
+//    "function", "function": {"name", "arguments"}}]) and a tool message its "tool_call_id".
+// Schemas ("parameters", "schema") are written as JSON text, which keeps the order of their keys
+// (the order an answer's properties are generated in); an object is read as well.
 // Pure functions.
 #pragma once
 

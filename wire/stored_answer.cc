@@ -17,6 +17,7 @@ std::string encode_stored_answer(const Answer& a) {
               {"cached_tokens", a.usage.cached_tokens}}}};
   if (a.logprobs) j["logprobs"] = logprob_entries(*a.logprobs);
   if (!a.tool_calls.empty()) j["tool_calls"] = tool_calls_json(a.tool_calls);
+  if (a.json) j["json"] = true;
   return j.dump();
 }
 
@@ -74,6 +75,7 @@ Result<Answer> decode_stored_answer_json(const json& j) {
   if (auto calls = j.find("tool_calls"); calls != j.end()) {
     HR_ASSIGN_OR_RETURN(a.tool_calls, tool_calls_from_json(*calls));
   }
+  a.json = j.value("json", false);
   return a;
 }
 

@@ -43,6 +43,7 @@ json protocol_answer(const Answer& a) {
             {"cached_tokens", a.usage.cached_tokens}};
   if (a.logprobs) j["logprobs"] = logprobs_object(a.logprobs);
   if (!a.tool_calls.empty()) j["tool_calls"] = tool_calls_json(a.tool_calls);
+  if (a.json) j["json"] = true;
   return j;
 }
 
@@ -68,6 +69,7 @@ Result<Answer> answer_from_protocol(const json& j) {
       return internal_error("malformed tool calls: " + parsed.status().message());
     a.tool_calls = std::move(parsed).value();
   }
+  a.json = j.value("json", false);
   return a;
 }
 

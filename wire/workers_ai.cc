@@ -25,6 +25,11 @@ json workers_ai_tool_calls(const std::vector<ToolCall>& calls) {
 
 json workers_ai_result(const Answer& a, bool with_finish_reason) {
   json result = {{"response", a.text}, {"usage", usage_json(a.usage)}};
+  // JSON mode: the document itself (as Workers AI answers it), when it parses.
+  if (a.json && a.tool_calls.empty()) {
+    json doc = json::parse(a.text, nullptr, false);
+    if (!doc.is_discarded()) result["response"] = std::move(doc);
+  }
   if (!a.tool_calls.empty()) result["tool_calls"] = workers_ai_tool_calls(a.tool_calls);
   if (with_finish_reason) result["finish_reason"] = a.finish_reason;
   if (a.logprobs) result["logprobs"] = logprobs_object(a.logprobs);

@@ -40,7 +40,8 @@ void AsyncJobs::admit(const std::vector<queue::Lease>& arrived) {
       io_.fail({l, "invalid_request", id.status().message(), false});
       continue;
     }
-    running_.emplace(*id, Running{l, "", std::move(logprobs), offered_tool_calls(*req, model_)});
+    running_.emplace(*id, Running{l, "", std::move(logprobs), offered_tool_calls(*req, model_),
+                                  wire::answers_json(*req)});
     io_.hold(*id, l);
   }
 }
@@ -68,6 +69,7 @@ void AsyncJobs::on_event(const engine::TokenEvent& ev) {
   answer.usage = {ev.usage.prompt_tokens, ev.usage.completion_tokens, ev.usage.cached_tokens};
   answer.logprobs = r.logprobs.answer();
   extract_tool_calls(r.tool_calls, &answer);
+  answer.json = r.json;
   io_.complete({r.lease, wire::encode_stored_answer(answer), ev.usage.prompt_tokens,
                 ev.usage.completion_tokens, ev.usage.cached_tokens});
   running_.erase(it);

@@ -37,6 +37,7 @@ class AsyncJobs {
     std::string text;
     AnswerLogprobs logprobs;
     engine::ToolCallFormat tool_calls;  // read out of the answer when tools were offered
+    bool json = false;                  // a JSON document the response_format asked for
   };
   engine::Engine& eng_;
   QueueIo& io_;

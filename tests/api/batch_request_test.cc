@@ -85,7 +85,8 @@ TEST(BatchRequestTest, ToolsCallsAndResultsAreKept) {
   EXPECT_EQ((*r)["messages"][1]["content"], "");
   EXPECT_EQ((*r)["messages"][1]["tool_calls"][0]["function"]["name"], "get_weather");
   EXPECT_EQ((*r)["messages"][2]["tool_call_id"], "call_1");
-  EXPECT_EQ((*r)["tools"][0]["function"]["parameters"], (json{{"type", "object"}}));
+  EXPECT_EQ(json::parse((*r)["tools"][0]["function"]["parameters"].get<std::string>()),
+            (json{{"type", "object"}}));
   EXPECT_EQ((*r)["tools"][1]["function"]["name"], "search");
   EXPECT_FALSE(r->contains("tool_choice"));  // auto is the default
 }
@@ -154,8 +155,8 @@ TEST(BatchRequestTest, NamesTheBadField) {
                {{"name", "n"},
                 {"schema",
                  {{"type", "object"},
-                  {"properties", {{"a", {{"type", "integer"}, {"minimum", 1}}}}}}}}}}}},
-       "response_format.json_schema.schema.properties.a.minimum"},
+                  {"properties", {{"a", {{"type", "integer"}, {"multipleOf", 2}}}}}}}}}}}},
+       "response_format.json_schema.schema.properties.a.multipleOf"},
       {json{{"prompt", "x"},
             {"response_format",
              {{"type", "json_schema"},
@@ -202,7 +203,9 @@ TEST(BatchRequestTest, ConstraintsRoundTrip) {
   auto workers_ai = normalized(json{
       {"prompt", "x"}, {"response_format", {{"type", "json_schema"}, {"json_schema", schema}}}});
   ASSERT_TRUE(workers_ai.is_ok()) << workers_ai.status().message();
-  EXPECT_EQ((*workers_ai)["response_format"]["json_schema"]["schema"], schema);
+  EXPECT_EQ(
+      json::parse((*workers_ai)["response_format"]["json_schema"]["schema"].get<std::string>()),
+      schema);
   auto object = normalized(json{{"prompt", "x"}, {"response_format", {{"type", "json_object"}}}});
   ASSERT_TRUE(object.is_ok());
   EXPECT_EQ((*object)["response_format"], json({{"type", "json_object"}}));
@@ -215,6 +218,31 @@ TEST(BatchRequestTest, ConstraintsRoundTrip) {
   ASSERT_TRUE(named_back.is_ok());
   EXPECT_EQ(named_back.value().tool_choice, "function");
   EXPECT_EQ(named_back.value().tool_choice_function, "g");
+}
+
+// A schema's keys keep the client's order (the answer's properties are generated in it), though
+// the request is otherwise read into sorted JSON.
+TEST(BatchRequestTest, SchemasKeepTheClientsKeyOrder) {
+  const std::string text =
+      R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "n",
+      "schema": {"type": "object", "properties": {"zeta": {"type": "string"},
+      "alpha": {"type": "integer"}}, "required": ["zeta", "alpha"]}}},
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+      "properties": {"second": {"type": "null"}, "first": {"type": "null"}}}}}]})";
+  auto ordered = ordered_schemas(text);
+  ASSERT_NE(ordered, nullptr);
+  auto r = normalize_chat_request(json::parse(text), kModel, {}, ordered.get());
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  const std::string& schema = r.value().response_format.schema;
+  EXPECT_LT(schema.find("zeta"), schema.find("alpha")) << schema;
+  const std::string& params = r.value().tools[0].parameters;
+  EXPECT_LT(params.find("second"), params.find("first")) << params;
+  // Stored and read back, the order holds.
+  auto back = wire::chat_request_from_json(wire::to_json(r.value()));
+  ASSERT_TRUE(back.is_ok());
+  EXPECT_EQ(back.value().response_format.schema, schema);
+  EXPECT_EQ(back.value().tools[0].parameters, params);
+  EXPECT_EQ(ordered_schemas(R"({"prompt": "no schema here"})"), nullptr);
 }
 
 TEST(BatchRequestTest, BatchErrorsCarryIndexAndPath) {

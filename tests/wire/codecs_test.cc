@@ -50,6 +50,24 @@ TEST(CodecsTest, WorkersAiResult) {
   EXPECT_EQ(workers_ai_final_event(sample(false)), "data: " + last.dump() + "\n\n");
 }
 
+// JSON mode: Workers AI answers the document as a value; the stored answer and the worker
+// protocol keep the mark; OpenAI's shape keeps the text.
+TEST(CodecsTest, JsonDocumentsAreValuesInWorkersAi) {
+  Answer a = sample(false);
+  a.text = R"({"name": "India", "languages": ["Hindi"]})";
+  a.json = true;
+  EXPECT_EQ(workers_ai_result(a, false)["response"],
+            json({{"name", "India"}, {"languages", {"Hindi"}}}));
+  Answer back = answer_from_protocol(protocol_answer(a)).value();
+  EXPECT_TRUE(back.json);
+  EXPECT_EQ(chat_completion(a, "id", 1, "m")["choices"][0]["message"]["content"], a.text);
+  a.json = false;
+  EXPECT_EQ(workers_ai_result(a, false)["response"], a.text);
+  a.json = true;
+  a.text = "{\"cut";  // not a document (an answer cut short): the text as it is
+  EXPECT_EQ(workers_ai_result(a, false)["response"], a.text);
+}
+
 TEST(CodecsTest, OpenAiChatCompletionAndChunks) {
   nlohmann::ordered_json c = chat_completion(sample(false), "chatcmpl-1", 1700000000, "@hr/m");
   EXPECT_EQ(
