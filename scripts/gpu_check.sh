@@ -8,7 +8,8 @@
 # HEADROOM_GPU_CHECK_STAGES   which stages, in this order (default tests,bench,serve,sanitize)
 #   tests     kernels_device_test, cuda_kernels_test, cuda_sampling_test, cuda_backend_test; a skip
 #             counts as a failure
-#   bench     scripts/bench_gpu.sh (our engine, then Hugging Face transformers as the baseline)
+#   bench     scripts/bench_gpu.sh (our engine, then Hugging Face transformers as the baseline; with
+#             structured output's decode rate against free decoding at batch 1 and 64)
 #   serve     scripts/serve_check.sh cuda, as configured by default and with the paths the
 #             defaults leave unused (--cuda-options), where Postgres and Redis can run: installed here, or
 #             packed by scripts/pack_portable.sh and named by HEADROOM_PORTABLE
@@ -164,9 +165,10 @@ try:
     b = json.loads(sys.argv[1])
     base = b.get("baseline") or {}
     mbu = b.get("batch1_mbu")
-    print("batch1_mbu=%s best=%s decode_tok_s=%s prefill_tok_s=%s complete=%s errors=%s baseline: %s" % (
+    structured = {k: v.get("constrained_over_free") for k, v in (b.get("structured_output") or {}).items()}
+    print("batch1_mbu=%s best=%s decode_tok_s=%s prefill_tok_s=%s structured_over_free=%s complete=%s errors=%s baseline: %s" % (
         "%.3f" % mbu if isinstance(mbu, (int, float)) else mbu, json.dumps(b.get("best_batch1_mbu")), json.dumps(b.get("decode_tok_s")),
-        b.get("prefill_tok_s"), b.get("complete"), len(b.get("errors") or {}),
+        b.get("prefill_tok_s"), json.dumps(structured), b.get("complete"), len(b.get("errors") or {}),
         json.dumps({k: base.get(k) for k in ("decode_tok_s", "prefill_tok_s")}) if base else "none"))
 except Exception as e:
     print("no JSON:", e)' "$bench_json")")"

@@ -21,6 +21,7 @@
 #include "engine/cuda_backend.h"
 #include "engine/cuda_gemm.h"
 #include "engine/engine.h"
+#include "grammar/json_schema.h"
 #include "kernels/fill.cuh"
 #include "kernels/gemv.cuh"
 
@@ -72,11 +73,11 @@ struct DecodeResult {
 // With `profile`, the timed steps run without graphs and their per-phase GPU times are kept there.
 // Without `pipeline`, each step's tokens are collected before the next step is planned. `sampling`
 // (greedy by default) is every request's: penalties, log probabilities.
-hr::Result<DecodeResult> decode_rate(std::shared_ptr<CudaBackend> backend, int batch,
-                                     int prompt_len, int steps, int max_tokens_per_step,
-                                     std::mt19937& rng, json* profile = nullptr,
-                                     bool pipeline = true, int context = 8192,
-                                     const SamplingParams& sampling = SamplingParams{}) {
+hr::Result<DecodeResult> decode_rate(
+    std::shared_ptr<CudaBackend> backend, int batch, int prompt_len, int steps,
+    int max_tokens_per_step, std::mt19937& rng, json* profile = nullptr, bool pipeline = true,
+    int context = 8192, const SamplingParams& sampling = SamplingParams{},
+    std::shared_ptr<hr::grammar::CompiledGrammar> constraint = nullptr) {
   EngineOptions eo;
   eo.pipeline = pipeline;
   eo.scheduler.max_num_seqs = batch;
@@ -92,7 +93,9 @@ hr::Result<DecodeResult> decode_rate(std::shared_ptr<CudaBackend> backend, int b
     // that all of them are decoding together for warmup + steps steps.
     const int prefill_steps = (batch * prompt_len + max_tokens_per_step - 1) / max_tokens_per_step;
     r.params.max_tokens = warmup + steps + 6 + prefill_steps;  // a few steps to spare
-    r.params.ignore_eos = true;
+    // A constrained answer ends with its document at max_tokens (its stop token the last one).
+    r.params.ignore_eos = constraint == nullptr;
+    r.constraint = constraint;
     HR_RETURN_IF_ERROR(engine->add(std::move(r)).status());
   }
   int decode_steps = 0, timed = 0;
@@ -566,6 +569,51 @@ int main(int argc, char** argv) {
         name, name, [](int b) { return b == 1 || b == 256; }, true, 8192, params);
   }
   out["sampling_extras_tok_s"] = extras;
+  emit(false);
+  // Structured output at batch 64: every answer constrained to a JSON string (a mask over the
+  // whole vocabulary each step, computed on the host and applied by the sampling kernel; the
+  // engine collects each step before planning the next), against the same sampling free. The
+  // vocabulary is synthetic (the 256 bytes and random printable strings of 2 to 8 bytes, one stop
+  // token): the model's weights are random too.
+  {
+    std::mt19937 vrng(5);
+    std::vector<std::string> bytes;
+    for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
+    while (static_cast<int>(bytes.size()) < c.vocab_size) {
+      std::string t(2 + vrng() % 7, ' ');
+      for (char& ch : t) ch = static_cast<char>(32 + vrng() % 95);
+      bytes.push_back(t);
+    }
+    const int32_t stop = c.vocab_size - 255;
+    std::vector<bool> usable(bytes.size(), true);
+    usable[static_cast<size_t>(stop)] = false;
+    auto vocab = std::make_shared<hr::grammar::Vocabulary>(
+        bytes, usable, std::vector<int32_t>{stop}, c.vocab_size);
+    auto nfa = hr::grammar::compile_json_schema(
+        nlohmann::ordered_json::parse(R"({"type": "string"})"), "schema");
+    auto compiled = std::make_shared<hr::grammar::CompiledGrammar>(nfa.value(), vocab);
+    SamplingParams sampled;
+    sampled.temperature = 0.8f;
+    sampled.top_k = 50;
+    sampled.seed = 1;
+    json structured = json::object();
+    for (int b : {1, std::min(64, max_seqs)}) {
+      auto free_rate =
+          decode_rate(backend, b, prompt, steps, max_tokens, rng, nullptr, true, 8192, sampled);
+      auto json_rate = decode_rate(backend, b, prompt, steps, max_tokens, rng, nullptr, true, 8192,
+                                   sampled, compiled);
+      if (!free_rate.is_ok() || !json_rate.is_ok()) {
+        errors["structured batch " + std::to_string(b)] =
+            (free_rate.is_ok() ? json_rate.status() : free_rate.status()).to_string();
+        continue;
+      }
+      structured["batch" + std::to_string(b)] = {
+          {"free_tok_s", free_rate->tok_s},
+          {"constrained_tok_s", json_rate->tok_s},
+          {"constrained_over_free", json_rate->tok_s / free_rate->tok_s}};
+    }
+    out["structured_output"] = structured;
+  }
   emit(false);
   // Where decode time goes: per-phase GPU milliseconds per step (kernels launched one by one).
   json decode_profile = json::object();
