@@ -219,8 +219,9 @@ http::Reply Api::Impl::chat_completions_stream(const http::HttpRequest& req, jso
     int64_t created = SystemClock::instance().now_unix_ms() / 1000;
     std::string model;
     bool include_usage = false;
-    bool logprobs = false;  // asked for
-    int phase = 0;          // 0: role, 1: deltas, 2: usage, 3: done
+    bool logprobs = false;   // asked for
+    int phase = 0;           // 0: role, 1: deltas, 2: usage, 3: done
+    int streamed_calls = 0;  // tool calls that went out piece by piece
   };
   auto st = std::make_shared<State>();
   st->logprobs = norm->logprobs;
@@ -253,7 +254,22 @@ http::Reply Api::Impl::chat_completions_stream(const http::HttpRequest& req, jso
             st->stream.reset();  // the generation stops
             return true;
           }
-          *out = event({{"content", delta}}, nullptr, nullptr, wire::logprobs_object(lp));
+          const std::vector<wire::ToolCallDelta>& calls = st->stream->delta_tool_calls();
+          out->clear();
+          if (!delta.empty() || calls.empty() || lp)
+            *out = event({{"content", delta}}, nullptr, nullptr, wire::logprobs_object(lp));
+          for (const wire::ToolCallDelta& c : calls) {
+            json piece = {{"index", c.index}};
+            if (!c.id.empty()) {
+              piece["id"] = c.id;
+              piece["type"] = "function";
+              piece["function"] = {{"name", c.name}, {"arguments", c.arguments}};
+            } else {
+              piece["function"] = {{"arguments", c.arguments}};
+            }
+            *out += event({{"tool_calls", json::array({piece})}}, nullptr, nullptr);
+            st->streamed_calls = std::max(st->streamed_calls, c.index + 1);
+          }
           return true;
         }
         st->phase = 2;
@@ -263,11 +279,11 @@ http::Reply Api::Impl::chat_completions_stream(const http::HttpRequest& req, jso
           *out += "data: [DONE]\n\n";
           return true;
         }
-        // The calls, each as one chunk with its id and name and one with its arguments, then the
-        // finish reason.
+        // The calls not streamed piece by piece, each as one chunk with its id and name and one
+        // with its arguments, then the finish reason.
         out->clear();
         const std::vector<wire::ToolCall>& calls = st->stream->answer().tool_calls;
-        for (size_t i = 0; i < calls.size(); ++i) {
+        for (size_t i = static_cast<size_t>(st->streamed_calls); i < calls.size(); ++i) {
           const json head = {{"index", i},
                              {"id", calls[i].id},
                              {"type", "function"},
@@ -331,7 +347,11 @@ http::Reply Api::Impl::run_model_stream(const http::HttpRequest& req, json body,
         st->stream.reset();  // the generation stops
         return true;
       }
-      *out = wire::workers_ai_delta_event(delta, lp);
+      // A piece with only tool-call parts has nothing for Workers AI (its calls come in the
+      // last event).
+      out->clear();
+      if (!delta.empty() || lp || st->stream->delta_tool_calls().empty())
+        *out = wire::workers_ai_delta_event(delta, lp);
       return true;
     }
     st->done = true;

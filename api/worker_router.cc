@@ -271,6 +271,13 @@ class RemoteStream final : public wire::AnswerStream {
         if (line.contains("delta") && line["delta"].is_string()) {
           *delta = line["delta"];
           logprobs_.reset();
+          Result<std::vector<wire::ToolCallDelta>> calls =
+              wire::delta_tool_calls_from_protocol(line);
+          if (!calls.is_ok()) {
+            status_ = internal_error("malformed tool call pieces from worker " + worker_);
+            return finish();
+          }
+          calls_ = std::move(calls).value();
           if (line.contains("logprobs") && line["logprobs"].is_array()) {
             Result<std::vector<wire::TokenLogprob>> lp =
                 wire::logprob_entries_from_json(line["logprobs"]);
@@ -303,6 +310,7 @@ class RemoteStream final : public wire::AnswerStream {
     }
   }
   const wire::Logprobs& delta_logprobs() const override { return logprobs_; }
+  const std::vector<wire::ToolCallDelta>& delta_tool_calls() const override { return calls_; }
   const Status& status() const override { return status_; }
   const wire::Answer& answer() const override { return answer_; }
   std::string worker() const override { return worker_; }
@@ -318,7 +326,8 @@ class RemoteStream final : public wire::AnswerStream {
   std::unique_ptr<WorkerCall> call_;
   std::string worker_;
   std::string pending_;
-  wire::Logprobs logprobs_;  // the last delta's
+  wire::Logprobs logprobs_;                 // the last delta's
+  std::vector<wire::ToolCallDelta> calls_;  // the last delta's
   bool finished_ = false;
   Status status_;
   wire::Answer answer_;

@@ -388,6 +388,8 @@ class Session : public OpenConnection, public std::enable_shared_from_this<Sessi
                             });
           return;
         }
+        // An empty piece is no chunk (a zero-size chunk would end the body): ask for the next.
+        if (chunk->empty()) return self->pump(out);
         asio::async_write(self->stream_, beast_http::make_chunk(asio::buffer(*chunk)), written);
       });
     });

@@ -36,6 +36,15 @@ struct TokenLogprob {
 // nullopt when the request did not ask for log probabilities; an empty list when it did.
 using Logprobs = std::optional<std::vector<TokenLogprob>>;
 
+// A piece of a tool call as an answer streams: the call's first piece names it (id and name, no
+// arguments yet); later ones add to its arguments' text.
+struct ToolCallDelta {
+  int index = 0;
+  std::string id;    // first piece only
+  std::string name;  // first piece only
+  std::string arguments;
+};
+
 struct Answer {
   std::string text;
   std::string finish_reason = "stop";  // stop, length, tool_calls

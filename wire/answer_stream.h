@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "wire/answer.h"
@@ -19,6 +20,12 @@ class AnswerStream {
   // With log probabilities asked for: the entries of the tokens whose text the last delta
   // carries; else nullopt.
   virtual const Logprobs& delta_logprobs() const = 0;
+  // The tool-call pieces that came with the last delta (whose text is then often empty): calls
+  // read out of the answer as it is written. A call not streamed comes whole in answer().
+  virtual const std::vector<ToolCallDelta>& delta_tool_calls() const {
+    static const std::vector<ToolCallDelta> none;
+    return none;
+  }
   virtual const Status& status() const = 0;
   // At the end: text (empty: it went out in the deltas), finish reason and usage.
   virtual const Answer& answer() const = 0;

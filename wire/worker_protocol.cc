@@ -73,10 +73,35 @@ Result<Answer> answer_from_protocol(const json& j) {
   return a;
 }
 
-std::string protocol_delta_line(const std::string& delta, const Logprobs& logprobs) {
+std::string protocol_delta_line(const std::string& delta, const Logprobs& logprobs,
+                                const std::vector<ToolCallDelta>& calls) {
   json line = {{"delta", delta}};
   if (logprobs) line["logprobs"] = logprob_entries(*logprobs);
+  if (!calls.empty()) {
+    json list = json::array();
+    for (const ToolCallDelta& c : calls) {
+      json d = {{"index", c.index}, {"arguments", c.arguments}};
+      if (!c.id.empty()) d["id"] = c.id;
+      if (!c.name.empty()) d["name"] = c.name;
+      list.push_back(std::move(d));
+    }
+    line["tool_calls"] = std::move(list);
+  }
   return line.dump();
+}
+
+Result<std::vector<ToolCallDelta>> delta_tool_calls_from_protocol(const json& line) {
+  std::vector<ToolCallDelta> out;
+  auto it = line.find("tool_calls");
+  if (it == line.end()) return out;
+  if (!it->is_array()) return internal_error("malformed tool call pieces");
+  for (const json& d : *it) {
+    if (!d.is_object() || !d.contains("index") || !d["index"].is_number_integer())
+      return internal_error("malformed tool call piece");
+    out.push_back(
+        {d["index"].get<int>(), d.value("id", ""), d.value("name", ""), d.value("arguments", "")});
+  }
+  return out;
 }
 
 json protocol_error(const Status& st, bool retry_elsewhere) {

@@ -35,7 +35,11 @@ nlohmann::json protocol_answer(const Answer& answer);
 [[nodiscard]] Result<Answer> answer_from_protocol(const nlohmann::json& j);
 
 // A streamed delta line (without its newline).
-std::string protocol_delta_line(const std::string& delta, const Logprobs& logprobs);
+std::string protocol_delta_line(const std::string& delta, const Logprobs& logprobs,
+                                const std::vector<ToolCallDelta>& calls = {});
+// The tool-call pieces of a delta line ([] when it has none).
+[[nodiscard]] Result<std::vector<ToolCallDelta>> delta_tool_calls_from_protocol(
+    const nlohmann::json& line);
 
 // {"error": {"code", "message", "field"?, "retry_elsewhere"?}}; retry_elsewhere: the call never
 // started here, and another worker may take it.

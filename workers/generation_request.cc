@@ -171,17 +171,19 @@ engine::ToolCallFormat offered_tool_calls(const wire::ChatRequest& req, const Lo
   return m.chat_template.tool_call_format();
 }
 
+std::string new_call_id() {
+  std::string id = new_uuid_v4().to_string();
+  id.erase(std::remove(id.begin(), id.end(), '-'), id.end());
+  return "call_" + id.substr(0, 24);
+}
+
 void extract_tool_calls(engine::ToolCallFormat format, wire::Answer* answer) {
   if (format == engine::ToolCallFormat::kNone) return;
   engine::ParsedAnswer parsed = engine::parse_tool_calls(format, answer->text);
   if (parsed.calls.empty()) return;
   answer->text = std::move(parsed.text);
-  for (engine::ParsedCall& c : parsed.calls) {
-    std::string id = new_uuid_v4().to_string();
-    id.erase(std::remove(id.begin(), id.end(), '-'), id.end());
-    answer->tool_calls.push_back(
-        {"call_" + id.substr(0, 24), std::move(c.name), std::move(c.arguments)});
-  }
+  for (engine::ParsedCall& c : parsed.calls)
+    answer->tool_calls.push_back({new_call_id(), std::move(c.name), std::move(c.arguments)});
   answer->finish_reason = "tool_calls";
 }
 

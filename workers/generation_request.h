@@ -25,6 +25,9 @@ namespace hr::workers {
 engine::ToolCallFormat offered_tool_calls(const wire::ChatRequest& request,
                                           const LoadedModel& model);
 
+// A new tool call id ("call_" and 24 hex digits).
+std::string new_call_id();
+
 // Moves the calls in `answer`'s text into its tool_calls (each with a new id), leaving the rest of
 // the text; finish_reason becomes tool_calls when there were any.
 void extract_tool_calls(engine::ToolCallFormat format, wire::Answer* answer);

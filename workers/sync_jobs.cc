@@ -33,6 +33,7 @@ class JobStream final : public wire::AnswerStream {
     if (!job_->pieces.empty()) {
       *delta = std::move(job_->pieces.front().text);
       logprobs_ = std::move(job_->pieces.front().logprobs);
+      calls_ = std::move(job_->pieces.front().calls);
       job_->pieces.pop_front();
       return true;
     }
@@ -41,6 +42,7 @@ class JobStream final : public wire::AnswerStream {
     return false;
   }
   const wire::Logprobs& delta_logprobs() const override { return logprobs_; }
+  const std::vector<wire::ToolCallDelta>& delta_tool_calls() const override { return calls_; }
   const Status& status() const override { return status_; }
   const wire::Answer& answer() const override { return answer_; }
 
@@ -50,6 +52,7 @@ class JobStream final : public wire::AnswerStream {
   Status status_;
   wire::Answer answer_;
   wire::Logprobs logprobs_;
+  std::vector<wire::ToolCallDelta> calls_;
 };
 
 // The job's answer as the engine's events come.
@@ -66,10 +69,29 @@ void on_event(SyncJob& job, TokenBytes& bytes, const engine::TokenEvent& ev) {
     answer.finish_reason = engine::finish_reason_name(ev.finish_reason);
     answer.usage = {ev.usage.prompt_tokens, ev.usage.completion_tokens, ev.usage.cached_tokens};
     extract_tool_calls(job.tool_calls, &answer);
+    // Calls streamed as they were written keep the ids their first pieces gave them.
+    for (size_t i = 0; i < answer.tool_calls.size() && i < job.call_ids.size(); ++i)
+      answer.tool_calls[i].id = job.call_ids[i];
   }
   // What of the text goes out now. Streamed with tools offered, text that may be the start of a
   // call is held back until it is known; calls go out as tool_calls at the end, not as text.
   std::string piece = ev.text_delta;
+  std::vector<wire::ToolCallDelta> calls;
+  if (job.streaming && job.tool_calls != engine::ToolCallFormat::kNone) {
+    if (!job.call_stream)
+      job.call_stream = std::make_unique<engine::ToolCallStream>(job.tool_calls);
+    for (engine::CallPiece& p : job.call_stream->update(job.text)) {
+      wire::ToolCallDelta d;
+      d.index = p.index;
+      if (p.first) {
+        job.call_ids.push_back(new_call_id());
+        d.id = job.call_ids.back();
+        d.name = std::move(p.name);
+      }
+      d.arguments = std::move(p.arguments);
+      calls.push_back(std::move(d));
+    }
+  }
   if (job.streaming) {
     size_t end = job.text.size();
     if (job.tool_calls != engine::ToolCallFormat::kNone) {
@@ -94,8 +116,8 @@ void on_event(SyncJob& job, TokenBytes& bytes, const engine::TokenEvent& ev) {
   if (ev.finished && !job.streaming) answer.logprobs = job.logprobs.answer();
   if (job.streaming) {
     std::lock_guard<std::mutex> lock(job.mu);
-    if (!piece.empty() || (piece_logprobs && !piece_logprobs->empty())) {
-      job.pieces.push_back({std::move(piece), std::move(piece_logprobs)});
+    if (!piece.empty() || (piece_logprobs && !piece_logprobs->empty()) || !calls.empty()) {
+      job.pieces.push_back({std::move(piece), std::move(piece_logprobs), std::move(calls)});
     }
     if (ev.finished) {
       job.finished = true;

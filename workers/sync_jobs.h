@@ -18,6 +18,7 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "engine/engine.h"
+#include "engine/tool_call_stream.h"
 #include "engine/tool_calls.h"
 #include "wire/answer.h"
 #include "wire/answer_stream.h"
@@ -44,6 +45,7 @@ struct SyncJob {
   struct Piece {
     std::string text;
     wire::Logprobs logprobs;
+    std::vector<wire::ToolCallDelta> calls;  // tool-call pieces read out of the answer so far
   };
   std::deque<Piece> pieces;  // guarded by mu
   bool finished = false;     // guarded by mu
@@ -55,6 +57,10 @@ struct SyncJob {
   // How the model writes tool calls when the request offered tools (read out of the answer).
   engine::ToolCallFormat tool_calls = engine::ToolCallFormat::kNone;
   size_t sent = 0;  // step loop only: bytes of `text` streamed (the rest may be a tool call)
+  // Streamed with tools: the calls as they are written, and the ids their first pieces gave them
+  // (the final answer's calls keep them). Step loop only.
+  std::unique_ptr<engine::ToolCallStream> call_stream;
+  std::vector<std::string> call_ids;
 
   // Ends the job with an error (for the handler waiting on it).
   void fail(const Status& st);

@@ -145,7 +145,9 @@ http::Reply SyncServer::handle(const http::HttpRequest& req) {
     if (*done) return false;
     std::string delta;
     if (stream->next(&delta)) {
-      *out = wire::protocol_delta_line(delta, stream->delta_logprobs()) + "\n";
+      *out =
+          wire::protocol_delta_line(delta, stream->delta_logprobs(), stream->delta_tool_calls()) +
+          "\n";
       return true;
     }
     *done = true;

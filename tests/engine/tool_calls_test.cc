@@ -7,6 +7,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
+#include "engine/tool_call_stream.h"
+
 namespace hr::engine {
 namespace {
 
@@ -126,6 +130,69 @@ TEST(ToolCallsTest, StreamsEverythingBeforeWhereACallCouldBegin) {
     last = p;
   }
   EXPECT_EQ(last, 6u);
+}
+
+// Streamed a byte at a time, each format's calls come out named first, then their arguments in
+// pieces that add up to the arguments parse_tool_calls reads at the end.
+TEST(ToolCallsTest, CallsStreamNameFirstThenArgumentsInPieces) {
+  const std::string a1 = R"({"city": "Paris", "days": [1, {"x": "}"}]})";
+  const std::string a2 = R"({"q": "a\"b"})";
+  struct Case {
+    ToolCallFormat format;
+    std::string answer;
+  } cases[] = {
+      {ToolCallFormat::kHermes,
+       "Let me look.\n<tool_call>\n{\"name\": \"weather\", \"arguments\": " + a1 +
+           "}\n</tool_call>\n<tool_call>{\"name\": \"search\", " + "\"arguments\": " + a2 +
+           "}</tool_call>"},
+      {ToolCallFormat::kMistral, "[TOOL_CALLS][{\"name\": \"weather\", \"arguments\": " + a1 +
+                                     "}, {\"name\": \"search\", \"arguments\": " + a2 + "}]"},
+      {ToolCallFormat::kLlama3, "<|python_tag|>{\"name\": \"weather\", \"parameters\": " + a1 +
+                                    "}; {\"name\": \"search\", \"parameters\": " + a2 + "}"},
+      {ToolCallFormat::kDeepSeek,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>weather\n```json\n" + a1 +
+           "\n```<｜tool▁call▁end｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>search\n```json\n" +
+           a2 + "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
+      {ToolCallFormat::kKimi,
+       "<|tool_calls_section_begin|><|tool_call_begin|>functions.weather:0"
+       "<|tool_call_argument_begin|>" +
+           a1 +
+           "<|tool_call_end|><|tool_call_begin|>functions.search:1<|tool_call_argument_begin|>" +
+           a2 + "<|tool_call_end|><|tool_calls_section_end|>"},
+  };
+  for (const Case& c : cases) {
+    ToolCallStream stream(c.format);
+    std::vector<std::string> names, args;
+    int pieces = 0;
+    for (size_t n = 0; n <= c.answer.size(); ++n) {
+      for (const CallPiece& p : stream.update(c.answer.substr(0, n))) {
+        ++pieces;
+        if (p.first) {
+          ASSERT_EQ(p.index, static_cast<int>(names.size())) << tool_call_format_name(c.format);
+          names.push_back(p.name);
+          args.emplace_back();
+          EXPECT_EQ(p.arguments, "");
+        } else {
+          ASSERT_LT(p.index, static_cast<int>(args.size()));
+          args[static_cast<size_t>(p.index)] += p.arguments;
+        }
+      }
+    }
+    const char* f = tool_call_format_name(c.format);
+    ASSERT_EQ(names, (std::vector<std::string>{"weather", "search"})) << f;
+    EXPECT_EQ(args[0], a1) << f;
+    EXPECT_EQ(args[1], a2) << f;
+    EXPECT_GT(pieces, 10) << f << ": the arguments came in pieces";
+    const ParsedAnswer parsed = parse_tool_calls(c.format, c.answer);
+    ASSERT_EQ(parsed.calls.size(), 2u) << f;
+    EXPECT_EQ(nlohmann::json::parse(parsed.calls[0].arguments), nlohmann::json::parse(args[0]))
+        << f;
+  }
+  // Arguments before the name: not streamed (read at the end).
+  ToolCallStream late(ToolCallFormat::kHermes);
+  EXPECT_TRUE(
+      late.update("<tool_call>{\"arguments\": {\"a\": 1}, \"name\": \"f\"}</tool_call>").empty());
+  EXPECT_EQ(late.num_started(), 0);
 }
 
 }  // namespace

@@ -230,7 +230,10 @@ async function main() {
   const toolMessages = [{ role: 'user', content: 'reverse: abc' }];
   const runner = client.chat.completions.stream({ model, tools, tool_choice: 'required',
     temperature: 1, seed: 5, max_tokens: 90, messages: toolMessages });
+  let callChunks = 0;
+  runner.on('chunk', (chunk) => { callChunks += chunk.choices[0]?.delta?.tool_calls ? 1 : 0; });
   const streamed = await runner.finalChatCompletion();
+  assert.ok(callChunks > 3, `the call streamed in ${callChunks} chunks, not as it was written`);
   assert.equal(streamed.choices[0].finish_reason, 'tool_calls');
   const streamedCalls = streamed.choices[0].message.tool_calls;
   assert.ok(streamedCalls.length >= 1);

@@ -68,6 +68,22 @@ TEST(CodecsTest, JsonDocumentsAreValuesInWorkersAi) {
   EXPECT_EQ(workers_ai_result(a, false)["response"], a.text);
 }
 
+// Tool-call pieces cross the router <-> worker protocol with their delta.
+TEST(CodecsTest, ToolCallPiecesCrossTheWorkerProtocol) {
+  const std::vector<ToolCallDelta> calls = {{0, "call_1", "lookup", ""}, {0, "", "", "{\"q\""}};
+  const json line = json::parse(protocol_delta_line("", std::nullopt, calls));
+  const std::vector<ToolCallDelta> back = delta_tool_calls_from_protocol(line).value();
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].id, "call_1");
+  EXPECT_EQ(back[0].name, "lookup");
+  EXPECT_EQ(back[1].arguments, "{\"q\"");
+  EXPECT_TRUE(back[1].id.empty());
+  EXPECT_TRUE(delta_tool_calls_from_protocol(json::parse(protocol_delta_line("x", std::nullopt)))
+                  .value()
+                  .empty());
+  EXPECT_FALSE(delta_tool_calls_from_protocol(json{{"tool_calls", {{{"id", "x"}}}}}).is_ok());
+}
+
 TEST(CodecsTest, OpenAiChatCompletionAndChunks) {
   nlohmann::ordered_json c = chat_completion(sample(false), "chatcmpl-1", 1700000000, "@hr/m");
   EXPECT_EQ(
