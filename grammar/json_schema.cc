@@ -108,7 +108,7 @@ class Compiler {
       std::vector<Frag> frags;
       for (const ojson& v : values) {
         if (s.contains("type") && !type_allows(s["type"], v)) continue;
-        frags.push_back(nfa_.literal(json_literal(v)));
+        frags.push_back(value_literal(v));
       }
       if (frags.empty())
         return bad(join(path, is_enum ? "enum" : "const"), "no value has the schema's type");
@@ -322,6 +322,22 @@ class Compiler {
     }
     if (options.empty()) return bad(path, "no number lies within the schema's bounds");
     return nfa_.alt(options);
+  }
+
+  // One given JSON value, with whitespace where a document may have it (inside an object or
+  // array value, as elsewhere).
+  Frag value_literal(const ojson& v) {
+    if (!v.is_object() && !v.is_array()) return nfa_.literal(json_literal(v));
+    const bool obj = v.is_object();
+    Frag f = nfa_.seq(nfa_.literal(obj ? "{" : "["), ws());
+    bool first = true;
+    for (const auto& [key, item] : v.items()) {
+      if (!first) f = nfa_.seq(f, nfa_.seq(nfa_.literal(","), ws()));
+      first = false;
+      if (obj) f = nfa_.seq(f, nfa_.seq(nfa_.literal(json_literal(ojson(key)) + ":"), ws()));
+      f = nfa_.seq(f, value_literal(item));
+    }
+    return nfa_.seq(f, nfa_.seq(ws(), nfa_.literal(obj ? "}" : "]")));
   }
 
   Frag fraction() { return nfa_.seq(nfa_.literal("."), digits(1, 16)); }

@@ -13,6 +13,8 @@
 //   - properties in the schema's order; optional ones may be left out; no property beyond those
 //     listed (an object without `properties` is a free map, of `additionalProperties`' schema or
 //     of any values);
+//   - `enum`/`const` values as their compact JSON text (objects and arrays among them with
+//     whitespace where any object or array may have it);
 //   - whitespace only after `{`, `[`, `,` and `:` and before `}` and `]`, at most
 //     JsonLimits::max_whitespace bytes of spaces, tabs and newlines each time;
 //   - numbers of at most 16 integer and 16 fraction digits and a two-digit exponent (integers:

