@@ -8,6 +8,9 @@ namespace hr::grammar {
 
 namespace {
 constexpr size_t kMaxMaskBytes = 256u << 20;  // per constraint
+// How many plain characters ahead a state's plain successors are followed (each new one costs a
+// few thousand DFA transitions once).
+constexpr int kPlainChain = 16;
 }
 
 CompiledGrammar::CompiledGrammar(std::shared_ptr<const Nfa> nfa,
@@ -45,7 +48,66 @@ int32_t CompiledGrammar::dist(int32_t state) {
   return dfa_.dist(state);
 }
 
-int32_t CompiledGrammar::walk(int32_t state, int32_t max_dist, uint32_t* bits, Entry* entry) {
+int32_t CompiledGrammar::plain_successor(int32_t state) {
+  auto known = plain_next_.find(state);
+  if (known != plain_next_.end()) return known->second;
+  const int32_t found = uniform_plain_successor(state);
+  plain_next_[state] = found;
+  return found;
+}
+
+int32_t CompiledGrammar::uniform_plain_successor(int32_t state) {
+  int32_t target = kNotUniform;
+  bool first = true;
+  auto same = [&](int32_t t) {
+    if (first) {
+      target = t;
+      first = false;
+      return true;
+    }
+    return t == target;
+  };
+  // ASCII: all but the controls, the quote and the backslash.
+  for (int b = 0x20; b < 0x80; ++b) {
+    if (b == '"' || b == '\\') continue;
+    if (!same(dfa_.next(state, static_cast<uint8_t>(b)))) return kNotUniform;
+  }
+  // Longer characters: each lead byte, then its continuation bytes (the second one's range
+  // depends on the lead), every distinct state reached checked once.
+  struct Lead {
+    int from, to, len, lo, hi;
+  };
+  static constexpr Lead kLeads[] = {{0xC2, 0xDF, 2, 0x80, 0xBF}, {0xE0, 0xE0, 3, 0xA0, 0xBF},
+                                    {0xE1, 0xEC, 3, 0x80, 0xBF}, {0xED, 0xED, 3, 0x80, 0x9F},
+                                    {0xEE, 0xEF, 3, 0x80, 0xBF}, {0xF0, 0xF0, 4, 0x90, 0xBF},
+                                    {0xF1, 0xF3, 4, 0x80, 0xBF}, {0xF4, 0xF4, 4, 0x80, 0x8F}};
+  for (const Lead& l : kLeads) {
+    for (int lead = l.from; lead <= l.to; ++lead) {
+      std::vector<int32_t> level = {dfa_.next(state, static_cast<uint8_t>(lead))};
+      for (int k = 1; k < l.len; ++k) {
+        std::vector<int32_t> next;
+        for (int32_t u : level) {
+          if (u < 0) {
+            next.push_back(kDead);
+            continue;
+          }
+          const int lo = k == 1 ? l.lo : 0x80, hi = k == 1 ? l.hi : 0xBF;
+          for (int c = lo; c <= hi; ++c) {
+            const int32_t v = dfa_.next(u, static_cast<uint8_t>(c));
+            if (std::find(next.begin(), next.end(), v) == next.end()) next.push_back(v);
+          }
+        }
+        level = std::move(next);
+        if (level.size() > 1) return kNotUniform;
+      }
+      if (!same(level[0])) return kNotUniform;
+    }
+  }
+  return target;
+}
+
+int32_t CompiledGrammar::walk(int32_t state, int32_t max_dist, uint32_t* bits, Entry* entry,
+                              int skip_plain) {
   const int32_t own = dfa_.dist(state);
   const std::vector<int32_t>& sorted = vocab_->sorted();
   const std::vector<uint16_t>& lcp = vocab_->common_prefix();
@@ -53,11 +115,20 @@ int32_t CompiledGrammar::walk(int32_t state, int32_t max_dist, uint32_t* bits, E
   depth_state_[0] = state;
   size_t reached = 0;  // bytes of the previous token that were walked
   bool failed = false;
+  size_t since = SIZE_MAX;  // the common prefix with the last token walked, over those skipped
   for (size_t i = 0; i < sorted.size(); ++i) {
-    const size_t common = lcp[i];
+    const size_t common = std::min<size_t>(since, lcp[i]);
+    const int32_t id = sorted[i];
+    if (skip_plain > 0) {
+      const int n = vocab_->plain_chars(id);
+      if (n > 0 && n <= skip_plain) {
+        since = common;
+        continue;
+      }
+    }
+    since = SIZE_MAX;
     // The previous token failed at byte `reached`: this one shares that byte, and fails too.
     if (failed && common > reached) continue;
-    const int32_t id = sorted[i];
     const std::string& b = vocab_->bytes(id);
     size_t d = std::min(common, reached);
     int32_t st = depth_state_[d];
@@ -92,7 +163,30 @@ const CompiledGrammar::Entry& CompiledGrammar::entry(int32_t state) {
   if (cache_.size() >= max_cached_) cache_.erase(cache_.begin());  // bounded memory
   Entry& e = cache_[state];
   e.bits.assign(static_cast<size_t>(vocab_->mask_words()), 0);
-  e.max_next_dist = walk(state, kUnreachable, e.bits.data(), &e);
+  // Plain text: follow the plain-character successors as far as each is uniform.
+  // Up to kPlainChain characters: longer plain tokens (rare) are walked.
+  std::vector<int32_t> chain = {state};
+  const int reach = std::min(vocab_->max_plain_chars(), kPlainChain);
+  while (static_cast<int>(chain.size()) <= reach && chain.back() >= 0) {
+    const int32_t next = plain_successor(chain.back());
+    if (next == kNotUniform) break;
+    if (next == chain.back()) {  // a loop (a string without a length limit): so it stays
+      chain.resize(static_cast<size_t>(reach) + 1, next);
+      break;
+    }
+    chain.push_back(next);
+  }
+  const int fast = static_cast<int>(chain.size()) - 1;  // token lengths the chain covers
+  e.max_next_dist = walk(state, kUnreachable, e.bits.data(), &e, fast);
+  for (int n = 1; n <= fast; ++n) {
+    const int32_t end = chain[static_cast<size_t>(n)];
+    const std::vector<uint32_t>& group = vocab_->plain_mask(n);
+    if (end < 0 || group.empty()) continue;
+    for (size_t w = 0; w < group.size(); ++w) e.bits[w] |= group[w];
+    const int32_t d = dfa_.dist(end);
+    e.plain.push_back({n, d});
+    e.max_next_dist = std::max(e.max_next_dist, d);
+  }
   std::sort(e.growing.begin(), e.growing.end(),
             [](const auto& a, const auto& b) { return a.second > b.second; });
   std::sort(e.shrinking.begin(), e.shrinking.end(),
@@ -100,6 +194,17 @@ const CompiledGrammar::Entry& CompiledGrammar::entry(int32_t state) {
   e.growing.shrink_to_fit();
   e.shrinking.shrink_to_fit();
   return e;
+}
+
+bool CompiledGrammar::add_plain(const Entry& e, int64_t max_dist, uint32_t* mask) const {
+  bool any = false;
+  for (const auto& [n, d] : e.plain) {
+    if (d > max_dist) continue;
+    const std::vector<uint32_t>& group = vocab_->plain_mask(n);
+    for (size_t w = 0; w < group.size(); ++w) mask[w] |= group[w];
+    any = true;
+  }
+  return any;
 }
 
 void CompiledGrammar::fill_mask(int32_t state, int remaining, uint32_t* mask) {
@@ -124,6 +229,11 @@ void CompiledGrammar::fill_mask(int32_t state, int remaining, uint32_t* mask) {
         if (d <= budget) break;
         mask[id >> 5] &= ~(1u << (id & 31));
       }
+      for (const auto& [n, d] : e.plain) {
+        if (d <= budget) continue;
+        const std::vector<uint32_t>& group = vocab_->plain_mask(n);
+        for (size_t w = 0; w < words; ++w) mask[w] &= ~group[w];
+      }
     } else {
       ++stats_.masks_limited;
       bool any = false;
@@ -134,12 +244,14 @@ void CompiledGrammar::fill_mask(int32_t state, int remaining, uint32_t* mask) {
           mask[id >> 5] |= 1u << (id & 31);
           any = true;
         }
+        any = add_plain(e, budget, mask) || any;
       }
       // Not enough room (the budget was short from the start, or the vocabulary lacks a token
       // for some byte): at least get closer to the end, else anything the constraint allows.
       if (!any && !accepting) {
         for (const auto& [id, d] : e.shrinking) mask[id >> 5] |= 1u << (id & 31);
         any = !e.shrinking.empty();
+        any = add_plain(e, dfa_.dist(state) - 1, mask) || any;
       }
       if (!any && !accepting) std::memcpy(mask, e.bits.data(), words * sizeof(uint32_t));
     }

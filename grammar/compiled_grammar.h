@@ -66,12 +66,25 @@ class CompiledGrammar {
     // The allowed tokens after which it is closer, nearest first: when every token left must make
     // progress, the mask is these (those within the budget).
     std::vector<std::pair<int32_t, int32_t>> shrinking;
+    // Plain-text tokens (Vocabulary::plain_chars) of n characters all lead to one state when
+    // `state` treats every plain character alike (inside a JSON string): they are not walked and
+    // not listed above; (n, distance after them) for each n whose tokens are allowed.
+    std::vector<std::pair<int32_t, int32_t>> plain;
   };
   const Entry& entry(int32_t state);
   // Sets the bits of the tokens that lead from `state` to a live state at most max_dist bytes from
   // completion; the largest such distance (-1 when none).
-  // With `entry`, also lists its growing and shrinking tokens.
-  int32_t walk(int32_t state, int32_t max_dist, uint32_t* bits, Entry* entry = nullptr);
+  // With `entry`, also lists its growing and shrinking tokens. Plain tokens of at most
+  // `skip_plain` characters are left out.
+  int32_t walk(int32_t state, int32_t max_dist, uint32_t* bits, Entry* entry = nullptr,
+               int skip_plain = 0);
+  // The state every plain character leads to from `state` (kDead when none may follow), or
+  // kNotUniform when they do not all lead to one.
+  int32_t plain_successor(int32_t state);  // memoized
+  int32_t uniform_plain_successor(int32_t state);
+  static constexpr int32_t kNotUniform = -3;
+  // Adds the entry's plain groups at most max_dist from completion; whether there were any.
+  bool add_plain(const Entry& e, int64_t max_dist, uint32_t* mask) const;
 
   std::mutex mu_;
   std::shared_ptr<const Vocabulary> vocab_;
@@ -79,6 +92,7 @@ class CompiledGrammar {
   std::unordered_map<int32_t, Entry> cache_;
   size_t max_cached_;
   std::vector<int32_t> depth_state_;  // walk scratch: the state after each prefix length
+  std::unordered_map<int32_t, int32_t> plain_next_;  // plain_successor's answers
   Stats stats_;
 };
 

@@ -28,12 +28,23 @@ class Vocabulary {
   const std::vector<int32_t>& sorted() const { return sorted_; }
   const std::vector<uint16_t>& common_prefix() const { return lcp_; }
 
+  // Plain text: a usable token that is whole UTF-8 characters, none of them a quote, a backslash
+  // or a control character (what JSON writes raw inside a string). Its character count, or -1.
+  int plain_chars(int32_t id) const { return plain_chars_[static_cast<size_t>(id)]; }
+  int max_plain_chars() const { return static_cast<int>(plain_masks_.size()) - 1; }
+  // The plain tokens of exactly n characters, as a mask (empty when there are none).
+  const std::vector<uint32_t>& plain_mask(int n) const {
+    return plain_masks_[static_cast<size_t>(n)];
+  }
+
  private:
   std::vector<std::string> bytes_;
   std::vector<int32_t> stop_ids_;
   int mask_size_;
   std::vector<int32_t> sorted_;
   std::vector<uint16_t> lcp_;
+  std::vector<int16_t> plain_chars_;
+  std::vector<std::vector<uint32_t>> plain_masks_;  // by character count
 };
 
 }  // namespace hr::grammar
