@@ -11,7 +11,7 @@ constexpr size_t kMaxMaskBytes = 256u << 20;  // per constraint
 // How many plain characters ahead a state's plain successors are followed (each new one costs a
 // few thousand DFA transitions once).
 constexpr int kPlainChain = 16;
-}
+}  // namespace
 
 CompiledGrammar::CompiledGrammar(std::shared_ptr<const Nfa> nfa,
                                  std::shared_ptr<const Vocabulary> vocab)
