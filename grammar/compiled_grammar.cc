@@ -7,7 +7,7 @@
 namespace hr::grammar {
 
 namespace {
-constexpr size_t kMaxMaskBytes = 256u << 20;  // per constraint
+constexpr size_t kMaxMaskBytes = 128u << 20;  // per constraint
 // How many plain characters ahead a state's plain successors are followed (each new one costs a
 // few thousand DFA transitions once).
 constexpr int kPlainChain = 16;

@@ -5,7 +5,8 @@
 
 namespace hr::grammar {
 
-Dfa::Dfa(std::shared_ptr<const Nfa> nfa) : nfa_(std::move(nfa)), mark_(nfa_->size(), 0) {
+Dfa::Dfa(std::shared_ptr<const Nfa> nfa, size_t max_states)
+    : nfa_(std::move(nfa)), max_states_(max_states), mark_(nfa_->size(), 0) {
   std::vector<int32_t> seeds = {nfa_->start()};
   intern(seeds);
 }
@@ -47,8 +48,10 @@ int32_t Dfa::intern(std::vector<int32_t>& seeds) {
   std::sort(members_.begin(), members_.end());
   std::string key(reinterpret_cast<const char*>(members_.data()),
                   members_.size() * sizeof(int32_t));
-  auto [it, inserted] = ids_.try_emplace(std::move(key), static_cast<int32_t>(sets_.size()));
-  if (!inserted) return it->second;
+  auto found = ids_.find(key);
+  if (found != ids_.end()) return found->second;
+  if (sets_.size() >= max_states_ && !sets_.empty()) return kDead;
+  auto it = ids_.emplace(std::move(key), static_cast<int32_t>(sets_.size())).first;
   Info info;
   for (int32_t v : members_) {
     if (v == nfa_->accept()) info.accepting = true;

@@ -19,7 +19,9 @@ inline constexpr int32_t kDead = -1;
 
 class Dfa {
  public:
-  explicit Dfa(std::shared_ptr<const Nfa> nfa);
+  // At most max_states states (each takes about 1 KiB): input that would need another is treated
+  // as leading nowhere, so a hostile constraint cannot take the worker's memory.
+  explicit Dfa(std::shared_ptr<const Nfa> nfa, size_t max_states = 1 << 16);
 
   int32_t start() const { return 0; }
   // The state after `byte`, or kDead.
@@ -50,6 +52,7 @@ class Dfa {
   int32_t intern(std::vector<int32_t>& seeds);
 
   std::shared_ptr<const Nfa> nfa_;
+  size_t max_states_;
   // NFA nodes with byte edges, or the accept node, that can still reach the accept node.
   std::vector<std::vector<int32_t>> sets_;
   std::vector<std::array<int32_t, 256>> trans_;

@@ -11,7 +11,9 @@ Result<std::shared_ptr<CompiledGrammar>> GrammarCache::get(
     if (it != index_.end()) {
       ++hits_;
       lru_.splice(lru_.begin(), lru_, it->second);
-      return it->second->second;
+      std::shared_ptr<CompiledGrammar> found = it->second->second;
+      trim();
+      return found;
     }
     ++misses_;
   }
@@ -23,11 +25,18 @@ Result<std::shared_ptr<CompiledGrammar>> GrammarCache::get(
   if (it != index_.end()) return it->second->second;  // compiled meanwhile by another caller
   lru_.emplace_front(key, compiled);
   index_[key] = lru_.begin();
-  while (lru_.size() > capacity_) {
+  trim();
+  return compiled;
+}
+
+void GrammarCache::trim() {
+  size_t bytes = 0;
+  for (auto& [key, g] : lru_) bytes += g->stats().memory_bytes;
+  while (lru_.size() > 1 && (lru_.size() > capacity_ || bytes > max_bytes_)) {
+    bytes -= std::min(bytes, lru_.back().second->stats().memory_bytes);
     index_.erase(lru_.back().first);
     lru_.pop_back();
   }
-  return compiled;
 }
 
 int64_t GrammarCache::hits() const {

@@ -19,8 +19,11 @@ namespace hr::grammar {
 
 class GrammarCache {
  public:
-  explicit GrammarCache(std::shared_ptr<const Vocabulary> vocab, size_t capacity = 256)
-      : vocab_(std::move(vocab)), capacity_(capacity) {}
+  // At most `capacity` constraints and about `max_bytes` of their automata and masks (the least
+  // recently used go first; one still in use by a sequence lives on until it finishes).
+  explicit GrammarCache(std::shared_ptr<const Vocabulary> vocab, size_t capacity = 128,
+                        size_t max_bytes = size_t{1} << 30)
+      : vocab_(std::move(vocab)), capacity_(capacity), max_bytes_(max_bytes) {}
 
   // The constraint for `key`, compiled by `build` when it is not cached.
   [[nodiscard]] Result<std::shared_ptr<CompiledGrammar>> get(
@@ -31,8 +34,11 @@ class GrammarCache {
   int64_t misses() const;
 
  private:
+  void trim();  // under mu_: evicts down to the capacity and the memory budget
+
   std::shared_ptr<const Vocabulary> vocab_;
   size_t capacity_;
+  size_t max_bytes_;
   mutable std::mutex mu_;
   std::list<std::pair<std::string, std::shared_ptr<CompiledGrammar>>> lru_;  // front: newest
   std::unordered_map<std::string, decltype(lru_)::iterator> index_;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "grammar/compiled_grammar.h"
+#include "grammar/grammar_cache.h"
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 #include "grammar/regex.h"
@@ -257,6 +258,29 @@ TEST(TokenMaskTest, ForbiddenContinuationsAreMasked) {
   EXPECT_EQ(allowed, 1);  // the stop token alone
   EXPECT_TRUE(m.accept(vocab->stop_ids()[0]));
   EXPECT_TRUE(m.ended());
+}
+
+// Memory bounds: a DFA stops growing at its state limit (what would need a new state leads
+// nowhere), and the cache keeps at most its capacity, least recently used out.
+TEST(GrammarLimitsTest, StatesAndCacheAreBounded) {
+  auto nfa = schema_nfa(R"({"type": "string", "maxLength": 50})");
+  Dfa small(nfa, 4);
+  int32_t s = small.start();
+  int steps = 0;
+  for (char c : std::string("\"abcdefgh")) {
+    s = small.next(s, static_cast<uint8_t>(c));
+    if (s < 0) break;
+    ++steps;
+  }
+  EXPECT_EQ(s, kDead);
+  EXPECT_LE(small.num_states(), 4u);
+  EXPECT_LT(steps, 5);
+  GrammarCache cache(test_vocabulary(), /*capacity=*/2);
+  auto build = [&]() -> Result<std::shared_ptr<const Nfa>> { return nfa; };
+  for (const char* key : {"a", "b", "a", "c", "a", "b"}) ASSERT_TRUE(cache.get(key, build).is_ok());
+  // a, b: misses; a: hit; c: miss (b out); a: hit; b: miss.
+  EXPECT_EQ(cache.misses(), 4);
+  EXPECT_EQ(cache.hits(), 2);
 }
 
 }  // namespace
