@@ -266,6 +266,76 @@ TEST(WorkerE2eTest, RequestsWithToolsAreAnsweredByTheModelsTemplate) {
   w->stop();
 }
 
+// Structured output on Workers AI's queued route: JSON mode answers the document itself (valid
+// for its schema), json_object an object, tool_choice required a call whose arguments follow the
+// tool's parameters; a schema keyword not supported is refused at submit, naming it.
+TEST(WorkerE2eTest, QueuedStructuredOutputAndRequiredToolCalls) {
+  testing::ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  DispatcherThread d(h.database_url(), h.redis_url());
+  auto w = make_worker(h, "w1");
+  ASSERT_TRUE(w);
+  ASSERT_TRUE(w->start().is_ok());
+  const json schema = {
+      {"type", "object"},
+      {"properties",
+       {{"name", {{"type", "string"}, {"maxLength", 8}}},
+        {"score", {{"type", "integer"}, {"minimum", 0}, {"maximum", 9}}},
+        {"tags", {{"type", "array"}, {"items", {{"enum", {"x", "y"}}}}, {"maxItems", 2}}}}},
+      {"required", {"name", "score"}}};
+  json params = {{"type", "object"}, {"required", {"q"}}};
+  params["properties"]["q"] = {{"type", "string"}, {"maxLength", 6}};
+  json tools = json::array();
+  tools.push_back({{"name", "lookup"}, {"parameters", params}});
+  json reqs = json::array();
+  for (int i = 0; i < 6; ++i) {
+    json r = {{"prompt", "reverse: abc"}, {"temperature", 1}, {"seed", i}, {"max_tokens", 90}};
+    if (i < 2) r["response_format"] = {{"type", "json_schema"}, {"json_schema", schema}};
+    if (i == 2 || i == 3) r["response_format"] = {{"type", "json_object"}};
+    if (i >= 4) {
+      r["tools"] = tools;
+      r["tool_choice"] = "required";
+    }
+    reqs.push_back(r);
+  }
+  std::string id = h.submit(reqs, h.key_a());
+  ASSERT_FALSE(id.empty());
+  json result = wait_done(h, id, 120);
+  ASSERT_EQ(result["responses"].size(), 6u) << result.dump();
+  for (int i = 0; i < 6; ++i) {
+    const json& r = result["responses"][i]["result"];
+    if (i < 2) {
+      const json& doc = r["response"];
+      ASSERT_TRUE(doc.is_object()) << r.dump();
+      EXPECT_TRUE(doc["name"].is_string() && doc["name"].get<std::string>().size() <= 32);
+      EXPECT_TRUE(doc["score"].is_number_integer());
+      EXPECT_GE(doc["score"].get<int>(), 0);
+      EXPECT_LE(doc["score"].get<int>(), 9);
+      EXPECT_EQ(r["finish_reason"], "stop");
+    } else if (i < 4) {
+      EXPECT_TRUE(r["response"].is_object()) << r.dump();
+    } else {
+      ASSERT_TRUE(r.contains("tool_calls")) << r.dump();
+      EXPECT_EQ(r["tool_calls"][0]["name"], "lookup");
+      EXPECT_TRUE(r["tool_calls"][0]["arguments"]["q"].is_string()) << r.dump();
+      EXPECT_EQ(r["finish_reason"], "tool_calls");
+    }
+  }
+  json bad_schema = {{"type", "object"}};
+  bad_schema["properties"]["e"] = {{"type", "string"}, {"format", "email"}};
+  json bad_request = {{"prompt", "x"}};
+  bad_request["response_format"] = {{"type", "json_schema"}, {"json_schema", bad_schema}};
+  json bad = json::array();
+  bad.push_back(bad_request);
+  json bad_body = {{"requests", bad}};
+  auto refused = h.post("/ai/run/" + h.model() + "?queueRequest=true", bad_body.dump(), h.key_a());
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_NE(refused.body.find("requests[0].response_format.json_schema.properties.e.format"),
+            std::string::npos)
+      << refused.body;
+  w->stop();
+}
+
 TEST(WorkerE2eTest, UtilizationBrakeHoldsBackPullsAndStarvesNothing) {
   testing::ApiHarness h;
   ASSERT_TRUE(h.ok());
@@ -428,8 +498,8 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   EXPECT_EQ(lp.json()["choices"][0]["message"]["content"], greedy_alone("logprobs"));
   check_logprobs(lp.json()["choices"][0]["logprobs"], greedy_alone("logprobs"), 3,
                  lp.json()["usage"]["completion_tokens"]);
-  // logit_bias reaches the engine: +100 on "z" makes every token "z"; an id past the vocabulary is
-  // refused, naming it.
+  // logit_bias reaches the engine: +100 on "z" makes every token "z"; an id past the vocabulary
+  // is refused, naming it.
   auto tok = engine::Tokenizer::load(kModelDir);
   ASSERT_TRUE(tok.is_ok());
   const std::string z = std::to_string((*tok)->encode("z")[0]);
