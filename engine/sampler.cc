@@ -35,6 +35,29 @@ int32_t sample_token(const float* logits, int vocab, const SamplingParams& p,
   // -inf at most (every token banned): the lowest id of the maximum, as greedy.
   const int32_t top = argmax(logits, vocab);
   if (top < 0 || std::isinf(logits[top])) return top;
+  if ((p.top_k <= 0 || p.top_k >= vocab) && p.top_p >= 1.0f) {
+    // Every token is kept: the draw walks them in id order (as the CUDA kernel does), with no
+    // sort of the whole vocabulary.
+    thread_local std::vector<double> weights;
+    weights.resize(static_cast<size_t>(vocab));
+    const double mx = logits[top];
+    double total = 0;
+    for (int32_t i = 0; i < vocab; ++i) {
+      const double w = std::isnan(logits[i]) ? 0.0 : std::exp((logits[i] - mx) / p.temperature);
+      weights[static_cast<size_t>(i)] = w;
+      total += w;
+    }
+    double r = std::uniform_real_distribution<double>(0.0, total)(rng);
+    int32_t last = top;
+    for (int32_t i = 0; i < vocab; ++i) {
+      const double w = weights[static_cast<size_t>(i)];
+      if (w <= 0) continue;  // a banned or masked token is never drawn
+      last = i;
+      r -= w;
+      if (r <= 0) return i;
+    }
+    return last;
+  }
   std::vector<int32_t> idx;
   idx.reserve(static_cast<size_t>(vocab));
   for (int32_t i = 0; i < vocab; ++i) {

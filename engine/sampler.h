@@ -46,6 +46,8 @@ struct SamplingParams {
   bool ignore_eos = false;
 };
 
+// With top-k or top-p, the kept tokens are sorted by logit and the draw walks them in that order;
+// with every token kept, it walks them in id order (as the CUDA kernel does), with no sort.
 int32_t sample_token(const float* logits, int vocab, const SamplingParams& params,
                      std::mt19937_64& rng);
 

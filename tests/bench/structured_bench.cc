@@ -151,7 +151,6 @@ double decode_tps(const std::string& model_dir, int batch, bool constrained) {
     r.params.seed = static_cast<uint64_t>(i);
     r.params.max_tokens = max_tokens;
     r.params.ignore_eos = !constrained;
-    r.params.top_k = 50;  // both modes: the CPU sampler sorts only the 50 best
     if (constrained) r.constraint = compiled;
     r.on_event = [&](const TokenEvent& ev) { generated += ev.token >= 0 ? 1 : 0; };
     (void)eng->add(std::move(r)).value();

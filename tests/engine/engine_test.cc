@@ -887,6 +887,40 @@ TEST(SamplerTest, NaNAndInfiniteLogits) {
 // Penalties by hand: repetition divides positive logits and multiplies negative ones for every
 // listed token (prompt-only ones too); frequency and presence then subtract for generated ones.
 // The row's input token counts once more when penalize_input, listed or not.
+// Drawn at temperature with no top-k or top-p (every token kept, no sort) or with them (the kept
+// set sorted), tokens come as often as their softmax says, and a -inf token never does.
+TEST(SamplerTest, DrawsFollowTheSoftmax) {
+  const std::vector<float> logits = {1.0f, -INFINITY, 0.0f, 2.0f, -1.0f, 0.5f};
+  const int V = static_cast<int>(logits.size());
+  for (const auto& [t, top_k] : {std::pair{1.0f, 0}, std::pair{0.7f, 0}, std::pair{1.0f, 4}}) {
+    std::vector<double> want(logits.size(), 0.0);
+    std::vector<int> kept;
+    for (int i = 0; i < V; ++i)
+      if (std::isfinite(logits[i])) kept.push_back(i);
+    std::sort(kept.begin(), kept.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+    if (top_k > 0) kept.resize(static_cast<size_t>(top_k));
+    double z = 0;
+    for (int i : kept) z += std::exp(logits[static_cast<size_t>(i)] / t);
+    for (int i : kept)
+      want[static_cast<size_t>(i)] = std::exp(logits[static_cast<size_t>(i)] / t) / z;
+    std::vector<int> count(logits.size(), 0);
+    const int draws = 40000;
+    for (int d = 0; d < draws; ++d) {
+      SampleSpec spec;
+      spec.temperature = t;
+      spec.top_k = top_k;
+      spec.random = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(d + 1);
+      ++count[static_cast<size_t>(sample_token(logits.data(), V, spec))];
+    }
+    EXPECT_EQ(count[1], 0);
+    for (int i = 0; i < V; ++i) {
+      EXPECT_NEAR(count[static_cast<size_t>(i)] / static_cast<double>(draws),
+                  want[static_cast<size_t>(i)], 0.01)
+          << "token " << i << " at temperature " << t << " top_k " << top_k;
+    }
+  }
+}
+
 TEST(SamplerTest, PenaltiesFollowOpenAiAndTransformers) {
   const std::vector<float> logits = {2.0f, -1.0f, 0.5f, 3.0f, 1.0f};
   const std::vector<PenaltyToken> seen = {{0, 2}, {1, 0}, {3, 1}};
