@@ -361,6 +361,15 @@ Status Engine::recover(Status failure, std::initializer_list<const Submitted*> s
   return failure;
 }
 
+Status Engine::collect(const Submitted& sub, StepStats* stats) {
+  sampled_.resize(sub.sampled.size());
+  sampled_logprobs_.resize(sub.sampled.size());
+  const int64_t wait_start = steady_now_ns();
+  Status collected = backend_->collect(sampled_.data(), sampled_logprobs_.data());
+  stats->wait_ns += steady_now_ns() - wait_start;
+  return collected;
+}
+
 Status Engine::collect_for_constraints(StepStats* stats) {
   if (!in_flight_) return Status::ok();
   bool waiting = false;
@@ -371,11 +380,7 @@ Status Engine::collect_for_constraints(StepStats* stats) {
   if (!waiting) return Status::ok();
   Submitted prev = std::move(*in_flight_);
   in_flight_.reset();
-  sampled_.resize(prev.sampled.size());
-  sampled_logprobs_.resize(prev.sampled.size());
-  const int64_t wait_start = steady_now_ns();
-  Status collected = backend_->collect(sampled_.data(), sampled_logprobs_.data());
-  stats->wait_ns += steady_now_ns() - wait_start;
+  Status collected = collect(prev, stats);
   if (!collected.is_ok()) return recover(collected, {&prev});
   advance_all(prev, stats);
   return Status::ok();
@@ -400,11 +405,7 @@ Result<StepStats> Engine::step() {
   }
   if (!pipeline_) {
     if (!cur) return stats;
-    sampled_.resize(cur->sampled.size());
-    sampled_logprobs_.resize(cur->sampled.size());
-    const int64_t wait_start = steady_now_ns();
-    Status collected = backend_->collect(sampled_.data(), sampled_logprobs_.data());
-    stats.wait_ns += steady_now_ns() - wait_start;
+    Status collected = collect(*cur, &stats);
     if (!collected.is_ok()) return recover(collected, {&*cur});
     complete(*cur);
     advance_all(*cur, &stats);
@@ -415,11 +416,7 @@ Result<StepStats> Engine::step() {
   if (in_flight_) {
     Submitted prev = std::move(*in_flight_);
     in_flight_.reset();
-    sampled_.resize(prev.sampled.size());
-    sampled_logprobs_.resize(prev.sampled.size());
-    const int64_t wait_start = steady_now_ns();
-    Status collected = backend_->collect(sampled_.data(), sampled_logprobs_.data());
-    stats.wait_ns += steady_now_ns() - wait_start;
+    Status collected = collect(prev, &stats);
     if (!collected.is_ok()) return recover(collected, {&prev, cur ? &*cur : nullptr});
     advance_all(prev, &stats);
   }

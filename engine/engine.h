@@ -153,6 +153,8 @@ class Engine {
   void complete(const Submitted& sub);
   // Appends the collected tokens (sampled_) to the sequences still active.
   void advance_all(const Submitted& sub, StepStats* stats);
+  // Waits for `sub`'s tokens into sampled_ (the wait counted in stats->wait_ns).
+  [[nodiscard]] Status collect(const Submitted& sub, StepStats* stats);
   // Collects the step in flight (pipelined), when a constrained sequence waits for its token: its
   // next mask depends on it.
   [[nodiscard]] Status collect_for_constraints(StepStats* stats);
