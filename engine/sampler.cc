@@ -68,6 +68,49 @@ int32_t sample_token(const float* logits, int vocab, const SamplingParams& p,
   auto by_logit = [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
+  if (k == n && p.top_p < 1.0f) {
+    // Top-p alone: the kept set is the shortest run of the sorted tokens whose mass reaches top_p.
+    // It is usually small, so the best few hundred are sorted first; when their mass falls short,
+    // only the tokens at or above the logit below which all together weigh at most 1 - top_p are
+    // (the kept set is among them), not the whole vocabulary.
+    const double mx = logits[top];
+    double sum = 0;
+    for (int32_t i : idx) sum += std::exp((logits[i] - mx) / p.temperature);
+    auto draw = [&](int count) {  // from the first `count` of idx, sorted
+      std::vector<double> w(static_cast<size_t>(count));
+      for (int j = 0; j < count; ++j)
+        w[static_cast<size_t>(j)] =
+            std::exp((logits[idx[static_cast<size_t>(j)]] - mx) / p.temperature);
+      double acc = 0;
+      int keep = count;
+      for (int j = 0; j < count; ++j) {
+        acc += w[static_cast<size_t>(j)] / sum;
+        if (acc >= p.top_p) {
+          keep = j + 1;
+          break;
+        }
+      }
+      const double total = std::accumulate(w.begin(), w.begin() + keep, 0.0);
+      double r = std::uniform_real_distribution<double>(0.0, total)(rng);
+      for (int j = 0; j < keep; ++j) {
+        r -= w[static_cast<size_t>(j)];
+        if (r <= 0) return idx[static_cast<size_t>(j)];
+      }
+      return idx[static_cast<size_t>(keep - 1)];
+    };
+    const int m = std::min(n, 256);
+    std::partial_sort(idx.begin(), idx.begin() + m, idx.end(), by_logit);
+    double head = 0;
+    for (int j = 0; j < m; ++j)
+      head += std::exp((logits[idx[static_cast<size_t>(j)]] - mx) / p.temperature);
+    if (head / sum >= p.top_p || m == n) return draw(m);
+    const double floor_logit =
+        mx + p.temperature * std::log((1.0 - p.top_p) * sum / static_cast<double>(n));
+    const auto end = std::partition(idx.begin() + m, idx.end(),
+                                    [&](int32_t i) { return logits[i] >= floor_logit; });
+    std::sort(idx.begin() + m, end, by_logit);
+    return draw(static_cast<int>(end - idx.begin()));
+  }
   if (k < n) {
     std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), by_logit);
     idx.resize(static_cast<size_t>(k));

@@ -887,18 +887,34 @@ TEST(SamplerTest, NaNAndInfiniteLogits) {
 // Penalties by hand: repetition divides positive logits and multiplies negative ones for every
 // listed token (prompt-only ones too); frequency and presence then subtract for generated ones.
 // The row's input token counts once more when penalize_input, listed or not.
-// Drawn at temperature with no top-k or top-p (every token kept, no sort) or with them (the kept
-// set sorted), tokens come as often as their softmax says, and a -inf token never does.
+// Drawn at temperature with no top-k or top-p (every token kept, no sort), with top-k, or with
+// top-p (the kept set found among the best first), tokens come as often as their softmax over the
+// kept set says, and a -inf token never does.
 TEST(SamplerTest, DrawsFollowTheSoftmax) {
   const std::vector<float> logits = {1.0f, -INFINITY, 0.0f, 2.0f, -1.0f, 0.5f};
   const int V = static_cast<int>(logits.size());
-  for (const auto& [t, top_k] : {std::pair{1.0f, 0}, std::pair{0.7f, 0}, std::pair{1.0f, 4}}) {
+  struct Setting {
+    float t;
+    int top_k;
+    float top_p;
+  };
+  for (const auto& [t, top_k, top_p] :
+       {Setting{1.0f, 0, 1.0f}, Setting{0.7f, 0, 1.0f}, Setting{1.0f, 4, 1.0f},
+        Setting{1.0f, 0, 0.8f}, Setting{1.0f, 0, 0.3f}}) {
     std::vector<double> want(logits.size(), 0.0);
     std::vector<int> kept;
     for (int i = 0; i < V; ++i)
       if (std::isfinite(logits[i])) kept.push_back(i);
     std::sort(kept.begin(), kept.end(), [&](int a, int b) { return logits[a] > logits[b]; });
     if (top_k > 0) kept.resize(static_cast<size_t>(top_k));
+    if (top_p < 1.0f) {  // the smallest highest-probability set reaching top_p
+      double all = 0, acc = 0;
+      for (int i : kept) all += std::exp(logits[static_cast<size_t>(i)] / t);
+      size_t keep = 0;
+      while (keep < kept.size() && acc < top_p)
+        acc += std::exp(logits[static_cast<size_t>(kept[keep++])] / t) / all;
+      kept.resize(keep);
+    }
     double z = 0;
     for (int i : kept) z += std::exp(logits[static_cast<size_t>(i)] / t);
     for (int i : kept)
@@ -909,6 +925,7 @@ TEST(SamplerTest, DrawsFollowTheSoftmax) {
       SampleSpec spec;
       spec.temperature = t;
       spec.top_k = top_k;
+      spec.top_p = top_p;
       spec.random = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(d + 1);
       ++count[static_cast<size_t>(sample_token(logits.data(), V, spec))];
     }
@@ -916,9 +933,28 @@ TEST(SamplerTest, DrawsFollowTheSoftmax) {
     for (int i = 0; i < V; ++i) {
       EXPECT_NEAR(count[static_cast<size_t>(i)] / static_cast<double>(draws),
                   want[static_cast<size_t>(i)], 0.01)
-          << "token " << i << " at temperature " << t << " top_k " << top_k;
+          << "token " << i << " at temperature " << t << " top_k " << top_k << " top_p " << top_p;
     }
   }
+}
+
+// Top-p over a flat distribution keeps more than the few hundred best: the kept set is found by
+// sorting everything, and holds the top_p share of the tokens (ties in id order).
+TEST(SamplerTest, TopPBeyondTheFirstFewHundred) {
+  const std::vector<float> flat(1000, 0.0f);
+  std::set<int32_t> seen;
+  int32_t highest = 0;
+  for (int d = 0; d < 20000; ++d) {
+    SampleSpec spec;
+    spec.temperature = 1.0f;
+    spec.top_p = 0.9f;
+    spec.random = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(d + 1);
+    const int32_t t = sample_token(flat.data(), 1000, spec);
+    seen.insert(t);
+    highest = std::max(highest, t);
+  }
+  EXPECT_LE(highest, 900);
+  EXPECT_GT(seen.size(), 850u);
 }
 
 TEST(SamplerTest, PenaltiesFollowOpenAiAndTransformers) {
