@@ -106,8 +106,7 @@ int32_t CompiledGrammar::uniform_plain_successor(int32_t state) {
   return target;
 }
 
-int32_t CompiledGrammar::walk(int32_t state, int32_t max_dist, uint32_t* bits, Entry* entry,
-                              int skip_plain) {
+int32_t CompiledGrammar::walk(int32_t state, int skip_plain, Entry* entry) {
   const int32_t own = dfa_.dist(state);
   const std::vector<int32_t>& sorted = vocab_->sorted();
   const std::vector<uint16_t>& lcp = vocab_->common_prefix();
@@ -144,11 +143,10 @@ int32_t CompiledGrammar::walk(int32_t state, int32_t max_dist, uint32_t* bits, E
     reached = d;
     if (failed) continue;
     const int32_t dist = dfa_.dist(st);
-    if (dist > max_dist) continue;
-    bits[id >> 5] |= 1u << (id & 31);
+    entry->bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
     largest = std::max(largest, dist);
-    if (entry && dist > own) entry->growing.push_back({id, dist});
-    if (entry && dist < own) entry->shrinking.push_back({id, dist});
+    if (dist > own) entry->growing.push_back({id, dist});
+    if (dist < own) entry->shrinking.push_back({id, dist});
   }
   return largest;
 }
@@ -177,7 +175,7 @@ const CompiledGrammar::Entry& CompiledGrammar::entry(int32_t state) {
     chain.push_back(next);
   }
   const int fast = static_cast<int>(chain.size()) - 1;  // token lengths the chain covers
-  e.max_next_dist = walk(state, kUnreachable, e.bits.data(), &e, fast);
+  e.max_next_dist = walk(state, fast, &e);
   for (int n = 1; n <= fast; ++n) {
     const int32_t end = chain[static_cast<size_t>(n)];
     const std::vector<uint32_t>& group = vocab_->plain_mask(n);

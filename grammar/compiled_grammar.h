@@ -50,7 +50,7 @@ class CompiledGrammar {
   struct Stats {
     int64_t masks_built = 0;    // walks of the vocabulary for a new state
     int64_t masks_cached = 0;   // steps served by a cached mask
-    int64_t masks_limited = 0;  // steps near the length budget (trimmed or walked)
+    int64_t masks_limited = 0;  // steps near the length budget (a cached mask trimmed)
     size_t states = 0;
     size_t memory_bytes = 0;
   };
@@ -72,12 +72,10 @@ class CompiledGrammar {
     std::vector<std::pair<int32_t, int32_t>> plain;
   };
   const Entry& entry(int32_t state);
-  // Sets the bits of the tokens that lead from `state` to a live state at most max_dist bytes from
-  // completion; the largest such distance (-1 when none).
-  // With `entry`, also lists its growing and shrinking tokens. Plain tokens of at most
-  // `skip_plain` characters are left out.
-  int32_t walk(int32_t state, int32_t max_dist, uint32_t* bits, Entry* entry = nullptr,
-               int skip_plain = 0);
+  // Sets in entry->bits the tokens that lead from `state` to a live state (but the plain tokens of
+  // at most `skip_plain` characters), and lists the growing and shrinking ones; the largest
+  // distance they lead to (-1 when none).
+  int32_t walk(int32_t state, int skip_plain, Entry* entry);
   // The state every plain character leads to from `state` (kDead when none may follow), or
   // kNotUniform when they do not all lead to one.
   int32_t plain_successor(int32_t state);  // memoized

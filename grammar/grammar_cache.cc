@@ -11,9 +11,7 @@ Result<std::shared_ptr<CompiledGrammar>> GrammarCache::get(
     if (it != index_.end()) {
       ++hits_;
       lru_.splice(lru_.begin(), lru_, it->second);
-      std::shared_ptr<CompiledGrammar> found = it->second->second;
-      trim();
-      return found;
+      return it->second->second;
     }
     ++misses_;
   }
@@ -29,6 +27,8 @@ Result<std::shared_ptr<CompiledGrammar>> GrammarCache::get(
   return compiled;
 }
 
+// On inserts only: a lookup stays cheap (it would otherwise lock every cached constraint to sum
+// their sizes); between inserts a constraint grows within its own bounds (dfa.h, the mask cap).
 void GrammarCache::trim() {
   size_t bytes = 0;
   for (auto& [key, g] : lru_) bytes += g->stats().memory_bytes;
