@@ -74,8 +74,12 @@ ObjectHead object_head(const std::string& s, size_t i, const char* args_key) {
     }
     const size_t key_end = string_end(s, k);
     if (key_end == std::string::npos) return h;
-    const std::string key =
-        nlohmann::json::parse(s.substr(k, key_end - k), nullptr, false).get<std::string>();
+    const auto parsed_key = nlohmann::json::parse(s.substr(k, key_end - k), nullptr, false);
+    if (!parsed_key.is_string()) {  // a bad escape: not a call this stream can read
+      h.broken = true;
+      return h;
+    }
+    const std::string key = parsed_key.get<std::string>();
     k = skip_ws(s, key_end);
     if (k >= s.size()) return h;
     if (s[k] != ':') {

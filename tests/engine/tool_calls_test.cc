@@ -193,6 +193,9 @@ TEST(ToolCallsTest, CallsStreamNameFirstThenArgumentsInPieces) {
   EXPECT_TRUE(
       late.update("<tool_call>{\"arguments\": {\"a\": 1}, \"name\": \"f\"}</tool_call>").empty());
   EXPECT_EQ(late.num_started(), 0);
+  // A key with a bad escape is no call the stream can read (and no reason to fail).
+  ToolCallStream bad(ToolCallFormat::kHermes);
+  EXPECT_TRUE(bad.update("<tool_call>{\"na\\qme\": \"f\", \"arguments\": {}}").empty());
 }
 
 }  // namespace
