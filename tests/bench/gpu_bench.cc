@@ -69,6 +69,16 @@ struct DecodeResult {
   double host_s = 0;  // per step: the engine's time outside waiting for the device
 };
 
+constexpr int kDecodeWarmup = 3;
+
+// Tokens each of `batch` sequences is given so that all of them decode together for the warm-up
+// and `steps` timed steps: early sequences start decoding while later ones are still prefilled in
+// chunks, and a few steps to spare.
+int decode_tokens_needed(int batch, int prompt_len, int steps, int max_tokens_per_step) {
+  const int prefill_steps = (batch * prompt_len + max_tokens_per_step - 1) / max_tokens_per_step;
+  return kDecodeWarmup + steps + 6 + prefill_steps;
+}
+
 // `batch` prompts, prefilled, then `steps` timed decode steps with every sequence decoding.
 // With `profile`, the timed steps run without graphs and their per-phase GPU times are kept there.
 // Without `pipeline`, each step's tokens are collected before the next step is planned. `sampling`
@@ -84,17 +94,17 @@ hr::Result<DecodeResult> decode_rate(
   eo.scheduler.max_batched_tokens = max_tokens_per_step;
   eo.scheduler.max_prefill_chunk = max_tokens_per_step;
   HR_ASSIGN_OR_RETURN(auto engine, Engine::create(backend, nullptr, context, eo));
-  const int warmup = 3;
+  const int warmup = kDecodeWarmup;
   for (int i = 0; i < batch; ++i) {
     GenerationRequest r;
     r.prompt = random_prompt(rng, prompt_len, backend->vocab_size());
     r.params = sampling;
-    // Early sequences start decoding while later ones are still prefilled in chunks: enough tokens
-    // that all of them are decoding together for warmup + steps steps.
-    const int prefill_steps = (batch * prompt_len + max_tokens_per_step - 1) / max_tokens_per_step;
-    r.params.max_tokens = warmup + steps + 6 + prefill_steps;  // a few steps to spare
-    // A constrained answer ends with its document at max_tokens (its stop token the last one).
+    r.params.max_tokens = decode_tokens_needed(batch, prompt_len, steps, max_tokens_per_step);
+    // A constrained answer ends with its document, which must not close before the timed steps
+    // are over (one ending early leaves no step with the whole batch decoding): the caller's
+    // constraint is long enough for that, and the length budget must not cut it short.
     r.params.ignore_eos = constraint == nullptr;
+    if (constraint) r.params.max_tokens = 8 * r.params.max_tokens + 2;
     r.constraint = constraint;
     HR_RETURN_IF_ERROR(engine->add(std::move(r)).status());
   }
@@ -570,9 +580,9 @@ int main(int argc, char** argv) {
   }
   out["sampling_extras_tok_s"] = extras;
   emit(false);
-  // Structured output at batch 64: every answer constrained to a JSON string (a mask over the
-  // whole vocabulary each step, computed on the host and applied by the sampling kernel; the
-  // engine collects each step before planning the next), against the same sampling free. The
+  // Structured output at batch 1 and 64: every answer constrained to a long JSON string (a mask
+  // over the whole vocabulary each step, computed on the host and applied by the sampling kernel;
+  // the engine collects each step before planning the next), against the same sampling free. The
   // vocabulary is synthetic (the 256 bytes and random printable strings of 2 to 8 bytes, one stop
   // token): the model's weights are random too.
   {
@@ -589,15 +599,31 @@ int main(int argc, char** argv) {
     usable[static_cast<size_t>(stop)] = false;
     auto vocab = std::make_shared<hr::grammar::Vocabulary>(
         bytes, usable, std::vector<int32_t>{stop}, c.vocab_size);
-    auto nfa = hr::grammar::compile_json_schema(
-        nlohmann::ordered_json::parse(R"({"type": "string"})"), "schema");
-    auto compiled = std::make_shared<hr::grammar::CompiledGrammar>(nfa.value(), vocab);
     SamplingParams sampled;
     sampled.temperature = 0.8f;
     sampled.top_k = 50;
     sampled.seed = 1;
     json structured = json::object();
     for (int b : {1, std::min(64, max_seqs)}) {
+      // A JSON string of at least 8 characters per token the timed steps need (a token writes at
+      // most 8 bytes): no answer can end before they are over.
+      const int min_chars = 8 * decode_tokens_needed(b, prompt, steps, 8192);
+      auto nfa = hr::grammar::compile_json_schema(
+          nlohmann::ordered_json::parse(R"({"type": "string", "minLength": )" +
+                                        std::to_string(min_chars) + "}"),
+          "schema");
+      auto compiled = std::make_shared<hr::grammar::CompiledGrammar>(nfa.value(), vocab);
+      // Each character position of the string is a state of its own: their masks are computed
+      // before the timed run, as a long-running service's cache holds the masks of the schemas it
+      // sees (the cost of a first visit is the grammar benchmark's, scripts/bench_structured.sh).
+      {
+        std::vector<uint32_t> mask(static_cast<size_t>(vocab->mask_words()));
+        int32_t state = compiled->advance(compiled->start(), '"');
+        for (int k = 0; k <= min_chars && state >= 0; ++k) {
+          compiled->fill_mask(state, hr::grammar::kNoLimit, mask.data());
+          state = compiled->advance(state, 'a');
+        }
+      }
       auto free_rate =
           decode_rate(backend, b, prompt, steps, max_tokens, rng, nullptr, true, 8192, sampled);
       auto json_rate = decode_rate(backend, b, prompt, steps, max_tokens, rng, nullptr, true, 8192,
