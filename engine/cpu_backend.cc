@@ -7,6 +7,7 @@
 
 #include "base/check.h"
 #include "engine/cpu_gemm.h"
+#include "engine/moe_routing.h"
 
 namespace hr::engine {
 
@@ -91,12 +92,15 @@ constexpr double kMinSplitWeights = 1 << 18;
 constexpr int kMinSplitWork = 1 << 16;
 int min_rows(int work_per_row) { return std::max(16, kMinSplitWork / std::max(1, work_per_row)); }
 
-// Replaces row-major v[n, k] by its panel packing.
-void pack_matrix(std::vector<float>* v, int n, int k) {
-  HR_CHECK(v->size() == static_cast<size_t>(n) * k) << v->size() << " != " << n << " x " << k;
+// Replaces `count` row-major matrices [n, k], one after another in v, by their panel packings,
+// one after another (each packed_size(n, k) floats).
+void pack_matrix(std::vector<float>* v, int n, int k, int count = 1) {
+  const size_t one = static_cast<size_t>(n) * k;
+  HR_CHECK(v->size() == one * count) << v->size() << " != " << count << " x " << n << " x " << k;
   std::vector<float> packed;
-  allocate_weight(&packed, packed_size(n, k));
-  pack_panels(v->data(), n, k, packed.data());
+  allocate_weight(&packed, packed_size(n, k) * count);
+  for (int i = 0; i < count; ++i)
+    pack_panels(v->data() + one * i, n, k, packed.data() + packed_size(n, k) * i);
   v->swap(packed);
 }
 
@@ -106,11 +110,18 @@ void pack_for_cpu(ModelWeights* w) {
   if (w->cpu_packed) return;
   const ModelConfig& c = w->config;
   const int D = c.hidden_size, F = c.intermediate_size, Q = c.q_size(), KV = c.kv_size();
-  for (LayerWeights& L : w->layers) {
+  const int E = c.moe.num_experts, FE = c.moe.expert_intermediate_size;
+  for (size_t li = 0; li < w->layers.size(); ++li) {
+    LayerWeights& L = w->layers[li];
     pack_matrix(&L.wqkv, Q + 2 * KV, D);
     pack_matrix(&L.wo, D, Q);
-    pack_matrix(&L.w_gate_up, 2 * F, D);
-    pack_matrix(&L.w_down, D, F);
+    if (c.is_moe_layer(static_cast<int>(li))) {
+      pack_matrix(&L.experts_gate_up, 2 * FE, D, E);
+      pack_matrix(&L.experts_down, D, FE, E);
+    } else {
+      pack_matrix(&L.w_gate_up, 2 * F, D);
+      pack_matrix(&L.w_down, D, F);
+    }
   }
   pack_matrix(w->lm_head.empty() ? &w->embed : &w->lm_head, c.vocab_size, D);
   w->cpu_packed = true;
@@ -286,6 +297,12 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
         if (!L.bqkv.empty()) {
           for (int i = 0; i < QKV; ++i) row[i] += L.bqkv[i];
         }
+        if (c.qk_norm) {  // in place: rms_norm reads its row whole before writing
+          for (int h = 0; h < nh; ++h)
+            rms_norm(row + h * hd, L.q_norm.data(), hd, eps, row + h * hd);
+          for (int h = 0; h < nkv; ++h)
+            rms_norm(row + Q + h * hd, L.k_norm.data(), hd, eps, row + Q + h * hd);
+        }
         int pos = in.positions[t];
         for (int h = 0; h < nh; ++h) apply_rope(row + h * hd, hd, pos, rope_inv_freq_.data());
         for (int h = 0; h < nkv; ++h) apply_rope(row + Q + h * hd, hd, pos, rope_inv_freq_.data());
@@ -316,6 +333,10 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
                  &h_[static_cast<size_t>(t) * D]);
       }
     });
+    if (c.is_moe_layer(li)) {
+      moe(L, li, T);
+      continue;
+    }
     matmul(h_.data(), L.w_gate_up.data(), gu_.data(), T, 2 * F, D, false);
     pool_.parallel_for(T, std::max(2, 65536 / F), [&](int t0, int t1) {
       for (int t = t0; t < t1; ++t) {
@@ -332,6 +353,76 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
   }
   matmul(final_.data(), w.lm_head_data(), logits, in.num_logits, c.vocab_size, D, false);
   return Status::ok();
+}
+
+void CpuBackend::moe(const LayerWeights& L, int li, int T) {
+  const ModelConfig& c = weights_->config;
+  const MoeConfig& m = c.moe;
+  const int D = c.hidden_size, E = m.num_experts, K = m.top_k, F = m.expert_intermediate_size;
+  router_logits_.resize(static_cast<size_t>(T) * E);
+  route_ids_.resize(static_cast<size_t>(T) * K);
+  route_weights_.resize(static_cast<size_t>(T) * K);
+  expert_out_.resize(static_cast<size_t>(T) * K * D);
+  // The router in fp32, then each token's choices.
+  pool_.parallel_for(T, min_rows(E * D), [&](int t0, int t1) {
+    for (int t = t0; t < t1; ++t) {
+      for (int e = 0; e < E; ++e) {
+        router_logits_[static_cast<size_t>(t) * E + e] =
+            dot(&h_[static_cast<size_t>(t) * D], &L.router[static_cast<size_t>(e) * D], D);
+      }
+    }
+  });
+  route_tokens(router_logits_.data(), T, m, nullptr, route_ids_.data(), route_weights_.data());
+  if (routing_observer_) routing_observer_(li, T, route_ids_.data(), route_weights_.data());
+  // Each expert once, for all the tokens routed to it: gathered rows, gate/up, SwiGLU, down.
+  std::vector<std::vector<int32_t>> routed(static_cast<size_t>(E));  // (token, choice) indices
+  for (int i = 0; i < T * K; ++i) routed[static_cast<size_t>(route_ids_[i])].push_back(i);
+  const size_t gu_panels = packed_size(2 * F, D), down_panels = packed_size(D, F);
+  for (int e = 0; e < E; ++e) {
+    const std::vector<int32_t>& rows = routed[static_cast<size_t>(e)];
+    const int n = static_cast<int>(rows.size());
+    if (n == 0) continue;
+    expert_in_.resize(static_cast<size_t>(n) * D);
+    expert_gu_.resize(static_cast<size_t>(n) * 2 * F);
+    expert_act_.resize(static_cast<size_t>(n) * F);
+    for (int r = 0; r < n; ++r) {
+      std::memcpy(&expert_in_[static_cast<size_t>(r) * D],
+                  &h_[static_cast<size_t>(rows[r] / K) * D], sizeof(float) * D);
+    }
+    matmul(expert_in_.data(), L.experts_gate_up.data() + gu_panels * e, expert_gu_.data(), n, 2 * F,
+           D, false);
+    for (int r = 0; r < n; ++r) {
+      silu_mul(&expert_gu_[static_cast<size_t>(r) * 2 * F], F,
+               &expert_act_[static_cast<size_t>(r) * F]);
+    }
+    // Its outputs straight into their (token, choice) rows: gathered back in rows' order.
+    expert_gu_.resize(static_cast<size_t>(n) * D);
+    matmul(expert_act_.data(), L.experts_down.data() + down_panels * e, expert_gu_.data(), n, D, F,
+           false);
+    for (int r = 0; r < n; ++r) {
+      std::memcpy(&expert_out_[static_cast<size_t>(rows[r]) * D],
+                  &expert_gu_[static_cast<size_t>(r) * D], sizeof(float) * D);
+    }
+  }
+  // Each token's weighted sum in expert order (as transformers adds them up), then the residual:
+  // the same arithmetic whatever else is in the step.
+  pool_.parallel_for(T, min_rows(K * D), [&](int t0, int t1) {
+    std::vector<int> order(static_cast<size_t>(K));
+    std::vector<float> sum(static_cast<size_t>(D));
+    for (int t = t0; t < t1; ++t) {
+      const int32_t* ids = &route_ids_[static_cast<size_t>(t) * K];
+      for (int j = 0; j < K; ++j) order[static_cast<size_t>(j)] = j;
+      std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[a] < ids[b]; });
+      std::fill(sum.begin(), sum.end(), 0.0f);
+      for (int j : order) {
+        const float w = route_weights_[static_cast<size_t>(t) * K + j];
+        const float* out = &expert_out_[(static_cast<size_t>(t) * K + j) * D];
+        for (int i = 0; i < D; ++i) sum[static_cast<size_t>(i)] += out[i] * w;
+      }
+      float* x = &x_[static_cast<size_t>(t) * D];
+      for (int i = 0; i < D; ++i) x[i] += sum[static_cast<size_t>(i)];
+    }
+  });
 }
 
 }  // namespace hr::engine

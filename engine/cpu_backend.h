@@ -1,10 +1,14 @@
 // The CPU backend: the reference implementation every GPU kernel is checked against. fp32
 // throughout; every product runs our panel kernels (cpu_gemm.h) on weights packed for them, split
 // over a small fork-join pool that also runs attention and elementwise work. The paged KV cache is
-// one host allocation per layer for K and for V. forward() is called by one thread at a time.
+// one host allocation per layer for K and for V. A mixture-of-experts layer routes in fp32
+// (moe_routing.h), then runs each chosen expert once for all of the step's tokens routed to it,
+// and adds each token's weighted outputs in expert order. forward() is called by one thread at a
+// time.
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -44,12 +48,19 @@ class CpuBackend final : public Backend {
   [[nodiscard]] Status collect(int32_t* tokens, TokenLogprobs* logprobs) override;
   void discard() override { outstanding_.clear(); }
   bool pipelined() const override { return options_.pipelined; }
+  // Called after each MoE layer's routing with the step's choices ([num_tokens, top_k] experts and
+  // weights, valid during the call): for tests.
+  using RoutingObserver =
+      std::function<void(int layer, int num_tokens, const int32_t* experts, const float* weights)>;
+  void set_routing_observer(RoutingObserver f) { routing_observer_ = std::move(f); }
 
  private:
   CpuBackend(std::shared_ptr<const ModelWeights> weights, CpuBackendOptions options,
              int num_blocks);
   // y[m, n] = x[m, k] · w[n, k]^T (+ y when accumulate), w packed (cpu_gemm.h).
   void matmul(const float* x, const float* w, float* y, int m, int n, int k, bool accumulate);
+  // Layer `li`'s experts on the normalised rows h_ [T, D], their weighted sum added to x_.
+  void moe(const LayerWeights& L, int li, int T);
 
   std::shared_ptr<const ModelWeights> weights_;
   CpuBackendOptions options_;
@@ -61,6 +72,12 @@ class CpuBackend final : public Backend {
   std::vector<std::vector<float>> v_cache_;  // same
   // Activation scratch, grown to the largest step seen.
   std::vector<float> x_, h_, qkv_, attn_, gu_, act_, final_;
+  // MoE scratch: router logits [T, E], choices [T, top_k], the rows routed to one expert, and
+  // each (token, choice)'s expert output [T, top_k, D].
+  std::vector<float> router_logits_, route_weights_, expert_in_, expert_gu_, expert_act_,
+      expert_out_;
+  std::vector<int32_t> route_ids_;
+  RoutingObserver routing_observer_;
   // submit(): logits, fed token ids, the last submitted step's tokens, and the uncollected steps.
   std::vector<float> logits_;
   std::vector<int32_t> fed_ids_;

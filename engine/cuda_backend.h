@@ -125,6 +125,12 @@ class CudaBackend final : public Backend {
     __nv_bfloat16* w_down = nullptr;     // [D, F]
     float* input_norm = nullptr;         // [D]
     float* post_norm = nullptr;          // [D]
+    float* q_norm = nullptr;             // [head_dim] (qk_norm models)
+    float* k_norm = nullptr;             // [head_dim]
+    // MoE layers (F: the experts' intermediate size):
+    float* router = nullptr;                   // [E, D] fp32
+    __nv_bfloat16* experts_gate_up = nullptr;  // [E, 2 F, D]
+    __nv_bfloat16* experts_down = nullptr;     // [E, D, F]
   };
   struct StepLayout;  // offsets of one step's inputs in the staging buffers
   // One step's packed inputs (a pinned host buffer and its device copy, grown on demand), the host

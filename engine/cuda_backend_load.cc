@@ -40,6 +40,11 @@ Status CudaBackend::check_options() const {
     return invalid_argument("GQA groups above 128 query heads per KV head are not supported",
                             "num_attention_heads");
   }
+  if (c.is_moe() || c.qk_norm) {
+    return invalid_argument(
+        "the CUDA backend does not run " + c.model_type + " models yet; use --device cpu",
+        "model_type");
+  }
   if (c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0) {
     return invalid_argument("hidden_size and intermediate_size must be multiples of 8",
                             "hidden_size");
@@ -315,6 +320,16 @@ void* CudaBackend::slot_data(WeightSlot slot, int layer) const {
       return l->w_gate_up;
     case WeightSlot::kDown:
       return l->w_down;
+    case WeightSlot::kQNorm:
+      return l->q_norm;
+    case WeightSlot::kKNorm:
+      return l->k_norm;
+    case WeightSlot::kRouter:
+      return l->router;
+    case WeightSlot::kExpertGateUp:
+      return l->experts_gate_up;
+    case WeightSlot::kExpertDown:
+      return l->experts_down;
   }
   return nullptr;
 }

@@ -45,7 +45,8 @@ size_t ModelWeights::num_parameters() const {
   size_t n = embed.size() + final_norm.size() + lm_head.size();
   for (const auto& l : layers) {
     n += l.input_norm.size() + l.post_norm.size() + l.wqkv.size() + l.bqkv.size() + l.wo.size() +
-         l.w_gate_up.size() + l.w_down.size();
+         l.w_gate_up.size() + l.w_down.size() + l.q_norm.size() + l.k_norm.size() +
+         l.router.size() + l.experts_gate_up.size() + l.experts_down.size();
   }
   return n;
 }
@@ -73,6 +74,16 @@ std::vector<float>& ModelWeights::slot(WeightSlot s, int layer) {
       return l->w_gate_up;
     case WeightSlot::kDown:
       return l->w_down;
+    case WeightSlot::kQNorm:
+      return l->q_norm;
+    case WeightSlot::kKNorm:
+      return l->k_norm;
+    case WeightSlot::kRouter:
+      return l->router;
+    case WeightSlot::kExpertGateUp:
+      return l->experts_gate_up;
+    case WeightSlot::kExpertDown:
+      return l->experts_down;
   }
   HR_CHECK(false) << "unknown weight slot";
   return embed;
@@ -84,7 +95,50 @@ const std::vector<float>& ModelWeights::slot(WeightSlot s, int layer) const {
 
 size_t ModelWeights::num_bytes() const { return num_parameters() * sizeof(float); }
 
-std::vector<WeightPiece> weight_pieces(const ModelConfig& c) {
+namespace {
+
+// A MoE layer's router and experts. Checkpoints name them after the model (Qwen3-MoE:
+// mlp.gate, mlp.experts.N.{gate,up,down}_proj; Mixtral: block_sparse_moe.gate,
+// block_sparse_moe.experts.N.{w1,w3,w2}), or hold transformers 5's fused form (mlp.gate,
+// mlp.experts.gate_up_proj [E, 2 F, D] with each expert's gate rows first, mlp.experts.down_proj
+// [E, D, F]).
+void expert_pieces(const ModelConfig& c, int layer, const std::string& p, bool fused,
+                   std::vector<WeightPiece>* out) {
+  using S = WeightSlot;
+  const int64_t D = c.hidden_size, F = c.moe.expert_intermediate_size, E = c.moe.num_experts;
+  const bool mixtral = c.model_type == "mixtral" && !fused;
+  const std::string block = p + (mixtral ? "block_sparse_moe." : "mlp.");
+  out->push_back({block + "gate.weight", {E, D}, S::kRouter, layer});
+  if (fused) {
+    out->push_back({block + "experts.gate_up_proj", {E, 2 * F, D}, S::kExpertGateUp, layer});
+    out->push_back({block + "experts.down_proj", {E, D, F}, S::kExpertDown, layer});
+    return;
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string x = block + "experts." + std::to_string(e) + ".";
+    const auto at = [](int64_t n) { return static_cast<size_t>(n); };
+    out->push_back({x + (mixtral ? "w1" : "gate_proj") + ".weight",
+                    {F, D},
+                    S::kExpertGateUp,
+                    layer,
+                    at(e * 2 * F * D)});
+    out->push_back({x + (mixtral ? "w3" : "up_proj") + ".weight",
+                    {F, D},
+                    S::kExpertGateUp,
+                    layer,
+                    at((e * 2 + 1) * F * D)});
+    out->push_back({x + (mixtral ? "w2" : "down_proj") + ".weight",
+                    {D, F},
+                    S::kExpertDown,
+                    layer,
+                    at(e * D * F)});
+  }
+}
+
+}  // namespace
+
+std::vector<WeightPiece> weight_pieces(const ModelConfig& c,
+                                       const std::function<bool(const std::string&)>& has) {
   const int64_t D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
   const int64_t Q = c.q_size(), KV = c.kv_size();
   using S = WeightSlot;
@@ -106,7 +160,15 @@ std::vector<WeightPiece> weight_pieces(const ModelConfig& c) {
       out.push_back({p + "self_attn.k_proj.bias", {KV}, S::kQkvBias, i, at(Q)});
       out.push_back({p + "self_attn.v_proj.bias", {KV}, S::kQkvBias, i, at(Q + KV)});
     }
+    if (c.qk_norm) {
+      out.push_back({p + "self_attn.q_norm.weight", {c.head_dim}, S::kQNorm, i});
+      out.push_back({p + "self_attn.k_norm.weight", {c.head_dim}, S::kKNorm, i});
+    }
     out.push_back({p + "self_attn.o_proj.weight", {D, Q}, S::kO, i});
+    if (c.is_moe_layer(i)) {
+      expert_pieces(c, i, p, has && has(p + "mlp.experts.gate_up_proj"), &out);
+      continue;
+    }
     out.push_back({p + "mlp.gate_proj.weight", {F, D}, S::kGateUp, i, 0});
     out.push_back({p + "mlp.up_proj.weight", {F, D}, S::kGateUp, i, at(F * D)});
     out.push_back({p + "mlp.down_proj.weight", {D, F}, S::kDown, i});
@@ -120,14 +182,16 @@ Result<ModelWeights> load_weights(const std::string& dir) {
   HR_ASSIGN_OR_RETURN(auto st, SafetensorsModel::open_dir(dir));
   w.layers.resize(static_cast<size_t>(w.config.num_layers));
   std::map<std::vector<float>*, size_t> slot_sizes;
-  for (const WeightPiece& piece : weight_pieces(w.config)) {
+  const std::vector<WeightPiece> pieces =
+      weight_pieces(w.config, [&](const std::string& name) { return st->find(name) != nullptr; });
+  for (const WeightPiece& piece : pieces) {
     size_t n = 1;
     for (int64_t d : piece.shape) n *= static_cast<size_t>(d);
     size_t& size = slot_sizes[&w.slot(piece.slot, piece.layer)];
     size = std::max(size, piece.offset + n);
   }
   for (auto& [slot, size] : slot_sizes) allocate_weight(slot, size);
-  for (const WeightPiece& piece : weight_pieces(w.config)) {
+  for (const WeightPiece& piece : pieces) {
     std::vector<float>* dst = &w.slot(piece.slot, piece.layer);
     HR_RETURN_IF_ERROR(read_into(*st, piece.name, piece.shape, dst, piece.offset));
   }

@@ -1,9 +1,13 @@
 // Model weights in fp32 host memory, laid out for batched GEMMs: q/k/v fused into one matrix and
-// gate/up fused into another, so one step issues one GEMM per projection for the whole batch.
-// Immutable after loading; shared read-only by backend threads.
+// gate/up fused into another, so one step issues one GEMM per projection for the whole batch. A
+// mixture of experts keeps its experts' matrices the same way, one after another ([experts, 2 F,
+// D] and [experts, D, F]), from either checkpoint form: one tensor per expert and projection, or
+// transformers 5's fused experts.gate_up_proj / experts.down_proj. Immutable after loading; shared
+// read-only by backend threads.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,7 +27,12 @@ enum class WeightSlot {
   kQkvBias,
   kO,
   kGateUp,
-  kDown
+  kDown,
+  kQNorm,
+  kKNorm,
+  kRouter,
+  kExpertGateUp,
+  kExpertDown
 };
 
 struct LayerWeights {
@@ -32,8 +41,14 @@ struct LayerWeights {
   std::vector<float> wqkv;        // [q + 2 kv, D]
   std::vector<float> bqkv;        // [q + 2 kv] or empty
   std::vector<float> wo;          // [D, q]
-  std::vector<float> w_gate_up;   // [2 F, D]: gate rows, then up rows
+  std::vector<float> w_gate_up;   // [2 F, D]: gate rows, then up rows (dense layers)
   std::vector<float> w_down;      // [D, F]
+  std::vector<float> q_norm;      // [head_dim] (qk_norm models)
+  std::vector<float> k_norm;      // [head_dim]
+  // MoE layers (F: the experts' intermediate size):
+  std::vector<float> router;           // [E, D]
+  std::vector<float> experts_gate_up;  // [E, 2 F, D]: each expert's gate rows, then its up rows
+  std::vector<float> experts_down;     // [E, D, F]
 };
 
 struct ModelWeights {
@@ -44,7 +59,8 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 
   // True once pack_for_cpu() (cpu_backend.h) has put the matrices in the CPU kernels' panel layout
-  // (cpu_gemm.h): wqkv, wo, w_gate_up, w_down and the LM head (the embedding too when tied).
+  // (cpu_gemm.h): wqkv, wo, w_gate_up, w_down, each expert's matrices and the LM head (the
+  // embedding too when tied).
   bool cpu_packed = false;
   const float* lm_head_data() const { return lm_head.empty() ? embed.data() : lm_head.data(); }
   // The vector holding a checkpoint piece's slot (per-layer slots of `layer`).
@@ -63,11 +79,15 @@ struct WeightPiece {
   int layer = -1;     // for per-layer slots
   size_t offset = 0;  // first element inside the slot's fused matrix
 };
-std::vector<WeightPiece> weight_pieces(const ModelConfig& c);
-// Norm weights and biases stay fp32 on every backend; the matrices may be bf16.
+// `has` says whether the checkpoint holds a tensor, to choose between the experts' two forms
+// (none: one tensor per expert).
+std::vector<WeightPiece> weight_pieces(
+    const ModelConfig& c, const std::function<bool(const std::string&)>& has = nullptr);
+// Norm weights, biases and routers stay fp32 on every backend; the matrices may be bf16.
 inline bool is_vector_slot(WeightSlot s) {
   return s == WeightSlot::kFinalNorm || s == WeightSlot::kInputNorm || s == WeightSlot::kPostNorm ||
-         s == WeightSlot::kQkvBias;
+         s == WeightSlot::kQkvBias || s == WeightSlot::kQNorm || s == WeightSlot::kKNorm ||
+         s == WeightSlot::kRouter;
 }
 
 // Sizes `v` to n floats on transparent huge pages where the kernel allows (every decode step

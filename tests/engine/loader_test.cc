@@ -121,6 +121,71 @@ TEST(ModelConfigTest, BadConfigsAreClear) {
   EXPECT_FLOAT_EQ(inv[0], 1.0f);  // high frequencies are not scaled
 }
 
+// Qwen3-MoE as transformers 4 writes it (rope_theta, num_experts) and as 5 does (RoPE settings in
+// rope_parameters, num_local_experts): the same architecture; Mixtral's head_dim null means
+// hidden_size / heads; what is not supported is refused by field.
+TEST(ModelConfigTest, ArchitecturesInBothTransformersForms) {
+  const std::string shape = R"("vocab_size": 10, "hidden_size": 64, "intermediate_size": 96,
+      "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,)";
+  auto v4 = parse_model_config(R"({"model_type": "qwen3_moe", )" + shape +
+                               R"("rope_theta": 1000000.0, "num_experts": 8,
+      "num_experts_per_tok": 2, "moe_intermediate_size": 24, "norm_topk_prob": true,
+      "decoder_sparse_step": 1, "mlp_only_layers": [2]})");
+  auto v5 =
+      parse_model_config(R"({"model_type": "qwen3_moe", )" + shape +
+                         R"("rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+      "num_local_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+      "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [2]})");
+  for (const auto* c : {&v4, &v5}) {
+    ASSERT_TRUE(c->is_ok()) << c->status().to_string();
+    const ModelConfig& m = c->value();
+    EXPECT_TRUE(m.qk_norm);
+    EXPECT_DOUBLE_EQ(m.rope_theta, 1e6);
+    EXPECT_EQ(m.moe.num_experts, 8);
+    EXPECT_EQ(m.moe.top_k, 2);
+    EXPECT_EQ(m.moe.expert_intermediate_size, 24);
+    EXPECT_TRUE(m.moe.renormalize);
+    EXPECT_EQ(m.moe.sparse_layers, (std::vector<bool>{true, true, false, true}));
+    EXPECT_EQ(m.q_size(), 128);
+  }
+  auto step2 = parse_model_config(R"({"model_type": "qwen3_moe", )" + shape +
+                                  R"("num_experts": 4, "num_experts_per_tok": 1,
+      "moe_intermediate_size": 24, "decoder_sparse_step": 2})");
+  ASSERT_TRUE(step2.is_ok()) << step2.status().to_string();
+  EXPECT_EQ(step2->moe.sparse_layers, (std::vector<bool>{false, true, false, true}));
+  EXPECT_FALSE(step2->moe.renormalize);
+  auto mixtral = parse_model_config(R"({"model_type": "mixtral", "vocab_size": 10,
+      "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "head_dim": null, "num_local_experts": 8, "num_experts_per_tok": 2,
+      "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})");
+  ASSERT_TRUE(mixtral.is_ok()) << mixtral.status().to_string();
+  EXPECT_EQ(mixtral->head_dim, 16);
+  EXPECT_FALSE(mixtral->qk_norm);
+  EXPECT_EQ(mixtral->moe.expert_intermediate_size, 96);
+  EXPECT_TRUE(mixtral->moe.renormalize);
+  EXPECT_TRUE(mixtral->rope_scaling.llama3);
+  EXPECT_DOUBLE_EQ(mixtral->rope_theta, 5e5);
+  auto field = [&](const std::string& type, const std::string& extra) {
+    return parse_model_config(R"({"model_type": ")" + type + R"(", )" + shape + extra + "}")
+        .status()
+        .field();
+  };
+  EXPECT_EQ(field("qwen3_moe", R"("num_experts": 4, "num_experts_per_tok": 5,
+      "moe_intermediate_size": 24)"),
+            "num_experts_per_tok");
+  EXPECT_EQ(field("qwen3_moe", R"("num_experts": 4, "num_experts_per_tok": 2)"),
+            "moe_intermediate_size");
+  EXPECT_EQ(field("qwen3_moe", R"("num_experts": 4, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 24, "mlp_only_layers": [4])"),
+            "mlp_only_layers");
+  EXPECT_EQ(field("mixtral", R"("num_experts_per_tok": 2)"), "num_local_experts");
+  EXPECT_EQ(field("qwen3", R"("use_sliding_window": true)"), "use_sliding_window");
+  EXPECT_EQ(field("qwen3", R"("rope_parameters": {"rope_type": "yarn", "factor": 4.0})"),
+            "rope_parameters");
+  EXPECT_EQ(field("deepseek_v3", R"("n_routed_experts": 8)"), "model_type");
+}
+
 // --cuda-options: known names and values only, a bare name meaning on (or the setting's first
 // value), and an error that names the flag and the setting.
 TEST(BackendSpecTest, CudaOptionsParseAndRefuseClearly) {
