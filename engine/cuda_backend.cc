@@ -81,6 +81,30 @@ void CudaBackend::collect_marks() {
   ++profiled_steps_;
 }
 
+Status CudaBackend::set_routing_record(bool on) {
+  if (!config_.is_moe()) return invalid_argument("not a mixture of experts", "model");
+  if (on && !routing_record_) {
+    const size_t bytes =
+        static_cast<size_t>(config_.num_layers) * options_.max_num_tokens * config_.moe.top_k * 4;
+    HR_RETURN_IF_ERROR(alloc(reinterpret_cast<void**>(&routing_record_), bytes, "routing record"));
+  }
+  recording_routing_ = on;
+  clear_graphs();  // captured graphs copy the choices or not
+  return Status::ok();
+}
+
+Result<std::vector<int32_t>> CudaBackend::routing_record(int layer) {
+  if (!recording_routing_ || layer < 0 || layer >= config_.num_layers ||
+      !config_.is_moe_layer(layer))
+    return invalid_argument("no routing recorded for layer " + std::to_string(layer), "layer");
+  HR_CUDA("waiting for the step", cudaStreamSynchronize(stream_));
+  const size_t k = config_.moe.top_k, per_layer = static_cast<size_t>(options_.max_num_tokens) * k;
+  std::vector<int32_t> out(static_cast<size_t>(routing_record_tokens_) * k);
+  HR_CUDA("reading the routing", cudaMemcpy(out.data(), routing_record_ + per_layer * layer,
+                                            out.size() * 4, cudaMemcpyDeviceToHost));
+  return out;
+}
+
 void CudaBackend::set_profiling(bool on) {
   profiling_ = on;
   profile_.clear();

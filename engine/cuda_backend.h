@@ -23,6 +23,7 @@
 #include "engine/cuda_gemm.h"
 #include "engine/weights.h"
 #include "kernels/gemv.cuh"
+#include "kernels/moe.cuh"
 #include "kernels/sampling.cuh"
 
 namespace hr::engine {
@@ -105,6 +106,12 @@ class CudaBackend final : public Backend {
     options_ = o;
     clear_graphs();
   }
+  // MoE models: each step's expert choices per MoE layer, kept on the device while recording is
+  // on (tests and benchmarks: where the GPU's routing left the CPU's, and how evenly the experts
+  // are loaded). routing_record(layer) waits for the stream and returns the last step's
+  // [tokens, top_k] choices of that layer.
+  [[nodiscard]] Status set_routing_record(bool on);
+  [[nodiscard]] Result<std::vector<int32_t>> routing_record(int layer);
   // Per-phase GPU time (ms summed over the steps run since profiling was turned on; graphs are
   // not used meanwhile), for benchmarks.
   void set_profiling(bool on);
@@ -263,6 +270,19 @@ class CudaBackend final : public Backend {
   float* partial_out_ = nullptr;                // [max_partials, num_heads, head_dim]
   float* partial_ml_ = nullptr;                 // [max_partials, num_heads, 2]
   int32_t* combine_counters_ = nullptr;  // [max_partials / 2, num_kv_heads], zero between launches
+  // MoE layers' step buffers, sized for max_num_tokens (kernels/moe.cuh).
+  struct MoeBuffers {
+    int32_t* topk_ids = nullptr;  // [T, top_k]
+    float* topk_weights = nullptr;
+    kernels::MoeLayout layout;
+    __nv_bfloat16* act = nullptr;  // [capacity, expert F]
+    float* out = nullptr;          // [T, top_k, D]: the next residual add sums each token's rows
+  } moe_;
+  // Layer li's experts on the normalised rows h_; its outputs go to moe_.out.
+  [[nodiscard]] Status moe_layer(const Layer& W, int li, int T);
+  int32_t* routing_record_ = nullptr;  // [layers, max_num_tokens, top_k], once asked for
+  bool recording_routing_ = false;
+  int routing_record_tokens_ = 0;  // the last step's
 
   // Two slots, so that step N+1 is packed while step N reads its own inputs.
   Slot slots_[2];

@@ -99,6 +99,10 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   float* r_alt = x2_;
   const float* s_in = nullptr;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  // What the next residual add takes: the last MLP's output, a MoE layer's k rows per token.
+  const float* mlp_out = delta_;
+  int mlp_rows = 1;
+  rope.eps = eps;
   // (A kernel, not a memset: the norm after it may be a programmatic launch, whose dependency in a
   // captured graph must be on a kernel.)
   if (fused)
@@ -106,16 +110,19 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   for (int li = 0; li < c.num_layers; ++li) {
     const Layer& W = layers_[static_cast<size_t>(li)];
     rope.bias = W.bqkv;
+    rope.q_norm = W.q_norm;
+    rope.k_norm = W.k_norm;
     rope.k_cache = k_cache_[static_cast<size_t>(li)];
     rope.v_cache = v_cache_[static_cast<size_t>(li)];
     if (!fused || li == 0) {
-      norm.delta = li == 0 ? nullptr : delta_;
+      norm.delta = li == 0 ? nullptr : mlp_out;
+      norm.delta_rows = mlp_rows;
       norm.weight = W.input_norm;
       HR_CUDA("input norm", kernels::add_rms_norm(norm, stream_));
       mark("norm");
     }
-    if (fused && options_.fused_rope) {
-      // One GEMV: q/k/v, RoPE and the KV write.
+    if (fused && options_.fused_rope && !c.qk_norm) {
+      // One GEMV: q/k/v, RoPE and the KV write (Qwen3's q/k norms take the RoPE kernel).
       kernels::GemvParams qp = gemv_params(W.wqkv, T, QKV, D);
       if (li == 0) {
         qp.x = h_;
@@ -183,9 +190,18 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
     HR_RETURN_IF_ERROR(matmul(attn_, W.wo, delta_, GemmOut::kF32, T, D, Q));
     mark("o_proj");
     norm.delta = delta_;
+    norm.delta_rows = 1;
     norm.weight = W.post_norm;
     HR_CUDA("post-attention norm", kernels::add_rms_norm(norm, stream_));
     mark("norm");
+    if (c.is_moe_layer(li)) {
+      HR_RETURN_IF_ERROR(moe_layer(W, li, T));
+      mlp_out = moe_.out;
+      mlp_rows = c.moe.top_k;
+      continue;
+    }
+    mlp_out = delta_;
+    mlp_rows = 1;
     HR_RETURN_IF_ERROR(matmul(h_, W.w_gate_up, gate_up_, GemmOut::kBF16, T, 2 * F, D));
     mark("gate_up_proj");
     HR_CUDA("silu_mul", kernels::silu_mul(gate_up_, T, F, act_, stream_));
@@ -198,7 +214,8 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
     HR_RETURN_IF_ERROR(
         gemv_normed(r_in, s_in, final_norm_, eps, lm_head_, logits_, false, L, V, D));
   } else {
-    norm.delta = delta_;
+    norm.delta = mlp_out;
+    norm.delta_rows = mlp_rows;
     norm.weight = final_norm_;
     norm.rows = d_logits_rows;
     norm.num_rows = L;
@@ -214,6 +231,62 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
                             input_ids_, tokens_, logprobs_, stream_));
   }
   mark("sampling");
+  return Status::ok();
+}
+
+Status CudaBackend::moe_layer(const Layer& W, int li, int T) {
+  const ModelConfig& c = config_;
+  const MoeConfig& m = c.moe;
+  kernels::MoeRouteParams r;
+  // The router's input in fp32, normalised from the residual stream (as the CPU backend routes):
+  // bf16 inputs flip more near-tied choices.
+  r.resid = x_;
+  r.norm_weight = W.post_norm;
+  r.eps = static_cast<float>(c.rms_norm_eps);
+  r.router = W.router;
+  r.num_tokens = T;
+  r.dim = c.hidden_size;
+  r.routing.num_experts = m.num_experts;
+  r.routing.top_k = m.top_k;
+  r.routing.sigmoid = m.scoring == RouterScoring::kSigmoid;
+  r.routing.renormalize = m.renormalize;
+  r.routing.num_groups = m.num_groups;
+  r.routing.topk_groups = m.topk_groups;
+  r.routing.scaling = m.routed_scaling_factor;
+  r.topk_ids = moe_.topk_ids;
+  r.topk_weights = moe_.topk_weights;
+  HR_CUDA("MoE routing", kernels::moe_route(r, stream_));
+  if (recording_routing_) {
+    const size_t per_layer = static_cast<size_t>(options_.max_num_tokens) * m.top_k;
+    HR_CUDA(
+        "recording the routing",
+        cudaMemcpyAsync(routing_record_ + per_layer * li, moe_.topk_ids,
+                        static_cast<size_t>(T) * m.top_k * 4, cudaMemcpyDeviceToDevice, stream_));
+    routing_record_tokens_ = T;
+  }
+  mark("moe_route");
+  const int pairs = T * m.top_k, capacity = kernels::moe_capacity(pairs, m.num_experts);
+  HR_CUDA("sorting MoE pairs",
+          kernels::moe_align(moe_.topk_ids, pairs, m.num_experts, capacity, moe_.layout, stream_));
+  mark("moe_align");
+  kernels::MoeExpertsParams e;
+  e.x = h_;
+  e.w_gate_up = W.experts_gate_up;
+  e.w_down = W.experts_down;
+  e.topk_weights = moe_.topk_weights;
+  e.layout = moe_.layout;
+  e.num_tokens = T;
+  e.top_k = m.top_k;
+  e.num_experts = m.num_experts;
+  e.dim = c.hidden_size;
+  e.ffn = m.expert_intermediate_size;
+  e.capacity = capacity;
+  e.act = moe_.act;
+  e.out = moe_.out;
+  const auto kernel =
+      T <= kMoeGemvTokens ? kernels::MoeKernel::kGemv : kernels::MoeKernel::kGroupedGemm;
+  HR_CUDA("MoE experts", kernels::moe_experts(e, kernel, stream_));
+  mark("moe_experts");
   return Status::ok();
 }
 

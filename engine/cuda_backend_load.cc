@@ -40,10 +40,18 @@ Status CudaBackend::check_options() const {
     return invalid_argument("GQA groups above 128 query heads per KV head are not supported",
                             "num_attention_heads");
   }
-  if (c.is_moe() || c.qk_norm) {
-    return invalid_argument(
-        "the CUDA backend does not run " + c.model_type + " models yet; use --device cpu",
-        "model_type");
+  if (c.is_moe()) {
+    const MoeConfig& m = c.moe;
+    if (m.num_experts > kernels::kMoeMaxExperts || m.top_k > kernels::kMoeMaxTopK) {
+      return invalid_argument("the CUDA backend routes among at most " +
+                                  std::to_string(kernels::kMoeMaxExperts) + " experts, top " +
+                                  std::to_string(kernels::kMoeMaxTopK),
+                              "num_experts_per_tok");
+    }
+    if (m.expert_intermediate_size % 8 != 0) {
+      return invalid_argument("the experts' intermediate size must be a multiple of 8",
+                              "moe_intermediate_size");
+    }
   }
   if (c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0) {
     return invalid_argument("hidden_size and intermediate_size must be multiples of 8",
@@ -95,12 +103,24 @@ Status CudaBackend::allocate_weights() {
   }
   HR_RETURN_IF_ERROR(f32(&final_norm_, D, "norm"));
   layers_.resize(static_cast<size_t>(c.num_layers));
-  for (Layer& L : layers_) {
+  const size_t E = c.moe.num_experts, FE = c.moe.expert_intermediate_size;
+  for (int li = 0; li < c.num_layers; ++li) {
+    Layer& L = layers_[static_cast<size_t>(li)];
     HR_RETURN_IF_ERROR(bf16(&L.wqkv, QKV * D, "qkv_proj"));
     if (c.qkv_bias) HR_RETURN_IF_ERROR(f32(&L.bqkv, QKV, "qkv bias"));
     HR_RETURN_IF_ERROR(bf16(&L.wo, D * c.q_size(), "o_proj"));
-    HR_RETURN_IF_ERROR(bf16(&L.w_gate_up, 2 * F * D, "gate_up_proj"));
-    HR_RETURN_IF_ERROR(bf16(&L.w_down, D * F, "down_proj"));
+    if (c.is_moe_layer(li)) {
+      HR_RETURN_IF_ERROR(f32(&L.router, E * D, "router"));
+      HR_RETURN_IF_ERROR(bf16(&L.experts_gate_up, E * 2 * FE * D, "experts' gate_up_proj"));
+      HR_RETURN_IF_ERROR(bf16(&L.experts_down, E * D * FE, "experts' down_proj"));
+    } else {
+      HR_RETURN_IF_ERROR(bf16(&L.w_gate_up, 2 * F * D, "gate_up_proj"));
+      HR_RETURN_IF_ERROR(bf16(&L.w_down, D * F, "down_proj"));
+    }
+    if (c.qk_norm) {
+      HR_RETURN_IF_ERROR(f32(&L.q_norm, c.head_dim, "q_norm"));
+      HR_RETURN_IF_ERROR(f32(&L.k_norm, c.head_dim, "k_norm"));
+    }
     HR_RETURN_IF_ERROR(f32(&L.input_norm, D, "input_layernorm"));
     HR_RETURN_IF_ERROR(f32(&L.post_norm, D, "post_attention_layernorm"));
   }
@@ -131,12 +151,26 @@ Status CudaBackend::fill_random(uint64_t seed) {
   HR_CUDA("random weights", fill(embed_, V * D, D));
   if (lm_head_ != embed_) HR_CUDA("random weights", fill(lm_head_, V * D, D));
   HR_CUDA("random weights", kernels::fill_f32(final_norm_, D, 1.0f, stream_));
+  const size_t E = c.moe.num_experts, FE = c.moe.expert_intermediate_size;
   for (Layer& L : layers_) {
     HR_CUDA("random weights", fill(L.wqkv, QKV * D, D));
     if (L.bqkv) HR_CUDA("random weights", kernels::fill_f32(L.bqkv, QKV, 0.0f, stream_));
     HR_CUDA("random weights", fill(L.wo, D * c.q_size(), c.q_size()));
-    HR_CUDA("random weights", fill(L.w_gate_up, 2 * F * D, D));
-    HR_CUDA("random weights", fill(L.w_down, D * F, F));
+    if (L.router) {
+      // Router logits of standard deviation ~1 (unit-RMS inputs): tokens spread over the experts.
+      HR_CUDA("random weights",
+              kernels::fill_uniform_f32(L.router, E * D, std::sqrt(3.0f / static_cast<float>(D)),
+                                        seed++, stream_));
+      HR_CUDA("random weights", fill(L.experts_gate_up, E * 2 * FE * D, D));
+      HR_CUDA("random weights", fill(L.experts_down, E * D * FE, FE));
+    } else {
+      HR_CUDA("random weights", fill(L.w_gate_up, 2 * F * D, D));
+      HR_CUDA("random weights", fill(L.w_down, D * F, F));
+    }
+    if (L.q_norm) {
+      HR_CUDA("random weights", kernels::fill_f32(L.q_norm, c.head_dim, 1.0f, stream_));
+      HR_CUDA("random weights", kernels::fill_f32(L.k_norm, c.head_dim, 1.0f, stream_));
+    }
     HR_CUDA("random weights", kernels::fill_f32(L.input_norm, D, 1.0f, stream_));
     HR_CUDA("random weights", kernels::fill_f32(L.post_norm, D, 1.0f, stream_));
   }
@@ -157,7 +191,8 @@ Status CudaBackend::init_runtime() {
                                  options_.device));
   kernels::programmatic_launch_supported();  // asked now, outside any graph capture
   HR_CUDA("reading the GEMV kernels' occupancy", kernels::gemv_prepare());
-  fused_shapes_ = D % 8 == 0 && Q % 8 == 0 && F % 8 == 0;
+  // (The fused small-batch path is a dense MLP's: a mixture of experts takes the plain one.)
+  fused_shapes_ = D % 8 == 0 && Q % 8 == 0 && F % 8 == 0 && !c.is_moe();
   const size_t smem_needed = kernels::paged_attention_smem_bytes(c.head_dim);
   if (static_cast<size_t>(smem_optin) < smem_needed) {
     return unavailable(
@@ -189,6 +224,23 @@ Status CudaBackend::init_runtime() {
   HR_RETURN_IF_ERROR(act(&logprobs_, S * sizeof(kernels::TokenLogprobs), "log probabilities"));
   HR_RETURN_IF_ERROR(
       act(&x2_, static_cast<size_t>(kernels::kGemvMaxFusedRows) * D * 4, "activations"));
+  if (c.is_moe()) {
+    // A step's (token, choice) pairs, their sorted layout, and the experts' activations and
+    // weighted outputs.
+    const size_t E = c.moe.num_experts, pairs = T * c.moe.top_k;
+    const size_t capacity = kernels::moe_capacity(static_cast<int>(pairs), static_cast<int>(E));
+    HR_RETURN_IF_ERROR(act(&moe_.topk_ids, pairs * 4, "MoE routing"));
+    HR_RETURN_IF_ERROR(act(&moe_.topk_weights, pairs * 4, "MoE routing"));
+    HR_RETURN_IF_ERROR(act(&moe_.layout.counts, E * 4, "MoE routing"));
+    HR_RETURN_IF_ERROR(act(&moe_.layout.offsets, (E + 1) * 4, "MoE routing"));
+    HR_RETURN_IF_ERROR(act(&moe_.layout.sorted_pairs, capacity * 4, "MoE routing"));
+    HR_RETURN_IF_ERROR(
+        act(&moe_.layout.tile_experts, capacity / kernels::kMoeTile * 4, "MoE routing"));
+    HR_RETURN_IF_ERROR(act(&moe_.layout.active_experts, E * 4, "MoE routing"));
+    HR_RETURN_IF_ERROR(
+        act(&moe_.act, capacity * c.moe.expert_intermediate_size * 2, "MoE activations"));
+    HR_RETURN_IF_ERROR(act(&moe_.out, pairs * D * 4, "MoE outputs"));
+  }
   sumsq_bytes_ = static_cast<size_t>(2 * c.num_layers) * kernels::kGemvMaxFusedRows * 4;
   HR_RETURN_IF_ERROR(act(&sumsq_, sumsq_bytes_, "norm sums"));
   max_partials_ = std::max(8 * num_sms_, 64);
@@ -277,7 +329,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create_from_dir(const std::str
   HR_RETURN_IF_ERROR(b->allocate_weights());
   std::vector<uint16_t> h16;
   std::vector<float> h32;
-  for (const WeightPiece& piece : weight_pieces(config)) {
+  for (const WeightPiece& piece :
+       weight_pieces(config, [&](const std::string& name) { return st->find(name) != nullptr; })) {
     size_t n = 1;
     for (int64_t d : piece.shape) n *= static_cast<size_t>(d);
     char* dst = static_cast<char*>(b->slot_data(piece.slot, piece.layer));

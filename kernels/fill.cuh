@@ -13,6 +13,8 @@ namespace hr::kernels {
 // out[i] = bf16(uniform in [-scale, scale)), a pure function of (seed, i).
 cudaError_t fill_uniform_bf16(__nv_bfloat16* out, size_t n, float scale, uint64_t seed,
                               cudaStream_t stream);
+// The same uniform values in fp32.
+cudaError_t fill_uniform_f32(float* out, size_t n, float scale, uint64_t seed, cudaStream_t stream);
 cudaError_t fill_f32(float* out, size_t n, float value, cudaStream_t stream);
 
 }  // namespace hr::kernels

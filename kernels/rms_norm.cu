@@ -12,12 +12,14 @@ __global__ void add_rms_norm_kernel(AddRmsNormParams p) {
   const int i = blockIdx.x;
   const int r = p.rows ? p.rows[i] : i;
   float* x = p.x + static_cast<size_t>(r) * p.dim;
-  const float* d = p.delta ? p.delta + static_cast<size_t>(r) * p.dim : nullptr;
+  const float* d = p.delta ? p.delta + static_cast<size_t>(r) * p.delta_rows * p.dim : nullptr;
   float ss = 0.0f;
   for (int c = threadIdx.x; c < p.dim; c += blockDim.x) {
     float v = x[c];
     if (d) {
-      v += d[c];
+      float sum = d[c];
+      for (int j = 1; j < p.delta_rows; ++j) sum += d[static_cast<size_t>(j) * p.dim + c];
+      v += sum;
       x[c] = v;
     }
     ss += v * v;
@@ -33,7 +35,8 @@ __global__ void add_rms_norm_kernel(AddRmsNormParams p) {
 }  // namespace
 
 cudaError_t add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream) {
-  if (p.num_rows < 0 || p.dim <= 0 || !p.x || !p.weight || !p.out) return cudaErrorInvalidValue;
+  if (p.num_rows < 0 || p.dim <= 0 || p.delta_rows < 1 || !p.x || !p.weight || !p.out)
+    return cudaErrorInvalidValue;
   if (p.num_rows == 0) return cudaSuccess;
   int threads = p.dim >= 4096 ? 512 : p.dim >= 1024 ? 256 : 128;
   return internal::launch(add_rms_norm_kernel, dim3(p.num_rows), dim3(threads), 0, stream, p);

@@ -1,5 +1,6 @@
 // RMSNorm fused with the residual add: x[r] += delta[r]; out[i] = bf16(x[r] / rms(x[r]) * weight),
-// for r = rows[i] (or i when rows is null). The residual stream x stays fp32.
+// for r = rows[i] (or i when rows is null). The residual stream x stays fp32. With delta_rows = k,
+// delta holds k rows per row of x (a MoE layer's weighted expert outputs), added in order.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,8 +11,9 @@
 namespace hr::kernels {
 
 struct AddRmsNormParams {
-  float* x = nullptr;             // [*, dim] residual stream, updated in place
-  const float* delta = nullptr;   // [*, dim] added to x first; null: no add
+  float* x = nullptr;            // [*, dim] residual stream, updated in place
+  const float* delta = nullptr;  // [*, delta_rows, dim] added to x first; null: no add
+  int delta_rows = 1;
   const float* weight = nullptr;  // [dim]
   const int32_t* rows = nullptr;  // [num_rows] rows of x to normalise; null: rows 0..num_rows-1
   __nv_bfloat16* out = nullptr;   // [num_rows, dim]

@@ -15,8 +15,38 @@ __global__ void rope_write_kv_kernel(RopeKvParams p) {
   const float* row = p.qkv + static_cast<size_t>(t) * width;
   const float pos = static_cast<float>(p.positions[t]);
   const size_t slot = static_cast<size_t>(p.slot_mapping[t]) * kv_size;
+  if (p.q_norm) {
+    // A warp per head: its sum of squares, then the normalised pairs rotated.
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int h = warp; h < p.num_heads + p.num_kv_heads; h += warps) {
+      const int base = h * hd;
+      const float* w = h < p.num_heads ? p.q_norm : p.k_norm;
+      float ss = 0.0f;
+      for (int i = lane; i < hd; i += 32) {
+        const float v = row[base + i] + (p.bias ? p.bias[base + i] : 0.0f);
+        ss += v * v;
+      }
+      const float scale = rsqrtf(internal::warp_sum(ss) / static_cast<float>(hd) + p.eps);
+      for (int i = lane; i < half; i += 32) {
+        float a = row[base + i], b = row[base + i + half];
+        if (p.bias) {
+          a += p.bias[base + i];
+          b += p.bias[base + i + half];
+        }
+        a *= scale * w[i];
+        b *= scale * w[i + half];
+        float s, c;
+        sincosf(pos * p.inv_freq[i], &s, &c);
+        const float ra = a * c - b * s, rb = b * c + a * s;
+        __nv_bfloat16* out = h < p.num_heads ? p.q_out + static_cast<size_t>(t) * q_size + base
+                                             : p.k_cache + slot + (base - q_size);
+        out[i] = __float2bfloat16_rn(ra);
+        out[i + half] = __float2bfloat16_rn(rb);
+      }
+    }
+  }
   // Rotations: query heads, then key heads.
-  const int num_pairs = (p.num_heads + p.num_kv_heads) * half;
+  const int num_pairs = p.q_norm ? 0 : (p.num_heads + p.num_kv_heads) * half;
   for (int e = threadIdx.x; e < num_pairs; e += blockDim.x) {
     const int h = e / half, i = e % half;
     const int base = h * hd;  // key heads follow the query heads in the row
@@ -53,7 +83,7 @@ cudaError_t rope_write_kv(const RopeKvParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (!p.qkv || !p.positions || !p.slot_mapping || !p.inv_freq || !p.q_out || !p.k_cache ||
-      !p.v_cache) {
+      !p.v_cache || (p.q_norm == nullptr) != (p.k_norm == nullptr)) {
     return cudaErrorInvalidValue;
   }
   if (p.num_tokens == 0) return cudaSuccess;

@@ -6,9 +6,15 @@
 # transformers on the same GPU and shape (when PyTorch and transformers are importable). The last
 # line of output is one JSON object; the baseline's figures are under "baseline", the best batch-1
 # setting under "best_batch1_mbu" (with the --cuda-options that give it).
+# Then the MoE section, under "moe": the Qwen3-30B-A3B shape (HEADROOM_BENCH_MOE names another,
+# mixtral-8x7b where it fits; empty leaves the section out): our decode tokens/s at batch 1, 16,
+# 64, 256, prefill tokens/s, batch-1 bandwidth utilisation over the bytes a token reads (its top-k
+# experts, not all), and transformers on the same GPU and shape, eager and compiled (a static
+# cache with torch.compile and CUDA graphs), under baseline_eager and baseline_compiled.
 # HEADROOM_PREBUILT=DIR uses a headroom_gpu_bench already built in DIR instead of building;
-# HEADROOM_BENCH_BASELINE=0 leaves the baseline out; HEADROOM_BENCH_BASELINE_TIMEOUT_S bounds it
-# (default 240). Exits non-zero when a phase of the engine's run failed (its figures still print).
+# HEADROOM_BENCH_BASELINE=0 leaves the baselines out; HEADROOM_BENCH_BASELINE_TIMEOUT_S bounds
+# each (default 240). HEADROOM_BENCH_DENSE=0 leaves the dense model out. Exits non-zero when a
+# phase of the engine's run failed (its figures still print).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -22,46 +28,84 @@ else
 fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+have_baseline() {
+  [ "${HEADROOM_BENCH_BASELINE:-1}" != 0 ] &&
+    python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null
+}
+# baseline ARGS...: the baseline's last JSON line, or null (a failed or overlong baseline loses only
+# the baseline: our figures are reported all the same).
+baseline() {
+  if ! have_baseline; then
+    echo "bench_gpu: baseline skipped (HEADROOM_BENCH_BASELINE=0, or no PyTorch with CUDA and transformers)" >&2
+    echo null
+    return
+  fi
+  PYTHONUNBUFFERED=1 timeout --kill-after=10 "${HEADROOM_BENCH_BASELINE_TIMEOUT_S:-240}" \
+    python3 scripts/bench_gpu_baseline.py "$@" 2>&1 | tee "$log" >&2 || true
+  local last
+  last=$(grep '^{' "$log" | tail -1 || true)
+  if python3 -c 'import json, sys; json.loads(sys.argv[1])' "$last" 2>/dev/null; then
+    echo "$last"
+  else
+    echo "bench_gpu: the baseline $* failed or ran out of time (above); reported as null" >&2
+    echo null
+  fi
+}
 # The engine prints its figures so far as a JSON line after each phase; a failed phase is recorded
 # in them ("errors") and the run goes on, so its last JSON line is reported in any case.
 rc=0
-"$bench" "$@" | tee "$log" >&2 || rc=$?
-ours=$(grep '^{' "$log" | tail -1 || true)
-if [ -z "$ours" ]; then
-  echo "bench_gpu: the engine benchmark printed no figures (exit $rc)" >&2
-  exit 1
-fi
-baseline=null
-if [ "${HEADROOM_BENCH_BASELINE:-1}" = 0 ]; then
-  echo "bench_gpu: baseline skipped (HEADROOM_BENCH_BASELINE=0)" >&2
-elif python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; then
-  # A failed or overlong baseline loses only the baseline: our figures are reported all the same.
-  if PYTHONUNBUFFERED=1 timeout --kill-after=10 "${HEADROOM_BENCH_BASELINE_TIMEOUT_S:-240}" \
-      python3 scripts/bench_gpu_baseline.py 2>&1 | tee "$log" >&2 &&
-    python3 -c 'import json, sys; json.loads(sys.argv[1])' "$(grep '^{' "$log" | tail -1)" 2>/dev/null; then
-    baseline=$(grep '^{' "$log" | tail -1)
-  else
-    echo "bench_gpu: the baseline failed or ran out of time (above); reported as null" >&2
+ours=null
+base=null
+if [ "${HEADROOM_BENCH_DENSE:-1}" != 0 ]; then
+  "$bench" "$@" | tee "$log" >&2 || rc=$?
+  ours=$(grep '^{' "$log" | tail -1 || true)
+  if [ -z "$ours" ]; then
+    echo "bench_gpu: the engine benchmark printed no figures (exit $rc)" >&2
+    exit 1
   fi
-else
-  echo "bench_gpu: no PyTorch with CUDA and transformers here; baseline skipped" >&2
+  base=$(baseline)
 fi
-python3 - "$ours" "$baseline" <<'PY'
+moe=null
+moe_eager=null
+moe_compiled=null
+moe_model=${HEADROOM_BENCH_MOE-qwen3-30b-a3b}
+if [ -n "$moe_model" ]; then
+  "$bench" --moe "$moe_model" --max-seqs 256 | tee "$log" >&2 || rc=$?
+  moe=$(grep '^{' "$log" | tail -1 || true)
+  [ -n "$moe" ] || moe='{"moe": null}'
+  if [ "$moe_model" = qwen3-30b-a3b ]; then
+    moe_eager=$(baseline --moe "$moe_model" --batches 1,16,64 --steps 8)
+    moe_compiled=$(baseline --moe "$moe_model" --compile --batches 1,64 --steps 16)
+  fi
+fi
+python3 - "$ours" "$base" "$moe" "$moe_eager" "$moe_compiled" <<'PY'
 import json, sys
-ours, base = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-out = dict(ours)
-out["goals"] = {"batch1_mbu": ">= 0.85"}
-out["baseline"] = base
-decode = ours.get("decode_tok_s", {})
-plain = ours.get("decode_tok_s_not_pipelined", {})
-out["pipelining_gain"] = {b: round(decode[b] / plain[b], 3) for b in decode if plain.get(b)}
-if base:
-    out["speedup_vs_baseline"] = {
-        "decode": {b: round(decode[b] / base["decode_tok_s"][b], 2)
-                   for b in decode if base.get("decode_tok_s", {}).get(b)},
-        "prefill": round(ours["prefill_tok_s"] / base["prefill_tok_s"], 2)
-                   if ours.get("prefill_tok_s") and base.get("prefill_tok_s") else None,
-    }
+ours, base, moe, moe_eager, moe_compiled = (json.loads(a) for a in sys.argv[1:6])
+out = dict(ours or {})
+if ours:
+    out["goals"] = {"batch1_mbu": ">= 0.85"}
+    out["baseline"] = base
+    decode = ours.get("decode_tok_s", {})
+    plain = ours.get("decode_tok_s_not_pipelined", {})
+    out["pipelining_gain"] = {b: round(decode[b] / plain[b], 3) for b in decode if plain.get(b)}
+    if base:
+        out["speedup_vs_baseline"] = {
+            "decode": {b: round(decode[b] / base["decode_tok_s"][b], 2)
+                       for b in decode if base.get("decode_tok_s", {}).get(b)},
+            "prefill": round(ours["prefill_tok_s"] / base["prefill_tok_s"], 2)
+                       if ours.get("prefill_tok_s") and base.get("prefill_tok_s") else None,
+        }
+if moe and moe.get("moe"):
+    m = dict(moe["moe"])
+    m["goals"] = {"batch1_active_mbu": ">= 0.85"}
+    m["baseline_eager"], m["baseline_compiled"] = moe_eager, moe_compiled
+    for name, b in (("eager", moe_eager), ("compiled", moe_compiled)):
+        if b:
+            m["speedup_vs_" + name] = {k: round(v / b["decode_tok_s"][k], 2)
+                                       for k, v in m.get("decode_tok_s", {}).items()
+                                       if b.get("decode_tok_s", {}).get(k)}
+    out["moe"] = m
+out.setdefault("complete", bool(moe and (moe.get("moe") or {}).get("complete")))
 print(json.dumps(out))
 PY
 exit "$rc"

@@ -5,11 +5,14 @@
 # the kernel tests under compute-sanitizer, and prints a summary. Exits non-zero when a stage
 # fails, runs out of time, or no GPU is visible.
 #   scripts/gpu_check.sh [bench_gpu.sh arguments...]
-# HEADROOM_GPU_CHECK_STAGES   which stages, in this order (default tests,bench,serve,sanitize)
-#   tests     kernels_device_test, cuda_kernels_test, cuda_sampling_test, cuda_backend_test; a skip
-#             counts as a failure
+# HEADROOM_GPU_CHECK_STAGES   which stages, in this order (default fixtures,tests,bench,serve,sanitize)
+#   fixtures  scripts/make_fixtures.py for each folder of models/fixtures that is missing (its
+#             reference.json), with the machine's transformers; they are left there to be committed
+#   tests     kernels_device_test, cuda_kernels_test, cuda_moe_test, cuda_sampling_test,
+#             cuda_backend_test, cuda_fixture_models_test; a skip counts as a failure
 #   bench     scripts/bench_gpu.sh (our engine, then Hugging Face transformers as the baseline; with
-#             structured output's decode rate against free decoding at batch 1 and 64)
+#             structured output's decode rate against free decoding at batch 1 and 64; then the
+#             MoE section, Qwen3-30B-A3B against transformers eager and compiled)
 #   serve     scripts/serve_check.sh cuda, as configured by default and with the paths the
 #             defaults leave unused (--cuda-options), where Postgres and Redis can run: installed here, or
 #             packed by scripts/pack_portable.sh and named by HEADROOM_PORTABLE
@@ -30,13 +33,13 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export HEADROOM_SOURCE_DIR=$root
-stages=${HEADROOM_GPU_CHECK_STAGES:-tests,bench,serve,sanitize}
+stages=${HEADROOM_GPU_CHECK_STAGES:-fixtures,tests,bench,serve,sanitize}
 logs=${HEADROOM_GPU_CHECK_LOGS:-/tmp/headroom-gpu-check}
 mkdir -p "$logs"
 
 for stage in ${stages//,/ }; do
-  case $stage in tests | bench | serve | sanitize | profile) ;;
-    *) echo "gpu_check: unknown stage '$stage' in HEADROOM_GPU_CHECK_STAGES (tests, bench, serve, sanitize, profile)" >&2
+  case $stage in fixtures | tests | bench | serve | sanitize | profile) ;;
+    *) echo "gpu_check: unknown stage '$stage' in HEADROOM_GPU_CHECK_STAGES (fixtures, tests, bench, serve, sanitize, profile)" >&2
        exit 2 ;;
   esac
 done
@@ -48,7 +51,8 @@ else
   scripts/setup.sh >/dev/null || exit 1
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DHEADROOM_CUDA=ON >/dev/null || exit 1
   cmake --build build-gpu -j "${HEADROOM_JOBS:-$(nproc)}" \
-    --target kernels_device_test cuda_kernels_test cuda_sampling_test cuda_backend_test headroom_gpu_bench || exit 1
+    --target kernels_device_test cuda_kernels_test cuda_moe_test cuda_sampling_test cuda_backend_test \
+    cuda_fixture_models_test headroom_gpu_bench || exit 1
   bin=$root/build-gpu/tests
 fi
 # The binaries (and the packed headroom) load the CUDA runtime and cuBLASLt from where the build
@@ -135,8 +139,25 @@ outcome() {  # a stage's rc in words
   case $1 in 0) echo "ok" ;; 124) echo "STOPPED: out of time" ;; 125) echo "NOT RUN: out of time" ;; *) echo "FAILED rc=$1" ;; esac
 }
 
+if wants fixtures; then
+  missing=()
+  for f in qwen3 qwen3-moe qwen3-moe-step2 mixtral qwen3-moe-fused; do
+    [ -f "models/fixtures/$f/reference.json" ] || missing+=("$f")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    note "$(printf '%-32s %s' fixtures 'ok: all present')"
+  else
+    # (the fused form is written with the model it holds)
+    only=$(printf '%s\n' "${missing[@]}" | sed 's/-fused$//' | sort -u | paste -sd,)
+    run_stage fixtures "$logs/fixtures.log" 120 env PYTHONUNBUFFERED=1 python3 scripts/make_fixtures.py --only "$only"
+    [ "$stage_rc" -eq 0 ] || failed=1
+    note "$(printf '%-32s %s %ss made: %s' fixtures "$(outcome "$stage_rc")" "$stage_s" "$only")"
+  fi
+fi
+
 if wants tests; then
-  for t in kernels_device_test cuda_kernels_test cuda_sampling_test cuda_backend_test; do
+  for t in kernels_device_test cuda_kernels_test cuda_moe_test cuda_sampling_test cuda_backend_test \
+    cuda_fixture_models_test; do
     run_stage "$t" "$logs/$t.log" 300 "$bin/$t" --gtest_color=no
     # (gtest lists each skipped test again at the end: counted once)
     skipped=$(grep '^\[  SKIPPED \] [A-Za-z]' "$logs/$t.log" | awk '{print $4}' | sort -u | grep -c .)
@@ -200,6 +221,8 @@ if wants sanitize; then
     # pipelined steps, the fewer-kernel settings); racecheck and synccheck (shared memory and
     # barriers) over the attention and GEMV kernels, then the sampling kernel.
     for check in "memcheck cuda_kernels_test *" \
+                 "memcheck cuda_moe_test *" \
+                 "racecheck cuda_moe_test *" \
                  "memcheck cuda_backend_test *LogitsMatchCpuBackend*:*FedTokensEqualKnownTokens*" \
                  "racecheck cuda_kernels_test *PagedAttention*:*Gemv*" \
                  "synccheck cuda_kernels_test *PagedAttention*:*Gemv*" \

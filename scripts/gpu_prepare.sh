@@ -12,7 +12,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 dir=${1:-.gpu-bin}
 case $dir in /*) ;; *) dir=$root/$dir ;; esac
-targets=(kernels_device_test cuda_kernels_test cuda_sampling_test cuda_backend_test headroom_gpu_bench)
+targets=(kernels_device_test cuda_kernels_test cuda_moe_test cuda_sampling_test cuda_backend_test
+         cuda_fixture_models_test headroom_gpu_bench)
 
 scripts/setup.sh >/dev/null
 # One Release build with CUDA for both: the test binaries and the packed headroom.

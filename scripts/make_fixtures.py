@@ -81,7 +81,7 @@ def fixtures():
     out["qwen3"] = lambda: (
         transformers.Qwen3ForCausalLM,
         make_config(transformers.Qwen3Config, 10000.0, intermediate_size=256, num_hidden_layers=3,
-                    head_dim=48,  # q is 4 x 48 = 192 wide, not hidden_size
+                    head_dim=64,  # q is 4 x 64 = 256 wide, not hidden_size
                     tie_word_embeddings=True, attention_bias=False, use_sliding_window=False,
                     **COMMON))
     out["qwen3-moe"] = lambda: (

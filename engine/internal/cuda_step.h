@@ -17,6 +17,10 @@ inline size_t align16(size_t n) { return (n + 15) & ~size_t{15}; }
 // four and falls behind by eight (bench_gpu.sh's weight_read_fraction).
 constexpr int kGemvRows = 2;
 
+// Steps of up to this many tokens run a MoE layer's experts as GEMVs (each active expert's
+// weights streamed once for all its rows), larger ones as the grouped GEMM on tensor cores.
+constexpr int kMoeGemvTokens = 16;
+
 // Byte offsets of one step's inputs inside the staging buffers (each 16-byte aligned).
 struct CudaBackend::StepLayout {
   size_t token_ids = 0, fed_rows = 0, positions = 0, slots = 0, logits_rows = 0, block_table = 0,

@@ -1,5 +1,6 @@
-// GPU engine benchmark driver (run by scripts/bench_gpu.sh): a Llama-3-8B-shaped model with random
-// bf16 weights made on the GPU, run through the real engine (scheduler, block manager, CUDA
+// GPU engine benchmark driver (run by scripts/bench_gpu.sh): a Llama-3-8B-shaped model (or with
+// --moe, a mixture of experts: moe_run below) with random bf16 weights made on the GPU, run
+// through the real engine (scheduler, block manager, CUDA
 // backend, on-device sampling). Measures decode tokens/s at several batch sizes after 512-token
 // prompts, prefill tokens/s for 2,048-token prompts, and batch-1 memory-bandwidth utilisation
 // (weight bytes a decode token reads, i.e. all but the embedding table, over the step time,
@@ -277,6 +278,139 @@ std::vector<int> parse_list(const std::string& s) {
   return out;
 }
 
+// The MoE section (--moe NAME): a mixture-of-experts model of a real shape with random bf16 weights
+// (Qwen3-30B-A3B, or Mixtral-8x7B where it fits): decode tokens/s at `batches`, prefill tokens/s,
+// the bytes a batch-1 decode token reads (attention, router, its top-k experts, LM head) over the
+// step time against the copy bandwidth, where a batch-1 step's time goes, and how evenly the
+// random router spreads a prefill's tokens. One JSON line, "moe": {...}.
+int moe_run(const std::string& name, ModelConfig c, const std::string& batches, int prompt,
+            int steps, int prefill_len, int prefill_count, int max_tokens, int max_seqs,
+            size_t kv_cache_mb, size_t copy_mb) {
+  if (name == "qwen3-30b-a3b") {
+    c.model_type = "qwen3_moe";
+    c.vocab_size = 151936;
+    c.hidden_size = 2048;
+    c.intermediate_size = 6144;
+    c.num_layers = 48;
+    c.num_heads = 32;
+    c.num_kv_heads = 4;
+    c.head_dim = 128;
+    c.rope_theta = 1e6;
+    c.qk_norm = true;
+    c.moe.num_experts = 128;
+    c.moe.top_k = 8;
+    c.moe.expert_intermediate_size = 768;
+    c.moe.renormalize = true;
+  } else if (name == "mixtral-8x7b") {
+    c.model_type = "mixtral";
+    c.vocab_size = 32000;
+    c.hidden_size = 4096;
+    c.intermediate_size = 14336;
+    c.num_layers = 32;
+    c.num_heads = 32;
+    c.num_kv_heads = 8;
+    c.head_dim = 128;
+    c.rope_theta = 1e6;
+    c.qk_norm = false;
+    c.moe.num_experts = 8;
+    c.moe.top_k = 2;
+    c.moe.expert_intermediate_size = 14336;
+    c.moe.renormalize = true;
+  } else if (name != "custom") {  // custom: the shape given by the other options (tests)
+    std::fprintf(stderr, "gpu_bench: --moe takes qwen3-30b-a3b, mixtral-8x7b or custom\n");
+    return 2;
+  }
+  c.moe.sparse_layers.assign(static_cast<size_t>(c.num_layers), true);
+  c.max_position_embeddings = 8192;
+  const double bw = copy_bandwidth(copy_mb << 20);
+  json out = {{"model", name}, {"copy_bytes_per_s", bw}}, errors = json::object();
+  auto emit = [&](bool complete) {
+    out["errors"] = errors;
+    out["complete"] = complete;
+    std::printf("%s\n", json{{"moe", out}}.dump().c_str());
+    std::fflush(stdout);
+  };
+  CudaBackendOptions o;
+  o.max_num_tokens = max_tokens;
+  o.max_num_seqs = max_seqs;
+  o.kv_cache_bytes = kv_cache_mb << 20;
+  auto made = CudaBackend::create_random(c, 4321, o);
+  if (!made.is_ok()) {
+    errors["model"] = made.status().to_string();
+    std::fprintf(stderr, "gpu_bench: %s\n", made.status().to_string().c_str());
+    emit(false);
+    return 1;
+  }
+  std::shared_ptr<CudaBackend> backend = std::move(made).value();
+  // A batch-1 decode token reads everything but the embedding table, less the experts it does
+  // not use: top_k of num_experts in each MoE layer.
+  const size_t expert_bytes = static_cast<size_t>(c.num_layers) * c.moe.num_experts * 3 *
+                              c.moe.expert_intermediate_size * c.hidden_size * 2;
+  const size_t active = backend->decode_weight_bytes() - expert_bytes +
+                        expert_bytes / c.moe.num_experts * c.moe.top_k;
+  out["weight_bytes"] = backend->weight_bytes();
+  out["active_weight_bytes"] = active;
+  out["kv_cache_bytes"] = backend->kv_cache_bytes();
+  std::printf("moe %s: %.2f GB of weights, %.2f GB read per batch-1 token\n", name.c_str(),
+              backend->weight_bytes() / 1e9, active / 1e9);
+  {
+    EngineOptions eo;
+    eo.scheduler.max_num_seqs = max_seqs;
+    eo.scheduler.max_batched_tokens = max_tokens;
+    auto engine = Engine::create(backend, nullptr, 8192, eo);
+    hr::Status warmed = engine.is_ok() ? (*engine)->warm_up() : engine.status();
+    if (!warmed.is_ok()) errors["warm_up"] = warmed.to_string();
+  }
+  std::mt19937 rng(3);
+  json decode = json::object(), step_ms = json::object();
+  for (int b : parse_list(batches)) {
+    auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng);
+    if (!r.is_ok()) {
+      errors["decode batch " + std::to_string(b)] = r.status().to_string();
+      continue;
+    }
+    decode[std::to_string(b)] = std::round(r->tok_s * 10) / 10;
+    step_ms[std::to_string(b)] = std::round(r->step_s * 1e5) / 100;
+    if (b == 1) {
+      out["batch1_active_mbu"] = active / r->step_s / bw;
+      out["batch1_floor_tok_s"] = bw / active;
+    }
+    std::printf("moe decode batch %d: %.1f tok/s (%.2f ms/step)\n", b, r->tok_s, r->step_s * 1e3);
+    out["decode_tok_s"] = decode;
+    out["decode_step_ms"] = step_ms;
+    emit(false);
+  }
+  auto prefill = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
+  if (prefill.is_ok()) {
+    out["prefill_tok_s"] = std::round(*prefill);
+    std::printf("moe prefill: %.0f tok/s\n", *prefill);
+  } else {
+    errors["prefill"] = prefill.status().to_string();
+  }
+  emit(false);
+  // Where a batch-1 step's time goes (kernels launched one by one).
+  json prof = json::object();
+  auto r = decode_rate(backend, 1, prompt, 8, max_tokens, rng, &prof);
+  if (r.is_ok())
+    out["decode_profile_ms_per_step"] = {{"1", prof}};
+  else
+    errors["decode profile"] = r.status().to_string();
+  // The router's spread over the experts for one prefill step: tokens per expert (max / mean).
+  if (backend->set_routing_record(true).is_ok()) {
+    auto spread = prefill_rate(backend, 1, std::min(prefill_len, max_tokens), max_tokens, rng);
+    auto ids = backend->routing_record(0);
+    if (spread.is_ok() && ids.is_ok() && !ids->empty()) {
+      std::vector<int> load(static_cast<size_t>(c.moe.num_experts));
+      for (int32_t e : *ids) ++load[static_cast<size_t>(e)];
+      const double mean = static_cast<double>(ids->size()) / c.moe.num_experts;
+      out["layer0_expert_load_max_over_mean"] = *std::max_element(load.begin(), load.end()) / mean;
+    }
+    (void)backend->set_routing_record(false);
+  }
+  emit(true);
+  return errors.empty() ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -296,6 +430,7 @@ int main(int argc, char** argv) {
   size_t copy_mb = 2048, rotate_mb = 400, kv_cache_mb = 0;  // KV: 0, 90% of what is left
   int max_seqs = 256;
   bool gemv_profile = false;
+  std::string moe;
   // The model's shape can be made smaller (a quick run of every phase, as on the CPU stand-in for
   // the CUDA runtime, simt/).
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -336,6 +471,14 @@ int main(int argc, char** argv) {
       max_tokens = std::stoi(v);
     else if (k == "--gemv-profile")
       gemv_profile = v == "1";
+    else if (k == "--moe")
+      moe = v;
+    else if (k == "--experts")
+      c.moe.num_experts = std::stoi(v);
+    else if (k == "--top-k")
+      c.moe.top_k = std::stoi(v);
+    else if (k == "--expert-intermediate")
+      c.moe.expert_intermediate_size = std::stoi(v);
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -343,6 +486,10 @@ int main(int argc, char** argv) {
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each line out at once, into a pipe too
   if (gemv_profile) return gemv_profile_run(c);
+  if (!moe.empty()) {
+    return moe_run(moe, c, batches, prompt, steps, prefill_len, prefill_count, max_tokens, max_seqs,
+                   kv_cache_mb, copy_mb);
+  }
   const double bw = copy_bandwidth(copy_mb << 20);
   const json gemv_bw = gemv_vs_cublaslt(c, bw, rotate_mb << 20);
   std::printf("weight-read bandwidth fraction, gemv vs cuBLASLt: %s\n", gemv_bw.dump().c_str());

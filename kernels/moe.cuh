@@ -1,0 +1,102 @@
+// Mixture-of-experts kernels: routing, the sort of (token, choice) pairs by expert, and the
+// experts' products over that sorted layout. A MoE layer on the GPU is
+//   moe_route    router logits in fp32 from the normalised rows, scores, each token's top k;
+//   moe_align    pairs counted and sorted by expert (one block, no host round trip), each expert's
+//                rows padded to a multiple of kMoeTile, the tiles' experts, the active experts;
+//   moe_experts  gate/up with SwiGLU fused, then down with each pair's routing weight applied in
+//                the epilogue: per active expert a GEMV that streams the expert's weights once for
+//                all its rows (few pairs: decode), or a grouped GEMM on tensor cores over the
+//                sorted tiles (prefill);
+// and the weighted sum over a token's k outputs is taken by the next residual add
+// (AddRmsNormParams::delta_rows), in choice order, so the result does not depend on the order the
+// pairs were sorted in. Every size the launches depend on comes from the host (the step's token
+// count): the kernels are capturable in CUDA graphs. The CPU reference: engine/moe_routing.h and
+// the CPU backend's experts.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace hr::kernels {
+
+// Rows of the sorted layout per grouped-GEMM tile: each expert's rows start at a multiple of it.
+constexpr int kMoeTile = 64;
+constexpr int kMoeMaxExperts = 512;
+constexpr int kMoeMaxTopK = 16;
+constexpr int kMoeMaxGroups = 32;
+
+// How router scores become experts and weights (engine/moe_routing.h has the reference).
+struct MoeRouting {
+  int num_experts = 0;
+  int top_k = 0;
+  bool sigmoid = false;  // else softmax
+  bool renormalize = false;
+  int num_groups = 1;  // sigmoid scoring: top k within the topk_groups best groups
+  int topk_groups = 1;
+  float scaling = 1.0f;
+};
+
+struct MoeRouteParams {
+  // The router's input: the layer's normalised rows in bf16, or (when resid is given) normalised
+  // here in fp32 from the residual stream: resid[t] / rms(resid[t]) * norm_weight.
+  const __nv_bfloat16* x = nullptr;    // [num_tokens, dim]
+  const float* resid = nullptr;        // [num_tokens, dim]
+  const float* norm_weight = nullptr;  // [dim]
+  float eps = 1e-6f;
+  const float* router = nullptr;  // [num_experts, dim]
+  const float* bias = nullptr;    // [num_experts] the choice's correction bias, or null
+  int num_tokens = 0;
+  int dim = 0;  // a multiple of 4
+  MoeRouting routing;
+  int32_t* topk_ids = nullptr;    // [num_tokens, top_k], best first, ties to the lower expert
+  float* topk_weights = nullptr;  // [num_tokens, top_k]
+};
+
+cudaError_t moe_route(const MoeRouteParams& p, cudaStream_t stream);
+
+// The pairs (token * top_k + choice) sorted by expert.
+struct MoeLayout {
+  int32_t* counts = nullptr;          // [num_experts] pairs per expert
+  int32_t* offsets = nullptr;         // [num_experts + 1] each expert's first row (padded)
+  int32_t* sorted_pairs = nullptr;    // [capacity] each row's pair; -1: padding
+  int32_t* tile_experts = nullptr;    // [capacity / kMoeTile] each tile's expert; -1: unused
+  int32_t* active_experts = nullptr;  // [num_experts] experts with pairs, in id order, then -1
+};
+
+// Rows the sorted layout needs at most: every pair, and each expert's padding to the tile.
+inline int moe_capacity(int num_pairs, int num_experts) {
+  const int padded = num_pairs + num_experts * (kMoeTile - 1);
+  return (padded + kMoeTile - 1) / kMoeTile * kMoeTile;
+}
+
+// One block; `capacity` = moe_capacity(num_pairs, num_experts). Within an expert the pairs' order
+// is not fixed (atomics); nothing computed from the layout depends on it.
+cudaError_t moe_align(const int32_t* topk_ids, int num_pairs, int num_experts, int capacity,
+                      const MoeLayout& layout, cudaStream_t stream);
+
+struct MoeExpertsParams {
+  const __nv_bfloat16* x = nullptr;          // [num_tokens, dim] gate/up's input
+  const __nv_bfloat16* w_gate_up = nullptr;  // [num_experts, 2 ffn, dim]: gate rows, then up rows
+  const __nv_bfloat16* w_down = nullptr;     // [num_experts, dim, ffn]
+  const float* topk_weights = nullptr;       // [num_tokens * top_k]
+  MoeLayout layout;                          // as moe_align left it (read only here)
+  int num_tokens = 0;
+  int top_k = 0;
+  int num_experts = 0;
+  int dim = 0;  // multiples of 8
+  int ffn = 0;
+  int capacity = 0;              // moe_capacity(num_tokens * top_k, num_experts)
+  __nv_bfloat16* act = nullptr;  // [capacity, ffn] SwiGLU's activations, in sorted rows
+  float* out = nullptr;          // [num_tokens * top_k, dim] each pair's output times its weight
+};
+
+enum class MoeKernel {
+  kGemv,         // per active expert, its weights streamed once for all its rows (decode)
+  kGroupedGemm,  // tensor-core tiles of kMoeTile sorted rows (prefill)
+};
+
+cudaError_t moe_experts(const MoeExpertsParams& p, MoeKernel kernel, cudaStream_t stream);
+
+}  // namespace hr::kernels

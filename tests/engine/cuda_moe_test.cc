@@ -1,0 +1,382 @@
+// The mixture-of-experts kernels (kernels/moe.cuh) and the kernel changes for Qwen3 against their
+// CPU references: routing against engine/moe_routing.h (softmax with and without renormalising,
+// exact ties going to the lower expert, sigmoid group-limited choice with a bias); the sort of
+// pairs by expert (an expert with no tokens, every token on one expert, tiles past the end); the
+// experts' products in both forms against a double-precision host product; the residual add that
+// sums a token's k outputs; RoPE with Qwen3's q/k norms. Skips without a device; also built
+// against the CPU stand-in for the CUDA runtime (simt/, HEADROOM_SIMT).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <set>
+
+#include "engine/cpu_backend.h"
+#include "engine/moe_routing.h"
+#include "engine/safetensors.h"
+#include "kernels/moe.cuh"
+#include "kernels/rms_norm.cuh"
+#include "kernels/rope_kv.cuh"
+#include "tests/engine/cuda_test_util.h"
+
+namespace hr::engine {
+namespace {
+
+#define BF(p) reinterpret_cast<__nv_bfloat16*>(p)
+
+// Rounds in place to bf16 and returns the bits.
+std::vector<uint16_t> to_bf16(std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    out[i] = f32_to_bf16(v[i]);
+    v[i] = bf16_to_f32(out[i]);
+  }
+  return out;
+}
+
+kernels::MoeRouting device_routing(const MoeConfig& m) {
+  kernels::MoeRouting r;
+  r.num_experts = m.num_experts;
+  r.top_k = m.top_k;
+  r.sigmoid = m.scoring == RouterScoring::kSigmoid;
+  r.renormalize = m.renormalize;
+  r.num_groups = m.num_groups;
+  r.topk_groups = m.topk_groups;
+  r.scaling = m.routed_scaling_factor;
+  return r;
+}
+
+// Routes T random rows on the device and on the host (logits in double from the same bf16 rows);
+// the choices must agree wherever the host's k-th and (k+1)-th choice scores are apart by more
+// than 1e-4, and the weights within 1e-4 there. `tie` makes experts 3 and 5 identical rows.
+void check_route(const MoeConfig& m, int T, int D, bool tie, bool with_bias, std::mt19937& rng) {
+  const int E = m.num_experts, K = m.top_k;
+  std::vector<float> x = random_vec(static_cast<size_t>(T) * D, rng);
+  std::vector<float> router = random_vec(static_cast<size_t>(E) * D, rng, -0.3f, 0.3f);
+  if (tie) std::copy_n(&router[3 * D], D, &router[5 * D]);
+  std::vector<float> bias = random_vec(static_cast<size_t>(E), rng, -0.05f, 0.05f);
+  DeviceBuffer<uint16_t> d_x(to_bf16(x));
+  DeviceBuffer<float> d_router(router), d_bias(bias);
+  DeviceBuffer<int32_t> d_ids(static_cast<size_t>(T) * K);
+  DeviceBuffer<float> d_w(static_cast<size_t>(T) * K);
+  kernels::MoeRouteParams p;
+  p.x = BF(d_x.ptr);
+  p.router = d_router.ptr;
+  p.bias = with_bias ? d_bias.ptr : nullptr;
+  p.num_tokens = T;
+  p.dim = D;
+  p.routing = device_routing(m);
+  p.topk_ids = d_ids.ptr;
+  p.topk_weights = d_w.ptr;
+  ASSERT_EQ(kernels::moe_route(p, nullptr), cudaSuccess);
+  const auto ids = d_ids.get();
+  const auto w = d_w.get();
+  std::vector<float> logits(static_cast<size_t>(T) * E);
+  for (int t = 0; t < T; ++t) {
+    for (int e = 0; e < E; ++e) {
+      double s = 0;
+      for (int i = 0; i < D; ++i) s += static_cast<double>(x[t * D + i]) * router[e * D + i];
+      logits[t * E + e] = static_cast<float>(s);
+    }
+  }
+  std::vector<int32_t> want_ids(static_cast<size_t>(T) * K);
+  std::vector<float> want_w(want_ids.size());
+  route_tokens(logits.data(), T, m, with_bias ? bias.data() : nullptr, want_ids.data(),
+               want_w.data());
+  // The host's choice scores, to find near-ties.
+  MoeConfig all = m;
+  all.top_k = E;
+  all.renormalize = false;
+  all.routed_scaling_factor = 1.0f;
+  all.num_groups = all.topk_groups = 1;
+  std::vector<int32_t> order(static_cast<size_t>(T) * E);
+  std::vector<float> scores(order.size());
+  route_tokens(logits.data(), T, all, with_bias ? bias.data() : nullptr, order.data(),
+               scores.data());
+  int compared = 0;
+  for (int t = 0; t < T; ++t) {
+    bool near_tie = false;
+    for (int j = 0; j < K && j + 1 < E; ++j) {  // within the top k and at its edge
+      const float a = scores[t * E + j], b = scores[t * E + j + 1];
+      const float ba = with_bias ? bias[order[t * E + j]] : 0,
+                  bb = with_bias ? bias[order[t * E + j + 1]] : 0;
+      const bool exact_tie =
+          tie && std::set<int>{order[t * E + j], order[t * E + j + 1]} == std::set<int>{3, 5};
+      if (!exact_tie && std::abs((a + ba) - (b + bb)) < 1e-4f) near_tie = true;
+    }
+    if (near_tie) continue;
+    ++compared;
+    for (int j = 0; j < K; ++j) {
+      ASSERT_EQ(ids[t * K + j], want_ids[t * K + j]) << "token " << t << " choice " << j;
+      EXPECT_NEAR(w[t * K + j], want_w[t * K + j], 1e-4) << "token " << t << " choice " << j;
+    }
+  }
+  EXPECT_GT(compared, T / 2);
+}
+
+TEST(CudaMoeTest, RouteMatchesTheHost) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(7);
+  MoeConfig qwen;
+  qwen.num_experts = 128;
+  qwen.top_k = 8;
+  qwen.renormalize = true;
+  check_route(qwen, 37, 64, false, false, rng);
+  MoeConfig plain;
+  plain.num_experts = 8;
+  plain.top_k = 2;
+  check_route(plain, 19, 136, false, false, rng);
+  MoeConfig deepseek;
+  deepseek.num_experts = 64;
+  deepseek.top_k = 6;
+  deepseek.scoring = RouterScoring::kSigmoid;
+  deepseek.num_groups = 8;
+  deepseek.topk_groups = 3;
+  deepseek.renormalize = true;
+  deepseek.routed_scaling_factor = 2.5f;
+  check_route(deepseek, 21, 96, false, true, rng);
+}
+
+// Experts 3 and 5 with the same router row score exactly alike: the lower one is chosen first.
+TEST(CudaMoeTest, RouteTiesGoToTheLowerExpert) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(8);
+  MoeConfig m;
+  m.num_experts = 8;
+  m.top_k = 8;  // every expert: the tie is always inside the choice, in order
+  m.renormalize = true;
+  check_route(m, 9, 32, true, false, rng);
+}
+
+// moe_align's layout for `ids` (pairs' experts), checked against a count on the host.
+void check_align(const std::vector<int32_t>& ids, int E) {
+  const int pairs = static_cast<int>(ids.size());
+  const int capacity = kernels::moe_capacity(pairs, E);
+  DeviceBuffer<int32_t> d_ids(ids), counts(E), offsets(E + 1), sorted(capacity),
+      tiles(capacity / kernels::kMoeTile), active(E);
+  kernels::MoeLayout l{counts.ptr, offsets.ptr, sorted.ptr, tiles.ptr, active.ptr};
+  ASSERT_EQ(kernels::moe_align(d_ids.ptr, pairs, E, capacity, l, nullptr), cudaSuccess);
+  const auto c = counts.get(), o = offsets.get(), s = sorted.get(), tl = tiles.get(),
+             a = active.get();
+  std::vector<int> want(E);
+  for (int e : ids) ++want[e];
+  int next_active = 0;
+  for (int e = 0; e < E; ++e) {
+    ASSERT_EQ(c[e], want[e]) << e;
+    EXPECT_EQ(o[e] % kernels::kMoeTile, 0) << e;
+    EXPECT_EQ(o[e + 1] - o[e],
+              (want[e] + kernels::kMoeTile - 1) / kernels::kMoeTile * kernels::kMoeTile)
+        << e;
+    std::multiset<int> rows;
+    for (int r = o[e]; r < o[e + 1]; ++r) {
+      if (r - o[e] < want[e]) {
+        ASSERT_GE(s[r], 0) << r;
+        EXPECT_EQ(ids[s[r]], e) << r;
+        rows.insert(s[r]);
+      } else {
+        EXPECT_EQ(s[r], -1) << r;
+      }
+      if ((r - o[e]) % kernels::kMoeTile == 0) {
+        EXPECT_EQ(tl[r / kernels::kMoeTile], e) << r;
+      }
+    }
+    EXPECT_EQ(rows.size(), static_cast<size_t>(want[e]));
+    if (want[e] > 0) {
+      EXPECT_EQ(a[next_active++], e);
+    }
+  }
+  for (int i = next_active; i < E; ++i) EXPECT_EQ(a[i], -1);
+  for (int r = o[E]; r < capacity; ++r) EXPECT_EQ(s[r], -1) << r;
+  for (int t = o[E] / kernels::kMoeTile; t < capacity / kernels::kMoeTile; ++t)
+    EXPECT_EQ(tl[t], -1) << t;
+}
+
+TEST(CudaMoeTest, AlignSortsPairsByExpert) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(9);
+  std::vector<int32_t> ids(300);
+  for (auto& e : ids) e = static_cast<int>(rng() % 13);  // experts 13..15 get nothing
+  check_align(ids, 16);
+  check_align(std::vector<int32_t>(150, 6), 8);  // every pair on one expert: three tiles
+  check_align({4}, 128);                         // one decode pair
+}
+
+// The experts of a step whose pairs' experts are `ids` ([T, K]), in both kernel forms, against a
+// double-precision host product (activations rounded to bf16 as the device keeps them).
+void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>& ids,
+                   std::mt19937& rng) {
+  std::vector<float> x = random_vec(static_cast<size_t>(T) * D, rng);
+  std::vector<float> gu = random_vec(static_cast<size_t>(E) * 2 * F * D, rng, -0.2f, 0.2f);
+  std::vector<float> down = random_vec(static_cast<size_t>(E) * D * F, rng, -0.2f, 0.2f);
+  std::vector<float> w = random_vec(static_cast<size_t>(T) * K, rng, 0.1f, 1.0f);
+  DeviceBuffer<uint16_t> d_x(to_bf16(x)), d_gu(to_bf16(gu)), d_down(to_bf16(down));
+  DeviceBuffer<float> d_w(w);
+  const int pairs = T * K, capacity = kernels::moe_capacity(pairs, E);
+  DeviceBuffer<int32_t> d_ids(ids), counts(E), offsets(E + 1), sorted(capacity),
+      tiles(capacity / kernels::kMoeTile), active(E);
+  kernels::MoeLayout l{counts.ptr, offsets.ptr, sorted.ptr, tiles.ptr, active.ptr};
+  ASSERT_EQ(kernels::moe_align(d_ids.ptr, pairs, E, capacity, l, nullptr), cudaSuccess);
+  // The host's answer.
+  std::vector<float> want(static_cast<size_t>(pairs) * D);
+  std::vector<float> act(F);
+  for (int pr = 0; pr < pairs; ++pr) {
+    const int e = ids[pr], t = pr / K;
+    for (int f = 0; f < F; ++f) {
+      double g = 0, u = 0;
+      for (int i = 0; i < D; ++i) {
+        g += static_cast<double>(x[t * D + i]) * gu[(static_cast<size_t>(e) * 2 * F + f) * D + i];
+        u += static_cast<double>(x[t * D + i]) *
+             gu[(static_cast<size_t>(e) * 2 * F + F + f) * D + i];
+      }
+      act[f] = bf16_to_f32(f32_to_bf16(static_cast<float>(g / (1 + std::exp(-g)) * u)));
+    }
+    for (int d = 0; d < D; ++d) {
+      double s = 0;
+      for (int f = 0; f < F; ++f)
+        s += static_cast<double>(act[f]) * down[(static_cast<size_t>(e) * D + d) * F + f];
+      want[static_cast<size_t>(pr) * D + d] = static_cast<float>(s * w[pr]);
+    }
+  }
+  for (auto kernel : {kernels::MoeKernel::kGemv, kernels::MoeKernel::kGroupedGemm}) {
+    DeviceBuffer<uint16_t> d_act(static_cast<size_t>(capacity) * F);
+    DeviceBuffer<float> d_out(static_cast<size_t>(pairs) * D);
+    kernels::MoeExpertsParams p;
+    p.x = BF(d_x.ptr);
+    p.w_gate_up = BF(d_gu.ptr);
+    p.w_down = BF(d_down.ptr);
+    p.topk_weights = d_w.ptr;
+    p.layout = l;
+    p.num_tokens = T;
+    p.top_k = K;
+    p.num_experts = E;
+    p.dim = D;
+    p.ffn = F;
+    p.capacity = capacity;
+    p.act = BF(d_act.ptr);
+    p.out = d_out.ptr;
+    ASSERT_EQ(kernels::moe_experts(p, kernel, nullptr), cudaSuccess);
+    const auto out = d_out.get();
+    double num = 0, den = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(out[i])) << i;
+      num += (out[i] - want[i]) * static_cast<double>(out[i] - want[i]);
+      den += static_cast<double>(want[i]) * want[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-2)
+        << (kernel == kernels::MoeKernel::kGemv ? "GEMV" : "grouped GEMM") << " T=" << T;
+  }
+}
+
+TEST(CudaMoeTest, ExpertsMatchTheHost) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(10);
+  // Decode: one token, its k experts.
+  check_experts(1, 4, 16, 64, 48, {3, 9, 0, 15}, rng);
+  // A small batch: some experts without tokens, the weights' columns not a multiple of the tile.
+  {
+    const int T = 13, K = 2, E = 8;
+    std::vector<int32_t> ids;
+    for (int t = 0; t < T; ++t) {
+      const int a = static_cast<int>(rng() % 5);
+      ids.push_back(a);
+      ids.push_back(a + 1 + static_cast<int>(rng() % 2));  // experts 7 has none
+    }
+    check_experts(T, K, E, 72, 40, ids, rng);
+  }
+  // Mixtral's fixture's shape at a prefill of 52 tokens.
+  {
+    std::vector<int32_t> ids;
+    for (int t = 0; t < 52; ++t) {
+      const int a = static_cast<int>(rng() % 8);
+      ids.push_back(a);
+      ids.push_back((a + 1 + static_cast<int>(rng() % 7)) % 8);
+    }
+    check_experts(52, 2, 8, 128, 96, ids, rng);
+  }
+  // Every token on one expert, across tiles (and GEMV groups of 8).
+  check_experts(kOnSimt ? 70 : 150, 1, 4, 64, 64, std::vector<int32_t>(kOnSimt ? 70 : 150, 2), rng);
+}
+
+// A MoE layer's k weighted outputs per token summed into the residual stream by the next norm.
+TEST(CudaMoeTest, AddRmsNormSumsEachTokensOutputs) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(11);
+  const int T = 5, D = 96, K = 3;
+  std::vector<float> x = random_vec(static_cast<size_t>(T) * D, rng);
+  std::vector<float> delta = random_vec(static_cast<size_t>(T) * K * D, rng);
+  std::vector<float> weight = random_vec(D, rng, 0.5f, 1.5f);
+  DeviceBuffer<float> d_x(x), d_delta(delta), d_weight(weight);
+  DeviceBuffer<uint16_t> d_out(static_cast<size_t>(T) * D);
+  kernels::AddRmsNormParams p;
+  p.x = d_x.ptr;
+  p.delta = d_delta.ptr;
+  p.delta_rows = K;
+  p.weight = d_weight.ptr;
+  p.out = BF(d_out.ptr);
+  p.num_rows = T;
+  p.dim = D;
+  ASSERT_EQ(kernels::add_rms_norm(p, nullptr), cudaSuccess);
+  const auto got_x = d_x.get();
+  for (int t = 0; t < T; ++t) {
+    for (int i = 0; i < D; ++i) {
+      float s = x[t * D + i];
+      for (int j = 0; j < K; ++j) s += delta[(t * K + j) * D + i];
+      EXPECT_NEAR(got_x[t * D + i], s, 1e-5) << t << "," << i;
+    }
+  }
+}
+
+// Qwen3: each query and key head RMS-normalised with its own weights before the rotation.
+TEST(CudaMoeTest, RopeWithQkNormMatchesTheHost) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(12);
+  const int T = 3, nh = 4, nkv = 2, hd = 64, Q = nh * hd, KV = nkv * hd, W = Q + 2 * KV;
+  std::vector<float> qkv = random_vec(static_cast<size_t>(T) * W, rng, -2.0f, 2.0f);
+  std::vector<float> qn = random_vec(hd, rng, 0.5f, 1.5f), kn = random_vec(hd, rng, 0.5f, 1.5f);
+  ModelConfig c;
+  c.head_dim = hd;
+  c.rope_theta = 1e6;
+  const std::vector<float> inv = c.rope_inv_freq();
+  std::vector<int32_t> pos{0, 7, 300}, slots{5, 0, 2};
+  DeviceBuffer<float> d_qkv(qkv), d_qn(qn), d_kn(kn), d_inv(inv);
+  DeviceBuffer<int32_t> d_pos(pos), d_slots(slots);
+  DeviceBuffer<uint16_t> d_q(static_cast<size_t>(T) * Q), d_k(6 * KV), d_v(6 * KV);
+  kernels::RopeKvParams p;
+  p.qkv = d_qkv.ptr;
+  p.positions = d_pos.ptr;
+  p.slot_mapping = d_slots.ptr;
+  p.inv_freq = d_inv.ptr;
+  p.q_norm = d_qn.ptr;
+  p.k_norm = d_kn.ptr;
+  p.eps = 1e-6f;
+  p.q_out = BF(d_q.ptr);
+  p.k_cache = BF(d_k.ptr);
+  p.v_cache = BF(d_v.ptr);
+  p.num_tokens = T;
+  p.num_heads = nh;
+  p.num_kv_heads = nkv;
+  p.head_dim = hd;
+  ASSERT_EQ(kernels::rope_write_kv(p, nullptr), cudaSuccess);
+  const auto q = d_q.get(), k = d_k.get(), v = d_v.get();
+  for (int t = 0; t < T; ++t) {
+    std::vector<float> row(qkv.begin() + t * W, qkv.begin() + (t + 1) * W);
+    for (int h = 0; h < nh + nkv; ++h) {
+      float* head = &row[h * hd];
+      rms_norm(head, h < nh ? qn.data() : kn.data(), hd, 1e-6f, head);
+      apply_rope(head, hd, pos[t], inv.data());
+      for (int i = 0; i < hd; ++i) {
+        const float got = h < nh ? bf16_to_f32(q[t * Q + h * hd + i])
+                                 : bf16_to_f32(k[slots[t] * KV + (h - nh) * hd + i]);
+        EXPECT_NEAR(got, head[i], 2e-2 * std::max(1.0f, std::abs(head[i])))
+            << t << " head " << h << " " << i;
+      }
+    }
+    for (int i = 0; i < KV; ++i)
+      EXPECT_NEAR(bf16_to_f32(v[slots[t] * KV + i]), row[Q + KV + i], 2e-2) << t << " v " << i;
+  }
+}
+
+}  // namespace
+}  // namespace hr::engine
