@@ -43,6 +43,7 @@ void for_each_cuda_field(CudaBackendOptions& o, F&& f) {
   f("decode_attention", o.decode_attention);
   f("programmatic_launch", o.programmatic_launch);
   f("prefetch_weights", o.prefetch_weights_mb);
+  f("moe_experts", o.moe_experts);
 }
 
 // A field's values and their setting texts.
@@ -56,6 +57,11 @@ std::vector<std::pair<DecodeAttention, const char*>> field_values(DecodeAttentio
 }
 std::vector<std::pair<int, const char*>> field_values(int) {  // prefetch_weights: MiB
   return {{8, "8mb"}, {0, "off"}, {4, "4mb"}, {16, "16mb"}};
+}
+std::vector<std::pair<MoeExperts, const char*>> field_values(MoeExperts) {
+  return {{MoeExperts::kAuto, "auto"},
+          {MoeExperts::kGemv, "gemv"},
+          {MoeExperts::kGroupedGemm, "grouped_gemm"}};
 }
 std::vector<std::pair<ProgrammaticLaunch, const char*>> field_values(ProgrammaticLaunch) {
   return {{ProgrammaticLaunch::kOn, "on"},
@@ -109,6 +115,7 @@ const std::vector<CudaSetting>& cuda_settings() {
       {"decode_attention", {"tensor_core", "cuda_core", "prefill_tiles"}},
       {"programmatic_launch", {"on", "off", "auto"}},
       {"prefetch_weights", {"8mb", "off", "4mb", "16mb"}},
+      {"moe_experts", {"auto", "gemv", "grouped_gemm"}},
   };
   return settings;
 }

@@ -33,6 +33,10 @@ namespace hr::engine {
 // ~2% slower (docs/gpu-performance.md).
 enum class ProgrammaticLaunch { kAuto, kOn, kOff };  // kAuto: on except for fused small steps
 
+// How a MoE layer's experts run (kernels/moe.cuh): kAuto takes GEMVs for steps of up to 16 tokens
+// and the grouped GEMM above.
+enum class MoeExperts { kAuto, kGemv, kGroupedGemm };
+
 struct CudaBackendOptions {
   int device = 0;
   int block_size = 16;
@@ -51,6 +55,7 @@ struct CudaBackendOptions {
   // of the next GEMV's weights into L2, so that memory stays busy across kernel boundaries (0:
   // off).
   int prefetch_weights_mb = 0;
+  MoeExperts moe_experts = MoeExperts::kAuto;
 };
 
 class CudaBackend final : public Backend {
@@ -272,6 +277,7 @@ class CudaBackend final : public Backend {
   int32_t* combine_counters_ = nullptr;  // [max_partials / 2, num_kv_heads], zero between launches
   // MoE layers' step buffers, sized for max_num_tokens (kernels/moe.cuh).
   struct MoeBuffers {
+    float* logits = nullptr;      // [T, E] router logits
     int32_t* topk_ids = nullptr;  // [T, top_k]
     float* topk_weights = nullptr;
     kernels::MoeLayout layout;

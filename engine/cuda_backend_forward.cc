@@ -253,6 +253,7 @@ Status CudaBackend::moe_layer(const Layer& W, int li, int T) {
   r.routing.num_groups = m.num_groups;
   r.routing.topk_groups = m.topk_groups;
   r.routing.scaling = m.routed_scaling_factor;
+  r.logits = moe_.logits;
   r.topk_ids = moe_.topk_ids;
   r.topk_weights = moe_.topk_weights;
   HR_CUDA("MoE routing", kernels::moe_route(r, stream_));

@@ -229,6 +229,7 @@ Status CudaBackend::init_runtime() {
     // weighted outputs.
     const size_t E = c.moe.num_experts, pairs = T * c.moe.top_k;
     const size_t capacity = kernels::moe_capacity(static_cast<int>(pairs), static_cast<int>(E));
+    HR_RETURN_IF_ERROR(act(&moe_.logits, T * E * 4, "MoE routing"));
     HR_RETURN_IF_ERROR(act(&moe_.topk_ids, pairs * 4, "MoE routing"));
     HR_RETURN_IF_ERROR(act(&moe_.topk_weights, pairs * 4, "MoE routing"));
     HR_RETURN_IF_ERROR(act(&moe_.layout.counts, E * 4, "MoE routing"));

@@ -1,6 +1,7 @@
 // Mixture-of-experts kernels: routing, the sort of (token, choice) pairs by expert, and the
 // experts' products over that sorted layout. A MoE layer on the GPU is
-//   moe_route    router logits in fp32 from the normalised rows, scores, each token's top k;
+//   moe_route    router logits in fp32 from the normalised rows (a warp per expert, blocks over
+//                experts and tokens), then scores and each token's top k (a warp per token);
 //   moe_align    pairs counted and sorted by expert (one block, no host round trip), each expert's
 //                rows padded to a multiple of kMoeTile, the tiles' experts, the active experts;
 //   moe_experts  gate/up with SwiGLU fused, then down with each pair's routing weight applied in
@@ -50,6 +51,7 @@ struct MoeRouteParams {
   int num_tokens = 0;
   int dim = 0;  // a multiple of 4
   MoeRouting routing;
+  float* logits = nullptr;        // [num_tokens, num_experts] scratch
   int32_t* topk_ids = nullptr;    // [num_tokens, top_k], best first, ties to the lower expert
   float* topk_weights = nullptr;  // [num_tokens, top_k]
 };

@@ -380,10 +380,41 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
     out["decode_step_ms"] = step_ms;
     emit(false);
   }
-  auto prefill = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
+  // The experts' two forms against each other where auto picks the grouped GEMM (and at 16).
+  for (auto [key, how] :
+       {std::pair{"decode_tok_s_experts_gemv", MoeExperts::kGemv},
+        std::pair{"decode_tok_s_experts_grouped_gemm", MoeExperts::kGroupedGemm}}) {
+    CudaBackendOptions changed = backend->options();
+    const CudaBackendOptions before = changed;
+    changed.moe_experts = how;
+    backend->set_paths(changed);
+    json v = json::object();
+    for (int b : parse_list(batches)) {
+      if (b < 16) continue;
+      auto rr = decode_rate(backend, b, prompt, steps, max_tokens, rng);
+      if (!rr.is_ok()) {
+        errors[std::string(key) + " batch " + std::to_string(b)] = rr.status().to_string();
+        continue;
+      }
+      v[std::to_string(b)] = std::round(rr->tok_s * 10) / 10;
+    }
+    out[key] = v;
+    backend->set_paths(before);
+  }
+  emit(false);
+  auto prefill = prefill_rate(backend, 1, prefill_len, max_tokens, rng);  // warm-up
+  if (prefill.is_ok()) prefill = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
   if (prefill.is_ok()) {
     out["prefill_tok_s"] = std::round(*prefill);
     std::printf("moe prefill: %.0f tok/s\n", *prefill);
+    backend->set_profiling(true);
+    auto profiled = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
+    json phases = json::object();
+    for (const auto& [phase, ms] : backend->profile())
+      phases[phase] = std::round(ms / std::max(1, backend->profiled_steps()) * 1000) / 1000;
+    backend->set_profiling(false);
+    out["prefill_profile_ms_per_step"] = phases;
+    if (!profiled.is_ok()) errors["prefill profile"] = profiled.status().to_string();
   } else {
     errors["prefill"] = prefill.status().to_string();
   }

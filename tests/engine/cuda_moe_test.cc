@@ -60,8 +60,9 @@ void check_route(const MoeConfig& m, int T, int D, bool tie, bool with_bias, std
   DeviceBuffer<uint16_t> d_x(to_bf16(x));
   DeviceBuffer<float> d_router(router), d_bias(bias);
   DeviceBuffer<int32_t> d_ids(static_cast<size_t>(T) * K);
-  DeviceBuffer<float> d_w(static_cast<size_t>(T) * K);
+  DeviceBuffer<float> d_w(static_cast<size_t>(T) * K), d_logits(static_cast<size_t>(T) * E);
   kernels::MoeRouteParams p;
+  p.logits = d_logits.ptr;
   p.x = BF(d_x.ptr);
   p.router = d_router.ptr;
   p.bias = with_bias ? d_bias.ptr : nullptr;
