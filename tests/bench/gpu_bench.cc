@@ -419,13 +419,17 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
     errors["prefill"] = prefill.status().to_string();
   }
   emit(false);
-  // Where a batch-1 step's time goes (kernels launched one by one).
-  json prof = json::object();
-  auto r = decode_rate(backend, 1, prompt, 8, max_tokens, rng, &prof);
-  if (r.is_ok())
-    out["decode_profile_ms_per_step"] = {{"1", prof}};
-  else
-    errors["decode profile"] = r.status().to_string();
+  // Where a decode step's time goes at each batch size (kernels launched one by one).
+  json profiles = json::object();
+  for (int b : parse_list(batches)) {
+    json prof = json::object();
+    auto r = decode_rate(backend, b, prompt, 8, max_tokens, rng, &prof);
+    if (r.is_ok())
+      profiles[std::to_string(b)] = prof;
+    else
+      errors["decode profile batch " + std::to_string(b)] = r.status().to_string();
+  }
+  out["decode_profile_ms_per_step"] = profiles;
   // The router's spread over the experts for one prefill step: tokens per expert (max / mean).
   if (backend->set_routing_record(true).is_ok()) {
     auto spread = prefill_rate(backend, 1, std::min(prefill_len, max_tokens), max_tokens, rng);
