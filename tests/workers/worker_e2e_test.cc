@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -89,14 +90,18 @@ json wait_done(testing::ApiHarness& h, const std::string& id, int seconds) {
 // The bundled model's own greedy answer for "reverse: <text>", computed by an engine alone, with
 // the penalties of `penalties` (greedy decoding is deterministic and batch-invariant, so the
 // served answer must equal it exactly).
-std::string greedy_alone(const std::string& text, const engine::Penalties& penalties = {}) {
-  static auto weights = [] {
-    engine::ModelWeights w = engine::load_weights(kModelDir).value();
+std::string greedy_alone(const std::string& text, const engine::Penalties& penalties = {},
+                         const std::string& model_dir = kModelDir, int max_tokens = 40) {
+  static std::map<std::string, std::shared_ptr<const engine::ModelWeights>> loaded;
+  static std::map<std::string, std::shared_ptr<const engine::Tokenizer>> tokenizers;
+  auto& weights = loaded[model_dir];
+  if (!weights) {
+    engine::ModelWeights w = engine::load_weights(model_dir).value();
     engine::pack_for_cpu(&w);  // once, for every engine built here
-    return std::make_shared<const engine::ModelWeights>(std::move(w));
-  }();
-  static std::shared_ptr<const engine::Tokenizer> tok(
-      engine::Tokenizer::load(kModelDir).value().release());
+    weights = std::make_shared<const engine::ModelWeights>(std::move(w));
+    tokenizers[model_dir].reset(engine::Tokenizer::load(model_dir).value().release());
+  }
+  const auto& tok = tokenizers[model_dir];
   auto backend = engine::CpuBackend::create(weights, {16, 4 << 20, 1}).value();
   auto eng =
       engine::Engine::create(std::shared_ptr<engine::Backend>(std::move(backend)), tok, 128, {})
@@ -106,7 +111,7 @@ std::string greedy_alone(const std::string& text, const engine::Penalties& penal
       tok->encode(engine::render_chat(engine::ChatFormat::kHeadroom, {{"user", "reverse: " + text}},
                                       tok->bos_text(), tok->eos_text())
                       .value());
-  r.params.max_tokens = 40;
+  r.params.max_tokens = max_tokens;
   r.params.penalties = penalties;
   std::string out;
   r.on_event = [&](const engine::TokenEvent& ev) { out += ev.text_delta; };
@@ -425,6 +430,54 @@ TEST(WorkerE2eTest, StopWithoutDrainHandsBackWhatItRan) {
   auto w = make_worker(h, "finisher");
   ASSERT_TRUE(w->start().is_ok());
   check_answers(wait_done(h, id, 120), texts);
+}
+
+// A mixture of experts served from its folder (the Qwen3-MoE fixture of models/fixtures/, random
+// weights made by transformers, the byte tokenizer and template of the bundled model): a queued
+// batch and sync requests answered exactly as an engine alone answers them.
+TEST(WorkerE2eTest, AMixtureOfExpertsFolderIsServedQueuedAndSync) {
+  const std::string dir = std::string(HEADROOM_SOURCE_DIR) + "/models/fixtures/qwen3-moe";
+  testing::ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  DispatcherThread d(h.database_url(), h.redis_url());
+  auto w = make_worker(h, "moe", 1.0, 5, nullptr, [&](WorkerConfig& wc) { wc.model_dir = dir; });
+  ASSERT_TRUE(w);
+  cmd::WorkerSync worker_sync(*w);
+  h.api().set_sync_inference(&worker_sync);
+  ASSERT_TRUE(w->start().is_ok());
+  const auto texts = random_texts(16, 9);
+  json reqs = json::array();
+  for (const auto& t : texts) {
+    reqs.push_back({{"messages", {{{"role", "user"}, {"content", "reverse: " + t}}}},
+                    {"temperature", 0},
+                    {"max_tokens", 12}});
+  }
+  const std::string id = h.submit(reqs, h.key_a());
+  ASSERT_FALSE(id.empty());
+  const json result = wait_done(h, id, 60);
+  ASSERT_TRUE(result.is_object());
+  EXPECT_EQ(result["status"], "completed");
+  ASSERT_EQ(result["responses"].size(), texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const json& r = result["responses"][i];
+    EXPECT_EQ(r["success"], true) << r.dump();
+    EXPECT_EQ(r["result"]["response"], greedy_alone(texts[i], {}, dir, 12)) << "request " << i;
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    auto sync = h.post("/v1/chat/completions",
+                       json{{"model", h.model()},
+                            {"messages", {{{"role", "user"}, {"content", "reverse: " + texts[i]}}}},
+                            {"temperature", 0},
+                            {"max_tokens", 12}}
+                           .dump(),
+                       h.key_a());
+    ASSERT_EQ(sync.status, 200) << sync.body;
+    EXPECT_EQ(sync.json()["choices"][0]["message"]["content"],
+              result["responses"][i]["result"]["response"])
+        << "request " << i << ": sync and queued answers differ";
+  }
+  w->stop();
+  EXPECT_EQ(w->stats().completed.load(), 16);
 }
 
 TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
