@@ -169,7 +169,7 @@ if wants tests; then
 fi
 
 if wants bench; then
-  run_stage bench_gpu "$logs/bench.log" 420 \
+  run_stage bench_gpu "$logs/bench.log" 900 \
     env HEADROOM_PREBUILT="$bin" scripts/bench_gpu.sh "$@"
   # The last figures printed: the merged line, or the engine's own if the stage was cut short
   # (both say whether they are "complete"; the baseline's own line does not).
