@@ -1,7 +1,8 @@
 // Engine benchmark driver (run by scripts/bench_engine.sh). Modes:
-//   --make-random-model DIR   writes a ~100M-parameter random-weight Llama in the Hugging Face
-//                             layout (config.json, model.safetensors in bf16, the bundled
-//                             model's tokenizer files); with --output-vocab printable, the
+//   --make-random-model DIR   writes a ~100M-parameter random-weight Llama (with --experts on, a
+//                             ~0.5B Qwen3-MoE of 32 experts, top 4: ~0.1B read per token) in the
+//                             Hugging Face layout (config.json, model.safetensors in bf16, the
+//                             bundled model's tokenizer files); with --output-vocab printable, the
 //                             embedding rows (also the tied LM head) of every token but the
 //                             printable ASCII bytes are zero, so greedy decoding writes text
 //                             and never ends early (the bundled tokenizer knows 260 of the
@@ -50,9 +51,14 @@ long rss_mb() {
 }
 
 int make_random_model(const std::string& dir, const std::string& tokenizer_dir,
-                      bool printable_output) {
+                      bool printable_output, bool moe) {
   hr::testing::RandomLlama spec;
   spec.printable_output = printable_output;
+  if (moe) {  // ~0.5B parameters, ~0.1B of them read per token: 32 experts of 512, top 4
+    spec.experts = 32;
+    spec.top_k = 4;
+    spec.expert_intermediate = 512;
+  }
   size_t bytes = hr::testing::write_random_llama(dir, tokenizer_dir, spec);
   std::printf("wrote %s (%zu bytes of weights)\n", dir.c_str(), bytes);
   return 0;
@@ -161,6 +167,7 @@ DecodeResult run_batch(std::shared_ptr<const ModelWeights> weights, int batch, i
 int main(int argc, char** argv) {
   std::string model, make, tokenizer_dir, output_vocab = "all";
   int only_batch = 0;
+  bool moe = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k == "--model") model = argv[i + 1];
@@ -168,8 +175,10 @@ int main(int argc, char** argv) {
     if (k == "--tokenizer-from") tokenizer_dir = argv[i + 1];
     if (k == "--output-vocab") output_vocab = argv[i + 1];
     if (k == "--only-batch") only_batch = std::atoi(argv[i + 1]);
+    if (k == "--experts") moe = std::string(argv[i + 1]) == "on";
   }
-  if (!make.empty()) return make_random_model(make, tokenizer_dir, output_vocab == "printable");
+  if (!make.empty())
+    return make_random_model(make, tokenizer_dir, output_vocab == "printable", moe);
   auto t0 = Clock::now();
   auto w = load_weights(model);
   if (!w.is_ok()) {
@@ -200,8 +209,20 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  // Batch-1 decode reads every weight once per token (the tied embedding as the LM head).
-  const double bytes_per_token = static_cast<double>(weights->num_bytes());
+  // Batch-1 decode reads every weight once per token (the tied embedding as the LM head), of a
+  // mixture of experts only the top k experts of each layer.
+  double bytes_per_token = static_cast<double>(weights->num_bytes());
+  if (weights->config.is_moe()) {
+    const MoeConfig& m = weights->config.moe;
+    double experts = 0;
+    for (int l = 0; l < weights->config.num_layers; ++l) {
+      if (weights->config.is_moe_layer(l)) {
+        experts += 4.0 * (weights->layers[static_cast<size_t>(l)].experts_gate_up.size() +
+                          weights->layers[static_cast<size_t>(l)].experts_down.size());
+      }
+    }
+    bytes_per_token -= experts * (1.0 - static_cast<double>(m.top_k) / m.num_experts);
+  }
   // Batch-1 decode runs with bandwidth samples before, during (every kStepsPerSample steps, outside
   // the timed steps) and after each; a run's fraction is over the mean of its samples, the
   // bandwidth the machine offered while the run ran.

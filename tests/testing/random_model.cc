@@ -37,6 +37,18 @@ size_t write_random_llama(const std::string& dir, const std::string& tokenizer_d
                  {"torch_dtype", s.bf16 ? "bfloat16" : "float32"},
                  {"bos_token_id", 256},
                  {"eos_token_id", 257}};
+  const bool moe = s.experts > 0;
+  const int E = s.experts, FE = s.expert_intermediate;
+  if (moe) {
+    config["model_type"] = "qwen3_moe";
+    config["architectures"] = {"Qwen3MoeForCausalLM"};
+    config["num_experts"] = E;
+    config["num_experts_per_tok"] = s.top_k;
+    config["moe_intermediate_size"] = FE;
+    config["norm_topk_prob"] = true;
+    config["decoder_sparse_step"] = 1;
+    config["mlp_only_layers"] = json::array();
+  }
   std::ofstream(dir + "/config.json") << config.dump(2);
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
     fs::copy_file(tokenizer_dir + "/" + f, dir + "/" + f, fs::copy_options::overwrite_existing);
@@ -51,6 +63,14 @@ size_t write_random_llama(const std::string& dir, const std::string& tokenizer_d
     tensors.push_back({p + "self_attn.k_proj.weight", {s.kv_heads * hd, D}});
     tensors.push_back({p + "self_attn.v_proj.weight", {s.kv_heads * hd, D}});
     tensors.push_back({p + "self_attn.o_proj.weight", {D, s.heads * hd}});
+    if (moe) {
+      tensors.push_back({p + "self_attn.q_norm.weight", {hd}});
+      tensors.push_back({p + "self_attn.k_norm.weight", {hd}});
+      tensors.push_back({p + "mlp.gate.weight", {E, D}});
+      tensors.push_back({p + "mlp.experts.gate_up_proj", {E, 2 * FE, D}});
+      tensors.push_back({p + "mlp.experts.down_proj", {E, D, FE}});
+      continue;
+    }
     tensors.push_back({p + "mlp.gate_proj.weight", {F, D}});
     tensors.push_back({p + "mlp.up_proj.weight", {F, D}});
     tensors.push_back({p + "mlp.down_proj.weight", {D, F}});

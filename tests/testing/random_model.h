@@ -1,7 +1,7 @@
-// A random-weight Llama in the Hugging Face layout (config.json, model.safetensors written by
-// hand, the tokenizer files of another model folder), for benchmarks and tests that need a model
-// larger or longer-lived than the bundled one. Weights are seeded: the same spec writes the same
-// files.
+// A random-weight Llama (or, with experts, a Qwen3-MoE in transformers 5's fused expert form) in
+// the Hugging Face layout (config.json, model.safetensors written by hand, the tokenizer files of
+// another model folder), for benchmarks and tests that need a model larger or longer-lived than
+// the bundled one. Weights are seeded: the same spec writes the same files.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +18,9 @@ struct RandomLlama {
   // Embedding rows (also the tied LM head) zero but for the printable ASCII bytes: greedy
   // decoding with the bundled byte-level tokenizer writes text and never ends before max_tokens.
   bool printable_output = false;
+  // A mixture of experts when experts > 0: every layer's MLP is `experts` SwiGLU experts of
+  // expert_intermediate, top_k per token (qwen3_moe, q/k norms included).
+  int experts = 0, top_k = 2, expert_intermediate = 512;
 };
 
 // Writes the model to `dir` (created), copying tokenizer.json and tokenizer_config.json from
