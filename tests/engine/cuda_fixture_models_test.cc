@@ -19,6 +19,7 @@
 #include "engine/engine.h"
 #include "engine/weights.h"
 #include "tests/engine/cuda_test_util.h"
+#include "tests/engine/step_util.h"
 
 namespace hr::engine {
 namespace {
@@ -45,27 +46,8 @@ CudaBackendOptions options() {
 
 // One step of sequence 0 over `ids[from, to)` (its earlier positions cached), logits for each.
 std::vector<float> step(Backend& b, const std::vector<int32_t>& ids, int from, int to) {
-  const int T = to - from, V = b.vocab_size();
-  std::vector<int32_t> tok(ids.begin() + from, ids.begin() + to), pos(T), rows(T);
-  for (int i = 0; i < T; ++i) {
-    pos[i] = from + i;
-    rows[i] = i;
-  }
-  std::vector<int32_t> seq_start{0, T}, table;
-  const int blocks = (to + b.block_size() - 1) / b.block_size();
-  for (int i = 0; i < blocks; ++i) table.push_back(i);
-  StepInput in;
-  in.num_tokens = T;
-  in.num_seqs = 1;
-  in.token_ids = tok.data();
-  in.positions = pos.data();
-  in.seq_start = seq_start.data();
-  in.block_table = table.data();
-  in.max_blocks_per_seq = blocks;
-  in.logits_rows = rows.data();
-  in.num_logits = T;
-  std::vector<float> logits(static_cast<size_t>(T) * V);
-  Status s = b.forward(in, logits.data());
+  std::vector<float> logits;
+  Status s = forward_one_sequence(b, ids, from, to, &logits);
   EXPECT_TRUE(s.is_ok()) << s.to_string();
   return logits;
 }

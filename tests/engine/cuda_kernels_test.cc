@@ -30,23 +30,7 @@
 namespace hr::engine {
 namespace {
 
-// Rounds in place to bf16 and returns the bits.
-std::vector<uint16_t> to_bf16(std::vector<float>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) {
-    out[i] = f32_to_bf16(v[i]);
-    v[i] = bf16_to_f32(out[i]);
-  }
-  return out;
-}
-
 #define BF(p) reinterpret_cast<__nv_bfloat16*>(p)
-
-std::vector<float> bf16_to_float(const std::vector<uint16_t>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_f32(v[i]);
-  return out;
-}
 
 // ‖a − b‖ / ‖b‖.
 double rel_error(const std::vector<float>& a, const std::vector<float>& b) {

@@ -26,16 +26,6 @@ namespace {
 
 #define BF(p) reinterpret_cast<__nv_bfloat16*>(p)
 
-// Rounds in place to bf16 and returns the bits.
-std::vector<uint16_t> to_bf16(std::vector<float>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) {
-    out[i] = f32_to_bf16(v[i]);
-    v[i] = bf16_to_f32(out[i]);
-  }
-  return out;
-}
-
 kernels::MoeRouting device_routing(const MoeConfig& m) {
   kernels::MoeRouting r;
   r.num_experts = m.num_experts;

@@ -10,6 +10,8 @@
 #include <random>
 #include <vector>
 
+#include "engine/safetensors.h"
+
 #ifdef HEADROOM_SIMT
 #define SKIP_WITHOUT_GPU() (void)0
 #else
@@ -29,6 +31,22 @@ constexpr bool kOnSimt = false;
 // Draws for the statistical checks: a quarter on the CPU stand-in, where a row costs about a
 // millisecond of fiber switches (the checks hold at either count).
 constexpr int kDrawDivisor = kOnSimt ? 4 : 1;
+
+// Rounds in place to bf16 and returns the bits.
+inline std::vector<uint16_t> to_bf16(std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    out[i] = f32_to_bf16(v[i]);
+    v[i] = bf16_to_f32(out[i]);
+  }
+  return out;
+}
+
+inline std::vector<float> bf16_to_float(const std::vector<uint16_t>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_f32(v[i]);
+  return out;
+}
 
 inline std::vector<float> random_vec(size_t n, std::mt19937& rng, float lo = -1.0f,
                                      float hi = 1.0f) {

@@ -15,6 +15,7 @@
 #include "engine/cpu_backend.h"
 #include "engine/engine.h"
 #include "engine/weights.h"
+#include "tests/engine/step_util.h"
 
 namespace hr::engine {
 namespace {
@@ -53,30 +54,14 @@ struct Routing {
 // One step over one whole sequence, with logits at every position.
 std::vector<float> forward_all(CpuBackend& b, const std::vector<int32_t>& ids,
                                std::map<int, Routing>* routing = nullptr, int top_k = 0) {
-  const int T = static_cast<int>(ids.size()), V = b.vocab_size();
-  std::vector<int32_t> positions(static_cast<size_t>(T)), rows(static_cast<size_t>(T));
-  for (int i = 0; i < T; ++i) positions[i] = rows[i] = i;
-  std::vector<int32_t> seq_start{0, T}, table;
-  const int blocks = (T + b.block_size() - 1) / b.block_size();
-  for (int i = 0; i < blocks; ++i) table.push_back(i);
-  StepInput in;
-  in.num_tokens = T;
-  in.num_seqs = 1;
-  in.token_ids = ids.data();
-  in.positions = positions.data();
-  in.seq_start = seq_start.data();
-  in.block_table = table.data();
-  in.max_blocks_per_seq = blocks;
-  in.logits_rows = rows.data();
-  in.num_logits = T;
   if (routing) {
     b.set_routing_observer([routing, top_k](int layer, int n, const int32_t* e, const float* w) {
       (*routing)[layer] = {std::vector<int32_t>(e, e + n * top_k),
                            std::vector<float>(w, w + n * top_k)};
     });
   }
-  std::vector<float> logits(static_cast<size_t>(T) * V);
-  Status s = b.forward(in, logits.data());
+  std::vector<float> logits;
+  Status s = forward_one_sequence(b, ids, 0, static_cast<int>(ids.size()), &logits);
   EXPECT_TRUE(s.is_ok()) << s.to_string();
   b.set_routing_observer(nullptr);
   return logits;
