@@ -284,8 +284,10 @@ Status CudaBackend::moe_layer(const Layer& W, int li, int T) {
   e.capacity = capacity;
   e.act = moe_.act;
   e.out = moe_.out;
-  const auto kernel =
-      T <= kMoeGemvTokens ? kernels::MoeKernel::kGemv : kernels::MoeKernel::kGroupedGemm;
+  const MoeExperts how = options_.moe_experts;
+  const auto kernel = how == MoeExperts::kGemv || (how == MoeExperts::kAuto && T <= kMoeGemvTokens)
+                          ? kernels::MoeKernel::kGemv
+                          : kernels::MoeKernel::kGroupedGemm;
   HR_CUDA("MoE experts", kernels::moe_experts(e, kernel, stream_));
   mark("moe_experts");
   return Status::ok();

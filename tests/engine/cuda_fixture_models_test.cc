@@ -1,10 +1,10 @@
 // The CUDA backend on the architectures beyond Llama (models/fixtures/: Qwen3 dense, Qwen3-MoE in
 // two layouts, Mixtral; made by transformers): logits within bf16 tolerance of the CPU backend's
-// for a prefill step (the experts' grouped GEMM) and the decode step after it (their GEMVs), and
-// greedy answers through the engine (CUDA graphs, pipelined steps) equal to transformers' up to
-// the first near-tie of its reference margins, which is listed. Loads from host weights and, for
-// the fused expert form, straight from the folder. Skips without a device; also built against the
-// CPU stand-in for the CUDA runtime (simt/, HEADROOM_SIMT).
+// for a prefill step and the decode step after it, the experts both as GEMVs and as the grouped
+// GEMM, and greedy answers through the engine (CUDA graphs, pipelined steps) equal to
+// transformers' up to the first near-tie of its reference margins, which is listed. Loads from host
+// weights and, for the fused expert form, straight from the folder. Skips without a device; also
+// built against the CPU stand-in for the CUDA runtime (simt/, HEADROOM_SIMT).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -108,17 +108,26 @@ TEST_P(CudaFixtureTest, LogitsAndGreedyMatchTheCpuAndTransformers) {
   int checked = 0, positions = 0;
   std::vector<double> flip_margins;
   std::vector<std::vector<int32_t>> prompts;
-  for (const auto& p : ref["prompts"]) {
+  // A MoE model's experts both ways: as GEMVs and as the grouped GEMM (by default the prefill
+  // steps of 12 tokens take GEMVs, the longer ones the GEMM; decode steps GEMVs).
+  const std::vector<MoeExperts> forms =
+      c.is_moe() ? std::vector<MoeExperts>{MoeExperts::kGemv, MoeExperts::kGroupedGemm}
+                 : std::vector<MoeExperts>{MoeExperts::kAuto};
+  for (size_t pi = 0; pi < ref["prompts"].size() * forms.size(); ++pi) {
+    const auto& p = ref["prompts"][pi % ref["prompts"].size()];
+    CudaBackendOptions paths = cuda->options();
+    paths.moe_experts = forms[pi / ref["prompts"].size()];
+    cuda->set_paths(paths);
     std::vector<int32_t> ids = p["prompt"].get<std::vector<int32_t>>();
-    prompts.push_back(ids);
+    if (pi < ref["prompts"].size()) prompts.push_back(ids);
     const auto greedy = p["greedy"].get<std::vector<int32_t>>();
     ids.insert(ids.end(), greedy.begin(), greedy.end());
     const int n = static_cast<int>(ids.size());
     const auto want = step(**cpu, ids, 0, n);
     std::vector<std::vector<std::vector<int32_t>>> routed(static_cast<size_t>(c.num_layers));
-    const auto prefill = step(*g, ids, 0, n - 1);  // n - 1 >= 12 tokens: the grouped GEMM
+    const auto prefill = step(*g, ids, 0, n - 1);  // 12 tokens or more
     if (c.is_moe()) gpu_routing(0, &routed);
-    const auto decode = step(*g, ids, n - 1, n);  // one token: the GEMVs
+    const auto decode = step(*g, ids, n - 1, n);  // one token
     if (c.is_moe()) gpu_routing(n - 1, &routed);
     // Where the GPU first chose other experts than transformers (the state up to there being the
     // same), transformers' k-th and (k+1)-th scores must have been a near-tie, closer than bf16's
@@ -150,12 +159,17 @@ TEST_P(CudaFixtureTest, LogitsAndGreedyMatchTheCpuAndTransformers) {
       const float* got = t < n - 1 ? &prefill[static_cast<size_t>(t) * V] : decode.data();
       const double err = row_error(got, &want[static_cast<size_t>(t) * V], V);
       worst = std::max(worst, err);
-      EXPECT_LT(err, 3e-2) << name << " position " << t << (t < n - 1 ? " (prefill)" : " (decode)");
+      EXPECT_LT(err, 3e-2) << name << " position " << t << (t < n - 1 ? " (prefill)" : " (decode)")
+                           << (forms.size() > 1 && pi >= ref["prompts"].size() ? ", grouped GEMM"
+                                                                               : "");
     }
   }
   if (c.is_moe()) {
     ASSERT_TRUE(cuda->set_routing_record(false).is_ok());
   }
+  CudaBackendOptions defaults = cuda->options();
+  defaults.moe_experts = MoeExperts::kAuto;
+  cuda->set_paths(defaults);
   std::string margins;
   for (double m : flip_margins) margins += " " + std::to_string(m);
   std::printf(
