@@ -181,7 +181,7 @@ http::Reply Api::route_streaming(const http::HttpRequest& req) {
     if (flag(body, "stream")) {
       Result<std::string> account = impl_->authenticate(req);
       if (!account.is_ok()) return {openai_error_response(account.status()), nullptr};
-      return impl_->chat_completions_stream(req, body);
+      return impl_->chat_completions_stream(req, *account, body);
     }
   }
   http::Reply reply;
@@ -252,7 +252,7 @@ http::HttpResponse Api::Impl::handle(const http::HttpRequest& req, http::BodyStr
   if (path.rfind("/v1/webhooks", 0) == 0) {
     if (auto r = handle_webhooks(req, path, query, acct, webhooks)) return std::move(*r);
   }
-  if (path == "/v1/chat/completions" && is_post) return chat_completions(req);
+  if (path == "/v1/chat/completions" && is_post) return chat_completions(req, acct);
   if (path == "/v1/models" && is_get) return models_list();
   if (path.rfind("/v1/async/", 0) == 0) {
     std::string rest = path.substr(10);

@@ -33,6 +33,9 @@ struct SyncCall {
   // Polled while the call waits for room: true (the client went away) ends the wait with
   // kCancelled, so the call never takes a slot its answer could not reach. May be empty.
   std::function<bool()> client_gone;
+  // Whose call it is (the account): a worker's prefix cache shares blocks only among calls of one
+  // namespace, so no account learns from its cache hits what another has sent.
+  std::string cache_namespace;
 };
 
 class SyncInference {

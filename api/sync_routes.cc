@@ -105,23 +105,24 @@ http::HttpResponse Api::Impl::run_model(const http::HttpRequest& req, const std:
   if (queue_requested(body, query)) return submit(req, account, *model, body);
   if (Status st = check_sync_fields(body); !st.is_ok()) return error_response(st);
   if (body.contains("stream") && body["stream"] == true && stream != nullptr) {
-    http::Reply r = run_model_stream(req, std::move(body), *model);
+    http::Reply r = run_model_stream(req, account, std::move(body), *model);
     *stream = std::move(r.stream);
     return std::move(r.response);
   }
   json request = body;
   request.erase("queueRequest");
-  Result<SyncAnswer> answer = run_sync(req, request, *model);
+  Result<SyncAnswer> answer = run_sync(req, account, request, *model);
   if (!answer.is_ok()) return error_response(answer.status());
   http::HttpResponse res = ok_response(wire::workers_ai_result(answer->answer, false));
   mark_worker(res, answer->worker);
   return res;
 }
 
-SyncCall Api::Impl::sync_call(const http::HttpRequest& req, const json& body,
-                              const ModelSpec& model) const {
+SyncCall Api::Impl::sync_call(const http::HttpRequest& req, const std::string& account,
+                              const json& body, const ModelSpec& model) const {
   SyncCall call;
   call.model = model.name;
+  call.cache_namespace = account;
   call.reject_if_busy = body.contains("options") && flag(body["options"], "rejectIfBusy");
   call.queue_timeout_ms = config.sync_queue_timeout_ms;
   auto it = req.find("x-session-affinity");
@@ -140,9 +141,9 @@ Result<SyncInference*> Api::Impl::sync_for(const ModelSpec& model) const {
   return s;
 }
 
-Result<SyncAnswer> Api::Impl::run_sync(const http::HttpRequest& req, const json& body,
-                                       const ModelSpec& model) {
-  SyncCall call = sync_call(req, body, model);
+Result<SyncAnswer> Api::Impl::run_sync(const http::HttpRequest& req, const std::string& account,
+                                       const json& body, const ModelSpec& model) {
+  SyncCall call = sync_call(req, account, body, model);
   json request = body;
   request.erase("options");
   if (request.contains("stream") && request["stream"] == true) {
@@ -161,7 +162,8 @@ Result<SyncAnswer> Api::Impl::run_sync(const http::HttpRequest& req, const json&
   return answer;
 }
 
-http::HttpResponse Api::Impl::chat_completions(const http::HttpRequest& req) {
+http::HttpResponse Api::Impl::chat_completions(const http::HttpRequest& req,
+                                               const std::string& account) {
   std::string why;
   json body = wire::parse_client_json(req.body(), &why);
   if (body.is_discarded()) return openai_error_response(invalid_argument("body " + why, "body"));
@@ -178,7 +180,7 @@ http::HttpResponse Api::Impl::chat_completions(const http::HttpRequest& req) {
   }
   // OpenAI fields this server does not use but clients commonly send.
   for (const char* key : {"n", "user", "stream_options"}) body.erase(key);
-  Result<SyncAnswer> a = run_sync(req, body, *model);
+  Result<SyncAnswer> a = run_sync(req, account, body, *model);
   if (!a.is_ok()) return openai_error_response(a.status());
   http::HttpResponse res = http::json_response(
       200, wire::chat_completion(a->answer, "chatcmpl-" + new_uuid_v4().to_string(),
@@ -189,7 +191,8 @@ http::HttpResponse Api::Impl::chat_completions(const http::HttpRequest& req) {
 }
 
 // OpenAI chat.completion.chunk events over SSE, ending with data: [DONE].
-http::Reply Api::Impl::chat_completions_stream(const http::HttpRequest& req, json body) {
+http::Reply Api::Impl::chat_completions_stream(const http::HttpRequest& req,
+                                               const std::string& account, json body) {
   if (!body.contains("model") || !body["model"].is_string()) {
     return {openai_error_response(invalid_argument("'model' is required", "model")), nullptr};
   }
@@ -202,7 +205,7 @@ http::Reply Api::Impl::chat_completions_stream(const http::HttpRequest& req, jso
   if (Status st = check_sync_fields(body); !st.is_ok()) return {openai_error_response(st), nullptr};
   bool include_usage =
       body.contains("stream_options") && flag(body["stream_options"], "include_usage");
-  SyncCall call = sync_call(req, body, *model);
+  SyncCall call = sync_call(req, account, body, *model);
   for (const char* key : {"n", "user", "stream_options", "stream", "options"}) {
     body.erase(key);
   }
@@ -312,9 +315,9 @@ http::Reply Api::Impl::chat_completions_stream(const http::HttpRequest& req, jso
 
 // Server-sent events in Workers AI's shape: data: {"response": "<delta>"} per piece, then
 // data: {"response": "", "usage": {...}, "finish_reason": ...}, then data: [DONE].
-http::Reply Api::Impl::run_model_stream(const http::HttpRequest& req, json body,
-                                        const ModelSpec& model) {
-  SyncCall call = sync_call(req, body, model);
+http::Reply Api::Impl::run_model_stream(const http::HttpRequest& req, const std::string& account,
+                                        json body, const ModelSpec& model) {
+  SyncCall call = sync_call(req, account, body, model);
   for (const char* key : {"stream", "options", "queueRequest"}) body.erase(key);
   Result<wire::ChatRequest> norm =
       normalize_chat_request(body, model, limits, ordered_schemas(req.body()).get());

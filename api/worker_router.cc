@@ -194,7 +194,8 @@ Result<std::shared_ptr<WorkerRouter::Attempt>> WorkerRouter::place(
 
 std::string WorkerRouter::body_for(const wire::ChatRequest& request, const SyncCall& call,
                                    bool stream) const {
-  return wire::encode_forwarded_call({request, stream, call.reject_if_busy, call.queue_timeout_ms});
+  return wire::encode_forwarded_call(
+      {request, stream, call.reject_if_busy, call.queue_timeout_ms, call.cache_namespace});
 }
 
 template <typename T, typename OnOk>

@@ -12,6 +12,7 @@ workers::SyncOptions options_of(const api::SyncCall& call) {
   o.reject_if_busy = call.reject_if_busy;
   o.queue_timeout_ms = call.queue_timeout_ms;
   o.client_gone = call.client_gone;
+  o.cache_namespace = call.cache_namespace;
   return o;
 }
 

@@ -25,10 +25,23 @@ uint64_t BlockManager::chain_hash(uint64_t parent, const int32_t* tokens, int n)
   return h == 0 ? 1 : h;
 }
 
-int BlockManager::acquire_prefix(const std::vector<int32_t>& tokens, int max_tokens,
+uint64_t BlockManager::namespace_root(std::string_view name) {
+  if (name.empty()) return 0;
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, then a finalising mix
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return h == 0 ? 1 : h;
+}
+
+int BlockManager::acquire_prefix(const std::vector<int32_t>& tokens, int max_tokens, uint64_t root,
                                  std::vector<int>* blocks, std::vector<uint64_t>* hashes) {
   int covered = 0;
-  uint64_t parent = hashes->empty() ? 0 : hashes->back();
+  uint64_t parent = hashes->empty() ? root : hashes->back();
   for (int start = static_cast<int>(blocks->size()) * block_size_;
        start + block_size_ <= std::min<int>(max_tokens, static_cast<int>(tokens.size()));
        start += block_size_) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <list>
 #include <optional>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -25,9 +26,13 @@ class BlockManager {
 
   // Finds cached blocks holding the longest run of full blocks at the start of `tokens`, covering
   // at most `max_tokens` tokens; takes a reference on each and appends them and their hashes.
-  // Returns the number of tokens covered.
-  int acquire_prefix(const std::vector<int32_t>& tokens, int max_tokens, std::vector<int>* blocks,
-                     std::vector<uint64_t>* hashes);
+  // Returns the number of tokens covered. `root` is the parent hash of the first block: a
+  // namespace's (namespace_root), so that only sequences of one namespace share blocks.
+  int acquire_prefix(const std::vector<int32_t>& tokens, int max_tokens, uint64_t root,
+                     std::vector<int>* blocks, std::vector<uint64_t>* hashes);
+  // The root of a namespace's hash chains: 0 for the empty name (shared by every sequence without
+  // one), else a 64-bit hash of the name.
+  static uint64_t namespace_root(std::string_view name);
   // A new empty block with one reference, evicting the least recently used cached block if
   // needed; nullopt when none is available.
   std::optional<int> allocate();

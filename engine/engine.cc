@@ -77,6 +77,7 @@ Result<int64_t> Engine::add(GenerationRequest r) {
   seq->num_prompt = prompt_len;
   seq->max_length = max_model_len_;
   seq->params = std::move(r.params);
+  seq->cache_root = BlockManager::namespace_root(r.cache_namespace);
   seq->rng.seed(seq->params.seed ? *seq->params.seed : std::random_device{}());
   if (seq->params.penalties.repetition != 1.0f) {
     for (int32_t t : seq->tokens) seq->note_seen(t, 0);

@@ -57,6 +57,10 @@ struct GenerationRequest {
   SamplingParams params;
   RequestClass cls = RequestClass::kSync;
   int priority = 0;
+  // Whose request it is (an account): cached prompt blocks are shared only among requests of one
+  // namespace, so that no one learns from cache hits (cached_tokens, latency) what another has
+  // sent. Empty: the shared namespace.
+  std::string cache_namespace;
   // Structured output: the answer is a document of this constraint (each step's tokens masked to
   // those it allows, the stop token only where the document is complete). Null: free text.
   std::shared_ptr<grammar::CompiledGrammar> constraint;

@@ -96,12 +96,13 @@ Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
         "  WHERE r.batch_id = t.b AND r.idx = t.i AND r.status = 'queued' AND bt.id = r.batch_id "
         "    AND bt.cancel_requested_at IS NULL AND (bt.deadline IS NULL OR bt.deadline > now()) "
         "  RETURNING r.batch_id, r.idx, r.attempt, r.num_failures, r.body, bt.api_shape, "
-        "    (extract(epoch FROM bt.created_at) * 1000)::bigint AS submitted_ms), "
+        "    (extract(epoch FROM bt.created_at) * 1000)::bigint AS submitted_ms, "
+        "    bt.account_id::text AS account_id), "
         "started AS ("
         "  UPDATE batches SET status = 'running', started_at = now() "
         "  WHERE id IN (SELECT DISTINCT batch_id FROM claimed) AND status = 'queued' RETURNING 1) "
-        "SELECT batch_id::text, idx, attempt, num_failures, body, api_shape, submitted_ms "
-        "FROM claimed",
+        "SELECT batch_id::text, idx, attempt, num_failures, body, api_shape, submitted_ms, "
+        "account_id FROM claimed",
         keys.dump(), options_.owner, options_.lease_ms);
     tx.commit();
     for (const auto& row : r) {
@@ -113,6 +114,7 @@ Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
       l.body = row[4].as<std::string>();
       l.api_shape = row[5].as<std::string>();
       l.submitted_at_ms = row[6].as<int64_t>();
+      l.account_id = row[7].as<std::string>();
       claimed.emplace(key_of(l.ref.batch_id, l.ref.idx), std::move(l));
     }
     return Status::ok();

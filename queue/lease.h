@@ -35,6 +35,7 @@ struct Lease {
   std::string api_shape;        // "workers_ai" or "openai"
   std::string entry_id;         // Redis stream entry
   int64_t submitted_at_ms = 0;  // when its batch was submitted (for queue-time metrics)
+  std::string account_id;       // whose batch (the prefix cache's namespace)
 };
 
 struct Completion {

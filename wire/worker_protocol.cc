@@ -13,7 +13,8 @@ std::string encode_forwarded_call(const ForwardedCall& call) {
   return json{{"request", to_json(call.request)},
               {"stream", call.stream},
               {"reject_if_busy", call.reject_if_busy},
-              {"queue_timeout_ms", call.queue_timeout_ms}}
+              {"queue_timeout_ms", call.queue_timeout_ms},
+              {"cache_namespace", call.cache_namespace}}
       .dump();
 }
 
@@ -31,6 +32,9 @@ Result<ForwardedCall> decode_forwarded_call(std::string_view text) {
   call.reject_if_busy = flag("reject_if_busy");
   if (body.contains("queue_timeout_ms") && body["queue_timeout_ms"].is_number_integer()) {
     call.queue_timeout_ms = body["queue_timeout_ms"].get<int>();
+  }
+  if (body.contains("cache_namespace") && body["cache_namespace"].is_string()) {
+    call.cache_namespace = body["cache_namespace"].get<std::string>();
   }
   return call;
 }

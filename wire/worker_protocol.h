@@ -24,6 +24,7 @@ struct ForwardedCall {
   bool stream = false;
   bool reject_if_busy = false;
   int queue_timeout_ms = 2000;
+  std::string cache_namespace;  // the account: its prompts alone share cached prefixes
 };
 
 std::string encode_forwarded_call(const ForwardedCall& call);

@@ -31,6 +31,7 @@ void AsyncJobs::admit(const std::vector<queue::Lease>& arrived) {
       io_.fail({l, "invalid_request", gen.status().message(), false});
       continue;
     }
+    gen->cache_namespace = l.account_id;
     sizes_.record(static_cast<int>(gen->prompt.size()), gen->params.max_tokens);
     AnswerLogprobs logprobs(gen->params.logprobs >= 0);
     gen->on_event = timed([this](const engine::TokenEvent& ev) { on_event(ev); },

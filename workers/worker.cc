@@ -122,6 +122,7 @@ Result<std::unique_ptr<wire::AnswerStream>> Worker::start_stream(const wire::Cha
   HR_RETURN_IF_ERROR(take_sync_slot(options.reject_if_busy));
   ActiveSync active(sync_active_);
   HR_ASSIGN_OR_RETURN(auto gen, to_generation(request, *model_, engine::RequestClass::kSync));
+  gen.cache_namespace = options.cache_namespace;
   auto job = std::make_shared<SyncJob>();
   job->request = std::move(gen);
   job->streaming = true;
@@ -147,6 +148,7 @@ Result<wire::Answer> Worker::run(const wire::ChatRequest& request, const SyncOpt
   HR_RETURN_IF_ERROR(take_sync_slot(options.reject_if_busy));
   ActiveSync active(sync_active_);
   HR_ASSIGN_OR_RETURN(auto gen, to_generation(request, *model_, engine::RequestClass::kSync));
+  gen.cache_namespace = options.cache_namespace;
   auto job = std::make_shared<SyncJob>();
   job->request = std::move(gen);
   job->tool_calls = offered_tool_calls(request, *model_);

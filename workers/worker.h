@@ -62,6 +62,8 @@ struct SyncOptions {
   // Polled while the request waits: true (the client went away) ends it with kCancelled. May be
   // empty.
   std::function<bool()> client_gone;
+  // Whose request it is (the account): the prefix cache's namespace (engine::GenerationRequest).
+  std::string cache_namespace;
 };
 
 class Worker final {

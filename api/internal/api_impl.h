@@ -118,14 +118,18 @@ struct Api::Impl {
   http::HttpResponse list(const std::string& account,
                           const std::map<std::string, std::string>& query);
   // Validates and runs one sync request; on success returns the answer and the normalized body.
-  Result<SyncAnswer> run_sync(const http::HttpRequest& req, const json& body,
-                              const ModelSpec& model);
-  http::HttpResponse chat_completions(const http::HttpRequest& req);
-  http::Reply chat_completions_stream(const http::HttpRequest& req, json body);
+  Result<SyncAnswer> run_sync(const http::HttpRequest& req, const std::string& account,
+                              const json& body, const ModelSpec& model);
+  http::HttpResponse chat_completions(const http::HttpRequest& req, const std::string& account);
+  http::Reply chat_completions_stream(const http::HttpRequest& req, const std::string& account,
+                                      json body);
   // Workers-AI text generation with stream: true: {"response": delta} events, then the usage.
-  http::Reply run_model_stream(const http::HttpRequest& req, json body, const ModelSpec& model);
-  // Where and how a sync call runs: the model, the x-session-affinity header, options.rejectIfBusy.
-  SyncCall sync_call(const http::HttpRequest& req, const json& body, const ModelSpec& model) const;
+  http::Reply run_model_stream(const http::HttpRequest& req, const std::string& account, json body,
+                               const ModelSpec& model);
+  // Where and how a sync call runs: the model, the x-session-affinity header, options.rejectIfBusy,
+  // and the account (whose prompts alone may share cached prefixes).
+  SyncCall sync_call(const http::HttpRequest& req, const std::string& account, const json& body,
+                     const ModelSpec& model) const;
   Result<SyncInference*> sync_for(const ModelSpec& model) const;
   http::HttpResponse models_list();
 };

@@ -89,11 +89,13 @@ struct Outcome {
 
 // Adds every prompt, runs to completion, returns outcomes in order.
 std::vector<Outcome> run_all(Engine& e, const std::vector<std::vector<int32_t>>& prompts,
-                             RequestClass cls = RequestClass::kSync, SamplingParams params = {}) {
+                             RequestClass cls = RequestClass::kSync, SamplingParams params = {},
+                             const std::string& cache_namespace = "") {
   std::vector<Outcome> out(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     GenerationRequest r;
     r.prompt = prompts[i];
+    r.cache_namespace = cache_namespace;
     r.params = params;
     if (r.params.max_tokens == 256) r.params.max_tokens = 40;
     r.cls = cls;
@@ -148,6 +150,23 @@ TEST(EngineTest, TinyChunkedPrefillEqualsUnchunked) {
   auto chunked = f.engine({8, 8, 3});
   auto out = run_all(*chunked, prompts(12, 40));
   for (int i = 0; i < 12; ++i) EXPECT_EQ(out[static_cast<size_t>(i)].tokens, expected(40 + i)) << i;
+}
+
+// Cached prompt blocks are shared within a namespace (an account) and never across: another
+// account's identical prompt finds nothing, whatever it guesses.
+TEST(EngineTest, PrefixCacheIsSharedOnlyWithinANamespace) {
+  auto& f = Fixture::get();
+  auto e = f.engine({8, 512, 512}, /*block_size=*/4);
+  const auto p = prompts(1, 9);
+  const int cached = (static_cast<int>(p[0].size()) - 1) / 4 * 4;
+  EXPECT_EQ(run_all(*e, p, RequestClass::kSync, {}, "account-a")[0].usage.cached_tokens, 0);
+  EXPECT_EQ(run_all(*e, p, RequestClass::kSync, {}, "account-b")[0].usage.cached_tokens, 0);
+  EXPECT_EQ(run_all(*e, p, RequestClass::kSync, {})[0].usage.cached_tokens, 0);
+  EXPECT_EQ(run_all(*e, p, RequestClass::kAsync, {}, "account-a")[0].usage.cached_tokens, cached);
+  EXPECT_EQ(run_all(*e, p, RequestClass::kSync, {}, "account-b")[0].usage.cached_tokens, cached);
+  EXPECT_EQ(run_all(*e, p, RequestClass::kSync, {})[0].usage.cached_tokens, cached);
+  EXPECT_NE(BlockManager::namespace_root("account-a"), BlockManager::namespace_root("account-b"));
+  EXPECT_EQ(BlockManager::namespace_root(""), 0u);
 }
 
 TEST(EngineTest, PrefixCacheHitEqualsMissAndReportsCachedTokens) {

@@ -141,6 +141,7 @@ TEST(CodecsTest, WorkerProtocolRoundTrips) {
   call.stream = true;
   call.reject_if_busy = true;
   call.queue_timeout_ms = 7;
+  call.cache_namespace = "0b6c1d8e-account";
   Result<ForwardedCall> decoded = decode_forwarded_call(encode_forwarded_call(call));
   ASSERT_TRUE(decoded.is_ok()) << decoded.status().to_string();
   EXPECT_EQ(*decoded->request.prompt, "x");
@@ -148,6 +149,7 @@ TEST(CodecsTest, WorkerProtocolRoundTrips) {
   EXPECT_TRUE(decoded->stream);
   EXPECT_TRUE(decoded->reject_if_busy);
   EXPECT_EQ(decoded->queue_timeout_ms, 7);
+  EXPECT_EQ(decoded->cache_namespace, "0b6c1d8e-account");
   EXPECT_EQ(decode_forwarded_call("{}").status().field(), "request");
   Status st = status_from_protocol_error(
       429, protocol_error(Status(StatusCode::kResourceExhausted, "full", "x"), true).dump());

@@ -480,6 +480,54 @@ TEST(WorkerE2eTest, AMixtureOfExpertsFolderIsServedQueuedAndSync) {
   EXPECT_EQ(w->stats().completed.load(), 16);
 }
 
+// The prefix cache is no oracle across accounts: account B's right guess of account A's prompt
+// reports as many cached tokens as a wrong one (none), while A's own requests, sync or queued,
+// hit what A sent before.
+TEST(WorkerE2eTest, CachedPrefixesAreSharedOnlyWithinAnAccount) {
+  testing::ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  DispatcherThread d(h.database_url(), h.redis_url());
+  auto w = make_worker(h, "w");
+  ASSERT_TRUE(w);
+  cmd::WorkerSync worker_sync(*w);
+  h.api().set_sync_inference(&worker_sync);
+  ASSERT_TRUE(w->start().is_ok());
+  auto cached = [&](const std::string& key, const std::string& text) {
+    auto r = h.post("/v1/chat/completions",
+                    json{{"model", h.model()},
+                         {"messages", {{{"role", "user"}, {"content", "reverse: " + text}}}},
+                         {"temperature", 0},
+                         {"max_tokens", 4}}
+                        .dump(),
+                    key);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+  };
+  const std::string secret = "the vault code is 7f3a91 and the door is north";
+  EXPECT_EQ(cached(h.key_a(), secret), 0);
+  // B probes: a first wrong guess, then the right one and another wrong one. Each finds only the
+  // blocks it shares with B's own earlier probes, the right guess no more than a wrong one.
+  EXPECT_EQ(cached(h.key_b(), "the vault code is 000000 and the door is south"), 0);
+  const int right = cached(h.key_b(), secret);
+  const int wrong = cached(h.key_b(), "the vault code is 111111 and the door is east");
+  EXPECT_EQ(right, wrong);
+  const int again = cached(h.key_a(), secret);
+  EXPECT_GT(again, right);  // within account A, the whole prompt hits
+  // Queued requests of the account share its cache too (the same namespace as its sync calls).
+  const std::string id =
+      h.submit(json::array({{{"messages", {{{"role", "user"}, {"content", "reverse: " + secret}}}},
+                             {"temperature", 0},
+                             {"max_tokens", 4}}}),
+               h.key_a());
+  ASSERT_FALSE(id.empty());
+  const json result = wait_done(h, id, 60);
+  ASSERT_TRUE(result.is_object());
+  EXPECT_EQ(result["responses"][0]["result"]["usage"]["prompt_tokens_details"]["cached_tokens"],
+            again)
+      << result.dump();
+  w->stop();
+}
+
 TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   testing::ApiHarness h;
   ASSERT_TRUE(h.ok());
