@@ -8,6 +8,7 @@
 #include "base/hash.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "base/strings.h"
 #include "base/url.h"
 #include "wire/json_text.h"
 
@@ -196,11 +197,12 @@ Result<std::string> Api::Impl::authenticate(const http::HttpRequest& req) {
                   "Authorization");
   }
   std::string_view v(it->value().data(), it->value().size());
-  if (v.size() < 8 || (v.substr(0, 7) != "Bearer " && v.substr(0, 7) != "bearer ")) {
+  // The scheme is case-insensitive (RFC 9110), the key what follows its spaces.
+  if (!starts_with_ignoring_case(v, "bearer ") || trim(v.substr(7)).empty()) {
     return Status(StatusCode::kUnauthenticated, "Authorization must be 'Bearer <key>'",
                   "Authorization");
   }
-  std::string key(v.substr(7));
+  std::string key(trim(v.substr(7)));
   std::string digest = to_hex(sha256(key));
   int64_t now = SystemClock::instance().now_unix_ms();
   {

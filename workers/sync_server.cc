@@ -10,6 +10,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "base/strings.h"
 #include "http/status.h"
 #include "queue/registry.h"
 #include "wire/worker_protocol.h"
@@ -111,7 +112,9 @@ http::Reply SyncServer::handle(const http::HttpRequest& req) {
   }
   if (!options_.internal_token.empty()) {
     auto it = req.find("x-headroom-internal-token");
-    if (it == req.end() || it->value() != options_.internal_token) {
+    if (it == req.end() ||
+        !constant_time_equal(std::string_view(it->value().data(), it->value().size()),
+                             options_.internal_token)) {
       return {error_reply(Status(StatusCode::kUnauthenticated, "bad or missing internal token",
                                  "x-headroom-internal-token")),
               nullptr};

@@ -443,6 +443,29 @@ TEST(ApiTest, RequestsWithoutAValidKeyAreRefusedBeforeTheirBodyIsRead) {
   EXPECT_FALSE(h.submit(json::array({reversal("a")}), h.key_a()).empty());
 }
 
+// The Authorization scheme is case-insensitive: BEARER and bEaReR keys work; a scheme without a
+// key or another scheme does not.
+TEST(ApiTest, TheBearerSchemeIsCaseInsensitive) {
+  ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  for (const std::string& scheme :
+       std::vector<std::string>{"Bearer ", "bearer ", "BEARER ", "bEaReR  "}) {
+    testing::RawConnection conn(h.port());
+    conn.send("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: " + scheme + h.key_a() +
+              "\r\nConnection: close\r\n\r\n");
+    const std::string answer = conn.receive();
+    EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << scheme << ": " << answer;
+  }
+  for (const std::string& header :
+       std::vector<std::string>{"BEARER ", "Bearer", "Basic " + h.key_a()}) {
+    testing::RawConnection conn(h.port());
+    conn.send("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: " + header +
+              "\r\nConnection: close\r\n\r\n");
+    const std::string answer = conn.receive();
+    EXPECT_EQ(answer.rfind("HTTP/1.1 401", 0), 0u) << header << ": " << answer;
+  }
+}
+
 TEST(ApiTest, IdsAreScopedToTheirAccount) {
   ApiHarness h;
   ASSERT_TRUE(h.ok());
