@@ -2,6 +2,7 @@
 // answer), GET /metrics (Prometheus text, with the queue depth per model from Postgres). None needs
 // a key; however many callers there are, each check runs once at a time.
 #include "api/internal/api_impl.h"
+#include "base/log.h"
 #include "base/metrics.h"
 #include "queue/store.h"
 
@@ -79,8 +80,12 @@ Status Api::Impl::ping_redis() {
 http::HttpResponse Api::Impl::readyz() {
   const Status pg = database_check.run([this] { return read_queue_depth(); });
   const Status rs = redis_check.run([this] { return ping_redis(); });
-  json checks = {{"postgres", pg.is_ok() ? "ok" : pg.message()},
-                 {"redis", rs.is_ok() ? "ok" : rs.message()}};
+  // Anyone may ask: the answer says what is down, the log says why (the errors name hosts and
+  // ports, which are not the public's to know).
+  if (!pg.is_ok()) log::warn("api.readyz_postgres", {{"error", pg.message()}});
+  if (!rs.is_ok()) log::warn("api.readyz_redis", {{"error", rs.message()}});
+  json checks = {{"postgres", pg.is_ok() ? "ok" : "unavailable"},
+                 {"redis", rs.is_ok() ? "ok" : "unavailable"}};
   const bool ok = pg.is_ok() && rs.is_ok();
   return http::json_response(ok ? 200 : 503, json{{"ready", ok}, {"checks", checks}}.dump());
 }

@@ -40,11 +40,21 @@ constexpr Range kV4Forbidden[] = {
     {"240.0.0.0/4", "reserved"},
 };
 constexpr Range kV6Forbidden[] = {
-    {"::/128", "unspecified"},          {"::1/128", "loopback"},
-    {"::/96", "IPv4-compatible"},       {"100::/64", "discard"},
-    {"2001:db8::/32", "documentation"}, {"fc00::/7", "unique local (private)"},
-    {"fe80::/10", "link-local"},        {"fec0::/10", "site-local"},
+    {"::/128", "unspecified"},
+    {"::1/128", "loopback"},
+    {"::/96", "IPv4-compatible"},
+    {"100::/64", "discard"},
+    {"2001:db8::/32", "documentation"},
+    {"fc00::/7", "unique local (private)"},
+    {"fe80::/10", "link-local"},
+    {"fec0::/10", "site-local"},
     {"ff00::/8", "multicast"},
+    // Forms that reach IPv4 hosts through a translator or tunnel this policy cannot see through:
+    // local-use NAT64 (RFC 8215), Teredo (an IPv4 server and an obfuscated IPv4 client inside) and
+    // IPv4-translated addresses (::ffff:0:a.b.c.d, RFC 2765).
+    {"64:ff9b:1::/48", "NAT64 (local use)"},
+    {"2001::/32", "Teredo"},
+    {"::ffff:0:0:0/96", "IPv4-translated"},
 };
 
 const std::vector<std::pair<Cidr, std::string>>& forbidden_table() {

@@ -140,6 +140,21 @@ TEST(ApiTest, HealthNeedsNoKey) {
   EXPECT_EQ(ready.json()["checks"]["redis"], "ok");
 }
 
+// /readyz answers anyone: with Redis out of reach it says so, without the host and port its error
+// names (those go to the log).
+TEST(ApiTest, ReadyzTellsWhatIsDownNotWhere) {
+  ApiHarness base;
+  ASSERT_TRUE(base.ok());
+  ApiHarness h(base.database_url(), "redis://127.0.0.1:9/0");  // the discard port: nothing there
+  ASSERT_TRUE(h.ok());
+  auto ready = testing::http_call("GET", h.port(), "/readyz");
+  EXPECT_EQ(ready.status, 503) << ready.body;
+  EXPECT_EQ(ready.json()["checks"]["redis"], "unavailable") << ready.body;
+  EXPECT_EQ(ready.json()["checks"]["postgres"], "ok") << ready.body;
+  EXPECT_EQ(ready.body.find("127.0.0.1"), std::string::npos) << ready.body;
+  EXPECT_EQ(ready.body.find(":9"), std::string::npos) << ready.body;
+}
+
 // /readyz and /metrics answer anyone: however many ask at once, they hold at most one of the API's
 // database connections between them.
 TEST(ApiTest, ProbesWithoutAKeyShareOneDatabaseConnection) {

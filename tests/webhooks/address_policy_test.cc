@@ -35,7 +35,11 @@ TEST(NetTest, ClassifiesForbiddenRanges) {
                         "::ffff:10.0.0.1",
                         "64:ff9b::a9fe:a9fe",
                         "2002:7f00:1::1",
-                        "::127.0.0.1"}) {
+                        "::127.0.0.1",
+                        "::ffff:0:7f00:1",       // IPv4-translated 127.0.0.1
+                        "::ffff:0:a00:1",        // ... and 10.0.0.1
+                        "64:ff9b:1::a9fe:a9fe",  // local-use NAT64 to 169.254.169.254
+                        "2001:0:4136:e378:8000:63bf:3fff:fdd2"}) {  // Teredo
     EXPECT_TRUE(forbidden_range(ip(a)).has_value()) << a;
   }
   for (const char* a : {"8.8.8.8", "93.184.216.34", "172.32.0.1", "100.128.0.1", "1.1.1.1",
@@ -43,6 +47,8 @@ TEST(NetTest, ClassifiesForbiddenRanges) {
     EXPECT_FALSE(forbidden_range(ip(a)).has_value()) << a;
   }
   EXPECT_EQ(*forbidden_range(ip("169.254.169.254")), "link-local (cloud metadata)");
+  EXPECT_EQ(*forbidden_range(ip("2001:0:4136:e378:8000:63bf:3fff:fdd2")), "Teredo");
+  EXPECT_FALSE(forbidden_range(ip("2001:4860:4860::8888")).has_value());  // public, not Teredo
 }
 
 TEST(NetTest, PolicyAllowsWhatItNames) {
