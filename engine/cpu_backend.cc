@@ -375,11 +375,12 @@ void CpuBackend::moe(const LayerWeights& L, int li, int T) {
   route_tokens(router_logits_.data(), T, m, nullptr, route_ids_.data(), route_weights_.data());
   if (routing_observer_) routing_observer_(li, T, route_ids_.data(), route_weights_.data());
   // Each expert once, for all the tokens routed to it: gathered rows, gate/up, SwiGLU, down.
-  std::vector<std::vector<int32_t>> routed(static_cast<size_t>(E));  // (token, choice) indices
-  for (int i = 0; i < T * K; ++i) routed[static_cast<size_t>(route_ids_[i])].push_back(i);
+  routed_.resize(static_cast<size_t>(E));   // (token, choice) indices per expert
+  for (auto& rows : routed_) rows.clear();  // (their capacity kept from step to step)
+  for (int i = 0; i < T * K; ++i) routed_[static_cast<size_t>(route_ids_[i])].push_back(i);
   const size_t gu_panels = packed_size(2 * F, D), down_panels = packed_size(D, F);
   for (int e = 0; e < E; ++e) {
-    const std::vector<int32_t>& rows = routed[static_cast<size_t>(e)];
+    const std::vector<int32_t>& rows = routed_[static_cast<size_t>(e)];
     const int n = static_cast<int>(rows.size());
     if (n == 0) continue;
     expert_in_.resize(static_cast<size_t>(n) * D);
@@ -395,7 +396,7 @@ void CpuBackend::moe(const LayerWeights& L, int li, int T) {
       silu_mul(&expert_gu_[static_cast<size_t>(r) * 2 * F], F,
                &expert_act_[static_cast<size_t>(r) * F]);
     }
-    // Its outputs straight into their (token, choice) rows: gathered back in rows' order.
+    // Down into the gate/up buffer (free again), then each output row to its (token, choice).
     expert_gu_.resize(static_cast<size_t>(n) * D);
     matmul(expert_act_.data(), L.experts_down.data() + down_panels * e, expert_gu_.data(), n, D, F,
            false);

@@ -77,6 +77,7 @@ class CpuBackend final : public Backend {
   std::vector<float> router_logits_, route_weights_, expert_in_, expert_gu_, expert_act_,
       expert_out_;
   std::vector<int32_t> route_ids_;
+  std::vector<std::vector<int32_t>> routed_;
   RoutingObserver routing_observer_;
   // submit(): logits, fed token ids, the last submitted step's tokens, and the uncollected steps.
   std::vector<float> logits_;

@@ -8,14 +8,19 @@
 namespace hr::kernels {
 namespace {
 
+// Element i of the uniform fill: in [-scale, scale), a pure function of (seed, i).
+__device__ __forceinline__ float uniform_at(uint64_t seed, size_t i, float scale) {
+  const uint64_t bits = internal::splitmix64(seed ^ internal::splitmix64(i));
+  const float u = static_cast<float>(bits >> 40) * 0x1.0p-24f;  // [0, 1)
+  return (2.0f * u - 1.0f) * scale;
+}
+
 __global__ void fill_uniform_bf16_kernel(__nv_bfloat16* out, size_t n, float scale, uint64_t seed) {
   internal::pdl_launch_dependents();
   internal::pdl_wait();
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const uint64_t bits = internal::splitmix64(seed ^ internal::splitmix64(i));
-    const float u = static_cast<float>(bits >> 40) * 0x1.0p-24f;  // [0, 1)
-    out[i] = __float2bfloat16_rn((2.0f * u - 1.0f) * scale);
+    out[i] = __float2bfloat16_rn(uniform_at(seed, i, scale));
   }
 }
 
@@ -24,9 +29,7 @@ __global__ void fill_uniform_f32_kernel(float* out, size_t n, float scale, uint6
   internal::pdl_wait();
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const uint64_t bits = internal::splitmix64(seed ^ internal::splitmix64(i));
-    const float u = static_cast<float>(bits >> 40) * 0x1.0p-24f;  // [0, 1)
-    out[i] = (2.0f * u - 1.0f) * scale;
+    out[i] = uniform_at(seed, i, scale);
   }
 }
 

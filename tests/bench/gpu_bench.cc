@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -286,41 +287,33 @@ std::vector<int> parse_list(const std::string& s) {
 int moe_run(const std::string& name, ModelConfig c, const std::string& batches, int prompt,
             int steps, int prefill_len, int prefill_count, int max_tokens, int max_seqs,
             size_t kv_cache_mb, size_t copy_mb) {
-  if (name == "qwen3-30b-a3b") {
-    c.model_type = "qwen3_moe";
-    c.vocab_size = 151936;
-    c.hidden_size = 2048;
-    c.intermediate_size = 6144;
-    c.num_layers = 48;
-    c.num_heads = 32;
-    c.num_kv_heads = 4;
-    c.head_dim = 128;
-    c.rope_theta = 1e6;
-    c.qk_norm = true;
-    c.moe.num_experts = 128;
-    c.moe.top_k = 8;
-    c.moe.expert_intermediate_size = 768;
-    c.moe.renormalize = true;
-  } else if (name == "mixtral-8x7b") {
-    c.model_type = "mixtral";
-    c.vocab_size = 32000;
-    c.hidden_size = 4096;
-    c.intermediate_size = 14336;
-    c.num_layers = 32;
-    c.num_heads = 32;
-    c.num_kv_heads = 8;
-    c.head_dim = 128;
-    c.rope_theta = 1e6;
-    c.qk_norm = false;
-    c.moe.num_experts = 8;
-    c.moe.top_k = 2;
-    c.moe.expert_intermediate_size = 14336;
-    c.moe.renormalize = true;
-  } else if (name != "custom") {  // custom: the shape given by the other options (tests)
+  // The named shapes are the models' own config.json (the fields that set the shape), read by
+  // the loader's parser; custom takes the other options' shape with every layer sparse.
+  static const std::map<std::string, std::string> kShapes = {
+      {"qwen3-30b-a3b",
+       R"({"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+           "intermediate_size": 6144, "num_hidden_layers": 48, "num_attention_heads": 32,
+           "num_key_value_heads": 4, "head_dim": 128, "rope_theta": 1000000.0,
+           "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+           "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": []})"},
+      {"mixtral-8x7b",
+       R"({"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096,
+           "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "rope_theta": 1000000.0, "num_local_experts": 8,
+           "num_experts_per_tok": 2})"}};
+  if (auto shape = kShapes.find(name); shape != kShapes.end()) {
+    auto parsed = parse_model_config(shape->second);
+    if (!parsed.is_ok()) {
+      std::fprintf(stderr, "gpu_bench: %s\n", parsed.status().to_string().c_str());
+      return 2;
+    }
+    c = std::move(parsed).value();
+  } else if (name == "custom") {
+    c.moe.sparse_layers.assign(static_cast<size_t>(c.num_layers), true);
+  } else {
     std::fprintf(stderr, "gpu_bench: --moe takes qwen3-30b-a3b, mixtral-8x7b or custom\n");
     return 2;
   }
-  c.moe.sparse_layers.assign(static_cast<size_t>(c.num_layers), true);
   c.max_position_embeddings = 8192;
   const double bw = copy_bandwidth(copy_mb << 20);
   json out = {{"model", name}, {"copy_bytes_per_s", bw}}, errors = json::object();
