@@ -281,8 +281,9 @@ class CudaBackend final : public Backend {
     int32_t* topk_ids = nullptr;  // [T, top_k]
     float* topk_weights = nullptr;
     kernels::MoeLayout layout;
-    __nv_bfloat16* act = nullptr;  // [capacity, expert F]
-    float* out = nullptr;          // [T, top_k, D]: the next residual add sums each token's rows
+    int32_t* route_counter = nullptr;  // [1] zero between launches (moe_route's last block)
+    __nv_bfloat16* act = nullptr;      // [capacity, expert F]
+    float* out = nullptr;  // [T, top_k, D]: the next residual add sums each token's rows
   } moe_;
   // Layer li's experts on the normalised rows h_; its outputs go to moe_.out.
   [[nodiscard]] Status moe_layer(const Layer& W, int li, int T);

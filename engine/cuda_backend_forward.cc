@@ -256,6 +256,11 @@ Status CudaBackend::moe_layer(const Layer& W, int li, int T) {
   r.logits = moe_.logits;
   r.topk_ids = moe_.topk_ids;
   r.topk_weights = moe_.topk_weights;
+  // The routing also sorts the pairs by expert (one launch for a decode step's few tokens).
+  const int pairs = T * m.top_k, capacity = kernels::moe_capacity(pairs, m.num_experts);
+  r.layout = moe_.layout;
+  r.capacity = capacity;
+  r.counter = moe_.route_counter;
   HR_CUDA("MoE routing", kernels::moe_route(r, stream_));
   if (recording_routing_) {
     const size_t per_layer = static_cast<size_t>(options_.max_num_tokens) * m.top_k;
@@ -266,10 +271,6 @@ Status CudaBackend::moe_layer(const Layer& W, int li, int T) {
     routing_record_tokens_ = T;
   }
   mark("moe_route");
-  const int pairs = T * m.top_k, capacity = kernels::moe_capacity(pairs, m.num_experts);
-  HR_CUDA("sorting MoE pairs",
-          kernels::moe_align(moe_.topk_ids, pairs, m.num_experts, capacity, moe_.layout, stream_));
-  mark("moe_align");
   kernels::MoeExpertsParams e;
   e.x = h_;
   e.w_gate_up = W.experts_gate_up;

@@ -13,8 +13,13 @@ using internal::bf16x8_to_float;
 using internal::warp_max;
 using internal::warp_sum;
 
-constexpr int kRouteTokens = 8;  // tokens per routing block: each router row read once for them
-constexpr int kRouteThreads = 256;
+// Tokens per routing block: each router row read once for them.
+constexpr int kRouteTokens = kMoeFusedRouteTokens;
+constexpr int kRouteWarps = 4;
+constexpr int kRouteThreads = kRouteWarps * 32;
+constexpr int kRouteUnroll = 4;    // 16-byte router loads in flight per lane
+constexpr int kTopkThreads = 256;  // the separate top-k kernel: a warp per token
+constexpr int kAlignThreads = 1024;
 
 // The warp's best (value, id) over the lanes' candidates: the larger value, ties to the lower id.
 __device__ __forceinline__ void warp_argmax(float& v, int& id) {
@@ -45,73 +50,31 @@ __device__ __forceinline__ int warp_best(const float* choice, int n, int lane, A
   return id;
 }
 
-// Router logits: a block per (8 experts, kRouteTokens tokens), a warp per expert for all the
-// block's tokens (the router row read once for them), many blocks even for one token. Of the
-// residual-stream form, the dot with resid * norm_weight: the 1/rms factor is the top-k kernel's.
-__global__ void __launch_bounds__(kRouteThreads) moe_logits_kernel(MoeRouteParams p) {
-  internal::pdl_launch_dependents();
-  internal::pdl_wait();
-  const int E = p.routing.num_experts, D = p.dim;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int e = blockIdx.x * (kRouteThreads / 32) + warp;
-  const int t0 = blockIdx.y * kRouteTokens;
-  const int nt = min(kRouteTokens, p.num_tokens - t0);
-  if (e >= E) return;
-  float acc[kRouteTokens] = {};
-  const float* w = p.router + static_cast<size_t>(e) * D;
-  for (int i = lane * 4; i < D; i += 128) {
-    float4 wv = *reinterpret_cast<const float4*>(w + i);
-    if (p.resid) {
-      const float4 g = *reinterpret_cast<const float4*>(p.norm_weight + i);
-      wv = make_float4(wv.x * g.x, wv.y * g.y, wv.z * g.z, wv.w * g.w);
-    }
-#pragma unroll
-    for (int t = 0; t < kRouteTokens; ++t) {
-      if (t >= nt) break;
-      float4 xv;
-      if (p.resid) {
-        xv = *reinterpret_cast<const float4*>(p.resid + static_cast<size_t>(t0 + t) * D + i);
-      } else {
-        const __nv_bfloat162* h =
-            reinterpret_cast<const __nv_bfloat162*>(p.x + static_cast<size_t>(t0 + t) * D + i);
-        const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-        xv = make_float4(a.x, a.y, b.x, b.y);
-      }
-      acc[t] += xv.x * wv.x + xv.y * wv.y + xv.z * wv.z + xv.w * wv.w;
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < kRouteTokens; ++t) {
-    if (t >= nt) break;
-    const float s = warp_sum(acc[t]);
-    if (lane == 0) p.logits[static_cast<size_t>(t0 + t) * E + e] = s;
-  }
+// Warps that share one expert's dot products (each a strided share of the columns): enough
+// blocks to keep memory busy when the experts are few.
+__host__ __device__ constexpr int route_warps_per_expert(int num_experts) {
+  return num_experts >= 128 ? 1 : num_experts >= 64 ? 2 : 4;
 }
 
-// Scores and the top k: a warp per token (kRouteTokens a block).
-__global__ void __launch_bounds__(kRouteThreads) moe_topk_kernel(MoeRouteParams p) {
-  internal::pdl_launch_dependents();
-  internal::pdl_wait();
-  __shared__ float score_s[kRouteTokens][kMoeMaxExperts];
-  __shared__ float choice_s[kRouteTokens][kMoeMaxExperts];
-  __shared__ float group_s[kRouteTokens][kMoeMaxGroups];
+// Scores and the top k of token t, as one warp, from its logits (read through L2: in the fused
+// form other blocks wrote them in this launch). `score`, `choice`: kMoeMaxExperts floats;
+// `group`: kMoeMaxGroups.
+__device__ void route_token(const MoeRouteParams& p, int t, float* score, float* choice,
+                            float* group, int lane) {
   const MoeRouting& r = p.routing;
   const int E = r.num_experts, K = r.top_k, D = p.dim;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int t0 = blockIdx.x * kRouteTokens;
-  if (t0 + warp >= p.num_tokens) return;
-  const int t = warp;
-  float* score = score_s[t];
-  float* choice = choice_s[t];
   float inv_rms = 1.0f;
   if (p.resid) {
-    const float* row = p.resid + static_cast<size_t>(t0 + t) * D;
+    const float* row = p.resid + static_cast<size_t>(t) * D;
     float ss = 0;
-    for (int i = lane; i < D; i += 32) ss += row[i] * row[i];
+    for (int i = lane * 4; i < D; i += 128) {
+      const float4 v = *reinterpret_cast<const float4*>(row + i);
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
     inv_rms = rsqrtf(warp_sum(ss) / static_cast<float>(D) + p.eps);
   }
   for (int e = lane; e < E; e += 32)
-    score[e] = p.logits[static_cast<size_t>(t0 + t) * E + e] * inv_rms;
+    score[e] = __ldcg(p.logits + static_cast<size_t>(t) * E + e) * inv_rms;
   __syncwarp();
   if (!r.sigmoid) {
     float mx = -INFINITY;
@@ -142,13 +105,13 @@ __global__ void __launch_bounds__(kRouteThreads) moe_topk_kernel(MoeRouteParams 
           b = choice[e];
         }
       }
-      group_s[t][lane] = per > 1 ? a + b : a;
+      group[lane] = per > 1 ? a + b : a;
     }
     __syncwarp();
     kept_groups = 0;
     for (int j = 0; j < r.topk_groups; ++j) {
       const int g =
-          warp_best(group_s[t], G, lane, [&](int g) { return ((kept_groups >> g) & 1u) == 0; });
+          warp_best(group, G, lane, [&](int g) { return ((kept_groups >> g) & 1u) == 0; });
       if (g >= 0) kept_groups |= 1u << g;
     }
   }
@@ -167,7 +130,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_topk_kernel(MoeRouteParams 
     }
   }
   if (lane == 0) {
-    const size_t base = static_cast<size_t>(t0 + t) * K;
+    const size_t base = static_cast<size_t>(t) * K;
     for (int j = 0; j < K; ++j) {
       float w = ids[j] >= 0 ? score[ids[j]] : 0.0f;
       if (r.renormalize) w /= total;
@@ -175,28 +138,33 @@ __global__ void __launch_bounds__(kRouteThreads) moe_topk_kernel(MoeRouteParams 
       p.topk_weights[base + j] = w * r.scaling;
     }
   }
+  __syncwarp();  // score and choice are reused for the warp's next token
 }
 
-constexpr int kAlignThreads = 1024;
-
-__global__ void __launch_bounds__(kAlignThreads)
-    moe_align_kernel(const int32_t* ids, int num_pairs, int E, int capacity, MoeLayout l) {
-  internal::pdl_launch_dependents();
-  internal::pdl_wait();
+// The sorted layout of `num_pairs` pairs whose experts are `ids`, by one block of any size (each
+// thread a run of consecutive experts in the scans). Called by every thread of the block.
+__device__ void align_block(const int32_t* ids, int num_pairs, int E, int capacity,
+                            const MoeLayout& l) {
   __shared__ int count_s[kMoeMaxExperts];
   __shared__ int cursor_s[kMoeMaxExperts];
   __shared__ int offset_s[kMoeMaxExperts + 1];
-  for (int x = threadIdx.x; x < E; x += blockDim.x) count_s[x] = cursor_s[x] = 0;
-  __syncthreads();
-  for (int i = threadIdx.x; i < num_pairs; i += blockDim.x) atomicAdd(&count_s[ids[i]], 1);
-  __syncthreads();
-  // Exclusive scans over the experts (thread e for expert e): the padded offsets, and each active
-  // expert's place in the list.
-  __shared__ int warp_rows_s[kAlignThreads / 32], warp_active_s[kAlignThreads / 32];
+  __shared__ int warp_rows_s[32], warp_active_s[32];
   __shared__ int num_active_s;
-  const int e = threadIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int count = e < E ? count_s[e] : 0;
-  const int rows = (count + kMoeTile - 1) / kMoeTile * kMoeTile, active = count > 0 ? 1 : 0;
+  const int nthreads = blockDim.x, tid = threadIdx.x;
+  for (int x = tid; x < E; x += nthreads) count_s[x] = cursor_s[x] = 0;
+  __syncthreads();
+  for (int i = tid; i < num_pairs; i += nthreads) atomicAdd(&count_s[__ldcg(ids + i)], 1);
+  __syncthreads();
+  // Exclusive scans over the experts: the padded offsets, and each active expert's place in the
+  // list. Thread tid takes experts [e0, e1).
+  const int per = (E + nthreads - 1) / nthreads;
+  const int e0 = min(E, tid * per), e1 = min(E, e0 + per);
+  const int lane = tid % 32, warp = tid / 32;
+  int rows = 0, active = 0;
+  for (int e = e0; e < e1; ++e) {
+    rows += (count_s[e] + kMoeTile - 1) / kMoeTile * kMoeTile;
+    active += count_s[e] > 0 ? 1 : 0;
+  }
   int rows_incl = rows, active_incl = active;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -212,43 +180,157 @@ __global__ void __launch_bounds__(kAlignThreads)
     warp_active_s[warp] = active_incl;
   }
   __syncthreads();
-  int rows_before = 0, active_before = 0;
+  int row = rows_incl - rows, place = active_incl - active;
   for (int w = 0; w < warp; ++w) {
-    rows_before += warp_rows_s[w];
-    active_before += warp_active_s[w];
+    row += warp_rows_s[w];
+    place += warp_active_s[w];
   }
-  if (e < E) {
-    offset_s[e] = rows_before + rows_incl - rows;
-    if (active) l.active_experts[active_before + active_incl - 1] = e;
+  for (int e = e0; e < e1; ++e) {
+    offset_s[e] = row;
+    row += (count_s[e] + kMoeTile - 1) / kMoeTile * kMoeTile;
+    if (count_s[e] > 0) l.active_experts[place++] = e;
   }
-  if (e == E - 1) {
-    offset_s[E] = rows_before + rows_incl;
-    num_active_s = active_before + active_incl;
+  if (e0 < e1 && e1 == E) {
+    offset_s[E] = row;
+    num_active_s = place;
   }
   __syncthreads();
-  for (int i = num_active_s + threadIdx.x; i < E; i += blockDim.x) l.active_experts[i] = -1;
-  for (int x = threadIdx.x; x <= E; x += blockDim.x) {
+  for (int i = num_active_s + tid; i < E; i += nthreads) l.active_experts[i] = -1;
+  for (int x = tid; x <= E; x += nthreads) {
     l.offsets[x] = offset_s[x];
     if (x < E) l.counts[x] = count_s[x];
   }
-  for (int i = threadIdx.x; i < capacity; i += blockDim.x) l.sorted_pairs[i] = -1;
-  for (int tile = threadIdx.x; tile < capacity / kMoeTile; tile += blockDim.x) {
-    const int row = tile * kMoeTile;
-    int lo = 0, hi = E;  // the expert whose rows hold `row`: offset_s[lo] <= row < offset_s[lo + 1]
+  for (int i = tid; i < capacity; i += nthreads) l.sorted_pairs[i] = -1;
+  for (int tile = tid; tile < capacity / kMoeTile; tile += nthreads) {
+    const int r0 = tile * kMoeTile;
+    int lo = 0, hi = E;  // the expert whose rows hold r0: offset_s[lo] <= r0 < offset_s[lo + 1]
     while (hi - lo > 1) {
       const int mid = (lo + hi) / 2;
-      if (offset_s[mid] <= row)
+      if (offset_s[mid] <= r0)
         lo = mid;
       else
         hi = mid;
     }
-    l.tile_experts[tile] = row < offset_s[E] ? lo : -1;
+    l.tile_experts[tile] = r0 < offset_s[E] ? lo : -1;
   }
   __syncthreads();  // the padding's -1 lands before the pairs
-  for (int i = threadIdx.x; i < num_pairs; i += blockDim.x) {
-    const int x = ids[i];
+  for (int i = tid; i < num_pairs; i += nthreads) {
+    const int x = __ldcg(ids + i);
     l.sorted_pairs[offset_s[x] + atomicAdd(&cursor_s[x], 1)] = i;
   }
+}
+
+// Router logits: a block per (kRouteWarps / W experts, kRouteTokens tokens), W warps per expert
+// (route_warps_per_expert) for all the block's tokens, the router row read once for them with
+// kRouteUnroll loads in flight per lane. Of the residual-stream form, the dot with
+// resid * norm_weight: the 1/rms factor is the top-k's. With kFused (one token block: decode),
+// the last block to finish takes every token's top k and sorts the pairs into p.layout: one
+// launch for the whole routing.
+template <bool kFused>
+__global__ void __launch_bounds__(kRouteThreads) moe_logits_kernel(MoeRouteParams p) {
+  internal::pdl_launch_dependents();
+  internal::pdl_wait();
+  __shared__ float part_s[kRouteWarps][kRouteTokens];
+  const int E = p.routing.num_experts, D = p.dim;
+  const int W = route_warps_per_expert(E), per_block = kRouteWarps / W;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int e = blockIdx.x * per_block + warp / W, slice = warp % W;
+  const int t0 = blockIdx.y * kRouteTokens;
+  const int nt = min(kRouteTokens, p.num_tokens - t0);
+  if (e < E) {
+    float acc[kRouteTokens] = {};
+    const float* w = p.router + static_cast<size_t>(e) * D;
+    const int stride = 128 * W;
+    for (int i0 = (slice * 32 + lane) * 4; i0 < D; i0 += stride * kRouteUnroll) {
+      float4 wv[kRouteUnroll];
+#pragma unroll
+      for (int u = 0; u < kRouteUnroll; ++u) {
+        const int i = i0 + u * stride;
+        if (i < D) wv[u] = __ldg(reinterpret_cast<const float4*>(w + i));
+      }
+#pragma unroll
+      for (int u = 0; u < kRouteUnroll; ++u) {
+        const int i = i0 + u * stride;
+        if (i >= D) break;
+        if (p.resid) {
+          const float4 g = __ldg(reinterpret_cast<const float4*>(p.norm_weight + i));
+          wv[u] = make_float4(wv[u].x * g.x, wv[u].y * g.y, wv[u].z * g.z, wv[u].w * g.w);
+        }
+#pragma unroll
+        for (int t = 0; t < kRouteTokens; ++t) {
+          if (t >= nt) break;
+          float4 xv;
+          if (p.resid) {
+            xv = *reinterpret_cast<const float4*>(p.resid + static_cast<size_t>(t0 + t) * D + i);
+          } else {
+            const __nv_bfloat162* h =
+                reinterpret_cast<const __nv_bfloat162*>(p.x + static_cast<size_t>(t0 + t) * D + i);
+            const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+            xv = make_float4(a.x, a.y, b.x, b.y);
+          }
+          acc[t] += xv.x * wv[u].x + xv.y * wv[u].y + xv.z * wv[u].z + xv.w * wv[u].w;
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kRouteTokens; ++t) {
+      const float s = warp_sum(acc[t]);
+      if (lane == 0) part_s[warp][t] = s;
+    }
+  }
+  __syncthreads();
+  // Each expert's slices summed in slice order.
+  for (int x = threadIdx.x; x < per_block * nt; x += kRouteThreads) {
+    const int j = x / nt, t = x % nt, ej = blockIdx.x * per_block + j;
+    if (ej >= E) continue;
+    float s = 0;
+    for (int k = 0; k < W; ++k) s += part_s[j * W + k][t];
+    p.logits[static_cast<size_t>(t0 + t) * E + ej] = s;
+  }
+  if constexpr (kFused) {
+    __shared__ int last;
+    __shared__ float score_s[kRouteWarps][kMoeMaxExperts];
+    __shared__ float choice_s[kRouteWarps][kMoeMaxExperts];
+    __shared__ float group_s[kRouteWarps][kMoeMaxGroups];
+    __threadfence();  // this block's logits, before the count that publishes them
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      last = atomicAdd(p.counter, 1) == static_cast<int>(gridDim.x) - 1;
+      if (last) {
+        atomicExch(p.counter, 0);
+        __threadfence();  // the other blocks' logits, counted before ours, are read after
+      }
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int t = warp; t < nt; t += kRouteWarps)
+      route_token(p, t0 + t, score_s[warp], choice_s[warp], group_s[warp], lane);
+    __syncthreads();  // the block's top-k writes, before the sort reads them
+    align_block(p.topk_ids, nt * p.routing.top_k, E, p.capacity, p.layout);
+  }
+}
+
+// Scores and the top k: a warp per token.
+__global__ void __launch_bounds__(kTopkThreads) moe_topk_kernel(MoeRouteParams p) {
+  internal::pdl_launch_dependents();
+  internal::pdl_wait();
+  constexpr int kWarps = kTopkThreads / 32;
+  __shared__ float score_s[kWarps][kMoeMaxExperts];
+  __shared__ float choice_s[kWarps][kMoeMaxExperts];
+  __shared__ float group_s[kWarps][kMoeMaxGroups];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t = blockIdx.x * kWarps + warp;
+  if (t >= p.num_tokens) return;
+  route_token(p, t, score_s[warp], choice_s[warp], group_s[warp], lane);
+}
+
+__global__ void __launch_bounds__(kAlignThreads)
+    moe_align_kernel(const int32_t* ids, int num_pairs, int E, int capacity, MoeLayout l) {
+  internal::pdl_launch_dependents();
+  internal::pdl_wait();
+  align_block(ids, num_pairs, E, capacity, l);
 }
 
 // ---- The GEMV form: one block per (active expert, rows chunk); each warp one output row (a gate
@@ -496,13 +578,29 @@ cudaError_t moe_route(const MoeRouteParams& p, cudaStream_t stream) {
        r.topk_groups < 1 || r.topk_groups > r.num_groups)) {
     return cudaErrorInvalidValue;
   }
-  if (p.num_tokens == 0) return cudaSuccess;
+  const bool sorting = p.layout.counts != nullptr;
+  if (sorting && (!p.counter || p.capacity < moe_capacity(p.num_tokens * r.top_k, r.num_experts) ||
+                  p.capacity % kMoeTile != 0 || !p.layout.offsets || !p.layout.sorted_pairs ||
+                  !p.layout.tile_experts || !p.layout.active_experts)) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.num_tokens == 0) {
+    return sorting ? moe_align(p.topk_ids, 0, r.num_experts, p.capacity, p.layout, stream)
+                   : cudaSuccess;
+  }
   const int token_blocks = (p.num_tokens + kRouteTokens - 1) / kRouteTokens;
-  const int expert_blocks = (r.num_experts + kRouteThreads / 32 - 1) / (kRouteThreads / 32);
-  cudaError_t err = internal::launch(moe_logits_kernel, dim3(expert_blocks, token_blocks),
-                                     dim3(kRouteThreads), 0, stream, p);
+  const int per_block = kRouteWarps / route_warps_per_expert(r.num_experts);
+  const dim3 grid((r.num_experts + per_block - 1) / per_block, token_blocks);
+  if (sorting && token_blocks == 1)
+    return internal::launch(moe_logits_kernel<true>, grid, dim3(kRouteThreads), 0, stream, p);
+  cudaError_t err =
+      internal::launch(moe_logits_kernel<false>, grid, dim3(kRouteThreads), 0, stream, p);
   if (err != cudaSuccess) return err;
-  return internal::launch(moe_topk_kernel, dim3(token_blocks), dim3(kRouteThreads), 0, stream, p);
+  err = internal::launch(moe_topk_kernel,
+                         dim3((p.num_tokens + kTopkThreads / 32 - 1) / (kTopkThreads / 32)),
+                         dim3(kTopkThreads), 0, stream, p);
+  if (err != cudaSuccess || !sorting) return err;
+  return moe_align(p.topk_ids, p.num_tokens * r.top_k, r.num_experts, p.capacity, p.layout, stream);
 }
 
 cudaError_t moe_align(const int32_t* topk_ids, int num_pairs, int num_experts, int capacity,

@@ -1,7 +1,9 @@
 // Mixture-of-experts kernels: routing, the sort of (token, choice) pairs by expert, and the
 // experts' products over that sorted layout. A MoE layer on the GPU is
 //   moe_route    router logits in fp32 from the normalised rows (a warp per expert, blocks over
-//                experts and tokens), then scores and each token's top k (a warp per token);
+//                experts and tokens), then scores and each token's top k (a warp per token), then
+//                (given a layout) moe_align's sort; up to kRouteTokens tokens (decode) all of it
+//                is one launch, the last block to finish taking the top k and the sort;
 //   moe_align    pairs counted and sorted by expert (one block, no host round trip), each expert's
 //                rows padded to a multiple of kMoeTile, the tiles' experts, the active experts;
 //   moe_experts  gate/up with SwiGLU fused, then down with each pair's routing weight applied in
@@ -39,6 +41,15 @@ struct MoeRouting {
   float scaling = 1.0f;
 };
 
+// The pairs (token * top_k + choice) sorted by expert.
+struct MoeLayout {
+  int32_t* counts = nullptr;          // [num_experts] pairs per expert
+  int32_t* offsets = nullptr;         // [num_experts + 1] each expert's first row (padded)
+  int32_t* sorted_pairs = nullptr;    // [capacity] each row's pair; -1: padding
+  int32_t* tile_experts = nullptr;    // [capacity / kMoeTile] each tile's expert; -1: unused
+  int32_t* active_experts = nullptr;  // [num_experts] experts with pairs, in id order, then -1
+};
+
 struct MoeRouteParams {
   // The router's input: the layer's normalised rows in bf16, or (when resid is given) normalised
   // here in fp32 from the residual stream: resid[t] / rms(resid[t]) * norm_weight.
@@ -54,18 +65,17 @@ struct MoeRouteParams {
   float* logits = nullptr;        // [num_tokens, num_experts] scratch
   int32_t* topk_ids = nullptr;    // [num_tokens, top_k], best first, ties to the lower expert
   float* topk_weights = nullptr;  // [num_tokens, top_k]
+  // Optional: the pairs also sorted into `layout` (as moe_align does), `capacity` =
+  // moe_capacity(num_tokens * top_k, num_experts); `counter`: one int, zero between launches.
+  MoeLayout layout;
+  int capacity = 0;
+  int32_t* counter = nullptr;
 };
+
+// Tokens up to which moe_route with a layout is one launch.
+constexpr int kMoeFusedRouteTokens = 8;
 
 cudaError_t moe_route(const MoeRouteParams& p, cudaStream_t stream);
-
-// The pairs (token * top_k + choice) sorted by expert.
-struct MoeLayout {
-  int32_t* counts = nullptr;          // [num_experts] pairs per expert
-  int32_t* offsets = nullptr;         // [num_experts + 1] each expert's first row (padded)
-  int32_t* sorted_pairs = nullptr;    // [capacity] each row's pair; -1: padding
-  int32_t* tile_experts = nullptr;    // [capacity / kMoeTile] each tile's expert; -1: unused
-  int32_t* active_experts = nullptr;  // [num_experts] experts with pairs, in id order, then -1
-};
 
 // Rows the sorted layout needs at most: every pair, and each expert's padding to the tile.
 inline int moe_capacity(int num_pairs, int num_experts) {

@@ -38,10 +38,68 @@ kernels::MoeRouting device_routing(const MoeConfig& m) {
   return r;
 }
 
+// A sorted layout's device buffers.
+struct LayoutBuffers {
+  LayoutBuffers(int pairs, int E)
+      : capacity(kernels::moe_capacity(pairs, E)),
+        counts(E),
+        offsets(E + 1),
+        sorted(capacity),
+        tiles(capacity / kernels::kMoeTile),
+        active(E) {}
+  kernels::MoeLayout layout() const {
+    return {counts.ptr, offsets.ptr, sorted.ptr, tiles.ptr, active.ptr};
+  }
+  int capacity;
+  DeviceBuffer<int32_t> counts, offsets, sorted, tiles, active;
+};
+
+// The layout for `ids` (pairs' experts), checked against a count on the host.
+void expect_layout(const std::vector<int32_t>& ids, int E, const LayoutBuffers& b) {
+  const int capacity = b.capacity;
+  const auto c = b.counts.get(), o = b.offsets.get(), s = b.sorted.get(), tl = b.tiles.get(),
+             a = b.active.get();
+  std::vector<int> want(E);
+  for (int e : ids) ++want[e];
+  int next_active = 0;
+  for (int e = 0; e < E; ++e) {
+    ASSERT_EQ(c[e], want[e]) << e;
+    EXPECT_EQ(o[e] % kernels::kMoeTile, 0) << e;
+    EXPECT_EQ(o[e + 1] - o[e],
+              (want[e] + kernels::kMoeTile - 1) / kernels::kMoeTile * kernels::kMoeTile)
+        << e;
+    std::multiset<int> rows;
+    for (int r = o[e]; r < o[e + 1]; ++r) {
+      if (r - o[e] < want[e]) {
+        ASSERT_GE(s[r], 0) << r;
+        EXPECT_EQ(ids[s[r]], e) << r;
+        rows.insert(s[r]);
+      } else {
+        EXPECT_EQ(s[r], -1) << r;
+      }
+      if ((r - o[e]) % kernels::kMoeTile == 0) {
+        EXPECT_EQ(tl[r / kernels::kMoeTile], e) << r;
+      }
+    }
+    EXPECT_EQ(rows.size(), static_cast<size_t>(want[e]));
+    if (want[e] > 0) {
+      EXPECT_EQ(a[next_active++], e);
+    }
+  }
+  for (int i = next_active; i < E; ++i) EXPECT_EQ(a[i], -1);
+  for (int r = o[E]; r < capacity; ++r) EXPECT_EQ(s[r], -1) << r;
+  for (int t = o[E] / kernels::kMoeTile; t < capacity / kernels::kMoeTile; ++t)
+    EXPECT_EQ(tl[t], -1) << t;
+}
+
 // Routes T random rows on the device and on the host (logits in double from the same bf16 rows);
 // the choices must agree wherever the host's k-th and (k+1)-th choice scores are apart by more
 // than 1e-4, and the weights within 1e-4 there. `tie` makes experts 3 and 5 identical rows.
-void check_route(const MoeConfig& m, int T, int D, bool tie, bool with_bias, std::mt19937& rng) {
+// With `sort`, the routing also sorts the pairs (one launch up to kMoeFusedRouteTokens tokens),
+// twice over the same counter (it must be left at zero), and the layout is checked against the
+// choices it made.
+void check_route(const MoeConfig& m, int T, int D, bool tie, bool with_bias, std::mt19937& rng,
+                 bool sort = false) {
   const int E = m.num_experts, K = m.top_k;
   std::vector<float> x = random_vec(static_cast<size_t>(T) * D, rng);
   std::vector<float> router = random_vec(static_cast<size_t>(E) * D, rng, -0.3f, 0.3f);
@@ -61,8 +119,22 @@ void check_route(const MoeConfig& m, int T, int D, bool tie, bool with_bias, std
   p.routing = device_routing(m);
   p.topk_ids = d_ids.ptr;
   p.topk_weights = d_w.ptr;
+  LayoutBuffers b(T * K, E);
+  DeviceBuffer<int32_t> counter(std::vector<int32_t>{0});
+  if (sort) {
+    p.layout = b.layout();
+    p.capacity = b.capacity;
+    p.counter = counter.ptr;
+  }
   ASSERT_EQ(kernels::moe_route(p, nullptr), cudaSuccess);
+  if (sort) {
+    ASSERT_EQ(counter.get()[0], 0);
+    ASSERT_EQ(cudaMemset(b.sorted.ptr, 0x7f, b.capacity * 4), cudaSuccess);
+    ASSERT_EQ(kernels::moe_route(p, nullptr), cudaSuccess);
+    ASSERT_EQ(counter.get()[0], 0);
+  }
   const auto ids = d_ids.get();
+  if (sort) expect_layout(ids, E, b);
   const auto w = d_w.get();
   std::vector<float> logits(static_cast<size_t>(T) * E);
   for (int t = 0; t < T; ++t) {
@@ -130,6 +202,36 @@ TEST(CudaMoeTest, RouteMatchesTheHost) {
   check_route(deepseek, 21, 96, false, true, rng);
 }
 
+// Routing with the sort: decode's few tokens in one launch (the last block takes the top k and
+// the sort), and a larger step in three.
+TEST(CudaMoeTest, RouteAndSortMatchTheHost) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(12);
+  MoeConfig qwen;
+  qwen.num_experts = 128;
+  qwen.top_k = 8;
+  qwen.renormalize = true;
+  check_route(qwen, 1, 256, false, false, rng, true);
+  check_route(qwen, kernels::kMoeFusedRouteTokens, 64, false, false, rng, true);
+  check_route(qwen, 23, 64, false, false, rng, true);
+  MoeConfig mixtral;  // few experts: several warps share each expert's columns
+  mixtral.num_experts = 8;
+  mixtral.top_k = 2;
+  check_route(mixtral, 3, 520, false, false, rng, true);
+  MoeConfig mid;
+  mid.num_experts = 64;
+  mid.top_k = 6;
+  mid.scoring = RouterScoring::kSigmoid;
+  mid.num_groups = 8;
+  mid.topk_groups = 3;
+  mid.renormalize = true;
+  check_route(mid, 5, 96, false, true, rng, true);
+  MoeConfig many;  // more experts than the block has threads
+  many.num_experts = 512;
+  many.top_k = 4;
+  check_route(many, kernels::kMoeFusedRouteTokens, 512, false, false, rng, true);
+}
+
 // Experts 3 and 5 with the same router row score exactly alike: the lower one is chosen first.
 TEST(CudaMoeTest, RouteTiesGoToTheLowerExpert) {
   SKIP_WITHOUT_GPU();
@@ -141,47 +243,13 @@ TEST(CudaMoeTest, RouteTiesGoToTheLowerExpert) {
   check_route(m, 9, 32, true, false, rng);
 }
 
-// moe_align's layout for `ids` (pairs' experts), checked against a count on the host.
+// moe_align's layout for `ids`.
 void check_align(const std::vector<int32_t>& ids, int E) {
   const int pairs = static_cast<int>(ids.size());
-  const int capacity = kernels::moe_capacity(pairs, E);
-  DeviceBuffer<int32_t> d_ids(ids), counts(E), offsets(E + 1), sorted(capacity),
-      tiles(capacity / kernels::kMoeTile), active(E);
-  kernels::MoeLayout l{counts.ptr, offsets.ptr, sorted.ptr, tiles.ptr, active.ptr};
-  ASSERT_EQ(kernels::moe_align(d_ids.ptr, pairs, E, capacity, l, nullptr), cudaSuccess);
-  const auto c = counts.get(), o = offsets.get(), s = sorted.get(), tl = tiles.get(),
-             a = active.get();
-  std::vector<int> want(E);
-  for (int e : ids) ++want[e];
-  int next_active = 0;
-  for (int e = 0; e < E; ++e) {
-    ASSERT_EQ(c[e], want[e]) << e;
-    EXPECT_EQ(o[e] % kernels::kMoeTile, 0) << e;
-    EXPECT_EQ(o[e + 1] - o[e],
-              (want[e] + kernels::kMoeTile - 1) / kernels::kMoeTile * kernels::kMoeTile)
-        << e;
-    std::multiset<int> rows;
-    for (int r = o[e]; r < o[e + 1]; ++r) {
-      if (r - o[e] < want[e]) {
-        ASSERT_GE(s[r], 0) << r;
-        EXPECT_EQ(ids[s[r]], e) << r;
-        rows.insert(s[r]);
-      } else {
-        EXPECT_EQ(s[r], -1) << r;
-      }
-      if ((r - o[e]) % kernels::kMoeTile == 0) {
-        EXPECT_EQ(tl[r / kernels::kMoeTile], e) << r;
-      }
-    }
-    EXPECT_EQ(rows.size(), static_cast<size_t>(want[e]));
-    if (want[e] > 0) {
-      EXPECT_EQ(a[next_active++], e);
-    }
-  }
-  for (int i = next_active; i < E; ++i) EXPECT_EQ(a[i], -1);
-  for (int r = o[E]; r < capacity; ++r) EXPECT_EQ(s[r], -1) << r;
-  for (int t = o[E] / kernels::kMoeTile; t < capacity / kernels::kMoeTile; ++t)
-    EXPECT_EQ(tl[t], -1) << t;
+  LayoutBuffers b(pairs, E);
+  DeviceBuffer<int32_t> d_ids(ids);
+  ASSERT_EQ(kernels::moe_align(d_ids.ptr, pairs, E, b.capacity, b.layout(), nullptr), cudaSuccess);
+  expect_layout(ids, E, b);
 }
 
 TEST(CudaMoeTest, AlignSortsPairsByExpert) {
@@ -204,10 +272,11 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
   std::vector<float> w = random_vec(static_cast<size_t>(T) * K, rng, 0.1f, 1.0f);
   DeviceBuffer<uint16_t> d_x(to_bf16(x)), d_gu(to_bf16(gu)), d_down(to_bf16(down));
   DeviceBuffer<float> d_w(w);
-  const int pairs = T * K, capacity = kernels::moe_capacity(pairs, E);
-  DeviceBuffer<int32_t> d_ids(ids), counts(E), offsets(E + 1), sorted(capacity),
-      tiles(capacity / kernels::kMoeTile), active(E);
-  kernels::MoeLayout l{counts.ptr, offsets.ptr, sorted.ptr, tiles.ptr, active.ptr};
+  const int pairs = T * K;
+  LayoutBuffers b(pairs, E);
+  const int capacity = b.capacity;
+  const kernels::MoeLayout l = b.layout();
+  DeviceBuffer<int32_t> d_ids(ids);
   ASSERT_EQ(kernels::moe_align(d_ids.ptr, pairs, E, capacity, l, nullptr), cudaSuccess);
   // The host's answer.
   std::vector<float> want(static_cast<size_t>(pairs) * D);
