@@ -27,6 +27,9 @@ struct AttentionPlan {
   int num_partials = 0;
 };
 
+// The most splits a decoding sequence gets (see plan_attention).
+constexpr int kMaxDecodeSplits = 16;
+
 struct AttentionPlanParams {
   int num_heads = 0;
   int num_kv_heads = 0;

@@ -285,8 +285,11 @@ class CudaBackend final : public Backend {
     __nv_bfloat16* act = nullptr;      // [capacity, expert F]
     float* out = nullptr;  // [T, top_k, D]: the next residual add sums each token's rows
   } moe_;
-  // Layer li's experts on the normalised rows h_; its outputs go to moe_.out.
-  [[nodiscard]] Status moe_layer(const Layer& W, int li, int T);
+  // Layer li's routing from the residual rows `resid` (normalised in fp32 by the post-attention
+  // norm), and its experts on the normalised rows h_: written here into `normed_out` when given,
+  // else already there. Its outputs go to moe_.out.
+  [[nodiscard]] Status moe_layer(const Layer& W, int li, int T, const float* resid,
+                                 __nv_bfloat16* normed_out);
   int32_t* routing_record_ = nullptr;  // [layers, max_num_tokens, top_k], once asked for
   bool recording_routing_ = false;
   int routing_record_tokens_ = 0;  // the last step's

@@ -109,12 +109,17 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
     HR_CUDA("zeroing norm sums", kernels::fill_f32(sumsq_, sumsq_bytes_ / 4, 0.0f, stream_));
   for (int li = 0; li < c.num_layers; ++li) {
     const Layer& W = layers_[static_cast<size_t>(li)];
+    // After a MoE layer the residual add (its k rows per token) takes the norm kernel, fused or
+    // not, and the q/k/v product reads its normalised rows.
+    const bool after_moe = li > 0 && c.is_moe_layer(li - 1);
+    const bool norm_first = !fused || li == 0 || after_moe;
     rope.bias = W.bqkv;
     rope.q_norm = W.q_norm;
     rope.k_norm = W.k_norm;
     rope.k_cache = k_cache_[static_cast<size_t>(li)];
     rope.v_cache = v_cache_[static_cast<size_t>(li)];
-    if (!fused || li == 0) {
+    if (norm_first) {
+      norm.x = r_in;
       norm.delta = li == 0 ? nullptr : mlp_out;
       norm.delta_rows = mlp_rows;
       norm.weight = W.input_norm;
@@ -124,7 +129,7 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
     if (fused && options_.fused_rope && !c.qk_norm) {
       // One GEMV: q/k/v, RoPE and the KV write (Qwen3's q/k norms take the RoPE kernel).
       kernels::GemvParams qp = gemv_params(W.wqkv, T, QKV, D);
-      if (li == 0) {
+      if (norm_first) {
         qp.x = h_;
       } else {
         qp.input = kernels::GemvInput::kRmsNorm;
@@ -140,7 +145,7 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
       HR_CUDA("qkv, rope and KV write", kernels::gemv(qp, stream_));
       mark("qkv_proj");
     } else {
-      if (!fused || li == 0) {
+      if (norm_first) {
         HR_RETURN_IF_ERROR(matmul(h_, W.wqkv, qkv_, GemmOut::kF32, T, QKV, D));
       } else {
         HR_RETURN_IF_ERROR(gemv_normed(r_in, s_in, W.input_norm, eps, W.wqkv, qkv_, false, T, QKV,
@@ -168,6 +173,18 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
               lay.num_combine, stream_));
     }
     mark("attention");
+    if (fused && c.is_moe_layer(li)) {
+      // The o product adds itself into the other residual buffer; the routing normalises those
+      // rows for the experts (h_), whose k rows per token the next norm adds; the buffers swap.
+      float* sums = sumsq_ + static_cast<size_t>(2 * li) * kernels::kGemvMaxFusedRows;
+      HR_RETURN_IF_ERROR(gemv_residual(attn_, W.wo, r_in, r_alt, sums, T, D, Q, Ahead{}));
+      mark("o_proj");
+      HR_RETURN_IF_ERROR(moe_layer(W, li, T, r_alt, h_));
+      std::swap(r_in, r_alt);
+      mlp_out = moe_.out;
+      mlp_rows = c.moe.top_k;
+      continue;
+    }
     if (fused) {
       float* sums = sumsq_ + static_cast<size_t>(2 * li) * kernels::kGemvMaxFusedRows;
       HR_RETURN_IF_ERROR(gemv_residual(attn_, W.wo, r_in, r_alt, sums, T, D, Q,
@@ -195,7 +212,7 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
     HR_CUDA("post-attention norm", kernels::add_rms_norm(norm, stream_));
     mark("norm");
     if (c.is_moe_layer(li)) {
-      HR_RETURN_IF_ERROR(moe_layer(W, li, T));
+      HR_RETURN_IF_ERROR(moe_layer(W, li, T, x_, nullptr));
       mlp_out = moe_.out;
       mlp_rows = c.moe.top_k;
       continue;
@@ -210,10 +227,11 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
     mark("down_proj");
   }
   if (L == 0) return Status::ok();
-  if (fused) {
+  if (fused && !c.is_moe_layer(c.num_layers - 1)) {
     HR_RETURN_IF_ERROR(
         gemv_normed(r_in, s_in, final_norm_, eps, lm_head_, logits_, false, L, V, D));
   } else {
+    norm.x = r_in;
     norm.delta = mlp_out;
     norm.delta_rows = mlp_rows;
     norm.weight = final_norm_;
@@ -234,13 +252,15 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   return Status::ok();
 }
 
-Status CudaBackend::moe_layer(const Layer& W, int li, int T) {
+Status CudaBackend::moe_layer(const Layer& W, int li, int T, const float* resid,
+                              __nv_bfloat16* normed_out) {
   const ModelConfig& c = config_;
   const MoeConfig& m = c.moe;
   kernels::MoeRouteParams r;
   // The router's input in fp32, normalised from the residual stream (as the CPU backend routes):
   // bf16 inputs flip more near-tied choices.
-  r.resid = x_;
+  r.resid = resid;
+  r.normed_out = normed_out;
   r.norm_weight = W.post_norm;
   r.eps = static_cast<float>(c.rms_norm_eps);
   r.router = W.router;

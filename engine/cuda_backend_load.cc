@@ -191,8 +191,7 @@ Status CudaBackend::init_runtime() {
                                  options_.device));
   kernels::programmatic_launch_supported();  // asked now, outside any graph capture
   HR_CUDA("reading the GEMV kernels' occupancy", kernels::gemv_prepare());
-  // (The fused small-batch path is a dense MLP's: a mixture of experts takes the plain one.)
-  fused_shapes_ = D % 8 == 0 && Q % 8 == 0 && F % 8 == 0 && !c.is_moe();
+  fused_shapes_ = D % 8 == 0 && Q % 8 == 0 && F % 8 == 0;
   const size_t smem_needed = kernels::paged_attention_smem_bytes(c.head_dim);
   if (static_cast<size_t>(smem_optin) < smem_needed) {
     return unavailable(

@@ -50,31 +50,22 @@ __device__ __forceinline__ int warp_best(const float* choice, int n, int lane, A
   return id;
 }
 
-// Warps that share one expert's dot products (each a strided share of the columns): enough
-// blocks to keep memory busy when the experts are few.
-__host__ __device__ constexpr int route_warps_per_expert(int num_experts) {
-  return num_experts >= 128 ? 1 : num_experts >= 64 ? 2 : 4;
+// Warps that share one expert's dot products (each a strided share of the columns): at decode's
+// few tokens, enough blocks to keep memory busy and one round of loads per lane; at more tokens
+// one (every block also sums its tokens' squares: the fewer blocks a token has, the better).
+__host__ __device__ constexpr int route_warps_per_expert(int num_experts, int num_tokens) {
+  if (num_tokens > kRouteTokens) return 1;
+  return num_experts >= 512 ? 1 : num_experts >= 256 ? 2 : 4;
 }
 
 // Scores and the top k of token t, as one warp, from its logits (read through L2: in the fused
-// form other blocks wrote them in this launch). `score`, `choice`: kMoeMaxExperts floats;
-// `group`: kMoeMaxGroups.
+// form other blocks wrote them in this launch; already divided by the row's rms). `score`,
+// `choice`: kMoeMaxExperts floats; `group`: kMoeMaxGroups.
 __device__ void route_token(const MoeRouteParams& p, int t, float* score, float* choice,
                             float* group, int lane) {
   const MoeRouting& r = p.routing;
-  const int E = r.num_experts, K = r.top_k, D = p.dim;
-  float inv_rms = 1.0f;
-  if (p.resid) {
-    const float* row = p.resid + static_cast<size_t>(t) * D;
-    float ss = 0;
-    for (int i = lane * 4; i < D; i += 128) {
-      const float4 v = *reinterpret_cast<const float4*>(row + i);
-      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-    inv_rms = rsqrtf(warp_sum(ss) / static_cast<float>(D) + p.eps);
-  }
-  for (int e = lane; e < E; e += 32)
-    score[e] = __ldcg(p.logits + static_cast<size_t>(t) * E + e) * inv_rms;
+  const int E = r.num_experts, K = r.top_k;
+  for (int e = lane; e < E; e += 32) score[e] = __ldcg(p.logits + static_cast<size_t>(t) * E + e);
   __syncwarp();
   if (!r.sigmoid) {
     float mx = -INFINITY;
@@ -223,7 +214,7 @@ __device__ void align_block(const int32_t* ids, int num_pairs, int E, int capaci
 // Router logits: a block per (kRouteWarps / W experts, kRouteTokens tokens), W warps per expert
 // (route_warps_per_expert) for all the block's tokens, the router row read once for them with
 // kRouteUnroll loads in flight per lane. Of the residual-stream form, the dot with
-// resid * norm_weight: the 1/rms factor is the top-k's. With kFused (one token block: decode),
+// resid * norm_weight, times the row's 1/rms. With kFused (one token block: decode),
 // the last block to finish takes every token's top k and sorts the pairs into p.layout: one
 // launch for the whole routing.
 template <bool kFused>
@@ -232,11 +223,56 @@ __global__ void __launch_bounds__(kRouteThreads) moe_logits_kernel(MoeRouteParam
   internal::pdl_wait();
   __shared__ float part_s[kRouteWarps][kRouteTokens];
   const int E = p.routing.num_experts, D = p.dim;
-  const int W = route_warps_per_expert(E), per_block = kRouteWarps / W;
+  const int W = route_warps_per_expert(E, p.num_tokens), per_block = kRouteWarps / W;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int e = blockIdx.x * per_block + warp / W, slice = warp % W;
   const int t0 = blockIdx.y * kRouteTokens;
   const int nt = min(kRouteTokens, p.num_tokens - t0);
+  // Of the residual-stream form, each token's 1/rms (every block the same sums, in the same
+  // order), and this block's share of the normalised rows when asked for.
+  __shared__ float ss_s[kRouteWarps][kRouteTokens];
+  __shared__ float inv_rms_s[kRouteTokens];
+  if (p.resid) {
+    float ss[kRouteTokens] = {};
+#pragma unroll
+    for (int t = 0; t < kRouteTokens; ++t) {
+      if (t >= nt) break;
+      const float* row = p.resid + static_cast<size_t>(t0 + t) * D;
+#pragma unroll 4
+      for (int i = threadIdx.x * 4; i < D; i += kRouteThreads * 4) {
+        const float4 v = *reinterpret_cast<const float4*>(row + i);
+        ss[t] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kRouteTokens; ++t) {
+      const float w = warp_sum(ss[t]);
+      if (lane == 0) ss_s[warp][t] = w;
+    }
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) < nt) {
+      float total = 0;
+      for (int k = 0; k < kRouteWarps; ++k) total += ss_s[k][threadIdx.x];
+      inv_rms_s[threadIdx.x] = rsqrtf(total / static_cast<float>(D) + p.eps);
+    }
+    __syncthreads();
+    if (p.normed_out) {
+      const int per = (D / 4 + gridDim.x - 1) / gridDim.x * 4;
+      const int c0 = blockIdx.x * per, c1 = min(D, c0 + per);
+      for (int x = threadIdx.x * 4; x < nt * per; x += kRouteThreads * 4) {
+        const int t = x / per, i = c0 + x % per;
+        if (i >= c1) continue;
+        const float inv = inv_rms_s[t];
+        const float4 v =
+            *reinterpret_cast<const float4*>(p.resid + static_cast<size_t>(t0 + t) * D + i);
+        const float4 g = __ldg(reinterpret_cast<const float4*>(p.norm_weight + i));
+        __nv_bfloat162* out =
+            reinterpret_cast<__nv_bfloat162*>(p.normed_out + static_cast<size_t>(t0 + t) * D + i);
+        out[0] = __floats2bfloat162_rn(v.x * inv * g.x, v.y * inv * g.y);
+        out[1] = __floats2bfloat162_rn(v.z * inv * g.z, v.w * inv * g.w);
+      }
+    }
+  }
   if (e < E) {
     float acc[kRouteTokens] = {};
     const float* w = p.router + static_cast<size_t>(e) * D;
@@ -285,7 +321,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_logits_kernel(MoeRouteParam
     if (ej >= E) continue;
     float s = 0;
     for (int k = 0; k < W; ++k) s += part_s[j * W + k][t];
-    p.logits[static_cast<size_t>(t0 + t) * E + ej] = s;
+    p.logits[static_cast<size_t>(t0 + t) * E + ej] = p.resid ? s * inv_rms_s[t] : s;
   }
   if constexpr (kFused) {
     __shared__ int last;
@@ -569,8 +605,8 @@ cudaError_t moe_route(const MoeRouteParams& p, cudaStream_t stream) {
   const MoeRouting& r = p.routing;
   if (p.num_tokens < 0 || p.dim <= 0 || p.dim % 4 != 0 || r.num_experts < 1 ||
       r.num_experts > kMoeMaxExperts || r.top_k < 1 || r.top_k > kMoeMaxTopK ||
-      r.top_k > r.num_experts || (!p.x && !p.resid) || (p.resid && !p.norm_weight) || !p.router ||
-      !p.topk_ids || !p.topk_weights) {
+      r.top_k > r.num_experts || (!p.x && !p.resid) || (p.resid && !p.norm_weight) ||
+      (p.normed_out && !p.resid) || !p.router || !p.topk_ids || !p.topk_weights) {
     return cudaErrorInvalidValue;
   }
   if (r.num_groups > 1 &&
@@ -589,7 +625,7 @@ cudaError_t moe_route(const MoeRouteParams& p, cudaStream_t stream) {
                    : cudaSuccess;
   }
   const int token_blocks = (p.num_tokens + kRouteTokens - 1) / kRouteTokens;
-  const int per_block = kRouteWarps / route_warps_per_expert(r.num_experts);
+  const int per_block = kRouteWarps / route_warps_per_expert(r.num_experts, p.num_tokens);
   const dim3 grid((r.num_experts + per_block - 1) / per_block, token_blocks);
   if (sorting && token_blocks == 1)
     return internal::launch(moe_logits_kernel<true>, grid, dim3(kRouteThreads), 0, stream, p);

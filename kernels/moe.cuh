@@ -65,6 +65,8 @@ struct MoeRouteParams {
   float* logits = nullptr;        // [num_tokens, num_experts] scratch
   int32_t* topk_ids = nullptr;    // [num_tokens, top_k], best first, ties to the lower expert
   float* topk_weights = nullptr;  // [num_tokens, top_k]
+  // Optional, of the residual-stream form: the normalised rows in bf16 (the experts' input).
+  __nv_bfloat16* normed_out = nullptr;  // [num_tokens, dim]
   // Optional: the pairs also sorted into `layout` (as moe_align does), `capacity` =
   // moe_capacity(num_tokens * top_k, num_experts); `counter`: one int, zero between launches.
   MoeLayout layout;

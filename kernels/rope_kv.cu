@@ -1,4 +1,5 @@
-// RoPE + KV cache write: one block per token; each thread rotates (head, pair) elements.
+// RoPE + KV cache write: blocks per token (grid.y shares its heads out, so that a decode step
+// of one token is several blocks); each thread rotates (head, pair) elements.
 #include "kernels/internal/common.cuh"
 #include "kernels/rope_kv.cuh"
 
@@ -18,7 +19,8 @@ __global__ void rope_write_kv_kernel(RopeKvParams p) {
   if (p.q_norm) {
     // A warp per head: its sum of squares, then the normalised pairs rotated.
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int h = warp; h < p.num_heads + p.num_kv_heads; h += warps) {
+    for (int h = blockIdx.y * warps + warp; h < p.num_heads + p.num_kv_heads;
+         h += warps * gridDim.y) {
       const int base = h * hd;
       const float* w = h < p.num_heads ? p.q_norm : p.k_norm;
       float ss = 0.0f;
@@ -47,7 +49,8 @@ __global__ void rope_write_kv_kernel(RopeKvParams p) {
   }
   // Rotations: query heads, then key heads.
   const int num_pairs = p.q_norm ? 0 : (p.num_heads + p.num_kv_heads) * half;
-  for (int e = threadIdx.x; e < num_pairs; e += blockDim.x) {
+  const int first = blockIdx.y * blockDim.x + threadIdx.x, step = blockDim.x * gridDim.y;
+  for (int e = first; e < num_pairs; e += step) {
     const int h = e / half, i = e % half;
     const int base = h * hd;  // key heads follow the query heads in the row
     float a = row[base + i], b = row[base + i + half];
@@ -68,7 +71,7 @@ __global__ void rope_write_kv_kernel(RopeKvParams p) {
       k[i + half] = __float2bfloat16_rn(rb);
     }
   }
-  for (int e = threadIdx.x; e < kv_size; e += blockDim.x) {
+  for (int e = first; e < kv_size; e += step) {
     float v = row[q_size + kv_size + e];
     if (p.bias) v += p.bias[q_size + kv_size + e];
     p.v_cache[slot + e] = __float2bfloat16_rn(v);
@@ -87,7 +90,10 @@ cudaError_t rope_write_kv(const RopeKvParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (p.num_tokens == 0) return cudaSuccess;
-  return internal::launch(rope_write_kv_kernel, dim3(p.num_tokens), dim3(256), 0, stream, p);
+  // A block per 8 heads of a token (a warp each where the heads are normalised).
+  const int head_blocks = (p.num_heads + p.num_kv_heads + 7) / 8;
+  return internal::launch(rope_write_kv_kernel, dim3(p.num_tokens, head_blocks), dim3(256), 0,
+                          stream, p);
 }
 
 }  // namespace hr::kernels

@@ -17,7 +17,9 @@
 #             defaults leave unused (--cuda-options), where Postgres and Redis can run: installed here, or
 #             packed by scripts/pack_portable.sh and named by HEADROOM_PORTABLE
 #   profile   (only when named) Nsight Compute over the GEMV kernel at every decode shape, one and
-#             two rows: duration, DRAM throughput and the bandwidth it reached, per launch
+#             two rows: duration, DRAM throughput and the bandwidth it reached, per launch; and over
+#             batch-1 decode steps of the Qwen3-30B-A3B shape cut to 4 layers (graphs replayed,
+#             each kernel node timed): the last step launch by launch, and each kernel per step
 #   sanitize  compute-sanitizer: memcheck over the kernel tests and the backend's logits test,
 #             racecheck and synccheck over the attention and GEMV tests (a check not started for
 #             lack of time is reported, and does not fail the run)
@@ -261,6 +263,17 @@ if wants profile; then
       # No launch in the CSV (no profiling permission, say) is a failure too.
       python3 "$root/scripts/ncu_summary.py" "$logs/profile_gemv.csv" >"$logs/profile_gemv.txt" 2>&1 || failed=1
       while IFS= read -r line; do note "  $line"; done <"$logs/profile_gemv.txt"
+    fi
+    run_stage profile_moe "$logs/profile_moe.csv" 240 "$ncu" --clock-control none --csv \
+      --graph-profiling node \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
+      "$bin/headroom_gpu_bench" --moe qwen3-30b-a3b --moe-layers 4 --moe-decode-only 1 \
+      --batches 1 --steps 6 --prompt 128 --max-seqs 8 --copy-mb 256
+    [ "$stage_rc" -eq 0 ] || failed=1
+    note "$(printf '%-32s %s %ss' profile_moe "$(outcome "$stage_rc")" "$stage_s")"
+    if [ "$stage_rc" -ne 125 ]; then
+      python3 "$root/scripts/ncu_summary.py" --steps 3 "$logs/profile_moe.csv" >"$logs/profile_moe.txt" 2>&1 || failed=1
+      while IFS= read -r line; do note "  $line"; done <"$logs/profile_moe.txt"
     fi
   fi
 fi

@@ -286,7 +286,7 @@ std::vector<int> parse_list(const std::string& s) {
 // random router spreads a prefill's tokens. One JSON line, "moe": {...}.
 int moe_run(const std::string& name, ModelConfig c, const std::string& batches, int prompt,
             int steps, int prefill_len, int prefill_count, int max_tokens, int max_seqs,
-            size_t kv_cache_mb, size_t copy_mb) {
+            size_t kv_cache_mb, size_t copy_mb, int layers, bool decode_only) {
   // The named shapes are the models' own config.json (the fields that set the shape), read by
   // the loader's parser; custom takes the other options' shape with every layer sparse.
   static const std::map<std::string, std::string> kShapes = {
@@ -314,6 +314,9 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
     std::fprintf(stderr, "gpu_bench: --moe takes qwen3-30b-a3b, mixtral-8x7b or custom\n");
     return 2;
   }
+  if (layers > 0) c.num_layers = layers;
+  if (c.moe.sparse_layers.size() > static_cast<size_t>(c.num_layers))
+    c.moe.sparse_layers.resize(static_cast<size_t>(c.num_layers));
   c.max_position_embeddings = 8192;
   const double bw = copy_bandwidth(copy_mb << 20);
   json out = {{"model", name}, {"copy_bytes_per_s", bw}}, errors = json::object();
@@ -356,6 +359,20 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
   }
   std::mt19937 rng(3);
   json decode = json::object(), step_ms = json::object();
+  // Batch 1 with the small-step fusions off (the unfused layer: norms as kernels of their
+  // own), first: a profile of this run then ends with the default steps.
+  if (const auto bs = parse_list(batches); std::find(bs.begin(), bs.end(), 1) != bs.end()) {
+    CudaBackendOptions changed = backend->options();
+    const CudaBackendOptions before = changed;
+    changed.fused_small_batch = false;
+    backend->set_paths(changed);
+    auto r = decode_rate(backend, 1, prompt, steps, max_tokens, rng);
+    if (r.is_ok())
+      out["decode_tok_s_batch1_unfused"] = std::round(r->tok_s * 10) / 10;
+    else
+      errors["decode batch 1 unfused"] = r.status().to_string();
+    backend->set_paths(before);
+  }
   for (int b : parse_list(batches)) {
     auto r = decode_rate(backend, b, prompt, steps, max_tokens, rng);
     if (!r.is_ok()) {
@@ -372,6 +389,10 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
     out["decode_tok_s"] = decode;
     out["decode_step_ms"] = step_ms;
     emit(false);
+  }
+  if (decode_only) {
+    emit(true);
+    return errors.empty() ? 0 : 1;
   }
   // The experts' two forms against each other where auto picks the grouped GEMM (and at 16).
   for (auto [key, how] :
@@ -459,6 +480,8 @@ int main(int argc, char** argv) {
   int max_seqs = 256;
   bool gemv_profile = false;
   std::string moe;
+  int moe_layers = 0;  // --moe-layers: a named shape with fewer layers (a quick look, profiling)
+  bool moe_decode_only = false;
   // The model's shape can be made smaller (a quick run of every phase, as on the CPU stand-in for
   // the CUDA runtime, simt/).
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -501,6 +524,10 @@ int main(int argc, char** argv) {
       gemv_profile = v == "1";
     else if (k == "--moe")
       moe = v;
+    else if (k == "--moe-layers")
+      moe_layers = std::stoi(v);
+    else if (k == "--moe-decode-only")
+      moe_decode_only = v == "1";
     else if (k == "--experts")
       c.moe.num_experts = std::stoi(v);
     else if (k == "--top-k")
@@ -516,7 +543,7 @@ int main(int argc, char** argv) {
   if (gemv_profile) return gemv_profile_run(c);
   if (!moe.empty()) {
     return moe_run(moe, c, batches, prompt, steps, prefill_len, prefill_count, max_tokens, max_seqs,
-                   kv_cache_mb, copy_mb);
+                   kv_cache_mb, copy_mb, moe_layers, moe_decode_only);
   }
   const double bw = copy_bandwidth(copy_mb << 20);
   const json gemv_bw = gemv_vs_cublaslt(c, bw, rotate_mb << 20);

@@ -42,11 +42,24 @@ echo "==PROF== Connected to process 4242"
 echo '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
 k='"void hr::kernels::gemv_kernel<1, (hr::kernels::GemvInput)0>(hr::kernels::GemvParams)"'
 row() { echo "\"$1\",\"4242\",\"headroom_gpu_bench\",\"127.0.0.1\",$k,\"1\",\"7\",\"(256, 1, 1)\",\"(768, 1, 1)\",\"0\",\"9.0\",\"Command line profiler metrics\",\"$2\",\"$3\",\"$4\""; }
-for id in 0 1; do
-  row $id dram__bytes_read.sum Mbyte 50.33
-  row $id gpu__time_duration.sum usecond 2$id.17
-  row $id dram__throughput.avg.pct_of_peak_sustained_elapsed % 6$id.5
-done
+case "$*" in
+  *--moe*)  # decode steps: a GEMV then the sampling kernel, four times
+    for id in 0 2 4 6; do
+      row $id dram__bytes_read.sum Mbyte 50.33
+      row $id gpu__time_duration.sum usecond 21.17
+    done
+    k='"void hr::kernels::<unnamed>::sample_kernel(float *, int)"'
+    for id in 1 3 5 7; do
+      row $id dram__bytes_read.sum Mbyte 0.5
+      row $id gpu__time_duration.sum usecond 4.83
+    done ;;
+  *)
+    for id in 0 1; do
+      row $id dram__bytes_read.sum Mbyte 50.33
+      row $id gpu__time_duration.sum usecond 2$id.17
+      row $id dram__throughput.avg.pct_of_peak_sustained_elapsed % 6$id.5
+    done ;;
+esac
 EOF
 gtest() {  # gtest NAME BODY: a stand-in test binary
   printf '#!/bin/sh\n%s\n' "$2" >"$work/bin/$1"
@@ -153,6 +166,7 @@ expect "the profile stage passes (rc $rc)" test "$rc" -eq 0
 expect "the profile is summed up a launch a line" \
   has '^  1 +gemv_kernel<1, \(hr::kernels::GemvInput\)0 +grid \(768, 1, 1\) +21\.2 us +50\.3 MB read +2377 GB/s +dram +61\.5%'
 expect "the first launch too" has '^  0 +gemv_kernel.* +20\.2 us .* 2495 GB/s'
+expect "the MoE decode steps are summed up per step" has '^  kernels per step: 2 launches, 26\.0 us'
 
 # 5. An unknown stage is refused before anything runs.
 run 300 tests,benchmark
