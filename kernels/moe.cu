@@ -106,28 +106,35 @@ __device__ void route_token(const MoeRouteParams& p, int t, float* score, float*
       if (g >= 0) kept_groups |= 1u << g;
     }
   }
-  // The top k, one warp-wide argmax each; then the weights from the unbiased scores.
-  int ids[kMoeMaxTopK];
-  uint32_t taken[kMoeMaxExperts / 32] = {};
+  // The top k, one warp-wide argmax each; then the weights from the unbiased scores. Each lane
+  // keeps which of its experts (lane, lane + 32, ...) are taken, and lane j the j-th choice, in
+  // registers.
+  uint32_t mine_taken = 0;
+  int my_id = -1;
   float total = 0;
   for (int j = 0; j < K; ++j) {
-    const int e = warp_best(choice, E, lane, [&](int e) {
-      return ((taken[e / 32] >> (e % 32)) & 1u) == 0 && ((kept_groups >> (e / per)) & 1u) != 0;
-    });
-    ids[j] = e;
-    if (e >= 0) {
-      taken[e / 32] |= 1u << (e % 32);
-      total += score[e];
+    float v = -INFINITY;
+    int id = -1;
+    for (int k = 0, e = lane; e < E; ++k, e += 32) {
+      if (((mine_taken >> k) & 1u) != 0 || ((kept_groups >> (e / per)) & 1u) == 0) continue;
+      if (id < 0 || choice[e] > v) {
+        v = choice[e];
+        id = e;
+      }
+    }
+    warp_argmax(v, id);
+    if (lane == j) my_id = id;
+    if (id >= 0) {
+      if (id % 32 == lane) mine_taken |= 1u << (id / 32);
+      total += score[id];
     }
   }
-  if (lane == 0) {
-    const size_t base = static_cast<size_t>(t) * K;
-    for (int j = 0; j < K; ++j) {
-      float w = ids[j] >= 0 ? score[ids[j]] : 0.0f;
-      if (r.renormalize) w /= total;
-      p.topk_ids[base + j] = ids[j] >= 0 ? ids[j] : 0;
-      p.topk_weights[base + j] = w * r.scaling;
-    }
+  if (lane < K) {
+    float w = my_id >= 0 ? score[my_id] : 0.0f;
+    if (r.renormalize) w /= total;
+    const size_t at = static_cast<size_t>(t) * K + lane;
+    p.topk_ids[at] = my_id >= 0 ? my_id : 0;
+    p.topk_weights[at] = w * r.scaling;
   }
   __syncwarp();  // score and choice are reused for the warp's next token
 }
@@ -370,14 +377,17 @@ __global__ void __launch_bounds__(kAlignThreads)
 }
 
 // ---- The GEMV form: one block per (active expert, rows chunk); each warp one output row (a gate
-// row with its up row, or a down row) for all the expert's rows, 8 at a time.
+// row with its up row, or a down row) for all the expert's rows, 8 at a time. When the active
+// experts' down weights fit in p.prefetch_limit (decode of one token), the weights stream through
+// evict-first loads and gate/up's blocks pull each expert's down weights into L2 meanwhile.
 constexpr int kGemvWarps = 4;
 constexpr int kGemvGroup = 8;
 constexpr int kGemvUnroll = 4;
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
 
-template <bool kGateUp>
+// kStream: the weights read evict-first and gate/up prefetching the down weights.
+template <bool kGateUp, bool kStream>
 __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_kernel(MoeExpertsParams p) {
   internal::pdl_launch_dependents();
   internal::pdl_wait();
@@ -387,6 +397,18 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_kernel(MoeExpertsPar
   const int row = blockIdx.x * kGemvWarps + warp;
   const int F = p.ffn, D = p.dim;
   const int n_out = kGateUp ? F : D, k = kGateUp ? D : F;
+  if (kGateUp && kStream && warp == 0) {
+    // This block's share of the expert's down weights into L2, read by the next kernel: its
+    // loads then hit L2 rather than starting cold while this kernel's stream drains.
+    const size_t bytes = static_cast<size_t>(D) * F * sizeof(__nv_bfloat16);
+    const size_t share = ((bytes + gridDim.x - 1) / gridDim.x + 15) / 16 * 16;
+    const size_t begin = blockIdx.x * share;
+    if (begin < bytes) {
+      internal::prefetch_l2_range(
+          reinterpret_cast<const char*>(p.w_down + static_cast<size_t>(e) * D * F) + begin,
+          min(share, bytes - begin), lane);
+    }
+  }
   if (row >= n_out) return;
   const __nv_bfloat16* w0 = kGateUp ? p.w_gate_up + (static_cast<size_t>(e) * 2 * F + row) * D
                                     : p.w_down + (static_cast<size_t>(e) * D + row) * F;
@@ -412,8 +434,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_kernel(MoeExpertsPar
       for (int u = 0; u < kGemvUnroll; ++u) {
         const int i = i0 + u * 256;
         if (i >= k) break;
-        wa[u] = __ldg(reinterpret_cast<const uint4*>(w0 + i));
-        if (kGateUp) wb[u] = __ldg(reinterpret_cast<const uint4*>(w1 + i));
+        // (Streamed: read once, and kept from pushing the prefetched weights out.)
+        wa[u] = kStream ? __ldcs(reinterpret_cast<const uint4*>(w0 + i))
+                        : __ldg(reinterpret_cast<const uint4*>(w0 + i));
+        if (kGateUp)
+          wb[u] = kStream ? __ldcs(reinterpret_cast<const uint4*>(w1 + i))
+                          : __ldg(reinterpret_cast<const uint4*>(w1 + i));
       }
 #pragma unroll
       for (int u = 0; u < kGemvUnroll; ++u) {
@@ -665,13 +691,18 @@ cudaError_t moe_experts(const MoeExpertsParams& p, MoeKernel kernel, cudaStream_
   if (kernel == MoeKernel::kGemv) {
     // Experts with pairs are at most the pairs.
     const int active = std::min(p.num_experts, p.num_tokens * p.top_k);
-    err =
-        internal::launch(moe_gemv_kernel<true>, dim3((p.ffn + kGemvWarps - 1) / kGemvWarps, active),
-                         dim3(kGemvWarps * 32), 0, stream, p);
+    const bool stream_weights =
+        static_cast<size_t>(active) * p.dim * p.ffn * sizeof(__nv_bfloat16) <= p.prefetch_limit;
+    const dim3 gate_up_grid((p.ffn + kGemvWarps - 1) / kGemvWarps, active);
+    const dim3 down_grid((p.dim + kGemvWarps - 1) / kGemvWarps, active);
+    const dim3 block(kGemvWarps * 32);
+    err = stream_weights
+              ? internal::launch(moe_gemv_kernel<true, true>, gate_up_grid, block, 0, stream, p)
+              : internal::launch(moe_gemv_kernel<true, false>, gate_up_grid, block, 0, stream, p);
     if (err != cudaSuccess) return err;
-    return internal::launch(moe_gemv_kernel<false>,
-                            dim3((p.dim + kGemvWarps - 1) / kGemvWarps, active),
-                            dim3(kGemvWarps * 32), 0, stream, p);
+    return stream_weights
+               ? internal::launch(moe_gemv_kernel<false, true>, down_grid, block, 0, stream, p)
+               : internal::launch(moe_gemv_kernel<false, false>, down_grid, block, 0, stream, p);
   }
   const int tiles = p.capacity / kMoeTile;
   if ((err = gemm_smem_once<true>()) != cudaSuccess ||

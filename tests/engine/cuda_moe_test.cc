@@ -299,7 +299,9 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
       want[static_cast<size_t>(pr) * D + d] = static_cast<float>(s * w[pr]);
     }
   }
-  for (auto kernel : {kernels::MoeKernel::kGemv, kernels::MoeKernel::kGroupedGemm}) {
+  // The GEMV with and without the down weights' prefetch (a limit of 0: never), and the GEMM.
+  for (int form = 0; form < 3; ++form) {
+    const auto kernel = form < 2 ? kernels::MoeKernel::kGemv : kernels::MoeKernel::kGroupedGemm;
     DeviceBuffer<uint16_t> d_act(static_cast<size_t>(capacity) * F);
     DeviceBuffer<float> d_out(static_cast<size_t>(pairs) * D);
     kernels::MoeExpertsParams p;
@@ -316,6 +318,7 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
     p.capacity = capacity;
     p.act = BF(d_act.ptr);
     p.out = d_out.ptr;
+    if (form == 1) p.prefetch_limit = 0;
     ASSERT_EQ(kernels::moe_experts(p, kernel, nullptr), cudaSuccess);
     const auto out = d_out.get();
     double num = 0, den = 0;
@@ -324,8 +327,10 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
       num += (out[i] - want[i]) * static_cast<double>(out[i] - want[i]);
       den += static_cast<double>(want[i]) * want[i];
     }
-    EXPECT_LT(std::sqrt(num / den), 1e-2)
-        << (kernel == kernels::MoeKernel::kGemv ? "GEMV" : "grouped GEMM") << " T=" << T;
+    EXPECT_LT(std::sqrt(num / den), 1e-2) << (form == 0   ? "GEMV"
+                                              : form == 1 ? "GEMV without prefetch"
+                                                          : "grouped GEMM")
+                                          << " T=" << T;
   }
 }
 
