@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Runs the product on this machine: installs what is missing, builds (Release), starts Postgres and
 # Redis under .headroom/ in the checkout, applies migrations and starts `headroom serve` with the
-# bundled model. Ctrl-C stops everything it started. HEADROOM_PORT picks the HTTP port (8080);
-# HEADROOM_API_KEY the default account's key (else one is made and kept in .headroom/api_key).
+# bundled model. Ctrl-C stops everything it started; if `serve` itself stops, Postgres and Redis
+# keep running (and keep the data) for the next start, and `scripts/services.sh stop .headroom`
+# stops them. HEADROOM_PORT picks the HTTP port (8080); HEADROOM_API_KEY the default account's key,
+# at least 16 characters (else one is made and kept in .headroom/api_key).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+if [ -n "${HEADROOM_API_KEY:-}" ] && [ "${#HEADROOM_API_KEY}" -lt 16 ]; then
+  echo "run.sh: HEADROOM_API_KEY must be at least 16 characters (it has ${#HEADROOM_API_KEY}); unset it to have one made" >&2
+  exit 2
+fi
 
 scripts/setup.sh
 cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -14,6 +20,7 @@ cmake --build build-release -j "${HEADROOM_JOBS:-2}" --target headroom
 scripts/services.sh start "$root/.headroom"
 # shellcheck disable=SC1091
 source "$root/.headroom/env"
+# Postgres and Redis stop with run.sh when it is interrupted or fails before `serve` runs.
 stop_all() { scripts/services.sh stop "$root/.headroom" >/dev/null 2>&1 || true; }
 trap stop_all EXIT
 trap 'exit 130' INT TERM
@@ -50,4 +57,11 @@ EOF
 build-release/headroom serve --model "$root/models/tiny-reverse" &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; exit 130' INT TERM
-wait $pid
+rc=0
+wait $pid || rc=$?
+# `serve` stopped by itself (a crash, a bad flag): its services and their data stay up, so that
+# running this script again picks up where it was.
+trap - EXIT
+echo "run.sh: headroom serve exited with status $rc; Postgres and Redis keep running under" \
+  ".headroom/ (scripts/services.sh stop .headroom stops them)" >&2
+exit "$rc"

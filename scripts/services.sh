@@ -11,6 +11,7 @@ set -euo pipefail
 cmd=${1:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${2:-$root/.headroom}
+case $dir in /*) ;; *) dir=$PWD/$dir ;; esac  # the servers' own paths must not depend on their cwd
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 PG_USER=headroom
 

@@ -31,5 +31,13 @@ out=$(timeout 10 "$bin" serve --model models/x --device cpu --cuda-options fused
 grep -q "cuda-options needs --device cuda" <<<"$out" || { echo "FAIL: not the cpu refusal: $out"; fail=1; }
 out=$(timeout 10 "$bin" serve --model models/x --device cuda --cuda-options decode_attention=fast 2>&1) && { echo "FAIL: bad --cuda-options accepted"; fail=1; }
 grep -q "cuda-options: decode_attention takes" <<<"$out" || { echo "FAIL: not the bad-value error: $out"; fail=1; }
+# scripts/run.sh refuses a short HEADROOM_API_KEY before it installs, builds or starts anything.
+run_sh=$(cd "$(dirname "$0")/../.." && pwd)/scripts/run.sh
+rc=0
+out=$(HEADROOM_API_KEY=short-key timeout 10 "$run_sh" 2>&1) || rc=$?
+[ $rc -eq 2 ] || { echo "FAIL: run.sh with a 9-character key exited $rc: $out"; fail=1; }
+grep -q "HEADROOM_API_KEY must be at least 16 characters (it has 9)" <<<"$out" \
+  || { echo "FAIL: run.sh's refusal: $out"; fail=1; }
+grep -q "starting" <<<"$out" && { echo "FAIL: run.sh printed its banner first"; fail=1; }
 [ $fail -eq 0 ] && echo "cli_help: ok"
 exit $fail

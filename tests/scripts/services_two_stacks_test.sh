@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/services.sh runs two independent stacks side by side: separate ports and data; writing
-# to one is invisible in the other; stopping one leaves the other running.
+# to one is invisible in the other; stopping one leaves the other running; a relative DIR works.
 set -euo pipefail
 services=$1
 a=$(mktemp -d /tmp/hr-stack-a.XXXXXX); b=$(mktemp -d /tmp/hr-stack-b.XXXXXX)
@@ -8,7 +8,8 @@ chmod 755 "$a" "$b"
 cleanup() { "$services" stop "$a" >/dev/null 2>&1 || true; "$services" stop "$b" >/dev/null 2>&1 || true; rm -rf "$a" "$b"; }
 trap cleanup EXIT
 PG_PORT= REDIS_PORT= "$services" start "$a"
-PG_PORT= REDIS_PORT= "$services" start "$b"
+# (b by a relative path: the servers must not depend on the directory they were started from.)
+(cd "$(dirname "$b")" && PG_PORT= REDIS_PORT= "$services" start "$(basename "$b")")
 url() { (source "$1/env"; eval echo "\$$2"); }
 pa=$(url "$a" HEADROOM_DATABASE_URL); pb=$(url "$b" HEADROOM_DATABASE_URL)
 ra=$(url "$a" HEADROOM_REDIS_URL); rb=$(url "$b" HEADROOM_REDIS_URL)
