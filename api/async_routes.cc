@@ -94,6 +94,15 @@ http::HttpResponse Api::Impl::submit(const http::HttpRequest& req, const std::st
       return error_response(invalid_argument("'metadata' must be an object", "metadata"));
     }
     batch.metadata_json = body["metadata"].dump();
+    // Stored with the batch and shown on every poll: kept small, as OpenAI's 16 pairs of at most
+    // 64 + 512 characters are.
+    constexpr size_t kMaxMetadataBytes = 16 << 10;
+    if (batch.metadata_json->size() > kMaxMetadataBytes) {
+      return error_response(invalid_argument("'metadata' is " +
+                                                 std::to_string(batch.metadata_json->size()) +
+                                                 " bytes as JSON; at most 16384",
+                                             "metadata"));
+    }
   }
   pool->release();  // a webhook host's lookup may take seconds: hold no connection meanwhile
   Result<BatchWebhook> hook = parse_batch_webhook(body, webhooks.policy);

@@ -177,6 +177,19 @@ Result<WebhookEndpoint> create_endpoint(pqxx::connection& conn, const std::strin
                                         const std::vector<std::string>& event_types, bool enabled) {
   return guarded<WebhookEndpoint>("create webhook", [&](WebhookEndpoint* out) -> Status {
     pqxx::work tx(conn);
+    // Counted under a lock on the account's creations, so that concurrent creations (through
+    // several API processes too) cannot pass the limit together.
+    tx.exec_params("SELECT pg_advisory_xact_lock(hashtext('webhook_endpoints:' || $1))",
+                   account_id);
+    const int64_t have =
+        tx.exec_params1("SELECT count(*) FROM webhook_endpoints WHERE account_id = $1",
+                        account_id)[0]
+            .as<int64_t>();
+    if (have >= kMaxWebhookEndpoints) {
+      return Status(StatusCode::kConflict,
+                    "this account has " + std::to_string(have) + " webhook endpoints, the most " +
+                        "allowed; delete one (DELETE /v1/webhooks/{id}) before creating another");
+    }
     std::string secret = new_webhook_secret();
     *out = endpoint_from_row(tx.exec_params1(
         "INSERT INTO webhook_endpoints (id, account_id, url, description, event_types, enabled, "

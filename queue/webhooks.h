@@ -51,6 +51,11 @@ struct EndpointPatch {
   std::optional<bool> enabled;
 };
 
+// Endpoints an account may have (as Stripe allows): each batch event goes to every enabled one,
+// so the limit bounds the deliveries one submission can cause.
+constexpr int kMaxWebhookEndpoints = 16;
+
+// A conflict once the account has kMaxWebhookEndpoints.
 [[nodiscard]] Result<WebhookEndpoint> create_endpoint(
     pqxx::connection& conn, const std::string& account_id, const std::string& url,
     const std::string& description, const std::vector<std::string>& event_types, bool enabled);

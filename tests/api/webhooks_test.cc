@@ -408,6 +408,33 @@ TEST(WebhooksTest, EndpointAdminValidatesRotatesAndDeletes) {
   EXPECT_EQ(h.get("/v1/webhooks/" + id, h.key_a()).status, 404);
 }
 
+// An account has at most 16 endpoints (409 past them, nothing written); another account is not
+// held back, and deleting one makes room again.
+TEST(WebhooksTest, EndpointsPerAccountAreCapped) {
+  Receiver rx([](int) { return Receiver::Answer{}; });
+  ApiHarness h([](ApiConfig& c) { c.webhook_allow = {"loopback"}; });
+  ASSERT_TRUE(h.ok() && rx.ok());
+  const std::string body = json{{"url", rx.url()}}.dump();
+  std::string first;
+  for (int i = 0; i < queue::kMaxWebhookEndpoints; ++i) {
+    auto r = h.post("/v1/webhooks", body, h.key_a());
+    ASSERT_EQ(r.status, 201) << i << " " << r.body;
+    if (i == 0) first = r.json()["result"]["id"];
+  }
+  auto over = h.post("/v1/webhooks", body, h.key_a());
+  EXPECT_EQ(over.status, 409) << over.body;
+  EXPECT_NE(over.json()["errors"][0]["message"].get<std::string>().find("16 webhook endpoints"),
+            std::string::npos)
+      << over.body;
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM webhook_endpoints"), queue::kMaxWebhookEndpoints);
+  EXPECT_EQ(h.post("/v1/webhooks", body, h.key_b()).status, 201);
+  EXPECT_EQ(testing::http_call("DELETE", h.port(), "/v1/webhooks/" + first, "",
+                               {{"Authorization", "Bearer " + h.key_a()}})
+                .status,
+            200);
+  EXPECT_EQ(h.post("/v1/webhooks", body, h.key_a()).status, 201);
+}
+
 TEST(WebhooksTest, RequestEventsAreOptIn) {
   Receiver rx([](int) { return Receiver::Answer{}; });
   ApiHarness h([](ApiConfig& c) { c.webhook_allow = {"loopback"}; });
