@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
@@ -10,6 +11,7 @@
 
 #include "base/ids.h"
 #include "base/log.h"
+#include "base/retry_pacer.h"
 #include "queue/openai_batches.h"
 #include "queue/pg.h"
 #include "queue/store.h"
@@ -517,15 +519,17 @@ Result<TickReport> Dispatcher::tick() {
 
 void Dispatcher::run(const std::atomic<bool>& stop) {
   std::unique_ptr<pqxx::connection> listener;
+  RetryPacer pacer;  // while Postgres or Redis fail: backoff, and a few counted warnings
   while (!stop.load()) {
     Result<TickReport> r = tick();
     if (!r.is_ok()) {
-      log::warn("dispatcher.tick_failed", {{"error", r.status()}});
+      const int64_t delay = pacer.failed("dispatcher.tick_failed", r.status());
       pg_.reset();
       listener.reset();
-      std::this_thread::sleep_for(std::chrono::milliseconds(options_.tick_ms));
+      sleep_unless_stopped(stop, std::max<int64_t>(options_.tick_ms, delay));
       continue;
     }
+    pacer.succeeded();
     if (r->relayed > 0) log::debug("dispatcher.relayed", {{"requests", r->relayed}});
     try {
       if (!listener) {

@@ -13,6 +13,7 @@
 #include "base/duration.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "base/retry_pacer.h"
 #include "queue/pg.h"
 #include "webhooks/signature.h"
 
@@ -269,6 +270,7 @@ void Deliverer::run(const std::atomic<bool>& stop) {
     return Status::ok();
   };
   int64_t next_prune_ns = 0;
+  RetryPacer pacer;  // while Postgres fails: backoff, and a few counted warnings
   while (!stop.load()) {
     Status st = m.pg.run("webhooks", [&](pqxx::connection& c) -> Status {
       HR_RETURN_IF_ERROR(fan_out_all(c));
@@ -294,11 +296,12 @@ void Deliverer::run(const std::atomic<bool>& stop) {
       return Status::ok();
     });
     if (!st.is_ok()) {
-      log::warn("webhook.pass_failed", {{"error", st}});
+      const int64_t delay = pacer.failed("webhook.pass_failed", st);
       listener.reset();
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      sleep_unless_stopped(stop, delay);
       continue;
     }
+    pacer.succeeded();
     try {
       if (!listener) {
         listener = std::make_unique<pqxx::connection>(m.database_url);

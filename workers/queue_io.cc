@@ -92,11 +92,11 @@ namespace {
 
 // Writes the items queued in `queued` with `write` (called with `lock` held; unlocks around the
 // I/O) and counts them in `recorded`; after a failed write they stay queued, in order, for the
-// next try.
+// next try, and the error is returned.
 template <typename Item, typename Write>
-void write_queued(std::vector<Item>& queued, std::atomic<int64_t>& recorded, const char* event,
-                  Write write, std::unique_lock<std::mutex>& lock) {
-  if (queued.empty()) return;
+Status write_queued(std::vector<Item>& queued, std::atomic<int64_t>& recorded, Write write,
+                    std::unique_lock<std::mutex>& lock) {
+  if (queued.empty()) return Status::ok();
   std::vector<Item> batch;
   batch.swap(queued);
   lock.unlock();
@@ -104,22 +104,36 @@ void write_queued(std::vector<Item>& queued, std::atomic<int64_t>& recorded, con
   lock.lock();
   if (r.is_ok()) {
     recorded += static_cast<int64_t>(batch.size());
-    return;
+    return Status::ok();
   }
-  log::warn(event, {{"error", r.status()}});
   queued.insert(queued.begin(), std::make_move_iterator(batch.begin()),
                 std::make_move_iterator(batch.end()));
+  return r.status();
 }
+
+int64_t ms_to_ns(int64_t ms) { return ms * 1000000; }
 
 }  // namespace
 
 void QueueIo::flush(queue::LeaseClient& leases, std::unique_lock<std::mutex>& lock) {
-  write_queued(
-      done_, stats_.completed, "worker.complete_failed",
+  if (done_.empty() && failed_.empty()) return;
+  if (steady_now_ns() < next_flush_ns_) return;  // backing off
+  Status st = write_queued(
+      done_, stats_.completed,
       [&](const std::vector<queue::Completion>& b) { return leases.complete(b); }, lock);
-  write_queued(
-      failed_, stats_.failed, "worker.fail_failed",
-      [&](const std::vector<queue::Failure>& b) { return leases.fail(b); }, lock);
+  const char* event = "worker.complete_failed";
+  if (st.is_ok()) {
+    st = write_queued(
+        failed_, stats_.failed,
+        [&](const std::vector<queue::Failure>& b) { return leases.fail(b); }, lock);
+    event = "worker.fail_failed";
+  }
+  if (st.is_ok()) {
+    write_pacer_.succeeded();
+    next_flush_ns_ = 0;
+  } else {
+    next_flush_ns_ = steady_now_ns() + ms_to_ns(write_pacer_.failed(event, st));
+  }
 }
 
 void QueueIo::loop() {
@@ -137,11 +151,12 @@ void QueueIo::loop() {
       auto c = queue::LeaseClient::create(store_.database_url, store_.redis_url, lo);
       lock.lock();
       if (!c.is_ok()) {
-        log::warn("worker.queue_unavailable", {{"error", c.status()}});
+        const int64_t delay = connect_pacer_.failed("worker.queue_unavailable", c.status());
         if (stop_) break;
-        cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_; });
+        cv_.wait_for(lock, std::chrono::milliseconds(delay), [&] { return stop_; });
         continue;
       }
+      connect_pacer_.succeeded();
       leases = std::move(c).value();
       connected_ = true;
     }
@@ -158,11 +173,13 @@ void QueueIo::loop() {
       lock.lock();
       pulling_ = 0;
       if (!got.is_ok()) {
-        log::warn("worker.pull_failed", {{"error", got.status()}});
-        next_pull = steady_now_ns() + 200 * int64_t{1000000};
+        next_pull =
+            steady_now_ns() + ms_to_ns(pull_pacer_.failed("worker.pull_failed", got.status()));
       } else if (got->empty()) {
+        pull_pacer_.succeeded();
         next_pull = steady_now_ns() + poll_ns;  // nothing queued: look again in a while
       } else {
+        pull_pacer_.succeeded();
         stats_.pulled += static_cast<int64_t>(got->size());
         pulled_.insert(pulled_.end(), std::make_move_iterator(got->begin()),
                        std::make_move_iterator(got->end()));
@@ -189,8 +206,10 @@ void QueueIo::loop() {
           }
         }
         woke_step_loop = woke_step_loop || !lost->empty();
+        renew_pacer_.succeeded();
       } else {
-        log::warn("worker.renew_failed", {{"error", lost.status()}});
+        // (Renewals keep their schedule, a third of the lease: only the warnings are paced.)
+        (void)renew_pacer_.failed("worker.renew_failed", lost.status());
       }
       last_renew = now;
     }
@@ -203,14 +222,18 @@ void QueueIo::loop() {
     now = steady_now_ns();
     int64_t until = last_renew + renew_every_ns;
     if (want_ > 0) until = std::min(until, std::max(next_pull, now));
+    const bool results_waiting = !done_.empty() || !failed_.empty();
+    if (results_waiting) until = std::min(until, std::max(next_flush_ns_, now));
     until = std::min(until, now + poll_ns);
     cv_.wait_for(lock, std::chrono::nanoseconds(std::max<int64_t>(0, until - now)), [&] {
-      return stop_ || !done_.empty() || !failed_.empty() ||
-             (want_ > 0 && steady_now_ns() >= next_pull);
+      const int64_t t = steady_now_ns();
+      return stop_ || ((!done_.empty() || !failed_.empty()) && t >= next_flush_ns_) ||
+             (want_ > 0 && t >= next_pull);
     });
   }
   // Stopping: record what finished (one more try), hand back the rest.
   if (leases) {
+    next_flush_ns_ = 0;
     flush(*leases, lock);
     std::vector<queue::Lease> rest = std::move(to_release_);
     rest.insert(rest.end(), std::make_move_iterator(pulled_.begin()),

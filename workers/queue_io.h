@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/retry_pacer.h"
 #include "queue/config.h"
 #include "queue/lease.h"
 #include "workers/worker_config.h"
@@ -70,6 +71,10 @@ class QueueIo {
   std::unordered_map<int64_t, queue::Lease> held_;  // guarded by mu_
   std::vector<int64_t> lost_;                       // guarded by mu_
   std::vector<queue::Lease> to_release_;            // guarded by mu_
+  // While Postgres or Redis fail: each kind of call backs off on its own (only the I/O thread
+  // uses these), and results are written again no sooner than next_flush_ns_.
+  RetryPacer connect_pacer_, write_pacer_, pull_pacer_, renew_pacer_;
+  int64_t next_flush_ns_ = 0;  // guarded by mu_
   std::thread thread_;
 };
 
