@@ -128,6 +128,16 @@ int main(int argc, char** argv) {
   CLI::App* keys_create = keys_cmd->add_subcommand("create", "Create a key and print it once");
   keys_store.bind(*keys_create, /*with_redis=*/false);
   keys_create->add_option("--account", key_account, "Account name (created if new)")->required();
+  std::string revoke_key;
+  CLI::App* keys_revoke = keys_cmd->add_subcommand(
+      "revoke", "Revoke a key, or every key of an account, at once in every API process");
+  keys_store.bind(*keys_revoke, /*with_redis=*/false);
+  auto* revoke_key_opt =
+      keys_revoke->add_option("--key", revoke_key, "The key to revoke (HEADROOM_REVOKE_KEY)")
+          ->envname("HEADROOM_REVOKE_KEY");
+  auto* revoke_account_opt =
+      keys_revoke->add_option("--account", key_account, "Revoke every key of this account");
+  revoke_key_opt->excludes(revoke_account_opt);
 
   CLI11_PARSE(app, argc, argv);
 
@@ -184,6 +194,15 @@ int main(int argc, char** argv) {
   }
   if (keys_create->parsed()) {
     return validate(keys_store.validate()) ? hr::cmd::run_keys_create(keys_store, key_account) : 2;
+  }
+  if (keys_revoke->parsed()) {
+    if (revoke_key.empty() && key_account.empty()) {
+      std::fprintf(stderr, "headroom: keys revoke: name --key or --account\n");
+      return 2;
+    }
+    return validate(keys_store.validate())
+               ? hr::cmd::run_keys_revoke(keys_store, revoke_key, key_account)
+               : 2;
   }
   return 2;
 }

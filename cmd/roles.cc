@@ -84,6 +84,23 @@ int run_keys_create(const queue::StoreConfig& store, const std::string& account)
   return 0;
 }
 
+int run_keys_revoke(const queue::StoreConfig& store, const std::string& key,
+                    const std::string& account) {
+  auto conn = queue::pg_connect(store.database_url);
+  if (!conn.is_ok()) {
+    std::fprintf(stderr, "headroom: %s\n", conn.status().to_string().c_str());
+    return 1;
+  }
+  auto n = queue::revoke_api_keys(**conn, key, account);
+  if (!n.is_ok()) {
+    std::fprintf(stderr, "headroom: %s\n", n.status().to_string().c_str());
+    return 1;
+  }
+  std::printf("revoked %d key%s%s\n", *n, *n == 1 ? "" : "s",
+              *n == 0 ? " (already revoked)" : "; API processes refuse them now");
+  return 0;
+}
+
 int run_api(const api::ApiConfig& config, const queue::StoreConfig& store) {
   sigset_t set = block_stop_signals();
   api::Api async_api(config, store);

@@ -37,5 +37,8 @@ int run_serve(const ServeConfig& config);
 
 // `headroom keys create --account NAME`: prints a new key once.
 int run_keys_create(const queue::StoreConfig& store, const std::string& account);
+// Revokes `key`, or every key of `account` (one of them empty); prints how many.
+int run_keys_revoke(const queue::StoreConfig& store, const std::string& key,
+                    const std::string& account);
 
 }  // namespace hr::cmd

@@ -120,6 +120,44 @@ Result<std::string> ensure_api_key(pqxx::connection& conn, const std::string& ac
   return account_id;
 }
 
+Result<int> revoke_api_keys(pqxx::connection& conn, const std::string& key,
+                            const std::string& account) {
+  if (key.empty() == account.empty()) {
+    return invalid_argument("name either a key or an account", key.empty() ? "key" : "account");
+  }
+  int revoked = 0;
+  Status st = pg_guard("revoke keys", [&]() -> Status {
+    pqxx::work tx(conn);
+    pqxx::result known =
+        key.empty() ? tx.exec_params(
+                          "SELECT k.id FROM api_keys k JOIN accounts a ON a.id = k.account_id "
+                          "WHERE a.name = $1",
+                          account)
+                    : tx.exec_params("SELECT id FROM api_keys WHERE key_hash = decode($1, 'hex')",
+                                     to_hex(sha256(key)));
+    if (known.empty()) {
+      return key.empty() ? not_found("no account named '" + account + "' with keys")
+                         : not_found("no such key");
+    }
+    pqxx::result r =
+        key.empty()
+            ? tx.exec_params(
+                  "UPDATE api_keys k SET revoked_at = now() FROM accounts a "
+                  "WHERE a.id = k.account_id AND a.name = $1 AND k.revoked_at IS NULL RETURNING 1",
+                  account)
+            : tx.exec_params(
+                  "UPDATE api_keys SET revoked_at = now() "
+                  "WHERE key_hash = decode($1, 'hex') AND revoked_at IS NULL RETURNING 1",
+                  to_hex(sha256(key)));
+    revoked = static_cast<int>(r.size());
+    tx.exec(std::string("NOTIFY ") + kKeysChannel);
+    tx.commit();
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  return revoked;
+}
+
 Result<std::string> authenticate(pqxx::connection& conn, const std::string& key) {
   std::string account_id;
   Status st = pg_guard("authenticate", [&]() -> Status {

@@ -30,6 +30,16 @@ struct CreatedKey {
 // The account id owning `key`; kUnauthenticated when unknown or revoked.
 [[nodiscard]] Result<std::string> authenticate(pqxx::connection& conn, const std::string& key);
 
+// The channel revocations are announced on (in the revoking transaction): API processes clear
+// their cache of authenticated keys when they hear it (api/key_revocations.h).
+inline constexpr const char* kKeysChannel = "hr_keys";
+
+// Revokes `key` (when not empty) or every key of the account named `account`; returns how many
+// keys it revoked (0: none that was not already revoked). Not found when the key or the account
+// is unknown.
+[[nodiscard]] Result<int> revoke_api_keys(pqxx::connection& conn, const std::string& key,
+                                          const std::string& account);
+
 struct NewRequest {
   std::optional<std::string> custom_id;
   std::string body;  // normalized request JSON

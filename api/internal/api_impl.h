@@ -21,6 +21,7 @@
 
 #include "api/api.h"
 #include "api/errors.h"
+#include "api/key_revocations.h"
 #include "api/openai_batch.h"
 #include "api/webhooks_api.h"
 #include "queue/pg_pool.h"
@@ -73,6 +74,8 @@ struct Api::Impl {
     int64_t expires_ms;
   };
   std::unordered_map<std::string, CachedKey> auth_cache;  // guarded by auth_mu; key = sha256 hex
+  // Empties auth_cache whenever a key is revoked (started last, stopped first).
+  std::unique_ptr<KeyRevocationListener> revocations;
 
   // Database connections shared by the handler threads: a thread borrows one on its first query
   // and gives it back when its request is answered, or before it waits on an inference.

@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <pqxx/pqxx>
 #include <thread>
 
 #include "queue/dispatcher.h"
 #include "queue/lease.h"
+#include "queue/store.h"
 #include "tests/testing/api_harness.h"
 #include "tests/testing/http_client.h"
 #include "wire/answer_stream.h"
@@ -557,6 +559,39 @@ TEST(ApiTest, HundredThousandRequestBatchRoundTrips) {
     EXPECT_EQ(responses[i]["id"], i);
     EXPECT_EQ(responses[i]["external_reference"], "r" + std::to_string(i));
   }
+}
+
+// A revoked key stops working at once in every API process on the database, though each had it
+// cached: by key (the account's other keys go on), then by account; the revocation is counted
+// once, and revoking again revokes nothing.
+TEST(ApiTest, RevokedKeysAreRefusedAtOnceByEveryApiProcess) {
+  ApiHarness h1;
+  ASSERT_TRUE(h1.ok());
+  ApiHarness h2(h1.database_url(), h1.redis_url());  // a second API process, its own keys
+  ASSERT_TRUE(h2.ok());
+  const std::string list = "/v1/async?limit=1";
+  for (ApiHarness* h : {&h1, &h2}) {
+    for (const std::string& k : {h1.key_a(), h2.key_a(), h1.key_b()})
+      ASSERT_EQ(h->get(list, k).status, 200) << k;  // cached by both now
+  }
+  // Polls both processes until both refuse `key` (at most 2 s).
+  auto refused_everywhere = [&](const std::string& key) {
+    for (int i = 0; i < 40; ++i) {
+      if (h1.get(list, key).status == 401 && h2.get(list, key).status == 401) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  };
+  pqxx::connection conn(h1.database_url());
+  ASSERT_EQ(queue::revoke_api_keys(conn, h1.key_a(), "").value(), 1);
+  EXPECT_TRUE(refused_everywhere(h1.key_a()));
+  EXPECT_EQ(h1.get(list, h2.key_a()).status, 200) << "the account's other key";
+  EXPECT_EQ(queue::revoke_api_keys(conn, h1.key_a(), "").value(), 0);
+  EXPECT_EQ(queue::revoke_api_keys(conn, "hr_no_such_key_0123456789", "").status().code(),
+            StatusCode::kNotFound);
+  ASSERT_EQ(queue::revoke_api_keys(conn, "", "alice").value(), 1);
+  EXPECT_TRUE(refused_everywhere(h2.key_a()));
+  EXPECT_EQ(h2.get(list, h1.key_b()).status, 200) << "another account";
 }
 
 }  // namespace

@@ -31,6 +31,9 @@ out=$(timeout 10 "$bin" serve --model models/x --device cpu --cuda-options fused
 grep -q "cuda-options needs --device cuda" <<<"$out" || { echo "FAIL: not the cpu refusal: $out"; fail=1; }
 out=$(timeout 10 "$bin" serve --model models/x --device cuda --cuda-options decode_attention=fast 2>&1) && { echo "FAIL: bad --cuda-options accepted"; fail=1; }
 grep -q "cuda-options: decode_attention takes" <<<"$out" || { echo "FAIL: not the bad-value error: $out"; fail=1; }
+check "keys revoke --help" "--account"
+out=$("$bin" keys revoke 2>&1) && { echo "FAIL: keys revoke with nothing to revoke accepted"; fail=1; }
+grep -q "name --key or --account" <<<"$out" || { echo "FAIL: keys revoke's usage error: $out"; fail=1; }
 # scripts/run.sh refuses a short HEADROOM_API_KEY before it installs, builds or starts anything.
 run_sh=$(cd "$(dirname "$0")/../.." && pwd)/scripts/run.sh
 rc=0
