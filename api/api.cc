@@ -215,8 +215,11 @@ Result<std::string> Api::Impl::authenticate(const http::HttpRequest& req) {
     auto c = auth_cache.find(digest);
     if (c != auth_cache.end() && c->second.expires_ms > now) return c->second.account_id;
   }
-  Result<std::string> account = pool->with_connection<std::string>(
-      [&](pqxx::connection& c) { return queue::authenticate(c, key); });
+  Result<std::string> account = [&] {
+    queue::PgPool::Bound quick(pool.get(), kQuickDbCall);
+    return pool->with_connection<std::string>(
+        [&](pqxx::connection& c) { return queue::authenticate(c, key); });
+  }();
   if (!account.is_ok()) {
     if (account.status().code() == StatusCode::kUnauthenticated) {
       return Status(StatusCode::kUnauthenticated, "invalid API key", "Authorization");

@@ -158,8 +158,11 @@ http::HttpResponse Api::Impl::poll(const std::string& account, const std::string
   if (!parse_uuid(request_id).is_ok()) {
     return error_response(invalid_argument("request_id is not a valid id", "request_id"));
   }
-  Result<queue::BatchInfo> b = pool->with_connection<queue::BatchInfo>(
-      [&](pqxx::connection& c) { return queue::get_batch(c, account, request_id); });
+  Result<queue::BatchInfo> b = [&] {
+    queue::PgPool::Bound quick(pool.get(), kQuickDbCall);
+    return pool->with_connection<queue::BatchInfo>(
+        [&](pqxx::connection& c) { return queue::get_batch(c, account, request_id); });
+  }();
   if (!b.is_ok()) {
     if (b.status().code() == StatusCode::kNotFound) {
       return error_response(not_found("no such request_id: " + request_id));
@@ -232,6 +235,7 @@ http::HttpResponse Api::Impl::list(const std::string& account,
   }
   int want = q.limit;
   q.limit = want + 1;
+  queue::PgPool::Bound quick(pool.get(), kQuickDbCall);
   Result<std::vector<queue::BatchInfo>> r = pool->with_connection<std::vector<queue::BatchInfo>>(
       [&](pqxx::connection& c) { return queue::list_batches(c, account, q); });
   if (!r.is_ok()) return db_error(r.status());

@@ -48,9 +48,11 @@ http::HttpResponse Api::Impl::metrics_page() {
 }
 
 Status Api::Impl::read_queue_depth() {
-  Result<std::vector<queue::PendingRequests>> pending =
-      pool->with_connection<std::vector<queue::PendingRequests>>(
-          [](pqxx::connection& c) { return queue::pending_requests_by_model(c); });
+  Result<std::vector<queue::PendingRequests>> pending = [&] {
+    queue::PgPool::Bound quick(pool.get(), kQuickDbCall);
+    return pool->with_connection<std::vector<queue::PendingRequests>>(
+        [](pqxx::connection& c) { return queue::pending_requests_by_model(c); });
+  }();
   if (pending.status().code() == StatusCode::kUnavailable) {
     pool->drop();
   } else {

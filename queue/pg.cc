@@ -3,9 +3,22 @@
 
 namespace hr::queue {
 
+std::string with_client_timeouts(const std::string& url) {
+  if (url.find("connect_timeout") != std::string::npos) return url;
+  const bool uri = url.rfind("postgresql://", 0) == 0 || url.rfind("postgres://", 0) == 0;
+  if (uri) {
+    return url + (url.find('?') == std::string::npos ? "?" : "&") +
+           "connect_timeout=2&keepalives=1&keepalives_idle=10&keepalives_interval=5&"
+           "keepalives_count=3";
+  }
+  return url +
+         " connect_timeout=2 keepalives=1 keepalives_idle=10 keepalives_interval=5 "
+         "keepalives_count=3";
+}
+
 Result<std::unique_ptr<pqxx::connection>> pg_connect(const std::string& url) {
   try {
-    return std::make_unique<pqxx::connection>(url);
+    return std::make_unique<pqxx::connection>(with_client_timeouts(url));
   } catch (const std::exception& e) {
     return pg_error(e, "connect");
   }

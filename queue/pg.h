@@ -15,7 +15,12 @@
 namespace hr::queue {
 
 // Opens a connection; kUnavailable when the server cannot be reached.
+// Opens a connection with client-side timeouts added to `url` (with_client_timeouts).
 [[nodiscard]] Result<std::unique_ptr<pqxx::connection>> pg_connect(const std::string& url);
+// `url` (a postgresql:// URI or key=value pairs) with connect_timeout=2 and TCP keepalives (a dead
+// peer noticed in about 20 s), unless it sets connect_timeout itself: a server that accepts the
+// connection but never answers (frozen) fails the connect instead of hanging it.
+std::string with_client_timeouts(const std::string& url);
 
 // Maps a libpqxx exception to a Status: broken connections and in-doubt commits are kUnavailable
 // (retryable), everything else kInternal. `op` names what was being done.

@@ -8,6 +8,7 @@
 
 #include <pqxx/pqxx>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -25,8 +26,27 @@ class PgPool {
  public:
   // At most `size` connections to `url`; a thread waits up to `wait` for one to be given back.
   PgPool(std::string url, int size, std::chrono::milliseconds wait);
+  ~PgPool();
   PgPool(const PgPool&) = delete;
   PgPool& operator=(const PgPool&) = delete;
+
+  // While it lives, the calling thread's database calls are bounded: past `limit` a watchdog
+  // shuts its connection's socket down (a frozen server answers nothing, not even an error, and
+  // TCP keepalives are answered by its kernel), so that the call fails kUnavailable at once and
+  // with_connection does not try again. For calls that must answer quickly (authentication,
+  // polls, health); a bulk write is not bounded.
+  class Bound {
+   public:
+    Bound(PgPool* pool, std::chrono::milliseconds limit);
+    ~Bound();
+    Bound(const Bound&) = delete;
+    Bound& operator=(const Bound&) = delete;
+
+   private:
+    PgPool* pool_;
+  };
+  // True when the calling thread's Bound has run out.
+  bool past_bound() const;
 
   // The calling thread's connection: the one it holds, else one borrowed (and reopened if it was
   // closed). kResourceExhausted when none is given back within the wait; kUnavailable when the
@@ -45,7 +65,12 @@ class PgPool {
       Result<pqxx::connection*> c = connection();
       if (!c.is_ok()) return c.status();
       Result<T> r = fn(**c);
-      if (r.is_ok() || r.status().code() != StatusCode::kUnavailable || attempt == 1) return r;
+      if (r.is_ok() || r.status().code() != StatusCode::kUnavailable) return r;
+      if (past_bound()) {
+        drop();
+        return Status(StatusCode::kUnavailable, "postgres did not answer in time");
+      }
+      if (attempt == 1) return r;
       drop();
     }
   }
@@ -67,6 +92,15 @@ class PgPool {
   std::vector<std::unique_ptr<pqxx::connection>> idle_;
   std::unordered_map<std::thread::id, std::unique_ptr<pqxx::connection>> lent_;
   int opening_ = 0;  // places taken by connections being opened (outside the lock)
+  // Bounded threads' deadlines (steady ns), and those whose socket the watchdog shut down.
+  std::unordered_map<std::thread::id, int64_t> deadlines_;  // guarded by mu_
+  std::unordered_map<std::thread::id, bool> timed_out_;     // guarded by mu_
+  std::thread watchdog_;                                    // started by the first Bound
+  std::condition_variable watchdog_cv_;  // (its own: cv_'s notify_one is for connection waiters)
+  bool stopping_ = false;                // guarded by mu_
+  void watch();
+  // Opens a connection, giving up at `deadline_ns` (steady) while it goes on in the background.
+  Result<std::unique_ptr<pqxx::connection>> open_by(int64_t deadline_ns);
 };
 
 }  // namespace hr::queue

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -57,6 +58,10 @@ class SharedCheck {
   uint64_t finished_ = 0;  // guarded by mu_: checks run to their end
   Status last_;            // guarded by mu_: the answer of the last one
 };
+
+// How long a quick database call (a key's lookup, a poll's batch row, a list, the health check)
+// may take before it answers 503: a frozen database must not hang the API (queue::PgPool::Bound).
+constexpr std::chrono::milliseconds kQuickDbCall{1500};
 
 struct Api::Impl {
   static thread_local int64_t parse_ns_;      // JSON parse time of the current request, for logs

@@ -295,5 +295,45 @@ TEST(FaultTest, ReadinessProbesShareOneRedisConnectionAndSeeItComeBack) {
   EXPECT_EQ(probe_all(200), 40);
 }
 
+// Postgres frozen under the API (SIGSTOP: it accepts connections and answers nothing): /readyz
+// and an authenticated poll answer 503 within 2 s instead of hanging, and 200 again once it is
+// back.
+TEST(FaultTest, FrozenPostgresAnswers503WithinTwoSeconds) {
+  hr::testing::PrivateStack stack;
+  ASSERT_TRUE(stack.ok());
+  hr::testing::ApiHarness h(stack.database_url(), stack.redis_url());
+  ASSERT_TRUE(h.ok());
+  const std::string id = h.submit(json::array({{{"prompt", "x"}}}), h.key_a());
+  ASSERT_FALSE(id.empty());
+  const std::string poll = "/v1/async/" + id;
+  ASSERT_EQ(h.get(poll, h.key_a()).status, 200);
+  ASSERT_EQ(h.get("/readyz", "").status, 200);
+  ASSERT_TRUE(stack.pause_postgres());
+  struct Timed {
+    int status;
+    double secs;
+  };
+  auto timed = [&](const std::string& target, const std::string& key) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int status = h.get(target, key).status;
+    return Timed{status,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+  };
+  const Timed p = timed(poll, h.key_a());
+  const Timed r = timed("/readyz", "");
+  ASSERT_TRUE(stack.resume_postgres());
+  EXPECT_EQ(p.status, 503);
+  EXPECT_LT(p.secs, 2.0);
+  EXPECT_EQ(r.status, 503);
+  EXPECT_LT(r.secs, 2.0);
+  int back = 0;
+  for (int i = 0; i < 50 && back != 200; ++i) {
+    back = h.get(poll, h.key_a()).status;
+    if (back != 200) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(back, 200);
+  EXPECT_EQ(h.get("/readyz", "").status, 200);
+}
+
 }  // namespace
 }  // namespace hr::queue

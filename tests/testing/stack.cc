@@ -59,6 +59,14 @@ bool PrivateStack::stop_postgres() {
 
 bool PrivateStack::start_postgres() { return run(services() + " start " + dir_); }
 
+bool PrivateStack::pause_postgres() {
+  return run("p=$(head -1 " + dir_ + "/pg/data/postmaster.pid) && kill -STOP $p $(pgrep -P $p)");
+}
+
+bool PrivateStack::resume_postgres() {
+  return run("p=$(head -1 " + dir_ + "/pg/data/postmaster.pid) && kill -CONT $(pgrep -P $p) $p");
+}
+
 bool PrivateStack::flush_redis() { return run("redis-cli -p " + redis_port_ + " FLUSHALL"); }
 
 bool PrivateStack::restart_redis_empty() {

@@ -16,6 +16,10 @@ class PrivateStack {
 
   bool stop_postgres();
   bool start_postgres();
+  // SIGSTOP / SIGCONT to Postgres and its backends: it keeps accepting connections (its kernel
+  // does) and answers nothing, as a hung server does.
+  bool pause_postgres();
+  bool resume_postgres();
   bool flush_redis();
   bool restart_redis_empty();
 
