@@ -133,6 +133,9 @@ struct HttpServer::Impl {
 
 namespace {
 
+// The most a request's header may take (the request line and every field): more is 431.
+constexpr uint32_t kHeaderLimitBytes = 16 * 1024;
+
 // The socket of the request whose handler runs on this thread (-1: none).
 thread_local int t_client_fd = -1;
 
@@ -197,6 +200,7 @@ class Session : public OpenConnection, public std::enable_shared_from_this<Sessi
     if (server_->stopping) return close();
     const HttpServerOptions& o = server_->options;
     parser_.emplace();
+    parser_->header_limit(kHeaderLimitBytes);
     parser_->body_limit(std::max(o.body_limit_bytes, o.upload_limit_bytes));
     stream_.expires_after(std::chrono::seconds(o.read_timeout_s));
     idle_ = true;
@@ -216,8 +220,27 @@ class Session : public OpenConnection, public std::enable_shared_from_this<Sessi
   void on_header(beast::error_code ec) {
     idle_ = false;
     const HttpServerOptions& o = server_->options;
+    // A request the parser refused gets an answer that says why (a client that only sees the
+    // connection close cannot tell a bad request from a network fault); a connection that ended
+    // or timed out is closed.
+    if (ec == beast_http::error::header_limit) {
+      return protocol_error(431, "the request's header is larger than " +
+                                     std::to_string(kHeaderLimitBytes) + " bytes");
+    }
+    if (ec == beast_http::error::bad_version) {
+      return protocol_error(505, "this HTTP version is not supported: send HTTP/1.1");
+    }
+    if (ec && ec != beast_http::error::body_limit &&
+        ec.category() == beast_http::make_error_code(beast_http::error::end_of_stream).category() &&
+        ec != beast_http::error::end_of_stream && ec != beast_http::error::partial_message) {
+      return protocol_error(400, "malformed HTTP request: " + ec.message());
+    }
     // body_limit here: a Content-Length over even the upload limit (the header is parsed).
     if (ec && ec != beast_http::error::body_limit) return close();
+    if (const unsigned v = parser_->get().version(); v != 10 && v != 11) {
+      return protocol_error(505, "HTTP/" + std::to_string(v / 10) + "." + std::to_string(v % 10) +
+                                     " is not supported: send HTTP/1.1");
+    }
     upload_ = is_upload();
     limit_ = upload_ ? o.upload_limit_bytes : o.body_limit_bytes;
     if (ec || (parser_->content_length() && *parser_->content_length() > limit_)) {
@@ -269,6 +292,13 @@ class Session : public OpenConnection, public std::enable_shared_from_this<Sessi
     beast_http::async_read(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+  }
+
+  // Answers a request the parser refused (400, 431, 505) and closes the connection.
+  void protocol_error(int status, const std::string& message) {
+    Status st = invalid_argument(message, status == 431 ? "header" : "request");
+    std::string body = server_->refusal_body("", st);
+    refuse(json_response(status, std::move(body), 11, false));
   }
 
   // Answers 413 and closes the connection (the rest of the body is not read).
@@ -420,19 +450,27 @@ class Session : public OpenConnection, public std::enable_shared_from_this<Sessi
   }
 
   // Closes after a refusal: the sending side first, then what the client still sends is read and
-  // dropped for up to a second (or kLingerBytes), so that unread bytes do not turn the close into
-  // a reset, which can destroy the answer before the client has read it.
+  // dropped, so that unread bytes do not turn the close into a reset, which can destroy the answer
+  // before the client has read it. A client that sends its whole body before it reads (Python's
+  // http.client, most simple clients) thus reads an early 413 or 401. Bounded as nginx's
+  // lingering close is: kLingerBytes in all, kLingerTotal in all, kLingerIdle between reads.
+  static constexpr size_t kLingerBytes = size_t{64} << 20;
+  static constexpr auto kLingerTotal = std::chrono::seconds(10);
+  static constexpr auto kLingerIdle = std::chrono::seconds(2);
   void linger() {
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    stream_.expires_after(std::chrono::seconds(1));
-    discard(std::make_shared<std::vector<char>>(16384), 0);
+    discard(std::make_shared<std::vector<char>>(65536), 0,
+            std::chrono::steady_clock::now() + kLingerTotal);
   }
-  void discard(std::shared_ptr<std::vector<char>> buf, size_t dropped) {
-    constexpr size_t kLingerBytes = 4 << 20;
-    stream_.async_read_some(asio::buffer(*buf), [self = shared_from_this(), buf, dropped](
+  void discard(std::shared_ptr<std::vector<char>> buf, size_t dropped,
+               std::chrono::steady_clock::time_point until) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= until) return;
+    stream_.expires_after(std::min<std::chrono::steady_clock::duration>(kLingerIdle, until - now));
+    stream_.async_read_some(asio::buffer(*buf), [self = shared_from_this(), buf, dropped, until](
                                                     beast::error_code ec, size_t n) {
-      if (!ec && dropped + n < kLingerBytes) self->discard(buf, dropped + n);
+      if (!ec && dropped + n < kLingerBytes) self->discard(buf, dropped + n, until);
     });
   }
 

@@ -321,6 +321,66 @@ TEST(HttpServerTest, CheckHeaderAnswersBeforeTheBodyIsRead) {
   EXPECT_EQ(handled.load(), 2);
 }
 
+// Requests the parser refuses get an answer that says why, not just a closed connection: an
+// oversized header 431, a malformed one 400, an HTTP version other than 1.0/1.1 505.
+TEST(HttpServerTest, ProtocolErrorsAreAnsweredNotJustClosed) {
+  http::HttpServerOptions o;
+  o.port = 0;
+  http::HttpServer server(
+      o, [](const http::HttpRequest&) { return http::json_response(200, "{\"ok\":true}"); });
+  ASSERT_TRUE(server.start().is_ok());
+  const int port = server.port();
+  std::string big = raw_exchange(
+      port, "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(100 * 1024, 'b') + "\r\n\r\n");
+  EXPECT_EQ(big.rfind("HTTP/1.1 431", 0), 0u) << big.substr(0, 200);
+  EXPECT_NE(big.find("header"), std::string::npos) << big.substr(0, 400);
+  std::string length =
+      raw_exchange(port, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n");
+  EXPECT_EQ(length.rfind("HTTP/1.1 400", 0), 0u) << length;
+  EXPECT_NE(length.find("Content-Length"), std::string::npos) << length;
+  std::string garbage = raw_exchange(port, "GET / HTTP/1.1\r\nHost x\r\n\r\n");
+  EXPECT_EQ(garbage.rfind("HTTP/1.1 400", 0), 0u) << garbage;
+  std::string two = raw_exchange(port, "GET / HTTP/2.0\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(two.rfind("HTTP/1.1 505", 0), 0u) << two;
+  // And the server goes on serving.
+  EXPECT_EQ(testing::http_call("GET", port, "/").status, 200);
+}
+
+// A client that sends its whole body before it reads (as Python's http.client does) reads an
+// early 413 and its error, though the body is 11 MB past a 1 MB limit: the server drains what
+// still comes before it closes instead of resetting the connection under the answer.
+TEST(HttpServerTest, AnEarly413IsReadByAClientThatSendsItsWholeBodyFirst) {
+  http::HttpServerOptions o;
+  o.port = 0;
+  o.body_limit_bytes = 1 << 20;
+  http::HttpServer server(
+      o, [](const http::HttpRequest&) { return http::json_response(200, "{\"ok\":true}"); });
+  ASSERT_TRUE(server.start().is_ok());
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(server.port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const size_t body = 11 << 20;
+  std::string data = "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body) +
+                     "\r\n\r\n" + std::string(body, 'x');
+  size_t sent = 0;
+  while (sent < data.size()) {
+    const ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  EXPECT_EQ(sent, data.size()) << "the server reset the connection while the body was sent";
+  std::string answer;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) answer.append(buf, n);
+  ::close(fd);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 413", 0), 0u) << answer.substr(0, 200);
+  EXPECT_NE(answer.find("larger than the limit"), std::string::npos) << answer;
+}
+
 // Out of file descriptors, the acceptor waits between tries instead of spinning on the connection
 // it cannot take, and serves again once descriptors are free.
 TEST(HttpServerTest, AcceptingWithoutFileDescriptorsWaitsInsteadOfSpinning) {
