@@ -44,6 +44,8 @@ Api::Api(ApiConfig config, queue::StoreConfig store) : impl_(std::make_unique<Im
   impl_->config = std::move(config);
   impl_->store = std::move(store);
   impl_->models = impl_->config.model_specs().value();
+  impl_->key_lookups = std::make_unique<TokenBucket>(impl_->config.key_lookups_per_s,
+                                                     2.0 * impl_->config.key_lookups_per_s);
   impl_->pool =
       std::make_unique<queue::PgPool>(impl_->store.database_url, impl_->config.db_connections,
                                       std::chrono::milliseconds(impl_->config.db_wait_ms));
@@ -66,6 +68,7 @@ Api::Api(ApiConfig config, queue::StoreConfig store) : impl_(std::make_unique<Im
       std::make_unique<KeyRevocationListener>(impl_->store.database_url, [impl = impl_.get()] {
         std::lock_guard<std::mutex> lock(impl->auth_mu);
         impl->auth_cache.clear();
+        impl->bad_keys.clear();
       });
 }
 
@@ -163,8 +166,10 @@ http::HttpServerOptions Api::server_options() const {
       GiveBack done{impl->pool.get()};
       return impl->authenticate(header);
     }();
-    // Only a key known to be bad is refused here; the handler answers a database outage.
-    if (account.is_ok() || account.status().code() != StatusCode::kUnauthenticated)
+    // A key known to be bad, or one that may not be looked up now, is refused here; the handler
+    // answers a database outage.
+    if (account.is_ok() || (account.status().code() != StatusCode::kUnauthenticated &&
+                            account.status().code() != StatusCode::kResourceExhausted))
       return std::nullopt;
     http::HttpResponse res = shaped_error(
         account.status(), is_openai_path(path) ? ErrorShape::kOpenAi : ErrorShape::kWorkersAi);
@@ -214,7 +219,20 @@ Result<std::string> Api::Impl::authenticate(const http::HttpRequest& req) {
     std::lock_guard<std::mutex> lock(auth_mu);
     auto c = auth_cache.find(digest);
     if (c != auth_cache.end() && c->second.expires_ms > now) return c->second.account_id;
+    auto bad = bad_keys.find(digest);
+    if (bad != bad_keys.end() && bad->second > now) {
+      return Status(StatusCode::kUnauthenticated, "invalid API key", "Authorization");
+    }
   }
+  if (!key_lookups->take()) {
+    metrics::counter("headroom_auth_lookups_refused_total",
+                     "Unknown API keys answered 429: looked up faster than the database may be")
+        .add();
+    return Status(StatusCode::kResourceExhausted,
+                  "too many requests with keys this server has not seen; retry shortly",
+                  "Authorization");
+  }
+  metrics::counter("headroom_auth_lookups_total", "API keys looked up in the database").add();
   Result<std::string> account = [&] {
     queue::PgPool::Bound quick(pool.get(), kQuickDbCall);
     return pool->with_connection<std::string>(
@@ -222,6 +240,9 @@ Result<std::string> Api::Impl::authenticate(const http::HttpRequest& req) {
   }();
   if (!account.is_ok()) {
     if (account.status().code() == StatusCode::kUnauthenticated) {
+      std::lock_guard<std::mutex> lock(auth_mu);
+      if (bad_keys.size() > 100000) bad_keys.clear();
+      bad_keys[digest] = now + 10000;
       return Status(StatusCode::kUnauthenticated, "invalid API key", "Authorization");
     }
     return account.status();

@@ -19,6 +19,8 @@ void ApiConfig::bind(CLI::App& app) {
            "Most Postgres connections the handlers share (each borrowed only while querying)");
   cli::add(app, "--db-wait-ms", db_wait_ms,
            "How long a request waits for a free Postgres connection before 429");
+  cli::add(app, "--key-lookups-per-s", key_lookups_per_s,
+           "Most lookups a second of API keys not seen lately (more: 429; cached keys unaffected)");
   cli::add(app, "--body-limit-bytes", body_limit_bytes, "Largest accepted request body");
   cli::add(app, "--max-batch-requests", max_batch_requests, "Most requests in one batch");
   cli::add(app, "--max-file-bytes", max_file_bytes,
@@ -43,6 +45,9 @@ Status ApiConfig::validate() const {
   }
   if (db_wait_ms < 0 || db_wait_ms > 600000) {
     return invalid_argument("--db-wait-ms must be 0..600000", "db-wait-ms");
+  }
+  if (key_lookups_per_s < 1 || key_lookups_per_s > 1000000) {
+    return invalid_argument("--key-lookups-per-s must be 1..1000000", "key-lookups-per-s");
   }
   if (body_limit_bytes < 1024) {
     return invalid_argument("--body-limit-bytes must be at least 1024", "body-limit-bytes");

@@ -24,6 +24,9 @@ struct ApiConfig {
   int handler_threads = 512;
   int db_connections = 16;
   int db_wait_ms = 5000;  // a request waits this long for a free connection, then gets 429
+  // Keys in neither of the key caches are looked up in Postgres at most this fast (a burst of
+  // twice as many first); past it such requests get 429 with Retry-After.
+  int key_lookups_per_s = 200;
   int64_t body_limit_bytes = 10 << 20;
   int max_batch_requests = 100000;
   // OpenAI Batch API input files (POST /v1/files may carry up to this much, plus the form).

@@ -2,8 +2,9 @@
 // this API process at once rather than when its cached answer expires: a thread LISTENs on
 // queue::kKeysChannel, which the revoking transaction NOTIFYs, and calls `on_revoked` for each
 // notice, and also each time it has (re)connected, since notices sent while it was not listening
-// are lost. While Postgres is down it retries with backoff (base/retry_pacer.h); cached answers
-// then still expire after their 30 s.
+// are lost. Key creation NOTIFYs too, so that a key looked up as unknown works once it exists.
+// While Postgres is down it retries with backoff (base/retry_pacer.h); cached answers then still
+// expire after their 30 s.
 #pragma once
 
 #include <atomic>

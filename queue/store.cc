@@ -113,6 +113,7 @@ Result<std::string> ensure_api_key(pqxx::connection& conn, const std::string& ac
         "INSERT INTO api_keys (id, account_id, key_hash, prefix) "
         "VALUES ($1, $2, decode($3, 'hex'), $4)",
         new_uuid_v4().to_string(), account_id, to_hex(sha256(key)), key.substr(0, 7));
+    tx.exec(std::string("NOTIFY ") + kKeysChannel);  // APIs that cached it as unknown forget that
     tx.commit();
     return Status::ok();
   });

@@ -30,8 +30,9 @@ struct CreatedKey {
 // The account id owning `key`; kUnauthenticated when unknown or revoked.
 [[nodiscard]] Result<std::string> authenticate(pqxx::connection& conn, const std::string& key);
 
-// The channel revocations are announced on (in the revoking transaction): API processes clear
-// their cache of authenticated keys when they hear it (api/key_revocations.h).
+// The channel key changes are announced on (in the transaction that revokes or creates a key): API
+// processes empty their caches of known and unknown keys when they hear it
+// (api/key_revocations.h).
 inline constexpr const char* kKeysChannel = "hr_keys";
 
 // Revokes `key` (when not empty) or every key of the account named `account`; returns how many

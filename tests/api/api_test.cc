@@ -594,5 +594,58 @@ TEST(ApiTest, RevokedKeysAreRefusedAtOnceByEveryApiProcess) {
   EXPECT_EQ(h2.get(list, h1.key_b()).status, 200) << "another account";
 }
 
+// Keys the server has not seen are looked up at a bounded rate: a flood of made-up keys gets 401
+// for the burst, then 429 with Retry-After, while a cached key keeps its 200; a bad key sent again
+// is not looked up again; a key created meanwhile works at once (creation clears the caches).
+TEST(ApiTest, UnknownKeysAreLookedUpAtABoundedRate) {
+  ApiHarness h([](ApiConfig& c) { c.key_lookups_per_s = 10; });  // a burst of 20
+  ASSERT_TRUE(h.ok());
+  const std::string list = "/v1/async?limit=1";
+  ASSERT_EQ(h.get(list, h.key_a()).status, 200);  // cached from here
+  const auto metric = [&](const std::string& name) {
+    const std::string page = h.get("/metrics", "").body;
+    const size_t at = page.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::stod(page.substr(at + name.size() + 2));
+  };
+  const double lookups0 = metric("headroom_auth_lookups_total");
+  int unauthorized = 0, limited = 0;
+  bool retry_after = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 100; ++i) {
+    auto r = testing::http_call("GET", h.port(), list, "",
+                                {{"Authorization", "Bearer hr_made_up_" + std::to_string(i)}});
+    unauthorized += r.status == 401;
+    if (r.status == 429) {
+      ++limited;
+      retry_after = retry_after || r.headers.count("Retry-After") > 0;
+    }
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(unauthorized, 19);  // the burst, less key_a's own lookup
+  EXPECT_LE(unauthorized, 20 + static_cast<int>(10 * secs) + 2) << secs << " s";
+  EXPECT_EQ(unauthorized + limited, 100);
+  EXPECT_TRUE(retry_after);
+  EXPECT_EQ(h.get(list, h.key_a()).status, 200) << "a cached key is not held back";
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // 5 lookups' worth
+  const double lookups1 = metric("headroom_auth_lookups_total");
+  EXPECT_EQ(
+      testing::http_call("GET", h.port(), list, "", {{"Authorization", "Bearer hr_made_up_0"}})
+          .status,
+      401);
+  EXPECT_EQ(metric("headroom_auth_lookups_total"), lookups1) << "a known bad key, looked up again";
+  EXPECT_GE(lookups1 - lookups0, 19.0);
+  // A key created now (looked up once already as unknown) works at once.
+  const std::string fresh = "hr_fresh_key_0123456789abcdef";
+  EXPECT_EQ(h.get(list, fresh).status, 401);
+  pqxx::connection conn(h.database_url());
+  ASSERT_TRUE(queue::ensure_api_key(conn, "alice", fresh).is_ok());
+  int status = 0;
+  for (int i = 0; i < 20 && status != 200; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    status = h.get(list, fresh).status;
+  }
+  EXPECT_EQ(status, 200);
+}
+
 }  // namespace
 }  // namespace hr::api
