@@ -179,27 +179,31 @@ void check_route(const MoeConfig& m, int T, int D, bool tie, bool with_bias, std
   EXPECT_GT(compared, T / 2);
 }
 
+// Softmax routing over `experts`, top `k` (Qwen3-MoE with renormalize, Mixtral without).
+MoeConfig softmax_routing(int experts, int k, bool renormalize) {
+  MoeConfig m;
+  m.num_experts = experts;
+  m.top_k = k;
+  m.renormalize = renormalize;
+  return m;
+}
+
+// DeepSeek's form: sigmoid scores, the top k within the 3 best of 8 groups, renormalized.
+MoeConfig sigmoid_grouped_routing(int experts, int k, float scaling) {
+  MoeConfig m = softmax_routing(experts, k, true);
+  m.scoring = RouterScoring::kSigmoid;
+  m.num_groups = 8;
+  m.topk_groups = 3;
+  m.routed_scaling_factor = scaling;
+  return m;
+}
+
 TEST(CudaMoeTest, RouteMatchesTheHost) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(7);
-  MoeConfig qwen;
-  qwen.num_experts = 128;
-  qwen.top_k = 8;
-  qwen.renormalize = true;
-  check_route(qwen, 37, 64, false, false, rng);
-  MoeConfig plain;
-  plain.num_experts = 8;
-  plain.top_k = 2;
-  check_route(plain, 19, 136, false, false, rng);
-  MoeConfig deepseek;
-  deepseek.num_experts = 64;
-  deepseek.top_k = 6;
-  deepseek.scoring = RouterScoring::kSigmoid;
-  deepseek.num_groups = 8;
-  deepseek.topk_groups = 3;
-  deepseek.renormalize = true;
-  deepseek.routed_scaling_factor = 2.5f;
-  check_route(deepseek, 21, 96, false, true, rng);
+  check_route(softmax_routing(128, 8, true), 37, 64, false, false, rng);
+  check_route(softmax_routing(8, 2, false), 19, 136, false, false, rng);
+  check_route(sigmoid_grouped_routing(64, 6, 2.5f), 21, 96, false, true, rng);
 }
 
 // Routing with the sort: decode's few tokens in one launch (the last block takes the top k and
@@ -207,40 +211,24 @@ TEST(CudaMoeTest, RouteMatchesTheHost) {
 TEST(CudaMoeTest, RouteAndSortMatchTheHost) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(12);
-  MoeConfig qwen;
-  qwen.num_experts = 128;
-  qwen.top_k = 8;
-  qwen.renormalize = true;
+  const MoeConfig qwen = softmax_routing(128, 8, true);
   check_route(qwen, 1, 256, false, false, rng, true);
   check_route(qwen, kernels::kMoeFusedRouteTokens, 64, false, false, rng, true);
   check_route(qwen, 23, 64, false, false, rng, true);
-  MoeConfig mixtral;  // few experts: several warps share each expert's columns
-  mixtral.num_experts = 8;
-  mixtral.top_k = 2;
-  check_route(mixtral, 3, 520, false, false, rng, true);
-  MoeConfig mid;
-  mid.num_experts = 64;
-  mid.top_k = 6;
-  mid.scoring = RouterScoring::kSigmoid;
-  mid.num_groups = 8;
-  mid.topk_groups = 3;
-  mid.renormalize = true;
-  check_route(mid, 5, 96, false, true, rng, true);
-  MoeConfig many;  // more experts than the block has threads
-  many.num_experts = 512;
-  many.top_k = 4;
-  check_route(many, kernels::kMoeFusedRouteTokens, 512, false, false, rng, true);
+  // Few experts: several warps share each expert's columns.
+  check_route(softmax_routing(8, 2, false), 3, 520, false, false, rng, true);
+  check_route(sigmoid_grouped_routing(64, 6, 1.0f), 5, 96, false, true, rng, true);
+  // More experts than the block has threads.
+  check_route(softmax_routing(512, 4, false), kernels::kMoeFusedRouteTokens, 512, false, false, rng,
+              true);
 }
 
 // Experts 3 and 5 with the same router row score exactly alike: the lower one is chosen first.
 TEST(CudaMoeTest, RouteTiesGoToTheLowerExpert) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(8);
-  MoeConfig m;
-  m.num_experts = 8;
-  m.top_k = 8;  // every expert: the tie is always inside the choice, in order
-  m.renormalize = true;
-  check_route(m, 9, 32, true, false, rng);
+  // Every expert chosen: the tie is always inside the choice, in order.
+  check_route(softmax_routing(8, 8, true), 9, 32, true, false, rng);
 }
 
 // moe_align's layout for `ids`.
