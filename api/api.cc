@@ -64,10 +64,15 @@ Api::Api(ApiConfig config, queue::StoreConfig store) : impl_(std::make_unique<Im
   ctx.max_file_lines = impl_->config.max_file_lines;
   ctx.webhook_policy = impl_->webhooks.policy;
   impl_->openai = std::make_unique<OpenAiBatchApi>(std::move(ctx));
-  impl_->revocations =
-      std::make_unique<KeyRevocationListener>(impl_->store.database_url, [impl = impl_.get()] {
+  impl_->revocations = std::make_unique<KeyRevocationListener>(
+      impl_->store.database_url,
+      [impl = impl_.get()] {
         std::lock_guard<std::mutex> lock(impl->auth_mu);
         impl->auth_cache.clear();
+        impl->bad_keys.clear();
+      },
+      [impl = impl_.get()] {
+        std::lock_guard<std::mutex> lock(impl->auth_mu);
         impl->bad_keys.clear();
       });
 }

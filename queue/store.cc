@@ -113,7 +113,8 @@ Result<std::string> ensure_api_key(pqxx::connection& conn, const std::string& ac
         "INSERT INTO api_keys (id, account_id, key_hash, prefix) "
         "VALUES ($1, $2, decode($3, 'hex'), $4)",
         new_uuid_v4().to_string(), account_id, to_hex(sha256(key)), key.substr(0, 7));
-    tx.exec(std::string("NOTIFY ") + kKeysChannel);  // APIs that cached it as unknown forget that
+    // APIs that cached it as unknown forget that.
+    tx.exec(std::string("NOTIFY ") + kKeysChannel + ", 'created'");
     tx.commit();
     return Status::ok();
   });
@@ -151,7 +152,7 @@ Result<int> revoke_api_keys(pqxx::connection& conn, const std::string& key,
                   "WHERE key_hash = decode($1, 'hex') AND revoked_at IS NULL RETURNING 1",
                   to_hex(sha256(key)));
     revoked = static_cast<int>(r.size());
-    tx.exec(std::string("NOTIFY ") + kKeysChannel);
+    tx.exec(std::string("NOTIFY ") + kKeysChannel + ", 'revoked'");
     tx.commit();
     return Status::ok();
   });

@@ -84,7 +84,7 @@ struct Api::Impl {
   // one lookup), and the rate at which keys in neither cache are looked up: callers without a
   // key must not be able to load the database (guessing ran 2,582 lookups a second, and real
   // requests slowed from 1 ms to 41 ms); past it they get 429 with Retry-After. Keys already
-  // cached are not affected. Both caches empty when a key is created or revoked.
+  // cached are not affected. A revocation empties both caches, a creation the unknown keys.
   std::unordered_map<std::string, int64_t> bad_keys;  // guarded by auth_mu; sha256 hex -> until
   std::unique_ptr<TokenBucket> key_lookups;  // config.key_lookups_per_s, twice that in a burst
   // Empties auth_cache whenever a key is revoked (started last, stopped first).
