@@ -44,6 +44,18 @@ std::string describe(const beast::error_code& ec, int timeout_ms) {
   return ec.message();
 }
 
+// The tenant's view of a failure before any HTTP answer (PostResult::error), and the cause.
+void failed(PostResult& res, const char* step, const beast::error_code& ec, int timeout_ms) {
+  res.detail = std::string(step) + ": " + describe(ec, timeout_ms);
+  if (ec == beast::error::timeout) {
+    res.error = "no HTTP answer within " + std::to_string(timeout_ms) + " ms";
+  } else if (std::string_view(step) == "TLS handshake") {
+    res.error = "TLS handshake failed";
+  } else {
+    res.error = "no HTTP answer: the connection failed or was closed";
+  }
+}
+
 }  // namespace
 
 std::optional<int64_t> parse_retry_after(const std::string& value, int64_t now_ms) {
@@ -126,21 +138,21 @@ PostResult Client::post(const std::string& url, const std::map<std::string, std:
     lowest.async_connect(eps, [&](beast::error_code e, const tcp::endpoint&) { ec = e; });
     run();
     if (ec) {
-      res.error = "connect: " + describe(ec, options_.timeout_ms);
+      failed(res, "connect", ec, options_.timeout_ms);
       return false;
     }
     if constexpr (!std::is_same_v<std::decay_t<decltype(stream)>, beast::tcp_stream>) {
       stream.async_handshake(ssl::stream_base::client, [&](beast::error_code e) { ec = e; });
       run();
       if (ec) {
-        res.error = "TLS handshake: " + describe(ec, options_.timeout_ms);
+        failed(res, "TLS handshake", ec, options_.timeout_ms);
         return false;
       }
     }
     beast_http::async_write(stream, req, [&](beast::error_code e, size_t) { ec = e; });
     run();
     if (ec) {
-      res.error = "send: " + describe(ec, options_.timeout_ms);
+      failed(res, "send", ec, options_.timeout_ms);
       return false;
     }
     beast::flat_buffer buffer;
@@ -150,7 +162,7 @@ PostResult Client::post(const std::string& url, const std::map<std::string, std:
                                   [&](beast::error_code e, size_t) { ec = e; });
     run();
     if (ec) {
-      res.error = "answer: " + describe(ec, options_.timeout_ms);
+      failed(res, "answer", ec, options_.timeout_ms);
       return false;
     }
     const auto& msg = parser.get();

@@ -28,7 +28,12 @@ struct ClientOptions {
 
 struct PostResult {
   int status = 0;        // HTTP status; 0 when no answer came
-  std::string error;     // what went wrong when status is 0 (or refused)
+  // What went wrong when status is 0 (or refused), as the tenant sees it: every failure before
+  // an HTTP answer reads alike (a closed port, a service that is not HTTP and a reset connection
+  // must not be told apart from the delivery log: that would make webhooks a port scanner), a
+  // timeout and a TLS failure aside. `detail` is the cause, for the operator's log only.
+  std::string error;
+  std::string detail;
   bool refused = false;  // the address policy refused the target; nothing was sent
   std::optional<int64_t> retry_after_ms;
   int duration_ms = 0;

@@ -201,6 +201,7 @@ queue::AttemptOutcome Deliverer::send(Client& client, const queue::ClaimedDelive
                                          {"attempt", d.attempt},
                                          {"outcome", o.outcome},
                                          {"error", o.error},
+                                         {"cause", r.detail.empty() ? o.error : r.detail},
                                          {"retry_in_ms", o.retry_in_ms}});
   }
   return o;

@@ -276,7 +276,8 @@ TEST(WebhooksTest, FailingReceiverGetsTheSameEventLaterAndRetryAfterIsHonoured) 
   EXPECT_TRUE(d["attempt_log"][0]["status_code"].is_null());
   EXPECT_NE(d["attempt_log"][0]["error"].get<std::string>().find("connect"), std::string::npos);
   EXPECT_EQ(d["attempt_log"][1]["status_code"], 500);
-  EXPECT_NE(d["attempt_log"][2]["error"].get<std::string>().find("timed out"), std::string::npos);
+  EXPECT_NE(d["attempt_log"][2]["error"].get<std::string>().find("no HTTP answer within 700 ms"),
+            std::string::npos);
   EXPECT_EQ(d["attempt_log"][3]["status_code"], 429);
   EXPECT_EQ(d["attempt_log"][4]["status_code"], 200);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(d["attempt_log"][i]["outcome"], "retry");
@@ -790,6 +791,62 @@ class TlsReceiver {
   std::atomic<bool> stop_{false};
   std::atomic<int> requests_{0};
 };
+
+// A loopback service that accepts one connection at a time and, per connection, reads what comes
+// and then either closes at once (as Postgres does with an HTTP request) or first writes `reply`
+// (as Redis does: "-ERR ..."), on its own thread.
+struct NotHttp {
+  explicit NotHttp(std::string reply)
+      : reply_(std::move(reply)), acceptor_(ioc_, {boost::asio::ip::make_address("127.0.0.1"), 0}) {
+    thread_ = std::thread([this] {
+      for (;;) {
+        boost::asio::ip::tcp::socket s(ioc_);
+        boost::system::error_code ec;
+        acceptor_.accept(s, ec);
+        if (ec || stop_) return;
+        char buf[4096];
+        s.read_some(boost::asio::buffer(buf), ec);
+        if (!reply_.empty()) boost::asio::write(s, boost::asio::buffer(reply_), ec);
+        s.close(ec);
+      }
+    });
+  }
+  ~NotHttp() {
+    stop_ = true;
+    boost::system::error_code ec;
+    boost::asio::ip::tcp::socket poke(ioc_);
+    poke.connect(acceptor_.local_endpoint(), ec);
+    thread_.join();
+  }
+  uint16_t port() const { return acceptor_.local_endpoint().port(); }
+  std::string reply_;
+  boost::asio::io_context ioc_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// The delivery log is no port scanner: a closed port, a service that closes on an HTTP request
+// and one that answers something that is not HTTP all read the same to the tenant (the cause goes
+// to the operator's log); a timeout says so.
+TEST(WebhookClientTest, FailuresBeforeAnHttpAnswerReadAlike) {
+  NotHttp closes(""), garbles("-ERR unknown command 'POST'\r\n");
+  webhooks::ClientOptions o;
+  o.policy = webhooks::AddressPolicy::parse({"loopback"}).value();
+  o.timeout_ms = 2000;
+  webhooks::Client client(o);
+  auto post = [&](uint16_t port) {
+    return client.post("http://127.0.0.1:" + std::to_string(port) + "/h", {}, "{}");
+  };
+  const PostResult refused = post(unused_port()), closed = post(closes.port()),
+                   garbled = post(garbles.port());
+  for (const PostResult* r : {&refused, &closed, &garbled}) {
+    EXPECT_EQ(r->status, 0);
+    EXPECT_EQ(r->error, "no HTTP answer: the connection failed or was closed") << r->detail;
+    EXPECT_FALSE(r->detail.empty());
+  }
+  EXPECT_NE(refused.detail, closed.detail) << "the operator still sees the cause";
+}
 
 TEST(WebhookClientTest, HttpsVerifiesTheChainAndTheHostName) {
   std::string dir = ::testing::TempDir() + "wh_tls_" + random_hex(4);
