@@ -27,7 +27,7 @@ struct ClientOptions {
 };
 
 struct PostResult {
-  int status = 0;        // HTTP status; 0 when no answer came
+  int status = 0;  // HTTP status; 0 when no answer came
   // What went wrong when status is 0 (or refused), as the tenant sees it: every failure before
   // an HTTP answer reads alike (a closed port, a service that is not HTTP and a reset connection
   // must not be told apart from the delivery log: that would make webhooks a port scanner), a
