@@ -20,6 +20,7 @@
 #include "kernels/rms_norm.cuh"
 #include "kernels/rope_kv.cuh"
 #include "tests/engine/cuda_test_util.h"
+#include "tests/engine/moe_configs.h"
 
 namespace hr::engine {
 namespace {
@@ -179,31 +180,12 @@ void check_route(const MoeConfig& m, int T, int D, bool tie, bool with_bias, std
   EXPECT_GT(compared, T / 2);
 }
 
-// Softmax routing over `experts`, top `k` (Qwen3-MoE with renormalize, Mixtral without).
-MoeConfig softmax_routing(int experts, int k, bool renormalize) {
-  MoeConfig m;
-  m.num_experts = experts;
-  m.top_k = k;
-  m.renormalize = renormalize;
-  return m;
-}
-
-// DeepSeek's form: sigmoid scores, the top k within the 3 best of 8 groups, renormalized.
-MoeConfig sigmoid_grouped_routing(int experts, int k, float scaling) {
-  MoeConfig m = softmax_routing(experts, k, true);
-  m.scoring = RouterScoring::kSigmoid;
-  m.num_groups = 8;
-  m.topk_groups = 3;
-  m.routed_scaling_factor = scaling;
-  return m;
-}
-
 TEST(CudaMoeTest, RouteMatchesTheHost) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(7);
-  check_route(softmax_routing(128, 8, true), 37, 64, false, false, rng);
-  check_route(softmax_routing(8, 2, false), 19, 136, false, false, rng);
-  check_route(sigmoid_grouped_routing(64, 6, 2.5f), 21, 96, false, true, rng);
+  check_route(softmax_moe(128, 8, true), 37, 64, false, false, rng);
+  check_route(softmax_moe(8, 2, false), 19, 136, false, false, rng);
+  check_route(sigmoid_grouped_moe(64, 6, 8, 3, 2.5f), 21, 96, false, true, rng);
 }
 
 // Routing with the sort: decode's few tokens in one launch (the last block takes the top k and
@@ -211,15 +193,15 @@ TEST(CudaMoeTest, RouteMatchesTheHost) {
 TEST(CudaMoeTest, RouteAndSortMatchTheHost) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(12);
-  const MoeConfig qwen = softmax_routing(128, 8, true);
+  const MoeConfig qwen = softmax_moe(128, 8, true);
   check_route(qwen, 1, 256, false, false, rng, true);
   check_route(qwen, kernels::kMoeFusedRouteTokens, 64, false, false, rng, true);
   check_route(qwen, 23, 64, false, false, rng, true);
   // Few experts: several warps share each expert's columns.
-  check_route(softmax_routing(8, 2, false), 3, 520, false, false, rng, true);
-  check_route(sigmoid_grouped_routing(64, 6, 1.0f), 5, 96, false, true, rng, true);
+  check_route(softmax_moe(8, 2, false), 3, 520, false, false, rng, true);
+  check_route(sigmoid_grouped_moe(64, 6, 8, 3, 1.0f), 5, 96, false, true, rng, true);
   // More experts than the block has threads.
-  check_route(softmax_routing(512, 4, false), kernels::kMoeFusedRouteTokens, 512, false, false, rng,
+  check_route(softmax_moe(512, 4, false), kernels::kMoeFusedRouteTokens, 512, false, false, rng,
               true);
 }
 
@@ -228,7 +210,7 @@ TEST(CudaMoeTest, RouteTiesGoToTheLowerExpert) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(8);
   // Every expert chosen: the tie is always inside the choice, in order.
-  check_route(softmax_routing(8, 8, true), 9, 32, true, false, rng);
+  check_route(softmax_moe(8, 8, true), 9, 32, true, false, rng);
 }
 
 // moe_align's layout for `ids`.

@@ -7,16 +7,10 @@
 
 #include <cmath>
 
+#include "tests/engine/moe_configs.h"
+
 namespace hr::engine {
 namespace {
-
-MoeConfig softmax_moe(int experts, int k, bool renormalize) {
-  MoeConfig m;
-  m.num_experts = experts;
-  m.top_k = k;
-  m.renormalize = renormalize;
-  return m;
-}
 
 TEST(MoeRoutingTest, SoftmaxTopKTiesGoToTheLowerExpert) {
   const float logits[] = {1, 3, 3, 0, /* second token */ 0, 0, 0, 0};
@@ -36,14 +30,7 @@ TEST(MoeRoutingTest, SoftmaxTopKTiesGoToTheLowerExpert) {
 }
 
 TEST(MoeRoutingTest, SigmoidGroupLimitedWithBiasAndScaling) {
-  MoeConfig m;
-  m.num_experts = 8;
-  m.top_k = 2;
-  m.scoring = RouterScoring::kSigmoid;
-  m.num_groups = 4;  // {0,1} {2,3} {4,5} {6,7}
-  m.topk_groups = 1;
-  m.renormalize = true;
-  m.routed_scaling_factor = 2.5f;
+  const MoeConfig m = sigmoid_grouped_moe(8, 2, 4, 1, 2.5f);  // groups {0,1} {2,3} {4,5} {6,7}
   // Expert 7 alone scores best, but group {2,3} has the best pair.
   const float logits[] = {-4, -4, 1.5f, 1.5f, -4, -4, -4, 3};
   int32_t ids[2];

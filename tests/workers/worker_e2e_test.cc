@@ -66,6 +66,25 @@ std::unique_ptr<Worker> make_worker(testing::ApiHarness& h, const std::string& n
   return w.is_ok() ? std::move(w).value() : nullptr;
 }
 
+// A harness whose model one in-process worker serves, started: queued (a dispatcher relays the
+// batches) and sync (the API's sync calls go to the worker). `tweak` changes the worker's config.
+struct ServedHarness {
+  explicit ServedHarness(const std::string& name = "w",
+                         const std::function<void(WorkerConfig&)>& tweak = nullptr)
+      : d(h.database_url(), h.redis_url()), w(make_worker(h, name, 1.0, 5, nullptr, tweak)) {
+    if (!h.ok() || !w) return;
+    sync = std::make_unique<cmd::WorkerSync>(*w);
+    h.api().set_sync_inference(sync.get());
+    started = w->start().is_ok();
+  }
+  bool ok() const { return started; }
+  testing::ApiHarness h;
+  DispatcherThread d;
+  std::unique_ptr<Worker> w;
+  std::unique_ptr<cmd::WorkerSync> sync;
+  bool started = false;
+};
+
 std::vector<std::string> random_texts(int n, int seed) {
   std::mt19937 rng(seed);
   std::vector<std::string> out;
@@ -437,14 +456,10 @@ TEST(WorkerE2eTest, StopWithoutDrainHandsBackWhatItRan) {
 // batch and sync requests answered exactly as an engine alone answers them.
 TEST(WorkerE2eTest, AMixtureOfExpertsFolderIsServedQueuedAndSync) {
   const std::string dir = std::string(HEADROOM_SOURCE_DIR) + "/models/fixtures/qwen3-moe";
-  testing::ApiHarness h;
-  ASSERT_TRUE(h.ok());
-  DispatcherThread d(h.database_url(), h.redis_url());
-  auto w = make_worker(h, "moe", 1.0, 5, nullptr, [&](WorkerConfig& wc) { wc.model_dir = dir; });
-  ASSERT_TRUE(w);
-  cmd::WorkerSync worker_sync(*w);
-  h.api().set_sync_inference(&worker_sync);
-  ASSERT_TRUE(w->start().is_ok());
+  ServedHarness s("moe", [&](WorkerConfig& wc) { wc.model_dir = dir; });
+  ASSERT_TRUE(s.ok());
+  testing::ApiHarness& h = s.h;
+  Worker& w = *s.w;
   const auto texts = random_texts(16, 9);
   json reqs = json::array();
   for (const auto& t : texts) {
@@ -476,22 +491,18 @@ TEST(WorkerE2eTest, AMixtureOfExpertsFolderIsServedQueuedAndSync) {
               result["responses"][i]["result"]["response"])
         << "request " << i << ": sync and queued answers differ";
   }
-  w->stop();
-  EXPECT_EQ(w->stats().completed.load(), 16);
+  w.stop();
+  EXPECT_EQ(w.stats().completed.load(), 16);
 }
 
 // The prefix cache is no oracle across accounts: account B's right guess of account A's prompt
 // reports as many cached tokens as a wrong one (none), while A's own requests, sync or queued,
 // hit what A sent before.
 TEST(WorkerE2eTest, CachedPrefixesAreSharedOnlyWithinAnAccount) {
-  testing::ApiHarness h;
-  ASSERT_TRUE(h.ok());
-  DispatcherThread d(h.database_url(), h.redis_url());
-  auto w = make_worker(h, "w");
-  ASSERT_TRUE(w);
-  cmd::WorkerSync worker_sync(*w);
-  h.api().set_sync_inference(&worker_sync);
-  ASSERT_TRUE(w->start().is_ok());
+  ServedHarness s;
+  ASSERT_TRUE(s.ok());
+  testing::ApiHarness& h = s.h;
+  Worker& w = *s.w;
   auto cached = [&](const std::string& key, const std::string& text) {
     auto r = h.post("/v1/chat/completions",
                     json{{"model", h.model()},
@@ -525,25 +536,21 @@ TEST(WorkerE2eTest, CachedPrefixesAreSharedOnlyWithinAnAccount) {
   EXPECT_EQ(result["responses"][0]["result"]["usage"]["prompt_tokens_details"]["cached_tokens"],
             again)
       << result.dump();
-  w->stop();
+  w.stop();
 }
 
 TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
-  testing::ApiHarness h;
-  ASSERT_TRUE(h.ok());
-  DispatcherThread d(h.database_url(), h.redis_url());
-  auto w = make_worker(h, "w");
-  ASSERT_TRUE(w);
-  cmd::WorkerSync worker_sync(*w);
-  h.api().set_sync_inference(&worker_sync);
-  ASSERT_TRUE(w->start().is_ok());
+  ServedHarness s;
+  ASSERT_TRUE(s.ok());
+  testing::ApiHarness& h = s.h;
+  Worker& w = *s.w;
   auto backlog = random_texts(2000, 4);
   json reqs = json::array();
   for (const auto& t : backlog) reqs.push_back({{"prompt", "reverse: " + t}, {"temperature", 0}});
   std::string id = h.submit(reqs, h.key_a());
   ASSERT_FALSE(id.empty());
   // Wait until async work is actually running.
-  for (int i = 0; i < 100 && w->stats().pulled.load() == 0; ++i) {
+  for (int i = 0; i < 100 && w.stats().pulled.load() == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   auto texts = random_texts(10, 5);
@@ -783,7 +790,7 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   EXPECT_GE(value("headroom_http_requests_total{route=\"/v1/chat/completions\",code=\"200\"}"), 11);
   EXPECT_NE(m.headers["Content-Type"].find("text/plain"), std::string::npos);
   h.api().set_sync_inference(nullptr);
-  w->stop();
+  w.stop();
 }
 
 // The CPU backend, until told to break: then every step fails, as on a GPU whose context is lost.
