@@ -173,23 +173,23 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
               lay.num_combine, stream_));
     }
     mark("attention");
-    if (fused && c.is_moe_layer(li)) {
-      // The o product adds itself into the other residual buffer; the routing normalises those
-      // rows for the experts (h_), whose k rows per token the next norm adds; the buffers swap.
-      float* sums = sumsq_ + static_cast<size_t>(2 * li) * kernels::kGemvMaxFusedRows;
-      HR_RETURN_IF_ERROR(gemv_residual(attn_, W.wo, r_in, r_alt, sums, T, D, Q, Ahead{}));
-      mark("o_proj");
-      HR_RETURN_IF_ERROR(moe_layer(W, li, T, r_alt, h_));
-      std::swap(r_in, r_alt);
-      mlp_out = moe_.out;
-      mlp_rows = c.moe.top_k;
-      continue;
-    }
     if (fused) {
+      // The o product adds itself into the other residual buffer (prefetching a dense MLP's
+      // weights; a MoE layer's experts are not known yet).
+      const bool moe = c.is_moe_layer(li);
       float* sums = sumsq_ + static_cast<size_t>(2 * li) * kernels::kGemvMaxFusedRows;
       HR_RETURN_IF_ERROR(gemv_residual(attn_, W.wo, r_in, r_alt, sums, T, D, Q,
-                                       ahead(W.w_gate_up, 2 * F, D, true)));
+                                       moe ? Ahead{} : ahead(W.w_gate_up, 2 * F, D, true)));
       mark("o_proj");
+      if (moe) {
+        // The routing normalises those rows for the experts (h_), whose k rows per token the
+        // next norm adds; the buffers swap.
+        HR_RETURN_IF_ERROR(moe_layer(W, li, T, r_alt, h_));
+        std::swap(r_in, r_alt);
+        mlp_out = moe_.out;
+        mlp_rows = c.moe.top_k;
+        continue;
+      }
       // Each warp computes a gate row and its up row and writes SwiGLU's activation.
       HR_RETURN_IF_ERROR(gemv_normed(r_alt, sums, W.post_norm, eps, W.w_gate_up, act_, true, T, F,
                                      D, true, ahead(W.w_down, D, F)));
