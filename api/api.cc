@@ -62,6 +62,7 @@ Api::Api(ApiConfig config, queue::StoreConfig store) : impl_(std::make_unique<Im
   ctx.limits = impl_->limits;
   ctx.max_file_bytes = impl_->config.max_file_bytes;
   ctx.max_file_lines = impl_->config.max_file_lines;
+  ctx.default_retain_seconds = impl_->config.retain_seconds();
   ctx.webhook_policy = impl_->webhooks.policy;
   impl_->openai = std::make_unique<OpenAiBatchApi>(std::move(ctx));
   impl_->revocations = std::make_unique<KeyRevocationListener>(
@@ -294,6 +295,12 @@ http::HttpResponse Api::Impl::handle(const http::HttpRequest& req, http::BodyStr
     std::string rest = path.substr(10);
     if (rest.size() > 7 && rest.ends_with("/cancel") && is_post) {
       return cancel(acct, rest.substr(0, rest.size() - 7));
+    }
+    if (rest.size() > 6 && rest.ends_with("/retry") && is_post) {
+      return retry(req, acct, rest.substr(0, rest.size() - 6));
+    }
+    if (req.method() == beast_http::verb::delete_ && rest.find('/') == std::string::npos) {
+      return remove(acct, rest);
     }
     if (is_get && rest.find('/') == std::string::npos) {
       return poll(acct, rest, query.count("include") && query.at("include") == "partial");

@@ -33,6 +33,9 @@ void ApiConfig::bind(CLI::App& app) {
            "How long a sync request waits for a worker with room before 429 (code 3040)");
   cli::add(app, "--internal-token", internal_token,
            "Shared secret sent to workers with forwarded sync requests (must match theirs)");
+  cli::add(app, "--retention-days", retention_days,
+           "How long batches and files are kept unless the request or the account says (a "
+           "fraction of a day is allowed)");
 }
 
 Status ApiConfig::validate() const {
@@ -51,6 +54,9 @@ Status ApiConfig::validate() const {
   }
   if (body_limit_bytes < 1024) {
     return invalid_argument("--body-limit-bytes must be at least 1024", "body-limit-bytes");
+  }
+  if (!(retention_days * 86400 >= 60) || retention_days > 3650) {
+    return invalid_argument("--retention-days must be a minute to 3650 days", "retention-days");
   }
   if (max_batch_requests < 1) {
     return invalid_argument("--max-batch-requests must be at least 1", "max-batch-requests");

@@ -44,6 +44,10 @@ struct ApiConfig {
   int sync_queue_timeout_ms = 2000;
   // Sent to workers with each forwarded sync request (`api` only; workers check it when set).
   std::string internal_token;
+  // How long batches (from their creation) and files are kept when neither the request
+  // (output_expires_after, expires_after) nor the account says (docs/retention.md).
+  double retention_days = 30;
+  int64_t retain_seconds() const { return static_cast<int64_t>(retention_days * 86400); }
 
   void bind(CLI::App& app);
   [[nodiscard]] Status validate() const;

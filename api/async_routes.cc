@@ -12,6 +12,7 @@
 #include "base/hash.h"
 #include "base/ids.h"
 #include "base/log.h"
+#include "queue/lifecycle.h"
 #include "wire/openai_chat.h"
 #include "wire/workers_ai.h"
 
@@ -35,6 +36,9 @@ json summary_of(const queue::BatchInfo& b) {
             {"created_at", b.created_at_ms / 1000}};
   if (b.finished_at_ms) j["finished_at"] = *b.finished_at_ms / 1000;
   if (b.deadline_ms) j["deadline"] = *b.deadline_ms / 1000;
+  j["expires_at"] = b.expires_at_ms / 1000;
+  if (b.retried_from) j["retried_from"] = *b.retried_from;
+  if (!b.retries.empty()) j["retries"] = b.retries;
   return j;
 }
 
@@ -79,6 +83,7 @@ http::HttpResponse Api::Impl::submit(const http::HttpRequest& req, const std::st
   queue::NewBatch batch;
   batch.account_id = account;
   batch.model = model.name;
+  batch.default_retain_seconds = config.retain_seconds();
   if (auto err = check_batch_envelope(body, limits)) return error_response(err->status, err->index);
   if (body.contains("completion_window")) {
     if (!body["completion_window"].is_string()) {
@@ -163,12 +168,7 @@ http::HttpResponse Api::Impl::poll(const std::string& account, const std::string
     return pool->with_connection<queue::BatchInfo>(
         [&](pqxx::connection& c) { return queue::get_batch(c, account, request_id); });
   }();
-  if (!b.is_ok()) {
-    if (b.status().code() == StatusCode::kNotFound) {
-      return error_response(not_found("no such request_id: " + request_id));
-    }
-    return db_error(b.status());
-  }
+  if (!b.is_ok()) return missing_or_db_error(b.status(), request_id);
   json result = summary_of(*b);
   if (b->is_terminal() || include_partial) {
     Result<std::vector<queue::RequestResult>> rs =
@@ -190,12 +190,7 @@ http::HttpResponse Api::Impl::cancel(const std::string& account, const std::stri
   Result<pqxx::connection*> c = pool->connection();
   if (!c.is_ok()) return db_error(c.status());
   Result<queue::CancelResult> r = queue::cancel_batch(**c, account, request_id);
-  if (!r.is_ok()) {
-    if (r.status().code() == StatusCode::kNotFound) {
-      return error_response(not_found("no such request_id: " + request_id));
-    }
-    return db_error(r.status());
-  }
+  if (!r.is_ok()) return missing_or_db_error(r.status(), request_id);
   json result = summary_of(r->batch);
   result["cancelled_now"] = r->num_cancelled_now;
   result["already_cancelled"] = r->already_requested;
@@ -203,6 +198,53 @@ http::HttpResponse Api::Impl::cancel(const std::string& account, const std::stri
     result["message"] = "the batch had already finished; nothing to cancel";
   }
   return ok_response(std::move(result));
+}
+
+http::HttpResponse Api::Impl::remove(const std::string& account, const std::string& request_id) {
+  if (!parse_uuid(request_id).is_ok()) {
+    return error_response(invalid_argument("request_id is not a valid id", "request_id"));
+  }
+  Result<pqxx::connection*> c = pool->connection();
+  if (!c.is_ok()) return db_error(c.status());
+  Status st = queue::delete_batch(**c, account, request_id);
+  if (st.code() == StatusCode::kConflict) return error_response(st);
+  if (!st.is_ok()) return missing_or_db_error(st, request_id);
+  log::info("batch.deleted", {{"batch", request_id}});
+  return ok_response({{"request_id", request_id}, {"deleted", true}});
+}
+
+http::HttpResponse Api::Impl::retry(const http::HttpRequest& req, const std::string& account,
+                                    const std::string& request_id) {
+  if (!parse_uuid(request_id).is_ok()) {
+    return error_response(invalid_argument("request_id is not a valid id", "request_id"));
+  }
+  queue::RetryRequest retry{account, request_id, std::nullopt};
+  if (auto idem = req.find("Idempotency-Key"); idem != req.end()) {
+    retry.idempotency_key = std::string(idem->value());
+    if (retry.idempotency_key->empty() || retry.idempotency_key->size() > 255) {
+      return error_response(
+          invalid_argument("Idempotency-Key must be 1 to 255 characters", "Idempotency-Key"));
+    }
+  }
+  Result<pqxx::connection*> c = pool->connection();
+  if (!c.is_ok()) return db_error(c.status());
+  Result<queue::SubmitResult> r = queue::retry_batch(**c, retry);
+  if (!r.is_ok() && r.status().code() == StatusCode::kConflict) return error_response(r.status());
+  if (!r.is_ok()) return missing_or_db_error(r.status(), request_id);
+  log::info("batch.retried",
+            {{"batch", r->batch_id}, {"retried_from", request_id}, {"replayed", r->replayed}});
+  Result<queue::BatchInfo> b = queue::get_batch(**c, account, r->batch_id);
+  if (!b.is_ok()) return db_error(b.status());
+  json result = summary_of(*b);
+  result["status"] = b->status;
+  return ok_response(std::move(result));
+}
+
+http::HttpResponse Api::Impl::missing_or_db_error(const Status& st, const std::string& request_id) {
+  if (st.code() != StatusCode::kNotFound) return db_error(st);
+  // An expired batch says so and when; any other missing one is simply not there.
+  if (st.field() == "expired") return error_response(st);
+  return error_response(not_found("no such request_id: " + request_id));
 }
 
 http::HttpResponse Api::Impl::list(const std::string& account,

@@ -17,6 +17,7 @@
 #include "base/log.h"
 #include "base/strings.h"
 #include "queue/files.h"
+#include "queue/lifecycle.h"
 #include "queue/openai_batches.h"
 #include "wire/json_text.h"
 
@@ -109,6 +110,41 @@ Status check_metadata(const json& m) {
   return Status::ok();
 }
 
+// OpenAI's expiration policy {anchor: "created_at", seconds: 3600..2592000}, given as its two
+// values (from a JSON object or from form fields `field[anchor]`, `field[seconds]`); the seconds.
+Result<int64_t> expiration_seconds(const json& anchor, const json& seconds,
+                                   const std::string& field) {
+  if (!anchor.is_string() || anchor.get<std::string>() != "created_at") {
+    return invalid_argument(field + ".anchor must be \"created_at\"", field + ".anchor");
+  }
+  constexpr int64_t kMin = 3600;
+  constexpr int64_t kMax = 30 * 86400;
+  if (!seconds.is_number_integer() || seconds.get<int64_t>() < kMin ||
+      seconds.get<int64_t>() > kMax) {
+    return invalid_argument(field +
+                                ".seconds must be an integer from 3600 (1 hour) to 2592000 "
+                                "(30 days)",
+                            field + ".seconds");
+  }
+  return seconds.get<int64_t>();
+}
+
+Result<std::optional<int64_t>> expiration_object(const json& body, const std::string& field) {
+  if (!body.contains(field)) return std::optional<int64_t>();
+  const json& policy = body[field];
+  if (!policy.is_object()) {
+    return invalid_argument(field + " must be an object {anchor, seconds}", field);
+  }
+  for (const auto& [key, value] : policy.items()) {
+    if (key != "anchor" && key != "seconds") {
+      return invalid_argument("unknown field '" + key + "' in " + field, field + "." + key);
+    }
+  }
+  HR_ASSIGN_OR_RETURN(int64_t seconds, expiration_seconds(policy.value("anchor", json()),
+                                                          policy.value("seconds", json()), field));
+  return std::optional<int64_t>(seconds);
+}
+
 }  // namespace
 
 OpenAiBatchApi::OpenAiBatchApi(OpenAiBatchContext context) : ctx_(std::move(context)) {}
@@ -156,6 +192,8 @@ http::Reply OpenAiBatchApi::handle(const http::HttpRequest& req, const std::stri
     std::string sub = slash == std::string::npos ? "" : rest.substr(slash);
     if (sub.empty() && m == beast_http::verb::get) return get_batch(acct, id);
     if (sub == "/cancel" && m == beast_http::verb::post) return cancel_batch(acct, id);
+    if (sub == "/retry" && m == beast_http::verb::post) return retry_batch(req, acct, id);
+    if (sub.empty() && m == beast_http::verb::delete_) return delete_batch(acct, id);
     if (sub == "/output" && m == beast_http::verb::get) return results_so_far(acct, id, true);
     if (sub == "/errors" && m == beast_http::verb::get) return results_so_far(acct, id, false);
   }
@@ -179,6 +217,23 @@ http::Reply OpenAiBatchApi::upload(const http::HttpRequest& req, const std::stri
   if (trim(purpose->data) != "batch") {
     return error_reply(invalid_argument(
         "purpose must be 'batch': this server stores input files for the Batch API", "purpose"));
+  }
+  // expires_after, as the SDKs send an object in a form: expires_after[anchor], [seconds].
+  std::optional<int64_t> retain_seconds;
+  const MultipartPart* anchor = find_part(*parts, "expires_after[anchor]");
+  const MultipartPart* secs = find_part(*parts, "expires_after[seconds]");
+  if (anchor != nullptr || secs != nullptr) {
+    json seconds_value;
+    if (secs != nullptr) {
+      std::string text(trim(secs->data));
+      bool digits = !text.empty() && text.size() < 12 &&
+                    text.find_first_not_of("0123456789") == std::string::npos;
+      seconds_value = digits ? json(std::stoll(text)) : json(text);
+    }
+    Result<int64_t> seconds = expiration_seconds(
+        anchor ? json(std::string(trim(anchor->data))) : json(), seconds_value, "expires_after");
+    if (!seconds.is_ok()) return error_reply(seconds.status());
+    retain_seconds = *seconds;
   }
   const MultipartPart* file = find_part(*parts, "file");
   if (file == nullptr) {
@@ -213,8 +268,9 @@ http::Reply OpenAiBatchApi::upload(const http::HttpRequest& req, const std::stri
   Result<pqxx::connection*> c = ctx_.pool->connection();
   if (!c.is_ok()) return db_error(c.status());
   int64_t t0 = steady_now_ns();
-  Result<queue::FileInfo> f =
-      queue::create_file(**c, {account, "batch", filename, data, num_lines});
+  Result<queue::FileInfo> f = queue::create_file(
+      **c,
+      {account, "batch", filename, data, num_lines, retain_seconds, ctx_.default_retain_seconds});
   if (!f.is_ok()) return db_error(f.status());
   double seconds = static_cast<double>(steady_now_ns() - t0) / 1e9;
   log::info("file.uploaded", {{"file", f->id},
@@ -316,7 +372,7 @@ http::Reply OpenAiBatchApi::create_batch(const http::HttpRequest& req, const std
   for (const auto& [key, value] : body.items()) {
     if (key != "input_file_id" && key != "endpoint" && key != "completion_window" &&
         key != "metadata" && key != "webhook_url" && key != "webhook_events" &&
-        key != "webhook_secret") {
+        key != "webhook_secret" && key != "output_expires_after") {
       return error_reply(invalid_argument("unknown field '" + key + "'", key));
     }
   }
@@ -336,6 +392,8 @@ http::Reply OpenAiBatchApi::create_batch(const http::HttpRequest& req, const std
   }
   Result<int64_t> window_ms = parse_duration_ms(window, "completion_window");
   if (!window_ms.is_ok()) return error_reply(window_ms.status());
+  Result<std::optional<int64_t>> retain_seconds = expiration_object(body, "output_expires_after");
+  if (!retain_seconds.is_ok()) return error_reply(retain_seconds.status());
   json metadata = body.contains("metadata") ? body["metadata"] : json();
   if (Status st = check_metadata(metadata); !st.is_ok()) return error_reply(st);
   std::optional<std::string> metadata_json;
@@ -408,6 +466,8 @@ http::Reply OpenAiBatchApi::create_batch(const http::HttpRequest& req, const std
       batch.endpoint = endpoint;
       batch.input_file_id = file_id;
       batch.completion_window = window;
+      batch.retain_seconds = *retain_seconds;
+      batch.default_retain_seconds = ctx_.default_retain_seconds;
       batch.webhook_url = hook->url;
       batch.webhook_events = hook->events;
       batch.webhook_secret = hook->secret;
@@ -453,6 +513,8 @@ http::Reply OpenAiBatchApi::create_batch(const http::HttpRequest& req, const std
   failed.endpoint = endpoint;
   failed.input_file_id = file_id;
   failed.completion_window = window;
+  failed.retain_seconds = *retain_seconds;
+  failed.default_retain_seconds = ctx_.default_retain_seconds;
   failed.metadata_json = metadata_json;
   failed.errors_json = errors_object(errors).dump();
   failed.webhook_url = hook->url;
@@ -505,6 +567,52 @@ http::Reply OpenAiBatchApi::cancel_batch(const std::string& account, const std::
     log::info("batch.cancel_requested", {{"batch", id}, {"cancelled_now", r->num_cancelled_now}});
   }
   return get_batch(account, id);
+}
+
+http::Reply OpenAiBatchApi::delete_batch(const std::string& account, const std::string& id) {
+  if (!parse_uuid(id).is_ok()) return error_reply(not_found("no such batch: " + id));
+  Result<queue::OpenAiBatch> b = ctx_.pool->with_connection<queue::OpenAiBatch>(
+      [&](pqxx::connection& c) { return queue::get_openai_batch(c, account, id); });
+  if (!b.is_ok()) return failure(b.status());
+  Result<pqxx::connection*> c = ctx_.pool->connection();
+  if (!c.is_ok()) return db_error(c.status());
+  Status st = queue::delete_batch(**c, account, id);
+  if (st.code() == StatusCode::kConflict) {
+    return error_reply(Status(StatusCode::kConflict,
+                              "the batch is " + openai_batch_status(*b) +
+                                  ": only an ended batch can be deleted; cancel it first",
+                              "status"));
+  }
+  if (!st.is_ok()) return failure(st);
+  log::info("batch.deleted", {{"batch", id}});
+  return ok({{"id", id}, {"object", "batch.deleted"}, {"deleted", true}});
+}
+
+http::Reply OpenAiBatchApi::retry_batch(const http::HttpRequest& req, const std::string& account,
+                                        const std::string& id) {
+  if (!parse_uuid(id).is_ok()) return error_reply(not_found("no such batch: " + id));
+  // Only OpenAI batches are found here (a Workers-AI batch is retried on its own route).
+  Result<queue::OpenAiBatch> b = ctx_.pool->with_connection<queue::OpenAiBatch>(
+      [&](pqxx::connection& c) { return queue::get_openai_batch(c, account, id); });
+  if (!b.is_ok()) return failure(b.status());
+  queue::RetryRequest retry{account, id, std::nullopt};
+  if (auto idem = req.find("Idempotency-Key"); idem != req.end()) {
+    retry.idempotency_key = std::string(idem->value());
+    if (retry.idempotency_key->empty() || retry.idempotency_key->size() > 255) {
+      return error_reply(
+          invalid_argument("Idempotency-Key must be 1 to 255 characters", "Idempotency-Key"));
+    }
+  }
+  Result<pqxx::connection*> c = ctx_.pool->connection();
+  if (!c.is_ok()) return db_error(c.status());
+  Result<queue::SubmitResult> r = queue::retry_batch(**c, retry);
+  if (!r.is_ok()) {
+    return r.status().code() == StatusCode::kConflict ? error_reply(r.status())
+                                                      : failure(r.status());
+  }
+  log::info("batch.retried",
+            {{"batch", r->batch_id}, {"retried_from", id}, {"replayed", r->replayed}});
+  return get_batch(account, r->batch_id);
 }
 
 http::Reply OpenAiBatchApi::results_so_far(const std::string& account, const std::string& id,

@@ -35,7 +35,8 @@ struct OpenAiBatchContext {
   BatchLimits limits;
   int64_t max_file_bytes = 200 << 20;
   int max_file_lines = 100000;
-  webhooks::AddressPolicy webhook_policy;  // which webhook targets a batch may name
+  webhooks::AddressPolicy webhook_policy;       // which webhook targets a batch may name
+  int64_t default_retain_seconds = 30 * 86400;  // --retention-days
 };
 
 class OpenAiBatchApi {
@@ -58,6 +59,9 @@ class OpenAiBatchApi {
   http::Reply get_batch(const std::string& account, const std::string& id);
   http::Reply list_batches(const std::string& account, const Query& query);
   http::Reply cancel_batch(const std::string& account, const std::string& id);
+  http::Reply delete_batch(const std::string& account, const std::string& id);
+  http::Reply retry_batch(const http::HttpRequest& req, const std::string& account,
+                          const std::string& id);
   http::Reply results_so_far(const std::string& account, const std::string& id, bool succeeded);
 
   // Runs fn(connection); when the connection turns out broken, reconnects and tries once more.

@@ -37,7 +37,7 @@ json file_object(const queue::FileInfo& file) {
           {"object", "file"},
           {"bytes", file.bytes},
           {"created_at", file.created_at_ms / 1000},
-          {"expires_at", nullptr},
+          {"expires_at", file.expires_at_ms / 1000},
           {"filename", file.filename},
           {"purpose", file.purpose},
           {"status", "processed"},
@@ -92,7 +92,12 @@ json batch_object(const queue::OpenAiBatch& b) {
             {"output_tokens", info.completion_tokens},
             {"output_tokens_details", {{"reasoning_tokens", 0}}},
             {"total_tokens", info.prompt_tokens + info.completion_tokens}}},
-          {"metadata", parsed(b.metadata_json)}};
+          {"metadata", parsed(b.metadata_json)},
+          // Extensions: when the batch's data goes (its expires_at is OpenAI's: the window's
+          // end), and the retries linking batches (docs/retention.md).
+          {"data_expires_at", info.expires_at_ms / 1000},
+          {"retried_from", optional_string(info.retried_from)},
+          {"retries", info.retries}};
 }
 
 }  // namespace hr::api

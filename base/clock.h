@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 namespace hr {
 
@@ -31,6 +32,9 @@ class ManualClock final : public Clock {
  private:
   std::atomic<int64_t> now_;
 };
+
+// Unix milliseconds as UTC in ISO 8601: 2026-11-27T21:04:05Z (with_ms: 2026-11-27T21:04:05.123Z).
+std::string iso8601_utc(int64_t unix_ms, bool with_ms = false);
 
 // Monotonic nanoseconds, for measuring intervals.
 inline int64_t steady_now_ns() {

@@ -1,6 +1,8 @@
 // Structured log lines in text (logfmt) or JSON.
 #include "base/log.h"
 
+#include "base/clock.h"
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -30,18 +32,7 @@ const char* level_name(Level l) {
   return "info";
 }
 
-std::string timestamp() {
-  auto now = std::chrono::system_clock::now();
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
-  std::time_t secs = static_cast<std::time_t>(ms / 1000);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
-                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                static_cast<int>(ms % 1000));
-  return buf;
-}
+std::string timestamp() { return iso8601_utc(SystemClock::instance().now_unix_ms(), true); }
 
 void append_json_string(std::string& out, std::string_view s) {
   out += '"';

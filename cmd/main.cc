@@ -3,10 +3,12 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "base/cli.h"
 #include "base/log.h"
+#include "cmd/accounts.h"
 #include "cmd/roles.h"
 #include "engine/device.h"
 #include "queue/config.h"
@@ -48,6 +50,15 @@ int run_migrate(const MigrateCommand& cmd) {
   return 0;
 }
 
+// The retention flags of the processes that run the dispatcher's duties.
+void bind_retention(CLI::App& app, hr::queue::DispatcherOptions& d) {
+  hr::cli::add(app, "--partition-interval-s", d.retention.partition_seconds,
+               "Requests of the batches created in this many seconds share a partition, dropped "
+               "whole once all of them expired");
+  hr::cli::add(app, "--purge-interval-ms", d.purge_interval_ms,
+               "How often expired and deleted batches and files are purged (0: never)");
+}
+
 int run_version() {
   std::printf("headroom %s\n", HEADROOM_VERSION);
   std::printf("cuda backend: %s\n", hr::engine::cuda_compiled() ? "compiled" : "not compiled");
@@ -85,6 +96,7 @@ int main(int argc, char** argv) {
   serve.api.bind(*serve_cmd);
   serve.webhooks.bind(*serve_cmd, /*with_allow=*/false);
   serve.worker.bind(*serve_cmd);
+  bind_retention(*serve_cmd, serve.dispatcher);
   hr::cli::add(*serve_cmd, "--api-key", serve.api_key,
                "Key for the default account (HEADROOM_API_KEY); a new one is printed when unset");
   hr::cli::add(*serve_cmd, "--account", serve.account, "Name of the default account");
@@ -118,20 +130,41 @@ int main(int argc, char** argv) {
                "failed; give the workers the same");
   hr::cli::add(*dispatcher_cmd, "--reclaim-idle-ms", dispatcher.reclaim_idle_ms,
                "Pending stream entries idle this long are reclaimed");
+  bind_retention(*dispatcher_cmd, dispatcher);
   hr::webhooks::DeliveryOptions dispatcher_webhooks;
   dispatcher_webhooks.bind(*dispatcher_cmd, /*with_allow=*/true);
 
-  hr::queue::StoreConfig keys_store;
+  // One StoreConfig per subcommand: two options bound to one variable let the environment of the
+  // subcommand not run overwrite the flag of the one that runs.
+  hr::queue::StoreConfig accounts_show_store;
+  hr::queue::StoreConfig accounts_set_store;
+  std::string accounts_name;
+  std::optional<double> accounts_retention;
+  CLI::App* accounts_cmd = app.add_subcommand("accounts", "Show and set accounts' defaults");
+  accounts_cmd->require_subcommand(1);
+  CLI::App* accounts_show =
+      accounts_cmd->add_subcommand("show", "Print an account's settings and what it holds");
+  accounts_show_store.bind(*accounts_show, /*with_redis=*/false);
+  accounts_show->add_option("--account", accounts_name, "Account name")->required();
+  CLI::App* accounts_set = accounts_cmd->add_subcommand("set", "Set an account's defaults");
+  accounts_set_store.bind(*accounts_set, /*with_redis=*/false);
+  accounts_set->add_option("--account", accounts_name, "Account name")->required();
+  accounts_set->add_option("--retention-days", accounts_retention,
+                           "Its batches and files are kept this long unless a request says (0: "
+                           "the server's --retention-days)");
+
+  hr::queue::StoreConfig keys_create_store;
+  hr::queue::StoreConfig keys_revoke_store;
   std::string key_account;
   CLI::App* keys_cmd = app.add_subcommand("keys", "Manage API keys");
   keys_cmd->require_subcommand(1);
   CLI::App* keys_create = keys_cmd->add_subcommand("create", "Create a key and print it once");
-  keys_store.bind(*keys_create, /*with_redis=*/false);
+  keys_create_store.bind(*keys_create, /*with_redis=*/false);
   keys_create->add_option("--account", key_account, "Account name (created if new)")->required();
   std::string revoke_key;
   CLI::App* keys_revoke = keys_cmd->add_subcommand(
       "revoke", "Revoke a key, or every key of an account, at once in every API process");
-  keys_store.bind(*keys_revoke, /*with_redis=*/false);
+  keys_revoke_store.bind(*keys_revoke, /*with_redis=*/false);
   auto* revoke_key_opt =
       keys_revoke->add_option("--key", revoke_key, "The key to revoke (HEADROOM_REVOKE_KEY)")
           ->envname("HEADROOM_REVOKE_KEY");
@@ -192,16 +225,26 @@ int main(int argc, char** argv) {
       return 2;
     return hr::cmd::run_dispatcher(dispatcher_store, dispatcher, dispatcher_webhooks);
   }
+  if (accounts_show->parsed() || accounts_set->parsed()) {
+    const hr::queue::StoreConfig& store =
+        accounts_show->parsed() ? accounts_show_store : accounts_set_store;
+    if (!validate(store.validate())) return 2;
+    return accounts_show->parsed()
+               ? hr::cmd::run_accounts_show(store, accounts_name)
+               : hr::cmd::run_accounts_set(store, accounts_name, accounts_retention);
+  }
   if (keys_create->parsed()) {
-    return validate(keys_store.validate()) ? hr::cmd::run_keys_create(keys_store, key_account) : 2;
+    return validate(keys_create_store.validate())
+               ? hr::cmd::run_keys_create(keys_create_store, key_account)
+               : 2;
   }
   if (keys_revoke->parsed()) {
     if (revoke_key.empty() && key_account.empty()) {
       std::fprintf(stderr, "headroom: keys revoke: name --key or --account\n");
       return 2;
     }
-    return validate(keys_store.validate())
-               ? hr::cmd::run_keys_revoke(keys_store, revoke_key, key_account)
+    return validate(keys_revoke_store.validate())
+               ? hr::cmd::run_keys_revoke(keys_revoke_store, revoke_key, key_account)
                : 2;
   }
   return 2;

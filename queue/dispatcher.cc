@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "base/clock.h"
 #include "base/ids.h"
 #include "base/log.h"
 #include "base/retry_pacer.h"
@@ -491,6 +492,30 @@ Result<int> Dispatcher::finalize_openai_batches() {
   return finalized;
 }
 
+Result<PurgeReport> Dispatcher::retain() {
+  PurgeReport report;
+  Status st = pg_.run("retention", [&](pqxx::connection& pg) -> Status {
+    HR_ASSIGN_OR_RETURN(report.partitions_created,
+                        ensure_request_partitions(pg, options_.retention));
+    HR_ASSIGN_OR_RETURN(PurgeReport purged, purge_expired(pg, options_.retention));
+    purged.partitions_created = report.partitions_created;
+    report = purged;
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  if (report.partitions_created + report.partitions_dropped + report.batches_purged +
+          report.files_purged >
+      0) {
+    log::info("retention.purged", {{"partitions_created", report.partitions_created},
+                                   {"partitions_dropped", report.partitions_dropped},
+                                   {"bytes_freed", report.bytes_freed},
+                                   {"requests_deleted", report.requests_deleted},
+                                   {"batches", report.batches_purged},
+                                   {"files", report.files_purged}});
+  }
+  return report;
+}
+
 Result<TickReport> Dispatcher::tick() {
   TickReport rep;
   streams_checked_.clear();  // each tick looks at each model's stream once
@@ -509,6 +534,16 @@ Result<TickReport> Dispatcher::tick() {
     log::warn("dispatcher.finalize_failed", {{"error", finalized.status()}});
   }
   HR_ASSIGN_OR_RETURN(rep.reclaimed, reclaim_idle_entries());
+  // Retention is housekeeping: a failure is logged and tried again at its next turn.
+  if (options_.purge_interval_ms > 0 && steady_now_ns() >= next_purge_ns_) {
+    next_purge_ns_ = steady_now_ns() + int64_t{options_.purge_interval_ms} * 1000000;
+    Result<PurgeReport> purged = retain();
+    if (purged.is_ok()) {
+      rep.purged = *purged;
+    } else {
+      log::warn("dispatcher.retention_failed", {{"error", purged.status()}});
+    }
+  }
   for (;;) {
     HR_ASSIGN_OR_RETURN(int n, relay_once());
     rep.relayed += n;

@@ -7,6 +7,8 @@
 //    requests of batches past their deadline, and reclaims stream entries stuck in a dead
 //    consumer's pending list;
 //  - finalize: writes the output and error files of finished OpenAI batches;
+//  - retention: keeps the requests partitions ready ahead of time and purges expired and deleted
+//    batches and files (queue/retention.h), every purge_interval_ms;
 //  - resync: notices a Redis that restarted or lost its data (run id / epoch marker) and rewinds
 //    every open batch's cursor so the relay re-sends everything still queued.
 // Not thread-safe: one Dispatcher per thread.
@@ -24,6 +26,7 @@
 #include "queue/config.h"
 #include "queue/pg.h"
 #include "queue/redis.h"
+#include "queue/retention.h"
 #include "queue/store.h"
 
 namespace hr::queue {
@@ -34,6 +37,8 @@ struct DispatcherOptions {
   int max_attempts = kDefaultMaxAttempts;  // failed attempts before a request ends failed
   int reclaim_idle_ms = 60000;             // pending entries idle this long are reclaimed
   int tick_ms = 500;                       // janitor period in run()
+  int purge_interval_ms = 5000;            // retention's period (0: never)
+  RetentionOptions retention;
 };
 
 struct TickReport {
@@ -46,6 +51,7 @@ struct TickReport {
   int pushed = 0;     // requests put back in the queue whose push had not happened
   int finalized = 0;
   bool resynced = false;
+  PurgeReport purged;  // when the retention duty ran in this tick
 };
 
 class Dispatcher {
@@ -73,7 +79,9 @@ class Dispatcher {
   [[nodiscard]] Result<int> cancel_requeued();
   // Writes the files of finished OpenAI batches; returns how many were finalized.
   [[nodiscard]] Result<int> finalize_openai_batches();
-  // One pass of every duty (relay until caught up).
+  // Creates the partitions due and runs one pass of the purge.
+  [[nodiscard]] Result<PurgeReport> retain();
+  // One pass of every duty (relay until caught up; retention when it is due).
   [[nodiscard]] Result<TickReport> tick();
   // Runs tick() until `stop`, waking early on NOTIFY hr_dispatch. Errors are logged and retried.
   void run(const std::atomic<bool>& stop);
@@ -91,6 +99,7 @@ class Dispatcher {
   DispatcherOptions options_;
   std::string finalize_cursor_;  // the last OpenAI batch finalize_openai_batches() looked at
   std::set<std::string> streams_checked_;  // models ensure_stream looked at in this tick
+  int64_t next_purge_ns_ = 0;              // steady time the retention duty is due
 };
 
 }  // namespace hr::queue

@@ -12,7 +12,8 @@ namespace {
 
 constexpr const char* kFileColumns =
     "id::text, purpose, filename, bytes, coalesce(num_lines, 0), "
-    "(extract(epoch FROM created_at) * 1000)::bigint";
+    "(extract(epoch FROM created_at) * 1000)::bigint, "
+    "(extract(epoch FROM expires_at) * 1000)::bigint";
 
 FileInfo file_from_row(const pqxx::row& r) {
   FileInfo f;
@@ -22,6 +23,7 @@ FileInfo file_from_row(const pqxx::row& r) {
   f.bytes = r[3].as<int64_t>();
   f.num_lines = r[4].as<int>();
   f.created_at_ms = r[5].as<int64_t>();
+  f.expires_at_ms = r[6].as<int64_t>();
   return f;
 }
 
@@ -64,11 +66,12 @@ bool append_bytea(const pqxx::field& f, std::string* out) {
 FileInfo insert_file(pqxx::work& tx, const NewFile& file) {
   std::string id = new_uuid_v7().to_string();
   pqxx::row r = tx.exec_params1(
-      "INSERT INTO files (id, account_id, purpose, filename, bytes, num_lines) "
-      "VALUES ($1, $2, $3, $4, $5, $6) RETURNING " +
+      "INSERT INTO files (id, account_id, purpose, filename, bytes, num_lines, expires_at) "
+      "VALUES ($1, $2, $3, $4, $5, $6, now() + coalesce($7, (SELECT retention_seconds FROM "
+      "accounts WHERE id = $2::uuid), $8) * interval '1 second') RETURNING " +
           std::string(kFileColumns),
       id, file.account_id, file.purpose, file.filename, static_cast<int64_t>(file.content.size()),
-      file.num_lines);
+      file.num_lines, file.retain_seconds, file.default_retain_seconds);
   // Binary parameters: the bytes travel as they are, with no escaping.
   int seq = 0;
   for (size_t off = 0; off < file.content.size(); off += kFileChunkBytes, ++seq) {
@@ -98,7 +101,8 @@ Result<FileInfo> get_file(pqxx::connection& conn, const std::string& account_id,
     pqxx::nontransaction tx(conn);
     pqxx::result r = tx.exec_params(
         std::string("SELECT ") + kFileColumns +
-            " FROM files WHERE id = $1::uuid AND account_id = $2 AND deleted_at IS NULL",
+            " FROM files WHERE id = $1::uuid AND account_id = $2 AND deleted_at IS NULL "
+            "AND expires_at > now()",
         file_id, account_id);
     if (r.empty()) return not_found("no such file: " + file_id);
     out = file_from_row(r[0]);
@@ -115,7 +119,7 @@ Result<std::vector<FileInfo>> list_files(pqxx::connection& conn, const std::stri
     pqxx::nontransaction tx(conn);
     std::string sql = std::string("SELECT ") + kFileColumns +
                       " FROM files WHERE account_id = $1 AND deleted_at IS NULL "
-                      "AND ($2::text IS NULL OR purpose = $2) ";
+                      "AND expires_at > now() AND ($2::text IS NULL OR purpose = $2) ";
     sql += query.ascending ? "AND ($3::uuid IS NULL OR id > $3::uuid) ORDER BY id LIMIT $4"
                            : "AND ($3::uuid IS NULL OR id < $3::uuid) ORDER BY id DESC LIMIT $4";
     for (const auto& row :

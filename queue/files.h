@@ -1,7 +1,8 @@
 // Files of the OpenAI Batch API, stored durably in Postgres: one `files` row per file and its bytes
 // in `file_chunks` (bytea, kFileChunkBytes per chunk, numbered from 0). Every read and write is
-// scoped to an account: another account's file, or a deleted one, is kNotFound. Deleting keeps the
-// row (deleted_at) and drops the bytes. Functions take a connection owned by the caller's thread.
+// scoped to an account: another account's file, a deleted one or an expired one, is kNotFound.
+// Deleting keeps the row (deleted_at) and drops the bytes. Functions take a connection owned by the
+// caller's thread.
 #pragma once
 
 #include <pqxx/pqxx>
@@ -17,6 +18,8 @@
 namespace hr::queue {
 
 inline constexpr int64_t kFileChunkBytes = 4 << 20;
+// How long batches and files are kept when nothing else says (--retention-days).
+inline constexpr int64_t kDefaultRetainSeconds = 30 * 86400;
 
 struct FileInfo {
   std::string id;
@@ -25,6 +28,8 @@ struct FileInfo {
   int64_t bytes = 0;
   int num_lines = 0;
   int64_t created_at_ms = 0;
+  int64_t expires_at_ms = 0;  // after this the file is gone: reads answer not found, the purge
+                              // removes it (queue/retention.h)
   int num_chunks() const {
     return static_cast<int>((bytes + kFileChunkBytes - 1) / kFileChunkBytes);
   }
@@ -36,6 +41,10 @@ struct NewFile {
   std::string filename;
   std::string_view content;  // not owned; read during the call
   int num_lines = 0;
+  // How long it is kept: these seconds from now, else the account's default, else
+  // `default_retain_seconds` (the server's --retention-days).
+  std::optional<int64_t> retain_seconds;
+  int64_t default_retain_seconds = kDefaultRetainSeconds;
 };
 
 // Stores a file in one transaction; returns it after COMMIT.

@@ -78,7 +78,7 @@ Result<OpenAiBatch> get_openai_batch(pqxx::connection& conn, const std::string& 
     pqxx::result r = tx.exec_prepared("hr_get_openai_batch", batch_id, account_id);
     if (r.empty()) return not_found("no such batch: " + batch_id);
     out = openai_from_row(r[0]);
-    return Status::ok();
+    return check_visible(out.info);
   });
   if (!st.is_ok()) return st;
   return out;
@@ -93,7 +93,8 @@ Result<std::vector<OpenAiBatch>> list_openai_batches(pqxx::connection& conn,
     pqxx::result r =
         tx.exec_params("SELECT " + openai_columns() +
                            " FROM batches WHERE account_id = $1 AND api_shape = 'openai' "
-                           "AND ($2::uuid IS NULL OR id < $2::uuid) ORDER BY id DESC LIMIT $3",
+                           "AND ($2::uuid IS NULL OR id < $2::uuid) AND " +
+                           kBatchVisible + " ORDER BY id DESC LIMIT $3",
                        account_id, after, limit);
     for (const auto& row : r) out.push_back(openai_from_row(row));
     return Status::ok();
@@ -109,14 +110,16 @@ Result<std::string> record_failed_batch(pqxx::connection& conn, const FailedBatc
     tx.exec_params(
         "INSERT INTO batches (id, account_id, model, api_shape, status, num_total, endpoint, "
         "input_file_id, completion_window, metadata, errors, finished_at, finalized_at, "
-        "webhook_url, webhook_events, webhook_secret) "
-        "VALUES ($1, $2, $3, 'openai', 'failed', 0, $4, $5::uuid, $6, $7::jsonb, $8::jsonb, "
-        "now(), now(), $9, $10::text[], $11)",
+        "webhook_url, webhook_events, webhook_secret, retain_seconds, expires_at) "
+        "SELECT $1, $2, $3, 'openai', 'failed', 0, $4, $5::uuid, $6, $7::jsonb, $8::jsonb, "
+        "now(), now(), $9, $10::text[], $11, k.s, now() + k.s * interval '1 second' "
+        "FROM (SELECT coalesce($12::integer, (SELECT retention_seconds FROM accounts "
+        "WHERE id = $2), $13::integer) AS s) AS k",
         id, batch.account_id, batch.model, batch.endpoint, batch.input_file_id,
         batch.completion_window, batch.metadata_json, batch.errors_json, batch.webhook_url,
         batch.webhook_events ? std::optional<std::string>(pg_text_array(*batch.webhook_events))
                              : std::nullopt,
-        batch.webhook_secret);
+        batch.webhook_secret, batch.retain_seconds, batch.default_retain_seconds);
     if (batch.webhook_url && !batch.webhook_secret) ensure_signing_secret(tx, batch.account_id);
     write_event(tx, "batch.failed", batch.account_id, id,
                 {{"id", id},
@@ -177,18 +180,23 @@ Result<bool> finalize_openai_batch(pqxx::connection& conn, const std::string& ba
     std::optional<std::string> error_id;
     if (num_output > 0) {
       output_id = insert_file(tx, {account, "batch_output", "batch_" + batch_id + "_output.jsonl",
-                                   output, num_output})
+                                   output, num_output, std::nullopt, kDefaultRetainSeconds})
                       .id;
     }
     if (num_errors > 0) {
       error_id = insert_file(tx, {account, "batch_output", "batch_" + batch_id + "_error.jsonl",
-                                  errors, num_errors})
+                                  errors, num_errors, std::nullopt, kDefaultRetainSeconds})
                      .id;
     }
     tx.exec_params(
         "UPDATE batches SET output_file_id = $2::uuid, error_file_id = $3::uuid, "
         "finalized_at = now() WHERE id = $1::uuid",
         batch_id, output_id, error_id);
+    // The output files expire with their batch.
+    tx.exec_params(
+        "UPDATE files f SET expires_at = b.expires_at FROM batches b WHERE b.id = $1::uuid "
+        "AND f.id IN (b.output_file_id, b.error_file_id)",
+        batch_id);
     tx.commit();
     done = true;
     return Status::ok();

@@ -54,6 +54,9 @@ struct FailedBatch {
   std::optional<std::string> webhook_url;
   std::optional<std::vector<std::string>> webhook_events;
   std::optional<std::string> webhook_secret;
+  // Retention, as NewBatch's.
+  std::optional<int64_t> retain_seconds;
+  int64_t default_retain_seconds = 30 * 86400;
 };
 
 // Stores a batch that failed validation: status failed, no requests, finished and finalized at

@@ -21,7 +21,14 @@ const char* const kBatchColumns =
     "(extract(epoch FROM created_at) * 1000)::bigint, "
     "(extract(epoch FROM started_at) * 1000)::bigint, "
     "(extract(epoch FROM finished_at) * 1000)::bigint, "
-    "(extract(epoch FROM deadline) * 1000)::bigint, cancel_requested_at IS NOT NULL";
+    "(extract(epoch FROM deadline) * 1000)::bigint, cancel_requested_at IS NOT NULL, "
+    "(extract(epoch FROM expires_at) * 1000)::bigint, deleted_at IS NOT NULL, "
+    "finished_at IS NOT NULL AND expires_at <= now(), retried_from::text, "
+    "(SELECT string_agg(r.id::text, ',' ORDER BY r.id) FROM batches r "
+    " WHERE r.retried_from = batches.id AND r.deleted_at IS NULL)";
+
+const char* const kBatchVisible =
+    "deleted_at IS NULL AND NOT (finished_at IS NOT NULL AND expires_at <= now())";
 
 namespace {
 
@@ -51,7 +58,30 @@ BatchInfo batch_from_row(const pqxx::row& r) {
   b.finished_at_ms = opt_i64(r[14]);
   b.deadline_ms = opt_i64(r[15]);
   b.cancel_requested = r[16].as<bool>();
+  b.expires_at_ms = r[17].as<int64_t>();
+  b.deleted = r[18].as<bool>();
+  b.expired = r[19].as<bool>();
+  if (!r[20].is_null()) b.retried_from = r[20].as<std::string>();
+  if (!r[21].is_null()) {
+    std::string ids = r[21].as<std::string>();
+    for (size_t at = 0; at < ids.size();) {
+      size_t comma = std::min(ids.find(',', at), ids.size());
+      b.retries.push_back(ids.substr(at, comma - at));
+      at = comma + 1;
+    }
+  }
   return b;
+}
+
+Status check_visible(const BatchInfo& b) {
+  if (b.deleted) return not_found("no such batch: " + b.id);
+  if (b.expired) {
+    return Status(StatusCode::kNotFound,
+                  "batch " + b.id + " expired at " + iso8601_utc(b.expires_at_ms) +
+                      "; its requests and results were deleted",
+                  "expired");
+  }
+  return Status::ok();
 }
 
 namespace {
@@ -196,18 +226,22 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
     pqxx::result inserted = tx.exec_params(
         "INSERT INTO batches (id, account_id, model, api_shape, status, num_total, priority, "
         "deadline, idempotency_key, request_hash, metadata, endpoint, input_file_id, "
-        "completion_window, webhook_url, webhook_events, webhook_secret, request_events) "
-        "VALUES ($1, $2, $3, $4, 'queued', $5, $6, to_timestamp($7::bigint / 1000.0), $8, "
+        "completion_window, webhook_url, webhook_events, webhook_secret, request_events, "
+        "retain_seconds, expires_at) "
+        "SELECT $1, $2, $3, $4, 'queued', $5, $6, to_timestamp($7::bigint / 1000.0), $8, "
         "decode($9, 'hex'), $10::jsonb, $11, $12::uuid, $13, $14, $15::text[], $16, "
         "$17 OR EXISTS (SELECT 1 FROM webhook_endpoints WHERE account_id = $2 AND enabled "
-        "AND 'request.completed' = ANY (event_types))) "
+        "AND 'request.completed' = ANY (event_types)), k.s, now() + k.s * interval '1 second' "
+        "FROM (SELECT coalesce($18::integer, (SELECT retention_seconds FROM accounts "
+        "WHERE id = $2), $19::integer) AS s) AS k "
         "ON CONFLICT (account_id, idempotency_key) WHERE idempotency_key IS NOT NULL "
         "DO NOTHING RETURNING id::text",
         id, batch.account_id, batch.model, batch.api_shape, static_cast<int>(batch.size()),
         batch.priority, deadline, batch.idempotency_key, to_hex(batch.request_hash),
         batch.metadata_json, batch.endpoint, batch.input_file_id, batch.completion_window,
         batch.webhook_url, events, batch.webhook_secret,
-        wants_request_events && batch.webhook_url.has_value());
+        wants_request_events && batch.webhook_url.has_value(), batch.retain_seconds,
+        batch.default_retain_seconds);
     if (inserted.empty()) {
       pqxx::row prior = tx.exec_params1(
           "SELECT id::text, encode(request_hash, 'hex'), model FROM batches "
@@ -270,7 +304,7 @@ Result<BatchInfo> get_batch(pqxx::connection& conn, const std::string& account_i
     pqxx::result r = tx.exec_prepared("hr_get_batch", batch_id, account_id);
     if (r.empty()) return not_found("no such batch: " + batch_id);
     out = batch_from_row(r[0]);
-    return Status::ok();
+    return check_visible(out);
   });
   if (!st.is_ok()) return st;
   return out;
@@ -309,7 +343,10 @@ Result<std::vector<RequestResult>> get_results(pqxx::connection& conn, const std
 
 std::optional<std::string> finish_batch_if_done(pqxx::work& tx, const std::string& batch_id) {
   pqxx::result r = tx.exec_params(
-      "UPDATE batches SET finished_at = now(), status = CASE "
+      "UPDATE batches SET finished_at = now(), "
+      "expires_at = greatest(expires_at, now() + least(retain_seconds, 3600) * interval '1 "
+      "second'), "
+      "status = CASE "
       "  WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' "
       "  WHEN num_expired > 0 THEN 'expired' "
       "  WHEN num_failed = num_total THEN 'failed' "
@@ -395,8 +432,9 @@ Result<CancelResult> cancel_batch(pqxx::connection& conn, const std::string& acc
     // Lock order everywhere: request rows first, then batch rows (in id order).
     pqxx::work tx(conn);
     pqxx::result owned = tx.exec_params(
-        "SELECT cancel_requested_at IS NOT NULL, finished_at IS NOT NULL FROM batches "
-        "WHERE id = $1::uuid AND account_id = $2",
+        std::string("SELECT cancel_requested_at IS NOT NULL, finished_at IS NOT NULL FROM batches "
+                    "WHERE id = $1::uuid AND account_id = $2 AND ") +
+            kBatchVisible,
         batch_id, account_id);
     if (owned.empty()) return not_found("no such batch: " + batch_id);
     out.already_requested = owned[0][0].as<bool>();
@@ -428,7 +466,9 @@ Result<std::vector<BatchInfo>> list_batches(pqxx::connection& conn, const std::s
     pqxx::nontransaction tx(conn);
     pqxx::result r = tx.exec_params(
         std::string("SELECT ") + kBatchColumns +
-            " FROM batches WHERE account_id = $1 AND ($2::text IS NULL OR status = $2) "
+            " FROM batches WHERE account_id = $1 AND ($2::text IS NULL OR status = $2) AND " +
+            kBatchVisible +
+            " "
             "AND ($3::uuid IS NULL OR id < $3::uuid) ORDER BY id DESC LIMIT $4",
         account_id, query.status, query.after, query.limit);
     for (const auto& row : r) out.push_back(batch_from_row(row));

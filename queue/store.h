@@ -64,6 +64,10 @@ struct NewBatch {
   std::optional<std::string> endpoint;
   std::optional<std::string> input_file_id;
   std::optional<std::string> completion_window;
+  // Retention: these seconds from creation (output_expires_after), else the account's default,
+  // else `default_retain_seconds` (the server's --retention-days).
+  std::optional<int64_t> retain_seconds;
+  int64_t default_retain_seconds = 30 * 86400;
   std::vector<NewRequest> requests;
   // Alternatively, a producer called for i = 0..num_requests-1 while the rows stream into COPY, so
   // validating request i overlaps with the database storing rows < i. A non-OK Status rolls the
@@ -100,9 +104,16 @@ struct BatchInfo {
   std::optional<int64_t> finished_at_ms;
   std::optional<int64_t> deadline_ms;
   bool cancel_requested = false;
+  int64_t expires_at_ms = 0;  // see migrations/0006_retention.sql
+  bool deleted = false;
+  bool expired = false;  // ended, and expires_at has passed
+  std::optional<std::string> retried_from;
+  std::vector<std::string> retries;  // batches that retry this one's unsucceeded requests
   bool is_terminal() const;
 };
 
+// kNotFound for another account's batch and a deleted one; kNotFound with field "expired" and
+// a message saying when, for an expired one.
 [[nodiscard]] Result<BatchInfo> get_batch(pqxx::connection& conn, const std::string& account_id,
                                           const std::string& batch_id);
 

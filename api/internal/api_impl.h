@@ -131,6 +131,11 @@ struct Api::Impl {
   http::HttpResponse poll(const std::string& account, const std::string& request_id,
                           bool include_partial);
   http::HttpResponse cancel(const std::string& account, const std::string& request_id);
+  http::HttpResponse remove(const std::string& account, const std::string& request_id);
+  // Not found (saying when, for an expired batch), or the database failure.
+  http::HttpResponse missing_or_db_error(const Status& st, const std::string& request_id);
+  http::HttpResponse retry(const http::HttpRequest& req, const std::string& account,
+                           const std::string& request_id);
   http::HttpResponse list(const std::string& account,
                           const std::map<std::string, std::string>& query);
   // Validates and runs one sync request; on success returns the answer and the normalized body.

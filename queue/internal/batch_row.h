@@ -11,10 +11,15 @@
 
 namespace hr::queue {
 
-// The columns batch_from_row() reads, in its order (17 columns).
+// The columns batch_from_row() reads, in its order (22 columns), from `batches` (not aliased).
 extern const char* const kBatchColumns;
-constexpr int kNumBatchColumns = 17;
+constexpr int kNumBatchColumns = 22;
+// A WHERE condition: the batch is neither deleted nor expired.
+extern const char* const kBatchVisible;
 
 BatchInfo batch_from_row(const pqxx::row& r);
+
+// Not found for a deleted batch; not found saying when, for an expired one.
+Status check_visible(const BatchInfo& b);
 
 }  // namespace hr::queue

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <pqxx/pqxx>
+
+#include <algorithm>
 #include <thread>
 
 #include "queue/dispatcher.h"
@@ -14,6 +16,7 @@
 #include "queue/stream.h"
 #include "queue/webhooks.h"
 #include "tests/testing/api_harness.h"
+#include "tests/testing/test_consumer.h"
 #include "tests/testing/webhook_receiver.h"
 #include "webhooks/deliverer.h"
 
@@ -123,56 +126,7 @@ void expect_openai_error(const HttpResult& r, int status, const std::string& par
   }
 }
 
-struct Consumer {
-  std::unique_ptr<queue::Dispatcher> dispatcher;
-  std::unique_ptr<queue::LeaseClient> lease;
-  explicit Consumer(ApiHarness& h) {
-    auto d = queue::Dispatcher::create(h.database_url(), h.redis_url(), {});
-    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
-    if (d.is_ok()) dispatcher = std::move(d).value();
-    auto l = queue::LeaseClient::create(h.database_url(), h.redis_url(),
-                                        {h.model(), "test-consumer", 30000, 1});
-    EXPECT_TRUE(l.is_ok()) << l.status().to_string();
-    if (l.is_ok()) lease = std::move(l).value();
-  }
-  std::vector<queue::Lease> pull(int n) {
-    EXPECT_TRUE(dispatcher->relay_once().is_ok());
-    auto r = lease->pull(n, 1000);
-    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
-    return r.is_ok() ? *r : std::vector<queue::Lease>{};
-  }
-  // What a worker stores for a request that asked for log probabilities (the shape, not the
-  // values).
-  inline static const json kStoredLogprobs = {
-      {"content",
-       {{{"token", "2"}, {"logprob", -0.25}, {"bytes", {50}}, {"top_logprobs", json::array()}}}},
-      {"refusal", nullptr}};
-  // Answers each lease with the reversal of its prompt's text ("reverse: abc" → "cba"), and log
-  // probabilities where asked.
-  void complete(const std::vector<queue::Lease>& leases) {
-    std::vector<queue::Completion> done;
-    for (const auto& l : leases) {
-      const json body = json::parse(l.body);
-      std::string text = body["messages"][0]["content"].get<std::string>().substr(9);
-      json result = {{"response", std::string(text.rbegin(), text.rend())},
-                     {"usage",
-                      {{"prompt_tokens", 7},
-                       {"completion_tokens", 3},
-                       {"total_tokens", 10},
-                       {"prompt_tokens_details", {{"cached_tokens", 0}}}}},
-                     {"finish_reason", "stop"}};
-      if (body.value("logprobs", false)) result["logprobs"] = kStoredLogprobs;
-      done.push_back({l, result.dump(), 7, 3, 0});
-    }
-    auto r = lease->complete(done);
-    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-  }
-  int finalize() {
-    auto r = dispatcher->finalize_openai_batches();
-    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
-    return r.is_ok() ? *r : -1;
-  }
-};
+using testing::Consumer;
 
 TEST(OpenAiBatchTest, FilesRoundTripAndTenancy) {
   ApiHarness h;
@@ -713,6 +667,96 @@ TEST(OpenAiBatchTest, WebhooksFromExtraFieldsOrMetadata) {
   EXPECT_EQ(events[extra.json()["id"]]["type"], "batch.completed");
   EXPECT_EQ(events[meta.json()["id"]]["type"], "batch.completed");
   EXPECT_EQ(events[failed.json()["id"]]["type"], "batch.failed");
+}
+
+// An extra form field before the others.
+std::string with_field(const std::string& name, const std::string& value, const std::string& rest) {
+  return std::string("--") + kBoundary + "\r\nContent-Disposition: form-data; name=\"" + name +
+         "\"\r\n\r\n" + value + "\r\n" + rest;
+}
+
+TEST(OpenAiBatchTest, RetentionDeletionAndRetry) {
+  ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  Consumer c(h);
+  std::string content = reversal_file(h, 3);
+  // expires_after on upload, as the SDKs send it in a form.
+  HttpResult up = upload(h, h.key_a(),
+                         with_field("expires_after[anchor]", "created_at",
+                                    with_field("expires_after[seconds]", "3600", form(content))));
+  ASSERT_EQ(up.status, 200) << up.body;
+  EXPECT_EQ(up.json()["expires_at"], up.json()["created_at"].get<int64_t>() + 3600);
+  expect_openai_error(
+      upload(h, h.key_a(), with_field("expires_after[anchor]", "last_active_at", form(content))),
+      400, "expires_after.anchor");
+  expect_openai_error(upload(h, h.key_a(),
+                             with_field("expires_after[anchor]", "created_at",
+                                        with_field("expires_after[seconds]", "10", form(content)))),
+                      400, "expires_after.seconds");
+  json plain = upload(h, h.key_a(), form(content)).json();
+  EXPECT_EQ(plain["expires_at"], plain["created_at"].get<int64_t>() + 30 * 86400);
+
+  expect_openai_error(create(h, h.key_a(), plain["id"], "24h",
+                             {{"output_expires_after", {{"anchor", "created_at"}}}}),
+                      400, "output_expires_after.seconds");
+  HttpResult created =
+      create(h, h.key_a(), plain["id"], "24h",
+             {{"output_expires_after", {{"anchor", "created_at"}, {"seconds", 7200}}}});
+  ASSERT_EQ(created.status, 200) << created.body;
+  json b = created.json();
+  std::string id = b["id"];
+  EXPECT_EQ(b["data_expires_at"], b["created_at"].get<int64_t>() + 7200);
+  EXPECT_EQ(b["expires_at"], b["created_at"].get<int64_t>() + 86400) << "OpenAI's: the window";
+  HttpResult refused = h.del("/v1/batches/" + id, h.key_a());
+  expect_openai_error(refused, 409, "status");
+  EXPECT_NE(refused.body.find("in_progress"), std::string::npos) << refused.body;
+
+  std::vector<queue::Lease> leases = c.pull(3);
+  ASSERT_EQ(leases.size(), 3u);
+  std::sort(leases.begin(), leases.end(),
+            [](const queue::Lease& a, const queue::Lease& b) { return a.ref.idx < b.ref.idx; });
+  c.complete({leases[0], leases[2]});
+  c.fail({leases[1]});
+  ASSERT_EQ(c.finalize(), 1);
+  b = get_batch(h, id);
+  ASSERT_EQ(b["status"], "completed");
+  for (const char* f : {"output_file_id", "error_file_id"}) {
+    json file = h.get("/v1/files/" + b[f].get<std::string>(), h.key_a()).json();
+    EXPECT_EQ(file["expires_at"], b["data_expires_at"]) << "output files go with their batch";
+  }
+
+  HttpResult retried = h.post("/v1/batches/" + id + "/retry", "", h.key_a());
+  ASSERT_EQ(retried.status, 200) << retried.body;
+  json r = retried.json();
+  EXPECT_EQ(r["retried_from"], id);
+  EXPECT_EQ(r["request_counts"]["total"], 1);
+  EXPECT_EQ(r["status"], "in_progress");
+  EXPECT_EQ(get_batch(h, id)["retries"], json::array({r["id"]}));
+  std::vector<queue::Lease> again = c.pull(5);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(json::parse(again[0].body)["messages"][0]["content"], "reverse: w1");
+
+  HttpResult deleted = h.del("/v1/batches/" + id, h.key_a());
+  ASSERT_EQ(deleted.status, 200) << deleted.body;
+  EXPECT_EQ(deleted.json(), json({{"id", id}, {"object", "batch.deleted"}, {"deleted", true}}));
+  expect_openai_error(h.get("/v1/batches/" + id, h.key_a()), 404, "");
+  expect_openai_error(h.get("/v1/files/" + b["output_file_id"].get<std::string>(), h.key_a()), 404,
+                      "");
+  ASSERT_TRUE(c.dispatcher->retain().is_ok());
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM files WHERE id IN ('" +
+                     b["output_file_id"].get<std::string>() + "', '" +
+                     b["error_file_id"].get<std::string>() + "')"),
+            0);
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE batch_id = '" + id + "'"), 0);
+  EXPECT_EQ(get_batch(h, r["id"])["retried_from"], id) << "the retry lives on";
+
+  // An expired file is gone to reads at once, and from the store at the next purge.
+  std::string fid = up.json()["id"];
+  h.scalar("WITH u AS (UPDATE files SET expires_at = now() - interval '1 second' WHERE id = '" +
+           fid + "' RETURNING 1) SELECT count(*) FROM u");
+  expect_openai_error(h.get("/v1/files/" + fid, h.key_a()), 404, "");
+  ASSERT_TRUE(c.dispatcher->retain().is_ok());
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM file_chunks WHERE file_id = '" + fid + "'"), 0);
 }
 
 }  // namespace

@@ -582,7 +582,8 @@ TEST(WebhooksTest, ASlowWebhookLookupHoldsNoDatabaseConnection) {
              {"body", {{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "a"}}}}}}}
             .dump() +
         "\n";
-    input_file = queue::create_file(conn, {carol, "batch", "in.jsonl", line, 1}).value().id;
+    input_file =
+        queue::create_file(conn, {carol, "batch", "in.jsonl", line, 1, std::nullopt}).value().id;
   }
   const std::vector<Case> cases = {
       {"a batch with a webhook_url",

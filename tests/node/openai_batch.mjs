@@ -160,6 +160,27 @@ async function main() {
   assert.equal(cancelErrors.length, cancelled.request_counts.failed);
   assert.ok(cancelErrors.every((l) => l.error.code === 'batch_cancelled'));
 
+  // 5b. Retention, retry and delete (docs/retention.md): expires_after and output_expires_after
+  // as the SDK sends them; the cancelled batch's unfinished requests run again; deleting refuses a
+  // running batch and removes an ended one.
+  const kept = await client.files.create({
+    file: await toFile(Buffer.from(input), 'kept.jsonl'), purpose: 'batch',
+    expires_after: { anchor: 'created_at', seconds: 3600 } });
+  assert.equal(kept.expires_at, kept.created_at + 3600);
+  const retained = await client.batches.create({
+    input_file_id: kept.id, endpoint: '/v1/chat/completions', completion_window: '24h',
+    output_expires_after: { anchor: 'created_at', seconds: 7200 } });
+  assert.equal(retained.data_expires_at, retained.created_at + 7200);
+  const retry = await client.post(`/batches/${cancelled.id}/retry`, {});
+  assert.equal(retry.retried_from, cancelled.id);
+  assert.equal(retry.request_counts.total, cancelled.request_counts.failed);
+  await assert.rejects(client.delete(`/batches/${retry.id}`), (e) => e.status === 409);
+  assert.equal((await waitUntilDone(retry.id, 60)).batch.status, 'completed');
+  const batchDeleted = await client.delete(`/batches/${cancelled.id}`);
+  assert.deepEqual(batchDeleted, { id: cancelled.id, object: 'batch.deleted', deleted: true });
+  await assert.rejects(client.batches.retrieve(cancelled.id), (e) => e.status === 404);
+  assert.deepEqual((await client.batches.retrieve(retry.id)).retried_from, cancelled.id);
+
   // 6. Tools through the SDK: offered, with an earlier call and its result in the conversation;
   // the bundled model answers in text (its template takes no tools), so the answer has no calls.
   // Streamed with tools, the SDK reassembles the text; a tool_choice naming no tool is refused.

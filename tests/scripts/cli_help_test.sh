@@ -17,6 +17,10 @@ for cmd in serve api worker dispatcher migrate; do
   check "$cmd --help" "HEADROOM_DATABASE_URL"
 done
 check "worker --help" "--max-utilization"
+check "accounts set --help" "--retention-days"
+check "accounts show --help" "--account"
+check "dispatcher --help" "--partition-interval-s"
+check "serve --help" "--retention-days"
 check "serve --help" "--model"
 check "version --help" "Usage"
 # A bad option value is a clear error, not a crash.
@@ -42,5 +46,13 @@ out=$(HEADROOM_API_KEY=short-key timeout 10 "$run_sh" 2>&1) || rc=$?
 grep -q "HEADROOM_API_KEY must be at least 16 characters (it has 9)" <<<"$out" \
   || { echo "FAIL: run.sh's refusal: $out"; fail=1; }
 grep -q "starting" <<<"$out" && { echo "FAIL: run.sh printed its banner first"; fail=1; }
+# A subcommand's --database-url wins over HEADROOM_DATABASE_URL (keys and accounts included, whose
+# several subcommands each bind one).
+for cmd in "keys create --account a" "keys revoke --account a" "accounts show --account a" \
+           "accounts set --account a"; do
+  out=$(HEADROOM_DATABASE_URL=postgresql://h@127.0.0.1:2/from_env timeout 10 "$bin" $cmd \
+        --database-url postgresql://h@127.0.0.1:1/from_flag 2>&1) && { echo "FAIL: $cmd: rc 0"; fail=1; }
+  grep -q "port 1" <<<"$out" || { echo "FAIL: $cmd used the environment over its flag: $out"; fail=1; }
+done
 [ $fail -eq 0 ] && echo "cli_help: ok"
 exit $fail

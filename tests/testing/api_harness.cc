@@ -87,16 +87,24 @@ ApiHarness::~ApiHarness() {
   api_.reset();
 }
 
+HttpResult ApiHarness::call(const std::string& method, const std::string& target,
+                            const std::string& body, const std::string& key,
+                            std::map<std::string, std::string> headers) {
+  if (!key.empty()) headers["Authorization"] = "Bearer " + key;
+  return http_call(method, port(), target, body, headers);
+}
+
 HttpResult ApiHarness::post(const std::string& target, const std::string& body,
                             const std::string& key, std::map<std::string, std::string> headers) {
-  if (!key.empty()) headers["Authorization"] = "Bearer " + key;
-  return http_call("POST", port(), target, body, headers);
+  return call("POST", target, body, key, std::move(headers));
 }
 
 HttpResult ApiHarness::get(const std::string& target, const std::string& key) {
-  std::map<std::string, std::string> headers;
-  if (!key.empty()) headers["Authorization"] = "Bearer " + key;
-  return http_call("GET", port(), target, "", headers);
+  return call("GET", target, "", key, {});
+}
+
+HttpResult ApiHarness::del(const std::string& target, const std::string& key) {
+  return call("DELETE", target, "", key, {});
 }
 
 std::string ApiHarness::submit(const nlohmann::json& requests, const std::string& key) {

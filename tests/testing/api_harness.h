@@ -42,6 +42,9 @@ class ApiHarness {
   HttpResult post(const std::string& target, const std::string& body, const std::string& key,
                   std::map<std::string, std::string> headers = {});
   HttpResult get(const std::string& target, const std::string& key);
+  HttpResult del(const std::string& target, const std::string& key);
+  HttpResult call(const std::string& method, const std::string& target, const std::string& body,
+                  const std::string& key, std::map<std::string, std::string> headers);
   // Submits {"requests": [...]} for the harness model; returns the request_id or "".
   std::string submit(const nlohmann::json& requests, const std::string& key);
   // Runs a single-value SQL query on the harness database.

@@ -1,0 +1,56 @@
+// `headroom accounts show|set`.
+#include "cmd/accounts.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+
+#include "queue/accounts.h"
+#include "queue/pg.h"
+
+namespace hr::cmd {
+
+namespace {
+
+int fail(const Status& st) {
+  std::fprintf(stderr, "headroom: %s\n", st.to_string().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int run_accounts_show(const queue::StoreConfig& store, const std::string& account) {
+  auto conn = queue::pg_connect(store.database_url);
+  if (!conn.is_ok()) return fail(conn.status());
+  auto a = queue::get_account(**conn, account);
+  if (!a.is_ok()) return fail(a.status());
+  nlohmann::json j = {
+      {"id", a->id},
+      {"name", a->name},
+      {"created_at", a->created_at_ms / 1000},
+      {"retention_days", a->retention_seconds
+                             ? nlohmann::json(static_cast<double>(*a->retention_seconds) / 86400)
+                             : nlohmann::json(nullptr)},
+      {"active_keys", a->num_active_keys},
+      {"batches", a->num_batches},
+      {"open_batches", a->num_open_batches},
+      {"pending_requests", a->num_pending_requests}};
+  std::printf("%s\n", j.dump(2).c_str());
+  return 0;
+}
+
+int run_accounts_set(const queue::StoreConfig& store, const std::string& account,
+                     std::optional<double> retention_days) {
+  auto conn = queue::pg_connect(store.database_url);
+  if (!conn.is_ok()) return fail(conn.status());
+  if (retention_days) {
+    std::optional<int64_t> seconds;
+    if (*retention_days != 0) seconds = static_cast<int64_t>(*retention_days * 86400);
+    Status st = queue::set_account_retention(**conn, account, seconds);
+    if (!st.is_ok()) return fail(st);
+  }
+  conn->reset();
+  return run_accounts_show(store, account);
+}
+
+}  // namespace hr::cmd

@@ -1,0 +1,53 @@
+// Account settings and summaries.
+#include "queue/accounts.h"
+
+#include "queue/pg.h"
+
+namespace hr::queue {
+
+Result<AccountInfo> get_account(pqxx::connection& conn, const std::string& name) {
+  AccountInfo out;
+  Status st = pg_guard("get account", [&]() -> Status {
+    pqxx::nontransaction tx(conn);
+    pqxx::result r = tx.exec_params(
+        "SELECT a.id::text, a.name, (extract(epoch FROM a.created_at) * 1000)::bigint, "
+        "  a.retention_seconds, "
+        "  (SELECT count(*) FROM api_keys k WHERE k.account_id = a.id AND k.revoked_at IS NULL), "
+        "  (SELECT count(*) FROM batches b WHERE b.account_id = a.id), "
+        "  (SELECT count(*) FROM batches b WHERE b.account_id = a.id AND b.finished_at IS NULL), "
+        "  (SELECT coalesce(sum(num_total - num_completed - num_failed - num_cancelled - "
+        "     num_expired), 0) FROM batches b WHERE b.account_id = a.id "
+        "     AND b.finished_at IS NULL) "
+        "FROM accounts a WHERE a.name = $1",
+        name);
+    if (r.empty()) return not_found("no account named '" + name + "'");
+    const pqxx::row& row = r[0];
+    out.id = row[0].as<std::string>();
+    out.name = row[1].as<std::string>();
+    out.created_at_ms = row[2].as<int64_t>();
+    if (!row[3].is_null()) out.retention_seconds = row[3].as<int64_t>();
+    out.num_active_keys = row[4].as<int>();
+    out.num_batches = row[5].as<int64_t>();
+    out.num_open_batches = row[6].as<int64_t>();
+    out.num_pending_requests = row[7].as<int64_t>();
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  return out;
+}
+
+Status set_account_retention(pqxx::connection& conn, const std::string& name,
+                             std::optional<int64_t> seconds) {
+  if (seconds && (*seconds < 60 || *seconds > int64_t{3650} * 86400)) {
+    return invalid_argument("the retention must be a minute to 3650 days", "retention-days");
+  }
+  return pg_guard("set account retention", [&]() -> Status {
+    pqxx::nontransaction tx(conn);
+    pqxx::result r = tx.exec_params(
+        "UPDATE accounts SET retention_seconds = $2 WHERE name = $1 RETURNING 1", name, seconds);
+    if (r.empty()) return not_found("no account named '" + name + "'");
+    return Status::ok();
+  });
+}
+
+}  // namespace hr::queue

@@ -1,0 +1,34 @@
+// Accounts as operators see them (`headroom accounts`): settings and a summary of what they hold.
+// Keys are store.h's. Functions take a connection owned by the caller's thread.
+#pragma once
+
+#include <pqxx/pqxx>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "base/status.h"
+
+namespace hr::queue {
+
+struct AccountInfo {
+  std::string id;
+  std::string name;
+  int64_t created_at_ms = 0;
+  std::optional<int64_t> retention_seconds;  // its default retention; none: the server's
+  int num_active_keys = 0;
+  int64_t num_batches = 0;           // stored (not yet purged)
+  int64_t num_open_batches = 0;      // queued or running
+  int64_t num_pending_requests = 0;  // requests of open batches not yet ended
+};
+
+// kNotFound when there is no account of that name.
+[[nodiscard]] Result<AccountInfo> get_account(pqxx::connection& conn, const std::string& name);
+
+// Sets the account's default retention (nullopt: the server's). Applies to batches and files
+// created from now on. kNotFound when there is no account of that name.
+[[nodiscard]] Status set_account_retention(pqxx::connection& conn, const std::string& name,
+                                           std::optional<int64_t> seconds);
+
+}  // namespace hr::queue
