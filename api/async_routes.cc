@@ -6,6 +6,7 @@
 #include <optional>
 #include <unordered_set>
 
+#include "api/idempotency_key.h"
 #include "api/internal/api_impl.h"
 #include "base/clock.h"
 #include "base/duration.h"
@@ -115,15 +116,9 @@ http::HttpResponse Api::Impl::submit(const http::HttpRequest& req, const std::st
   batch.webhook_url = hook->url;
   batch.webhook_events = hook->events;
   batch.webhook_secret = hook->secret;
-  auto idem = req.find("Idempotency-Key");
-  if (idem != req.end()) {
-    std::string key(idem->value());
-    if (key.empty() || key.size() > 255) {
-      return error_response(
-          invalid_argument("Idempotency-Key must be 1 to 255 characters", "Idempotency-Key"));
-    }
-    batch.idempotency_key = key;
-  }
+  Result<std::optional<std::string>> idem = idempotency_key(req);
+  if (!idem.is_ok()) return error_response(idem.status());
+  batch.idempotency_key = *idem;
   batch.request_hash = sha256(req.body());
   Result<pqxx::connection*> c = pool->connection();
   if (!c.is_ok()) return db_error(c.status());
@@ -218,14 +213,9 @@ http::HttpResponse Api::Impl::retry(const http::HttpRequest& req, const std::str
   if (!parse_uuid(request_id).is_ok()) {
     return error_response(invalid_argument("request_id is not a valid id", "request_id"));
   }
-  queue::RetryRequest retry{account, request_id, std::nullopt};
-  if (auto idem = req.find("Idempotency-Key"); idem != req.end()) {
-    retry.idempotency_key = std::string(idem->value());
-    if (retry.idempotency_key->empty() || retry.idempotency_key->size() > 255) {
-      return error_response(
-          invalid_argument("Idempotency-Key must be 1 to 255 characters", "Idempotency-Key"));
-    }
-  }
+  Result<std::optional<std::string>> idem = idempotency_key(req);
+  if (!idem.is_ok()) return error_response(idem.status());
+  queue::RetryRequest retry{account, request_id, *idem};
   Result<pqxx::connection*> c = pool->connection();
   if (!c.is_ok()) return db_error(c.status());
   Result<queue::SubmitResult> r = queue::retry_batch(**c, retry);

@@ -7,6 +7,7 @@
 
 #include "api/batch_file.h"
 #include "api/errors.h"
+#include "api/idempotency_key.h"
 #include "api/multipart.h"
 #include "api/openai_objects.h"
 #include "api/webhooks_api.h"
@@ -411,14 +412,8 @@ http::Reply OpenAiBatchApi::create_batch(const http::HttpRequest& req, const std
                                   ? parse_batch_webhook(body, ctx_.webhook_policy)
                                   : parse_batch_webhook(metadata, ctx_.webhook_policy, "metadata.");
   if (!hook.is_ok()) return error_reply(hook.status());
-  std::optional<std::string> idempotency_key;
-  if (auto idem = req.find("Idempotency-Key"); idem != req.end()) {
-    idempotency_key = std::string(idem->value());
-    if (idempotency_key->empty() || idempotency_key->size() > 255) {
-      return error_reply(
-          invalid_argument("Idempotency-Key must be 1 to 255 characters", "Idempotency-Key"));
-    }
-  }
+  Result<std::optional<std::string>> idem = idempotency_key(req);
+  if (!idem.is_ok()) return error_reply(idem.status());
   if (!parse_uuid(file_id).is_ok()) {
     return error_reply(Status(StatusCode::kNotFound, "no such file: " + file_id, "input_file_id"));
   }
@@ -460,7 +455,7 @@ http::Reply OpenAiBatchApi::create_batch(const http::HttpRequest& req, const std
       batch.model = model->name;
       batch.api_shape = "openai";
       batch.deadline_unix_ms = SystemClock::instance().now_unix_ms() + *window_ms;
-      batch.idempotency_key = idempotency_key;
+      batch.idempotency_key = *idem;
       batch.request_hash = sha256(req.body());
       batch.metadata_json = metadata_json;
       batch.endpoint = endpoint;
@@ -595,14 +590,9 @@ http::Reply OpenAiBatchApi::retry_batch(const http::HttpRequest& req, const std:
   Result<queue::OpenAiBatch> b = ctx_.pool->with_connection<queue::OpenAiBatch>(
       [&](pqxx::connection& c) { return queue::get_openai_batch(c, account, id); });
   if (!b.is_ok()) return failure(b.status());
-  queue::RetryRequest retry{account, id, std::nullopt};
-  if (auto idem = req.find("Idempotency-Key"); idem != req.end()) {
-    retry.idempotency_key = std::string(idem->value());
-    if (retry.idempotency_key->empty() || retry.idempotency_key->size() > 255) {
-      return error_reply(
-          invalid_argument("Idempotency-Key must be 1 to 255 characters", "Idempotency-Key"));
-    }
-  }
+  Result<std::optional<std::string>> idem = idempotency_key(req);
+  if (!idem.is_ok()) return error_reply(idem.status());
+  queue::RetryRequest retry{account, id, *idem};
   Result<pqxx::connection*> c = ctx_.pool->connection();
   if (!c.is_ok()) return db_error(c.status());
   Result<queue::SubmitResult> r = queue::retry_batch(**c, retry);

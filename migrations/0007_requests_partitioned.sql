@@ -4,11 +4,11 @@
 -- partition's time range has expired or was deleted, the purge drops the partition whole
 -- (queue/retention.h) instead of deleting its rows.
 --
--- The existing table becomes the first partition as it is, from the lowest id to the end of the
--- next day: no row is copied, and a CHECK constraint, validated by one scan, spares ATTACH its own.
--- The dispatcher creates the next partitions ahead of time (request_partitions records them); the
--- default partition catches a request whose partition is not there yet, and its rows move into
--- their partition when that is created. The migration runs in one transaction: a crash leaves the
+-- The existing table becomes the first partition as it is, from the lowest id to now: no row is
+-- copied, and a CHECK constraint, validated by one scan, spares ATTACH its own. The dispatcher
+-- creates the next partitions, at its --partition-interval-s, from there and ahead of time
+-- (request_partitions records them); the default partition catches a request whose partition is
+-- not there yet, and its rows move into their partition when that is created. The migration runs in one transaction: a crash leaves the
 -- table as it was, and the migration runs again from the start.
 
 -- The smallest UUIDv7 of the millisecond `t`: a partition bound.
@@ -48,14 +48,14 @@ CREATE INDEX requests_push_pending ON requests (batch_id, idx) WHERE push_pendin
 
 DO $$
 DECLARE
-  bound timestamptz := date_trunc('day', now()) + interval '2 days';
+  bound timestamptz := date_trunc('second', now()) + interval '1 second';
   newest timestamptz;
 BEGIN
   -- Ids made by a clock ahead of this one stay in the first partition too.
   SELECT hr_uuid_v7_time(batch_id) INTO newest FROM requests_legacy
     ORDER BY batch_id DESC LIMIT 1;
   IF newest IS NOT NULL AND newest >= bound THEN
-    bound := date_trunc('day', newest) + interval '1 day';
+    bound := date_trunc('second', newest) + interval '1 second';
   END IF;
   EXECUTE format('ALTER TABLE requests_legacy ADD CONSTRAINT requests_legacy_range '
                  'CHECK (batch_id IS NOT NULL AND batch_id < %L::uuid)', hr_uuid_v7_floor(bound));

@@ -84,8 +84,10 @@ Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
   }
   std::map<std::string, Lease> claimed;
   Status st = pg_.run("claim", [&](pqxx::connection& pg) -> Status {
-    pqxx::work tx(pg);
-    pqxx::result r = tx.exec_params(
+    // Prepared: planned once per connection rather than once per pull, which matters on the
+    // partitioned requests table (its planning grows with the partitions; migrations/0007).
+    pg.prepare(
+        "hr_claim",
         "WITH t AS (SELECT DISTINCT b, i FROM jsonb_to_recordset($1::jsonb) AS t(b uuid, i int)), "
         "claimed AS ("
         "  UPDATE requests r SET status = 'running', attempt = r.attempt + 1, lease_owner = $2, "
@@ -102,8 +104,9 @@ Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
         "  UPDATE batches SET status = 'running', started_at = now() "
         "  WHERE id IN (SELECT DISTINCT batch_id FROM claimed) AND status = 'queued' RETURNING 1) "
         "SELECT batch_id::text, idx, attempt, num_failures, body, api_shape, submitted_ms, "
-        "account_id FROM claimed",
-        keys.dump(), options_.owner, options_.lease_ms);
+        "account_id FROM claimed");
+    pqxx::work tx(pg);
+    pqxx::result r = tx.exec_prepared("hr_claim", keys.dump(), options_.owner, options_.lease_ms);
     tx.commit();
     for (const auto& row : r) {
       Lease l;
@@ -143,15 +146,17 @@ Result<std::vector<RequestRef>> LeaseClient::renew(const std::vector<Lease>& lea
   if (leases.empty()) return lost;
   std::map<std::string, bool> kept;
   Status st = pg_.run("renew", [&](pqxx::connection& pg) -> Status {
-    pqxx::work tx(pg);
-    pqxx::result r = tx.exec_params(
+    pg.prepare(
+        "hr_renew",
         "UPDATE requests r SET lease_expires_at = now() + make_interval(secs => "
         "  $3::double precision / 1000) "
         "FROM jsonb_to_recordset($1::jsonb) AS t(b uuid, i int, a int) "
         "WHERE r.batch_id = t.b AND r.idx = t.i AND r.attempt = t.a AND r.status = 'running' "
         "  AND r.lease_owner = $2 "
-        "RETURNING r.batch_id::text, r.idx",
-        lease_keys(leases).dump(), options_.owner, options_.lease_ms);
+        "RETURNING r.batch_id::text, r.idx");
+    pqxx::work tx(pg);
+    pqxx::result r =
+        tx.exec_prepared("hr_renew", lease_keys(leases).dump(), options_.owner, options_.lease_ms);
     tx.commit();
     for (const auto& row : r) kept[key_of(row[0].as<std::string>(), row[1].as<int>())] = true;
     return Status::ok();
@@ -185,17 +190,17 @@ Result<std::vector<bool>> LeaseClient::finish(const std::vector<Lease>& leases,
   }
   std::map<std::string, bool> done;
   Status st = pg_.run("finish", [&](pqxx::connection& pg) -> Status {
+    pg.prepare("hr_finish",
+               "WITH t AS (SELECT * FROM jsonb_to_recordset($1::jsonb) AS t(b uuid, i int, a int, "
+               "  s text, res text, err text, pt int, ct int, cc int)) "
+               "UPDATE requests r SET status = t.s, result = t.res, error = t.err, "
+               "  prompt_tokens = t.pt, completion_tokens = t.ct, cached_tokens = t.cc, "
+               "  finished_at = now(), lease_owner = NULL, lease_expires_at = NULL "
+               "FROM t WHERE r.batch_id = t.b AND r.idx = t.i AND r.attempt = t.a "
+               "  AND r.status = 'running' "
+               "RETURNING r.batch_id::text, r.idx, r.status, t.pt, t.ct, t.cc, r.custom_id");
     pqxx::work tx(pg);
-    pqxx::result r = tx.exec_params(
-        "WITH t AS (SELECT * FROM jsonb_to_recordset($1::jsonb) AS t(b uuid, i int, a int, "
-        "  s text, res text, err text, pt int, ct int, cc int)) "
-        "UPDATE requests r SET status = t.s, result = t.res, error = t.err, "
-        "  prompt_tokens = t.pt, completion_tokens = t.ct, cached_tokens = t.cc, "
-        "  finished_at = now(), lease_owner = NULL, lease_expires_at = NULL "
-        "FROM t WHERE r.batch_id = t.b AND r.idx = t.i AND r.attempt = t.a "
-        "  AND r.status = 'running' "
-        "RETURNING r.batch_id::text, r.idx, r.status, t.pt, t.ct, t.cc, r.custom_id",
-        rows.dump());
+    pqxx::result r = tx.exec_prepared("hr_finish", rows.dump());
     struct Delta {
       int completed = 0, failed = 0;
       int64_t pt = 0, ct = 0, cc = 0;

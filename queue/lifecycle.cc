@@ -106,13 +106,8 @@ Result<SubmitResult> retry_batch(pqxx::connection& conn, const RetryRequest& ret
                             " unsucceeded requests but holds " +
                             std::to_string(copied.affected_rows()));
     }
-    write_event(tx, "batch.queued", inserted[1].as<std::string>(), id,
-                {{"id", id},
-                 {"status", "queued"},
-                 {"model", inserted[0].as<std::string>()},
-                 {"retried_from", retry.batch_id},
-                 {"request_counts", {{"total", unsucceeded}, {"completed", 0}, {"failed", 0}}}});
-    tx.exec("NOTIFY hr_dispatch");
+    announce_queued(tx, inserted[1].as<std::string>(), id, inserted[0].as<std::string>(),
+                    unsucceeded, {{"retried_from", retry.batch_id}});
     tx.commit();
     out.batch_id = id;
     return Status::ok();

@@ -30,7 +30,7 @@ Result<int> drop_dead_partitions(pqxx::connection& conn, const RetentionOptions&
     for (const auto& row :
          tx.exec_params("SELECT name FROM request_partitions "
                         "WHERE hi_at < now() - $1 * interval '1 second' ORDER BY hi_at LIMIT 8",
-                        o.drop_margin_seconds)) {
+                        o.drop_margin())) {
       closed.push_back(row[0].as<std::string>());
     }
     return Status::ok();
@@ -78,8 +78,7 @@ struct GoneBatch {
 };
 
 Status purge_batches(pqxx::connection& conn, const RetentionOptions& o, PurgeReport* report) {
-  const int64_t wait = o.wait_for_drop_seconds >= 0 ? o.wait_for_drop_seconds
-                                                    : o.partition_seconds + o.drop_margin_seconds;
+  const int64_t wait = o.wait_for_drop();
   std::vector<GoneBatch> gone;
   HR_RETURN_IF_ERROR(pg_guard("list gone batches", [&]() -> Status {
     pqxx::nontransaction tx(conn);

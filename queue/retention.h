@@ -16,6 +16,7 @@
 
 #include <pqxx/pqxx>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "base/status.h"
@@ -23,18 +24,27 @@
 namespace hr::queue {
 
 struct RetentionOptions {
-  int64_t partition_seconds = 86400;   // batches created in this long share a partition
-  int partitions_ahead = 2;            // partitions kept ready past the current one
-  int64_t drop_margin_seconds = 3600;  // a partition closed this long ago may be dropped (ids
-                                       // made by a clock that lags stay safe)
-  int64_t wait_for_drop_seconds = -1;  // an expired batch's rows wait this long for their
-                                       // partition to be dropped, then go in chunks (-1:
-                                       // partition_seconds + drop_margin_seconds)
-  int rows_per_chunk = 5000;           // request rows one DELETE removes
-  int max_row_chunks = 20;             // request DELETEs in one pass
-  int max_batches = 500;               // batches looked at in one pass
-  int max_files = 200;                 // files removed in one pass
-  int lock_timeout_ms = 200;           // DDL's wait for its lock
+  int64_t partition_seconds = 86400;  // batches created in this long share a partition
+  int partitions_ahead = 2;           // partitions kept ready past the current one
+  // A partition closed this long ago may be dropped, so that ids made by a clock that lags stay
+  // safe (-1: an interval, at most an hour).
+  int64_t drop_margin_seconds = -1;
+  // An expired batch's rows wait this long for their partition to be dropped, then go in chunks
+  // (-1: an interval and the drop margin).
+  int64_t wait_for_drop_seconds = -1;
+  int rows_per_chunk = 5000;  // request rows one DELETE removes
+  int max_row_chunks = 20;    // request DELETEs in one pass
+  int max_batches = 500;      // batches looked at in one pass
+  int max_files = 200;        // files removed in one pass
+  int lock_timeout_ms = 200;  // DDL's wait for its lock
+
+  int64_t drop_margin() const {
+    return drop_margin_seconds >= 0 ? drop_margin_seconds
+                                    : std::min<int64_t>(partition_seconds, 3600);
+  }
+  int64_t wait_for_drop() const {
+    return wait_for_drop_seconds >= 0 ? wait_for_drop_seconds : partition_seconds + drop_margin();
+  }
 };
 
 struct PurgeReport {

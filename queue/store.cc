@@ -279,18 +279,25 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
       copy.complete();
     }
     if (batch.webhook_url && !batch.webhook_secret) ensure_signing_secret(tx, batch.account_id);
-    write_event(tx, "batch.queued", batch.account_id, id,
-                {{"id", id},
-                 {"status", "queued"},
-                 {"model", batch.model},
-                 {"request_counts", {{"total", batch.size()}, {"completed", 0}, {"failed", 0}}}});
-    tx.exec("NOTIFY hr_dispatch");
+    announce_queued(tx, batch.account_id, id, batch.model, static_cast<int64_t>(batch.size()),
+                    nlohmann::json::object());
     tx.commit();
     out.batch_id = id;
     return Status::ok();
   });
   if (!st.is_ok()) return st;
   return out;
+}
+
+void announce_queued(pqxx::work& tx, const std::string& account_id, const std::string& batch_id,
+                     const std::string& model, int64_t total, const nlohmann::json& extra) {
+  nlohmann::json data = {{"id", batch_id},
+                         {"status", "queued"},
+                         {"model", model},
+                         {"request_counts", {{"total", total}, {"completed", 0}, {"failed", 0}}}};
+  data.update(extra);
+  write_event(tx, "batch.queued", account_id, batch_id, data);
+  tx.exec("NOTIFY hr_dispatch");
 }
 
 Result<BatchInfo> get_batch(pqxx::connection& conn, const std::string& account_id,

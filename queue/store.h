@@ -183,6 +183,11 @@ struct Requeued {
 // (claimed, and maybe put back again, at a later attempt).
 [[nodiscard]] Status mark_pushed(pqxx::connection& conn, const std::vector<Requeued>& requeued);
 
+// Writes the batch.queued event of a new batch (with `extra` fields) and wakes the dispatchers at
+// commit.
+void announce_queued(pqxx::work& tx, const std::string& account_id, const std::string& batch_id,
+                     const std::string& model, int64_t total, const nlohmann::json& extra);
+
 // Writes one event to the outbox (and wakes the webhook dispatcher at commit). `data` is the
 // event's small payload; the envelope {id, type, created_at, data} is added here.
 void write_event(pqxx::work& tx, const std::string& type, const std::string& account_id,

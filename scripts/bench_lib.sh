@@ -23,7 +23,9 @@ scripts/services.sh start "$svc" >/dev/null
 # shellcheck disable=SC1091
 source "$svc/env"
 bin=build-release/headroom
-$bin --log-level warn migrate
+# HEADROOM_BENCH_MIGRATIONS: a folder of migrations to apply instead of the built-in ones (the
+# schema of an earlier version, to compare with).
+$bin --log-level warn migrate ${HEADROOM_BENCH_MIGRATIONS:+--migrations-dir "$HEADROOM_BENCH_MIGRATIONS"}
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
 bench_key() { $bin keys create --account "$1" 2>/dev/null; }

@@ -12,7 +12,8 @@ model="@hr/tiny-reverse"
 $bin --log-level warn api --port "$port" &
 api_pid=$!
 pids+=("$api_pid")
-$bin --log-level warn dispatcher &
+# shellcheck disable=SC2086
+$bin --log-level warn dispatcher ${HEADROOM_BENCH_DISPATCHER_ARGS:-} &
 pids+=("$!")
 bench_wait_ready "$port"
 build-release/tests/headroom_queue_bench --port "$port" --key "$key" --model "$model" \

@@ -51,6 +51,70 @@ TEST(MigrateTest, BundledMigrationsApplyOnceThenNothing) {
             static_cast<int>(all.size()));
 }
 
+// Retention (0006) and partitioning the requests table (0007) keep every existing row, in place,
+// and the table works as before: reads by key, new batches, and ids made by a clock ahead of this
+// one.
+TEST(MigrateTest, PartitioningKeepsEveryExistingRequest) {
+  testing::TestDatabase db;
+  ASSERT_TRUE(db.ok());
+  std::vector<Migration> before;
+  for (const Migration& m : bundled_migrations()) {
+    if (m.name < "0006") before.push_back(m);
+  }
+  ASSERT_TRUE(migrate(db.url(), before).is_ok());
+  {
+    pqxx::connection c(db.url());
+    pqxx::nontransaction tx(c);
+    tx.exec("INSERT INTO accounts (id, name) VALUES (gen_random_uuid(), 'a')");
+    // Two batches: one from 2024, one whose id was made an hour ahead of this clock.
+    std::string ahead = tx.exec1(
+                              "SELECT (lpad(to_hex((extract(epoch FROM now() + interval "
+                              "'1 hour') * 1000)::bigint), 12, '0') || "
+                              "'70008000000000000001')::uuid::text")[0]
+                            .as<std::string>();
+    for (const std::string& id : {std::string("018f0000-0000-7000-8000-000000000001"), ahead}) {
+      tx.exec(
+          "INSERT INTO batches (id, account_id, model, api_shape, status, num_total) "
+          "SELECT '" +
+          id + "', id, 'm', 'workers_ai', 'queued', 5000 FROM accounts");
+      tx.exec("INSERT INTO requests (batch_id, idx, body) SELECT '" + id +
+              "', g, '{\"n\": ' || g || '}' FROM generate_series(0, 4999) g");
+    }
+  }
+  int64_t checksum_before = count_rows(db.url(), "SELECT sum(idx) + count(*) FROM requests");
+  auto r = migrate(db.url(), bundled_migrations());
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(count_rows(db.url(), "SELECT count(*) FROM requests"), 10000);
+  EXPECT_EQ(count_rows(db.url(), "SELECT sum(idx) + count(*) FROM requests"), checksum_before);
+  EXPECT_EQ(count_rows(db.url(), "SELECT count(*) FROM requests_legacy"), 10000)
+      << "the old table is the first partition, rows in place";
+  EXPECT_EQ(count_rows(db.url(),
+                       "SELECT count(*) FROM pg_inherits WHERE inhparent = "
+                       "'requests'::regclass"),
+            2);  // the old table and the default
+  EXPECT_EQ(count_rows(db.url(),
+                       "SELECT count(*) FROM requests WHERE batch_id = "
+                       "'018f0000-0000-7000-8000-000000000001' AND idx = 4321 AND "
+                       "body = '{\"n\": 4321}'"),
+            1);
+  // A new batch's requests go to the default partition until the dispatcher makes theirs.
+  pqxx::connection c(db.url());
+  pqxx::work tx(c);  // one now() for both
+  tx.exec(
+      "INSERT INTO batches (id, account_id, model, api_shape, status, num_total, "
+      "retain_seconds, expires_at) SELECT hr_uuid_v7_floor(now() + interval '2 hours'), id, "
+      "'m', 'workers_ai', 'queued', 1, 60, now() FROM accounts");
+  tx.exec(
+      "INSERT INTO requests (batch_id, idx, body) SELECT hr_uuid_v7_floor(now() + interval "
+      "'2 hours'), 0, '{}'");
+  tx.commit();
+  EXPECT_EQ(count_rows(db.url(), "SELECT count(*) FROM requests_default"), 1);
+  // Restartable: the whole migration is one transaction, and applying again does nothing.
+  auto again = migrate(db.url(), bundled_migrations());
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_TRUE(again->applied.empty());
+}
+
 TEST(MigrateTest, ConcurrentMigratorsApplyExactlyOnce) {
   testing::TestDatabase db;
   ASSERT_TRUE(db.ok());
