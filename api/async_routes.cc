@@ -216,6 +216,10 @@ http::HttpResponse Api::Impl::retry(const http::HttpRequest& req, const std::str
   Result<std::optional<std::string>> idem = idempotency_key(req);
   if (!idem.is_ok()) return error_response(idem.status());
   queue::RetryRequest retry{account, request_id, *idem};
+  pool->release();  // a webhook host's lookup may take seconds: hold no connection meanwhile
+  if (Status st = parse_retry_body(req.body(), webhooks.policy, &retry); !st.is_ok()) {
+    return error_response(st);
+  }
   Result<pqxx::connection*> c = pool->connection();
   if (!c.is_ok()) return db_error(c.status());
   Result<queue::SubmitResult> r = queue::retry_batch(**c, retry);

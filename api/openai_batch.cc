@@ -593,6 +593,10 @@ http::Reply OpenAiBatchApi::retry_batch(const http::HttpRequest& req, const std:
   Result<std::optional<std::string>> idem = idempotency_key(req);
   if (!idem.is_ok()) return error_reply(idem.status());
   queue::RetryRequest retry{account, id, *idem};
+  ctx_.pool->release();  // a webhook host's lookup may take seconds
+  if (Status st = parse_retry_body(req.body(), ctx_.webhook_policy, &retry); !st.is_ok()) {
+    return error_reply(st);
+  }
   Result<pqxx::connection*> c = ctx_.pool->connection();
   if (!c.is_ok()) return db_error(c.status());
   Result<queue::SubmitResult> r = queue::retry_batch(**c, retry);

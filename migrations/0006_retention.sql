@@ -19,8 +19,12 @@ ALTER TABLE batches
   ADD COLUMN deleted_at timestamptz,
   ADD COLUMN retried_from uuid;
 UPDATE batches SET retain_seconds = 30 * 86400, expires_at = created_at + interval '30 days';
+-- The defaults are the server's default retention, for rows written by hand or by tools; the
+-- store always sets both.
 ALTER TABLE batches ALTER COLUMN retain_seconds SET NOT NULL,
-  ALTER COLUMN expires_at SET NOT NULL;
+  ALTER COLUMN retain_seconds SET DEFAULT 30 * 86400,
+  ALTER COLUMN expires_at SET NOT NULL,
+  ALTER COLUMN expires_at SET DEFAULT now() + interval '30 days';
 
 -- The purge's work lists: ended batches by expiry, and batches deleted by their clients.
 CREATE INDEX batches_expiry_idx ON batches (expires_at) WHERE finished_at IS NOT NULL;
@@ -32,7 +36,8 @@ ALTER TABLE files ADD COLUMN expires_at timestamptz;
 UPDATE files SET expires_at = created_at + interval '30 days';
 UPDATE files f SET expires_at = b.expires_at FROM batches b WHERE f.id = b.output_file_id;
 UPDATE files f SET expires_at = b.expires_at FROM batches b WHERE f.id = b.error_file_id;
-ALTER TABLE files ALTER COLUMN expires_at SET NOT NULL;
+ALTER TABLE files ALTER COLUMN expires_at SET NOT NULL,
+  ALTER COLUMN expires_at SET DEFAULT now() + interval '30 days';
 CREATE INDEX files_expiry_idx ON files (expires_at);
 CREATE INDEX files_deleted_idx ON files (id) WHERE deleted_at IS NOT NULL;
 

@@ -7,6 +7,7 @@
 #include "base/ids.h"
 #include "queue/internal/batch_row.h"
 #include "queue/pg.h"
+#include "queue/webhooks.h"
 
 namespace hr::queue {
 
@@ -91,10 +92,20 @@ Result<SubmitResult> retry_batch(pqxx::connection& conn, const RetryRequest& ret
         "retain_seconds, expires_at, retried_from) "
         "SELECT $1, account_id, model, api_shape, 'queued', $3, priority, "
         "now() + (deadline - created_at), $4, decode($5, 'hex'), metadata, endpoint, "
-        "input_file_id, completion_window, webhook_url, webhook_events, webhook_secret, "
+        "input_file_id, completion_window, "
+        "CASE WHEN $6 THEN $7 ELSE webhook_url END, "
+        "CASE WHEN $6 THEN $8::text[] ELSE webhook_events END, "
+        "CASE WHEN $6 THEN $9 ELSE webhook_secret END, "
         "request_events, retain_seconds, now() + retain_seconds * interval '1 second', id "
         "FROM batches WHERE id = $2::uuid RETURNING model, account_id::text",
-        id, retry.batch_id, unsucceeded, retry.idempotency_key, hash);
+        id, retry.batch_id, unsucceeded, retry.idempotency_key, hash, retry.webhook_given,
+        retry.webhook_url,
+        retry.webhook_events ? std::optional<std::string>(pg_text_array(*retry.webhook_events))
+                             : std::nullopt,
+        retry.webhook_secret);
+    if (retry.webhook_given && retry.webhook_url && !retry.webhook_secret) {
+      ensure_signing_secret(tx, retry.account_id);
+    }
     pqxx::result copied = tx.exec_params(
         "INSERT INTO requests (batch_id, idx, custom_id, body) "
         "SELECT $1::uuid, (row_number() OVER (ORDER BY idx) - 1)::integer, custom_id, body "

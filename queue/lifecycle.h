@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "queue/store.h"
@@ -23,10 +24,17 @@ struct RetryRequest {
   std::string batch_id;  // the batch whose failed, expired and cancelled requests run again
   // Replays the retry made with the same key (for this batch) instead of making another.
   std::optional<std::string> idempotency_key;
+  // The new batch's completion webhook, when the retry names one (checked by the caller); else
+  // the original's.
+  bool webhook_given = false;
+  std::optional<std::string> webhook_url;
+  std::optional<std::vector<std::string>> webhook_events;
+  std::optional<std::string> webhook_secret;
 };
 
 // A new batch of the failed, expired and cancelled requests of an ended batch, in their order,
-// with their custom ids, numbered from 0; it keeps the original's model, shape, metadata, webhook,
+// with their custom ids, numbered from 0; it keeps the original's model, shape, metadata, webhook
+// (unless the retry names one),
 // retention and completion window (from now), and records retried_from. kConflict when the batch
 // has not ended or has nothing to retry.
 [[nodiscard]] Result<SubmitResult> retry_batch(pqxx::connection& conn, const RetryRequest& retry);

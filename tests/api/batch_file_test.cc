@@ -229,7 +229,10 @@ TEST(OpenAiObjectsTest, BatchObjectFields) {
                                             "cancelled_at",
                                             "request_counts",
                                             "usage",
-                                            "metadata"}));  // OpenAI's order
+                                            "metadata",
+                                            "data_expires_at",
+                                            "retried_from",
+                                            "retries"}));  // OpenAI's order, then extensions
   EXPECT_EQ(j["object"], "batch");
   EXPECT_EQ(j["status"], "completed");
   EXPECT_EQ(j["created_at"], 1000);

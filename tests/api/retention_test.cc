@@ -229,6 +229,16 @@ TEST(RetentionTest, RetryRunsExactlyTheUnsucceededInOrder) {
   EXPECT_EQ(nothing.status, 409) << nothing.body;
   EXPECT_EQ(h.post("/v1/async/" + id + "/retry", "", h.key_b()).status, 404);
 
+  // A retry may name its own webhook; only webhook fields are taken.
+  HttpResult bad = h.post("/v1/async/" + id + "/retry", R"({"model": "other"})", h.key_a());
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_NE(bad.body.find("model"), std::string::npos) << bad.body;
+  HttpResult bad_url =
+      h.post("/v1/async/" + id + "/retry", R"({"webhook_url": "ftp://x"})", h.key_a());
+  EXPECT_EQ(bad_url.status, 400) << bad_url.body;
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM batches WHERE retried_from = '" + id + "'"), 1)
+      << "a refused retry makes nothing";
+
   // Expired requests are retried too.
   HttpResult windowed = h.post(
       "/ai/run/" + h.model() + "?queueRequest=true",
@@ -240,7 +250,17 @@ TEST(RetentionTest, RetryRunsExactlyTheUnsucceededInOrder) {
            late + "'");
   ASSERT_TRUE(c.dispatcher->expire_deadlines().is_ok());
   ASSERT_EQ(poll(h, late)["status"], "expired");
+  exec(h,
+       "UPDATE batches SET webhook_url = 'http://127.0.0.1:9/old', webhook_events = "
+       "'{batch.completed}' WHERE id = '" +
+           late + "'");
   json late_retry = h.post("/v1/async/" + late + "/retry", "", h.key_a()).json()["result"];
+  std::string late_id = late_retry["request_id"];
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM batches WHERE id = '" + late_id +
+                     "' AND webhook_url = 'http://127.0.0.1:9/old' AND webhook_events = "
+                     "'{batch.completed}'"),
+            1)
+      << "the webhook defaults to the original's";
   EXPECT_EQ(late_retry["progress"]["total"], 1);
   EXPECT_GT(late_retry["deadline"].get<int64_t>(), late_retry["created_at"].get<int64_t>() + 3000)
       << "the window runs again from the retry";
