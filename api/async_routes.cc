@@ -141,7 +141,7 @@ http::HttpResponse Api::Impl::submit(const http::HttpRequest& req, const std::st
   int64_t store_ns = steady_now_ns() - t1;
   if (bad_request) return error_response(bad_request->status, bad_request->index);
   if (!r.is_ok()) {
-    if (r.status().code() == StatusCode::kConflict) return error_response(r.status());
+    if (is_refusal(r.status())) return error_response(r.status());
     return db_error(r.status());
   }
   log::info("batch.submitted", {{"batch", r->batch_id},
@@ -215,7 +215,10 @@ http::HttpResponse Api::Impl::retry(const http::HttpRequest& req, const std::str
   }
   Result<std::optional<std::string>> idem = idempotency_key(req);
   if (!idem.is_ok()) return error_response(idem.status());
-  queue::RetryRequest retry{account, request_id, *idem};
+  queue::RetryRequest retry;
+  retry.account_id = account;
+  retry.batch_id = request_id;
+  retry.idempotency_key = *idem;
   pool->release();  // a webhook host's lookup may take seconds: hold no connection meanwhile
   if (Status st = parse_retry_body(req.body(), webhooks.policy, &retry); !st.is_ok()) {
     return error_response(st);
@@ -223,7 +226,7 @@ http::HttpResponse Api::Impl::retry(const http::HttpRequest& req, const std::str
   Result<pqxx::connection*> c = pool->connection();
   if (!c.is_ok()) return db_error(c.status());
   Result<queue::SubmitResult> r = queue::retry_batch(**c, retry);
-  if (!r.is_ok() && r.status().code() == StatusCode::kConflict) return error_response(r.status());
+  if (!r.is_ok() && is_refusal(r.status())) return error_response(r.status());
   if (!r.is_ok()) return missing_or_db_error(r.status(), request_id);
   log::info("batch.retried",
             {{"batch", r->batch_id}, {"retried_from", request_id}, {"replayed", r->replayed}});

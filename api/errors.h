@@ -17,6 +17,12 @@
 
 namespace hr::api {
 
+// A store's answer that refuses the request as the client made it (a reused Idempotency-Key, a
+// quota reached), not a failure of the store: answered as it is (409, 429 with Retry-After).
+inline bool is_refusal(const Status& st) {
+  return st.code() == StatusCode::kConflict || st.code() == StatusCode::kResourceExhausted;
+}
+
 // Stable numeric error codes for clients (3040 is Workers AI's "Out of capacity").
 int error_code_for(StatusCode code);
 nlohmann::json error_body(const Status& status, std::optional<int> index = std::nullopt);

@@ -479,8 +479,7 @@ http::Reply OpenAiBatchApi::create_batch(const http::HttpRequest& req, const std
       Result<queue::SubmitResult> r = queue::submit_batch(**c, batch);
       if (errors.empty()) {
         if (!r.is_ok()) {
-          return r.status().code() == StatusCode::kConflict ? error_reply(r.status())
-                                                            : db_error(r.status());
+          return is_refusal(r.status()) ? error_reply(r.status()) : db_error(r.status());
         }
         log::info("batch.submitted", {{"batch", r->batch_id},
                                       {"model", model->name},
@@ -592,7 +591,10 @@ http::Reply OpenAiBatchApi::retry_batch(const http::HttpRequest& req, const std:
   if (!b.is_ok()) return failure(b.status());
   Result<std::optional<std::string>> idem = idempotency_key(req);
   if (!idem.is_ok()) return error_reply(idem.status());
-  queue::RetryRequest retry{account, id, *idem};
+  queue::RetryRequest retry;
+  retry.account_id = account;
+  retry.batch_id = id;
+  retry.idempotency_key = *idem;
   ctx_.pool->release();  // a webhook host's lookup may take seconds
   if (Status st = parse_retry_body(req.body(), ctx_.webhook_policy, &retry); !st.is_ok()) {
     return error_reply(st);
@@ -601,8 +603,7 @@ http::Reply OpenAiBatchApi::retry_batch(const http::HttpRequest& req, const std:
   if (!c.is_ok()) return db_error(c.status());
   Result<queue::SubmitResult> r = queue::retry_batch(**c, retry);
   if (!r.is_ok()) {
-    return r.status().code() == StatusCode::kConflict ? error_reply(r.status())
-                                                      : failure(r.status());
+    return is_refusal(r.status()) ? error_reply(r.status()) : failure(r.status());
   }
   log::info("batch.retried",
             {{"batch", r->batch_id}, {"retried_from", id}, {"replayed", r->replayed}});

@@ -31,6 +31,8 @@ int run_accounts_show(const queue::StoreConfig& store, const std::string& accoun
       {"retention_days", a->retention_seconds
                              ? nlohmann::json(static_cast<double>(*a->retention_seconds) / 86400)
                              : nlohmann::json(nullptr)},
+      {"max_enqueued_requests", a->max_enqueued_requests ? nlohmann::json(*a->max_enqueued_requests)
+                                                         : nlohmann::json(nullptr)},
       {"active_keys", a->num_active_keys},
       {"batches", a->num_batches},
       {"open_batches", a->num_open_batches},
@@ -40,13 +42,21 @@ int run_accounts_show(const queue::StoreConfig& store, const std::string& accoun
 }
 
 int run_accounts_set(const queue::StoreConfig& store, const std::string& account,
-                     std::optional<double> retention_days) {
+                     const AccountChanges& changes) {
   auto conn = queue::pg_connect(store.database_url);
   if (!conn.is_ok()) return fail(conn.status());
-  if (retention_days) {
+  if (changes.retention_days) {
     std::optional<int64_t> seconds;
-    if (*retention_days != 0) seconds = static_cast<int64_t>(*retention_days * 86400);
+    if (*changes.retention_days != 0) {
+      seconds = static_cast<int64_t>(*changes.retention_days * 86400);
+    }
     Status st = queue::set_account_retention(**conn, account, seconds);
+    if (!st.is_ok()) return fail(st);
+  }
+  if (changes.max_enqueued_requests) {
+    std::optional<int64_t> max;
+    if (*changes.max_enqueued_requests != 0) max = *changes.max_enqueued_requests;
+    Status st = queue::set_account_max_enqueued(**conn, account, max);
     if (!st.is_ok()) return fail(st);
   }
   conn->reset();

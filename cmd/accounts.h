@@ -1,6 +1,7 @@
 // `headroom accounts`: an account's settings and what it holds, and setting its defaults.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -10,9 +11,14 @@ namespace hr::cmd {
 
 // Prints the account as JSON.
 int run_accounts_show(const queue::StoreConfig& store, const std::string& account);
-// Sets the account's default retention in days (0: the server's --retention-days), then prints
-// the account.
+// What `accounts set` changes; what is not given stays.
+struct AccountChanges {
+  std::optional<double> retention_days;          // 0: the server's --retention-days
+  std::optional<int64_t> max_enqueued_requests;  // 0: no limit
+};
+
+// Applies the changes, then prints the account.
 int run_accounts_set(const queue::StoreConfig& store, const std::string& account,
-                     std::optional<double> retention_days);
+                     const AccountChanges& changes);
 
 }  // namespace hr::cmd

@@ -140,6 +140,7 @@ int main(int argc, char** argv) {
   hr::queue::StoreConfig accounts_set_store;
   std::string accounts_name;
   std::optional<double> accounts_retention;
+  std::optional<int64_t> accounts_max_enqueued;
   CLI::App* accounts_cmd = app.add_subcommand("accounts", "Show and set accounts' defaults");
   accounts_cmd->require_subcommand(1);
   CLI::App* accounts_show =
@@ -152,6 +153,9 @@ int main(int argc, char** argv) {
   accounts_set->add_option("--retention-days", accounts_retention,
                            "Its batches and files are kept this long unless a request says (0: "
                            "the server's --retention-days)");
+  accounts_set->add_option("--max-enqueued-requests", accounts_max_enqueued,
+                           "The most of its requests queued or running at once; a submit past "
+                           "it gets 429 (0: no limit)");
 
   hr::queue::StoreConfig keys_create_store;
   hr::queue::StoreConfig keys_revoke_store;
@@ -231,7 +235,8 @@ int main(int argc, char** argv) {
     if (!validate(store.validate())) return 2;
     return accounts_show->parsed()
                ? hr::cmd::run_accounts_show(store, accounts_name)
-               : hr::cmd::run_accounts_set(store, accounts_name, accounts_retention);
+               : hr::cmd::run_accounts_set(store, accounts_name,
+                                           {accounts_retention, accounts_max_enqueued});
   }
   if (keys_create->parsed()) {
     return validate(keys_create_store.validate())

@@ -17,7 +17,7 @@ Result<AccountInfo> get_account(pqxx::connection& conn, const std::string& name)
         "  (SELECT count(*) FROM batches b WHERE b.account_id = a.id AND b.finished_at IS NULL), "
         "  (SELECT coalesce(sum(num_total - num_completed - num_failed - num_cancelled - "
         "     num_expired), 0) FROM batches b WHERE b.account_id = a.id "
-        "     AND b.finished_at IS NULL) "
+        "     AND b.finished_at IS NULL), a.max_enqueued_requests "
         "FROM accounts a WHERE a.name = $1",
         name);
     if (r.empty()) return not_found("no account named '" + name + "'");
@@ -30,6 +30,7 @@ Result<AccountInfo> get_account(pqxx::connection& conn, const std::string& name)
     out.num_batches = row[5].as<int64_t>();
     out.num_open_batches = row[6].as<int64_t>();
     out.num_pending_requests = row[7].as<int64_t>();
+    if (!row[8].is_null()) out.max_enqueued_requests = row[8].as<int64_t>();
     return Status::ok();
   });
   if (!st.is_ok()) return st;
@@ -45,6 +46,21 @@ Status set_account_retention(pqxx::connection& conn, const std::string& name,
     pqxx::nontransaction tx(conn);
     pqxx::result r = tx.exec_params(
         "UPDATE accounts SET retention_seconds = $2 WHERE name = $1 RETURNING 1", name, seconds);
+    if (r.empty()) return not_found("no account named '" + name + "'");
+    return Status::ok();
+  });
+}
+
+Status set_account_max_enqueued(pqxx::connection& conn, const std::string& name,
+                                std::optional<int64_t> max_requests) {
+  if (max_requests && *max_requests < 1) {
+    return invalid_argument("the limit must be at least 1", "max-enqueued-requests");
+  }
+  return pg_guard("set account limit", [&]() -> Status {
+    pqxx::nontransaction tx(conn);
+    pqxx::result r =
+        tx.exec_params("UPDATE accounts SET max_enqueued_requests = $2 WHERE name = $1 RETURNING 1",
+                       name, max_requests);
     if (r.empty()) return not_found("no account named '" + name + "'");
     return Status::ok();
   });

@@ -16,7 +16,8 @@ struct AccountInfo {
   std::string id;
   std::string name;
   int64_t created_at_ms = 0;
-  std::optional<int64_t> retention_seconds;  // its default retention; none: the server's
+  std::optional<int64_t> retention_seconds;      // its default retention; none: the server's
+  std::optional<int64_t> max_enqueued_requests;  // none: no limit
   int num_active_keys = 0;
   int64_t num_batches = 0;           // stored (not yet purged)
   int64_t num_open_batches = 0;      // queued or running
@@ -30,5 +31,9 @@ struct AccountInfo {
 // created from now on. kNotFound when there is no account of that name.
 [[nodiscard]] Status set_account_retention(pqxx::connection& conn, const std::string& name,
                                            std::optional<int64_t> seconds);
+
+// Sets the most requests the account may have queued or running at once (nullopt: no limit).
+[[nodiscard]] Status set_account_max_enqueued(pqxx::connection& conn, const std::string& name,
+                                              std::optional<int64_t> max_requests);
 
 }  // namespace hr::queue

@@ -103,6 +103,7 @@ Result<SubmitResult> retry_batch(pqxx::connection& conn, const RetryRequest& ret
         retry.webhook_events ? std::optional<std::string>(pg_text_array(*retry.webhook_events))
                              : std::nullopt,
         retry.webhook_secret);
+    HR_RETURN_IF_ERROR(enforce_enqueued_limit(tx, retry.account_id));
     if (retry.webhook_given && retry.webhook_url && !retry.webhook_secret) {
       ensure_signing_secret(tx, retry.account_id);
     }

@@ -278,6 +278,7 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
       }
       copy.complete();
     }
+    HR_RETURN_IF_ERROR(enforce_enqueued_limit(tx, batch.account_id));  // rolls back when over
     if (batch.webhook_url && !batch.webhook_secret) ensure_signing_secret(tx, batch.account_id);
     announce_queued(tx, batch.account_id, id, batch.model, static_cast<int64_t>(batch.size()),
                     nlohmann::json::object());
@@ -287,6 +288,29 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
   });
   if (!st.is_ok()) return st;
   return out;
+}
+
+Status enforce_enqueued_limit(pqxx::work& tx, const std::string& account_id) {
+  pqxx::result limit = tx.exec_params(
+      "SELECT max_enqueued_requests FROM accounts WHERE id = $1 AND max_enqueued_requests IS NOT "
+      "NULL",
+      account_id);
+  if (limit.empty()) return Status::ok();
+  tx.exec_params("SELECT pg_advisory_xact_lock(hashtextextended('hr_enqueued:' || $1, 0))",
+                 account_id);
+  pqxx::row pending = tx.exec_params1(
+      "SELECT coalesce(sum(num_total - num_completed - num_failed - num_cancelled - num_expired), "
+      "0) FROM batches WHERE account_id = $1 AND finished_at IS NULL",
+      account_id);
+  const int64_t max = limit[0][0].as<int64_t>();
+  const int64_t now = pending[0].as<int64_t>();
+  if (now <= max) return Status::ok();
+  return Status(StatusCode::kResourceExhausted,
+                "this would make " + std::to_string(now) +
+                    " of the account's requests queued or running, past its limit of " +
+                    std::to_string(max) +
+                    " (max_enqueued_requests); submit again when some have finished",
+                "max_enqueued_requests");
 }
 
 void announce_queued(pqxx::work& tx, const std::string& account_id, const std::string& batch_id,

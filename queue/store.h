@@ -183,6 +183,14 @@ struct Requeued {
 // (claimed, and maybe put back again, at a later attempt).
 [[nodiscard]] Status mark_pushed(pqxx::connection& conn, const std::vector<Requeued>& requeued);
 
+// Refuses (kResourceExhausted, field "max_enqueued_requests") a transaction that has just written a
+// new batch of the account when the account's requests queued or running, the new ones included,
+// pass its max_enqueued_requests. Call after the batch's rows are written and before the commit: it
+// serializes the account's submits on an advisory lock to the end of the transaction, so that
+// concurrent submits through any number of API processes cannot pass the limit together; the
+// count is read from the batches themselves, so there is no counter to drift.
+[[nodiscard]] Status enforce_enqueued_limit(pqxx::work& tx, const std::string& account_id);
+
 // Writes the batch.queued event of a new batch (with `extra` fields) and wakes the dispatchers at
 // commit.
 void announce_queued(pqxx::work& tx, const std::string& account_id, const std::string& batch_id,

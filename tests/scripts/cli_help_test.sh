@@ -18,6 +18,7 @@ for cmd in serve api worker dispatcher migrate; do
 done
 check "worker --help" "--max-utilization"
 check "accounts set --help" "--retention-days"
+check "accounts set --help" "--max-enqueued-requests"
 check "accounts show --help" "--account"
 check "dispatcher --help" "--partition-interval-s"
 check "serve --help" "--retention-days"

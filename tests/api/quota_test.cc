@@ -1,0 +1,121 @@
+// Account quotas over real HTTP and Postgres, through two API instances on one database: submits
+// racing past max_enqueued_requests are refused whole with 429 naming the limit (Workers-AI and
+// OpenAI shapes, and retries), nothing of them is written, and the room comes back as requests end.
+#include <gtest/gtest.h>
+
+#include <pqxx/pqxx>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "tests/testing/api_harness.h"
+
+namespace hr::api {
+namespace {
+
+using nlohmann::json;
+using testing::ApiHarness;
+using testing::HttpResult;
+
+json three_requests() {
+  json reqs = json::array();
+  for (int i = 0; i < 3; ++i) {
+    reqs.push_back(
+        {{"messages", {{{"role", "user"}, {"content", "reverse: q" + std::to_string(i)}}}},
+         {"max_tokens", 8}});
+  }
+  return json{{"requests", reqs}};
+}
+
+HttpResult submit(ApiHarness& h, const std::string& key) {
+  return h.post("/ai/run/" + h.model() + "?queueRequest=true", three_requests().dump(), key);
+}
+
+TEST(QuotaTest, ConcurrentSubmitsThroughTwoApisNeverPassTheLimit) {
+  ApiHarness one;
+  ASSERT_TRUE(one.ok());
+  ApiHarness two(one.database_url(), one.redis_url());  // a second API on the same store
+  ASSERT_TRUE(two.ok());
+  one.scalar(
+      "WITH u AS (UPDATE accounts SET max_enqueued_requests = 10 WHERE name = 'alice' "
+      "RETURNING 1) SELECT count(*) FROM u");
+  std::atomic<int> accepted{0};
+  std::atomic<int> refused{0};
+  std::vector<std::thread> clients;
+  std::vector<HttpResult> refusals(8);
+  for (int i = 0; i < 8; ++i) {
+    clients.emplace_back([&, i] {
+      ApiHarness& h = i % 2 == 0 ? one : two;
+      HttpResult r = submit(h, h.key_a());
+      if (r.status == 200) {
+        ++accepted;
+      } else {
+        ++refused;
+        refusals[i] = r;
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(accepted.load(), 3) << "3 batches of 3 fit under 10";
+  EXPECT_EQ(refused.load(), 5);
+  for (const HttpResult& r : refusals) {
+    if (r.status == 0) continue;
+    EXPECT_EQ(r.status, 429) << r.body;
+    EXPECT_EQ(r.json()["errors"][0]["field"], "max_enqueued_requests") << r.body;
+    EXPECT_EQ(r.headers.count("Retry-After"), 1u);
+  }
+  // Nothing of a refused submit is written.
+  EXPECT_EQ(one.scalar("SELECT count(*) FROM batches b JOIN accounts a ON a.id = b.account_id "
+                       "WHERE a.name = 'alice'"),
+            3);
+  EXPECT_EQ(one.scalar("SELECT count(*) FROM requests"), 9);
+  EXPECT_EQ(one.scalar("SELECT count(*) FROM outbox"), 3);
+
+  // Another account is not limited.
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(submit(two, two.key_b()).status, 200);
+
+  // The OpenAI shape answers its own 429 naming the limit.
+  std::string boundary = "----hr-quota";
+  std::string line =
+      json{
+          {"custom_id", "a"},
+          {"method", "POST"},
+          {"url", "/v1/chat/completions"},
+          {"body",
+           {{"model", one.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: x"}}}}}}}
+          .dump();
+  std::string second = line;
+  second.replace(second.find("\"a\""), 3, "\"b\"");
+  std::string form = "--" + boundary +
+                     "\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--" +
+                     boundary +
+                     "\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n"
+                     "\r\n" +
+                     line + "\n" + second + "\r\n--" + boundary + "--\r\n";
+  HttpResult up = one.post("/v1/files", form, one.key_a(),
+                           {{"Content-Type", "multipart/form-data; boundary=" + boundary}});
+  ASSERT_EQ(up.status, 200) << up.body;
+  HttpResult created = one.post("/v1/batches",
+                                json{{"input_file_id", up.json()["id"]},
+                                     {"endpoint", "/v1/chat/completions"},
+                                     {"completion_window", "24h"}}
+                                    .dump(),
+                                one.key_a());
+  EXPECT_EQ(created.status, 429) << created.body;
+  EXPECT_EQ(created.json()["error"]["param"], "max_enqueued_requests") << created.body;
+  EXPECT_EQ(created.json()["error"]["type"], "rate_limit_error") << created.body;
+
+  // Requests that end make room again: cancel one batch (its three requests end).
+  std::string first =
+      one.get("/v1/async?limit=1", one.key_a()).json()["result"]["data"][0]["request_id"];
+  ASSERT_EQ(one.post("/v1/async/" + first + "/cancel", "", one.key_a()).status, 200);
+  EXPECT_EQ(submit(two, two.key_a()).status, 200);
+  // And a retry counts like a submit: 9 enqueued again, 3 more would pass 10.
+  HttpResult retried = one.post("/v1/async/" + first + "/retry", "", one.key_a());
+  EXPECT_EQ(retried.status, 429) << retried.body;
+  EXPECT_EQ(one.scalar("SELECT count(*) FROM batches WHERE retried_from IS NOT NULL"), 0);
+}
+
+}  // namespace
+}  // namespace hr::api
