@@ -8,6 +8,7 @@
 
 #include "api/idempotency_key.h"
 #include "api/internal/api_impl.h"
+#include "api/retry_request.h"
 #include "base/clock.h"
 #include "base/duration.h"
 #include "base/hash.h"
@@ -213,19 +214,12 @@ http::HttpResponse Api::Impl::retry(const http::HttpRequest& req, const std::str
   if (!parse_uuid(request_id).is_ok()) {
     return error_response(invalid_argument("request_id is not a valid id", "request_id"));
   }
-  Result<std::optional<std::string>> idem = idempotency_key(req);
-  if (!idem.is_ok()) return error_response(idem.status());
-  queue::RetryRequest retry;
-  retry.account_id = account;
-  retry.batch_id = request_id;
-  retry.idempotency_key = *idem;
   pool->release();  // a webhook host's lookup may take seconds: hold no connection meanwhile
-  if (Status st = parse_retry_body(req.body(), webhooks.policy, &retry); !st.is_ok()) {
-    return error_response(st);
-  }
+  Result<queue::RetryRequest> retry = parse_retry(req, account, request_id, webhooks.policy);
+  if (!retry.is_ok()) return error_response(retry.status());
   Result<pqxx::connection*> c = pool->connection();
   if (!c.is_ok()) return db_error(c.status());
-  Result<queue::SubmitResult> r = queue::retry_batch(**c, retry);
+  Result<queue::SubmitResult> r = queue::retry_batch(**c, *retry);
   if (!r.is_ok() && is_refusal(r.status())) return error_response(r.status());
   if (!r.is_ok()) return missing_or_db_error(r.status(), request_id);
   log::info("batch.retried",

@@ -10,6 +10,7 @@
 #include "api/idempotency_key.h"
 #include "api/multipart.h"
 #include "api/openai_objects.h"
+#include "api/retry_request.h"
 #include "api/webhooks_api.h"
 #include "base/clock.h"
 #include "base/duration.h"
@@ -589,19 +590,12 @@ http::Reply OpenAiBatchApi::retry_batch(const http::HttpRequest& req, const std:
   Result<queue::OpenAiBatch> b = ctx_.pool->with_connection<queue::OpenAiBatch>(
       [&](pqxx::connection& c) { return queue::get_openai_batch(c, account, id); });
   if (!b.is_ok()) return failure(b.status());
-  Result<std::optional<std::string>> idem = idempotency_key(req);
-  if (!idem.is_ok()) return error_reply(idem.status());
-  queue::RetryRequest retry;
-  retry.account_id = account;
-  retry.batch_id = id;
-  retry.idempotency_key = *idem;
   ctx_.pool->release();  // a webhook host's lookup may take seconds
-  if (Status st = parse_retry_body(req.body(), ctx_.webhook_policy, &retry); !st.is_ok()) {
-    return error_reply(st);
-  }
+  Result<queue::RetryRequest> retry = parse_retry(req, account, id, ctx_.webhook_policy);
+  if (!retry.is_ok()) return error_reply(retry.status());
   Result<pqxx::connection*> c = ctx_.pool->connection();
   if (!c.is_ok()) return db_error(c.status());
-  Result<queue::SubmitResult> r = queue::retry_batch(**c, retry);
+  Result<queue::SubmitResult> r = queue::retry_batch(**c, *retry);
   if (!r.is_ok()) {
     return is_refusal(r.status()) ? error_reply(r.status()) : failure(r.status());
   }

@@ -294,28 +294,6 @@ class Routes {
 
 }  // namespace
 
-Status parse_retry_body(const std::string& body, const webhooks::AddressPolicy& policy,
-                        queue::RetryRequest* retry) {
-  if (body.find_first_not_of(" \t\r\n") == std::string::npos) return Status::ok();
-  std::string why;
-  json fields = wire::parse_client_json(body, &why);
-  if (fields.is_discarded()) return invalid_argument("body " + why, "body");
-  if (!fields.is_object()) return invalid_argument("body must be a JSON object", "body");
-  for (const auto& [key, value] : fields.items()) {
-    if (key != "webhook_url" && key != "webhook_events" && key != "webhook_secret") {
-      return invalid_argument("unknown field '" + key + "': a retry takes only webhook fields",
-                              key);
-    }
-  }
-  if (fields.empty()) return Status::ok();
-  HR_ASSIGN_OR_RETURN(BatchWebhook hook, parse_batch_webhook(fields, policy));
-  retry->webhook_given = true;
-  retry->webhook_url = hook.url;
-  retry->webhook_events = hook.events;
-  retry->webhook_secret = hook.secret;
-  return Status::ok();
-}
-
 Result<BatchWebhook> parse_batch_webhook(const json& fields, const webhooks::AddressPolicy& policy,
                                          const std::string& prefix) {
   BatchWebhook out;

@@ -18,7 +18,6 @@
 
 #include "base/status.h"
 #include "http/server.h"
-#include "queue/lifecycle.h"
 #include "queue/pg_pool.h"
 #include "webhooks/address_policy.h"
 
@@ -50,12 +49,6 @@ struct BatchWebhook {
 [[nodiscard]] Result<BatchWebhook> parse_batch_webhook(const nlohmann::json& fields,
                                                        const webhooks::AddressPolicy& policy,
                                                        const std::string& prefix = "");
-
-// The body of a retry (POST .../retry): empty, or a JSON object with only webhook fields, which
-// then replace the original batch's webhook. Sets the request's webhook fields.
-[[nodiscard]] Status parse_retry_body(const std::string& body,
-                                      const webhooks::AddressPolicy& policy,
-                                      queue::RetryRequest* retry);
 
 // A webhook target must be an http(s) URL without credentials, at most 2048 characters, whose
 // host resolves only to addresses the policy allows. Errors name `field`.

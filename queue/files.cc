@@ -5,6 +5,7 @@
 #include <array>
 
 #include "base/ids.h"
+#include "queue/internal/retention_choice.h"
 #include "queue/pg.h"
 
 namespace hr::queue {
@@ -67,8 +68,8 @@ FileInfo insert_file(pqxx::work& tx, const NewFile& file) {
   std::string id = new_uuid_v7().to_string();
   pqxx::row r = tx.exec_params1(
       "INSERT INTO files (id, account_id, purpose, filename, bytes, num_lines, expires_at) "
-      "VALUES ($1, $2, $3, $4, $5, $6, now() + coalesce($7, (SELECT retention_seconds FROM "
-      "accounts WHERE id = $2::uuid), $8) * interval '1 second') RETURNING " +
+      "VALUES ($1, $2, $3, $4, $5, $6, now() + " +
+          chosen_retention("$7", "$2", "$8") + " * interval '1 second') RETURNING " +
           std::string(kFileColumns),
       id, file.account_id, file.purpose, file.filename, static_cast<int64_t>(file.content.size()),
       file.num_lines, file.retain_seconds, file.default_retain_seconds);

@@ -8,6 +8,7 @@
 #include "base/log.h"
 #include "queue/files.h"
 #include "queue/internal/batch_row.h"
+#include "queue/internal/retention_choice.h"
 #include "queue/pg.h"
 #include "queue/webhooks.h"
 
@@ -113,8 +114,8 @@ Result<std::string> record_failed_batch(pqxx::connection& conn, const FailedBatc
         "webhook_url, webhook_events, webhook_secret, retain_seconds, expires_at) "
         "SELECT $1, $2, $3, 'openai', 'failed', 0, $4, $5::uuid, $6, $7::jsonb, $8::jsonb, "
         "now(), now(), $9, $10::text[], $11, k.s, now() + k.s * interval '1 second' "
-        "FROM (SELECT coalesce($12::integer, (SELECT retention_seconds FROM accounts "
-        "WHERE id = $2), $13::integer) AS s) AS k",
+        "FROM (SELECT " +
+            chosen_retention("$12", "$2", "$13") + " AS s) AS k",
         id, batch.account_id, batch.model, batch.endpoint, batch.input_file_id,
         batch.completion_window, batch.metadata_json, batch.errors_json, batch.webhook_url,
         batch.webhook_events ? std::optional<std::string>(pg_text_array(*batch.webhook_events))

@@ -10,6 +10,7 @@
 #include "base/hash.h"
 #include "base/ids.h"
 #include "queue/internal/batch_row.h"
+#include "queue/internal/retention_choice.h"
 #include "queue/pg.h"
 #include "queue/webhooks.h"
 
@@ -232,10 +233,11 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
         "decode($9, 'hex'), $10::jsonb, $11, $12::uuid, $13, $14, $15::text[], $16, "
         "$17 OR EXISTS (SELECT 1 FROM webhook_endpoints WHERE account_id = $2 AND enabled "
         "AND 'request.completed' = ANY (event_types)), k.s, now() + k.s * interval '1 second' "
-        "FROM (SELECT coalesce($18::integer, (SELECT retention_seconds FROM accounts "
-        "WHERE id = $2), $19::integer) AS s) AS k "
-        "ON CONFLICT (account_id, idempotency_key) WHERE idempotency_key IS NOT NULL "
-        "DO NOTHING RETURNING id::text",
+        "FROM (SELECT " +
+            chosen_retention("$18", "$2", "$19") +
+            " AS s) AS k "
+            "ON CONFLICT (account_id, idempotency_key) WHERE idempotency_key IS NOT NULL "
+            "DO NOTHING RETURNING id::text",
         id, batch.account_id, batch.model, batch.api_shape, static_cast<int>(batch.size()),
         batch.priority, deadline, batch.idempotency_key, to_hex(batch.request_hash),
         batch.metadata_json, batch.endpoint, batch.input_file_id, batch.completion_window,
