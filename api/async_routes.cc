@@ -38,6 +38,7 @@ json summary_of(const queue::BatchInfo& b) {
             {"created_at", b.created_at_ms / 1000}};
   if (b.finished_at_ms) j["finished_at"] = *b.finished_at_ms / 1000;
   if (b.deadline_ms) j["deadline"] = *b.deadline_ms / 1000;
+  j["priority"] = b.priority;
   j["expires_at"] = b.expires_at_ms / 1000;
   if (b.retried_from) j["retried_from"] = *b.retried_from;
   if (!b.retries.empty()) j["retries"] = b.retries;
@@ -75,8 +76,8 @@ json response_of(const queue::RequestResult& r) {
 http::HttpResponse Api::Impl::submit(const http::HttpRequest& req, const std::string& account,
                                      const ModelSpec& model, const json& body) {
   static const std::unordered_set<std::string> kTopLevel = {
-      "requests", "queueRequest", "options",        "completion_window",
-      "metadata", "webhook_url",  "webhook_events", "webhook_secret"};
+      "requests",    "queueRequest",   "options",        "completion_window", "metadata",
+      "webhook_url", "webhook_events", "webhook_secret", "priority"};
   for (const auto& [key, value] : body.items()) {
     if (!kTopLevel.count(key)) {
       return error_response(invalid_argument("unknown field '" + key + "'", key));
@@ -95,6 +96,19 @@ http::HttpResponse Api::Impl::submit(const http::HttpRequest& req, const std::st
     Result<int64_t> ms = parse_duration_ms(body["completion_window"], "completion_window");
     if (!ms.is_ok()) return error_response(ms.status());
     batch.deadline_unix_ms = SystemClock::instance().now_unix_ms() + *ms;
+  }
+  // The priority: in the body or in its options (the last one said wins, as for queueRequest).
+  for (const char* where : {"priority", "options.priority"}) {
+    const json* v = nullptr;
+    if (where[0] == 'p' && body.contains("priority")) v = &body["priority"];
+    if (where[0] == 'o' && body.contains("options") && body["options"].is_object() &&
+        body["options"].contains("priority")) {
+      v = &body["options"]["priority"];
+    }
+    if (!v) continue;
+    Result<int> p = parse_priority(*v, where);
+    if (!p.is_ok()) return error_response(p.status());
+    batch.priority = *p;
   }
   if (body.contains("metadata")) {
     if (!body["metadata"].is_object()) {

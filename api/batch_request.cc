@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "grammar/json_schema.h"
+#include "queue/accounts.h"
 #include "wire/chat_request_json.h"
 
 namespace hr::api {
@@ -501,6 +502,32 @@ Result<wire::ChatRequest> normalize_chat_request(const json& req, const ModelSpe
     out.parallel_tool_calls = req["parallel_tool_calls"].get<bool>();
   }
   return out;
+}
+
+Result<int> parse_priority(const json& value, const std::string& field) {
+  const std::string range =
+      std::to_string(queue::kMinPriority) + " to " + std::to_string(queue::kMaxPriority);
+  int64_t p = 0;
+  if (value.is_number_integer()) {
+    p = value.get<int64_t>();
+  } else if (value.is_string()) {
+    const std::string& text = value.get_ref<const std::string&>();
+    size_t used = 0;
+    try {
+      p = std::stoll(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != text.size()) {
+      return invalid_argument("'" + field + "' must be an integer, " + range, field);
+    }
+  } else {
+    return invalid_argument("'" + field + "' must be an integer, " + range, field);
+  }
+  if (p < queue::kMinPriority || p > queue::kMaxPriority) {
+    return invalid_argument("'" + field + "' must be " + range, field);
+  }
+  return static_cast<int>(p);
 }
 
 std::optional<BatchError> check_batch_envelope(const json& body, const BatchLimits& limits) {

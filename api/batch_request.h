@@ -48,6 +48,10 @@ struct BatchError {
 // (tools or response_format); null otherwise, or when it does not parse.
 std::unique_ptr<nlohmann::ordered_json> ordered_schemas(std::string_view text);
 
+// A batch's priority (queue/accounts.h's range) at `field`: an integer, or its decimal text (OpenAI
+// metadata holds strings only).
+[[nodiscard]] Result<int> parse_priority(const nlohmann::json& value, const std::string& field);
+
 // Checks the batch envelope: {"requests": [...]} with 1..max_requests elements.
 [[nodiscard]] std::optional<BatchError> check_batch_envelope(const nlohmann::json& body,
                                                              const BatchLimits& limits);

@@ -374,7 +374,7 @@ http::Reply OpenAiBatchApi::create_batch(const http::HttpRequest& req, const std
   for (const auto& [key, value] : body.items()) {
     if (key != "input_file_id" && key != "endpoint" && key != "completion_window" &&
         key != "metadata" && key != "webhook_url" && key != "webhook_events" &&
-        key != "webhook_secret" && key != "output_expires_after") {
+        key != "webhook_secret" && key != "output_expires_after" && key != "priority") {
       return error_reply(invalid_argument("unknown field '" + key + "'", key));
     }
   }
@@ -400,6 +400,19 @@ http::Reply OpenAiBatchApi::create_batch(const http::HttpRequest& req, const std
   if (Status st = check_metadata(metadata); !st.is_ok()) return error_reply(st);
   std::optional<std::string> metadata_json;
   if (metadata.is_object()) metadata_json = metadata.dump();
+  // The priority: an extra top-level field, else in the metadata (as a string there).
+  std::optional<int> priority;
+  for (const char* where : {"metadata.priority", "priority"}) {
+    const json* v = nullptr;
+    if (where[0] == 'p' && body.contains("priority")) v = &body["priority"];
+    if (where[0] == 'm' && metadata.is_object() && metadata.contains("priority")) {
+      v = &metadata["priority"];
+    }
+    if (!v) continue;
+    Result<int> p = parse_priority(*v, where);
+    if (!p.is_ok()) return error_reply(p.status());
+    priority = *p;
+  }
   // Webhook fields: extra top-level fields, else in the metadata (no secret there: it is echoed).
   bool hook_in_body = body.contains("webhook_url") || body.contains("webhook_events") ||
                       body.contains("webhook_secret");
@@ -459,6 +472,7 @@ http::Reply OpenAiBatchApi::create_batch(const http::HttpRequest& req, const std
       batch.idempotency_key = *idem;
       batch.request_hash = sha256(req.body());
       batch.metadata_json = metadata_json;
+      batch.priority = priority;
       batch.endpoint = endpoint;
       batch.input_file_id = file_id;
       batch.completion_window = window;

@@ -94,9 +94,11 @@ json batch_object(const queue::OpenAiBatch& b) {
             {"total_tokens", info.prompt_tokens + info.completion_tokens}}},
           {"metadata", parsed(b.metadata_json)},
           // Extensions: when the batch's data goes (its expires_at is OpenAI's: the window's
-          // end), and the retries linking batches (docs/retention.md).
+          // end), the retries linking batches (docs/retention.md) and the priority among the
+          // account's batches (docs/fair-share.md).
           {"data_expires_at", info.expires_at_ms / 1000},
           {"retried_from", optional_string(info.retried_from)},
+          {"priority", info.priority},
           {"retries", info.retries}};
 }
 

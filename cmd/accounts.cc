@@ -33,6 +33,8 @@ int run_accounts_show(const queue::StoreConfig& store, const std::string& accoun
                              : nlohmann::json(nullptr)},
       {"max_enqueued_requests", a->max_enqueued_requests ? nlohmann::json(*a->max_enqueued_requests)
                                                          : nlohmann::json(nullptr)},
+      {"weight", a->weight},
+      {"default_priority", a->default_priority},
       {"active_keys", a->num_active_keys},
       {"batches", a->num_batches},
       {"open_batches", a->num_open_batches},
@@ -57,6 +59,10 @@ int run_accounts_set(const queue::StoreConfig& store, const std::string& account
     std::optional<int64_t> max;
     if (*changes.max_enqueued_requests != 0) max = *changes.max_enqueued_requests;
     Status st = queue::set_account_max_enqueued(**conn, account, max);
+    if (!st.is_ok()) return fail(st);
+  }
+  if (changes.weight || changes.default_priority) {
+    Status st = queue::set_account_share(**conn, account, changes.weight, changes.default_priority);
     if (!st.is_ok()) return fail(st);
   }
   conn->reset();

@@ -59,6 +59,17 @@ void bind_retention(CLI::App& app, hr::queue::DispatcherOptions& d) {
                "How often expired and deleted batches and files are purged (0: never)");
 }
 
+// The relay's flags (docs/fair-share.md).
+void bind_relay(CLI::App& app, hr::queue::DispatcherOptions& d) {
+  hr::cli::add(app, "--queue-window-ms", d.window.window_ms,
+               "Each model's ready-queue holds about this many milliseconds of what the workers "
+               "take; the rest waits in Postgres, shared fairly among accounts");
+  hr::cli::add(app, "--queue-window-min", d.window.min_entries,
+               "The least requests each model's ready-queue holds");
+  hr::cli::add(app, "--queue-window-max", d.window.max_entries,
+               "The most requests each model's ready-queue holds");
+}
+
 int run_version() {
   std::printf("headroom %s\n", HEADROOM_VERSION);
   std::printf("cuda backend: %s\n", hr::engine::cuda_compiled() ? "compiled" : "not compiled");
@@ -97,6 +108,7 @@ int main(int argc, char** argv) {
   serve.webhooks.bind(*serve_cmd, /*with_allow=*/false);
   serve.worker.bind(*serve_cmd);
   bind_retention(*serve_cmd, serve.dispatcher);
+  bind_relay(*serve_cmd, serve.dispatcher);
   hr::cli::add(*serve_cmd, "--api-key", serve.api_key,
                "Key for the default account (HEADROOM_API_KEY); a new one is printed when unset");
   hr::cli::add(*serve_cmd, "--account", serve.account, "Name of the default account");
@@ -131,6 +143,7 @@ int main(int argc, char** argv) {
   hr::cli::add(*dispatcher_cmd, "--reclaim-idle-ms", dispatcher.reclaim_idle_ms,
                "Pending stream entries idle this long are reclaimed");
   bind_retention(*dispatcher_cmd, dispatcher);
+  bind_relay(*dispatcher_cmd, dispatcher);
   hr::webhooks::DeliveryOptions dispatcher_webhooks;
   dispatcher_webhooks.bind(*dispatcher_cmd, /*with_allow=*/true);
 
@@ -141,6 +154,8 @@ int main(int argc, char** argv) {
   std::string accounts_name;
   std::optional<double> accounts_retention;
   std::optional<int64_t> accounts_max_enqueued;
+  std::optional<double> accounts_weight;
+  std::optional<int> accounts_priority;
   CLI::App* accounts_cmd = app.add_subcommand("accounts", "Show and set accounts' defaults");
   accounts_cmd->require_subcommand(1);
   CLI::App* accounts_show =
@@ -156,6 +171,12 @@ int main(int argc, char** argv) {
   accounts_set->add_option("--max-enqueued-requests", accounts_max_enqueued,
                            "The most of its requests queued or running at once; a submit past "
                            "it gets 429 (0: no limit)");
+  accounts_set->add_option("--weight", accounts_weight,
+                           "Its share of each model's queue against other accounts with work "
+                           "waiting (default 1; 2 gets twice as much)");
+  accounts_set->add_option("--default-priority", accounts_priority,
+                           "The priority of its batches that name none (-100 to 100, default 0); "
+                           "a priority orders the account's own batches only");
 
   hr::queue::StoreConfig keys_create_store;
   hr::queue::StoreConfig keys_revoke_store;
@@ -236,7 +257,8 @@ int main(int argc, char** argv) {
     return accounts_show->parsed()
                ? hr::cmd::run_accounts_show(store, accounts_name)
                : hr::cmd::run_accounts_set(store, accounts_name,
-                                           {accounts_retention, accounts_max_enqueued});
+                                           {accounts_retention, accounts_max_enqueued,
+                                            accounts_weight, accounts_priority});
   }
   if (keys_create->parsed()) {
     return validate(keys_create_store.validate())

@@ -17,7 +17,7 @@ Result<AccountInfo> get_account(pqxx::connection& conn, const std::string& name)
         "  (SELECT count(*) FROM batches b WHERE b.account_id = a.id AND b.finished_at IS NULL), "
         "  (SELECT coalesce(sum(num_total - num_completed - num_failed - num_cancelled - "
         "     num_expired), 0) FROM batches b WHERE b.account_id = a.id "
-        "     AND b.finished_at IS NULL), a.max_enqueued_requests "
+        "     AND b.finished_at IS NULL), a.max_enqueued_requests, a.weight, a.default_priority "
         "FROM accounts a WHERE a.name = $1",
         name);
     if (r.empty()) return not_found("no account named '" + name + "'");
@@ -31,6 +31,8 @@ Result<AccountInfo> get_account(pqxx::connection& conn, const std::string& name)
     out.num_open_batches = row[6].as<int64_t>();
     out.num_pending_requests = row[7].as<int64_t>();
     if (!row[8].is_null()) out.max_enqueued_requests = row[8].as<int64_t>();
+    out.weight = row[9].as<double>();
+    out.default_priority = row[10].as<int>();
     return Status::ok();
   });
   if (!st.is_ok()) return st;
@@ -61,6 +63,25 @@ Status set_account_max_enqueued(pqxx::connection& conn, const std::string& name,
     pqxx::result r =
         tx.exec_params("UPDATE accounts SET max_enqueued_requests = $2 WHERE name = $1 RETURNING 1",
                        name, max_requests);
+    if (r.empty()) return not_found("no account named '" + name + "'");
+    return Status::ok();
+  });
+}
+
+Status set_account_share(pqxx::connection& conn, const std::string& name,
+                         std::optional<double> weight, std::optional<int> default_priority) {
+  if (weight && !(*weight > 0 && *weight <= kMaxAccountWeight)) {
+    return invalid_argument("the weight must be more than 0 and at most 1000", "weight");
+  }
+  if (default_priority && (*default_priority < kMinPriority || *default_priority > kMaxPriority)) {
+    return invalid_argument("the priority must be -100 to 100", "default-priority");
+  }
+  return pg_guard("set account share", [&]() -> Status {
+    pqxx::nontransaction tx(conn);
+    pqxx::result r = tx.exec_params(
+        "UPDATE accounts SET weight = coalesce($2, weight), "
+        "default_priority = coalesce($3, default_priority) WHERE name = $1 RETURNING 1",
+        name, weight, default_priority);
     if (r.empty()) return not_found("no account named '" + name + "'");
     return Status::ok();
   });

@@ -18,6 +18,8 @@ struct AccountInfo {
   int64_t created_at_ms = 0;
   std::optional<int64_t> retention_seconds;      // its default retention; none: the server's
   std::optional<int64_t> max_enqueued_requests;  // none: no limit
+  double weight = 1;         // its share of each model's queue against other accounts
+  int default_priority = 0;  // of its batches that name none
   int num_active_keys = 0;
   int64_t num_batches = 0;           // stored (not yet purged)
   int64_t num_open_batches = 0;      // queued or running
@@ -35,5 +37,15 @@ struct AccountInfo {
 // Sets the most requests the account may have queued or running at once (nullopt: no limit).
 [[nodiscard]] Status set_account_max_enqueued(pqxx::connection& conn, const std::string& name,
                                               std::optional<int64_t> max_requests);
+
+// The account's share of the queue (fair_share.h): its weight (0 < w <= kMaxAccountWeight) and
+// the priority of its batches that name none (kMinPriority..kMaxPriority). What is not given
+// stays.
+inline constexpr double kMaxAccountWeight = 1000;
+inline constexpr int kMinPriority = -100;
+inline constexpr int kMaxPriority = 100;
+[[nodiscard]] Status set_account_share(pqxx::connection& conn, const std::string& name,
+                                       std::optional<double> weight,
+                                       std::optional<int> default_priority);
 
 }  // namespace hr::queue

@@ -8,11 +8,13 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "base/clock.h"
 #include "base/ids.h"
 #include "base/log.h"
 #include "base/retry_pacer.h"
+#include "queue/fair_share.h"
 #include "queue/openai_batches.h"
 #include "queue/pg.h"
 #include "queue/store.h"
@@ -48,31 +50,31 @@ Dispatcher::Dispatcher(std::string database_url, std::unique_ptr<RedisClient> re
 
 namespace {
 
-// The advisory lock that gives one dispatcher a batch to relay: (kRelayLockSpace, hashtext(id)).
-// Two batches whose ids hash alike merely take turns.
-constexpr int kRelayLockSpace = 0x4852;  // "HR"
+// The advisory lock that gives one dispatcher a model to relay: (kRelayLockSpace,
+// hashtext(model)). Two models whose names hash alike merely take turns.
+constexpr int kRelayLockSpace = 0x4853;
 
-// Holds the advisory lock of one batch's relay on the connection `pg` for as long as it lives (if
+// Holds the advisory lock of one model's relay on the connection `pg` for as long as it lives (if
 // it got it); unlocked on every way out, and if the connection broke, the lock went with it.
 class RelayLock {
  public:
   // wait: block until the lock is free; else try once.
-  RelayLock(pqxx::connection& pg, const std::string& batch_id, bool wait) : pg_(pg), id_(batch_id) {
+  RelayLock(pqxx::connection& pg, const std::string& model, bool wait) : pg_(pg), model_(model) {
     pqxx::nontransaction tx(pg_);
     if (wait) {
-      tx.exec_params("SELECT pg_advisory_lock($1, hashtext($2))", kRelayLockSpace, id_);
+      tx.exec_params("SELECT pg_advisory_lock($1, hashtext($2))", kRelayLockSpace, model_);
       held_ = true;
     } else {
-      held_ =
-          tx.exec_params1("SELECT pg_try_advisory_lock($1, hashtext($2))", kRelayLockSpace, id_)[0]
-              .as<bool>();
+      held_ = tx.exec_params1("SELECT pg_try_advisory_lock($1, hashtext($2))", kRelayLockSpace,
+                              model_)[0]
+                  .as<bool>();
     }
   }
   ~RelayLock() {
     if (!held_) return;
     try {
       pqxx::nontransaction tx(pg_);
-      tx.exec_params("SELECT pg_advisory_unlock($1, hashtext($2))", kRelayLockSpace, id_);
+      tx.exec_params("SELECT pg_advisory_unlock($1, hashtext($2))", kRelayLockSpace, model_);
     } catch (const std::exception&) {
     }
   }
@@ -82,7 +84,7 @@ class RelayLock {
 
  private:
   pqxx::connection& pg_;
-  std::string id_;
+  std::string model_;
   bool held_ = false;
 };
 
@@ -106,27 +108,17 @@ Result<bool> Dispatcher::ensure_stream(const std::string& model) {
   // pushed: a group missing where batches of the model were pushed means that Redis lost the
   // stream (evicted it, say) or its group. Those batches are sent again, and the group is created
   // only once that is recorded, so that a failure in between is retried by the next look.
-  // Each batch is rewound under its relay lock: a relay of it under way finishes first (it may
-  // have pushed into the lost stream, its cursor still at 0 when the look began).
+  // The batches are rewound under the model's relay lock: a relay of it under way finishes first
+  // (it may have pushed into the lost stream, its cursors still unmoved when the look began).
   int rewound = 0;
   Status st = pg_.run("rewind", [&](pqxx::connection& pg) -> Status {
-    std::vector<std::string> ids;
-    {
-      pqxx::nontransaction tx(pg);
-      for (const auto& row : tx.exec_params(
-               "SELECT id::text FROM batches WHERE model = $1 AND finished_at IS NULL", model)) {
-        ids.push_back(row[0].as<std::string>());
-      }
-    }
-    for (const std::string& id : ids) {
-      RelayLock lock(pg, id, /*wait=*/true);
-      pqxx::nontransaction tx(pg);
-      rewound += static_cast<int>(
-          tx.exec_params(
-                "UPDATE batches SET num_dispatched = 0 WHERE id = $1::uuid AND num_dispatched > 0",
-                id)
-              .affected_rows());
-    }
+    RelayLock lock(pg, model, /*wait=*/true);
+    pqxx::nontransaction tx(pg);
+    rewound = static_cast<int>(
+        tx.exec_params("UPDATE batches SET num_dispatched = 0 WHERE model = $1 AND finished_at IS "
+                       "NULL AND num_dispatched > 0",
+                       model)
+            .affected_rows());
     return Status::ok();
   });
   if (!st.is_ok()) return st;
@@ -146,23 +138,24 @@ bool Dispatcher::stream_ready(const std::string& model) {
 
 // The relay holds no row lock while it talks to Redis: workers update their batches' rows with
 // every result, and a slow Redis must not stall them. Instead:
-//  - an advisory lock per batch, held by the relaying connection, keeps two dispatchers from
-//    relaying one batch, and
-//    a rewind after a lost stream (ensure_stream) from racing a relay;
-//  - the cursor moves only if no resync happened during the pushes (a resync rewinds every
+//  - an advisory lock per model, held by the relaying connection, keeps two dispatchers from
+//    relaying one model (and so from both filling its window), and a rewind after a lost stream
+//    (ensure_stream) from racing a relay;
+//  - the cursors move only if no resync happened during the pushes (a resync rewinds every
 //    cursor, since what was pushed may be lost): the Redis instance recorded in the database is
-//    read before the pushes and again, under FOR SHARE, with the cursor's update. Resync takes it
+//    read before the pushes and again, under FOR SHARE, with the cursors' update. Resync takes it
 //    FOR UPDATE, so the two serialise.
 // A push whose cursor did not move is pushed again later; a duplicate entry is harmless (a claim
 // takes only queued requests).
 Result<int> Dispatcher::relay_once() {
-  constexpr const char* kDue = "num_dispatched < num_total AND status IN ('queued', 'running')";
+  relay_waiting_ = false;
   // Streams first, outside any relay lock (ensure_stream may wait for those of other dispatchers).
   std::set<std::string> models;
   Status st = pg_.run("relay", [&](pqxx::connection& pg) -> Status {
     pqxx::nontransaction tx(pg);
-    for (const auto& row :
-         tx.exec(std::string("SELECT DISTINCT model FROM batches WHERE ") + kDue)) {
+    for (const auto& row : tx.exec(
+             "SELECT DISTINCT model FROM batches WHERE num_dispatched < num_total AND status IN "
+             "('queued', 'running')")) {
       models.insert(row[0].as<std::string>());
     }
     return Status::ok();
@@ -170,77 +163,171 @@ Result<int> Dispatcher::relay_once() {
   if (!st.is_ok()) return st;
   std::erase_if(models, [this](const std::string& model) { return !stream_ready(model); });
   int relayed = 0;
-  st = pg_.run("relay", [&](pqxx::connection& pg) -> Status {
-    struct Due {
-      std::string id;
-      std::string model;
-    };
-    // Up to 8 batches, oldest first, passing over those other dispatchers are relaying (in pages,
-    // so that however many are taken, later ones still get their turn).
-    int taken = 0;
-    std::optional<std::string> after;
-    std::vector<Due> page;
-    for (size_t next = 0; taken < 8; ++next) {
-      if (next == page.size()) {
-        if (after && page.size() < 32) break;  // the last page is done
-        page.clear();
-        next = 0;
+  for (const std::string& model : models) {
+    HR_ASSIGN_OR_RETURN(int n, relay_model(model));
+    relayed += n;
+  }
+  return relayed;
+}
+
+namespace {
+
+// The most batches of one account a relay pass looks at (by priority, deadline, age).
+constexpr int kBatchesPerAccount = 16;
+
+// Entries in `key`'s stream per batch (waiting or leased: entries leave it once their outcome is
+// committed), reading at most `cap` of them.
+Result<std::map<std::string, int64_t>> entries_per_batch(RedisClient& redis, const std::string& key,
+                                                         int64_t cap) {
+  HR_ASSIGN_OR_RETURN(RedisReply r,
+                      redis.command({"XRANGE", key, "-", "+", "COUNT", std::to_string(cap)}));
+  if (r.is_error()) return unavailable("redis XRANGE: " + r.str);
+  std::map<std::string, int64_t> out;
+  for (const RedisReply& e : r.elements) {
+    if (e.elements.size() < 2) continue;
+    const auto& f = e.elements[1].elements;
+    for (size_t k = 0; k + 1 < f.size(); k += 2) {
+      if (f[k].str == "b") ++out[f[k + 1].str];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<int> Dispatcher::relay_model(const std::string& model) {
+  const std::string key = stream_key(model);
+  // The room: the window less what waits undelivered (every entry is waiting or pending).
+  HR_ASSIGN_OR_RETURN(auto sizes,
+                      redis_->pipeline({{"XLEN", key}, {"XPENDING", key, kConsumerGroup}}));
+  for (const RedisReply& r : sizes) {
+    if (r.is_error()) return unavailable("redis XLEN/XPENDING: " + r.str);
+  }
+  const int64_t length = sizes[0].integer;
+  const int64_t pending = sizes[1].elements.empty() ? 0 : sizes[1].elements[0].integer;
+  const int64_t waiting = std::max<int64_t>(0, length - pending);
+  RelayWindow& window = windows_.try_emplace(model, options_.window).first->second;
+  window.observe(steady_now_ns(), waiting, std::exchange(pushed_since_[model], 0));
+  const int64_t room = window.size() - waiting;
+  // Pushing in larger pieces costs fewer passes; an empty queue is filled at once.
+  if (room <= 0 || (waiting > 0 && room < window.size() / 4)) {
+    relay_waiting_ = true;
+    return 0;
+  }
+  int relayed = 0;
+  Status st = pg_.run("relay", [&](pqxx::connection& pg) -> Status {
+    RelayLock lock(pg, model, /*wait=*/false);
+    if (!lock.held()) return Status::ok();  // another dispatcher is relaying the model
+    std::string observed;
+    std::map<std::string, ShareAccount> accounts;
+    std::map<std::string, std::pair<int, int>> cursors;  // batch → {num_dispatched, num_total}
+    {
+      pqxx::read_transaction tx(pg);
+      observed = observed_redis(tx, false);
+      for (const auto& row : tx.exec_params(
+               "SELECT id::text, account_id::text, weight, priority, deadline_ms, num_dispatched, "
+               "num_total FROM ("
+               "  SELECT b.id, b.account_id, a.weight, b.priority, b.num_dispatched, b.num_total, "
+               "    (extract(epoch FROM b.deadline) * 1000)::bigint AS deadline_ms, "
+               "    row_number() OVER (PARTITION BY b.account_id "
+               "      ORDER BY b.priority DESC, b.deadline NULLS LAST, b.id) AS n "
+               "  FROM batches b JOIN accounts a ON a.id = b.account_id "
+               "  WHERE b.model = $1 AND b.num_dispatched < b.num_total "
+               "    AND b.status IN ('queued', 'running')) d WHERE n <= $2",
+               model, kBatchesPerAccount)) {
+        ShareAccount& a = accounts[row[1].as<std::string>()];
+        a.id = row[1].as<std::string>();
+        a.weight = row[2].as<double>();
+        ShareBatch b;
+        b.id = row[0].as<std::string>();
+        b.priority = row[3].as<int>();
+        if (!row[4].is_null()) b.deadline_ms = row[4].as<int64_t>();
+        b.remaining = row[6].as<int>() - row[5].as<int>();
+        cursors[b.id] = {row[5].as<int>(), row[6].as<int>()};
+        account_of_[b.id] = a.id;
+        a.batches.push_back(std::move(b));
+      }
+    }
+    if (accounts.empty()) return Status::ok();
+    // Work in flight counts only where there is a choice to make.
+    const bool choice = accounts.size() > 1 || accounts.begin()->second.batches.size() > 1;
+    if (choice) {
+      HR_ASSIGN_OR_RETURN(auto in_stream,
+                          entries_per_batch(*redis_, key, 2 * window.size() + pending));
+      std::vector<std::string> unknown;
+      for (const auto& [batch, n] : in_stream) {
+        if (!account_of_.count(batch)) unknown.push_back(batch);
+      }
+      if (!unknown.empty()) {
         pqxx::nontransaction tx(pg);
-        for (const auto& b :
-             tx.exec_params(std::string("SELECT id::text, model FROM batches WHERE ") + kDue +
-                                " AND ($1::uuid IS NULL OR id > $1::uuid) "
-                                "ORDER BY id LIMIT 32",
-                            after)) {
-          page.push_back({b[0].as<std::string>(), b[1].as<std::string>()});
+        for (const auto& row : tx.exec_params(
+                 "SELECT id::text, account_id::text FROM batches WHERE id = ANY($1::uuid[])",
+                 pg_text_array(unknown))) {
+          account_of_[row[0].as<std::string>()] = row[1].as<std::string>();
         }
-        if (page.empty()) break;
-        after = page.back().id;
       }
-      const Due& d = page[next];
-      if (!models.count(d.model)) continue;  // submitted since: its stream is looked at next time
-      RelayLock lock(pg, d.id, /*wait=*/false);
-      if (!lock.held()) continue;  // another dispatcher is relaying it
-      std::string observed;
-      int from = 0, total = 0;
-      std::vector<RequestRef> refs;
-      {
-        pqxx::read_transaction tx(pg);
-        observed = observed_redis(tx, false);
-        pqxx::result b = tx.exec_params(
-            std::string("SELECT num_dispatched, num_total FROM batches WHERE id = $1::uuid AND ") +
-                kDue,
-            d.id);
-        if (b.empty()) continue;  // relayed meanwhile, or ended
-        ++taken;
-        from = b[0][0].as<int>();
-        total = b[0][1].as<int>();
-        pqxx::result rows = tx.exec_params(
-            "SELECT idx FROM requests WHERE batch_id = $1::uuid AND idx >= $2 "
-            "AND status = 'queued' ORDER BY idx LIMIT $3",
-            d.id, from, options_.relay_chunk);
-        refs.reserve(rows.size());
-        for (const auto& r : rows) refs.push_back({d.id, r[0].as<int>()});
+      for (auto& [id, a] : accounts) {
+        for (ShareBatch& b : a.batches) {
+          if (auto it = in_stream.find(b.id); it != in_stream.end()) b.in_flight = it->second;
+        }
       }
-      // The cursor stays on failure; pushed again next time.
-      HR_RETURN_IF_ERROR(enqueue(*redis_, d.model, refs));
-      const int cursor =
-          static_cast<int>(refs.size()) < options_.relay_chunk ? total : refs.back().idx + 1;
-      pqxx::work tx(pg);
-      if (observed_redis(tx, true) != observed) {
-        log::warn("dispatcher.relay_raced_resync", {{"batch", d.id}});
-        continue;  // the resync rewound the cursor: leave it there
+      for (const auto& [batch, n] : in_stream) {
+        auto owner = account_of_.find(batch);
+        if (owner == account_of_.end()) continue;  // gone (purged)
+        if (auto a = accounts.find(owner->second); a != accounts.end()) a->second.in_flight += n;
       }
+    }
+    std::vector<ShareAccount> shares;
+    for (auto& [id, a] : accounts) shares.push_back(std::move(a));
+    const std::vector<ShareGrant> grants = share_room(shares, room);
+    // Each granted batch's next queued requests, then pushed in the grants' order.
+    std::map<std::string, int64_t> wanted;
+    for (const ShareGrant& g : grants) wanted[g.batch_id] += g.count;
+    std::map<std::string, std::vector<int>> rows;
+    {
+      pqxx::read_transaction tx(pg);
+      for (const auto& [batch, n] : wanted) {
+        std::vector<int>& idx = rows[batch];
+        for (const auto& r :
+             tx.exec_params("SELECT idx FROM requests WHERE batch_id = $1::uuid AND idx >= $2 "
+                            "AND status = 'queued' ORDER BY idx LIMIT $3",
+                            batch, cursors[batch].first, n)) {
+          idx.push_back(r[0].as<int>());
+        }
+      }
+    }
+    std::vector<RequestRef> refs;
+    std::map<std::string, size_t> used;
+    for (const ShareGrant& g : grants) {
+      const std::vector<int>& idx = rows[g.batch_id];
+      size_t& u = used[g.batch_id];
+      for (int64_t k = 0; k < g.count && u < idx.size(); ++k)
+        refs.push_back({g.batch_id, idx[u++]});
+    }
+    // The cursors stay on failure; pushed again next time.
+    HR_RETURN_IF_ERROR(enqueue(*redis_, model, refs));
+    pushed_since_[model] += static_cast<int64_t>(refs.size());
+    pqxx::work tx(pg);
+    if (observed_redis(tx, true) != observed) {
+      log::warn("dispatcher.relay_raced_resync", {{"model", model}});
+      return Status::ok();  // the resync rewound the cursors: leave them there
+    }
+    for (const auto& [batch, idx] : rows) {
+      const auto [from, total] = cursors[batch];
+      // Fewer rows than asked for: none is queued after them.
+      const int cursor = static_cast<int64_t>(idx.size()) < wanted[batch] ? total : idx.back() + 1;
       const auto moved = tx.exec_params(
                                "UPDATE batches SET num_dispatched = $2 WHERE id = $1::uuid AND "
                                "num_dispatched = $3",
-                               d.id, cursor, from)
+                               batch, cursor, from)
                              .affected_rows();
-      tx.commit();
-      if (moved == 1) relayed += static_cast<int>(refs.size());
+      if (moved == 1) relayed += static_cast<int>(idx.size());
     }
+    tx.commit();
     return Status::ok();
   });
   if (!st.is_ok()) return st;
+  if (account_of_.size() > 100000) account_of_.clear();  // seen again when needed
   return relayed;
 }
 
@@ -566,12 +653,22 @@ void Dispatcher::run(const std::atomic<bool>& stop) {
     }
     pacer.succeeded();
     if (r->relayed > 0) log::debug("dispatcher.relayed", {{"requests", r->relayed}});
+    // While requests wait for room in a stream, the relay looks again every relay_poll_ms (the
+    // workers empty a short window quickly); a failure here is left to the next tick.
+    const int64_t next_tick = steady_now_ns() + int64_t{options_.tick_ms} * 1000000;
+    while (relay_waiting_ && !stop.load() && steady_now_ns() < next_tick) {
+      sleep_unless_stopped(stop, options_.relay_poll_ms);
+      if (!relay_once().is_ok()) break;
+    }
+    const int64_t left_us = std::max<int64_t>(0, (next_tick - steady_now_ns()) / 1000);
+    if (left_us == 0) continue;
     try {
       if (!listener) {
         listener = std::make_unique<pqxx::connection>(database_url_);
         pqxx::nontransaction(*listener).exec("LISTEN hr_dispatch");
       }
-      listener->await_notification(0, options_.tick_ms * 1000);
+      listener->await_notification(static_cast<long>(left_us / 1000000),
+                                   static_cast<long>(left_us % 1000000));
     } catch (const std::exception& e) {
       listener.reset();
       std::this_thread::sleep_for(std::chrono::milliseconds(options_.tick_ms));

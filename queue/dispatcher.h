@@ -2,7 +2,10 @@
 //  - relay: pushes committed, not yet dispatched requests from Postgres into the per-model Redis
 //    streams, advancing a per-batch cursor (a crash between XADD and the cursor's update only
 //    duplicates entries, and duplicates are dropped when a worker fails to lease them); it holds
-//    no row lock while it talks to Redis (see relay_once);
+//    no row lock while it talks to Redis (see relay_once). Each stream is a short ready-queue
+//    (relay_window.h) and what enters it is chosen by weighted fair share over accounts and
+//    then priority and deadline within each (fair_share.h); the backlog stays in Postgres. One
+//    dispatcher at a time relays a model (an advisory lock per model);
 //  - janitor: re-queues requests whose lease expired (or fails them after max attempts), expires
 //    requests of batches past their deadline, and reclaims stream entries stuck in a dead
 //    consumer's pending list;
@@ -17,6 +20,7 @@
 #include <pqxx/pqxx>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -26,6 +30,7 @@
 #include "queue/config.h"
 #include "queue/pg.h"
 #include "queue/redis.h"
+#include "queue/relay_window.h"
 #include "queue/retention.h"
 #include "queue/store.h"
 
@@ -33,7 +38,8 @@ namespace hr::queue {
 
 struct DispatcherOptions {
   std::string name = "dispatcher";         // consumer name used when reclaiming entries
-  int relay_chunk = 5000;                  // requests pushed per batch per pass
+  RelayWindowOptions window;               // how much each model's stream holds ahead
+  int relay_poll_ms = 10;                  // while work waits for room: how often to look
   int max_attempts = kDefaultMaxAttempts;  // failed attempts before a request ends failed
   int reclaim_idle_ms = 60000;             // pending entries idle this long are reclaimed
   int tick_ms = 500;                       // janitor period in run()
@@ -60,7 +66,11 @@ class Dispatcher {
                                                                   const std::string& redis_url,
                                                                   DispatcherOptions options);
 
+  // One relay pass over every model with requests not yet sent; returns how many it pushed.
   [[nodiscard]] Result<int> relay_once();
+  // Whether the last relay pass left requests behind for want of room in a stream: run() then
+  // looks again after relay_poll_ms rather than a tick.
+  bool relay_waiting() const { return relay_waiting_; }
   // Creates `model`'s stream and group if missing (true when it did); if batches of the model had
   // been pushed to it, Redis lost them, and their cursors are rewound first so that they are sent
   // again.
@@ -92,14 +102,20 @@ class Dispatcher {
   // ensure_stream(), logging a failure: false when the model's stream cannot be used this tick (a
   // key of another type, say), so that the other models go on.
   bool stream_ready(const std::string& model);
+  // One model's share of a relay pass.
+  [[nodiscard]] Result<int> relay_model(const std::string& model);
 
   std::string database_url_;
   PgSession pg_;
   std::unique_ptr<RedisClient> redis_;
   DispatcherOptions options_;
   std::string finalize_cursor_;  // the last OpenAI batch finalize_openai_batches() looked at
-  std::set<std::string> streams_checked_;  // models ensure_stream looked at in this tick
-  int64_t next_purge_ns_ = 0;              // steady time the retention duty is due
+  std::set<std::string> streams_checked_;          // models ensure_stream looked at in this tick
+  int64_t next_purge_ns_ = 0;                      // steady time the retention duty is due
+  std::map<std::string, RelayWindow> windows_;     // per model
+  std::map<std::string, int64_t> pushed_since_;    // per model: pushed since its window looked
+  std::map<std::string, std::string> account_of_;  // batch → account, of batches seen in streams
+  bool relay_waiting_ = false;
 };
 
 }  // namespace hr::queue

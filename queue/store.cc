@@ -26,7 +26,7 @@ const char* const kBatchColumns =
     "(extract(epoch FROM expires_at) * 1000)::bigint, deleted_at IS NOT NULL, "
     "finished_at IS NOT NULL AND expires_at <= now(), retried_from::text, "
     "(SELECT string_agg(r.id::text, ',' ORDER BY r.id) FROM batches r "
-    " WHERE r.retried_from = batches.id AND r.deleted_at IS NULL)";
+    " WHERE r.retried_from = batches.id AND r.deleted_at IS NULL), priority";
 
 const char* const kBatchVisible =
     "deleted_at IS NULL AND NOT (finished_at IS NOT NULL AND expires_at <= now())";
@@ -71,6 +71,7 @@ BatchInfo batch_from_row(const pqxx::row& r) {
       at = comma + 1;
     }
   }
+  b.priority = r[22].as<int>();
   return b;
 }
 
@@ -229,7 +230,9 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
         "deadline, idempotency_key, request_hash, metadata, endpoint, input_file_id, "
         "completion_window, webhook_url, webhook_events, webhook_secret, request_events, "
         "retain_seconds, expires_at) "
-        "SELECT $1, $2, $3, $4, 'queued', $5, $6, to_timestamp($7::bigint / 1000.0), $8, "
+        "SELECT $1, $2, $3, $4, 'queued', $5, "
+        "coalesce($6, (SELECT default_priority FROM accounts WHERE id = $2)), "
+        "to_timestamp($7::bigint / 1000.0), $8, "
         "decode($9, 'hex'), $10::jsonb, $11, $12::uuid, $13, $14, $15::text[], $16, "
         "$17 OR EXISTS (SELECT 1 FROM webhook_endpoints WHERE account_id = $2 AND enabled "
         "AND 'request.completed' = ANY (event_types)), k.s, now() + k.s * interval '1 second' "

@@ -50,7 +50,7 @@ struct NewBatch {
   std::string account_id;
   std::string model;
   std::string api_shape = "workers_ai";  // or "openai"
-  int priority = 0;
+  std::optional<int> priority;  // orders the account's own batches; none: the account's default
   std::optional<int64_t> deadline_unix_ms;
   std::optional<std::string> idempotency_key;
   std::string request_hash;  // raw SHA-256 of the submitted body
@@ -109,6 +109,7 @@ struct BatchInfo {
   bool expired = false;  // ended, and expires_at has passed
   std::optional<std::string> retried_from;
   std::vector<std::string> retries;  // batches that retry this one's unsucceeded requests
+  int priority = 0;                  // orders the account's own batches (fair_share.h)
   bool is_terminal() const;
 };
 

@@ -11,9 +11,9 @@
 
 namespace hr::queue {
 
-// The columns batch_from_row() reads, in its order (22 columns), from `batches` (not aliased).
+// The columns batch_from_row() reads, in its order (23 columns), from `batches` (not aliased).
 extern const char* const kBatchColumns;
-constexpr int kNumBatchColumns = 22;
+constexpr int kNumBatchColumns = 23;
 // A WHERE condition: the batch is neither deleted nor expired.
 extern const char* const kBatchVisible;
 

@@ -232,6 +232,7 @@ TEST(OpenAiObjectsTest, BatchObjectFields) {
                                             "metadata",
                                             "data_expires_at",
                                             "retried_from",
+                                            "priority",
                                             "retries"}));  // OpenAI's order, then extensions
   EXPECT_EQ(j["object"], "batch");
   EXPECT_EQ(j["status"], "completed");

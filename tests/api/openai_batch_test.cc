@@ -323,7 +323,10 @@ TEST(OpenAiBatchTest, BadInputFilesFailTheBatchAndEnqueueNothing) {
   expect_openai_error(create(h, h.key_a(), file_id, "24h", {{"endpoint", "/v1/embeddings"}}), 400,
                       "endpoint");
   expect_openai_error(create(h, h.key_a(), file_id, "24h", {{"metadata", "x"}}), 400, "metadata");
-  expect_openai_error(create(h, h.key_a(), file_id, "24h", {{"priority", 1}}), 400, "priority");
+  expect_openai_error(create(h, h.key_a(), file_id, "24h", {{"urgency", 1}}), 400, "urgency");
+  expect_openai_error(create(h, h.key_a(), file_id, "24h", {{"priority", 101}}), 400, "priority");
+  expect_openai_error(create(h, h.key_a(), file_id, "24h", {{"metadata", {{"priority", "high"}}}}),
+                      400, "metadata.priority");
   expect_openai_error(create(h, h.key_b(), file_id), 404, "input_file_id");
   expect_openai_error(create(h, h.key_a(), "0190a000-0000-7000-8000-000000000000"), 404,
                       "input_file_id");
@@ -757,6 +760,27 @@ TEST(OpenAiBatchTest, RetentionDeletionAndRetry) {
   expect_openai_error(h.get("/v1/files/" + fid, h.key_a()), 404, "");
   ASSERT_TRUE(c.dispatcher->retain().is_ok());
   EXPECT_EQ(h.scalar("SELECT count(*) FROM file_chunks WHERE file_id = '" + fid + "'"), 0);
+}
+
+// A batch's priority: an extra field or metadata's string; shown on the batch object; the
+// account's default when neither says.
+TEST(OpenAiBatchTest, PriorityFromAnExtraFieldOrMetadata) {
+  ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  std::string file_id = upload_ok(h, reversal_file(h, 2));
+  HttpResult r = create(h, h.key_a(), file_id, "24h", {{"priority", 7}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["priority"], 7);
+  EXPECT_EQ(get_batch(h, r.json()["id"])["priority"], 7);
+  r = create(h, h.key_a(), file_id, "24h", {{"metadata", {{"priority", "-3"}}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(get_batch(h, r.json()["id"])["priority"], -3);
+  h.scalar(
+      "WITH u AS (UPDATE accounts SET default_priority = 4 WHERE name = 'alice' "
+      "RETURNING 1) SELECT count(*) FROM u");
+  r = create(h, h.key_a(), file_id);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(get_batch(h, r.json()["id"])["priority"], 4);
 }
 
 }  // namespace

@@ -107,13 +107,21 @@ int main(int argc, char** argv) {
     out[prefix + "errors"] = errors.load();
   };
   poll_phase("poll_during_relay_");
+  // Until the relay has pushed what it will before workers take any: everything when the
+  // model's ready-queue is unbounded, else its window (docs/fair-share.md); the stream's length
+  // then stays put.
   {
     auto redis = hr::queue::RedisClient::connect(a.redis_url).value();
-    for (int i = 0; i < 600; ++i) {
+    long long last = -1;
+    int still = 0;
+    for (int i = 0; i < 600 && still < 5; ++i) {
       auto n = redis->command({"XLEN", hr::queue::stream_key(a.model)});
-      if (n.is_ok() && n->integer >= 110000) break;
+      const long long len = n.is_ok() ? n->integer : -1;
+      still = len == last && len > 0 ? still + 1 : 0;
+      last = len;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+    out["stream_before_pull"] = last;
   }
   poll_phase("poll_");
 

@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <set>
 #include <thread>
 
 #include "base/ids.h"
+#include "queue/accounts.h"
 #include "queue/dispatcher.h"
 #include "queue/migrate.h"
 #include "queue/store.h"
@@ -322,27 +324,121 @@ TEST_F(LeaseTest, DeadlinePassedExpiresUnstartedRequests) {
   EXPECT_EQ(scalar("SELECT count(*) FROM outbox WHERE event_type = 'batch.expired'"), 1);
 }
 
-// Batches other dispatchers are relaying (their relay locks held, here by another connection) are
-// passed over however many there are: the later ones are relayed meanwhile.
-TEST_F(LeaseTest, TheRelayPassesOverBatchesOthersAreRelaying) {
-  std::vector<std::string> batches;
-  for (int i = 0; i < 40; ++i) batches.push_back(submit(1));
-  std::sort(batches.begin(), batches.end());  // ids sort as uuids do here (same length, hex)
+// One dispatcher at a time relays a model (its relay lock held, here by another connection): the
+// others pass it over, and relay it once the lock is free.
+TEST_F(LeaseTest, OneDispatcherAtATimeRelaysAModel) {
+  submit(5);
   auto d = dispatcher();
-  // The stream is there before the relays begin (a rewind would wait for the locks held below).
+  // The stream is there before the relay (a rewind would wait for the lock held below).
   ASSERT_TRUE(d->ensure_stream(model_).is_ok());
   pqxx::connection other(db_.url());
   pqxx::nontransaction locker(other);
-  for (int i = 0; i < 34; ++i) {
-    locker.exec_params("SELECT pg_advisory_lock($1, hashtext($2))", 0x4852, batches[i]);
-  }
+  locker.exec_params("SELECT pg_advisory_lock($1, hashtext($2))", 0x4853, model_);
   auto relayed = d->relay_once();
   ASSERT_TRUE(relayed.is_ok()) << relayed.status().to_string();
-  EXPECT_EQ(*relayed, 6);
-  EXPECT_EQ(scalar("SELECT count(*) FROM batches WHERE num_dispatched = num_total"), 6);
-  for (int i = 0; i < 34; ++i) {
-    EXPECT_EQ(scalar("SELECT num_dispatched FROM batches WHERE id = '" + batches[i] + "'"), 0);
+  EXPECT_EQ(*relayed, 0);
+  EXPECT_EQ(scalar("SELECT num_dispatched FROM batches"), 0);
+  locker.exec_params("SELECT pg_advisory_unlock($1, hashtext($2))", 0x4853, model_);
+  relayed = d->relay_once();
+  ASSERT_TRUE(relayed.is_ok()) << relayed.status().to_string();
+  EXPECT_EQ(*relayed, 5);
+}
+
+// The stream holds a short ready-queue; the backlog waits in Postgres, and what enters the queue
+// is shared among accounts by the work they have in flight (waiting or leased) per weight.
+class FairRelayTest : public LeaseTest {
+ protected:
+  std::unique_ptr<Dispatcher> windowed(int64_t entries) {
+    DispatcherOptions o;
+    o.window = {entries, entries, 250};
+    auto d = Dispatcher::create(db_.url(), redis_, o);
+    EXPECT_TRUE(d.is_ok());
+    return std::move(d).value();
   }
+
+  std::string account(const std::string& name, double weight) {
+    auto key = create_api_key(*conn_, name);
+    EXPECT_TRUE(key.is_ok());
+    EXPECT_TRUE(set_account_share(*conn_, name, weight, std::nullopt).is_ok());
+    return key->account_id;
+  }
+
+  std::string submit_as(const std::string& account, int n, std::optional<int> priority = {}) {
+    NewBatch b;
+    b.account_id = account;
+    b.model = model_;
+    b.priority = priority;
+    for (int i = 0; i < n; ++i) b.requests.push_back({std::nullopt, "{\"prompt\":\"p\"}"});
+    auto r = submit_batch(*conn_, b);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    return r.is_ok() ? r->batch_id : "";
+  }
+
+  // The stream's entries per batch, in stream order.
+  std::vector<std::string> stream_batches() {
+    auto redis = RedisClient::connect(redis_).value();
+    auto r = redis->command({"XRANGE", stream_key(model_), "-", "+"}).value();
+    std::vector<std::string> out;
+    for (const auto& e : r.elements) out.push_back(e.elements[1].elements[1].str);
+    return out;
+  }
+};
+
+TEST_F(FairRelayTest, ASmallBatchOvertakesABigOnesBacklog) {
+  const std::string a = account_;
+  const std::string b = account("tenant-b", 1);
+  const std::string big = submit_as(a, 5000);
+  auto d = windowed(100);
+  ASSERT_TRUE(d->tick().is_ok());
+  EXPECT_EQ(scalar("SELECT num_dispatched FROM batches WHERE id = '" + big + "'"), 100);
+  EXPECT_TRUE(d->relay_waiting());
+  // Workers take the 100 and run them; then B submits.
+  auto c = consumer("w1");
+  auto leased = c->pull(100, 1000);
+  ASSERT_TRUE(leased.is_ok());
+  ASSERT_EQ(leased->size(), 100u);
+  const std::string small = submit_as(b, 50);
+  auto relayed = d->relay_once();
+  ASSERT_TRUE(relayed.is_ok()) << relayed.status().to_string();
+  EXPECT_EQ(*relayed, 100);
+  // B had nothing in flight against A's 100: all of B's 50 are in, and the next to be pulled.
+  auto next = c->pull(50, 1000);
+  ASSERT_TRUE(next.is_ok());
+  ASSERT_EQ(next->size(), 50u);
+  int of_small = 0;
+  for (const Lease& l : *next) of_small += l.ref.batch_id == small;
+  EXPECT_GE(of_small, 40);  // interleaved with A's, ahead of A's backlog
+  EXPECT_EQ(scalar("SELECT num_dispatched FROM batches WHERE id = '" + small + "'"), 50);
+  EXPECT_EQ(scalar("SELECT num_dispatched FROM batches WHERE id = '" + big + "'"), 150);
+}
+
+TEST_F(FairRelayTest, WeightsShareTheQueueInProportion) {
+  const std::string a = account("tenant-a3", 3);
+  const std::string b = account("tenant-b1", 1);
+  const std::string heavy = submit_as(a, 5000);
+  const std::string light = submit_as(b, 5000);
+  auto d = windowed(400);
+  ASSERT_TRUE(d->relay_once().is_ok());
+  std::map<std::string, int> seen;
+  for (const std::string& batch : stream_batches()) ++seen[batch];
+  EXPECT_NEAR(seen[heavy], 300, 10);
+  EXPECT_NEAR(seen[light], 100, 10);
+  EXPECT_EQ(seen[heavy] + seen[light], 400);
+}
+
+TEST_F(FairRelayTest, AnAccountsHigherPriorityBatchGoesFirst) {
+  const std::string background = submit_as(account_, 1000);
+  const std::string urgent = submit_as(account_, 30, 5);
+  auto d = windowed(100);
+  ASSERT_TRUE(d->relay_once().is_ok());
+  std::vector<std::string> order = stream_batches();
+  ASSERT_EQ(order.size(), 100u);
+  for (int i = 0; i < 30; ++i) EXPECT_EQ(order[i], urgent) << i;
+  EXPECT_EQ(get_batch(*conn_, account_, urgent).value().priority, 5);
+  // The account's default priority applies to a batch naming none.
+  ASSERT_TRUE(set_account_share(*conn_, "acct", std::nullopt, -7).is_ok());
+  EXPECT_EQ(get_batch(*conn_, account_, submit_as(account_, 1)).value().priority, -7);
+  EXPECT_EQ(get_batch(*conn_, account_, background).value().priority, 0);
 }
 
 TEST_F(LeaseTest, TwoDispatchersAndTwoConsumersCompleteEachRequestOnce) {

@@ -1,0 +1,93 @@
+// Weighted fair share of a ready-queue's room.
+#include "queue/fair_share.h"
+
+#include <algorithm>
+#include <tuple>
+
+namespace hr::queue {
+
+namespace {
+
+// The order of an account's batches: priority (higher first), then a deadline (earliest first)
+// before none. Batches of one class share by work in flight.
+std::tuple<int, bool, int64_t> class_of(const ShareBatch& b) {
+  return {-b.priority, !b.deadline_ms.has_value(), b.deadline_ms.value_or(0)};
+}
+
+struct AccountState {
+  const ShareAccount* account = nullptr;
+  std::vector<size_t> order;   // its batches, by class then as given
+  std::vector<int64_t> given;  // per batch, this pass
+  int64_t given_total = 0;
+  int64_t left = 0;  // what its batches still have to send, less what was given
+
+  double load() const {
+    return static_cast<double>(account->in_flight + given_total) / account->weight;
+  }
+};
+
+// The batch of `s` that gets the next piece: the first class with something left, and in it the
+// batch with the least in flight (the earliest given on a tie).
+size_t next_batch(const AccountState& s) {
+  const auto& batches = s.account->batches;
+  size_t best = s.order.size();
+  for (size_t k = 0; k < s.order.size(); ++k) {
+    const size_t i = s.order[k];
+    if (batches[i].remaining - s.given[i] <= 0) continue;
+    if (best == s.order.size()) {
+      best = k;
+      continue;
+    }
+    const size_t b = s.order[best];
+    if (class_of(batches[i]) != class_of(batches[b])) break;  // a later class
+    if (batches[i].in_flight + s.given[i] < batches[b].in_flight + s.given[b]) best = k;
+  }
+  return s.order[best];
+}
+
+}  // namespace
+
+std::vector<ShareGrant> share_room(const std::vector<ShareAccount>& accounts, int64_t room) {
+  std::vector<ShareGrant> out;
+  if (room <= 0) return out;
+  const int64_t step = std::max<int64_t>(1, room / 64);
+  std::vector<AccountState> states;
+  for (const ShareAccount& a : accounts) {
+    if (!(a.weight > 0)) continue;
+    AccountState s;
+    s.account = &a;
+    s.given.assign(a.batches.size(), 0);
+    for (size_t i = 0; i < a.batches.size(); ++i) {
+      if (a.batches[i].remaining <= 0) continue;
+      s.order.push_back(i);
+      s.left += a.batches[i].remaining;
+    }
+    std::stable_sort(s.order.begin(), s.order.end(), [&](size_t x, size_t y) {
+      return class_of(a.batches[x]) < class_of(a.batches[y]);
+    });
+    if (s.left > 0) states.push_back(std::move(s));
+  }
+  while (room > 0) {
+    AccountState* pick = nullptr;
+    for (AccountState& s : states) {
+      if (s.left <= 0) continue;
+      if (!pick || s.load() < pick->load()) pick = &s;
+    }
+    if (!pick) break;  // nothing left to send
+    const size_t i = next_batch(*pick);
+    const ShareBatch& b = pick->account->batches[i];
+    const int64_t n = std::min({step, b.remaining - pick->given[i], room});
+    pick->given[i] += n;
+    pick->given_total += n;
+    pick->left -= n;
+    room -= n;
+    if (!out.empty() && out.back().batch_id == b.id) {
+      out.back().count += n;
+    } else {
+      out.push_back({b.id, n});
+    }
+  }
+  return out;
+}
+
+}  // namespace hr::queue

@@ -1,0 +1,212 @@
+// Fair-share benchmark driver (run by scripts/bench_fairness.sh against `headroom api`, one
+// `headroom dispatcher` and two workers on the bundled model). Phases, each on an idle queue:
+//  - alone: tenant B's 50-request batch with nothing else queued (3 runs, median);
+//  - shared: tenant A's 20,000-request batch running; A's rate before, then B's 50 submitted three
+//    times one after another: B's time (median) against alone = small_tenant_slowdown, and A's
+//    rate while B runs against before;
+//  - weights: tenants C (weight 3) and D (weight 1) saturating: their generated tokens over
+//    --share-seconds;
+//  - deadline: tenant E's 20,000-request batch without a deadline, then E's 50 with a 20 s
+//    completion window: finished before its deadline?
+// Each batch left running is cancelled after its phase. Reads progress and tokens from Postgres.
+// Prints one JSON object.
+#include <nlohmann/json.hpp>
+#include <pqxx/pqxx>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/bench/bench_http.h"
+
+using nlohmann::json;
+using namespace hr::bench;  // NOLINT: the driver's helpers
+
+namespace {
+
+struct Args {
+  int port = 0;
+  std::string model, database_url;
+  std::string key_a, key_b, key_c, key_d, key_e;
+  int big = 20000;
+  int small = 50;
+  int max_tokens = 16;
+  double share_seconds = 60;
+};
+
+class Driver {
+ public:
+  explicit Driver(const Args& a) : a_(a), conn_(a.port), pg_(a.database_url) {}
+
+  std::string submit(const std::string& key, int n, const json& extra = json::object()) {
+    json reqs = json::array();
+    for (int i = 0; i < n; ++i) {
+      reqs.push_back(
+          {{"messages", {{{"role", "user"}, {"content", "reverse: item " + std::to_string(i)}}}},
+           {"max_tokens", a_.max_tokens}});
+    }
+    json body = {{"requests", reqs}};
+    body.update(extra);
+    auto [status, resp] = conn_.call(
+        beast_http::verb::post, "/ai/run/" + a_.model + "?queueRequest=true", key, body.dump());
+    if (status != 200) {
+      std::fprintf(stderr, "submit failed: %d %s\n", status, resp.c_str());
+      std::exit(1);
+    }
+    return json::parse(resp)["result"]["request_id"];
+  }
+
+  void cancel(const std::string& key, const std::string& id) {
+    conn_.call(beast_http::verb::post, "/v1/async/" + id + "/cancel", key, "{}");
+  }
+
+  struct Progress {
+    int64_t ended = 0;
+    int64_t completion_tokens = 0;
+    bool finished = false;
+    double finished_before_deadline_s = 0;  // deadline − finished_at (when both are there)
+  };
+  Progress progress(const std::string& id) {
+    pqxx::nontransaction tx(pg_);
+    pqxx::row r = tx.exec_params1(
+        "SELECT num_completed + num_failed + num_cancelled + num_expired, completion_tokens, "
+        "finished_at IS NOT NULL, "
+        "coalesce(extract(epoch FROM deadline - finished_at), 0)::float8 "
+        "FROM batches WHERE id = $1::uuid",
+        id);
+    return {r[0].as<int64_t>(), r[1].as<int64_t>(), r[2].as<bool>(), r[3].as<double>()};
+  }
+
+  // Submits `n` for `key` and waits until the batch ends; its seconds.
+  double run_to_end(const std::string& key, int n, const json& extra = json::object(),
+                    std::string* id_out = nullptr) {
+    auto t0 = Clock::now();
+    std::string id = submit(key, n, extra);
+    if (id_out) *id_out = id;
+    while (!progress(id).finished && seconds_since(t0) < 600) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return seconds_since(t0);
+  }
+
+  // Requests of `id` ended per second over `seconds`.
+  double rate(const std::string& id, double seconds) {
+    int64_t e0 = progress(id).ended;
+    auto t0 = Clock::now();
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    return (progress(id).ended - e0) / seconds_since(t0);
+  }
+
+ private:
+  const Args& a_;
+  Conn conn_;
+  pqxx::connection pg_;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  auto f = flags(argc, argv);
+  a.port = std::stoi(f["--port"]);
+  a.model = f["--model"];
+  a.database_url = f["--database-url"];
+  a.key_a = f["--key-a"];
+  a.key_b = f["--key-b"];
+  a.key_c = f["--key-c"];
+  a.key_d = f["--key-d"];
+  a.key_e = f["--key-e"];
+  if (f.count("--big")) a.big = std::stoi(f["--big"]);
+  if (f.count("--share-seconds")) a.share_seconds = std::stod(f["--share-seconds"]);
+  const bool fifo_only = f.count("--phases") && f["--phases"] == "shared";
+  Driver d(a);
+  json out;
+  auto say = [](const json& j) {
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  };
+
+  // Alone.
+  std::vector<double> alone;
+  for (int k = 0; k < 3; ++k) alone.push_back(d.run_to_end(a.key_b, a.small));
+  out["small_alone_s"] = median(alone);
+  say({{"phase", "alone"}, {"seconds", alone}});
+
+  // Shared with a big batch.
+  {
+    std::string big = d.submit(a.key_a, a.big);
+    std::this_thread::sleep_for(std::chrono::seconds(3));  // running steadily
+    const double before = d.rate(big, 4);
+    std::vector<double> shared;
+    int64_t e0 = d.progress(big).ended;
+    auto t0 = Clock::now();
+    for (int k = 0; k < 3; ++k) shared.push_back(d.run_to_end(a.key_b, a.small));
+    const double during = (d.progress(big).ended - e0) / seconds_since(t0);
+    const double small_share = 3.0 * a.small / (3.0 * a.small + during * seconds_since(t0));
+    d.cancel(a.key_a, big);
+    out["small_shared_s"] = median(shared);
+    out["small_tenant_slowdown"] = median(shared) / median(alone);
+    out["big_rate_before_per_s"] = before;
+    out["big_rate_during_per_s"] = during;
+    out["big_rate_ratio"] = during / before;
+    out["small_share_during"] = small_share;
+    say({{"phase", "shared"}, {"seconds", shared}, {"big_before", before}, {"big_during", during}});
+  }
+  if (fifo_only) {
+    say(out);
+    return 0;
+  }
+
+  // Weights 3:1.
+  {
+    std::string c = d.submit(a.key_c, a.big);
+    std::string dd = d.submit(a.key_d, a.big);
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    auto pc = d.progress(c);
+    auto pd = d.progress(dd);
+    std::this_thread::sleep_for(std::chrono::duration<double>(a.share_seconds));
+    auto qc = d.progress(c);
+    auto qd = d.progress(dd);
+    d.cancel(a.key_c, c);
+    d.cancel(a.key_d, dd);
+    const double tc = static_cast<double>(qc.completion_tokens - pc.completion_tokens);
+    const double td = static_cast<double>(qd.completion_tokens - pd.completion_tokens);
+    out["weights_tokens"] = {tc, td};
+    out["weights_token_ratio"] = td > 0 ? tc / td : 0;
+    out["weights_request_ratio"] =
+        qd.ended > pd.ended ? double(qc.ended - pc.ended) / double(qd.ended - pd.ended) : 0;
+    say({{"phase", "weights"}, {"tokens", {tc, td}}});
+  }
+
+  // A tight deadline behind the same account's big batch.
+  {
+    std::string big = d.submit(a.key_e, a.big);
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    std::string tight;
+    const double s = d.run_to_end(a.key_e, a.small, {{"completion_window", "20s"}}, &tight);
+    auto p = d.progress(tight);
+    d.cancel(a.key_e, big);
+    pqxx::connection pg(a.database_url);
+    pqxx::nontransaction tx(pg);
+    const int64_t completed =
+        tx.exec_params1("SELECT num_completed FROM batches WHERE id = $1::uuid", tight)[0]
+            .as<int64_t>();
+    out["deadline_batch_s"] = s;
+    out["deadline_window_s"] = 20;
+    out["deadline_met"] = completed == a.small && p.finished_before_deadline_s > 0;
+    say({{"phase", "deadline"}, {"seconds", s}, {"completed", completed}});
+  }
+  out["goals"] = {{"small_tenant_slowdown", "<= 2"},
+                  {"weights_token_ratio", "3 +- 10% (2.7 to 3.3)"},
+                  {"deadline_met", true}};
+  say(out);
+  return 0;
+}

@@ -1,0 +1,148 @@
+// The relay's fair share of a ready-queue's room, and the ready-queue's size.
+#include "queue/fair_share.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "queue/relay_window.h"
+
+namespace hr::queue {
+namespace {
+
+std::map<std::string, int64_t> totals(const std::vector<ShareGrant>& grants) {
+  std::map<std::string, int64_t> out;
+  for (const ShareGrant& g : grants) out[g.batch_id] += g.count;
+  return out;
+}
+
+ShareAccount account(const std::string& id, double weight, int64_t in_flight,
+                     std::vector<ShareBatch> batches) {
+  ShareAccount a;
+  a.id = id;
+  a.weight = weight;
+  a.in_flight = in_flight;
+  for (const ShareBatch& b : batches) a.in_flight += b.in_flight;
+  a.batches = std::move(batches);
+  return a;
+}
+
+TEST(FairShareTest, ANewcomerGetsTheRoomUntilItHasAsMuchInFlight) {
+  // A has 300 in flight; B nothing. Room for 200: all of it to B. Room for 500: B catches up to
+  // A's 300, then they share the rest.
+  std::vector<ShareAccount> in = {account("A", 1, 0, {{"a1", 0, {}, 300, 100000}}),
+                                  account("B", 1, 0, {{"b1", 0, {}, 0, 50}})};
+  auto t = totals(share_room(in, 40));
+  EXPECT_EQ(t["b1"], 40);
+  EXPECT_EQ(t.count("a1"), 0u);
+  in[1].batches[0].remaining = 100000;
+  t = totals(share_room(in, 500));
+  EXPECT_NEAR(t["b1"], 400, 8);  // 300 to catch up, then half of the last 200
+  EXPECT_NEAR(t["a1"], 100, 8);
+  EXPECT_EQ(t["a1"] + t["b1"], 500);
+}
+
+TEST(FairShareTest, WeightsSplitTheRoomInProportion) {
+  std::vector<ShareAccount> in = {account("A", 3, 0, {{"a1", 0, {}, 0, 100000}}),
+                                  account("B", 1, 0, {{"b1", 0, {}, 0, 100000}})};
+  auto t = totals(share_room(in, 4000));
+  EXPECT_NEAR(t["a1"], 3000, 70);
+  EXPECT_NEAR(t["b1"], 1000, 70);
+}
+
+TEST(FairShareTest, WorkConservingWhenAnAccountRunsOut) {
+  std::vector<ShareAccount> in = {account("A", 1, 0, {{"a1", 0, {}, 0, 100000}}),
+                                  account("B", 10, 0, {{"b1", 0, {}, 0, 30}})};
+  auto t = totals(share_room(in, 1000));
+  EXPECT_EQ(t["b1"], 30);
+  EXPECT_EQ(t["a1"], 970);
+  // Nothing left anywhere: less than the room.
+  in[0].batches[0].remaining = 5;
+  t = totals(share_room(in, 1000));
+  EXPECT_EQ(t["a1"] + t["b1"], 35);
+}
+
+TEST(FairShareTest, GrantsInterleaveTheAccounts) {
+  std::vector<ShareAccount> in = {account("A", 1, 0, {{"a1", 0, {}, 0, 100000}}),
+                                  account("B", 1, 0, {{"b1", 0, {}, 0, 100000}})};
+  auto grants = share_room(in, 640);
+  ASSERT_GE(grants.size(), 32u);  // pieces of ~room/64, alternating
+  for (size_t k = 1; k < grants.size(); ++k) {
+    EXPECT_NE(grants[k].batch_id, grants[k - 1].batch_id);
+  }
+  // The first half of the stream holds as much of each.
+  int64_t a = 0, b = 0, n = 0;
+  for (const ShareGrant& g : grants) {
+    if (n >= 320) break;
+    (g.batch_id == "a1" ? a : b) += g.count;
+    n += g.count;
+  }
+  EXPECT_NEAR(a, b, 20);
+}
+
+TEST(FairShareTest, WithinAnAccountPriorityThenDeadlineThenLeastInFlight) {
+  // Priority first: the high batch takes everything it has.
+  std::vector<ShareAccount> in = {account("A", 1, 0,
+                                          {{"low", 0, {}, 0, 1000},
+                                           {"high", 5, {}, 0, 60},
+                                           {"late", 0, 9000, 0, 1000},
+                                           {"soon", 0, 5000, 0, 20},
+                                           {"low2", 0, {}, 400, 1000}})};
+  auto grants = share_room(in, 100);
+  auto t = totals(grants);
+  EXPECT_EQ(grants[0].batch_id, "high");
+  EXPECT_EQ(t["high"], 60);
+  // Then the deadlines, earliest first.
+  EXPECT_EQ(t["soon"], 20);
+  EXPECT_EQ(t["late"], 20);
+  EXPECT_EQ(t.count("low"), 0u);
+  // With room past the deadlines' batches, those without share by least in flight: "low" catches
+  // up with "low2" (400 in flight) before "low2" gets any.
+  t = totals(share_room(in, 1480));
+  EXPECT_EQ(t["late"], 1000);
+  EXPECT_EQ(t["low"], 400);
+  EXPECT_EQ(t.count("low2"), 0u);
+}
+
+TEST(FairShareTest, PriorityDoesNotBuyShareFromOtherAccounts) {
+  std::vector<ShareAccount> in = {account("A", 1, 0, {{"a1", 100, {}, 0, 100000}}),
+                                  account("B", 1, 0, {{"b1", -100, {}, 0, 100000}})};
+  auto t = totals(share_room(in, 1000));
+  EXPECT_NEAR(t["a1"], 500, 16);
+  EXPECT_NEAR(t["b1"], 500, 16);
+}
+
+TEST(FairShareTest, NoRoomNoGrants) {
+  std::vector<ShareAccount> in = {account("A", 1, 0, {{"a1", 0, {}, 0, 10}})};
+  EXPECT_TRUE(share_room(in, 0).empty());
+  EXPECT_TRUE(share_room({}, 100).empty());
+}
+
+TEST(RelayWindowTest, LearnsTheRateTheWorkersTakeAt) {
+  RelayWindow w({/*min_entries=*/100, /*max_entries=*/5000, /*window_ms=*/250});
+  int64_t t = 0;
+  w.observe(t, 0, 0);
+  EXPECT_EQ(w.size(), 100);
+  // Workers take 2,000 a second: 20 every 10 ms, the relay keeping the queue at 100.
+  for (int k = 0; k < 100; ++k) {
+    t += 10'000'000;
+    w.observe(t, 80, 20);
+  }
+  EXPECT_NEAR(w.rate_per_s(), 2000, 50);
+  EXPECT_NEAR(w.size(), 500, 15);
+  // Faster than the max: capped.
+  for (int k = 0; k < 20; ++k) {
+    t += 10'000'000;
+    w.observe(t, 0, 2000);
+  }
+  EXPECT_EQ(w.size(), 5000);
+  // Idle: back to the least, smoothly.
+  for (int k = 0; k < 400; ++k) {
+    t += 10'000'000;
+    w.observe(t, 0, 0);
+  }
+  EXPECT_EQ(w.size(), 100);
+}
+
+}  // namespace
+}  // namespace hr::queue
