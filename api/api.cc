@@ -65,6 +65,15 @@ Api::Api(ApiConfig config, queue::StoreConfig store) : impl_(std::make_unique<Im
   ctx.default_retain_seconds = impl_->config.retain_seconds();
   ctx.webhook_policy = impl_->webhooks.policy;
   impl_->openai = std::make_unique<OpenAiBatchApi>(std::move(ctx));
+  SyncLimiterOptions limiter;
+  limiter.redis_url = impl_->store.redis_url;
+  limiter.lease_ms = impl_->config.sync_call_lease_ms;
+  impl_->sync_limits = std::make_unique<SyncLimiter>(
+      limiter, [impl = impl_.get()](const std::string& account) -> Result<queue::SyncLimits> {
+        queue::PgPool::Bound quick(impl->pool.get(), kQuickDbCall);
+        return impl->pool->with_connection<queue::SyncLimits>(
+            [&](pqxx::connection& c) { return queue::get_sync_limits(c, account); });
+      });
   impl_->revocations = std::make_unique<KeyRevocationListener>(
       impl_->store.database_url,
       [impl = impl_.get()] {

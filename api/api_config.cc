@@ -31,6 +31,9 @@ void ApiConfig::bind(CLI::App& app) {
   webhooks::bind_webhook_allow(app, webhook_allow);
   cli::add(app, "--sync-queue-timeout-ms", sync_queue_timeout_ms,
            "How long a sync request waits for a worker with room before 429 (code 3040)");
+  cli::add(app, "--sync-call-lease-ms", sync_call_lease_ms,
+           "A sync call counted against its account's calls at once is forgotten this long "
+           "after its API process died");
   cli::add(app, "--internal-token", internal_token,
            "Shared secret sent to workers with forwarded sync requests (must match theirs)");
   cli::add(app, "--retention-days", retention_days,
@@ -51,6 +54,9 @@ Status ApiConfig::validate() const {
   }
   if (key_lookups_per_s < 1 || key_lookups_per_s > 1000000) {
     return invalid_argument("--key-lookups-per-s must be 1..1000000", "key-lookups-per-s");
+  }
+  if (sync_call_lease_ms < 100 || sync_call_lease_ms > 3600000) {
+    return invalid_argument("--sync-call-lease-ms must be 100..3600000", "sync-call-lease-ms");
   }
   if (body_limit_bytes < 1024) {
     return invalid_argument("--body-limit-bytes must be at least 1024", "body-limit-bytes");

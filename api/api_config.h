@@ -42,6 +42,9 @@ struct ApiConfig {
   // A sync request waits this long for a worker with room (unless options.rejectIfBusy), then
   // gets 429 with code 3040.
   int sync_queue_timeout_ms = 2000;
+  // A sync call counted among its account's calls at once keeps its place while its API process
+  // lives; that of a process that died lapses after this long (api/sync_limits.h).
+  int64_t sync_call_lease_ms = 60000;
   // Sent to workers with each forwarded sync request (`api` only; workers check it when set).
   std::string internal_token;
   // How long batches (from their creation) and files are kept when neither the request

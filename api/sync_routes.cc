@@ -17,6 +17,21 @@ namespace beast_http = boost::beast::http;
 
 namespace {
 
+// Retry-After in seconds, when a limit said when (else the error's own, if any).
+void set_retry_after(http::HttpResponse& res, int seconds) {
+  if (seconds > 0) res.set(beast_http::field::retry_after, std::to_string(seconds));
+}
+
+int64_t tokens_of(const wire::Usage& u) { return u.prompt_tokens + u.completion_tokens; }
+
+// What a call is charged against its account's tokens per minute at admission.
+int64_t admission_tokens(const wire::ChatRequest& request) {
+  int64_t bytes = request.prompt ? static_cast<int64_t>(request.prompt->size()) : 0;
+  for (const wire::ChatMessage& m : request.messages)
+    bytes += static_cast<int64_t>(m.content.size());
+  return estimate_call_tokens(bytes, request.max_tokens);
+}
+
 // Names the worker that answered a sync call (x-headroom-worker), when it was a remote one.
 void mark_worker(http::HttpResponse& res, const std::string& worker) {
   if (!worker.empty()) res.set("x-headroom-worker", worker);
@@ -111,8 +126,13 @@ http::HttpResponse Api::Impl::run_model(const http::HttpRequest& req, const std:
   }
   json request = body;
   request.erase("queueRequest");
-  Result<SyncAnswer> answer = run_sync(req, account, request, *model);
-  if (!answer.is_ok()) return error_response(answer.status());
+  int retry_after_s = 0;
+  Result<SyncAnswer> answer = run_sync(req, account, request, *model, &retry_after_s);
+  if (!answer.is_ok()) {
+    http::HttpResponse res = error_response(answer.status());
+    set_retry_after(res, retry_after_s);
+    return res;
+  }
   http::HttpResponse res = ok_response(wire::workers_ai_result(answer->answer, false));
   mark_worker(res, answer->worker);
   return res;
@@ -141,8 +161,22 @@ Result<SyncInference*> Api::Impl::sync_for(const ModelSpec& model) const {
   return s;
 }
 
+std::variant<SyncPermit, http::HttpResponse> Api::Impl::admit_sync(const std::string& account,
+                                                                   const wire::ChatRequest& request,
+                                                                   ErrorShape shape) {
+  auto admitted = sync_limits->admit(account, admission_tokens(request));
+  if (auto* permit = std::get_if<SyncPermit>(&admitted)) return std::move(*permit);
+  const SyncRefusal& refusal = std::get<SyncRefusal>(admitted);
+  http::HttpResponse res = shaped_error(refusal.status, shape);
+  if (refusal.status.code() == StatusCode::kResourceExhausted) {
+    set_retry_after(res, refusal.retry_after_s);
+  }
+  return res;
+}
+
 Result<SyncAnswer> Api::Impl::run_sync(const http::HttpRequest& req, const std::string& account,
-                                       const json& body, const ModelSpec& model) {
+                                       const json& body, const ModelSpec& model,
+                                       int* retry_after_s) {
   SyncCall call = sync_call(req, account, body, model);
   json request = body;
   request.erase("options");
@@ -154,8 +188,17 @@ Result<SyncAnswer> Api::Impl::run_sync(const http::HttpRequest& req, const std::
   HR_ASSIGN_OR_RETURN(
       wire::ChatRequest norm,
       normalize_chat_request(request, model, limits, ordered_schemas(req.body()).get()));
+  auto admitted = sync_limits->admit(account, admission_tokens(norm));
+  if (auto* refused = std::get_if<SyncRefusal>(&admitted)) {
+    if (refused->status.code() == StatusCode::kResourceExhausted) {
+      *retry_after_s = refused->retry_after_s;
+    }
+    return refused->status;
+  }
+  SyncPermit permit = std::move(std::get<SyncPermit>(admitted));
   HR_ASSIGN_OR_RETURN(SyncInference * s, sync_for(model));
   HR_ASSIGN_OR_RETURN(SyncAnswer answer, s->run(norm, call));
+  permit.settle(tokens_of(answer.answer.usage));
   answer.answer.json = wire::answers_json(norm);
   // A worker of an earlier release ignores logprobs: its answer must not pass for one with them.
   if (norm.logprobs && !answer.answer.logprobs) return no_logprobs_from_worker();
@@ -180,8 +223,13 @@ http::HttpResponse Api::Impl::chat_completions(const http::HttpRequest& req,
   }
   // OpenAI fields this server does not use but clients commonly send.
   for (const char* key : {"n", "user", "stream_options"}) body.erase(key);
-  Result<SyncAnswer> a = run_sync(req, account, body, *model);
-  if (!a.is_ok()) return openai_error_response(a.status());
+  int retry_after_s = 0;
+  Result<SyncAnswer> a = run_sync(req, account, body, *model, &retry_after_s);
+  if (!a.is_ok()) {
+    http::HttpResponse res = openai_error_response(a.status());
+    set_retry_after(res, retry_after_s);
+    return res;
+  }
   http::HttpResponse res = http::json_response(
       200, wire::chat_completion(a->answer, "chatcmpl-" + new_uuid_v4().to_string(),
                                  SystemClock::instance().now_unix_ms() / 1000, model->name)
@@ -212,6 +260,9 @@ http::Reply Api::Impl::chat_completions_stream(const http::HttpRequest& req,
   Result<wire::ChatRequest> norm =
       normalize_chat_request(body, *model, limits, ordered_schemas(req.body()).get());
   if (!norm.is_ok()) return {openai_error_response(norm.status()), nullptr};
+  auto admitted = admit_sync(account, *norm, ErrorShape::kOpenAi);
+  if (auto* refused = std::get_if<http::HttpResponse>(&admitted))
+    return {std::move(*refused), nullptr};
   Result<SyncInference*> s = sync_for(*model);
   if (!s.is_ok()) return {openai_error_response(s.status()), nullptr};
   Result<std::unique_ptr<wire::AnswerStream>> started = (*s)->start_stream(*norm, call);
@@ -225,8 +276,10 @@ http::Reply Api::Impl::chat_completions_stream(const http::HttpRequest& req,
     bool logprobs = false;   // asked for
     int phase = 0;           // 0: role, 1: deltas, 2: usage, 3: done
     int streamed_calls = 0;  // tool calls that went out piece by piece
+    SyncPermit permit;       // the call's place under the account's limits, until it ends
   };
   auto st = std::make_shared<State>();
+  st->permit = std::move(std::get<SyncPermit>(admitted));
   st->logprobs = norm->logprobs;
   st->stream = std::move(started).value();
   st->model = model->name;
@@ -282,6 +335,7 @@ http::Reply Api::Impl::chat_completions_stream(const http::HttpRequest& req,
           *out += "data: [DONE]\n\n";
           return true;
         }
+        st->permit.settle(tokens_of(st->stream->answer().usage));
         // The calls not streamed piece by piece, each as one chunk with its id and name and one
         // with its arguments, then the finish reason.
         out->clear();
@@ -322,6 +376,9 @@ http::Reply Api::Impl::run_model_stream(const http::HttpRequest& req, const std:
   Result<wire::ChatRequest> norm =
       normalize_chat_request(body, model, limits, ordered_schemas(req.body()).get());
   if (!norm.is_ok()) return {error_response(norm.status()), nullptr};
+  auto admitted = admit_sync(account, *norm, ErrorShape::kWorkersAi);
+  if (auto* refused = std::get_if<http::HttpResponse>(&admitted))
+    return {std::move(*refused), nullptr};
   Result<SyncInference*> s = sync_for(model);
   if (!s.is_ok()) return {error_response(s.status()), nullptr};
   Result<std::unique_ptr<wire::AnswerStream>> started = (*s)->start_stream(*norm, call);
@@ -330,8 +387,10 @@ http::Reply Api::Impl::run_model_stream(const http::HttpRequest& req, const std:
     std::unique_ptr<wire::AnswerStream> stream;
     bool logprobs = false;  // asked for
     bool done = false;
+    SyncPermit permit;  // the call's place under the account's limits, until it ends
   };
   auto st = std::make_shared<State>();
+  st->permit = std::move(std::get<SyncPermit>(admitted));
   st->stream = std::move(started).value();
   st->logprobs = norm->logprobs;
   http::Reply reply;
@@ -361,6 +420,7 @@ http::Reply Api::Impl::run_model_stream(const http::HttpRequest& req, const std:
     if (!st->stream->status().is_ok()) {
       *out = "data: " + error_body(st->stream->status()).dump() + "\n\n";
     } else {
+      st->permit.settle(tokens_of(st->stream->answer().usage));
       *out = wire::workers_ai_final_event(st->stream->answer());
     }
     *out += "data: [DONE]\n\n";

@@ -17,6 +17,10 @@ int fail(const Status& st) {
   return 1;
 }
 
+nlohmann::json opt(const std::optional<int64_t>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+
 }  // namespace
 
 int run_accounts_show(const queue::StoreConfig& store, const std::string& account) {
@@ -33,6 +37,9 @@ int run_accounts_show(const queue::StoreConfig& store, const std::string& accoun
                              : nlohmann::json(nullptr)},
       {"max_enqueued_requests", a->max_enqueued_requests ? nlohmann::json(*a->max_enqueued_requests)
                                                          : nlohmann::json(nullptr)},
+      {"sync_requests_per_minute", opt(a->sync.requests_per_minute)},
+      {"sync_tokens_per_minute", opt(a->sync.tokens_per_minute)},
+      {"max_concurrent_sync", opt(a->sync.concurrent)},
       {"weight", a->weight},
       {"default_priority", a->default_priority},
       {"active_keys", a->num_active_keys},
@@ -59,6 +66,10 @@ int run_accounts_set(const queue::StoreConfig& store, const std::string& account
     std::optional<int64_t> max;
     if (*changes.max_enqueued_requests != 0) max = *changes.max_enqueued_requests;
     Status st = queue::set_account_max_enqueued(**conn, account, max);
+    if (!st.is_ok()) return fail(st);
+  }
+  if (changes.sync.any()) {
+    Status st = queue::set_sync_limits(**conn, account, changes.sync);
     if (!st.is_ok()) return fail(st);
   }
   if (changes.weight || changes.default_priority) {

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "queue/accounts.h"
 #include "queue/config.h"
 
 namespace hr::cmd {
@@ -17,6 +18,7 @@ struct AccountChanges {
   std::optional<int64_t> max_enqueued_requests;  // 0: no limit
   std::optional<double> weight;                  // its share of the queue (1: the default)
   std::optional<int> default_priority;           // of its batches that name none
+  queue::SyncLimits sync;                        // each given: set (0: no limit)
 };
 
 // Applies the changes, then prints the account.

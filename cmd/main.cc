@@ -68,6 +68,9 @@ void bind_relay(CLI::App& app, hr::queue::DispatcherOptions& d) {
                "The least requests each model's ready-queue holds");
   hr::cli::add(app, "--queue-window-max", d.window.max_entries,
                "The most requests each model's ready-queue holds");
+  hr::cli::add(app, "--fair-share", d.fair_share,
+               "Share each model's queue among accounts (false: first in, first out, every "
+               "request pushed at once, for comparisons)");
 }
 
 int run_version() {
@@ -155,6 +158,7 @@ int main(int argc, char** argv) {
   std::optional<double> accounts_retention;
   std::optional<int64_t> accounts_max_enqueued;
   std::optional<double> accounts_weight;
+  hr::queue::SyncLimits accounts_sync;
   std::optional<int> accounts_priority;
   CLI::App* accounts_cmd = app.add_subcommand("accounts", "Show and set accounts' defaults");
   accounts_cmd->require_subcommand(1);
@@ -171,6 +175,13 @@ int main(int argc, char** argv) {
   accounts_set->add_option("--max-enqueued-requests", accounts_max_enqueued,
                            "The most of its requests queued or running at once; a submit past "
                            "it gets 429 (0: no limit)");
+  accounts_set->add_option("--sync-requests-per-minute", accounts_sync.requests_per_minute,
+                           "Its sync calls a minute, over every API process (0: no limit)");
+  accounts_set->add_option("--sync-tokens-per-minute", accounts_sync.tokens_per_minute,
+                           "Its sync calls' tokens a minute: prompt and max_tokens at admission, "
+                           "settled to the real count (0: no limit)");
+  accounts_set->add_option("--max-concurrent-sync", accounts_sync.concurrent,
+                           "Its sync calls in progress at once (0: no limit)");
   accounts_set->add_option("--weight", accounts_weight,
                            "Its share of each model's queue against other accounts with work "
                            "waiting (default 1; 2 gets twice as much)");
@@ -258,7 +269,7 @@ int main(int argc, char** argv) {
                ? hr::cmd::run_accounts_show(store, accounts_name)
                : hr::cmd::run_accounts_set(store, accounts_name,
                                            {accounts_retention, accounts_max_enqueued,
-                                            accounts_weight, accounts_priority});
+                                            accounts_weight, accounts_priority, accounts_sync});
   }
   if (keys_create->parsed()) {
     return validate(keys_create_store.validate())

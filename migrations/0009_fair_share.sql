@@ -10,6 +10,6 @@ ALTER TABLE accounts ADD COLUMN default_priority integer NOT NULL DEFAULT 0
 ALTER TABLE batches ADD CONSTRAINT batches_priority_range CHECK (priority BETWEEN -100 AND 100)
   NOT VALID;
 
--- The relay's work list per model (the partial index on id alone served one FIFO list).
-CREATE INDEX batches_relay_idx ON batches (model, account_id)
-  WHERE num_dispatched < num_total AND status IN ('queued', 'running');
+-- What the relay reads per model each pass: its open batches (with requests to send, or in
+-- flight), from whose counters it shares the queue.
+CREATE INDEX batches_open_model_idx ON batches (model) WHERE finished_at IS NULL;

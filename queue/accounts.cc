@@ -17,7 +17,8 @@ Result<AccountInfo> get_account(pqxx::connection& conn, const std::string& name)
         "  (SELECT count(*) FROM batches b WHERE b.account_id = a.id AND b.finished_at IS NULL), "
         "  (SELECT coalesce(sum(num_total - num_completed - num_failed - num_cancelled - "
         "     num_expired), 0) FROM batches b WHERE b.account_id = a.id "
-        "     AND b.finished_at IS NULL), a.max_enqueued_requests, a.weight, a.default_priority "
+        "     AND b.finished_at IS NULL), a.max_enqueued_requests, a.weight, a.default_priority, "
+        "a.sync_requests_per_minute, a.sync_tokens_per_minute, a.max_concurrent_sync "
         "FROM accounts a WHERE a.name = $1",
         name);
     if (r.empty()) return not_found("no account named '" + name + "'");
@@ -33,6 +34,9 @@ Result<AccountInfo> get_account(pqxx::connection& conn, const std::string& name)
     if (!row[8].is_null()) out.max_enqueued_requests = row[8].as<int64_t>();
     out.weight = row[9].as<double>();
     out.default_priority = row[10].as<int>();
+    if (!row[11].is_null()) out.sync.requests_per_minute = row[11].as<int64_t>();
+    if (!row[12].is_null()) out.sync.tokens_per_minute = row[12].as<int64_t>();
+    if (!row[13].is_null()) out.sync.concurrent = row[13].as<int64_t>();
     return Status::ok();
   });
   if (!st.is_ok()) return st;
@@ -82,6 +86,48 @@ Status set_account_share(pqxx::connection& conn, const std::string& name,
         "UPDATE accounts SET weight = coalesce($2, weight), "
         "default_priority = coalesce($3, default_priority) WHERE name = $1 RETURNING 1",
         name, weight, default_priority);
+    if (r.empty()) return not_found("no account named '" + name + "'");
+    return Status::ok();
+  });
+}
+
+Result<SyncLimits> get_sync_limits(pqxx::connection& conn, const std::string& account_id) {
+  SyncLimits out;
+  Status st = pg_guard("get sync limits", [&]() -> Status {
+    pqxx::nontransaction tx(conn);
+    pqxx::result r = tx.exec_params(
+        "SELECT sync_requests_per_minute, sync_tokens_per_minute, max_concurrent_sync "
+        "FROM accounts WHERE id = $1::uuid",
+        account_id);
+    if (r.empty()) return not_found("no such account");
+    if (!r[0][0].is_null()) out.requests_per_minute = r[0][0].as<int64_t>();
+    if (!r[0][1].is_null()) out.tokens_per_minute = r[0][1].as<int64_t>();
+    if (!r[0][2].is_null()) out.concurrent = r[0][2].as<int64_t>();
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  return out;
+}
+
+Status set_sync_limits(pqxx::connection& conn, const std::string& name, const SyncLimits& changes) {
+  for (const auto& [v, field] : {std::pair{changes.requests_per_minute, "sync-requests-per-minute"},
+                                 std::pair{changes.tokens_per_minute, "sync-tokens-per-minute"},
+                                 std::pair{changes.concurrent, "max-concurrent-sync"}}) {
+    if (v && *v < 0) return invalid_argument("a limit must be 0 (none) or more", field);
+  }
+  return pg_guard("set sync limits", [&]() -> Status {
+    pqxx::nontransaction tx(conn);
+    // Each: absent stays, 0 lifts, more sets.
+    pqxx::result r = tx.exec_params(
+        "UPDATE accounts SET "
+        "sync_requests_per_minute = CASE WHEN $2::bigint IS NULL THEN sync_requests_per_minute "
+        "  ELSE nullif($2::bigint, 0) END, "
+        "sync_tokens_per_minute = CASE WHEN $3::bigint IS NULL THEN sync_tokens_per_minute "
+        "  ELSE nullif($3::bigint, 0) END, "
+        "max_concurrent_sync = CASE WHEN $4::bigint IS NULL THEN max_concurrent_sync "
+        "  ELSE nullif($4::bigint, 0) END "
+        "WHERE name = $1 RETURNING 1",
+        name, changes.requests_per_minute, changes.tokens_per_minute, changes.concurrent);
     if (r.empty()) return not_found("no account named '" + name + "'");
     return Status::ok();
   });

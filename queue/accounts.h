@@ -12,12 +12,21 @@
 
 namespace hr::queue {
 
+// Limits on an account's sync calls (none: no limit).
+struct SyncLimits {
+  std::optional<int64_t> requests_per_minute;
+  std::optional<int64_t> tokens_per_minute;
+  std::optional<int64_t> concurrent;
+  bool any() const { return requests_per_minute || tokens_per_minute || concurrent; }
+};
+
 struct AccountInfo {
   std::string id;
   std::string name;
   int64_t created_at_ms = 0;
   std::optional<int64_t> retention_seconds;      // its default retention; none: the server's
   std::optional<int64_t> max_enqueued_requests;  // none: no limit
+  SyncLimits sync;                               // limits on its sync calls
   double weight = 1;         // its share of each model's queue against other accounts
   int default_priority = 0;  // of its batches that name none
   int num_active_keys = 0;
@@ -37,6 +46,14 @@ struct AccountInfo {
 // Sets the most requests the account may have queued or running at once (nullopt: no limit).
 [[nodiscard]] Status set_account_max_enqueued(pqxx::connection& conn, const std::string& name,
                                               std::optional<int64_t> max_requests);
+
+// The limits on the sync calls of the account with this id (kNotFound when there is none).
+[[nodiscard]] Result<SyncLimits> get_sync_limits(pqxx::connection& conn,
+                                                 const std::string& account_id);
+
+// Changes the account's sync limits: each one given is set (0: no limit); the others stay.
+[[nodiscard]] Status set_sync_limits(pqxx::connection& conn, const std::string& name,
+                                     const SyncLimits& changes);
 
 // The account's share of the queue (fair_share.h): its weight (0 < w <= kMaxAccountWeight) and
 // the priority of its batches that name none (kMinPriority..kMaxPriority). What is not given

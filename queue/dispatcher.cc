@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -175,20 +176,58 @@ namespace {
 // The most batches of one account a relay pass looks at (by priority, deadline, age).
 constexpr int kBatchesPerAccount = 16;
 
-// Entries in `key`'s stream per batch (waiting or leased: entries leave it once their outcome is
-// committed), reading at most `cap` of them.
-Result<std::map<std::string, int64_t>> entries_per_batch(RedisClient& redis, const std::string& key,
-                                                         int64_t cap) {
-  HR_ASSIGN_OR_RETURN(RedisReply r,
-                      redis.command({"XRANGE", key, "-", "+", "COUNT", std::to_string(cap)}));
+// The entries of `key`'s stream not yet delivered to the workers' group, oldest first (at most
+// `cap`).
+Result<std::vector<WaitingEntry>> waiting_entries(RedisClient& redis, const std::string& key,
+                                                  int64_t cap) {
+  HR_ASSIGN_OR_RETURN(RedisReply groups, redis.command({"XINFO", "GROUPS", key}));
+  if (groups.is_error()) return unavailable("redis XINFO GROUPS: " + groups.str);
+  std::string last = "0-0";
+  for (const RedisReply& g : groups.elements) {
+    bool ours = false;
+    std::string delivered;
+    for (size_t f = 0; f + 1 < g.elements.size(); f += 2) {
+      if (g.elements[f].str == "name") ours = g.elements[f + 1].str == kConsumerGroup;
+      if (g.elements[f].str == "last-delivered-id") delivered = g.elements[f + 1].str;
+    }
+    if (ours && !delivered.empty()) last = delivered;
+  }
+  HR_ASSIGN_OR_RETURN(
+      RedisReply r, redis.command({"XRANGE", key, "(" + last, "+", "COUNT", std::to_string(cap)}));
   if (r.is_error()) return unavailable("redis XRANGE: " + r.str);
-  std::map<std::string, int64_t> out;
+  std::vector<WaitingEntry> out;
   for (const RedisReply& e : r.elements) {
     if (e.elements.size() < 2) continue;
+    WaitingEntry w;
+    w.entry_id = e.elements[0].str;
     const auto& f = e.elements[1].elements;
     for (size_t k = 0; k + 1 < f.size(); k += 2) {
-      if (f[k].str == "b") ++out[f[k + 1].str];
+      if (f[k].str == "b") w.batch_id = f[k + 1].str;
+      if (f[k].str == "i") w.idx = std::atoi(f[k + 1].str.c_str());
     }
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+}  // namespace
+
+namespace {
+
+// The room given to the batches in order of creation (their ids), each whole: first in, first out.
+std::vector<ShareGrant> oldest_first(const std::vector<ShareAccount>& accounts, int64_t room) {
+  std::vector<const ShareBatch*> batches;
+  for (const ShareAccount& a : accounts) {
+    for (const ShareBatch& b : a.batches) batches.push_back(&b);
+  }
+  std::sort(batches.begin(), batches.end(),
+            [](const ShareBatch* x, const ShareBatch* y) { return x->id < y->id; });
+  std::vector<ShareGrant> out;
+  for (const ShareBatch* b : batches) {
+    const int64_t n = std::min(room, b->remaining);
+    if (n <= 0) continue;
+    out.push_back({b->id, n});
+    room -= n;
   }
   return out;
 }
@@ -208,12 +247,8 @@ Result<int> Dispatcher::relay_model(const std::string& model) {
   const int64_t waiting = std::max<int64_t>(0, length - pending);
   RelayWindow& window = windows_.try_emplace(model, options_.window).first->second;
   window.observe(steady_now_ns(), waiting, std::exchange(pushed_since_[model], 0));
-  const int64_t room = window.size() - waiting;
-  // Pushing in larger pieces costs fewer passes; an empty queue is filled at once.
-  if (room <= 0 || (waiting > 0 && room < window.size() / 4)) {
-    relay_waiting_ = true;
-    return 0;
-  }
+  int64_t room = std::max<int64_t>(
+      0, (options_.fair_share ? window.size() : std::numeric_limits<int>::max()) - waiting);
   int relayed = 0;
   Status st = pg_.run("relay", [&](pqxx::connection& pg) -> Status {
     RelayLock lock(pg, model, /*wait=*/false);
@@ -221,65 +256,116 @@ Result<int> Dispatcher::relay_model(const std::string& model) {
     std::string observed;
     std::map<std::string, ShareAccount> accounts;
     std::map<std::string, std::pair<int, int>> cursors;  // batch → {num_dispatched, num_total}
+    std::map<std::string, std::string> account_of;       // batch → account, of those read
     {
       pqxx::read_transaction tx(pg);
       observed = observed_redis(tx, false);
+      // Every open batch of the model with requests in flight (sent and not ended: waiting in
+      // the stream or leased; a request put back in the queue is pushed again outside the
+      // cursor and is still in flight), and the first batches of each account with requests
+      // still to send.
       for (const auto& row : tx.exec_params(
                "SELECT id::text, account_id::text, weight, priority, deadline_ms, num_dispatched, "
-               "num_total FROM ("
+               "num_total, in_flight, due FROM ("
                "  SELECT b.id, b.account_id, a.weight, b.priority, b.num_dispatched, b.num_total, "
                "    (extract(epoch FROM b.deadline) * 1000)::bigint AS deadline_ms, "
-               "    row_number() OVER (PARTITION BY b.account_id "
+               "    greatest(0, b.num_dispatched - b.num_completed - b.num_failed - "
+               "      b.num_cancelled - b.num_expired) AS in_flight, d.due, "
+               "    row_number() OVER (PARTITION BY b.account_id, d.due "
                "      ORDER BY b.priority DESC, b.deadline NULLS LAST, b.id) AS n "
-               "  FROM batches b JOIN accounts a ON a.id = b.account_id "
-               "  WHERE b.model = $1 AND b.num_dispatched < b.num_total "
-               "    AND b.status IN ('queued', 'running')) d WHERE n <= $2",
+               "  FROM batches b JOIN accounts a ON a.id = b.account_id, "
+               "    LATERAL (SELECT b.num_dispatched < b.num_total "
+               "      AND b.status IN ('queued', 'running') AS due) d "
+               "  WHERE b.model = $1 AND b.finished_at IS NULL) o "
+               "WHERE (due AND n <= $2) OR in_flight > 0",
                model, kBatchesPerAccount)) {
         ShareAccount& a = accounts[row[1].as<std::string>()];
         a.id = row[1].as<std::string>();
+        account_of[row[0].as<std::string>()] = a.id;
         a.weight = row[2].as<double>();
+        a.in_flight += row[7].as<int64_t>();
+        if (!row[8].as<bool>()) continue;  // all sent: counts only as work in flight
+        // An account with as many batches as are looked at may have more behind them.
+        if (static_cast<int>(a.batches.size()) + 1 == kBatchesPerAccount) relay_waiting_ = true;
         ShareBatch b;
         b.id = row[0].as<std::string>();
         b.priority = row[3].as<int>();
         if (!row[4].is_null()) b.deadline_ms = row[4].as<int64_t>();
         b.remaining = row[6].as<int>() - row[5].as<int>();
+        b.in_flight = row[7].as<int64_t>();
         cursors[b.id] = {row[5].as<int>(), row[6].as<int>()};
-        account_of_[b.id] = a.id;
         a.batches.push_back(std::move(b));
-      }
-    }
-    if (accounts.empty()) return Status::ok();
-    // Work in flight counts only where there is a choice to make.
-    const bool choice = accounts.size() > 1 || accounts.begin()->second.batches.size() > 1;
-    if (choice) {
-      HR_ASSIGN_OR_RETURN(auto in_stream,
-                          entries_per_batch(*redis_, key, 2 * window.size() + pending));
-      std::vector<std::string> unknown;
-      for (const auto& [batch, n] : in_stream) {
-        if (!account_of_.count(batch)) unknown.push_back(batch);
-      }
-      if (!unknown.empty()) {
-        pqxx::nontransaction tx(pg);
-        for (const auto& row : tx.exec_params(
-                 "SELECT id::text, account_id::text FROM batches WHERE id = ANY($1::uuid[])",
-                 pg_text_array(unknown))) {
-          account_of_[row[0].as<std::string>()] = row[1].as<std::string>();
-        }
-      }
-      for (auto& [id, a] : accounts) {
-        for (ShareBatch& b : a.batches) {
-          if (auto it = in_stream.find(b.id); it != in_stream.end()) b.in_flight = it->second;
-        }
-      }
-      for (const auto& [batch, n] : in_stream) {
-        auto owner = account_of_.find(batch);
-        if (owner == account_of_.end()) continue;  // gone (purged)
-        if (auto a = accounts.find(owner->second); a != accounts.end()) a->second.in_flight += n;
       }
     }
     std::vector<ShareAccount> shares;
     for (auto& [id, a] : accounts) shares.push_back(std::move(a));
-    const std::vector<ShareGrant> grants = share_room(shares, room);
+    // When an account holds more of the waiting entries than its share, they are taken back and
+    // pushed again shared and interleaved, so that a newcomer need not wait for them to drain:
+    // cursors first (a crash after it only duplicates entries), then the entries.
+    int64_t withdrawn = 0;
+    if (options_.fair_share && shares.size() > 1 && waiting > 0) {
+      HR_ASSIGN_OR_RETURN(std::vector<WaitingEntry> entries,
+                          waiting_entries(*redis_, key, 2 * window.size()));
+      for (WaitingEntry& e : entries) {
+        if (auto it = account_of.find(e.batch_id); it != account_of.end())
+          e.account_id = it->second;
+      }
+      const std::vector<size_t> back =
+          entries_to_withdraw(shares, entries, room, std::max<int64_t>(1, window.size() / 8));
+      if (!back.empty()) {
+        std::map<std::string, std::pair<int, int64_t>> per_batch;  // batch → {lowest idx, count}
+        std::vector<std::string> ids;
+        for (size_t i : back) {
+          auto [it, fresh] = per_batch.try_emplace(entries[i].batch_id, entries[i].idx, 0);
+          it->second.first = std::min(it->second.first, entries[i].idx);
+          ++it->second.second;
+          ids.push_back(entries[i].entry_id);
+        }
+        {
+          pqxx::work tx(pg);
+          for (const auto& [batch, low] : per_batch) {
+            tx.exec_params(
+                "UPDATE batches SET num_dispatched = least(num_dispatched, $2) WHERE id = $1::uuid",
+                batch, low.first);
+          }
+          tx.commit();
+        }
+        std::vector<std::string> del = {"XDEL", key};
+        del.insert(del.end(), ids.begin(), ids.end());
+        HR_ASSIGN_OR_RETURN(RedisReply deleted, redis_->command(del));
+        if (deleted.is_error()) return unavailable("redis XDEL: " + deleted.str);
+        for (ShareAccount& a : shares) {
+          for (ShareBatch& b : a.batches) {
+            auto it = per_batch.find(b.id);
+            if (it == per_batch.end()) continue;
+            auto& [from, total] = cursors[b.id];
+            from = std::min(from, it->second.first);
+            b.remaining = total - from;
+            b.in_flight -= it->second.second;
+            a.in_flight -= it->second.second;
+          }
+        }
+        withdrawn = static_cast<int64_t>(back.size());
+        room += withdrawn;
+        // Taken back, not taken by workers: the window's rate must not count them.
+        pushed_since_[model] -= withdrawn;
+        log::debug("relay.withdrawn", {{"model", model}, {"entries", withdrawn}});
+      }
+    }
+    // Pushing in larger pieces costs fewer passes; an empty queue is filled at once.
+    if (room == 0 || (waiting - withdrawn > 0 && room < window.size() / 4)) {
+      relay_waiting_ = true;
+      return Status::ok();
+    }
+    const std::vector<ShareGrant> grants =
+        options_.fair_share ? share_room(shares, room) : oldest_first(shares, room);
+    int64_t to_send = 0;
+    for (const ShareAccount& a : shares) {
+      for (const ShareBatch& b : a.batches) to_send += b.remaining;
+    }
+    int64_t granted = 0;
+    for (const ShareGrant& g : grants) granted += g.count;
+    if (to_send > granted) relay_waiting_ = true;  // the rest waits for room
     // Each granted batch's next queued requests, then pushed in the grants' order.
     std::map<std::string, int64_t> wanted;
     for (const ShareGrant& g : grants) wanted[g.batch_id] += g.count;
@@ -327,7 +413,6 @@ Result<int> Dispatcher::relay_model(const std::string& model) {
     return Status::ok();
   });
   if (!st.is_ok()) return st;
-  if (account_of_.size() > 100000) account_of_.clear();  // seen again when needed
   return relayed;
 }
 

@@ -37,9 +37,12 @@
 namespace hr::queue {
 
 struct DispatcherOptions {
-  std::string name = "dispatcher";         // consumer name used when reclaiming entries
-  RelayWindowOptions window;               // how much each model's stream holds ahead
-  int relay_poll_ms = 10;                  // while work waits for room: how often to look
+  std::string name = "dispatcher";  // consumer name used when reclaiming entries
+  RelayWindowOptions window;        // how much each model's stream holds ahead
+  int relay_poll_ms = 10;           // while work waits for room: how often to look
+  // false: first in, first out, as before the fair share (the stream holds every request, oldest
+  // batch first): for comparisons.
+  bool fair_share = true;
   int max_attempts = kDefaultMaxAttempts;  // failed attempts before a request ends failed
   int reclaim_idle_ms = 60000;             // pending entries idle this long are reclaimed
   int tick_ms = 500;                       // janitor period in run()
@@ -68,8 +71,8 @@ class Dispatcher {
 
   // One relay pass over every model with requests not yet sent; returns how many it pushed.
   [[nodiscard]] Result<int> relay_once();
-  // Whether the last relay pass left requests behind for want of room in a stream: run() then
-  // looks again after relay_poll_ms rather than a tick.
+  // Whether the last relay pass left requests behind for want of room in a stream (or for a
+  // later pass): run() then looks again after relay_poll_ms rather than a tick.
   bool relay_waiting() const { return relay_waiting_; }
   // Creates `model`'s stream and group if missing (true when it did); if batches of the model had
   // been pushed to it, Redis lost them, and their cursors are rewound first so that they are sent
@@ -110,11 +113,10 @@ class Dispatcher {
   std::unique_ptr<RedisClient> redis_;
   DispatcherOptions options_;
   std::string finalize_cursor_;  // the last OpenAI batch finalize_openai_batches() looked at
-  std::set<std::string> streams_checked_;          // models ensure_stream looked at in this tick
-  int64_t next_purge_ns_ = 0;                      // steady time the retention duty is due
-  std::map<std::string, RelayWindow> windows_;     // per model
-  std::map<std::string, int64_t> pushed_since_;    // per model: pushed since its window looked
-  std::map<std::string, std::string> account_of_;  // batch → account, of batches seen in streams
+  std::set<std::string> streams_checked_;        // models ensure_stream looked at in this tick
+  int64_t next_purge_ns_ = 0;                    // steady time the retention duty is due
+  std::map<std::string, RelayWindow> windows_;   // per model
+  std::map<std::string, int64_t> pushed_since_;  // per model: pushed since its window looked
   bool relay_waiting_ = false;
 };
 

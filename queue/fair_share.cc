@@ -2,6 +2,7 @@
 #include "queue/fair_share.h"
 
 #include <algorithm>
+#include <map>
 #include <tuple>
 
 namespace hr::queue {
@@ -86,6 +87,49 @@ std::vector<ShareGrant> share_room(const std::vector<ShareAccount>& accounts, in
     } else {
       out.push_back({b.id, n});
     }
+  }
+  return out;
+}
+
+std::vector<size_t> entries_to_withdraw(const std::vector<ShareAccount>& accounts,
+                                        const std::vector<WaitingEntry>& waiting, int64_t room,
+                                        int64_t min_deficit) {
+  std::map<std::string, std::pair<size_t, size_t>> where;  // batch → {account, batch} positions
+  std::map<std::string, size_t> account_at;
+  for (size_t a = 0; a < accounts.size(); ++a) {
+    account_at[accounts[a].id] = a;
+    for (size_t b = 0; b < accounts[a].batches.size(); ++b) {
+      where[accounts[a].batches[b].id] = {a, b};
+    }
+  }
+  // The shares as if nothing waited: the waiting entries of the batches looked at back with
+  // them; every waiting entry counts to what its account holds.
+  std::vector<ShareAccount> unwaited = accounts;
+  std::vector<int64_t> held(accounts.size(), 0);
+  int64_t total = room;
+  for (const WaitingEntry& e : waiting) {
+    auto owner = account_at.find(e.account_id);
+    if (owner != account_at.end()) ++held[owner->second];
+    auto it = where.find(e.batch_id);
+    if (it == where.end()) continue;
+    auto [a, b] = it->second;
+    ShareBatch& batch = unwaited[a].batches[b];
+    --batch.in_flight;
+    ++batch.remaining;
+    --unwaited[a].in_flight;
+    ++total;
+  }
+  std::vector<int64_t> share(accounts.size(), 0);
+  for (const ShareGrant& g : share_room(unwaited, total)) share[where[g.batch_id].first] += g.count;
+  bool owed = false;
+  for (size_t a = 0; a < accounts.size(); ++a) {
+    const int64_t threshold = std::max<int64_t>(1, std::min(min_deficit, share[a] / 2));
+    owed = owed || share[a] - held[a] >= threshold;
+  }
+  std::vector<size_t> out;
+  if (!owed) return out;
+  for (size_t i = 0; i < waiting.size(); ++i) {
+    if (where.count(waiting[i].batch_id)) out.push_back(i);
   }
   return out;
 }

@@ -45,4 +45,24 @@ struct ShareGrant {
 // stream. A batch may appear in several grants.
 std::vector<ShareGrant> share_room(const std::vector<ShareAccount>& accounts, int64_t room);
 
+// An entry waiting in the stream (not yet delivered to a worker), with its batch's account (empty
+// when unknown).
+struct WaitingEntry {
+  std::string entry_id;
+  std::string batch_id;
+  std::string account_id;
+  int idx = 0;
+};
+
+// The waiting entries to take back (indices into `waiting`, which is in stream order) so that an
+// account owed more of the stream than it holds (a newcomer, say) need not wait for the others'
+// entries ahead of it to drain: the room and the waiting entries are shared as share_room would
+// share them, and when an account's share exceeds what it holds by `min_deficit` (or half its
+// share, if less), every waiting entry of the accounts' batches is taken back, to be pushed again
+// shared and interleaved. None otherwise. The accounts' in_flight and their batches' in_flight
+// include their waiting entries.
+std::vector<size_t> entries_to_withdraw(const std::vector<ShareAccount>& accounts,
+                                        const std::vector<WaitingEntry>& waiting, int64_t room,
+                                        int64_t min_deficit);
+
 }  // namespace hr::queue

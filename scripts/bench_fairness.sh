@@ -4,9 +4,8 @@
 # a small tenant's 50-request batch alone and behind another tenant's 20,000 (the slowdown, and
 # the big tenant's rate before and during), two saturating tenants of weights 3 and 1 (their token
 # shares over HEADROOM_FAIRNESS_SHARE_SECONDS, 60), and a tight 20 s deadline behind the same
-# tenant's big batch. Then the shared phase again with a dispatcher whose ready-queue holds
-# everything (--queue-window-min 1000000: first in, first out, as before the fair relay), for
-# comparison. The last line of output is one JSON object with the figures.
+# tenant's big batch. Then the shared phase again with a dispatcher run with --fair-share=false
+# (first in, first out, every request pushed at once, as before the fair relay), for comparison. The last line of output is one JSON object with the figures.
 set -euo pipefail
 bench_targets="headroom_fairness_bench"
 # shellcheck source=scripts/bench_lib.sh
@@ -28,7 +27,8 @@ start_dispatcher() {
   dispatcher_pid=$!
   pids+=("$dispatcher_pid")
 }
-start_dispatcher
+# shellcheck disable=SC2086
+start_dispatcher ${HEADROOM_FAIRNESS_DISPATCHER_ARGS:-}
 bench_wait_ready "$port"
 sleep 2  # the workers register
 driver() {
@@ -37,11 +37,14 @@ driver() {
     --key-c "${keys[c]}" --key-d "${keys[d]}" --key-e "${keys[e]}" \
     --share-seconds "${HEADROOM_FAIRNESS_SHARE_SECONDS:-60}" "$@"
 }
-fair=$(driver | tee /dev/stderr | tail -n 1)
+# shellcheck disable=SC2086
+driver ${HEADROOM_FAIRNESS_DRIVER_ARGS:-} | tee "$svc/fair.out"
+fair=$(tail -n 1 "$svc/fair.out")
 kill -TERM "$dispatcher_pid"
 wait "$dispatcher_pid" 2>/dev/null || true
-start_dispatcher --queue-window-min 1000000 --queue-window-max 1000000
-fifo=$(driver --phases shared | tee /dev/stderr | tail -n 1)
+start_dispatcher --fair-share=false
+driver --phases shared | tee "$svc/fifo.out"
+fifo=$(tail -n 1 "$svc/fifo.out")
 python3 - "$fair" "$fifo" <<'PY'
 import json, sys
 fair, fifo = json.loads(sys.argv[1]), json.loads(sys.argv[2])

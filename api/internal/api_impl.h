@@ -18,12 +18,14 @@
 #include <string_view>
 #include <unordered_map>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "api/api.h"
 #include "api/errors.h"
 #include "api/key_revocations.h"
 #include "api/openai_batch.h"
+#include "api/sync_limits.h"
 #include "api/webhooks_api.h"
 #include "base/token_bucket.h"
 #include "queue/pg_pool.h"
@@ -73,6 +75,8 @@ struct Api::Impl {
   std::vector<ModelSpec> models;
   BatchLimits limits;
   std::unique_ptr<OpenAiBatchApi> openai;  // /v1/files and /v1/batches
+  // Accounts' limits on sync calls, counted in Redis across API processes.
+  std::unique_ptr<SyncLimiter> sync_limits;
 
   std::mutex auth_mu;
   struct CachedKey {
@@ -139,8 +143,14 @@ struct Api::Impl {
   http::HttpResponse list(const std::string& account,
                           const std::map<std::string, std::string>& query);
   // Validates and runs one sync request; on success returns the answer and the normalized body.
+  // Refused by the account's sync limits: *retry_after_s says when to try again.
   Result<SyncAnswer> run_sync(const http::HttpRequest& req, const std::string& account,
-                              const json& body, const ModelSpec& model);
+                              const json& body, const ModelSpec& model, int* retry_after_s);
+  // Admits a sync call against the account's limits: its permit, or the answer refusing it
+  // (429 with Retry-After naming the limit, in `shape`).
+  std::variant<SyncPermit, http::HttpResponse> admit_sync(const std::string& account,
+                                                          const wire::ChatRequest& request,
+                                                          ErrorShape shape);
   http::HttpResponse chat_completions(const http::HttpRequest& req, const std::string& account);
   http::Reply chat_completions_stream(const http::HttpRequest& req, const std::string& account,
                                       json body);

@@ -33,25 +33,28 @@ struct Args {
   std::string key_a, key_b, key_c, key_d, key_e;
   int big = 20000;
   int small = 50;
-  int max_tokens = 16;
+  int max_tokens = 64;
   double share_seconds = 60;
 };
 
 class Driver {
  public:
-  explicit Driver(const Args& a) : a_(a), conn_(a.port), pg_(a.database_url) {}
+  explicit Driver(const Args& a) : a_(a), pg_(a.database_url) {}
 
   std::string submit(const std::string& key, int n, const json& extra = json::object()) {
     json reqs = json::array();
     for (int i = 0; i < n; ++i) {
-      reqs.push_back(
-          {{"messages", {{{"role", "user"}, {"content", "reverse: item " + std::to_string(i)}}}},
-           {"max_tokens", a_.max_tokens}});
+      // A long line to reverse: the answer runs to max_tokens.
+      std::string text = "item " + std::to_string(i) + " ";
+      while (static_cast<int>(text.size()) < a_.max_tokens + 8) text += "abcdefghij";
+      reqs.push_back({{"messages", {{{"role", "user"}, {"content", "reverse: " + text}}}},
+                      {"max_tokens", a_.max_tokens}});
     }
     json body = {{"requests", reqs}};
     body.update(extra);
-    auto [status, resp] = conn_.call(
-        beast_http::verb::post, "/ai/run/" + a_.model + "?queueRequest=true", key, body.dump());
+    Conn conn(a_.port);  // a new connection each time: phases idle past keep-alive timeouts
+    auto [status, resp] = conn.call(beast_http::verb::post,
+                                    "/ai/run/" + a_.model + "?queueRequest=true", key, body.dump());
     if (status != 200) {
       std::fprintf(stderr, "submit failed: %d %s\n", status, resp.c_str());
       std::exit(1);
@@ -60,7 +63,7 @@ class Driver {
   }
 
   void cancel(const std::string& key, const std::string& id) {
-    conn_.call(beast_http::verb::post, "/v1/async/" + id + "/cancel", key, "{}");
+    Conn(a_.port).call(beast_http::verb::post, "/v1/async/" + id + "/cancel", key, "{}");
   }
 
   struct Progress {
@@ -92,6 +95,22 @@ class Driver {
     return seconds_since(t0);
   }
 
+  // Where a finished batch's time went: from its creation to its first request's start, to its
+  // last request's start, and to its end, in seconds.
+  json timeline(const std::string& id) {
+    pqxx::nontransaction tx(pg_);
+    pqxx::row r = tx.exec_params1(
+        "SELECT extract(epoch FROM min(r.started_at) - b.created_at)::float8, "
+        "extract(epoch FROM max(r.started_at) - b.created_at)::float8, "
+        "extract(epoch FROM b.finished_at - b.created_at)::float8 "
+        "FROM batches b JOIN requests r ON r.batch_id = b.id WHERE b.id = $1::uuid "
+        "GROUP BY b.id",
+        id);
+    return {{"first_start_s", r[0].as<double>()},
+            {"last_start_s", r[1].as<double>()},
+            {"end_s", r[2].as<double>()}};
+  }
+
   // Requests of `id` ended per second over `seconds`.
   double rate(const std::string& id, double seconds) {
     int64_t e0 = progress(id).ended;
@@ -102,7 +121,6 @@ class Driver {
 
  private:
   const Args& a_;
-  Conn conn_;
   pqxx::connection pg_;
 };
 
@@ -125,6 +143,7 @@ int main(int argc, char** argv) {
   a.key_d = f["--key-d"];
   a.key_e = f["--key-e"];
   if (f.count("--big")) a.big = std::stoi(f["--big"]);
+  if (f.count("--max-tokens")) a.max_tokens = std::stoi(f["--max-tokens"]);
   if (f.count("--share-seconds")) a.share_seconds = std::stod(f["--share-seconds"]);
   const bool fifo_only = f.count("--phases") && f["--phases"] == "shared";
   Driver d(a);
@@ -136,9 +155,12 @@ int main(int argc, char** argv) {
 
   // Alone.
   std::vector<double> alone;
-  for (int k = 0; k < 3; ++k) alone.push_back(d.run_to_end(a.key_b, a.small));
+  std::string small_id;
+  for (int k = 0; k < 3; ++k)
+    alone.push_back(d.run_to_end(a.key_b, a.small, json::object(), &small_id));
   out["small_alone_s"] = median(alone);
-  say({{"phase", "alone"}, {"seconds", alone}});
+  out["small_alone_timeline"] = d.timeline(small_id);
+  say({{"phase", "alone"}, {"seconds", alone}, {"timeline", out["small_alone_timeline"]}});
 
   // Shared with a big batch.
   {
@@ -148,7 +170,9 @@ int main(int argc, char** argv) {
     std::vector<double> shared;
     int64_t e0 = d.progress(big).ended;
     auto t0 = Clock::now();
-    for (int k = 0; k < 3; ++k) shared.push_back(d.run_to_end(a.key_b, a.small));
+    for (int k = 0; k < 3; ++k)
+      shared.push_back(d.run_to_end(a.key_b, a.small, json::object(), &small_id));
+    out["small_shared_timeline"] = d.timeline(small_id);
     const double during = (d.progress(big).ended - e0) / seconds_since(t0);
     const double small_share = 3.0 * a.small / (3.0 * a.small + during * seconds_since(t0));
     d.cancel(a.key_a, big);
@@ -158,7 +182,11 @@ int main(int argc, char** argv) {
     out["big_rate_during_per_s"] = during;
     out["big_rate_ratio"] = during / before;
     out["small_share_during"] = small_share;
-    say({{"phase", "shared"}, {"seconds", shared}, {"big_before", before}, {"big_during", during}});
+    say({{"phase", "shared"},
+         {"seconds", shared},
+         {"big_before", before},
+         {"big_during", during},
+         {"timeline", out["small_shared_timeline"]}});
   }
   if (fifo_only) {
     say(out);

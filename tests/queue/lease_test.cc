@@ -412,6 +412,37 @@ TEST_F(FairRelayTest, ASmallBatchOvertakesABigOnesBacklog) {
   EXPECT_EQ(scalar("SELECT num_dispatched FROM batches WHERE id = '" + big + "'"), 150);
 }
 
+TEST_F(FairRelayTest, AWaitingBacklogMakesWayForANewcomer) {
+  const std::string big = submit_as(account_, 5000);
+  auto d = windowed(100);
+  ASSERT_TRUE(d->relay_once().is_ok());
+  ASSERT_EQ(stream_batches().size(), 100u);  // all A's, waiting: no worker took any
+  const std::string small = submit_as(account("tenant-b", 1), 50);
+  ASSERT_TRUE(d->relay_once().is_ok());
+  // A's waiting entries were taken back and the window shared again, interleaved: B's come from
+  // the front, not after A's 100.
+  std::vector<std::string> order = stream_batches();
+  ASSERT_EQ(order.size(), 100u);
+  int small_in_front = 0;
+  for (int i = 0; i < 20; ++i) small_in_front += order[i] == small;
+  EXPECT_GE(small_in_front, 8);
+  EXPECT_EQ(std::count(order.begin(), order.end(), small), 50);
+  EXPECT_EQ(scalar("SELECT num_dispatched FROM batches WHERE id = '" + big + "'"), 50);
+  // Nothing lost or doubled: every request is taken exactly once.
+  auto c = consumer("w1");
+  std::set<std::pair<std::string, int>> seen;
+  auto t0 = std::chrono::steady_clock::now();
+  while (seen.size() < 5050 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+    ASSERT_TRUE(d->relay_once().is_ok());
+    auto got = c->pull(500, 50);
+    ASSERT_TRUE(got.is_ok());
+    for (const Lease& l : *got) EXPECT_TRUE(seen.insert({l.ref.batch_id, l.ref.idx}).second);
+    ASSERT_TRUE(c->complete(completions(*got, "ok")).is_ok());
+  }
+  EXPECT_EQ(seen.size(), 5050u);
+  EXPECT_EQ(status_of(big), "completed");
+}
+
 TEST_F(FairRelayTest, WeightsShareTheQueueInProportion) {
   const std::string a = account("tenant-a3", 3);
   const std::string b = account("tenant-b1", 1);
