@@ -249,6 +249,16 @@ Result<int> Dispatcher::relay_model(const std::string& model) {
   window.observe(steady_now_ns(), waiting, std::exchange(pushed_since_[model], 0));
   int64_t room = std::max<int64_t>(
       0, (options_.fair_share ? window.size() : std::numeric_limits<int>::max()) - waiting);
+  // Short of room, a pass can only take entries back for a newcomer: that is looked at every
+  // newcomer_check_ms, not at every poll.
+  const bool short_of_room = room == 0 || (waiting > 0 && room < window.size() / 4);
+  int64_t& last_full_pass = last_full_pass_ns_[model];
+  if (short_of_room &&
+      steady_now_ns() - last_full_pass < int64_t{options_.newcomer_check_ms} * 1000000) {
+    relay_waiting_ = true;
+    return 0;
+  }
+  last_full_pass = steady_now_ns();
   int relayed = 0;
   Status st = pg_.run("relay", [&](pqxx::connection& pg) -> Status {
     RelayLock lock(pg, model, /*wait=*/false);

@@ -40,6 +40,7 @@ struct DispatcherOptions {
   std::string name = "dispatcher";  // consumer name used when reclaiming entries
   RelayWindowOptions window;        // how much each model's stream holds ahead
   int relay_poll_ms = 10;           // while work waits for room: how often to look
+  int newcomer_check_ms = 50;  // and how often, short of room, to look for a newcomer owed some
   // false: first in, first out, as before the fair share (the stream holds every request, oldest
   // batch first): for comparisons.
   bool fair_share = true;
@@ -113,10 +114,11 @@ class Dispatcher {
   std::unique_ptr<RedisClient> redis_;
   DispatcherOptions options_;
   std::string finalize_cursor_;  // the last OpenAI batch finalize_openai_batches() looked at
-  std::set<std::string> streams_checked_;        // models ensure_stream looked at in this tick
-  int64_t next_purge_ns_ = 0;                    // steady time the retention duty is due
-  std::map<std::string, RelayWindow> windows_;   // per model
-  std::map<std::string, int64_t> pushed_since_;  // per model: pushed since its window looked
+  std::set<std::string> streams_checked_;             // models ensure_stream looked at in this tick
+  int64_t next_purge_ns_ = 0;                         // steady time the retention duty is due
+  std::map<std::string, RelayWindow> windows_;        // per model
+  std::map<std::string, int64_t> last_full_pass_ns_;  // per model: its last pass past the room
+  std::map<std::string, int64_t> pushed_since_;       // per model: pushed since its window looked
   bool relay_waiting_ = false;
 };
 

@@ -1,9 +1,9 @@
 // Fair-share benchmark driver (run by scripts/bench_fairness.sh against `headroom api`, one
 // `headroom dispatcher` and two workers on the bundled model). Phases, each on an idle queue:
-//  - alone: tenant B's 50-request batch with nothing else queued (3 runs, median);
-//  - shared: tenant A's 20,000-request batch running; A's rate before, then B's 50 submitted three
-//    times one after another: B's time (median) against alone = small_tenant_slowdown, and A's
-//    rate while B runs against before;
+//  - alone: tenant B's 50-request batch with nothing else queued (5 runs, median);
+//  - shared: tenant A's 20,000-request batch running; A's rate before, then B's 50 submitted up
+//    to three times one after another while A's batch lasts: B's time (median) against alone =
+//    small_tenant_slowdown, and A's rate while B runs against before;
 //  - weights: tenants C (weight 3) and D (weight 1) saturating: their generated tokens over
 //    --share-seconds;
 //  - deadline: tenant E's 20,000-request batch without a deadline, then E's 50 with a 20 s
@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
   // Alone.
   std::vector<double> alone;
   std::string small_id;
-  for (int k = 0; k < 3; ++k)
+  for (int k = 0; k < 5; ++k)
     alone.push_back(d.run_to_end(a.key_b, a.small, json::object(), &small_id));
   out["small_alone_s"] = median(alone);
   out["small_alone_timeline"] = d.timeline(small_id);
@@ -170,11 +170,15 @@ int main(int argc, char** argv) {
     std::vector<double> shared;
     int64_t e0 = d.progress(big).ended;
     auto t0 = Clock::now();
-    for (int k = 0; k < 3; ++k)
+    // Only runs that begin while the big batch still has work count: first in, first out, the
+    // first run waits for all of it, and the big batch is done by the next.
+    for (int k = 0; k < 3 && !d.progress(big).finished; ++k) {
       shared.push_back(d.run_to_end(a.key_b, a.small, json::object(), &small_id));
+    }
     out["small_shared_timeline"] = d.timeline(small_id);
     const double during = (d.progress(big).ended - e0) / seconds_since(t0);
-    const double small_share = 3.0 * a.small / (3.0 * a.small + during * seconds_since(t0));
+    const double small_requests = static_cast<double>(shared.size()) * a.small;
+    const double small_share = small_requests / (small_requests + during * seconds_since(t0));
     d.cancel(a.key_a, big);
     out["small_shared_s"] = median(shared);
     out["small_tenant_slowdown"] = median(shared) / median(alone);

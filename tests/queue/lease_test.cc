@@ -351,6 +351,7 @@ class FairRelayTest : public LeaseTest {
   std::unique_ptr<Dispatcher> windowed(int64_t entries) {
     DispatcherOptions o;
     o.window = {entries, entries, 250};
+    o.newcomer_check_ms = 0;  // every pass looks
     auto d = Dispatcher::create(db_.url(), redis_, o);
     EXPECT_TRUE(d.is_ok());
     return std::move(d).value();
