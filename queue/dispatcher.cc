@@ -321,7 +321,7 @@ Result<int> Dispatcher::relay_model(const std::string& model) {
           e.account_id = it->second;
       }
       const std::vector<size_t> back =
-          entries_to_withdraw(shares, entries, room, std::max<int64_t>(1, window.size() / 8));
+          entries_to_withdraw(shares, entries, std::max<int64_t>(1, window.size() / 8));
       if (!back.empty()) {
         std::map<std::string, std::pair<int, int64_t>> per_batch;  // batch → {lowest idx, count}
         std::vector<std::string> ids;

@@ -92,7 +92,7 @@ std::vector<ShareGrant> share_room(const std::vector<ShareAccount>& accounts, in
 }
 
 std::vector<size_t> entries_to_withdraw(const std::vector<ShareAccount>& accounts,
-                                        const std::vector<WaitingEntry>& waiting, int64_t room,
+                                        const std::vector<WaitingEntry>& waiting,
                                         int64_t min_deficit) {
   std::map<std::string, std::pair<size_t, size_t>> where;  // batch → {account, batch} positions
   std::map<std::string, size_t> account_at;
@@ -102,17 +102,20 @@ std::vector<size_t> entries_to_withdraw(const std::vector<ShareAccount>& account
       where[accounts[a].batches[b].id] = {a, b};
     }
   }
-  // The shares as if nothing waited: the waiting entries of the batches looked at back with
-  // them; every waiting entry counts to what its account holds.
+  // How the waiting entries that can be taken back would be shared if they were pushed now (what
+  // arrives later goes behind them either way); every waiting entry counts to what its account
+  // holds.
   std::vector<ShareAccount> unwaited = accounts;
-  std::vector<int64_t> held(accounts.size(), 0);
-  int64_t total = room;
+  std::vector<int64_t> held(accounts.size(), 0);     // every waiting entry of the account
+  std::vector<int64_t> movable(accounts.size(), 0);  // those of batches looked at
+  int64_t total = 0;
   for (const WaitingEntry& e : waiting) {
     auto owner = account_at.find(e.account_id);
     if (owner != account_at.end()) ++held[owner->second];
     auto it = where.find(e.batch_id);
     if (it == where.end()) continue;
     auto [a, b] = it->second;
+    ++movable[a];
     ShareBatch& batch = unwaited[a].batches[b];
     --batch.in_flight;
     ++batch.remaining;
@@ -121,13 +124,16 @@ std::vector<size_t> entries_to_withdraw(const std::vector<ShareAccount>& account
   }
   std::vector<int64_t> share(accounts.size(), 0);
   for (const ShareGrant& g : share_room(unwaited, total)) share[where[g.batch_id].first] += g.count;
+  // Taken back only when one account is owed entries that another holds (and could give).
   bool owed = false;
+  bool over = false;
   for (size_t a = 0; a < accounts.size(); ++a) {
     const int64_t threshold = std::max<int64_t>(1, std::min(min_deficit, share[a] / 2));
     owed = owed || share[a] - held[a] >= threshold;
+    over = over || movable[a] > share[a];
   }
   std::vector<size_t> out;
-  if (!owed) return out;
+  if (!owed || !over) return out;
   for (size_t i = 0; i < waiting.size(); ++i) {
     if (where.count(waiting[i].batch_id)) out.push_back(i);
   }

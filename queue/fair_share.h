@@ -55,14 +55,14 @@ struct WaitingEntry {
 };
 
 // The waiting entries to take back (indices into `waiting`, which is in stream order) so that an
-// account owed more of the stream than it holds (a newcomer, say) need not wait for the others'
-// entries ahead of it to drain: the room and the waiting entries are shared as share_room would
-// share them, and when an account's share exceeds what it holds by `min_deficit` (or half its
-// share, if less), every waiting entry of the accounts' batches is taken back, to be pushed again
-// shared and interleaved. None otherwise. The accounts' in_flight and their batches' in_flight
-// include their waiting entries.
+// account owed a place among them (a newcomer, say) need not wait for the others' entries ahead
+// of it to drain: the entries that can be taken back (those of the accounts' batches) are shared
+// as share_room would share them, and when an account's share exceeds what it holds by
+// `min_deficit` (or half its share, if less) while another holds more than its share, all of
+// them are taken back, to be pushed again shared and interleaved. None otherwise.
+// The accounts' in_flight and their batches' in_flight include their waiting entries.
 std::vector<size_t> entries_to_withdraw(const std::vector<ShareAccount>& accounts,
-                                        const std::vector<WaitingEntry>& waiting, int64_t room,
+                                        const std::vector<WaitingEntry>& waiting,
                                         int64_t min_deficit);
 
 }  // namespace hr::queue

@@ -119,24 +119,29 @@ TEST(FairShareTest, NoRoomNoGrants) {
 }
 
 TEST(FairShareTest, WaitingEntriesAreTakenBackWhenANewcomerIsOwedThem) {
-  // A's 100 entries wait, none leased; B arrives with nothing. B is owed its 50 at once: with
-  // room for them at the tail, they would still wait behind A's 100; everything waiting is taken
+  // A's 100 entries wait, none leased; B arrives with nothing. B is owed half the places: with
+  // room at the tail, its entries would still wait behind A's 100; everything waiting is taken
   // back, to be pushed again interleaved.
   std::vector<WaitingEntry> waiting;
   for (int i = 0; i < 100; ++i) waiting.push_back({"e" + std::to_string(i), "a1", "A", 200 + i});
   waiting.push_back({"x", "done", "A", 7});  // of a batch with nothing left to send: stays
   std::vector<ShareAccount> in = {account("A", 1, 0, {{"a1", 0, {}, 100, 5000}}),
                                   account("B", 1, 0, {{"b1", 0, {}, 0, 50}})};
-  for (int64_t room : {0, 100}) {
-    auto back = entries_to_withdraw(in, waiting, room, 16);
-    EXPECT_EQ(back.size(), 100u) << room;
-    for (size_t i : back) EXPECT_EQ(waiting[i].batch_id, "a1");
-  }
+  auto back = entries_to_withdraw(in, waiting, 16);
+  EXPECT_EQ(back.size(), 100u);
+  for (size_t i : back) EXPECT_EQ(waiting[i].batch_id, "a1");
   // A small newcomer too: owed 4, half its share is the threshold.
   in[1].batches[0].remaining = 4;
-  EXPECT_EQ(entries_to_withdraw(in, waiting, 0, 16).size(), 100u);
-  // A alone: nothing moves.
-  EXPECT_TRUE(entries_to_withdraw({in[0]}, waiting, 0, 16).empty());
+  EXPECT_EQ(entries_to_withdraw(in, waiting, 16).size(), 100u);
+  // A alone: nothing moves; nor when the only other account has nothing left to send (its
+  // entries, waiting, cannot be taken back, and A is owed only the room).
+  EXPECT_TRUE(entries_to_withdraw({in[0]}, waiting, 16).empty());
+  {
+    std::vector<ShareAccount> sent = {in[0], account("C", 1, 30, {})};
+    std::vector<WaitingEntry> w = waiting;
+    for (int i = 0; i < 30; ++i) w.push_back({"c" + std::to_string(i), "c-done", "C", i});
+    EXPECT_TRUE(entries_to_withdraw(sent, w, 16).empty());
+  }
   // B already holding its share (its entries waiting, some of a batch with nothing left): nothing.
   in[1].batches[0].remaining = 5000;
   in[0].in_flight = in[0].batches[0].in_flight = 50;
@@ -145,11 +150,11 @@ TEST(FairShareTest, WaitingEntriesAreTakenBackWhenANewcomerIsOwedThem) {
   waiting.resize(50);
   for (int i = 0; i < 40; ++i) waiting.push_back({"f" + std::to_string(i), "b1", "B", i});
   for (int i = 0; i < 10; ++i) waiting.push_back({"g" + std::to_string(i), "b0", "B", i});
-  EXPECT_TRUE(entries_to_withdraw(in, waiting, 0, 16).empty());
+  EXPECT_TRUE(entries_to_withdraw(in, waiting, 16).empty());
   // A deficit below the threshold is left alone.
   in[1].in_flight = 45;
   waiting.resize(95);
-  EXPECT_TRUE(entries_to_withdraw(in, waiting, 0, 16).empty());
+  EXPECT_TRUE(entries_to_withdraw(in, waiting, 16).empty());
 }
 
 TEST(RelayWindowTest, LearnsTheRateTheWorkersTakeAt) {
