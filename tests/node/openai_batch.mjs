@@ -132,6 +132,25 @@ async function main() {
       return true;
     });
 
+  // 3b. A batch's priority (docs/fair-share.md): from the metadata (its values are strings) or as
+  // an extra field the SDK passes through; a bad one is a BadRequestError naming it.
+  const urgent = await client.batches.create({
+    input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h',
+    metadata: { priority: '7' } });
+  assert.equal(urgent.priority, 7);
+  const urgent2 = await client.batches.create({
+    input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h',
+    priority: -3 });
+  assert.equal((await client.batches.retrieve(urgent2.id)).priority, -3);
+  await assert.rejects(
+    client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions',
+                            completion_window: '24h', priority: 1000 }),
+    (e) => {
+      assert.ok(e instanceof BadRequestError, String(e));
+      assert.equal(e.param, 'priority');
+      return true;
+    });
+
   // 4. A file with a bad line: the batch fails validation, with the line named.
   const badInput = jsonl([line('a', 'x'), { ...line('b', 'y'), url: '/v1/embeddings' }]);
   const badFile = await client.files.create({
