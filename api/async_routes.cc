@@ -98,18 +98,10 @@ http::HttpResponse Api::Impl::submit(const http::HttpRequest& req, const std::st
     batch.deadline_unix_ms = SystemClock::instance().now_unix_ms() + *ms;
   }
   // The priority: in the body or in its options (the last one said wins, as for queueRequest).
-  for (const char* where : {"priority", "options.priority"}) {
-    const json* v = nullptr;
-    if (where[0] == 'p' && body.contains("priority")) v = &body["priority"];
-    if (where[0] == 'o' && body.contains("options") && body["options"].is_object() &&
-        body["options"].contains("priority")) {
-      v = &body["options"]["priority"];
-    }
-    if (!v) continue;
-    Result<int> p = parse_priority(*v, where);
-    if (!p.is_ok()) return error_response(p.status());
-    batch.priority = *p;
-  }
+  Result<std::optional<int>> priority = batch_priority(
+      {{&body, ""}, {body.contains("options") ? &body.at("options") : nullptr, "options."}});
+  if (!priority.is_ok()) return error_response(priority.status());
+  batch.priority = *priority;
   if (body.contains("metadata")) {
     if (!body["metadata"].is_object()) {
       return error_response(invalid_argument("'metadata' must be an object", "metadata"));

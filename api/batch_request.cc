@@ -504,6 +504,8 @@ Result<wire::ChatRequest> normalize_chat_request(const json& req, const ModelSpe
   return out;
 }
 
+namespace {
+
 Result<int> parse_priority(const json& value, const std::string& field) {
   const std::string range =
       std::to_string(queue::kMinPriority) + " to " + std::to_string(queue::kMaxPriority);
@@ -528,6 +530,19 @@ Result<int> parse_priority(const json& value, const std::string& field) {
     return invalid_argument("'" + field + "' must be " + range, field);
   }
   return static_cast<int>(p);
+}
+
+}  // namespace
+
+Result<std::optional<int>> batch_priority(std::initializer_list<PriorityPlace> places) {
+  std::optional<int> out;
+  for (const PriorityPlace& place : places) {
+    if (place.object == nullptr || !place.object->is_object()) continue;
+    auto it = place.object->find("priority");
+    if (it == place.object->end()) continue;
+    HR_ASSIGN_OR_RETURN(out, parse_priority(*it, std::string(place.prefix) + "priority"));
+  }
+  return out;
 }
 
 std::optional<BatchError> check_batch_envelope(const json& body, const BatchLimits& limits) {

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <initializer_list>
 #include <memory>
 #include <string_view>
 
@@ -48,9 +49,16 @@ struct BatchError {
 // (tools or response_format); null otherwise, or when it does not parse.
 std::unique_ptr<nlohmann::ordered_json> ordered_schemas(std::string_view text);
 
-// A batch's priority (queue/accounts.h's range) at `field`: an integer, or its decimal text (OpenAI
-// metadata holds strings only).
-[[nodiscard]] Result<int> parse_priority(const nlohmann::json& value, const std::string& field);
+// A batch's priority (queue/accounts.h's range) from the "priority" key of each place in turn (an
+// object; null or anything else is passed over), the last one found winning; a bad one names its
+// field with the place's prefix ("options.priority"). An integer, or its decimal text (OpenAI
+// metadata holds strings only). None when no place has one.
+struct PriorityPlace {
+  const nlohmann::json* object;
+  const char* prefix;
+};
+[[nodiscard]] Result<std::optional<int>> batch_priority(
+    std::initializer_list<PriorityPlace> places);
 
 // Checks the batch envelope: {"requests": [...]} with 1..max_requests elements.
 [[nodiscard]] std::optional<BatchError> check_batch_envelope(const nlohmann::json& body,

@@ -401,18 +401,8 @@ http::Reply OpenAiBatchApi::create_batch(const http::HttpRequest& req, const std
   std::optional<std::string> metadata_json;
   if (metadata.is_object()) metadata_json = metadata.dump();
   // The priority: an extra top-level field, else in the metadata (as a string there).
-  std::optional<int> priority;
-  for (const char* where : {"metadata.priority", "priority"}) {
-    const json* v = nullptr;
-    if (where[0] == 'p' && body.contains("priority")) v = &body["priority"];
-    if (where[0] == 'm' && metadata.is_object() && metadata.contains("priority")) {
-      v = &metadata["priority"];
-    }
-    if (!v) continue;
-    Result<int> p = parse_priority(*v, where);
-    if (!p.is_ok()) return error_reply(p.status());
-    priority = *p;
-  }
+  Result<std::optional<int>> priority = batch_priority({{&metadata, "metadata."}, {&body, ""}});
+  if (!priority.is_ok()) return error_reply(priority.status());
   // Webhook fields: extra top-level fields, else in the metadata (no secret there: it is echoed).
   bool hook_in_body = body.contains("webhook_url") || body.contains("webhook_events") ||
                       body.contains("webhook_secret");
@@ -472,7 +462,7 @@ http::Reply OpenAiBatchApi::create_batch(const http::HttpRequest& req, const std
       batch.idempotency_key = *idem;
       batch.request_hash = sha256(req.body());
       batch.metadata_json = metadata_json;
-      batch.priority = priority;
+      batch.priority = *priority;
       batch.endpoint = endpoint;
       batch.input_file_id = file_id;
       batch.completion_window = window;

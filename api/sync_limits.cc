@@ -204,6 +204,7 @@ std::variant<SyncPermit, SyncRefusal> SyncLimiter::admit(const std::string& acco
                                 "max_concurrent_sync");
         break;
       default:
+        refusal.retry_after_s = 0;
         refusal.status = Status(
             StatusCode::kInvalidArgument,
             "this request may use " + std::to_string(estimated_tokens) +

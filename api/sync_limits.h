@@ -68,7 +68,7 @@ class SyncPermit {
 // A call refused: the limit it would pass (the error's field) and when to try again.
 struct SyncRefusal {
   Status status;
-  int retry_after_s = 1;
+  int retry_after_s = 1;  // 0 when trying again cannot help (a call too big for any minute)
 };
 
 class SyncLimiter {

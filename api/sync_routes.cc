@@ -168,9 +168,7 @@ std::variant<SyncPermit, http::HttpResponse> Api::Impl::admit_sync(const std::st
   if (auto* permit = std::get_if<SyncPermit>(&admitted)) return std::move(*permit);
   const SyncRefusal& refusal = std::get<SyncRefusal>(admitted);
   http::HttpResponse res = shaped_error(refusal.status, shape);
-  if (refusal.status.code() == StatusCode::kResourceExhausted) {
-    set_retry_after(res, refusal.retry_after_s);
-  }
+  set_retry_after(res, refusal.retry_after_s);
   return res;
 }
 
@@ -190,9 +188,7 @@ Result<SyncAnswer> Api::Impl::run_sync(const http::HttpRequest& req, const std::
       normalize_chat_request(request, model, limits, ordered_schemas(req.body()).get()));
   auto admitted = sync_limits->admit(account, admission_tokens(norm));
   if (auto* refused = std::get_if<SyncRefusal>(&admitted)) {
-    if (refused->status.code() == StatusCode::kResourceExhausted) {
-      *retry_after_s = refused->retry_after_s;
-    }
+    *retry_after_s = refused->retry_after_s;
     return refused->status;
   }
   SyncPermit permit = std::move(std::get<SyncPermit>(admitted));

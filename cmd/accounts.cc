@@ -35,8 +35,7 @@ int run_accounts_show(const queue::StoreConfig& store, const std::string& accoun
       {"retention_days", a->retention_seconds
                              ? nlohmann::json(static_cast<double>(*a->retention_seconds) / 86400)
                              : nlohmann::json(nullptr)},
-      {"max_enqueued_requests", a->max_enqueued_requests ? nlohmann::json(*a->max_enqueued_requests)
-                                                         : nlohmann::json(nullptr)},
+      {"max_enqueued_requests", opt(a->max_enqueued_requests)},
       {"sync_requests_per_minute", opt(a->sync.requests_per_minute)},
       {"sync_tokens_per_minute", opt(a->sync.tokens_per_minute)},
       {"max_concurrent_sync", opt(a->sync.concurrent)},

@@ -276,7 +276,7 @@ Result<int> Dispatcher::relay_model(const std::string& model) {
       // still to send.
       for (const auto& row : tx.exec_params(
                "SELECT id::text, account_id::text, weight, priority, deadline_ms, num_dispatched, "
-               "num_total, in_flight, due FROM ("
+               "num_total, in_flight, due, n FROM ("
                "  SELECT b.id, b.account_id, a.weight, b.priority, b.num_dispatched, b.num_total, "
                "    (extract(epoch FROM b.deadline) * 1000)::bigint AS deadline_ms, "
                "    greatest(0, b.num_dispatched - b.num_completed - b.num_failed - "
@@ -295,8 +295,8 @@ Result<int> Dispatcher::relay_model(const std::string& model) {
         a.weight = row[2].as<double>();
         a.in_flight += row[7].as<int64_t>();
         if (!row[8].as<bool>()) continue;  // all sent: counts only as work in flight
-        // An account with as many batches as are looked at may have more behind them.
-        if (static_cast<int>(a.batches.size()) + 1 == kBatchesPerAccount) relay_waiting_ = true;
+        // The last batch of an account that is looked at may have more behind it.
+        if (row[9].as<int64_t>() == kBatchesPerAccount) relay_waiting_ = true;
         ShareBatch b;
         b.id = row[0].as<std::string>();
         b.priority = row[3].as<int>();

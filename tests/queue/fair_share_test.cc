@@ -155,6 +155,12 @@ TEST(FairShareTest, WaitingEntriesAreTakenBackWhenANewcomerIsOwedThem) {
   in[1].in_flight = 45;
   waiting.resize(95);
   EXPECT_TRUE(entries_to_withdraw(in, waiting, 16).empty());
+  // B holding 40 of the 90 places it would share 45/45 with A: owed 5, under a threshold of 16
+  // (nothing moves), over one of 4 (everything that can be taken back is).
+  in[1].in_flight = 40;
+  waiting.resize(90);
+  EXPECT_TRUE(entries_to_withdraw(in, waiting, 16).empty());
+  EXPECT_EQ(entries_to_withdraw(in, waiting, 4).size(), 90u);
 }
 
 TEST(RelayWindowTest, LearnsTheRateTheWorkersTakeAt) {
