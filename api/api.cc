@@ -44,6 +44,8 @@ Api::Api(ApiConfig config, queue::StoreConfig store) : impl_(std::make_unique<Im
   impl_->config = std::move(config);
   impl_->store = std::move(store);
   impl_->models = impl_->config.model_specs().value();
+  impl_->large_answers =
+      std::make_unique<ResponseSlots>(impl_->config.max_large_answers_per_account);
   impl_->key_lookups = std::make_unique<TokenBucket>(impl_->config.key_lookups_per_s,
                                                      2.0 * impl_->config.key_lookups_per_s);
   impl_->pool =
@@ -64,6 +66,7 @@ Api::Api(ApiConfig config, queue::StoreConfig store) : impl_(std::make_unique<Im
   ctx.max_file_lines = impl_->config.max_file_lines;
   ctx.default_retain_seconds = impl_->config.retain_seconds();
   ctx.webhook_policy = impl_->webhooks.policy;
+  ctx.large_answers = impl_->large_answers.get();
   impl_->openai = std::make_unique<OpenAiBatchApi>(std::move(ctx));
   SyncLimiterOptions limiter;
   limiter.redis_url = impl_->store.redis_url;
@@ -312,7 +315,7 @@ http::HttpResponse Api::Impl::handle(const http::HttpRequest& req, http::BodyStr
       return remove(acct, rest);
     }
     if (is_get && rest.find('/') == std::string::npos) {
-      return poll(acct, rest, query.count("include") && query.at("include") == "partial");
+      return poll(acct, rest, query.count("include") && query.at("include") == "partial", stream);
     }
   }
   return error_response(not_found("no route for " + std::string(req.method_string()) + " " + path));

@@ -27,6 +27,9 @@ struct ApiConfig {
   // Keys in neither of the key caches are looked up in Postgres at most this fast (a burst of
   // twice as many first); past it such requests get 429 with Retry-After.
   int key_lookups_per_s = 200;
+  // Answers sent a page at a time (polls of large batches, results so far of large OpenAI
+  // batches) that one account may have in flight at once; past it, 429 (api/response_slots.h).
+  int max_large_answers_per_account = 8;
   int64_t body_limit_bytes = 10 << 20;
   int max_batch_requests = 100000;
   // OpenAI Batch API input files (POST /v1/files may carry up to this much, plus the form).

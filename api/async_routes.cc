@@ -8,6 +8,7 @@
 
 #include "api/idempotency_key.h"
 #include "api/internal/api_impl.h"
+#include "api/paged_answer.h"
 #include "api/retry_request.h"
 #include "base/clock.h"
 #include "base/duration.h"
@@ -160,8 +161,40 @@ http::HttpResponse Api::Impl::submit(const http::HttpRequest& req, const std::st
   return ok_response({{"status", "queued"}, {"request_id", r->batch_id}, {"model", model.name}});
 }
 
+namespace {
+
+// Rows of a poll's results read per query: a poll of a batch of this many requests or fewer is
+// answered whole; a larger one is sent a page at a time (api/paged_answer.h).
+constexpr int kPollPage = 500;
+
+// A poll's "responses", a page at a time, in input order.
+struct PollPages {
+  queue::PgPool* pool;
+  std::string batch_id;
+  bool include_pending;
+  int next_idx = 0;
+  bool first = true;
+
+  Result<bool> operator()(std::string* out) {
+    Result<std::vector<queue::RequestResult>> rs =
+        pool->with_connection<std::vector<queue::RequestResult>>([&](pqxx::connection& c) {
+          return queue::get_results(c, batch_id, include_pending, next_idx, kPollPage);
+        });
+    if (!rs.is_ok()) return rs.status();
+    for (const auto& r : *rs) {
+      if (!first) out->push_back(',');
+      first = false;
+      *out += response_of(r).dump();
+    }
+    if (!rs->empty()) next_idx = rs->back().idx + 1;
+    return static_cast<int>(rs->size()) == kPollPage;
+  }
+};
+
+}  // namespace
+
 http::HttpResponse Api::Impl::poll(const std::string& account, const std::string& request_id,
-                                   bool include_partial) {
+                                   bool include_partial, http::BodyStream* stream) {
   if (!parse_uuid(request_id).is_ok()) {
     return error_response(invalid_argument("request_id is not a valid id", "request_id"));
   }
@@ -172,17 +205,43 @@ http::HttpResponse Api::Impl::poll(const std::string& account, const std::string
   }();
   if (!b.is_ok()) return missing_or_db_error(b.status(), request_id);
   json result = summary_of(*b);
-  if (b->is_terminal() || include_partial) {
-    Result<std::vector<queue::RequestResult>> rs =
-        pool->with_connection<std::vector<queue::RequestResult>>(
-            [&](pqxx::connection& c) { return queue::get_results(c, b->id, include_partial); });
-    if (!rs.is_ok()) return db_error(rs.status());
-    json responses = json::array();
-    for (const auto& r : *rs) responses.push_back(response_of(r));
-    result["responses"] = std::move(responses);
-    result["usage"] = usage_of(*b);
+  if (!b->is_terminal() && !include_partial) return ok_response(std::move(result));
+  result["usage"] = usage_of(*b);
+  // The envelope and summary, then the responses a page at a time: memory per poll stays at a
+  // page however large the batch.
+  std::string head = ok_response(std::move(result)).body();
+  const std::string_view result_end = "},\"success\":true}";  // ok_response's keys, sorted
+  if (!std::string_view(head).ends_with(result_end)) {
+    return error_response(Status(StatusCode::kInternal, "unexpected poll envelope"));
   }
-  return ok_response(std::move(result));
+  head.resize(head.size() - result_end.size());
+  head += ",\"responses\":[";
+  std::string tail = "]},\"success\":true}";
+  PollPages pages{pool.get(), b->id, include_partial};
+  std::string first_page;
+  Result<bool> more = pages(&first_page);
+  if (!more.is_ok()) return db_error(more.status());
+  if (!*more) return http::json_response(200, head + first_page + tail);
+  std::shared_ptr<void> slot = large_answers->take(account);
+  if (!slot) {
+    return error_response(Status(
+        StatusCode::kResourceExhausted,
+        "this account is downloading " + std::to_string(large_answers->per_account()) +
+            " large results at once already (--max-large-answers-per-account); retry when one "
+            "has finished",
+        "request_id"));
+  }
+  head += first_page;
+  http::BodyStream body =
+      paged_body(std::move(head), std::move(pages), std::move(tail), std::move(slot));
+  http::HttpResponse res = http::json_response(200, "");
+  if (stream != nullptr) {
+    *stream = std::move(body);
+  } else {
+    res.body() = collect_body(body);
+    res.prepare_payload();
+  }
+  return res;
 }
 
 http::HttpResponse Api::Impl::cancel(const std::string& account, const std::string& request_id) {

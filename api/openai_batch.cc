@@ -10,6 +10,7 @@
 #include "api/idempotency_key.h"
 #include "api/multipart.h"
 #include "api/openai_objects.h"
+#include "api/paged_answer.h"
 #include "api/retry_request.h"
 #include "api/webhooks_api.h"
 #include "base/clock.h"
@@ -32,7 +33,8 @@ using ojson = nlohmann::ordered_json;  // answers keep OpenAI's field order
 
 constexpr const char* kEndpoint = "/v1/chat/completions";
 constexpr size_t kMaxLineErrors = 100;  // validation errors reported per batch
-constexpr int kResultPage = 5000;       // rows read per query for results so far
+// Rows read per query for results so far: a batch with more is sent a page at a time.
+constexpr int kResultPage = 500;
 
 http::Reply error_reply(const Status& st) { return {openai_error_response(st), nullptr}; }
 
@@ -616,24 +618,47 @@ http::Reply OpenAiBatchApi::results_so_far(const std::string& account, const std
   if (!b.is_ok()) {
     return failure(b.status());
   }
-  std::string output;
-  std::string errors;
-  queue::ResultFilter filter =
-      succeeded ? queue::ResultFilter::kSucceeded : queue::ResultFilter::kUnsucceeded;
-  for (int from = 0;;) {
-    Result<std::vector<queue::ResultRow>> rows =
-        ctx_.pool->with_connection<std::vector<queue::ResultRow>>([&](pqxx::connection& c) {
-          return queue::read_result_rows(c, id, filter, from, kResultPage);
-        });
-    if (!rows.is_ok()) return db_error(rows.status());
-    for (const queue::ResultRow& row : *rows) {
-      wire::append_result_line(id, b->info.model, row, &output, &errors);
+  // Lines a page at a time (api/paged_answer.h): memory per download stays at a page.
+  struct Lines {
+    queue::PgPool* pool;
+    std::string batch_id;
+    std::string model;
+    queue::ResultFilter filter;
+    int next_idx = 0;
+    Result<bool> operator()(std::string* out) {
+      Result<std::vector<queue::ResultRow>> rows =
+          pool->with_connection<std::vector<queue::ResultRow>>([&](pqxx::connection& c) {
+            return queue::read_result_rows(c, batch_id, filter, next_idx, kResultPage);
+          });
+      if (!rows.is_ok()) return rows.status();
+      std::string other;  // the filter leaves none: every row is a line of `out`'s kind
+      for (const queue::ResultRow& row : *rows) {
+        wire::append_result_line(batch_id, model, row,
+                                 filter == queue::ResultFilter::kSucceeded ? out : &other,
+                                 filter == queue::ResultFilter::kSucceeded ? &other : out);
+      }
+      if (!rows->empty()) next_idx = rows->back().idx + 1;
+      return static_cast<int>(rows->size()) == kResultPage;
     }
-    if (static_cast<int>(rows->size()) < kResultPage) break;
-    from = rows->back().idx + 1;
+  };
+  Lines lines{ctx_.pool, id, b->info.model,
+              succeeded ? queue::ResultFilter::kSucceeded : queue::ResultFilter::kUnsucceeded};
+  std::string first;
+  Result<bool> more = lines(&first);
+  if (!more.is_ok()) return db_error(more.status());
+  http::Reply reply = raw_reply(*more ? std::string() : std::move(first), "application/jsonl");
+  if (*more) {
+    std::shared_ptr<void> slot =
+        ctx_.large_answers ? ctx_.large_answers->take(account) : std::shared_ptr<void>();
+    if (ctx_.large_answers && !slot) {
+      return error_reply(Status(StatusCode::kResourceExhausted,
+                                "this account is downloading " +
+                                    std::to_string(ctx_.large_answers->per_account()) +
+                                    " large results at once already; retry when one has finished",
+                                "batch"));
+    }
+    reply.stream = paged_body(std::move(first), std::move(lines), "", std::move(slot));
   }
-  http::Reply reply =
-      raw_reply(succeeded ? std::move(output) : std::move(errors), "application/jsonl");
   reply.response.set("x-batch-status", openai_batch_status(*b));
   return reply;
 }

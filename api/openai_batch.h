@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "api/batch_request.h"
+#include "api/response_slots.h"
 #include "base/status.h"
 #include "http/server.h"
 #include "queue/pg_pool.h"
@@ -37,6 +38,8 @@ struct OpenAiBatchContext {
   int max_file_lines = 100000;
   webhooks::AddressPolicy webhook_policy;       // which webhook targets a batch may name
   int64_t default_retain_seconds = 30 * 86400;  // --retention-days
+  // Large answers in flight per account (results so far of a large batch); owned by the API.
+  ResponseSlots* large_answers = nullptr;
 };
 
 class OpenAiBatchApi {

@@ -347,17 +347,17 @@ Result<BatchInfo> get_batch(pqxx::connection& conn, const std::string& account_i
 }
 
 Result<std::vector<RequestResult>> get_results(pqxx::connection& conn, const std::string& batch_id,
-                                               bool include_pending) {
+                                               bool include_pending, int from_idx, int limit) {
   std::vector<RequestResult> out;
   Status st = pg_guard("get results", [&]() -> Status {
     pqxx::nontransaction tx(conn);
     std::string sql =
         "SELECT idx, custom_id, status, result, error, coalesce(prompt_tokens, 0), "
         "coalesce(completion_tokens, 0), coalesce(cached_tokens, 0) FROM requests "
-        "WHERE batch_id = $1::uuid";
+        "WHERE batch_id = $1::uuid AND idx >= $2";
     if (!include_pending) sql += " AND status NOT IN ('queued', 'running')";
-    sql += " ORDER BY idx";
-    pqxx::result r = tx.exec_params(sql, batch_id);
+    sql += " ORDER BY idx LIMIT $3";
+    pqxx::result r = tx.exec_params(sql, batch_id, from_idx, limit);
     out.reserve(r.size());
     for (const auto& row : r) {
       RequestResult rr;

@@ -129,10 +129,13 @@ struct RequestResult {
   int cached_tokens = 0;
 };
 
-// Finished requests of a batch in input order (with `include_pending`, every request).
+// Finished requests of a batch in input order (with `include_pending`, every request), from
+// index `from_idx` on, at most `limit` of them: a page, so that a large batch is read a page at a
+// time (the next page starts after the last index returned).
 [[nodiscard]] Result<std::vector<RequestResult>> get_results(pqxx::connection& conn,
                                                              const std::string& batch_id,
-                                                             bool include_pending);
+                                                             bool include_pending, int from_idx,
+                                                             int limit);
 
 struct CancelResult {
   BatchInfo batch;

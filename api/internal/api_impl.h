@@ -25,6 +25,7 @@
 #include "api/errors.h"
 #include "api/key_revocations.h"
 #include "api/openai_batch.h"
+#include "api/response_slots.h"
 #include "api/sync_limits.h"
 #include "api/webhooks_api.h"
 #include "base/token_bucket.h"
@@ -93,6 +94,8 @@ struct Api::Impl {
   std::unique_ptr<TokenBucket> key_lookups;  // config.key_lookups_per_s, twice that in a burst
   // Empties auth_cache whenever a key is revoked (started last, stopped first).
   std::unique_ptr<KeyRevocationListener> revocations;
+  // Large answers in flight per account (config.max_large_answers_per_account).
+  std::unique_ptr<ResponseSlots> large_answers;
 
   // Database connections shared by the handler threads: a thread borrows one on its first query
   // and gives it back when its request is answered, or before it waits on an inference.
@@ -132,8 +135,10 @@ struct Api::Impl {
                                http::BodyStream* stream);
   http::HttpResponse submit(const http::HttpRequest& req, const std::string& account,
                             const ModelSpec& model, const json& body);
+  // A large batch's results go out a page at a time through *stream (collected whole when it is
+  // null).
   http::HttpResponse poll(const std::string& account, const std::string& request_id,
-                          bool include_partial);
+                          bool include_partial, http::BodyStream* stream);
   http::HttpResponse cancel(const std::string& account, const std::string& request_id);
   http::HttpResponse remove(const std::string& account, const std::string& request_id);
   // Not found (saying when, for an expired batch), or the database failure.
