@@ -24,7 +24,16 @@ Result<Url> parse_url(std::string_view text) {
   Url u;
   size_t p = text.find("://");
   if (p == std::string_view::npos || p == 0) return invalid_argument("URL has no scheme://");
-  for (char c : text.substr(0, p)) u.scheme += static_cast<char>(std::tolower(c));
+  // RFC 3986: ALPHA *( ALPHA / DIGIT / "+" / "-" / "." ).
+  for (char c : text.substr(0, p)) {
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+    const bool other = (c >= '0' && c <= '9') || c == '+' || c == '-' || c == '.';
+    if (!alpha && (u.scheme.empty() || !other)) {
+      return invalid_argument("URL scheme '" + std::string(text.substr(0, p)) +
+                              "' is not a scheme: a letter, then letters, digits, '+', '-' or '.'");
+    }
+    u.scheme += static_cast<char>(std::tolower(c));
+  }
   std::string_view rest = text.substr(p + 3);
   size_t q = rest.find('?');
   if (q != std::string_view::npos) {

@@ -154,22 +154,22 @@ Result<std::unique_ptr<SafetensorsModel>> SafetensorsModel::open_dir(const std::
   return m;
 }
 
-Status SafetensorsModel::add_file(const std::string& path) {
-  HR_ASSIGN_OR_RETURN(auto file, MappedFile::open(path));
-  if (file->size() < 8) return invalid_argument(path + ": too small to be a safetensors file");
+Result<std::map<std::string, TensorView>> parse_safetensors(const uint8_t* data, size_t size,
+                                                            const std::string& path) {
+  if (size < 8) return invalid_argument(path + ": too small to be a safetensors file");
   uint64_t header_len = 0;
-  std::memcpy(&header_len, file->data(), 8);
-  if (header_len == 0 || header_len > 100u * 1024 * 1024 || 8 + header_len > file->size()) {
+  std::memcpy(&header_len, data, 8);
+  if (header_len == 0 || header_len > 100u * 1024 * 1024 || header_len > size - 8) {
     return invalid_argument(path + ": corrupt header length " + std::to_string(header_len) +
-                            " for a file of " + std::to_string(file->size()) + " bytes");
+                            " for a file of " + std::to_string(size) + " bytes");
   }
-  auto header =
-      nlohmann::json::parse(file->data() + 8, file->data() + 8 + header_len, nullptr, false);
+  auto header = nlohmann::json::parse(data + 8, data + 8 + header_len, nullptr, false);
   if (header.is_discarded() || !header.is_object()) {
     return invalid_argument(path + ": header is not a JSON object");
   }
-  const uint8_t* base = file->data() + 8 + header_len;
-  size_t data_size = file->size() - 8 - header_len;
+  const uint8_t* base = data + 8 + header_len;
+  size_t data_size = size - 8 - header_len;
+  std::map<std::string, TensorView> tensors;
   std::vector<std::pair<size_t, size_t>> ranges;
   for (const auto& [name, info] : header.items()) {
     if (name == "__metadata__") continue;
@@ -215,14 +215,24 @@ Status SafetensorsModel::add_file(const std::string& path) {
     }
     t.data = base + begin;
     ranges.emplace_back(begin, end);
-    if (tensors_.count(name)) return invalid_argument(where + " appears twice");
-    tensors_.emplace(name, std::move(t));
+    if (tensors.count(name)) return invalid_argument(where + " appears twice");
+    tensors.emplace(name, std::move(t));
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i) {
     if (ranges[i].first < ranges[i - 1].second) {
       return invalid_argument(path + ": tensors overlap in the data section");
     }
+  }
+  return tensors;
+}
+
+Status SafetensorsModel::add_file(const std::string& path) {
+  HR_ASSIGN_OR_RETURN(auto file, MappedFile::open(path));
+  HR_ASSIGN_OR_RETURN(auto tensors, parse_safetensors(file->data(), file->size(), path));
+  for (auto& [name, t] : tensors) {
+    if (tensors_.count(name)) return invalid_argument(path + ": tensor " + name + " appears twice");
+    tensors_.emplace(name, std::move(t));
   }
   files_.push_back(std::move(file));
   return Status::ok();

@@ -57,6 +57,13 @@ class SafetensorsModel {
   std::map<std::string, TensorView> tensors_;
 };
 
+// The tensors of a safetensors file held in memory (`data`, `size` bytes), pointing into it; `path`
+// names the file in errors. Checks the header length, that every tensor's dtype, shape and data
+// offsets agree and lie inside the data section, and that no two overlap.
+[[nodiscard]] Result<std::map<std::string, TensorView>> parse_safetensors(const uint8_t* data,
+                                                                          size_t size,
+                                                                          const std::string& path);
+
 float bf16_to_f32(uint16_t v);
 float f16_to_f32(uint16_t v);
 uint16_t f32_to_bf16(float v);  // round to nearest even

@@ -66,7 +66,8 @@ class Compiler {
     }
     auto only_with = [&](const char* keyword,
                          std::initializer_list<const char*> allowed) -> Status {
-      for (const auto& [key, v] : s.items()) {
+      for (const auto& item : s.items()) {
+        const std::string& key = item.key();
         if (key == keyword || annotations().count(key)) continue;
         if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return key == a; }) !=
             allowed.end())

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build ccache pkg-config git clang-format
+  build-essential cmake ninja-build ccache pkg-config git clang-format clang-14 libclang-rt-14-dev
   libpqxx-dev libhiredis-dev libboost-dev libboost-system-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libssl-dev
   postgresql-15 postgresql-client-15 redis-server redis-tools

@@ -11,6 +11,7 @@ scripts/setup.sh
 build=${HEADROOM_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j "${HEADROOM_JOBS:-2}"
+HEADROOM_FUZZ_BUILD_DIR="$build/fuzz" scripts/fuzz.sh 0  # the fuzz targets, for fuzz_smoke
 
 svc=$(mktemp -d /tmp/headroom-test.XXXXXX)
 chmod 755 "$svc"

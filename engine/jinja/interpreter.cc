@@ -440,11 +440,40 @@ class Interpreter {
     for (const NodePtr& st : statements) {
       Value v = eval(*st, env);
       if (!v.is_null() && !v.is_undefined()) out += v.to_string();
+      if (out.size() > kMaxOutputBytes) {
+        throw Error(
+            "the template's text grew past " + std::to_string(kMaxOutputBytes >> 20) + " MiB",
+            st->line);
+      }
     }
     return out;
   }
 
+  // A render's bounds, so that a template that recurses or loops without end (a macro calling
+  // itself, range(10**9)) is an error naming its line, not a crash or a hung worker: how deep
+  // evaluation may nest, how many nodes one render may evaluate, how long its text may grow.
+  static constexpr int kMaxDepth = 200;
+  static constexpr int64_t kMaxSteps = 2'000'000;
+  static constexpr size_t kMaxOutputBytes = 64 << 20;
+
+  // Counts `cost` steps of the render at `n`.
+  void step(const Node& n, int64_t cost = 1) {
+    if ((steps_ += cost) > kMaxSteps) {
+      throw Error("the template ran more than " + std::to_string(kMaxSteps) + " steps", n.line);
+    }
+  }
+
   Value eval(const Node& n, Env& env) {
+    step(n);
+    if (depth_ >= kMaxDepth) {
+      throw Error("the template nests calls more than " + std::to_string(kMaxDepth) + " deep",
+                  n.line);
+    }
+    struct Deeper {
+      int& d;
+      explicit Deeper(int& d) : d(++d) {}
+      ~Deeper() { --d; }
+    } deeper(depth_);
     try {
       return eval_node(n, env);
     } catch (const Error& e) {
@@ -610,6 +639,7 @@ class Interpreter {
     bool iterated = false;
     const int64_t count = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < count; ++i) {
+      step(n, 10);  // a turn costs about ten nodes (the loop variable), body or not
       Object loop;
       loop.set("index", Value::integer(i + 1));
       loop.set("index0", Value::integer(i));
@@ -1178,6 +1208,9 @@ class Interpreter {
     }
     throw Error("cannot apply filter " + name + " to " + v.kind_name());
   }
+
+  int64_t steps_ = 0;
+  int depth_ = 0;
 };
 
 // Python's strftime for the directives templates use (%Y %m %d %b %B %H %M %%), in local time.
@@ -1256,9 +1289,17 @@ void add_globals(Env& env) {
             }
             if (n > 2) step = args[2].i;
             if (step == 0) throw Error("range() step must not be zero");
+            // Far more than any conversation has messages; each element takes about 100 bytes.
+            constexpr int64_t kMaxRange = 1'000'000;
+            const long double count = (static_cast<long double>(stop) - start) / step;
+            if (count > kMaxRange) {
+              throw Error("range() of more than " + std::to_string(kMaxRange) + " numbers");
+            }
             Array out;
-            for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
+            for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
               out.push_back(Value::integer(i));
+              if (__builtin_add_overflow(i, step, &i)) break;
+            }
             return Value::list(std::move(out));
           }));
   env.set("strftime_now", Value::function([](std::vector<Value>& args, Env&) {

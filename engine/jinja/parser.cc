@@ -15,6 +15,10 @@ class Parser {
  public:
   explicit Parser(const std::vector<Token>& tokens) : t_(tokens) {}
 
+  // Blocks and expressions nest at most this deep (real templates: a dozen), so that a hostile
+  // or broken template is an error rather than the end of the thread's stack.
+  static constexpr int kMaxNesting = 200;
+
   std::vector<NodePtr> program() {
     std::vector<NodePtr> out;
     while (pos_ < t_.size()) out.push_back(any());
@@ -54,6 +58,18 @@ class Parser {
     ++pos_;
   }
 
+  // Counts one level of nesting while it lives.
+  struct Deeper {
+    explicit Deeper(Parser* p) : p(p) {
+      if (++p->depth_ > kMaxNesting) {
+        --p->depth_;
+        p->fail("the template nests more than " + std::to_string(kMaxNesting) + " deep");
+      }
+    }
+    ~Deeper() { --p->depth_; }
+    Parser* p;
+  };
+
   NodePtr node(NodeKind kind, int at = 0) {
     auto n = std::make_shared<Node>();
     n->kind = kind;
@@ -62,6 +78,7 @@ class Parser {
   }
 
   NodePtr any() {
+    Deeper deeper(this);
     const Token& tok = peek();
     switch (tok.type) {
       case TokenType::kComment: {
@@ -220,7 +237,10 @@ class Parser {
     return tuple;
   }
 
-  NodePtr expression() { return if_expression(); }
+  NodePtr expression() {
+    Deeper deeper(this);
+    return if_expression();
+  }
 
   NodePtr if_expression() {
     NodePtr a = or_expression();
@@ -275,6 +295,7 @@ class Parser {
       ++pos_;
       auto n = node(NodeKind::kUnary, at);
       n->text = "not";
+      Deeper deeper(this);
       n->kids.push_back(not_expression());
       right = n;
     }
@@ -370,6 +391,7 @@ class Parser {
         (t_[pos_].value == "-" || t_[pos_].value == "+")) {
       auto n = node(NodeKind::kUnary);
       n->text = t_[pos_++].value;
+      Deeper deeper(this);
       n->kids.push_back(unary_sign());
       return n;
     }
@@ -559,6 +581,7 @@ class Parser {
 
   const std::vector<Token>& t_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

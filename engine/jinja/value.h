@@ -47,21 +47,7 @@ enum class Kind {
 
 struct Value;
 class Env;
-
-// A mapping that keeps its keys in insertion order.
-class Object {
- public:
-  const Value* find(const std::string& key) const;
-  Value* find(const std::string& key);
-  void set(const std::string& key, Value value);
-  bool erase(const std::string& key);
-  size_t size() const { return entries_.size(); }
-  const std::vector<std::pair<std::string, Value>>& entries() const { return entries_; }
-
- private:
-  std::vector<std::pair<std::string, Value>> entries_;
-  std::unordered_map<std::string, size_t> index_;
-};
+class Object;
 
 using Array = std::vector<Value>;
 // args: positional, then (when any were given) one kKwargs value last.
@@ -103,6 +89,21 @@ struct Value {
   // skips them), booleans as true/false, floats with a decimal point, lists and mappings as JSON.
   std::string to_string() const;
   const char* kind_name() const;
+};
+
+// A mapping that keeps its keys in insertion order.
+class Object {
+ public:
+  const Value* find(const std::string& key) const;
+  Value* find(const std::string& key);
+  void set(const std::string& key, Value value);
+  bool erase(const std::string& key);
+  size_t size() const { return entries_.size(); }
+  const std::vector<std::pair<std::string, Value>>& entries() const { return entries_; }
+
+ private:
+  std::vector<std::pair<std::string, Value>> entries_;
+  std::unordered_map<std::string, size_t> index_;
 };
 
 // A number as JavaScript's String(n) writes it ("1", "0.5", "1e-7", "1.5e+21").

@@ -29,6 +29,11 @@ TEST(UrlTest, RejectsBadUrls) {
   EXPECT_FALSE(parse_url("redis://host:notaport").is_ok());
   EXPECT_FALSE(parse_url("redis://host:70000").is_ok());
   EXPECT_FALSE(parse_url("redis://[::1:6379").is_ok());
+  // A scheme is a letter, then letters, digits, '+', '-' or '.' (found by url_ip_fuzz).
+  EXPECT_FALSE(parse_url("ht/\x87s://e.com/hook").is_ok());
+  EXPECT_FALSE(parse_url("1http://e.com").is_ok());
+  EXPECT_FALSE(parse_url("ht tp://e.com").is_ok());
+  EXPECT_EQ(parse_url("svn+SSH://e.com").value().scheme, "svn+ssh");
 }
 
 }  // namespace

@@ -108,5 +108,41 @@ TEST(JinjaTest, ErrorsNameTheTemplateLine) {
   EXPECT_EQ(render("{{ 1 + none }}"), "RENDER ERROR: chat template line 1: cannot apply + to none");
 }
 
+// A template that recurses or loops without end is an error naming its line, not a crash or a
+// hung worker (found by jinja_fuzz: a macro calling itself overflowed the stack, range(10**8)
+// ran out of memory, 200 nested parentheses overflowed the parser's stack).
+TEST(JinjaTest, RunawayTemplatesAreBoundedErrors) {
+  const std::string recursion = render("{% macro f(n) %}{{ f(n) }}{% endmacro %}\n{{ f(1) }}");
+  EXPECT_NE(recursion.find("the template nests calls more than 200 deep"), std::string::npos)
+      << recursion;
+  EXPECT_NE(recursion.find("line 1"), std::string::npos) << recursion;
+  EXPECT_EQ(render("{% for i in range(100000000) %}x{% endfor %}"),
+            "RENDER ERROR: chat template line 1: range() of more than 1000000 numbers");
+  EXPECT_EQ(render("{% for i in range(9223372036854775800, 9223372036854775807, 5) %}"
+                   "{{ i }} {% endfor %}"),
+            "9223372036854775800 9223372036854775805 ");
+  const std::string loops =
+      render("{% for x in range(1000) %}{% for y in range(1000) %}{% endfor %}{% endfor %}");
+  EXPECT_NE(loops.find("the template ran more than 2000000 steps"), std::string::npos) << loops;
+  const std::string parens =
+      render("{{ " + std::string(300, '(') + "1" + std::string(300, ')') + " }}");
+  EXPECT_EQ(parens, "PARSE ERROR: chat template line 1: the template nests more than 200 deep")
+      << parens;
+  const std::string nots = render("{{ " + [] {
+    std::string s;
+    for (int i = 0; i < 300; ++i) s += "not ";
+    return s;
+  }() + "true }}");
+  EXPECT_EQ(nots, "PARSE ERROR: chat template line 1: the template nests more than 200 deep")
+      << nots;
+  // What real templates do stays well inside: 30 nested calls, 50,000 loop turns.
+  EXPECT_EQ(render("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% else %}ok{% endif %}"
+                   "{% endmacro %}{{ f(30) }}"),
+            "ok");
+  EXPECT_EQ(render("{% set ns = namespace(n=0) %}{% for i in range(50000) %}"
+                   "{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}"),
+            "50000");
+}
+
 }  // namespace
 }  // namespace hr::engine::jinja
