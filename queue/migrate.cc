@@ -75,6 +75,9 @@ Result<MigrateReport> migrate(const std::string& database_url,
   HR_ASSIGN_OR_RETURN(auto conn, pg_connect(database_url));
   MigrateReport report;
   Status st = pg_guard("migrate", [&]() -> Status {
+    // A migration may rewrite large tables, and a second migrator waits for the first: neither
+    // is held to the session timeouts the connection comes with (pg.h).
+    pqxx::nontransaction(*conn).exec("SET statement_timeout = 0; SET lock_timeout = 0");
     // Session-level lock: a second migrator blocks here until the first one is done.
     pqxx::nontransaction(*conn).exec("SELECT pg_advisory_lock(" +
                                      std::to_string(kMigrationLockKey) + ")");

@@ -17,9 +17,11 @@ namespace hr::queue {
 // Opens a connection; kUnavailable when the server cannot be reached.
 // Opens a connection with client-side timeouts added to `url` (with_client_timeouts).
 [[nodiscard]] Result<std::unique_ptr<pqxx::connection>> pg_connect(const std::string& url);
-// `url` (a postgresql:// URI or key=value pairs) with connect_timeout=2 and TCP keepalives (a dead
-// peer noticed in about 20 s), unless it sets connect_timeout itself: a server that accepts the
-// connection but never answers (frozen) fails the connect instead of hanging it.
+// `url` (a postgresql:// URI or key=value pairs) with connect_timeout=2, TCP keepalives (a dead
+// peer noticed in about 20 s) and a session statement_timeout of 60 s and lock_timeout of 10 s,
+// each unless the URL sets it already (`options` as a whole): a server that accepts the
+// connection but never answers (frozen) fails the connect instead of hanging it, and a query or
+// lock wait that runs away fails kUnavailable (retryable) instead of holding its caller.
 std::string with_client_timeouts(const std::string& url);
 
 // Maps a libpqxx exception to a Status: broken connections and in-doubt commits are kUnavailable

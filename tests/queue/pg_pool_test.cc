@@ -11,6 +11,7 @@
 #include <future>
 #include <thread>
 
+#include "queue/pg.h"
 #include "tests/testing/test_db.h"
 
 namespace hr::queue {
@@ -136,6 +137,57 @@ TEST(PgPoolTest, AnUnreachableServerIsUnavailableAndTakesNoPlace) {
     EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status().to_string();
   }
   EXPECT_EQ(pool.open(), 0);
+}
+
+// Every connection carries session timeouts, unless its URL sets them: a statement past 60 s and
+// a lock wait past 10 s fail instead of holding their caller (with_client_timeouts).
+TEST(PgPoolTest, ConnectionsCarrySessionTimeoutsUnlessTheUrlSetsThem) {
+  EXPECT_EQ(with_client_timeouts("postgresql://u@h/db"),
+            "postgresql://u@h/db?connect_timeout=2&keepalives=1&keepalives_idle=10&"
+            "keepalives_interval=5&keepalives_count=3&options=-c%20statement_timeout%3D60000%20-c%"
+            "20lock_timeout%3D10000");
+  EXPECT_EQ(with_client_timeouts("host=h dbname=db keepalives_idle=30"),
+            "host=h dbname=db keepalives_idle=30 connect_timeout=2 keepalives=1 "
+            "keepalives_interval=5 keepalives_count=3 options='-c statement_timeout=60000 -c "
+            "lock_timeout=10000'");
+  EXPECT_EQ(with_client_timeouts("postgresql://h/db?options=-c%20lock_timeout%3D5&connect_timeout=9"
+                                 "&keepalives=0&keepalives_idle=1&keepalives_interval=1&"
+                                 "keepalives_count=1"),
+            "postgresql://h/db?options=-c%20lock_timeout%3D5&connect_timeout=9&keepalives=0&"
+            "keepalives_idle=1&keepalives_interval=1&keepalives_count=1");
+  hr::testing::TestDatabase db;
+  PgPool pool(db.url(), 2, milliseconds(1000));
+  auto c = pool.connection();
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  pqxx::nontransaction tx(**c);
+  EXPECT_EQ(tx.exec1("SHOW statement_timeout")[0].as<std::string>(), "1min");
+  EXPECT_EQ(tx.exec1("SHOW lock_timeout")[0].as<std::string>(), "10s");
+}
+
+// A lock wait past the session's lock_timeout fails kUnavailable (retryable: the API answers 503
+// with Retry-After) rather than waiting for as long as the lock is held.
+TEST(PgPoolTest, ALockWaitPastTheLockTimeoutIsUnavailable) {
+  hr::testing::TestDatabase db;
+  const std::string url = db.url() + (db.url().find('?') == std::string::npos ? "?" : "&") +
+                          "options=-c%20lock_timeout%3D300";
+  pqxx::connection holder(db.url());
+  pqxx::nontransaction(holder).exec(
+      "CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1)");
+  pqxx::work hold(holder);
+  hold.exec("SELECT * FROM t FOR UPDATE");
+  auto c = pg_connect(url);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = pg_guard("lock", [&]() -> Status {
+    pqxx::work tx(**c);
+    tx.exec("UPDATE t SET id = 2 WHERE id = 1");
+    return Status::ok();
+  });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(secs, 0.25);
+  EXPECT_LT(secs, 3.0);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+  EXPECT_NE(st.message().find("lock timeout"), std::string::npos) << st.to_string();
 }
 
 }  // namespace
