@@ -359,6 +359,22 @@ Result<wire::ChatRequest> normalize_chat_request(const json& req, const ModelSpe
     }
     out.prompt = req["prompt"].get<std::string>();
   }
+  // A prompt no tokenizer could fit in the model's context is refused here rather than stored
+  // and failed by a worker. The API has no tokenizer, but a token spans at most
+  // kMaxBytesPerToken bytes in the vocabularies served (runs of spaces are the longest), so
+  // more bytes than the context's tokens times that cannot fit; the worker checks the rest.
+  size_t prompt_bytes = out.prompt ? out.prompt->size() : 0;
+  for (const wire::ChatMessage& m : out.messages) {
+    prompt_bytes += m.content.size();
+    for (const wire::ToolCall& c : m.tool_calls) prompt_bytes += c.arguments.size();
+  }
+  const size_t most = static_cast<size_t>(model.context_length) * kMaxBytesPerToken;
+  if (prompt_bytes > most) {
+    return bad("the prompt is " + std::to_string(prompt_bytes) + " bytes: more than model " +
+                   model.name + "'s context of " + std::to_string(model.context_length) +
+                   " tokens can hold (at most " + std::to_string(most) + " bytes)",
+               has_messages ? "messages" : "prompt");
+  }
   int max_tokens = std::min(256, model.context_length);
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
     if (!req.contains(key) || req[key].is_null()) continue;

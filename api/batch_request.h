@@ -20,6 +20,10 @@
 
 namespace hr::api {
 
+// The most bytes one token spans in the vocabularies served: a prompt of more bytes than the
+// context's tokens times this cannot fit, and is refused at submit.
+constexpr size_t kMaxBytesPerToken = 128;
+
 struct ModelSpec {
   std::string name;
   int context_length = 2048;

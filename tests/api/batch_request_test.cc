@@ -245,6 +245,41 @@ TEST(BatchRequestTest, SchemasKeepTheClientsKeyOrder) {
   EXPECT_EQ(ordered_schemas(R"({"prompt": "no schema here"})"), nullptr);
 }
 
+// A prompt longer than the model's context could hold (context × kMaxBytesPerToken bytes) is
+// refused at submit naming its field, in either form; one byte less is accepted.
+TEST(BatchRequestTest, PromptsTooLongForTheContextAreRefused) {
+  const size_t most = 128 * kMaxBytesPerToken;
+  auto fits = normalized(json{{"prompt", std::string(most, 'x')}});
+  EXPECT_TRUE(fits.is_ok()) << fits.status().to_string();
+  auto prompt = normalized(json{{"prompt", std::string(most + 1, 'x')}});
+  ASSERT_FALSE(prompt.is_ok());
+  EXPECT_EQ(prompt.status().field(), "prompt");
+  EXPECT_NE(prompt.status().message().find("context of 128 tokens"), std::string::npos)
+      << prompt.status().message();
+  // Counted over every message and the arguments of earlier tool calls.
+  json msgs = json::array();
+  msgs.push_back({{"role", "system"}, {"content", std::string(most / 2, 's')}});
+  msgs.push_back(
+      {{"role", "assistant"},
+       {"content", nullptr},
+       {"tool_calls",
+        {{{"id", "c1"},
+          {"type", "function"},
+          {"function",
+           {{"name", "f"}, {"arguments", "{\"a\": \"" + std::string(most / 2, 'a') + "\"}"}}}}}}});
+  msgs.push_back({{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "ok"}});
+  auto messages = normalized(json{{"messages", msgs}});
+  ASSERT_FALSE(messages.is_ok());
+  EXPECT_EQ(messages.status().field(), "messages");
+  // The 5 MB prompt that was once stored and then failed in the worker.
+  json batch = {{"requests", {{{"prompt", "ok"}}, {{"prompt", std::string(5 << 20, 'p')}}}}};
+  std::vector<queue::NewRequest> out;
+  auto err = parse_batch(batch, kModel, {}, &out);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->index, 1);
+  EXPECT_EQ(err->status.field(), "requests[1].prompt");
+}
+
 TEST(BatchRequestTest, BatchErrorsCarryIndexAndPath) {
   std::vector<queue::NewRequest> out;
   auto err =
