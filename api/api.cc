@@ -54,6 +54,9 @@ Api::Api(ApiConfig config, queue::StoreConfig store) : impl_(std::make_unique<Im
   impl_->limits.max_requests = impl_->config.max_batch_requests;
   impl_->webhooks.policy = webhooks::AddressPolicy::parse(impl_->config.webhook_allow).value();
   impl_->webhooks.policy.set_lookup(impl_->config.webhook_lookup);
+  impl_->webhooks.policy.refuse_services(impl_->config.refused_webhook_services);
+  impl_->webhooks.policy.refuse_service(impl_->config.host,
+                                        static_cast<uint16_t>(impl_->config.port));
   impl_->webhooks.pool = impl_->pool.get();
   OpenAiBatchContext ctx;
   ctx.authenticate = [impl = impl_.get()](const http::HttpRequest& r) {

@@ -40,6 +40,9 @@ struct ApiConfig {
   std::vector<std::string> models = {"@hr/tiny-reverse:128"};
   // Non-public webhook targets accepted anyway (CIDRs, "loopback", "private").
   std::vector<std::string> webhook_allow;
+  // The product's own services ("host:port": Postgres, Redis, workers), refused as webhook
+  // targets whatever webhook_allow says; the API's own host:port is added to them.
+  std::vector<std::string> refused_webhook_services;
   // How webhook hosts are looked up when a batch names one (null: the system resolver).
   webhooks::HostLookup webhook_lookup;
   // A sync request waits this long for a worker with room (unless options.rejectIfBusy), then

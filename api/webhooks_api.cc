@@ -359,7 +359,9 @@ Status check_webhook_url(const std::string& url, const webhooks::AddressPolicy& 
       return invalid_argument(field + " must not contain spaces or control characters", field);
     }
   }
-  Result<std::vector<webhooks::IpAddress>> addrs = resolve_checked(u->host, policy, field);
+  const uint16_t port = u->port != 0 ? u->port : (u->scheme == "https" ? 443 : 80);
+  Result<std::vector<webhooks::IpAddress>> addrs =
+      resolve_checked(u->host, policy, field, std::chrono::seconds(5), port);
   if (!addrs.is_ok()) return invalid_argument(addrs.status().message(), field);
   return Status::ok();
 }

@@ -101,8 +101,11 @@ int run_keys_revoke(const queue::StoreConfig& store, const std::string& key,
   return 0;
 }
 
-int run_api(const api::ApiConfig& config, const queue::StoreConfig& store) {
+int run_api(const api::ApiConfig& given, const queue::StoreConfig& store) {
   sigset_t set = block_stop_signals();
+  api::ApiConfig config = given;
+  for (const std::string& e : store.service_endpoints())
+    config.refused_webhook_services.push_back(e);
   api::Api async_api(config, store);
   api::RouterOptions ro;
   ro.redis_url = store.redis_url;
@@ -178,8 +181,10 @@ int run_worker(const workers::WorkerConfig& config, const queue::StoreConfig& st
 }
 
 int run_dispatcher(const queue::StoreConfig& store, const queue::DispatcherOptions& options,
-                   const webhooks::DeliveryOptions& webhooks) {
+                   const webhooks::DeliveryOptions& given) {
   sigset_t set = block_stop_signals();
+  webhooks::DeliveryOptions webhooks = given;
+  webhooks.refused_services = store.service_endpoints();
   std::atomic<bool> stop{false};
   std::thread webhook_thread = start_webhooks(store.database_url, webhooks, stop);
   std::thread loop([&] {
@@ -238,6 +243,10 @@ int run_serve(const ServeConfig& config) {
   std::atomic<bool> stop{false};
   webhooks::DeliveryOptions webhooks = config.webhooks;
   webhooks.allow = config.api.webhook_allow;
+  // Loopback may be allowed here, but never the product's own ports on it: the API, Postgres
+  // and Redis.
+  webhooks.refused_services = config.store.service_endpoints();
+  webhooks.refused_services.push_back(config.api.host + ":" + std::to_string(config.api.port));
   if (webhooks::AddressPolicy::parse(webhooks.allow).value().allows_loopback()) {
     log::warn("serve.webhooks_allow_loopback",
               {{"allow", config.api.webhook_allow.empty() ? "" : config.api.webhook_allow[0]},
@@ -273,6 +282,7 @@ int run_serve(const ServeConfig& config) {
   api::ApiConfig api_config = config.api;
   api_config.models = {config.worker.model_name + ":" +
                        std::to_string((*worker)->context_length())};
+  api_config.refused_webhook_services = webhooks.refused_services;
   api::Api async_api(api_config, config.store);
   WorkerSync sync(**worker);
   async_api.set_sync_inference(&sync);

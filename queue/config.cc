@@ -23,4 +23,17 @@ Status StoreConfig::validate() const {
   return Status::ok();
 }
 
+std::vector<std::string> StoreConfig::service_endpoints() const {
+  std::vector<std::string> out;
+  auto add = [&](const std::string& url, uint16_t default_port) {
+    Result<Url> u = parse_url(url);
+    if (!u.is_ok()) return;
+    const std::string host = u->host.find(':') != std::string::npos ? "[" + u->host + "]" : u->host;
+    out.push_back(host + ":" + std::to_string(u->port != 0 ? u->port : default_port));
+  };
+  add(database_url, 5432);
+  add(redis_url, 6379);
+  return out;
+}
+
 }  // namespace hr::queue

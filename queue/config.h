@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 
@@ -20,6 +21,9 @@ struct StoreConfig {
 
   void bind(CLI::App& app, bool with_redis = true);
   [[nodiscard]] Status validate() const;
+  // Postgres's and Redis's "host:port" (default ports when the URLs give none): services that
+  // webhooks must never target (webhooks::AddressPolicy::refuse_services).
+  std::vector<std::string> service_endpoints() const;
 };
 
 }  // namespace hr::queue

@@ -241,7 +241,7 @@ Result<std::vector<IpAddress>> lookup_within(const std::string& host, std::strin
 
 Result<std::vector<IpAddress>> resolve_checked(const std::string& host, const AddressPolicy& policy,
                                                std::string_view field,
-                                               std::chrono::milliseconds timeout) {
+                                               std::chrono::milliseconds timeout, uint16_t port) {
   if (host.empty())
     return invalid_argument(std::string(field) + " has no host", std::string(field));
   const std::string name(field);
@@ -255,8 +255,65 @@ Result<std::vector<IpAddress>> resolve_checked(const std::string& host, const Ad
     return invalid_argument(std::string(field) + " host " + host + " has no addresses",
                             std::string(field));
   }
-  for (const IpAddress& a : out) HR_RETURN_IF_ERROR(policy.check(a, host, field));
+  for (const IpAddress& a : out) {
+    HR_RETURN_IF_ERROR(policy.check(a, host, field));
+    if (port != 0) HR_RETURN_IF_ERROR(policy.check_port(a, port, field));
+  }
   return out;
+}
+
+void AddressPolicy::refuse_service(const std::string& host, uint16_t port) {
+  if (port == 0) return;
+  Result<IpAddress> ip = parse_ip(host);
+  const std::optional<std::string> range = ip.is_ok() ? forbidden_range(*ip) : std::nullopt;
+  // The machine itself: a local name, a loopback or unspecified address, a Unix socket's folder.
+  // Every address that reaches it locally is refused at that port (0.0.0.0 and :: connect to
+  // the machine too).
+  if (host.empty() || host.front() == '/' || host == "localhost" || host.ends_with(".localhost") ||
+      range == std::optional<std::string>("loopback") ||
+      range == std::optional<std::string>("unspecified")) {
+    for (const char* local : {"127.0.0.0/8", "::1/128", "0.0.0.0/8", "::/128"}) {
+      services_.emplace_back(parse_cidr(local).value(), port);
+    }
+    return;
+  }
+  if (ip.is_ok()) {
+    services_.emplace_back(Cidr{*ip, ip->v6 ? 128 : 32}, port);
+    return;
+  }
+  Result<std::vector<IpAddress>> addrs = system_lookup(host, "service");
+  if (!addrs.is_ok()) return;
+  for (const IpAddress& a : *addrs) services_.emplace_back(Cidr{a, a.v6 ? 128 : 32}, port);
+}
+
+void AddressPolicy::refuse_services(const std::vector<std::string>& endpoints) {
+  for (const std::string& e : endpoints) {
+    const size_t colon = e.rfind(':');
+    if (colon == std::string::npos) continue;
+    std::string host = e.substr(0, colon);
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);
+    }
+    int port = 0;
+    try {
+      port = std::stoi(e.substr(colon + 1));
+    } catch (...) {
+      continue;
+    }
+    if (port > 0 && port < 65536) refuse_service(host, static_cast<uint16_t>(port));
+  }
+}
+
+Status AddressPolicy::check_port(const IpAddress& a, uint16_t port, std::string_view field) const {
+  const IpAddress plain = embedded_v4(a).value_or(a);
+  for (const auto& [cidr, p] : services_) {
+    if (p == port && (cidr.contains(a) || cidr.contains(plain))) {
+      return invalid_argument(std::string(field) + " points at a port this service itself " +
+                                  "listens on; webhooks cannot target it",
+                              std::string(field));
+    }
+  }
+  return Status::ok();
 }
 
 void bind_webhook_allow(CLI::App& app, std::vector<std::string>& allow) {

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -56,6 +57,16 @@ class AddressPolicy {
                              std::string_view field) const;
   bool allows_loopback() const;
   const std::vector<Cidr>& allowed() const { return allow_; }
+
+  // The product's own services (its API and worker ports, Postgres, Redis), never targets
+  // whatever the allow-list says: `host` as the service is reached or bound ("127.0.0.1",
+  // "localhost", "0.0.0.0", "db.internal"), with its port. A loopback, unspecified or local name
+  // refuses the port on every loopback address; another name is resolved now (best effort).
+  void refuse_service(const std::string& host, uint16_t port);
+  // The same for each "host:port" ("[::1]:5432" for IPv6); entries that do not parse are skipped.
+  void refuse_services(const std::vector<std::string>& endpoints);
+  // kInvalidArgument naming `field` when `a`:`port` is one of the refused services.
+  [[nodiscard]] Status check_port(const IpAddress& a, uint16_t port, std::string_view field) const;
   // How resolve_checked() looks names up under this policy (null: the system resolver).
   void set_lookup(HostLookup lookup) { lookup_ = std::move(lookup); }
   const HostLookup& lookup() const { return lookup_; }
@@ -63,15 +74,17 @@ class AddressPolicy {
  private:
   std::vector<Cidr> allow_;
   bool allow_all_ = false;
+  std::vector<std::pair<Cidr, uint16_t>> services_;
   HostLookup lookup_;
 };
 
-// Resolves `host` (a name or an address literal) and checks every address; any forbidden one
-// refuses the whole host. kInvalidArgument naming `field` when refused; kUnavailable when the
-// name does not resolve, or not within `timeout` (which may pass).
+// Resolves `host` (a name or an address literal) and checks every address, and with a `port`
+// every address at that port against the refused services; any forbidden one refuses the whole
+// host. kInvalidArgument naming `field` when refused; kUnavailable when the name does not
+// resolve, or not within `timeout` (which may pass).
 [[nodiscard]] Result<std::vector<IpAddress>> resolve_checked(
     const std::string& host, const AddressPolicy& policy, std::string_view field,
-    std::chrono::milliseconds timeout = std::chrono::seconds(5));
+    std::chrono::milliseconds timeout = std::chrono::seconds(5), uint16_t port = 0);
 
 // What `lookup(host)` answers if it answers within `timeout`; else kUnavailable naming `field`,
 // and the lookup (the system resolver may hang for tens of seconds) finishes on its own thread,

@@ -104,13 +104,14 @@ PostResult Client::post(const std::string& url, const std::map<std::string, std:
     res.error = tls_status_.message();
     return done();
   }
-  Result<std::vector<IpAddress>> addrs = resolve_checked(u->host, options_.policy, "url");
+  uint16_t port = u->port != 0 ? u->port : (https ? 443 : 80);
+  Result<std::vector<IpAddress>> addrs =
+      resolve_checked(u->host, options_.policy, "url", std::chrono::seconds(5), port);
   if (!addrs.is_ok()) {
     res.refused = addrs.status().code() == StatusCode::kInvalidArgument;
     res.error = addrs.status().message();
     return done();
   }
-  uint16_t port = u->port != 0 ? u->port : (https ? 443 : 80);
   std::vector<tcp::endpoint> eps = endpoints_of(*addrs, port);
 
   std::string target = u->path.empty() ? "/" : u->path;

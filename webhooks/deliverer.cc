@@ -156,6 +156,7 @@ Result<std::unique_ptr<Deliverer>> Deliverer::create(const std::string& database
   HR_RETURN_IF_ERROR(options.validate());
   HR_ASSIGN_OR_RETURN(std::vector<int64_t> schedule, options.schedule_ms());
   HR_ASSIGN_OR_RETURN(AddressPolicy policy, AddressPolicy::parse(options.allow));
+  policy.refuse_services(options.refused_services);
   HR_RETURN_IF_ERROR(queue::pg_connect(database_url).status());
   return std::unique_ptr<Deliverer>(
       new Deliverer(database_url, std::move(options), std::move(schedule), std::move(policy)));

@@ -30,6 +30,8 @@ struct DeliveryOptions {
   std::string retry_schedule = "5s,5m,30m,2h,5h,10h,10h";
   // Non-public targets allowed anyway: CIDRs, "loopback" or "private" (--webhook-allow).
   std::vector<std::string> allow;
+  // The product's own services ("host:port"), refused as targets whatever `allow` says.
+  std::vector<std::string> refused_services;
   std::string ca_file;  // extra trusted CAs for HTTPS targets
   int claim_batch = 256;
   int retention_hours = 168;  // fanned-out events and ended deliveries are kept this long

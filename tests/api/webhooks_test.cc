@@ -533,6 +533,64 @@ TEST(WebhooksTest, PrivateTargetsAreRefusedAtSubmitAndAtDelivery) {
   }
 }
 
+// The product's own ports (Postgres, Redis, the API) are never webhook targets, even where
+// loopback is allowed (serve's default): refused at submit and endpoint creation naming the field
+// without saying which service it is, and refused at delivery with nothing sent; another loopback
+// port is still a target.
+TEST(WebhooksTest, TheProductsOwnPortsAreNeverTargets) {
+  Receiver service([](int) { return Receiver::Answer{}; });  // stands in for Redis, say
+  Receiver rx([](int) { return Receiver::Answer{}; });
+  ASSERT_TRUE(service.ok() && rx.ok());
+  const std::string own = "127.0.0.1:" + std::to_string(service.port());
+  ApiHarness h([&](ApiConfig& c) {
+    c.webhook_allow = {"loopback"};
+    c.refused_webhook_services = {own};
+  });
+  ASSERT_TRUE(h.ok());
+  for (const std::string url :
+       {service.url(), "http://localhost:" + std::to_string(service.port()) + "/x",
+        "http://[::ffff:127.0.0.1]:" + std::to_string(service.port())}) {
+    json body = {{"webhook_url", url}, {"requests", {reversal("a")}}};
+    auto r = h.post("/ai/run/" + h.model() + "?queueRequest=true", body.dump(), h.key_a());
+    EXPECT_EQ(r.status, 400) << url << " " << r.body;
+    EXPECT_EQ(r.json()["errors"][0]["field"], "webhook_url") << url;
+    EXPECT_NE(r.body.find("a port this service itself listens on"), std::string::npos) << r.body;
+    auto ep = h.post("/v1/webhooks", json{{"url", url}}.dump(), h.key_a());
+    EXPECT_EQ(ep.status, 400) << url << " " << ep.body;
+  }
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM batches"), 0);
+  EXPECT_FALSE(submit_with(h, 1, {{"webhook_url", rx.url()}}).empty()) << "another port";
+  // A delivery to the service's port (written before it was refused) sends nothing.
+  {
+    pqxx::connection c(h.database_url());
+    pqxx::work tx(c);
+    std::string account =
+        tx.exec1("SELECT id::text FROM accounts WHERE name = 'alice'")[0].as<std::string>();
+    tx.exec_params(
+        "INSERT INTO webhook_deliveries (event_id, event_type, account_id, url, payload, "
+        "next_attempt_at) VALUES ($1, 'batch.completed', $2, $3, '{}', now())",
+        new_uuid_v4().to_string(), account, service.url());
+    queue::ensure_signing_secret(tx, account);
+    tx.commit();
+  }
+  webhooks::DeliveryOptions options = fast_options();
+  options.allow = {"loopback"};
+  options.refused_services = {own};
+  auto d = webhooks::Deliverer::create(h.database_url(), options);
+  ASSERT_TRUE(d.is_ok());
+  ASSERT_TRUE((*d)->run_once().is_ok());
+  EXPECT_EQ(service.received().size(), 0u);
+  json log = deliveries(h, "");
+  bool refused = false;
+  for (const auto& del : log) {
+    if (del["url"] == service.url()) {
+      EXPECT_EQ(del["status"], "failed");
+      refused = del["last_error"].get<std::string>().find("refused") != std::string::npos;
+    }
+  }
+  EXPECT_TRUE(refused) << log.dump();
+}
+
 // A batch that names a webhook has its host looked up before it is stored, which may take seconds
 // (up to the 5 s deadline). Meanwhile the submit holds no database connection: with one for all of
 // the API's handlers, other requests are answered while the lookup waits.

@@ -115,6 +115,37 @@ TEST(NetTest, ResolvesAndChecksEveryAddress) {
   EXPECT_FALSE(resolve_checked("no-such-host.invalid", none, "u").is_ok());
 }
 
+// The product's own services are never targets, whatever the allow-list says: a loopback or
+// unspecified service refuses its port on every address that reaches the machine locally, an
+// address only itself; other ports stay open, and the refusal does not say which service.
+TEST(NetTest, TheProductsOwnServicesAreNeverTargets) {
+  AddressPolicy p = AddressPolicy::parse({"private"}).value();  // everything allowed
+  p.refuse_services({"127.0.0.1:5432", "[::1]:6379", "10.1.2.3:8080", "0.0.0.0:9000",
+                     "localhost:7000", "not-an-endpoint", "h:99999"});
+  for (const char* a : {"127.0.0.1", "127.9.9.9", "::1", "0.0.0.0", "::ffff:127.0.0.1", "::"}) {
+    Status st = p.check_port(ip(a), 5432, "webhook_url");
+    EXPECT_FALSE(st.is_ok()) << a;
+    EXPECT_EQ(st.field(), "webhook_url");
+    EXPECT_EQ(st.message(),
+              "webhook_url points at a port this service itself listens on; webhooks cannot "
+              "target it");
+    EXPECT_FALSE(p.check_port(ip(a), 6379, "u").is_ok()) << a;
+    EXPECT_FALSE(p.check_port(ip(a), 9000, "u").is_ok()) << a;
+    EXPECT_FALSE(p.check_port(ip(a), 7000, "u").is_ok()) << a;
+    EXPECT_TRUE(p.check_port(ip(a), 5433, "u").is_ok()) << a;
+  }
+  EXPECT_FALSE(p.check_port(ip("10.1.2.3"), 8080, "u").is_ok());
+  EXPECT_TRUE(p.check_port(ip("10.1.2.4"), 8080, "u").is_ok());
+  EXPECT_TRUE(p.check_port(ip("10.1.2.3"), 8081, "u").is_ok());
+  EXPECT_TRUE(p.check_port(ip("8.8.8.8"), 5432, "u").is_ok());
+  // Through resolve_checked, as submits and deliveries check a URL's host and port.
+  AddressPolicy loop = AddressPolicy::parse({"loopback"}).value();
+  loop.refuse_service("127.0.0.1", 5432);
+  EXPECT_FALSE(resolve_checked("localhost", loop, "u", std::chrono::seconds(5), 5432).is_ok());
+  EXPECT_TRUE(resolve_checked("localhost", loop, "u", std::chrono::seconds(5), 8000).is_ok());
+  EXPECT_TRUE(resolve_checked("localhost", loop, "u").is_ok()) << "no port given: not checked";
+}
+
 TEST(NetTest, Base64RoundTrips) {
   for (std::string s :
        std::vector<std::string>{"", "a", "ab", "abc", "abcd", std::string("\0\xff\x10", 3)}) {
