@@ -245,6 +245,28 @@ Result<std::string> Api::Impl::authenticate(const http::HttpRequest& req) {
       return Status(StatusCode::kUnauthenticated, "invalid API key", "Authorization");
     }
   }
+  // A client's bad keys are limited on their own, first: one guesser cannot spend the lookups
+  // every client shares, while a client whose keys are good is never held back by this.
+  const std::string client = http::current_client_address();
+  std::shared_ptr<TokenBucket> bad_from_client;
+  {
+    std::lock_guard<std::mutex> lock(auth_mu);
+    if (client_bad_keys.size() > 100000) client_bad_keys.clear();
+    std::shared_ptr<TokenBucket>& bucket = client_bad_keys[client];
+    if (!bucket) {
+      const double rate = config.key_lookups_per_client_per_s;
+      bucket = std::make_shared<TokenBucket>(rate, 2 * rate);
+    }
+    bad_from_client = bucket;
+  }
+  const bool client_may = bad_from_client->has_token();
+  if (!client_may) {
+    metrics::counter("headroom_auth_client_refused_total",
+                     "Unknown API keys answered 429: their client sent too many bad keys lately")
+        .add();
+    return Status(StatusCode::kResourceExhausted,
+                  "too many invalid API keys from this address; retry shortly", "Authorization");
+  }
   if (!key_lookups->take()) {
     metrics::counter("headroom_auth_lookups_refused_total",
                      "Unknown API keys answered 429: looked up faster than the database may be")
@@ -261,6 +283,7 @@ Result<std::string> Api::Impl::authenticate(const http::HttpRequest& req) {
   }();
   if (!account.is_ok()) {
     if (account.status().code() == StatusCode::kUnauthenticated) {
+      bad_from_client->spend();
       std::lock_guard<std::mutex> lock(auth_mu);
       if (bad_keys.size() > 100000) bad_keys.clear();
       bad_keys[digest] = now + 10000;

@@ -21,6 +21,8 @@ void ApiConfig::bind(CLI::App& app) {
            "How long a request waits for a free Postgres connection before 429");
   cli::add(app, "--key-lookups-per-s", key_lookups_per_s,
            "Most lookups a second of API keys not seen lately (more: 429; cached keys unaffected)");
+  cli::add(app, "--key-lookups-per-client-per-s", key_lookups_per_client_per_s,
+           "Bad keys a second one client address may send (more: 429 unlooked); good keys free");
   cli::add(app, "--max-large-answers-per-account", max_large_answers_per_account,
            "Large results (sent a page at a time) one account may download at once; more: 429");
   cli::add(app, "--body-limit-bytes", body_limit_bytes, "Largest accepted request body");
@@ -56,6 +58,10 @@ Status ApiConfig::validate() const {
   }
   if (key_lookups_per_s < 1 || key_lookups_per_s > 1000000) {
     return invalid_argument("--key-lookups-per-s must be 1..1000000", "key-lookups-per-s");
+  }
+  if (key_lookups_per_client_per_s < 1 || key_lookups_per_client_per_s > 1000000) {
+    return invalid_argument("--key-lookups-per-client-per-s must be 1..1000000",
+                            "key-lookups-per-client-per-s");
   }
   if (max_large_answers_per_account < 1 || max_large_answers_per_account > 10000) {
     return invalid_argument("--max-large-answers-per-account must be 1..10000",

@@ -27,6 +27,10 @@ struct ApiConfig {
   // Keys in neither of the key caches are looked up in Postgres at most this fast (a burst of
   // twice as many first); past it such requests get 429 with Retry-After.
   int key_lookups_per_s = 200;
+  // And keys that turn out bad: at most this many a second from one client address (twice
+  // that in a burst) before its unknown keys get 429 without a lookup, so that one client
+  // guessing keys cannot spend the whole budget above; good keys never count.
+  int key_lookups_per_client_per_s = 10;
   // Answers sent a page at a time (polls of large batches, results so far of large OpenAI
   // batches) that one account may have in flight at once; past it, 429 (api/response_slots.h).
   int max_large_answers_per_account = 8;

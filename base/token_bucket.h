@@ -14,8 +14,14 @@ class TokenBucket {
   // `now_ns`: a steady clock in nanoseconds (default: base/clock.h's steady_now_ns).
   TokenBucket(double rate_per_s, double burst, std::function<int64_t()> now_ns = {});
   bool take();
+  // Whether take() would succeed now, spending nothing; and spending one after the fact (down
+  // to none): for charging only what turned out to cost (a key that was not known).
+  bool has_token();
+  void spend();
 
  private:
+  void refill();  // mu_ held
+
   const double rate_per_ns_;
   const double burst_;
   std::function<int64_t()> now_ns_;

@@ -11,6 +11,8 @@
 #include <boost/beast/core.hpp>
 #include <nlohmann/json.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -253,6 +255,7 @@ class Session : public OpenConnection, public std::enable_shared_from_this<Sessi
     asio::post(server_->pool, [self = shared_from_this()] {
       std::optional<HttpResponse> early;
       try {
+        ClientScope client(self->stream_.socket().native_handle());
         early = self->server_->options.check_header(self->parser_->get());
       } catch (const std::exception& e) {
         log::error("http.check_header_exception", {{"error", e.what()}});
@@ -587,6 +590,28 @@ bool current_client_gone() {
   ssize_t n = ::recv(t_client_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
   // 0: the peer closed its side. Bytes waiting (a pipelined request) or nothing yet: still there.
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+std::string current_client_address() {
+  if (t_client_fd < 0) return "";
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getpeername(t_client_fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
+  char text[INET6_ADDRSTRLEN] = {};
+  if (addr.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&addr)->sin_addr, text, sizeof text);
+    return text;
+  }
+  if (addr.ss_family == AF_INET6) {
+    const in6_addr& a = reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr;
+    if (IN6_IS_ADDR_V4MAPPED(&a)) {
+      ::inet_ntop(AF_INET, &a.s6_addr[12], text, sizeof text);
+    } else {
+      ::inet_ntop(AF_INET6, &a, text, sizeof text);
+    }
+    return text;
+  }
+  return "";
 }
 
 }  // namespace hr::http

@@ -39,6 +39,9 @@ using StreamingHandler = std::function<Reply(const HttpRequest&)>;
 // connection (a peek at the socket; nothing is read). False on any other thread. Lets a handler
 // that waits (for capacity, say) give up on a client that has gone.
 bool current_client_gone();
+// On a handler thread, while its handler or the header check runs: the client's IP address as
+// text ("127.0.0.1", "::1"; an IPv4-mapped IPv6 address as its IPv4), or "" on any other thread.
+std::string current_client_address();
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";

@@ -92,6 +92,9 @@ struct Api::Impl {
   // cached are not affected. A revocation empties both caches, a creation the unknown keys.
   std::unordered_map<std::string, int64_t> bad_keys;  // guarded by auth_mu; sha256 hex -> until
   std::unique_ptr<TokenBucket> key_lookups;  // config.key_lookups_per_s, twice that in a burst
+  // Unknown keys per client address (config.key_lookups_per_client_per_s): a client whose
+  // bucket is empty is not looked up; only keys that turn out bad spend from it.
+  std::unordered_map<std::string, std::shared_ptr<TokenBucket>> client_bad_keys;  // auth_mu
   // Empties auth_cache whenever a key is revoked (started last, stopped first).
   std::unique_ptr<KeyRevocationListener> revocations;
   // Large answers in flight per account (config.max_large_answers_per_account).

@@ -2,7 +2,11 @@
 // rejected batch), idempotency, tenancy and a 100,000-request batch.
 #include "api/api.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <pqxx/pqxx>
@@ -598,7 +602,10 @@ TEST(ApiTest, RevokedKeysAreRefusedAtOnceByEveryApiProcess) {
 // for the burst, then 429 with Retry-After, while a cached key keeps its 200; a bad key sent again
 // is not looked up again; a key created meanwhile works at once (creation clears the caches).
 TEST(ApiTest, UnknownKeysAreLookedUpAtABoundedRate) {
-  ApiHarness h([](ApiConfig& c) { c.key_lookups_per_s = 10; });  // a burst of 20
+  ApiHarness h([](ApiConfig& c) {
+    c.key_lookups_per_s = 10;               // a burst of 20
+    c.key_lookups_per_client_per_s = 1000;  // the shared limit, not the client's, is tested here
+  });
   ASSERT_TRUE(h.ok());
   const std::string list = "/v1/async?limit=1";
   ASSERT_EQ(h.get(list, h.key_a()).status, 200);  // cached from here
@@ -645,6 +652,65 @@ TEST(ApiTest, UnknownKeysAreLookedUpAtABoundedRate) {
     status = h.get(list, fresh).status;
   }
   EXPECT_EQ(status, 200);
+}
+
+// The status of a GET sent from `source` (a loopback address other than 127.0.0.1 is another
+// client to the server).
+int status_from(const std::string& source, int port, const std::string& target,
+                const std::string& key) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  ::inet_pton(AF_INET, source.c_str(), &local.sin_addr);
+  sockaddr_in remote{};
+  remote.sin_family = AF_INET;
+  remote.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, "127.0.0.1", &remote.sin_addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local) != 0 ||
+      ::connect(fd, reinterpret_cast<sockaddr*>(&remote), sizeof remote) != 0) {
+    ::close(fd);
+    return 0;
+  }
+  const std::string req = "GET " + target + " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key +
+                          "\r\nConnection: close\r\n\r\n";
+  (void)::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+  char buf[64] = {};
+  const ssize_t n = ::recv(fd, buf, sizeof buf - 1, 0);
+  ::close(fd);
+  return n > 12 ? std::atoi(buf + 9) : 0;
+}
+
+// A client that sends bad keys is limited on its own: past its burst its unknown keys get 429
+// naming the address without a lookup, while its cached key still works and another client's
+// unknown keys are still looked up (one guesser cannot spend the lookups everybody shares).
+TEST(ApiTest, BadKeysAreLimitedPerClient) {
+  ApiHarness h([](ApiConfig& c) {
+    c.key_lookups_per_s = 100000;
+    c.key_lookups_per_client_per_s = 5;  // a burst of 10
+  });
+  ASSERT_TRUE(h.ok());
+  const std::string list = "/v1/async?limit=1";
+  ASSERT_EQ(h.get(list, h.key_a()).status, 200);  // cached from here
+  int unauthorized = 0, limited = 0;
+  std::string message;
+  for (int i = 0; i < 40; ++i) {
+    auto r = testing::http_call("GET", h.port(), list, "",
+                                {{"Authorization", "Bearer hr_guess_" + std::to_string(i)}});
+    unauthorized += r.status == 401;
+    if (r.status == 429) {
+      ++limited;
+      message = r.body;
+    }
+  }
+  EXPECT_GE(unauthorized, 10);
+  EXPECT_LE(unauthorized, 14);
+  EXPECT_EQ(unauthorized + limited, 40);
+  EXPECT_NE(message.find("too many invalid API keys from this address"), std::string::npos)
+      << message;
+  EXPECT_EQ(h.get(list, h.key_a()).status, 200) << "a cached key is not held back";
+  EXPECT_EQ(status_from("127.0.0.2", h.port(), list, "hr_another_guess"), 401)
+      << "another client's unknown key is looked up";
+  EXPECT_EQ(status_from("127.0.0.2", h.port(), list, h.key_b()), 200);
 }
 
 }  // namespace
