@@ -12,6 +12,7 @@
 #include "api/worker_router.h"
 #include "base/log.h"
 #include "base/metrics.h"
+#include "base/secret_box.h"
 #include "cmd/worker_sync.h"
 #include "http/server.h"
 #include "queue/migrate.h"
@@ -22,6 +23,15 @@
 
 namespace hr::cmd {
 namespace {
+
+// Says at start when webhook secrets will be stored as given (no --secret-key-file).
+void warn_without_secret_key() {
+  if (secrets::has_key()) return;
+  log::warn("secrets.not_sealed",
+            {{"note",
+              "webhook signing secrets are stored in Postgres as given; pass --secret-key-file "
+              "(HEADROOM_SECRET_KEY_FILE) to seal them"}});
+}
 
 // Blocks SIGINT/SIGTERM in every thread started after this, so the main thread can wait for them.
 sigset_t block_stop_signals() {
@@ -103,6 +113,7 @@ int run_keys_revoke(const queue::StoreConfig& store, const std::string& key,
 
 int run_api(const api::ApiConfig& given, const queue::StoreConfig& store) {
   sigset_t set = block_stop_signals();
+  warn_without_secret_key();
   api::ApiConfig config = given;
   for (const std::string& e : store.service_endpoints())
     config.refused_webhook_services.push_back(e);
@@ -183,6 +194,7 @@ int run_worker(const workers::WorkerConfig& config, const queue::StoreConfig& st
 int run_dispatcher(const queue::StoreConfig& store, const queue::DispatcherOptions& options,
                    const webhooks::DeliveryOptions& given) {
   sigset_t set = block_stop_signals();
+  warn_without_secret_key();
   webhooks::DeliveryOptions webhooks = given;
   webhooks.refused_services = store.service_endpoints();
   std::atomic<bool> stop{false};
@@ -241,6 +253,7 @@ int run_serve(const ServeConfig& config) {
     }
   }
   std::atomic<bool> stop{false};
+  warn_without_secret_key();
   webhooks::DeliveryOptions webhooks = config.webhooks;
   webhooks.allow = config.api.webhook_allow;
   // Loopback may be allowed here, but never the product's own ports on it: the API, Postgres

@@ -2,6 +2,7 @@
 #include "queue/config.h"
 
 #include "base/cli.h"
+#include "base/secret_box.h"
 #include "base/url.h"
 
 namespace hr::queue {
@@ -9,6 +10,9 @@ namespace hr::queue {
 void StoreConfig::bind(CLI::App& app, bool with_redis) {
   cli::add(app, "--database-url", database_url, "PostgreSQL URL (postgresql://user@host:port/db)");
   if (with_redis) cli::add(app, "--redis-url", redis_url, "Redis URL (redis://host:port/db)");
+  cli::add(app, "--secret-key-file", secret_key_file,
+           "File of 64 hex digits: the key sealing webhook secrets in the database (every "
+           "process on one database needs the same one)");
 }
 
 Status StoreConfig::validate() const {
@@ -20,6 +24,7 @@ Status StoreConfig::validate() const {
   if (!redis.is_ok() || redis->scheme != "redis") {
     return invalid_argument("--redis-url must be a redis:// URL", "redis-url");
   }
+  if (!secret_key_file.empty()) return secrets::load_key_file(secret_key_file);
   return Status::ok();
 }
 

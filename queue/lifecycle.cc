@@ -5,6 +5,7 @@
 
 #include "base/hash.h"
 #include "base/ids.h"
+#include "base/secret_box.h"
 #include "queue/internal/batch_row.h"
 #include "queue/pg.h"
 #include "queue/webhooks.h"
@@ -102,7 +103,8 @@ Result<SubmitResult> retry_batch(pqxx::connection& conn, const RetryRequest& ret
         retry.webhook_url,
         retry.webhook_events ? std::optional<std::string>(pg_text_array(*retry.webhook_events))
                              : std::nullopt,
-        retry.webhook_secret);
+        retry.webhook_secret ? std::optional<std::string>(secrets::seal(*retry.webhook_secret))
+                             : std::nullopt);
     HR_RETURN_IF_ERROR(enforce_enqueued_limit(tx, retry.account_id));
     if (retry.webhook_given && retry.webhook_url && !retry.webhook_secret) {
       ensure_signing_secret(tx, retry.account_id);

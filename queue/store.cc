@@ -9,6 +9,7 @@
 #include "base/clock.h"
 #include "base/hash.h"
 #include "base/ids.h"
+#include "base/secret_box.h"
 #include "queue/internal/batch_row.h"
 #include "queue/internal/retention_choice.h"
 #include "queue/pg.h"
@@ -244,7 +245,9 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
         id, batch.account_id, batch.model, batch.api_shape, static_cast<int>(batch.size()),
         batch.priority, deadline, batch.idempotency_key, to_hex(batch.request_hash),
         batch.metadata_json, batch.endpoint, batch.input_file_id, batch.completion_window,
-        batch.webhook_url, events, batch.webhook_secret,
+        batch.webhook_url, events,
+        batch.webhook_secret ? std::optional<std::string>(secrets::seal(*batch.webhook_secret))
+                             : std::nullopt,
         wants_request_events && batch.webhook_url.has_value(), batch.retain_seconds,
         batch.default_retain_seconds);
     if (inserted.empty()) {

@@ -4,9 +4,11 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "base/hash.h"
 #include "base/ids.h"
+#include "base/secret_box.h"
 #include "queue/pg.h"
 
 namespace hr::queue {
@@ -70,7 +72,9 @@ const std::string& secret_columns() {
 
 SigningSecret secret_from_row(const pqxx::row& r) {
   SigningSecret s;
-  s.secret = r[0].as<std::string>();
+  Result<std::string> secret = secrets::open(r[0].as<std::string>());
+  if (!secret.is_ok()) throw std::runtime_error(secret.status().message());  // pg_guard's error
+  s.secret = std::move(secret).value();
   s.created_at_ms = r[1].as<int64_t>();
   s.rotated_at_ms = opt_i64(r[2]);
   s.previous_secret_expires_at_ms = opt_i64(r[3]);
@@ -196,7 +200,7 @@ Result<WebhookEndpoint> create_endpoint(pqxx::connection& conn, const std::strin
         "secret) VALUES ($1, $2, $3, $4, $5::text[], $6, $7) RETURNING " +
             endpoint_columns(),
         new_uuid_v7().to_string(), account_id, url, description, pg_text_array(event_types),
-        enabled, secret));
+        enabled, secrets::seal(secret)));
     tx.commit();
     out->secret = secret;
     return Status::ok();
@@ -277,7 +281,7 @@ Result<WebhookEndpoint> rotate_endpoint_secret(pqxx::connection& conn,
         "previous_secret_expires_at = now() + $4 * interval '1 millisecond', updated_at = now() "
         "WHERE id = $1::uuid AND account_id = $2 RETURNING " +
             endpoint_columns(),
-        id, account_id, secret, grace_ms);
+        id, account_id, secrets::seal(secret), grace_ms);
     if (r.empty()) return not_found("no such webhook endpoint: " + id);
     *out = endpoint_from_row(r[0]);
     tx.commit();
@@ -290,7 +294,7 @@ void ensure_signing_secret(pqxx::work& tx, const std::string& account_id) {
   tx.exec_params(
       "INSERT INTO account_webhook_secrets (account_id, secret) VALUES ($1, $2) "
       "ON CONFLICT (account_id) DO NOTHING",
-      account_id, new_webhook_secret());
+      account_id, secrets::seal(new_webhook_secret()));
 }
 
 Result<SigningSecret> get_signing_secret(pqxx::connection& conn, const std::string& account_id) {
@@ -315,7 +319,7 @@ Result<SigningSecret> rotate_signing_secret(pqxx::connection& conn, const std::s
         "previous_secret_expires_at = now() + $3 * interval '1 millisecond', rotated_at = now() "
         "WHERE account_id = $1 RETURNING " +
             secret_columns(),
-        account_id, new_webhook_secret(), grace_ms));
+        account_id, secrets::seal(new_webhook_secret()), grace_ms));
     tx.commit();
     return Status::ok();
   });
@@ -467,7 +471,13 @@ Result<std::vector<ClaimedDelivery>> claim_deliveries(pqxx::connection& conn, in
       c.manual = row[5].as<bool>();
       c.endpoint_id = opt_str(row[6]);
       c.endpoint_enabled = row[7].as<bool>();
-      if (!row[8].is_null()) c.secrets = strings_of(row[8].as<std::string>());
+      if (!row[8].is_null()) {
+        for (const std::string& sealed : strings_of(row[8].as<std::string>())) {
+          Result<std::string> secret = secrets::open(sealed);
+          if (!secret.is_ok()) return secret.status();  // no key here: sign nothing wrongly
+          c.secrets.push_back(std::move(secret).value());
+        }
+      }
       out->push_back(std::move(c));
     }
     return Status::ok();

@@ -5,7 +5,10 @@
 # Postgres keeps fsync on; Redis runs with appendonly yes, appendfsync everysec, noeviction.
 # Postgres refuses to run as root: as root, it runs as the system user `headroom`.
 # `start` prints the URLs and writes them to DIR/env (HEADROOM_DATABASE_URL, HEADROOM_REDIS_URL,
-# HEADROOM_ADMIN_DATABASE_URL) for `source`. Several DIRs can run side by side.
+# HEADROOM_ADMIN_DATABASE_URL, and HEADROOM_SECRET_KEY_FILE: DIR/secret.key, the key that seals
+# webhook secrets) for `source`. Postgres asks for a password (SCRAM-SHA-256, over TCP and its
+# socket alike): a random one kept in DIR/pg_password and written into the URLs. Several DIRs can
+# run side by side.
 set -euo pipefail
 
 cmd=${1:-}
@@ -65,21 +68,36 @@ pg_home() {
   echo "$dir/pg"
 }
 
+# A secret file of 64 random hex digits, made once and readable by its owner only.
+ensure_secret() {
+  [ -s "$1" ] && return 0
+  (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$1")
+}
+
 write_env() {
   cat >"$dir/env" <<ENV
-export HEADROOM_DATABASE_URL=postgresql://$PG_USER@127.0.0.1:$PG_PORT/headroom
-export HEADROOM_ADMIN_DATABASE_URL=postgresql://$PG_USER@127.0.0.1:$PG_PORT/postgres
+export HEADROOM_DATABASE_URL=postgresql://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/headroom
+export HEADROOM_ADMIN_DATABASE_URL=postgresql://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/postgres
 export HEADROOM_REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0
+export HEADROOM_SECRET_KEY_FILE=$dir/secret.key
 ENV
+  chmod 600 "$dir/env"
 }
 
 start_pg() {
   local home
   home=$(pg_home)
   if [ "$(id -u)" -eq 0 ]; then chown -R "$PG_USER" "$(readlink -f "$home")"; fi
+  local set_password=
   if [ ! -f "$home/data/PG_VERSION" ]; then
-    as_pg "$PG_BIN/initdb" -D "$home/data" -U "$PG_USER" --auth=trust -E UTF8 --no-locale >"$dir/initdb.log" 2>&1 \
-      || { cat "$dir/initdb.log" >&2; exit 1; }
+    local pwfile
+    pwfile=$(as_pg mktemp)
+    as_pg sh -c "cat >'$pwfile'" <<<"$PG_PASSWORD"
+    as_pg "$PG_BIN/initdb" -D "$home/data" -U "$PG_USER" --auth=scram-sha-256 --pwfile="$pwfile" \
+      -E UTF8 --no-locale >"$dir/initdb.log" 2>&1 || { rm -f "$pwfile"; cat "$dir/initdb.log" >&2; exit 1; }
+    rm -f "$pwfile"
+  elif ! grep -q '^host.*scram-sha-256' "$home/data/pg_hba.conf"; then
+    set_password=1  # made before passwords: set ours, then require it (below)
   fi
   cat >"$home/data/postgresql.auto.conf" <<CONF
 listen_addresses = '127.0.0.1'
@@ -103,9 +121,17 @@ CONF
     tail -20 "$home/postgres.log" >&2
     exit 1
   fi
-  if [ "$(as_pg psql -h 127.0.0.1 -p "$PG_PORT" -U "$PG_USER" -d postgres -tAc \
+  if [ -n "$set_password" ]; then
+    as_pg psql -q -h 127.0.0.1 -p "$PG_PORT" -U "$PG_USER" -d postgres \
+      -c "ALTER ROLE $PG_USER PASSWORD '$PG_PASSWORD'" >/dev/null
+    printf 'local all all scram-sha-256\nhost all all 127.0.0.1/32 scram-sha-256\nhost all all ::1/128 scram-sha-256\n' \
+      | as_pg sh -c "cat >'$home/data/pg_hba.conf'"
+    as_pg "$PG_BIN/pg_ctl" -D "$home/data" reload >/dev/null
+  fi
+  if [ "$(as_pg env PGPASSWORD="$PG_PASSWORD" psql -h 127.0.0.1 -p "$PG_PORT" -U "$PG_USER" -d postgres -tAc \
         "SELECT 1 FROM pg_database WHERE datname = 'headroom'")" != "1" ]; then
-    as_pg psql -q -h 127.0.0.1 -p "$PG_PORT" -U "$PG_USER" -d postgres -c "CREATE DATABASE headroom" >/dev/null
+    as_pg env PGPASSWORD="$PG_PASSWORD" psql -q -h 127.0.0.1 -p "$PG_PORT" -U "$PG_USER" -d postgres \
+      -c "CREATE DATABASE headroom" >/dev/null
   fi
 }
 
@@ -137,6 +163,9 @@ start_redis() {
 case "$cmd" in
   start)
     mkdir -p "$dir"
+    ensure_secret "$dir/pg_password"
+    ensure_secret "$dir/secret.key"
+    PG_PASSWORD=$(cat "$dir/pg_password")
     ensure_pg_user
     load_ports
     start_pg

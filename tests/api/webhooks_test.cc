@@ -23,6 +23,7 @@
 
 #include "base/hash.h"
 #include "base/ids.h"
+#include "base/secret_box.h"
 #include "queue/dispatcher.h"
 #include "queue/files.h"
 #include "queue/lease.h"
@@ -145,7 +146,22 @@ TEST(WebhookSignatureTest, MatchesTheStandardWebhooksVector) {
   EXPECT_FALSE(queue::check_webhook_secret("secret", "s").is_ok());
 }
 
+// A key sealing secrets at rest for the test: the suite's own (HEADROOM_SECRET_KEY_FILE, which
+// processes the test starts read too) or, without one, a key of the test's own, forgotten after.
+struct SealingKey {
+  SealingKey() : own(!secrets::has_key()) {
+    if (own) secrets::set_key(std::string(32, 's'));
+  }
+  ~SealingKey() {
+    if (own) secrets::clear_key();
+  }
+  bool own;
+};
+
+// Every secret is stored sealed (the database holds no signing secret in the clear), and what is
+// delivered is signed with the secrets the API showed.
 TEST(WebhooksTest, CompletedBatchIsDeliveredOnceSignedToEveryTarget) {
+  SealingKey key;
   Receiver batch_rx([](int) { return Receiver::Answer{}; });
   Receiver endpoint_rx([](int) { return Receiver::Answer{}; });
   ApiHarness h([](ApiConfig& c) { c.webhook_allow = {"loopback"}; });
@@ -167,6 +183,27 @@ TEST(WebhooksTest, CompletedBatchIsDeliveredOnceSignedToEveryTarget) {
   auto signing = h.get("/v1/webhooks/signing-secret", h.key_a());
   ASSERT_EQ(signing.status, 200) << signing.body;
   std::string account_secret = signing.json()["result"]["secret"];
+  const std::string own_secret = "whsec_" + base64_encode(std::string(32, 'o'));
+  Receiver own_rx([](int) { return Receiver::Answer{}; });  // bob's batch's events go here
+  json own = {{"webhook_url", own_rx.url()},
+              {"webhook_secret", own_secret},
+              {"requests", {reversal("own")}}};
+  ASSERT_EQ(h.post("/ai/run/" + h.model() + "?queueRequest=true", own.dump(), h.key_b()).status,
+            200);
+  {
+    pqxx::connection c(h.database_url());
+    pqxx::nontransaction tx(c);
+    for (const auto& [sql, plain] :
+         {std::pair<std::string, std::string>{"SELECT secret FROM webhook_endpoints",
+                                              endpoint_secret},
+          {"SELECT secret FROM account_webhook_secrets", account_secret},
+          {"SELECT webhook_secret FROM batches WHERE webhook_secret IS NOT NULL", own_secret}}) {
+      const std::string stored = tx.exec1(sql)[0].as<std::string>();
+      EXPECT_EQ(stored.rfind("hrenc1:", 0), 0u) << sql << ": " << stored;
+      EXPECT_EQ(stored.find(plain.substr(6, 12)), std::string::npos) << sql;
+      EXPECT_EQ(secrets::open(stored).value(), plain) << sql;
+    }
+  }
 
   std::string batch = submit_with(h, 3, {{"webhook_url", batch_rx.url()}});
   ASSERT_FALSE(batch.empty());

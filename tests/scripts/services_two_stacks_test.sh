@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/services.sh runs two independent stacks side by side: separate ports and data; writing
-# to one is invisible in the other; stopping one leaves the other running; a relative DIR works.
+# to one is invisible in the other; stopping one leaves the other running; a relative DIR works;
+# Postgres wants the stack's password (SCRAM), and the secret files are the owner's alone.
 set -euo pipefail
 services=$1
 a=$(mktemp -d /tmp/hr-stack-a.XXXXXX); b=$(mktemp -d /tmp/hr-stack-b.XXXXXX)
@@ -23,6 +24,21 @@ redis-cli -u "$ra" set only_in_a 1 >/dev/null
 [ "$(redis-cli -u "$ra" config get appendonly | tail -1)" = "yes" ] || { echo "FAIL: appendonly"; exit 1; }
 [ "$(redis-cli -u "$ra" config get maxmemory-policy | tail -1)" = "noeviction" ] || { echo "FAIL: policy"; exit 1; }
 [ "$(psql -tA "$pa" -c "SHOW fsync")" = "on" ] || { echo "FAIL: fsync off"; exit 1; }
+# The password is required: the URL without it, and with stack b's, are refused.
+nopass=$(echo "$pa" | sed -E 's#//([^:@]+):[^@]*@#//\1@#')
+[ "$nopass" != "$pa" ] || { echo "FAIL: no password in $pa"; exit 1; }
+if PGPASSWORD= psql -w -tA "$nopass" -c "SELECT 1" >/dev/null 2>&1; then
+  echo "FAIL: Postgres answered without a password"; exit 1
+fi
+wrong=$(echo "$pa" | sed -E "s#//([^:@]+):[^@]*@#//\1:$(cat "$b/pg_password")@#")
+if psql -w -tA "$wrong" -c "SELECT 1" >/dev/null 2>&1; then
+  echo "FAIL: Postgres answered to another stack's password"; exit 1
+fi
+[ "$(psql -tA "$pa" -c "SHOW password_encryption")" = "scram-sha-256" ] || { echo "FAIL: not SCRAM"; exit 1; }
+for f in pg_password secret.key env; do
+  [ "$(stat -c %a "$a/$f")" = "600" ] || { echo "FAIL: $f is $(stat -c %a "$a/$f")"; exit 1; }
+done
+[ "$(wc -c <"$a/secret.key")" = "64" ] || { echo "FAIL: secret.key is not 64 hex digits"; exit 1; }
 "$services" stop "$a" >/dev/null
 if "$services" status "$a" >/dev/null; then echo "FAIL: stack a still running"; exit 1; fi
 "$services" status "$b" >/dev/null || { echo "FAIL: stopping a stopped b"; exit 1; }
