@@ -38,15 +38,29 @@ uint64_t BlockManager::namespace_root(std::string_view name) {
   return h == 0 ? 1 : h;
 }
 
-int BlockManager::acquire_prefix(const std::vector<int32_t>& tokens, int max_tokens, uint64_t root,
-                                 std::vector<int>* blocks, std::vector<uint64_t>* hashes) {
+uint64_t CacheChain::parent(size_t i, const std::vector<uint64_t>& hashes) const {
+  if (i == 0) return root;
+  if (shared_blocks > 0 && i == static_cast<size_t>(shared_blocks)) {
+    // Into the account's own namespace: the public chain mixed with the account's root.
+    uint64_t h = hashes[i - 1] ^ (own_root * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull);
+    h ^= h >> 31;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 29;
+    return h == 0 ? 1 : h;
+  }
+  return hashes[i - 1];
+}
+
+int BlockManager::acquire_prefix(const std::vector<int32_t>& tokens, int max_tokens,
+                                 const CacheChain& chain, std::vector<int>* blocks,
+                                 std::vector<uint64_t>* hashes) {
   int covered = 0;
-  uint64_t parent = hashes->empty() ? root : hashes->back();
   for (int start = static_cast<int>(blocks->size()) * block_size_;
        start + block_size_ <= std::min<int>(max_tokens, static_cast<int>(tokens.size()));
        start += block_size_) {
     ++num_queries_;
-    uint64_t h = chain_hash(parent, tokens.data() + start, block_size_);
+    uint64_t h =
+        chain_hash(chain.parent(hashes->size(), *hashes), tokens.data() + start, block_size_);
     auto it = by_hash_.find(h);
     if (it == by_hash_.end()) break;
     Block& b = blocks_[static_cast<size_t>(it->second)];
@@ -59,7 +73,6 @@ int BlockManager::acquire_prefix(const std::vector<int32_t>& tokens, int max_tok
     ++num_hits_;
     blocks->push_back(it->second);
     hashes->push_back(h);
-    parent = h;
     covered += block_size_;
   }
   return covered;

@@ -14,6 +14,21 @@
 
 namespace hr::engine {
 
+// Where a sequence's chain of block hashes starts, and where it changes namespace. Blocks of a
+// prefix that the operator made public (WorkerConfig::public_prefixes) chain from kPublicRoot and
+// are shared by every account; the first block after them chains from the last public block's
+// hash mixed with the account's own root, so that whatever follows a public prefix is shared
+// within the account alone. Without a public prefix, every block chains from `own_root`.
+struct CacheChain {
+  static constexpr uint64_t kPublicRoot = 0x7075626c69630001ull;
+  uint64_t root = 0;      // the first block's parent
+  int shared_blocks = 0;  // leading blocks of a public prefix (0: none)
+  uint64_t own_root = 0;  // the account's namespace root
+  // The parent hash of block `i`, given the hashes of blocks [0, i).
+  uint64_t parent(size_t i, const std::vector<uint64_t>& hashes) const;
+  static CacheChain own(uint64_t own_root) { return {own_root, 0, own_root}; }
+};
+
 class BlockManager {
  public:
   BlockManager(int num_blocks, int block_size);
@@ -26,9 +41,10 @@ class BlockManager {
 
   // Finds cached blocks holding the longest run of full blocks at the start of `tokens`, covering
   // at most `max_tokens` tokens; takes a reference on each and appends them and their hashes.
-  // Returns the number of tokens covered. `root` is the parent hash of the first block: a
-  // namespace's (namespace_root), so that only sequences of one namespace share blocks.
-  int acquire_prefix(const std::vector<int32_t>& tokens, int max_tokens, uint64_t root,
+  // Returns the number of tokens covered. `chain` gives each block's parent hash: the first
+  // from a namespace's root (namespace_root), so that only sequences of one namespace share
+  // blocks (CacheChain: a public prefix's blocks are shared, what follows them is not).
+  int acquire_prefix(const std::vector<int32_t>& tokens, int max_tokens, const CacheChain& chain,
                      std::vector<int>* blocks, std::vector<uint64_t>* hashes);
   // The root of a namespace's hash chains: 0 for the empty name (shared by every sequence without
   // one), else a 64-bit hash of the name.

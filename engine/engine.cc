@@ -77,7 +77,20 @@ Result<int64_t> Engine::add(GenerationRequest r) {
   seq->num_prompt = prompt_len;
   seq->max_length = max_model_len_;
   seq->params = std::move(r.params);
-  seq->cache_root = BlockManager::namespace_root(r.cache_namespace);
+  seq->cache_chain = CacheChain::own(BlockManager::namespace_root(r.cache_namespace));
+  // A public prefix: its full blocks (those made of its tokens alone) chain from the public root.
+  int public_tokens = 0;
+  for (const std::vector<int32_t>& p : options_.public_prefixes) {
+    const size_t n = std::min(p.size(), seq->tokens.size());
+    const size_t same = static_cast<size_t>(
+        std::mismatch(p.begin(), p.begin() + static_cast<ptrdiff_t>(n), seq->tokens.begin()).first -
+        p.begin());
+    public_tokens = std::max(public_tokens, static_cast<int>(same));
+  }
+  if (const int shared = public_tokens / blocks_.block_size(); shared > 0) {
+    seq->cache_chain.root = CacheChain::kPublicRoot;
+    seq->cache_chain.shared_blocks = shared;
+  }
   seq->rng.seed(seq->params.seed ? *seq->params.seed : std::random_device{}());
   if (seq->params.penalties.repetition != 1.0f) {
     for (int32_t t : seq->tokens) seq->note_seen(t, 0);

@@ -75,6 +75,11 @@ struct EngineOptions {
   // their next token fed on the device. A sequence that finishes at step N has had one more token
   // computed in step N+1, which is dropped.
   bool pipeline = true;
+  // Prompt beginnings the operator made public (tokens: a shared system prompt as the chat
+  // template renders it): a prompt that starts with one shares that prefix's full KV blocks with
+  // every account's; what follows stays the account's own (CacheChain). Nothing else is shared
+  // across accounts.
+  std::vector<std::vector<int32_t>> public_prefixes;
 };
 
 // A step() submits one step and, when pipelined, collects the one before: the counts describe the

@@ -108,7 +108,7 @@ StepPlan Scheduler::schedule() {
     if (seq->num_computed == 0 && seq->blocks.empty()) {
       // Reuse cached full blocks, always leaving the last token to compute (it yields logits).
       int covered = blocks_->acquire_prefix(seq->tokens, static_cast<int>(seq->tokens.size()) - 1,
-                                            seq->cache_root, &seq->blocks, &seq->block_hashes);
+                                            seq->cache_chain, &seq->blocks, &seq->block_hashes);
       seq->num_computed = covered;
       if (seq->num_cached_prompt < 0) seq->num_cached_prompt = std::min(covered, seq->num_prompt);
     }
@@ -188,7 +188,7 @@ void Scheduler::complete(const StepPlan& plan) {
     const int full = std::min(seq->num_computed, static_cast<int>(seq->tokens.size())) / bs;
     while (static_cast<int>(seq->block_hashes.size()) < full) {
       size_t i = seq->block_hashes.size();
-      uint64_t parent = i == 0 ? seq->cache_root : seq->block_hashes[i - 1];
+      uint64_t parent = seq->cache_chain.parent(i, seq->block_hashes);
       seq->block_hashes.push_back(
           blocks_->commit_full(seq->blocks[i], parent, seq->tokens.data() + i * bs));
     }

@@ -35,7 +35,7 @@ struct Sequence {
   int pending_row = -1;
   std::vector<int> blocks;             // block table
   std::vector<uint64_t> block_hashes;  // of the committed full blocks
-  uint64_t cache_root = 0;             // the first block's parent hash: its cache namespace
+  CacheChain cache_chain;              // its blocks' parent hashes: its cache namespace
   int num_cached_prompt = -1;          // prompt tokens found in the prefix cache at first admission
   int num_preemptions = 0;
   bool running = false;

@@ -3,9 +3,11 @@
 #include "workers/worker.h"
 
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <future>
 #include <utility>
 
@@ -30,6 +32,29 @@ std::string default_worker_name() {
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   return std::string(host) + ":" + std::to_string(getpid());
+}
+
+// The tokens of a public prefix file: its messages rendered by the model's chat template (the
+// generation prompt it ends with does not match a real prompt's next message, and so is never
+// shared), as a prompt would be.
+Result<std::vector<int32_t>> public_prefix_tokens(const std::string& file, const LoadedModel& m) {
+  std::ifstream in(file);
+  if (!in) return invalid_argument("cannot read --public-prefix " + file, "public-prefix");
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(in, nullptr, false);
+  const nlohmann::ordered_json* messages = &j;
+  if (j.is_object() && j.contains("messages")) messages = &j["messages"];
+  if (!messages->is_array() || messages->empty()) {
+    return invalid_argument(
+        "--public-prefix " + file + " must hold a JSON array of messages, or {\"messages\": [...]}",
+        "public-prefix");
+  }
+  Result<std::string> text =
+      m.chat_template.render(*messages, nullptr, m.tokenizer->bos_text(), m.tokenizer->eos_text());
+  if (!text.is_ok()) {
+    return invalid_argument("--public-prefix " + file + ": " + text.status().message(),
+                            "public-prefix");
+  }
+  return m.tokenizer->encode(*text);
 }
 
 }  // namespace
@@ -60,6 +85,12 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given,
     HR_ASSIGN_OR_RETURN(backend, engine::make_backend(config.model_dir, spec));
   }
   engine::EngineOptions eo;
+  for (const std::string& file : config.public_prefixes) {
+    HR_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, public_prefix_tokens(file, *m));
+    log::info("worker.public_prefix",
+              {{"file", file}, {"tokens", static_cast<int64_t>(tokens.size())}});
+    eo.public_prefixes.push_back(std::move(tokens));
+  }
   eo.max_model_len = config.max_model_len;
   eo.scheduler.max_num_seqs = config.max_num_seqs;
   eo.scheduler.max_batched_tokens = config.max_batched_tokens;

@@ -54,6 +54,10 @@ void WorkerConfig::bind(CLI::App& app) {
   cli::add(app, "--chat-template", chat_template,
            "Use a built-in chat template instead of the model's own: headroom, llama3, chatml or "
            "mistral");
+  cli::add(app, "--public-prefix", public_prefixes,
+           "A JSON file of messages (a shared system prompt) whose prompt prefix every account "
+           "may share in the prefix cache; repeatable. Default: prefixes shared within an "
+           "account only");
 }
 
 Status WorkerConfig::validate() const {

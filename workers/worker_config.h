@@ -43,6 +43,10 @@ struct WorkerConfig {
   std::string device = "cpu";  // cpu | cuda | cuda:N
   std::string cuda_options;    // CUDA backend settings (engine::parse_cuda_options)
   std::string chat_template;   // override: headroom, llama3, chatml, mistral
+  // JSON files of messages ([{"role", "content"}...], a shared system prompt say) whose rendered
+  // beginning is a public prefix: its KV blocks are shared by every account (engine::
+  // EngineOptions::public_prefixes). Everything else is shared within an account only.
+  std::vector<std::string> public_prefixes;
 
   // This configuration with every -1 ("by device") filled in. The CPU backend's step time grows
   // with the tokens in a step and its threads share the cores with request handling; a GPU's do

@@ -169,6 +169,48 @@ TEST(EngineTest, PrefixCacheIsSharedOnlyWithinANamespace) {
   EXPECT_EQ(BlockManager::namespace_root(""), 0u);
 }
 
+// A prefix the operator made public is shared across accounts, but only its own full blocks:
+// what follows it in a prompt is still the account's alone, so another account sending the very
+// same prompt hits the public blocks and nothing more, and the answers equal uncached ones.
+TEST(EngineTest, APublicPrefixIsSharedAcrossAccountsAndNothingAfterIt) {
+  auto& f = Fixture::get();
+  std::vector<int32_t> pub = prompts(1, 3)[0];
+  pub.insert(pub.end(), pub.begin(), pub.end());  // long enough for a few blocks
+  pub.resize(8);                                  // two blocks of 4
+  auto with_tail = [&](int case_index, bool reversed) {
+    std::vector<int32_t> p = pub;
+    auto tail = prompts(1, case_index)[0];
+    if (reversed) std::reverse(tail.begin(), tail.end());  // tails that differ from their start
+    p.insert(p.end(), tail.begin(), tail.end());
+    return p;
+  };
+  const std::vector<int32_t> a = with_tail(9, false), b = with_tail(10, true);
+  ASSERT_NE(a[8], b[8]);
+  ASSERT_GE(a.size(), 14u);
+  EngineOptions o;
+  o.scheduler = {8, 512, 512};
+  o.public_prefixes = {pub};
+  auto e = Engine::create(f.backend(4, 8 << 20, false), f.tokenizer,
+                          f.weights->config.max_position_embeddings, o)
+               .value();
+  const auto first = run_all(*e, {a}, RequestClass::kSync, {}, "account-a")[0];
+  EXPECT_EQ(first.usage.cached_tokens, 0);
+  EXPECT_EQ(run_all(*e, {b}, RequestClass::kSync, {}, "account-b")[0].usage.cached_tokens, 8)
+      << "another account's prompt with the public prefix shares its blocks";
+  const auto same = run_all(*e, {a}, RequestClass::kSync, {}, "account-b")[0];
+  EXPECT_EQ(same.usage.cached_tokens, 8) << "and nothing of what account-a sent after it";
+  EXPECT_EQ(same.tokens, first.tokens);
+  const auto again = run_all(*e, {a}, RequestClass::kSync, {}, "account-a")[0];
+  EXPECT_EQ(again.usage.cached_tokens, (static_cast<int>(a.size()) - 1) / 4 * 4)
+      << "the account's own blocks after the public ones";
+  EXPECT_EQ(again.tokens, first.tokens);
+  // A prompt that only starts like the public prefix shares the blocks made of it alone.
+  std::vector<int32_t> half(pub.begin(), pub.begin() + 6);
+  const auto tail = prompts(1, 11)[0];
+  half.insert(half.end(), tail.begin(), tail.end());
+  EXPECT_EQ(run_all(*e, {half}, RequestClass::kSync, {}, "account-c")[0].usage.cached_tokens, 4);
+}
+
 TEST(EngineTest, PrefixCacheHitEqualsMissAndReportsCachedTokens) {
   auto& f = Fixture::get();
   auto e = f.engine({8, 512, 512}, /*block_size=*/4);

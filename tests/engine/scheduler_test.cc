@@ -212,7 +212,7 @@ TEST(BlockManagerTest, LruEvictionOnlyWhenNeeded) {
   EXPECT_EQ(bm.num_cached(), 1);
   std::vector<int> blocks;
   std::vector<uint64_t> hashes;
-  EXPECT_EQ(bm.acquire_prefix(t, 4, 0, &blocks, &hashes),
+  EXPECT_EQ(bm.acquire_prefix(t, 4, CacheChain::own(0), &blocks, &hashes),
             0);  // the chain starts at the evicted block
 }
 
