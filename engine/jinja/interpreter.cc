@@ -453,7 +453,7 @@ class Interpreter {
   // itself, range(10**9)) is an error naming its line, not a crash or a hung worker: how deep
   // evaluation may nest, how many nodes one render may evaluate, how long its text may grow.
   static constexpr int kMaxDepth = 200;
-  static constexpr int64_t kMaxSteps = 2'000'000;
+  static constexpr int64_t kMaxSteps = 1'000'000;
   static constexpr size_t kMaxOutputBytes = 64 << 20;
 
   // Counts `cost` steps of the render at `n`.

@@ -123,7 +123,7 @@ TEST(JinjaTest, RunawayTemplatesAreBoundedErrors) {
             "9223372036854775800 9223372036854775805 ");
   const std::string loops =
       render("{% for x in range(1000) %}{% for y in range(1000) %}{% endfor %}{% endfor %}");
-  EXPECT_NE(loops.find("the template ran more than 2000000 steps"), std::string::npos) << loops;
+  EXPECT_NE(loops.find("the template ran more than 1000000 steps"), std::string::npos) << loops;
   const std::string parens =
       render("{{ " + std::string(300, '(') + "1" + std::string(300, ')') + " }}");
   EXPECT_EQ(parens, "PARSE ERROR: chat template line 1: the template nests more than 200 deep")
