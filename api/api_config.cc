@@ -35,6 +35,9 @@ void ApiConfig::bind(CLI::App& app) {
   webhooks::bind_webhook_allow(app, webhook_allow);
   cli::add(app, "--sync-queue-timeout-ms", sync_queue_timeout_ms,
            "How long a sync request waits for a worker with room before 429 (code 3040)");
+  cli::add(app, "--flex-timeout-ms", flex_timeout_ms,
+           "How long a service_tier flex call waits to start before 429 resource_unavailable "
+           "(a call's own flex_timeout_s wins)");
   cli::add(app, "--sync-call-lease-ms", sync_call_lease_ms,
            "A sync call counted against its account's calls at once is forgotten this long "
            "after its API process died");
@@ -85,6 +88,9 @@ Status ApiConfig::validate() const {
   }
   if (max_file_lines < 1) {
     return invalid_argument("--max-file-lines must be at least 1", "max-file-lines");
+  }
+  if (flex_timeout_ms < 1 || flex_timeout_ms > 86400000) {
+    return invalid_argument("--flex-timeout-ms must be 1..86400000", "flex-timeout-ms");
   }
   if (sync_queue_timeout_ms < 0 || sync_queue_timeout_ms > 600000) {
     return invalid_argument("--sync-queue-timeout-ms must be 0..600000", "sync-queue-timeout-ms");

@@ -52,6 +52,9 @@ struct ApiConfig {
   // A sync request waits this long for a worker with room (unless options.rejectIfBusy), then
   // gets 429 with code 3040.
   int sync_queue_timeout_ms = 2000;
+  // A service_tier "flex" call waits this long (unless it sets its own flex_timeout_s) for its
+  // generation to start, then gets 429 resource_unavailable.
+  int flex_timeout_ms = 600000;
   // A sync call counted among its account's calls at once keeps its place while its API process
   // lives; that of a process that died lapses after this long (api/sync_limits.h).
   int64_t sync_call_lease_ms = 60000;

@@ -106,6 +106,10 @@ nlohmann::json openai_error_body(const Status& status, std::optional<std::string
     default:
       break;
   }
+  if (!code && status.code() == StatusCode::kResourceExhausted &&
+      status.field() == "service_tier") {
+    code = "resource_unavailable";  // a flex call not started in time (OpenAI's code)
+  }
   if (!code) {
     code = status.code() == StatusCode::kUnauthenticated ? "invalid_api_key"
                                                          : status_code_name(status.code());

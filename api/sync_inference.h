@@ -36,6 +36,11 @@ struct SyncCall {
   // Whose call it is (the account): a worker's prefix cache shares blocks only among calls of one
   // namespace, so no account learns from its cache hits what another has sent.
   std::string cache_namespace;
+  // service_tier "flex": the call runs in the engine's async class, on whatever room sync calls
+  // leave; it takes no sync room, and fails kResourceExhausted (field service_tier) when its
+  // generation has not started within flex_timeout_ms.
+  bool flex = false;
+  int flex_timeout_ms = 600000;
 };
 
 class SyncInference {

@@ -1,6 +1,7 @@
 // The sync routes: POST /ai/run/{model} (Workers AI's shape; queued when asked, see
 // async_routes.cc), POST /v1/chat/completions (OpenAI's), each streamed as server-sent events with
 // `stream: true`, and GET /v1/models. The answers' shapes come from wire/.
+#include <set>
 #include <string>
 #include <utility>
 
@@ -63,6 +64,28 @@ Status check_sync_fields(const json& body) {
   if (auto n = body.find("n");
       n != body.end() && !n->is_null() && !(n->is_number_integer() && n->get<int64_t>() == 1)) {
     return invalid_argument("'n' must be 1: one choice per request is served", "n");
+  }
+  // service_tier (OpenAI's field; options.service_tier for Workers AI) and a flex call's own
+  // timeout, flex_timeout_s, beside it.
+  for (const auto& [obj, prefix] :
+       {std::pair<const json*, std::string>{&body, ""},
+        {body.contains("options") && body["options"].is_object() ? &body["options"] : nullptr,
+         "options."}}) {
+    if (obj == nullptr) continue;
+    if (auto t = obj->find("service_tier"); t != obj->end() && !t->is_null()) {
+      static const std::set<std::string> kTiers = {"auto", "default", "flex"};
+      if (!t->is_string() || !kTiers.count(t->get<std::string>())) {
+        return invalid_argument("'" + prefix + "service_tier' must be auto, default or flex",
+                                prefix + "service_tier");
+      }
+    }
+    if (auto s = obj->find("flex_timeout_s"); s != obj->end() && !s->is_null()) {
+      if (!s->is_number() || s->get<double>() < 0.001 || s->get<double>() > 86400) {
+        return invalid_argument(
+            "'" + prefix + "flex_timeout_s' must be a number of seconds, " + "up to 86400",
+            prefix + "flex_timeout_s");
+      }
+    }
   }
   return Status::ok();
 }
@@ -133,7 +156,9 @@ http::HttpResponse Api::Impl::run_model(const http::HttpRequest& req, const std:
     set_retry_after(res, retry_after_s);
     return res;
   }
-  http::HttpResponse res = ok_response(wire::workers_ai_result(answer->answer, false));
+  json result = wire::workers_ai_result(answer->answer, false);
+  if (sync_call(req, account, body, *model).flex) result["service_tier"] = "flex";
+  http::HttpResponse res = ok_response(std::move(result));
   mark_worker(res, answer->worker);
   return res;
 }
@@ -148,6 +173,19 @@ SyncCall Api::Impl::sync_call(const http::HttpRequest& req, const std::string& a
   auto it = req.find("x-session-affinity");
   if (it != req.end()) call.affinity = std::string(it->value());
   call.client_gone = http::current_client_gone;
+  // The tier and timeout as check_sync_fields let them through: options' win over the body's.
+  call.flex_timeout_ms = config.flex_timeout_ms;
+  for (const json* obj : {&body, body.contains("options") && body["options"].is_object()
+                                     ? &body["options"]
+                                     : static_cast<const json*>(nullptr)}) {
+    if (obj == nullptr) continue;
+    if (auto t = obj->find("service_tier"); t != obj->end() && t->is_string()) {
+      call.flex = t->get<std::string>() == "flex";
+    }
+    if (auto s = obj->find("flex_timeout_s"); s != obj->end() && s->is_number()) {
+      call.flex_timeout_ms = std::max(1, static_cast<int>(s->get<double>() * 1000));
+    }
+  }
   return call;
 }
 
@@ -177,7 +215,7 @@ Result<SyncAnswer> Api::Impl::run_sync(const http::HttpRequest& req, const std::
                                        int* retry_after_s) {
   SyncCall call = sync_call(req, account, body, model);
   json request = body;
-  request.erase("options");
+  for (const char* key : {"options", "service_tier", "flex_timeout_s"}) request.erase(key);
   if (request.contains("stream") && request["stream"] == true) {
     return invalid_argument("stream: true needs a streaming connection; send stream: false",
                             "stream");
@@ -226,10 +264,11 @@ http::HttpResponse Api::Impl::chat_completions(const http::HttpRequest& req,
     set_retry_after(res, retry_after_s);
     return res;
   }
-  http::HttpResponse res = http::json_response(
-      200, wire::chat_completion(a->answer, "chatcmpl-" + new_uuid_v4().to_string(),
-                                 SystemClock::instance().now_unix_ms() / 1000, model->name)
-               .dump());
+  json completion =
+      wire::chat_completion(a->answer, "chatcmpl-" + new_uuid_v4().to_string(),
+                            SystemClock::instance().now_unix_ms() / 1000, model->name);
+  completion["service_tier"] = sync_call(req, account, body, *model).flex ? "flex" : "default";
+  http::HttpResponse res = http::json_response(200, completion.dump());
   mark_worker(res, a->worker);
   return res;
 }
@@ -250,7 +289,8 @@ http::Reply Api::Impl::chat_completions_stream(const http::HttpRequest& req,
   bool include_usage =
       body.contains("stream_options") && flag(body["stream_options"], "include_usage");
   SyncCall call = sync_call(req, account, body, *model);
-  for (const char* key : {"n", "user", "stream_options", "stream", "options"}) {
+  for (const char* key :
+       {"n", "user", "stream_options", "stream", "options", "service_tier", "flex_timeout_s"}) {
     body.erase(key);
   }
   Result<wire::ChatRequest> norm =
@@ -269,10 +309,11 @@ http::Reply Api::Impl::chat_completions_stream(const http::HttpRequest& req,
     int64_t created = SystemClock::instance().now_unix_ms() / 1000;
     std::string model;
     bool include_usage = false;
-    bool logprobs = false;   // asked for
-    int phase = 0;           // 0: role, 1: deltas, 2: usage, 3: done
-    int streamed_calls = 0;  // tool calls that went out piece by piece
-    SyncPermit permit;       // the call's place under the account's limits, until it ends
+    std::string service_tier;  // echoed in every chunk
+    bool logprobs = false;     // asked for
+    int phase = 0;             // 0: role, 1: deltas, 2: usage, 3: done
+    int streamed_calls = 0;    // tool calls that went out piece by piece
+    SyncPermit permit;         // the call's place under the account's limits, until it ends
   };
   auto st = std::make_shared<State>();
   st->permit = std::move(std::get<SyncPermit>(admitted));
@@ -280,9 +321,11 @@ http::Reply Api::Impl::chat_completions_stream(const http::HttpRequest& req,
   st->stream = std::move(started).value();
   st->model = model->name;
   st->include_usage = include_usage;
+  st->service_tier = call.flex ? "flex" : "default";
   auto event = [st](json delta, json finish_reason, json usage, json logprobs = nullptr) {
     return wire::chat_chunk_event(st->id, st->created, st->model, std::move(delta),
-                                  std::move(finish_reason), std::move(usage), std::move(logprobs));
+                                  std::move(finish_reason), std::move(usage), std::move(logprobs),
+                                  st->service_tier);
   };
   http::Reply reply;
   reply.response = http::json_response(200, "");
@@ -368,7 +411,8 @@ http::Reply Api::Impl::chat_completions_stream(const http::HttpRequest& req,
 http::Reply Api::Impl::run_model_stream(const http::HttpRequest& req, const std::string& account,
                                         json body, const ModelSpec& model) {
   SyncCall call = sync_call(req, account, body, model);
-  for (const char* key : {"stream", "options", "queueRequest"}) body.erase(key);
+  for (const char* key : {"stream", "options", "queueRequest", "service_tier", "flex_timeout_s"})
+    body.erase(key);
   Result<wire::ChatRequest> norm =
       normalize_chat_request(body, model, limits, ordered_schemas(req.body()).get());
   if (!norm.is_ok()) return {error_response(norm.status()), nullptr};

@@ -97,7 +97,9 @@ struct WorkerRouter::Attempt {
   WorkerRouter* router;
   std::string worker_id;
   std::string url;
+  bool counted = true;  // in in_flight_
   ~Attempt() {
+    if (!counted) return;
     std::lock_guard<std::mutex> lock(router->mu_);
     auto it = router->in_flight_.find(worker_id);
     if (it != router->in_flight_.end() && --it->second <= 0) router->in_flight_.erase(it);
@@ -173,6 +175,12 @@ Result<std::shared_ptr<WorkerRouter::Attempt>> WorkerRouter::place(
       // With affinity only the owner will do: moving the conversation loses its cached prefix.
       if (!call.affinity.empty() && order.size() > 1) order.erase(order.begin() + 1, order.end());
       for (size_t i : order) {
+        // A flex call waits in the worker's engine, on the room sync calls leave: it needs none
+        // of their room, and takes none (it is not counted in flight).
+        if (call.flex) {
+          return std::shared_ptr<Attempt>(
+              new Attempt{this, workers[i].id, workers[i].url, /*counted=*/false});
+        }
         if (!has_room(workers[i], in_flight[i])) continue;
         ++in_flight_[workers[i].id];
         return std::shared_ptr<Attempt>(new Attempt{this, workers[i].id, workers[i].url});
@@ -194,8 +202,8 @@ Result<std::shared_ptr<WorkerRouter::Attempt>> WorkerRouter::place(
 
 std::string WorkerRouter::body_for(const wire::ChatRequest& request, const SyncCall& call,
                                    bool stream) const {
-  return wire::encode_forwarded_call(
-      {request, stream, call.reject_if_busy, call.queue_timeout_ms, call.cache_namespace});
+  return wire::encode_forwarded_call({request, stream, call.reject_if_busy, call.queue_timeout_ms,
+                                      call.cache_namespace, call.flex, call.flex_timeout_ms});
 }
 
 template <typename T, typename OnOk>
@@ -230,8 +238,10 @@ Result<T> WorkerRouter::forward(const SyncCall& call, const std::string& body, O
     }
     Result<std::string> text = wc->read_all();
     Status err = wire::status_from_protocol_error(wc->status(), text.is_ok() ? *text : "");
-    // A worker that is stopping hands the call on; so does a full one when the call may wait.
-    if (err.code() == StatusCode::kResourceExhausted &&
+    // A worker that is stopping hands the call on; so does a full one when the call may wait. A
+    // flex call that waited out its timeout there is answered as it is: it waited long enough.
+    const bool flex_expired = err.field() == "service_tier";
+    if (err.code() == StatusCode::kResourceExhausted && !flex_expired &&
         (!call.reject_if_busy || (text.is_ok() && wire::protocol_retry_elsewhere(*text)))) {
       skip.push_back(a->worker_id);
       last = err;

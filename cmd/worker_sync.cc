@@ -13,6 +13,8 @@ workers::SyncOptions options_of(const api::SyncCall& call) {
   o.queue_timeout_ms = call.queue_timeout_ms;
   o.client_gone = call.client_gone;
   o.cache_namespace = call.cache_namespace;
+  o.flex = call.flex;
+  o.flex_timeout_ms = call.flex_timeout_ms;
   return o;
 }
 

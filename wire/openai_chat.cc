@@ -164,12 +164,14 @@ nlohmann::ordered_json chat_completion(const Answer& a, const std::string& id, i
 }
 
 std::string chat_chunk_event(const std::string& id, int64_t created, const std::string& model,
-                             json delta, json finish_reason, json usage, json logprobs) {
+                             json delta, json finish_reason, json usage, json logprobs,
+                             const std::string& service_tier) {
   json chunk = {{"id", id},
                 {"object", "chat.completion.chunk"},
                 {"created", created},
                 {"model", model},
                 {"choices", json::array()}};
+  if (!service_tier.empty()) chunk["service_tier"] = service_tier;
   if (!delta.is_null()) {
     chunk["choices"].push_back({{"index", 0},
                                 {"delta", std::move(delta)},

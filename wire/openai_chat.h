@@ -42,8 +42,10 @@ nlohmann::ordered_json chat_completion(const Answer& answer, const std::string& 
 
 // One streamed chat.completion.chunk as a server-sent event ("data: {...}\n\n"). `delta` null:
 // a chunk without choices (the usage chunk); `usage` null: none.
+// `service_tier`, when given, is echoed in the chunk (OpenAI's field).
 std::string chat_chunk_event(const std::string& id, int64_t created, const std::string& model,
                              nlohmann::json delta, nlohmann::json finish_reason,
-                             nlohmann::json usage, nlohmann::json logprobs = nullptr);
+                             nlohmann::json usage, nlohmann::json logprobs = nullptr,
+                             const std::string& service_tier = "");
 
 }  // namespace hr::wire

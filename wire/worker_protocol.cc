@@ -10,12 +10,16 @@ namespace hr::wire {
 using nlohmann::json;
 
 std::string encode_forwarded_call(const ForwardedCall& call) {
-  return json{{"request", to_json(call.request)},
-              {"stream", call.stream},
-              {"reject_if_busy", call.reject_if_busy},
-              {"queue_timeout_ms", call.queue_timeout_ms},
-              {"cache_namespace", call.cache_namespace}}
-      .dump();
+  json j = {{"request", to_json(call.request)},
+            {"stream", call.stream},
+            {"reject_if_busy", call.reject_if_busy},
+            {"queue_timeout_ms", call.queue_timeout_ms},
+            {"cache_namespace", call.cache_namespace}};
+  if (call.flex) {
+    j["flex"] = true;
+    j["flex_timeout_ms"] = call.flex_timeout_ms;
+  }
+  return j.dump();
 }
 
 Result<ForwardedCall> decode_forwarded_call(std::string_view text) {
@@ -35,6 +39,10 @@ Result<ForwardedCall> decode_forwarded_call(std::string_view text) {
   }
   if (body.contains("cache_namespace") && body["cache_namespace"].is_string()) {
     call.cache_namespace = body["cache_namespace"].get<std::string>();
+  }
+  call.flex = flag("flex");
+  if (body.contains("flex_timeout_ms") && body["flex_timeout_ms"].is_number_integer()) {
+    call.flex_timeout_ms = body["flex_timeout_ms"].get<int>();
   }
   return call;
 }

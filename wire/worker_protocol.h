@@ -1,7 +1,8 @@
 // The internal protocol between the API's router (api/worker_router.h) and a standalone worker's
 // sync endpoint (workers/sync_server.h): the JSON of a forwarded call and of its answer.
 //   call:   {"request": <chat request JSON>, "stream": bool, "reject_if_busy": bool,
-//            "queue_timeout_ms": int}
+//            "queue_timeout_ms": int, "cache_namespace": "...", "flex"?: true,
+//            "flex_timeout_ms"?: int}
 //   answer: {"text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
 //            "logprobs"?: {"content": [...], "refusal": null} (when asked for), "tool_calls"?}
 //   streamed: {"delta": "...", "logprobs"?: [entries]} lines, then {"answer": {...}} or
@@ -25,6 +26,10 @@ struct ForwardedCall {
   bool reject_if_busy = false;
   int queue_timeout_ms = 2000;
   std::string cache_namespace;  // the account: its prompts alone share cached prefixes
+  // service_tier "flex": run in the engine's async class, and give up (kResourceExhausted, field
+  // service_tier) when generation has not started within flex_timeout_ms.
+  bool flex = false;
+  int flex_timeout_ms = 600000;
 };
 
 std::string encode_forwarded_call(const ForwardedCall& call);

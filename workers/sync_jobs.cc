@@ -57,6 +57,8 @@ class JobStream final : public wire::AnswerStream {
 
 // The job's answer as the engine's events come.
 void on_event(SyncJob& job, TokenBytes& bytes, const engine::TokenEvent& ev) {
+  if (job.expired) return;  // failed already (a flex job not started in time)
+  job.started = true;
   if (ev.finish_reason == engine::FinishReason::kError) {
     // Nothing reached the client: another worker may answer (as async work is retried).
     job.fail(unavailable(ev.error));
@@ -142,13 +144,13 @@ std::unique_ptr<wire::AnswerStream> make_job_stream(std::shared_ptr<SyncJob> job
 
 void SyncJobs::admit(std::vector<std::shared_ptr<SyncJob>> jobs) {
   for (auto& job : jobs) {
-    class_metrics(engine::RequestClass::kSync)
+    class_metrics(job->request.cls)
         .queue.observe(static_cast<double>(steady_now_ns() - job->arrival_ns) / 1e9);
     job->logprobs = AnswerLogprobs(job->request.params.logprobs >= 0);
     TokenBytes* bytes = &bytes_;
     job->request.on_event =
         timed([job, bytes](const engine::TokenEvent& ev) { on_event(*job, *bytes, ev); },
-              engine::RequestClass::kSync, job->arrival_ns);
+              job->request.cls, job->arrival_ns);
     auto id = eng_.add(std::move(job->request));
     if (!id.is_ok()) {
       job->fail(id.status());
@@ -167,6 +169,19 @@ void SyncJobs::cancel_abandoned() {
       finished = job->finished;
     }
     if (finished) return true;
+    if (!job->abandoned && job->start_deadline_ns != 0 && !job->started &&
+        steady_now_ns() >= job->start_deadline_ns) {
+      // A flex job that found no room in time: the caller hears so (OpenAI's 429
+      // resource_unavailable), and the engine forgets it.
+      job->expired = true;
+      eng_.cancel(job->engine_id);
+      job->fail(Status(StatusCode::kResourceExhausted,
+                       "Resource unavailable: no room to start this flex request within its "
+                       "timeout; retry later, or without service_tier flex",
+                       "service_tier"));
+      metrics_.flex_expired.add();
+      return true;
+    }
     if (!job->abandoned) return false;
     eng_.cancel(job->engine_id);
     if (job->streaming) {

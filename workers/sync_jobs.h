@@ -52,6 +52,10 @@ struct SyncJob {
   Status status;             // guarded by mu
   wire::Answer answer;       // guarded by mu
   int64_t arrival_ns = steady_now_ns();
+  // A flex job (SyncOptions::flex): given up when no token has come by then (0: never).
+  int64_t start_deadline_ns = 0;
+  bool started = false;  // step loop only: a token came
+  bool expired = false;  // step loop only: given up; the engine's last event is ignored
   std::atomic<bool> abandoned{false};  // the client went away: cancel in the engine
   int64_t engine_id = -1;              // step loop only
   // How the model writes tool calls when the request offered tools (read out of the answer).

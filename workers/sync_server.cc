@@ -126,6 +126,8 @@ http::Reply SyncServer::handle(const http::HttpRequest& req) {
   options.reject_if_busy = call->reject_if_busy;
   options.queue_timeout_ms = call->queue_timeout_ms;
   options.cache_namespace = call->cache_namespace;
+  options.flex = call->flex;
+  options.flex_timeout_ms = call->flex_timeout_ms;
   // The router closes its connection for a client gone.
   options.client_gone = http::current_client_gone;
   // A refusal for lack of room from a worker that is stopping: any other worker will do.

@@ -150,16 +150,39 @@ WorkerLoad Worker::load() const {
 
 Result<std::unique_ptr<wire::AnswerStream>> Worker::start_stream(const wire::ChatRequest& request,
                                                                  const SyncOptions& options) {
-  HR_RETURN_IF_ERROR(take_sync_slot(options.reject_if_busy));
-  ActiveSync active(sync_active_);
-  HR_ASSIGN_OR_RETURN(auto gen, to_generation(request, *model_, engine::RequestClass::kSync));
+  HR_ASSIGN_OR_RETURN(ActiveSync active, take_slot(options));
+  HR_ASSIGN_OR_RETURN(auto job, make_job(request, options));
+  job->streaming = true;
+  HR_RETURN_IF_ERROR(hand_to_step_loop(job));
+  return make_job_stream(job, std::move(active));
+}
+
+Result<ActiveSync> Worker::take_slot(const SyncOptions& options) {
+  if (!options.flex) {
+    HR_RETURN_IF_ERROR(take_sync_slot(options.reject_if_busy));
+    return ActiveSync(sync_active_);
+  }
+  // A flex call waits in the engine on the room sync calls leave: it is not one of theirs.
+  if (stopping_ || draining_) {
+    return Status(StatusCode::kResourceExhausted, "Out of capacity: the worker is stopping");
+  }
+  ++flex_active_;
+  return ActiveSync(flex_active_);
+}
+
+Result<std::shared_ptr<SyncJob>> Worker::make_job(const wire::ChatRequest& request,
+                                                  const SyncOptions& options) {
+  HR_ASSIGN_OR_RETURN(auto gen, to_generation(request, *model_,
+                                              options.flex ? engine::RequestClass::kAsync
+                                                           : engine::RequestClass::kSync));
   gen.cache_namespace = options.cache_namespace;
   auto job = std::make_shared<SyncJob>();
   job->request = std::move(gen);
-  job->streaming = true;
   job->tool_calls = offered_tool_calls(request, *model_);
-  HR_RETURN_IF_ERROR(hand_to_step_loop(job));
-  return make_job_stream(job, std::move(active));
+  if (options.flex) {
+    job->start_deadline_ns = job->arrival_ns + int64_t{options.flex_timeout_ms} * 1000000;
+  }
+  return job;
 }
 
 Status Worker::hand_to_step_loop(const std::shared_ptr<SyncJob>& job) {
@@ -176,20 +199,16 @@ Status Worker::hand_to_step_loop(const std::shared_ptr<SyncJob>& job) {
 }
 
 Result<wire::Answer> Worker::run(const wire::ChatRequest& request, const SyncOptions& options) {
-  HR_RETURN_IF_ERROR(take_sync_slot(options.reject_if_busy));
-  ActiveSync active(sync_active_);
-  HR_ASSIGN_OR_RETURN(auto gen, to_generation(request, *model_, engine::RequestClass::kSync));
-  gen.cache_namespace = options.cache_namespace;
-  auto job = std::make_shared<SyncJob>();
-  job->request = std::move(gen);
-  job->tool_calls = offered_tool_calls(request, *model_);
+  HR_ASSIGN_OR_RETURN(ActiveSync active, take_slot(options));
+  HR_ASSIGN_OR_RETURN(auto job, make_job(request, options));
   auto future = job->done.get_future();
   HR_RETURN_IF_ERROR(hand_to_step_loop(job));
   // The answer's own generation time is bounded by max_tokens; the wait covers queueing too.
   // A client that goes away meanwhile stops the generation (the step loop cancels it).
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(options.queue_timeout_ms) +
-                        std::chrono::seconds(120);
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(options.flex ? options.flex_timeout_ms : options.queue_timeout_ms) +
+      std::chrono::seconds(120);
   while (future.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
     const bool gone = options.client_gone && options.client_gone();
     if (gone || std::chrono::steady_clock::now() >= deadline) {

@@ -32,6 +32,7 @@ namespace hr::workers {
 
 struct LoadedModel;
 struct SyncJob;
+class ActiveSync;
 
 struct WorkerStats {
   std::atomic<int64_t> pulled{0};
@@ -64,6 +65,11 @@ struct SyncOptions {
   std::function<bool()> client_gone;
   // Whose request it is (the account): the prefix cache's namespace (engine::GenerationRequest).
   std::string cache_namespace;
+  // service_tier "flex": generated in the engine's async class, on the room sync requests leave,
+  // taking no sync slot; kResourceExhausted (field service_tier) when its generation has not
+  // started within flex_timeout_ms.
+  bool flex = false;
+  int flex_timeout_ms = 600000;
 };
 
 class Worker final {
@@ -123,12 +129,18 @@ class Worker final {
   // kResourceExhausted, counting nothing, when stopping, or (with reject_if_busy) when sync
   // requests fill every slot.
   Status take_sync_slot(bool reject_if_busy);
+  // A sync call's slot, or a flex call's count (flex_active_: it takes no sync slot).
+  Result<ActiveSync> take_slot(const SyncOptions& options);
+  // The step loop's job for a call: its generation request, class and, for flex, its deadline.
+  Result<std::shared_ptr<SyncJob>> make_job(const wire::ChatRequest& request,
+                                            const SyncOptions& options);
   std::mutex inbox_mu_;
   std::vector<std::shared_ptr<SyncJob>> inbox_;  // guarded by inbox_mu_
   std::condition_variable inbox_cv_;             // signalled when inbox_ gains a job
   bool io_ready_ = false;                        // guarded by inbox_mu_: queue I/O has news
   bool inbox_closed_ = false;                    // guarded by inbox_mu_: the step loop has ended
   std::atomic<int> sync_active_{0};              // sync requests between admit and their end
+  std::atomic<int> flex_active_{0};              // flex calls between admit and their end
   std::atomic<int> async_running_{0};            // as of the last step
   std::atomic<int> free_kv_blocks_{0};
   std::atomic<int> total_kv_blocks_{0};

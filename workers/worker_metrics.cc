@@ -93,7 +93,10 @@ LoopMetrics::LoopMetrics()
                                          "Streamed answers stopped because the client went away")),
       calls_cancelled(
           metrics::counter("headroom_sync_calls_cancelled_total",
-                           "Sync answers (not streamed) stopped because the client went away")) {}
+                           "Sync answers (not streamed) stopped because the client went away")),
+      flex_expired(metrics::counter(
+          "headroom_flex_expired_total",
+          "service_tier flex calls answered 429 resource_unavailable: not started in time")) {}
 
 void LoopMetrics::publish(const engine::Engine& eng) {
   engine::Headroom h = eng.headroom();

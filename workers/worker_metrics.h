@@ -52,6 +52,7 @@ struct LoopMetrics {
   metrics::Counter& braked;
   metrics::Counter& streams_cancelled;
   metrics::Counter& calls_cancelled;
+  metrics::Counter& flex_expired;
 };
 
 }  // namespace hr::workers

@@ -324,6 +324,23 @@ async function main() {
   assert.ok(['lookup', 'count'].includes(call.function.name));
   assert.equal(typeof JSON.parse(call.function.arguments), 'object');
 
+  // 7b. service_tier flex through the SDK unchanged: answered, the tier echoed (also streamed).
+  const flex = await client.chat.completions.create({ model, temperature: 0, service_tier: 'flex',
+    messages: [{ role: 'user', content: 'reverse: flex' }] });
+  assert.equal(flex.service_tier, 'flex');
+  assert.equal(flex.choices[0].message.content, 'xelf');
+  const plain = await client.chat.completions.create({ model, temperature: 0,
+    messages: [{ role: 'user', content: 'reverse: flex' }] });
+  assert.equal(plain.service_tier, 'default');
+  const flexStream = await client.chat.completions.create({ model, temperature: 0, stream: true,
+    service_tier: 'flex', messages: [{ role: 'user', content: 'reverse: flex' }] });
+  let flexText = '';
+  for await (const chunk of flexStream) {
+    assert.equal(chunk.service_tier, 'flex');
+    if (chunk.choices.length > 0) flexText += chunk.choices[0].delta.content ?? '';
+  }
+  assert.equal(flexText, 'xelf');
+
   // 8. Delete a file.
   const deleted = await client.files.delete(badFile.id);
   assert.deepEqual(deleted, { id: badFile.id, object: 'file', deleted: true });

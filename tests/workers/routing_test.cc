@@ -873,6 +873,68 @@ TEST_F(LeavingClients, MidStreamStopsTheGeneration) {
   }
 }
 
+// service_tier "flex": a flex call runs in the engine's async class on the room sync calls
+// leave. With one sequence slot held by a long flex call, another flex call cannot start and gets
+// OpenAI's 429 resource_unavailable after its own timeout, while a sync call takes the slot at
+// once (async work gives way); the long call still ends with its whole answer, and every answer
+// echoes its tier (also in each streamed chunk). A bad tier is refused naming the field.
+TEST_F(LeavingClients, FlexCallsRunOnTheRoomSyncLeavesAndGiveUpInTime) {
+  ASSERT_GT(start_w1({"--max-num-seqs", "1", "--reserve-slots", "0"}), 0);
+  auto call = [&](json body) {
+    body["model"] = h_->model();
+    return h_->post("/v1/chat/completions", body.dump(), h_->key_a());
+  };
+  testing::HttpResult long_flex;
+  std::thread first([&] {
+    json body = request(2000);  // a few seconds of work
+    body["service_tier"] = "flex";
+    long_flex = call(body);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // it holds the slot now
+  json starved = request(5);
+  starved["service_tier"] = "flex";
+  starved["flex_timeout_s"] = 0.3;
+  auto t0 = std::chrono::steady_clock::now();
+  testing::HttpResult refused = call(starved);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(refused.status, 429) << refused.body;
+  EXPECT_EQ(refused.json()["error"]["code"], "resource_unavailable") << refused.body;
+  EXPECT_EQ(refused.json()["error"]["type"], "rate_limit_error");
+  EXPECT_EQ(refused.json()["error"]["param"], "service_tier");
+  EXPECT_GE(waited, 0.25);
+  EXPECT_LT(waited, 3.0);
+  t0 = std::chrono::steady_clock::now();
+  testing::HttpResult sync = call(request(5));
+  const double sync_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(sync.status, 200) << sync.body;
+  EXPECT_EQ(sync.json()["service_tier"], "default");
+  EXPECT_LT(sync_s, 2.0) << "a sync call waited behind flex work";
+  first.join();
+  ASSERT_EQ(long_flex.status, 200) << long_flex.body;
+  EXPECT_EQ(long_flex.json()["service_tier"], "flex");
+  EXPECT_EQ(long_flex.json()["usage"]["completion_tokens"], 2000);
+  // Streamed: every chunk says its tier. Workers AI's shape takes options.service_tier.
+  json stream = request(5);
+  stream["service_tier"] = "flex";
+  stream["stream"] = true;
+  testing::HttpResult chunks = call(stream);
+  ASSERT_EQ(chunks.status, 200) << chunks.body;
+  EXPECT_NE(chunks.body.find(R"("service_tier":"flex")"), std::string::npos) << chunks.body;
+  EXPECT_EQ(chunks.body.find(R"("service_tier":"default")"), std::string::npos) << chunks.body;
+  json workers_ai = request(5);
+  workers_ai["options"] = {{"service_tier", "flex"}};
+  testing::HttpResult w = h_->post("/ai/run/" + h_->model(), workers_ai.dump(), h_->key_a());
+  ASSERT_EQ(w.status, 200) << w.body;
+  EXPECT_EQ(w.json()["result"]["service_tier"], "flex");
+  json bad = request(5);
+  bad["service_tier"] = "priority";
+  testing::HttpResult b = call(bad);
+  EXPECT_EQ(b.status, 400) << b.body;
+  EXPECT_EQ(b.json()["error"]["param"], "service_tier");
+}
+
 // A call answered whole (not streamed) whose client leaves while the answer is generated: the
 // API's router closes its connection to the worker, the worker cancels the generation, and
 // nothing is left behind; the same on the worker's own endpoint.
