@@ -107,8 +107,11 @@ double as_double(const Value& v) {
                                  : static_cast<double>(v.i);
 }
 
+// An arithmetic result: an integer when both operands were, unless it is not one (1 % 0 is NaN
+// and 1 // 0 infinite, as in the reference's JavaScript, and neither fits an int64).
 Value number(double d, bool is_float) {
-  return is_float ? Value::floating(d) : Value::integer(static_cast<int64_t>(d));
+  if (is_float || !std::isfinite(d) || d < -9.2e18 || d > 9.2e18) return Value::floating(d);
+  return Value::integer(static_cast<int64_t>(d));
 }
 
 // Python-style slicing of `n` items.

@@ -135,6 +135,11 @@ TEST(JinjaTest, RunawayTemplatesAreBoundedErrors) {
   }() + "true }}");
   EXPECT_EQ(nots, "PARSE ERROR: chat template line 1: the template nests more than 200 deep")
       << nots;
+  // Integer arithmetic with no integer answer gives a float, as the reference's JavaScript does
+  // (found by jinja_fuzz: range(1 % 0) cast NaN to an integer).
+  EXPECT_EQ(render("{{ (1 % 0) is number }} {{ 1 // 0 > 1000 }} {{ 7 % 3 }}"), "true true 1");
+  EXPECT_EQ(render("{% for x in range(1 % 0) %}x{% endfor %}"),
+            "RENDER ERROR: chat template line 1: range() arguments must be integers");
   // What real templates do stays well inside: 30 nested calls, 50,000 loop turns.
   EXPECT_EQ(render("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% else %}ok{% endif %}"
                    "{% endmacro %}{{ f(30) }}"),
