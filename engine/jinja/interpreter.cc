@@ -7,7 +7,9 @@
 #include <ctime>
 #include <functional>
 #include <optional>
+#include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "base/strings.h"
 
@@ -105,6 +107,26 @@ double as_double(const Value& v) {
   return v.kind == Kind::kFloat  ? v.f
          : v.kind == Kind::kBool ? (v.b ? 1 : 0)
                                  : static_cast<double>(v.i);
+}
+
+// Whether `v` is or contains (through lists and mappings) the entries `target`. Each container is
+// looked at once, so shared parts cost nothing more.
+bool holds(const Value& v, const Object* target) {
+  std::unordered_set<const void*> seen;
+  std::vector<const Value*> todo = {&v};
+  while (!todo.empty()) {
+    const Value* x = todo.back();
+    todo.pop_back();
+    if (x->object) {
+      if (x->object.get() == target) return true;
+      if (!seen.insert(x->object.get()).second) continue;
+      for (const auto& [k, e] : x->object->entries()) todo.push_back(&e);
+    }
+    if (x->array && seen.insert(x->array.get()).second) {
+      for (const Value& e : *x->array) todo.push_back(&e);
+    }
+  }
+  return false;
 }
 
 // An arithmetic result: an integer when both operands were, unless it is not one (1 % 0 is NaN
@@ -587,6 +609,8 @@ class Interpreter {
         throw Error("cannot assign an attribute of anything but a namespace");
       if (target.kids[1]->kind != NodeKind::kIdentifier)
         throw Error("cannot assign to a computed member");
+      // A namespace that held itself would never be freed (found by jinja_fuzz): refused.
+      if (holds(rhs, obj.object.get())) throw Error("cannot store a namespace inside itself");
       obj.object->set(target.kids[1]->text, std::move(rhs));
     } else {
       throw Error("cannot assign to this");

@@ -140,6 +140,16 @@ TEST(JinjaTest, RunawayTemplatesAreBoundedErrors) {
   EXPECT_EQ(render("{{ (1 % 0) is number }} {{ 1 // 0 > 1000 }} {{ 7 % 3 }}"), "true true 1");
   EXPECT_EQ(render("{% for x in range(1 % 0) %}x{% endfor %}"),
             "RENDER ERROR: chat template line 1: range() arguments must be integers");
+  // A namespace cannot hold itself (it would never be freed; found by jinja_fuzz), directly or
+  // through a list or another namespace; other values still go in.
+  EXPECT_EQ(render("{% set ns = namespace(a=0) %}{% set ns.a = ns %}"),
+            "RENDER ERROR: chat template line 1: cannot store a namespace inside itself");
+  EXPECT_EQ(render("{% set ns = namespace(a=0) %}{% set other = namespace(b=[ns]) %}"
+                   "{% set ns.a = [1, other] %}"),
+            "RENDER ERROR: chat template line 1: cannot store a namespace inside itself");
+  EXPECT_EQ(render("{% set ns = namespace(a=0) %}{% set other = namespace(b=1) %}"
+                   "{% set ns.a = [other, other] %}{{ ns.a[1].b }}"),
+            "1");
   // What real templates do stays well inside: 30 nested calls, 50,000 loop turns.
   EXPECT_EQ(render("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% else %}ok{% endif %}"
                    "{% endmacro %}{{ f(30) }}"),
