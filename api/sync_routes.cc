@@ -1,6 +1,7 @@
 // The sync routes: POST /ai/run/{model} (Workers AI's shape; queued when asked, see
 // async_routes.cc), POST /v1/chat/completions (OpenAI's), each streamed as server-sent events with
 // `stream: true`, and GET /v1/models. The answers' shapes come from wire/.
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -40,6 +41,46 @@ void mark_worker(http::HttpResponse& res, const std::string& worker) {
 
 // The sync routes' own fields, checked before they are read: flags are booleans (or null), the
 // option groups objects, and n (OpenAI's number of choices) one.
+// A call's tier: OpenAI's service_tier (options.service_tier for Workers AI; options' wins) and a
+// flex call's own timeout, flex_timeout_s, beside it. The one reader of both, for the checks,
+// the call and the answer's echo.
+struct ServiceTier {
+  bool flex = false;
+  std::optional<int> timeout_ms;
+};
+Result<ServiceTier> service_tier_of(const json& body) {
+  ServiceTier tier;
+  const json* options =
+      body.contains("options") && body["options"].is_object() ? &body["options"] : nullptr;
+  for (const auto& [obj, prefix] :
+       {std::pair<const json*, std::string>{&body, ""}, {options, "options."}}) {
+    if (obj == nullptr) continue;
+    if (auto t = obj->find("service_tier"); t != obj->end() && !t->is_null()) {
+      static const std::set<std::string> kTiers = {"auto", "default", "flex"};
+      if (!t->is_string() || !kTiers.count(t->get<std::string>())) {
+        return invalid_argument("'" + prefix + "service_tier' must be auto, default or flex",
+                                prefix + "service_tier");
+      }
+      tier.flex = t->get<std::string>() == "flex";
+    }
+    if (auto s = obj->find("flex_timeout_s"); s != obj->end() && !s->is_null()) {
+      if (!s->is_number() || s->get<double>() < 0.001 || s->get<double>() > 86400) {
+        return invalid_argument(
+            "'" + prefix + "flex_timeout_s' must be a number of seconds, up to 86400",
+            prefix + "flex_timeout_s");
+      }
+      tier.timeout_ms = std::max(1, static_cast<int>(s->get<double>() * 1000));
+    }
+  }
+  return tier;
+}
+
+// Whether a checked body asks for the flex tier (for the answer's echo).
+bool is_flex(const json& body) {
+  Result<ServiceTier> tier = service_tier_of(body);
+  return tier.is_ok() && tier->flex;
+}
+
 Status check_sync_fields(const json& body) {
   auto check_flag = [](const json& obj, const char* key, const std::string& field) -> Status {
     auto it = obj.find(key);
@@ -65,28 +106,7 @@ Status check_sync_fields(const json& body) {
       n != body.end() && !n->is_null() && !(n->is_number_integer() && n->get<int64_t>() == 1)) {
     return invalid_argument("'n' must be 1: one choice per request is served", "n");
   }
-  // service_tier (OpenAI's field; options.service_tier for Workers AI) and a flex call's own
-  // timeout, flex_timeout_s, beside it.
-  for (const auto& [obj, prefix] :
-       {std::pair<const json*, std::string>{&body, ""},
-        {body.contains("options") && body["options"].is_object() ? &body["options"] : nullptr,
-         "options."}}) {
-    if (obj == nullptr) continue;
-    if (auto t = obj->find("service_tier"); t != obj->end() && !t->is_null()) {
-      static const std::set<std::string> kTiers = {"auto", "default", "flex"};
-      if (!t->is_string() || !kTiers.count(t->get<std::string>())) {
-        return invalid_argument("'" + prefix + "service_tier' must be auto, default or flex",
-                                prefix + "service_tier");
-      }
-    }
-    if (auto s = obj->find("flex_timeout_s"); s != obj->end() && !s->is_null()) {
-      if (!s->is_number() || s->get<double>() < 0.001 || s->get<double>() > 86400) {
-        return invalid_argument(
-            "'" + prefix + "flex_timeout_s' must be a number of seconds, " + "up to 86400",
-            prefix + "flex_timeout_s");
-      }
-    }
-  }
+  HR_RETURN_IF_ERROR(service_tier_of(body).status());
   return Status::ok();
 }
 
@@ -157,7 +177,7 @@ http::HttpResponse Api::Impl::run_model(const http::HttpRequest& req, const std:
     return res;
   }
   json result = wire::workers_ai_result(answer->answer, false);
-  if (sync_call(req, account, body, *model).flex) result["service_tier"] = "flex";
+  if (is_flex(body)) result["service_tier"] = "flex";
   http::HttpResponse res = ok_response(std::move(result));
   mark_worker(res, answer->worker);
   return res;
@@ -173,18 +193,10 @@ SyncCall Api::Impl::sync_call(const http::HttpRequest& req, const std::string& a
   auto it = req.find("x-session-affinity");
   if (it != req.end()) call.affinity = std::string(it->value());
   call.client_gone = http::current_client_gone;
-  // The tier and timeout as check_sync_fields let them through: options' win over the body's.
-  call.flex_timeout_ms = config.flex_timeout_ms;
-  for (const json* obj : {&body, body.contains("options") && body["options"].is_object()
-                                     ? &body["options"]
-                                     : static_cast<const json*>(nullptr)}) {
-    if (obj == nullptr) continue;
-    if (auto t = obj->find("service_tier"); t != obj->end() && t->is_string()) {
-      call.flex = t->get<std::string>() == "flex";
-    }
-    if (auto s = obj->find("flex_timeout_s"); s != obj->end() && s->is_number()) {
-      call.flex_timeout_ms = std::max(1, static_cast<int>(s->get<double>() * 1000));
-    }
+  // The tier and timeout as check_sync_fields let them through.
+  if (Result<ServiceTier> tier = service_tier_of(body); tier.is_ok()) {
+    call.flex = tier->flex;
+    call.flex_timeout_ms = tier->timeout_ms.value_or(config.flex_timeout_ms);
   }
   return call;
 }
@@ -267,7 +279,7 @@ http::HttpResponse Api::Impl::chat_completions(const http::HttpRequest& req,
   json completion =
       wire::chat_completion(a->answer, "chatcmpl-" + new_uuid_v4().to_string(),
                             SystemClock::instance().now_unix_ms() / 1000, model->name);
-  completion["service_tier"] = sync_call(req, account, body, *model).flex ? "flex" : "default";
+  completion["service_tier"] = is_flex(body) ? "flex" : "default";
   http::HttpResponse res = http::json_response(200, completion.dump());
   mark_worker(res, a->worker);
   return res;
