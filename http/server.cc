@@ -138,6 +138,29 @@ namespace {
 // The most a request's header may take (the request line and every field): more is 431.
 constexpr uint32_t kHeaderLimitBytes = 16 * 1024;
 
+// Where a request's header ends ("\n\r\n", or "\n\n" that the parser refuses) or where a line of
+// it starts with a space or tab: obsolete line folding (RFC 9112 section 5.2), refused with a 400
+// rather than joined as Beast would, so that no field means one thing here and another to a proxy
+// in front. The header is read up to this point before it is parsed; not found, the first of the
+// pointer is where to look again when more has come.
+std::pair<const char*, bool> header_end_or_fold(const char* begin, const char* end) {
+  for (const char* it = begin; it != end; ++it) {
+    if (*it != '\n') continue;
+    const char* next = it;
+    if (++next == end) return {it, false};  // look again from this '\n' when more comes
+    if (*next == '\n' || *next == ' ' || *next == '\t') return {++next, true};
+    if (*next != '\r') continue;
+    if (++next == end) return {it, false};
+    if (*next == '\n') return {++next, true};
+  }
+  return {end, false};
+}
+
+// Whether a header read up to header_end_or_fold stopped at a folded line, not at its end.
+bool ends_in_fold(std::string_view header) {
+  return !header.empty() && (header.back() == ' ' || header.back() == '\t');
+}
+
 // The socket of the request whose handler runs on this thread (-1: none).
 thread_local int t_client_fd = -1;
 
@@ -206,6 +229,40 @@ class Session : public OpenConnection, public std::enable_shared_from_this<Sessi
     parser_->body_limit(std::max(o.body_limit_bytes, o.upload_limit_bytes));
     stream_.expires_after(std::chrono::seconds(o.read_timeout_s));
     idle_ = true;
+    // The header's bytes are looked at before the parser sees them (for folded lines).
+    scanned_ = 0;
+    read_header_bytes();
+  }
+
+  // Reads until the buffer holds a whole header (or up to a folded line), then parses it; past
+  // the header's limit, 431.
+  void read_header_bytes() {
+    const char* seen = static_cast<const char*>(buffer_.data().data());
+    const size_t size = buffer_.size();
+    auto [stop, found] = header_end_or_fold(seen + scanned_, seen + size);
+    if (found) return on_header_bytes(std::string_view(seen, static_cast<size_t>(stop - seen)));
+    scanned_ = static_cast<size_t>(stop - seen);
+    constexpr size_t kMost = kHeaderLimitBytes + 4;  // the parser's limit and the blank line
+    if (size >= kMost) {
+      idle_ = false;
+      return protocol_error(431, "the request's header is larger than " +
+                                     std::to_string(kHeaderLimitBytes) + " bytes");
+    }
+    stream_.async_read_some(buffer_.prepare(std::min<size_t>(kMost - size, 4096)),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              if (ec) return self->close();
+                              self->buffer_.commit(n);
+                              self->read_header_bytes();
+                            });
+  }
+
+  void on_header_bytes(std::string_view header) {
+    if (ends_in_fold(header)) {
+      idle_ = false;
+      return protocol_error(400,
+                            "a header line starts with a space or tab (obsolete line folding, "
+                            "RFC 9112 section 5.2): send each field on one line");
+    }
     beast_http::async_read_header(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
@@ -492,6 +549,7 @@ class Session : public OpenConnection, public std::enable_shared_from_this<Sessi
 
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
+  size_t scanned_ = 0;  // how much of buffer_ read_header_bytes() has looked at
   std::optional<beast_http::request_parser<beast_http::string_body>> parser_;
   size_t limit_ = 0;      // the body limit of the request being read
   bool upload_ = false;   // the request being read is an upload

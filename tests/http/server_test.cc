@@ -340,6 +340,23 @@ TEST(HttpServerTest, ProtocolErrorsAreAnsweredNotJustClosed) {
   EXPECT_NE(length.find("Content-Length"), std::string::npos) << length;
   std::string garbage = raw_exchange(port, "GET / HTTP/1.1\r\nHost x\r\n\r\n");
   EXPECT_EQ(garbage.rfind("HTTP/1.1 400", 0), 0u) << garbage;
+  // Obsolete line folding: a continuation line is refused, not joined to the field above.
+  std::string folded = raw_exchange(port, "GET / HTTP/1.1\r\nHost: x\r\nX-Folded: a\r\n b\r\n\r\n");
+  EXPECT_EQ(folded.rfind("HTTP/1.1 400", 0), 0u) << folded;
+  EXPECT_NE(folded.find("folding"), std::string::npos) << folded;
+  std::string tab = raw_exchange(port, "GET / HTTP/1.1\r\n\tHost: x\r\n\r\n");
+  EXPECT_EQ(tab.rfind("HTTP/1.1 400", 0), 0u) << tab;
+  // A header that arrives a byte at a time is read whole all the same.
+  {
+    RawConnection slow(port);
+    for (char c :
+         std::string("GET / HTTP/1.1\r\nHost: x\r\nX-A: b c\r\nConnection: close\r\n\r\n")) {
+      slow.send(std::string(1, c));
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::string answer = slow.receive();
+    EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer;
+  }
   std::string two = raw_exchange(port, "GET / HTTP/2.0\r\nHost: x\r\n\r\n");
   EXPECT_EQ(two.rfind("HTTP/1.1 505", 0), 0u) << two;
   // And the server goes on serving.
