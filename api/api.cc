@@ -51,6 +51,7 @@ Api::Api(ApiConfig config, queue::StoreConfig store) : impl_(std::make_unique<Im
   impl_->pool =
       std::make_unique<queue::PgPool>(impl_->store.database_url, impl_->config.db_connections,
                                       std::chrono::milliseconds(impl_->config.db_wait_ms));
+  impl_->forecasts = std::make_unique<QueueForecasts>(impl_->pool.get(), impl_->store.redis_url);
   impl_->limits.max_requests = impl_->config.max_batch_requests;
   impl_->webhooks.policy = webhooks::AddressPolicy::parse(impl_->config.webhook_allow).value();
   impl_->webhooks.policy.set_lookup(impl_->config.webhook_lookup);
@@ -70,6 +71,7 @@ Api::Api(ApiConfig config, queue::StoreConfig store) : impl_(std::make_unique<Im
   ctx.default_retain_seconds = impl_->config.retain_seconds();
   ctx.webhook_policy = impl_->webhooks.policy;
   ctx.large_answers = impl_->large_answers.get();
+  ctx.forecasts = impl_->forecasts.get();
   impl_->openai = std::make_unique<OpenAiBatchApi>(std::move(ctx));
   SyncLimiterOptions limiter;
   limiter.redis_url = impl_->store.redis_url;

@@ -145,6 +145,7 @@ http::HttpResponse Api::Impl::submit(const http::HttpRequest& req, const std::st
     return bad_request ? bad_request->status : Status::ok();
   };
   int64_t t1 = steady_now_ns();
+  const int64_t submitted_unix_ms = SystemClock::instance().now_unix_ms();
   Result<queue::SubmitResult> r = queue::submit_batch(**c, batch);
   int64_t store_ns = steady_now_ns() - t1;
   if (bad_request) return error_response(bad_request->status, bad_request->index);
@@ -158,7 +159,12 @@ http::HttpResponse Api::Impl::submit(const http::HttpRequest& req, const std::st
                                 {"replayed", r->replayed},
                                 {"parse_ms", parse_ns_ / 1000000},
                                 {"validate_and_store_ms", store_ns / 1000000}});
-  return ok_response({{"status", "queued"}, {"request_id", r->batch_id}, {"model", model.name}});
+  json answer = {{"status", "queued"}, {"request_id", r->batch_id}, {"model", model.name}};
+  if (std::optional<BatchForecast> f =
+          forecasts->forecast(model.name, r->batch_id, submitted_unix_ms)) {
+    QueueForecasts::describe(*f, batch.deadline_unix_ms, &answer);
+  }
+  return ok_response(std::move(answer));
 }
 
 namespace {
@@ -167,13 +173,16 @@ namespace {
 // answered whole; a larger one is sent a page at a time (api/paged_answer.h).
 constexpr int kPollPage = 500;
 
-// A poll's "responses", a page at a time, in input order.
+// A poll's "responses", a page at a time, in input order; a queued request shows its
+// queue_position when the batch has a forecast.
 struct PollPages {
   queue::PgPool* pool;
   std::string batch_id;
   bool include_pending;
+  std::optional<queue::QueueEstimate::Positions> positions;
   int next_idx = 0;
   bool first = true;
+  int64_t queued_seen = 0;  // queued requests passed so far, in the order they are sent
 
   Result<bool> operator()(std::string* out) {
     Result<std::vector<queue::RequestResult>> rs =
@@ -184,7 +193,11 @@ struct PollPages {
     for (const auto& r : *rs) {
       if (!first) out->push_back(',');
       first = false;
-      *out += response_of(r).dump();
+      json response = response_of(r);
+      if (positions && r.status == "queued") {
+        response["queue_position"] = positions->at(queued_seen++);
+      }
+      *out += response.dump();
     }
     if (!rs->empty()) next_idx = rs->back().idx + 1;
     return static_cast<int>(rs->size()) == kPollPage;
@@ -205,6 +218,11 @@ http::HttpResponse Api::Impl::poll(const std::string& account, const std::string
   }();
   if (!b.is_ok()) return missing_or_db_error(b.status(), request_id);
   json result = summary_of(*b);
+  std::optional<BatchForecast> forecast;
+  if (!b->is_terminal() && !b->finished_at_ms) {
+    forecast = forecasts->forecast(b->model, b->id, b->created_at_ms);
+    if (forecast) QueueForecasts::describe(*forecast, b->deadline_ms, &result);
+  }
   if (!b->is_terminal() && !include_partial) return ok_response(std::move(result));
   result["usage"] = usage_of(*b);
   // The envelope and summary, then the responses a page at a time: memory per poll stays at a
@@ -217,7 +235,8 @@ http::HttpResponse Api::Impl::poll(const std::string& account, const std::string
   head.resize(head.size() - result_end.size());
   head += ",\"responses\":[";
   std::string tail = "]},\"success\":true}";
-  PollPages pages{pool.get(), b->id, include_partial};
+  PollPages pages{pool.get(), b->id, include_partial,
+                  forecast ? forecast->positions : std::nullopt};
   std::string first_page;
   Result<bool> more = pages(&first_page);
   if (!more.is_ok()) return db_error(more.status());

@@ -536,7 +536,17 @@ http::Reply OpenAiBatchApi::get_batch(const std::string& account, const std::str
   if (!b.is_ok()) {
     return failure(b.status());
   }
-  return ok(batch_object(*b));
+  ojson object = batch_object(*b);
+  // Extensions while it is open: when it should finish, and whether its window looks at risk.
+  if (ctx_.forecasts && !b->info.is_terminal() && !b->info.finished_at_ms) {
+    if (std::optional<BatchForecast> f =
+            ctx_.forecasts->forecast(b->info.model, b->info.id, b->info.created_at_ms)) {
+      nlohmann::json extra;
+      QueueForecasts::describe(*f, b->info.deadline_ms, &extra);
+      for (auto& [key, value] : extra.items()) object[key] = ojson(value);
+    }
+  }
+  return ok(object);
 }
 
 http::Reply OpenAiBatchApi::list_batches(const std::string& account, const Query& query) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "api/batch_request.h"
+#include "api/queue_forecasts.h"
 #include "api/response_slots.h"
 #include "base/status.h"
 #include "http/server.h"
@@ -40,6 +41,8 @@ struct OpenAiBatchContext {
   int64_t default_retain_seconds = 30 * 86400;  // --retention-days
   // Large answers in flight per account (results so far of a large batch); owned by the API.
   ResponseSlots* large_answers = nullptr;
+  // Open batches' estimated completion and deadline warnings; owned by the API. May be null.
+  QueueForecasts* forecasts = nullptr;
 };
 
 class OpenAiBatchApi {

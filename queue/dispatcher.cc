@@ -16,6 +16,7 @@
 #include "base/log.h"
 #include "base/retry_pacer.h"
 #include "queue/fair_share.h"
+#include "queue/open_work.h"
 #include "queue/openai_batches.h"
 #include "queue/pg.h"
 #include "queue/store.h"
@@ -247,6 +248,13 @@ Result<int> Dispatcher::relay_model(const std::string& model) {
   const int64_t waiting = std::max<int64_t>(0, length - pending);
   RelayWindow& window = windows_.try_emplace(model, options_.window).first->second;
   window.observe(steady_now_ns(), waiting, std::exchange(pushed_since_[model], 0));
+  // The model's throughput, for the API's forecasts (queue/open_work.h), about once a second.
+  if (int64_t& published = rate_published_ns_[model];
+      window.saturated_rate_per_s() > 0 && steady_now_ns() - published >= 1'000'000'000) {
+    published = steady_now_ns();
+    Status st = publish_model_rate(*redis_, model, window.saturated_rate_per_s());
+    if (!st.is_ok()) return st;
+  }
   int64_t room = std::max<int64_t>(
       0, (options_.fair_share ? window.size() : std::numeric_limits<int>::max()) - waiting);
   // Short of room, a pass can only take entries back for a newcomer: that is looked at every

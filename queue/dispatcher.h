@@ -119,6 +119,7 @@ class Dispatcher {
   std::map<std::string, RelayWindow> windows_;        // per model
   std::map<std::string, int64_t> last_full_pass_ns_;  // per model: its last pass past the room
   std::map<std::string, int64_t> pushed_since_;       // per model: pushed since its window looked
+  std::map<std::string, int64_t> rate_published_ns_;  // per model: its rate last written
   bool relay_waiting_ = false;
 };
 

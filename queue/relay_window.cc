@@ -2,6 +2,7 @@
 #include "queue/relay_window.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace hr::queue {
 
@@ -12,7 +13,23 @@ void RelayWindow::observe(int64_t now_ns, int64_t waiting, int64_t pushed) {
     last_waiting_ = waiting;
     return;
   }
-  taken_ += std::max<int64_t>(0, last_waiting_ + pushed - waiting);
+  const int64_t taken = std::max<int64_t>(0, last_waiting_ + pushed - waiting);
+  taken_ += taken;
+  // Saturated: entries waited at both ends of the interval.
+  if (last_waiting_ > 0 && waiting > 0) {
+    saturated_taken_ += taken;
+    saturated_ns_ += now_ns - last_ns_;
+    constexpr int64_t kSaturatedSampleNs = 1'000'000'000;
+    if (saturated_ns_ >= kSaturatedSampleNs) {
+      const double sample =
+          static_cast<double>(saturated_taken_) * 1e9 / static_cast<double>(saturated_ns_);
+      const double keep = std::exp(-static_cast<double>(saturated_ns_) / 10e9);
+      saturated_rate_ =
+          saturated_rate_ == 0 ? sample : keep * saturated_rate_ + (1 - keep) * sample;
+      saturated_taken_ = 0;
+      saturated_ns_ = 0;
+    }
+  }
   last_waiting_ = waiting;
   last_ns_ = now_ns;
   // A sample every 50 ms at least, smoothed over about the last half second; the rate rises at

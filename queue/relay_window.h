@@ -27,6 +27,10 @@ class RelayWindow {
   int64_t size() const;
   // The rate the workers took entries at, per second (smoothed).
   double rate_per_s() const { return rate_; }
+  // The rate they take entries at while entries wait for them (the queue never ran dry, so they
+  // took as fast as they could alongside their sync work), smoothed over about 10 s: the model's
+  // throughput for work queued now. 0 until a second of such time has been seen.
+  double saturated_rate_per_s() const { return saturated_rate_; }
 
  private:
   RelayWindowOptions options_;
@@ -36,6 +40,9 @@ class RelayWindow {
   int64_t sample_ns_ = 0;  // when the current sample began
   double rate_ = 0;
   bool started_ = false;
+  int64_t saturated_taken_ = 0;  // since the last saturated sample, over saturated_ns_
+  int64_t saturated_ns_ = 0;
+  double saturated_rate_ = 0;
 };
 
 }  // namespace hr::queue

@@ -3,9 +3,11 @@
 # and two `headroom worker`s on the bundled model, then measures (tests/bench/fairness_bench.cc):
 # a small tenant's 50-request batch alone and behind another tenant's 20,000 (the slowdown, and
 # the big tenant's rate before and during), two saturating tenants of weights 3 and 1 (their token
-# shares over HEADROOM_FAIRNESS_SHARE_SECONDS, 60), and a tight 20 s deadline behind the same
-# tenant's big batch. Then the shared phase again with a dispatcher run with --fair-share=false
-# (first in, first out, every request pushed at once, as before the fair relay), for comparison. The last line of output is one JSON object with the figures.
+# shares over HEADROOM_FAIRNESS_SHARE_SECONDS, 60), a tight 20 s deadline behind the same
+# tenant's big batch, and the estimated completion at submit against the actual for batches
+# submitted into a steady backlog. Then the shared phase again with a dispatcher run with
+# --fair-share=false (first in, first out, every request pushed at once, as before the fair
+# relay), for comparison. The last line of output is one JSON object with the figures.
 set -euo pipefail
 bench_targets="headroom_fairness_bench"
 # shellcheck source=scripts/bench_lib.sh

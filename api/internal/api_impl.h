@@ -25,6 +25,7 @@
 #include "api/errors.h"
 #include "api/key_revocations.h"
 #include "api/openai_batch.h"
+#include "api/queue_forecasts.h"
 #include "api/response_slots.h"
 #include "api/sync_limits.h"
 #include "api/webhooks_api.h"
@@ -99,6 +100,8 @@ struct Api::Impl {
   std::unique_ptr<KeyRevocationListener> revocations;
   // Large answers in flight per account (config.max_large_answers_per_account).
   std::unique_ptr<ResponseSlots> large_answers;
+  // Open batches' forecasts (estimated completion, queue positions).
+  std::unique_ptr<QueueForecasts> forecasts;
 
   // Database connections shared by the handler threads: a thread borrows one on its first query
   // and gives it back when its request is answered, or before it waits on an inference.

@@ -7,10 +7,13 @@
 #include <pqxx/pqxx>
 
 #include <algorithm>
+#include <chrono>
 #include <thread>
 
+#include "base/clock.h"
 #include "queue/dispatcher.h"
 #include "queue/lease.h"
+#include "queue/open_work.h"
 #include "queue/openai_batches.h"
 #include "queue/redis.h"
 #include "queue/stream.h"
@@ -781,6 +784,27 @@ TEST(OpenAiBatchTest, PriorityFromAnExtraFieldOrMetadata) {
   r = create(h, h.key_a(), file_id);
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(get_batch(h, r.json()["id"])["priority"], 4);
+}
+
+// While a batch is open its object carries the forecast (extensions): when it should finish at
+// the model's throughput (as the dispatcher publishes it), and a warning when its window looks
+// out of reach.
+TEST(OpenAiBatchTest, AnOpenBatchShowsItsEstimatedCompletion) {
+  ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  auto redis = queue::RedisClient::connect(h.redis_url());
+  ASSERT_TRUE(redis.is_ok());
+  ASSERT_TRUE(queue::publish_model_rate(**redis, h.model(), 0.01).is_ok());
+  HttpResult r = create(h, h.key_a(), upload_ok(h, reversal_file(h, 3)), "24h");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const int64_t now = SystemClock::instance().now_unix_ms() / 1000;
+  ASSERT_TRUE(r.json().contains("estimated_completion_at")) << r.body;
+  EXPECT_NEAR(r.json()["estimated_completion_at"].get<int64_t>(), now + 300, 2) << r.body;
+  EXPECT_FALSE(r.json().contains("warnings")) << r.body;
+  ASSERT_TRUE(queue::publish_model_rate(**redis, h.model(), 0.00001).is_ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // the view is read again
+  json b = get_batch(h, r.json()["id"]);
+  EXPECT_EQ(b["warnings"][0]["code"], "deadline_at_risk") << b.dump();
 }
 
 }  // namespace

@@ -189,5 +189,39 @@ TEST(RelayWindowTest, LearnsTheRateTheWorkersTakeAt) {
   EXPECT_EQ(w.size(), 100);
 }
 
+// The model's throughput for estimates: learnt only while entries wait (the workers took as fast
+// as they could), so a queue that runs dry (a trickle of work) does not lower it.
+TEST(RelayWindowTest, LearnsTheSaturatedRateOnlyWhileEntriesWait) {
+  RelayWindow w({/*min_entries=*/100, /*max_entries=*/5000, /*window_ms=*/250});
+  int64_t t = 0;
+  w.observe(t, 0, 0);
+  EXPECT_EQ(w.saturated_rate_per_s(), 0);
+  // 3 s at 2,000 a second with 80 waiting at every look.
+  for (int k = 0; k < 300; ++k) {
+    t += 10'000'000;
+    w.observe(t, 80, 20);
+  }
+  EXPECT_NEAR(w.saturated_rate_per_s(), 2000, 1);
+  // 10 s of a trickle: 1 entry every 10 ms, taken before the next look (nothing waits).
+  for (int k = 0; k < 1000; ++k) {
+    t += 10'000'000;
+    w.observe(t, 0, 1);
+  }
+  EXPECT_NEAR(w.saturated_rate_per_s(), 2000, 1);
+  EXPECT_LT(w.rate_per_s(), 200);
+  // Saturated again, at 1,000 a second: it moves towards the new rate over about 10 s.
+  for (int k = 0; k < 500; ++k) {
+    t += 10'000'000;
+    w.observe(t, 90, 10);
+  }
+  EXPECT_GT(w.saturated_rate_per_s(), 1000);
+  EXPECT_LT(w.saturated_rate_per_s(), 1700);
+  for (int k = 0; k < 5000; ++k) {
+    t += 10'000'000;
+    w.observe(t, 90, 10);
+  }
+  EXPECT_NEAR(w.saturated_rate_per_s(), 1000, 20);
+}
+
 }  // namespace
 }  // namespace hr::queue

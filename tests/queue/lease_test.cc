@@ -15,6 +15,7 @@
 #include "queue/accounts.h"
 #include "queue/dispatcher.h"
 #include "queue/migrate.h"
+#include "queue/open_work.h"
 #include "queue/store.h"
 #include "queue/stream.h"
 #include "tests/testing/test_db.h"
@@ -456,6 +457,31 @@ TEST_F(FairRelayTest, WeightsShareTheQueueInProportion) {
   EXPECT_NEAR(seen[heavy], 300, 10);
   EXPECT_NEAR(seen[light], 100, 10);
   EXPECT_EQ(seen[heavy] + seen[light], 400);
+}
+
+// The relay learns the model's throughput while entries wait for the workers (they take as fast
+// as they can) and publishes it for the API's forecasts (queue/open_work.h).
+TEST_F(FairRelayTest, TheRelayPublishesTheThroughputWorkersTakeAtWhileWorkWaits) {
+  submit_as(account_, 5000);
+  auto d = windowed(100);
+  auto redis = RedisClient::connect(redis_).value();
+  EXPECT_FALSE(read_model_rate(*redis, model_).value());
+  auto c = consumer("w1");
+  int taken = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2500)) {
+    ASSERT_TRUE(d->relay_once().is_ok());
+    auto got = c->pull(40, 50);  // fewer than the window: some always wait
+    ASSERT_TRUE(got.is_ok());
+    taken += static_cast<int>(got->size());
+    ASSERT_TRUE(c->complete(completions(*got, "ok")).is_ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::optional<double> rate = read_model_rate(*redis, model_).value();
+  ASSERT_TRUE(rate);
+  EXPECT_NEAR(*rate, taken / seconds, 0.35 * taken / seconds) << taken << " in " << seconds << " s";
 }
 
 TEST_F(FairRelayTest, AnAccountsHigherPriorityBatchGoesFirst) {
