@@ -9,6 +9,7 @@
 #include "base/cli.h"
 #include "base/log.h"
 #include "cmd/accounts.h"
+#include "cmd/plan.h"
 #include "cmd/roles.h"
 #include "engine/device.h"
 #include "queue/config.h"
@@ -208,6 +209,30 @@ int main(int argc, char** argv) {
       keys_revoke->add_option("--account", key_account, "Revoke every key of this account");
   revoke_key_opt->excludes(revoke_account_opt);
 
+  hr::cmd::PlanCommand plan;
+  CLI::App* plan_cmd = app.add_subcommand(
+      "plan", "Each device's memory for a model and parallel layout, and the KV cache it leaves");
+  hr::cli::add(*plan_cmd, "--model", plan.model, "A model folder or its config.json")->required();
+  hr::cli::add(*plan_cmd, "--devices", plan.devices,
+               "Devices in all (tp × pp; alone: all tensor-parallel)");
+  hr::cli::add(*plan_cmd, "--gpu-memory", plan.gpu_memory, "Each device's memory (80GiB, 141GB)");
+  hr::cli::add(*plan_cmd, "--tp", plan.options.tp, "Tensor-parallel ranks per stage");
+  hr::cli::add(*plan_cmd, "--pp", plan.options.pp, "Pipeline stages");
+  hr::cli::add(*plan_cmd, "--ep", plan.options.ep,
+               "Expert parallelism: 1 (each expert sliced over the tp ranks) or --tp (experts "
+               "sharded whole)");
+  hr::cli::add(*plan_cmd, "--weights", plan.weights,
+               "The dense matrices on the device: bf16 (what the engine holds), fp8 or int4");
+  hr::cli::add(*plan_cmd, "--expert-weights", plan.expert_weights,
+               "The routed experts' matrices (default: as --weights)");
+  hr::cli::add(*plan_cmd, "--max-batched-tokens", plan.options.max_num_tokens, "Tokens per step");
+  hr::cli::add(*plan_cmd, "--max-num-seqs", plan.options.max_num_seqs, "Sequences per step");
+  hr::cli::add(*plan_cmd, "--block-size", plan.options.block_size, "Tokens per KV block");
+  hr::cli::add(*plan_cmd, "--sms", plan.options.num_sms, "Streaming multiprocessors per device");
+  hr::cli::add(*plan_cmd, "--kv-cache-fraction", plan.options.kv_cache_fraction,
+               "Of the memory free once weights and buffers are in place");
+  hr::cli::add_flag(*plan_cmd, "--json", plan.json, "Print JSON");
+
   CLI11_PARSE(app, argc, argv);
 
   if (!global.config_file.empty()) {
@@ -237,6 +262,7 @@ int main(int argc, char** argv) {
     return validate(migrate.store.validate()) ? run_migrate(migrate) : 2;
   }
   if (version_cmd->parsed()) return run_version();
+  if (plan_cmd->parsed()) return hr::cmd::run_plan(plan);
   if (serve_cmd->parsed()) {
     if (!validate(serve.store.validate()) || !validate(serve.api.validate()) ||
         !validate(serve.worker.validate()) || !validate(serve.webhooks.validate())) {

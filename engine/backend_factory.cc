@@ -7,6 +7,8 @@
 #include "engine/cpu_backend.h"
 #ifdef HEADROOM_HAVE_CUDA
 #include "engine/cuda_backend.h"
+#include "engine/device.h"
+#include "engine/memory_plan.h"
 #endif
 
 namespace hr::engine {
@@ -180,6 +182,40 @@ std::string describe_cuda_backend_options(const CudaBackendOptions& options) {
 }
 #endif
 
+#ifdef HEADROOM_HAVE_CUDA
+namespace {
+
+// What the device will hold (engine/memory_plan.h), said before the weights load: a model that
+// will not fit is told at once, and the figures can be held against the backend's own after.
+void log_memory_plan(const std::string& model_dir, const CudaBackendOptions& o) {
+  Result<ModelShape> shape = load_model_shape(model_dir);
+  if (!shape.is_ok()) return;  // the load reports it
+  PlanOptions p;
+  p.max_num_tokens = o.max_num_tokens;
+  p.max_num_seqs = o.max_num_seqs;
+  p.block_size = o.block_size;
+  p.kv_cache_fraction = o.kv_cache_fraction;
+  for (const GpuInfo& gpu : list_gpus()) {
+    if (gpu.index == o.device) p.gpu_memory_bytes = static_cast<int64_t>(gpu.total_memory_bytes);
+  }
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o.device) == cudaSuccess) {
+    p.num_sms = sms;
+  }
+  Result<MemoryPlan> plan = plan_memory(*shape, p);
+  if (!plan.is_ok()) return;
+  const RankPlan& r = plan->ranks.front();
+  log::info("backend.memory_plan", {{"gpu_memory_bytes", p.gpu_memory_bytes},
+                                    {"weight_bytes", r.weight_bytes},
+                                    {"buffer_bytes", r.activation_bytes},
+                                    {"free_bytes", r.free_bytes},
+                                    {"kv_tokens", plan->kv_tokens},
+                                    {"fits", plan->fits}});
+}
+
+}  // namespace
+#endif
+
 Status check_device(const std::string& device) {
   HR_ASSIGN_OR_RETURN([[maybe_unused]] int index, parse_device(device));
 #ifndef HEADROOM_HAVE_CUDA
@@ -214,7 +250,13 @@ Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
   HR_ASSIGN_OR_RETURN(CudaSettings settings, parse_cuda_options(spec.cuda_options));
   HR_RETURN_IF_ERROR(apply_cuda_settings(settings, &o));
   log::info("backend.cuda_settings", {{"device", index}, {"settings", describe(o)}});
+  log_memory_plan(model_dir, o);
   HR_ASSIGN_OR_RETURN(auto cuda, CudaBackend::create_from_dir(model_dir, o));
+  log::info("backend.memory",
+            {{"weight_bytes", static_cast<int64_t>(cuda->weight_bytes())},
+             {"buffer_bytes", static_cast<int64_t>(cuda->buffer_bytes())},
+             {"kv_cache_bytes", static_cast<int64_t>(cuda->kv_cache_bytes())},
+             {"kv_tokens", static_cast<int64_t>(cuda->num_kv_blocks()) * o.block_size}});
   return std::shared_ptr<Backend>(std::move(cuda));
 #else
   return invalid_argument("this build has no CUDA backend", "device");

@@ -126,6 +126,9 @@ class CudaBackend final : public Backend {
   // Device memory free once weights and buffers were in place (what the KV cache was cut from),
   // and free after the KV cache too.
   size_t free_before_kv_bytes() const { return free_before_kv_; }
+  // The step's buffers allocated at start (activations, logits, routing, partials; not the KV
+  // cache, the weights or cuBLASLt's workspace): what engine/memory_plan.h plans.
+  size_t buffer_bytes() const { return buffer_bytes_; }
   size_t free_memory_bytes() const { return free_after_init_; }
 
  private:
@@ -238,6 +241,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CublasLtGemm> gemm_;
   std::vector<void*> allocations_;
   size_t weight_bytes_ = 0;
+  size_t buffer_bytes_ = 0;
   size_t free_before_kv_ = 0;
   size_t free_after_init_ = 0;
   int num_sms_ = 0;

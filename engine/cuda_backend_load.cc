@@ -9,6 +9,7 @@
 #include "engine/cuda_backend.h"
 
 #include "engine/internal/cuda_status.h"
+#include "engine/memory_plan.h"
 #include "engine/safetensors.h"
 #include "kernels/fill.cuh"
 #include "kernels/launch.cuh"
@@ -16,6 +17,9 @@
 #include "kernels/sampling.cuh"
 
 namespace hr::engine {
+
+static_assert(sizeof(kernels::TokenLogprobs) == kTokenLogprobsBytes,
+              "engine/memory_plan.h plans the log-probability buffers with this size");
 
 Status CudaBackend::check_options() const {
   const ModelConfig& c = config_;
@@ -203,11 +207,13 @@ Status CudaBackend::init_runtime() {
   }
   HR_ASSIGN_OR_RETURN(gemm_, CublasLtGemm::create(32ull << 20));
   std::vector<float> inv_freq = c.rope_inv_freq();
-  HR_RETURN_IF_ERROR(alloc(reinterpret_cast<void**>(&inv_freq_), inv_freq.size() * 4, "rope"));
-  HR_RETURN_IF_ERROR(upload(inv_freq_, inv_freq, false));
+  // The step's buffers, counted (engine/memory_plan.h plans the same bytes).
   auto act = [&](auto** p, size_t bytes, const char* what) {
+    buffer_bytes_ += bytes;
     return alloc(reinterpret_cast<void**>(p), bytes, what);
   };
+  HR_RETURN_IF_ERROR(act(&inv_freq_, inv_freq.size() * 4, "rope"));
+  HR_RETURN_IF_ERROR(upload(inv_freq_, inv_freq, false));
   HR_RETURN_IF_ERROR(act(&x_, T * D * 4, "activations"));
   HR_RETURN_IF_ERROR(act(&delta_, T * D * 4, "activations"));
   HR_RETURN_IF_ERROR(act(&h_, T * D * 2, "activations"));
@@ -291,8 +297,10 @@ Status CudaBackend::init_runtime() {
   k_cache_.resize(static_cast<size_t>(c.num_layers));
   v_cache_.resize(static_cast<size_t>(c.num_layers));
   for (int l = 0; l < c.num_layers; ++l) {
-    HR_RETURN_IF_ERROR(act(&k_cache_[static_cast<size_t>(l)], layer_bytes, "KV cache"));
-    HR_RETURN_IF_ERROR(act(&v_cache_[static_cast<size_t>(l)], layer_bytes, "KV cache"));
+    HR_RETURN_IF_ERROR(alloc(reinterpret_cast<void**>(&k_cache_[static_cast<size_t>(l)]),
+                             layer_bytes, "KV cache"));
+    HR_RETURN_IF_ERROR(alloc(reinterpret_cast<void**>(&v_cache_[static_cast<size_t>(l)]),
+                             layer_bytes, "KV cache"));
   }
   HR_CUDA("reading free memory", cudaMemGetInfo(&free_after_init_, &total_bytes));
   // The uploads went through cudaMemcpy on the legacy stream, which the backend's non-blocking

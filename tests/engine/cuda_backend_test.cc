@@ -15,6 +15,7 @@
 #include "engine/cpu_backend.h"
 #include "engine/cuda_backend.h"
 #include "engine/engine.h"
+#include "engine/memory_plan.h"
 #include "engine/weights.h"
 #include "grammar/compiled_grammar.h"
 #include "grammar/json_schema.h"
@@ -719,6 +720,36 @@ TEST(CudaBackendTest, RefusesBadSteps) {
   auto tiny = CudaBackend::create(*tiny_weights(), o);
   ASSERT_FALSE(tiny.is_ok());
   EXPECT_EQ(tiny.status().field(), "kv-cache-bytes");
+}
+
+// The memory plan (engine/memory_plan.h), made from config.json alone, equals what the backend
+// allocates for the models it runs: weights, the step's buffers and the KV blocks a budget buys.
+TEST(CudaBackendTest, TheMemoryPlanEqualsWhatTheBackendAllocates) {
+  SKIP_WITHOUT_GPU();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  for (const std::string& dir : {kModelDir, source_dir() + "/models/fixtures/qwen3",
+                                 source_dir() + "/models/fixtures/mixtral",
+                                 source_dir() + "/models/fixtures/qwen3-moe-fused"}) {
+    SCOPED_TRACE(dir);
+    CudaBackendOptions o = small_options();
+    auto backend = CudaBackend::create_from_dir(dir, o);
+    ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+    auto shape = load_model_shape(dir);
+    ASSERT_TRUE(shape.is_ok()) << shape.status().to_string();
+    PlanOptions p;
+    p.max_num_tokens = o.max_num_tokens;
+    p.max_num_seqs = o.max_num_seqs;
+    p.block_size = o.block_size;
+    p.num_sms = sms;
+    auto plan = plan_memory(*shape, p);
+    ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+    const RankPlan& r = plan->ranks.at(0);
+    EXPECT_EQ(r.weight_bytes, static_cast<int64_t>((*backend)->weight_bytes()));
+    EXPECT_EQ(r.activation_bytes, static_cast<int64_t>((*backend)->buffer_bytes()));
+    EXPECT_EQ(static_cast<int64_t>(o.kv_cache_bytes) / r.kv_block_bytes - 1,
+              (*backend)->num_kv_blocks());
+  }
 }
 
 // Without a device (or with a wrong index) the backend is refused with a clear error, no crash.
