@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "api/errors.h"
+#include "api/token_estimate.h"
 #include "wire/chat_request_json.h"
 #include "wire/json_text.h"
 
@@ -160,6 +161,7 @@ std::optional<LineError> InputValidator::check(const InputLine& in, queue::NewRe
     return error("invalid_request", s.message(), s.field().empty() ? "body" : "body." + s.field());
   }
   out->custom_id = std::move(custom_id);
+  out->tokens = estimate_request_tokens(*norm);
   out->body = wire::to_json(std::move(norm).value()).dump();
   return std::nullopt;
 }

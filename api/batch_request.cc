@@ -1,5 +1,6 @@
 // Request validation.
 #include "api/batch_request.h"
+#include "api/token_estimate.h"
 
 #include <cctype>
 #include <cstdint>
@@ -621,6 +622,7 @@ std::optional<BatchError> parse_batch_request(const json& reqs, size_t i, const 
     }
     out->custom_id = ref;
   }
+  out->tokens = estimate_request_tokens(*norm);
   out->body = wire::to_json(std::move(norm).value()).dump();
   return std::nullopt;
 }

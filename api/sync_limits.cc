@@ -71,10 +71,6 @@ std::string number(std::optional<int64_t> v) { return std::to_string(v.value_or(
 
 }  // namespace
 
-int64_t estimate_call_tokens(int64_t prompt_bytes, int64_t max_tokens) {
-  return (prompt_bytes + 3) / 4 + std::max<int64_t>(0, max_tokens);
-}
-
 // A pooled Redis connection for one scope (null when Redis cannot be reached); a broken one is
 // reset by its user and replaced by the next.
 struct SyncLimiter::Lent {

@@ -114,8 +114,4 @@ class SyncLimiter {
   std::thread renewer_;
 };
 
-// The tokens a sync call is charged at admission: its prompt's bytes / 4 (rounded up) and its
-// max_tokens.
-int64_t estimate_call_tokens(int64_t prompt_bytes, int64_t max_tokens);
-
 }  // namespace hr::api

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "api/internal/api_impl.h"
+#include "api/token_estimate.h"
 #include "base/clock.h"
 #include "base/ids.h"
 #include "wire/json_text.h"
@@ -25,14 +26,6 @@ void set_retry_after(http::HttpResponse& res, int seconds) {
 }
 
 int64_t tokens_of(const wire::Usage& u) { return u.prompt_tokens + u.completion_tokens; }
-
-// What a call is charged against its account's tokens per minute at admission.
-int64_t admission_tokens(const wire::ChatRequest& request) {
-  int64_t bytes = request.prompt ? static_cast<int64_t>(request.prompt->size()) : 0;
-  for (const wire::ChatMessage& m : request.messages)
-    bytes += static_cast<int64_t>(m.content.size());
-  return estimate_call_tokens(bytes, request.max_tokens);
-}
 
 // Names the worker that answered a sync call (x-headroom-worker), when it was a remote one.
 void mark_worker(http::HttpResponse& res, const std::string& worker) {
@@ -214,7 +207,7 @@ Result<SyncInference*> Api::Impl::sync_for(const ModelSpec& model) const {
 std::variant<SyncPermit, http::HttpResponse> Api::Impl::admit_sync(const std::string& account,
                                                                    const wire::ChatRequest& request,
                                                                    ErrorShape shape) {
-  auto admitted = sync_limits->admit(account, admission_tokens(request));
+  auto admitted = sync_limits->admit(account, estimate_request_tokens(request));
   if (auto* permit = std::get_if<SyncPermit>(&admitted)) return std::move(*permit);
   const SyncRefusal& refusal = std::get<SyncRefusal>(admitted);
   http::HttpResponse res = shaped_error(refusal.status, shape);
@@ -236,7 +229,7 @@ Result<SyncAnswer> Api::Impl::run_sync(const http::HttpRequest& req, const std::
   HR_ASSIGN_OR_RETURN(
       wire::ChatRequest norm,
       normalize_chat_request(request, model, limits, ordered_schemas(req.body()).get()));
-  auto admitted = sync_limits->admit(account, admission_tokens(norm));
+  auto admitted = sync_limits->admit(account, estimate_request_tokens(norm));
   if (auto* refused = std::get_if<SyncRefusal>(&admitted)) {
     *retry_after_s = refused->retry_after_s;
     return refused->status;

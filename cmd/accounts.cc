@@ -36,6 +36,7 @@ int run_accounts_show(const queue::StoreConfig& store, const std::string& accoun
                              ? nlohmann::json(static_cast<double>(*a->retention_seconds) / 86400)
                              : nlohmann::json(nullptr)},
       {"max_enqueued_requests", opt(a->max_enqueued_requests)},
+      {"max_enqueued_tokens", opt(a->max_enqueued_tokens)},
       {"sync_requests_per_minute", opt(a->sync.requests_per_minute)},
       {"sync_tokens_per_minute", opt(a->sync.tokens_per_minute)},
       {"max_concurrent_sync", opt(a->sync.concurrent)},
@@ -44,7 +45,8 @@ int run_accounts_show(const queue::StoreConfig& store, const std::string& accoun
       {"active_keys", a->num_active_keys},
       {"batches", a->num_batches},
       {"open_batches", a->num_open_batches},
-      {"pending_requests", a->num_pending_requests}};
+      {"pending_requests", a->num_pending_requests},
+      {"pending_tokens", a->num_pending_tokens}};
   std::printf("%s\n", j.dump(2).c_str());
   return 0;
 }
@@ -65,6 +67,12 @@ int run_accounts_set(const queue::StoreConfig& store, const std::string& account
     std::optional<int64_t> max;
     if (*changes.max_enqueued_requests != 0) max = *changes.max_enqueued_requests;
     Status st = queue::set_account_max_enqueued(**conn, account, max);
+    if (!st.is_ok()) return fail(st);
+  }
+  if (changes.max_enqueued_tokens) {
+    std::optional<int64_t> max;
+    if (*changes.max_enqueued_tokens != 0) max = *changes.max_enqueued_tokens;
+    Status st = queue::set_account_max_enqueued_tokens(**conn, account, max);
     if (!st.is_ok()) return fail(st);
   }
   if (changes.sync.any()) {

@@ -16,6 +16,7 @@ int run_accounts_show(const queue::StoreConfig& store, const std::string& accoun
 struct AccountChanges {
   std::optional<double> retention_days;          // 0: the server's --retention-days
   std::optional<int64_t> max_enqueued_requests;  // 0: no limit
+  std::optional<int64_t> max_enqueued_tokens;    // 0: no limit
   std::optional<double> weight;                  // its share of the queue (1: the default)
   std::optional<int> default_priority;           // of its batches that name none
   queue::SyncLimits sync;                        // each given: set (0: no limit)

@@ -158,6 +158,7 @@ int main(int argc, char** argv) {
   std::string accounts_name;
   std::optional<double> accounts_retention;
   std::optional<int64_t> accounts_max_enqueued;
+  std::optional<int64_t> accounts_max_enqueued_tokens;
   std::optional<double> accounts_weight;
   hr::queue::SyncLimits accounts_sync;
   std::optional<int> accounts_priority;
@@ -176,6 +177,10 @@ int main(int argc, char** argv) {
   accounts_set->add_option("--max-enqueued-requests", accounts_max_enqueued,
                            "The most of its requests queued or running at once; a submit past "
                            "it gets 429 (0: no limit)");
+  accounts_set->add_option("--max-enqueued-tokens", accounts_max_enqueued_tokens,
+                           "The most tokens its queued and running requests may hold (each: "
+                           "prompt bytes / 4 and max_tokens); a submit past it gets 429 (0: no "
+                           "limit)");
   accounts_set->add_option("--sync-requests-per-minute", accounts_sync.requests_per_minute,
                            "Its sync calls a minute, over every API process (0: no limit)");
   accounts_set->add_option("--sync-tokens-per-minute", accounts_sync.tokens_per_minute,
@@ -293,9 +298,10 @@ int main(int argc, char** argv) {
     if (!validate(store.validate())) return 2;
     return accounts_show->parsed()
                ? hr::cmd::run_accounts_show(store, accounts_name)
-               : hr::cmd::run_accounts_set(store, accounts_name,
-                                           {accounts_retention, accounts_max_enqueued,
-                                            accounts_weight, accounts_priority, accounts_sync});
+               : hr::cmd::run_accounts_set(
+                     store, accounts_name,
+                     {accounts_retention, accounts_max_enqueued, accounts_max_enqueued_tokens,
+                      accounts_weight, accounts_priority, accounts_sync});
   }
   if (keys_create->parsed()) {
     return validate(keys_create_store.validate())

@@ -18,7 +18,11 @@ Result<AccountInfo> get_account(pqxx::connection& conn, const std::string& name)
         "  (SELECT coalesce(sum(num_total - num_completed - num_failed - num_cancelled - "
         "     num_expired), 0) FROM batches b WHERE b.account_id = a.id "
         "     AND b.finished_at IS NULL), a.max_enqueued_requests, a.weight, a.default_priority, "
-        "a.sync_requests_per_minute, a.sync_tokens_per_minute, a.max_concurrent_sync "
+        "a.sync_requests_per_minute, a.sync_tokens_per_minute, a.max_concurrent_sync, "
+        "a.max_enqueued_tokens, "
+        "  (SELECT coalesce(sum(enqueued_tokens * (num_total - num_completed - num_failed - "
+        "     num_cancelled - num_expired) / greatest(num_total, 1)), 0) FROM batches b "
+        "     WHERE b.account_id = a.id AND b.finished_at IS NULL) "
         "FROM accounts a WHERE a.name = $1",
         name);
     if (r.empty()) return not_found("no account named '" + name + "'");
@@ -37,6 +41,8 @@ Result<AccountInfo> get_account(pqxx::connection& conn, const std::string& name)
     if (!row[11].is_null()) out.sync.requests_per_minute = row[11].as<int64_t>();
     if (!row[12].is_null()) out.sync.tokens_per_minute = row[12].as<int64_t>();
     if (!row[13].is_null()) out.sync.concurrent = row[13].as<int64_t>();
+    if (!row[14].is_null()) out.max_enqueued_tokens = row[14].as<int64_t>();
+    out.num_pending_tokens = row[15].as<int64_t>();
     return Status::ok();
   });
   if (!st.is_ok()) return st;
@@ -67,6 +73,21 @@ Status set_account_max_enqueued(pqxx::connection& conn, const std::string& name,
     pqxx::result r =
         tx.exec_params("UPDATE accounts SET max_enqueued_requests = $2 WHERE name = $1 RETURNING 1",
                        name, max_requests);
+    if (r.empty()) return not_found("no account named '" + name + "'");
+    return Status::ok();
+  });
+}
+
+Status set_account_max_enqueued_tokens(pqxx::connection& conn, const std::string& name,
+                                       std::optional<int64_t> max_tokens) {
+  if (max_tokens && *max_tokens < 1) {
+    return invalid_argument("the limit must be at least 1", "max-enqueued-tokens");
+  }
+  return pg_guard("set account token limit", [&]() -> Status {
+    pqxx::nontransaction tx(conn);
+    pqxx::result r =
+        tx.exec_params("UPDATE accounts SET max_enqueued_tokens = $2 WHERE name = $1 RETURNING 1",
+                       name, max_tokens);
     if (r.empty()) return not_found("no account named '" + name + "'");
     return Status::ok();
   });

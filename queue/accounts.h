@@ -26,6 +26,7 @@ struct AccountInfo {
   int64_t created_at_ms = 0;
   std::optional<int64_t> retention_seconds;      // its default retention; none: the server's
   std::optional<int64_t> max_enqueued_requests;  // none: no limit
+  std::optional<int64_t> max_enqueued_tokens;    // none: no limit
   SyncLimits sync;                               // limits on its sync calls
   double weight = 1;         // its share of each model's queue against other accounts
   int default_priority = 0;  // of its batches that name none
@@ -33,6 +34,7 @@ struct AccountInfo {
   int64_t num_batches = 0;           // stored (not yet purged)
   int64_t num_open_batches = 0;      // queued or running
   int64_t num_pending_requests = 0;  // requests of open batches not yet ended
+  int64_t num_pending_tokens = 0;    // their token estimates (max_enqueued_tokens counts them)
 };
 
 // kNotFound when there is no account of that name.
@@ -46,6 +48,12 @@ struct AccountInfo {
 // Sets the most requests the account may have queued or running at once (nullopt: no limit).
 [[nodiscard]] Status set_account_max_enqueued(pqxx::connection& conn, const std::string& name,
                                               std::optional<int64_t> max_requests);
+
+// Sets the most tokens (estimates: prompt bytes / 4 and max_tokens) the account's queued and
+// running requests may hold (nullopt: no limit).
+[[nodiscard]] Status set_account_max_enqueued_tokens(pqxx::connection& conn,
+                                                     const std::string& name,
+                                                     std::optional<int64_t> max_tokens);
 
 // The limits on the sync calls of the account with this id (kNotFound when there is none).
 [[nodiscard]] Result<SyncLimits> get_sync_limits(pqxx::connection& conn,

@@ -90,14 +90,15 @@ Result<SubmitResult> retry_batch(pqxx::connection& conn, const RetryRequest& ret
         "INSERT INTO batches (id, account_id, model, api_shape, status, num_total, priority, "
         "deadline, idempotency_key, request_hash, metadata, endpoint, input_file_id, "
         "completion_window, webhook_url, webhook_events, webhook_secret, request_events, "
-        "retain_seconds, expires_at, retried_from) "
+        "retain_seconds, expires_at, retried_from, enqueued_tokens) "
         "SELECT $1, account_id, model, api_shape, 'queued', $3, priority, "
         "now() + (deadline - created_at), $4, decode($5, 'hex'), metadata, endpoint, "
         "input_file_id, completion_window, "
         "CASE WHEN $6 THEN $7 ELSE webhook_url END, "
         "CASE WHEN $6 THEN $8::text[] ELSE webhook_events END, "
         "CASE WHEN $6 THEN $9 ELSE webhook_secret END, "
-        "request_events, retain_seconds, now() + retain_seconds * interval '1 second', id "
+        "request_events, retain_seconds, now() + retain_seconds * interval '1 second', id, "
+        "enqueued_tokens * $3::integer / greatest(num_total, 1) "
         "FROM batches WHERE id = $2::uuid RETURNING model, account_id::text",
         id, retry.batch_id, unsucceeded, retry.idempotency_key, hash, retry.webhook_given,
         retry.webhook_url,

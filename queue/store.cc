@@ -270,6 +270,7 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
       pqxx::stream_to copy(tx, "requests",
                            std::vector<std::string>{"batch_id", "idx", "custom_id", "body"});
       NewRequest produced;
+      int64_t tokens = 0;
       for (size_t idx = 0; idx < batch.size(); ++idx) {
         const NewRequest* r = &produced;
         if (batch.produce) {
@@ -278,6 +279,7 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
         } else {
           r = &batch.requests[idx];
         }
+        tokens += r->tokens;
         if (r->custom_id) {
           copy << std::make_tuple(id, static_cast<int>(idx), *r->custom_id, r->body);
         } else {
@@ -285,6 +287,9 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
         }
       }
       copy.complete();
+      if (tokens > 0) {
+        tx.exec_params("UPDATE batches SET enqueued_tokens = $2 WHERE id = $1::uuid", id, tokens);
+      }
     }
     HR_RETURN_IF_ERROR(enforce_enqueued_limit(tx, batch.account_id));  // rolls back when over
     if (batch.webhook_url && !batch.webhook_secret) ensure_signing_secret(tx, batch.account_id);
@@ -300,25 +305,45 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
 
 Status enforce_enqueued_limit(pqxx::work& tx, const std::string& account_id) {
   pqxx::result limit = tx.exec_params(
-      "SELECT max_enqueued_requests FROM accounts WHERE id = $1 AND max_enqueued_requests IS NOT "
-      "NULL",
+      "SELECT max_enqueued_requests, max_enqueued_tokens FROM accounts WHERE id = $1 "
+      "AND (max_enqueued_requests IS NOT NULL OR max_enqueued_tokens IS NOT NULL)",
       account_id);
   if (limit.empty()) return Status::ok();
   tx.exec_params("SELECT pg_advisory_xact_lock(hashtextextended('hr_enqueued:' || $1, 0))",
                  account_id);
+  // A batch's open tokens: its estimate's share of requests not yet ended.
   pqxx::row pending = tx.exec_params1(
-      "SELECT coalesce(sum(num_total - num_completed - num_failed - num_cancelled - num_expired), "
-      "0) FROM batches WHERE account_id = $1 AND finished_at IS NULL",
+      "SELECT coalesce(sum(n), 0), coalesce(sum(enqueued_tokens * n / greatest(num_total, 1)), 0) "
+      "FROM (SELECT num_total - num_completed - num_failed - num_cancelled - num_expired AS n, "
+      "  num_total, enqueued_tokens FROM batches WHERE account_id = $1 AND finished_at IS NULL) b",
       account_id);
-  const int64_t max = limit[0][0].as<int64_t>();
-  const int64_t now = pending[0].as<int64_t>();
-  if (now <= max) return Status::ok();
-  return Status(StatusCode::kResourceExhausted,
-                "this would make " + std::to_string(now) +
-                    " of the account's requests queued or running, past its limit of " +
-                    std::to_string(max) +
-                    " (max_enqueued_requests); submit again when some have finished",
-                "max_enqueued_requests");
+  if (!limit[0][0].is_null()) {
+    const int64_t max = limit[0][0].as<int64_t>();
+    const int64_t now = pending[0].as<int64_t>();
+    if (now > max) {
+      return Status(StatusCode::kResourceExhausted,
+                    "this would make " + std::to_string(now) +
+                        " of the account's requests queued or running, past its limit of " +
+                        std::to_string(max) +
+                        " (max_enqueued_requests); submit again when some have finished",
+                    "max_enqueued_requests");
+    }
+  }
+  if (!limit[0][1].is_null()) {
+    const int64_t max = limit[0][1].as<int64_t>();
+    const int64_t now = pending[1].as<int64_t>();
+    if (now > max) {
+      return Status(StatusCode::kResourceExhausted,
+                    "this would make " + std::to_string(now) +
+                        " tokens of the account's requests queued or running (prompt bytes / 4 "
+                        "plus max_tokens), past its limit of " +
+                        std::to_string(max) +
+                        " (max_enqueued_tokens); submit again when some have finished, or ask "
+                        "for fewer max_tokens",
+                    "max_enqueued_tokens");
+    }
+  }
+  return Status::ok();
 }
 
 void announce_queued(pqxx::work& tx, const std::string& account_id, const std::string& batch_id,

@@ -43,7 +43,8 @@ inline constexpr const char* kKeysChannel = "hr_keys";
 
 struct NewRequest {
   std::optional<std::string> custom_id;
-  std::string body;  // normalized request JSON
+  std::string body;    // normalized request JSON
+  int64_t tokens = 0;  // its estimate: prompt bytes / 4 and max_tokens (max_enqueued_tokens)
 };
 
 struct NewBatch {
@@ -187,12 +188,14 @@ struct Requeued {
 // (claimed, and maybe put back again, at a later attempt).
 [[nodiscard]] Status mark_pushed(pqxx::connection& conn, const std::vector<Requeued>& requeued);
 
-// Refuses (kResourceExhausted, field "max_enqueued_requests") a transaction that has just written a
-// new batch of the account when the account's requests queued or running, the new ones included,
-// pass its max_enqueued_requests. Call after the batch's rows are written and before the commit: it
-// serializes the account's submits on an advisory lock to the end of the transaction, so that
-// concurrent submits through any number of API processes cannot pass the limit together; the
-// count is read from the batches themselves, so there is no counter to drift.
+// Refuses (kResourceExhausted, field "max_enqueued_requests" or "max_enqueued_tokens") a
+// transaction that has just written a new batch of the account when the account's requests queued
+// or running, the new ones included, pass its max_enqueued_requests, or their token estimates its
+// max_enqueued_tokens (a batch's open share of its estimate: requests not ended over all). Call
+// after the batch's rows are written and before the commit: it serializes the account's submits on
+// an advisory lock to the end of the transaction, so that concurrent submits through any number of
+// API processes cannot pass the limit together; the count is read from the batches themselves, so
+// there is no counter to drift.
 [[nodiscard]] Status enforce_enqueued_limit(pqxx::work& tx, const std::string& account_id);
 
 // Writes the batch.queued event of a new batch (with `extra` fields) and wakes the dispatchers at

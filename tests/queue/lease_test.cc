@@ -462,7 +462,7 @@ TEST_F(FairRelayTest, WeightsShareTheQueueInProportion) {
 // The relay learns the model's throughput while entries wait for the workers (they take as fast
 // as they can) and publishes it for the API's forecasts (queue/open_work.h).
 TEST_F(FairRelayTest, TheRelayPublishesTheThroughputWorkersTakeAtWhileWorkWaits) {
-  submit_as(account_, 5000);
+  submit_as(account_, 20000);  // more than is taken: entries wait throughout
   auto d = windowed(100);
   auto redis = RedisClient::connect(redis_).value();
   EXPECT_FALSE(read_model_rate(*redis, model_).value());
@@ -481,7 +481,7 @@ TEST_F(FairRelayTest, TheRelayPublishesTheThroughputWorkersTakeAtWhileWorkWaits)
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::optional<double> rate = read_model_rate(*redis, model_).value();
   ASSERT_TRUE(rate);
-  EXPECT_NEAR(*rate, taken / seconds, 0.35 * taken / seconds) << taken << " in " << seconds << " s";
+  EXPECT_NEAR(*rate, taken / seconds, 0.5 * taken / seconds) << taken << " in " << seconds << " s";
 }
 
 TEST_F(FairRelayTest, AnAccountsHigherPriorityBatchGoesFirst) {

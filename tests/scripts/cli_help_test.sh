@@ -19,6 +19,7 @@ done
 check "worker --help" "--max-utilization"
 check "accounts set --help" "--retention-days"
 check "accounts set --help" "--max-enqueued-requests"
+check "accounts set --help" "--max-enqueued-tokens"
 check "accounts set --help" "--weight"
 check "accounts set --help" "--sync-tokens-per-minute"
 check "accounts set --help" "--max-concurrent-sync"
