@@ -31,7 +31,12 @@ build=${HEADROOM_FUZZ_BUILD_DIR:-build-fuzz}
 command -v clang++-14 >/dev/null || { echo "fuzz.sh: clang++-14 is missing (scripts/setup.sh)" >&2; exit 1; }
 cmake -S tests/fuzz -B "$build" -G Ninja -DCMAKE_C_COMPILER=clang-14 \
   -DCMAKE_CXX_COMPILER=clang++-14 >/dev/null
-cmake --build "$build" -j "${HEADROOM_JOBS:-2}" -- $(printf '%s_fuzz ' "${targets[@]}") >/dev/null
+# Quiet when it builds; the compiler's and linker's errors when it does not.
+if ! out=$(cmake --build "$build" -j "${HEADROOM_JOBS:-2}" -- $(printf '%s_fuzz ' "${targets[@]}") 2>&1); then
+  grep -v '^\[[0-9]*/[0-9]*\]' <<<"$out" >&2
+  echo "fuzz.sh: building the fuzz targets failed" >&2
+  exit 1
+fi
 
 [[ $seconds -gt 0 ]] || exit 0
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
