@@ -9,6 +9,7 @@
 #include "base/cli.h"
 #include "base/log.h"
 #include "cmd/accounts.h"
+#include "cmd/batch_cli.h"
 #include "cmd/plan.h"
 #include "cmd/roles.h"
 #include "engine/device.h"
@@ -214,6 +215,39 @@ int main(int argc, char** argv) {
       keys_revoke->add_option("--account", key_account, "Revoke every key of this account");
   revoke_key_opt->excludes(revoke_account_opt);
 
+  hr::cmd::BatchCommand batch;
+  CLI::App* batch_cmd = app.add_subcommand(
+      "batch", "Submit and watch batches, see and cancel them, fetch results (over the HTTP API)");
+  batch_cmd->require_subcommand(1);
+  batch.url = "http://127.0.0.1:8080";
+  hr::cli::add(*batch_cmd, "--url", batch.url, "The API's base URL");
+  hr::cli::add(*batch_cmd, "--api-key", batch.api_key, "An API key of the account");
+  CLI::App* batch_submit = batch_cmd->add_subcommand(
+      "submit", "Submit a JSONL file: Workers-AI request objects, or OpenAI batch lines");
+  batch_submit->add_option("FILE", batch.file, "The JSONL file")->required();
+  batch_submit->add_option("--model", batch.model, "The model (Workers-AI shape)");
+  batch_submit->add_option("--shape", batch.shape,
+                           "workers-ai or openai (default: from the first line)");
+  batch_submit->add_option("--webhook-url", batch.webhook_url, "Where to post its events");
+  batch_submit->add_option("--completion-window", batch.completion_window,
+                           "Its deadline, as 24h, 90m (default: the server's)");
+  batch_submit->add_flag("--wait", batch.wait,
+                         "Watch it to the end: a live progress line; exit 0, 2 or 3 by outcome");
+  CLI::App* batch_status = batch_cmd->add_subcommand("status", "A batch's status and progress");
+  batch_status->add_option("ID", batch.id, "The batch's id")->required();
+  batch_status->add_flag("--wait", batch.wait, "Watch it to the end");
+  CLI::App* batch_list = batch_cmd->add_subcommand("list", "The account's latest batches");
+  batch_list->add_option("--limit", batch.limit, "How many (1 to 100)");
+  CLI::App* batch_cancel = batch_cmd->add_subcommand("cancel", "Cancel a batch");
+  batch_cancel->add_option("ID", batch.id, "The batch's id")->required();
+  CLI::App* batch_retry = batch_cmd->add_subcommand(
+      "retry", "A new batch of a finished one's failed, expired and cancelled requests");
+  batch_retry->add_option("ID", batch.id, "The batch's id")->required();
+  CLI::App* batch_results = batch_cmd->add_subcommand(
+      "results", "Its results so far, one JSON line each, in input order");
+  batch_results->add_option("ID", batch.id, "The batch's id")->required();
+  batch_results->add_option("-o,--output", batch.output, "Write them to this file");
+
   hr::cmd::PlanCommand plan;
   CLI::App* plan_cmd = app.add_subcommand(
       "plan", "Each device's memory for a model and parallel layout, and the KV cache it leaves");
@@ -268,6 +302,13 @@ int main(int argc, char** argv) {
   }
   if (version_cmd->parsed()) return run_version();
   if (plan_cmd->parsed()) return hr::cmd::run_plan(plan);
+  if (batch_cmd->parsed()) {
+    for (CLI::App* sub :
+         {batch_submit, batch_status, batch_list, batch_cancel, batch_retry, batch_results}) {
+      if (sub->parsed()) batch.action = sub->get_name();
+    }
+    return hr::cmd::run_batch(batch);
+  }
   if (serve_cmd->parsed()) {
     if (!validate(serve.store.validate()) || !validate(serve.api.validate()) ||
         !validate(serve.worker.validate()) || !validate(serve.webhooks.validate())) {
