@@ -4,6 +4,7 @@
 #include <pqxx/pqxx>
 
 #include "api/internal/api_impl.h"
+#include "api/openapi.h"
 #include "base/clock.h"
 #include "base/hash.h"
 #include "base/log.h"
@@ -123,7 +124,7 @@ namespace {
 std::string route_of(std::string_view path) {
   for (const char* prefix :
        {"/ai/run", "/v1/async", "/v1/chat/completions", "/v1/models", "/v1/files", "/v1/batches",
-        "/v1/webhooks", "/healthz", "/readyz", "/metrics"}) {
+        "/v1/webhooks", "/healthz", "/readyz", "/metrics", "/openapi.json"}) {
     if (path.rfind(prefix, 0) == 0) return prefix;
   }
   if (path.rfind("/accounts/", 0) == 0 && path.find("/ai/run/") != std::string_view::npos) {
@@ -184,7 +185,9 @@ http::HttpServerOptions Api::server_options() const {
       [impl = impl_.get()](const http::HttpRequest& header) -> std::optional<http::HttpResponse> {
     std::string_view target(header.target().data(), header.target().size());
     std::string_view path = target.substr(0, target.find('?'));
-    if (path == "/healthz" || path == "/readyz" || path == "/metrics") return std::nullopt;
+    if (path == "/healthz" || path == "/readyz" || path == "/metrics" || path == "/openapi.json") {
+      return std::nullopt;
+    }
     Result<std::string> account = [&] {
       GiveBack done{impl->pool.get()};
       return impl->authenticate(header);
@@ -306,6 +309,9 @@ http::HttpResponse Api::Impl::handle(const http::HttpRequest& req, http::BodyStr
   if (path == "/healthz") return http::json_response(200, R"({"status":"ok"})");
   if (path == "/readyz") return readyz();
   if (path == "/metrics" && req.method() == beast_http::verb::get) return metrics_page();
+  if (path == "/openapi.json" && req.method() == beast_http::verb::get) {
+    return http::json_response(200, std::string(openapi_document()));
+  }
 
   Result<std::string> account = authenticate(req);
   if (!account.is_ok()) {
