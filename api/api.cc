@@ -349,7 +349,7 @@ http::HttpResponse Api::Impl::handle(const http::HttpRequest& req, http::BodyStr
       return remove(acct, rest);
     }
     if (is_get && rest.find('/') == std::string::npos) {
-      return poll(acct, rest, query.count("include") && query.at("include") == "partial", stream);
+      return poll(acct, rest, query, stream);
     }
   }
   return error_response(not_found("no route for " + std::string(req.method_string()) + " " + path));

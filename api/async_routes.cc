@@ -3,6 +3,7 @@
 // answers (wire/stored_answer.h), shown in Workers AI's shape.
 #include <pqxx/pqxx>
 
+#include <algorithm>
 #include <optional>
 #include <unordered_set>
 
@@ -181,13 +182,16 @@ struct PollPages {
   bool include_pending;
   std::optional<queue::QueueEstimate::Positions> positions;
   int next_idx = 0;
+  int64_t left = -1;  // responses still to send (-1: all)
   bool first = true;
   int64_t queued_seen = 0;  // queued requests passed so far, in the order they are sent
 
   Result<bool> operator()(std::string* out) {
+    const int n = left >= 0 ? static_cast<int>(std::min<int64_t>(kPollPage, left)) : kPollPage;
+    if (n == 0) return false;
     Result<std::vector<queue::RequestResult>> rs =
         pool->with_connection<std::vector<queue::RequestResult>>([&](pqxx::connection& c) {
-          return queue::get_results(c, batch_id, include_pending, next_idx, kPollPage);
+          return queue::get_results(c, batch_id, include_pending, next_idx, n);
         });
     if (!rs.is_ok()) return rs.status();
     for (const auto& r : *rs) {
@@ -200,17 +204,38 @@ struct PollPages {
       *out += response.dump();
     }
     if (!rs->empty()) next_idx = rs->back().idx + 1;
-    return static_cast<int>(rs->size()) == kPollPage;
+    if (left >= 0) left -= static_cast<int64_t>(rs->size());
+    return static_cast<int>(rs->size()) == n && left != 0;
   }
 };
 
 }  // namespace
 
 http::HttpResponse Api::Impl::poll(const std::string& account, const std::string& request_id,
-                                   bool include_partial, http::BodyStream* stream) {
+                                   const std::map<std::string, std::string>& query,
+                                   http::BodyStream* stream) {
   if (!parse_uuid(request_id).is_ok()) {
     return error_response(invalid_argument("request_id is not a valid id", "request_id"));
   }
+  const bool include_partial = query.count("include") && query.at("include") == "partial";
+  // from=N and limit=M: a piece of the responses (whole numbers; limit 1 to 100,000).
+  auto number = [&](const char* key, int64_t least,
+                    int64_t most) -> Result<std::optional<int64_t>> {
+    auto it = query.find(key);
+    if (it == query.end()) return std::optional<int64_t>();
+    const std::string& v = it->second;
+    if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoll(v) < least || std::stoll(v) > most) {
+      return invalid_argument(std::string(key) + " must be a whole number from " +
+                                  std::to_string(least) + " to " + std::to_string(most),
+                              key);
+    }
+    return std::optional<int64_t>(std::stoll(v));
+  };
+  Result<std::optional<int64_t>> from = number("from", 0, 100'000'000);
+  if (!from.is_ok()) return error_response(from.status());
+  Result<std::optional<int64_t>> limit = number("limit", 1, 100'000);
+  if (!limit.is_ok()) return error_response(limit.status());
   Result<queue::BatchInfo> b = [&] {
     queue::PgPool::Bound quick(pool.get(), kQuickDbCall);
     return pool->with_connection<queue::BatchInfo>(
@@ -235,8 +260,11 @@ http::HttpResponse Api::Impl::poll(const std::string& account, const std::string
   head.resize(head.size() - result_end.size());
   head += ",\"responses\":[";
   std::string tail = "]},\"success\":true}";
+  // Queue positions count from the batch's first queued request: given from the start only.
   PollPages pages{pool.get(), b->id, include_partial,
-                  forecast ? forecast->positions : std::nullopt};
+                  forecast && from->value_or(0) == 0 ? forecast->positions : std::nullopt};
+  pages.next_idx = static_cast<int>(from->value_or(0));
+  pages.left = limit->value_or(-1);
   std::string first_page;
   Result<bool> more = pages(&first_page);
   if (!more.is_ok()) return db_error(more.status());

@@ -146,8 +146,7 @@ http::HttpResponse Api::Impl::run_model(const http::HttpRequest& req, const std:
     if (!body["request_id"].is_string()) {
       return error_response(invalid_argument("'request_id' must be a string", "request_id"));
     }
-    return poll(account, body["request_id"],
-                query.count("include") && query.at("include") == "partial", stream);
+    return poll(account, body["request_id"], query, stream);
   }
   const ModelSpec* model = find_model(model_name);
   if (model == nullptr) {

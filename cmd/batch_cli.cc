@@ -4,12 +4,14 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <sstream>
 #include <thread>
 
@@ -231,24 +233,56 @@ Result<std::string> submit(const ApiClient& api, const BatchCommand& c) {
   return batch.value("id", "");
 }
 
+// Lines in `path` (0 when it does not exist); a last line without its newline is cut off, so that
+// a resumed download starts at a whole request.
+Result<int64_t> whole_lines(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return int64_t{0};
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t end = text.rfind('\n');
+  const size_t keep = end == std::string::npos ? 0 : end + 1;
+  if (keep != text.size()) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(text.data(), static_cast<std::streamsize>(keep));
+    if (!out) return invalid_argument("cannot write " + path, "output");
+  }
+  return static_cast<int64_t>(std::count(text.begin(), text.begin() + keep, '\n'));
+}
+
+// The results a page at a time (from=, limit=), each written as it comes: memory stays at a
+// page, and --resume continues a file where an interrupted download stopped.
 int results(const ApiClient& api, const BatchCommand& c) {
-  Result<ApiReply> r = api.call("GET", "/v1/async/" + c.id + "?include=partial");
-  if (!r.is_ok()) return fail(r.status().message());
-  if (r->status != 200) return fail("batch " + c.id + ": " + api_error_message(*r));
-  json j = json::parse(r->body, nullptr, false);
-  if (!j.is_object() || !j["result"].contains("responses")) {
-    return fail("batch " + c.id + ": the API's answer has no responses");
+  constexpr int kPage = 1000;
+  int64_t from = 0;
+  if (c.resume) {
+    if (c.output.empty()) return fail("--resume needs -o FILE");
+    Result<int64_t> have = whole_lines(c.output);
+    if (!have.is_ok()) return fail(have.status().message());
+    from = *have;
   }
   std::ofstream file;
   if (!c.output.empty()) {
-    file.open(c.output, std::ios::trunc);
+    file.open(c.output, c.resume ? std::ios::app : std::ios::trunc);
     if (!file) return fail("cannot write " + c.output);
   }
   std::ostream& out = c.output.empty() ? static_cast<std::ostream&>(std::cout) : file;
-  for (const json& response : j["result"]["responses"]) out << response.dump() << "\n";
-  out.flush();
-  if (!out) return fail("writing the results failed");
-  return exit_code_of(j["result"]);
+  for (;;) {
+    Result<ApiReply> r =
+        api.call("GET", "/v1/async/" + c.id + "?include=partial&from=" + std::to_string(from) +
+                            "&limit=" + std::to_string(kPage));
+    if (!r.is_ok()) return fail(r.status().message());
+    if (r->status != 200) return fail("batch " + c.id + ": " + api_error_message(*r));
+    json j = json::parse(r->body, nullptr, false);
+    if (!j.is_object() || !j["result"].contains("responses")) {
+      return fail("batch " + c.id + ": the API's answer has no responses");
+    }
+    const json& responses = j["result"]["responses"];
+    for (const json& response : responses) out << response.dump() << "\n";
+    out.flush();
+    if (!out) return fail("writing the results failed");
+    from += static_cast<int64_t>(responses.size());
+    if (static_cast<int>(responses.size()) < kPage) return exit_code_of(j["result"]);
+  }
 }
 
 }  // namespace

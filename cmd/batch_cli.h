@@ -20,7 +20,8 @@ struct BatchCommand {
   std::string shape;  // submit: workers-ai or openai (empty: from the file's first line)
   std::string webhook_url;
   std::string completion_window;
-  std::string output;  // results: a file (empty: stdout)
+  std::string output;   // results: a file (empty: stdout)
+  bool resume = false;  // results: continue the file from its last whole line
   bool wait = false;
   int poll_ms = 1000;
   int limit = 20;  // list

@@ -247,6 +247,8 @@ int main(int argc, char** argv) {
       "results", "Its results so far, one JSON line each, in input order");
   batch_results->add_option("ID", batch.id, "The batch's id")->required();
   batch_results->add_option("-o,--output", batch.output, "Write them to this file");
+  batch_results->add_flag("--resume", batch.resume,
+                          "Continue FILE from its last whole line instead of starting over");
 
   hr::cmd::PlanCommand plan;
   CLI::App* plan_cmd = app.add_subcommand(

@@ -142,9 +142,12 @@ struct Api::Impl {
   http::HttpResponse submit(const http::HttpRequest& req, const std::string& account,
                             const ModelSpec& model, const json& body);
   // A large batch's results go out a page at a time through *stream (collected whole when it is
-  // null).
+  // null). `query`: include=partial (results while it runs), from=N (responses from the N-th
+  // request on) and limit=M (at most M of them): a client reads a big batch's results in pieces
+  // and resumes where it stopped.
   http::HttpResponse poll(const std::string& account, const std::string& request_id,
-                          bool include_partial, http::BodyStream* stream);
+                          const std::map<std::string, std::string>& query,
+                          http::BodyStream* stream);
   http::HttpResponse cancel(const std::string& account, const std::string& request_id);
   http::HttpResponse remove(const std::string& account, const std::string& request_id);
   // Not found (saying when, for an expired batch), or the database failure.

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +22,7 @@ namespace {
 
 using nlohmann::json;
 using testing::ApiHarness;
+using testing::HttpResult;
 
 struct CliRun {
   int code = -1;
@@ -137,6 +139,56 @@ TEST_F(BatchCliTest, SubmitAndWatchThenStatusListAndResults) {
   CliRun openai = run(h_, "submit " + write_file("openai.jsonl", {line}) + " --wait", h_.key_a());
   EXPECT_EQ(openai.code, 0) << openai.out;
   EXPECT_NE(openai.out.find("1 completed, 0 failed of 1"), std::string::npos) << openai.out;
+}
+
+// Results come a page at a time (1,000), in input order; --resume continues a cut-off file from
+// its last whole line and ends with the same file.
+TEST_F(BatchCliTest, ResultsArePagedAndResumable) {
+  std::vector<json> lines;
+  for (int i = 0; i < 2500; ++i) lines.push_back(request("r" + std::to_string(i)));
+  CliRun submitted =
+      run(h_, "submit " + write_file("big.jsonl", lines) + " --model " + h_.model() + " --wait",
+          h_.key_a());
+  ASSERT_EQ(submitted.code, 0) << submitted.out;
+  const std::string id = submitted.out.substr(0, submitted.out.find('\n'));
+  const std::string out = "/tmp/hr-batch-" + random_hex(6) + "-all.jsonl";
+  ASSERT_EQ(run(h_, "results " + id + " -o " + out, h_.key_a()).code, 0);
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  const std::string whole = read(out);
+  ASSERT_EQ(std::count(whole.begin(), whole.end(), '\n'), 2500);
+  size_t at = 0;
+  for (int i = 0; i < 2500; ++i) {
+    const size_t nl = whole.find('\n', at);
+    json line = json::parse(whole.substr(at, nl - at));
+    ASSERT_EQ(line["id"], i);
+    const std::string text = "r" + std::to_string(i);
+    ASSERT_EQ(line["result"]["response"], std::string(text.rbegin(), text.rend()));
+    at = nl + 1;
+  }
+  // Cut after 1,234 lines and half of the next; resume.
+  size_t cut = 0;
+  for (int i = 0; i < 1234; ++i) cut = whole.find('\n', cut) + 1;
+  const std::string partial = "/tmp/hr-batch-" + random_hex(6) + "-part.jsonl";
+  {
+    std::ofstream f(partial);
+    f << whole.substr(0, cut + 20);
+  }
+  CliRun resumed = run(h_, "results " + id + " -o " + partial + " --resume", h_.key_a());
+  EXPECT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_EQ(read(partial), whole);
+  // The pieces are the API's: from and limit, checked.
+  HttpResult piece = h_.get("/v1/async/" + id + "?include=partial&from=2499&limit=5", h_.key_a());
+  ASSERT_EQ(piece.status, 200) << piece.body;
+  ASSERT_EQ(piece.json()["result"]["responses"].size(), 1u);
+  EXPECT_EQ(piece.json()["result"]["responses"][0]["id"], 2499);
+  HttpResult bad = h_.get("/v1/async/" + id + "?include=partial&from=-1", h_.key_a());
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_EQ(bad.json()["errors"][0]["field"], "from") << bad.body;
 }
 
 TEST_F(BatchCliTest, CancelRetryAndErrors) {
