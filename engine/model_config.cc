@@ -5,8 +5,11 @@
 #include <cmath>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
+
+#include "engine/internal/config_field.h"
 
 namespace hr::engine {
 
@@ -15,15 +18,11 @@ using nlohmann::json;
 namespace {
 
 Result<int> get_int(const json& j, const char* key, bool required, int def = 0) {
-  if (!j.contains(key) || j[key].is_null()) {
-    if (required) return invalid_argument(std::string("config.json: missing ") + key, key);
-    return def;
+  HR_ASSIGN_OR_RETURN(int64_t v, internal::config_field(j, key, required, def));
+  if (v > std::numeric_limits<int>::max()) {
+    return invalid_argument(std::string("config.json: ") + key + " is too large", key);
   }
-  if (!j[key].is_number_integer() || j[key].get<int64_t>() < 0) {
-    return invalid_argument(std::string("config.json: ") + key + " must be a non-negative integer",
-                            key);
-  }
-  return j[key].get<int>();
+  return static_cast<int>(v);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "engine/internal/config_field.h"
 #include "engine/model_config.h"
 
 namespace hr::engine {
@@ -34,15 +35,7 @@ Result<WeightFormat> parse_weight_format(const std::string& name) {
 namespace {
 
 Result<int64_t> field(const json& j, const char* key, bool required, int64_t def = 0) {
-  if (!j.contains(key) || j[key].is_null()) {
-    if (required) return invalid_argument(std::string("config.json: missing ") + key, key);
-    return def;
-  }
-  if (!j[key].is_number_integer() || j[key].get<int64_t>() < 0) {
-    return invalid_argument(std::string("config.json: ") + key + " must be a non-negative integer",
-                            key);
-  }
-  return j[key].get<int64_t>();
+  return internal::config_field(j, key, required, def);
 }
 
 // The checkpoint's formats from quantization_config: DeepSeek's fp8 blocks, or compressed-tensors

@@ -33,6 +33,25 @@ HttpResult submit(ApiHarness& h, const std::string& key) {
   return h.post("/ai/run/" + h.model() + "?queueRequest=true", three_requests().dump(), key);
 }
 
+// Uploads `jsonl` as account a's batch file and makes a 24h batch of it: the creation's answer.
+HttpResult create_openai_batch(ApiHarness& h, const std::string& jsonl) {
+  const std::string boundary = "----hr-quota";
+  const std::string form =
+      "--" + boundary + "\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--" +
+      boundary +
+      "\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\r\n" + jsonl +
+      "\r\n--" + boundary + "--\r\n";
+  HttpResult up = h.post("/v1/files", form, h.key_a(),
+                         {{"Content-Type", "multipart/form-data; boundary=" + boundary}});
+  EXPECT_EQ(up.status, 200) << up.body;
+  return h.post("/v1/batches",
+                json{{"input_file_id", up.json()["id"]},
+                     {"endpoint", "/v1/chat/completions"},
+                     {"completion_window", "24h"}}
+                    .dump(),
+                h.key_a());
+}
+
 TEST(QuotaTest, ConcurrentSubmitsThroughTwoApisNeverPassTheLimit) {
   ApiHarness one;
   ASSERT_TRUE(one.ok());
@@ -77,7 +96,6 @@ TEST(QuotaTest, ConcurrentSubmitsThroughTwoApisNeverPassTheLimit) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(submit(two, two.key_b()).status, 200);
 
   // The OpenAI shape answers its own 429 naming the limit.
-  std::string boundary = "----hr-quota";
   std::string line =
       json{
           {"custom_id", "a"},
@@ -88,21 +106,7 @@ TEST(QuotaTest, ConcurrentSubmitsThroughTwoApisNeverPassTheLimit) {
           .dump();
   std::string second = line;
   second.replace(second.find("\"a\""), 3, "\"b\"");
-  std::string form = "--" + boundary +
-                     "\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--" +
-                     boundary +
-                     "\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n"
-                     "\r\n" +
-                     line + "\n" + second + "\r\n--" + boundary + "--\r\n";
-  HttpResult up = one.post("/v1/files", form, one.key_a(),
-                           {{"Content-Type", "multipart/form-data; boundary=" + boundary}});
-  ASSERT_EQ(up.status, 200) << up.body;
-  HttpResult created = one.post("/v1/batches",
-                                json{{"input_file_id", up.json()["id"]},
-                                     {"endpoint", "/v1/chat/completions"},
-                                     {"completion_window", "24h"}}
-                                    .dump(),
-                                one.key_a());
+  HttpResult created = create_openai_batch(one, line + "\n" + second);
   EXPECT_EQ(created.status, 429) << created.body;
   EXPECT_EQ(created.json()["error"]["param"], "max_enqueued_requests") << created.body;
   EXPECT_EQ(created.json()["error"]["type"], "rate_limit_error") << created.body;
@@ -159,7 +163,6 @@ TEST(QuotaTest, EnqueuedTokensAreLimitedAcrossApis) {
       one.post("/ai/run/" + one.model() + "?queueRequest=true", big.dump(), one.key_a());
   EXPECT_EQ(refused.status, 429) << refused.body;
   // The OpenAI shape: 429 naming the limit.
-  std::string boundary = "----hr-quota";
   std::string line = json{
       {"custom_id", "a"},
       {"method", "POST"},
@@ -169,21 +172,7 @@ TEST(QuotaTest, EnqueuedTokensAreLimitedAcrossApis) {
         {"messages", {{{"role", "user"}, {"content", "reverse: x"}}}},
         {"max_tokens",
          8}}}}.dump();
-  std::string form = "--" + boundary +
-                     "\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--" +
-                     boundary +
-                     "\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n"
-                     "\r\n" +
-                     line + "\r\n--" + boundary + "--\r\n";
-  HttpResult up = one.post("/v1/files", form, one.key_a(),
-                           {{"Content-Type", "multipart/form-data; boundary=" + boundary}});
-  ASSERT_EQ(up.status, 200) << up.body;
-  HttpResult created = one.post("/v1/batches",
-                                json{{"input_file_id", up.json()["id"]},
-                                     {"endpoint", "/v1/chat/completions"},
-                                     {"completion_window", "24h"}}
-                                    .dump(),
-                                one.key_a());
+  HttpResult created = create_openai_batch(one, line);
   EXPECT_EQ(created.status, 429) << created.body;
   EXPECT_EQ(created.json()["error"]["param"], "max_enqueued_tokens") << created.body;
   EXPECT_EQ(one.scalar("SELECT count(*) FROM batches"), 3);
