@@ -116,7 +116,7 @@ int watch(const ApiClient& api, const std::string& id, int poll_ms) {
     double eta = -1;
     std::string eta_from;
     if (r->contains("estimated_completion_at")) {
-      eta = (*r)["estimated_completion_at"].get<double>() - t;
+      eta = std::max(0.0, (*r)["estimated_completion_at"].get<double>() - t);
       eta_from = " (server)";
     } else if (rate > 0) {
       eta = static_cast<double>(total - ended) / rate;
