@@ -1,0 +1,46 @@
+// N ranks as threads of one process (the CPU backend's parallel ranks): each rank's thread calls
+// the collectives on its own ThreadCommunicator; the ranks meet at a barrier, read each other's
+// buffers in place (no copies through a shared buffer), and meet again before any returns, so
+// no rank writes a buffer another still reads. A collective called with sizes that differ
+// between ranks is an error on every rank (kInvalidArgument naming the collective). Thread-safe
+// across ranks; one thread per rank.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "engine/communicator.h"
+
+namespace hr::engine {
+
+class ThreadCommunicator final : public Communicator {
+ public:
+  // The `size` ranks of one group, rank r at index r.
+  static std::vector<std::unique_ptr<ThreadCommunicator>> create_group(int size);
+
+  int rank() const override { return rank_; }
+  int size() const override;
+  Status all_reduce(float* data, size_t n) override;
+  Status all_gather(const float* in, float* out, size_t n) override;
+  Status reduce_scatter(const float* in, float* out, size_t n) override;
+  Status broadcast(float* data, size_t n, int root) override;
+
+  struct Shared;  // the group's meeting point
+
+ private:
+  ThreadCommunicator(std::shared_ptr<Shared> shared, int rank)
+      : shared_(std::move(shared)), rank_(rank) {}
+  // Publishes this rank's pointers and size and waits for every rank; false when the ranks'
+  // sizes differ (every rank sees it).
+  bool meet(const float* in, float* out, size_t n, int root);
+  // Waits until every rank has passed this point.
+  void barrier();
+
+  std::shared_ptr<Shared> shared_;
+  int rank_;
+};
+
+}  // namespace hr::engine
