@@ -120,6 +120,11 @@ http::HttpResponse Api::handle(const http::HttpRequest& req) {
 
 namespace {
 
+// The routes answered without a key: the probes, the metrics and the API's contract.
+bool is_keyless_path(std::string_view path) {
+  return path == "/healthz" || path == "/readyz" || path == "/metrics" || path == "/openapi.json";
+}
+
 // A coarse route name for request metrics (ids and models left out).
 std::string route_of(std::string_view path) {
   for (const char* prefix :
@@ -185,9 +190,7 @@ http::HttpServerOptions Api::server_options() const {
       [impl = impl_.get()](const http::HttpRequest& header) -> std::optional<http::HttpResponse> {
     std::string_view target(header.target().data(), header.target().size());
     std::string_view path = target.substr(0, target.find('?'));
-    if (path == "/healthz" || path == "/readyz" || path == "/metrics" || path == "/openapi.json") {
-      return std::nullopt;
-    }
+    if (is_keyless_path(path)) return std::nullopt;
     Result<std::string> account = [&] {
       GiveBack done{impl->pool.get()};
       return impl->authenticate(header);

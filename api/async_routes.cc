@@ -10,6 +10,7 @@
 #include "api/idempotency_key.h"
 #include "api/internal/api_impl.h"
 #include "api/paged_answer.h"
+#include "api/query_params.h"
 #include "api/retry_request.h"
 #include "base/clock.h"
 #include "base/duration.h"
@@ -218,23 +219,10 @@ http::HttpResponse Api::Impl::poll(const std::string& account, const std::string
     return error_response(invalid_argument("request_id is not a valid id", "request_id"));
   }
   const bool include_partial = query.count("include") && query.at("include") == "partial";
-  // from=N and limit=M: a piece of the responses (whole numbers; limit 1 to 100,000).
-  auto number = [&](const char* key, int64_t least,
-                    int64_t most) -> Result<std::optional<int64_t>> {
-    auto it = query.find(key);
-    if (it == query.end()) return std::optional<int64_t>();
-    const std::string& v = it->second;
-    if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos ||
-        std::stoll(v) < least || std::stoll(v) > most) {
-      return invalid_argument(std::string(key) + " must be a whole number from " +
-                                  std::to_string(least) + " to " + std::to_string(most),
-                              key);
-    }
-    return std::optional<int64_t>(std::stoll(v));
-  };
-  Result<std::optional<int64_t>> from = number("from", 0, 100'000'000);
+  // from=N and limit=M: a piece of the responses (limit 0: all of them).
+  Result<int> from = int_param(query, "from", 0, 100'000'000, 0);
   if (!from.is_ok()) return error_response(from.status());
-  Result<std::optional<int64_t>> limit = number("limit", 1, 100'000);
+  Result<int> limit = int_param(query, "limit", 1, 100'000, 0);
   if (!limit.is_ok()) return error_response(limit.status());
   Result<queue::BatchInfo> b = [&] {
     queue::PgPool::Bound quick(pool.get(), kQuickDbCall);
@@ -262,9 +250,9 @@ http::HttpResponse Api::Impl::poll(const std::string& account, const std::string
   std::string tail = "]},\"success\":true}";
   // Queue positions count from the batch's first queued request: given from the start only.
   PollPages pages{pool.get(), b->id, include_partial,
-                  forecast && from->value_or(0) == 0 ? forecast->positions : std::nullopt};
-  pages.next_idx = static_cast<int>(from->value_or(0));
-  pages.left = limit->value_or(-1);
+                  forecast && *from == 0 ? forecast->positions : std::nullopt};
+  pages.next_idx = *from;
+  pages.left = *limit > 0 ? *limit : -1;
   std::string first_page;
   Result<bool> more = pages(&first_page);
   if (!more.is_ok()) return db_error(more.status());

@@ -11,6 +11,7 @@
 #include "api/multipart.h"
 #include "api/openai_objects.h"
 #include "api/paged_answer.h"
+#include "api/query_params.h"
 #include "api/retry_request.h"
 #include "api/webhooks_api.h"
 #include "base/clock.h"
@@ -46,27 +47,6 @@ http::Reply raw_reply(std::string body, const char* content_type) {
   res.body() = std::move(body);
   res.prepare_payload();
   return {std::move(res), nullptr};
-}
-
-// An integer query parameter in [lo, hi], `def` when absent.
-Result<int> int_param(const std::map<std::string, std::string>& query, const std::string& name,
-                      int lo, int hi, int def) {
-  auto it = query.find(name);
-  if (it == query.end() || it->second.empty()) return def;
-  int v = 0;
-  try {
-    size_t used = 0;
-    v = std::stoi(it->second, &used);
-    if (used != it->second.size()) v = lo - 1;
-  } catch (...) {
-    v = lo - 1;
-  }
-  if (v < lo || v > hi) {
-    return invalid_argument(
-        name + " must be an integer from " + std::to_string(lo) + " to " + std::to_string(hi),
-        name);
-  }
-  return v;
 }
 
 Result<std::optional<std::string>> after_param(const std::map<std::string, std::string>& query) {

@@ -84,13 +84,13 @@ std::optional<BatchForecast> QueueForecasts::forecast(const std::string& model,
   View v = view_of(model, 0);
   auto find = [&](const View& view) -> std::optional<BatchForecast> {
     if (!view.estimate || !view.rate) return std::nullopt;
-    std::optional<double> s = view.estimate->seconds_to_finish(batch_id, *view.rate);
-    if (!s) return std::nullopt;
+    std::optional<queue::QueueEstimate::Outlook> o = view.estimate->outlook(batch_id, *view.rate);
+    if (!o || !o->seconds) return std::nullopt;
     BatchForecast f;
     f.rate_per_s = *view.rate;
     f.completion_at_ms =
-        SystemClock::instance().now_unix_ms() + static_cast<int64_t>(std::ceil(*s * 1000));
-    f.positions = view.estimate->positions(batch_id);
+        SystemClock::instance().now_unix_ms() + static_cast<int64_t>(std::ceil(*o->seconds * 1000));
+    f.positions = std::move(o->positions);
     return f;
   };
   if (auto f = find(v)) return f;

@@ -12,6 +12,8 @@
 #include <chrono>
 #include <limits>
 
+#include "base/url.h"
+
 namespace hr::cmd {
 
 namespace asio = boost::asio;
@@ -27,31 +29,17 @@ Result<ApiClient> ApiClient::create(const std::string& base_url, std::string api
             "proxy in front of it)",
         "HEADROOM_URL");
   }
-  if (base_url.rfind("http://", 0) != 0) {
-    return invalid_argument("HEADROOM_URL must be an http:// URL, not '" + base_url + "'",
-                            "HEADROOM_URL");
+  Result<Url> url = parse_url(base_url);
+  if (!url.is_ok() || url->scheme != "http" || url->host.empty() || !url->query.empty()) {
+    return invalid_argument(
+        "HEADROOM_URL must be an http://host[:port][/prefix] URL, not '" + base_url + "'",
+        "HEADROOM_URL");
   }
-  std::string rest = base_url.substr(7);
-  const size_t slash = rest.find('/');
-  std::string authority = rest.substr(0, slash);
   ApiClient c;
-  c.prefix_ = slash == std::string::npos ? "" : rest.substr(slash);
+  c.host_ = url->host;
+  c.port_ = std::to_string(url->port != 0 ? url->port : 80);
+  c.prefix_ = url->path;
   while (!c.prefix_.empty() && c.prefix_.back() == '/') c.prefix_.pop_back();
-  const size_t colon = authority.rfind(':');
-  if (colon != std::string::npos && authority.find(']') == std::string::npos) {
-    c.host_ = authority.substr(0, colon);
-    c.port_ = authority.substr(colon + 1);
-  } else {
-    c.host_ = authority;
-    c.port_ = "80";
-  }
-  if (c.host_.size() > 2 && c.host_.front() == '[' && c.host_.back() == ']') {
-    c.host_ = c.host_.substr(1, c.host_.size() - 2);
-  }
-  if (c.host_.empty() || c.port_.empty() ||
-      !std::all_of(c.port_.begin(), c.port_.end(), [](char ch) { return std::isdigit(ch); })) {
-    return invalid_argument("HEADROOM_URL '" + base_url + "' has no host[:port]", "HEADROOM_URL");
-  }
   c.base_url_ = base_url;
   c.api_key_ = std::move(api_key);
   c.timeout_ms_ = timeout_ms;

@@ -20,32 +20,6 @@ std::tuple<int, bool, int64_t> rank(const OpenBatch& b) {
 
 QueueEstimate::QueueEstimate(std::vector<OpenBatch> batches) : batches_(std::move(batches)) {}
 
-std::optional<QueueEstimate::Split> QueueEstimate::split(const std::string& id, bool queued) const {
-  auto it = std::find_if(batches_.begin(), batches_.end(),
-                         [&](const OpenBatch& b) { return b.id == id; });
-  if (it == batches_.end()) return std::nullopt;
-  Split s;
-  s.batch = &*it;
-  std::map<std::string, std::pair<int64_t, double>> others;
-  for (const OpenBatch& b : batches_) {
-    const int64_t work = std::max<int64_t>(0, queued ? b.queued : b.remaining);
-    if (&b == s.batch) continue;
-    if (b.account_id != it->account_id) {
-      auto& o = others[b.account_id];
-      o.first += work;
-      o.second = b.weight;
-    } else if (rank(b) < rank(*it)) {
-      s.ahead += work;
-    } else if (rank(b) == rank(*it)) {
-      s.alike.push_back(work);
-    }
-  }
-  for (auto& [account, o] : others) {
-    if (o.first > 0 && o.second > 0) s.others.push_back(o);
-  }
-  return s;
-}
-
 double QueueEstimate::others_done(const std::vector<std::pair<int64_t, double>>& others,
                                   double weight, double x) {
   double done = 0;
@@ -55,27 +29,60 @@ double QueueEstimate::others_done(const std::vector<std::pair<int64_t, double>>&
   return done;
 }
 
+std::optional<QueueEstimate::Outlook> QueueEstimate::outlook(const std::string& id,
+                                                             double rate_per_s) const {
+  auto it = std::find_if(batches_.begin(), batches_.end(),
+                         [&](const OpenBatch& b) { return b.id == id; });
+  if (it == batches_.end()) return std::nullopt;
+  // One pass: each other batch counts in both measures, by requests not ended and not sent.
+  Side remaining, queued;
+  std::map<std::string, std::pair<std::pair<int64_t, int64_t>, double>> others;
+  for (const OpenBatch& b : batches_) {
+    if (&b == &*it) continue;
+    const int64_t r = std::max<int64_t>(0, b.remaining), q = std::max<int64_t>(0, b.queued);
+    if (b.account_id != it->account_id) {
+      auto& o = others[b.account_id];
+      o.first.first += r;
+      o.first.second += q;
+      o.second = b.weight;
+    } else if (rank(b) < rank(*it)) {
+      remaining.ahead += r;
+      queued.ahead += q;
+    } else if (rank(b) == rank(*it)) {
+      remaining.alike.push_back(r);
+      queued.alike.push_back(q);
+    }
+  }
+  for (const auto& [account, o] : others) {
+    if (o.second <= 0) continue;
+    if (o.first.first > 0) remaining.others.emplace_back(o.first.first, o.second);
+    if (o.first.second > 0) queued.others.emplace_back(o.first.second, o.second);
+  }
+  const double weight = it->weight > 0 ? it->weight : 1;
+  Outlook out;
+  if (rate_per_s > 0) {
+    const int64_t own = std::max<int64_t>(0, it->remaining);
+    double x = static_cast<double>(remaining.ahead + own);
+    for (int64_t a : remaining.alike) x += static_cast<double>(std::min(a, own));
+    out.seconds = (x + others_done(remaining.others, weight, x)) / rate_per_s;
+  }
+  out.positions.ahead = queued.ahead;
+  out.positions.alike = std::move(queued.alike);
+  out.positions.weight = weight;
+  out.positions.others = std::move(queued.others);
+  return out;
+}
+
 std::optional<double> QueueEstimate::seconds_to_finish(const std::string& id,
                                                        double rate_per_s) const {
-  if (!(rate_per_s > 0)) return std::nullopt;
-  std::optional<Split> s = split(id, /*queued=*/false);
-  if (!s) return std::nullopt;
-  const int64_t own = std::max<int64_t>(0, s->batch->remaining);
-  double x = static_cast<double>(s->ahead + own);
-  for (int64_t a : s->alike) x += static_cast<double>(std::min(a, own));
-  const double weight = s->batch->weight > 0 ? s->batch->weight : 1;
-  return (x + others_done(s->others, weight, x)) / rate_per_s;
+  std::optional<Outlook> o = outlook(id, rate_per_s);
+  return o ? o->seconds : std::nullopt;
 }
 
 std::optional<QueueEstimate::Positions> QueueEstimate::positions(const std::string& id) const {
-  std::optional<Split> s = split(id, /*queued=*/true);
-  if (!s) return std::nullopt;
-  Positions p;
-  p.ahead = s->ahead;
-  p.alike = std::move(s->alike);
-  p.weight = s->batch->weight > 0 ? s->batch->weight : 1;
-  p.others = std::move(s->others);
-  return p;
+  std::optional<Outlook> o = outlook(id, 0);
+  if (!o) return std::nullopt;
+  return std::move(o->positions);
 }
 
 int64_t QueueEstimate::Positions::at(int64_t j) const {

@@ -55,20 +55,26 @@ class QueueEstimate {
   };
   std::optional<Positions> positions(const std::string& id) const;
 
+  // Both, from one pass over the open batches (what a poll shows). None when the batch is not
+  // among the open ones; `seconds` none when the rate is not known (≤ 0).
+  struct Outlook {
+    std::optional<double> seconds;
+    Positions positions;
+  };
+  std::optional<Outlook> outlook(const std::string& id, double rate_per_s) const;
+
  private:
   // The account's share of work done against the other accounts: the sum of min(work_i,
   // w_i * x / w) over the other accounts (`others` = {work, weight}).
   static double others_done(const std::vector<std::pair<int64_t, double>>& others, double weight,
                             double x);
-  struct Split {
+  // The batch's account's batches ahead of it and alike, and the other accounts, counting one
+  // measure of work (requests not ended, or not sent).
+  struct Side {
     int64_t ahead = 0;
     std::vector<int64_t> alike;
-    std::vector<std::pair<int64_t, double>> others;  // per other account
-    const OpenBatch* batch = nullptr;
+    std::vector<std::pair<int64_t, double>> others;  // per other account: {work, weight}
   };
-  // The batch's account's batches ahead of it and alike, and the other accounts, counting
-  // `remaining` (or `queued`).
-  std::optional<Split> split(const std::string& id, bool queued) const;
 
   std::vector<OpenBatch> batches_;
 };
