@@ -5,12 +5,15 @@
 
 #include "api/internal/api_impl.h"
 #include "api/openapi.h"
+#include "api/operator_stats.h"
 #include "base/clock.h"
 #include "base/hash.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "base/strings.h"
 #include "base/url.h"
+#include "queue/accounts.h"
+#include "web/assets.h"
 #include "wire/json_text.h"
 
 namespace hr::api {
@@ -53,6 +56,12 @@ Api::Api(ApiConfig config, queue::StoreConfig store) : impl_(std::make_unique<Im
       std::make_unique<queue::PgPool>(impl_->store.database_url, impl_->config.db_connections,
                                       std::chrono::milliseconds(impl_->config.db_wait_ms));
   impl_->forecasts = std::make_unique<QueueForecasts>(impl_->pool.get(), impl_->store.redis_url);
+  OperatorStatsOptions stats;
+  stats.database_url = impl_->store.database_url;
+  stats.redis_url = impl_->store.redis_url;
+  for (const ModelSpec& m : impl_->models) stats.models.push_back(m.name);
+  stats.interval_ms = impl_->config.stats_interval_ms;
+  impl_->operator_stats = std::make_unique<OperatorStats>(std::move(stats));
   impl_->limits.max_requests = impl_->config.max_batch_requests;
   impl_->webhooks.policy = webhooks::AddressPolicy::parse(impl_->config.webhook_allow).value();
   impl_->webhooks.policy.set_lookup(impl_->config.webhook_lookup);
@@ -98,7 +107,10 @@ Api::Api(ApiConfig config, queue::StoreConfig store) : impl_(std::make_unique<Im
 
 Api::~Api() = default;
 
-void Api::set_sync_inference(SyncInference* sync) { impl_->sync = sync; }
+void Api::set_sync_inference(SyncInference* sync) {
+  impl_->sync = sync;
+  impl_->operator_stats->set_local_workers([sync] { return sync->local_workers(); });
+}
 
 http::HttpResponse Api::handle(const http::HttpRequest& req) {
   std::string_view target(req.target().data(), req.target().size());
@@ -120,16 +132,34 @@ http::HttpResponse Api::handle(const http::HttpRequest& req) {
 
 namespace {
 
-// The routes answered without a key: the probes, the metrics and the API's contract.
+// The routes answered without a key: the probes, the metrics, the API's contract, and the pages
+// (which sign in with a key kept in the browser).
 bool is_keyless_path(std::string_view path) {
-  return path == "/healthz" || path == "/readyz" || path == "/metrics" || path == "/openapi.json";
+  return path == "/healthz" || path == "/readyz" || path == "/metrics" || path == "/openapi.json" ||
+         web::is_page_path(path);
+}
+
+// A page or one of its assets (web/assets.h), or 404.
+http::HttpResponse page_response(std::string_view path) {
+  std::optional<web::Asset> asset = web::find_asset(path);
+  if (!asset) return error_response(not_found("no page at " + std::string(path)));
+  http::HttpResponse res{beast_http::status::ok, 11};
+  res.set(beast_http::field::content_type, std::string(asset->content_type));
+  res.set(beast_http::field::server, "headroom");
+  res.set(beast_http::field::cache_control, "no-cache");
+  res.set("Content-Security-Policy", std::string(web::content_security_policy()));
+  res.set("X-Content-Type-Options", "nosniff");
+  res.set("Referrer-Policy", "no-referrer");
+  res.body() = std::string(asset->body);
+  res.prepare_payload();
+  return res;
 }
 
 // A coarse route name for request metrics (ids and models left out).
 std::string route_of(std::string_view path) {
-  for (const char* prefix :
-       {"/ai/run", "/v1/async", "/v1/chat/completions", "/v1/models", "/v1/files", "/v1/batches",
-        "/v1/webhooks", "/healthz", "/readyz", "/metrics", "/openapi.json"}) {
+  for (const char* prefix : {"/ai/run", "/v1/async", "/v1/chat/completions", "/v1/models",
+                             "/v1/files", "/v1/batches", "/v1/webhooks", "/v1/operator", "/healthz",
+                             "/readyz", "/metrics", "/openapi.json", "/dashboard", "/docs"}) {
     if (path.rfind(prefix, 0) == 0) return prefix;
   }
   if (path.rfind("/accounts/", 0) == 0 && path.find("/ai/run/") != std::string_view::npos) {
@@ -315,6 +345,11 @@ http::HttpResponse Api::Impl::handle(const http::HttpRequest& req, http::BodyStr
   if (path == "/openapi.json" && req.method() == beast_http::verb::get) {
     return http::json_response(200, std::string(openapi_document()));
   }
+  if (web::is_page_path(path)) {
+    if (req.method() == beast_http::verb::get) return page_response(path);
+    return error_response(
+        not_found("no route for " + std::string(req.method_string()) + " " + path));
+  }
 
   Result<std::string> account = authenticate(req);
   if (!account.is_ok()) {
@@ -340,6 +375,7 @@ http::HttpResponse Api::Impl::handle(const http::HttpRequest& req, http::BodyStr
   }
   if (path == "/v1/chat/completions" && is_post) return chat_completions(req, acct);
   if (path == "/v1/models" && is_get) return models_list();
+  if (path == "/v1/operator/stats" && is_get) return operator_view(acct);
   if (path.rfind("/v1/async/", 0) == 0) {
     std::string rest = path.substr(10);
     if (rest.size() > 7 && rest.ends_with("/cancel") && is_post) {
@@ -356,6 +392,22 @@ http::HttpResponse Api::Impl::handle(const http::HttpRequest& req, http::BodyStr
     }
   }
   return error_response(not_found("no route for " + std::string(req.method_string()) + " " + path));
+}
+
+http::HttpResponse Api::Impl::operator_view(const std::string& account) {
+  Result<bool> is_operator = [&] {
+    queue::PgPool::Bound quick(pool.get(), kQuickDbCall);
+    return pool->with_connection<bool>(
+        [&](pqxx::connection& c) { return queue::is_operator(c, account); });
+  }();
+  if (!is_operator.is_ok()) return db_error(is_operator.status());
+  if (!*is_operator) {
+    return error_response(Status(StatusCode::kPermissionDenied,
+                                 "this key's account is not an operator's (headroom accounts set "
+                                 "--operator true)",
+                                 "Authorization"));
+  }
+  return ok_response(operator_stats->view());
 }
 
 }  // namespace hr::api

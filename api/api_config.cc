@@ -41,6 +41,9 @@ void ApiConfig::bind(CLI::App& app) {
   cli::add(app, "--sync-call-lease-ms", sync_call_lease_ms,
            "A sync call counted against its account's calls at once is forgotten this long "
            "after its API process died");
+  cli::add(app, "--stats-interval-ms", stats_interval_ms,
+           "How often the operator's view (GET /v1/operator/stats, the dashboard) samples the "
+           "load; it keeps the last hour");
   cli::add(app, "--internal-token", internal_token,
            "Shared secret sent to workers with forwarded sync requests (must match theirs)");
   cli::add(app, "--retention-days", retention_days,
@@ -88,6 +91,9 @@ Status ApiConfig::validate() const {
   }
   if (max_file_lines < 1) {
     return invalid_argument("--max-file-lines must be at least 1", "max-file-lines");
+  }
+  if (stats_interval_ms < 100 || stats_interval_ms > 600000) {
+    return invalid_argument("--stats-interval-ms must be 100..600000", "stats-interval-ms");
   }
   if (flex_timeout_ms < 1 || flex_timeout_ms > 86400000) {
     return invalid_argument("--flex-timeout-ms must be 1..86400000", "flex-timeout-ms");

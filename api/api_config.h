@@ -63,6 +63,8 @@ struct ApiConfig {
   // How long batches (from their creation) and files are kept when neither the request
   // (output_expires_after, expires_after) nor the account says (docs/retention.md).
   double retention_days = 30;
+  // The operator's view samples the deployment's load this often (api/operator_stats.h).
+  int stats_interval_ms = 5000;
   int64_t retain_seconds() const { return static_cast<int64_t>(retention_days * 86400); }
 
   void bind(CLI::App& app);

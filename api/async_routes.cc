@@ -181,6 +181,7 @@ struct PollPages {
   queue::PgPool* pool;
   std::string batch_id;
   bool include_pending;
+  std::vector<std::string> statuses;  // only these (none: all)
   std::optional<queue::QueueEstimate::Positions> positions;
   int next_idx = 0;
   int64_t left = -1;  // responses still to send (-1: all)
@@ -192,7 +193,7 @@ struct PollPages {
     if (n == 0) return false;
     Result<std::vector<queue::RequestResult>> rs =
         pool->with_connection<std::vector<queue::RequestResult>>([&](pqxx::connection& c) {
-          return queue::get_results(c, batch_id, include_pending, next_idx, n);
+          return queue::get_results(c, batch_id, include_pending, next_idx, n, statuses);
         });
     if (!rs.is_ok()) return rs.status();
     for (const auto& r : *rs) {
@@ -224,6 +225,17 @@ http::HttpResponse Api::Impl::poll(const std::string& account, const std::string
   if (!from.is_ok()) return error_response(from.status());
   Result<int> limit = int_param(query, "limit", 1, 100'000, 0);
   if (!limit.is_ok()) return error_response(limit.status());
+  // status=failed,expired: only the responses of requests in those statuses.
+  Result<std::vector<std::string>> statuses = list_param(query, "status");
+  if (!statuses.is_ok()) return error_response(statuses.status());
+  for (const std::string& s : *statuses) {
+    if (!queue::is_request_status(s)) {
+      return error_response(
+          invalid_argument("unknown request status '" + s +
+                               "' (queued, running, completed, failed, cancelled or expired)",
+                           "status"));
+    }
+  }
   Result<queue::BatchInfo> b = [&] {
     queue::PgPool::Bound quick(pool.get(), kQuickDbCall);
     return pool->with_connection<queue::BatchInfo>(
@@ -249,7 +261,7 @@ http::HttpResponse Api::Impl::poll(const std::string& account, const std::string
   head += ",\"responses\":[";
   std::string tail = "]},\"success\":true}";
   // Queue positions count from the batch's first queued request: given from the start only.
-  PollPages pages{pool.get(), b->id, include_partial,
+  PollPages pages{pool.get(), b->id, include_partial, std::move(statuses).value(),
                   forecast && *from == 0 ? forecast->positions : std::nullopt};
   pages.next_idx = *from;
   pages.left = *limit > 0 ? *limit : -1;
@@ -341,16 +353,9 @@ http::HttpResponse Api::Impl::missing_or_db_error(const Status& st, const std::s
 http::HttpResponse Api::Impl::list(const std::string& account,
                                    const std::map<std::string, std::string>& query) {
   queue::ListQuery q;
-  if (auto it = query.find("limit"); it != query.end()) {
-    try {
-      q.limit = std::stoi(it->second);
-    } catch (...) {
-      q.limit = 0;
-    }
-    if (q.limit < 1 || q.limit > 100) {
-      return error_response(invalid_argument("limit must be 1 to 100", "limit"));
-    }
-  }
+  Result<int> limit = int_param(query, "limit", 1, 100, q.limit);
+  if (!limit.is_ok()) return error_response(limit.status());
+  q.limit = *limit;
   if (auto it = query.find("status"); it != query.end() && !it->second.empty()) {
     static const std::unordered_set<std::string> kStatuses = {
         "queued", "running",   "completed", "completed_with_errors",

@@ -11,6 +11,8 @@ int error_code_for(StatusCode code) {
       return 1001;
     case StatusCode::kUnauthenticated:
       return 1002;
+    case StatusCode::kPermissionDenied:
+      return 1003;
     case StatusCode::kNotFound:
       return 1004;
     case StatusCode::kConflict:
@@ -94,6 +96,9 @@ nlohmann::json openai_error_body(const Status& status, std::optional<std::string
   switch (status.code()) {
     case StatusCode::kUnauthenticated:
       type = "authentication_error";
+      break;
+    case StatusCode::kPermissionDenied:
+      type = "permission_error";
       break;
     case StatusCode::kResourceExhausted:
       type = "rate_limit_error";

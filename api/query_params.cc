@@ -23,4 +23,21 @@ Result<int> int_param(const std::map<std::string, std::string>& query, const std
   return v;
 }
 
+Result<std::vector<std::string>> list_param(const std::map<std::string, std::string>& query,
+                                            const std::string& name) {
+  std::vector<std::string> out;
+  auto it = query.find(name);
+  if (it == query.end()) return out;
+  const std::string& v = it->second;
+  for (size_t start = 0;;) {
+    size_t comma = v.find(',', start);
+    std::string item =
+        v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (item.empty()) return invalid_argument(name + " must be a comma-separated list", name);
+    out.push_back(std::move(item));
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
 }  // namespace hr::api

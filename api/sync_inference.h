@@ -9,8 +9,10 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
+#include "queue/registry.h"
 #include "wire/answer.h"
 #include "wire/answer_stream.h"
 #include "wire/chat_request.h"
@@ -54,6 +56,9 @@ class SyncInference {
   // too long), naming the field.
   [[nodiscard]] virtual Result<SyncAnswer> run(const wire::ChatRequest& request,
                                                const SyncCall& call) = 0;
+  // Workers in this process, as they would announce themselves (for the operator's view; the
+  // registry holds the others). None by default.
+  virtual std::vector<queue::WorkerInfo> local_workers() const { return {}; }
 };
 
 }  // namespace hr::api

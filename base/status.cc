@@ -27,6 +27,8 @@ const char* status_code_name(StatusCode code) {
       return "failed_precondition";
     case StatusCode::kCancelled:
       return "cancelled";
+    case StatusCode::kPermissionDenied:
+      return "permission_denied";
     case StatusCode::kInternal:
       return "internal";
   }

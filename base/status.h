@@ -25,7 +25,8 @@ enum class StatusCode {
   kDeadlineExceeded,    // timed out
   kFailedPrecondition,  // the operation does not apply in the current state
   kCancelled,
-  kInternal,  // a bug or an unexpected failure
+  kPermissionDenied,  // a known caller that may not do this (403)
+  kInternal,          // a bug or an unexpected failure
 };
 
 const char* status_code_name(StatusCode code);

@@ -42,6 +42,7 @@ int run_accounts_show(const queue::StoreConfig& store, const std::string& accoun
       {"max_concurrent_sync", opt(a->sync.concurrent)},
       {"weight", a->weight},
       {"default_priority", a->default_priority},
+      {"operator", a->is_operator},
       {"active_keys", a->num_active_keys},
       {"batches", a->num_batches},
       {"open_batches", a->num_open_batches},
@@ -81,6 +82,10 @@ int run_accounts_set(const queue::StoreConfig& store, const std::string& account
   }
   if (changes.weight || changes.default_priority) {
     Status st = queue::set_account_share(**conn, account, changes.weight, changes.default_priority);
+    if (!st.is_ok()) return fail(st);
+  }
+  if (changes.is_operator) {
+    Status st = queue::set_account_operator(**conn, account, *changes.is_operator);
     if (!st.is_ok()) return fail(st);
   }
   conn->reset();

@@ -20,6 +20,7 @@ struct AccountChanges {
   std::optional<double> weight;                  // its share of the queue (1: the default)
   std::optional<int> default_priority;           // of its batches that name none
   queue::SyncLimits sync;                        // each given: set (0: no limit)
+  std::optional<bool> is_operator;               // its keys may read the deployment's load
 };
 
 // Applies the changes, then prints the account.

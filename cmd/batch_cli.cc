@@ -1,6 +1,7 @@
 // `headroom batch`: submit, watch, status, list, cancel, retry, results over the HTTP API.
 #include "cmd/batch_cli.h"
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
@@ -121,18 +122,26 @@ int watch(const ApiClient& api, const std::string& id, int poll_ms) {
     } else if (rate > 0) {
       eta = static_cast<double>(total - ended) / rate;
     }
-    char line[256];
-    std::snprintf(line, sizeof(line),
-                  "%s  %s  %lld/%lld done, %lld failed  %.1f req/s  ETA %s%s  elapsed %s",
-                  id.c_str(), r->value("status", "?").c_str(), static_cast<long long>(ended),
+    char progress[256];
+    std::snprintf(progress, sizeof(progress),
+                  "%s  %lld/%lld done, %lld failed  %.1f req/s  ETA %s%s  elapsed %s",
+                  r->value("status", "?").c_str(), static_cast<long long>(ended),
                   static_cast<long long>(total), static_cast<long long>(count(p, "failed")), rate,
                   clock_text(eta).c_str(), eta_from.c_str(), clock_text(t - started).c_str());
     const bool done = r->contains("finished_at");
     if (tty) {
-      std::printf("\r\033[2K%s", line);
+      // The id is on the line above; this one is cut to the terminal's width, so that it never
+      // wraps (a wrapped line cannot be redrawn in place).
+      std::string line = progress;
+      winsize ws{};
+      if (::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 &&
+          line.size() >= ws.ws_col) {
+        line.resize(ws.ws_col - 1);
+      }
+      std::printf("\r\033[2K%s", line.c_str());
       std::fflush(stdout);
     } else if (done || t - last_plain >= 10) {
-      std::printf("%s\n", line);
+      std::printf("%s  %s\n", id.c_str(), progress);
       std::fflush(stdout);
       last_plain = t;
     }

@@ -163,6 +163,7 @@ int main(int argc, char** argv) {
   std::optional<double> accounts_weight;
   hr::queue::SyncLimits accounts_sync;
   std::optional<int> accounts_priority;
+  std::optional<bool> accounts_operator;
   CLI::App* accounts_cmd = app.add_subcommand("accounts", "Show and set accounts' defaults");
   accounts_cmd->require_subcommand(1);
   CLI::App* accounts_show =
@@ -195,6 +196,9 @@ int main(int argc, char** argv) {
   accounts_set->add_option("--default-priority", accounts_priority,
                            "The priority of its batches that name none (-100 to 100, default 0); "
                            "a priority orders the account's own batches only");
+  accounts_set->add_option("--operator", accounts_operator,
+                           "Whether its keys may read the whole deployment's load (true/false): "
+                           "the dashboard's operator view, GET /v1/operator/stats");
 
   hr::queue::StoreConfig keys_create_store;
   hr::queue::StoreConfig keys_revoke_store;
@@ -344,7 +348,7 @@ int main(int argc, char** argv) {
                : hr::cmd::run_accounts_set(
                      store, accounts_name,
                      {accounts_retention, accounts_max_enqueued, accounts_max_enqueued_tokens,
-                      accounts_weight, accounts_priority, accounts_sync});
+                      accounts_weight, accounts_priority, accounts_sync, accounts_operator});
   }
   if (keys_create->parsed()) {
     return validate(keys_create_store.validate())

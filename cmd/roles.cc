@@ -15,6 +15,7 @@
 #include "base/secret_box.h"
 #include "cmd/worker_sync.h"
 #include "http/server.h"
+#include "queue/accounts.h"
 #include "queue/migrate.h"
 #include "queue/pg.h"
 #include "queue/store.h"
@@ -250,6 +251,12 @@ int run_serve(const ServeConfig& config) {
         log::error("serve.key_failed", {{"error", id.status()}});
         return 1;
       }
+    }
+    // One machine, one owner: the account of serve's key sees the operator's view too.
+    Status op = queue::set_account_operator(**conn, config.account, true);
+    if (!op.is_ok()) {
+      log::error("serve.operator_failed", {{"error", op}});
+      return 1;
     }
   }
   std::atomic<bool> stop{false};

@@ -3,6 +3,8 @@
 
 #include <utility>
 
+#include "workers/sync_server.h"
+
 namespace hr::cmd {
 
 namespace {
@@ -29,6 +31,10 @@ Result<api::SyncAnswer> WorkerSync::run(const wire::ChatRequest& request,
 Result<std::unique_ptr<wire::AnswerStream>> WorkerSync::start_stream(
     const wire::ChatRequest& request, const api::SyncCall& call) {
   return worker_.start_stream(request, options_of(call));
+}
+
+std::vector<queue::WorkerInfo> WorkerSync::local_workers() const {
+  return {workers::describe_worker(worker_, "", false)};
 }
 
 }  // namespace hr::cmd

@@ -17,6 +17,7 @@ class WorkerSync final : public api::SyncInference {
                                             const api::SyncCall& call) override;
   [[nodiscard]] Result<std::unique_ptr<wire::AnswerStream>> start_stream(
       const wire::ChatRequest& request, const api::SyncCall& call) override;
+  std::vector<queue::WorkerInfo> local_workers() const override;
 
  private:
   workers::Worker& worker_;

@@ -11,6 +11,8 @@ int http_status_for(StatusCode code) {
       return 400;
     case StatusCode::kUnauthenticated:
       return 401;
+    case StatusCode::kPermissionDenied:
+      return 403;
     case StatusCode::kNotFound:
       return 404;
     case StatusCode::kConflict:

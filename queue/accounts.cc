@@ -22,7 +22,7 @@ Result<AccountInfo> get_account(pqxx::connection& conn, const std::string& name)
         "a.max_enqueued_tokens, "
         "  (SELECT coalesce(sum(enqueued_tokens * (num_total - num_completed - num_failed - "
         "     num_cancelled - num_expired) / greatest(num_total, 1)), 0) FROM batches b "
-        "     WHERE b.account_id = a.id AND b.finished_at IS NULL) "
+        "     WHERE b.account_id = a.id AND b.finished_at IS NULL), a.operator "
         "FROM accounts a WHERE a.name = $1",
         name);
     if (r.empty()) return not_found("no account named '" + name + "'");
@@ -43,6 +43,7 @@ Result<AccountInfo> get_account(pqxx::connection& conn, const std::string& name)
     if (!row[13].is_null()) out.sync.concurrent = row[13].as<int64_t>();
     if (!row[14].is_null()) out.max_enqueued_tokens = row[14].as<int64_t>();
     out.num_pending_tokens = row[15].as<int64_t>();
+    out.is_operator = row[16].as<bool>();
     return Status::ok();
   });
   if (!st.is_ok()) return st;
@@ -110,6 +111,29 @@ Status set_account_share(pqxx::connection& conn, const std::string& name,
     if (r.empty()) return not_found("no account named '" + name + "'");
     return Status::ok();
   });
+}
+
+Status set_account_operator(pqxx::connection& conn, const std::string& name, bool is_operator) {
+  return pg_guard("set account operator", [&]() -> Status {
+    pqxx::nontransaction tx(conn);
+    pqxx::result r = tx.exec_params("UPDATE accounts SET operator = $2 WHERE name = $1 RETURNING 1",
+                                    name, is_operator);
+    if (r.empty()) return not_found("no account named '" + name + "'");
+    return Status::ok();
+  });
+}
+
+Result<bool> is_operator(pqxx::connection& conn, const std::string& account_id) {
+  bool out = false;
+  Status st = pg_guard("is operator", [&]() -> Status {
+    pqxx::nontransaction tx(conn);
+    pqxx::result r =
+        tx.exec_params("SELECT operator FROM accounts WHERE id = $1::uuid", account_id);
+    out = !r.empty() && r[0][0].as<bool>();
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  return out;
 }
 
 Result<SyncLimits> get_sync_limits(pqxx::connection& conn, const std::string& account_id) {

@@ -30,6 +30,7 @@ struct AccountInfo {
   SyncLimits sync;                               // limits on its sync calls
   double weight = 1;         // its share of each model's queue against other accounts
   int default_priority = 0;  // of its batches that name none
+  bool is_operator = false;  // its keys may read the deployment's load
   int num_active_keys = 0;
   int64_t num_batches = 0;           // stored (not yet purged)
   int64_t num_open_batches = 0;      // queued or running
@@ -72,5 +73,13 @@ inline constexpr int kMaxPriority = 100;
 [[nodiscard]] Status set_account_share(pqxx::connection& conn, const std::string& name,
                                        std::optional<double> weight,
                                        std::optional<int> default_priority);
+
+// Grants (or withdraws) the operator's view: the account's keys may read the whole deployment's
+// load (GET /v1/operator/stats). kNotFound when there is no account of that name.
+[[nodiscard]] Status set_account_operator(pqxx::connection& conn, const std::string& name,
+                                          bool is_operator);
+
+// Whether the account with this id is an operator's (false when there is no such account).
+[[nodiscard]] Result<bool> is_operator(pqxx::connection& conn, const std::string& account_id);
 
 }  // namespace hr::queue

@@ -40,6 +40,23 @@ Result<std::vector<OpenBatch>> read_open_batches(pqxx::connection& conn, const s
   return out;
 }
 
+Result<std::map<std::string, int64_t>> open_requests_by_model(pqxx::connection& conn) {
+  std::map<std::string, int64_t> out;
+  Status st = pg_guard("read open requests", [&]() -> Status {
+    pqxx::nontransaction tx(conn);
+    pqxx::result r = tx.exec(
+        "SELECT model, sum(greatest(0, num_total - num_completed - num_failed - num_cancelled - "
+        "  num_expired))::bigint FROM batches WHERE finished_at IS NULL GROUP BY model");
+    for (const auto& row : r) {
+      const int64_t n = row[1].as<int64_t>();
+      if (n > 0) out[row[0].as<std::string>()] = n;
+    }
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  return out;
+}
+
 std::string model_rate_key(const std::string& model) { return "hr:rate:" + model; }
 
 Status publish_model_rate(RedisClient& redis, const std::string& model, double per_s) {

@@ -1,11 +1,13 @@
 // What a forecast of the queue reads (queue/estimate.h): a model's open batches from Postgres,
 // and the model's throughput, which the dispatcher relaying the model publishes in Redis
 // (hr:rate:{model}, RelayWindow::saturated_rate_per_s, expiring 10 minutes after it was last
-// written: a model no dispatcher relays has no known rate).
+// written: a model no dispatcher relays has no known rate). Also the open requests of every model,
+// for the operator's view of the queue.
 #pragma once
 
 #include <pqxx/pqxx>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +22,10 @@ namespace hr::queue {
 // batches' partial index).
 [[nodiscard]] Result<std::vector<OpenBatch>> read_open_batches(pqxx::connection& conn,
                                                                const std::string& model);
+
+// Requests of open batches not yet ended (queued or running), by model; models without any are
+// left out.
+[[nodiscard]] Result<std::map<std::string, int64_t>> open_requests_by_model(pqxx::connection& conn);
 
 std::string model_rate_key(const std::string& model);
 // Writes the model's throughput in requests a second.

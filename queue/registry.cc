@@ -35,7 +35,13 @@ json WorkerInfo::to_json() const {
           {"total_kv_blocks", total_kv_blocks},
           {"utilization", utilization},
           {"draining", draining},
-          {"heartbeat_ms", heartbeat_ms}};
+          {"heartbeat_ms", heartbeat_ms},
+          {"totals",
+           {{"started_ms", totals.started_ms},
+            {"sync_tokens", totals.sync_tokens},
+            {"async_tokens", totals.async_tokens},
+            {"credits_granted", totals.credits_granted},
+            {"sync_ttft", totals.sync_ttft}}}};
 }
 
 Result<WorkerInfo> WorkerInfo::from_json(const json& j) {
@@ -56,6 +62,14 @@ Result<WorkerInfo> WorkerInfo::from_json(const json& j) {
     w.utilization = j.value("utilization", 0.0);
     w.draining = j.value("draining", false);
     w.heartbeat_ms = j.value("heartbeat_ms", int64_t{0});
+    if (j.contains("totals") && j["totals"].is_object()) {  // absent from older workers
+      const json& t = j["totals"];
+      w.totals.started_ms = t.value("started_ms", int64_t{0});
+      w.totals.sync_tokens = t.value("sync_tokens", 0.0);
+      w.totals.async_tokens = t.value("async_tokens", 0.0);
+      w.totals.credits_granted = t.value("credits_granted", 0.0);
+      w.totals.sync_ttft = t.value("sync_ttft", std::vector<uint64_t>{});
+    }
   } catch (const json::exception& e) {
     return invalid_argument(std::string("bad worker entry: ") + e.what(), "worker");
   }

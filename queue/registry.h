@@ -19,6 +19,17 @@
 
 namespace hr::queue {
 
+// What a worker's process has counted since it started; two announcements give rates (the
+// dashboard's operator view).
+struct WorkerTotals {
+  int64_t started_ms = 0;      // when the counting began: a restarted worker counts from 0 again
+  double sync_tokens = 0;      // generated for sync requests
+  double async_tokens = 0;     // generated for async requests
+  double credits_granted = 0;  // headroom credits granted to pull async requests
+  // Sync requests' times to their first token: cumulative counts at metrics::latency_buckets().
+  std::vector<uint64_t> sync_ttft;
+};
+
 struct WorkerInfo {
   std::string id;  // unique among the model's workers (the worker name)
   std::string model;
@@ -31,6 +42,7 @@ struct WorkerInfo {
   double utilization = 0;    // busy fraction of its device, 0..1
   bool draining = false;     // stopping: takes no new sync requests
   int64_t heartbeat_ms = 0;  // wall clock of the announcement
+  WorkerTotals totals;
 
   nlohmann::json to_json() const;
   static Result<WorkerInfo> from_json(const nlohmann::json& j);

@@ -374,8 +374,25 @@ Result<BatchInfo> get_batch(pqxx::connection& conn, const std::string& account_i
   return out;
 }
 
+bool is_request_status(std::string_view status) {
+  for (std::string_view s : {"queued", "running", "completed", "failed", "cancelled", "expired"}) {
+    if (status == s) return true;
+  }
+  return false;
+}
+
 Result<std::vector<RequestResult>> get_results(pqxx::connection& conn, const std::string& batch_id,
-                                               bool include_pending, int from_idx, int limit) {
+                                               bool include_pending, int from_idx, int limit,
+                                               const std::vector<std::string>& statuses) {
+  std::string only;  // the statuses as an SQL list: each one checked against the known names
+  for (const std::string& s : statuses) {
+    if (!is_request_status(s)) {
+      return invalid_argument("unknown request status '" + s +
+                                  "' (queued, running, completed, failed, cancelled or expired)",
+                              "status");
+    }
+    only += (only.empty() ? "'" : ", '") + s + "'";
+  }
   std::vector<RequestResult> out;
   Status st = pg_guard("get results", [&]() -> Status {
     pqxx::nontransaction tx(conn);
@@ -384,6 +401,7 @@ Result<std::vector<RequestResult>> get_results(pqxx::connection& conn, const std
         "coalesce(completion_tokens, 0), coalesce(cached_tokens, 0) FROM requests "
         "WHERE batch_id = $1::uuid AND idx >= $2";
     if (!include_pending) sql += " AND status NOT IN ('queued', 'running')";
+    if (!only.empty()) sql += " AND status IN (" + only + ")";
     sql += " ORDER BY idx LIMIT $3";
     pqxx::result r = tx.exec_params(sql, batch_id, from_idx, limit);
     out.reserve(r.size());

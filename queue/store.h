@@ -11,6 +11,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -130,13 +131,16 @@ struct RequestResult {
   int cached_tokens = 0;
 };
 
+// A request's statuses: queued, running, completed, failed, cancelled, expired.
+bool is_request_status(std::string_view status);
+
 // Finished requests of a batch in input order (with `include_pending`, every request), from
 // index `from_idx` on, at most `limit` of them: a page, so that a large batch is read a page at a
-// time (the next page starts after the last index returned).
-[[nodiscard]] Result<std::vector<RequestResult>> get_results(pqxx::connection& conn,
-                                                             const std::string& batch_id,
-                                                             bool include_pending, int from_idx,
-                                                             int limit);
+// time (the next page starts after the last index returned). With `statuses`, only requests in
+// one of them (kInvalidArgument naming `status` for one that is not a request status).
+[[nodiscard]] Result<std::vector<RequestResult>> get_results(
+    pqxx::connection& conn, const std::string& batch_id, bool include_pending, int from_idx,
+    int limit, const std::vector<std::string>& statuses = {});
 
 struct CancelResult {
   BatchInfo batch;

@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev libssl-dev
   postgresql-15 postgresql-client-15 redis-server redis-tools
   python3 ca-certificates curl procps util-linux
+  chromium  # the dashboard's browser test
 )
 command -v node >/dev/null 2>&1 || packages+=(nodejs npm)
 

@@ -14,6 +14,7 @@
 #include "http/status.h"
 #include "queue/registry.h"
 #include "wire/worker_protocol.h"
+#include "workers/worker_metrics.h"
 
 namespace hr::workers {
 
@@ -185,26 +186,30 @@ void Announcer::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+queue::WorkerInfo describe_worker(const Worker& worker, const std::string& url, bool draining) {
+  const WorkerConfig& config = worker.config();
+  WorkerLoad l = worker.load();
+  queue::WorkerInfo w;
+  w.id = config.worker_name;
+  w.model = config.model_name;
+  w.url = url;
+  w.capacity = l.capacity;
+  w.sync_load = l.sync_load;
+  w.async_running = l.async_running;
+  w.free_kv_blocks = l.free_kv_blocks;
+  w.total_kv_blocks = l.total_kv_blocks;
+  w.utilization = l.utilization;
+  w.draining = draining || l.stopping;
+  w.heartbeat_ms = SystemClock::instance().now_unix_ms();
+  w.totals = worker_totals();
+  return w;
+}
+
 void Announcer::loop() {
   const WorkerConfig& config = worker_.config();
   const int ttl_ms = 3 * config.heartbeat_ms;
   std::unique_ptr<queue::WorkerRegistry> registry;
-  auto info = [&](bool draining) {
-    WorkerLoad l = worker_.load();
-    queue::WorkerInfo w;
-    w.id = config.worker_name;
-    w.model = config.model_name;
-    w.url = url_;
-    w.capacity = l.capacity;
-    w.sync_load = l.sync_load;
-    w.async_running = l.async_running;
-    w.free_kv_blocks = l.free_kv_blocks;
-    w.total_kv_blocks = l.total_kv_blocks;
-    w.utilization = l.utilization;
-    w.draining = draining || l.stopping;
-    w.heartbeat_ms = SystemClock::instance().now_unix_ms();
-    return w;
-  };
+  auto info = [&](bool draining) { return describe_worker(worker_, url_, draining); };
   bool announced = false;
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {

@@ -28,6 +28,7 @@
 
 #include "base/status.h"
 #include "http/server.h"
+#include "queue/registry.h"
 #include "workers/worker.h"
 
 namespace hr::workers {
@@ -62,6 +63,10 @@ class SyncServer {
   SyncServerOptions options_;
   std::unique_ptr<http::HttpServer> server_;
 };
+
+// The worker as it announces itself: its load now and its totals (url: its sync endpoint's base
+// URL; empty for a worker in the API's own process).
+queue::WorkerInfo describe_worker(const Worker& worker, const std::string& url, bool draining);
 
 // Announces the worker every heartbeat_ms (entry TTL: three heartbeats) until stop(), which
 // withdraws it. Reconnects to Redis after failures; a worker whose Redis is down simply drops

@@ -69,9 +69,30 @@ std::function<void(const engine::TokenEvent&)> timed(
       };
 }
 
+namespace {
+
+metrics::Counter& credits_counter() {
+  return metrics::counter("headroom_async_credits_granted_total",
+                          "Async requests the worker had headroom to pull");
+}
+
+}  // namespace
+
+queue::WorkerTotals worker_totals() {
+  static const int64_t started_ms = SystemClock::instance().now_unix_ms();
+  queue::WorkerTotals t;
+  t.started_ms = started_ms;
+  t.sync_tokens = class_metrics(engine::RequestClass::kSync).generated.value();
+  t.async_tokens = class_metrics(engine::RequestClass::kAsync).generated.value();
+  t.credits_granted = credits_counter().value();
+  const metrics::Histogram& ttft = class_metrics(engine::RequestClass::kSync).ttft;
+  t.sync_ttft.reserve(ttft.bounds().size());
+  for (size_t i = 0; i < ttft.bounds().size(); ++i) t.sync_ttft.push_back(ttft.cumulative(i));
+  return t;
+}
+
 LoopMetrics::LoopMetrics()
-    : credits_granted(metrics::counter("headroom_async_credits_granted_total",
-                                       "Async requests the worker had headroom to pull")),
+    : credits_granted(credits_counter()),
       pulled(
           metrics::counter("headroom_async_pulled_total", "Async requests pulled from the queue")),
       steps(metrics::counter("headroom_engine_steps_total", "Engine steps run")),

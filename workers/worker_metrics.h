@@ -1,6 +1,7 @@
 // The worker's Prometheus metrics: per request class (sync, async) the latencies and token counts
 // of each request, timed from its events; and the step loop's own counters and gauges (credits,
-// pulls, steps, preemptions, prefix cache, KV cache, utilization). Registered once per process.
+// pulls, steps, preemptions, prefix cache, KV cache, utilization). Registered once per process;
+// worker_totals() sums them up for the heartbeat.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include "base/metrics.h"
 #include "engine/engine.h"
+#include "queue/registry.h"
 
 namespace hr::workers {
 
@@ -54,5 +56,8 @@ struct LoopMetrics {
   metrics::Counter& calls_cancelled;
   metrics::Counter& flex_expired;
 };
+
+// The process's totals since it started, announced with each heartbeat.
+queue::WorkerTotals worker_totals();
 
 }  // namespace hr::workers

@@ -25,6 +25,7 @@
 #include "api/errors.h"
 #include "api/key_revocations.h"
 #include "api/openai_batch.h"
+#include "api/operator_stats.h"
 #include "api/queue_forecasts.h"
 #include "api/response_slots.h"
 #include "api/sync_limits.h"
@@ -102,6 +103,8 @@ struct Api::Impl {
   std::unique_ptr<ResponseSlots> large_answers;
   // Open batches' forecasts (estimated completion, queue positions).
   std::unique_ptr<QueueForecasts> forecasts;
+  // The deployment's load over the last hour (GET /v1/operator/stats).
+  std::unique_ptr<OperatorStats> operator_stats;
 
   // Database connections shared by the handler threads: a thread borrows one on its first query
   // and gives it back when its request is answered, or before it waits on an inference.
@@ -177,6 +180,8 @@ struct Api::Impl {
                      const ModelSpec& model) const;
   Result<SyncInference*> sync_for(const ModelSpec& model) const;
   http::HttpResponse models_list();
+  // GET /v1/operator/stats: for operators' keys only (403 otherwise).
+  http::HttpResponse operator_view(const std::string& account);
 };
 
 // Gives the thread's database connection back to the pool when it goes out of scope.

@@ -29,6 +29,8 @@ const checks = [
   ["err_wa.json", schema("WorkersAiErrorBody")],
   ["err_oa.json", schema("OpenAiErrorBody")],
   ["health.json", schema("Health")],
+  ["operator.json", enveloped("OperatorStats")],
+  ["poll_filtered.json", enveloped("PollResult")],
 ];
 let bad = 0;
 for (const [file, s] of checks) {

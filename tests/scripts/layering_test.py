@@ -24,16 +24,18 @@ ALLOWED = {
     "queue": {"base", "wire"},
     "engine": {"base", "grammar", "kernels"},
     "webhooks": {"base", "queue"},
-    "api": {"base", "grammar", "http", "queue", "webhooks", "wire"},
+    "web": set(),  # pages and their assets, bytes only
+    "api": {"base", "grammar", "http", "queue", "web", "webhooks", "wire"},
     "workers": {"base", "engine", "grammar", "http", "queue", "wire"},
-    "cmd": {"api", "base", "engine", "grammar", "http", "queue", "webhooks", "wire", "workers"},
+    "cmd": {"api", "base", "engine", "grammar", "http", "queue", "web", "webhooks", "wire",
+            "workers"},
 }
 
 # Library target → folder.
 LIBRARIES = {
     "hr_base": "base", "hr_wire": "wire", "hr_http": "http", "hr_kernels": "kernels",
     "hr_simt": "simt", "hr_grammar": "grammar", "hr_queue": "queue", "hr_engine": "engine", "hr_engine_cpu": "engine",
-    "hr_webhooks": "webhooks", "hr_api": "api", "hr_workers": "workers", "hr_cmd": "cmd",
+    "hr_webhooks": "webhooks", "hr_web": "web", "hr_api": "api", "hr_workers": "workers", "hr_cmd": "cmd",
 }
 
 SOURCE_SUFFIXES = (".h", ".cc", ".cu", ".cuh")

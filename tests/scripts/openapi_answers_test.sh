@@ -2,8 +2,9 @@
 # Real answers against the published contract: starts private Postgres and Redis and
 # `headroom serve` on the bundled model, calls one route of each kind (submit, poll with results,
 # list, sync run, chat completion, models, file upload and list, OpenAI batch and list, webhook
-# endpoint, signing secret, deliveries, both error shapes, a probe) and validates every answer
-# with ajv against api/openapi.json's schemas (tests/node/openapi_answers.cjs).
+# endpoint, signing secret, deliveries, both error shapes, a probe, the operator's view) and
+# validates every answer with ajv against api/openapi.json's schemas
+# (tests/node/openapi_answers.cjs).
 # Usage: openapi_answers_test.sh HEADROOM_BINARY SOURCE_DIR NPM_PREFIX
 set -euo pipefail
 bin=$1
@@ -61,5 +62,7 @@ c "$u/v1/webhooks/deliveries" -H "$auth" >"$out/deliveries.json"
 c "$u/v1/async/00000000-0000-7000-8000-000000000000" -H "$auth" >"$out/err_wa.json"
 c "$u/v1/batches/nope" -H "$auth" >"$out/err_oa.json"
 c "$u/healthz" >"$out/health.json"
+c "$u/v1/operator/stats" -H "$auth" >"$out/operator.json"  # serve's own key: an operator's
+c "$u/v1/async/$id?include=partial&status=failed,completed" -H "$auth" >"$out/poll_filtered.json"
 "$src/tests/scripts/npm_prefix.sh" "$prefix" ajv@8.17.1
 node "$src/tests/node/openapi_answers.cjs" "$prefix/node_modules" "$src/api/openapi.json" "$out"
