@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/errors.h"
+#include "api/query_params.h"
 #include "base/cli.h"
 #include "base/ids.h"
 #include "base/url.h"
@@ -121,14 +122,9 @@ Result<int64_t> grace_of(const json& body, int64_t fallback) {
 
 Result<queue::DeliveryQuery> delivery_query(const std::map<std::string, std::string>& query) {
   queue::DeliveryQuery q;
-  if (auto it = query.find("limit"); it != query.end()) {
-    try {
-      q.limit = std::stoi(it->second);
-    } catch (...) {
-      q.limit = 0;
-    }
-    if (q.limit < 1 || q.limit > 100) return invalid_argument("limit must be 1 to 100", "limit");
-  }
+  Result<int> limit = int_param(query, "limit", 1, 100, q.limit);
+  if (!limit.is_ok()) return limit.status();
+  q.limit = *limit;
   for (const char* key : {"after", "batch_id"}) {
     auto it = query.find(key);
     if (it == query.end() || it->second.empty()) continue;

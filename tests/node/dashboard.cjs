@@ -65,19 +65,28 @@ async function until(what, fn, ms = 60000) {
   }
 }
 
+// The refusals the page expects, which the browser logs as errors: the wrong key at sign-in
+// (401) and a tenant's key on the operator's route (403).
+function expectedRefusal(msg) {
+  const m = /the server responded with a status of (\d+)/.exec(msg.text());
+  if (!m) return false;
+  const route = new URL(msg.location().url || base).pathname;
+  return (m[1] === "401" && route === "/v1/async") ||
+    (m[1] === "403" && route === "/v1/operator/stats");
+}
+
 function watch(page, name) {
   page.on("console", (msg) => {
-    if (msg.type() !== "error") return;
-    // A refused key is an answer the page expects (the wrong key at sign-in, a tenant's key on
-    // the operator's route); the browser logs each such response.
-    if (/Failed to load resource: the server responded with a status of 40[13]/.test(msg.text())) return;
-    problems.push(`${name} console error: ${msg.text()}`);
+    if (msg.type() !== "error" || expectedRefusal(msg)) return;
+    problems.push(`${name} console error: ${msg.text()} (${msg.location().url || ""})`);
   });
   page.on("pageerror", (e) => problems.push(`${name} page error: ${e.message}`));
   page.on("request", (req) => {
     const url = req.url();
     if (url.startsWith("data:")) return;
-    if (new URL(url).origin !== origin) problems.push(`${name} requested ${url} (not the server's origin)`);
+    if (new URL(url).origin !== origin) {
+      problems.push(`${name} requested ${url} (not the server's origin)`);
+    }
   });
 }
 
@@ -104,13 +113,16 @@ async function main() {
     await page.screenshot({ path: `${shots}/sign-in.png` });
     await signIn(page, "not-a-key-0123456789");
     await page.waitForSelector("#banner:not([hidden])");
-    check(/invalid API key/.test(await page.textContent("#banner")), "a wrong key's error is shown");
+    const refused = await page.textContent("#banner");
+    check(/invalid API key/.test(refused), `a wrong key's error is shown: ${refused}`);
     check(await page.isVisible("#sign-in"), "a wrong key leaves the sign-in form");
 
     // A batch with one request that fails on the worker (its prompt is longer than the model's
     // context), and a webhook.
     const requests = [];
-    for (let i = 0; i < 200; i++) requests.push({ prompt: `reverse: request ${i}`, max_tokens: 16 });
+    for (let i = 0; i < 200; i++) {
+      requests.push({ prompt: `reverse: request ${i}`, max_tokens: 16 });
+    }
     requests[37] = { prompt: `reverse: ${"abcdefgh ".repeat(30)}` };
     const hook = `http://127.0.0.1:${receiver.port}/hook`;
     const submitted = await call("POST", `/ai/run/${model}?queueRequest=true`, operatorKey,
@@ -135,8 +147,12 @@ async function main() {
     check(failedRows.length === 1 && failedRows[0][0] === "37" && failedRows[0][1] === "failed",
       `the failed requests list request 37 alone: ${JSON.stringify(failedRows)}`);
     const headings = await page.$$eval("main h2", (hs) => hs.map((h) => h.textContent));
-    check(headings.indexOf("Failed requests") < headings.indexOf("All requests"), "failed requests come first");
-    check((await page.$$("#all-requests tbody tr[data-request]")).length === 100, "all requests, a page of 100");
+    check(headings.indexOf("Failed requests") < headings.indexOf("All requests"),
+      "failed requests come first");
+    check((await page.$$("#all-requests tbody tr[data-request]")).length === 100,
+      "all requests, a page of 100");
+    check(await page.isVisible("#retry"), "an ended batch with a failure offers Retry");
+    check(!(await page.isVisible("#cancel")), "an ended batch offers no Cancel");
     await page.screenshot({ path: `${shots}/batch.png` });
     await page.click('#failed-requests tbody tr[data-request="37"] a');
     await page.waitForSelector("#request-error");
@@ -144,22 +160,26 @@ async function main() {
     check(/context/.test(error), `the request's error is shown: ${error}`);
     await page.screenshot({ path: `${shots}/request.png` });
 
-    // Webhooks: the batch's delivery, replayed.
-    const ofBatch = () => receiver.seen.filter((d) => d.event && JSON.stringify(d.event).includes(batch));
-    await until("the batch's webhook", async () => ofBatch().length >= 1);
-    const before = ofBatch().length;
+    // Webhooks: the batch's completion event, delivered, then replayed from the page: the
+    // receiver gets it a second time (the same webhook-id, the event's id).
+    const completion = await until("the batch's batch.completed webhook", async () =>
+      receiver.seen.find((d) => d.event && d.event.type === "batch.completed" &&
+        d.event.data && d.event.data.id === batch));
+    const received = () => receiver.seen.filter((d) => d.id === completion.id).length;
+    check(received() === 1, `batch.completed received once before the replay (${received()})`);
     await page.click('nav a[data-view="webhooks"]');
     await page.waitForSelector("#deliveries tbody tr[data-delivery]");
     const row = await until("the delivery listed as delivered", async () => {
       await page.waitForTimeout(300);
       const rows = await page.$$eval("#deliveries tbody tr[data-delivery]", (rs) =>
         rs.map((r) => ({ id: r.dataset.delivery, status: r.dataset.status, text: r.textContent })));
-      return rows.find((r) => r.text.includes(batch) && r.status === "delivered");
+      return rows.find((r) => r.text.includes(batch) && r.text.includes("batch.completed") &&
+        r.status === "delivered");
     });
     await page.click(`#deliveries tr[data-delivery="${row.id}"] button.replay`);
     await page.waitForSelector("#banner.info:not([hidden])");
     check(/replayed/.test(await page.textContent("#banner")), "the replay is confirmed");
-    await until("the replayed delivery", async () => ofBatch().length > before, 30000);
+    await until("the replayed delivery", async () => received() === 2, 30000);
     await page.screenshot({ path: `${shots}/webhooks.png` });
 
     // Files.
@@ -194,7 +214,8 @@ async function main() {
     })());
     await page.click("#operator-tab");
     await page.waitForSelector('[data-chart="tokens"] canvas');
-    const points = async () => Number(await page.getAttribute('[data-chart="tokens"]', "data-points"));
+    const points = async () =>
+      Number(await page.getAttribute('[data-chart="tokens"]', "data-points"));
     const first = await points();
     await until("the charts to move", async () => (await points()) >= first + 4, 20000);
     check((await page.$$("[data-chart] canvas")).length >= 5, "five charts drawn");
@@ -238,8 +259,8 @@ async function main() {
     receiver.server.close();
   }
   if (problems.length) throw new Error(problems.join("\n"));
-  console.log(`dashboard: ok; screenshots ${["sign-in", "batches", "batch", "request", "webhooks", "operator", "docs"]
-    .map((n) => `${shots}/${n}.png`).join(" ")}`);
+  const names = ["sign-in", "batches", "batch", "request", "webhooks", "operator", "docs"];
+  console.log(`dashboard: ok; screenshots ${names.map((n) => `${shots}/${n}.png`).join(" ")}`);
 }
 
 main().catch((e) => {

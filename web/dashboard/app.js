@@ -36,6 +36,20 @@
     return node;
   }
 
+  function button(label, onclick, attrs) {
+    return el("button", Object.assign({ type: "button", onclick }, attrs), label);
+  }
+
+  // A table head of column names.
+  function head(names) {
+    return el("thead", {}, el("tr", {}, names.map((h) => el("th", {}, h))));
+  }
+
+  // A table's only row, saying it is empty.
+  function emptyRow(columns, text) {
+    return el("tr", {}, el("td", { colspan: columns, className: "muted" }, text));
+  }
+
   function showError(message) {
     banner.className = "";
     banner.textContent = message;
@@ -135,8 +149,9 @@
     return el("span", { className: `status-${status}` }, status);
   }
 
-  // Runs `refresh` now and every `ms` while this view is shown (and `again()` says so).
-  function every(ms, refresh, again) {
+  // Runs `refresh` now and again while this view is shown: every `ms` milliseconds (a number, or
+  // a function answering one; null stops).
+  function every(ms, refresh) {
     const mine = generation;
     const tick = async () => {
       if (mine !== generation) return;
@@ -145,9 +160,28 @@
       } catch (e) {
         if (mine === generation && e.status !== 401) showError(e.message);
       }
-      if (mine === generation && (!again || again())) timer = setTimeout(tick, ms);
+      const next = typeof ms === "function" ? ms() : ms;
+      if (mine === generation && next !== null) timer = setTimeout(tick, next);
     };
     tick();
+  }
+
+  // Runs `refresh` once for a button (its failure shown in the banner).
+  function now(refresh) {
+    refresh().catch((e) => { if (e.status !== 401) showError(e.message); });
+  }
+
+  // The first `pages` pages of a list paged by cursor (`data`, `has_more`, `after` the last id).
+  async function pagedList(path, pages, idOf) {
+    const rows = [];
+    let after = "";
+    for (let i = 0; i < pages; i++) {
+      const page = await result(after ? `${path}&after=${encodeURIComponent(after)}` : path);
+      rows.push(...page.data);
+      if (!page.has_more || page.data.length === 0) return { rows, more: false };
+      after = idOf(page.data[page.data.length - 1]);
+    }
+    return { rows, more: true };
   }
 
   // ---- sign-in ----
@@ -215,19 +249,22 @@
     const table = el(
       "table",
       { id: "batches" },
-      el("thead", {}, el("tr", {},
-        ["Batch", "Model", "Status", "Progress", "Created", "Estimated completion", "Warnings"]
-          .map((h) => el("th", {}, h)))),
+      head(["Batch", "Model", "Status", "Progress", "Created", "Estimated completion", "Warnings"]),
       body,
     );
     const empty = el("p", { className: "muted", hidden: true }, "No batches yet.");
-    main.replaceChildren(el("h1", {}, "Batches"), table, empty);
+    let pages = 1;
+    const older = button("Show older batches", () => { pages += 1; now(refresh); },
+      { id: "older-batches", hidden: true });
+    main.replaceChildren(
+      el("h1", {}, "Batches"), table, empty, el("div", { className: "pager" }, older));
     let open = true;
-    every(2000, async () => {
-      const list = await result("/v1/async?limit=50");
-      open = list.data.some(isOpen);
-      empty.hidden = list.data.length > 0;
-      body.replaceChildren(...list.data.map((b) => el(
+    async function refresh() {
+      const list = await pagedList("/v1/async?limit=50", pages, (b) => b.request_id);
+      open = list.rows.some(isOpen);
+      empty.hidden = list.rows.length > 0;
+      older.hidden = !list.more;
+      body.replaceChildren(...list.rows.map((b) => el(
         "tr",
         {
           className: "clickable", "data-batch": b.request_id,
@@ -241,7 +278,9 @@
         el("td", {}, isOpen(b) ? when(b.estimated_completion_at) : ""),
         el("td", {}, (b.warnings || []).map((w) => w.message || w.code).join("; ")),
       )));
-    }, () => open);
+    }
+    // Every 2 s while a batch is open; otherwise slower, to notice new ones.
+    every(() => (open ? 2000 : 10000), refresh);
   }
 
   // ---- one batch ----
@@ -266,8 +305,7 @@
   }
 
   function responsesTable(id) {
-    return el("table", { id }, el("thead", {}, el("tr", {},
-      ["#", "custom_id", "Status", "Tokens or error"].map((h) => el("th", {}, h)))), el("tbody"));
+    return el("table", { id }, head(["#", "custom_id", "Status", "Tokens or error"]), el("tbody"));
   }
 
   function renderBatch(id) {
@@ -275,18 +313,20 @@
     const bar = el("div");
     const actions = el("div", { className: "actions" });
     const failedTable = responsesTable("failed-requests");
-    const failedNone = el("p", { className: "muted" }, "None.");
+    const failedNote = el("p", { className: "muted" });
     const allTable = responsesTable("all-requests");
     let from = 0;
     const pageLabel = el("span", { className: "muted" });
-    const prev = el("button", { type: "button", onclick: () => { from = Math.max(0, from - PAGE); refresh(); } }, "Previous");
-    const next = el("button", { type: "button", onclick: () => { from += PAGE; refresh(); } }, "Next");
+    const prev = button("Previous", () => { from = Math.max(0, from - PAGE); now(refresh); });
+    const next = button("Next", () => { from += PAGE; now(refresh); });
     main.replaceChildren(
       el("p", {}, el("a", { href: "#/batches" }, "Batches")),
       el("h1", {}, "Batch ", el("span", { className: "mono" }, id)),
       summary, bar, actions,
-      el("h2", {}, "Failed requests"), failedNone, failedTable,
-      el("h2", {}, "All requests"), el("div", { className: "pager" }, prev, pageLabel, next), allTable,
+      el("h2", {}, "Failed requests"), failedNote, failedTable,
+      el("h2", {}, "All requests"),
+      el("div", { className: "pager" }, prev, pageLabel, next),
+      allTable,
     );
     let open = true;
     const base = `/v1/async/${encodeURIComponent(id)}?include=partial`;
@@ -305,37 +345,42 @@
       bar.replaceChildren(progressBar(p));
       const buttons = [];
       if (open) {
-        buttons.push(el("button", { type: "button", id: "cancel", onclick: () => act("cancel") }, "Cancel"));
+        buttons.push(button("Cancel", () => act("cancel"), { id: "cancel" }));
       } else if (p.failed + p.expired + p.cancelled > 0) {
-        buttons.push(el("button", { type: "button", id: "retry", onclick: () => act("retry") }, "Retry failed requests"));
+        buttons.push(button("Retry failed requests", () => act("retry"), { id: "retry" }));
       }
       actions.replaceChildren(...buttons);
       const failed = await result(`${base}&status=failed,expired,cancelled&limit=${PAGE}`);
       const failedRows = failed.responses || [];
-      failedNone.hidden = failedRows.length > 0;
+      const numFailed = p.failed + p.expired + p.cancelled;
+      failedNote.textContent = failedRows.length === 0 ? "None."
+        : failedRows.length < numFailed ? `The first ${failedRows.length} of ${numFailed}.` : "";
+      failedNote.hidden = failedNote.textContent === "";
       failedTable.hidden = failedRows.length === 0;
       failedTable.tBodies[0].replaceChildren(...failedRows.map((r) => responseRow(id, r)));
       const rows = b.responses || [];
       allTable.tBodies[0].replaceChildren(...rows.map((r) => responseRow(id, r)));
-      pageLabel.textContent = rows.length ? `${from} to ${from + rows.length - 1} of ${p.total}` : "";
+      pageLabel.textContent =
+        rows.length ? `${from} to ${from + rows.length - 1} of ${p.total}` : "";
       prev.disabled = from === 0;
       next.disabled = from + PAGE >= p.total;
     }
     async function act(what) {
       try {
-        const r = await result(`/v1/async/${encodeURIComponent(id)}/${what}`, { method: "POST", body: {} });
+        const r = await result(`/v1/async/${encodeURIComponent(id)}/${what}`,
+          { method: "POST", body: {} });
         if (what === "retry") {
           showInfo(`Retrying in batch ${r.request_id}`);
           location.hash = `#/batch/${r.request_id}`;
         } else {
           showInfo("Cancelled: requests not yet started end cancelled");
-          refresh();
+          now(refresh);
         }
       } catch (e) {
         showError(e.message);
       }
     }
-    every(2000, refresh, () => open);
+    every(() => (open ? 2000 : null), refresh);
   }
 
   // ---- one request ----
@@ -351,7 +396,8 @@
       if (!r || r.id !== index) throw new ApiError(404, `the batch has no request ${index}`);
       const status = r.status || (r.success ? "completed" : "failed");
       const parts = [
-        el("p", {}, el("a", { href: `#/batch/${id}` }, "Batch ", el("span", { className: "mono" }, id))),
+        el("p", {},
+          el("a", { href: `#/batch/${id}` }, "Batch ", el("span", { className: "mono" }, id))),
         el("h1", {}, `Request ${index}`),
         el("div", { className: "summary" },
           el("div", {}, el("span", {}, "Status"), statusCell(status)),
@@ -362,14 +408,18 @@
           el("pre", { id: "request-error" }, `${r.error.code}: ${r.error.message}`));
       }
       if (r.result) {
-        parts.push(el("h2", {}, "Answer"), el("pre", { id: "request-answer" }, r.result.response ?? ""));
+        parts.push(el("h2", {}, "Answer"),
+          el("pre", { id: "request-answer" }, r.result.response ?? ""));
         if (r.result.tool_calls) {
-          parts.push(el("h2", {}, "Tool calls"), el("pre", {}, JSON.stringify(r.result.tool_calls, null, 2)));
+          parts.push(el("h2", {}, "Tool calls"),
+            el("pre", {}, JSON.stringify(r.result.tool_calls, null, 2)));
         }
         if (r.result.usage) {
           parts.push(el("h2", {}, "Usage"), el("pre", {}, JSON.stringify(r.result.usage, null, 2)));
         }
       }
+      parts.push(el("details", {}, el("summary", {}, "The response object"),
+        el("pre", { id: "request-json" }, JSON.stringify(r, null, 2))));
       main.replaceChildren(...parts);
     })().catch((e) => { if (e.status !== 401) showError(e.message); });
   }
@@ -379,19 +429,23 @@
   function renderWebhooks() {
     const endpoints = el("tbody");
     const deliveries = el("tbody");
+    let pages = 1;
+    const older = button("Show older deliveries", () => { pages += 1; now(refresh); },
+      { id: "older-deliveries", hidden: true });
     main.replaceChildren(
       el("h1", {}, "Webhooks"),
       el("h2", {}, "Endpoints"),
-      el("table", { id: "endpoints" }, el("thead", {}, el("tr", {},
-        ["Endpoint", "URL", "Events", "Enabled"].map((h) => el("th", {}, h)))), endpoints),
+      el("table", { id: "endpoints" }, head(["Endpoint", "URL", "Events", "Enabled"]), endpoints),
       el("h2", {}, "Deliveries"),
-      el("table", { id: "deliveries" }, el("thead", {}, el("tr", {},
-        ["Delivery", "Event", "Batch", "Target", "Status", "Attempts", "Last error", ""]
-          .map((h) => el("th", {}, h)))), deliveries),
+      el("table", { id: "deliveries" },
+        head(["Delivery", "Event", "Batch", "Target", "Status", "Attempts", "Last error", ""]),
+        deliveries),
+      el("div", { className: "pager" }, older),
     );
     async function replay(id) {
       try {
-        await result(`/v1/webhooks/deliveries/${encodeURIComponent(id)}/retry`, { method: "POST", body: {} });
+        await result(`/v1/webhooks/deliveries/${encodeURIComponent(id)}/retry`,
+          { method: "POST", body: {} });
         showInfo(`Delivery ${id} replayed: it is sent again`);
         await refresh();
       } catch (e) {
@@ -400,23 +454,28 @@
     }
     async function refresh() {
       const [eps, ds] = await Promise.all([
-        result("/v1/webhooks"), result("/v1/webhooks/deliveries?limit=100")]);
+        result("/v1/webhooks"),
+        pagedList("/v1/webhooks/deliveries?limit=100", pages, (d) => d.id),
+      ]);
+      older.hidden = !ds.more;
       endpoints.replaceChildren(...eps.data.map((e) => el("tr", {},
         el("td", { className: "mono" }, e.id), el("td", {}, e.url),
         el("td", {}, (e.event_types || []).join(", ")),
         el("td", {}, e.enabled === false ? `no (${e.disabled_reason || ""})` : "yes"))));
       if (eps.data.length === 0) {
-        endpoints.replaceChildren(el("tr", {}, el("td", { colspan: 4, className: "muted" }, "None.")));
+        endpoints.replaceChildren(emptyRow(4, "None."));
       }
-      deliveries.replaceChildren(...ds.data.map((d) => el("tr", { "data-delivery": d.id, "data-status": d.status },
+      deliveries.replaceChildren(...ds.rows.map((d) => el(
+        "tr",
+        { "data-delivery": d.id, "data-status": d.status },
         el("td", { className: "mono" }, d.id), el("td", {}, d.event_type || ""),
         el("td", { className: "mono" }, d.batch_id || ""), el("td", {}, d.url || ""),
         el("td", {}, statusCell(d.status)), el("td", {}, String(d.attempts ?? "")),
-        el("td", {}, d.last_error || (d.last_status_code ? `HTTP ${d.last_status_code}` : "")),
-        el("td", {}, el("button", { type: "button", className: "replay", onclick: () => replay(d.id) }, "Replay")))));
-      if (ds.data.length === 0) {
-        deliveries.replaceChildren(el("tr", {}, el("td", { colspan: 8, className: "muted" }, "None.")));
-      }
+        el("td", {},
+          d.last_error || (d.last_status_code >= 300 ? `HTTP ${d.last_status_code}` : "")),
+        el("td", {}, button("Replay", () => replay(d.id), { className: "replay" })),
+      )));
+      if (ds.rows.length === 0) deliveries.replaceChildren(emptyRow(8, "None."));
     }
     every(3000, refresh);
   }
@@ -425,16 +484,18 @@
 
   function renderFiles() {
     const body = el("tbody");
-    main.replaceChildren(el("h1", {}, "Files"), el("table", { id: "files" }, el("thead", {}, el("tr", {},
-      ["File", "Name", "Bytes", "Purpose", "Created", "Status"].map((h) => el("th", {}, h)))), body));
+    main.replaceChildren(
+      el("h1", {}, "Files"),
+      el("table", { id: "files" },
+        head(["File", "Name", "Bytes", "Purpose", "Created", "Status"]), body),
+    );
     every(5000, async () => {
       const files = await api("/v1/files");
       body.replaceChildren(...files.data.map((f) => el("tr", {},
-        el("td", { className: "mono" }, f.id), el("td", {}, f.filename), el("td", {}, String(f.bytes)),
-        el("td", {}, f.purpose), el("td", {}, when(f.created_at)), el("td", {}, f.status || ""))));
-      if (files.data.length === 0) {
-        body.replaceChildren(el("tr", {}, el("td", { colspan: 6, className: "muted" }, "None.")));
-      }
+        el("td", { className: "mono" }, f.id), el("td", {}, f.filename),
+        el("td", {}, String(f.bytes)), el("td", {}, f.purpose), el("td", {}, when(f.created_at)),
+        el("td", {}, f.status || ""))));
+      if (files.data.length === 0) body.replaceChildren(emptyRow(6, "None."));
     });
   }
 
@@ -447,10 +508,12 @@
         ["sync", (s) => s.sync_tokens_per_s], ["async", (s) => s.async_tokens_per_s]] },
       { name: "ttft", title: "Sync time to first token (ms)", series: [
         ["p50", (s) => s.sync_ttft_p50_ms], ["p99", (s) => s.sync_ttft_p99_ms]] },
-      { name: "queue", title: "Queued requests", series: models.map((m) => [m, (s) => (s.queued || {})[m] || 0]) },
+      { name: "queue", title: "Queued requests", series: models.map((m) => [
+        m, (s) => (s.queued || {})[m] || 0]) },
       { name: "utilization", title: "Utilization and KV use (%)", series: [
         ["utilization", (s) => 100 * s.utilization], ["KV use", (s) => 100 * s.kv_used]] },
-      { name: "credits", title: "Headroom credits per second", series: [["credits", (s) => s.credits_per_s]] },
+      { name: "credits", title: "Headroom credits per second", series: [
+        ["credits", (s) => s.credits_per_s]] },
     ];
   }
 
@@ -458,85 +521,94 @@
 
   function renderOperator() {
     const chartsBox = el("div", { className: "charts" });
+    const windowNote = el("p", { className: "muted", id: "operator-window" });
     const note = el("p", { className: "muted", hidden: true },
       "Charts are not bundled in this build: the latest numbers are shown as a table.");
     const latest = el("table", { id: "latest", hidden: true });
     const workers = el("tbody");
     main.replaceChildren(
       el("h1", {}, "Operator"),
-      el("p", { className: "muted", id: "operator-window" }),
-      note, latest, chartsBox,
+      windowNote, note, latest, chartsBox,
       el("h2", {}, "Workers"),
-      el("table", { id: "workers" }, el("thead", {}, el("tr", {},
-        ["Worker", "Model", "Sync load", "Async running", "Utilization", "KV use", "Credits/s", "State"]
-          .map((h) => el("th", {}, h)))), workers),
+      el("table", { id: "workers" }, head([
+        "Worker", "Model", "Sync load", "Async running", "Utilization", "KV use", "Credits/s",
+        "State"]), workers),
     );
-    charts.forEach((c) => c.plot && c.plot.destroy());
+    charts.forEach((c) => c.plot.destroy());
     charts = [];
     let modelsKey = "";
-    const interval = { ms: 5000 };
-    const mine = generation;
+    let intervalMs = 5000;
+
+    // The latest sample's numbers, for a build without uPlot.
+    function showTable(stats, models) {
+      note.hidden = false;
+      latest.hidden = false;
+      const last = stats.samples[stats.samples.length - 1];
+      latest.replaceChildren(...chartSpecs(models).flatMap((c) => c.series.map(([label, f]) => {
+        const v = last ? f(last) : null;
+        const text = v === null || v === undefined ? "-" : v.toFixed(1);
+        return el("tr", {}, el("th", {}, `${c.title}: ${label}`), el("td", {}, text));
+      })));
+    }
+
+    // One uPlot chart per spec, made again when the models change.
+    function makeCharts(models) {
+      charts.forEach((c) => c.plot.destroy());
+      chartsBox.replaceChildren();
+      charts = chartSpecs(models).map((spec) => {
+        const box = el("div", { className: "chart", "data-chart": spec.name, "data-points": 0 },
+          el("h3", {}, spec.title));
+        chartsBox.append(box);
+        const series = spec.series.map(([label], i) => ({
+          label, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: false,
+        }));
+        const plot = new window.uPlot({
+          width: Math.max(300, box.clientWidth - 16),
+          height: 200,
+          series: [{}, ...series],
+          axes: [{}, { size: 60 }],
+          scales: { x: { time: true } },
+        }, [[], ...spec.series.map(() => [])], box);
+        return { spec, box, plot };
+      });
+    }
+
+    function drawCharts(stats, models) {
+      if (modelsKey !== models.join("\n")) {
+        modelsKey = models.join("\n");
+        makeCharts(models);
+      }
+      const xs = stats.samples.map((s) => s.t);
+      for (const c of charts) {
+        const ys = c.spec.series.map(([, f]) => stats.samples.map((s) => f(s) ?? null));
+        c.plot.setData([xs, ...ys]);
+        c.box.setAttribute("data-points", String(xs.length));
+      }
+    }
+
     async function refresh() {
       const stats = await result("/v1/operator/stats");
-      interval.ms = Math.max(250, stats.interval_s * 1000);
-      document.getElementById("operator-window").textContent =
-        `${stats.samples.length} samples, one every ${stats.interval_s} s, the last ${Math.round(stats.window_s / 60)} minutes`;
-      const models = Array.from(new Set([...stats.models, ...stats.samples.flatMap((s) => Object.keys(s.queued || {}))])).sort();
-      const xs = stats.samples.map((s) => s.t);
-      if (typeof window.uPlot !== "function") {
-        note.hidden = false;
-        latest.hidden = false;
-        const s = stats.samples[stats.samples.length - 1] || {};
-        latest.replaceChildren(...chartSpecs(models).flatMap((c) => c.series.map(([label, f]) => {
-          const v = stats.samples.length ? f(s) : null;
-          return el("tr", {}, el("th", {}, `${c.title}: ${label}`), el("td", {}, v === null || v === undefined ? "-" : v.toFixed(1)));
-        })));
-      } else {
-        if (modelsKey !== models.join("\n")) {
-          modelsKey = models.join("\n");
-          charts.forEach((c) => c.plot && c.plot.destroy());
-          chartsBox.replaceChildren();
-          charts = chartSpecs(models).map((spec) => {
-            const box = el("div", { className: "chart", "data-chart": spec.name, "data-points": 0 }, el("h3", {}, spec.title));
-            chartsBox.append(box);
-            const width = Math.max(300, box.clientWidth - 16);
-            const plot = new window.uPlot({
-              width, height: 200,
-              series: [{}].concat(spec.series.map(([label], i) => ({ label, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: false }))),
-              axes: [{}, { size: 60 }],
-              scales: { x: { time: true } },
-            }, [[], ...spec.series.map(() => [])], box);
-            return { spec, box, plot };
-          });
-        }
-        for (const c of charts) {
-          c.plot.setData([xs, ...c.spec.series.map(([, f]) => stats.samples.map((s) => {
-            const v = f(s);
-            return v === null || v === undefined ? null : v;
-          }))]);
-          c.box.setAttribute("data-points", String(xs.length));
-        }
-      }
-      workers.replaceChildren(...stats.workers.map((w) => el("tr", { "data-worker": w.id },
+      intervalMs = Math.max(250, stats.interval_s * 1000);
+      const minutes = Math.round(stats.window_s / 60);
+      windowNote.textContent = `${stats.samples.length} samples, one every ` +
+        `${stats.interval_s} s, the last ${minutes} minutes`;
+      const queuedModels = stats.samples.flatMap((s) => Object.keys(s.queued || {}));
+      const models = Array.from(new Set([...stats.models, ...queuedModels])).sort();
+      if (typeof window.uPlot === "function") drawCharts(stats, models);
+      else showTable(stats, models);
+      workers.replaceChildren(...stats.workers.map((w) => el(
+        "tr",
+        { "data-worker": w.id },
         el("td", { className: "mono" }, w.id), el("td", {}, w.model),
         el("td", {}, `${w.sync_load} / ${w.capacity}`), el("td", {}, String(w.async_running)),
         el("td", {}, `${(100 * w.utilization).toFixed(0)}%`),
         el("td", {}, w.kv_total_blocks ? `${w.kv_used_blocks} / ${w.kv_total_blocks} blocks` : ""),
-        el("td", {}, w.credits_per_s.toFixed(1)), el("td", {}, w.draining ? "draining" : "serving"))));
-      if (stats.workers.length === 0) {
-        workers.replaceChildren(el("tr", {}, el("td", { colspan: 8, className: "muted" }, "No live workers.")));
-      }
+        el("td", {}, w.credits_per_s.toFixed(1)),
+        el("td", {}, w.draining ? "draining" : "serving"),
+      )));
+      if (stats.workers.length === 0) workers.replaceChildren(emptyRow(8, "No live workers."));
     }
-    const tick = async () => {
-      if (mine !== generation) return;
-      try {
-        await refresh();
-      } catch (e) {
-        if (mine === generation && e.status !== 401) showError(e.message);
-      }
-      if (mine === generation) timer = setTimeout(tick, interval.ms);
-    };
-    tick();
+    every(() => intervalMs, refresh);
   }
 
   // ---- routing ----
