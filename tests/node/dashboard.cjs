@@ -110,6 +110,7 @@ async function main() {
     // No key: the sign-in form, not a blank page.
     await page.goto(`${base}/dashboard`);
     await page.waitForSelector("#sign-in", { state: "visible" });
+    check(await page.isHidden("#nav"), "no navigation before signing in");
     await page.screenshot({ path: `${shots}/sign-in.png` });
     await signIn(page, "not-a-key-0123456789");
     await page.waitForSelector("#banner:not([hidden])");

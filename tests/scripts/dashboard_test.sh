@@ -8,7 +8,7 @@
 set -euo pipefail
 bin=$1
 src=$2
-prefix=$3
+prefix=$(realpath -m "$3")
 chromium=${CHROMIUM:-/usr/bin/chromium}
 if [ ! -x "$chromium" ]; then
   echo "dashboard_test: $chromium is missing (scripts/setup.sh installs Debian's chromium)" >&2
