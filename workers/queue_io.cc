@@ -186,7 +186,10 @@ void QueueIo::loop() {
         woke_step_loop = true;
       }
     }
-    if (now - last_renew > renew_every_ns && !held_.empty()) {
+    // The renewal's schedule runs whether or not a lease is held: with none, a renewal left due
+    // would make the wait below end at once, every time (a busy loop while idle).
+    if (now - last_renew > renew_every_ns && held_.empty()) last_renew = now;
+    if (now - last_renew > renew_every_ns) {
       std::vector<int64_t> ids;
       std::vector<queue::Lease> snapshot;
       for (const auto& [id, l] : held_) {

@@ -104,5 +104,29 @@ TEST(QueueIoFaultTest, PostgresDownBacksOffQuietlyThenRecordsEveryResult) {
       n);
 }
 
+// Idle, holding no lease, past the first renewal time (a third of the lease): the thread sleeps
+// between its looks at the queue (every idle_poll_ms) rather than spinning on a renewal that is
+// always due.
+TEST(QueueIoFaultTest, AnIdleWorkerHoldingNothingSleepsPastItsRenewalTime) {
+  hr::testing::PrivateStack stack;
+  ASSERT_TRUE(stack.ok());
+  ASSERT_TRUE(queue::migrate(stack.database_url(), queue::bundled_migrations()).is_ok());
+  WorkerConfig config;
+  config.model_name = "@test/queue-io-idle";
+  config.worker_name = "w";
+  config.lease_seconds = 3;  // a renewal due every second
+  queue::StoreConfig store{stack.database_url(), stack.redis_url()};
+  WorkerStats stats;
+  QueueIo io(config, store, stats, [] {});
+  io.start();
+  io.want(8);  // room for work, and none queued: it looks every idle_poll_ms
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const double before = cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const double used = cpu_seconds() - before;
+  io.stop({});
+  EXPECT_LT(used, 0.1) << "CPU seconds in 2 s of idling";
+}
+
 }  // namespace
 }  // namespace hr::workers
