@@ -14,25 +14,10 @@ if [ ! -x "$chromium" ]; then
   echo "dashboard_test: $chromium is missing (scripts/setup.sh installs Debian's chromium)" >&2
   exit 1
 fi
-svc=$(mktemp -d /tmp/hr-dashboard.XXXXXX)
-chmod 755 "$svc"
-pid=
-cleanup() {
-  [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
-  "$src/scripts/services.sh" stop "$svc" >/dev/null 2>&1 || true
-  rm -rf "$svc"
-}
-trap cleanup EXIT
-"$src/scripts/services.sh" start "$svc" >/dev/null
-# shellcheck disable=SC1091
-source "$svc/env"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 key=dashboard-check-key-0123456789
-HEADROOM_API_KEY=$key "$bin" --log-level error serve --model "$src/models/tiny-reverse" \
-  --port "$port" --stats-interval-ms 500 >"$svc/serve.log" 2>&1 &
-pid=$!
-u=http://127.0.0.1:$port
-for _ in $(seq 1 100); do curl -sf "$u/readyz" >/dev/null && break; sleep 0.2; done
+# shellcheck source=tests/scripts/serve_stack.sh
+source "$src/tests/scripts/serve_stack.sh"
+serve_stack "$bin" "$src" "$key" --stats-interval-ms 500
 other=$("$bin" keys create --account other | tail -1)
 "$src/tests/scripts/npm_prefix.sh" "$prefix" playwright-core@1.65.1
 shots=${TMPDIR:-/tmp}/headroom-dashboard

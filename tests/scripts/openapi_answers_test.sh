@@ -10,27 +10,12 @@ set -euo pipefail
 bin=$1
 src=$2
 prefix=$3
-svc=$(mktemp -d /tmp/hr-openapi.XXXXXX)
-chmod 755 "$svc"
+key=openapi-check-key-0123456789
+# shellcheck source=tests/scripts/serve_stack.sh
+source "$src/tests/scripts/serve_stack.sh"
+serve_stack "$bin" "$src" "$key"
 out="$svc/answers"
 mkdir -p "$out"
-pid=
-cleanup() {
-  [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
-  "$src/scripts/services.sh" stop "$svc" >/dev/null 2>&1 || true
-  rm -rf "$svc"
-}
-trap cleanup EXIT
-"$src/scripts/services.sh" start "$svc" >/dev/null
-# shellcheck disable=SC1091
-source "$svc/env"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-key=openapi-check-key-0123456789
-HEADROOM_API_KEY=$key "$bin" --log-level error serve --model "$src/models/tiny-reverse" \
-  --port "$port" >"$svc/serve.log" 2>&1 &
-pid=$!
-u=http://127.0.0.1:$port
-for _ in $(seq 1 100); do curl -sf "$u/readyz" >/dev/null && break; sleep 0.2; done
 auth="Authorization: Bearer $key"
 m=$(curl -sf "$u/v1/models" -H "$auth" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
 c() { curl -s "$@"; }
