@@ -145,8 +145,9 @@ TEST(PollStatusFilterTest, OnlyTheRequestsInTheNamedStatuses) {
   ASSERT_EQ(paged.json()["result"]["responses"].size(), 2u) << paged.body;
   EXPECT_EQ(paged.json()["result"]["responses"][0]["id"], 2) << paged.body;
   EXPECT_EQ(paged.json()["result"]["responses"][1]["id"], 4) << paged.body;
-  for (const std::string& bad : {"bogus", "failed,", ""}) {
-    HttpResult r = h.get("/v1/async/" + id + "?include=partial&status=" + bad, h.key_a());
+  for (const char* bad : {"bogus", "failed,", ""}) {
+    HttpResult r =
+        h.get("/v1/async/" + id + "?include=partial&status=" + std::string(bad), h.key_a());
     EXPECT_EQ(r.status, 400) << bad << " " << r.body;
     EXPECT_EQ(r.json()["errors"][0]["field"], "status") << r.body;
   }
