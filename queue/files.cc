@@ -83,6 +83,52 @@ FileInfo insert_file(pqxx::work& tx, const NewFile& file) {
   return file_from_row(r);
 }
 
+FileWriter::FileWriter(pqxx::work& tx, const NewFile& header)
+    : tx_(tx), id_(new_uuid_v7().to_string()) {
+  tx_.exec_params(
+      "INSERT INTO files (id, account_id, purpose, filename, bytes, num_lines, expires_at) "
+      "VALUES ($1, $2, $3, $4, 0, 0, now() + " +
+          chosen_retention("$5", "$2", "$6") + " * interval '1 second')",
+      id_, header.account_id, header.purpose, header.filename, header.retain_seconds,
+      header.default_retain_seconds);
+}
+
+void FileWriter::write_chunk(std::string_view bytes) {
+  tx_.exec_params("INSERT INTO file_chunks (file_id, seq, data) VALUES ($1, $2, $3)", id_, seq_++,
+                  pqxx::binarystring(bytes.data(), bytes.size()));
+}
+
+void FileWriter::append(std::string_view bytes, int lines) {
+  bytes_ += static_cast<int64_t>(bytes.size());
+  lines_ += lines;
+  // Every chunk but the last holds exactly kFileChunkBytes (readers find a byte's chunk by it).
+  while (!bytes.empty()) {
+    const size_t chunk = static_cast<size_t>(kFileChunkBytes);
+    const size_t take = std::min(bytes.size(), chunk - pending_.size());
+    if (pending_.empty() && take == chunk) {
+      write_chunk(bytes.substr(0, take));
+    } else {
+      pending_.append(bytes.substr(0, take));
+      if (pending_.size() == chunk) {
+        write_chunk(pending_);
+        pending_.clear();
+      }
+    }
+    bytes.remove_prefix(take);
+  }
+}
+
+FileInfo FileWriter::finish() {
+  if (!pending_.empty()) write_chunk(pending_);
+  pending_.clear();
+  pqxx::row r = tx_.exec_params1(
+      "UPDATE files SET bytes = $2, num_lines = $3 WHERE id = $1 "
+      "RETURNING " +
+          std::string(kFileColumns),
+      id_, bytes_, lines_);
+  return file_from_row(r);
+}
+
 Result<FileInfo> create_file(pqxx::connection& conn, const NewFile& file) {
   FileInfo out;
   Status st = pg_guard("create file", [&]() -> Status {

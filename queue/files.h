@@ -52,6 +52,26 @@ struct NewFile {
 // The same inside the caller's transaction (libpqxx errors propagate as exceptions).
 FileInfo insert_file(pqxx::work& tx, const NewFile& file);
 
+// A file written a piece at a time inside the caller's transaction: its row is inserted at once,
+// each chunk as soon as it is full, and its size at finish(), so that memory holds at most one
+// chunk however large the file. `header`'s content is not used. libpqxx errors propagate.
+class FileWriter {
+ public:
+  FileWriter(pqxx::work& tx, const NewFile& header);
+  void append(std::string_view bytes, int lines);
+  // Writes the last chunk and the file's size; returns the file.
+  FileInfo finish();
+
+ private:
+  void write_chunk(std::string_view bytes);
+  pqxx::work& tx_;
+  std::string id_;
+  std::string pending_;  // less than a chunk
+  int seq_ = 0;
+  int64_t bytes_ = 0;
+  int lines_ = 0;
+};
+
 [[nodiscard]] Result<FileInfo> get_file(pqxx::connection& conn, const std::string& account_id,
                                         const std::string& file_id);
 

@@ -53,6 +53,9 @@ OpenAiBatch openai_from_row(const pqxx::row& r) {
 constexpr const char* kResultColumns =
     "idx, custom_id, status, result, error, floor(extract(epoch FROM finished_at))::bigint";
 
+// Requests read per query when a batch's files are written.
+constexpr int kFinalizePageRows = 1000;
+
 ResultRow result_from_row(const pqxx::row& r) {
   ResultRow out;
   out.idx = r[0].as<int>();
@@ -167,28 +170,49 @@ Result<bool> finalize_openai_batch(pqxx::connection& conn, const std::string& ba
     if (b.empty()) return Status::ok();
     std::string account = b[0][0].as<std::string>();
     std::string model = b[0][1].as<std::string>();
+    // The requests a page at a time, their lines written out as file chunks fill: memory holds
+    // a page of results and a chunk of each file however large the batch.
+    std::optional<FileWriter> output_file;
+    std::optional<FileWriter> error_file;
+    auto writer = [&](std::optional<FileWriter>& w, const char* kind) -> FileWriter& {
+      if (!w) {
+        w.emplace(tx, NewFile{account,
+                              "batch_output",
+                              "batch_" + batch_id + "_" + kind + ".jsonl",
+                              {},
+                              0,
+                              std::nullopt,
+                              kDefaultRetainSeconds});
+      }
+      return *w;
+    };
     std::string output;
     std::string errors;
-    pqxx::result rows = tx.exec_params(std::string("SELECT ") + kResultColumns +
-                                           " FROM requests WHERE batch_id = $1::uuid ORDER BY idx",
-                                       batch_id);
-    for (const auto& r : rows) {
-      size_t before = output.size();
-      wire::append_result_line(batch_id, model, result_from_row(r), &output, &errors);
-      (output.size() > before ? num_output : num_errors) += 1;
+    for (int from = 0;;) {
+      pqxx::result rows = tx.exec_params(
+          std::string("SELECT ") + kResultColumns +
+              " FROM requests WHERE batch_id = $1::uuid AND idx >= $2 ORDER BY idx LIMIT $3",
+          batch_id, from, kFinalizePageRows);
+      int page_output = 0;
+      int page_errors = 0;
+      for (const auto& r : rows) {
+        size_t before = output.size();
+        wire::append_result_line(batch_id, model, result_from_row(r), &output, &errors);
+        (output.size() > before ? page_output : page_errors) += 1;
+        from = r[0].as<int>() + 1;
+      }
+      if (page_output > 0) writer(output_file, "output").append(output, page_output);
+      if (page_errors > 0) writer(error_file, "error").append(errors, page_errors);
+      num_output += page_output;
+      num_errors += page_errors;
+      output.clear();
+      errors.clear();
+      if (static_cast<int>(rows.size()) < kFinalizePageRows) break;
     }
     std::optional<std::string> output_id;
     std::optional<std::string> error_id;
-    if (num_output > 0) {
-      output_id = insert_file(tx, {account, "batch_output", "batch_" + batch_id + "_output.jsonl",
-                                   output, num_output, std::nullopt, kDefaultRetainSeconds})
-                      .id;
-    }
-    if (num_errors > 0) {
-      error_id = insert_file(tx, {account, "batch_output", "batch_" + batch_id + "_error.jsonl",
-                                  errors, num_errors, std::nullopt, kDefaultRetainSeconds})
-                     .id;
-    }
+    if (output_file) output_id = output_file->finish().id;
+    if (error_file) error_id = error_file->finish().id;
     tx.exec_params(
         "UPDATE batches SET output_file_id = $2::uuid, error_file_id = $3::uuid, "
         "finalized_at = now() WHERE id = $1::uuid",

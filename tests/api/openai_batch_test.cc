@@ -12,6 +12,7 @@
 
 #include "base/clock.h"
 #include "queue/dispatcher.h"
+#include "queue/files.h"
 #include "queue/lease.h"
 #include "queue/open_work.h"
 #include "queue/openai_batches.h"
@@ -525,6 +526,65 @@ TEST(OpenAiBatchTest, CancelWhileRunningKeepsFinishedResults) {
 
 // Finished batches that cannot be finalized yet (here: locked by another dispatcher finalizing
 // them) do not keep later ones waiting, however many of them come first.
+// A batch whose output spans several pages of requests and more than one file chunk: the files
+// are written a piece at a time, and read back whole, in input order, every chunk but the last
+// exactly kFileChunkBytes.
+TEST(OpenAiBatchTest, LargeOutputsAreWrittenAPieceAtATime) {
+  ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  Consumer consumer(h);
+  const int n = 1100;  // past one page of finalize's reads (1,000)
+  std::vector<json> lines;
+  for (int i = 0; i < n; ++i) {
+    lines.push_back(request_line("req-" + std::to_string(i), h.model(), "w" + std::to_string(i)));
+  }
+  std::string id = create(h, h.key_a(), upload_ok(h, jsonl(lines))).json()["id"];
+  std::vector<queue::Lease> leases;
+  for (int i = 0; i < 50 && static_cast<int>(leases.size()) < n; ++i) {
+    for (auto& l : consumer.pull(n)) leases.push_back(std::move(l));
+  }
+  ASSERT_EQ(static_cast<int>(leases.size()), n);
+  std::vector<queue::Lease> good;
+  std::vector<queue::Lease> bad;
+  for (auto& l : leases) (l.ref.idx == 5 || l.ref.idx == 1050 ? bad : good).push_back(l);
+  consumer.complete(good);
+  consumer.fail(bad);
+  // Each answer 4,100 bytes long: 1,098 of them are ~4.6 MB of output, two chunks.
+  h.scalar(
+      "WITH u AS (UPDATE requests SET result = jsonb_set(result::jsonb, '{response}', "
+      "to_jsonb(lpad(idx::text, 4100, 'x')))::text WHERE status = 'completed' RETURNING 1) "
+      "SELECT count(*) FROM u");
+  EXPECT_EQ(consumer.finalize(), 1);
+  json done = get_batch(h, id);
+  ASSERT_TRUE(done["output_file_id"].is_string()) << done;
+  const std::string out_id = done["output_file_id"];
+  HttpResult content = h.get("/v1/files/" + out_id + "/content", h.key_a());
+  ASSERT_EQ(content.status, 200);
+  std::vector<json> output = lines_of(content.body);
+  ASSERT_EQ(output.size(), static_cast<size_t>(n - 2));
+  int k = 0;
+  for (const json& l : output) {
+    if (k == 5 || k == 1050) ++k;
+    ASSERT_EQ(l["custom_id"], "req-" + std::to_string(k));
+    const std::string text = l["response"]["body"]["choices"][0]["message"]["content"];
+    EXPECT_EQ(text.size(), 4100u);
+    EXPECT_TRUE(text.ends_with(std::to_string(k)));
+    ++k;
+  }
+  EXPECT_GT(content.body.size(), static_cast<size_t>(queue::kFileChunkBytes));
+  json file = h.get("/v1/files/" + out_id, h.key_a()).json();
+  EXPECT_EQ(file["bytes"], content.body.size());
+  EXPECT_EQ(h.scalar("SELECT num_lines FROM files WHERE id = '" + out_id + "'"), n - 2);
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM file_chunks WHERE file_id = '" + out_id + "'"), 2);
+  EXPECT_EQ(
+      h.scalar("SELECT length(data) FROM file_chunks WHERE file_id = '" + out_id + "' AND seq = 0"),
+      queue::kFileChunkBytes);
+  auto errors = file_lines(h, done["error_file_id"]);
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_EQ(errors[0]["custom_id"], "req-5");
+  EXPECT_EQ(errors[1]["custom_id"], "req-1050");
+}
+
 TEST(OpenAiBatchTest, BatchesThatCannotBeFinalizedYetDoNotHoldUpTheRest) {
   ApiHarness h;
   ASSERT_TRUE(h.ok());
