@@ -5,6 +5,24 @@
 
 namespace hr::queue {
 
+namespace {
+
+// Runs `sql`, an UPDATE of the account named $1 that RETURNs a row, with `args` as $2 on;
+// kNotFound when there is no account of that name.
+template <typename... Args>
+Status update_account(pqxx::connection& conn, const char* what, const std::string& name,
+                      const char* sql, const Args&... args) {
+  return pg_guard(what, [&]() -> Status {
+    pqxx::nontransaction tx(conn);
+    if (tx.exec_params(sql, name, args...).empty()) {
+      return not_found("no account named '" + name + "'");
+    }
+    return Status::ok();
+  });
+}
+
+}  // namespace
+
 Result<AccountInfo> get_account(pqxx::connection& conn, const std::string& name) {
   AccountInfo out;
   Status st = pg_guard("get account", [&]() -> Status {
@@ -55,13 +73,9 @@ Status set_account_retention(pqxx::connection& conn, const std::string& name,
   if (seconds && (*seconds < 60 || *seconds > int64_t{3650} * 86400)) {
     return invalid_argument("the retention must be a minute to 3650 days", "retention-days");
   }
-  return pg_guard("set account retention", [&]() -> Status {
-    pqxx::nontransaction tx(conn);
-    pqxx::result r = tx.exec_params(
-        "UPDATE accounts SET retention_seconds = $2 WHERE name = $1 RETURNING 1", name, seconds);
-    if (r.empty()) return not_found("no account named '" + name + "'");
-    return Status::ok();
-  });
+  return update_account(conn, "set account retention", name,
+                        "UPDATE accounts SET retention_seconds = $2 WHERE name = $1 RETURNING 1",
+                        seconds);
 }
 
 Status set_account_max_enqueued(pqxx::connection& conn, const std::string& name,
@@ -69,14 +83,9 @@ Status set_account_max_enqueued(pqxx::connection& conn, const std::string& name,
   if (max_requests && *max_requests < 1) {
     return invalid_argument("the limit must be at least 1", "max-enqueued-requests");
   }
-  return pg_guard("set account limit", [&]() -> Status {
-    pqxx::nontransaction tx(conn);
-    pqxx::result r =
-        tx.exec_params("UPDATE accounts SET max_enqueued_requests = $2 WHERE name = $1 RETURNING 1",
-                       name, max_requests);
-    if (r.empty()) return not_found("no account named '" + name + "'");
-    return Status::ok();
-  });
+  return update_account(
+      conn, "set account limit", name,
+      "UPDATE accounts SET max_enqueued_requests = $2 WHERE name = $1 RETURNING 1", max_requests);
 }
 
 Status set_account_max_enqueued_tokens(pqxx::connection& conn, const std::string& name,
@@ -84,14 +93,9 @@ Status set_account_max_enqueued_tokens(pqxx::connection& conn, const std::string
   if (max_tokens && *max_tokens < 1) {
     return invalid_argument("the limit must be at least 1", "max-enqueued-tokens");
   }
-  return pg_guard("set account token limit", [&]() -> Status {
-    pqxx::nontransaction tx(conn);
-    pqxx::result r =
-        tx.exec_params("UPDATE accounts SET max_enqueued_tokens = $2 WHERE name = $1 RETURNING 1",
-                       name, max_tokens);
-    if (r.empty()) return not_found("no account named '" + name + "'");
-    return Status::ok();
-  });
+  return update_account(conn, "set account token limit", name,
+                        "UPDATE accounts SET max_enqueued_tokens = $2 WHERE name = $1 RETURNING 1",
+                        max_tokens);
 }
 
 Status set_account_share(pqxx::connection& conn, const std::string& name,
@@ -102,25 +106,17 @@ Status set_account_share(pqxx::connection& conn, const std::string& name,
   if (default_priority && (*default_priority < kMinPriority || *default_priority > kMaxPriority)) {
     return invalid_argument("the priority must be -100 to 100", "default-priority");
   }
-  return pg_guard("set account share", [&]() -> Status {
-    pqxx::nontransaction tx(conn);
-    pqxx::result r = tx.exec_params(
-        "UPDATE accounts SET weight = coalesce($2, weight), "
-        "default_priority = coalesce($3, default_priority) WHERE name = $1 RETURNING 1",
-        name, weight, default_priority);
-    if (r.empty()) return not_found("no account named '" + name + "'");
-    return Status::ok();
-  });
+  return update_account(
+      conn, "set account share", name,
+      "UPDATE accounts SET weight = coalesce($2, weight), "
+      "default_priority = coalesce($3, default_priority) WHERE name = $1 RETURNING 1",
+      weight, default_priority);
 }
 
 Status set_account_operator(pqxx::connection& conn, const std::string& name, bool is_operator) {
-  return pg_guard("set account operator", [&]() -> Status {
-    pqxx::nontransaction tx(conn);
-    pqxx::result r = tx.exec_params("UPDATE accounts SET operator = $2 WHERE name = $1 RETURNING 1",
-                                    name, is_operator);
-    if (r.empty()) return not_found("no account named '" + name + "'");
-    return Status::ok();
-  });
+  return update_account(conn, "set account operator", name,
+                        "UPDATE accounts SET operator = $2 WHERE name = $1 RETURNING 1",
+                        is_operator);
 }
 
 Result<bool> is_operator(pqxx::connection& conn, const std::string& account_id) {
@@ -160,22 +156,18 @@ Status set_sync_limits(pqxx::connection& conn, const std::string& name, const Sy
                                  std::pair{changes.concurrent, "max-concurrent-sync"}}) {
     if (v && *v < 0) return invalid_argument("a limit must be 0 (none) or more", field);
   }
-  return pg_guard("set sync limits", [&]() -> Status {
-    pqxx::nontransaction tx(conn);
-    // Each: absent stays, 0 lifts, more sets.
-    pqxx::result r = tx.exec_params(
-        "UPDATE accounts SET "
-        "sync_requests_per_minute = CASE WHEN $2::bigint IS NULL THEN sync_requests_per_minute "
-        "  ELSE nullif($2::bigint, 0) END, "
-        "sync_tokens_per_minute = CASE WHEN $3::bigint IS NULL THEN sync_tokens_per_minute "
-        "  ELSE nullif($3::bigint, 0) END, "
-        "max_concurrent_sync = CASE WHEN $4::bigint IS NULL THEN max_concurrent_sync "
-        "  ELSE nullif($4::bigint, 0) END "
-        "WHERE name = $1 RETURNING 1",
-        name, changes.requests_per_minute, changes.tokens_per_minute, changes.concurrent);
-    if (r.empty()) return not_found("no account named '" + name + "'");
-    return Status::ok();
-  });
+  // Each: absent stays, 0 lifts, more sets.
+  return update_account(
+      conn, "set sync limits", name,
+      "UPDATE accounts SET "
+      "sync_requests_per_minute = CASE WHEN $2::bigint IS NULL THEN sync_requests_per_minute "
+      "  ELSE nullif($2::bigint, 0) END, "
+      "sync_tokens_per_minute = CASE WHEN $3::bigint IS NULL THEN sync_tokens_per_minute "
+      "  ELSE nullif($3::bigint, 0) END, "
+      "max_concurrent_sync = CASE WHEN $4::bigint IS NULL THEN max_concurrent_sync "
+      "  ELSE nullif($4::bigint, 0) END "
+      "WHERE name = $1 RETURNING 1",
+      changes.requests_per_minute, changes.tokens_per_minute, changes.concurrent);
 }
 
 }  // namespace hr::queue

@@ -384,14 +384,11 @@ bool is_request_status(std::string_view status) {
 Result<std::vector<RequestResult>> get_results(pqxx::connection& conn, const std::string& batch_id,
                                                bool include_pending, int from_idx, int limit,
                                                const std::vector<std::string>& statuses) {
-  std::string only;  // the statuses as an SQL list: each one checked against the known names
-  for (const std::string& s : statuses) {
-    if (!is_request_status(s)) {
-      return invalid_argument("unknown request status '" + s +
-                                  "' (queued, running, completed, failed, cancelled or expired)",
-                              "status");
-    }
-    only += (only.empty() ? "'" : ", '") + s + "'";
+  std::optional<std::string> only;  // the statuses as a Postgres array literal (none: all)
+  if (!statuses.empty()) {
+    only = "{";
+    for (const std::string& s : statuses) *only += "\"" + s + "\",";
+    only->back() = '}';
   }
   std::vector<RequestResult> out;
   Status st = pg_guard("get results", [&]() -> Status {
@@ -401,9 +398,8 @@ Result<std::vector<RequestResult>> get_results(pqxx::connection& conn, const std
         "coalesce(completion_tokens, 0), coalesce(cached_tokens, 0) FROM requests "
         "WHERE batch_id = $1::uuid AND idx >= $2";
     if (!include_pending) sql += " AND status NOT IN ('queued', 'running')";
-    if (!only.empty()) sql += " AND status IN (" + only + ")";
-    sql += " ORDER BY idx LIMIT $3";
-    pqxx::result r = tx.exec_params(sql, batch_id, from_idx, limit);
+    sql += " AND ($4::text[] IS NULL OR status = ANY($4::text[])) ORDER BY idx LIMIT $3";
+    pqxx::result r = tx.exec_params(sql, batch_id, from_idx, limit, only);
     out.reserve(r.size());
     for (const auto& row : r) {
       RequestResult rr;

@@ -136,8 +136,8 @@ bool is_request_status(std::string_view status);
 
 // Finished requests of a batch in input order (with `include_pending`, every request), from
 // index `from_idx` on, at most `limit` of them: a page, so that a large batch is read a page at a
-// time (the next page starts after the last index returned). With `statuses`, only requests in
-// one of them (kInvalidArgument naming `status` for one that is not a request status).
+// time (the next page starts after the last index returned). With `statuses` (names the caller
+// has checked with is_request_status), only requests in one of them.
 [[nodiscard]] Result<std::vector<RequestResult>> get_results(
     pqxx::connection& conn, const std::string& batch_id, bool include_pending, int from_idx,
     int limit, const std::vector<std::string>& statuses = {});
