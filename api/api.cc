@@ -347,6 +347,13 @@ http::HttpResponse Api::Impl::handle(const http::HttpRequest& req, http::BodyStr
   }
   if (web::is_page_path(path)) {
     if (req.method() == beast_http::verb::get) return page_response(path);
+    if (req.method() == beast_http::verb::head) {  // the same header, no body
+      http::HttpResponse res = page_response(path);
+      const std::size_t size = res.body().size();
+      res.body().clear();
+      res.content_length(size);
+      return res;
+    }
     return error_response(
         not_found("no route for " + std::string(req.method_string()) + " " + path));
   }

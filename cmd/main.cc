@@ -223,6 +223,8 @@ int main(int argc, char** argv) {
   CLI::App* batch_cmd = app.add_subcommand(
       "batch", "Submit and watch batches, see and cancel them, fetch results (over the HTTP API)");
   batch_cmd->require_subcommand(1);
+  // --url and --api-key may also follow the subcommand (`headroom batch list --url U`).
+  batch_cmd->fallthrough();
   batch.url = "http://127.0.0.1:8080";
   hr::cli::add(*batch_cmd, "--url", batch.url, "The API's base URL");
   hr::cli::add(*batch_cmd, "--api-key", batch.api_key, "An API key of the account");

@@ -177,6 +177,12 @@ TEST(PagesTest, ServedWithoutAKeyWithTheirPolicy) {
   HttpResult missing = h.get("/dashboard/nothing.js", "");
   EXPECT_EQ(missing.status, 404) << missing.body;
   EXPECT_EQ(h.post("/dashboard", "{}", "").status, 404);
+  // HEAD: GET's header (the length of the body it would send), no body.
+  HttpResult head = h.call("HEAD", "/dashboard/uplot.js", "", "", {});
+  EXPECT_EQ(head.status, 200);
+  EXPECT_EQ(head.headers["Content-Length"],
+            std::to_string(h.get("/dashboard/uplot.js", "").body.size()));
+  EXPECT_TRUE(head.body.empty());
   EXPECT_EQ(h.get("/dashboards", "").status, 401);  // not a page: a key is asked for
 }
 

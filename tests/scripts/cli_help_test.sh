@@ -35,6 +35,10 @@ check "accounts show --help" "--account"
 check "plan --help" "--gpu-memory"
 check "batch --help" "HEADROOM_API_KEY"
 check "batch submit --help" "--wait"
+# batch's --url and --api-key may follow its subcommand: a connection error, not a usage error.
+out=$("$bin" batch list --url http://127.0.0.1:1 --api-key some-key-0123456789 2>&1) && { echo "FAIL: batch list reached nothing"; fail=1; }
+grep -q "not expected" <<<"$out" && { echo "FAIL: batch list refused --url after it: $out"; fail=1; }
+grep -q "127.0.0.1:1" <<<"$out" || { echo "FAIL: batch list's error does not name the URL: $out"; fail=1; }
 check "plan --help" "--expert-weights"
 check "dispatcher --help" "--partition-interval-s"
 check "serve --help" "--retention-days"

@@ -38,6 +38,7 @@ HttpResult http_call(const std::string& method, int port, const std::string& tar
     beast::flat_buffer buffer;
     beast_http::response_parser<beast_http::string_body> parser;
     parser.body_limit(1ull << 30);
+    parser.skip(method == "HEAD");  // its Content-Length is GET's; no body follows
     beast_http::read(stream, buffer, parser);
     auto res = parser.release();
     out.status = static_cast<int>(res.result_int());
