@@ -109,7 +109,9 @@ Api::~Api() = default;
 
 void Api::set_sync_inference(SyncInference* sync) {
   impl_->sync = sync;
-  impl_->operator_stats->set_local_workers([sync] { return sync->local_workers(); });
+  std::function<std::vector<queue::WorkerInfo>()> local;  // none once the sync side is gone
+  if (sync) local = [sync] { return sync->local_workers(); };
+  impl_->operator_stats->set_local_workers(std::move(local));
 }
 
 http::HttpResponse Api::handle(const http::HttpRequest& req) {

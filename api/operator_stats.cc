@@ -78,7 +78,7 @@ json OperatorStats::view() const {
 }
 
 void OperatorStats::set_local_workers(std::function<std::vector<queue::WorkerInfo>()> local) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(local_mu_);
   local_ = std::move(local);
 }
 
@@ -113,12 +113,10 @@ void OperatorStats::loop() {
         db.reset();
       }
     }
-    std::function<std::vector<queue::WorkerInfo>()> local;
     {
-      std::lock_guard<std::mutex> guard(mu_);
-      local = local_;
+      std::lock_guard<std::mutex> guard(local_mu_);
+      if (local_) workers = local_();
     }
-    if (local) workers = local();
     for (const std::string& model : options_.models) {
       if (!registry) break;
       auto live = registry->live(model);

@@ -37,7 +37,9 @@ class OperatorStats {
 
   // The samples, oldest first, and the live workers of the last one (the route's result).
   nlohmann::json view() const;
-  // Workers in this process (`serve`), sampled with those the registry holds.
+  // Workers in this process (`serve`), sampled with those the registry holds (null: none). Once
+  // this returns, the sampling thread no longer calls the previous function: what it reads may
+  // go away.
   void set_local_workers(std::function<std::vector<queue::WorkerInfo>()> local);
 
  private:
@@ -49,6 +51,7 @@ class OperatorStats {
   bool stop_ = false;
   std::deque<LoadSample> samples_;
   std::vector<WorkerLoadNow> workers_;
+  std::mutex local_mu_;  // held while local_ is replaced or called
   std::function<std::vector<queue::WorkerInfo>()> local_;
   std::thread thread_;
 };
