@@ -17,7 +17,7 @@ serve_stack() {
   source "$svc/env"
   local port
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  HEADROOM_API_KEY=$key "$bin" --log-level error serve --model "$src/models/tiny-reverse" \
+  HEADROOM_API_KEY=$key "$bin" --log-level warn serve --model "$src/models/tiny-reverse" \
     --port "$port" "$@" >"$svc/serve.log" 2>&1 &
   pid=$!
   u=http://127.0.0.1:$port
