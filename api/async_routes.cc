@@ -7,6 +7,7 @@
 #include <optional>
 #include <unordered_set>
 
+#include "api/affinity.h"
 #include "api/idempotency_key.h"
 #include "api/internal/api_impl.h"
 #include "api/paged_answer.h"
@@ -142,8 +143,14 @@ http::HttpResponse Api::Impl::submit(const http::HttpRequest& req, const std::st
   std::unordered_set<std::string> seen;
   std::optional<BatchError> bad_request;
   batch.num_requests = reqs.size();
+  // x-session-affinity on the submit: every request of it goes to one worker (while it lives).
+  std::optional<int64_t> session;
+  if (auto it = req.find("x-session-affinity"); it != req.end() && !it->value().empty()) {
+    session = session_affinity(std::string_view(it->value().data(), it->value().size()));
+  }
   batch.produce = [&](size_t i, queue::NewRequest* out) -> Status {
     bad_request = parse_batch_request(reqs, i, model, limits, &seen, out, ordered_reqs);
+    if (session) out->affinity = session;
     return bad_request ? bad_request->status : Status::ok();
   };
   int64_t t1 = steady_now_ns();

@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "api/affinity.h"
 #include "api/errors.h"
 #include "api/token_estimate.h"
 #include "wire/chat_request_json.h"
@@ -162,6 +163,7 @@ std::optional<LineError> InputValidator::check(const InputLine& in, queue::NewRe
   }
   out->custom_id = std::move(custom_id);
   out->tokens = estimate_request_tokens(*norm);
+  out->affinity = prefix_affinity(*norm);
   out->body = wire::to_json(std::move(norm).value()).dump();
   return std::nullopt;
 }

@@ -1,11 +1,13 @@
 // Request validation.
 #include "api/batch_request.h"
+
 #include "api/token_estimate.h"
 
 #include <cctype>
 #include <cstdint>
 #include <unordered_set>
 
+#include "api/affinity.h"
 #include "grammar/json_schema.h"
 #include "queue/accounts.h"
 #include "wire/chat_request_json.h"
@@ -623,6 +625,7 @@ std::optional<BatchError> parse_batch_request(const json& reqs, size_t i, const 
     out->custom_id = ref;
   }
   out->tokens = estimate_request_tokens(*norm);
+  out->affinity = prefix_affinity(*norm);
   out->body = wire::to_json(std::move(norm).value()).dump();
   return std::nullopt;
 }

@@ -10,6 +10,7 @@
 
 #include "api/internal/worker_call.h"
 #include "base/clock.h"
+#include "base/hash.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "wire/openai_chat.h"
@@ -20,26 +21,6 @@ namespace hr::api {
 using nlohmann::json;
 
 namespace {
-
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-uint64_t fnv1a(std::string_view s, uint64_t h = 0xcbf29ce484222325ULL) {
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
-
-// Rendezvous (highest random weight) score of `worker` for `key`.
-uint64_t rendezvous(const std::string& key, const std::string& worker) {
-  return mix64(fnv1a(worker, fnv1a(key) ^ 0x5bd1e995ULL));
-}
 
 int load_of(const queue::WorkerInfo& w, int in_flight) { return std::max(w.sync_load, in_flight); }
 
@@ -64,7 +45,8 @@ std::vector<size_t> route_order(const std::vector<queue::WorkerInfo>& workers,
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   if (!affinity.empty()) {
     std::vector<uint64_t> score(workers.size());
-    for (size_t i = 0; i < workers.size(); ++i) score[i] = rendezvous(affinity, workers[i].id);
+    for (size_t i = 0; i < workers.size(); ++i)
+      score[i] = rendezvous_score(affinity, workers[i].id);
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
       return score[a] != score[b] ? score[a] > score[b] : workers[a].id < workers[b].id;
     });
@@ -84,7 +66,7 @@ std::vector<size_t> route_order(const std::vector<queue::WorkerInfo>& workers,
     if (workers[a].async_running != workers[b].async_running) {
       return workers[a].async_running < workers[b].async_running;
     }
-    return mix64(seed ^ fnv1a(workers[a].id)) < mix64(seed ^ fnv1a(workers[b].id));
+    return mix64(seed ^ fnv1a64(workers[a].id)) < mix64(seed ^ fnv1a64(workers[b].id));
   });
   return order;
 }

@@ -9,6 +9,25 @@
 
 namespace hr {
 
+uint64_t fnv1a64(std::string_view data, uint64_t h) {
+  for (unsigned char c : data) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t rendezvous_score(std::string_view key, std::string_view node) {
+  return mix64(fnv1a64(node, fnv1a64(key) ^ 0x5bd1e995ULL));
+}
+
 std::string sha256(std::string_view data) {
   std::string out(SHA256_DIGEST_LENGTH, '\0');
   SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(),

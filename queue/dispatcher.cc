@@ -15,10 +15,12 @@
 #include "base/ids.h"
 #include "base/log.h"
 #include "base/retry_pacer.h"
+#include "queue/affinity_routing.h"
 #include "queue/fair_share.h"
 #include "queue/open_work.h"
 #include "queue/openai_batches.h"
 #include "queue/pg.h"
+#include "queue/registry.h"
 #include "queue/store.h"
 #include "queue/stream.h"
 
@@ -99,6 +101,22 @@ std::string observed_redis(pqxx::transaction_base& tx, bool lock) {
 
 }  // namespace
 
+Result<int> Dispatcher::rewind(const std::string& model) {
+  int rewound = 0;
+  Status st = pg_.run("rewind", [&](pqxx::connection& pg) -> Status {
+    RelayLock lock(pg, model, /*wait=*/true);
+    pqxx::nontransaction tx(pg);
+    rewound = static_cast<int>(
+        tx.exec_params("UPDATE batches SET num_dispatched = 0 WHERE model = $1 AND finished_at IS "
+                       "NULL AND num_dispatched > 0",
+                       model)
+            .affected_rows());
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  return rewound;
+}
+
 Result<bool> Dispatcher::ensure_stream(const std::string& model) {
   if (streams_checked_.count(model)) return false;
   HR_ASSIGN_OR_RETURN(bool exists, group_exists(*redis_, model));
@@ -112,18 +130,7 @@ Result<bool> Dispatcher::ensure_stream(const std::string& model) {
   // only once that is recorded, so that a failure in between is retried by the next look.
   // The batches are rewound under the model's relay lock: a relay of it under way finishes first
   // (it may have pushed into the lost stream, its cursors still unmoved when the look began).
-  int rewound = 0;
-  Status st = pg_.run("rewind", [&](pqxx::connection& pg) -> Status {
-    RelayLock lock(pg, model, /*wait=*/true);
-    pqxx::nontransaction tx(pg);
-    rewound = static_cast<int>(
-        tx.exec_params("UPDATE batches SET num_dispatched = 0 WHERE model = $1 AND finished_at IS "
-                       "NULL AND num_dispatched > 0",
-                       model)
-            .affected_rows());
-    return Status::ok();
-  });
-  if (!st.is_ok()) return st;
+  HR_ASSIGN_OR_RETURN(int rewound, rewind(model));
   HR_RETURN_IF_ERROR(create_group(*redis_, model));
   streams_checked_.insert(model);
   if (rewound > 0) log::warn("dispatcher.stream_lost", {{"model", model}, {"batches", rewound}});
@@ -197,15 +204,11 @@ Result<std::vector<WaitingEntry>> waiting_entries(RedisClient& redis, const std:
       RedisReply r, redis.command({"XRANGE", key, "(" + last, "+", "COUNT", std::to_string(cap)}));
   if (r.is_error()) return unavailable("redis XRANGE: " + r.str);
   std::vector<WaitingEntry> out;
-  for (const RedisReply& e : r.elements) {
-    if (e.elements.size() < 2) continue;
+  for (StreamEntry& e : parse_entries(r)) {
     WaitingEntry w;
-    w.entry_id = e.elements[0].str;
-    const auto& f = e.elements[1].elements;
-    for (size_t k = 0; k + 1 < f.size(); k += 2) {
-      if (f[k].str == "b") w.batch_id = f[k + 1].str;
-      if (f[k].str == "i") w.idx = std::atoi(f[k + 1].str.c_str());
-    }
+    w.entry_id = std::move(e.id);
+    w.batch_id = std::move(e.ref.batch_id);
+    w.idx = e.ref.idx;
     out.push_back(std::move(w));
   }
   return out;
@@ -235,17 +238,50 @@ std::vector<ShareGrant> oldest_first(const std::vector<ShareAccount>& accounts, 
 
 }  // namespace
 
+Result<std::vector<std::string>> Dispatcher::routable_workers(const std::string& model) {
+  LiveWorkers& live = live_[model];
+  if (live.read_ns == 0 || steady_now_ns() - live.read_ns >= 1'000'000'000) {
+    HR_ASSIGN_OR_RETURN(live.ids, live_worker_ids(*redis_, model));
+    live.read_ns = steady_now_ns();
+  }
+  return live.ids;
+}
+
 Result<int> Dispatcher::relay_model(const std::string& model) {
   const std::string key = stream_key(model);
-  // The room: the window less what waits undelivered (every entry is waiting or pending).
-  HR_ASSIGN_OR_RETURN(auto sizes,
-                      redis_->pipeline({{"XLEN", key}, {"XPENDING", key, kConsumerGroup}}));
-  for (const RedisReply& r : sizes) {
-    if (r.is_error()) return unavailable("redis XLEN/XPENDING: " + r.str);
+  // The room: the window less what waits undelivered (every entry is waiting or pending), in the
+  // shared stream and in the workers' own.
+  HR_ASSIGN_OR_RETURN(std::vector<std::string> with_streams, workers_with_streams(*redis_, model));
+  std::vector<std::vector<std::string>> size_cmds = {{"XLEN", key},
+                                                     {"XPENDING", key, kConsumerGroup}};
+  for (const std::string& w : with_streams) {
+    size_cmds.push_back({"XLEN", worker_stream_key(model, w)});
+    size_cmds.push_back({"XPENDING", worker_stream_key(model, w), kConsumerGroup});
   }
-  const int64_t length = sizes[0].integer;
-  const int64_t pending = sizes[1].elements.empty() ? 0 : sizes[1].elements[0].integer;
-  const int64_t waiting = std::max<int64_t>(0, length - pending);
+  HR_ASSIGN_OR_RETURN(auto sizes, redis_->pipeline(size_cmds));
+  auto waiting_in = [&](size_t k) -> Result<int64_t> {
+    const RedisReply& len = sizes[2 * k];
+    const RedisReply& pend = sizes[2 * k + 1];
+    // A worker's stream moved back by the janitor since the listing (or lost: the janitor's
+    // reclaim_worker_streams notices): empty.
+    if (k > 0 && pend.is_error() && pend.str.rfind("NOGROUP", 0) == 0) return 0;
+    if (len.is_error() || pend.is_error()) {
+      return unavailable("redis XLEN/XPENDING: " + (len.is_error() ? len.str : pend.str));
+    }
+    const int64_t pending = pend.elements.empty() ? 0 : pend.elements[0].integer;
+    return std::max<int64_t>(0, len.integer - pending);
+  };
+  HR_ASSIGN_OR_RETURN(int64_t waiting, waiting_in(0));
+  std::map<std::string, int64_t> waiting_for;  // worker → entries waiting in its own stream
+  for (size_t k = 0; k < with_streams.size(); ++k) {
+    HR_ASSIGN_OR_RETURN(int64_t n, waiting_in(k + 1));
+    waiting_for[with_streams[k]] = n;
+    waiting += n;
+  }
+  std::vector<std::string> routable;
+  if (options_.dispatch_by_prefix) {
+    HR_ASSIGN_OR_RETURN(routable, routable_workers(model));
+  }
   RelayWindow& window = windows_.try_emplace(model, options_.window).first->second;
   window.observe(steady_now_ns(), waiting, std::exchange(pushed_since_[model], 0));
   // The model's throughput, for the API's forecasts (queue/open_work.h), about once a second.
@@ -388,28 +424,51 @@ Result<int> Dispatcher::relay_model(const std::string& model) {
     std::map<std::string, int64_t> wanted;
     for (const ShareGrant& g : grants) wanted[g.batch_id] += g.count;
     std::map<std::string, std::vector<int>> rows;
+    std::map<std::string, std::vector<std::optional<int64_t>>> affinities;  // alongside rows
     {
       pqxx::read_transaction tx(pg);
       for (const auto& [batch, n] : wanted) {
         std::vector<int>& idx = rows[batch];
-        for (const auto& r :
-             tx.exec_params("SELECT idx FROM requests WHERE batch_id = $1::uuid AND idx >= $2 "
-                            "AND status = 'queued' ORDER BY idx LIMIT $3",
-                            batch, cursors[batch].first, n)) {
+        std::vector<std::optional<int64_t>>& aff = affinities[batch];
+        for (const auto& r : tx.exec_params(
+                 "SELECT idx, affinity FROM requests WHERE batch_id = $1::uuid AND idx >= $2 "
+                 "AND status = 'queued' ORDER BY idx LIMIT $3",
+                 batch, cursors[batch].first, n)) {
           idx.push_back(r[0].as<int>());
+          aff.push_back(r[1].is_null() ? std::nullopt : std::optional<int64_t>(r[1].as<int64_t>()));
         }
       }
     }
     std::vector<RequestRef> refs;
+    std::vector<std::optional<uint64_t>> keys;
     std::map<std::string, size_t> used;
     for (const ShareGrant& g : grants) {
       const std::vector<int>& idx = rows[g.batch_id];
+      const std::vector<std::optional<int64_t>>& aff = affinities[g.batch_id];
       size_t& u = used[g.batch_id];
-      for (int64_t k = 0; k < g.count && u < idx.size(); ++k)
-        refs.push_back({g.batch_id, idx[u++]});
+      for (int64_t k = 0; k < g.count && u < idx.size(); ++k, ++u) {
+        refs.push_back({g.batch_id, idx[u]});
+        keys.push_back(aff[u]
+                           ? std::optional<uint64_t>(routing_key(account_of[g.batch_id], *aff[u]))
+                           : std::nullopt);
+      }
     }
-    // The cursors stay on failure; pushed again next time.
-    HR_RETURN_IF_ERROR(enqueue(*redis_, model, refs));
+    // Each request with an affinity to its worker's own stream while that has room; the rest to
+    // the shared stream. The cursors stay on failure; pushed again next time.
+    std::vector<int64_t> worker_waiting;
+    for (const std::string& w : routable) worker_waiting.push_back(waiting_for[w]);
+    const std::vector<int> targets =
+        route_by_affinity(keys, routable, &worker_waiting,
+                          worker_stream_cap(window.size(), static_cast<int>(routable.size())));
+    std::vector<RequestRef> shared;
+    std::map<int, std::vector<RequestRef>> per_worker;
+    for (size_t k = 0; k < refs.size(); ++k) {
+      (targets[k] == kSharedStream ? shared : per_worker[targets[k]]).push_back(refs[k]);
+    }
+    HR_RETURN_IF_ERROR(enqueue(*redis_, model, shared));
+    for (const auto& [w, mine] : per_worker) {
+      HR_RETURN_IF_ERROR(enqueue_for_worker(*redis_, model, routable[w], mine));
+    }
     pushed_since_[model] += static_cast<int64_t>(refs.size());
     pqxx::work tx(pg);
     if (observed_redis(tx, true) != observed) {
@@ -619,6 +678,47 @@ Result<bool> Dispatcher::resync_if_redis_lost() {
   return resynced;
 }
 
+Result<int64_t> Dispatcher::reclaim_worker_streams(const std::string& model) {
+  HR_ASSIGN_OR_RETURN(std::vector<std::string> with_streams, workers_with_streams(*redis_, model));
+  if (with_streams.empty()) return 0;
+  // A worker's stream is created with its group and listed in one transaction, and deleted with
+  // its listing in one script: listed but gone, Redis lost it (evicted the key, say). What it
+  // held is sent again, as for a lost shared stream (ensure_stream).
+  std::vector<std::vector<std::string>> exists;
+  for (const std::string& w : with_streams)
+    exists.push_back({"EXISTS", worker_stream_key(model, w)});
+  HR_ASSIGN_OR_RETURN(auto there, redis_->pipeline(exists));
+  std::vector<std::string> lost = {"SREM", worker_streams_key(model)};
+  for (size_t k = 0; k < with_streams.size(); ++k) {
+    if (there[k].is_error()) return unavailable("redis EXISTS: " + there[k].str);
+    if (there[k].integer == 0) lost.push_back(with_streams[k]);
+  }
+  if (lost.size() > 2) {
+    // The rewind first: should the unlisting fail, the next look rewinds again (which only
+    // duplicates entries; a claim drops the copies).
+    HR_ASSIGN_OR_RETURN(int rewound, rewind(model));
+    HR_ASSIGN_OR_RETURN(RedisReply r, redis_->command(lost));
+    if (r.is_error()) return unavailable("redis SREM: " + r.str);
+    log::warn("dispatcher.worker_stream_lost", {{"model", model},
+                                                {"workers", static_cast<int64_t>(lost.size() - 2)},
+                                                {"batches", rewound}});
+    std::erase_if(with_streams, [&](const std::string& w) {
+      return std::find(lost.begin() + 2, lost.end(), w) != lost.end();
+    });
+  }
+  // Departed (no longer in the registry) or draining (stopping: it takes no new work).
+  HR_ASSIGN_OR_RETURN(std::vector<std::string> live, live_worker_ids(*redis_, model));
+  const std::set<std::string> live_ids(live.begin(), live.end());
+  int64_t moved = 0;
+  for (const std::string& w : with_streams) {
+    if (live_ids.count(w)) continue;
+    HR_ASSIGN_OR_RETURN(int64_t n, move_worker_stream(*redis_, model, w));
+    moved += n;
+    log::info("dispatcher.worker_stream_moved", {{"model", model}, {"worker", w}, {"entries", n}});
+  }
+  return moved;
+}
+
 Result<int> Dispatcher::reclaim_idle_entries() {
   std::vector<std::string> models;
   Status st = pg_.run("models", [&](pqxx::connection& pg) -> Status {
@@ -633,41 +733,43 @@ Result<int> Dispatcher::reclaim_idle_entries() {
   int reclaimed = 0;
   for (const std::string& model : models) {
     if (!stream_ready(model)) continue;
-    HR_ASSIGN_OR_RETURN(
-        RedisReply r,
-        redis_->command({"XAUTOCLAIM", stream_key(model), kConsumerGroup, options_.name,
-                         std::to_string(options_.reclaim_idle_ms), "0", "COUNT", "1000"}));
-    if (r.is_error() || r.elements.size() < 2 || r.elements[1].elements.empty()) continue;
-    std::vector<std::string> ids;
-    nlohmann::json keys = nlohmann::json::array();
-    for (const RedisReply& e : r.elements[1].elements) {
-      ids.push_back(e.elements[0].str);
-      if (e.elements.size() < 2) continue;
-      std::string b;
-      std::string i;
-      const auto& f = e.elements[1].elements;
-      for (size_t k = 0; k + 1 < f.size(); k += 2) {
-        if (f[k].str == "b") b = f[k + 1].str;
-        if (f[k].str == "i") i = f[k + 1].str;
+    // A departed worker's own stream first: its entries go back to the shared stream.
+    HR_ASSIGN_OR_RETURN(int64_t moved, reclaim_worker_streams(model));
+    reclaimed += static_cast<int>(moved);
+    // Entries delivered and idle too long, in the shared stream and the live workers' own.
+    std::vector<std::string> keys = {stream_key(model)};
+    HR_ASSIGN_OR_RETURN(std::vector<std::string> with_streams,
+                        workers_with_streams(*redis_, model));
+    for (const std::string& w : with_streams) keys.push_back(worker_stream_key(model, w));
+    for (const std::string& key : keys) {
+      HR_ASSIGN_OR_RETURN(
+          RedisReply r,
+          redis_->command({"XAUTOCLAIM", key, kConsumerGroup, options_.name,
+                           std::to_string(options_.reclaim_idle_ms), "0", "COUNT", "1000"}));
+      if (r.is_error() || r.elements.size() < 2 || r.elements[1].elements.empty()) continue;
+      std::vector<std::string> ids;
+      nlohmann::json refs = nlohmann::json::array();
+      for (const StreamEntry& e : parse_entries(r.elements[1])) {
+        ids.push_back(e.id);
+        if (!e.ref.batch_id.empty()) refs.push_back({{"b", e.ref.batch_id}, {"i", e.ref.idx}});
       }
-      if (b.empty() || i.empty()) continue;
-      keys.push_back({{"b", b}, {"i", std::atoi(i.c_str())}});
+      std::vector<RequestRef> still_queued;
+      Status q = pg_.run("reclaim", [&](pqxx::connection& pg) -> Status {
+        pqxx::nontransaction tx(pg);
+        for (
+            const auto& row : tx.exec_params(
+                "SELECT r.batch_id::text, r.idx FROM requests r JOIN jsonb_to_recordset($1::jsonb) "
+                "AS t(b uuid, i int) ON r.batch_id = t.b AND r.idx = t.i WHERE r.status = 'queued'",
+                refs.dump())) {
+          still_queued.push_back({row[0].as<std::string>(), row[1].as<int>()});
+        }
+        return Status::ok();
+      });
+      if (!q.is_ok()) return q;
+      HR_RETURN_IF_ERROR(enqueue(*redis_, model, still_queued));
+      HR_RETURN_IF_ERROR(ack_and_delete(*redis_, key, ids));
+      reclaimed += static_cast<int>(ids.size());
     }
-    std::vector<RequestRef> still_queued;
-    Status q = pg_.run("reclaim", [&](pqxx::connection& pg) -> Status {
-      pqxx::nontransaction tx(pg);
-      for (const auto& row : tx.exec_params(
-               "SELECT r.batch_id::text, r.idx FROM requests r JOIN jsonb_to_recordset($1::jsonb) "
-               "AS t(b uuid, i int) ON r.batch_id = t.b AND r.idx = t.i WHERE r.status = 'queued'",
-               keys.dump())) {
-        still_queued.push_back({row[0].as<std::string>(), row[1].as<int>()});
-      }
-      return Status::ok();
-    });
-    if (!q.is_ok()) return q;
-    HR_RETURN_IF_ERROR(enqueue(*redis_, model, still_queued));
-    HR_RETURN_IF_ERROR(ack_and_delete(*redis_, model, ids));
-    reclaimed += static_cast<int>(ids.size());
   }
   return reclaimed;
 }

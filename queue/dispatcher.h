@@ -44,6 +44,9 @@ struct DispatcherOptions {
   // false: first in, first out, as before the fair share (the stream holds every request, oldest
   // batch first): for comparisons.
   bool fair_share = true;
+  // Cache-aware dispatch: requests whose prompts start alike go to one live worker's own stream
+  // (queue/affinity_routing.h); false: every request to the shared stream.
+  bool dispatch_by_prefix = true;
   int max_attempts = kDefaultMaxAttempts;  // failed attempts before a request ends failed
   int reclaim_idle_ms = 60000;             // pending entries idle this long are reclaimed
   int tick_ms = 500;                       // janitor period in run()
@@ -84,6 +87,9 @@ class Dispatcher {
   [[nodiscard]] Result<std::pair<int, int>> requeue_expired_leases();
   [[nodiscard]] Result<int> expire_deadlines();
   [[nodiscard]] Result<bool> resync_if_redis_lost();
+  // Moves departed and draining workers' own streams back to the shared stream, and reclaims
+  // entries delivered but idle for reclaim_idle_ms in every stream of the model (pushed again
+  // to the shared stream when their requests are still queued). Returns the entries handled.
   [[nodiscard]] Result<int> reclaim_idle_entries();
   // Pushes requests put back in the queue whose push is not known to have happened (a Redis error
   // or a crash after the commit: push_pending), then clears the mark.
@@ -108,6 +114,14 @@ class Dispatcher {
   bool stream_ready(const std::string& model);
   // One model's share of a relay pass.
   [[nodiscard]] Result<int> relay_model(const std::string& model);
+  // Rewinds the cursors of the model's open batches, under its relay lock, so that what was sent
+  // is sent again (after Redis lost a stream); returns the batches rewound.
+  [[nodiscard]] Result<int> rewind(const std::string& model);
+  // The live workers a model's requests may be sent to by affinity (read about once a second).
+  [[nodiscard]] Result<std::vector<std::string>> routable_workers(const std::string& model);
+  // Moves the streams of a model's departed and draining workers back to its shared stream;
+  // returns the entries moved.
+  [[nodiscard]] Result<int64_t> reclaim_worker_streams(const std::string& model);
 
   std::string database_url_;
   PgSession pg_;
@@ -120,6 +134,11 @@ class Dispatcher {
   std::map<std::string, int64_t> last_full_pass_ns_;  // per model: its last pass past the room
   std::map<std::string, int64_t> pushed_since_;       // per model: pushed since its window looked
   std::map<std::string, int64_t> rate_published_ns_;  // per model: its rate last written
+  struct LiveWorkers {
+    std::vector<std::string> ids;
+    int64_t read_ns = 0;
+  };
+  std::map<std::string, LiveWorkers> live_;  // per model, for cache-aware dispatch
   bool relay_waiting_ = false;
 };
 

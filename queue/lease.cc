@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "queue/pg.h"
 #include "queue/store.h"
@@ -18,14 +19,6 @@ nlohmann::json lease_keys(const std::vector<Lease>& leases) {
   for (const Lease& l : leases)
     arr.push_back({{"b", l.ref.batch_id}, {"i", l.ref.idx}, {"a", l.attempt}});
   return arr;
-}
-
-std::vector<std::string> entry_ids(const std::vector<Lease>& leases) {
-  std::vector<std::string> ids;
-  for (const Lease& l : leases) {
-    if (!l.entry_id.empty()) ids.push_back(l.entry_id);
-  }
-  return ids;
 }
 
 std::string key_of(const std::string& batch, int idx) { return batch + ":" + std::to_string(idx); }
@@ -48,39 +41,76 @@ LeaseClient::LeaseClient(std::string database_url, std::unique_ptr<RedisClient> 
                          LeaseOptions options)
     : pg_(std::move(database_url)), redis_(std::move(redis)), options_(std::move(options)) {}
 
-Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
-  std::vector<Lease> out;
-  if (max <= 0) return out;
+Status LeaseClient::read_stream(const std::string& key, int count, int block_ms,
+                                std::vector<std::pair<std::string, StreamEntry>>* out) {
+  if (count <= 0) return Status::ok();
   // BLOCK 0 would wait forever: without a wait, leave BLOCK out.
   std::vector<std::string> cmd = {"XREADGROUP",   "GROUP", kConsumerGroup,
-                                  options_.owner, "COUNT", std::to_string(max)};
+                                  options_.owner, "COUNT", std::to_string(count)};
   if (block_ms > 0) {
     cmd.push_back("BLOCK");
     cmd.push_back(std::to_string(block_ms));
   }
-  cmd.insert(cmd.end(), {"STREAMS", stream_key(options_.model), ">"});
-  HR_ASSIGN_OR_RETURN(RedisReply reply, redis_->blocking_command(cmd, block_ms));
+  cmd.insert(cmd.end(), {"STREAMS", key, ">"});
+  HR_ASSIGN_OR_RETURN(RedisReply reply, block_ms > 0 ? redis_->blocking_command(cmd, block_ms)
+                                                     : redis_->command(cmd));
   if (reply.is_error()) {
-    // No stream or group yet (nothing relayed for the model), or Redis lost them: a dispatcher
-    // creates them and pushes again what is queued. Until then there is nothing to pull.
-    if (reply.str.rfind("NOGROUP", 0) == 0) return out;
+    // No stream or group yet (nothing relayed there), or Redis lost them: a dispatcher creates
+    // them and pushes again what is queued. Until then there is nothing to pull.
+    if (reply.str.rfind("NOGROUP", 0) == 0) return Status::ok();
     return unavailable("redis XREADGROUP: " + reply.str);
   }
-  if (reply.is_nil() || reply.elements.empty()) return out;
+  if (reply.is_nil() || reply.elements.empty()) return Status::ok();
   // [[stream, [[id, [field, value, ...]], ...]]]
-  std::vector<std::pair<std::string, RequestRef>> entries;
-  for (const RedisReply& e : reply.elements[0].elements[1].elements) {
-    RequestRef ref;
-    const auto& fields = e.elements[1].elements;
-    for (size_t f = 0; f + 1 < fields.size(); f += 2) {
-      if (fields[f].str == "b") ref.batch_id = fields[f + 1].str;
-      if (fields[f].str == "i") ref.idx = std::atoi(fields[f + 1].str.c_str());
-    }
-    entries.emplace_back(e.elements[0].str, std::move(ref));
+  for (StreamEntry& e : parse_entries(reply.elements[0].elements[1])) {
+    out->emplace_back(key, std::move(e));
   }
+  return Status::ok();
+}
+
+Result<std::vector<std::string>> LeaseClient::other_workers() {
+  if (others_read_ns_ == 0 || steady_now_ns() - others_read_ns_ >= 1'000'000'000) {
+    HR_ASSIGN_OR_RETURN(others_, workers_with_streams(*redis_, options_.model));
+    std::erase(others_, options_.owner);
+    others_read_ns_ = steady_now_ns();
+  }
+  return others_;
+}
+
+Status LeaseClient::ack(const std::vector<Lease>& leases) {
+  std::map<std::string, std::vector<std::string>> by_stream;
+  for (const Lease& l : leases) {
+    if (!l.entry_id.empty()) by_stream[l.stream].push_back(l.entry_id);
+  }
+  for (const auto& [stream, ids] : by_stream) {
+    HR_RETURN_IF_ERROR(ack_and_delete(*redis_, stream, ids));
+  }
+  return Status::ok();
+}
+
+Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
+  std::vector<Lease> out;
+  if (max <= 0) return out;
+  std::vector<std::pair<std::string, StreamEntry>> entries;  // {stream, entry}
+  const auto left = [&] { return max - static_cast<int>(entries.size()); };
+  HR_RETURN_IF_ERROR(
+      read_stream(worker_stream_key(options_.model, options_.owner), max, 0, &entries));
+  HR_RETURN_IF_ERROR(read_stream(stream_key(options_.model), left(), 0, &entries));
+  if (entries.empty()) {
+    HR_ASSIGN_OR_RETURN(std::vector<std::string> others, other_workers());
+    for (size_t k = 0; k < others.size() && left() > 0; ++k) {
+      const std::string& w = others[(steal_from_ + k) % others.size()];
+      HR_RETURN_IF_ERROR(read_stream(worker_stream_key(options_.model, w), left(), 0, &entries));
+    }
+    ++steal_from_;
+  }
+  if (entries.empty() && block_ms > 0) {
+    HR_RETURN_IF_ERROR(read_stream(stream_key(options_.model), max, block_ms, &entries));
+  }
+  if (entries.empty()) return out;
   nlohmann::json keys = nlohmann::json::array();
-  for (const auto& [id, ref] : entries) {
-    if (!ref.batch_id.empty()) keys.push_back({{"b", ref.batch_id}, {"i", ref.idx}});
+  for (const auto& [stream, e] : entries) {
+    if (!e.ref.batch_id.empty()) keys.push_back({{"b", e.ref.batch_id}, {"i", e.ref.idx}});
   }
   std::map<std::string, Lease> claimed;
   Status st = pg_.run("claim", [&](pqxx::connection& pg) -> Status {
@@ -123,19 +153,24 @@ Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
     return Status::ok();
   });
   if (!st.is_ok()) return st;
-  std::vector<std::string> dropped;
-  for (auto& [id, ref] : entries) {
-    auto it = claimed.find(key_of(ref.batch_id, ref.idx));
+  std::vector<Lease> dropped;
+  for (auto& [stream, e] : entries) {
+    auto it = claimed.find(key_of(e.ref.batch_id, e.ref.idx));
     if (it == claimed.end() || !it->second.entry_id.empty()) {
-      dropped.push_back(id);  // ended, leased elsewhere, cancelled, past deadline, or a duplicate
+      // Ended, leased elsewhere, cancelled, past deadline, or a duplicate.
+      Lease drop;
+      drop.entry_id = e.id;
+      drop.stream = stream;
+      dropped.push_back(std::move(drop));
       continue;
     }
-    it->second.entry_id = id;
+    it->second.entry_id = e.id;
+    it->second.stream = stream;
     out.push_back(it->second);
   }
   // The claims are committed: they are this worker's now, whatever Redis answers. Entries left
   // pending are reclaimed later.
-  if (Status acked = ack_and_delete(*redis_, options_.model, dropped); !acked.is_ok()) {
+  if (Status acked = ack(dropped); !acked.is_ok()) {
     log::warn("lease.ack_failed", {{"error", acked}});
   }
   return out;
@@ -234,7 +269,7 @@ Result<std::vector<bool>> LeaseClient::finish(const std::vector<Lease>& leases,
   // The results are committed: these requests are done, whatever Redis answers (an error here
   // would have the caller write them again and again while Redis is down). Entries left pending
   // are reclaimed later, and a pull drops them: their requests have ended.
-  if (Status acked = ack_and_delete(*redis_, options_.model, entry_ids(leases)); !acked.is_ok()) {
+  if (Status acked = ack(leases); !acked.is_ok()) {
     log::warn("lease.ack_failed", {{"error", acked}});
   }
   return accepted;
@@ -312,7 +347,7 @@ Status LeaseClient::requeue(const std::vector<Lease>& leases, bool count_failure
     log::warn("lease.requeue_push_failed",
               {{"requests", static_cast<int>(requeued.size())}, {"error", pushed}});
   }
-  return ack_and_delete(*redis_, options_.model, entry_ids(leases));
+  return ack(leases);
 }
 
 }  // namespace hr::queue

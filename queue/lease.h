@@ -34,6 +34,7 @@ struct Lease {
   std::string body;             // the request JSON
   std::string api_shape;        // "workers_ai" or "openai"
   std::string entry_id;         // Redis stream entry
+  std::string stream;           // the stream it was read from (the shared one or a worker's)
   int64_t submitted_at_ms = 0;  // when its batch was submitted (for queue-time metrics)
   std::string account_id;       // whose batch (the prefix cache's namespace)
 };
@@ -59,9 +60,11 @@ class LeaseClient {
                                                                    const std::string& redis_url,
                                                                    LeaseOptions options);
 
-  // Reads up to `max` entries (waiting up to `block_ms` for the first; 0: no wait) and leases the
-  // requests that are still queued. Entries for requests that ended or are leased elsewhere are
-  // dropped.
+  // Reads up to `max` entries and leases the requests that are still queued: from this worker's
+  // own stream first (cache-aware dispatch, queue/affinity_routing.h), then the shared one, and
+  // with nothing in either, from the other workers' own streams (so that no worker idles while
+  // another's stream holds work). With nothing anywhere, waits up to `block_ms` on the shared
+  // stream (0: no wait). Entries for requests that ended or are leased elsewhere are dropped.
   [[nodiscard]] Result<std::vector<Lease>> pull(int max, int block_ms);
   // Extends the leases; returns the ones that were lost (taken over or ended) — stop working on
   // them.
@@ -85,9 +88,22 @@ class LeaseClient {
                                    const std::vector<std::string>& errors,
                                    const std::vector<std::array<int, 3>>& usage);
 
+  // Up to `count` entries of `key` not yet delivered to the group, appended to `out` with the
+  // stream they came from; waits up to block_ms (0: no wait). A stream without the group (not made
+  // yet, or gone) has none.
+  Status read_stream(const std::string& key, int count, int block_ms,
+                     std::vector<std::pair<std::string, StreamEntry>>* out);
+  // The other workers with streams of their own (read about once a second).
+  Result<std::vector<std::string>> other_workers();
+  // Acknowledges and deletes the leases' entries, each in its own stream.
+  Status ack(const std::vector<Lease>& leases);
+
   PgSession pg_;
   std::unique_ptr<RedisClient> redis_;
   LeaseOptions options_;
+  std::vector<std::string> others_;
+  int64_t others_read_ns_ = 0;
+  size_t steal_from_ = 0;  // where the next look at the others' streams starts (round robin)
 };
 
 }  // namespace hr::queue

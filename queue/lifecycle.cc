@@ -111,8 +111,9 @@ Result<SubmitResult> retry_batch(pqxx::connection& conn, const RetryRequest& ret
       ensure_signing_secret(tx, retry.account_id);
     }
     pqxx::result copied = tx.exec_params(
-        "INSERT INTO requests (batch_id, idx, custom_id, body) "
-        "SELECT $1::uuid, (row_number() OVER (ORDER BY idx) - 1)::integer, custom_id, body "
+        "INSERT INTO requests (batch_id, idx, custom_id, body, affinity) "
+        "SELECT $1::uuid, (row_number() OVER (ORDER BY idx) - 1)::integer, custom_id, body, "
+        "  affinity "
         "FROM requests WHERE batch_id = $2::uuid "
         "AND status IN ('failed', 'expired', 'cancelled')",
         id, retry.batch_id);

@@ -102,13 +102,27 @@ Status WorkerRegistry::withdraw(const std::string& model, const std::string& id)
 }
 
 Result<std::vector<WorkerInfo>> WorkerRegistry::live(const std::string& model) {
-  HR_ASSIGN_OR_RETURN(RedisReply ids, redis_->command({"ZRANGE", set_key(model), "0", "-1"}));
+  return live_workers(*redis_, model);
+}
+
+Result<std::vector<std::string>> live_worker_ids(RedisClient& redis, const std::string& model) {
+  HR_ASSIGN_OR_RETURN(std::vector<WorkerInfo> workers, live_workers(redis, model));
+  std::vector<std::string> ids;
+  for (const WorkerInfo& w : workers) {
+    if (!w.draining) ids.push_back(w.id);
+  }
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+Result<std::vector<WorkerInfo>> live_workers(RedisClient& redis, const std::string& model) {
+  HR_ASSIGN_OR_RETURN(RedisReply ids, redis.command({"ZRANGE", set_key(model), "0", "-1"}));
   HR_RETURN_IF_ERROR(reply_error(ids, "list workers"));
   std::vector<WorkerInfo> out;
   if (ids.elements.empty()) return out;
   std::vector<std::string> mget = {"MGET"};
   for (const RedisReply& id : ids.elements) mget.push_back(entry_key(model, id.str));
-  HR_ASSIGN_OR_RETURN(RedisReply entries, redis_->command(mget));
+  HR_ASSIGN_OR_RETURN(RedisReply entries, redis.command(mget));
   HR_RETURN_IF_ERROR(reply_error(entries, "read workers"));
   std::vector<std::string> expired = {"ZREM", set_key(model)};
   for (size_t i = 0; i < entries.elements.size() && i < ids.elements.size(); ++i) {
@@ -122,7 +136,7 @@ Result<std::vector<WorkerInfo>> WorkerRegistry::live(const std::string& model) {
   }
   // Forgetting expired ids is housekeeping: a failure here does not fail the lookup, and an id
   // whose worker came back meanwhile is re-added by its next heartbeat.
-  if (expired.size() > 2) (void)redis_->command(expired);
+  if (expired.size() > 2) (void)redis.command(expired);
   return out;
 }
 

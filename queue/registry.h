@@ -48,6 +48,15 @@ struct WorkerInfo {
   static Result<WorkerInfo> from_json(const nlohmann::json& j);
 };
 
+// The live workers of `model`, in no particular order, on a caller's connection (what
+// WorkerRegistry::live reads). Also forgets expired ids.
+[[nodiscard]] Result<std::vector<WorkerInfo>> live_workers(RedisClient& redis,
+                                                           const std::string& model);
+// The ids of `model`'s live workers that are not draining, sorted: where the relay may send a
+// worker's own work (cache-aware dispatch).
+[[nodiscard]] Result<std::vector<std::string>> live_worker_ids(RedisClient& redis,
+                                                               const std::string& model);
+
 class WorkerRegistry {
  public:
   [[nodiscard]] static Result<std::unique_ptr<WorkerRegistry>> connect(const std::string& redis_url,

@@ -267,8 +267,9 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
       return Status::ok();
     }
     {
-      pqxx::stream_to copy(tx, "requests",
-                           std::vector<std::string>{"batch_id", "idx", "custom_id", "body"});
+      pqxx::stream_to copy(
+          tx, "requests",
+          std::vector<std::string>{"batch_id", "idx", "custom_id", "body", "affinity"});
       NewRequest produced;
       int64_t tokens = 0;
       for (size_t idx = 0; idx < batch.size(); ++idx) {
@@ -280,11 +281,11 @@ Result<SubmitResult> submit_batch(pqxx::connection& conn, const NewBatch& batch)
           r = &batch.requests[idx];
         }
         tokens += r->tokens;
-        if (r->custom_id) {
-          copy << std::make_tuple(id, static_cast<int>(idx), *r->custom_id, r->body);
-        } else {
-          copy << std::make_tuple(id, static_cast<int>(idx), nullptr, r->body);
-        }
+        // A null pointer is NULL in COPY's text.
+        const std::string affinity = r->affinity ? std::to_string(*r->affinity) : std::string();
+        copy << std::make_tuple(id, static_cast<int>(idx),
+                                r->custom_id ? r->custom_id->c_str() : nullptr, r->body,
+                                r->affinity ? affinity.c_str() : nullptr);
       }
       copy.complete();
       if (tokens > 0) {

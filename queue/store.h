@@ -46,6 +46,9 @@ struct NewRequest {
   std::optional<std::string> custom_id;
   std::string body;    // normalized request JSON
   int64_t tokens = 0;  // its estimate: prompt bytes / 4 and max_tokens (max_enqueued_tokens)
+  // What its prompt starts with, as a key (api/affinity.h): requests with one key go to one
+  // worker while it lives (cache-aware dispatch). None: any worker.
+  std::optional<int64_t> affinity;
 };
 
 struct NewBatch {

@@ -7,6 +7,8 @@
 //                             printable ASCII bytes are zero, so greedy decoding writes text
 //                             and never ends early (the bundled tokenizer knows 260 of the
 //                             32,000 tokens; the others decode to nothing)
+//                             (with --shape small, a ~2M-parameter Llama of 2 layers of 64 and
+//                             a context of 2,048: the cache-aware dispatch benchmark's)
 //   --model DIR               measures decode tokens/s at batch 1, 8, 32, prefill tokens/s,
 //                             the batch-1 bandwidth fraction and RSS; prints one JSON object.
 //   --model DIR --only-batch N  three decode runs at batch N only (for profiling).
@@ -51,9 +53,17 @@ long rss_mb() {
 }
 
 int make_random_model(const std::string& dir, const std::string& tokenizer_dir,
-                      bool printable_output, bool moe) {
+                      bool printable_output, bool moe, bool small) {
   hr::testing::RandomLlama spec;
   spec.printable_output = printable_output;
+  if (small) {  // ~2M parameters (mostly the embedding), a context of 2,048: cheap long prompts
+    spec.hidden = 64;
+    spec.intermediate = 128;
+    spec.layers = 2;
+    spec.heads = 4;
+    spec.kv_heads = 2;
+    spec.head_dim = 16;
+  }
   if (moe) {  // ~0.5B parameters, ~0.1B of them read per token: 32 experts of 512, top 4
     spec.experts = 32;
     spec.top_k = 4;
@@ -168,6 +178,7 @@ int main(int argc, char** argv) {
   std::string model, make, tokenizer_dir, output_vocab = "all";
   int only_batch = 0;
   bool moe = false;
+  bool small = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k == "--model") model = argv[i + 1];
@@ -176,9 +187,10 @@ int main(int argc, char** argv) {
     if (k == "--output-vocab") output_vocab = argv[i + 1];
     if (k == "--only-batch") only_batch = std::atoi(argv[i + 1]);
     if (k == "--experts") moe = std::string(argv[i + 1]) == "on";
+    if (k == "--shape") small = std::string(argv[i + 1]) == "small";
   }
   if (!make.empty())
-    return make_random_model(make, tokenizer_dir, output_vocab == "printable", moe);
+    return make_random_model(make, tokenizer_dir, output_vocab == "printable", moe, small);
   auto t0 = Clock::now();
   auto w = load_weights(model);
   if (!w.is_ok()) {

@@ -13,6 +13,9 @@
 //    (estimate_errors: (estimated − actual) / actual of each, and their spread).
 // Each batch left running is cancelled after its phase. Reads progress and tokens from Postgres.
 // Prints one JSON object.
+// With --phases prefix, only cache-aware dispatch (Driver::prefix_run): one batch whose requests
+// share --prefixes system prompts in turn, on --prefix-model; the cached prompt tokens against
+// the ideal.
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 
@@ -20,6 +23,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -121,6 +125,69 @@ class Driver {
             {"end_s", r[2].as<double>()}};
   }
 
+  // Cache-aware dispatch: `n` requests of `key` for `model`, request i with system prompt i mod
+  // `prompts` (each about `prompt_bytes` of text that `salt` makes new to every worker's prefix
+  // cache) and a question of its own, submitted as one batch, waited for to the end. Then the
+  // prompt tokens found cached against the ideal: each prompt computed once, every other request
+  // finding its whole cacheable start (the most cached tokens any request had).
+  json prefix_run(const std::string& key, const std::string& model, int n, int prompts,
+                  int prompt_bytes, const std::string& salt) {
+    std::vector<std::string> systems;
+    for (int p = 0; p < prompts; ++p) {
+      std::string text = "system prompt " + std::to_string(p) + " of run " + salt + ": ";
+      uint64_t x =
+          0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(p + 1) ^ std::hash<std::string>{}(salt);
+      while (static_cast<int>(text.size()) < prompt_bytes) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        text += static_cast<char>('a' + (x >> 33) % 26);
+        if ((x >> 40) % 7 == 0) text += ' ';
+      }
+      systems.push_back(text);
+    }
+    json reqs = json::array();
+    for (int i = 0; i < n; ++i) {
+      reqs.push_back(
+          {{"messages",
+            {{{"role", "system"}, {"content", systems[static_cast<size_t>(i % prompts)]}},
+             {{"role", "user"}, {"content", "question " + std::to_string(i)}}}},
+           {"max_tokens", 4}});
+    }
+    const json body = {{"requests", reqs}};
+    Conn conn(a_.port);
+    auto t0 = Clock::now();
+    auto [status, resp] = conn.call(beast_http::verb::post,
+                                    "/ai/run/" + model + "?queueRequest=true", key, body.dump());
+    if (status != 200) {
+      std::fprintf(stderr, "submit failed: %d %s\n", status, resp.c_str());
+      std::exit(1);
+    }
+    const std::string id = json::parse(resp)["result"]["request_id"];
+    while (!progress(id).finished && seconds_since(t0) < 1800) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    const double seconds = seconds_since(t0);
+    pqxx::nontransaction tx(pg_);
+    pqxx::row r = tx.exec_params1(
+        "SELECT count(*) FILTER (WHERE status = 'completed'), coalesce(sum(cached_tokens), 0), "
+        "coalesce(max(cached_tokens), 0), coalesce(sum(prompt_tokens), 0), "
+        "count(*) FILTER (WHERE cached_tokens > 0) FROM requests WHERE batch_id = $1::uuid",
+        id);
+    const int64_t completed = r[0].as<int64_t>();
+    const int64_t cached = r[1].as<int64_t>();
+    const int64_t cacheable = r[2].as<int64_t>();
+    const double ideal =
+        static_cast<double>(std::max<int64_t>(0, n - prompts)) * static_cast<double>(cacheable);
+    return {{"requests", n},
+            {"completed", completed},
+            {"seconds", seconds},
+            {"requests_per_s", completed / seconds},
+            {"prompt_tokens", r[3].as<int64_t>()},
+            {"cached_tokens", cached},
+            {"cacheable_tokens_per_request", cacheable},
+            {"requests_with_a_hit", r[4].as<int64_t>()},
+            {"cached_fraction_of_ideal", ideal > 0 ? static_cast<double>(cached) / ideal : 0}};
+  }
+
   // Requests of `id` ended per second over `seconds`.
   double rate(const std::string& id, double seconds) {
     int64_t e0 = progress(id).ended;
@@ -167,6 +234,13 @@ int main(int argc, char** argv) {
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
   };
+  if (f.count("--phases") && f["--phases"] == "prefix") {
+    json run =
+        d.prefix_run(a.key_a, f["--prefix-model"], std::stoi(f["--prefix-requests"]),
+                     std::stoi(f["--prefixes"]), std::stoi(f["--prefix-bytes"]), f["--salt"]);
+    say(run);
+    return 0;
+  }
 
   // Alone.
   std::vector<double> alone;

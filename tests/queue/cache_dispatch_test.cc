@@ -1,0 +1,221 @@
+// Cache-aware dispatch against real Postgres and Redis: the relay sends requests with one
+// affinity to one live worker's own stream, that worker reads it first, an idle worker takes from
+// another's, and a departed worker's stream goes back to the shared one.
+#include <gtest/gtest.h>
+#include <pqxx/pqxx>
+
+#include <map>
+#include <set>
+
+#include "base/ids.h"
+#include "queue/accounts.h"
+#include "queue/dispatcher.h"
+#include "queue/lease.h"
+#include "queue/migrate.h"
+#include "queue/registry.h"
+#include "queue/store.h"
+#include "queue/stream.h"
+#include "tests/testing/test_db.h"
+
+namespace hr::queue {
+namespace {
+
+class CacheDispatchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    redis_url_ = hr::testing::redis_url();
+    ASSERT_TRUE(db_.ok());
+    ASSERT_FALSE(redis_url_.empty());
+    ASSERT_TRUE(migrate(db_.url(), bundled_migrations()).is_ok());
+    conn_ = std::make_unique<pqxx::connection>(db_.url());
+    auto key = create_api_key(*conn_, "acct");
+    ASSERT_TRUE(key.is_ok());
+    account_ = key->account_id;
+    model_ = "@test/cache-" + random_hex(4);
+    registry_ = WorkerRegistry::connect(redis_url_).value();
+    redis_ = RedisClient::connect(redis_url_).value();
+  }
+
+  void TearDown() override {
+    for (const std::string& w : announced_) (void)registry_->withdraw(model_, w);
+  }
+
+  void announce(const std::string& worker) {
+    WorkerInfo w;
+    w.id = worker;
+    w.model = model_;
+    w.url = "http://127.0.0.1:1";
+    w.capacity = 8;
+    ASSERT_TRUE(registry_->announce(w, 60000).is_ok());
+    announced_.insert(worker);
+  }
+
+  // A batch of `n` requests, request i with affinity affinity(i) (none when it returns nullopt).
+  std::string submit(int n, const std::function<std::optional<int64_t>(int)>& affinity) {
+    NewBatch b;
+    b.account_id = account_;
+    b.model = model_;
+    for (int i = 0; i < n; ++i) {
+      NewRequest r{std::nullopt, "{\"prompt\":\"p\"}"};
+      r.affinity = affinity(i);
+      b.requests.push_back(r);
+    }
+    auto r = submit_batch(*conn_, b);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    return r.is_ok() ? r->batch_id : "";
+  }
+
+  std::unique_ptr<Dispatcher> dispatcher(bool by_prefix = true) {
+    DispatcherOptions o;
+    o.dispatch_by_prefix = by_prefix;
+    auto d = Dispatcher::create(db_.url(), redis_url_, o);
+    EXPECT_TRUE(d.is_ok());
+    return std::move(d).value();
+  }
+
+  std::unique_ptr<LeaseClient> consumer(const std::string& owner) {
+    auto c = LeaseClient::create(db_.url(), redis_url_, {model_, owner, 30000, 3});
+    EXPECT_TRUE(c.is_ok());
+    return std::move(c).value();
+  }
+
+  int64_t length(const std::string& key) { return redis_->command({"XLEN", key}).value().integer; }
+
+  std::map<int, int64_t> affinity_of_leases(const std::vector<Lease>& leases) {
+    std::map<int, int64_t> out;
+    pqxx::nontransaction tx(*conn_);
+    for (const Lease& l : leases) {
+      out[l.ref.idx] = tx.exec_params1(
+                             "SELECT affinity FROM requests WHERE batch_id = $1::uuid "
+                             "AND idx = $2",
+                             l.ref.batch_id, l.ref.idx)[0]
+                           .as<int64_t>();
+    }
+    return out;
+  }
+
+  hr::testing::TestDatabase db_;
+  std::string redis_url_;
+  std::unique_ptr<pqxx::connection> conn_;
+  std::unique_ptr<WorkerRegistry> registry_;
+  std::unique_ptr<RedisClient> redis_;
+  std::set<std::string> announced_;
+  std::string account_;
+  std::string model_;
+};
+
+TEST_F(CacheDispatchTest, RequestsWithOneAffinityGoToOneWorkerWhichReadsThemFirst) {
+  announce("w1");
+  announce("w2");
+  // Four prefixes, five requests each, interleaved; and four without an affinity.
+  submit(24, [](int i) { return i < 20 ? std::optional<int64_t>(1000 + i % 4) : std::nullopt; });
+  auto d = dispatcher();
+  auto tick = d->tick();
+  ASSERT_TRUE(tick.is_ok()) << tick.status().to_string();
+  EXPECT_EQ(tick->relayed, 24);
+  EXPECT_EQ(length(stream_key(model_)), 4);  // the four without an affinity
+  const int64_t own1 = length(worker_stream_key(model_, "w1"));
+  const int64_t own2 = length(worker_stream_key(model_, "w2"));
+  EXPECT_EQ(own1 + own2, 20);
+  EXPECT_EQ(own1 % 5, 0) << "each prefix's five requests in one worker's stream";
+  EXPECT_EQ(workers_with_streams(*redis_, model_).value().size(),
+            static_cast<size_t>((own1 > 0) + (own2 > 0)));
+  // Each worker pulls its own before the shared stream's, and every request of one prefix is on
+  // one worker.
+  auto c1 = consumer("w1");
+  auto c2 = consumer("w2");
+  std::vector<Lease> got1 = c1->pull(static_cast<int>(own1), 0).value();
+  std::vector<Lease> got2 = c2->pull(static_cast<int>(own2), 0).value();
+  ASSERT_EQ(static_cast<int64_t>(got1.size()), own1);
+  ASSERT_EQ(static_cast<int64_t>(got2.size()), own2);
+  std::map<int64_t, std::set<std::string>> workers_of;
+  for (auto [idx, a] : affinity_of_leases(got1)) workers_of[a].insert("w1");
+  for (auto [idx, a] : affinity_of_leases(got2)) workers_of[a].insert("w2");
+  EXPECT_EQ(workers_of.size(), 4u);
+  for (const auto& [a, ws] : workers_of) EXPECT_EQ(ws.size(), 1u) << "affinity " << a;
+  for (const Lease& l : got1) EXPECT_EQ(l.stream, worker_stream_key(model_, "w1"));
+  // The shared stream's four next; completing acks each in its own stream.
+  std::vector<Lease> rest = c1->pull(10, 0).value();
+  ASSERT_EQ(rest.size(), 4u);
+  for (const Lease& l : rest) EXPECT_EQ(l.stream, stream_key(model_));
+  std::vector<Completion> done;
+  for (const auto* set : {&got1, &got2, &rest}) {
+    for (const Lease& l : *set) done.push_back({l, "{\"response\":\"ok\"}", 1, 1, 0});
+  }
+  ASSERT_TRUE(c1->complete(done).is_ok());
+  EXPECT_EQ(length(worker_stream_key(model_, "w1")), 0);
+  EXPECT_EQ(length(worker_stream_key(model_, "w2")), 0);
+  EXPECT_EQ(length(stream_key(model_)), 0);
+}
+
+TEST_F(CacheDispatchTest, AnIdleWorkerTakesFromAnothersStream) {
+  announce("w1");
+  submit(6, [](int) { return std::optional<int64_t>(77); });
+  auto d = dispatcher();
+  ASSERT_TRUE(d->tick().is_ok());
+  auto names = workers_with_streams(*redis_, model_).value();
+  ASSERT_EQ(names, std::vector<std::string>{"w1"});
+  // w2 has nothing of its own and the shared stream is empty: it takes w1's.
+  auto c2 = consumer("w2");
+  std::vector<Lease> got = c2->pull(4, 0).value();
+  ASSERT_EQ(got.size(), 4u);
+  for (const Lease& l : got) EXPECT_EQ(l.stream, worker_stream_key(model_, "w1"));
+  EXPECT_EQ(consumer("w1")->pull(10, 0).value().size(), 2u);
+}
+
+TEST_F(CacheDispatchTest, ADepartedWorkersStreamGoesBackToTheSharedStream) {
+  announce("w1");
+  submit(5, [](int) { return std::optional<int64_t>(5); });
+  auto d = dispatcher();
+  ASSERT_TRUE(d->tick().is_ok());
+  ASSERT_EQ(length(worker_stream_key(model_, "w1")), 5);
+  // w1 reads two (they are its, leased in Postgres) and leaves.
+  ASSERT_EQ(consumer("w1")->pull(2, 0).value().size(), 2u);
+  ASSERT_TRUE(registry_->withdraw(model_, "w1").is_ok());
+  auto tick = d->tick();
+  ASSERT_TRUE(tick.is_ok());
+  EXPECT_EQ(tick->reclaimed, 5);
+  EXPECT_EQ(redis_->command({"EXISTS", worker_stream_key(model_, "w1")}).value().integer, 0);
+  EXPECT_TRUE(workers_with_streams(*redis_, model_).value().empty());
+  // A new worker pulls the three still queued; the copies of the two leased are dropped.
+  auto c3 = consumer("w3");
+  std::vector<Lease> got = c3->pull(10, 0).value();
+  EXPECT_EQ(got.size(), 3u);
+  EXPECT_EQ(length(stream_key(model_)), 3);  // pending with w3 until completed
+  EXPECT_TRUE(c3->pull(10, 0).value().empty());
+}
+
+// Redis lost a worker's stream (evicted the key, say): the relay notices the listed stream
+// without its group and sends its requests again.
+TEST_F(CacheDispatchTest, ALostWorkerStreamIsSentAgain) {
+  announce("w1");
+  submit(4, [](int) { return std::optional<int64_t>(3); });
+  auto d = dispatcher();
+  ASSERT_TRUE(d->tick().is_ok());
+  ASSERT_EQ(length(worker_stream_key(model_, "w1")), 4);
+  ASSERT_EQ(redis_->command({"DEL", worker_stream_key(model_, "w1")}).value().integer, 1);
+  auto tick = d->tick();  // the janitor notices and rewinds; the relay sends them again
+  ASSERT_TRUE(tick.is_ok()) << tick.status().to_string();
+  EXPECT_EQ(tick->relayed, 4);
+  EXPECT_EQ(workers_with_streams(*redis_, model_).value(), std::vector<std::string>{"w1"});
+  EXPECT_EQ(consumer("w1")->pull(10, 0).value().size(), 4u);
+}
+
+TEST_F(CacheDispatchTest, SwitchedOffEverythingGoesToTheSharedStream) {
+  announce("w1");
+  submit(8, [](int i) { return std::optional<int64_t>(i % 2); });
+  auto d = dispatcher(/*by_prefix=*/false);
+  ASSERT_TRUE(d->tick().is_ok());
+  EXPECT_EQ(length(stream_key(model_)), 8);
+  EXPECT_TRUE(workers_with_streams(*redis_, model_).value().empty());
+}
+
+TEST_F(CacheDispatchTest, WithoutLiveWorkersEverythingGoesToTheSharedStream) {
+  submit(3, [](int) { return std::optional<int64_t>(9); });
+  auto d = dispatcher();
+  ASSERT_TRUE(d->tick().is_ok());
+  EXPECT_EQ(length(stream_key(model_)), 3);
+}
+
+}  // namespace
+}  // namespace hr::queue
