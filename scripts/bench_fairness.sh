@@ -9,12 +9,14 @@
 # --fair-share=false (first in, first out, every request pushed at once, as before the fair
 # relay), for comparison.
 # Then cache-aware dispatch (docs/cache-aware-dispatch.md): four workers on a small random model
-# with a context of 2,048 (written to .headroom/bench-model-small on first use), each with a KV
-# cache of HEADROOM_PREFIX_KV_BYTES (3 MiB: room for about 12 of the prompts' starts, fewer than
-# the 16 in play), run HEADROOM_PREFIX_REQUESTS (8,000) requests over 16 system prompts of about
-# 512 tokens, in turn; the cached prompt tokens against the ideal, with --dispatch-by-prefix and
-# without. HEADROOM_FAIRNESS_PHASES ("fair prefix") picks the parts. The last line of output is
-# one JSON object with the figures.
+# with a context of 2,048 (written to .headroom/bench-model-small on first use; ChatML, which
+# renders system messages, as its chat template), each with a KV cache of
+# HEADROOM_PREFIX_KV_BYTES (8 MiB: 1,024 blocks, room for about 29 of the prompts' starts, fewer
+# than the HEADROOM_PREFIX_PROMPTS (64) in play, more than a quarter of them), run
+# HEADROOM_PREFIX_REQUESTS (8,000) requests over those system prompts of ~512 bytes (~560
+# tokens rendered), in turn; the cached prompt tokens against the ideal, with
+# --dispatch-by-prefix and without. HEADROOM_FAIRNESS_PHASES ("fair prefix") picks the parts.
+# The last line of output is one JSON object with the figures.
 set -euo pipefail
 bench_targets="headroom_fairness_bench headroom_engine_bench"
 # shellcheck source=scripts/bench_lib.sh
@@ -79,14 +81,15 @@ prefix_off='{}'
 if [[ " $phases " == *" prefix "* ]]; then
   for w in 1 2 3 4; do
     $bin --log-level warn worker --model "$small" --name "$prefix_model" --worker-name "p$w" \
-      --kv-cache-bytes "${HEADROOM_PREFIX_KV_BYTES:-3145728}" &
+      --kv-cache-bytes "${HEADROOM_PREFIX_KV_BYTES:-8388608}" --chat-template chatml &
     pids+=("$!")
   done
   bench_wait_ready "$port"
   sleep 3  # the workers load and register
   prefix() {
     driver --phases prefix --prefix-model "$prefix_model" \
-      --prefix-requests "${HEADROOM_PREFIX_REQUESTS:-8000}" --prefixes 16 --prefix-bytes 512 "$@"
+      --prefix-requests "${HEADROOM_PREFIX_REQUESTS:-8000}" \
+      --prefixes "${HEADROOM_PREFIX_PROMPTS:-64}" --prefix-bytes 512 "$@"
   }
   start_dispatcher
   prefix --salt on | tee "$svc/prefix-on.out"
