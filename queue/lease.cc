@@ -68,13 +68,14 @@ Status LeaseClient::read_stream(const std::string& key, int count, int block_ms,
   return Status::ok();
 }
 
-Result<std::vector<std::string>> LeaseClient::other_workers() {
-  if (others_read_ns_ == 0 || steady_now_ns() - others_read_ns_ >= 1'000'000'000) {
-    HR_ASSIGN_OR_RETURN(others_, workers_with_streams(*redis_, options_.model));
-    std::erase(others_, options_.owner);
-    others_read_ns_ = steady_now_ns();
+Status LeaseClient::read_listing() {
+  if (listing_read_ns_ != 0 && steady_now_ns() - listing_read_ns_ < 1'000'000'000) {
+    return Status::ok();
   }
-  return others_;
+  HR_ASSIGN_OR_RETURN(others_, workers_with_streams(*redis_, options_.model));
+  own_listed_ = std::erase(others_, options_.owner) > 0;
+  listing_read_ns_ = steady_now_ns();
+  return Status::ok();
 }
 
 Status LeaseClient::ack(const std::vector<Lease>& leases) {
@@ -93,13 +94,15 @@ Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
   if (max <= 0) return out;
   std::vector<std::pair<std::string, StreamEntry>> entries;  // {stream, entry}
   const auto left = [&] { return max - static_cast<int>(entries.size()); };
-  HR_RETURN_IF_ERROR(
-      read_stream(worker_stream_key(options_.model, options_.owner), max, 0, &entries));
+  HR_RETURN_IF_ERROR(read_listing());
+  if (own_listed_) {
+    HR_RETURN_IF_ERROR(
+        read_stream(worker_stream_key(options_.model, options_.owner), max, 0, &entries));
+  }
   HR_RETURN_IF_ERROR(read_stream(stream_key(options_.model), left(), 0, &entries));
   if (entries.empty()) {
-    HR_ASSIGN_OR_RETURN(std::vector<std::string> others, other_workers());
-    for (size_t k = 0; k < others.size() && left() > 0; ++k) {
-      const std::string& w = others[(steal_from_ + k) % others.size()];
+    for (size_t k = 0; k < others_.size() && left() > 0; ++k) {
+      const std::string& w = others_[(steal_from_ + k) % others_.size()];
       HR_RETURN_IF_ERROR(read_stream(worker_stream_key(options_.model, w), left(), 0, &entries));
     }
     ++steal_from_;

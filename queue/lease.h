@@ -93,16 +93,18 @@ class LeaseClient {
   // yet, or gone) has none.
   Status read_stream(const std::string& key, int count, int block_ms,
                      std::vector<std::pair<std::string, StreamEntry>>* out);
-  // The other workers with streams of their own (read about once a second).
-  Result<std::vector<std::string>> other_workers();
+  // Reads, about once a second, which workers have streams of their own (this one among them or
+  // not: until the relay has sent it work of its own, a pull does not look for any).
+  Status read_listing();
   // Acknowledges and deletes the leases' entries, each in its own stream.
   Status ack(const std::vector<Lease>& leases);
 
   PgSession pg_;
   std::unique_ptr<RedisClient> redis_;
   LeaseOptions options_;
-  std::vector<std::string> others_;
-  int64_t others_read_ns_ = 0;
+  std::vector<std::string> others_;  // the other workers with streams of their own
+  bool own_listed_ = false;          // whether this worker has one
+  int64_t listing_read_ns_ = 0;
   size_t steal_from_ = 0;  // where the next look at the others' streams starts (round robin)
 };
 
