@@ -56,7 +56,8 @@ class CacheDispatchTest : public ::testing::Test {
     b.account_id = account_;
     b.model = model_;
     for (int i = 0; i < n; ++i) {
-      NewRequest r{std::nullopt, "{\"prompt\":\"p\"}"};
+      NewRequest r;
+      r.body = "{\"prompt\":\"p\"}";
       r.affinity = affinity(i);
       b.requests.push_back(r);
     }
