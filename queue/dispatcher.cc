@@ -678,9 +678,10 @@ Result<bool> Dispatcher::resync_if_redis_lost() {
   return resynced;
 }
 
-Result<int64_t> Dispatcher::reclaim_worker_streams(const std::string& model) {
+Result<std::vector<std::string>> Dispatcher::reclaim_worker_streams(const std::string& model,
+                                                                    int64_t* moved) {
   HR_ASSIGN_OR_RETURN(std::vector<std::string> with_streams, workers_with_streams(*redis_, model));
-  if (with_streams.empty()) return 0;
+  if (with_streams.empty()) return with_streams;
   // A worker's stream is created with its group and listed in one transaction, and deleted with
   // its listing in one script: listed but gone, Redis lost it (evicted the key, say). What it
   // held is sent again, as for a lost shared stream (ensure_stream).
@@ -688,35 +689,37 @@ Result<int64_t> Dispatcher::reclaim_worker_streams(const std::string& model) {
   for (const std::string& w : with_streams)
     exists.push_back({"EXISTS", worker_stream_key(model, w)});
   HR_ASSIGN_OR_RETURN(auto there, redis_->pipeline(exists));
-  std::vector<std::string> lost = {"SREM", worker_streams_key(model)};
+  std::vector<std::string> kept, lost;
   for (size_t k = 0; k < with_streams.size(); ++k) {
     if (there[k].is_error()) return unavailable("redis EXISTS: " + there[k].str);
-    if (there[k].integer == 0) lost.push_back(with_streams[k]);
+    (there[k].integer == 0 ? lost : kept).push_back(with_streams[k]);
   }
-  if (lost.size() > 2) {
+  if (!lost.empty()) {
     // The rewind first: should the unlisting fail, the next look rewinds again (which only
     // duplicates entries; a claim drops the copies).
     HR_ASSIGN_OR_RETURN(int rewound, rewind(model));
-    HR_ASSIGN_OR_RETURN(RedisReply r, redis_->command(lost));
+    std::vector<std::string> unlist = {"SREM", worker_streams_key(model)};
+    unlist.insert(unlist.end(), lost.begin(), lost.end());
+    HR_ASSIGN_OR_RETURN(RedisReply r, redis_->command(unlist));
     if (r.is_error()) return unavailable("redis SREM: " + r.str);
-    log::warn("dispatcher.worker_stream_lost", {{"model", model},
-                                                {"workers", static_cast<int64_t>(lost.size() - 2)},
-                                                {"batches", rewound}});
-    std::erase_if(with_streams, [&](const std::string& w) {
-      return std::find(lost.begin() + 2, lost.end(), w) != lost.end();
-    });
+    log::warn(
+        "dispatcher.worker_stream_lost",
+        {{"model", model}, {"workers", static_cast<int64_t>(lost.size())}, {"batches", rewound}});
   }
   // Departed (no longer in the registry) or draining (stopping: it takes no new work).
   HR_ASSIGN_OR_RETURN(std::vector<std::string> live, live_worker_ids(*redis_, model));
   const std::set<std::string> live_ids(live.begin(), live.end());
-  int64_t moved = 0;
-  for (const std::string& w : with_streams) {
-    if (live_ids.count(w)) continue;
+  std::vector<std::string> staying;
+  for (const std::string& w : kept) {
+    if (live_ids.count(w)) {
+      staying.push_back(w);
+      continue;
+    }
     HR_ASSIGN_OR_RETURN(int64_t n, move_worker_stream(*redis_, model, w));
-    moved += n;
+    *moved += n;
     log::info("dispatcher.worker_stream_moved", {{"model", model}, {"worker", w}, {"entries", n}});
   }
-  return moved;
+  return staying;
 }
 
 Result<int> Dispatcher::reclaim_idle_entries() {
@@ -734,13 +737,12 @@ Result<int> Dispatcher::reclaim_idle_entries() {
   for (const std::string& model : models) {
     if (!stream_ready(model)) continue;
     // A departed worker's own stream first: its entries go back to the shared stream.
-    HR_ASSIGN_OR_RETURN(int64_t moved, reclaim_worker_streams(model));
+    int64_t moved = 0;
+    HR_ASSIGN_OR_RETURN(std::vector<std::string> staying, reclaim_worker_streams(model, &moved));
     reclaimed += static_cast<int>(moved);
     // Entries delivered and idle too long, in the shared stream and the live workers' own.
     std::vector<std::string> keys = {stream_key(model)};
-    HR_ASSIGN_OR_RETURN(std::vector<std::string> with_streams,
-                        workers_with_streams(*redis_, model));
-    for (const std::string& w : with_streams) keys.push_back(worker_stream_key(model, w));
+    for (const std::string& w : staying) keys.push_back(worker_stream_key(model, w));
     for (const std::string& key : keys) {
       HR_ASSIGN_OR_RETURN(
           RedisReply r,

@@ -119,9 +119,11 @@ class Dispatcher {
   [[nodiscard]] Result<int> rewind(const std::string& model);
   // The live workers a model's requests may be sent to by affinity (read about once a second).
   [[nodiscard]] Result<std::vector<std::string>> routable_workers(const std::string& model);
-  // Moves the streams of a model's departed and draining workers back to its shared stream;
-  // returns the entries moved.
-  [[nodiscard]] Result<int64_t> reclaim_worker_streams(const std::string& model);
+  // Moves the streams of a model's departed and draining workers back to its shared stream
+  // (adding the entries moved to `moved`), and rewinds the model if a listed stream was lost;
+  // returns the live workers whose streams stay (read once per tick).
+  [[nodiscard]] Result<std::vector<std::string>> reclaim_worker_streams(const std::string& model,
+                                                                        int64_t* moved);
 
   std::string database_url_;
   PgSession pg_;
