@@ -20,7 +20,12 @@ struct BackendSpec {
   int max_num_tokens = 8192;            // per step (cuda activation buffers)
   int max_num_seqs = 256;               // per step
   int cpu_thread_nice = 0;              // cpu: nice value of the backend's pool threads
-  std::string cuda_options;             // cuda: settings, see parse_cuda_options
+  // Ranks (parallel_cpu_backend.h; the CPU backend only so far): tensor-parallel ranks per
+  // stage, pipeline stages, expert parallelism (0: tp when the experts split over it, else 1).
+  int tensor_parallel = 1;
+  int pipeline_parallel = 1;
+  int expert_parallel = 0;
+  std::string cuda_options;  // cuda: settings, see parse_cuda_options
 };
 
 // The CUDA backend's settings, as --cuda-options gives them: comma-separated, each name=value or a

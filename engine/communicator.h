@@ -26,6 +26,11 @@ class Communicator {
   [[nodiscard]] virtual Status reduce_scatter(const float* in, float* out, size_t n) = 0;
   // data[0..n) becomes rank `root`'s.
   [[nodiscard]] virtual Status broadcast(float* data, size_t n, int root) = 0;
+  // Point to point, between pipeline stages: send() hands data[0..n) to rank `peer` (the data may
+  // be reused once it returns), and recv() waits for the oldest message from `peer` not yet
+  // received, which must hold n values. Messages between two ranks arrive in the order sent.
+  [[nodiscard]] virtual Status send(const float* data, size_t n, int peer) = 0;
+  [[nodiscard]] virtual Status recv(float* data, size_t n, int peer) = 0;
 };
 
 }  // namespace hr::engine

@@ -109,13 +109,15 @@ void pack_matrix(std::vector<float>* v, int n, int k, int count = 1) {
 void pack_for_cpu(ModelWeights* w) {
   if (w->cpu_packed) return;
   const ModelConfig& c = w->config;
-  const int D = c.hidden_size, F = c.intermediate_size, Q = c.q_size(), KV = c.kv_size();
-  const int E = c.moe.num_experts, FE = c.moe.expert_intermediate_size;
+  const WeightShard s = w->shard();
+  const int D = c.hidden_size, F = s.ffn, hd = c.head_dim;
+  const int Q = s.num_q_heads * hd, KV = s.num_kv_heads * hd;
+  const int E = s.num_experts, FE = s.expert_ffn;
   for (size_t li = 0; li < w->layers.size(); ++li) {
     LayerWeights& L = w->layers[li];
     pack_matrix(&L.wqkv, Q + 2 * KV, D);
     pack_matrix(&L.wo, D, Q);
-    if (c.is_moe_layer(static_cast<int>(li))) {
+    if (c.is_moe_layer(s.first_layer + static_cast<int>(li))) {
       pack_matrix(&L.experts_gate_up, 2 * FE, D, E);
       pack_matrix(&L.experts_down, D, FE, E);
     } else {
@@ -123,7 +125,12 @@ void pack_for_cpu(ModelWeights* w) {
       pack_matrix(&L.w_down, D, F);
     }
   }
-  pack_matrix(w->lm_head.empty() ? &w->embed : &w->lm_head, c.vocab_size, D);
+  // The LM head (the embedding when tied on the whole model); a shard's own slice, if it has one.
+  if (!w->lm_head.empty()) {
+    pack_matrix(&w->lm_head, s.vocab, D);
+  } else if (s.whole()) {
+    pack_matrix(&w->embed, c.vocab_size, D);
+  }
   w->cpu_packed = true;
 }
 
@@ -152,9 +159,17 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::create(std::shared_ptr<const Mod
     return invalid_argument("thread count must be 0 (one per core) to 256", "threads");
   }
   const ModelConfig& c = weights->config;
-  size_t per_block = 2ull * static_cast<size_t>(c.num_layers) * options.block_size *
-                     static_cast<size_t>(c.kv_size()) * sizeof(float);
-  int num_blocks = static_cast<int>(options.kv_cache_bytes / per_block);
+  const WeightShard shard = weights->shard();
+  if (shard.tp > 1 &&
+      (options.tensor_parallel == nullptr || options.tensor_parallel->size() != shard.tp ||
+       options.tensor_parallel->rank() != shard.tp_rank)) {
+    return invalid_argument("a tensor-parallel rank's weights need its group's communicator",
+                            "tensor-parallel");
+  }
+  size_t per_block = 2ull * static_cast<size_t>(shard.num_layers) * options.block_size *
+                     static_cast<size_t>(shard.num_kv_heads) * c.head_dim * sizeof(float);
+  int num_blocks = options.num_kv_blocks > 0 ? options.num_kv_blocks
+                                             : static_cast<int>(options.kv_cache_bytes / per_block);
   if (num_blocks < 1) {
     return invalid_argument("KV cache budget of " + std::to_string(options.kv_cache_bytes) +
                                 " bytes holds no block (one takes " + std::to_string(per_block) +
@@ -167,6 +182,7 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::create(std::shared_ptr<const Mod
 CpuBackend::CpuBackend(std::shared_ptr<const ModelWeights> weights, CpuBackendOptions options,
                        int num_blocks)
     : weights_(std::move(weights)),
+      shard_(weights_->shard()),
       options_(options),
       num_blocks_(num_blocks),
       pool_(options.num_threads > 0
@@ -175,80 +191,49 @@ CpuBackend::CpuBackend(std::shared_ptr<const ModelWeights> weights, CpuBackendOp
             options.thread_nice) {
   const ModelConfig& c = weights_->config;
   rope_inv_freq_ = c.rope_inv_freq();
-  size_t layer_elems = static_cast<size_t>(num_blocks_) * options_.block_size * c.kv_size();
-  k_cache_.assign(static_cast<size_t>(c.num_layers), std::vector<float>(layer_elems, 0.0f));
-  v_cache_.assign(static_cast<size_t>(c.num_layers), std::vector<float>(layer_elems, 0.0f));
+  size_t layer_elems =
+      static_cast<size_t>(num_blocks_) * options_.block_size * shard_.num_kv_heads * c.head_dim;
+  k_cache_.assign(static_cast<size_t>(shard_.num_layers), std::vector<float>(layer_elems, 0.0f));
+  v_cache_.assign(static_cast<size_t>(shard_.num_layers), std::vector<float>(layer_elems, 0.0f));
 }
 
 size_t CpuBackend::kv_cache_bytes() const {
-  const ModelConfig& c = weights_->config;
-  return 2ull * c.num_layers * num_blocks_ * options_.block_size * c.kv_size() * sizeof(float);
+  return 2ull * shard_.num_layers * num_blocks_ * options_.block_size * shard_.num_kv_heads *
+         weights_->config.head_dim * sizeof(float);
 }
 
-Status CpuBackend::submit(const StepInput& in, const SampleSpec* specs) {
-  if (outstanding_.size() >= 2)
-    return internal_error("two steps are outstanding: collect one first");
-  if (in.num_logits > 0 && specs == nullptr)
-    return invalid_argument("no sampling specs for the logits rows");
-  StepInput resolved = in;
-  if (in.fed_rows) {
-    fed_ids_.assign(in.token_ids, in.token_ids + std::max(0, in.num_tokens));
-    for (int t = 0; t < in.num_tokens; ++t) {
-      const int32_t row = in.fed_rows[t];
-      if (row < 0) continue;
-      if (row >= static_cast<int>(last_tokens_.size())) {
-        return invalid_argument("fed row " + std::to_string(row) +
-                                " is not a row of the previous step");
-      }
-      fed_ids_[static_cast<size_t>(t)] = last_tokens_[static_cast<size_t>(row)];
-    }
-    resolved.token_ids = fed_ids_.data();
-    resolved.fed_rows = nullptr;
-  }
-  const int V = vocab_size();
-  logits_.resize(static_cast<size_t>(std::max(1, in.num_logits)) * V);
-  HR_RETURN_IF_ERROR(forward(resolved, logits_.data()));
-  const size_t L = static_cast<size_t>(std::max(0, in.num_logits));
-  Sampled out;
-  out.tokens.resize(L);
-  out.logprobs.resize(L);
-  out.asked.assign(L, -1);
-  for (size_t i = 0; i < L; ++i) {
-    float* row = &logits_[i * V];
-    apply_penalties(row, V, specs[i], resolved.token_ids[in.logits_rows[i]]);
-    if (specs[i].allowed) apply_token_mask(row, V, specs[i].allowed);
-    out.tokens[i] = sample_token(row, V, specs[i]);
-    if (specs[i].logprobs >= 0) {
-      out.asked[i] = specs[i].logprobs;
-      token_logprobs(row, V, out.tokens[i], specs[i].logprobs, &out.logprobs[i]);
-    }
-  }
-  last_tokens_ = out.tokens;
-  outstanding_.push_back(std::move(out));
+Status CpuBackend::add_reduced(int T) {
+  const size_t n = static_cast<size_t>(T) * weights_->config.hidden_size;
+  HR_RETURN_IF_ERROR(options_.tensor_parallel->all_reduce(out_.data(), n));
+  for (size_t i = 0; i < n; ++i) x_[i] += out_[i];
   return Status::ok();
 }
 
-Status CpuBackend::collect(int32_t* tokens, TokenLogprobs* logprobs) {
-  if (outstanding_.empty()) return internal_error("no step to collect");
-  const Sampled& s = outstanding_.front();
-  std::copy(s.tokens.begin(), s.tokens.end(), tokens);
-  for (size_t i = 0; logprobs && i < s.asked.size(); ++i) {
-    if (s.asked[i] >= 0) logprobs[i] = s.logprobs[i];
+Status CpuBackend::row_parallel(const float* x, const float* w, int T, int k) {
+  const int D = weights_->config.hidden_size;
+  if (shard_.tp == 1) {
+    matmul(x, w, x_.data(), T, D, k, /*accumulate=*/true);
+    return Status::ok();
   }
-  outstanding_.pop_front();
-  return Status::ok();
+  out_.resize(static_cast<size_t>(T) * D);
+  matmul(x, w, out_.data(), T, D, k, false);
+  return add_reduced(T);
 }
 
-Status CpuBackend::forward(const StepInput& in, float* logits) {
+Status CpuBackend::forward_part(const StepInput& in, float* hidden, float* logits) {
   const ModelWeights& w = *weights_;
   const ModelConfig& c = w.config;
-  const int T = in.num_tokens, D = c.hidden_size, F = c.intermediate_size;
-  const int Q = c.q_size(), KV = c.kv_size(), hd = c.head_dim;
-  const int nh = c.num_heads, nkv = c.num_kv_heads, group = nh / nkv;
+  const WeightShard& sh = shard_;
+  const int T = in.num_tokens, D = c.hidden_size, F = sh.ffn, hd = c.head_dim;
+  const int nh = sh.num_q_heads, nkv = sh.num_kv_heads, group = nh / nkv;
+  const int Q = nh * hd, KV = nkv * hd;
   const int bs = options_.block_size;
   const int QKV = Q + 2 * KV;
   const float eps = static_cast<float>(c.rms_norm_eps);
   if (in.fed_rows) return invalid_argument("forward() takes no fed rows");
+  if ((!sh.first_stage() || !sh.last_stage()) && hidden == nullptr) {
+    return invalid_argument("a pipeline stage's step needs its hidden rows");
+  }
   HR_RETURN_IF_ERROR(check_step(in, {c.vocab_size, bs, num_blocks_}));
   x_.resize(static_cast<size_t>(T) * D);
   h_.resize(static_cast<size_t>(T) * D);
@@ -267,12 +252,17 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
     return (static_cast<size_t>(block) * bs + pos % bs) * KV;
   };
 
-  for (int t = 0; t < T; ++t) {
-    float* row = &x_[static_cast<size_t>(t) * D];
-    if (w.lm_head.empty()) {
-      unpack_row(w.embed.data(), D, in.token_ids[t], row);  // tied: packed as the LM head
-    } else {
-      std::memcpy(row, &w.embed[static_cast<size_t>(in.token_ids[t]) * D], sizeof(float) * D);
+  if (!sh.first_stage()) {
+    std::memcpy(x_.data(), hidden, sizeof(float) * x_.size());
+  } else {
+    const bool packed_embed = w.lm_head.empty() && sh.last_stage();  // tied: packed as the head
+    for (int t = 0; t < T; ++t) {
+      float* row = &x_[static_cast<size_t>(t) * D];
+      if (packed_embed) {
+        unpack_row(w.embed.data(), D, in.token_ids[t], row);
+      } else {
+        std::memcpy(row, &w.embed[static_cast<size_t>(in.token_ids[t]) * D], sizeof(float) * D);
+      }
     }
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -280,7 +270,7 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
   double attention_work = 0;
   for (int t = 0; t < T; ++t) attention_work += 2.0 * (in.positions[t] + 1) * nh * hd;
   const int attention_min = attention_work < 4.0 * kMinSplitWork ? T * nh + 1 : 8;
-  for (int li = 0; li < c.num_layers; ++li) {
+  for (int li = 0; li < sh.num_layers; ++li) {
     const LayerWeights& L = w.layers[static_cast<size_t>(li)];
     float* kc = k_cache_[static_cast<size_t>(li)].data();
     float* vc = v_cache_[static_cast<size_t>(li)].data();
@@ -326,15 +316,15 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
                kvh, hd, pos, scale, scores, out);
       }
     });
-    matmul(attn_.data(), L.wo.data(), x_.data(), T, D, Q, /*accumulate=*/true);
+    HR_RETURN_IF_ERROR(row_parallel(attn_.data(), L.wo.data(), T, Q));
     pool_.parallel_for(T, min_rows(D), [&](int t0, int t1) {
       for (int t = t0; t < t1; ++t) {
         rms_norm(&x_[static_cast<size_t>(t) * D], L.post_norm.data(), D, eps,
                  &h_[static_cast<size_t>(t) * D]);
       }
     });
-    if (c.is_moe_layer(li)) {
-      moe(L, li, T);
+    if (c.is_moe_layer(sh.first_layer + li)) {
+      HR_RETURN_IF_ERROR(moe(L, sh.first_layer + li, T));
       continue;
     }
     matmul(h_.data(), L.w_gate_up.data(), gu_.data(), T, 2 * F, D, false);
@@ -343,27 +333,63 @@ Status CpuBackend::forward(const StepInput& in, float* logits) {
         silu_mul(&gu_[static_cast<size_t>(t) * 2 * F], F, &act_[static_cast<size_t>(t) * F]);
       }
     });
-    matmul(act_.data(), L.w_down.data(), x_.data(), T, D, F, /*accumulate=*/true);
+    HR_RETURN_IF_ERROR(row_parallel(act_.data(), L.w_down.data(), T, F));
   }
-  final_.resize(static_cast<size_t>(in.num_logits) * D);
-  for (int i = 0; i < in.num_logits; ++i) {
+  if (!sh.last_stage()) {
+    std::memcpy(hidden, x_.data(), sizeof(float) * x_.size());
+    return Status::ok();
+  }
+  return lm_head(in, logits);
+}
+
+Status CpuBackend::lm_head(const StepInput& in, float* logits) {
+  const ModelWeights& w = *weights_;
+  const int D = w.config.hidden_size, V = w.config.vocab_size, L = in.num_logits;
+  const float eps = static_cast<float>(w.config.rms_norm_eps);
+  final_.resize(static_cast<size_t>(L) * D);
+  for (int i = 0; i < L; ++i) {
     int row = in.logits_rows[i];
     rms_norm(&x_[static_cast<size_t>(row) * D], w.final_norm.data(), D, eps,
              &final_[static_cast<size_t>(i) * D]);
   }
-  matmul(final_.data(), w.lm_head_data(), logits, in.num_logits, c.vocab_size, D, false);
+  if (shard_.tp == 1) {
+    matmul(final_.data(), w.lm_head_data(), logits, L, V, D, false);
+    return Status::ok();
+  }
+  // Each rank's vocabulary slice, padded to ceil(V / tp) columns so the gather is even, then the
+  // slices side by side in every row.
+  const int tp = shard_.tp, share = (V + tp - 1) / tp;
+  local_logits_.resize(static_cast<size_t>(L) * share);
+  gathered_logits_.resize(static_cast<size_t>(tp) * L * share);
+  out_.resize(static_cast<size_t>(L) * shard_.vocab);
+  matmul(final_.data(), w.lm_head.data(), out_.data(), L, shard_.vocab, D, false);
+  for (int i = 0; i < L; ++i) {
+    std::memcpy(&local_logits_[static_cast<size_t>(i) * share],
+                &out_[static_cast<size_t>(i) * shard_.vocab], sizeof(float) * shard_.vocab);
+  }
+  HR_RETURN_IF_ERROR(options_.tensor_parallel->all_gather(
+      local_logits_.data(), gathered_logits_.data(), local_logits_.size()));
+  for (int r = 0; r < tp; ++r) {
+    const int first = std::min(V, r * share), count = std::min(V, first + share) - first;
+    for (int i = 0; i < L; ++i) {
+      std::memcpy(logits + static_cast<size_t>(i) * V + first,
+                  &gathered_logits_[(static_cast<size_t>(r) * L + i) * share],
+                  sizeof(float) * count);
+    }
+  }
   return Status::ok();
 }
 
-void CpuBackend::moe(const LayerWeights& L, int li, int T) {
+Status CpuBackend::moe(const LayerWeights& L, int layer, int T) {
   const ModelConfig& c = weights_->config;
   const MoeConfig& m = c.moe;
-  const int D = c.hidden_size, E = m.num_experts, K = m.top_k, F = m.expert_intermediate_size;
+  const int D = c.hidden_size, E = m.num_experts, K = m.top_k, F = shard_.expert_ffn;
+  const int first = shard_.first_expert, held = shard_.num_experts;
   router_logits_.resize(static_cast<size_t>(T) * E);
   route_ids_.resize(static_cast<size_t>(T) * K);
   route_weights_.resize(static_cast<size_t>(T) * K);
   expert_out_.resize(static_cast<size_t>(T) * K * D);
-  // The router in fp32, then each token's choices.
+  // The router in fp32 (every rank routes every token alike), then each token's choices.
   pool_.parallel_for(T, min_rows(E * D), [&](int t0, int t1) {
     for (int t = t0; t < t1; ++t) {
       for (int e = 0; e < E; ++e) {
@@ -373,13 +399,13 @@ void CpuBackend::moe(const LayerWeights& L, int li, int T) {
     }
   });
   route_tokens(router_logits_.data(), T, m, nullptr, route_ids_.data(), route_weights_.data());
-  if (routing_observer_) routing_observer_(li, T, route_ids_.data(), route_weights_.data());
-  // Each expert once, for all the tokens routed to it: gathered rows, gate/up, SwiGLU, down.
+  if (routing_observer_) routing_observer_(layer, T, route_ids_.data(), route_weights_.data());
+  // Each held expert once, for all the tokens routed to it: gathered rows, gate/up, SwiGLU, down.
   routed_.resize(static_cast<size_t>(E));   // (token, choice) indices per expert
   for (auto& rows : routed_) rows.clear();  // (their capacity kept from step to step)
   for (int i = 0; i < T * K; ++i) routed_[static_cast<size_t>(route_ids_[i])].push_back(i);
   const size_t gu_panels = packed_size(2 * F, D), down_panels = packed_size(D, F);
-  for (int e = 0; e < E; ++e) {
+  for (int e = first; e < first + held; ++e) {
     const std::vector<int32_t>& rows = routed_[static_cast<size_t>(e)];
     const int n = static_cast<int>(rows.size());
     if (n == 0) continue;
@@ -390,23 +416,26 @@ void CpuBackend::moe(const LayerWeights& L, int li, int T) {
       std::memcpy(&expert_in_[static_cast<size_t>(r) * D],
                   &h_[static_cast<size_t>(rows[r] / K) * D], sizeof(float) * D);
     }
-    matmul(expert_in_.data(), L.experts_gate_up.data() + gu_panels * e, expert_gu_.data(), n, 2 * F,
-           D, false);
+    matmul(expert_in_.data(), L.experts_gate_up.data() + gu_panels * (e - first), expert_gu_.data(),
+           n, 2 * F, D, false);
     for (int r = 0; r < n; ++r) {
       silu_mul(&expert_gu_[static_cast<size_t>(r) * 2 * F], F,
                &expert_act_[static_cast<size_t>(r) * F]);
     }
     // Down into the gate/up buffer (free again), then each output row to its (token, choice).
     expert_gu_.resize(static_cast<size_t>(n) * D);
-    matmul(expert_act_.data(), L.experts_down.data() + down_panels * e, expert_gu_.data(), n, D, F,
-           false);
+    matmul(expert_act_.data(), L.experts_down.data() + down_panels * (e - first), expert_gu_.data(),
+           n, D, F, false);
     for (int r = 0; r < n; ++r) {
       std::memcpy(&expert_out_[static_cast<size_t>(rows[r]) * D],
                   &expert_gu_[static_cast<size_t>(r) * D], sizeof(float) * D);
     }
   }
-  // Each token's weighted sum in expert order (as transformers adds them up), then the residual:
-  // the same arithmetic whatever else is in the step.
+  // Each token's weighted sum over its held experts in expert order (as transformers adds them
+  // up), then the residual: the same arithmetic whatever else is in the step. With several ranks
+  // the sums are partial and all-reduced first.
+  const bool alone = shard_.tp == 1;
+  if (!alone) out_.resize(static_cast<size_t>(T) * D);
   pool_.parallel_for(T, min_rows(K * D), [&](int t0, int t1) {
     std::vector<int> order(static_cast<size_t>(K));
     std::vector<float> sum(static_cast<size_t>(D));
@@ -416,14 +445,16 @@ void CpuBackend::moe(const LayerWeights& L, int li, int T) {
       std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[a] < ids[b]; });
       std::fill(sum.begin(), sum.end(), 0.0f);
       for (int j : order) {
+        if (ids[j] < first || ids[j] >= first + held) continue;
         const float w = route_weights_[static_cast<size_t>(t) * K + j];
         const float* out = &expert_out_[(static_cast<size_t>(t) * K + j) * D];
         for (int i = 0; i < D; ++i) sum[static_cast<size_t>(i)] += out[i] * w;
       }
-      float* x = &x_[static_cast<size_t>(t) * D];
-      for (int i = 0; i < D; ++i) x[i] += sum[static_cast<size_t>(i)];
+      float* x = alone ? &x_[static_cast<size_t>(t) * D] : &out_[static_cast<size_t>(t) * D];
+      for (int i = 0; i < D; ++i) x[i] = (alone ? x[i] : 0.0f) + sum[static_cast<size_t>(i)];
     }
   });
+  return alone ? Status::ok() : add_reduced(T);
 }
 
 }  // namespace hr::engine

@@ -7,12 +7,13 @@
 // time.
 #pragma once
 
-#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/communicator.h"
+#include "engine/host_sampled_backend.h"
 #include "engine/thread_pool.h"
 #include "engine/weights.h"
 
@@ -27,9 +28,15 @@ struct CpuBackendOptions {
   // that the engine plans each step before collecting the previous one (and feeds tokens through
   // StepInput::fed_rows) exactly as it does on a GPU: the CPU tests of that path.
   bool pipelined = false;
+  // KV blocks; 0: as many as kv_cache_bytes holds (a parallel engine gives its ranks one count).
+  int num_kv_blocks = 0;
+  // The stage's tensor-parallel group, for weights that are one rank's shard with tp > 1
+  // (weight_shard.h): the o and down projections' partial sums are all-reduced through it, and
+  // the LM head's slices of the logits gathered.
+  Communicator* tensor_parallel = nullptr;
 };
 
-class CpuBackend final : public Backend {
+class CpuBackend final : public HostSampledBackend {
  public:
   // Uses packed weights as they are (pack_for_cpu below); packs a private copy of unpacked ones.
   [[nodiscard]] static Result<std::unique_ptr<CpuBackend>> create(
@@ -41,12 +48,14 @@ class CpuBackend final : public Backend {
   int num_kv_blocks() const override { return num_blocks_; }
   size_t weight_bytes() const override { return weights_->num_bytes(); }
   size_t kv_cache_bytes() const override;
-  [[nodiscard]] Status forward(const StepInput& in, float* logits) override;
-  // Samples on the host: apply_penalties, then sample_token(logits, vocab, spec) (and
-  // token_logprobs where asked).
-  [[nodiscard]] Status submit(const StepInput& in, const SampleSpec* specs) override;
-  [[nodiscard]] Status collect(int32_t* tokens, TokenLogprobs* logprobs) override;
-  void discard() override { outstanding_.clear(); }
+  [[nodiscard]] Status forward(const StepInput& in, float* logits) override {
+    return forward_part(in, nullptr, logits);
+  }
+  // The step through the layers these weights hold (ModelWeights::shard): from the token ids on
+  // the first pipeline stage, else from hidden [num_tokens, D] (the previous stage's output);
+  // then on the last stage the logits (all of them, gathered from the tensor-parallel ranks),
+  // else the layers' output to hidden.
+  [[nodiscard]] Status forward_part(const StepInput& in, float* hidden, float* logits);
   bool pipelined() const override { return options_.pipelined; }
   // Called after each MoE layer's routing with the step's choices ([num_tokens, top_k] experts and
   // weights, valid during the call): for tests.
@@ -59,10 +68,19 @@ class CpuBackend final : public Backend {
              int num_blocks);
   // y[m, n] = x[m, k] · w[n, k]^T (+ y when accumulate), w packed (cpu_gemm.h).
   void matmul(const float* x, const float* w, float* y, int m, int n, int k, bool accumulate);
-  // Layer `li`'s experts on the normalised rows h_ [T, D], their weighted sum added to x_.
-  void moe(const LayerWeights& L, int li, int T);
+  // y[T, D] = x · w^T added to the residual x_: directly with one rank, through an all-reduce of
+  // the ranks' partial products with several.
+  [[nodiscard]] Status row_parallel(const float* x, const float* w, int T, int k);
+  // Adds out_ [T, D] (each rank's partial sums) to x_ once all-reduced.
+  [[nodiscard]] Status add_reduced(int T);
+  // The model's layer `layer` (local index `li`): its experts on the normalised rows h_ [T, D],
+  // their weighted sum added to x_.
+  [[nodiscard]] Status moe(const LayerWeights& L, int layer, int T);
+  // The last stage's logits rows: the final norm, the LM head (this rank's vocabulary, gathered).
+  [[nodiscard]] Status lm_head(const StepInput& in, float* logits);
 
   std::shared_ptr<const ModelWeights> weights_;
+  WeightShard shard_;
   CpuBackendOptions options_;
   int num_blocks_;
   ThreadPool pool_;
@@ -72,6 +90,8 @@ class CpuBackend final : public Backend {
   std::vector<std::vector<float>> v_cache_;  // same
   // Activation scratch, grown to the largest step seen.
   std::vector<float> x_, h_, qkv_, attn_, gu_, act_, final_;
+  // Partial sums before the all-reduce, and the LM head's slices ([L, ceil(V / tp)] per rank).
+  std::vector<float> out_, local_logits_, gathered_logits_;
   // MoE scratch: router logits [T, E], choices [T, top_k], the rows routed to one expert, and
   // each (token, choice)'s expert output [T, top_k, D].
   std::vector<float> router_logits_, route_weights_, expert_in_, expert_gu_, expert_act_,
@@ -79,17 +99,6 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> route_ids_;
   std::vector<std::vector<int32_t>> routed_;
   RoutingObserver routing_observer_;
-  // submit(): logits, fed token ids, the last submitted step's tokens, and the uncollected steps.
-  std::vector<float> logits_;
-  std::vector<int32_t> fed_ids_;
-  std::vector<int32_t> last_tokens_;
-  // A submitted step's tokens, and their log probabilities where asked for (-1 in `asked`: not).
-  struct Sampled {
-    std::vector<int32_t> tokens;
-    std::vector<TokenLogprobs> logprobs;
-    std::vector<int> asked;
-  };
-  std::deque<Sampled> outstanding_;
 };
 
 // Packs the matrices in place for the CPU backend (ModelWeights::cpu_packed), one at a time (the

@@ -13,7 +13,8 @@ struct ThreadCommunicator::Shared {
         ins(static_cast<size_t>(n)),
         outs(static_cast<size_t>(n)),
         counts(static_cast<size_t>(n)),
-        roots(static_cast<size_t>(n)) {}
+        roots(static_cast<size_t>(n)),
+        mailboxes(static_cast<size_t>(n) * static_cast<size_t>(n)) {}
   const int size;
   std::mutex mu;
   std::condition_variable cv;
@@ -25,6 +26,8 @@ struct ThreadCommunicator::Shared {
   std::vector<float*> outs;
   std::vector<size_t> counts;
   std::vector<int> roots;
+  // Point-to-point messages not yet received, [from * size + to] (guarded by mu).
+  std::vector<std::deque<std::vector<float>>> mailboxes;
 };
 
 std::vector<std::unique_ptr<ThreadCommunicator>> ThreadCommunicator::create_group(int size) {
@@ -125,6 +128,37 @@ Status ThreadCommunicator::broadcast(float* data, size_t n, int root) {
     std::memcpy(data, shared_->ins[static_cast<size_t>(root)], n * sizeof(float));
   }
   barrier();
+  return Status::ok();
+}
+
+Status ThreadCommunicator::send(const float* data, size_t n, int peer) {
+  if (peer < 0 || peer >= shared_->size || peer == rank_) {
+    return invalid_argument("send: " + std::to_string(peer) + " is not another rank", "send");
+  }
+  std::vector<float> message(data, data + n);
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  shared_->mailboxes[static_cast<size_t>(rank_ * shared_->size + peer)].push_back(
+      std::move(message));
+  shared_->cv.notify_all();
+  return Status::ok();
+}
+
+Status ThreadCommunicator::recv(float* data, size_t n, int peer) {
+  if (peer < 0 || peer >= shared_->size || peer == rank_) {
+    return invalid_argument("recv: " + std::to_string(peer) + " is not another rank", "recv");
+  }
+  std::unique_lock<std::mutex> lock(shared_->mu);
+  auto& box = shared_->mailboxes[static_cast<size_t>(peer * shared_->size + rank_)];
+  shared_->cv.wait(lock, [&] { return !box.empty(); });
+  std::vector<float> message = std::move(box.front());
+  box.pop_front();
+  if (message.size() != n) {
+    return invalid_argument("recv: rank " + std::to_string(peer) + " sent " +
+                                std::to_string(message.size()) + " values, not " +
+                                std::to_string(n),
+                            "recv");
+  }
+  std::memcpy(data, message.data(), n * sizeof(float));
   return Status::ok();
 }
 

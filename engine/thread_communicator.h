@@ -8,6 +8,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -27,6 +28,9 @@ class ThreadCommunicator final : public Communicator {
   Status all_gather(const float* in, float* out, size_t n) override;
   Status reduce_scatter(const float* in, float* out, size_t n) override;
   Status broadcast(float* data, size_t n, int root) override;
+  // send() copies the message into the receiver's mailbox and returns at once.
+  Status send(const float* data, size_t n, int peer) override;
+  Status recv(float* data, size_t n, int peer) override;
 
   struct Shared;  // the group's meeting point
 

@@ -93,6 +93,18 @@ const std::vector<float>& ModelWeights::slot(WeightSlot s, int layer) const {
   return const_cast<ModelWeights*>(this)->slot(s, layer);
 }
 
+WeightShard whole_model(const ModelConfig& c) {
+  WeightShard s;
+  s.num_layers = c.num_layers;
+  s.num_q_heads = c.num_heads;
+  s.num_kv_heads = c.num_kv_heads;
+  s.ffn = c.intermediate_size;
+  s.num_experts = c.moe.num_experts;
+  s.expert_ffn = c.moe.expert_intermediate_size;
+  s.vocab = c.vocab_size;
+  return s;
+}
+
 size_t ModelWeights::num_bytes() const { return num_parameters() * sizeof(float); }
 
 namespace {

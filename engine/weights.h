@@ -51,8 +51,30 @@ struct LayerWeights {
   std::vector<float> experts_down;     // [E, D, F]
 };
 
+// The part of a model a ModelWeights holds: the whole model, or one rank's slice of a parallel
+// engine (weight_shard.h). Counts are this rank's; the config keeps the whole model's.
+struct WeightShard {
+  int tp = 1, tp_rank = 0;  // tensor-parallel ranks and this one's index
+  int pp = 1, stage = 0;    // pipeline stages and this one's index
+  int ep = 1;               // 1: experts sliced across the tp ranks; tp: a share of them whole
+  int first_layer = 0, num_layers = 0;  // layers[i] is the model's layer first_layer + i
+  int first_q_head = 0, num_q_heads = 0;
+  int first_kv_head = 0, num_kv_heads = 0;
+  int first_ffn = 0, ffn = 0;                // dense MLP intermediate rows
+  int first_expert = 0, num_experts = 0;     // experts held
+  int first_expert_ffn = 0, expert_ffn = 0;  // each held expert's intermediate rows
+  int first_vocab = 0, vocab = 0;            // LM head rows (on the last stage)
+  bool first_stage() const { return stage == 0; }
+  bool last_stage() const { return stage == pp - 1; }
+  bool whole() const { return tp == 1 && pp == 1; }
+};
+// The whole model's "shard": every layer, head, row and expert.
+WeightShard whole_model(const ModelConfig& c);
+
 struct ModelWeights {
   ModelConfig config;
+  // Empty (num_layers 0) for the whole model as loaded; shard() fills it in.
+  WeightShard part;
   std::vector<float> embed;       // [V, D]
   std::vector<float> final_norm;  // [D]
   std::vector<float> lm_head;     // [V, D]; empty when tied to embed
@@ -63,6 +85,8 @@ struct ModelWeights {
   // embedding too when tied).
   bool cpu_packed = false;
   const float* lm_head_data() const { return lm_head.empty() ? embed.data() : lm_head.data(); }
+  // What these weights hold: `part`, or the whole model when it was not set.
+  WeightShard shard() const { return part.num_layers > 0 ? part : whole_model(config); }
   // The vector holding a checkpoint piece's slot (per-layer slots of `layer`).
   std::vector<float>& slot(WeightSlot s, int layer);
   const std::vector<float>& slot(WeightSlot s, int layer) const;

@@ -81,6 +81,9 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given,
   spec.max_num_tokens = config.max_batched_tokens;
   spec.max_num_seqs = config.max_num_seqs;
   spec.cpu_thread_nice = config.engine_nice;
+  spec.tensor_parallel = config.tensor_parallel;
+  spec.pipeline_parallel = config.pipeline_parallel;
+  spec.expert_parallel = config.expert_parallel;
   if (!backend) {
     HR_ASSIGN_OR_RETURN(backend, engine::make_backend(config.model_dir, spec));
   }

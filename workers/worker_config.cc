@@ -50,6 +50,16 @@ void WorkerConfig::bind(CLI::App& app) {
       "KV cache size in bytes (with --device cuda, 0: 90% of the GPU memory left after loading; "
       "-1: 64 MiB on the CPU backend, 0 on a GPU)");
   cli::add(app, "--device", device, "Compute device: cpu, cuda or cuda:N");
+  cli::add(app, "--tensor-parallel", tensor_parallel,
+           "Tensor-parallel ranks per pipeline stage (Megatron sharding: attention by heads, "
+           "MLPs by rows, the LM head by vocabulary); the CPU backend runs each rank on its "
+           "own threads");
+  cli::add(app, "--pipeline-parallel", pipeline_parallel,
+           "Pipeline stages: contiguous layers each, a step's micro-batches in flight");
+  cli::add(app, "--expert-parallel", expert_parallel,
+           "Mixture-of-experts layers: 1 slices every expert across the tensor-parallel ranks; "
+           "the tensor-parallel size gives each rank a share of the experts whole (0: that, "
+           "when the experts split evenly, else 1)");
   cli::add(app, "--cuda-options", cuda_options, engine::cuda_options_help());
   cli::add(app, "--chat-template", chat_template,
            "Use a built-in chat template instead of the model's own: headroom, llama3, chatml or "
@@ -107,6 +117,22 @@ Status WorkerConfig::validate() const {
     HR_RETURN_IF_ERROR(engine::parse_cuda_options(cuda_options).status());
   }
   HR_RETURN_IF_ERROR(engine::check_device(device));
+  if (tensor_parallel < 1 || tensor_parallel > 64) {
+    return invalid_argument("--tensor-parallel must be 1..64", "tensor-parallel");
+  }
+  if (pipeline_parallel < 1 || pipeline_parallel > 64) {
+    return invalid_argument("--pipeline-parallel must be 1..64", "pipeline-parallel");
+  }
+  if (expert_parallel < 0 || (expert_parallel > 1 && expert_parallel != tensor_parallel)) {
+    return invalid_argument("--expert-parallel must be 0 (auto), 1 or the tensor-parallel size",
+                            "expert-parallel");
+  }
+  if (device != "cpu" && tensor_parallel * pipeline_parallel > 1) {
+    return invalid_argument(
+        "several ranks run on the CPU backend only so far (--device cpu); the CUDA backend "
+        "drives one GPU",
+        "tensor-parallel");
+  }
   if (reserve_slots >= resolved().max_num_seqs) {
     return invalid_argument("--reserve-slots must be below --max-num-seqs", "reserve-slots");
   }

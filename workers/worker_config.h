@@ -40,6 +40,11 @@ struct WorkerConfig {
   double async_step_ms = -1;
   // -1: 64 MiB on CPU; on a GPU, 0: a fraction (0.9) of the device memory left after loading.
   int64_t kv_cache_bytes = -1;
+  // Ranks of one engine: tensor-parallel ranks per stage, pipeline stages, and expert
+  // parallelism (0: the tensor-parallel size when the experts split over it, else 1: sliced).
+  int tensor_parallel = 1;
+  int pipeline_parallel = 1;
+  int expert_parallel = 0;
   std::string device = "cpu";  // cpu | cuda | cuda:N
   std::string cuda_options;    // CUDA backend settings (engine::parse_cuda_options)
   std::string chat_template;   // override: headroom, llama3, chatml, mistral

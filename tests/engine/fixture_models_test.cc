@@ -73,21 +73,7 @@ std::vector<std::vector<int32_t>> greedy(std::shared_ptr<Backend> b,
                                          int max_tokens) {
   EngineOptions eo;
   eo.scheduler.max_num_seqs = 64;
-  auto engine = Engine::create(std::move(b), nullptr, 256, eo);
-  EXPECT_TRUE(engine.is_ok());
-  std::vector<std::vector<int32_t>> out(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    GenerationRequest r;
-    r.prompt = prompts[i];
-    r.params.max_tokens = max_tokens;
-    r.params.ignore_eos = true;
-    r.on_event = [&out, i](const TokenEvent& ev) {
-      if (ev.token >= 0) out[i].push_back(ev.token);
-    };
-    EXPECT_TRUE((*engine)->add(std::move(r)).is_ok());
-  }
-  while ((*engine)->has_work()) EXPECT_TRUE((*engine)->step().is_ok());
-  return out;
+  return greedy_answers(std::move(b), prompts, max_tokens, eo);
 }
 
 class FixtureTest : public testing::TestWithParam<std::string> {};

@@ -1,14 +1,19 @@
-// A step of one sequence for the backend tests: tokens [from, to) of `ids` (its earlier positions
-// cached in blocks 0, 1, ... in order), with the logits of every one of them.
+// Helpers of the backend tests: a step of one sequence, and greedy answers through the engine.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <memory>
 #include <vector>
 
 #include "base/status.h"
 #include "engine/backend.h"
+#include "engine/engine.h"
 
 namespace hr::engine {
 
+// Tokens [from, to) of `ids` (its earlier positions cached in blocks 0, 1, ... in order), with
+// the logits of every one of them.
 inline Status forward_one_sequence(Backend& b, const std::vector<int32_t>& ids, int from, int to,
                                    std::vector<float>* logits) {
   const int T = to - from;
@@ -32,6 +37,33 @@ inline Status forward_one_sequence(Backend& b, const std::vector<int32_t>& ids, 
   in.num_logits = T;
   logits->resize(static_cast<size_t>(T) * b.vocab_size());
   return b.forward(in, logits->data());
+}
+
+// Greedy answers through an engine of `options` over `b`, all prompts in one batch, max_tokens
+// each (end-of-sequence ignored).
+inline std::vector<std::vector<int32_t>> greedy_answers(
+    std::shared_ptr<Backend> b, const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
+    const EngineOptions& options, int max_model_len = 256) {
+  auto engine = Engine::create(std::move(b), nullptr, max_model_len, options);
+  EXPECT_TRUE(engine.is_ok()) << engine.status().to_string();
+  if (!engine.is_ok()) return {};
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest r;
+    r.prompt = prompts[i];
+    r.params.max_tokens = max_tokens;
+    r.params.ignore_eos = true;
+    r.on_event = [&out, i](const TokenEvent& ev) {
+      if (ev.token >= 0) out[i].push_back(ev.token);
+    };
+    EXPECT_TRUE((*engine)->add(std::move(r)).is_ok());
+  }
+  while ((*engine)->has_work()) {
+    auto st = (*engine)->step();
+    EXPECT_TRUE(st.is_ok()) << st.status().to_string();
+    if (!st.is_ok()) break;
+  }
+  return out;
 }
 
 }  // namespace hr::engine

@@ -105,5 +105,31 @@ TEST(ThreadCommunicatorErrors, SizesThatDifferAreAnErrorOnEveryRankNotAHang) {
   }
 }
 
+// Point to point, as pipeline stages use it: a ring where each rank sends many messages of
+// different sizes to the next before receiving from the previous; every message arrives whole,
+// in order, and a receive of the wrong size or from no other rank is an error.
+TEST(ThreadCommunicatorPointToPoint, MessagesArriveInOrderBetweenEachPair) {
+  constexpr int kRanks = 4, kMessages = 100;
+  on_ranks(kRanks, [&](int r, Communicator& comm) {
+    const int next = (r + 1) % kRanks, prev = (r + kRanks - 1) % kRanks;
+    for (int m = 0; m < kMessages; ++m) {
+      std::vector<float> v(static_cast<size_t>(m % 7 + 1), static_cast<float>(r * 1000 + m));
+      ASSERT_TRUE(comm.send(v.data(), v.size(), next).is_ok());
+      v[0] = -1;  // the message was copied: changing the buffer changes nothing sent
+    }
+    for (int m = 0; m < kMessages; ++m) {
+      std::vector<float> got(static_cast<size_t>(m % 7 + 1));
+      ASSERT_TRUE(comm.recv(got.data(), got.size(), prev).is_ok());
+      EXPECT_EQ(got, std::vector<float>(got.size(), static_cast<float>(prev * 1000 + m)));
+    }
+    std::vector<float> one(1);
+    EXPECT_EQ(comm.send(one.data(), 1, r).field(), "send");
+    EXPECT_EQ(comm.recv(one.data(), 1, kRanks).field(), "recv");
+    ASSERT_TRUE(comm.send(one.data(), 1, next).is_ok());
+    std::vector<float> two(2);
+    EXPECT_EQ(comm.recv(two.data(), 2, prev).field(), "recv");  // one value sent, two asked
+  });
+}
+
 }  // namespace
 }  // namespace hr::engine

@@ -40,14 +40,14 @@ TEST(QueueIoFaultTest, PostgresDownBacksOffQuietlyThenRecordsEveryResult) {
   queue::NewBatch b;
   b.account_id = queue::create_api_key(conn, "acct").value().account_id;
   b.model = model;
-  for (int i = 0; i < n; ++i) b.requests.push_back({std::nullopt, "{}"});
+  for (int i = 0; i < n; ++i) b.requests.push_back({std::nullopt, "{}", 0, std::nullopt});
   const std::string batch = queue::submit_batch(conn, b).value().batch_id;
   auto dispatcher = queue::Dispatcher::create(stack.database_url(), stack.redis_url(), {}).value();
 
   WorkerConfig config;
   config.model_name = model;
   config.worker_name = "w";
-  queue::StoreConfig store{stack.database_url(), stack.redis_url()};
+  queue::StoreConfig store{stack.database_url(), stack.redis_url(), ""};
   WorkerStats stats;
   QueueIo io(config, store, stats, [] {});
   io.start();
@@ -115,7 +115,7 @@ TEST(QueueIoFaultTest, AnIdleWorkerHoldingNothingSleepsPastItsRenewalTime) {
   config.model_name = "@test/queue-io-idle";
   config.worker_name = "w";
   config.lease_seconds = 3;  // a renewal due every second
-  queue::StoreConfig store{stack.database_url(), stack.redis_url()};
+  queue::StoreConfig store{stack.database_url(), stack.redis_url(), ""};
   WorkerStats stats;
   QueueIo io(config, store, stats, [] {});
   io.start();

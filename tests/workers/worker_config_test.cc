@@ -42,13 +42,16 @@ TEST(WorkerConfigTest, SizesTheEngineByDevice) {
   EXPECT_EQ(sizes(kept.resolved()), sizes(kept));  // resolving twice changes nothing
 }
 
+// The flag validate() names for a config changed by `change` ("ok" when it accepts it).
+template <typename Change>
+std::string field_of(Change change) {
+  WorkerConfig c;
+  change(c);
+  const Status st = c.validate();
+  return st.is_ok() ? std::string("ok") : st.field();
+}
+
 TEST(WorkerConfigTest, RefusesSizesThatCannotWorkNamingTheFlag) {
-  auto field_of = [](auto change) {
-    WorkerConfig c;
-    change(c);
-    const Status st = c.validate();
-    return st.is_ok() ? std::string("ok") : st.field();
-  };
   EXPECT_EQ(field_of([](WorkerConfig&) {}), "ok");
   EXPECT_EQ(field_of([](WorkerConfig& c) { c.max_num_seqs = 0; }), "max-num-seqs");
   EXPECT_EQ(field_of([](WorkerConfig& c) { c.max_num_seqs = -2; }), "max-num-seqs");
@@ -67,6 +70,23 @@ TEST(WorkerConfigTest, RefusesSizesThatCannotWorkNamingTheFlag) {
               c.max_num_seqs = 64;
             }),
             "ok");
+}
+
+TEST(WorkerConfigTest, RefusesParallelDegreesThatCannotWorkNamingTheFlag) {
+  EXPECT_EQ(field_of([](WorkerConfig& c) { c.tensor_parallel = 0; }), "tensor-parallel");
+  EXPECT_EQ(field_of([](WorkerConfig& c) { c.pipeline_parallel = 0; }), "pipeline-parallel");
+  EXPECT_EQ(field_of([](WorkerConfig& c) {
+              c.tensor_parallel = 4;
+              c.pipeline_parallel = 2;
+              c.expert_parallel = 4;
+            }),
+            "ok");
+  EXPECT_EQ(field_of([](WorkerConfig& c) {
+              c.tensor_parallel = 4;
+              c.expert_parallel = 2;
+            }),
+            "expert-parallel");
+  EXPECT_EQ(field_of([](WorkerConfig& c) { c.expert_parallel = -1; }), "expert-parallel");
 }
 
 }  // namespace

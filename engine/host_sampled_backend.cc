@@ -1,0 +1,62 @@
+// Host-side sampling for backends that compute a step inside submit().
+#include "engine/host_sampled_backend.h"
+
+#include <algorithm>
+
+namespace hr::engine {
+
+Status HostSampledBackend::submit(const StepInput& in, const SampleSpec* specs) {
+  if (outstanding_.size() >= 2)
+    return internal_error("two steps are outstanding: collect one first");
+  if (in.num_logits > 0 && specs == nullptr)
+    return invalid_argument("no sampling specs for the logits rows");
+  StepInput resolved = in;
+  if (in.fed_rows) {
+    fed_ids_.assign(in.token_ids, in.token_ids + std::max(0, in.num_tokens));
+    for (int t = 0; t < in.num_tokens; ++t) {
+      const int32_t row = in.fed_rows[t];
+      if (row < 0) continue;
+      if (row >= static_cast<int>(last_tokens_.size())) {
+        return invalid_argument("fed row " + std::to_string(row) +
+                                " is not a row of the previous step");
+      }
+      fed_ids_[static_cast<size_t>(t)] = last_tokens_[static_cast<size_t>(row)];
+    }
+    resolved.token_ids = fed_ids_.data();
+    resolved.fed_rows = nullptr;
+  }
+  const int V = vocab_size();
+  logits_.resize(static_cast<size_t>(std::max(1, in.num_logits)) * V);
+  HR_RETURN_IF_ERROR(forward(resolved, logits_.data()));
+  const size_t L = static_cast<size_t>(std::max(0, in.num_logits));
+  Sampled out;
+  out.tokens.resize(L);
+  out.logprobs.resize(L);
+  out.asked.assign(L, -1);
+  for (size_t i = 0; i < L; ++i) {
+    float* row = &logits_[i * V];
+    apply_penalties(row, V, specs[i], resolved.token_ids[in.logits_rows[i]]);
+    if (specs[i].allowed) apply_token_mask(row, V, specs[i].allowed);
+    out.tokens[i] = sample_token(row, V, specs[i]);
+    if (specs[i].logprobs >= 0) {
+      out.asked[i] = specs[i].logprobs;
+      token_logprobs(row, V, out.tokens[i], specs[i].logprobs, &out.logprobs[i]);
+    }
+  }
+  last_tokens_ = out.tokens;
+  outstanding_.push_back(std::move(out));
+  return Status::ok();
+}
+
+Status HostSampledBackend::collect(int32_t* tokens, TokenLogprobs* logprobs) {
+  if (outstanding_.empty()) return internal_error("no step to collect");
+  const Sampled& s = outstanding_.front();
+  std::copy(s.tokens.begin(), s.tokens.end(), tokens);
+  for (size_t i = 0; logprobs && i < s.asked.size(); ++i) {
+    if (s.asked[i] >= 0) logprobs[i] = s.logprobs[i];
+  }
+  outstanding_.pop_front();
+  return Status::ok();
+}
+
+}  // namespace hr::engine

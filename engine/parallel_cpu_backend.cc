@@ -1,0 +1,214 @@
+// Ranks as threads: sharding at creation, micro-batches, and the stages' hand-offs.
+#include "engine/parallel_cpu_backend.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace hr::engine {
+
+Result<std::unique_ptr<ParallelCpuBackend>> ParallelCpuBackend::create(const ModelWeights& full,
+                                                                       ParallelCpuOptions options) {
+  const ModelConfig& c = full.config;
+  const ParallelDegrees d = options.degrees;
+  HR_RETURN_IF_ERROR(check_degrees(c, d));
+  if (full.cpu_packed) return invalid_argument("the parallel CPU backend takes unpacked weights");
+  if (options.block_size < 1) return invalid_argument("block size must be positive", "block-size");
+  if (options.num_threads < 0 || options.num_threads > 256) {
+    return invalid_argument("thread count must be 0 (one per core) to 256", "threads");
+  }
+  if (options.micro_batches < 0 || options.micro_batches > 64) {
+    return invalid_argument("micro-batches must be 0 (one per stage) to 64", "micro-batches");
+  }
+  std::vector<ModelWeights> shards;
+  size_t per_block = 0;  // one block's K and V over every rank's layers and KV heads
+  for (int stage = 0; stage < d.pp; ++stage) {
+    for (int t = 0; t < d.tp; ++t) {
+      HR_ASSIGN_OR_RETURN(ModelWeights shard, shard_weights(full, d, stage, t));
+      const WeightShard s = shard.shard();
+      per_block +=
+          2ull * s.num_layers * options.block_size * s.num_kv_heads * c.head_dim * sizeof(float);
+      shards.push_back(std::move(shard));
+    }
+  }
+  const int num_blocks = static_cast<int>(options.kv_cache_bytes / per_block);
+  if (num_blocks < 1) {
+    return invalid_argument("KV cache budget of " + std::to_string(options.kv_cache_bytes) +
+                                " bytes holds no block (one takes " + std::to_string(per_block) +
+                                " over all ranks)",
+                            "kv-cache-bytes");
+  }
+  std::unique_ptr<ParallelCpuBackend> b(
+      new ParallelCpuBackend(options, c.vocab_size, c.hidden_size, num_blocks));
+  for (int stage = 0; stage < d.pp; ++stage) {
+    b->tp_groups_.push_back(ThreadCommunicator::create_group(d.tp));
+  }
+  for (int t = 0; t < d.tp; ++t) b->pp_groups_.push_back(ThreadCommunicator::create_group(d.pp));
+  const int world = d.tp * d.pp;
+  const int cores = options.num_threads > 0
+                        ? options.num_threads
+                        : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  for (int i = 0; i < world; ++i) {
+    auto rank = std::make_unique<Rank>();
+    rank->stage = i / d.tp;
+    rank->tp_rank = i % d.tp;
+    rank->pipeline =
+        b->pp_groups_[static_cast<size_t>(rank->tp_rank)][static_cast<size_t>(rank->stage)].get();
+    ModelWeights& shard = shards[static_cast<size_t>(i)];
+    pack_for_cpu(&shard);
+    CpuBackendOptions o;
+    o.block_size = options.block_size;
+    o.num_threads = std::max(1, cores / world);
+    o.thread_nice = options.thread_nice;
+    o.num_kv_blocks = num_blocks;
+    o.tensor_parallel =
+        b->tp_groups_[static_cast<size_t>(rank->stage)][static_cast<size_t>(rank->tp_rank)].get();
+    HR_ASSIGN_OR_RETURN(
+        rank->backend,
+        CpuBackend::create(std::make_shared<const ModelWeights>(std::move(shard)), o));
+    b->ranks_.push_back(std::move(rank));
+  }
+  for (auto& rank : b->ranks_) {
+    Rank* r = rank.get();
+    r->thread = std::thread([self = b.get(), r] { self->rank_loop(r); });
+  }
+  return b;
+}
+
+ParallelCpuBackend::ParallelCpuBackend(ParallelCpuOptions options, int vocab_size, int hidden_size,
+                                       int num_blocks)
+    : options_(options),
+      vocab_size_(vocab_size),
+      hidden_size_(hidden_size),
+      num_blocks_(num_blocks) {}
+
+ParallelCpuBackend::~ParallelCpuBackend() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  start_cv_.notify_all();
+  for (auto& r : ranks_) {
+    if (r->thread.joinable()) r->thread.join();
+  }
+}
+
+size_t ParallelCpuBackend::weight_bytes() const {
+  size_t n = 0;
+  for (const auto& r : ranks_) n += r->backend->weight_bytes();
+  return n;
+}
+
+size_t ParallelCpuBackend::kv_cache_bytes() const {
+  size_t n = 0;
+  for (const auto& r : ranks_) n += r->backend->kv_cache_bytes();
+  return n;
+}
+
+void ParallelCpuBackend::split(const StepInput& in) {
+  const int T = in.num_tokens;
+  int m = options_.degrees.pp == 1
+              ? 1
+              : (options_.micro_batches > 0 ? options_.micro_batches : options_.degrees.pp);
+  m = std::max(1, std::min(m, T));
+  micro_.resize(static_cast<size_t>(m));
+  if (m == 1) {  // the step as it is
+    MicroBatch& mb = micro_[0];
+    mb.in = in;
+    mb.logits_index.resize(static_cast<size_t>(std::max(0, in.num_logits)));
+    for (size_t i = 0; i < mb.logits_index.size(); ++i) mb.logits_index[i] = static_cast<int>(i);
+    return;
+  }
+  int s = 0;  // the sequence of the micro-batch's first token
+  for (int k = 0; k < m; ++k) {
+    const int a = static_cast<int>(static_cast<int64_t>(T) * k / m);
+    const int b = static_cast<int>(static_cast<int64_t>(T) * (k + 1) / m);
+    MicroBatch& mb = micro_[static_cast<size_t>(k)];
+    while (in.seq_start[s + 1] <= a) ++s;
+    mb.seq_start.clear();
+    for (int q = s; q < in.num_seqs && in.seq_start[q] < b; ++q) {
+      mb.seq_start.push_back(std::max(in.seq_start[q], a) - a);
+    }
+    mb.seq_start.push_back(b - a);
+    mb.logits_rows.clear();
+    mb.logits_index.clear();
+    for (int i = 0; i < in.num_logits; ++i) {
+      const int row = in.logits_rows[i];
+      if (row >= a && row < b) {
+        mb.logits_rows.push_back(row - a);
+        mb.logits_index.push_back(i);
+      }
+    }
+    mb.in = in;
+    mb.in.num_tokens = b - a;
+    mb.in.num_seqs = static_cast<int>(mb.seq_start.size()) - 1;
+    mb.in.token_ids = in.token_ids + a;
+    mb.in.positions = in.positions + a;
+    mb.in.seq_start = mb.seq_start.data();
+    mb.in.block_table = in.block_table + static_cast<size_t>(s) * in.max_blocks_per_seq;
+    mb.in.logits_rows = mb.logits_rows.data();
+    mb.in.num_logits = static_cast<int>(mb.logits_rows.size());
+  }
+}
+
+Status ParallelCpuBackend::forward(const StepInput& in, float* logits) {
+  if (in.fed_rows) return invalid_argument("forward() takes no fed rows");
+  // Checked once here, so that no rank stops alone and leaves the others waiting in a collective.
+  HR_RETURN_IF_ERROR(check_step(in, {vocab_size_, options_.block_size, num_blocks_}));
+  split(in);
+  logits_ = logits;
+  std::unique_lock<std::mutex> lock(mu_);
+  status_ = Status::ok();
+  finished_ = 0;
+  ++step_;
+  start_cv_.notify_all();
+  done_cv_.wait(lock, [&] { return finished_ == static_cast<int>(ranks_.size()); });
+  return status_;
+}
+
+void ParallelCpuBackend::rank_loop(Rank* rank) {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      start_cv_.wait(lock, [&] { return stop_ || step_ != seen; });
+      if (stop_) return;
+      seen = step_;
+    }
+    Status st = run_rank(rank);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!st.is_ok() && status_.is_ok()) status_ = st;
+    if (++finished_ == static_cast<int>(ranks_.size())) done_cv_.notify_all();
+  }
+}
+
+Status ParallelCpuBackend::run_rank(Rank* rank) {
+  const int pp = options_.degrees.pp, D = hidden_size_, V = vocab_size_;
+  const bool first = rank->stage == 0, last = rank->stage == pp - 1;
+  Status result;
+  for (const MicroBatch& mb : micro_) {
+    const size_t n = static_cast<size_t>(mb.in.num_tokens) * D;
+    rank->hidden.resize(std::max<size_t>(1, n));
+    rank->logits.resize(static_cast<size_t>(std::max(1, mb.in.num_logits)) * V);
+    // A stage that failed still hands rows on, so that no later stage waits for ever; the step
+    // then fails with its error.
+    if (!first) {
+      Status st = rank->pipeline->recv(rank->hidden.data(), n, rank->stage - 1);
+      if (!st.is_ok() && result.is_ok()) result = st;
+    }
+    if (result.is_ok()) {
+      result = rank->backend->forward_part(mb.in, rank->hidden.data(), rank->logits.data());
+    }
+    if (!last) {
+      Status st = rank->pipeline->send(rank->hidden.data(), n, rank->stage + 1);
+      if (!st.is_ok() && result.is_ok()) result = st;
+    } else if (rank->tp_rank == 0 && result.is_ok()) {
+      for (size_t i = 0; i < mb.logits_index.size(); ++i) {
+        std::memcpy(logits_ + static_cast<size_t>(mb.logits_index[i]) * V, &rank->logits[i * V],
+                    sizeof(float) * V);
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace hr::engine

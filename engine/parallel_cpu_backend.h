@@ -1,0 +1,90 @@
+// Tensor, expert and pipeline parallelism on the CPU backend (docs/parallel-engine.md): one engine
+// of tp x pp ranks, each a CpuBackend holding its shard of the weights (weight_shard.h) and the KV
+// cache of its layers and heads, each driven by its own thread. The ranks of a stage meet in a
+// ThreadCommunicator (all-reduces of the o and down projections' partial sums, the gathered
+// logits); the stages hand their hidden rows on point to point. A step is cut into micro-batches
+// (contiguous token ranges, a sequence's later tokens after its earlier ones), so that while
+// stage s runs micro-batch m, stage s - 1 runs m + 1 and no stage waits for the whole step. The
+// first tensor-parallel rank of the last stage writes the logits; sampling is on the host, once
+// (every rank would sample the same token from the same gathered logits). This is the reference
+// the GPU ranks are checked against, and the CPU worker's --tensor-parallel / --pipeline-parallel.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "engine/cpu_backend.h"
+#include "engine/host_sampled_backend.h"
+#include "engine/thread_communicator.h"
+#include "engine/weight_shard.h"
+
+namespace hr::engine {
+
+struct ParallelCpuOptions {
+  ParallelDegrees degrees;
+  int block_size = 16;
+  size_t kv_cache_bytes = 64ull << 20;  // all ranks' caches together
+  int num_threads = 0;                  // all ranks' compute threads together; 0: one per core
+  int thread_nice = 0;
+  bool pipelined = false;  // as CpuBackendOptions::pipelined
+  int micro_batches = 0;   // a step's micro-batches with pipeline stages; 0: one per stage
+};
+
+class ParallelCpuBackend final : public HostSampledBackend {
+ public:
+  // Shards `full` (unpacked) for every rank; errors name the option at fault.
+  [[nodiscard]] static Result<std::unique_ptr<ParallelCpuBackend>> create(
+      const ModelWeights& full, ParallelCpuOptions options);
+  ~ParallelCpuBackend() override;
+
+  const char* name() const override { return "cpu"; }
+  int vocab_size() const override { return vocab_size_; }
+  int block_size() const override { return options_.block_size; }
+  int num_kv_blocks() const override { return num_blocks_; }
+  size_t weight_bytes() const override;    // all ranks'
+  size_t kv_cache_bytes() const override;  // all ranks'
+  [[nodiscard]] Status forward(const StepInput& in, float* logits) override;
+  bool pipelined() const override { return options_.pipelined; }
+  int num_ranks() const { return static_cast<int>(ranks_.size()); }
+
+ private:
+  struct Rank {
+    int stage = 0;
+    int tp_rank = 0;
+    std::unique_ptr<CpuBackend> backend;
+    Communicator* pipeline = nullptr;  // its pipeline group (rank index = stage)
+    std::vector<float> hidden, logits;
+    std::thread thread;
+  };
+  // A micro-batch: the step's tokens [first_token, first_token + in.num_tokens), with its own
+  // sequence starts and logits rows; logits_index[i] is the step's logits row of its row i.
+  struct MicroBatch {
+    StepInput in;
+    std::vector<int32_t> seq_start, logits_rows, logits_index;
+  };
+
+  ParallelCpuBackend(ParallelCpuOptions options, int vocab_size, int hidden_size, int num_blocks);
+  void split(const StepInput& in);
+  void rank_loop(Rank* rank);
+  Status run_rank(Rank* rank);
+
+  ParallelCpuOptions options_;
+  int vocab_size_, hidden_size_, num_blocks_;
+  std::vector<std::vector<std::unique_ptr<ThreadCommunicator>>> tp_groups_, pp_groups_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+
+  // The step in progress: written before step_ is raised, read by the rank threads.
+  std::vector<MicroBatch> micro_;
+  float* logits_ = nullptr;
+  std::mutex mu_;
+  std::condition_variable start_cv_, done_cv_;
+  uint64_t step_ = 0;  // guarded by mu_
+  int finished_ = 0;   // ranks done with step_ (guarded by mu_)
+  bool stop_ = false;  // guarded by mu_
+  Status status_;      // the step's first error (guarded by mu_)
+};
+
+}  // namespace hr::engine

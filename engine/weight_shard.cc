@@ -1,0 +1,178 @@
+// Slicing full fp32 weights into one rank's part.
+#include "engine/weight_shard.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace hr::engine {
+namespace {
+
+std::string str(int v) { return std::to_string(v); }
+
+// Rows [first, first + count) of the row-major matrix [rows, cols] in `m`, appended to `out`.
+void append_rows(const std::vector<float>& m, int cols, int first, int count,
+                 std::vector<float>* out) {
+  const auto* from = m.data() + static_cast<size_t>(first) * cols;
+  out->insert(out->end(), from, from + static_cast<size_t>(count) * cols);
+}
+
+// Columns [first, first + count) of the row-major matrix [rows, cols] in m[offset..], appended to
+// `out` as [rows, count].
+void append_columns(const std::vector<float>& m, size_t offset, int rows, int cols, int first,
+                    int count, std::vector<float>* out) {
+  for (int r = 0; r < rows; ++r) {
+    const auto* row = m.data() + offset + static_cast<size_t>(r) * cols + first;
+    out->insert(out->end(), row, row + count);
+  }
+}
+
+// A SwiGLU MLP's gate/up matrix [2 F, D] at m[offset..]: gate rows [first, first + count), then
+// the same up rows.
+void append_gate_up(const std::vector<float>& m, size_t offset, int F, int D, int first, int count,
+                    std::vector<float>* out) {
+  const auto* base = m.data() + offset;
+  for (int half = 0; half < 2; ++half) {
+    const auto* from = base + (static_cast<size_t>(half) * F + first) * D;
+    out->insert(out->end(), from, from + static_cast<size_t>(count) * D);
+  }
+}
+
+}  // namespace
+
+Status check_degrees(const ModelConfig& c, const ParallelDegrees& d) {
+  if (d.tp < 1 || d.tp > 1024) {
+    return invalid_argument("tensor-parallel ranks must be 1 to 1024", "tensor-parallel");
+  }
+  if (d.pp < 1 || d.pp > c.num_layers) {
+    return invalid_argument(
+        "pipeline stages must be 1 to the model's " + str(c.num_layers) + " layers",
+        "pipeline-parallel");
+  }
+  if (c.num_heads % d.tp != 0) {
+    return invalid_argument("the model's " + str(c.num_heads) +
+                                " attention heads do not split over " + str(d.tp) + " ranks",
+                            "tensor-parallel");
+  }
+  if ((c.num_kv_heads >= d.tp ? c.num_kv_heads % d.tp : d.tp % c.num_kv_heads) != 0) {
+    return invalid_argument("the model's " + str(c.num_kv_heads) +
+                                " KV heads neither split over nor replicate evenly on " +
+                                str(d.tp) + " ranks",
+                            "tensor-parallel");
+  }
+  if (c.intermediate_size % d.tp != 0) {
+    return invalid_argument("the MLP's " + str(c.intermediate_size) +
+                                " intermediate rows do not split over " + str(d.tp) + " ranks",
+                            "tensor-parallel");
+  }
+  if (d.ep != 1 && d.ep != d.tp) {
+    return invalid_argument("expert parallelism is 1 (experts sliced) or the tensor-parallel size",
+                            "expert-parallel");
+  }
+  if (c.is_moe()) {
+    if (c.moe.num_experts % d.ep != 0) {
+      return invalid_argument("the model's " + str(c.moe.num_experts) +
+                                  " experts do not split over " + str(d.ep) + " ranks",
+                              "expert-parallel");
+    }
+    const int slices = d.tp / d.ep;
+    if (c.moe.expert_intermediate_size % slices != 0) {
+      return invalid_argument("the experts' " + str(c.moe.expert_intermediate_size) +
+                                  " intermediate rows do not split over " + str(slices) + " ranks",
+                              "expert-parallel");
+    }
+  }
+  return Status::ok();
+}
+
+Result<ModelWeights> shard_weights(const ModelWeights& full, const ParallelDegrees& d, int stage,
+                                   int tp_rank) {
+  const ModelConfig& c = full.config;
+  HR_RETURN_IF_ERROR(check_degrees(c, d));
+  if (full.cpu_packed) return invalid_argument("shard_weights takes unpacked weights");
+  if (stage < 0 || stage >= d.pp || tp_rank < 0 || tp_rank >= d.tp) {
+    return invalid_argument("rank (stage " + str(stage) + ", tensor-parallel rank " + str(tp_rank) +
+                            ") is outside the deployment");
+  }
+  const int D = c.hidden_size, hd = c.head_dim, V = c.vocab_size;
+  WeightShard s;
+  s.tp = d.tp;
+  s.tp_rank = tp_rank;
+  s.pp = d.pp;
+  s.stage = stage;
+  s.ep = d.ep;
+  s.first_layer = c.num_layers * stage / d.pp;
+  s.num_layers = c.num_layers * (stage + 1) / d.pp - s.first_layer;
+  s.num_q_heads = c.num_heads / d.tp;
+  s.first_q_head = tp_rank * s.num_q_heads;
+  if (c.num_kv_heads >= d.tp) {
+    s.num_kv_heads = c.num_kv_heads / d.tp;
+    s.first_kv_head = tp_rank * s.num_kv_heads;
+  } else {  // replicated: the KV head this rank's q heads read
+    s.num_kv_heads = 1;
+    s.first_kv_head = s.first_q_head / (c.num_heads / c.num_kv_heads);
+  }
+  s.ffn = c.intermediate_size / d.tp;
+  s.first_ffn = tp_rank * s.ffn;
+  if (c.is_moe()) {
+    s.num_experts = c.moe.num_experts / d.ep;
+    s.first_expert = (tp_rank % d.ep) * s.num_experts;
+    const int slices = d.tp / d.ep;
+    s.expert_ffn = c.moe.expert_intermediate_size / slices;
+    s.first_expert_ffn = (tp_rank / d.ep) * s.expert_ffn;
+  }
+  const int vocab_share = (V + d.tp - 1) / d.tp;
+  s.first_vocab = std::min(V, tp_rank * vocab_share);
+  s.vocab = std::min(V, s.first_vocab + vocab_share) - s.first_vocab;
+
+  ModelWeights out;
+  out.config = c;
+  out.part = s;
+  if (s.first_stage()) out.embed = full.embed;
+  if (s.last_stage()) {
+    out.final_norm = full.final_norm;
+    const std::vector<float>& head = full.lm_head.empty() ? full.embed : full.lm_head;
+    append_rows(head, D, s.first_vocab, s.vocab, &out.lm_head);
+  }
+  const int Q = c.q_size(), KV = c.kv_size();
+  for (int i = 0; i < s.num_layers; ++i) {
+    const int li = s.first_layer + i;
+    const LayerWeights& L = full.layers[static_cast<size_t>(li)];
+    LayerWeights R;
+    R.input_norm = L.input_norm;
+    R.post_norm = L.post_norm;
+    R.q_norm = L.q_norm;
+    R.k_norm = L.k_norm;
+    // q rows of this rank's heads, then its KV heads' k rows and v rows.
+    const int q0 = s.first_q_head * hd, qn = s.num_q_heads * hd;
+    const int k0 = Q + s.first_kv_head * hd, v0 = Q + KV + s.first_kv_head * hd;
+    const int kn = s.num_kv_heads * hd;
+    append_rows(L.wqkv, D, q0, qn, &R.wqkv);
+    append_rows(L.wqkv, D, k0, kn, &R.wqkv);
+    append_rows(L.wqkv, D, v0, kn, &R.wqkv);
+    if (!L.bqkv.empty()) {
+      append_rows(L.bqkv, 1, q0, qn, &R.bqkv);
+      append_rows(L.bqkv, 1, k0, kn, &R.bqkv);
+      append_rows(L.bqkv, 1, v0, kn, &R.bqkv);
+    }
+    append_columns(L.wo, 0, D, Q, q0, qn, &R.wo);
+    if (c.is_moe_layer(li)) {
+      const int FE = c.moe.expert_intermediate_size;
+      R.router = L.router;
+      for (int e = s.first_expert; e < s.first_expert + s.num_experts; ++e) {
+        append_gate_up(L.experts_gate_up, static_cast<size_t>(e) * 2 * FE * D, FE, D,
+                       s.first_expert_ffn, s.expert_ffn, &R.experts_gate_up);
+        append_columns(L.experts_down, static_cast<size_t>(e) * D * FE, D, FE, s.first_expert_ffn,
+                       s.expert_ffn, &R.experts_down);
+      }
+    } else {
+      const int F = c.intermediate_size;
+      append_gate_up(L.w_gate_up, 0, F, D, s.first_ffn, s.ffn, &R.w_gate_up);
+      append_columns(L.w_down, 0, D, F, s.first_ffn, s.ffn, &R.w_down);
+    }
+    out.layers.push_back(std::move(R));
+  }
+  return out;
+}
+
+}  // namespace hr::engine

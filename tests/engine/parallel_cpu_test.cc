@@ -1,0 +1,335 @@
+// The parallel CPU engine (engine/parallel_cpu_backend.h) against one rank: tensor parallelism
+// 1/2/4, pipeline parallelism 1/2 (with more micro-batches than stages, so sequences are cut
+// between micro-batches) and TP2 x PP2, with experts sharded whole (EP) or sliced, on the bundled
+// model, the Qwen3, Mixtral and Qwen3-MoE fixtures and a ~100M-parameter random Llama. Each case
+// runs a prefill of three sequences and decode steps after it and requires every logit within
+// 1e-5 of the single rank's, then the same greedy tokens through the engine. Also: the slicing
+// itself (a shard's tensors are the right rows and columns of the full ones), options that do
+// not fit the model refused naming the option, and the KV cache split over the ranks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include <unistd.h>
+
+#include "engine/cpu_backend.h"
+#include "engine/engine.h"
+#include "engine/parallel_cpu_backend.h"
+#include "engine/weight_shard.h"
+#include "engine/weights.h"
+#include "tests/engine/step_util.h"
+#include "tests/testing/random_model.h"
+
+namespace hr::engine {
+namespace {
+
+const std::string kModels = std::string(HEADROOM_SOURCE_DIR) + "/models/";
+
+std::string model_dir(const std::string& name) {
+  return name == "tiny-reverse" ? kModels + name : kModels + "fixtures/" + name;
+}
+
+// Loaded once per model (unpacked; each backend packs its own copy).
+const ModelWeights& weights(const std::string& dir) {
+  static std::map<std::string, ModelWeights> cache;
+  auto it = cache.find(dir);
+  if (it == cache.end()) {
+    auto w = load_weights(dir);
+    EXPECT_TRUE(w.is_ok()) << dir << ": " << w.status().to_string();
+    it = cache.emplace(dir, w.is_ok() ? std::move(w).value() : ModelWeights{}).first;
+  }
+  return it->second;
+}
+
+constexpr size_t kCacheBytes = 8 << 20;
+
+std::shared_ptr<Backend> one_rank(const ModelWeights& w, int blocks) {
+  CpuBackendOptions o;
+  o.num_threads = 2;
+  o.num_kv_blocks = blocks;
+  auto b = CpuBackend::create(std::make_shared<const ModelWeights>(w), o);
+  EXPECT_TRUE(b.is_ok()) << b.status().to_string();
+  return b.is_ok() ? std::shared_ptr<Backend>(std::move(b).value()) : nullptr;
+}
+
+std::shared_ptr<ParallelCpuBackend> parallel(const ModelWeights& w, ParallelDegrees d,
+                                             int micro_batches = 0) {
+  ParallelCpuOptions o;
+  o.degrees = d;
+  o.kv_cache_bytes = kCacheBytes;
+  o.num_threads = 2;
+  o.micro_batches = micro_batches;
+  auto b = ParallelCpuBackend::create(w, o);
+  EXPECT_TRUE(b.is_ok()) << b.status().to_string();
+  return b.is_ok() ? std::shared_ptr<ParallelCpuBackend>(std::move(b).value()) : nullptr;
+}
+
+// Three sequences: a prefill of each (lengths 7, 1 and 19), then `decodes` steps of one token
+// each. Sequence i's blocks are [i * 8, i * 8 + 8). Returns every step's logits, one per token.
+std::vector<std::vector<float>> run_steps(Backend& b, int vocab, int decodes) {
+  const std::vector<int> lengths = {7, 1, 19};
+  const int S = 3, width = 8;
+  std::vector<int32_t> table;
+  for (int s = 0; s < S; ++s) {
+    for (int j = 0; j < width; ++j) table.push_back(s * width + j);
+  }
+  std::vector<int> pos(S, 0);
+  std::vector<std::vector<float>> out;
+  uint32_t next = 11;
+  for (int step = 0; step <= decodes; ++step) {
+    std::vector<int32_t> ids, positions, starts{0}, rows;
+    for (int s = 0; s < S; ++s) {
+      const int n = step == 0 ? lengths[static_cast<size_t>(s)] : 1;
+      for (int i = 0; i < n; ++i) {
+        next = next * 1103515245u + 12345u;
+        rows.push_back(static_cast<int32_t>(ids.size()));
+        ids.push_back(static_cast<int32_t>((next >> 16) % static_cast<uint32_t>(vocab)));
+        positions.push_back(pos[static_cast<size_t>(s)]++);
+      }
+      starts.push_back(static_cast<int32_t>(ids.size()));
+    }
+    StepInput in;
+    in.num_tokens = static_cast<int>(ids.size());
+    in.num_seqs = S;
+    in.token_ids = ids.data();
+    in.positions = positions.data();
+    in.seq_start = starts.data();
+    in.block_table = table.data();
+    in.max_blocks_per_seq = width;
+    in.logits_rows = rows.data();
+    in.num_logits = static_cast<int>(rows.size());
+    std::vector<float> logits(rows.size() * static_cast<size_t>(vocab));
+    Status st = b.forward(in, logits.data());
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    out.push_back(std::move(logits));
+  }
+  return out;
+}
+
+// Greedy answers through the engine: a chunked 40-token prompt among short ones.
+std::vector<std::vector<int32_t>> greedy(std::shared_ptr<Backend> b, int vocab, int max_tokens) {
+  EngineOptions eo;
+  eo.scheduler.max_num_seqs = 8;
+  eo.scheduler.max_batched_tokens = 24;  // the long prompt prefills in chunks
+  std::vector<std::vector<int32_t>> prompts = {{3, 5, 7, 9}, {1}, {}};
+  for (int i = 0; i < 40; ++i) prompts[2].push_back((i * 37 + 11) % vocab);
+  return greedy_answers(std::move(b), prompts, max_tokens, eo, 128);
+}
+
+double max_abs(const std::vector<std::vector<float>>& a) {
+  double m = 0;
+  for (const auto& v : a) {
+    for (float x : v) m = std::max(m, static_cast<double>(std::abs(x)));
+  }
+  return m;
+}
+
+double max_abs_diff(const std::vector<std::vector<float>>& a,
+                    const std::vector<std::vector<float>>& b) {
+  double d = 0;
+  EXPECT_EQ(a.size(), b.size());
+  for (size_t s = 0; s < std::min(a.size(), b.size()); ++s) {
+    EXPECT_EQ(a[s].size(), b[s].size());
+    for (size_t i = 0; i < std::min(a[s].size(), b[s].size()); ++i) {
+      d = std::max(d, static_cast<double>(std::abs(a[s][i] - b[s][i])));
+    }
+  }
+  return d;
+}
+
+// Within 1e-5 of the logits' scale (the largest magnitude, at least 1): the ranks add the same
+// products in another order (a row-parallel product is partial sums added rank by rank), so fp32
+// rounding differs by a few ulps of the largest logits. The figures go to the test's XML.
+void expect_close(const std::vector<std::vector<float>>& want,
+                  const std::vector<std::vector<float>>& got) {
+  const double scale = std::max(1.0, max_abs(want));
+  const double diff = max_abs_diff(want, got);
+  EXPECT_LE(diff, 1e-5 * scale) << "largest logit difference from one rank; largest logit "
+                                << scale;
+  char text[64];
+  std::snprintf(text, sizeof text, "%.3g of %.4g", diff, scale);
+  ::testing::Test::RecordProperty("max_logit_diff", text);
+}
+
+struct Case {
+  std::string model;
+  ParallelDegrees degrees;
+  int micro_batches = 0;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string m = info.param.model;
+  std::replace(m.begin(), m.end(), '-', '_');
+  const ParallelDegrees& d = info.param.degrees;
+  std::string name = m + "_tp" + std::to_string(d.tp) + "_pp" + std::to_string(d.pp);
+  if (d.ep > 1) name += "_ep" + std::to_string(d.ep);
+  if (info.param.micro_batches > 0) name += "_mb" + std::to_string(info.param.micro_batches);
+  return name;
+}
+
+class ParallelCpuTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ParallelCpuTest, LogitsAndGreedyTokensEqualOneRank) {
+  const Case& c = GetParam();
+  const ModelWeights& w = weights(model_dir(c.model));
+  ASSERT_GT(w.layers.size(), 0u);
+  auto many = parallel(w, c.degrees, c.micro_batches);
+  ASSERT_TRUE(many);
+  EXPECT_EQ(many->num_ranks(), c.degrees.tp * c.degrees.pp);
+  auto one = one_rank(w, many->num_kv_blocks());
+  ASSERT_TRUE(one);
+  const int V = w.config.vocab_size;
+  expect_close(run_steps(*one, V, 4), run_steps(*many, V, 4));
+  auto want = greedy(one, V, 12);
+  auto got = greedy(many, V, 12);
+  EXPECT_EQ(got, want);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[2].size(), 12u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, ParallelCpuTest,
+    ::testing::Values(Case{"tiny-reverse", {1, 1, 1}}, Case{"tiny-reverse", {2, 1, 1}},
+                      Case{"tiny-reverse", {4, 1, 1}},  // KV heads replicated: 2 of them, 4 ranks
+                      Case{"tiny-reverse", {1, 2, 1}}, Case{"tiny-reverse", {1, 2, 1}, 3},
+                      Case{"tiny-reverse", {2, 2, 1}}, Case{"tiny-reverse", {1, 4, 1}, 5},
+                      Case{"qwen3", {2, 1, 1}}, Case{"qwen3", {4, 1, 1}}, Case{"qwen3", {2, 2, 1}},
+                      Case{"mixtral", {2, 1, 2}}, Case{"mixtral", {4, 1, 4}},
+                      Case{"mixtral", {4, 1, 1}}, Case{"mixtral", {2, 2, 2}},
+                      Case{"qwen3-moe", {2, 1, 2}}, Case{"qwen3-moe", {4, 1, 4}},
+                      Case{"qwen3-moe", {2, 1, 1}}, Case{"qwen3-moe", {1, 2, 1}},
+                      Case{"qwen3-moe", {2, 2, 2}}, Case{"qwen3-moe-step2", {2, 1, 2}},
+                      Case{"qwen3-moe-step2", {4, 1, 1}}, Case{"qwen3-moe-step2", {2, 2, 1}, 3}),
+    case_name);
+
+// A ~100M-parameter Llama of random weights (12 layers of 768, 12 heads, 4 KV heads, a vocabulary
+// of 32,000), written once for the suite.
+class Parallel100MTest : public ::testing::TestWithParam<ParallelDegrees> {
+ public:
+  static void SetUpTestSuite() {
+    dir_ = (std::filesystem::temp_directory_path() /
+            ("headroom-parallel-100m-" + std::to_string(::getpid())))
+               .string();
+    hr::testing::RandomLlama spec;  // every embedding row random (no printable-only output)
+    hr::testing::write_random_llama(dir_, kModels + "tiny-reverse", spec);
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
+  static std::string dir_;
+};
+std::string Parallel100MTest::dir_;
+
+TEST_P(Parallel100MTest, LogitsAndGreedyTokensEqualOneRank) {
+  const ModelWeights& w = weights(dir_);
+  ASSERT_GT(w.num_parameters(), 90'000'000u);
+  auto many = parallel(w, GetParam());
+  ASSERT_TRUE(many);
+  auto one = one_rank(w, many->num_kv_blocks());
+  ASSERT_TRUE(one);
+  const int V = w.config.vocab_size;
+  expect_close(run_steps(*one, V, 2), run_steps(*many, V, 2));
+  EXPECT_EQ(greedy(many, V, 6), greedy(one, V, 6));
+}
+
+INSTANTIATE_TEST_SUITE_P(Degrees, Parallel100MTest,
+                         ::testing::Values(ParallelDegrees{2, 1, 1}, ParallelDegrees{4, 1, 1},
+                                           ParallelDegrees{1, 2, 1}, ParallelDegrees{2, 2, 1}),
+                         [](const ::testing::TestParamInfo<ParallelDegrees>& info) {
+                           return "tp" + std::to_string(info.param.tp) + "_pp" +
+                                  std::to_string(info.param.pp);
+                         });
+
+// A shard's tensors are the right slices of the full ones.
+TEST(WeightShardTest, SlicesHeadsRowsExpertsAndVocabulary) {
+  const ModelWeights& w = weights(model_dir("qwen3-moe"));
+  const ModelConfig& c = w.config;
+  const int D = c.hidden_size, hd = c.head_dim, Q = c.q_size(), KV = c.kv_size();
+  auto s = shard_weights(w, {4, 2, 4}, 1, 3);  // stage 1 of 2 (layers 2, 3), rank 3 of 4
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  const WeightShard p = s->shard();
+  EXPECT_EQ(p.first_layer, 2);
+  EXPECT_EQ(p.num_layers, 2);
+  EXPECT_EQ(p.first_q_head, 3);
+  EXPECT_EQ(p.num_q_heads, 1);
+  EXPECT_EQ(p.first_kv_head, 1);  // head 3 of 4 reads KV head 1 of 2
+  EXPECT_EQ(p.first_expert, 6);
+  EXPECT_EQ(p.num_experts, 2);
+  EXPECT_EQ(p.first_vocab, 195);
+  EXPECT_EQ(p.vocab, 65);
+  EXPECT_TRUE(s->embed.empty());
+  ASSERT_EQ(s->layers.size(), 2u);
+  const LayerWeights& full = w.layers[3];
+  const LayerWeights& part = s->layers[1];
+  ASSERT_EQ(part.wqkv.size(), static_cast<size_t>(3 * hd * D));
+  // q row 5 of this rank's head is full row 3 * hd + 5; its first v row is full row Q + KV + hd.
+  EXPECT_EQ(part.wqkv[5 * D + 7], full.wqkv[(3 * hd + 5) * D + 7]);
+  EXPECT_EQ(part.wqkv[(2 * hd) * D + 1], full.wqkv[(Q + KV + hd) * D + 1]);
+  // o's columns of head 3.
+  EXPECT_EQ(part.wo[2 * hd + 4], full.wo[2 * Q + 3 * hd + 4]);
+  // Expert 7 (this rank's second) whole: its down matrix [D, F] as it is.
+  const int FE = c.moe.expert_intermediate_size;
+  ASSERT_EQ(part.experts_down.size(), static_cast<size_t>(2 * D * FE));
+  EXPECT_EQ(part.experts_down[D * FE + 9], full.experts_down[7 * D * FE + 9]);
+  // The LM head's rows 195..259.
+  EXPECT_EQ(s->lm_head[2 * D + 3], w.lm_head[197 * D + 3]);
+
+  // Sliced experts (ep 1): rank 1 of 2 holds every expert's intermediate rows [F/2, F).
+  auto sliced = shard_weights(w, {2, 1, 1}, 0, 1);
+  ASSERT_TRUE(sliced.is_ok());
+  const LayerWeights& half = sliced->layers[3];
+  const int h = FE / 2;
+  EXPECT_EQ(sliced->shard().num_experts, c.moe.num_experts);
+  // Expert 5's up row h + 2 (full row FE + h + 2), and its down column h + 1.
+  EXPECT_EQ(half.experts_gate_up[(5 * 2 * h + h + 2) * D],
+            full.experts_gate_up[(5 * 2 * FE + FE + h + 2) * D]);
+  EXPECT_EQ(half.experts_down[5 * D * h + 4 * h + 1],
+            full.experts_down[5 * D * FE + 4 * FE + h + 1]);
+}
+
+TEST(WeightShardTest, DegreesThatDoNotFitAreRefusedNamingTheOption) {
+  const ModelWeights& w = weights(model_dir("qwen3-moe-step2"));  // 4 heads, 2 KV, 6 experts
+  auto name = [&](ParallelDegrees d) {
+    Status s = check_degrees(w.config, d);
+    return s.is_ok() ? std::string("ok") : s.field();
+  };
+  EXPECT_EQ(name({3, 1, 1}), "tensor-parallel");  // 4 heads over 3
+  EXPECT_EQ(name({8, 1, 1}), "tensor-parallel");  // 4 heads over 8
+  EXPECT_EQ(name({1, 5, 1}), "pipeline-parallel");
+  EXPECT_EQ(name({4, 1, 4}), "expert-parallel");  // 6 experts over 4
+  EXPECT_EQ(name({2, 1, 4}), "expert-parallel");  // ep neither 1 nor tp
+  EXPECT_EQ(name({2, 2, 2}), "ok");
+  ParallelCpuOptions o;
+  o.degrees = {4, 1, 4};
+  auto b = ParallelCpuBackend::create(w, o);
+  ASSERT_FALSE(b.is_ok());
+  EXPECT_EQ(b.status().field(), "expert-parallel");
+  o.degrees = {2, 2, 1};
+  o.kv_cache_bytes = 100;
+  b = ParallelCpuBackend::create(w, o);
+  ASSERT_FALSE(b.is_ok());
+  EXPECT_EQ(b.status().field(), "kv-cache-bytes");
+}
+
+// Each rank caches only its layers' and KV heads' share: TP2 x PP2 of a model whose 2 KV heads
+// split over 2 ranks holds the cache of one rank in four parts, and as many blocks.
+TEST(ParallelCpuBackendTest, TheKvCacheIsSplitOverTheRanks) {
+  const ModelWeights& w = weights(model_dir("tiny-reverse"));
+  auto four = parallel(w, {2, 2, 1});
+  ASSERT_TRUE(four);
+  CpuBackendOptions o;
+  o.kv_cache_bytes = kCacheBytes;
+  auto one = CpuBackend::create(std::make_shared<const ModelWeights>(w), o);
+  ASSERT_TRUE(one.is_ok());
+  EXPECT_EQ(four->num_kv_blocks(), (*one)->num_kv_blocks());
+  EXPECT_EQ(four->kv_cache_bytes(), (*one)->kv_cache_bytes());
+  // TP4 replicates each KV head on two ranks: twice the bytes a block, half the blocks.
+  auto tp4 = parallel(w, {4, 1, 1});
+  ASSERT_TRUE(tp4);
+  EXPECT_EQ(tp4->num_kv_blocks(), (*one)->num_kv_blocks() / 2);
+}
+
+}  // namespace
+}  // namespace hr::engine
