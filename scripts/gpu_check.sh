@@ -9,13 +9,17 @@
 #   fixtures  scripts/make_fixtures.py for each folder of models/fixtures that is missing (its
 #             reference.json), with the machine's transformers; they are left there to be committed
 #   tests     kernels_device_test, cuda_kernels_test, cuda_moe_test, cuda_sampling_test,
-#             cuda_backend_test, cuda_fixture_models_test; a skip counts as a failure
+#             cuda_backend_test, cuda_fixture_models_test, cuda_collectives_test; a skip counts as
+#             a failure
 #   bench     scripts/bench_gpu.sh (our engine, then Hugging Face transformers as the baseline; with
 #             structured output's decode rate against free decoding at batch 1 and 64; then the
 #             MoE section, Qwen3-30B-A3B against transformers eager and compiled)
 #   serve     scripts/serve_check.sh cuda, as configured by default and with the paths the
 #             defaults leave unused (--cuda-options), where Postgres and Redis can run: installed here, or
 #             packed by scripts/pack_portable.sh and named by HEADROOM_PORTABLE
+#   slice     (only when named) scripts/bench_rank_slice.sh: a Llama-3.3-70B TP4 and TP8 rank's
+#             decode steps, the all-reduce microbenchmark, the projected deployment step
+#             (slice.json beside the logs)
 #   profile   (only when named) Nsight Compute over the GEMV kernel at every decode shape, one and
 #             two rows: duration, DRAM throughput and the bandwidth it reached, per launch; and over
 #             batch-1 decode steps of the Qwen3-30B-A3B shape cut to 4 layers (graphs replayed,
@@ -40,8 +44,8 @@ logs=${HEADROOM_GPU_CHECK_LOGS:-/tmp/headroom-gpu-check}
 mkdir -p "$logs"
 
 for stage in ${stages//,/ }; do
-  case $stage in fixtures | tests | bench | serve | sanitize | profile) ;;
-    *) echo "gpu_check: unknown stage '$stage' in HEADROOM_GPU_CHECK_STAGES (fixtures, tests, bench, serve, sanitize, profile)" >&2
+  case $stage in fixtures | tests | bench | slice | serve | sanitize | profile) ;;
+    *) echo "gpu_check: unknown stage '$stage' in HEADROOM_GPU_CHECK_STAGES (fixtures, tests, bench, slice, serve, sanitize, profile)" >&2
        exit 2 ;;
   esac
 done
@@ -54,7 +58,7 @@ else
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DHEADROOM_CUDA=ON >/dev/null || exit 1
   cmake --build build-gpu -j "${HEADROOM_JOBS:-$(nproc)}" \
     --target kernels_device_test cuda_kernels_test cuda_moe_test cuda_sampling_test cuda_backend_test \
-    cuda_fixture_models_test headroom_gpu_bench || exit 1
+    cuda_fixture_models_test cuda_collectives_test headroom_gpu_bench headroom_allreduce_bench || exit 1
   bin=$root/build-gpu/tests
 fi
 # The binaries (and the packed headroom) load the CUDA runtime and cuBLASLt from where the build
@@ -73,6 +77,19 @@ for lib in $(ldd "$bin/cuda_kernels_test" 2>/dev/null | awk '/not found/ {print 
   echo "gpu_check: $lib from $(dirname "$found")"
   export LD_LIBRARY_PATH=$(dirname "$found")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 done
+# NCCL is loaded with dlopen (engine/nccl_communicator.h), so ldd does not name it: when the
+# loader does not know it, it is looked for the same way (Python's nvidia packages have one).
+if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2 '; then
+  nccl=
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    if [ -e "$d/libnccl.so.2" ]; then nccl=$d/libnccl.so.2; break; fi
+  done
+  [ -n "$nccl" ] || nccl=$(find /usr /opt -name libnccl.so.2 -print -quit 2>/dev/null || true)
+  if [ -n "$nccl" ]; then
+    echo "gpu_check: libnccl.so.2 from $(dirname "$nccl")"
+    export LD_LIBRARY_PATH=$(dirname "$nccl")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  fi
+fi
 if ! nvidia-smi -L; then
   echo "gpu_check: no GPU visible" >&2
   exit 1
@@ -159,7 +176,7 @@ fi
 
 if wants tests; then
   for t in kernels_device_test cuda_kernels_test cuda_moe_test cuda_sampling_test cuda_backend_test \
-    cuda_fixture_models_test; do
+    cuda_fixture_models_test cuda_collectives_test; do
     run_stage "$t" "$logs/$t.log" 300 "$bin/$t" --gtest_color=no
     # (gtest lists each skipped test again at the end: counted once)
     skipped=$(grep '^\[  SKIPPED \] [A-Za-z]' "$logs/$t.log" | awk '{print $4}' | sort -u | grep -c .)
@@ -195,6 +212,20 @@ try:
         json.dumps({k: base.get(k) for k in ("decode_tok_s", "prefill_tok_s")}) if base else "none"))
 except Exception as e:
     print("no JSON:", e)' "$bench_json")")"
+fi
+
+if wants slice; then
+  run_stage rank_slice "$logs/slice.log" 600 env HEADROOM_PREBUILT="$bin" scripts/bench_rank_slice.sh
+  slice_json=$(grep '^{"allreduce"' "$logs/slice.log" | tail -1)
+  [ -n "$slice_json" ] && echo "$slice_json" >"$logs/slice.json"
+  [ "$stage_rc" -eq 0 ] || failed=1
+  note "$(printf '%-32s %s %ss %s' rank_slice "$(outcome "$stage_rc")" "$stage_s" "$(python3 -c '
+import json, sys
+try:
+    s = json.loads(sys.argv[1])["slices"]
+    print(" ".join("%s: %s" % (k, {b: (r["slice_tok_s"], (r["projected"].get("sglang_anchor") or {}).get("tok_s")) for b, r in (v or {}).get("decode", {}).items()}) for k, v in s.items()))
+except Exception as e:
+    print("no JSON:", e)' "$slice_json")")"
 fi
 
 if wants serve; then

@@ -1,0 +1,33 @@
+// Collectives among an engine's GPU ranks over device buffers (docs/parallel-engine.md): the same
+// four as Communicator (engine/communicator.h), fp32, enqueued on a stream (stream-ordered: each
+// call only enqueues work, so it is capturable in a CUDA graph). Every rank calls each collective
+// with the same sizes, in the same order. Implementations: VirtualRankGroup (N ranks on one
+// device, engine/virtual_ranks.h) and NcclCommunicator (engine/nccl_communicator.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "base/status.h"
+
+namespace hr::engine {
+
+class DeviceCommunicator {
+ public:
+  virtual ~DeviceCommunicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // data[0..n) becomes the sum over the ranks of theirs.
+  [[nodiscard]] virtual Status all_reduce(float* data, size_t n, cudaStream_t stream) = 0;
+  // out[r * n .. (r + 1) * n) becomes rank r's in[0..n), for every rank r.
+  [[nodiscard]] virtual Status all_gather(const float* in, float* out, size_t n,
+                                          cudaStream_t stream) = 0;
+  // out[0..n) becomes the sum over the ranks of their in[rank() * n .. (rank() + 1) * n).
+  [[nodiscard]] virtual Status reduce_scatter(const float* in, float* out, size_t n,
+                                              cudaStream_t stream) = 0;
+  // data[0..n) becomes rank `root`'s.
+  [[nodiscard]] virtual Status broadcast(float* data, size_t n, int root, cudaStream_t stream) = 0;
+};
+
+}  // namespace hr::engine

@@ -1,0 +1,164 @@
+// Virtual ranks: the last caller of a collective enqueues it over every rank's buffers.
+#include "engine/virtual_ranks.h"
+
+#include <string>
+
+#include "kernels/all_reduce.cuh"
+
+namespace hr::engine {
+namespace {
+
+enum class Op { kNone, kAllReduce, kAllGather, kReduceScatter, kBroadcast };
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kAllReduce:
+      return "all_reduce";
+    case Op::kAllGather:
+      return "all_gather";
+    case Op::kReduceScatter:
+      return "reduce_scatter";
+    case Op::kBroadcast:
+      return "broadcast";
+    default:
+      return "collective";
+  }
+}
+
+Status cuda_status(cudaError_t e, Op op) {
+  if (e == cudaSuccess) return Status::ok();
+  return internal_error(std::string(op_name(op)) + ": " + cudaGetErrorString(e));
+}
+
+// The collective being gathered: each rank's buffers, and the arguments every rank must repeat.
+struct Group {
+  explicit Group(int n) : size(n), in(static_cast<size_t>(n)), out(static_cast<size_t>(n)) {}
+  const int size;
+  Op op = Op::kNone;
+  int arrived = 0;
+  size_t n = 0;
+  int root = 0;
+  cudaStream_t stream = nullptr;
+  std::vector<const float*> in;
+  std::vector<float*> out;
+};
+
+class VirtualRank final : public DeviceCommunicator {
+ public:
+  VirtualRank(std::shared_ptr<Group> group, int rank) : g_(std::move(group)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return g_->size; }
+  Status all_reduce(float* data, size_t n, cudaStream_t stream) override {
+    return arrive(Op::kAllReduce, data, data, n, 0, stream);
+  }
+  Status all_gather(const float* in, float* out, size_t n, cudaStream_t stream) override {
+    return arrive(Op::kAllGather, in, out, n, 0, stream);
+  }
+  Status reduce_scatter(const float* in, float* out, size_t n, cudaStream_t stream) override {
+    return arrive(Op::kReduceScatter, in, out, n, 0, stream);
+  }
+  Status broadcast(float* data, size_t n, int root, cudaStream_t stream) override {
+    if (root < 0 || root >= g_->size) {
+      g_->arrived = 0;
+      return invalid_argument("broadcast: root " + std::to_string(root) + " is not a rank",
+                              "broadcast");
+    }
+    return arrive(Op::kBroadcast, data, data, n, root, stream);
+  }
+
+ private:
+  Status arrive(Op op, const float* in, float* out, size_t n, int root, cudaStream_t stream);
+  Status run();
+
+  std::shared_ptr<Group> g_;
+  int rank_;
+};
+
+Status VirtualRank::arrive(Op op, const float* in, float* out, size_t n, int root,
+                           cudaStream_t stream) {
+  Group& g = *g_;
+  if (rank_ != g.arrived) {
+    g.arrived = 0;
+    return invalid_argument(
+        std::string(op_name(op)) + ": rank " + std::to_string(rank_) + " called out of rank order",
+        op_name(op));
+  }
+  if (rank_ == 0) {
+    g.op = op;
+    g.n = n;
+    g.root = root;
+    g.stream = stream;
+  } else if (g.op != op || g.n != n || g.root != root || g.stream != stream) {
+    g.arrived = 0;
+    return invalid_argument(
+        std::string(op_name(op)) + ": the ranks' collectives, sizes, roots or streams differ",
+        op_name(op));
+  }
+  g.in[static_cast<size_t>(rank_)] = in;
+  g.out[static_cast<size_t>(rank_)] = out;
+  if (++g.arrived < g.size) return Status::ok();
+  g.arrived = 0;
+  return run();
+}
+
+Status VirtualRank::run() {
+  Group& g = *g_;
+  const int N = g.size;
+  const size_t bytes = g.n * sizeof(float);
+  switch (g.op) {
+    case Op::kAllReduce: {
+      kernels::PeerSumParams p;
+      p.num_inputs = p.num_outputs = N;
+      for (int r = 0; r < N; ++r) {
+        p.in[r] = g.in[static_cast<size_t>(r)];
+        p.out[r] = g.out[static_cast<size_t>(r)];
+      }
+      p.n = g.n;
+      return cuda_status(kernels::peer_sum(p, g.stream), g.op);
+    }
+    case Op::kReduceScatter:
+      for (int r = 0; r < N; ++r) {
+        kernels::PeerSumParams p;
+        p.num_inputs = N;
+        for (int j = 0; j < N; ++j) p.in[j] = g.in[static_cast<size_t>(j)] + g.n * r;
+        p.num_outputs = 1;
+        p.out[0] = g.out[static_cast<size_t>(r)];
+        p.n = g.n;
+        HR_RETURN_IF_ERROR(cuda_status(kernels::peer_sum(p, g.stream), g.op));
+      }
+      return Status::ok();
+    case Op::kAllGather:
+      for (int r = 0; r < N; ++r) {
+        for (int j = 0; j < N; ++j) {
+          HR_RETURN_IF_ERROR(cuda_status(
+              cudaMemcpyAsync(g.out[static_cast<size_t>(r)] + g.n * j, g.in[static_cast<size_t>(j)],
+                              bytes, cudaMemcpyDeviceToDevice, g.stream),
+              g.op));
+        }
+      }
+      return Status::ok();
+    case Op::kBroadcast:
+      for (int r = 0; r < N; ++r) {
+        if (r == g.root) continue;
+        HR_RETURN_IF_ERROR(cuda_status(
+            cudaMemcpyAsync(g.out[static_cast<size_t>(r)], g.in[static_cast<size_t>(g.root)], bytes,
+                            cudaMemcpyDeviceToDevice, g.stream),
+            g.op));
+      }
+      return Status::ok();
+    default:
+      return internal_error("no collective in progress");
+  }
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<DeviceCommunicator>> VirtualRankGroup::create(int size) {
+  std::vector<std::unique_ptr<DeviceCommunicator>> out;
+  if (size < 1 || size > kernels::kMaxPeerRanks) return out;
+  auto group = std::make_shared<Group>(size);
+  for (int r = 0; r < size; ++r) out.push_back(std::make_unique<VirtualRank>(group, r));
+  return out;
+}
+
+}  // namespace hr::engine

@@ -1,0 +1,253 @@
+// Device collectives (engine/device_communicator.h): virtual ranks on one device at 1, 2, 3, 4 and
+// 8 ranks, every collective against the serial sums in rank order (bitwise, as the CPU engine's
+// ThreadCommunicator), eagerly and replayed from a captured CUDA graph with new data in the same
+// buffers; calls out of rank order or with differing sizes refused naming the collective, with
+// nothing enqueued; the fused all-reduce + residual add + RMSNorm kernel against the CPU backend's
+// rms_norm. On a GPU also NCCL, world size 1, through the same interface (loaded with dlopen).
+// Skips without a device; also built against the CPU stand-in for the CUDA runtime (simt/).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "engine/cpu_backend.h"
+#include "engine/virtual_ranks.h"
+#include "kernels/all_reduce.cuh"
+#include "tests/engine/cuda_test_util.h"
+#ifndef HEADROOM_SIMT
+#include "engine/nccl_communicator.h"
+#endif
+
+namespace hr::engine {
+namespace {
+
+std::vector<float> values(int rank, int round, size_t n) {
+  std::mt19937 gen(static_cast<uint32_t>(rank * 7919 + round));
+  return random_vec(n, gen);
+}
+
+// Every rank's buffers for one round of the four collectives: `len` floats each (odd, so the
+// kernel's tail path runs), reduce-scatter pieces of `len / 10`.
+struct RankBuffers {
+  static constexpr size_t kLen = 1001, kPiece = 100;
+  RankBuffers(int ranks)
+      : reduce(kLen),
+        gather_in(kLen),
+        gather_out(kLen * ranks),
+        scatter_in(kPiece * ranks),
+        scatter_out(kPiece),
+        bcast(kLen) {}
+  DeviceBuffer<float> reduce, gather_in, gather_out, scatter_in, scatter_out, bcast;
+  void fill(int rank, int round, int ranks) {
+    auto put = [](DeviceBuffer<float>& b, const std::vector<float>& v) {
+      ASSERT_EQ(cudaMemcpy(b.ptr, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice),
+                cudaSuccess);
+    };
+    put(reduce, values(rank, round, kLen));
+    put(gather_in, values(rank, round + 1000, kLen));
+    put(scatter_in, values(rank, round + 2000, kPiece * ranks));
+    put(bcast, values(rank, round + 3000, kLen));
+  }
+};
+
+// Ranks 0..N-1 in turn, each collective, as one thread drives virtual ranks.
+Status enqueue_round(std::vector<std::unique_ptr<DeviceCommunicator>>& ranks,
+                     std::vector<std::unique_ptr<RankBuffers>>& bufs, int root,
+                     cudaStream_t stream) {
+  const size_t L = RankBuffers::kLen, P = RankBuffers::kPiece;
+  for (size_t r = 0; r < ranks.size(); ++r)
+    HR_RETURN_IF_ERROR(ranks[r]->all_reduce(bufs[r]->reduce.ptr, L, stream));
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    HR_RETURN_IF_ERROR(
+        ranks[r]->all_gather(bufs[r]->gather_in.ptr, bufs[r]->gather_out.ptr, L, stream));
+  }
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    HR_RETURN_IF_ERROR(
+        ranks[r]->reduce_scatter(bufs[r]->scatter_in.ptr, bufs[r]->scatter_out.ptr, P, stream));
+  }
+  for (size_t r = 0; r < ranks.size(); ++r)
+    HR_RETURN_IF_ERROR(ranks[r]->broadcast(bufs[r]->bcast.ptr, L, root, stream));
+  return Status::ok();
+}
+
+void expect_round(std::vector<std::unique_ptr<RankBuffers>>& bufs, int round, int root) {
+  const int n = static_cast<int>(bufs.size());
+  const size_t L = RankBuffers::kLen, P = RankBuffers::kPiece;
+  std::vector<float> sum(L, 0.0f);
+  for (int r = 0; r < n; ++r) {
+    const auto v = values(r, round, L);
+    for (size_t j = 0; j < L; ++j) sum[j] += v[j];
+  }
+  for (int r = 0; r < n; ++r) {
+    auto& b = *bufs[static_cast<size_t>(r)];
+    EXPECT_EQ(b.reduce.get(), sum) << "all_reduce, rank " << r;  // bitwise, every rank
+    const auto gathered = b.gather_out.get();
+    for (int from = 0; from < n; ++from) {
+      const auto v = values(from, round + 1000, L);
+      EXPECT_TRUE(std::equal(v.begin(), v.end(), gathered.begin() + from * L))
+          << "all_gather, rank " << r << " from " << from;
+    }
+    std::vector<float> piece(P, 0.0f);
+    for (int from = 0; from < n; ++from) {
+      const auto wide = values(from, round + 2000, P * n);
+      for (size_t j = 0; j < P; ++j) piece[j] += wide[static_cast<size_t>(r) * P + j];
+    }
+    EXPECT_EQ(b.scatter_out.get(), piece) << "reduce_scatter, rank " << r;
+    EXPECT_EQ(b.bcast.get(), values(root, round + 3000, L)) << "broadcast, rank " << r;
+  }
+}
+
+class VirtualRanksTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(VirtualRanksTest, CollectivesEqualTheSerialSumsEagerlyAndInAGraph) {
+  SKIP_WITHOUT_GPU();
+  const int n = GetParam();
+  auto ranks = VirtualRankGroup::create(n);
+  ASSERT_EQ(ranks.size(), static_cast<size_t>(n));
+  std::vector<std::unique_ptr<RankBuffers>> bufs;
+  for (int r = 0; r < n; ++r) bufs.push_back(std::make_unique<RankBuffers>(n));
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  // Eagerly, twice (the group is ready for the next round).
+  for (int round = 0; round < 2; ++round) {
+    for (int r = 0; r < n; ++r) bufs[static_cast<size_t>(r)]->fill(r, round, n);
+    const Status st = enqueue_round(ranks, bufs, round % n, stream);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    expect_round(bufs, round, round % n);
+  }
+  // Captured once, replayed over new data in the same buffers.
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  const int root = n - 1;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const Status st = enqueue_round(ranks, bufs, root, stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int round = 10; round < 12; ++round) {
+    for (int r = 0; r < n; ++r) bufs[static_cast<size_t>(r)]->fill(r, round, n);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    expect_round(bufs, round, root);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, VirtualRanksTest, ::testing::Values(1, 2, 3, 4, 8));
+
+TEST(VirtualRanksErrors, OutOfOrderOrDifferingCallsAreRefusedAndEnqueueNothing) {
+  SKIP_WITHOUT_GPU();
+  auto ranks = VirtualRankGroup::create(3);
+  DeviceBuffer<float> a(std::vector<float>(8, 1.0f)), b(std::vector<float>(8, 2.0f)),
+      c(std::vector<float>(8, 4.0f));
+  // Rank 1 before rank 0.
+  Status st = ranks[1]->all_reduce(b.ptr, 8, nullptr);
+  EXPECT_EQ(st.field(), "all_reduce");
+  // Sizes that differ: rank 1 asks for 4.
+  ASSERT_TRUE(ranks[0]->all_reduce(a.ptr, 8, nullptr).is_ok());
+  st = ranks[1]->all_reduce(b.ptr, 4, nullptr);
+  EXPECT_EQ(st.field(), "all_reduce");
+  // Another collective mid-way.
+  ASSERT_TRUE(ranks[0]->all_reduce(a.ptr, 8, nullptr).is_ok());
+  st = ranks[1]->broadcast(b.ptr, 8, 0, nullptr);
+  EXPECT_EQ(st.field(), "broadcast");
+  EXPECT_EQ(ranks[0]->broadcast(a.ptr, 8, 3, nullptr).field(), "broadcast");  // no rank 3
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(a.get(), std::vector<float>(8, 1.0f));  // nothing ran
+  // The group works afterwards.
+  ASSERT_TRUE(ranks[0]->all_reduce(a.ptr, 8, nullptr).is_ok());
+  ASSERT_TRUE(ranks[1]->all_reduce(b.ptr, 8, nullptr).is_ok());
+  ASSERT_TRUE(ranks[2]->all_reduce(c.ptr, 8, nullptr).is_ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(a.get(), std::vector<float>(8, 7.0f));
+  EXPECT_EQ(c.get(), std::vector<float>(8, 7.0f));
+  EXPECT_TRUE(VirtualRankGroup::create(9).empty());
+}
+
+// The layer boundary of a tensor-parallel step: partial sums in rank order added to the residual,
+// then RMSNorm to bf16, on every rank alike.
+TEST(AllReduceAddRmsNormTest, EqualsTheSumThenTheCpuNorm) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(5);
+  for (int n : {1, 2, 4, 8}) {
+    const int rows = 5, dim = 520;
+    const size_t len = static_cast<size_t>(rows) * dim;
+    std::vector<std::unique_ptr<DeviceBuffer<float>>> partial, x;
+    std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> out;
+    std::vector<std::vector<float>> host_partial;
+    const std::vector<float> residual = random_vec(len, rng, -2.0f, 2.0f);
+    const std::vector<float> weight = random_vec(dim, rng, 0.5f, 1.5f);
+    DeviceBuffer<float> d_weight(weight);
+    kernels::AllReduceAddRmsNormParams p;
+    p.num_ranks = n;
+    p.num_rows = rows;
+    p.dim = dim;
+    p.weight = d_weight.ptr;
+    for (int r = 0; r < n; ++r) {
+      host_partial.push_back(random_vec(len, rng));
+      partial.push_back(std::make_unique<DeviceBuffer<float>>(host_partial.back()));
+      x.push_back(std::make_unique<DeviceBuffer<float>>(residual));
+      out.push_back(std::make_unique<DeviceBuffer<uint16_t>>(len));
+      p.partial[r] = partial.back()->ptr;
+      p.x[r] = x.back()->ptr;
+      p.out[r] = reinterpret_cast<__nv_bfloat16*>(out.back()->ptr);
+    }
+    ASSERT_EQ(kernels::all_reduce_add_rms_norm(p, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> want_x = residual, want_norm(len);
+    for (size_t i = 0; i < len; ++i) {
+      float s = host_partial[0][i];
+      for (int r = 1; r < n; ++r) s += host_partial[static_cast<size_t>(r)][i];
+      want_x[i] += s;
+    }
+    for (int row = 0; row < rows; ++row) {
+      rms_norm(&want_x[static_cast<size_t>(row) * dim], weight.data(), dim, 1e-5f,
+               &want_norm[static_cast<size_t>(row) * dim]);
+    }
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(x[static_cast<size_t>(r)]->get(), want_x) << n << " ranks, rank " << r;
+      const auto got = bf16_to_float(out[static_cast<size_t>(r)]->get());
+      for (size_t i = 0; i < len; ++i) {
+        // bf16 rounding of the same value (the norm's sum order may differ by an ulp of fp32).
+        ASSERT_NEAR(got[i], want_norm[i], std::abs(want_norm[i]) * 8e-3 + 1e-6)
+            << n << " ranks, rank " << r << ", element " << i;
+      }
+      EXPECT_EQ(got, bf16_to_float(out[0]->get())) << "rank " << r << " differs from rank 0";
+    }
+  }
+  kernels::AllReduceAddRmsNormParams bad;
+  bad.num_ranks = 9;
+  bad.num_rows = 1;
+  bad.dim = 4;
+  EXPECT_EQ(kernels::all_reduce_add_rms_norm(bad, nullptr), cudaErrorInvalidValue);
+}
+
+#ifndef HEADROOM_SIMT
+// NCCL, world size 1, through the same interface: the path a multi-GPU engine takes, on the one
+// GPU a test machine has.
+TEST(NcclCommunicatorTest, WorldSizeOneThroughTheSameInterface) {
+  SKIP_WITHOUT_GPU();
+  auto version = NcclCommunicator::version();
+  if (!version.is_ok()) GTEST_SKIP() << version.status().to_string();
+  auto ranks = NcclCommunicator::create_all({0});
+  ASSERT_TRUE(ranks.is_ok()) << ranks.status().to_string();
+  ASSERT_EQ(ranks->size(), 1u);
+  std::vector<std::unique_ptr<RankBuffers>> bufs;
+  bufs.push_back(std::make_unique<RankBuffers>(1));
+  bufs[0]->fill(0, 0, 1);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  const Status st = enqueue_round(*ranks, bufs, 0, stream);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  expect_round(bufs, 0, 0);
+  cudaStreamDestroy(stream);
+}
+#endif
+
+}  // namespace
+}  // namespace hr::engine
