@@ -356,10 +356,24 @@ Result<int> Dispatcher::relay_model(const std::string& model) {
     // When an account holds more of the waiting entries than its share, they are taken back and
     // pushed again shared and interleaved, so that a newcomer need not wait for them to drain:
     // cursors first (a crash after it only duplicates entries), then the entries.
+    // The entries waiting in the shared stream and in the workers' own: a newcomer's requests
+    // routed to a worker's stream would otherwise start behind the others' waiting there.
     int64_t withdrawn = 0;
     if (options_.fair_share && shares.size() > 1 && waiting > 0) {
-      HR_ASSIGN_OR_RETURN(std::vector<WaitingEntry> entries,
-                          waiting_entries(*redis_, key, 2 * window.size()));
+      std::vector<WaitingEntry> entries;
+      std::vector<std::string> stream_of;  // alongside entries
+      std::vector<std::string> streams = {key};
+      for (const std::string& w : with_streams) {
+        if (waiting_for[w] > 0) streams.push_back(worker_stream_key(model, w));
+      }
+      for (const std::string& stream : streams) {
+        HR_ASSIGN_OR_RETURN(std::vector<WaitingEntry> some,
+                            waiting_entries(*redis_, stream, 2 * window.size()));
+        for (WaitingEntry& e : some) {
+          entries.push_back(std::move(e));
+          stream_of.push_back(stream);
+        }
+      }
       for (WaitingEntry& e : entries) {
         if (auto it = account_of.find(e.batch_id); it != account_of.end())
           e.account_id = it->second;
@@ -368,12 +382,12 @@ Result<int> Dispatcher::relay_model(const std::string& model) {
           entries_to_withdraw(shares, entries, std::max<int64_t>(1, window.size() / 8));
       if (!back.empty()) {
         std::map<std::string, std::pair<int, int64_t>> per_batch;  // batch → {lowest idx, count}
-        std::vector<std::string> ids;
+        std::map<std::string, std::vector<std::string>> ids;       // stream → entries
         for (size_t i : back) {
           auto [it, fresh] = per_batch.try_emplace(entries[i].batch_id, entries[i].idx, 0);
           it->second.first = std::min(it->second.first, entries[i].idx);
           ++it->second.second;
-          ids.push_back(entries[i].entry_id);
+          ids[stream_of[i]].push_back(entries[i].entry_id);
         }
         {
           pqxx::work tx(pg);
@@ -384,10 +398,21 @@ Result<int> Dispatcher::relay_model(const std::string& model) {
           }
           tx.commit();
         }
-        std::vector<std::string> del = {"XDEL", key};
-        del.insert(del.end(), ids.begin(), ids.end());
-        HR_ASSIGN_OR_RETURN(RedisReply deleted, redis_->command(del));
-        if (deleted.is_error()) return unavailable("redis XDEL: " + deleted.str);
+        std::vector<std::vector<std::string>> dels;
+        for (const auto& [stream, mine] : ids) {
+          dels.push_back({"XDEL", stream});
+          dels.back().insert(dels.back().end(), mine.begin(), mine.end());
+          // A worker's stream holds fewer now (the routing's room below).
+          for (const std::string& w : with_streams) {
+            if (stream == worker_stream_key(model, w)) {
+              waiting_for[w] -= static_cast<int64_t>(mine.size());
+            }
+          }
+        }
+        HR_ASSIGN_OR_RETURN(auto deleted, redis_->pipeline(dels));
+        for (const RedisReply& d : deleted) {
+          if (d.is_error()) return unavailable("redis XDEL: " + d.str);
+        }
         for (ShareAccount& a : shares) {
           for (ShareBatch& b : a.batches) {
             auto it = per_batch.find(b.id);

@@ -6,8 +6,8 @@
 # shares over HEADROOM_FAIRNESS_SHARE_SECONDS, 60), a tight 20 s deadline behind the same
 # tenant's big batch, and the estimated completion at submit against the actual for batches
 # submitted into a steady backlog. Then the shared phase again with a dispatcher run with
-# --fair-share=false (first in, first out, every request pushed at once, as before the fair
-# relay), for comparison.
+# --fair-share=false --dispatch-by-prefix=false (first in, first out, every request pushed at
+# once into the shared stream, as before the fair relay), for comparison.
 # Then cache-aware dispatch (docs/cache-aware-dispatch.md): four workers on a small random model
 # with a context of 2,048 (written to .headroom/bench-model-small on first use; ChatML, which
 # renders system messages, as its chat template), each with a KV cache of
@@ -15,7 +15,9 @@
 # than the HEADROOM_PREFIX_PROMPTS (64) in play, more than a quarter of them), run
 # HEADROOM_PREFIX_REQUESTS (8,000) requests over those system prompts of ~512 bytes (~560
 # tokens rendered), in turn; the cached prompt tokens against the ideal, with
-# --dispatch-by-prefix and without. HEADROOM_FAIRNESS_PHASES ("fair prefix") picks the parts.
+# --dispatch-by-prefix and without. HEADROOM_FAIRNESS_PHASES ("fair prefix") picks the parts;
+# HEADROOM_FAIRNESS_WORKER_ARGS, _DISPATCHER_ARGS and _DRIVER_ARGS go to the fair part's workers,
+# dispatcher and driver (e.g. --fair-lookahead 0; --phases shared).
 # The last line of output is one JSON object with the figures.
 set -euo pipefail
 bench_targets="headroom_fairness_bench headroom_engine_bench"
@@ -26,7 +28,7 @@ model="@hr/tiny-reverse"
 prefix_model="@hr/bench-small"
 small=$root/.headroom/bench-model-small
 if [[ " $phases " == *" prefix "* && ! -f "$small/model.safetensors" ]]; then
-  build-release/tests/headroom_engine_bench --make-random-model "$small" --shape small \
+  "$build"/tests/headroom_engine_bench --make-random-model "$small" --shape small \
     --tokenizer-from models/tiny-reverse --output-vocab printable >&2
 fi
 declare -A keys
@@ -47,7 +49,7 @@ stop_dispatcher() {
   wait "$dispatcher_pid" 2>/dev/null || true
 }
 driver() {
-  build-release/tests/headroom_fairness_bench --port "$port" --model "$model" \
+  "$build"/tests/headroom_fairness_bench --port "$port" --model "$model" \
     --database-url "$HEADROOM_DATABASE_URL" --key-a "${keys[a]}" --key-b "${keys[b]}" \
     --key-c "${keys[c]}" --key-d "${keys[d]}" --key-e "${keys[e]}" \
     --share-seconds "${HEADROOM_FAIRNESS_SHARE_SECONDS:-60}" "$@"
@@ -57,7 +59,9 @@ fifo='{}'
 if [[ " $phases " == *" fair "* ]]; then
   tiny_pids=()
   for w in 1 2; do
-    $bin --log-level warn worker --model models/tiny-reverse --worker-name "w$w" &
+    # shellcheck disable=SC2086
+    $bin --log-level warn worker --model models/tiny-reverse --worker-name "w$w" \
+      ${HEADROOM_FAIRNESS_WORKER_ARGS:-} &
     tiny_pids+=("$!")
     pids+=("$!")
   done
@@ -69,7 +73,9 @@ if [[ " $phases " == *" fair "* ]]; then
   driver ${HEADROOM_FAIRNESS_DRIVER_ARGS:-} | tee "$svc/fair.out"
   fair=$(tail -n 1 "$svc/fair.out")
   stop_dispatcher
-  start_dispatcher --fair-share=false
+  # (without the workers' own streams too, which would let a newcomer's requests past the
+  # shared stream's backlog)
+  start_dispatcher --fair-share=false --dispatch-by-prefix=false
   driver --phases shared | tee "$svc/fifo.out"
   fifo=$(tail -n 1 "$svc/fifo.out")
   stop_dispatcher

@@ -1,13 +1,20 @@
 # Shared by the queue-side benchmarks (sourced, not run): builds the release binaries named in
-# $bench_targets, starts a private Postgres and Redis in a temporary folder (stopped on exit,
+# $bench_targets (in $build), starts a private Postgres and Redis in a temporary folder (stopped on exit,
 # together with every pid in $pids), applies the migrations, and sets $bin (the headroom binary)
 # and $port (a free port). Helpers: bench_key ACCOUNT, bench_wait_ready PORT.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 scripts/setup.sh >/dev/null
-cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-# shellcheck disable=SC2086
-cmake --build build-release -j "${HEADROOM_JOBS:-2}" --target headroom $bench_targets >/dev/null
+# HEADROOM_BENCH_BUILD=DIR: an existing build folder instead, built as it is configured, or a
+# folder of binaries alone (headroom, tests/...) used as they are: comparisons of two versions.
+build=${HEADROOM_BENCH_BUILD:-build-release}
+if [ -z "${HEADROOM_BENCH_BUILD:-}" ]; then
+  cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+fi
+if [ -f "$build/build.ninja" ]; then
+  # shellcheck disable=SC2086
+  cmake --build "$build" -j "${HEADROOM_JOBS:-2}" --target headroom $bench_targets >/dev/null
+fi
 
 svc=$(mktemp -d /tmp/headroom-bench.XXXXXX)
 chmod 755 "$svc"
@@ -22,7 +29,7 @@ trap bench_cleanup EXIT
 scripts/services.sh start "$svc" >/dev/null
 # shellcheck disable=SC1091
 source "$svc/env"
-bin=build-release/headroom
+bin=$build/headroom
 # HEADROOM_BENCH_MIGRATIONS: a folder of migrations to apply instead of the built-in ones (the
 # schema of an earlier version, to compare with).
 $bin --log-level warn migrate ${HEADROOM_BENCH_MIGRATIONS:+--migrations-dir "$HEADROOM_BENCH_MIGRATIONS"}

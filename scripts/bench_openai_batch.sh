@@ -14,5 +14,5 @@ model="@hr/tiny-reverse"
 $bin --log-level warn api --port "$port" &
 pids+=("$!")
 bench_wait_ready "$port"
-build-release/tests/headroom_openai_bench --port "$port" --key "$key" --model "$model" \
+"$build"/tests/headroom_openai_bench --port "$port" --key "$key" --model "$model" \
   --database-url "$HEADROOM_DATABASE_URL" --redis-url "$HEADROOM_REDIS_URL"

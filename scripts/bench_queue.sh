@@ -16,5 +16,5 @@ pids+=("$api_pid")
 $bin --log-level warn dispatcher ${HEADROOM_BENCH_DISPATCHER_ARGS:-} &
 pids+=("$!")
 bench_wait_ready "$port"
-build-release/tests/headroom_queue_bench --port "$port" --key "$key" --model "$model" \
+"$build"/tests/headroom_queue_bench --port "$port" --key "$key" --model "$model" \
   --database-url "$HEADROOM_DATABASE_URL" --redis-url "$HEADROOM_REDIS_URL" --api-pid "$api_pid"

@@ -13,5 +13,5 @@ schedule=1s,1s,1s,2s,2s,2s,3s,3s,3s,3s,3s,3s,3s,3s,3s,3s,3s,3s,3s,3s
 $bin --log-level error dispatcher --webhook-allow loopback --webhook-retry-schedule "$schedule" \
   --webhook-timeout-ms 5000 "$@" &
 pids+=("$!")
-build-release/tests/headroom_webhook_bench --database-url "$HEADROOM_DATABASE_URL" --port "$port" \
+"$build"/tests/headroom_webhook_bench --database-url "$HEADROOM_DATABASE_URL" --port "$port" \
   --events "${HEADROOM_BENCH_EVENTS:-10000}" --rate "${HEADROOM_BENCH_RATE:-1000}"

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <pqxx/pqxx>
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <set>
 
@@ -147,6 +149,57 @@ TEST_F(CacheDispatchTest, RequestsWithOneAffinityGoToOneWorkerWhichReadsThemFirs
   EXPECT_EQ(length(worker_stream_key(model_, "w1")), 0);
   EXPECT_EQ(length(worker_stream_key(model_, "w2")), 0);
   EXPECT_EQ(length(stream_key(model_)), 0);
+}
+
+// Fair share reaches the workers' own streams: a newcomer's requests routed to a worker whose
+// stream holds another account's waiting backlog are not queued behind it; that backlog is taken
+// back and the window pushed again shared and interleaved, nothing lost or doubled.
+TEST_F(CacheDispatchTest, ANewcomerIsNotQueuedBehindAWorkersStreamBacklog) {
+  announce("w1");
+  const std::string big = submit(3000, [](int) { return std::optional<int64_t>(7); });
+  DispatcherOptions o;
+  o.window = {100, 100, 250};
+  o.newcomer_check_ms = 0;
+  auto d = Dispatcher::create(db_.url(), redis_url_, o).value();
+  ASSERT_TRUE(d->relay_once().is_ok());
+  const std::string own = worker_stream_key(model_, "w1");
+  ASSERT_EQ(length(own), 100);  // A's, waiting: no worker took any
+  auto key_b = create_api_key(*conn_, "tenant-b");
+  ASSERT_TRUE(key_b.is_ok());
+  NewBatch nb;
+  nb.account_id = key_b->account_id;
+  nb.model = model_;
+  for (int i = 0; i < 50; ++i) {
+    NewRequest r;
+    r.body = "{\"prompt\":\"p\"}";
+    r.affinity = 9;
+    nb.requests.push_back(r);
+  }
+  const std::string small = submit_batch(*conn_, nb).value().batch_id;
+  ASSERT_TRUE(d->relay_once().is_ok());
+  auto entries = redis_->command({"XRANGE", own, "-", "+"}).value();
+  std::vector<std::string> order;
+  for (const auto& e : entries.elements) order.push_back(e.elements[1].elements[1].str);
+  int small_in_front = 0;
+  for (size_t i = 0; i < std::min<size_t>(20, order.size()); ++i)
+    small_in_front += order[i] == small;
+  EXPECT_GE(small_in_front, 8);
+  EXPECT_EQ(std::count(order.begin(), order.end(), small), 50);
+  auto c = consumer("w1");
+  std::set<std::pair<std::string, int>> seen;
+  auto t0 = std::chrono::steady_clock::now();
+  while (seen.size() < 3050 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+    ASSERT_TRUE(d->relay_once().is_ok());
+    auto got = c->pull(500, 50);
+    ASSERT_TRUE(got.is_ok());
+    std::vector<Completion> done;
+    for (const Lease& l : *got) {
+      EXPECT_TRUE(seen.insert({l.ref.batch_id, l.ref.idx}).second);
+      done.push_back({l, "{\"response\":\"ok\"}", 1, 1, 0});
+    }
+    ASSERT_TRUE(c->complete(done).is_ok());
+  }
+  EXPECT_EQ(seen.size(), 3050u);
 }
 
 TEST_F(CacheDispatchTest, AnIdleWorkerTakesFromAnothersStream) {
