@@ -233,24 +233,32 @@ Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
   if (index < 0) {
     if (!spec.cuda_options.empty())
       return invalid_argument("--cuda-options needs a CUDA device", "cuda-options");
-    HR_ASSIGN_OR_RETURN(ModelWeights weights, load_weights(model_dir));
     if (spec.tensor_parallel * spec.pipeline_parallel > 1) {
+      HR_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir));
       ParallelCpuOptions o;
       o.degrees = {spec.tensor_parallel, spec.pipeline_parallel, spec.expert_parallel};
       if (o.degrees.ep == 0) {
-        const int experts = weights.config.moe.num_experts;
+        const int experts = config.moe.num_experts;
         o.degrees.ep = experts > 0 && experts % o.degrees.tp == 0 ? o.degrees.tp : 1;
       }
       o.block_size = spec.block_size;
       o.kv_cache_bytes = spec.kv_cache_bytes;
       o.thread_nice = spec.cpu_thread_nice;
-      HR_ASSIGN_OR_RETURN(auto many, ParallelCpuBackend::create(weights, o));
-      log::info("backend.parallel", {{"tensor_parallel", o.degrees.tp},
-                                     {"pipeline_parallel", o.degrees.pp},
-                                     {"expert_parallel", o.degrees.ep},
-                                     {"kv_blocks", many->num_kv_blocks()}});
+      LoadStats load;
+      HR_ASSIGN_OR_RETURN(auto many, ParallelCpuBackend::create_from_dir(model_dir, o, &load));
+      log::info(
+          "backend.parallel",
+          {{"tensor_parallel", o.degrees.tp},
+           {"pipeline_parallel", o.degrees.pp},
+           {"expert_parallel", o.degrees.ep},
+           {"kv_blocks", many->num_kv_blocks()},
+           {"load_seconds", load.seconds},
+           {"checkpoint_bytes", static_cast<int64_t>(load.checkpoint_bytes)},
+           {"checkpoint_bytes_per_s",
+            load.seconds > 0 ? static_cast<double>(load.checkpoint_bytes) / load.seconds : 0.0}});
       return std::shared_ptr<Backend>(std::move(many));
     }
+    HR_ASSIGN_OR_RETURN(ModelWeights weights, load_weights(model_dir));
     pack_for_cpu(&weights);  // in place: the backend then holds the only copy
     HR_ASSIGN_OR_RETURN(
         auto cpu,

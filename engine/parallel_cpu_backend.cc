@@ -2,16 +2,16 @@
 #include "engine/parallel_cpu_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+
+#include "engine/safetensors.h"
 
 namespace hr::engine {
 
-Result<std::unique_ptr<ParallelCpuBackend>> ParallelCpuBackend::create(const ModelWeights& full,
-                                                                       ParallelCpuOptions options) {
-  const ModelConfig& c = full.config;
-  const ParallelDegrees d = options.degrees;
-  HR_RETURN_IF_ERROR(check_degrees(c, d));
-  if (full.cpu_packed) return invalid_argument("the parallel CPU backend takes unpacked weights");
+namespace {
+
+Status check_options(const ParallelCpuOptions& options) {
   if (options.block_size < 1) return invalid_argument("block size must be positive", "block-size");
   if (options.num_threads < 0 || options.num_threads > 256) {
     return invalid_argument("thread count must be 0 (one per core) to 256", "threads");
@@ -19,16 +19,75 @@ Result<std::unique_ptr<ParallelCpuBackend>> ParallelCpuBackend::create(const Mod
   if (options.micro_batches < 0 || options.micro_batches > 64) {
     return invalid_argument("micro-batches must be 0 (one per stage) to 64", "micro-batches");
   }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ParallelCpuBackend>> ParallelCpuBackend::create(const ModelWeights& full,
+                                                                       ParallelCpuOptions options) {
+  const ParallelDegrees d = options.degrees;
+  HR_RETURN_IF_ERROR(check_degrees(full.config, d));
+  HR_RETURN_IF_ERROR(check_options(options));
+  if (full.cpu_packed) return invalid_argument("the parallel CPU backend takes unpacked weights");
   std::vector<ModelWeights> shards;
-  size_t per_block = 0;  // one block's K and V over every rank's layers and KV heads
   for (int stage = 0; stage < d.pp; ++stage) {
     for (int t = 0; t < d.tp; ++t) {
       HR_ASSIGN_OR_RETURN(ModelWeights shard, shard_weights(full, d, stage, t));
-      const WeightShard s = shard.shard();
-      per_block +=
-          2ull * s.num_layers * options.block_size * s.num_kv_heads * c.head_dim * sizeof(float);
       shards.push_back(std::move(shard));
     }
+  }
+  return assemble(std::move(shards), options);
+}
+
+Result<std::unique_ptr<ParallelCpuBackend>> ParallelCpuBackend::create_from_dir(
+    const std::string& dir, ParallelCpuOptions options, LoadStats* stats) {
+  HR_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(dir));
+  const ParallelDegrees d = options.degrees;
+  HR_RETURN_IF_ERROR(check_degrees(config, d));
+  HR_RETURN_IF_ERROR(check_options(options));
+  HR_ASSIGN_OR_RETURN(auto st, SafetensorsModel::open_dir(dir));
+  const int world = d.tp * d.pp;
+  std::vector<ModelWeights> shards(static_cast<size_t>(world));
+  std::vector<Status> status(static_cast<size_t>(world));
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    // Every rank reads and packs its own shard at once (on a multi-socket or many-core host the
+    // reads and conversions run side by side, as a GPU deployment's ranks load in parallel).
+    std::vector<std::thread> loaders;
+    for (int i = 0; i < world; ++i) {
+      loaders.emplace_back([&, i] {
+        auto shard = load_shard(*st, config, d, i / d.tp, i % d.tp);
+        if (!shard.is_ok()) {
+          status[static_cast<size_t>(i)] = shard.status();
+          return;
+        }
+        shards[static_cast<size_t>(i)] = std::move(shard).value();
+        pack_for_cpu(&shards[static_cast<size_t>(i)]);
+      });
+    }
+    for (auto& t : loaders) t.join();
+  }
+  for (const Status& e : status) HR_RETURN_IF_ERROR(e);
+  if (stats) {
+    stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats->checkpoint_bytes = 0;
+    for (const auto& [name, t] : st->tensors()) stats->checkpoint_bytes += t.num_bytes;
+    stats->shard_bytes = 0;
+    for (const ModelWeights& w : shards) stats->shard_bytes += w.num_bytes();
+  }
+  return assemble(std::move(shards), options);
+}
+
+Result<std::unique_ptr<ParallelCpuBackend>> ParallelCpuBackend::assemble(
+    std::vector<ModelWeights> shards, ParallelCpuOptions options) {
+  const ModelConfig& c = shards[0].config;
+  const ParallelDegrees d = options.degrees;
+  size_t per_block = 0;  // one block's K and V over every rank's layers and KV heads
+  for (const ModelWeights& shard : shards) {
+    const WeightShard s = shard.shard();
+    per_block +=
+        2ull * s.num_layers * options.block_size * s.num_kv_heads * c.head_dim * sizeof(float);
   }
   const int num_blocks = static_cast<int>(options.kv_cache_bytes / per_block);
   if (num_blocks < 1) {
@@ -54,7 +113,7 @@ Result<std::unique_ptr<ParallelCpuBackend>> ParallelCpuBackend::create(const Mod
     rank->pipeline =
         b->pp_groups_[static_cast<size_t>(rank->tp_rank)][static_cast<size_t>(rank->stage)].get();
     ModelWeights& shard = shards[static_cast<size_t>(i)];
-    pack_for_cpu(&shard);
+    pack_for_cpu(&shard);  // in place (a no-op when the loader packed it)
     CpuBackendOptions o;
     o.block_size = options.block_size;
     o.num_threads = std::max(1, cores / world);

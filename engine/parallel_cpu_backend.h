@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -33,11 +34,23 @@ struct ParallelCpuOptions {
   int micro_batches = 0;   // a step's micro-batches with pipeline stages; 0: one per stage
 };
 
+// What loading took (create_from_dir).
+struct LoadStats {
+  double seconds = 0;           // reading, converting and packing every rank's shard
+  size_t checkpoint_bytes = 0;  // the checkpoint's tensors
+  size_t shard_bytes = 0;       // all ranks' weights as held (fp32)
+};
+
 class ParallelCpuBackend final : public HostSampledBackend {
  public:
   // Shards `full` (unpacked) for every rank; errors name the option at fault.
   [[nodiscard]] static Result<std::unique_ptr<ParallelCpuBackend>> create(
       const ModelWeights& full, ParallelCpuOptions options);
+  // Each rank reads its own shard straight from the Hugging Face folder's memory-mapped
+  // checkpoint (load_shard: a layer at a time, never the whole model in memory), all ranks at
+  // once on threads of their own, and packs it.
+  [[nodiscard]] static Result<std::unique_ptr<ParallelCpuBackend>> create_from_dir(
+      const std::string& dir, ParallelCpuOptions options, LoadStats* stats = nullptr);
   ~ParallelCpuBackend() override;
 
   const char* name() const override { return "cpu"; }
@@ -67,6 +80,9 @@ class ParallelCpuBackend final : public HostSampledBackend {
   };
 
   ParallelCpuBackend(ParallelCpuOptions options, int vocab_size, int hidden_size, int num_blocks);
+  // The backend over every rank's shard (rank stage * tp + tp_rank at that index).
+  [[nodiscard]] static Result<std::unique_ptr<ParallelCpuBackend>> assemble(
+      std::vector<ModelWeights> shards, ParallelCpuOptions options);
   void split(const StepInput& in);
   void rank_loop(Rank* rank);
   Status run_rank(Rank* rank);

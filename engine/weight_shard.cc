@@ -85,16 +85,10 @@ Status check_degrees(const ModelConfig& c, const ParallelDegrees& d) {
   return Status::ok();
 }
 
-Result<ModelWeights> shard_weights(const ModelWeights& full, const ParallelDegrees& d, int stage,
-                                   int tp_rank) {
-  const ModelConfig& c = full.config;
-  HR_RETURN_IF_ERROR(check_degrees(c, d));
-  if (full.cpu_packed) return invalid_argument("shard_weights takes unpacked weights");
-  if (stage < 0 || stage >= d.pp || tp_rank < 0 || tp_rank >= d.tp) {
-    return invalid_argument("rank (stage " + str(stage) + ", tensor-parallel rank " + str(tp_rank) +
-                            ") is outside the deployment");
-  }
-  const int D = c.hidden_size, hd = c.head_dim, V = c.vocab_size;
+namespace {
+
+// What rank (stage, tp_rank) holds: the degrees already checked.
+WeightShard plan_shard(const ModelConfig& c, const ParallelDegrees& d, int stage, int tp_rank) {
   WeightShard s;
   s.tp = d.tp;
   s.tp_rank = tp_rank;
@@ -121,56 +115,114 @@ Result<ModelWeights> shard_weights(const ModelWeights& full, const ParallelDegre
     s.expert_ffn = c.moe.expert_intermediate_size / slices;
     s.first_expert_ffn = (tp_rank / d.ep) * s.expert_ffn;
   }
-  const int vocab_share = (V + d.tp - 1) / d.tp;
+  const int V = c.vocab_size, vocab_share = (V + d.tp - 1) / d.tp;
   s.first_vocab = std::min(V, tp_rank * vocab_share);
   s.vocab = std::min(V, s.first_vocab + vocab_share) - s.first_vocab;
+  return s;
+}
 
+Status check_rank(const ParallelDegrees& d, int stage, int tp_rank) {
+  if (stage < 0 || stage >= d.pp || tp_rank < 0 || tp_rank >= d.tp) {
+    return invalid_argument("rank (stage " + str(stage) + ", tensor-parallel rank " + str(tp_rank) +
+                            ") is outside the deployment");
+  }
+  return Status::ok();
+}
+
+// The model's layer `li` (whole, `L`) cut to the rank's heads, rows and experts.
+LayerWeights slice_layer(const ModelConfig& c, const WeightShard& s, const LayerWeights& L,
+                         int li) {
+  const int D = c.hidden_size, hd = c.head_dim, Q = c.q_size(), KV = c.kv_size();
+  LayerWeights R;
+  R.input_norm = L.input_norm;
+  R.post_norm = L.post_norm;
+  R.q_norm = L.q_norm;
+  R.k_norm = L.k_norm;
+  // q rows of this rank's heads, then its KV heads' k rows and v rows.
+  const int q0 = s.first_q_head * hd, qn = s.num_q_heads * hd;
+  const int k0 = Q + s.first_kv_head * hd, v0 = Q + KV + s.first_kv_head * hd;
+  const int kn = s.num_kv_heads * hd;
+  append_rows(L.wqkv, D, q0, qn, &R.wqkv);
+  append_rows(L.wqkv, D, k0, kn, &R.wqkv);
+  append_rows(L.wqkv, D, v0, kn, &R.wqkv);
+  if (!L.bqkv.empty()) {
+    append_rows(L.bqkv, 1, q0, qn, &R.bqkv);
+    append_rows(L.bqkv, 1, k0, kn, &R.bqkv);
+    append_rows(L.bqkv, 1, v0, kn, &R.bqkv);
+  }
+  append_columns(L.wo, 0, D, Q, q0, qn, &R.wo);
+  if (c.is_moe_layer(li)) {
+    const int FE = c.moe.expert_intermediate_size;
+    R.router = L.router;
+    for (int e = s.first_expert; e < s.first_expert + s.num_experts; ++e) {
+      append_gate_up(L.experts_gate_up, static_cast<size_t>(e) * 2 * FE * D, FE, D,
+                     s.first_expert_ffn, s.expert_ffn, &R.experts_gate_up);
+      append_columns(L.experts_down, static_cast<size_t>(e) * D * FE, D, FE, s.first_expert_ffn,
+                     s.expert_ffn, &R.experts_down);
+    }
+  } else {
+    const int F = c.intermediate_size;
+    append_gate_up(L.w_gate_up, 0, F, D, s.first_ffn, s.ffn, &R.w_gate_up);
+    append_columns(L.w_down, 0, D, F, s.first_ffn, s.ffn, &R.w_down);
+  }
+  return R;
+}
+
+// The final norm and the rank's LM head rows, from the whole model's head (the embedding when
+// tied).
+void slice_head(const ModelConfig& c, const WeightShard& s, const std::vector<float>& final_norm,
+                const std::vector<float>& head, ModelWeights* out) {
+  out->final_norm = final_norm;
+  append_rows(head, c.hidden_size, s.first_vocab, s.vocab, &out->lm_head);
+}
+
+}  // namespace
+
+Result<ModelWeights> shard_weights(const ModelWeights& full, const ParallelDegrees& d, int stage,
+                                   int tp_rank) {
+  const ModelConfig& c = full.config;
+  HR_RETURN_IF_ERROR(check_degrees(c, d));
+  HR_RETURN_IF_ERROR(check_rank(d, stage, tp_rank));
+  if (full.cpu_packed) return invalid_argument("shard_weights takes unpacked weights");
   ModelWeights out;
   out.config = c;
-  out.part = s;
+  out.part = plan_shard(c, d, stage, tp_rank);
+  const WeightShard& s = out.part;
   if (s.first_stage()) out.embed = full.embed;
   if (s.last_stage()) {
-    out.final_norm = full.final_norm;
-    const std::vector<float>& head = full.lm_head.empty() ? full.embed : full.lm_head;
-    append_rows(head, D, s.first_vocab, s.vocab, &out.lm_head);
+    slice_head(c, s, full.final_norm, full.lm_head.empty() ? full.embed : full.lm_head, &out);
   }
-  const int Q = c.q_size(), KV = c.kv_size();
   for (int i = 0; i < s.num_layers; ++i) {
     const int li = s.first_layer + i;
-    const LayerWeights& L = full.layers[static_cast<size_t>(li)];
-    LayerWeights R;
-    R.input_norm = L.input_norm;
-    R.post_norm = L.post_norm;
-    R.q_norm = L.q_norm;
-    R.k_norm = L.k_norm;
-    // q rows of this rank's heads, then its KV heads' k rows and v rows.
-    const int q0 = s.first_q_head * hd, qn = s.num_q_heads * hd;
-    const int k0 = Q + s.first_kv_head * hd, v0 = Q + KV + s.first_kv_head * hd;
-    const int kn = s.num_kv_heads * hd;
-    append_rows(L.wqkv, D, q0, qn, &R.wqkv);
-    append_rows(L.wqkv, D, k0, kn, &R.wqkv);
-    append_rows(L.wqkv, D, v0, kn, &R.wqkv);
-    if (!L.bqkv.empty()) {
-      append_rows(L.bqkv, 1, q0, qn, &R.bqkv);
-      append_rows(L.bqkv, 1, k0, kn, &R.bqkv);
-      append_rows(L.bqkv, 1, v0, kn, &R.bqkv);
+    out.layers.push_back(slice_layer(c, s, full.layers[static_cast<size_t>(li)], li));
+  }
+  return out;
+}
+
+Result<ModelWeights> load_shard(const SafetensorsModel& st, const ModelConfig& c,
+                                const ParallelDegrees& d, int stage, int tp_rank) {
+  HR_RETURN_IF_ERROR(check_degrees(c, d));
+  HR_RETURN_IF_ERROR(check_rank(d, stage, tp_rank));
+  ModelWeights out;
+  out.config = c;
+  out.part = plan_shard(c, d, stage, tp_rank);
+  const WeightShard& s = out.part;
+  const bool tied = c.tie_word_embeddings;
+  if (s.first_stage() || (s.last_stage() && tied)) {
+    HR_ASSIGN_OR_RETURN(ModelWeights ends, load_weights_part(st, c, {0, 0, true, s.last_stage()}));
+    if (s.last_stage()) {
+      slice_head(c, s, ends.final_norm, tied ? ends.embed : ends.lm_head, &out);
     }
-    append_columns(L.wo, 0, D, Q, q0, qn, &R.wo);
-    if (c.is_moe_layer(li)) {
-      const int FE = c.moe.expert_intermediate_size;
-      R.router = L.router;
-      for (int e = s.first_expert; e < s.first_expert + s.num_experts; ++e) {
-        append_gate_up(L.experts_gate_up, static_cast<size_t>(e) * 2 * FE * D, FE, D,
-                       s.first_expert_ffn, s.expert_ffn, &R.experts_gate_up);
-        append_columns(L.experts_down, static_cast<size_t>(e) * D * FE, D, FE, s.first_expert_ffn,
-                       s.expert_ffn, &R.experts_down);
-      }
-    } else {
-      const int F = c.intermediate_size;
-      append_gate_up(L.w_gate_up, 0, F, D, s.first_ffn, s.ffn, &R.w_gate_up);
-      append_columns(L.w_down, 0, D, F, s.first_ffn, s.ffn, &R.w_down);
-    }
-    out.layers.push_back(std::move(R));
+    if (s.first_stage()) out.embed = std::move(ends.embed);
+  } else if (s.last_stage()) {
+    HR_ASSIGN_OR_RETURN(ModelWeights ends, load_weights_part(st, c, {0, 0, false, true}));
+    slice_head(c, s, ends.final_norm, ends.lm_head, &out);
+  }
+  // A layer at a time: the whole layer is read (its mapped bytes), cut, and dropped.
+  for (int i = 0; i < s.num_layers; ++i) {
+    const int li = s.first_layer + i;
+    HR_ASSIGN_OR_RETURN(ModelWeights one, load_weights_part(st, c, {li, 1, false, false}));
+    out.layers.push_back(slice_layer(c, s, one.layers[0], li));
   }
   return out;
 }

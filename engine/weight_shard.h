@@ -34,4 +34,10 @@ struct ParallelDegrees {
 [[nodiscard]] Result<ModelWeights> shard_weights(const ModelWeights& full, const ParallelDegrees& d,
                                                  int stage, int tp_rank);
 
+// The same part read from a checkpoint's memory-mapped files (SafetensorsModel), a layer at a
+// time: the rank's memory holds its shard and one whole layer at most, never the whole model.
+// Equal to shard_weights(load_weights(dir), ...).
+[[nodiscard]] Result<ModelWeights> load_shard(const SafetensorsModel& st, const ModelConfig& c,
+                                              const ParallelDegrees& d, int stage, int tp_rank);
+
 }  // namespace hr::engine

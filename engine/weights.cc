@@ -188,14 +188,30 @@ std::vector<WeightPiece> weight_pieces(const ModelConfig& c,
   return out;
 }
 
-Result<ModelWeights> load_weights(const std::string& dir) {
+Result<ModelWeights> load_weights_part(const SafetensorsModel& st, const ModelConfig& config,
+                                       const WeightPart& part) {
+  if (part.first_layer < 0 || part.num_layers < 0 ||
+      part.first_layer + part.num_layers > config.num_layers) {
+    return invalid_argument("layers " + std::to_string(part.first_layer) + " + " +
+                            std::to_string(part.num_layers) + " are not the model's");
+  }
   ModelWeights w;
-  HR_ASSIGN_OR_RETURN(w.config, load_model_config(dir));
-  HR_ASSIGN_OR_RETURN(auto st, SafetensorsModel::open_dir(dir));
-  w.layers.resize(static_cast<size_t>(w.config.num_layers));
+  w.config = config;
+  w.layers.resize(static_cast<size_t>(part.num_layers));
+  std::vector<WeightPiece> pieces;
+  for (WeightPiece& piece :
+       weight_pieces(config, [&](const std::string& name) { return st.find(name) != nullptr; })) {
+    const bool head = piece.slot == WeightSlot::kFinalNorm || piece.slot == WeightSlot::kLmHead;
+    if (piece.layer >= 0) {
+      if (piece.layer < part.first_layer || piece.layer >= part.first_layer + part.num_layers)
+        continue;
+      piece.layer -= part.first_layer;
+    } else if (piece.slot == WeightSlot::kEmbed ? !part.embed : head && !part.head) {
+      continue;
+    }
+    pieces.push_back(std::move(piece));
+  }
   std::map<std::vector<float>*, size_t> slot_sizes;
-  const std::vector<WeightPiece> pieces =
-      weight_pieces(w.config, [&](const std::string& name) { return st->find(name) != nullptr; });
   for (const WeightPiece& piece : pieces) {
     size_t n = 1;
     for (int64_t d : piece.shape) n *= static_cast<size_t>(d);
@@ -205,9 +221,15 @@ Result<ModelWeights> load_weights(const std::string& dir) {
   for (auto& [slot, size] : slot_sizes) allocate_weight(slot, size);
   for (const WeightPiece& piece : pieces) {
     std::vector<float>* dst = &w.slot(piece.slot, piece.layer);
-    HR_RETURN_IF_ERROR(read_into(*st, piece.name, piece.shape, dst, piece.offset));
+    HR_RETURN_IF_ERROR(read_into(st, piece.name, piece.shape, dst, piece.offset));
   }
   return w;
+}
+
+Result<ModelWeights> load_weights(const std::string& dir) {
+  HR_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(dir));
+  HR_ASSIGN_OR_RETURN(auto st, SafetensorsModel::open_dir(dir));
+  return load_weights_part(*st, config, {0, config.num_layers, true, true});
 }
 
 }  // namespace hr::engine

@@ -122,4 +122,19 @@ void allocate_weight(std::vector<float>* v, size_t n);
 // Errors name the missing or misshapen tensor.
 [[nodiscard]] Result<ModelWeights> load_weights(const std::string& dir);
 
+// Which tensors load_weights_part reads: layers [first_layer, first_layer + num_layers) (they
+// become layers[0..num_layers)), the embedding, and the final norm with the LM head (a tied one
+// is the embedding: asked for with `embed`).
+struct WeightPart {
+  int first_layer = 0;
+  int num_layers = 0;
+  bool embed = false;
+  bool head = false;
+};
+class SafetensorsModel;
+// Those tensors alone, from the checkpoint's memory-mapped files: only their bytes are read.
+[[nodiscard]] Result<ModelWeights> load_weights_part(const SafetensorsModel& st,
+                                                     const ModelConfig& config,
+                                                     const WeightPart& part);
+
 }  // namespace hr::engine
