@@ -27,7 +27,9 @@ int64_t local_kv_heads(const ModelShape& s, int tp) {
   return s.num_kv_heads >= tp ? s.num_kv_heads / tp : 1;
 }
 
-Status check(const ModelShape& s, const PlanOptions& o) {
+}  // namespace
+
+Status check_parallel_layout(const ModelShape& s, const PlanOptions& o) {
   if (o.tp < 1 || o.tp > 1024) {
     return invalid_argument("tensor-parallel ranks must be 1 to 1024", "tensor-parallel");
   }
@@ -72,6 +74,13 @@ Status check(const ModelShape& s, const PlanOptions& o) {
           "expert-parallel");
     }
   }
+  return Status::ok();
+}
+
+namespace {
+
+Status check(const ModelShape& s, const PlanOptions& o) {
+  HR_RETURN_IF_ERROR(check_parallel_layout(s, o));
   if (o.block_size < 1 || o.max_num_tokens < 1 || o.max_num_seqs < 1 || o.num_sms < 1) {
     return invalid_argument("block size, step sizes and SMs must be positive", "block-size");
   }

@@ -71,6 +71,11 @@ struct MemoryPlan {
 // Errors name the option at fault (tensor-parallel, pipeline-parallel, expert-parallel).
 [[nodiscard]] Result<MemoryPlan> plan_memory(const ModelShape& shape, const PlanOptions& options);
 
+// Whether options' tp, pp and ep fit the model: heads and KV heads, the MLP's and the experts'
+// rows, experts over ep, stages over layers (the rules the plan and the engine's shards share).
+// Errors name tensor-parallel, pipeline-parallel or expert-parallel.
+[[nodiscard]] Status check_parallel_layout(const ModelShape& shape, const PlanOptions& options);
+
 // The CUDA backend's step buffers on one rank holding `num_layers` layers, with `options`'
 // sharding of `shape` (what plan_memory counts as activation_bytes).
 int64_t step_buffer_bytes(const ModelShape& shape, const PlanOptions& options, int64_t num_layers);

@@ -127,22 +127,7 @@ int64_t ModelShape::parameters() const {
   return n;
 }
 
-Result<ModelShape> parse_model_shape(const std::string& json_text) {
-  json j = json::parse(json_text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    return invalid_argument("config.json is not a JSON object");
-  }
-  // A multimodal model's language model (Kimi K2.5).
-  if (j.contains("text_config") && j["text_config"].is_object()) {
-    json text = j["text_config"];
-    if (!text.contains("quantization_config") && j.contains("quantization_config")) {
-      text["quantization_config"] = j["quantization_config"];
-    }
-    j = std::move(text);
-  }
-  const std::string type = j.value("model_type", "");
-  if (type == "deepseek_v3" || type == "kimi_k2") return parse_mla(j);
-  HR_ASSIGN_OR_RETURN(ModelConfig c, parse_model_config(j.dump()));
+ModelShape shape_of(const ModelConfig& c) {
   ModelShape s;
   s.model_type = c.model_type;
   s.vocab_size = c.vocab_size;
@@ -159,6 +144,26 @@ Result<ModelShape> parse_model_shape(const std::string& json_text) {
   s.top_k = c.moe.top_k;
   s.expert_intermediate_size = c.moe.expert_intermediate_size;
   s.sparse_layers = c.moe.sparse_layers;
+  return s;
+}
+
+Result<ModelShape> parse_model_shape(const std::string& json_text) {
+  json j = json::parse(json_text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return invalid_argument("config.json is not a JSON object");
+  }
+  // A multimodal model's language model (Kimi K2.5).
+  if (j.contains("text_config") && j["text_config"].is_object()) {
+    json text = j["text_config"];
+    if (!text.contains("quantization_config") && j.contains("quantization_config")) {
+      text["quantization_config"] = j["quantization_config"];
+    }
+    j = std::move(text);
+  }
+  const std::string type = j.value("model_type", "");
+  if (type == "deepseek_v3" || type == "kimi_k2") return parse_mla(j);
+  HR_ASSIGN_OR_RETURN(ModelConfig c, parse_model_config(j.dump()));
+  ModelShape s = shape_of(c);
   read_quantization(j, &s);
   return s;
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "engine/model_config.h"
 
 namespace hr::engine {
 
@@ -65,6 +66,8 @@ struct ModelShape {
 };
 
 // Errors name the config field.
+// The shape of a model the engine runs (no multi-head latent attention, no quantization read).
+ModelShape shape_of(const ModelConfig& c);
 [[nodiscard]] Result<ModelShape> parse_model_shape(const std::string& json_text);
 // DIR/config.json, or a config.json file itself.
 [[nodiscard]] Result<ModelShape> load_model_shape(const std::string& dir_or_file);

@@ -72,7 +72,8 @@ Status ThreadCommunicator::all_reduce(float* data, size_t n) {
   }
   // Each rank sums every rank's values in rank order into its own copy, then all wait before
   // anyone writes its buffer (another rank may still be reading it).
-  std::vector<float> sum(n, 0.0f);
+  std::vector<float>& sum = scratch_;
+  sum.assign(n, 0.0f);
   for (int i = 0; i < shared_->size; ++i) {
     const float* src = shared_->ins[static_cast<size_t>(i)];
     for (size_t j = 0; j < n; ++j) sum[j] += src[j];
@@ -101,7 +102,8 @@ Status ThreadCommunicator::reduce_scatter(const float* in, float* out, size_t n)
     barrier();
     return invalid_argument("reduce_scatter: the ranks' sizes differ", "reduce_scatter");
   }
-  std::vector<float> sum(n, 0.0f);
+  std::vector<float>& sum = scratch_;
+  sum.assign(n, 0.0f);
   const size_t offset = static_cast<size_t>(rank_) * n;
   for (int i = 0; i < shared_->size; ++i) {
     const float* src = shared_->ins[static_cast<size_t>(i)] + offset;

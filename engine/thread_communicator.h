@@ -45,6 +45,7 @@ class ThreadCommunicator final : public Communicator {
 
   std::shared_ptr<Shared> shared_;
   int rank_;
+  std::vector<float> scratch_;  // this rank's sums, kept from call to call (a step makes many)
 };
 
 }  // namespace hr::engine

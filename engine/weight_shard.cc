@@ -5,6 +5,9 @@
 #include <cstring>
 #include <string>
 
+#include "engine/memory_plan.h"
+#include "engine/model_shape.h"
+
 namespace hr::engine {
 namespace {
 
@@ -41,48 +44,11 @@ void append_gate_up(const std::vector<float>& m, size_t offset, int F, int D, in
 }  // namespace
 
 Status check_degrees(const ModelConfig& c, const ParallelDegrees& d) {
-  if (d.tp < 1 || d.tp > 1024) {
-    return invalid_argument("tensor-parallel ranks must be 1 to 1024", "tensor-parallel");
-  }
-  if (d.pp < 1 || d.pp > c.num_layers) {
-    return invalid_argument(
-        "pipeline stages must be 1 to the model's " + str(c.num_layers) + " layers",
-        "pipeline-parallel");
-  }
-  if (c.num_heads % d.tp != 0) {
-    return invalid_argument("the model's " + str(c.num_heads) +
-                                " attention heads do not split over " + str(d.tp) + " ranks",
-                            "tensor-parallel");
-  }
-  if ((c.num_kv_heads >= d.tp ? c.num_kv_heads % d.tp : d.tp % c.num_kv_heads) != 0) {
-    return invalid_argument("the model's " + str(c.num_kv_heads) +
-                                " KV heads neither split over nor replicate evenly on " +
-                                str(d.tp) + " ranks",
-                            "tensor-parallel");
-  }
-  if (c.intermediate_size % d.tp != 0) {
-    return invalid_argument("the MLP's " + str(c.intermediate_size) +
-                                " intermediate rows do not split over " + str(d.tp) + " ranks",
-                            "tensor-parallel");
-  }
-  if (d.ep != 1 && d.ep != d.tp) {
-    return invalid_argument("expert parallelism is 1 (experts sliced) or the tensor-parallel size",
-                            "expert-parallel");
-  }
-  if (c.is_moe()) {
-    if (c.moe.num_experts % d.ep != 0) {
-      return invalid_argument("the model's " + str(c.moe.num_experts) +
-                                  " experts do not split over " + str(d.ep) + " ranks",
-                              "expert-parallel");
-    }
-    const int slices = d.tp / d.ep;
-    if (c.moe.expert_intermediate_size % slices != 0) {
-      return invalid_argument("the experts' " + str(c.moe.expert_intermediate_size) +
-                                  " intermediate rows do not split over " + str(slices) + " ranks",
-                              "expert-parallel");
-    }
-  }
-  return Status::ok();
+  PlanOptions o;
+  o.tp = d.tp;
+  o.pp = d.pp;
+  o.ep = d.ep;
+  return check_parallel_layout(shape_of(c), o);
 }
 
 namespace {
