@@ -10,6 +10,7 @@
 #include "engine/cuda_backend.h"
 #include "engine/device.h"
 #include "engine/memory_plan.h"
+#include "engine/parallel_cuda_backend.h"
 #endif
 
 namespace hr::engine {
@@ -226,6 +227,24 @@ Status check_device(const std::string& device) {
   return Status::ok();
 }
 
+Result<std::vector<int>> parse_device_list(const std::string& text) {
+  std::vector<int> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    if (item.empty() || item.size() > 3 ||
+        item.find_first_not_of("0123456789") != std::string::npos) {
+      return invalid_argument(
+          "--devices takes GPU indexes separated by commas (0,1,2,3), not \"" + text + "\"",
+          "devices");
+    }
+    out.push_back(std::stoi(item));
+    at = comma + 1;
+  }
+  return out;
+}
+
 Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
                                               const BackendSpec& spec) {
   HR_RETURN_IF_ERROR(check_device(spec.device));
@@ -276,6 +295,23 @@ Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
   HR_ASSIGN_OR_RETURN(CudaSettings settings, parse_cuda_options(spec.cuda_options));
   HR_RETURN_IF_ERROR(apply_cuda_settings(settings, &o));
   log::info("backend.cuda_settings", {{"device", index}, {"settings", describe(o)}});
+  if (spec.tensor_parallel > 1) {
+    std::vector<int> devices = spec.devices;
+    if (devices.empty()) {
+      for (int r = 0; r < spec.tensor_parallel; ++r) devices.push_back(index + r);
+    }
+    HR_ASSIGN_OR_RETURN(auto many, ParallelCudaBackend::create_from_dir(model_dir, devices, o));
+    std::string named;
+    for (int d : devices) named += (named.empty() ? "" : ",") + std::to_string(d);
+    log::info("backend.parallel",
+              {{"tensor_parallel", spec.tensor_parallel},
+               {"devices", named},
+               {"virtual_ranks", many->virtual_ranks()},
+               {"weight_bytes", static_cast<int64_t>(many->weight_bytes())},
+               {"kv_cache_bytes", static_cast<int64_t>(many->kv_cache_bytes())},
+               {"kv_tokens", static_cast<int64_t>(many->num_kv_blocks()) * o.block_size}});
+    return std::shared_ptr<Backend>(std::move(many));
+  }
   log_memory_plan(model_dir, o);
   HR_ASSIGN_OR_RETURN(auto cuda, CudaBackend::create_from_dir(model_dir, o));
   log::info("backend.memory",

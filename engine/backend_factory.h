@@ -20,11 +20,14 @@ struct BackendSpec {
   int max_num_tokens = 8192;            // per step (cuda activation buffers)
   int max_num_seqs = 256;               // per step
   int cpu_thread_nice = 0;              // cpu: nice value of the backend's pool threads
-  // Ranks (parallel_cpu_backend.h; the CPU backend only so far): tensor-parallel ranks per
-  // stage, pipeline stages, expert parallelism (0: tp when the experts split over it, else 1).
+  // Ranks (parallel_cpu_backend.h, parallel_cuda_backend.h): tensor-parallel ranks per stage,
+  // pipeline stages, expert parallelism (0: tp when the experts split over it on the CPU
+  // backend, else 1). On cuda: tensor parallelism only, experts sliced, rank r on devices[r]
+  // (empty: the device's index and the ones after it; one index repeated: virtual ranks there).
   int tensor_parallel = 1;
   int pipeline_parallel = 1;
   int expert_parallel = 0;
+  std::vector<int> devices;
   std::string cuda_options;  // cuda: settings, see parse_cuda_options
 };
 
@@ -54,6 +57,8 @@ std::string describe_cuda_backend_options(const CudaBackendOptions& options);
 
 // Validates the device string alone (for config validation before loading anything).
 [[nodiscard]] Status check_device(const std::string& device);
+// The GPU indexes of a comma-separated list ("0,1,2,3"; --devices); errors name devices.
+[[nodiscard]] Result<std::vector<int>> parse_device_list(const std::string& text);
 // Loads the Hugging Face folder `model_dir` onto the device: the CPU backend reads fp32 weights,
 // the CUDA backend uploads bf16 straight from the safetensors files.
 [[nodiscard]] Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,

@@ -26,7 +26,11 @@
 namespace hr::engine {
 
 CudaBackend::CudaBackend(const ModelConfig& config, CudaBackendOptions options)
-    : config_(config), options_(options) {}
+    : config_(config), options_(options), shard_(whole_model(config)) {}
+
+int CudaBackend::head_rows() const {
+  return shard_.tp > 1 ? (config_.vocab_size + shard_.tp - 1) / shard_.tp : config_.vocab_size;
+}
 
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
@@ -41,7 +45,7 @@ CudaBackend::~CudaBackend() {
     if (slot.list_host) cudaFreeHost(slot.list_host);
     if (slot.done) cudaEventDestroy(slot.done);
   }
-  if (stream_) cudaStreamDestroy(stream_);
+  if (stream_ && owns_stream_) cudaStreamDestroy(stream_);
 }
 
 size_t CudaBackend::kv_cache_bytes() const {

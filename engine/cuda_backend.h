@@ -21,6 +21,8 @@
 #include "engine/attention_plan.h"
 #include "engine/backend.h"
 #include "engine/cuda_gemm.h"
+#include "engine/device_communicator.h"
+#include "engine/rank_threads.h"
 #include "engine/weights.h"
 #include "kernels/gemv.cuh"
 #include "kernels/moe.cuh"
@@ -56,11 +58,22 @@ struct CudaBackendOptions {
   // off).
   int prefetch_weights_mb = 0;
   MoeExperts moe_experts = MoeExperts::kAuto;
+  // A tensor-parallel rank (engine/parallel_cuda_backend.h), built from a shard of the weights
+  // (weight_shard.h): the ranks' collectives (all-reduces of the o and down products' partial
+  // sums and of the experts' outputs, the LM head's vocabulary slices gathered); with virtual
+  // ranks on one device, the turns their threads take and the stream they share (not owned).
+  // The fused small-batch path, which adds products into the residual stream as they are made,
+  // is not taken by a rank. Null for a backend that holds the whole model.
+  DeviceCommunicator* tensor_parallel = nullptr;
+  RankThreads* turns = nullptr;
+  cudaStream_t stream = nullptr;
 };
 
 class CudaBackend final : public Backend {
  public:
-  // Uploads `weights` (converted to bf16). Errors name the option at fault or the CUDA call.
+  // Uploads `weights` (converted to bf16): the whole model, or a tensor-parallel rank's shard
+  // (options.tensor_parallel set; pipeline stages and experts sharded whole are refused naming
+  // pipeline-parallel and expert-parallel). Errors name the option at fault or the CUDA call.
   [[nodiscard]] static Result<std::unique_ptr<CudaBackend>> create(const ModelWeights& weights,
                                                                    CudaBackendOptions options);
   // Uploads the Hugging Face folder's safetensors weights straight to the device as bf16 (norms
@@ -200,6 +213,12 @@ class CudaBackend final : public Backend {
                               const char* what);
   // Replays the decode graph of the prepared step's shape, capturing it first if needed.
   [[nodiscard]] Status launch_graph(const StepLayout& lay, int slot, bool sample);
+  // Ends the stream's capture and instantiates what it recorded, unless recording failed
+  // (`recorded`, returned then).
+  [[nodiscard]] Result<cudaGraphExec_t> end_capture(Status recorded);
+  // launch_graph for virtual ranks taking turns on one stream (options_.turns).
+  [[nodiscard]] Status launch_shared_graph(const StepLayout& lay, int slot, bool sample,
+                                           const std::tuple<int, bool, int, int>& key);
   // The device pitch of a graph step's block tables `cols` wide: the warmed-up width, so that one
   // graph per batch size serves every step, or past it the next power of two.
   int graph_table_width(int cols) const;
@@ -235,9 +254,18 @@ class CudaBackend final : public Backend {
   void mark(const char* phase);
   void collect_marks();
 
-  ModelConfig config_;
+  // A rank's shard: the LM head rows it holds, padded to the even share the gather moves.
+  int head_rows() const;
+  // All-reduces a rank's partial sums (nothing for the whole model).
+  [[nodiscard]] Status reduce_partials(float* data, size_t n);
+  // The LM head's logits slices of every rank, side by side in logits_ (a rank's step).
+  [[nodiscard]] Status gather_logits(int num_logits);
+
+  ModelConfig config_;  // a rank's: its heads, KV heads and MLP rows (rank_config)
   CudaBackendOptions options_;
+  WeightShard shard_;
   cudaStream_t stream_ = nullptr;
+  bool owns_stream_ = true;
   std::unique_ptr<CublasLtGemm> gemm_;
   std::vector<void*> allocations_;
   size_t weight_bytes_ = 0;
@@ -273,6 +301,8 @@ class CudaBackend final : public Backend {
   __nv_bfloat16* act_ = nullptr;      // [T, F]
   __nv_bfloat16* final_ = nullptr;    // [S, D]
   float* logits_ = nullptr;           // [S, V]
+  float* head_logits_ = nullptr;      // a rank's [S, head_rows()]
+  float* gathered_logits_ = nullptr;  // a rank's [tp, S, head_rows()]
   int32_t* tokens_ = nullptr;         // [S]
   int32_t* input_ids_ = nullptr;      // [T]: each token row's input token as the embedding read it
   kernels::TokenLogprobs* logprobs_ = nullptr;  // [S]
@@ -307,8 +337,10 @@ class CudaBackend final : public Backend {
   int prev_num_logits_ = 0;      // rows of the last submitted step (what fed_rows may name)
   AttentionPlan plan_;           // reused each step
   int warm_table_width_ = 0;     // the widest block tables warm_up() captured graphs for
-  // Decode graphs by (batch size, sampled on device, block-table pitch, slot).
-  std::map<std::tuple<int, bool, int, int>, cudaGraphExec_t> graphs_;
+  // Decode graphs by (batch size, sampled on device, block-table pitch, slot); with virtual
+  // ranks, the last rank's hold every rank's step and the others' are null.
+  using GraphKey = std::tuple<int, bool, int, int>;
+  std::map<GraphKey, cudaGraphExec_t> graphs_;
   bool profiling_ = false;
   std::vector<cudaEvent_t> mark_events_;
   std::vector<std::string> mark_names_;

@@ -205,6 +205,7 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
       continue;
     }
     HR_RETURN_IF_ERROR(matmul(attn_, W.wo, delta_, GemmOut::kF32, T, D, Q));
+    HR_RETURN_IF_ERROR(reduce_partials(delta_, static_cast<size_t>(T) * D));
     mark("o_proj");
     norm.delta = delta_;
     norm.delta_rows = 1;
@@ -213,6 +214,8 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
     mark("norm");
     if (c.is_moe_layer(li)) {
       HR_RETURN_IF_ERROR(moe_layer(W, li, T, x_, nullptr));
+      HR_RETURN_IF_ERROR(
+          reduce_partials(moe_.out, static_cast<size_t>(T) * c.moe.top_k * c.hidden_size));
       mlp_out = moe_.out;
       mlp_rows = c.moe.top_k;
       continue;
@@ -224,6 +227,7 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
     HR_CUDA("silu_mul", kernels::silu_mul(gate_up_, T, F, act_, stream_));
     mark("silu_mul");
     HR_RETURN_IF_ERROR(matmul(act_, W.w_down, delta_, GemmOut::kF32, T, D, F));
+    HR_RETURN_IF_ERROR(reduce_partials(delta_, static_cast<size_t>(T) * D));
     mark("down_proj");
   }
   if (L == 0) return Status::ok();
@@ -239,7 +243,12 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
     norm.num_rows = L;
     norm.out = final_;
     HR_CUDA("final norm", kernels::add_rms_norm(norm, stream_));
-    HR_RETURN_IF_ERROR(matmul(final_, lm_head_, logits_, GemmOut::kF32, L, V, D));
+    if (shard_.tp > 1) {
+      HR_RETURN_IF_ERROR(matmul(final_, lm_head_, head_logits_, GemmOut::kF32, L, head_rows(), D));
+      HR_RETURN_IF_ERROR(gather_logits(L));
+    } else {
+      HR_RETURN_IF_ERROR(matmul(final_, lm_head_, logits_, GemmOut::kF32, L, V, D));
+    }
   }
   mark("lm_head");
   if (sample) {
@@ -249,6 +258,29 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
                             input_ids_, tokens_, logprobs_, stream_));
   }
   mark("sampling");
+  return Status::ok();
+}
+
+Status CudaBackend::reduce_partials(float* data, size_t n) {
+  if (shard_.tp == 1) return Status::ok();
+  return options_.tensor_parallel->all_reduce(data, n, stream_);
+}
+
+Status CudaBackend::gather_logits(int num_logits) {
+  const int tp = shard_.tp, V = config_.vocab_size, share = head_rows();
+  const size_t slice = static_cast<size_t>(num_logits) * share;
+  HR_RETURN_IF_ERROR(
+      options_.tensor_parallel->all_gather(head_logits_, gathered_logits_, slice, stream_));
+  // Rank r's [L, share] slice holds vocabulary columns [r * share, r * share + share) of each row.
+  for (int r = 0; r < tp; ++r) {
+    const int first = std::min(V, r * share), count = std::min(V, first + share) - first;
+    if (count <= 0 || num_logits == 0) continue;
+    HR_CUDA(
+        "placing the gathered logits",
+        cudaMemcpy2DAsync(logits_ + first, static_cast<size_t>(V) * 4, gathered_logits_ + slice * r,
+                          static_cast<size_t>(share) * 4, static_cast<size_t>(count) * 4,
+                          static_cast<size_t>(num_logits), cudaMemcpyDeviceToDevice, stream_));
+  }
   return Status::ok();
 }
 
@@ -328,7 +360,7 @@ Status CudaBackend::plan_gemms(int T, int L) {
   // launch_step's products: q/k/v, o, gate/up, down, the LM head.
   for (const Shape& s : {Shape{T, QKV, D, GemmOut::kF32}, Shape{T, D, Q, GemmOut::kF32},
                          Shape{T, 2 * F, D, GemmOut::kBF16}, Shape{T, D, F, GemmOut::kF32},
-                         Shape{L, c.vocab_size, D, GemmOut::kF32}}) {
+                         Shape{L, head_rows(), D, GemmOut::kF32}}) {
     if (s.m > 0 && !gemv_product(s.m, s.k))
       HR_RETURN_IF_ERROR(gemm_->prepare(s.m, s.n, s.k, s.out));
   }

@@ -37,7 +37,9 @@ bool CudaBackend::graph_step(const StepInput& in) const {
 }
 
 void CudaBackend::clear_graphs() {
-  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  for (auto& [key, exec] : graphs_) {
+    if (exec) cudaGraphExecDestroy(exec);
+  }
   graphs_.clear();
 }
 
@@ -107,30 +109,69 @@ Status CudaBackend::launch_graph(const StepLayout& lay, int slot, bool sample) {
   // Decode steps of one graph batch size have one shape: capture the step once per slot, then
   // replay it.
   const auto key = std::make_tuple(lay.num_tokens, sample, lay.max_blocks_per_seq, slot);
+  if (options_.turns) return launch_shared_graph(lay, slot, sample, key);
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     // cuBLASLt chooses its algorithms now: not while the stream is being captured.
     HR_RETURN_IF_ERROR(plan_gemms(lay.num_tokens, lay.num_logits));
     HR_CUDA("starting a graph capture",
             cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    Status launched = launch_step(lay, slots_[slot].dev, sample);
-    cudaGraph_t graph_def = nullptr;
-    cudaError_t ended = cudaStreamEndCapture(stream_, &graph_def);
-    if (!launched.is_ok()) {
-      if (graph_def) cudaGraphDestroy(graph_def);
-      return launched;
-    }
-    if (ended != cudaSuccess)
-      return internal::cuda_error("capturing a decode step", ended, options_.device);
-    cudaGraphExec_t exec = nullptr;
-    cudaError_t made = cudaGraphInstantiate(&exec, graph_def, 0);
-    cudaGraphDestroy(graph_def);
-    if (made != cudaSuccess)
-      return internal::cuda_error("instantiating a decode graph", made, options_.device);
+    HR_ASSIGN_OR_RETURN(cudaGraphExec_t exec,
+                        end_capture(launch_step(lay, slots_[slot].dev, sample)));
     it = graphs_.emplace(key, exec).first;
   }
   HR_CUDA("launching a decode graph", cudaGraphLaunch(it->second, stream_));
   return Status::ok();
+}
+
+Result<cudaGraphExec_t> CudaBackend::end_capture(Status recorded) {
+  cudaGraph_t graph_def = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph_def);
+  if (!recorded.is_ok()) {
+    if (graph_def) cudaGraphDestroy(graph_def);
+    return recorded;
+  }
+  if (ended != cudaSuccess)
+    return internal::cuda_error("capturing a decode step", ended, options_.device);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph_def, 0);
+  cudaGraphDestroy(graph_def);
+  if (made != cudaSuccess)
+    return internal::cuda_error("instantiating a decode graph", made, options_.device);
+  return exec;
+}
+
+Status CudaBackend::launch_shared_graph(const StepLayout& lay, int slot, bool sample,
+                                        const GraphKey& key) {
+  // Virtual ranks on one stream: one graph holds every rank's step, captured from the last rank's
+  // prepared inputs on (each rank packed its own before its first pass), and the last rank
+  // launches it; the others keep the key alone. Every rank passes the turn twice here: once when
+  // its inputs are on their way, once when its part of the step is enqueued.
+  RankThreads& turns = *options_.turns;
+  const int rank = shard_.tp_rank;
+  const bool last = rank == turns.size() - 1;
+  const bool capture = graphs_.find(key) == graphs_.end();
+  if (capture) {
+    HR_RETURN_IF_ERROR(plan_gemms(lay.num_tokens, lay.num_logits));
+    if (last) {
+      HR_CUDA("starting a graph capture",
+              cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    }
+  }
+  Status st = turns.pass(rank);
+  if (st.is_ok() && capture) st = launch_step(lay, slots_[slot].dev, sample);
+  if (!last) {
+    if (!st.is_ok()) return st;
+    if (capture) graphs_.emplace(key, nullptr);
+    return turns.pass(rank);
+  }
+  if (capture) {
+    HR_ASSIGN_OR_RETURN(cudaGraphExec_t exec, end_capture(st));
+    graphs_.emplace(key, exec);
+  }
+  HR_RETURN_IF_ERROR(st);
+  HR_CUDA("launching the ranks' decode graph", cudaGraphLaunch(graphs_.at(key), stream_));
+  return turns.pass(rank);
 }
 
 Status CudaBackend::warm_up(int max_blocks_per_seq) {

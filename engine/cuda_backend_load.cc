@@ -11,6 +11,7 @@
 #include "engine/internal/cuda_status.h"
 #include "engine/memory_plan.h"
 #include "engine/safetensors.h"
+#include "engine/weight_shard.h"
 #include "kernels/fill.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/paged_attention.cuh"
@@ -72,6 +73,11 @@ Status CudaBackend::open_device() {
                        std::to_string(count) + " visible); use --device cpu or another index");
   }
   HR_CUDA("selecting the device", cudaSetDevice(options_.device));
+  if (options_.stream) {
+    stream_ = options_.stream;
+    owns_stream_ = false;
+    return Status::ok();
+  }
   HR_CUDA("creating a stream", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   return Status::ok();
 }
@@ -103,7 +109,10 @@ Status CudaBackend::allocate_weights() {
   if (c.tie_word_embeddings) {
     lm_head_ = embed_;
   } else {
-    HR_RETURN_IF_ERROR(bf16(&lm_head_, V * D, "lm_head"));
+    HR_RETURN_IF_ERROR(bf16(&lm_head_, static_cast<size_t>(head_rows()) * D, "lm_head"));
+    // A rank's padding rows (the last rank's share may hold fewer): zero logits, never gathered.
+    HR_CUDA("zeroing the LM head",
+            cudaMemset(lm_head_, 0, static_cast<size_t>(head_rows()) * D * 2));
   }
   HR_RETURN_IF_ERROR(f32(&final_norm_, D, "norm"));
   layers_.resize(static_cast<size_t>(c.num_layers));
@@ -224,6 +233,11 @@ Status CudaBackend::init_runtime() {
   HR_RETURN_IF_ERROR(act(&act_, T * F * 2, "activations"));
   HR_RETURN_IF_ERROR(act(&final_, S * D * 2, "activations"));
   HR_RETURN_IF_ERROR(act(&logits_, S * V * 4, "logits"));
+  if (shard_.tp > 1) {
+    const size_t share = static_cast<size_t>(head_rows());
+    HR_RETURN_IF_ERROR(act(&head_logits_, S * share * 4, "logits"));
+    HR_RETURN_IF_ERROR(act(&gathered_logits_, shard_.tp * S * share * 4, "logits"));
+  }
   HR_RETURN_IF_ERROR(act(&tokens_, S * 4, "tokens"));
   HR_RETURN_IF_ERROR(act(&input_ids_, T * 4, "tokens"));
   HR_RETURN_IF_ERROR(act(&logprobs_, S * sizeof(kernels::TokenLogprobs), "log probabilities"));
@@ -315,11 +329,31 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelWeights& w,
     return invalid_argument(
         "weights packed for the CPU backend cannot go to the GPU; load them again", "weights");
   }
-  std::unique_ptr<CudaBackend> b(new CudaBackend(w.config, options));
+  const WeightShard shard = w.shard();
+  if (shard.pp > 1) {
+    return invalid_argument("the CUDA backend runs no pipeline stages yet (the CPU backend does)",
+                            "pipeline-parallel");
+  }
+  if (shard.tp > 1 && shard.ep > 1) {
+    return invalid_argument(
+        "the CUDA backend's ranks slice every expert (expert-parallel 1); experts held whole "
+        "are the CPU backend's",
+        "expert-parallel");
+  }
+  if ((shard.tp > 1) != (options.tensor_parallel != nullptr) ||
+      (options.tensor_parallel && (options.tensor_parallel->size() != shard.tp ||
+                                   options.tensor_parallel->rank() != shard.tp_rank))) {
+    return invalid_argument("a tensor-parallel shard needs its rank of a communicator of " +
+                                std::to_string(shard.tp) + " ranks, and only a shard takes one",
+                            "tensor-parallel");
+  }
+  const ModelConfig config = rank_config(w.config, shard);
+  std::unique_ptr<CudaBackend> b(new CudaBackend(config, options));
+  b->shard_ = shard;
   HR_RETURN_IF_ERROR(b->check_options());
   HR_RETURN_IF_ERROR(b->open_device());
   HR_RETURN_IF_ERROR(b->allocate_weights());
-  for (const WeightPiece& piece : weight_pieces(w.config)) {
+  for (const WeightPiece& piece : weight_pieces(config)) {
     const std::vector<float>* src = &w.slot(piece.slot, piece.layer);
     if (piece.offset != 0) continue;  // the fused vector goes up whole with its first piece
     HR_RETURN_IF_ERROR(

@@ -61,8 +61,9 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   lay.decode_kernel = plan_.decode_kernel;
   lay.num_prefill = static_cast<int>(prefill.size());
   lay.num_combine = static_cast<int>(combine.size());
-  lay.fused = fused_shapes_ && options_.small_batch_gemv && options_.fused_small_batch &&
-              T <= kGemvRows && T <= kernels::kGemvMaxFusedRows && uniform_decode(in);
+  lay.fused = fused_shapes_ && shard_.tp == 1 && options_.small_batch_gemv &&
+              options_.fused_small_batch && T <= kGemvRows && T <= kernels::kGemvMaxFusedRows &&
+              uniform_decode(in);
   size_t off = 0;
   auto place = [&](size_t bytes) {
     size_t at = off;

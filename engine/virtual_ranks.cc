@@ -45,7 +45,8 @@ struct Group {
 
 class VirtualRank final : public DeviceCommunicator {
  public:
-  VirtualRank(std::shared_ptr<Group> group, int rank) : g_(std::move(group)), rank_(rank) {}
+  VirtualRank(std::shared_ptr<Group> group, int rank, RankThreads* turns)
+      : g_(std::move(group)), rank_(rank), turns_(turns) {}
   int rank() const override { return rank_; }
   int size() const override { return g_->size; }
   Status all_reduce(float* data, size_t n, cudaStream_t stream) override {
@@ -72,6 +73,7 @@ class VirtualRank final : public DeviceCommunicator {
 
   std::shared_ptr<Group> g_;
   int rank_;
+  RankThreads* turns_;
 };
 
 Status VirtualRank::arrive(Op op, const float* in, float* out, size_t n, int root,
@@ -96,9 +98,11 @@ Status VirtualRank::arrive(Op op, const float* in, float* out, size_t n, int roo
   }
   g.in[static_cast<size_t>(rank_)] = in;
   g.out[static_cast<size_t>(rank_)] = out;
-  if (++g.arrived < g.size) return Status::ok();
-  g.arrived = 0;
-  return run();
+  if (++g.arrived == g.size) {
+    g.arrived = 0;
+    HR_RETURN_IF_ERROR(run());
+  }
+  return turns_ ? turns_->pass(rank_) : Status::ok();
 }
 
 Status VirtualRank::run() {
@@ -153,11 +157,12 @@ Status VirtualRank::run() {
 
 }  // namespace
 
-std::vector<std::unique_ptr<DeviceCommunicator>> VirtualRankGroup::create(int size) {
+std::vector<std::unique_ptr<DeviceCommunicator>> VirtualRankGroup::create(int size,
+                                                                          RankThreads* turns) {
   std::vector<std::unique_ptr<DeviceCommunicator>> out;
   if (size < 1 || size > kernels::kMaxPeerRanks) return out;
   auto group = std::make_shared<Group>(size);
-  for (int r = 0; r < size; ++r) out.push_back(std::make_unique<VirtualRank>(group, r));
+  for (int r = 0; r < size; ++r) out.push_back(std::make_unique<VirtualRank>(group, r, turns));
   return out;
 }
 

@@ -15,13 +15,18 @@
 #include <vector>
 
 #include "engine/device_communicator.h"
+#include "engine/rank_threads.h"
 
 namespace hr::engine {
 
 class VirtualRankGroup {
  public:
-  // The `size` ranks (1 to 8), rank r at index r.
-  static std::vector<std::unique_ptr<DeviceCommunicator>> create(int size);
+  // The `size` ranks (1 to 8), rank r at index r. With `turns` (engine/rank_threads.h), each rank
+  // is driven by a thread of its own taking turns: a collective's call records or enqueues it as
+  // above, then hands the turn on and returns when the turn comes back, so every rank reaches
+  // each collective in rank order.
+  static std::vector<std::unique_ptr<DeviceCommunicator>> create(int size,
+                                                                 RankThreads* turns = nullptr);
 };
 
 }  // namespace hr::engine

@@ -144,6 +144,17 @@ void slice_head(const ModelConfig& c, const WeightShard& s, const std::vector<fl
 
 }  // namespace
 
+ModelConfig rank_config(const ModelConfig& c, const WeightShard& s) {
+  if (s.tp == 1) return c;
+  ModelConfig r = c;
+  r.num_heads = s.num_q_heads;
+  r.num_kv_heads = s.num_kv_heads;
+  r.intermediate_size = s.ffn;
+  r.moe.expert_intermediate_size = s.expert_ffn;
+  r.tie_word_embeddings = false;
+  return r;
+}
+
 Result<ModelWeights> shard_weights(const ModelWeights& full, const ParallelDegrees& d, int stage,
                                    int tp_rank) {
   const ModelConfig& c = full.config;

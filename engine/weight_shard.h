@@ -34,6 +34,11 @@ struct ParallelDegrees {
 [[nodiscard]] Result<ModelWeights> shard_weights(const ModelWeights& full, const ParallelDegrees& d,
                                                  int stage, int tp_rank);
 
+// The model as tensor-parallel rank `s` computes it: its q heads, KV heads, MLP and experts'
+// rows in place of the whole model's; an LM head apart from the embedding (the rank's slice of
+// it). Everything else is the model's.
+ModelConfig rank_config(const ModelConfig& c, const WeightShard& s);
+
 // The same part read from a checkpoint's memory-mapped files (SafetensorsModel), a layer at a
 // time: the rank's memory holds its shard and one whole layer at most, never the whole model.
 // Equal to shard_weights(load_weights(dir), ...).

@@ -9,8 +9,8 @@
 #   fixtures  scripts/make_fixtures.py for each folder of models/fixtures that is missing (its
 #             reference.json), with the machine's transformers; they are left there to be committed
 #   tests     kernels_device_test, cuda_kernels_test, cuda_moe_test, cuda_sampling_test,
-#             cuda_backend_test, cuda_fixture_models_test, cuda_collectives_test; a skip counts as
-#             a failure
+#             cuda_backend_test, cuda_fixture_models_test, cuda_collectives_test,
+#             cuda_parallel_test; a skip counts as a failure
 #   bench     scripts/bench_gpu.sh (our engine, then Hugging Face transformers as the baseline; with
 #             structured output's decode rate against free decoding at batch 1 and 64; then the
 #             MoE section, Qwen3-30B-A3B against transformers eager and compiled)
@@ -58,7 +58,8 @@ else
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DHEADROOM_CUDA=ON >/dev/null || exit 1
   cmake --build build-gpu -j "${HEADROOM_JOBS:-$(nproc)}" \
     --target kernels_device_test cuda_kernels_test cuda_moe_test cuda_sampling_test cuda_backend_test \
-    cuda_fixture_models_test cuda_collectives_test headroom_gpu_bench headroom_allreduce_bench || exit 1
+    cuda_fixture_models_test cuda_collectives_test cuda_parallel_test headroom_gpu_bench \
+    headroom_allreduce_bench || exit 1
   bin=$root/build-gpu/tests
 fi
 # The binaries (and the packed headroom) load the CUDA runtime and cuBLASLt from where the build
@@ -176,7 +177,7 @@ fi
 
 if wants tests; then
   for t in kernels_device_test cuda_kernels_test cuda_moe_test cuda_sampling_test cuda_backend_test \
-    cuda_fixture_models_test cuda_collectives_test; do
+    cuda_fixture_models_test cuda_collectives_test cuda_parallel_test; do
     run_stage "$t" "$logs/$t.log" 300 "$bin/$t" --gtest_color=no
     # (gtest lists each skipped test again at the end: counted once)
     skipped=$(grep '^\[  SKIPPED \] [A-Za-z]' "$logs/$t.log" | awk '{print $4}' | sort -u | grep -c .)

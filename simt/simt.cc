@@ -129,6 +129,12 @@ struct Stacks {
   size_t count = 0;
   char* top(size_t i) const { return base + (i + 1) * (kStackBytes + page()); }
   static size_t page() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
+  Stacks() = default;
+  Stacks(const Stacks&) = delete;
+  Stacks& operator=(const Stacks&) = delete;
+  ~Stacks() {  // a thread's, as it ends
+    if (base) munmap(base, count * (kStackBytes + page()));
+  }
   void reserve(size_t n) {
     if (n <= count) return;
     if (base) munmap(base, count * (kStackBytes + page()));

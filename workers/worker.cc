@@ -84,6 +84,9 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given,
   spec.tensor_parallel = config.tensor_parallel;
   spec.pipeline_parallel = config.pipeline_parallel;
   spec.expert_parallel = config.expert_parallel;
+  if (!config.devices.empty()) {
+    HR_ASSIGN_OR_RETURN(spec.devices, engine::parse_device_list(config.devices));
+  }
   if (!backend) {
     HR_ASSIGN_OR_RETURN(backend, engine::make_backend(config.model_dir, spec));
   }

@@ -50,6 +50,10 @@ void WorkerConfig::bind(CLI::App& app) {
       "KV cache size in bytes (with --device cuda, 0: 90% of the GPU memory left after loading; "
       "-1: 64 MiB on the CPU backend, 0 on a GPU)");
   cli::add(app, "--device", device, "Compute device: cpu, cuda or cuda:N");
+  cli::add(app, "--devices", devices,
+           "With --device cuda and --tensor-parallel N: the ranks' GPUs, N indexes such as "
+           "0,1,2,3 (default: the device's index and the ones after it); one index N times runs "
+           "N virtual ranks on that GPU");
   cli::add(app, "--tensor-parallel", tensor_parallel,
            "Tensor-parallel ranks per pipeline stage (Megatron sharding: attention by heads, "
            "MLPs by rows, the LM head by vocabulary); the CPU backend runs each rank on its "
@@ -127,11 +131,32 @@ Status WorkerConfig::validate() const {
     return invalid_argument("--expert-parallel must be 0 (auto), 1 or the tensor-parallel size",
                             "expert-parallel");
   }
-  if (device != "cpu" && tensor_parallel * pipeline_parallel > 1) {
-    return invalid_argument(
-        "several ranks run on the CPU backend only so far (--device cpu); the CUDA backend "
-        "drives one GPU",
-        "tensor-parallel");
+  if (device != "cpu") {
+    if (pipeline_parallel > 1) {
+      return invalid_argument(
+          "pipeline stages run on the CPU backend only so far (--device cpu); the CUDA backend "
+          "takes tensor parallelism",
+          "pipeline-parallel");
+    }
+    if (tensor_parallel > 8) {
+      return invalid_argument("the CUDA backend's tensor-parallel ranks are 1 to 8",
+                              "tensor-parallel");
+    }
+    if (expert_parallel > 1) {
+      return invalid_argument(
+          "the CUDA backend's ranks slice every expert (--expert-parallel 1 or 0); experts held "
+          "whole are the CPU backend's",
+          "expert-parallel");
+    }
+  }
+  if (!devices.empty()) {
+    if (device == "cpu") return invalid_argument("--devices needs --device cuda", "devices");
+    HR_ASSIGN_OR_RETURN(std::vector<int> list, engine::parse_device_list(devices));
+    if (static_cast<int>(list.size()) != tensor_parallel) {
+      return invalid_argument("--devices names " + std::to_string(list.size()) +
+                                  " GPUs for --tensor-parallel " + std::to_string(tensor_parallel),
+                              "devices");
+    }
   }
   if (reserve_slots >= resolved().max_num_seqs) {
     return invalid_argument("--reserve-slots must be below --max-num-seqs", "reserve-slots");

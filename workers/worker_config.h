@@ -46,8 +46,12 @@ struct WorkerConfig {
   int pipeline_parallel = 1;
   int expert_parallel = 0;
   std::string device = "cpu";  // cpu | cuda | cuda:N
-  std::string cuda_options;    // CUDA backend settings (engine::parse_cuda_options)
-  std::string chat_template;   // override: headroom, llama3, chatml, mistral
+  // cuda with several tensor-parallel ranks: their GPUs, "0,1,2,3" (empty: the device's index and
+  // the ones after it); one index repeated: virtual ranks on that GPU (engine/
+  // parallel_cuda_backend.h).
+  std::string devices;
+  std::string cuda_options;   // CUDA backend settings (engine::parse_cuda_options)
+  std::string chat_template;  // override: headroom, llama3, chatml, mistral
   // JSON files of messages ([{"role", "content"}...], a shared system prompt say) whose rendered
   // beginning is a public prefix: its KV blocks are shared by every account (engine::
   // EngineOptions::public_prefixes). Everything else is shared within an account only.

@@ -69,48 +69,6 @@ std::shared_ptr<ParallelCpuBackend> parallel(const ModelWeights& w, ParallelDegr
   return b.is_ok() ? std::shared_ptr<ParallelCpuBackend>(std::move(b).value()) : nullptr;
 }
 
-// Three sequences: a prefill of each (lengths 7, 1 and 19), then `decodes` steps of one token
-// each. Sequence i's blocks are [i * 8, i * 8 + 8). Returns every step's logits, one per token.
-std::vector<std::vector<float>> run_steps(Backend& b, int vocab, int decodes) {
-  const std::vector<int> lengths = {7, 1, 19};
-  const int S = 3, width = 8;
-  std::vector<int32_t> table;
-  for (int s = 0; s < S; ++s) {
-    for (int j = 0; j < width; ++j) table.push_back(s * width + j);
-  }
-  std::vector<int> pos(S, 0);
-  std::vector<std::vector<float>> out;
-  uint32_t next = 11;
-  for (int step = 0; step <= decodes; ++step) {
-    std::vector<int32_t> ids, positions, starts{0}, rows;
-    for (int s = 0; s < S; ++s) {
-      const int n = step == 0 ? lengths[static_cast<size_t>(s)] : 1;
-      for (int i = 0; i < n; ++i) {
-        next = next * 1103515245u + 12345u;
-        rows.push_back(static_cast<int32_t>(ids.size()));
-        ids.push_back(static_cast<int32_t>((next >> 16) % static_cast<uint32_t>(vocab)));
-        positions.push_back(pos[static_cast<size_t>(s)]++);
-      }
-      starts.push_back(static_cast<int32_t>(ids.size()));
-    }
-    StepInput in;
-    in.num_tokens = static_cast<int>(ids.size());
-    in.num_seqs = S;
-    in.token_ids = ids.data();
-    in.positions = positions.data();
-    in.seq_start = starts.data();
-    in.block_table = table.data();
-    in.max_blocks_per_seq = width;
-    in.logits_rows = rows.data();
-    in.num_logits = static_cast<int>(rows.size());
-    std::vector<float> logits(rows.size() * static_cast<size_t>(vocab));
-    Status st = b.forward(in, logits.data());
-    EXPECT_TRUE(st.is_ok()) << st.to_string();
-    out.push_back(std::move(logits));
-  }
-  return out;
-}
-
 // Greedy answers through the engine: a chunked 40-token prompt among short ones.
 std::vector<std::vector<int32_t>> greedy(std::shared_ptr<Backend> b, int vocab, int max_tokens) {
   EngineOptions eo;
@@ -184,7 +142,7 @@ TEST_P(ParallelCpuTest, LogitsAndGreedyTokensEqualOneRank) {
   auto one = one_rank(w, many->num_kv_blocks());
   ASSERT_TRUE(one);
   const int V = w.config.vocab_size;
-  expect_close(run_steps(*one, V, 4), run_steps(*many, V, 4));
+  expect_close(three_sequences(*one, 4), three_sequences(*many, 4));
   auto want = greedy(one, V, 12);
   auto got = greedy(many, V, 12);
   EXPECT_EQ(got, want);
@@ -231,7 +189,7 @@ TEST_P(Parallel100MTest, LogitsAndGreedyTokensEqualOneRank) {
   auto one = one_rank(w, many->num_kv_blocks());
   ASSERT_TRUE(one);
   const int V = w.config.vocab_size;
-  expect_close(run_steps(*one, V, 2), run_steps(*many, V, 2));
+  expect_close(three_sequences(*one, 2), three_sequences(*many, 2));
   EXPECT_EQ(greedy(many, V, 6), greedy(one, V, 6));
 }
 
@@ -339,7 +297,7 @@ TEST(WeightShardTest, LoadingAShardFromTheCheckpointEqualsSlicingTheWholeModel) 
   const ModelWeights& w = weights(model_dir("mixtral"));
   auto one = one_rank(w, many->num_kv_blocks());
   const int V = w.config.vocab_size;
-  expect_close(run_steps(*one, V, 2), run_steps(*many, V, 2));
+  expect_close(three_sequences(*one, 2), three_sequences(*many, 2));
   EXPECT_EQ(greedy(many, V, 8), greedy(one, V, 8));
   o.degrees = {3, 1, 1};
   EXPECT_EQ(ParallelCpuBackend::create_from_dir(model_dir("mixtral"), o).status().field(),

@@ -1,4 +1,5 @@
-// Helpers of the backend tests: a step of one sequence, and greedy answers through the engine.
+// Helpers of the backend tests: a step of one sequence, steps of three, and greedy answers
+// through the engine.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -37,6 +38,50 @@ inline Status forward_one_sequence(Backend& b, const std::vector<int32_t>& ids, 
   in.num_logits = T;
   logits->resize(static_cast<size_t>(T) * b.vocab_size());
   return b.forward(in, logits->data());
+}
+
+// Three sequences: a prefill of each (lengths 7, 1 and 19, pseudo-random tokens), then
+// `decodes` steps of one token each; sequence i's blocks are [i * 8, i * 8 + 8). Every step's
+// logits, a row per token.
+inline std::vector<std::vector<float>> three_sequences(Backend& b, int decodes) {
+  const int vocab = b.vocab_size();
+  const std::vector<int> lengths = {7, 1, 19};
+  const int S = 3, width = 8;
+  std::vector<int32_t> table;
+  for (int s = 0; s < S; ++s) {
+    for (int j = 0; j < width; ++j) table.push_back(s * width + j);
+  }
+  std::vector<int> pos(S, 0);
+  std::vector<std::vector<float>> out;
+  uint32_t next = 11;
+  for (int step = 0; step <= decodes; ++step) {
+    std::vector<int32_t> ids, positions, starts{0}, rows;
+    for (int s = 0; s < S; ++s) {
+      const int n = step == 0 ? lengths[static_cast<size_t>(s)] : 1;
+      for (int i = 0; i < n; ++i) {
+        next = next * 1103515245u + 12345u;
+        rows.push_back(static_cast<int32_t>(ids.size()));
+        ids.push_back(static_cast<int32_t>((next >> 16) % static_cast<uint32_t>(vocab)));
+        positions.push_back(pos[static_cast<size_t>(s)]++);
+      }
+      starts.push_back(static_cast<int32_t>(ids.size()));
+    }
+    StepInput in;
+    in.num_tokens = static_cast<int>(ids.size());
+    in.num_seqs = S;
+    in.token_ids = ids.data();
+    in.positions = positions.data();
+    in.seq_start = starts.data();
+    in.block_table = table.data();
+    in.max_blocks_per_seq = width;
+    in.logits_rows = rows.data();
+    in.num_logits = static_cast<int>(rows.size());
+    std::vector<float> logits(rows.size() * static_cast<size_t>(vocab));
+    Status st = b.forward(in, logits.data());
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    out.push_back(std::move(logits));
+  }
+  return out;
 }
 
 // Greedy answers through an engine of `options` over `b`, all prompts in one batch, max_tokens

@@ -73,6 +73,7 @@ gtest cuda_sampling_test 'echo "[       OK ] CudaSamplingTest.LogprobsMatchTheHo
 gtest cuda_moe_test 'echo "[       OK ] CudaMoeTest.RouteMatchesTheHost (1 ms)"'
 gtest cuda_fixture_models_test 'echo "[       OK ] Fixtures/CudaFixtureTest.LogitsAndGreedyMatchTheCpuAndTransformers/mixtral (1 ms)"'
 gtest cuda_collectives_test 'echo "[       OK ] Ranks/VirtualRanksTest.CollectivesEqualTheSerialSumsEagerlyAndInAGraph/2 (1 ms)"'
+gtest cuda_parallel_test 'echo "[       OK ] Models/CudaParallelTest.VirtualRanksEqualOneRank/wide_tp8 (1 ms)"'
 gtest cuda_backend_test 'echo "[       OK ] CudaBackendTest.LogitsMatchCpuBackend (1 ms)"
 echo "[  FAILED  ] CudaBackendTest.FedTokensEqualKnownTokens (2 ms)"
 echo "[  FAILED  ] 1 test, listed below:"

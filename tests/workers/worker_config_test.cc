@@ -87,6 +87,32 @@ TEST(WorkerConfigTest, RefusesParallelDegreesThatCannotWorkNamingTheFlag) {
             }),
             "expert-parallel");
   EXPECT_EQ(field_of([](WorkerConfig& c) { c.expert_parallel = -1; }), "expert-parallel");
+  EXPECT_EQ(field_of([](WorkerConfig& c) {
+              c.tensor_parallel = 2;
+              c.devices = "0,1";
+            }),
+            "devices");  // the CPU backend's ranks are threads
+#ifdef HEADROOM_HAVE_CUDA
+  auto cuda = [](int tp, const std::string& devices, int pp = 1, int ep = 0) {
+    return field_of([&](WorkerConfig& c) {
+      c.device = "cuda";
+      c.tensor_parallel = tp;
+      c.pipeline_parallel = pp;
+      c.expert_parallel = ep;
+      c.devices = devices;
+    });
+  };
+  EXPECT_EQ(cuda(4, ""), "ok");
+  EXPECT_EQ(cuda(4, "0,1,2,3"), "ok");
+  EXPECT_EQ(cuda(2, "0,0"), "ok");
+  EXPECT_EQ(cuda(2, "0,1,2"), "devices");
+  EXPECT_EQ(cuda(2, "0,x"), "devices");
+  EXPECT_EQ(cuda(2, "0,"), "devices");
+  EXPECT_EQ(cuda(2, "", 2), "pipeline-parallel");
+  EXPECT_EQ(cuda(2, "", 1, 2), "expert-parallel");
+  EXPECT_EQ(cuda(2, "", 1, 1), "ok");
+  EXPECT_EQ(cuda(16, ""), "tensor-parallel");
+#endif
 }
 
 }  // namespace

@@ -1,0 +1,275 @@
+// Tensor parallelism on the CUDA backend (engine/parallel_cuda_backend.h): 2, 4 and 8 virtual
+// ranks on one device against one rank of the same backend, on the bundled model, the Qwen3,
+// Mixtral and Qwen3-MoE fixtures (experts sliced over the ranks) and a random model with 8 query
+// heads. Each case runs a prefill of three sequences and decode steps after it, every logit row
+// within bf16 tolerance of one rank's and the same argmax wherever one rank's top two are apart;
+// then greedy answers through the engine, pipelined, their decode steps replayed as CUDA graphs
+// that hold every rank's kernels and the collectives between them: equal to one rank's. Also:
+// degrees that do not fit refused naming the option, and the KV cache split over the ranks.
+// Skips without a device; also built against the CPU stand-in for the CUDA runtime (simt/).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include <unistd.h>
+
+#include "engine/backend_factory.h"
+#include "engine/cuda_backend.h"
+#include "engine/engine.h"
+#include "engine/parallel_cuda_backend.h"
+#include "engine/weight_shard.h"
+#include "engine/weights.h"
+#include "tests/engine/cuda_test_util.h"
+#include "tests/engine/step_util.h"
+#include "tests/testing/random_model.h"
+
+namespace hr::engine {
+namespace {
+
+std::string source_dir() {
+  const char* env = std::getenv("HEADROOM_SOURCE_DIR");
+  return env && *env ? env : HEADROOM_SOURCE_DIR;
+}
+
+std::string model_dir(const std::string& name) {
+  const std::string models = source_dir() + "/models/";
+  return name == "tiny-reverse" ? models + name : models + "fixtures/" + name;
+}
+
+// A random Llama with 8 query heads over 2 KV heads (replicated past 2 ranks), written once.
+std::string wide_model_dir() {
+  static const std::string dir = [] {
+    const std::string d = (std::filesystem::temp_directory_path() /
+                           ("headroom-cuda-parallel-" + std::to_string(::getpid())))
+                              .string();
+    hr::testing::RandomLlama spec;
+    spec.vocab = 300;
+    spec.hidden = 128;
+    spec.intermediate = 512;
+    spec.layers = 2;
+    spec.heads = 8;
+    spec.kv_heads = 2;
+    spec.head_dim = 32;
+    spec.context = 256;
+    hr::testing::write_random_llama(d, model_dir("tiny-reverse"), spec);
+    return d;
+  }();
+  return dir;
+}
+
+const ModelWeights& weights(const std::string& dir) {
+  static std::map<std::string, ModelWeights> cache;
+  auto it = cache.find(dir);
+  if (it == cache.end()) {
+    auto w = load_weights(dir);
+    EXPECT_TRUE(w.is_ok()) << dir << ": " << w.status().to_string();
+    it = cache.emplace(dir, w.is_ok() ? std::move(w).value() : ModelWeights{}).first;
+  }
+  return it->second;
+}
+
+CudaBackendOptions options() {
+  CudaBackendOptions o;
+  o.kv_cache_bytes = 8 << 20;
+  o.max_num_tokens = 256;
+  o.max_num_seqs = 32;  // a prefill's logits rows: one a token
+  return o;
+}
+
+// Each row within bf16 tolerance of one rank's (relative RMS difference; the ranks add partial
+// sums in another order and round other activations to bf16), and the same argmax where one
+// rank's top two are more than 0.05 apart. The worst row's figure goes to the test's XML.
+void expect_close(const std::vector<std::vector<float>>& want,
+                  const std::vector<std::vector<float>>& got, int vocab) {
+  ASSERT_EQ(want.size(), got.size());
+  double worst = 0;
+  int rows = 0, argmax_checked = 0;
+  for (size_t s = 0; s < want.size(); ++s) {
+    ASSERT_EQ(want[s].size(), got[s].size());
+    for (size_t r = 0; r * vocab < want[s].size(); ++r, ++rows) {
+      const float* a = &want[s][r * vocab];
+      const float* b = &got[s][r * vocab];
+      double num = 0, den = 0;
+      for (int i = 0; i < vocab; ++i) {
+        num += (a[i] - b[i]) * static_cast<double>(a[i] - b[i]);
+        den += static_cast<double>(a[i]) * a[i];
+      }
+      const double rel = std::sqrt(num / std::max(den, 1e-30));
+      worst = std::max(worst, rel);
+      EXPECT_LT(rel, 1e-2) << "step " << s << " row " << r;
+      const int top = static_cast<int>(std::max_element(a, a + vocab) - a);
+      float second = -INFINITY;
+      for (int i = 0; i < vocab; ++i) {
+        if (i != top) second = std::max(second, a[i]);
+      }
+      if (a[top] - second > 0.05f) {
+        ++argmax_checked;
+        EXPECT_EQ(std::max_element(b, b + vocab) - b, top) << "step " << s << " row " << r;
+      }
+    }
+  }
+  char text[96];
+  std::snprintf(text, sizeof text, "%.3g over %d rows (%d argmax checked)", worst, rows,
+                argmax_checked);
+  ::testing::Test::RecordProperty("worst_relative_rms", text);
+  std::printf("worst relative RMS difference %s\n", text);
+}
+
+// Greedy answers through a pipelined engine: a chunked 40-token prompt among short ones.
+std::vector<std::vector<int32_t>> greedy(std::shared_ptr<Backend> b, int max_tokens, bool warm_up) {
+  const int vocab = b->vocab_size();
+  EngineOptions eo;
+  eo.scheduler.max_num_seqs = 8;
+  eo.scheduler.max_batched_tokens = 24;
+  std::vector<std::vector<int32_t>> prompts = {{3, 5, 7, 9}, {1}, {}};
+  for (int i = 0; i < 40; ++i) prompts[2].push_back((i * 37 + 11) % vocab);
+  if (warm_up) {
+    const Status st = b->warm_up(128 / b->block_size());
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+  }
+  return greedy_answers(std::move(b), prompts, max_tokens, eo, 128);
+}
+
+std::shared_ptr<ParallelCudaBackend> parallel(const ModelWeights& w, int tp) {
+  auto b = ParallelCudaBackend::create(w, std::vector<int>(tp, 0), options());
+  EXPECT_TRUE(b.is_ok()) << b.status().to_string();
+  return b.is_ok() ? std::shared_ptr<ParallelCudaBackend>(std::move(b).value()) : nullptr;
+}
+
+std::shared_ptr<Backend> one_rank(const ModelWeights& w) {
+  auto b = CudaBackend::create(w, options());
+  EXPECT_TRUE(b.is_ok()) << b.status().to_string();
+  return b.is_ok() ? std::shared_ptr<Backend>(std::move(b).value()) : nullptr;
+}
+
+struct Case {
+  std::string model;
+  int tp;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " over " << c.tp << " ranks"; }
+
+class CudaParallelTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaParallelTest, VirtualRanksEqualOneRank) {
+  SKIP_WITHOUT_GPU();
+  const Case& c = GetParam();
+  const std::string dir = c.model == "wide" ? wide_model_dir() : model_dir(c.model);
+  const ModelWeights& w = weights(dir);
+  ASSERT_GT(w.layers.size(), 0u);
+  auto many = parallel(w, c.tp);
+  ASSERT_TRUE(many);
+  EXPECT_EQ(many->num_ranks(), c.tp);
+  auto one = one_rank(w);
+  ASSERT_TRUE(one);
+  expect_close(three_sequences(*one, 3), three_sequences(*many, 3), w.config.vocab_size);
+  // Greedy through the engine: decode graphs captured as the steps come (one rank) and at
+  // warm-up (the ranks), each replaying every rank's step with its collectives.
+  auto want = greedy(one, 10, false);
+  auto got = greedy(many, 10, true);
+  EXPECT_GT(many->num_graphs(), 0u);
+  EXPECT_EQ(got, want);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[2].size(), 10u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaParallelTest,
+                         ::testing::Values(Case{"tiny-reverse", 2},
+                                           Case{"tiny-reverse", 4},  // KV heads replicated
+                                           Case{"wide", 2}, Case{"wide", 4}, Case{"wide", 8},
+                                           Case{"qwen3", 2}, Case{"qwen3-moe", 2},
+                                           Case{"qwen3-moe", 4}, Case{"mixtral", 2}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string m = info.param.model;
+                           std::replace(m.begin(), m.end(), '-', '_');
+                           return m + "_tp" + std::to_string(info.param.tp);
+                         });
+
+TEST(CudaParallelBackendTest, ShardsLoadedFromTheCheckpointEqualShardsOfTheWholeModel) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = model_dir("qwen3-moe");
+  auto from_dir = ParallelCudaBackend::create_from_dir(dir, {0, 0}, options());
+  ASSERT_TRUE(from_dir.is_ok()) << from_dir.status().to_string();
+  auto from_weights = parallel(weights(dir), 2);
+  ASSERT_TRUE(from_weights);
+  const auto a = three_sequences(*from_weights, 1), b = three_sequences(**from_dir, 1);
+  EXPECT_EQ(a, b);
+}
+
+TEST(CudaParallelBackendTest, TheWorkersBackendSpecBuildsTheRanks) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = model_dir("tiny-reverse");
+  BackendSpec spec;
+  spec.device = "cuda";
+  spec.kv_cache_bytes = 8 << 20;
+  spec.max_num_tokens = 256;
+  spec.max_num_seqs = 32;
+  spec.tensor_parallel = 2;
+  spec.devices = {0, 0};
+  auto made = make_backend(dir, spec);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  auto direct = parallel(weights(dir), 2);
+  ASSERT_TRUE(direct);
+  EXPECT_EQ(three_sequences(**made, 1), three_sequences(*direct, 1));
+  // Without --devices the ranks take the device and the ones after it.
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  if (count == 1) {
+    spec.devices.clear();
+    auto missing = make_backend(dir, spec);
+    ASSERT_FALSE(missing.is_ok());
+    EXPECT_NE(missing.status().to_string().find("no CUDA device 1"), std::string::npos)
+        << missing.status().to_string();
+  }
+}
+
+TEST(CudaParallelBackendTest, DegreesThatDoNotFitAreRefusedNamingTheOption) {
+  SKIP_WITHOUT_GPU();
+  const ModelWeights& w = weights(model_dir("tiny-reverse"));
+  auto three = ParallelCudaBackend::create(w, {0, 0, 0}, options());  // 4 heads
+  ASSERT_FALSE(three.is_ok());
+  EXPECT_EQ(three.status().field(), "tensor-parallel") << three.status().to_string();
+  auto mixed = ParallelCudaBackend::create(w, {0, 0, 1, 1}, options());
+  ASSERT_FALSE(mixed.is_ok());
+  EXPECT_NE(mixed.status().to_string().find("device"), std::string::npos)
+      << mixed.status().to_string();
+  // A pipeline stage, experts held whole, or a shard without its communicator: refused by the
+  // rank itself.
+  auto stage = shard_weights(w, {1, 2, 1}, 0, 0);
+  ASSERT_TRUE(stage.is_ok());
+  auto staged = CudaBackend::create(*stage, options());
+  ASSERT_FALSE(staged.is_ok());
+  EXPECT_EQ(staged.status().field(), "pipeline-parallel");
+  const ModelWeights& moe = weights(model_dir("qwen3-moe"));
+  auto whole_experts = shard_weights(moe, {2, 1, 2}, 0, 0);
+  ASSERT_TRUE(whole_experts.is_ok());
+  auto ep = CudaBackend::create(*whole_experts, options());
+  ASSERT_FALSE(ep.is_ok());
+  EXPECT_EQ(ep.status().field(), "expert-parallel");
+  auto half = shard_weights(w, {2, 1, 1}, 0, 1);
+  ASSERT_TRUE(half.is_ok());
+  auto alone = CudaBackend::create(*half, options());
+  ASSERT_FALSE(alone.is_ok());
+  EXPECT_EQ(alone.status().field(), "tensor-parallel");
+}
+
+TEST(CudaParallelBackendTest, TheKvCacheIsSplitOverTheRanks) {
+  SKIP_WITHOUT_GPU();
+  const ModelWeights& w = weights(model_dir("tiny-reverse"));
+  auto one = one_rank(w);
+  auto two = parallel(w, 2);
+  ASSERT_TRUE(one && two);
+  // Two ranks of one KV head each: each rank's half of the budget holds as many blocks as the
+  // whole budget does for both heads on one rank.
+  EXPECT_EQ(two->num_kv_blocks(), one->num_kv_blocks());
+  EXPECT_LE(two->kv_cache_bytes(), size_t{8} << 20);
+  EXPECT_EQ(two->rank(0).num_kv_blocks(), two->rank(1).num_kv_blocks());
+  EXPECT_LT(two->rank(0).weight_bytes(), one->weight_bytes());
+}
+
+}  // namespace
+}  // namespace hr::engine
