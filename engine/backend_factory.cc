@@ -27,6 +27,13 @@ Result<int> parse_device(const std::string& device) {
   return invalid_argument("device must be cpu, cuda or cuda:N, not \"" + device + "\"", "device");
 }
 
+// The spec's expert parallelism, 0 (auto) resolved: experts whole on each rank when they split
+// evenly over the tensor-parallel ranks, else sliced.
+int expert_parallel(const BackendSpec& spec, int num_experts) {
+  if (spec.expert_parallel > 0) return spec.expert_parallel;
+  return num_experts > 0 && num_experts % spec.tensor_parallel == 0 ? spec.tensor_parallel : 1;
+}
+
 // "a, b or c".
 std::string listed(const std::vector<std::string>& items) {
   std::string out;
@@ -255,11 +262,8 @@ Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
     if (spec.tensor_parallel * spec.pipeline_parallel > 1) {
       HR_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir));
       ParallelCpuOptions o;
-      o.degrees = {spec.tensor_parallel, spec.pipeline_parallel, spec.expert_parallel};
-      if (o.degrees.ep == 0) {
-        const int experts = config.moe.num_experts;
-        o.degrees.ep = experts > 0 && experts % o.degrees.tp == 0 ? o.degrees.tp : 1;
-      }
+      o.degrees = {spec.tensor_parallel, spec.pipeline_parallel,
+                   expert_parallel(spec, config.moe.num_experts)};
       o.block_size = spec.block_size;
       o.kv_cache_bytes = spec.kv_cache_bytes;
       o.thread_nice = spec.cpu_thread_nice;
@@ -300,11 +304,14 @@ Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
     if (devices.empty()) {
       for (int r = 0; r < spec.tensor_parallel; ++r) devices.push_back(index + r);
     }
-    HR_ASSIGN_OR_RETURN(auto many, ParallelCudaBackend::create_from_dir(model_dir, devices, o));
+    HR_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir));
+    const int ep = expert_parallel(spec, config.moe.num_experts);
+    HR_ASSIGN_OR_RETURN(auto many, ParallelCudaBackend::create_from_dir(model_dir, devices, o, ep));
     std::string named;
     for (int d : devices) named += (named.empty() ? "" : ",") + std::to_string(d);
     log::info("backend.parallel",
               {{"tensor_parallel", spec.tensor_parallel},
+               {"expert_parallel", ep},
                {"devices", named},
                {"virtual_ranks", many->virtual_ranks()},
                {"weight_bytes", static_cast<int64_t>(many->weight_bytes())},

@@ -49,8 +49,11 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   const auto* d_logits_rows = reinterpret_cast<const int32_t*>(d + lay.logits_rows);
 
   const ProgrammaticLaunch pl = options_.programmatic_launch;
-  kernels::set_programmatic_launch(pl == ProgrammaticLaunch::kOn ||
-                                   (pl == ProgrammaticLaunch::kAuto && !lay.fused));
+  // (Not by default on a tensor-parallel rank: its collectives enqueue copies, and a
+  // programmatic launch in a captured graph must follow a kernel.)
+  kernels::set_programmatic_launch(
+      pl == ProgrammaticLaunch::kOn ||
+      (pl == ProgrammaticLaunch::kAuto && !lay.fused && shard_.tp == 1));
   mark("start");
   HR_CUDA("embedding", kernels::embedding_gather(
                            embed_, d_tokens, reinterpret_cast<const int32_t*>(d + lay.fed_rows),
@@ -337,6 +340,15 @@ Status CudaBackend::moe_layer(const Layer& W, int li, int T, const float* resid,
   e.capacity = capacity;
   e.act = moe_.act;
   e.out = moe_.out;
+  if (shard_.ep > 1) {
+    // Experts held whole, a share on each rank: a pair's row is this rank's to write only when
+    // its expert is here; the others stay zero for the all-reduce.
+    e.first_expert = shard_.first_expert;
+    e.num_local_experts = shard_.num_experts;
+    HR_CUDA("zeroing the experts' outputs",
+            kernels::fill_f32(moe_.out, static_cast<size_t>(T) * m.top_k * c.hidden_size, 0.0f,
+                              stream_));
+  }
   const MoeExperts how = options_.moe_experts;
   const auto kernel = how == MoeExperts::kGemv || (how == MoeExperts::kAuto && T <= kMoeGemvTokens)
                           ? kernels::MoeKernel::kGemv

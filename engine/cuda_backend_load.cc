@@ -116,14 +116,16 @@ Status CudaBackend::allocate_weights() {
   }
   HR_RETURN_IF_ERROR(f32(&final_norm_, D, "norm"));
   layers_.resize(static_cast<size_t>(c.num_layers));
-  const size_t E = c.moe.num_experts, FE = c.moe.expert_intermediate_size;
+  // (A rank of expert parallelism holds its share of the experts; the router scores them all.)
+  const size_t E = shard_.tp > 1 ? shard_.num_experts : c.moe.num_experts;
+  const size_t FE = c.moe.expert_intermediate_size;
   for (int li = 0; li < c.num_layers; ++li) {
     Layer& L = layers_[static_cast<size_t>(li)];
     HR_RETURN_IF_ERROR(bf16(&L.wqkv, QKV * D, "qkv_proj"));
     if (c.qkv_bias) HR_RETURN_IF_ERROR(f32(&L.bqkv, QKV, "qkv bias"));
     HR_RETURN_IF_ERROR(bf16(&L.wo, D * c.q_size(), "o_proj"));
     if (c.is_moe_layer(li)) {
-      HR_RETURN_IF_ERROR(f32(&L.router, E * D, "router"));
+      HR_RETURN_IF_ERROR(f32(&L.router, c.moe.num_experts * D, "router"));
       HR_RETURN_IF_ERROR(bf16(&L.experts_gate_up, E * 2 * FE * D, "experts' gate_up_proj"));
       HR_RETURN_IF_ERROR(bf16(&L.experts_down, E * D * FE, "experts' down_proj"));
     } else {
@@ -333,12 +335,6 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelWeights& w,
   if (shard.pp > 1) {
     return invalid_argument("the CUDA backend runs no pipeline stages yet (the CPU backend does)",
                             "pipeline-parallel");
-  }
-  if (shard.tp > 1 && shard.ep > 1) {
-    return invalid_argument(
-        "the CUDA backend's ranks slice every expert (expert-parallel 1); experts held whole "
-        "are the CPU backend's",
-        "expert-parallel");
   }
   if ((shard.tp > 1) != (options.tensor_parallel != nullptr) ||
       (options.tensor_parallel && (options.tensor_parallel->size() != shard.tp ||

@@ -96,16 +96,18 @@ Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::assemble(
 }
 
 Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::create(
-    const ModelWeights& full, const std::vector<int>& devices, CudaBackendOptions options) {
-  const ParallelDegrees d{static_cast<int>(devices.size()), 1, 1};
+    const ModelWeights& full, const std::vector<int>& devices, CudaBackendOptions options,
+    int expert_parallel) {
+  const ParallelDegrees d{static_cast<int>(devices.size()), 1, expert_parallel};
   HR_RETURN_IF_ERROR(check_degrees(full.config, d));
   return assemble(devices, options, [&](int r) { return shard_weights(full, d, 0, r); });
 }
 
 Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::create_from_dir(
-    const std::string& dir, const std::vector<int>& devices, CudaBackendOptions options) {
+    const std::string& dir, const std::vector<int>& devices, CudaBackendOptions options,
+    int expert_parallel) {
   HR_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(dir));
-  const ParallelDegrees d{static_cast<int>(devices.size()), 1, 1};
+  const ParallelDegrees d{static_cast<int>(devices.size()), 1, expert_parallel};
   HR_RETURN_IF_ERROR(check_degrees(config, d));
   HR_ASSIGN_OR_RETURN(auto st, SafetensorsModel::open_dir(dir));
   return assemble(devices, options, [&](int r) { return load_shard(*st, config, d, 0, r); });

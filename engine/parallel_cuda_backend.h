@@ -34,11 +34,15 @@ class ParallelCudaBackend final : public Backend {
   // devices[r], options.device ignored). options.kv_cache_bytes, when given, is each GPU's, or
   // with virtual ranks all ranks' together (each its share); the fraction is of each GPU's free
   // memory, shared by its ranks. Errors name the option at fault.
+  // Experts: sliced over the ranks (expert_parallel 1), or held whole, a share on each rank
+  // (expert_parallel = the number of ranks).
   [[nodiscard]] static Result<std::unique_ptr<ParallelCudaBackend>> create(
-      const ModelWeights& full, const std::vector<int>& devices, CudaBackendOptions options);
+      const ModelWeights& full, const std::vector<int>& devices, CudaBackendOptions options,
+      int expert_parallel = 1);
   // Each rank's shard read from the Hugging Face folder (load_shard: a layer at a time).
   [[nodiscard]] static Result<std::unique_ptr<ParallelCudaBackend>> create_from_dir(
-      const std::string& dir, const std::vector<int>& devices, CudaBackendOptions options);
+      const std::string& dir, const std::vector<int>& devices, CudaBackendOptions options,
+      int expert_parallel = 1);
   ~ParallelCudaBackend() override;
 
   const char* name() const override { return "cuda"; }

@@ -386,6 +386,13 @@ constexpr int kGemvUnroll = 4;
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
 
+// Expert e's index among the weights held (expert parallelism), or -1 when they do not hold it.
+__device__ __forceinline__ int held_expert(const MoeExpertsParams& p, int e) {
+  if (p.num_local_experts == 0) return e;
+  const int i = e - p.first_expert;
+  return i >= 0 && i < p.num_local_experts ? i : -1;
+}
+
 // kStream: the weights read evict-first and gate/up prefetching the down weights.
 template <bool kGateUp, bool kStream>
 __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_kernel(MoeExpertsParams p) {
@@ -393,6 +400,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_kernel(MoeExpertsPar
   internal::pdl_wait();
   const int e = p.layout.active_experts[blockIdx.y];
   if (e < 0) return;
+  const int held = held_expert(p, e);  // the expert's weights
+  if (held < 0) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row = blockIdx.x * kGemvWarps + warp;
   const int F = p.ffn, D = p.dim;
@@ -405,13 +414,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_kernel(MoeExpertsPar
     const size_t begin = blockIdx.x * share;
     if (begin < bytes) {
       internal::prefetch_l2_range(
-          reinterpret_cast<const char*>(p.w_down + static_cast<size_t>(e) * D * F) + begin,
+          reinterpret_cast<const char*>(p.w_down + static_cast<size_t>(held) * D * F) + begin,
           min(share, bytes - begin), lane);
     }
   }
   if (row >= n_out) return;
-  const __nv_bfloat16* w0 = kGateUp ? p.w_gate_up + (static_cast<size_t>(e) * 2 * F + row) * D
-                                    : p.w_down + (static_cast<size_t>(e) * D + row) * F;
+  const __nv_bfloat16* w0 = kGateUp ? p.w_gate_up + (static_cast<size_t>(held) * 2 * F + row) * D
+                                    : p.w_down + (static_cast<size_t>(held) * D + row) * F;
   const __nv_bfloat16* w1 = kGateUp ? w0 + static_cast<size_t>(F) * D : nullptr;
   const int start = p.layout.offsets[e], n = p.layout.counts[e];
   for (int g0 = 0; g0 < n; g0 += kGemvGroup) {
@@ -506,6 +515,8 @@ __global__ void __launch_bounds__(kGemmThreads) moe_gemm_kernel(MoeExpertsParams
   const int tile = blockIdx.y;
   const int e = p.layout.tile_experts[tile];
   if (e < 0) return;
+  const int held = held_expert(p, e);  // the expert's weights
+  if (held < 0) return;
   const int F = p.ffn, D = p.dim;
   const int N = kGateUp ? F : D, K = kGateUp ? D : F;
   const int row0 = tile * kMoeTile, n0 = blockIdx.x * kGemmN;
@@ -514,8 +525,8 @@ __global__ void __launch_bounds__(kGemmThreads) moe_gemm_kernel(MoeExpertsParams
   for (int r = threadIdx.x; r < kMoeTile; r += kGemmThreads)
     pair_s[r] = p.layout.sorted_pairs[row0 + r];
   __syncthreads();
-  const __nv_bfloat16* wbase = kGateUp ? p.w_gate_up + static_cast<size_t>(e) * 2 * F * D
-                                       : p.w_down + static_cast<size_t>(e) * D * F;
+  const __nv_bfloat16* wbase = kGateUp ? p.w_gate_up + static_cast<size_t>(held) * 2 * F * D
+                                       : p.w_down + static_cast<size_t>(held) * D * F;
   auto a_tile = [&](int s) { return smem + s * gemm_stage_elems(kGateUp); };
   auto b_tile = [&](int s, int b) {
     return smem + s * gemm_stage_elems(kGateUp) + (kMoeTile + b * kGemmN) * kGemmLd;
@@ -679,7 +690,9 @@ cudaError_t moe_align(const int32_t* topk_ids, int num_pairs, int num_experts, i
 cudaError_t moe_experts(const MoeExpertsParams& p, MoeKernel kernel, cudaStream_t stream) {
   if (p.num_tokens < 0 || p.top_k < 1 || p.num_experts < 1 || p.dim <= 0 || p.ffn <= 0 ||
       p.dim % 8 != 0 || p.ffn % 8 != 0 || !p.x || !p.w_gate_up || !p.w_down || !p.topk_weights ||
-      !p.act || !p.out || p.capacity < moe_capacity(p.num_tokens * p.top_k, p.num_experts)) {
+      !p.act || !p.out || p.capacity < moe_capacity(p.num_tokens * p.top_k, p.num_experts) ||
+      p.first_expert < 0 || p.num_local_experts < 0 ||
+      p.first_expert + p.num_local_experts > p.num_experts) {
     return cudaErrorInvalidValue;
   }
   if (!internal::aligned16(p.x) || !internal::aligned16(p.w_gate_up) ||

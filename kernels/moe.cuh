@@ -104,6 +104,11 @@ struct MoeExpertsParams {
   int capacity = 0;              // moe_capacity(num_tokens * top_k, num_experts)
   __nv_bfloat16* act = nullptr;  // [capacity, ffn] SwiGLU's activations, in sorted rows
   float* out = nullptr;          // [num_tokens * top_k, dim] each pair's output times its weight
+  // Expert parallelism: w_gate_up and w_down hold experts [first_expert, first_expert +
+  // num_local_experts) only (0: all of them). Pairs routed to other experts are skipped and their
+  // rows of `out` left as they were (a rank zeroes them; the ranks' all-reduce fills them in).
+  int first_expert = 0;
+  int num_local_experts = 0;
   // The GEMV form pulls the active experts' down weights into L2 (and streams the weights
   // evict-first) when they come to at most this many bytes: one token's 8 experts in
   // Qwen3-30B-A3B (24 MB) fit beside the stream in an H100's 50 MB; a batch of 16's ~100 experts

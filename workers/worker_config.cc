@@ -142,12 +142,6 @@ Status WorkerConfig::validate() const {
       return invalid_argument("the CUDA backend's tensor-parallel ranks are 1 to 8",
                               "tensor-parallel");
     }
-    if (expert_parallel > 1) {
-      return invalid_argument(
-          "the CUDA backend's ranks slice every expert (--expert-parallel 1 or 0); experts held "
-          "whole are the CPU backend's",
-          "expert-parallel");
-    }
   }
   if (!devices.empty()) {
     if (device == "cpu") return invalid_argument("--devices needs --device cuda", "devices");

@@ -269,15 +269,28 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
       want[static_cast<size_t>(pr) * D + d] = static_cast<float>(s * w[pr]);
     }
   }
-  // The GEMV with and without the down weights' prefetch (a limit of 0: never), and the GEMM.
-  for (int form = 0; form < 3; ++form) {
-    const auto kernel = form < 2 ? kernels::MoeKernel::kGemv : kernels::MoeKernel::kGroupedGemm;
+  // The upper half of the experts, as a rank of expert parallelism holds them.
+  const int first = E / 2, held = E - E / 2;
+  std::vector<float> gu_held(gu.begin() + static_cast<size_t>(first) * 2 * F * D, gu.end());
+  std::vector<float> down_held(down.begin() + static_cast<size_t>(first) * D * F, down.end());
+  DeviceBuffer<uint16_t> d_gu_held(to_bf16(gu_held)), d_down_held(to_bf16(down_held));
+  // The GEMV with and without the down weights' prefetch (a limit of 0: never), and the GEMM;
+  // then the GEMV and the GEMM over the held experts alone.
+  for (int form = 0; form < 5; ++form) {
+    const bool part = form >= 3;
+    const auto kernel =
+        form < 2 || form == 3 ? kernels::MoeKernel::kGemv : kernels::MoeKernel::kGroupedGemm;
     DeviceBuffer<uint16_t> d_act(static_cast<size_t>(capacity) * F);
     DeviceBuffer<float> d_out(static_cast<size_t>(pairs) * D);
+    if (part) cudaMemset(d_out.ptr, 0, static_cast<size_t>(pairs) * D * 4);
     kernels::MoeExpertsParams p;
     p.x = BF(d_x.ptr);
-    p.w_gate_up = BF(d_gu.ptr);
-    p.w_down = BF(d_down.ptr);
+    p.w_gate_up = BF(part ? d_gu_held.ptr : d_gu.ptr);
+    p.w_down = BF(part ? d_down_held.ptr : d_down.ptr);
+    if (part) {
+      p.first_expert = first;
+      p.num_local_experts = held;
+    }
     p.topk_weights = d_w.ptr;
     p.layout = l;
     p.num_tokens = T;
@@ -294,12 +307,21 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
     double num = 0, den = 0;
     for (size_t i = 0; i < out.size(); ++i) {
       ASSERT_TRUE(std::isfinite(out[i])) << i;
+      const int e = ids[i / static_cast<size_t>(D)];
+      if (part && (e < first || e >= first + held)) {
+        // Another rank's expert: its pairs' rows untouched.
+        ASSERT_EQ(out[i], 0.0f) << "pair " << i / D << " of expert " << e << ", form " << form;
+        continue;
+      }
       num += (out[i] - want[i]) * static_cast<double>(out[i] - want[i]);
       den += static_cast<double>(want[i]) * want[i];
     }
+    if (den == 0) continue;  // no pair on the held experts
     EXPECT_LT(std::sqrt(num / den), 1e-2) << (form == 0   ? "GEMV"
                                               : form == 1 ? "GEMV without prefetch"
-                                                          : "grouped GEMM")
+                                              : form == 2 ? "grouped GEMM"
+                                              : form == 3 ? "GEMV, held experts"
+                                                          : "grouped GEMM, held experts")
                                           << " T=" << T;
   }
 }

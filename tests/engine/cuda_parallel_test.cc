@@ -1,12 +1,13 @@
 // Tensor parallelism on the CUDA backend (engine/parallel_cuda_backend.h): 2, 4 and 8 virtual
 // ranks on one device against one rank of the same backend, on the bundled model, the Qwen3,
-// Mixtral and Qwen3-MoE fixtures (experts sliced over the ranks) and a random model with 8 query
-// heads. Each case runs a prefill of three sequences and decode steps after it, every logit row
-// within bf16 tolerance of one rank's and the same argmax wherever one rank's top two are apart;
-// then greedy answers through the engine, pipelined, their decode steps replayed as CUDA graphs
-// that hold every rank's kernels and the collectives between them: equal to one rank's. Also:
-// degrees that do not fit refused naming the option, and the KV cache split over the ranks.
-// Skips without a device; also built against the CPU stand-in for the CUDA runtime (simt/).
+// Mixtral and Qwen3-MoE fixtures (experts sliced over the ranks, or held whole, a share on each)
+// and a random model with 8 query heads. Each case runs a prefill of three sequences and decode
+// steps after it, every logit row within bf16 tolerance of one rank's and the same argmax wherever
+// one rank's top two are apart; then greedy answers through the engine, pipelined, their decode
+// steps replayed as CUDA graphs that hold every rank's kernels and the collectives between them:
+// equal to one rank's. Also: degrees that do not fit refused naming the option, and the KV cache
+// split over the ranks. Skips without a device; also built against the CPU stand-in for the CUDA
+// runtime (simt/).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -134,8 +135,8 @@ std::vector<std::vector<int32_t>> greedy(std::shared_ptr<Backend> b, int max_tok
   return greedy_answers(std::move(b), prompts, max_tokens, eo, 128);
 }
 
-std::shared_ptr<ParallelCudaBackend> parallel(const ModelWeights& w, int tp) {
-  auto b = ParallelCudaBackend::create(w, std::vector<int>(tp, 0), options());
+std::shared_ptr<ParallelCudaBackend> parallel(const ModelWeights& w, int tp, int ep = 1) {
+  auto b = ParallelCudaBackend::create(w, std::vector<int>(tp, 0), options(), ep);
   EXPECT_TRUE(b.is_ok()) << b.status().to_string();
   return b.is_ok() ? std::shared_ptr<ParallelCudaBackend>(std::move(b).value()) : nullptr;
 }
@@ -149,9 +150,12 @@ std::shared_ptr<Backend> one_rank(const ModelWeights& w) {
 struct Case {
   std::string model;
   int tp;
+  int ep = 1;  // experts sliced (1) or held whole, a share on each rank (tp)
 };
 
-void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " over " << c.tp << " ranks"; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.model << " over " << c.tp << " ranks" << (c.ep > 1 ? ", experts whole" : "");
+}
 
 class CudaParallelTest : public ::testing::TestWithParam<Case> {};
 
@@ -161,7 +165,7 @@ TEST_P(CudaParallelTest, VirtualRanksEqualOneRank) {
   const std::string dir = c.model == "wide" ? wide_model_dir() : model_dir(c.model);
   const ModelWeights& w = weights(dir);
   ASSERT_GT(w.layers.size(), 0u);
-  auto many = parallel(w, c.tp);
+  auto many = parallel(w, c.tp, c.ep);
   ASSERT_TRUE(many);
   EXPECT_EQ(many->num_ranks(), c.tp);
   auto one = one_rank(w);
@@ -177,17 +181,18 @@ TEST_P(CudaParallelTest, VirtualRanksEqualOneRank) {
   EXPECT_EQ(got[2].size(), 10u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, CudaParallelTest,
-                         ::testing::Values(Case{"tiny-reverse", 2},
-                                           Case{"tiny-reverse", 4},  // KV heads replicated
-                                           Case{"wide", 2}, Case{"wide", 4}, Case{"wide", 8},
-                                           Case{"qwen3", 2}, Case{"qwen3-moe", 2},
-                                           Case{"qwen3-moe", 4}, Case{"mixtral", 2}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           std::string m = info.param.model;
-                           std::replace(m.begin(), m.end(), '-', '_');
-                           return m + "_tp" + std::to_string(info.param.tp);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, CudaParallelTest,
+    ::testing::Values(Case{"tiny-reverse", 2}, Case{"tiny-reverse", 4},  // KV heads replicated
+                      Case{"wide", 2}, Case{"wide", 4}, Case{"wide", 8}, Case{"qwen3", 2},
+                      Case{"qwen3-moe", 2}, Case{"qwen3-moe", 4}, Case{"qwen3-moe", 2, 2},
+                      Case{"qwen3-moe", 4, 4}, Case{"mixtral", 2}, Case{"mixtral", 2, 2}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string m = info.param.model;
+      std::replace(m.begin(), m.end(), '-', '_');
+      return m + "_tp" + std::to_string(info.param.tp) +
+             (info.param.ep > 1 ? "_ep" + std::to_string(info.param.ep) : "");
+    });
 
 TEST(CudaParallelBackendTest, ShardsLoadedFromTheCheckpointEqualShardsOfTheWholeModel) {
   SKIP_WITHOUT_GPU();
@@ -237,19 +242,17 @@ TEST(CudaParallelBackendTest, DegreesThatDoNotFitAreRefusedNamingTheOption) {
   ASSERT_FALSE(mixed.is_ok());
   EXPECT_NE(mixed.status().to_string().find("device"), std::string::npos)
       << mixed.status().to_string();
-  // A pipeline stage, experts held whole, or a shard without its communicator: refused by the
-  // rank itself.
+  // Experts held whole by other than every rank; a pipeline stage or a shard without its
+  // communicator (refused by the rank itself).
   auto stage = shard_weights(w, {1, 2, 1}, 0, 0);
   ASSERT_TRUE(stage.is_ok());
   auto staged = CudaBackend::create(*stage, options());
   ASSERT_FALSE(staged.is_ok());
   EXPECT_EQ(staged.status().field(), "pipeline-parallel");
   const ModelWeights& moe = weights(model_dir("qwen3-moe"));
-  auto whole_experts = shard_weights(moe, {2, 1, 2}, 0, 0);
-  ASSERT_TRUE(whole_experts.is_ok());
-  auto ep = CudaBackend::create(*whole_experts, options());
-  ASSERT_FALSE(ep.is_ok());
-  EXPECT_EQ(ep.status().field(), "expert-parallel");
+  auto ep3 = ParallelCudaBackend::create(moe, {0, 0}, options(), 4);
+  ASSERT_FALSE(ep3.is_ok());
+  EXPECT_EQ(ep3.status().field(), "expert-parallel");
   auto half = shard_weights(w, {2, 1, 1}, 0, 1);
   ASSERT_TRUE(half.is_ok());
   auto alone = CudaBackend::create(*half, options());

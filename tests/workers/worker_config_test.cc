@@ -109,7 +109,8 @@ TEST(WorkerConfigTest, RefusesParallelDegreesThatCannotWorkNamingTheFlag) {
   EXPECT_EQ(cuda(2, "0,x"), "devices");
   EXPECT_EQ(cuda(2, "0,"), "devices");
   EXPECT_EQ(cuda(2, "", 2), "pipeline-parallel");
-  EXPECT_EQ(cuda(2, "", 1, 2), "expert-parallel");
+  EXPECT_EQ(cuda(2, "", 1, 2), "ok");
+  EXPECT_EQ(cuda(2, "", 1, 4), "expert-parallel");
   EXPECT_EQ(cuda(2, "", 1, 1), "ok");
   EXPECT_EQ(cuda(16, ""), "tensor-parallel");
 #endif
