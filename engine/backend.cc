@@ -54,4 +54,12 @@ Status check_step(const StepInput& in, const StepBounds& b) {
   return Status::ok();
 }
 
+Status Backend::submit_forward(const StepInput&) {
+  return internal_error(std::string("the ") + name() + " backend does not split its steps");
+}
+
+Status Backend::submit_sampling(const SampleSpec*) {
+  return internal_error(std::string("the ") + name() + " backend does not split its steps");
+}
+
 }  // namespace hr::engine

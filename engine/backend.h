@@ -76,6 +76,15 @@ class Backend {
   // True when submit() returns before the step's work is done, so that the engine can plan the
   // next step meanwhile.
   virtual bool pipelined() const { return false; }
+  // A step submitted in two halves (structured output's overlap, docs/structured-output.md): its
+  // forward pass at once, its sampling once the host knows the specs, which may need the tokens
+  // of the step before (a constrained row's mask). submit_forward(in) is submit() without the
+  // sampling; submit_sampling(specs) completes that step (specs for its logits rows; `in`'s
+  // arrays are read again meanwhile, so they stay as they were until then). Between the two, the
+  // step before may be collected. Only backends where splits_sampling() is true take them.
+  virtual bool splits_sampling() const { return false; }
+  [[nodiscard]] virtual Status submit_forward(const StepInput& in);
+  [[nodiscard]] virtual Status submit_sampling(const SampleSpec* specs);
 
   // Prepares what steps with block tables up to `max_blocks_per_seq` wide will need (the CUDA
   // backend's decode graphs), before serving. Only with no step outstanding.

@@ -145,8 +145,8 @@ Status CudaBackend::submit(const StepInput& in, const SampleSpec* specs) {
     return internal_error("two steps are outstanding: collect one first");
   if (in.num_logits > 0 && specs == nullptr)
     return invalid_argument("no sampling specs for the logits rows");
+  if (forwarded_.pending) return internal_error("a forwarded step waits for its sampling");
   const int index = free_slot();
-  Slot& slot = slots_[index];
   Status enqueued = enqueue(in, specs, index);
   if (!enqueued.is_ok()) {
     // What did get queued may still read the slot's pinned inputs: let it finish before they are
@@ -154,19 +154,80 @@ Status CudaBackend::submit(const StepInput& in, const SampleSpec* specs) {
     cudaStreamSynchronize(stream_);
     return enqueued;
   }
+  return finish_submit(index, in.num_logits, specs);
+}
+
+Status CudaBackend::submit_forward(const StepInput& in) {
+  if (outstanding_.size() >= 2)
+    return internal_error("two steps are outstanding: collect one first");
+  if (forwarded_.pending) return internal_error("a forwarded step waits for its sampling");
+  const int index = free_slot();
+  StepLayout lay;
+  Status enqueued = enqueue(in, nullptr, index, &lay);
+  if (!enqueued.is_ok()) {
+    cudaStreamSynchronize(stream_);  // as in submit()
+    return enqueued;
+  }
+  forwarded_.pending = true;
+  forwarded_.slot = index;
+  forwarded_.num_logits = in.num_logits;  // the real rows (a decode graph's padding is not sampled)
+  forwarded_.sample_params = lay.sample_params;
+  forwarded_.logits_rows.assign(in.logits_rows, in.logits_rows + std::max(0, in.num_logits));
+  return Status::ok();
+}
+
+Status CudaBackend::submit_sampling(const SampleSpec* specs) {
+  if (!forwarded_.pending) return internal_error("no forwarded step to sample");
+  const int L = forwarded_.num_logits, index = forwarded_.slot;
+  if (L > 0 && specs == nullptr) return invalid_argument("no sampling specs for the logits rows");
+  forwarded_.pending = false;
+  Slot& slot = slots_[index];
+  StepLayout lay;
+  lay.sample_params = forwarded_.sample_params;
+  auto check = [&](const char* op, cudaError_t e) {
+    return e == cudaSuccess ? Status::ok() : internal::cuda_error(op, e, options_.device);
+  };
+  Status sampled =
+      L == 0 ? Status::ok() : pack_sampling(specs, L, forwarded_.logits_rows.data(), slot, lay);
+  const size_t bytes = static_cast<size_t>(L) * sizeof(kernels::SampleParams);
+  if (sampled.is_ok() && L > 0) {
+    sampled = check("copying sampling parameters",
+                    cudaMemcpyAsync(slot.dev + lay.sample_params, slot.host + lay.sample_params,
+                                    bytes, cudaMemcpyHostToDevice, stream_));
+  }
+  if (sampled.is_ok() && L > 0) {
+    // (After a copy: not a programmatic launch.)
+    kernels::set_programmatic_launch(false);
+    sampled =
+        check("sampling", kernels::sample_tokens(logits_, L, config_.vocab_size,
+                                                 reinterpret_cast<const kernels::SampleParams*>(
+                                                     slot.dev + lay.sample_params),
+                                                 input_ids_, tokens_, logprobs_, stream_));
+  }
+  if (!sampled.is_ok()) {
+    // The forward pass is queued: let it end, and let no later step be fed from it.
+    cudaStreamSynchronize(stream_);
+    prev_num_logits_ = 0;
+    return sampled;
+  }
+  return finish_submit(index, L, specs);
+}
+
+Status CudaBackend::finish_submit(int index, int num_logits, const SampleSpec* specs) {
+  Slot& slot = slots_[index];
   cudaError_t queued = cudaSuccess;
   slot.asked.clear();
   const bool any_logprobs =
-      specs && std::any_of(specs, specs + in.num_logits,
-                           [](const SampleSpec& sp) { return sp.logprobs >= 0; });
-  for (int i = 0; any_logprobs && i < in.num_logits; ++i) slot.asked.push_back(specs[i].logprobs);
-  if (in.num_logits > 0) {
-    queued = cudaMemcpyAsync(slot.host_tokens, tokens_, static_cast<size_t>(in.num_logits) * 4,
+      specs &&
+      std::any_of(specs, specs + num_logits, [](const SampleSpec& sp) { return sp.logprobs >= 0; });
+  for (int i = 0; any_logprobs && i < num_logits; ++i) slot.asked.push_back(specs[i].logprobs);
+  if (num_logits > 0) {
+    queued = cudaMemcpyAsync(slot.host_tokens, tokens_, static_cast<size_t>(num_logits) * 4,
                              cudaMemcpyDeviceToHost, stream_);
   }
   if (queued == cudaSuccess && !slot.asked.empty()) {
     queued = cudaMemcpyAsync(slot.host_logprobs, logprobs_,
-                             static_cast<size_t>(in.num_logits) * sizeof(kernels::TokenLogprobs),
+                             static_cast<size_t>(num_logits) * sizeof(kernels::TokenLogprobs),
                              cudaMemcpyDeviceToHost, stream_);
   }
   if (queued == cudaSuccess) queued = cudaEventRecord(slot.done, stream_);
@@ -186,8 +247,8 @@ Status CudaBackend::submit(const StepInput& in, const SampleSpec* specs) {
     }
     collect_marks();
   }
-  slot.num_logits = in.num_logits;
-  prev_num_logits_ = in.num_logits;
+  slot.num_logits = num_logits;
+  prev_num_logits_ = num_logits;
   outstanding_.push_back(index);
   return Status::ok();
 }
@@ -213,6 +274,7 @@ Status CudaBackend::collect(int32_t* tokens, TokenLogprobs* logprobs) {
 void CudaBackend::discard() {
   if (stream_) cudaStreamSynchronize(stream_);
   outstanding_.clear();
+  forwarded_.pending = false;
   prev_num_logits_ = 0;
 }
 

@@ -102,6 +102,12 @@ class CudaBackend final : public Backend {
   [[nodiscard]] Status collect(int32_t* tokens, TokenLogprobs* logprobs) override;
   void discard() override;
   bool pipelined() const override { return true; }
+  // The split step (structured output's overlap): the forward pass queued (a decode step as a
+  // graph without sampling), then the sampling kernel with the specs' parameters and masks
+  // copied after it.
+  bool splits_sampling() const override { return true; }
+  [[nodiscard]] Status submit_forward(const StepInput& in) override;
+  [[nodiscard]] Status submit_sampling(const SampleSpec* specs) override;
   // Captures the decode graphs of every graph batch size (both staging slots) for block tables up
   // to `max_blocks_per_seq` wide, so that none is captured while serving. A step's narrower tables
   // are copied into the graphs' pitch, its columns alone.
@@ -194,7 +200,15 @@ class CudaBackend final : public Backend {
   // Validates the step, packs its inputs into `slot`, and enqueues the whole forward pass up to
   // the logits (and the sampled tokens when `specs` is given): replaying a captured graph for
   // decode steps.
-  [[nodiscard]] Status enqueue(const StepInput& in, const SampleSpec* specs, int slot);
+  [[nodiscard]] Status enqueue(const StepInput& in, const SampleSpec* specs, int slot,
+                               StepLayout* layout = nullptr);
+  // After a step is enqueued into `slot`: its tokens' (and asked log probabilities') copy to the
+  // host, the slot's event, and the step outstanding.
+  [[nodiscard]] Status finish_submit(int slot, int num_logits, const SampleSpec* specs);
+  // Packs the sampling parameters of `num_logits` rows into the slot's staging buffers at
+  // lay.sample_params (lists and masks into its list buffers, copied at once).
+  [[nodiscard]] Status pack_sampling(const SampleSpec* specs, int num_logits,
+                                     const int32_t* logits_rows, Slot& slot, const StepLayout& lay);
   // Validation, attention planning, and the packed inputs' copy to the device. Sequences from
   // `real_seqs` on are padding (graph_batch_size), which alone may use the scratch block.
   [[nodiscard]] Status prepare(const StepInput& in, const SampleSpec* specs, bool graph_shape,
@@ -334,9 +348,17 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> pad_ids_, pad_positions_, pad_seq_start_, pad_table_, pad_rows_, pad_fed_;
   std::vector<SampleSpec> pad_specs_;
   std::deque<int> outstanding_;  // slots of submitted, uncollected steps, oldest first
-  int prev_num_logits_ = 0;      // rows of the last submitted step (what fed_rows may name)
-  AttentionPlan plan_;           // reused each step
-  int warm_table_width_ = 0;     // the widest block tables warm_up() captured graphs for
+  // A step whose forward pass is queued and whose sampling is not (submit_forward).
+  struct Forwarded {
+    bool pending = false;
+    int slot = 0;
+    int num_logits = 0;
+    size_t sample_params = 0;  // the layout's offset
+    std::vector<int32_t> logits_rows;
+  } forwarded_;
+  int prev_num_logits_ = 0;   // rows of the last submitted step (what fed_rows may name)
+  AttentionPlan plan_;        // reused each step
+  int warm_table_width_ = 0;  // the widest block tables warm_up() captured graphs for
   // Decode graphs by (batch size, sampled on device, block-table pitch, slot); with virtual
   // ranks, the last rank's hold every rank's step and the others' are null.
   using GraphKey = std::tuple<int, bool, int, int>;

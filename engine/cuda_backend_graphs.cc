@@ -86,7 +86,8 @@ StepInput CudaBackend::pad_decode_step(const StepInput& in, const SampleSpec* sp
   return out;
 }
 
-Status CudaBackend::enqueue(const StepInput& given, const SampleSpec* given_specs, int slot) {
+Status CudaBackend::enqueue(const StepInput& given, const SampleSpec* given_specs, int slot,
+                            StepLayout* layout) {
   const bool graph = graph_step(given);
   StepInput in = given;
   const SampleSpec* specs = given_specs;
@@ -96,6 +97,7 @@ Status CudaBackend::enqueue(const StepInput& given, const SampleSpec* given_spec
   }
   StepLayout lay;
   HR_RETURN_IF_ERROR(prepare(in, specs, graph, slot, given.num_seqs, &lay));
+  if (layout) *layout = lay;
   if (!graph) return launch_step(lay, slots_[slot].dev, specs != nullptr);
   return launch_graph(lay, slot, specs != nullptr);
 }

@@ -85,17 +85,6 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   Slot& slot = slots_[slot_index];
   if (lay.total > slot.bytes)
     HR_RETURN_IF_ERROR(grow_slot(slot, std::max<size_t>(lay.total * 2, 1 << 20)));
-  static_assert(sizeof(kernels::PenaltyToken) == 8 && sizeof(kernels::LogitBias) == 8);
-  size_t list_bytes = 0;
-  const size_t mask_bytes = static_cast<size_t>((vocab_size() + 31) / 32) * 4;
-  for (int i = 0; specs && i < L; ++i) {
-    if (specs[i].penalties.any())
-      list_bytes += 8 * static_cast<size_t>(std::max(0, specs[i].num_penalty_tokens));
-    list_bytes += 8 * static_cast<size_t>(std::max(0, specs[i].num_logit_bias));
-    if (specs[i].allowed) list_bytes += mask_bytes;
-  }
-  if (list_bytes > slot.list_bytes)
-    HR_RETURN_IF_ERROR(grow_lists(slot, std::max<size_t>(list_bytes * 2, 1 << 17)));
   char* h = slot.host;
   std::memcpy(h + lay.token_ids, in.token_ids, T * 4);
   if (in.fed_rows) {
@@ -118,48 +107,7 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   std::memcpy(h + lay.prefill_items, prefill.data(), prefill.size() * sizeof prefill[0]);
   std::memcpy(h + lay.combine_items, combine.data(),
               combine.size() * sizeof(kernels::AttentionCombineItem));
-  if (specs) {
-    auto* sp = reinterpret_cast<kernels::SampleParams*>(h + lay.sample_params);
-    size_t listed = 0;  // bytes of slot.list_host filled
-    for (int i = 0; i < L; ++i) {
-      const SampleSpec& spec = specs[i];
-      sp[i] = kernels::SampleParams{};
-      sp[i].temperature = spec.temperature;
-      sp[i].top_p = spec.top_p;
-      sp[i].top_k = spec.top_k;
-      sp[i].random = spec.random;
-      sp[i].logprobs = std::min(spec.logprobs, kernels::kMaxTopLogprobs);
-      if (spec.num_logit_bias > 0) {
-        const int n = spec.num_logit_bias;
-        auto* list = reinterpret_cast<kernels::LogitBias*>(slot.list_host + listed);
-        for (int k = 0; k < n; ++k) list[k] = {spec.logit_bias[k].token, spec.logit_bias[k].bias};
-        sp[i].num_logit_bias = n;
-        sp[i].logit_bias = reinterpret_cast<const kernels::LogitBias*>(slot.list_dev + listed);
-        listed += 8 * static_cast<size_t>(n);
-      }
-      if (spec.allowed) {
-        std::memcpy(slot.list_host + listed, spec.allowed, mask_bytes);
-        sp[i].allowed = reinterpret_cast<const uint32_t*>(slot.list_dev + listed);
-        listed += mask_bytes;
-      }
-      if (!spec.penalties.any()) continue;
-      sp[i].frequency_penalty = spec.penalties.frequency;
-      sp[i].presence_penalty = spec.penalties.presence;
-      sp[i].repetition_penalty = spec.penalties.repetition;
-      sp[i].input_row = spec.penalize_input ? in.logits_rows[i] : -1;
-      const int n = std::max(0, spec.num_penalty_tokens);
-      auto* list = reinterpret_cast<kernels::PenaltyToken*>(slot.list_host + listed);
-      for (int k = 0; k < n; ++k)
-        list[k] = {spec.penalty_tokens[k].token, spec.penalty_tokens[k].count};
-      sp[i].num_penalty_tokens = n;
-      sp[i].penalty_tokens = reinterpret_cast<const kernels::PenaltyToken*>(slot.list_dev + listed);
-      listed += 8 * static_cast<size_t>(n);
-    }
-    if (listed > 0) {
-      HR_CUDA("copying sampling lists", cudaMemcpyAsync(slot.list_dev, slot.list_host, listed,
-                                                        cudaMemcpyHostToDevice, stream_));
-    }
-  }
+  if (specs) HR_RETURN_IF_ERROR(pack_sampling(specs, L, in.logits_rows, slot, lay));
   // One copy; or, when a graph's block tables are wider than the step's, everything before them
   // and then only the columns given, row by row into the graph's pitch.
   const size_t cols = static_cast<size_t>(lay.table_cols) * 4,
@@ -171,6 +119,62 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
     HR_CUDA("copying block tables",
             cudaMemcpy2DAsync(slot.dev + lay.block_table, pitch, h + lay.block_table, cols, cols, S,
                               cudaMemcpyHostToDevice, stream_));
+  }
+  return Status::ok();
+}
+
+Status CudaBackend::pack_sampling(const SampleSpec* specs, int L, const int32_t* logits_rows,
+                                  Slot& slot, const StepLayout& lay) {
+  static_assert(sizeof(kernels::PenaltyToken) == 8 && sizeof(kernels::LogitBias) == 8);
+  size_t list_bytes = 0;
+  const size_t mask_bytes = static_cast<size_t>((vocab_size() + 31) / 32) * 4;
+  for (int i = 0; i < L; ++i) {
+    if (specs[i].penalties.any())
+      list_bytes += 8 * static_cast<size_t>(std::max(0, specs[i].num_penalty_tokens));
+    list_bytes += 8 * static_cast<size_t>(std::max(0, specs[i].num_logit_bias));
+    if (specs[i].allowed) list_bytes += mask_bytes;
+  }
+  if (list_bytes > slot.list_bytes)
+    HR_RETURN_IF_ERROR(grow_lists(slot, std::max<size_t>(list_bytes * 2, 1 << 17)));
+  auto* sp = reinterpret_cast<kernels::SampleParams*>(slot.host + lay.sample_params);
+  size_t listed = 0;  // bytes of slot.list_host filled
+  for (int i = 0; i < L; ++i) {
+    const SampleSpec& spec = specs[i];
+    sp[i] = kernels::SampleParams{};
+    sp[i].temperature = spec.temperature;
+    sp[i].top_p = spec.top_p;
+    sp[i].top_k = spec.top_k;
+    sp[i].random = spec.random;
+    sp[i].logprobs = std::min(spec.logprobs, kernels::kMaxTopLogprobs);
+    if (spec.num_logit_bias > 0) {
+      const int n = spec.num_logit_bias;
+      auto* list = reinterpret_cast<kernels::LogitBias*>(slot.list_host + listed);
+      for (int k = 0; k < n; ++k) list[k] = {spec.logit_bias[k].token, spec.logit_bias[k].bias};
+      sp[i].num_logit_bias = n;
+      sp[i].logit_bias = reinterpret_cast<const kernels::LogitBias*>(slot.list_dev + listed);
+      listed += 8 * static_cast<size_t>(n);
+    }
+    if (spec.allowed) {
+      std::memcpy(slot.list_host + listed, spec.allowed, mask_bytes);
+      sp[i].allowed = reinterpret_cast<const uint32_t*>(slot.list_dev + listed);
+      listed += mask_bytes;
+    }
+    if (!spec.penalties.any()) continue;
+    sp[i].frequency_penalty = spec.penalties.frequency;
+    sp[i].presence_penalty = spec.penalties.presence;
+    sp[i].repetition_penalty = spec.penalties.repetition;
+    sp[i].input_row = spec.penalize_input ? logits_rows[i] : -1;
+    const int n = std::max(0, spec.num_penalty_tokens);
+    auto* list = reinterpret_cast<kernels::PenaltyToken*>(slot.list_host + listed);
+    for (int k = 0; k < n; ++k)
+      list[k] = {spec.penalty_tokens[k].token, spec.penalty_tokens[k].count};
+    sp[i].num_penalty_tokens = n;
+    sp[i].penalty_tokens = reinterpret_cast<const kernels::PenaltyToken*>(slot.list_dev + listed);
+    listed += 8 * static_cast<size_t>(n);
+  }
+  if (listed > 0) {
+    HR_CUDA("copying sampling lists", cudaMemcpyAsync(slot.list_dev, slot.list_host, listed,
+                                                      cudaMemcpyHostToDevice, stream_));
   }
   return Status::ok();
 }

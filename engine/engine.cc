@@ -216,7 +216,7 @@ bool Engine::advance(Active& a, int32_t token, const TokenLogprobs* logprobs) {
   return false;
 }
 
-Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats) {
+Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats, bool masks_later) {
   // Block tables as wide as this step's longest sequence: a long allowed context costs nothing
   // until some sequence uses it.
   int max_blocks = 1;
@@ -230,6 +230,7 @@ Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats)
   specs_.clear();
   penalty_tokens_.clear();
   masks_.clear();
+  late_masks_.clear();
   std::vector<std::pair<size_t, size_t>> mask_of;  // (spec index, offset in masks_)
   bool any_fed = false;
   seq_start_.assign(static_cast<size_t>(num_seqs) + 1, 0);
@@ -271,7 +272,9 @@ Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats)
         // The row's input token was sampled by the step still running: counted on the device.
         spec.penalize_input = fed_rows_.back() >= 0;
       }
-      if (auto it = active_.find(s.id); it != active_.end() && it->second.matcher) {
+      if (auto it = active_.find(s.id); it != active_.end() && it->second.matcher && masks_later) {
+        late_masks_.push_back({specs_.size(), s.id});
+      } else if (it != active_.end() && it->second.matcher) {
         grammar::Matcher& m = *it->second.matcher;
         HR_CHECK(s.num_pending == 0) << "a constrained sequence planned before its token is known";
         const size_t at = masks_.size();
@@ -305,7 +308,11 @@ Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats)
   in.logits_rows = logits_rows_.data();
   in.num_logits = static_cast<int>(logits_rows_.size());
   in.fed_rows = any_fed ? fed_rows_.data() : nullptr;
-  HR_RETURN_IF_ERROR(backend_->submit(in, specs_.data()));
+  if (late_masks_.empty()) {
+    HR_RETURN_IF_ERROR(backend_->submit(in, specs_.data()));
+  } else {
+    HR_RETURN_IF_ERROR(backend_->submit_forward(in));
+  }
   stats->num_seqs = num_seqs;
   stats->num_tokens = in.num_tokens;
   Submitted sub;
@@ -319,6 +326,37 @@ Result<Engine::Submitted> Engine::submit(const StepPlan& plan, StepStats* stats)
     sub.sampled.push_back(ss.seq->id);
   }
   return sub;
+}
+
+Status Engine::submit_masks() {
+  // Every mask first, then the pointers: masks_ may move as it grows.
+  std::vector<std::pair<size_t, size_t>> mask_of;  // (spec index, offset in masks_)
+  for (auto [spec, id] : late_masks_) {
+    auto it = active_.find(id);
+    // A sequence that ended at the step before samples in vain, unconstrained: its token is
+    // dropped.
+    if (it == active_.end() || !it->second.matcher) continue;
+    grammar::Matcher& m = *it->second.matcher;
+    const Sequence& s = *it->second.seq;
+    const size_t at = masks_.size();
+    masks_.resize(at + static_cast<size_t>(m.mask_words()));
+    const int remaining = std::min(s.params.max_tokens - s.num_generated(),
+                                   max_model_len_ - static_cast<int>(s.tokens.size()));
+    m.fill_mask(std::max(1, remaining), masks_.data() + at);
+    mask_of.push_back({spec, at});
+  }
+  for (auto [spec, at] : mask_of) specs_[spec].allowed = masks_.data() + at;
+  late_masks_.clear();
+  return backend_->submit_sampling(specs_.data());
+}
+
+bool Engine::constrained_in_flight() const {
+  if (!in_flight_) return false;
+  for (int64_t id : in_flight_->sampled) {
+    auto it = active_.find(id);
+    if (it != active_.end() && it->second.matcher) return true;
+  }
+  return false;
 }
 
 void Engine::complete(const Submitted& sub) {
@@ -385,13 +423,7 @@ Status Engine::collect(const Submitted& sub, StepStats* stats) {
 }
 
 Status Engine::collect_for_constraints(StepStats* stats) {
-  if (!in_flight_) return Status::ok();
-  bool waiting = false;
-  for (int64_t id : in_flight_->sampled) {
-    auto it = active_.find(id);
-    waiting = waiting || (it != active_.end() && it->second.matcher);
-  }
-  if (!waiting) return Status::ok();
+  if (!constrained_in_flight()) return Status::ok();
   Submitted prev = std::move(*in_flight_);
   in_flight_.reset();
   Status collected = collect(prev, stats);
@@ -402,14 +434,17 @@ Status Engine::collect_for_constraints(StepStats* stats) {
 
 Result<StepStats> Engine::step() {
   StepStats stats;
-  // A constrained sequence's mask needs the token the step in flight samples: wait for it first
-  // (such steps do not overlap the host's work with the device's).
-  HR_RETURN_IF_ERROR(collect_for_constraints(&stats));
+  // A constrained sequence's mask needs the token the step in flight samples. A backend that
+  // splits its steps runs the next forward pass meanwhile and samples it once the masks are
+  // filled from the collected tokens; another waits for that token first (such steps then do not
+  // overlap the host's work with the device's).
+  const bool masks_later = pipeline_ && backend_->splits_sampling() && constrained_in_flight();
+  if (!masks_later) HR_RETURN_IF_ERROR(collect_for_constraints(&stats));
   StepPlan plan = scheduler_.schedule();
   stats.num_preempted = static_cast<int>(plan.preempted.size());
   std::optional<Submitted> cur;
   if (!plan.empty()) {
-    auto submitted = submit(plan, &stats);
+    auto submitted = submit(plan, &stats, masks_later);
     if (!submitted.is_ok()) {
       // The step in flight may be what the failed one was to be fed from: drop it too.
       std::optional<Submitted> prev = std::move(in_flight_);
@@ -433,6 +468,10 @@ Result<StepStats> Engine::step() {
     Status collected = collect(prev, &stats);
     if (!collected.is_ok()) return recover(collected, {&prev, cur ? &*cur : nullptr});
     advance_all(prev, &stats);
+  }
+  if (cur && !late_masks_.empty()) {
+    Status sampling = submit_masks();
+    if (!sampling.is_ok()) return recover(sampling, {&*cur});
   }
   if (cur) {
     complete(*cur);

@@ -156,8 +156,16 @@ class Engine {
   int max_blocks_per_seq() const {
     return (max_model_len_ + blocks_.block_size() - 1) / blocks_.block_size() + 1;
   }
-  // Builds the plan's inputs and submits them; marks the sampled sequences' tokens pending.
-  [[nodiscard]] Result<Submitted> submit(const StepPlan& plan, StepStats* stats);
+  // Builds the plan's inputs and submits them; marks the sampled sequences' tokens pending. With
+  // `masks_later`, constrained rows get no mask yet and only the forward pass is submitted:
+  // submit_masks() submits the sampling once the tokens they follow are known.
+  [[nodiscard]] Result<Submitted> submit(const StepPlan& plan, StepStats* stats,
+                                         bool masks_later = false);
+  // The token masks of the rows submit() left (from their matchers as they are now), and the
+  // step's sampling.
+  [[nodiscard]] Status submit_masks();
+  // Whether the step in flight samples a token that a constrained sequence waits for.
+  bool constrained_in_flight() const;
   // The scheduler's complete() for the step's sequences that are still active.
   void complete(const Submitted& sub);
   // Appends the collected tokens (sampled_) to the sequences still active.
@@ -192,6 +200,8 @@ class Engine {
   std::vector<SampleSpec> specs_;
   std::vector<PenaltyToken> penalty_tokens_;  // the specs' penalty lists, one after another
   std::vector<uint32_t> masks_;               // the specs' token masks, one after another
+  // Rows whose masks wait for the step in flight: (spec index, sequence id).
+  std::vector<std::pair<size_t, int64_t>> late_masks_;
   std::vector<int32_t> sampled_;
   std::vector<TokenLogprobs> sampled_logprobs_;
 };

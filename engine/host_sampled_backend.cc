@@ -6,10 +6,16 @@
 namespace hr::engine {
 
 Status HostSampledBackend::submit(const StepInput& in, const SampleSpec* specs) {
-  if (outstanding_.size() >= 2)
-    return internal_error("two steps are outstanding: collect one first");
   if (in.num_logits > 0 && specs == nullptr)
     return invalid_argument("no sampling specs for the logits rows");
+  HR_RETURN_IF_ERROR(submit_forward(in));
+  return submit_sampling(specs);
+}
+
+Status HostSampledBackend::submit_forward(const StepInput& in) {
+  if (outstanding_.size() >= 2)
+    return internal_error("two steps are outstanding: collect one first");
+  if (forwarded_) return internal_error("a forwarded step waits for its sampling");
   StepInput resolved = in;
   if (in.fed_rows) {
     fed_ids_.assign(in.token_ids, in.token_ids + std::max(0, in.num_tokens));
@@ -28,14 +34,28 @@ Status HostSampledBackend::submit(const StepInput& in, const SampleSpec* specs) 
   const int V = vocab_size();
   logits_.resize(static_cast<size_t>(std::max(1, in.num_logits)) * V);
   HR_RETURN_IF_ERROR(forward(resolved, logits_.data()));
-  const size_t L = static_cast<size_t>(std::max(0, in.num_logits));
+  num_logits_ = std::max(0, in.num_logits);
+  row_inputs_.resize(static_cast<size_t>(num_logits_));
+  for (int i = 0; i < num_logits_; ++i)
+    row_inputs_[static_cast<size_t>(i)] = resolved.token_ids[in.logits_rows[i]];
+  forwarded_ = true;
+  return Status::ok();
+}
+
+Status HostSampledBackend::submit_sampling(const SampleSpec* specs) {
+  if (!forwarded_) return internal_error("no forwarded step to sample");
+  if (num_logits_ > 0 && specs == nullptr)
+    return invalid_argument("no sampling specs for the logits rows");
+  forwarded_ = false;
+  const int V = vocab_size();
+  const size_t L = static_cast<size_t>(num_logits_);
   Sampled out;
   out.tokens.resize(L);
   out.logprobs.resize(L);
   out.asked.assign(L, -1);
   for (size_t i = 0; i < L; ++i) {
     float* row = &logits_[i * V];
-    apply_penalties(row, V, specs[i], resolved.token_ids[in.logits_rows[i]]);
+    apply_penalties(row, V, specs[i], row_inputs_[i]);
     if (specs[i].allowed) apply_token_mask(row, V, specs[i].allowed);
     out.tokens[i] = sample_token(row, V, specs[i]);
     if (specs[i].logprobs >= 0) {

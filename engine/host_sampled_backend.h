@@ -1,7 +1,7 @@
 // A backend whose steps run to completion on the host: submit() resolves fed tokens, runs
-// forward() and samples each logits row on the host (apply_penalties, the token mask,
-// sample_token, and token_logprobs where asked); collect() hands the tokens back in order. The
-// CPU backend and the CPU parallel engine share it.
+// forward() (submit_forward) and samples each logits row on the host (submit_sampling)
+// (apply_penalties, the token mask, sample_token, and token_logprobs where asked); collect() hands
+// the tokens back in order. The CPU backend and the CPU parallel engine share it.
 #pragma once
 
 #include <deque>
@@ -14,10 +14,21 @@ namespace hr::engine {
 class HostSampledBackend : public Backend {
  public:
   [[nodiscard]] Status submit(const StepInput& in, const SampleSpec* specs) override;
+  // The split step: the forward pass into the logits kept here, then their sampling.
+  bool splits_sampling() const override { return true; }
+  [[nodiscard]] Status submit_forward(const StepInput& in) override;
+  [[nodiscard]] Status submit_sampling(const SampleSpec* specs) override;
   [[nodiscard]] Status collect(int32_t* tokens, TokenLogprobs* logprobs) override;
-  void discard() override { outstanding_.clear(); }
+  void discard() override {
+    outstanding_.clear();
+    forwarded_ = false;
+  }
 
  private:
+  // The forwarded step's logits rows' input tokens (for the penalties), until it is sampled.
+  std::vector<int32_t> row_inputs_;
+  int num_logits_ = 0;
+  bool forwarded_ = false;
   // Logits, fed token ids, and the last submitted step's tokens.
   std::vector<float> logits_;
   std::vector<int32_t> fed_ids_;

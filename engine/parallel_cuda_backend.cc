@@ -149,6 +149,22 @@ Status ParallelCudaBackend::submit(const StepInput& in, const SampleSpec* specs)
   return Status::ok();
 }
 
+Status ParallelCudaBackend::submit_forward(const StepInput& in) {
+  HR_RETURN_IF_ERROR(
+      on_ranks([&](int r) { return ranks_[static_cast<size_t>(r)]->submit_forward(in); }));
+  forwarded_rows_ = in.num_logits;
+  return Status::ok();
+}
+
+Status ParallelCudaBackend::submit_sampling(const SampleSpec* specs) {
+  if (forwarded_rows_ < 0) return internal_error("no forwarded step to sample");
+  HR_RETURN_IF_ERROR(
+      on_ranks([&](int r) { return ranks_[static_cast<size_t>(r)]->submit_sampling(specs); }));
+  outstanding_.push_back(forwarded_rows_);
+  forwarded_rows_ = -1;
+  return Status::ok();
+}
+
 Status ParallelCudaBackend::collect(int32_t* tokens, TokenLogprobs* logprobs) {
   if (outstanding_.empty()) return internal_error("no step to collect");
   const int rows = outstanding_.front();
@@ -168,6 +184,7 @@ Status ParallelCudaBackend::collect(int32_t* tokens, TokenLogprobs* logprobs) {
 void ParallelCudaBackend::discard() {
   for (auto& r : ranks_) r->discard();
   outstanding_.clear();
+  forwarded_rows_ = -1;
 }
 
 Status ParallelCudaBackend::warm_up(int max_blocks_per_seq) {

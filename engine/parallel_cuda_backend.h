@@ -56,6 +56,9 @@ class ParallelCudaBackend final : public Backend {
   [[nodiscard]] Status collect(int32_t* tokens, TokenLogprobs* logprobs) override;
   void discard() override;
   bool pipelined() const override { return true; }
+  bool splits_sampling() const override { return true; }
+  [[nodiscard]] Status submit_forward(const StepInput& in) override;
+  [[nodiscard]] Status submit_sampling(const SampleSpec* specs) override;
   [[nodiscard]] Status warm_up(int max_blocks_per_seq) override;
   int num_ranks() const { return static_cast<int>(ranks_.size()); }
   bool virtual_ranks() const { return threads_.take_turns(); }
@@ -78,6 +81,7 @@ class ParallelCudaBackend final : public Backend {
   std::vector<std::unique_ptr<CudaBackend>> ranks_;
   int num_blocks_ = 0;
   std::vector<int> outstanding_;  // rows of submitted, uncollected steps, oldest first
+  int forwarded_rows_ = -1;       // a forwarded step's rows until it is sampled
 };
 
 }  // namespace hr::engine

@@ -20,6 +20,7 @@
 #include "grammar/compiled_grammar.h"
 #include "grammar/json_schema.h"
 #include "grammar/vocabulary.h"
+#include "tests/engine/constrained_util.h"
 #include "tests/engine/cuda_test_util.h"
 #ifndef HEADROOM_SIMT
 #include "engine/device.h"
@@ -499,70 +500,6 @@ std::vector<std::vector<int32_t>> decode_tokens(int S, int steps, bool fed) {
 // In one batch, constrained rows are valid documents and the free rows beside them are the answers
 // a batch without constraints gives (no mask leaks into another row); the CPU engine's constrained
 // answers are valid too, and equal the GPU's up to near-ties.
-struct ConstrainedRun {
-  std::vector<std::string> text;
-  std::vector<std::vector<int32_t>> tokens;
-};
-
-ConstrainedRun constrained_answers(std::shared_ptr<Backend> backend, bool pipeline, int n,
-                                   bool constrain_odd_only, bool constrain_none = false,
-                                   float temperature = 0.7f) {
-  std::vector<std::string> bytes;
-  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
-  for (const char* special : {"<s>", "</s>", "<|user|>", "<|assistant|>"}) bytes.push_back(special);
-  std::vector<bool> usable(bytes.size(), true);
-  for (int id = 256; id < 260; ++id) usable[static_cast<size_t>(id)] = false;
-  auto vocab = std::make_shared<grammar::Vocabulary>(bytes, usable, std::vector<int32_t>{257},
-                                                     backend->vocab_size());
-  auto nfa = grammar::compile_json_schema(
-      nlohmann::ordered_json::parse(
-          R"({"type":"object","properties":{"name":{"type":"string","maxLength":6},)"
-          R"("n":{"type":"integer","minimum":0,"maximum":999}},"required":["name","n"],)"
-          R"("additionalProperties":false})"),
-      "schema");
-  EXPECT_TRUE(nfa.is_ok());
-  auto grammar = std::make_shared<grammar::CompiledGrammar>(nfa.value(), vocab);
-  const auto ref = load_reference();
-  EngineOptions eo;
-  eo.pipeline = pipeline;
-  eo.scheduler.max_num_seqs = std::min(64, kMaxSeqs);
-  auto engine = Engine::create(std::move(backend), nullptr, 512, eo);
-  EXPECT_TRUE(engine.is_ok());
-  ConstrainedRun out;
-  out.text.resize(static_cast<size_t>(n));
-  out.tokens.resize(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) {
-    GenerationRequest r;
-    r.prompt = ref["cases"][i]["prompt_ids"].get<std::vector<int32_t>>();
-    r.params.temperature = temperature;
-    r.params.seed = static_cast<uint64_t>(i) + 1;
-    r.params.max_tokens = 40;
-    if (!constrain_none && (!constrain_odd_only || i % 2 == 1))
-      r.constraint = grammar;  // (ends at its stop token once the document is complete)
-    else
-      r.params.ignore_eos = true;
-    r.on_event = [&out, i](const TokenEvent& ev) {
-      if (ev.token < 0) return;
-      out.tokens[static_cast<size_t>(i)].push_back(ev.token);
-      if (ev.token < 256) out.text[static_cast<size_t>(i)] += static_cast<char>(ev.token);
-    };
-    EXPECT_TRUE((*engine)->add(std::move(r)).is_ok());
-  }
-  while ((*engine)->has_work()) EXPECT_TRUE((*engine)->step().is_ok());
-  return out;
-}
-
-void expect_valid_document(const std::string& text, const std::string& what) {
-  auto doc = nlohmann::json::parse(text, nullptr, false);
-  ASSERT_FALSE(doc.is_discarded()) << what << ": " << text;
-  ASSERT_TRUE(doc.is_object()) << what << ": " << text;
-  EXPECT_EQ(doc.size(), 2u) << what << ": " << text;
-  ASSERT_TRUE(doc.contains("name") && doc["name"].is_string()) << what << ": " << text;
-  EXPECT_LE(doc["name"].get<std::string>().size(), 6u) << what << ": " << text;
-  ASSERT_TRUE(doc.contains("n") && doc["n"].is_number_integer()) << what << ": " << text;
-  EXPECT_LE(doc["n"].get<int>(), 999) << what << ": " << text;
-}
-
 TEST(CudaBackendTest, ConstrainedAnswersUnderGraphsAndPipelining) {
   SKIP_WITHOUT_GPU();
   const int n = kOnSimt ? 8 : 24;
@@ -571,13 +508,14 @@ TEST(CudaBackendTest, ConstrainedAnswersUnderGraphsAndPipelining) {
     EXPECT_TRUE(b.is_ok()) << b.status().to_string();
     return std::shared_ptr<Backend>(std::move(b).value());
   };
-  const auto piped = constrained_answers(gpu(), true, n, false);
-  const auto plain = constrained_answers(gpu(), false, n, false);
-  const auto mixed = constrained_answers(gpu(), true, n, true);
-  const auto free_only = constrained_answers(gpu(), true, n, false, true);
+  const auto piped = constrained_answers(load_reference(), gpu(), true, n, false);
+  const auto plain = constrained_answers(load_reference(), gpu(), false, n, false);
+  const auto mixed = constrained_answers(load_reference(), gpu(), true, n, true);
+  const auto free_only = constrained_answers(load_reference(), gpu(), true, n, false, true);
   // (the host's and the device's samplers draw differently: greedy, to compare the two)
-  const auto greedy = constrained_answers(gpu(), true, n, false, false, 0.0f);
-  const auto on_cpu = constrained_answers(cpu_backend(), true, n, false, false, 0.0f);
+  const auto greedy = constrained_answers(load_reference(), gpu(), true, n, false, false, 0.0f);
+  const auto on_cpu =
+      constrained_answers(load_reference(), cpu_backend(), true, n, false, false, 0.0f);
   int same_as_cpu = 0;
   for (int i = 0; i < n; ++i) {
     const std::string what = "answer " + std::to_string(i);

@@ -24,6 +24,7 @@
 #include "engine/sampler.h"
 #include "engine/thread_pool.h"
 #include "engine/weights.h"
+#include "tests/engine/constrained_util.h"
 
 namespace hr::engine {
 namespace {
@@ -354,6 +355,65 @@ TEST(EngineTest, PipelinedStepsEqualPlainSteps) {
       run_all(*f.engine({4, 64, 16}, 16, 8 << 20, true), prompts(10, 80), RequestClass::kSync,
               limits),
       run_all(*f.engine({4, 64, 16}), prompts(10, 80), RequestClass::kSync, limits));
+}
+
+// The CPU backend, counting the steps submitted whole and in halves (forward, then sampling).
+class CountingBackend final : public Backend {
+ public:
+  explicit CountingBackend(std::shared_ptr<Backend> b) : b_(std::move(b)) {}
+  const char* name() const override { return b_->name(); }
+  int vocab_size() const override { return b_->vocab_size(); }
+  int block_size() const override { return b_->block_size(); }
+  int num_kv_blocks() const override { return b_->num_kv_blocks(); }
+  size_t weight_bytes() const override { return b_->weight_bytes(); }
+  size_t kv_cache_bytes() const override { return b_->kv_cache_bytes(); }
+  Status forward(const StepInput& in, float* logits) override { return b_->forward(in, logits); }
+  Status submit(const StepInput& in, const SampleSpec* specs) override {
+    ++whole;
+    return b_->submit(in, specs);
+  }
+  Status collect(int32_t* tokens, TokenLogprobs* logprobs) override {
+    if (forwarded) ++collected_between;  // the step before collected while this one ran
+    return b_->collect(tokens, logprobs);
+  }
+  void discard() override { b_->discard(); }
+  bool pipelined() const override { return b_->pipelined(); }
+  bool splits_sampling() const override { return b_->splits_sampling(); }
+  Status submit_forward(const StepInput& in) override {
+    ++halves;
+    forwarded = true;
+    return b_->submit_forward(in);
+  }
+  Status submit_sampling(const SampleSpec* specs) override {
+    forwarded = false;
+    return b_->submit_sampling(specs);
+  }
+  int whole = 0, halves = 0, collected_between = 0;
+  bool forwarded = false;
+
+ private:
+  std::shared_ptr<Backend> b_;
+};
+
+// Constrained answers with pipelined steps: each step's forward pass is submitted before the
+// step in flight is collected, and its sampling after, with masks from the tokens collected; the
+// answers equal plain steps' (sampled, seeded), and are valid documents.
+TEST(EngineTest, PipelinedConstrainedStepsSampleAfterTheStepBeforeIsCollected) {
+  auto& f = Fixture::get();
+  const int n = 12;
+  auto counted = std::make_shared<CountingBackend>(f.backend(16, 8 << 20, true));
+  const auto piped =
+      constrained_answers(nlohmann::json{{"cases", f.cases}}, counted, true, n, false);
+  const auto plain = constrained_answers(nlohmann::json{{"cases", f.cases}},
+                                         f.backend(16, 8 << 20, false), false, n, false);
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(piped.tokens[i], plain.tokens[i]) << "answer " << i;
+    expect_valid_document(piped.text[i], "answer " + std::to_string(i));
+  }
+  // Every decode step of the constrained batch after the first went in halves, the step before
+  // collected between them.
+  EXPECT_GT(counted->halves, 10);
+  EXPECT_EQ(counted->collected_between, counted->halves);
 }
 
 TEST(EngineTest, PipelinedPrefixCacheHitEqualsMiss) {
