@@ -62,17 +62,6 @@ std::string wide_model_dir() {
   return dir;
 }
 
-const ModelWeights& weights(const std::string& dir) {
-  static std::map<std::string, ModelWeights> cache;
-  auto it = cache.find(dir);
-  if (it == cache.end()) {
-    auto w = load_weights(dir);
-    EXPECT_TRUE(w.is_ok()) << dir << ": " << w.status().to_string();
-    it = cache.emplace(dir, w.is_ok() ? std::move(w).value() : ModelWeights{}).first;
-  }
-  return it->second;
-}
-
 CudaBackendOptions options() {
   CudaBackendOptions o;
   o.kv_cache_bytes = 8 << 20;
@@ -163,7 +152,7 @@ TEST_P(CudaParallelTest, VirtualRanksEqualOneRank) {
   SKIP_WITHOUT_GPU();
   const Case& c = GetParam();
   const std::string dir = c.model == "wide" ? wide_model_dir() : model_dir(c.model);
-  const ModelWeights& w = weights(dir);
+  const ModelWeights& w = loaded_weights(dir);
   ASSERT_GT(w.layers.size(), 0u);
   auto many = parallel(w, c.tp, c.ep);
   ASSERT_TRUE(many);
@@ -199,7 +188,7 @@ TEST(CudaParallelBackendTest, ShardsLoadedFromTheCheckpointEqualShardsOfTheWhole
   const std::string dir = model_dir("qwen3-moe");
   auto from_dir = ParallelCudaBackend::create_from_dir(dir, {0, 0}, options());
   ASSERT_TRUE(from_dir.is_ok()) << from_dir.status().to_string();
-  auto from_weights = parallel(weights(dir), 2);
+  auto from_weights = parallel(loaded_weights(dir), 2);
   ASSERT_TRUE(from_weights);
   const auto a = three_sequences(*from_weights, 1), b = three_sequences(**from_dir, 1);
   EXPECT_EQ(a, b);
@@ -217,7 +206,7 @@ TEST(CudaParallelBackendTest, TheWorkersBackendSpecBuildsTheRanks) {
   spec.devices = {0, 0};
   auto made = make_backend(dir, spec);
   ASSERT_TRUE(made.is_ok()) << made.status().to_string();
-  auto direct = parallel(weights(dir), 2);
+  auto direct = parallel(loaded_weights(dir), 2);
   ASSERT_TRUE(direct);
   EXPECT_EQ(three_sequences(**made, 1), three_sequences(*direct, 1));
   // Without --devices the ranks take the device and the ones after it.
@@ -234,7 +223,7 @@ TEST(CudaParallelBackendTest, TheWorkersBackendSpecBuildsTheRanks) {
 
 TEST(CudaParallelBackendTest, DegreesThatDoNotFitAreRefusedNamingTheOption) {
   SKIP_WITHOUT_GPU();
-  const ModelWeights& w = weights(model_dir("tiny-reverse"));
+  const ModelWeights& w = loaded_weights(model_dir("tiny-reverse"));
   auto three = ParallelCudaBackend::create(w, {0, 0, 0}, options());  // 4 heads
   ASSERT_FALSE(three.is_ok());
   EXPECT_EQ(three.status().field(), "tensor-parallel") << three.status().to_string();
@@ -249,7 +238,7 @@ TEST(CudaParallelBackendTest, DegreesThatDoNotFitAreRefusedNamingTheOption) {
   auto staged = CudaBackend::create(*stage, options());
   ASSERT_FALSE(staged.is_ok());
   EXPECT_EQ(staged.status().field(), "pipeline-parallel");
-  const ModelWeights& moe = weights(model_dir("qwen3-moe"));
+  const ModelWeights& moe = loaded_weights(model_dir("qwen3-moe"));
   auto ep3 = ParallelCudaBackend::create(moe, {0, 0}, options(), 4);
   ASSERT_FALSE(ep3.is_ok());
   EXPECT_EQ(ep3.status().field(), "expert-parallel");
@@ -262,7 +251,7 @@ TEST(CudaParallelBackendTest, DegreesThatDoNotFitAreRefusedNamingTheOption) {
 
 TEST(CudaParallelBackendTest, TheKvCacheIsSplitOverTheRanks) {
   SKIP_WITHOUT_GPU();
-  const ModelWeights& w = weights(model_dir("tiny-reverse"));
+  const ModelWeights& w = loaded_weights(model_dir("tiny-reverse"));
   auto one = one_rank(w);
   auto two = parallel(w, 2);
   ASSERT_TRUE(one && two);

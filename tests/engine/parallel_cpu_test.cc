@@ -34,18 +34,6 @@ std::string model_dir(const std::string& name) {
   return name == "tiny-reverse" ? kModels + name : kModels + "fixtures/" + name;
 }
 
-// Loaded once per model (unpacked; each backend packs its own copy).
-const ModelWeights& weights(const std::string& dir) {
-  static std::map<std::string, ModelWeights> cache;
-  auto it = cache.find(dir);
-  if (it == cache.end()) {
-    auto w = load_weights(dir);
-    EXPECT_TRUE(w.is_ok()) << dir << ": " << w.status().to_string();
-    it = cache.emplace(dir, w.is_ok() ? std::move(w).value() : ModelWeights{}).first;
-  }
-  return it->second;
-}
-
 constexpr size_t kCacheBytes = 8 << 20;
 
 std::shared_ptr<Backend> one_rank(const ModelWeights& w, int blocks) {
@@ -134,7 +122,7 @@ class ParallelCpuTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ParallelCpuTest, LogitsAndGreedyTokensEqualOneRank) {
   const Case& c = GetParam();
-  const ModelWeights& w = weights(model_dir(c.model));
+  const ModelWeights& w = loaded_weights(model_dir(c.model));
   ASSERT_GT(w.layers.size(), 0u);
   auto many = parallel(w, c.degrees, c.micro_batches);
   ASSERT_TRUE(many);
@@ -182,7 +170,7 @@ class Parallel100MTest : public ::testing::TestWithParam<ParallelDegrees> {
 std::string Parallel100MTest::dir_;
 
 TEST_P(Parallel100MTest, LogitsAndGreedyTokensEqualOneRank) {
-  const ModelWeights& w = weights(dir_);
+  const ModelWeights& w = loaded_weights(dir_);
   ASSERT_GT(w.num_parameters(), 90'000'000u);
   auto many = parallel(w, GetParam());
   ASSERT_TRUE(many);
@@ -203,7 +191,7 @@ INSTANTIATE_TEST_SUITE_P(Degrees, Parallel100MTest,
 
 // A shard's tensors are the right slices of the full ones.
 TEST(WeightShardTest, SlicesHeadsRowsExpertsAndVocabulary) {
-  const ModelWeights& w = weights(model_dir("qwen3-moe"));
+  const ModelWeights& w = loaded_weights(model_dir("qwen3-moe"));
   const ModelConfig& c = w.config;
   const int D = c.hidden_size, hd = c.head_dim, Q = c.q_size(), KV = c.kv_size();
   auto s = shard_weights(w, {4, 2, 4}, 1, 3);  // stage 1 of 2 (layers 2, 3), rank 3 of 4
@@ -258,7 +246,7 @@ TEST(WeightShardTest, LoadingAShardFromTheCheckpointEqualsSlicingTheWholeModel) 
       {"mixtral", {2, 2, 2}},      {"qwen3-moe", {4, 1, 4}},    {"qwen3-moe-fused", {2, 2, 1}}};
   for (const auto& [model, d] : cases) {
     const std::string dir = model_dir(model);
-    const ModelWeights& full = weights(dir);
+    const ModelWeights& full = loaded_weights(dir);
     auto st = SafetensorsModel::open_dir(dir);
     ASSERT_TRUE(st.is_ok());
     for (int stage = 0; stage < d.pp; ++stage) {
@@ -294,7 +282,7 @@ TEST(WeightShardTest, LoadingAShardFromTheCheckpointEqualsSlicingTheWholeModel) 
   EXPECT_GT(stats.checkpoint_bytes, 0u);
   EXPECT_GT(stats.seconds, 0.0);
   std::shared_ptr<Backend> many(std::move(from_dir).value());
-  const ModelWeights& w = weights(model_dir("mixtral"));
+  const ModelWeights& w = loaded_weights(model_dir("mixtral"));
   auto one = one_rank(w, many->num_kv_blocks());
   const int V = w.config.vocab_size;
   expect_close(three_sequences(*one, 2), three_sequences(*many, 2));
@@ -305,7 +293,7 @@ TEST(WeightShardTest, LoadingAShardFromTheCheckpointEqualsSlicingTheWholeModel) 
 }
 
 TEST(WeightShardTest, DegreesThatDoNotFitAreRefusedNamingTheOption) {
-  const ModelWeights& w = weights(model_dir("qwen3-moe-step2"));  // 4 heads, 2 KV, 6 experts
+  const ModelWeights& w = loaded_weights(model_dir("qwen3-moe-step2"));  // 4 heads, 2 KV, 6 experts
   auto name = [&](ParallelDegrees d) {
     Status s = check_degrees(w.config, d);
     return s.is_ok() ? std::string("ok") : s.field();
@@ -331,7 +319,7 @@ TEST(WeightShardTest, DegreesThatDoNotFitAreRefusedNamingTheOption) {
 // Each rank caches only its layers' and KV heads' share: TP2 x PP2 of a model whose 2 KV heads
 // split over 2 ranks holds the cache of one rank in four parts, and as many blocks.
 TEST(ParallelCpuBackendTest, TheKvCacheIsSplitOverTheRanks) {
-  const ModelWeights& w = weights(model_dir("tiny-reverse"));
+  const ModelWeights& w = loaded_weights(model_dir("tiny-reverse"));
   auto four = parallel(w, {2, 2, 1});
   ASSERT_TRUE(four);
   CpuBackendOptions o;

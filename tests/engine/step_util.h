@@ -4,14 +4,30 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "base/status.h"
 #include "engine/backend.h"
 #include "engine/engine.h"
+#include "engine/weights.h"
 
 namespace hr::engine {
+
+// A model folder's weights, loaded once per test binary (unpacked; each backend packs or uploads
+// its own copy).
+inline const ModelWeights& loaded_weights(const std::string& dir) {
+  static std::map<std::string, ModelWeights> cache;
+  auto it = cache.find(dir);
+  if (it == cache.end()) {
+    auto w = load_weights(dir);
+    EXPECT_TRUE(w.is_ok()) << dir << ": " << w.status().to_string();
+    it = cache.emplace(dir, w.is_ok() ? std::move(w).value() : ModelWeights{}).first;
+  }
+  return it->second;
+}
 
 // Tokens [from, to) of `ids` (its earlier positions cached in blocks 0, 1, ... in order), with
 // the logits of every one of them.
