@@ -73,6 +73,11 @@ void bind_relay(CLI::App& app, hr::queue::DispatcherOptions& d) {
   hr::cli::add(app, "--fair-share", d.fair_share,
                "Share each model's queue among accounts (false: first in, first out, every "
                "request pushed at once, for comparisons)");
+  hr::cli::add(app, "--catch-up", d.catch_up_below,
+               "An account with less than this fraction of another's work in flight per weight "
+               "(a newcomer) has its share started at once, ahead of others' running work (0: "
+               "never)")
+      ->check(CLI::Range(0.0, 1.0));
   hr::cli::add(app, "--dispatch-by-prefix", d.dispatch_by_prefix,
                "Send queued requests whose prompts start alike to the same worker, whose prefix "
                "cache then computes that start once (docs/cache-aware-dispatch.md)");

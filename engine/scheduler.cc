@@ -2,6 +2,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "base/check.h"
 
@@ -87,6 +88,18 @@ StepPlan Scheduler::schedule() {
   int budget = config_.max_batched_tokens;
   std::sort(running_.begin(), running_.end(), runs_before);
   std::stable_sort(waiting_async_.begin(), waiting_async_.end(), runs_before);
+  // With priority_runs_alone, the highest async priority present: every running async sequence
+  // below it makes room, and none waiting below it starts.
+  int top = std::numeric_limits<int>::min();
+  if (config_.priority_runs_alone) {
+    for (const Sequence* s : running_) {
+      if (s->cls == RequestClass::kAsync) top = std::max(top, s->priority);
+    }
+    if (!waiting_async_.empty()) top = std::max(top, waiting_async_.front()->priority);
+    for (Sequence* s : std::vector<Sequence*>(running_)) {
+      if (s->cls == RequestClass::kAsync && s->priority < top) preempt(s, &plan, &budget);
+    }
+  }
   auto plan_seq = [&](Sequence* seq, bool was_running) -> bool {
     if (seq->ends_with_pending()) return false;
     int remaining = seq->length() - seq->num_computed;
@@ -168,6 +181,7 @@ StepPlan Scheduler::schedule() {
       while (!waiting_async_.empty() && budget > 0 && waiting_sync_.empty()) {
         Sequence* seq = waiting_async_.front();
         if (seq->num_pending > 0) break;  // preempted while its token is on the way
+        if (seq->priority < top) break;   // priority_runs_alone: not while higher work is about
         waiting_async_.erase(waiting_async_.begin());
         if (!admit(seq)) {
           waiting_async_.insert(waiting_async_.begin(), seq);

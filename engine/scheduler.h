@@ -77,6 +77,11 @@ struct SchedulerConfig {
   // A step that computes a sync prompt carries no async tokens: the new request's first token
   // comes after one short step.
   bool sync_prefill_alone = false;
+  // While async work of a higher priority runs or waits, every running async sequence of a lower
+  // priority is preempted, not only those whose slots or blocks it needs, and none waiting
+  // starts: where a step's time grows with the sequences in it (the CPU backend), the
+  // higher-priority work then runs about as fast as it would alone.
+  bool priority_runs_alone = false;
 };
 
 struct ScheduledSeq {

@@ -258,12 +258,14 @@ Result<int> Dispatcher::relay_model(const std::string& model) {
     size_cmds.push_back({"XLEN", worker_stream_key(model, w)});
     size_cmds.push_back({"XPENDING", worker_stream_key(model, w), kConsumerGroup});
   }
+  size_cmds.push_back({"XLEN", catch_up_stream_key(model)});
+  size_cmds.push_back({"XPENDING", catch_up_stream_key(model), kConsumerGroup});
   HR_ASSIGN_OR_RETURN(auto sizes, redis_->pipeline(size_cmds));
   auto waiting_in = [&](size_t k) -> Result<int64_t> {
     const RedisReply& len = sizes[2 * k];
     const RedisReply& pend = sizes[2 * k + 1];
     // A worker's stream moved back by the janitor since the listing (or lost: the janitor's
-    // reclaim_worker_streams notices): empty.
+    // reclaim_worker_streams notices), or no catch-up stream yet: empty.
     if (k > 0 && pend.is_error() && pend.str.rfind("NOGROUP", 0) == 0) return 0;
     if (len.is_error() || pend.is_error()) {
       return unavailable("redis XLEN/XPENDING: " + (len.is_error() ? len.str : pend.str));
@@ -278,6 +280,8 @@ Result<int> Dispatcher::relay_model(const std::string& model) {
     waiting_for[with_streams[k]] = n;
     waiting += n;
   }
+  HR_ASSIGN_OR_RETURN(int64_t catching_up, waiting_in(with_streams.size() + 1));
+  waiting += catching_up;
   std::vector<std::string> routable;
   if (options_.dispatch_by_prefix) {
     HR_ASSIGN_OR_RETURN(routable, routable_workers(model));
@@ -436,8 +440,9 @@ Result<int> Dispatcher::relay_model(const std::string& model) {
       relay_waiting_ = true;
       return Status::ok();
     }
-    const std::vector<ShareGrant> grants =
-        options_.fair_share ? share_room(shares, room) : oldest_first(shares, room);
+    const std::vector<ShareGrant> grants = options_.fair_share
+                                               ? share_room(shares, room, options_.catch_up_below)
+                                               : oldest_first(shares, room);
     int64_t to_send = 0;
     for (const ShareAccount& a : shares) {
       for (const ShareBatch& b : a.batches) to_send += b.remaining;
@@ -465,6 +470,7 @@ Result<int> Dispatcher::relay_model(const std::string& model) {
       }
     }
     std::vector<RequestRef> refs;
+    std::vector<RequestRef> catch_up;  // to the catch-up stream, whatever their affinity
     std::vector<std::optional<uint64_t>> keys;
     std::map<std::string, size_t> used;
     for (const ShareGrant& g : grants) {
@@ -472,6 +478,10 @@ Result<int> Dispatcher::relay_model(const std::string& model) {
       const std::vector<std::optional<int64_t>>& aff = affinities[g.batch_id];
       size_t& u = used[g.batch_id];
       for (int64_t k = 0; k < g.count && u < idx.size(); ++k, ++u) {
+        if (g.catch_up) {
+          catch_up.push_back({g.batch_id, idx[u]});
+          continue;
+        }
         refs.push_back({g.batch_id, idx[u]});
         keys.push_back(aff[u]
                            ? std::optional<uint64_t>(routing_key(account_of[g.batch_id], *aff[u]))
@@ -490,11 +500,16 @@ Result<int> Dispatcher::relay_model(const std::string& model) {
     for (size_t k = 0; k < refs.size(); ++k) {
       (targets[k] == kSharedStream ? shared : per_worker[targets[k]]).push_back(refs[k]);
     }
+    HR_RETURN_IF_ERROR(enqueue_catch_up(*redis_, model, catch_up));
+    if (!catch_up.empty()) {
+      log::debug("relay.catch_up",
+                 {{"model", model}, {"entries", static_cast<int64_t>(catch_up.size())}});
+    }
     HR_RETURN_IF_ERROR(enqueue(*redis_, model, shared));
     for (const auto& [w, mine] : per_worker) {
       HR_RETURN_IF_ERROR(enqueue_for_worker(*redis_, model, routable[w], mine));
     }
-    pushed_since_[model] += static_cast<int64_t>(refs.size());
+    pushed_since_[model] += static_cast<int64_t>(refs.size() + catch_up.size());
     pqxx::work tx(pg);
     if (observed_redis(tx, true) != observed) {
       log::warn("dispatcher.relay_raced_resync", {{"model", model}});
@@ -747,6 +762,23 @@ Result<std::vector<std::string>> Dispatcher::reclaim_worker_streams(const std::s
   return staying;
 }
 
+Status Dispatcher::check_catch_up_stream(const std::string& model) {
+  HR_ASSIGN_OR_RETURN(auto there, redis_->pipeline({{"EXISTS", catch_up_made_key(model)},
+                                                    {"EXISTS", catch_up_stream_key(model)}}));
+  for (const RedisReply& r : there) {
+    if (r.is_error()) return unavailable("redis EXISTS: " + r.str);
+  }
+  if (there[0].integer == 0 || there[1].integer == 1) return Status::ok();
+  // Made with its marker in one transaction and never deleted: gone, Redis lost it. The rewind
+  // first: should the marker's deletion fail, the next look rewinds again (which only duplicates
+  // entries; a claim drops the copies).
+  HR_ASSIGN_OR_RETURN(int rewound, rewind(model));
+  HR_ASSIGN_OR_RETURN(RedisReply r, redis_->command({"DEL", catch_up_made_key(model)}));
+  if (r.is_error()) return unavailable("redis DEL: " + r.str);
+  log::warn("dispatcher.catch_up_stream_lost", {{"model", model}, {"batches", rewound}});
+  return Status::ok();
+}
+
 Result<int> Dispatcher::reclaim_idle_entries() {
   std::vector<std::string> models;
   Status st = pg_.run("models", [&](pqxx::connection& pg) -> Status {
@@ -765,8 +797,9 @@ Result<int> Dispatcher::reclaim_idle_entries() {
     int64_t moved = 0;
     HR_ASSIGN_OR_RETURN(std::vector<std::string> staying, reclaim_worker_streams(model, &moved));
     reclaimed += static_cast<int>(moved);
-    // Entries delivered and idle too long, in the shared stream and the live workers' own.
-    std::vector<std::string> keys = {stream_key(model)};
+    HR_RETURN_IF_ERROR(check_catch_up_stream(model));
+    // Entries delivered and idle too long, in the shared, catch-up and live workers' streams.
+    std::vector<std::string> keys = {stream_key(model), catch_up_stream_key(model)};
     for (const std::string& w : staying) keys.push_back(worker_stream_key(model, w));
     for (const std::string& key : keys) {
       HR_ASSIGN_OR_RETURN(
@@ -873,6 +906,22 @@ Result<TickReport> Dispatcher::tick() {
 
 void Dispatcher::run(const std::atomic<bool>& stop) {
   std::unique_ptr<pqxx::connection> listener;
+  // Waits up to `us` for a batch to be submitted or to finish (NOTIFY hr_dispatch); whether one
+  // was.
+  auto await_dispatch = [&](int64_t us) -> bool {
+    try {
+      if (!listener) {
+        listener = std::make_unique<pqxx::connection>(database_url_);
+        pqxx::nontransaction(*listener).exec("LISTEN hr_dispatch");
+      }
+      return listener->await_notification(static_cast<long>(us / 1000000),
+                                          static_cast<long>(us % 1000000)) > 0;
+    } catch (const std::exception& e) {
+      listener.reset();
+      std::this_thread::sleep_for(std::chrono::microseconds(us));
+      return false;
+    }
+  };
   RetryPacer pacer;  // while Postgres or Redis fail: backoff, and a few counted warnings
   while (!stop.load()) {
     Result<TickReport> r = tick();
@@ -888,23 +937,14 @@ void Dispatcher::run(const std::atomic<bool>& stop) {
     // While requests wait for room in a stream, the relay looks again every relay_poll_ms (the
     // workers empty a short window quickly); a failure here is left to the next tick.
     const int64_t next_tick = steady_now_ns() + int64_t{options_.tick_ms} * 1000000;
+    // A batch submitted meanwhile has the next pass look at the shares at once, short of room
+    // or not: a newcomer need not wait for newcomer_check_ms to have its share sent.
     while (relay_waiting_ && !stop.load() && steady_now_ns() < next_tick) {
-      sleep_unless_stopped(stop, options_.relay_poll_ms);
+      if (await_dispatch(int64_t{options_.relay_poll_ms} * 1000)) last_full_pass_ns_.clear();
       if (!relay_once().is_ok()) break;
     }
     const int64_t left_us = std::max<int64_t>(0, (next_tick - steady_now_ns()) / 1000);
-    if (left_us == 0) continue;
-    try {
-      if (!listener) {
-        listener = std::make_unique<pqxx::connection>(database_url_);
-        pqxx::nontransaction(*listener).exec("LISTEN hr_dispatch");
-      }
-      listener->await_notification(static_cast<long>(left_us / 1000000),
-                                   static_cast<long>(left_us % 1000000));
-    } catch (const std::exception& e) {
-      listener.reset();
-      std::this_thread::sleep_for(std::chrono::milliseconds(options_.tick_ms));
-    }
+    if (left_us > 0) await_dispatch(left_us);
   }
 }
 

@@ -47,6 +47,10 @@ struct DispatcherOptions {
   // Cache-aware dispatch: requests whose prompts start alike go to one live worker's own stream
   // (queue/affinity_routing.h); false: every request to the shared stream.
   bool dispatch_by_prefix = true;
+  // An account whose work in flight per weight is below this fraction of another's (a newcomer,
+  // say) gets its share through the catch-up stream, which workers start at once by preempting
+  // other queued work (queue/stream.h); 0: never.
+  double catch_up_below = 0.5;
   int max_attempts = kDefaultMaxAttempts;  // failed attempts before a request ends failed
   int reclaim_idle_ms = 60000;             // pending entries idle this long are reclaimed
   int tick_ms = 500;                       // janitor period in run()
@@ -124,6 +128,8 @@ class Dispatcher {
   // returns the live workers whose streams stay (read once per tick).
   [[nodiscard]] Result<std::vector<std::string>> reclaim_worker_streams(const std::string& model,
                                                                         int64_t* moved);
+  // Rewinds the model if its catch-up stream was made (catch_up_made_key) but is gone.
+  [[nodiscard]] Status check_catch_up_stream(const std::string& model);
 
   std::string database_url_;
   PgSession pg_;

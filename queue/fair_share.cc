@@ -2,6 +2,7 @@
 #include "queue/fair_share.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <tuple>
 
@@ -48,7 +49,8 @@ size_t next_batch(const AccountState& s) {
 
 }  // namespace
 
-std::vector<ShareGrant> share_room(const std::vector<ShareAccount>& accounts, int64_t room) {
+std::vector<ShareGrant> share_room(const std::vector<ShareAccount>& accounts, int64_t room,
+                                   double catch_up_below) {
   std::vector<ShareGrant> out;
   if (room <= 0) return out;
   const int64_t step = std::max<int64_t>(1, room / 64);
@@ -66,7 +68,8 @@ std::vector<ShareGrant> share_room(const std::vector<ShareAccount>& accounts, in
     std::stable_sort(s.order.begin(), s.order.end(), [&](size_t x, size_t y) {
       return class_of(a.batches[x]) < class_of(a.batches[y]);
     });
-    if (s.left > 0) states.push_back(std::move(s));
+    // (Those with nothing to send stay: their load counts against the others' catching up.)
+    states.push_back(std::move(s));
   }
   while (room > 0) {
     AccountState* pick = nullptr;
@@ -77,16 +80,48 @@ std::vector<ShareGrant> share_room(const std::vector<ShareAccount>& accounts, in
     if (!pick) break;  // nothing left to send
     const size_t i = next_batch(*pick);
     const ShareBatch& b = pick->account->batches[i];
-    const int64_t n = std::min({step, b.remaining - pick->given[i], room});
+    int64_t n = std::min({step, b.remaining - pick->given[i], room});
+    // Far behind what another account held before this pass: this piece, up to where it no
+    // longer is, catches up. (Not against what the pass gives: accounts starting together from
+    // nothing are not behind each other.)
+    bool catch_up = false;
+    if (catch_up_below > 0) {
+      double most = 0;
+      for (const AccountState& s : states) {
+        if (&s != pick) {
+          most = std::max(most, static_cast<double>(s.account->in_flight) / s.account->weight);
+        }
+      }
+      const double below = catch_up_below * most * pick->account->weight -
+                           static_cast<double>(pick->account->in_flight + pick->given_total);
+      if (below > 0) {
+        catch_up = true;
+        n = std::min(n, static_cast<int64_t>(std::ceil(below)));
+      }
+    }
     pick->given[i] += n;
     pick->given_total += n;
     pick->left -= n;
     room -= n;
-    if (!out.empty() && out.back().batch_id == b.id) {
+    if (!out.empty() && out.back().batch_id == b.id && out.back().catch_up == catch_up) {
       out.back().count += n;
     } else {
-      out.push_back({b.id, n});
+      out.push_back({b.id, n, catch_up});
     }
+  }
+  // Still far behind once all is given (a newcomer whose whole batch fits, say): all of it.
+  if (catch_up_below > 0) {
+    std::map<std::string, bool> behind;  // batch → its account is
+    for (const AccountState& s : states) {
+      double most = 0;
+      for (const AccountState& o : states) {
+        if (&o != &s) most = std::max(most, o.load());
+      }
+      if (s.load() < catch_up_below * most) {
+        for (const ShareBatch& b : s.account->batches) behind[b.id] = true;
+      }
+    }
+    for (ShareGrant& g : out) g.catch_up = g.catch_up || behind.count(g.batch_id) > 0;
   }
   return out;
 }

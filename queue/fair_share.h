@@ -38,12 +38,20 @@ struct ShareAccount {
 struct ShareGrant {
   std::string batch_id;
   int64_t count = 0;
+  // Given to an account far behind its share (catch_up_below): to start at once, ahead of the
+  // others' work already running (docs/fair-share.md, "A newcomer starts at once").
+  bool catch_up = false;
 };
 
 // Splits `room` among the accounts' batches. The grants come in the order given, in pieces of
 // about `room / 64` at most, so that pushing them in that order interleaves the accounts in the
 // stream. A batch may appear in several grants.
-std::vector<ShareGrant> share_room(const std::vector<ShareAccount>& accounts, int64_t room);
+// With `catch_up_below` > 0, what an account gets while its work in flight per weight is below
+// that fraction of another account's, or all it gets when it is still below once everything is
+// given, is marked catch_up (a newcomer's, say, or one back from idle): an account near its
+// share never is, so two saturating accounts never preempt each other.
+std::vector<ShareGrant> share_room(const std::vector<ShareAccount>& accounts, int64_t room,
+                                   double catch_up_below = 0);
 
 // An entry waiting in the stream (not yet delivered to a worker), with its batch's account (empty
 // when unknown).

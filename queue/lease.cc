@@ -4,11 +4,13 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 
 #include "base/clock.h"
 #include "base/log.h"
 #include "queue/pg.h"
+#include "queue/registry.h"
 #include "queue/store.h"
 
 namespace hr::queue {
@@ -90,14 +92,15 @@ Status LeaseClient::ack(const std::vector<Lease>& leases) {
 }
 
 Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
-  std::vector<Lease> out;
-  if (max <= 0) return out;
+  if (max <= 0) return std::vector<Lease>{};
   std::vector<std::pair<std::string, StreamEntry>> entries;  // {stream, entry}
   const auto left = [&] { return max - static_cast<int>(entries.size()); };
   HR_RETURN_IF_ERROR(read_listing());
+  // What is owed at once first (any consumer takes it; pull_catch_up takes it past headroom).
+  HR_RETURN_IF_ERROR(read_stream(catch_up_stream_key(options_.model), max, 0, &entries));
   if (own_listed_) {
     HR_RETURN_IF_ERROR(
-        read_stream(worker_stream_key(options_.model, options_.owner), max, 0, &entries));
+        read_stream(worker_stream_key(options_.model, options_.owner), left(), 0, &entries));
   }
   HR_RETURN_IF_ERROR(read_stream(stream_key(options_.model), left(), 0, &entries));
   if (entries.empty()) {
@@ -110,6 +113,47 @@ Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
   if (entries.empty() && block_ms > 0) {
     HR_RETURN_IF_ERROR(read_stream(stream_key(options_.model), max, block_ms, &entries));
   }
+  return claim(entries);
+}
+
+Result<std::vector<Lease>> LeaseClient::pull_catch_up(int max) {
+  std::vector<std::pair<std::string, StreamEntry>> entries;  // {stream, entry}
+  if (max <= 0) return std::vector<Lease>{};
+  const std::string key = catch_up_stream_key(options_.model);
+  if (live_read_ns_ == 0 || steady_now_ns() - live_read_ns_ >= 1'000'000'000) {
+    HR_ASSIGN_OR_RETURN(std::vector<std::string> live, live_worker_ids(*redis_, options_.model));
+    live_workers_ = std::max<int>(1, static_cast<int>(live.size()));
+    live_read_ns_ = steady_now_ns();
+  }
+  HR_ASSIGN_OR_RETURN(auto sizes,
+                      redis_->pipeline({{"XLEN", key}, {"XPENDING", key, kConsumerGroup}}));
+  const RedisReply& len = sizes[0];
+  const RedisReply& pend = sizes[1];
+  if (len.is_error()) return unavailable("redis XLEN: " + len.str);
+  if (len.integer == 0 || pend.is_error()) return std::vector<Lease>{};  // none, or no group yet
+  // Summary form: [pending, first id, last id, [[consumer, count], ...]].
+  const int64_t pending = pend.elements.empty() ? 0 : pend.elements[0].integer;
+  int64_t mine = 0;  // delivered here and not yet acknowledged: held by this worker
+  if (pend.elements.size() >= 4) {
+    for (const RedisReply& c : pend.elements[3].elements) {
+      if (c.elements.size() >= 2 && c.elements[0].str == options_.owner) {
+        mine = std::atoll(c.elements[1].str.c_str());
+      }
+    }
+  }
+  const int64_t waiting = len.integer - pending;
+  if (waiting <= 0) return std::vector<Lease>{};
+  // This worker's part of everything there (held or waiting) less what it holds; at least its
+  // part of what waits, so that what another worker cannot take is still taken.
+  const int64_t part = std::max((len.integer + live_workers_ - 1) / live_workers_ - mine,
+                                (waiting + live_workers_ - 1) / live_workers_);
+  HR_RETURN_IF_ERROR(read_stream(key, static_cast<int>(std::min<int64_t>(max, part)), 0, &entries));
+  return claim(entries);
+}
+
+Result<std::vector<Lease>> LeaseClient::claim(
+    std::vector<std::pair<std::string, StreamEntry>>& entries) {
+  std::vector<Lease> out;
   if (entries.empty()) return out;
   nlohmann::json keys = nlohmann::json::array();
   for (const auto& [stream, e] : entries) {
@@ -169,6 +213,7 @@ Result<std::vector<Lease>> LeaseClient::pull(int max, int block_ms) {
     }
     it->second.entry_id = e.id;
     it->second.stream = stream;
+    it->second.catch_up = stream == catch_up_stream_key(options_.model);
     out.push_back(it->second);
   }
   // The claims are committed: they are this worker's now, whatever Redis answers. Entries left

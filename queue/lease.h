@@ -37,6 +37,7 @@ struct Lease {
   std::string stream;           // the stream it was read from (the shared one or a worker's)
   int64_t submitted_at_ms = 0;  // when its batch was submitted (for queue-time metrics)
   std::string account_id;       // whose batch (the prefix cache's namespace)
+  bool catch_up = false;        // read from the catch-up stream: start it at once
 };
 
 struct Completion {
@@ -60,12 +61,18 @@ class LeaseClient {
                                                                    const std::string& redis_url,
                                                                    LeaseOptions options);
 
-  // Reads up to `max` entries and leases the requests that are still queued: from this worker's
-  // own stream first (cache-aware dispatch, queue/affinity_routing.h), then the shared one, and
+  // Reads up to `max` entries and leases the requests that are still queued: from the catch-up
+  // stream first (queue/stream.h; those leases say catch_up), then this worker's own stream
+  // (cache-aware dispatch, queue/affinity_routing.h), then the shared one, and
   // with nothing in either, from the other workers' own streams (so that no worker idles while
   // another's stream holds work). With nothing anywhere, waits up to `block_ms` on the shared
   // stream (0: no wait). Entries for requests that ended or are leased elsewhere are dropped.
   [[nodiscard]] Result<std::vector<Lease>> pull(int max, int block_ms);
+  // Reads entries of the model's catch-up stream (queue/stream.h) and leases their requests as
+  // pull() does; their leases say catch_up. Up to `max`, and no more than this worker's part of
+  // what waits there when the model's live workers split it evenly (so that a newcomer's batch
+  // runs on all of them).
+  [[nodiscard]] Result<std::vector<Lease>> pull_catch_up(int max);
   // Extends the leases; returns the ones that were lost (taken over or ended) — stop working on
   // them.
   [[nodiscard]] Result<std::vector<RequestRef>> renew(const std::vector<Lease>& leases);
@@ -98,6 +105,8 @@ class LeaseClient {
   Status read_listing();
   // Acknowledges and deletes the leases' entries, each in its own stream.
   Status ack(const std::vector<Lease>& leases);
+  // Leases the requests of `entries` that are still queued; drops the entries of the rest.
+  Result<std::vector<Lease>> claim(std::vector<std::pair<std::string, StreamEntry>>& entries);
 
   PgSession pg_;
   std::unique_ptr<RedisClient> redis_;
@@ -106,6 +115,8 @@ class LeaseClient {
   bool own_listed_ = false;          // whether this worker has one
   int64_t listing_read_ns_ = 0;
   size_t steal_from_ = 0;  // where the next look at the others' streams starts (round robin)
+  int live_workers_ = 1;   // the model's live workers (read about once a second)
+  int64_t live_read_ns_ = 0;
 };
 
 }  // namespace hr::queue

@@ -14,6 +14,10 @@ std::string worker_stream_key(const std::string& model, const std::string& worke
 
 std::string worker_streams_key(const std::string& model) { return "hr:wstreams:" + model; }
 
+std::string catch_up_stream_key(const std::string& model) { return "hr:cstream:" + model; }
+
+std::string catch_up_made_key(const std::string& model) { return "hr:cstream-made:" + model; }
+
 std::vector<StreamEntry> parse_entries(const RedisReply& list) {
   std::vector<StreamEntry> out;
   out.reserve(list.elements.size());
@@ -90,14 +94,15 @@ Status enqueue(RedisClient& redis, const std::string& model, const std::vector<R
   return Status::ok();
 }
 
-Status enqueue_for_worker(RedisClient& redis, const std::string& model, const std::string& worker,
-                          const std::vector<RequestRef>& refs) {
+namespace {
+
+// In one transaction: `first` (which marks the stream as made), the stream's group (created with
+// the stream if missing), then the entries.
+Status enqueue_made(RedisClient& redis, const std::string& key, std::vector<std::string> first,
+                    const std::vector<RequestRef>& refs, const char* what) {
   if (refs.empty()) return Status::ok();
-  const std::string key = worker_stream_key(model, worker);
   std::vector<std::vector<std::string>> cmds = {
-      {"MULTI"},
-      {"SADD", worker_streams_key(model), worker},
-      {"XGROUP", "CREATE", key, kConsumerGroup, "0", "MKSTREAM"}};
+      {"MULTI"}, std::move(first), {"XGROUP", "CREATE", key, kConsumerGroup, "0", "MKSTREAM"}};
   add_entries(key, refs, &cmds);
   cmds.push_back({"EXEC"});
   HR_ASSIGN_OR_RETURN(auto replies, redis.pipeline(cmds));
@@ -108,10 +113,24 @@ Status enqueue_for_worker(RedisClient& redis, const std::string& model, const st
     const RedisReply& r = exec.elements[k];
     // The group was there already: the usual case.
     if (r.is_error() && !(k == 1 && r.str.rfind("BUSYGROUP", 0) == 0)) {
-      return unavailable("redis (a worker's stream): " + r.str);
+      return unavailable(std::string("redis (") + what + "): " + r.str);
     }
   }
   return Status::ok();
+}
+
+}  // namespace
+
+Status enqueue_for_worker(RedisClient& redis, const std::string& model, const std::string& worker,
+                          const std::vector<RequestRef>& refs) {
+  return enqueue_made(redis, worker_stream_key(model, worker),
+                      {"SADD", worker_streams_key(model), worker}, refs, "a worker's stream");
+}
+
+Status enqueue_catch_up(RedisClient& redis, const std::string& model,
+                        const std::vector<RequestRef>& refs) {
+  return enqueue_made(redis, catch_up_stream_key(model), {"SET", catch_up_made_key(model), "1"},
+                      refs, "the catch-up stream");
 }
 
 Result<std::vector<std::string>> workers_with_streams(RedisClient& redis,

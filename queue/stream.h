@@ -26,6 +26,15 @@ std::string worker_stream_key(const std::string& model, const std::string& worke
 // stream (move_worker_stream).
 std::string worker_streams_key(const std::string& model);
 
+// The model's catch-up stream: requests the relay gives an account far behind its share (a
+// newcomer, say: queue/fair_share.h, ShareGrant::catch_up). Every worker reads it whatever its
+// headroom and starts what it takes at once, ahead of the other queued work it runs (which its
+// engine preempts). Same consumer group as the shared stream.
+std::string catch_up_stream_key(const std::string& model);
+// Set with every push to the catch-up stream: there but the stream gone, Redis lost the stream
+// (its entries are sent again).
+std::string catch_up_made_key(const std::string& model);
+
 struct RequestRef {
   std::string batch_id;
   int idx = 0;
@@ -47,6 +56,10 @@ struct RequestRef {
 [[nodiscard]] Status enqueue_for_worker(RedisClient& redis, const std::string& model,
                                         const std::string& worker,
                                         const std::vector<RequestRef>& refs);
+// Appends one entry per request to the model's catch-up stream, creating the stream and its
+// group and setting catch_up_made_key first, in one transaction.
+[[nodiscard]] Status enqueue_catch_up(RedisClient& redis, const std::string& model,
+                                      const std::vector<RequestRef>& refs);
 // The workers listed in worker_streams_key.
 [[nodiscard]] Result<std::vector<std::string>> workers_with_streams(RedisClient& redis,
                                                                     const std::string& model);

@@ -32,6 +32,7 @@ void AsyncJobs::admit(const std::vector<queue::Lease>& arrived) {
       continue;
     }
     gen->cache_namespace = l.account_id;
+    if (l.catch_up) gen->priority = kCatchUpPriority;
     sizes_.record(static_cast<int>(gen->prompt.size()), gen->params.max_tokens);
     AnswerLogprobs logprobs(gen->params.logprobs >= 0);
     gen->on_event = timed([this](const engine::TokenEvent& ev) { on_event(ev); },
@@ -43,6 +44,7 @@ void AsyncJobs::admit(const std::vector<queue::Lease>& arrived) {
     }
     running_.emplace(*id, Running{l, "", std::move(logprobs), offered_tool_calls(*req, model_),
                                   wire::answers_json(*req)});
+    if (l.catch_up) ++catch_up_held_;
     io_.hold(*id, l);
   }
 }
@@ -61,7 +63,7 @@ void AsyncJobs::on_event(const engine::TokenEvent& ev) {
   if (ev.finish_reason == engine::FinishReason::kError) {
     // Another attempt (here or on another worker) may well succeed.
     io_.fail({r.lease, "inference_error", ev.error, true});
-    running_.erase(it);
+    erase(it);
     return;
   }
   wire::Answer answer;
@@ -73,12 +75,20 @@ void AsyncJobs::on_event(const engine::TokenEvent& ev) {
   answer.json = r.json;
   io_.complete({r.lease, wire::encode_stored_answer(answer), ev.usage.prompt_tokens,
                 ev.usage.completion_tokens, ev.usage.cached_tokens});
+  erase(it);
+}
+
+void AsyncJobs::erase(std::unordered_map<int64_t, Running>::iterator it) {
+  if (it->second.lease.catch_up) --catch_up_held_;
   running_.erase(it);
 }
 
 void AsyncJobs::drop_lost(const std::vector<int64_t>& lost) {
   for (int64_t id : lost) {
-    if (running_.erase(id) > 0) eng_.cancel(id);
+    auto it = running_.find(id);
+    if (it == running_.end()) continue;
+    erase(it);
+    eng_.cancel(id);
   }
 }
 
@@ -87,6 +97,7 @@ std::vector<queue::Lease> AsyncJobs::take_unfinished() {
   // complete it as cancelled besides handing it back.
   std::unordered_map<int64_t, Running> unfinished;
   unfinished.swap(running_);
+  catch_up_held_ = 0;
   std::vector<queue::Lease> out;
   for (auto& [id, r] : unfinished) {
     out.push_back(r.lease);

@@ -29,6 +29,11 @@ class AsyncJobs {
   void drop_lost(const std::vector<int64_t>& lost);
   // On stop: the leases of requests that did not finish, cancelled in the engine, to hand back.
   std::vector<queue::Lease> take_unfinished();
+  // Catch-up requests (queue/stream.h) in the engine, running or waiting.
+  int catch_up_held() const { return catch_up_held_; }
+  // The engine priority of catch-up requests: above every other queued request's (0), so that
+  // the engine preempts those to start them.
+  static constexpr int kCatchUpPriority = 1;
 
  private:
   void on_event(const engine::TokenEvent& ev);
@@ -44,6 +49,8 @@ class AsyncJobs {
   LoadedModel& model_;
   RequestSizes& sizes_;
   std::unordered_map<int64_t, Running> running_;  // engine id → lease
+  int catch_up_held_ = 0;                         // of running_, with lease.catch_up
+  void erase(std::unordered_map<int64_t, Running>::iterator it);
 };
 
 }  // namespace hr::workers

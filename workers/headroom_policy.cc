@@ -28,14 +28,21 @@ const char* credit_limit_name(CreditLimit limit) {
   return "unknown";
 }
 
+namespace {
+
+// Room kept for sync: the configured reserve, or as many more sync sequences as the recent peak
+// had (up to half the slots: a past burst must not shut async work out).
+int sync_reserve(const PolicyState& s, const HeadroomPolicyConfig& config) {
+  const int sync_now = s.headroom.running_sync + s.headroom.waiting_sync;
+  return std::max(config.reserve_slots, std::min(s.sync_peak - sync_now, config.max_num_seqs / 2));
+}
+
+}  // namespace
+
 Credits grant_credits(const PolicyState& s, const HeadroomPolicyConfig& config) {
   const engine::Headroom& h = s.headroom;
   Credits c;
-  const int sync_now = h.running_sync + h.waiting_sync;
-  // Room kept for sync: the configured reserve, or as many more sync sequences as the recent
-  // peak had (up to half the slots: a past burst must not shut async work out).
-  c.reserve =
-      std::max(config.reserve_slots, std::min(s.sync_peak - sync_now, config.max_num_seqs / 2));
+  c.reserve = sync_reserve(s, config);
   if (s.stopping) {
     c.limit = CreditLimit::kStopping;
     return c;
@@ -70,6 +77,14 @@ Credits grant_credits(const PolicyState& s, const HeadroomPolicyConfig& config) 
   }
   c.granted = std::max(credits, 0);
   return c;
+}
+
+int catch_up_credits(const PolicyState& s, const HeadroomPolicyConfig& config) {
+  if (s.stopping) return 0;
+  const int sync_now = s.headroom.running_sync + s.headroom.waiting_sync;
+  const int room = config.max_num_seqs - sync_reserve(s, config) - sync_now - s.catch_up_held -
+                   s.catch_up_in_transit;
+  return std::clamp(room, 0, config.max_pull);
 }
 
 void RequestSizes::record(int prompt_tokens, int max_tokens) {

@@ -33,6 +33,8 @@ struct PolicyState {
   bool engine_has_work = false;  // the next step has something to run
   bool stopping = false;         // stopping or draining: no new work
   bool brake_engaged = false;    // the utilization brake (UtilizationBrake::engaged)
+  int catch_up_held = 0;         // catch-up requests in the engine (running or waiting)
+  int catch_up_in_transit = 0;   // catch-up requests pulled, not yet arrived
 };
 
 // The last rule that lowered the credits (kSlots when none but the slots did).
@@ -55,6 +57,12 @@ struct Credits {
 };
 
 Credits grant_credits(const PolicyState& state, const HeadroomPolicyConfig& config);
+
+// Catch-up requests (queue/stream.h) to pull now, headroom or not: they start at once by
+// preempting the other queued work running. The slots less the sync reserve and the sync
+// sequences, less the catch-up requests held or on their way, at most max_pull; none while
+// stopping. (The utilization brake does not apply: they take the place of work already running.)
+int catch_up_credits(const PolicyState& state, const HeadroomPolicyConfig& config);
 
 // The KV blocks a queued request takes: its prompt and its max_tokens, averaged (exponentially,
 // over about the last 16) over the requests pulled so far, in blocks of `block_size` tokens.

@@ -38,9 +38,24 @@ void QueueIo::want(int n) {
   if (n > 0) cv_.notify_all();
 }
 
+void QueueIo::want_catch_up(int n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (n == want_catch_up_) return;
+  want_catch_up_ = n;
+  if (n > 0) cv_.notify_all();
+}
+
 int QueueIo::in_transit() const {
   std::lock_guard<std::mutex> lock(mu_);
+  // (A catch-up pull asks for all the room it may take, not what it will find: not counted.)
   return pulling_ + static_cast<int>(pulled_.size());
+}
+
+int QueueIo::catch_up_in_transit() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pulling_catch_up_ +
+         static_cast<int>(std::count_if(pulled_.begin(), pulled_.end(),
+                                        [](const queue::Lease& l) { return l.catch_up; }));
 }
 
 std::vector<queue::Lease> QueueIo::take_pulled() {
@@ -140,8 +155,8 @@ void QueueIo::loop() {
   std::unique_ptr<queue::LeaseClient> leases;
   const int64_t renew_every_ns = int64_t{config_.lease_seconds} * 1000000000 / 3;
   const int64_t poll_ns = int64_t{config_.idle_poll_ms} * 1000000;
+  const int64_t catch_up_poll_ns = int64_t{config_.catch_up_poll_ms} * 1000000;
   int64_t last_renew = steady_now_ns();
-  int64_t next_pull = 0;
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     if (!leases) {
@@ -164,23 +179,31 @@ void QueueIo::loop() {
     if (stop_) break;
     bool woke_step_loop = false;
     int64_t now = steady_now_ns();
-    if (want_ > 0 && now >= next_pull) {
-      int n = want_;
-      want_ = 0;
-      pulling_ = n;
+    // Catch-up first: it is started at once, the rest only into headroom.
+    for (bool catch_up : {true, false}) {
+      int& want = catch_up ? want_catch_up_ : want_;
+      int& pulling = catch_up ? pulling_catch_up_ : pulling_;
+      int64_t& next_pull = catch_up ? next_catch_up_pull_ns_ : next_pull_ns_;
+      if (want <= 0 || now < next_pull) continue;
+      const int n = want;
+      want = 0;
+      pulling = n;
       lock.unlock();
-      auto got = leases->pull(n, 0);
+      auto got = catch_up ? leases->pull_catch_up(n) : leases->pull(n, 0);
       lock.lock();
-      pulling_ = 0;
+      pulling = 0;
       if (!got.is_ok()) {
         next_pull =
             steady_now_ns() + ms_to_ns(pull_pacer_.failed("worker.pull_failed", got.status()));
       } else if (got->empty()) {
         pull_pacer_.succeeded();
-        next_pull = steady_now_ns() + poll_ns;  // nothing queued: look again in a while
+        // Nothing queued: look again in a while.
+        next_pull = steady_now_ns() + (catch_up ? catch_up_poll_ns : poll_ns);
       } else {
         pull_pacer_.succeeded();
+        next_pull = 0;
         stats_.pulled += static_cast<int64_t>(got->size());
+        if (catch_up) stats_.caught_up += static_cast<int64_t>(got->size());
         pulled_.insert(pulled_.end(), std::make_move_iterator(got->begin()),
                        std::make_move_iterator(got->end()));
         woke_step_loop = true;
@@ -224,14 +247,16 @@ void QueueIo::loop() {
     // Sleep until there are results to record, a pull is due, or the renewal is.
     now = steady_now_ns();
     int64_t until = last_renew + renew_every_ns;
-    if (want_ > 0) until = std::min(until, std::max(next_pull, now));
+    if (want_ > 0) until = std::min(until, std::max(next_pull_ns_, now));
+    if (want_catch_up_ > 0) until = std::min(until, std::max(next_catch_up_pull_ns_, now));
     const bool results_waiting = !done_.empty() || !failed_.empty();
     if (results_waiting) until = std::min(until, std::max(next_flush_ns_, now));
     until = std::min(until, now + poll_ns);
     cv_.wait_for(lock, std::chrono::nanoseconds(std::max<int64_t>(0, until - now)), [&] {
       const int64_t t = steady_now_ns();
       return stop_ || ((!done_.empty() || !failed_.empty()) && t >= next_flush_ns_) ||
-             (want_ > 0 && t >= next_pull);
+             (want_ > 0 && t >= next_pull_ns_) ||
+             (want_catch_up_ > 0 && t >= next_catch_up_pull_ns_);
     });
   }
   // Stopping: record what finished (one more try), hand back the rest.

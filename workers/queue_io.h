@@ -39,8 +39,13 @@ class QueueIo {
 
   // The step loop has room for `n` more requests (the latest call wins; 0: none).
   void want(int n);
-  // Requests pulled or being pulled that the step loop has not taken yet.
+  // The step loop has room for `n` more catch-up requests (queue/stream.h: started at once,
+  // preempting other queued work), whatever its headroom; looked for about every idle_poll_ms.
+  void want_catch_up(int n);
+  // Requests pulled or being pulled that the step loop has not taken yet (catch-up ones only once
+  // they arrived); and catch-up ones, pulled or being pulled.
   int in_transit() const;
+  int catch_up_in_transit() const;
   std::vector<queue::Lease> take_pulled();
   void complete(queue::Completion c);
   void fail(queue::Failure f);
@@ -64,6 +69,8 @@ class QueueIo {
   bool stop_ = false;                               // guarded by mu_
   int want_ = 0;                                    // guarded by mu_
   int pulling_ = 0;                                 // guarded by mu_
+  int want_catch_up_ = 0;                           // guarded by mu_
+  int pulling_catch_up_ = 0;                        // guarded by mu_
   bool connected_ = false;                          // guarded by mu_
   std::vector<queue::Lease> pulled_;                // guarded by mu_
   std::vector<queue::Completion> done_;             // guarded by mu_
@@ -75,6 +82,8 @@ class QueueIo {
   // uses these), and results are written again no sooner than next_flush_ns_.
   RetryPacer connect_pacer_, write_pacer_, pull_pacer_, renew_pacer_;
   int64_t next_flush_ns_ = 0;  // guarded by mu_
+  // Pulls take turns with nothing found; only the I/O thread uses these.
+  int64_t next_pull_ns_ = 0, next_catch_up_pull_ns_ = 0;
   std::thread thread_;
 };
 

@@ -103,6 +103,7 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given,
   eo.scheduler.max_prefill_chunk = config.max_batched_tokens;
   eo.scheduler.max_async_tokens_with_sync = config.async_tokens_with_sync;
   eo.scheduler.sync_prefill_alone = config.sync_prefill_alone;
+  eo.scheduler.priority_runs_alone = config.catch_up_alone == 1;
   HR_ASSIGN_OR_RETURN(m->engine, engine::Engine::create(std::move(backend), m->tokenizer,
                                                         m->config.max_position_embeddings, eo));
   // Decode graphs are captured now, not while the first requests wait.
@@ -412,6 +413,9 @@ void Worker::Loop::grant(bool stopping) {
   state.engine_has_work = eng.has_work();
   state.stopping = stopping || w.draining_.load();
   state.brake_engaged = brake.engaged();
+  state.catch_up_held = async.catch_up_held();
+  state.catch_up_in_transit = io.catch_up_in_transit();
+  io.want_catch_up(catch_up_credits(state, policy));
   const Credits credits = grant_credits(state, policy);
   if (credits.limit == CreditLimit::kBrake) {
     ++w.stats_.braked;

@@ -36,6 +36,7 @@ class ActiveSync;
 
 struct WorkerStats {
   std::atomic<int64_t> pulled{0};
+  std::atomic<int64_t> caught_up{0};  // of them, from the catch-up stream (queue/stream.h)
   std::atomic<int64_t> completed{0};
   std::atomic<int64_t> failed{0};
   std::atomic<int64_t> released{0};

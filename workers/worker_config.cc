@@ -36,6 +36,9 @@ void WorkerConfig::bind(CLI::App& app) {
            "-1: 8 on the CPU backend, no cap on a GPU)");
   cli::add(app, "--sync-prefill-alone", sync_prefill_alone,
            "Engine steps that compute a sync prompt carry no async tokens (true or false)");
+  cli::add(app, "--catch-up-alone", catch_up_alone,
+           "While the queued work of an account far behind its share runs, the rest of the "
+           "queued work waits (1) or runs beside it (0) (-1: 1 on the CPU backend, 0 on a GPU)");
   cli::add(app, "--async-step-ms", async_step_ms,
            "Steps carrying async work are sized from measured step times to last about this "
            "long, so a sync request arriving after a quiet spell waits little for the step in "
@@ -45,6 +48,9 @@ void WorkerConfig::bind(CLI::App& app) {
            "cores runs first (-1: 5 on the CPU backend, 0 on a GPU)");
   cli::add(app, "--idle-poll-ms", idle_poll_ms,
            "An idle worker looks for async work this often (sync arrivals wake it at once)");
+  cli::add(app, "--catch-up-poll-ms", catch_up_poll_ms,
+           "A worker looks this often for the queued work of an account far behind its share, "
+           "which it starts at once, busy or not (docs/fair-share.md)");
   cli::add(
       app, "--kv-cache-bytes", kv_cache_bytes,
       "KV cache size in bytes (with --device cuda, 0: 90% of the GPU memory left after loading; "
@@ -88,6 +94,9 @@ Status WorkerConfig::validate() const {
     return invalid_argument("--max-utilization must be in (0, 1]", "max-utilization");
   }
   if (drain_seconds < 0) return invalid_argument("--drain-seconds must be >= 0", "drain-seconds");
+  if (catch_up_alone < -1 || catch_up_alone > 1) {
+    return invalid_argument("--catch-up-alone must be -1 (by device), 0 or 1", "catch-up-alone");
+  }
   if (async_tokens_with_sync < -1) {
     return invalid_argument("--async-tokens-with-sync must be >= -1", "async-tokens-with-sync");
   }
@@ -100,6 +109,9 @@ Status WorkerConfig::validate() const {
   }
   if (idle_poll_ms < 1 || idle_poll_ms > 10000) {
     return invalid_argument("--idle-poll-ms must be 1..10000", "idle-poll-ms");
+  }
+  if (catch_up_poll_ms < 1 || catch_up_poll_ms > 10000) {
+    return invalid_argument("--catch-up-poll-ms must be 1..10000", "catch-up-poll-ms");
   }
   if (max_num_seqs < 1 && max_num_seqs != -1) {
     return invalid_argument("--max-num-seqs must be -1 (by device) or positive", "max-num-seqs");
@@ -163,6 +175,7 @@ WorkerConfig WorkerConfig::resolved() const {
   r.async_tokens_with_sync = by_device(async_tokens_with_sync, 8, 0);
   r.async_step_ms = by_device(async_step_ms, 100.0, 0.0);
   r.engine_nice = by_device(engine_nice, 5, 0);
+  r.catch_up_alone = by_device(catch_up_alone, 1, 0);
   r.max_num_seqs = by_device(max_num_seqs, 32, 256);
   r.max_batched_tokens = by_device(max_batched_tokens, 512, 2048);
   r.kv_cache_bytes = by_device<int64_t>(kv_cache_bytes, 64ll << 20, 0);

@@ -27,10 +27,15 @@ struct WorkerConfig {
   int max_model_len = 0;         // longest sequence, prompt and answer (0: the model's own)
   int max_pull = 64;             // most requests taken from the queue at once
   int idle_poll_ms = 20;         // an idle worker looks at the queue this often
+  int catch_up_poll_ms = 5;      // and at the catch-up stream (queue/stream.h), idle or not
   // Async tokens per step while sync requests run: 0 no cap, -1 auto (8 on the CPU backend, whose
   // step time grows with the tokens in it; no cap on a GPU).
   int async_tokens_with_sync = -1;
   bool sync_prefill_alone = true;  // steps computing a sync prompt carry no async tokens
+  // While catch-up requests (queue/stream.h) run, the rest of the queued work waits rather than
+  // runs beside them: 1 yes, 0 no, -1 auto (yes on the CPU backend, whose step time grows with
+  // the sequences in it; no on a GPU, where they cost the catch-up little).
+  int catch_up_alone = -1;
   // Nice value of the engine's threads (step loop and CPU pool): -1 auto (5 on the CPU backend,
   // 0 on a GPU), so that request handling on the same cores preempts the compute at once.
   int engine_nice = -1;

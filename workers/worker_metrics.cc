@@ -96,8 +96,9 @@ LoopMetrics::LoopMetrics()
       pulled(
           metrics::counter("headroom_async_pulled_total", "Async requests pulled from the queue")),
       steps(metrics::counter("headroom_engine_steps_total", "Engine steps run")),
-      preemptions(metrics::counter("headroom_preemptions_total",
-                                   "Async sequences preempted to make room for sync ones")),
+      preemptions(
+          metrics::counter("headroom_preemptions_total",
+                           "Async sequences preempted to make room for sync or catch-up ones")),
       prefix_queries(metrics::counter("headroom_prefix_cache_queries_total",
                                       "Full prompt blocks looked up in the prefix cache")),
       prefix_hits(metrics::counter("headroom_prefix_cache_hits_total",

@@ -109,6 +109,56 @@ TEST(SchedulerTest, AsyncStepCapHoldsWithOrWithoutSync) {
   EXPECT_EQ(tokens_of(p, b), 20);
 }
 
+TEST(SchedulerTest, HigherPriorityAsyncTakesTheSlotItNeedsOnly) {
+  // Three slots, all running async work; one of a higher priority (a catch-up request) arrives.
+  Harness h(64, 4, {3, 64, 64});
+  Sequence* a = h.add(RequestClass::kAsync, 4);
+  Sequence* b = h.add(RequestClass::kAsync, 4);
+  Sequence* c = h.add(RequestClass::kAsync, 4);
+  h.step();
+  Sequence* high = h.add(RequestClass::kAsync, 4, /*priority=*/1);
+  StepPlan p = h.step();
+  ASSERT_EQ(p.preempted.size(), 1u);
+  EXPECT_EQ(p.preempted[0], c);  // the latest
+  EXPECT_EQ(tokens_of(p, high), 4);
+  EXPECT_TRUE(a->running && b->running && !c->running);
+  // When it ends, the preempted one starts again from its tokens.
+  high->finished = true;
+  h.sched.remove(high);
+  p = h.step();
+  EXPECT_TRUE(c->running);
+  EXPECT_EQ(tokens_of(p, c), 1);  // its prompt's block is in the prefix cache: its token again
+}
+
+TEST(SchedulerTest, WithPriorityRunsAloneLowerAsyncWaitsForHigher) {
+  SchedulerConfig cfg{4, 64, 64};
+  cfg.priority_runs_alone = true;
+  Harness h(64, 4, cfg);
+  Sequence* a = h.add(RequestClass::kAsync, 4);
+  Sequence* b = h.add(RequestClass::kAsync, 4);
+  Sequence* c = h.add(RequestClass::kAsync, 4);
+  h.step();
+  Sequence* high = h.add(RequestClass::kAsync, 4, /*priority=*/1);
+  StepPlan p = h.step();
+  // Every lower one makes room, though a slot was free, and none starts while it runs.
+  EXPECT_EQ(p.preempted.size(), 3u);
+  ASSERT_EQ(p.seqs.size(), 1u);
+  EXPECT_EQ(p.seqs[0].seq, high);
+  p = h.step();
+  ASSERT_EQ(p.seqs.size(), 1u);
+  EXPECT_FALSE(a->running || b->running || c->running);
+  // A sync request still runs beside it; when the higher one ends, the rest start again.
+  Sequence* s = h.add(RequestClass::kSync, 4, 0, 200);
+  p = h.step();
+  EXPECT_EQ(tokens_of(p, s), 4);
+  EXPECT_EQ(tokens_of(p, high), 1);
+  high->finished = true;
+  h.sched.remove(high);
+  p = h.step();
+  EXPECT_TRUE(a->running && b->running && c->running);
+  EXPECT_EQ(tokens_of(p, a), 1);
+}
+
 TEST(SchedulerTest, SyncPrefillStepCarriesNoAsyncTokens) {
   SchedulerConfig c{16, 64, 4};  // prompts in chunks of 4
   c.sync_prefill_alone = true;

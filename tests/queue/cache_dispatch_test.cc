@@ -1,6 +1,7 @@
-// Cache-aware dispatch against real Postgres and Redis: the relay sends requests with one
-// affinity to one live worker's own stream, that worker reads it first, an idle worker takes from
-// another's, and a departed worker's stream goes back to the shared one.
+// The relay's streams against real Postgres and Redis. Cache-aware dispatch: the relay sends
+// requests with one affinity to one live worker's own stream, that worker reads it first, an idle
+// worker takes from another's, and a departed worker's stream goes back to the shared one.
+// Catch-up: an account far behind its share goes to the catch-up stream, which the workers split.
 #include <gtest/gtest.h>
 #include <pqxx/pqxx>
 
@@ -65,6 +66,21 @@ class CacheDispatchTest : public ::testing::Test {
     }
     auto r = submit_batch(*conn_, b);
     EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    return r.is_ok() ? r->batch_id : "";
+  }
+
+  // A batch of `n` requests without an affinity of a new account, "tenant-b".
+  std::string submit_for_newcomer(int n) {
+    auto key = create_api_key(*conn_, "tenant-b");
+    EXPECT_TRUE(key.is_ok());
+    if (!key.is_ok()) return "";
+    NewBatch b;
+    b.account_id = key->account_id;
+    b.model = model_;
+    b.requests.resize(static_cast<size_t>(n));
+    for (NewRequest& r : b.requests) r.body = "{\"prompt\":\"p\"}";
+    auto r = submit_batch(*conn_, b);
+    EXPECT_TRUE(r.is_ok());
     return r.is_ok() ? r->batch_id : "";
   }
 
@@ -160,6 +176,7 @@ TEST_F(CacheDispatchTest, ANewcomerIsNotQueuedBehindAWorkersStreamBacklog) {
   DispatcherOptions o;
   o.window = {100, 100, 250};
   o.newcomer_check_ms = 0;
+  o.catch_up_below = 0;  // the newcomer's requests in the streams, not the catch-up one
   auto d = Dispatcher::create(db_.url(), redis_url_, o).value();
   ASSERT_TRUE(d->relay_once().is_ok());
   const std::string own = worker_stream_key(model_, "w1");
@@ -200,6 +217,76 @@ TEST_F(CacheDispatchTest, ANewcomerIsNotQueuedBehindAWorkersStreamBacklog) {
     ASSERT_TRUE(c->complete(done).is_ok());
   }
   EXPECT_EQ(seen.size(), 3050u);
+}
+
+// A newcomer far behind the account whose work fills the workers goes to the catch-up stream,
+// which each live worker reads past its headroom, taking its part.
+TEST_F(CacheDispatchTest, ANewcomerFarBehindGoesToTheCatchUpStreamThatTheWorkersSplit) {
+  announce("w1");
+  announce("w2");
+  const std::string big = submit(3000, [](int) { return std::nullopt; });
+  DispatcherOptions o;
+  o.window = {100, 100, 250};
+  o.newcomer_check_ms = 0;
+  auto d = Dispatcher::create(db_.url(), redis_url_, o).value();
+  ASSERT_TRUE(d->relay_once().is_ok());
+  auto c1 = consumer("w1");
+  auto c2 = consumer("w2");
+  ASSERT_EQ(c1->pull(80, 0).value().size(), 80u);  // A's, running on w1
+  const std::string key_c = catch_up_stream_key(model_);
+  EXPECT_EQ(length(key_c), 0);  // A alone: nothing catches up
+  const std::string small = submit_for_newcomer(50);
+  ASSERT_FALSE(small.empty());
+  ASSERT_TRUE(d->relay_once().is_ok());
+  // All 50 of B's (it holds 50 against A's 130): none in the other streams.
+  EXPECT_EQ(length(key_c), 50);
+  auto entries = redis_->command({"XRANGE", stream_key(model_), "-", "+"}).value();
+  for (const auto& e : entries.elements) EXPECT_NE(e.elements[1].elements[1].str, small);
+  // A catch-up pull takes this worker's half.
+  std::vector<Lease> got1 = c1->pull_catch_up(100).value();
+  ASSERT_EQ(got1.size(), 25u);
+  for (const Lease& l : got1) {
+    EXPECT_EQ(l.ref.batch_id, small);
+    EXPECT_TRUE(l.catch_up);
+    EXPECT_EQ(l.stream, key_c);
+  }
+  // Its half taken, w1 takes no more than its part of what still waits (should w2 not come).
+  EXPECT_EQ(c1->pull_catch_up(4).value().size(), 4u);
+  EXPECT_EQ(c1->pull_catch_up(100).value().size(), 11u);  // ceil(21 / 2)
+  // A plain pull takes what is owed at once first, then the shared stream's.
+  const std::vector<Lease> next = c2->pull(20, 0).value();
+  ASSERT_EQ(next.size(), 20u);
+  for (size_t i = 0; i < next.size(); ++i) {
+    EXPECT_EQ(next[i].ref.batch_id, i < 10 ? small : big) << i;
+    EXPECT_EQ(next[i].catch_up, i < 10) << i;
+  }
+  EXPECT_TRUE(c2->pull_catch_up(100).value().empty());
+  // Completed, their entries leave the stream.
+  std::vector<Completion> done;
+  for (const Lease& l : got1) done.push_back({l, "{\"response\":\"ok\"}", 1, 1, 0});
+  ASSERT_TRUE(c1->complete(done).is_ok());
+  EXPECT_EQ(length(key_c), 25);
+}
+
+// Redis lost the catch-up stream: the janitor notices (its marker is there, the stream is not)
+// and the relay sends its requests again.
+TEST_F(CacheDispatchTest, ALostCatchUpStreamIsSentAgain) {
+  submit(90, [](int) { return std::nullopt; });
+  DispatcherOptions o;
+  o.window = {100, 100, 250};
+  o.newcomer_check_ms = 0;
+  auto d = Dispatcher::create(db_.url(), redis_url_, o).value();
+  ASSERT_TRUE(d->tick().is_ok());                               // (a first tick: Redis observed)
+  ASSERT_EQ(consumer("w1")->pull(100, 0).value().size(), 90u);  // A's, all running
+  ASSERT_FALSE(submit_for_newcomer(5).empty());
+  ASSERT_TRUE(d->relay_once().is_ok());
+  const std::string key_c = catch_up_stream_key(model_);
+  ASSERT_EQ(length(key_c), 5);
+  ASSERT_EQ(redis_->command({"DEL", key_c}).value().integer, 1);
+  auto tick = d->tick();
+  ASSERT_TRUE(tick.is_ok()) << tick.status().to_string();
+  EXPECT_EQ(length(key_c), 5);
+  EXPECT_EQ(consumer("w2")->pull_catch_up(10).value().size(), 5u);
 }
 
 TEST_F(CacheDispatchTest, AnIdleWorkerTakesFromAnothersStream) {

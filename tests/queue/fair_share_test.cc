@@ -42,6 +42,63 @@ TEST(FairShareTest, ANewcomerGetsTheRoomUntilItHasAsMuchInFlight) {
   EXPECT_EQ(t["a1"] + t["b1"], 500);
 }
 
+int64_t caught_up(const std::vector<ShareGrant>& grants, const std::string& batch) {
+  int64_t n = 0;
+  for (const ShareGrant& g : grants) {
+    if (g.batch_id == batch && g.catch_up) n += g.count;
+  }
+  return n;
+}
+
+TEST(FairShareTest, AnAccountFarBehindCatchesUp) {
+  // A has 300 in flight; B's 50 are all it has, and it is still far behind with them: all of
+  // them catch up. A's grants never do.
+  std::vector<ShareAccount> in = {account("A", 1, 0, {{"a1", 0, {}, 300, 100000}}),
+                                  account("B", 1, 0, {{"b1", 0, {}, 0, 50}})};
+  auto grants = share_room(in, 256, 0.5);
+  EXPECT_EQ(totals(grants)["b1"], 50);
+  EXPECT_EQ(caught_up(grants, "b1"), 50);
+  EXPECT_EQ(caught_up(grants, "a1"), 0);
+  EXPECT_GT(totals(grants)["a1"], 0);
+  // A big newcomer: only what brings it to half of A's 300 catches up; the rest is its share as
+  // usual.
+  in[1].batches[0].remaining = 100000;
+  grants = share_room(in, 640, 0.5);
+  EXPECT_EQ(caught_up(grants, "b1"), 150);
+  EXPECT_EQ(totals(grants)["b1"], 470);  // 300 to catch up with A, then half of the rest
+  // Weights count: B of weight 3 is far behind until it holds 450.
+  in[1].weight = 3;
+  EXPECT_EQ(caught_up(share_room(in, 2000, 0.5), "b1"), 450);
+  // Without catch_up_below, none.
+  EXPECT_EQ(caught_up(share_room(in, 640), "b1"), 0);
+}
+
+TEST(FairShareTest, AccountsNearTheirSharesNeverCatchUp) {
+  // Two saturating accounts of weights 3 and 1, each near its share of what is in flight, get
+  // refills in every pass: none catches up (so neither preempts the other).
+  std::vector<ShareAccount> in = {account("C", 3, 0, {{"c1", 0, {}, 290, 100000}}),
+                                  account("D", 1, 0, {{"d1", 0, {}, 90, 100000}})};
+  for (int64_t room : {1, 10, 40, 400}) {
+    auto grants = share_room(in, room, 0.5);
+    EXPECT_EQ(caught_up(grants, "c1") + caught_up(grants, "d1"), 0) << room;
+  }
+  // Nor when both start together from nothing.
+  {
+    std::vector<ShareAccount> fresh = {account("C", 3, 0, {{"c1", 0, {}, 0, 100000}}),
+                                       account("D", 1, 0, {{"d1", 0, {}, 0, 100000}})};
+    auto grants = share_room(fresh, 400, 0.5);
+    EXPECT_EQ(caught_up(grants, "c1") + caught_up(grants, "d1"), 0);
+  }
+  // One that has nothing left to send still counts: D, alone with something to send but with
+  // 10 in flight against C's 290 (96.7 per weight), catches up to half of C's (39 more), then
+  // gets the rest of the room as usual.
+  in[0].batches[0].remaining = 0;
+  in[1].in_flight = in[1].batches[0].in_flight = 10;
+  auto grants = share_room(in, 400, 0.5);
+  EXPECT_EQ(totals(grants)["d1"], 400);
+  EXPECT_EQ(caught_up(grants, "d1"), 39);
+}
+
 TEST(FairShareTest, WeightsSplitTheRoomInProportion) {
   std::vector<ShareAccount> in = {account("A", 3, 0, {{"a1", 0, {}, 0, 100000}}),
                                   account("B", 1, 0, {{"b1", 0, {}, 0, 100000}})};

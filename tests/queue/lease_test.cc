@@ -353,6 +353,7 @@ class FairRelayTest : public LeaseTest {
     DispatcherOptions o;
     o.window = {entries, entries, 250};
     o.newcomer_check_ms = 0;  // every pass looks
+    o.catch_up_below = 0;     // the shared stream only (the catch-up one: cache_dispatch_test)
     auto d = Dispatcher::create(db_.url(), redis_, o);
     EXPECT_TRUE(d.is_ok());
     return std::move(d).value();

@@ -164,6 +164,33 @@ TEST(HeadroomPolicyTest, TheBrakeHoldsPullsBackOnlyWhileEngagedAndOnlyWhenThereW
   EXPECT_EQ(l.grant().granted, 10);
 }
 
+TEST(HeadroomPolicyTest, CatchUpIsPulledOnAFullWorkerUpToItsSlotsLessSync) {
+  Loop l;
+  l.admit_async(30, 4);  // full: no credits, waiting or not
+  EXPECT_EQ(l.grant().granted, 0);
+  // Catch-up work takes the place of the async work running: the slots less the reserve.
+  EXPECT_EQ(catch_up_credits(l.state, l.config), 30);
+  // Less what it holds already or has on the way.
+  l.state.catch_up_held = 20;
+  l.state.catch_up_in_transit = 4;
+  EXPECT_EQ(catch_up_credits(l.state, l.config), 6);
+  // Less the sync sequences, and a recent sync peak's reserve: sync still comes first.
+  l.state.catch_up_held = l.state.catch_up_in_transit = 0;
+  l.state.headroom.running_sync = 5;
+  l.state.headroom.waiting_sync = 1;
+  EXPECT_EQ(catch_up_credits(l.state, l.config), 24);
+  l.state.sync_peak = 16;
+  EXPECT_EQ(catch_up_credits(l.state, l.config), 16);
+  // At most max_pull at once; nothing while stopping; never negative.
+  l.config.max_num_seqs = 256;
+  EXPECT_EQ(catch_up_credits(l.state, l.config), 64);
+  l.state.catch_up_held = 300;
+  EXPECT_EQ(catch_up_credits(l.state, l.config), 0);
+  l.state.catch_up_held = 0;
+  l.state.stopping = true;
+  EXPECT_EQ(catch_up_credits(l.state, l.config), 0);
+}
+
 TEST(RequestSizesTest, LearnsTheKvBlocksOfPulledRequests) {
   RequestSizes sizes(16);
   // Before any: a short prompt with the default 256-token answer.

@@ -97,9 +97,10 @@ std::vector<std::string> random_texts(int n, int seed) {
   return out;
 }
 
-json wait_done(testing::ApiHarness& h, const std::string& id, int seconds) {
+json wait_done(testing::ApiHarness& h, const std::string& id, int seconds,
+               const std::string& key = "") {
   for (int i = 0; i < seconds * 10; ++i) {
-    json r = h.get("/v1/async/" + id, h.key_a()).json()["result"];
+    json r = h.get("/v1/async/" + id, key.empty() ? h.key_a() : key).json()["result"];
     if (r.contains("responses")) return r;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -233,6 +234,53 @@ TEST(WorkerE2eTest, QueuedBatchIsAnsweredCorrectlyInOrder) {
   w->stop();
   EXPECT_EQ(w->stats().completed.load(), 200);
   EXPECT_EQ(w->stats().braked.load(), 0);  // the brake is off by default
+}
+
+// A newcomer far behind its share starts at once on a busy worker: account A's backlog fills the
+// worker's slots; account B's requests come through the catch-up stream, taken past the worker's
+// headroom, and run ahead of A's (which wait, or are preempted and later finished from their
+// tokens, with the answers they would have had; tests/engine/scheduler_test.cc steps the
+// preemption itself).
+TEST(WorkerE2eTest, ANewcomersRequestsStartAtOnceOnABusyWorker) {
+  ServedHarness s("w", [](WorkerConfig& c) {
+    c.max_num_seqs = 4;
+    c.reserve_slots = 1;
+  });
+  ASSERT_TRUE(s.ok());
+  testing::ApiHarness& h = s.h;
+  auto requests = [](const std::vector<std::string>& texts) {
+    json reqs = json::array();
+    for (const auto& t : texts) {
+      reqs.push_back({{"messages", {{{"role", "user"}, {"content", "reverse: " + t}}}},
+                      {"temperature", 0},
+                      {"max_tokens", 40}});
+    }
+    return reqs;
+  };
+  const auto texts_a = random_texts(300, 21);
+  const std::string a = h.submit(requests(texts_a), h.key_a());
+  ASSERT_FALSE(a.empty());
+  // A's running steadily: some done (their lengths differ, so the slots free up at different
+  // times) and every slot busy.
+  for (int i = 0; i < 1500; ++i) {
+    if (h.scalar("SELECT count(*) FROM requests WHERE status = 'completed'") >= 6 &&
+        s.w->load().async_running >= 3) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const auto texts_b = random_texts(3, 22);
+  const std::string b = h.submit(requests(texts_b), h.key_b());
+  ASSERT_FALSE(b.empty());
+  const json result_b = wait_done(h, b, 60, h.key_b());
+  const int64_t a_ended = h.scalar(
+      "SELECT count(*) FROM requests WHERE status = 'completed' AND batch_id = '" + a + "'::uuid");
+  check_answers(result_b, texts_b);
+  EXPECT_LT(a_ended, 250) << "B waited for most of A's backlog";
+  EXPECT_EQ(s.w->stats().caught_up.load(), 3);
+  // A's, preempted or not, all answered as they would have been alone.
+  check_answers(wait_done(h, a, 120), texts_a);
+  s.w->stop();
 }
 
 // Tools, earlier calls and tool results reach the model's own template (the bundled model's
