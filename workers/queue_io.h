@@ -40,7 +40,7 @@ class QueueIo {
   // The step loop has room for `n` more requests (the latest call wins; 0: none).
   void want(int n);
   // The step loop has room for `n` more catch-up requests (queue/stream.h: started at once,
-  // preempting other queued work), whatever its headroom; looked for about every idle_poll_ms.
+  // preempting other queued work), whatever its headroom; looked for about every catch_up_poll_ms.
   void want_catch_up(int n);
   // Requests pulled or being pulled that the step loop has not taken yet (catch-up ones only once
   // they arrived); and catch-up ones, pulled or being pulled.
