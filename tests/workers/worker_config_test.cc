@@ -42,6 +42,16 @@ TEST(WorkerConfigTest, SizesTheEngineByDevice) {
   EXPECT_EQ(sizes(kept.resolved()), sizes(kept));  // resolving twice changes nothing
 }
 
+TEST(WorkerConfigTest, CatchUpWorkRunsAloneOnTheCpuAndBesideOtherWorkOnAGpu) {
+  WorkerConfig cpu;
+  EXPECT_EQ(cpu.resolved().catch_up_alone, 1);
+  WorkerConfig gpu;
+  gpu.device = "cuda";
+  EXPECT_EQ(gpu.resolved().catch_up_alone, 0);
+  gpu.catch_up_alone = 1;
+  EXPECT_EQ(gpu.resolved().catch_up_alone, 1);  // given outright: kept
+}
+
 // The flag validate() names for a config changed by `change` ("ok" when it accepts it).
 template <typename Change>
 std::string field_of(Change change) {
@@ -57,6 +67,9 @@ TEST(WorkerConfigTest, RefusesSizesThatCannotWorkNamingTheFlag) {
   EXPECT_EQ(field_of([](WorkerConfig& c) { c.max_num_seqs = -2; }), "max-num-seqs");
   EXPECT_EQ(field_of([](WorkerConfig& c) { c.max_batched_tokens = 0; }), "max-batched-tokens");
   EXPECT_EQ(field_of([](WorkerConfig& c) { c.max_pull = 0; }), "max-pull");
+  EXPECT_EQ(field_of([](WorkerConfig& c) { c.catch_up_alone = 2; }), "catch-up-alone");
+  EXPECT_EQ(field_of([](WorkerConfig& c) { c.catch_up_alone = 0; }), "ok");
+  EXPECT_EQ(field_of([](WorkerConfig& c) { c.catch_up_poll_ms = 0; }), "catch-up-poll-ms");
   EXPECT_EQ(field_of([](WorkerConfig& c) { c.max_model_len = -1; }), "max-model-len");
   EXPECT_EQ(field_of([](WorkerConfig& c) { c.max_model_len = 1024; }), "ok");
   // 0 means "what the GPU has left": nothing on the CPU backend.
