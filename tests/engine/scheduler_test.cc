@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+
 namespace hr::engine {
 namespace {
 
@@ -109,14 +111,20 @@ TEST(SchedulerTest, AsyncStepCapHoldsWithOrWithoutSync) {
   EXPECT_EQ(tokens_of(p, b), 20);
 }
 
-TEST(SchedulerTest, HigherPriorityAsyncTakesTheSlotItNeedsOnly) {
-  // Three slots, all running async work; one of a higher priority (a catch-up request) arrives.
-  Harness h(64, 4, {3, 64, 64});
+// Three async sequences of priority 0 run a step; then one of priority 1 (a catch-up request)
+// arrives. Returns the four.
+std::array<Sequence*, 4> three_running_then_higher(Harness& h) {
   Sequence* a = h.add(RequestClass::kAsync, 4);
   Sequence* b = h.add(RequestClass::kAsync, 4);
   Sequence* c = h.add(RequestClass::kAsync, 4);
   h.step();
-  Sequence* high = h.add(RequestClass::kAsync, 4, /*priority=*/1);
+  return {a, b, c, h.add(RequestClass::kAsync, 4, /*priority=*/1)};
+}
+
+TEST(SchedulerTest, HigherPriorityAsyncTakesTheSlotItNeedsOnly) {
+  // Three slots, all running async work; one of a higher priority (a catch-up request) arrives.
+  Harness h(64, 4, {3, 64, 64});
+  auto [a, b, c, high] = three_running_then_higher(h);
   StepPlan p = h.step();
   ASSERT_EQ(p.preempted.size(), 1u);
   EXPECT_EQ(p.preempted[0], c);  // the latest
@@ -134,11 +142,7 @@ TEST(SchedulerTest, WithPriorityRunsAloneLowerAsyncWaitsForHigher) {
   SchedulerConfig cfg{4, 64, 64};
   cfg.priority_runs_alone = true;
   Harness h(64, 4, cfg);
-  Sequence* a = h.add(RequestClass::kAsync, 4);
-  Sequence* b = h.add(RequestClass::kAsync, 4);
-  Sequence* c = h.add(RequestClass::kAsync, 4);
-  h.step();
-  Sequence* high = h.add(RequestClass::kAsync, 4, /*priority=*/1);
+  auto [a, b, c, high] = three_running_then_higher(h);
   StepPlan p = h.step();
   // Every lower one makes room, though a slot was free, and none starts while it runs.
   EXPECT_EQ(p.preempted.size(), 3u);
