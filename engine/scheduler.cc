@@ -96,8 +96,10 @@ StepPlan Scheduler::schedule() {
       if (s->cls == RequestClass::kAsync) top = std::max(top, s->priority);
     }
     if (!waiting_async_.empty()) top = std::max(top, waiting_async_.front()->priority);
-    for (Sequence* s : std::vector<Sequence*>(running_)) {
-      if (s->cls == RequestClass::kAsync && s->priority < top) preempt(s, &plan, &budget);
+    // (Lowest first: running_ is sorted, so the ones below `top` are at its end.)
+    while (!running_.empty() && running_.back()->cls == RequestClass::kAsync &&
+           running_.back()->priority < top) {
+      preempt(running_.back(), &plan, &budget);
     }
   }
   auto plan_seq = [&](Sequence* seq, bool was_running) -> bool {

@@ -906,21 +906,25 @@ Result<TickReport> Dispatcher::tick() {
 
 void Dispatcher::run(const std::atomic<bool>& stop) {
   std::unique_ptr<pqxx::connection> listener;
+  int64_t listen_again_ns = 0;  // after a failed connection: not before the next tick
   // Waits up to `us` for a batch to be submitted or to finish (NOTIFY hr_dispatch); whether one
-  // was.
+  // was. Without a listener (Postgres unreachable), it only waits.
   auto await_dispatch = [&](int64_t us) -> bool {
     try {
-      if (!listener) {
+      if (!listener && steady_now_ns() >= listen_again_ns) {
         listener = std::make_unique<pqxx::connection>(database_url_);
         pqxx::nontransaction(*listener).exec("LISTEN hr_dispatch");
       }
-      return listener->await_notification(static_cast<long>(us / 1000000),
-                                          static_cast<long>(us % 1000000)) > 0;
+      if (listener) {
+        return listener->await_notification(static_cast<long>(us / 1000000),
+                                            static_cast<long>(us % 1000000)) > 0;
+      }
     } catch (const std::exception& e) {
       listener.reset();
-      std::this_thread::sleep_for(std::chrono::microseconds(us));
-      return false;
+      listen_again_ns = steady_now_ns() + int64_t{options_.tick_ms} * 1000000;
     }
+    std::this_thread::sleep_for(std::chrono::microseconds(us));
+    return false;
   };
   RetryPacer pacer;  // while Postgres or Redis fail: backoff, and a few counted warnings
   while (!stop.load()) {

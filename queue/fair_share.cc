@@ -71,6 +71,16 @@ std::vector<ShareGrant> share_room(const std::vector<ShareAccount>& accounts, in
     // (Those with nothing to send stay: their load counts against the others' catching up.)
     states.push_back(std::move(s));
   }
+  // What the most loaded other account held before this pass, per account (catch-up's measure).
+  std::vector<double> most_before(states.size(), 0);
+  for (size_t k = 0; k < states.size() && catch_up_below > 0; ++k) {
+    for (size_t o = 0; o < states.size(); ++o) {
+      if (o == k) continue;
+      const ShareAccount& other = *states[o].account;
+      most_before[k] =
+          std::max(most_before[k], static_cast<double>(other.in_flight) / other.weight);
+    }
+  }
   while (room > 0) {
     AccountState* pick = nullptr;
     for (AccountState& s : states) {
@@ -86,12 +96,7 @@ std::vector<ShareGrant> share_room(const std::vector<ShareAccount>& accounts, in
     // nothing are not behind each other.)
     bool catch_up = false;
     if (catch_up_below > 0) {
-      double most = 0;
-      for (const AccountState& s : states) {
-        if (&s != pick) {
-          most = std::max(most, static_cast<double>(s.account->in_flight) / s.account->weight);
-        }
-      }
+      const double most = most_before[static_cast<size_t>(pick - states.data())];
       const double below = catch_up_below * most * pick->account->weight -
                            static_cast<double>(pick->account->in_flight + pick->given_total);
       if (below > 0) {

@@ -201,6 +201,7 @@ Result<std::vector<Lease>> LeaseClient::claim(
   });
   if (!st.is_ok()) return st;
   std::vector<Lease> dropped;
+  const std::string catch_up_key = catch_up_stream_key(options_.model);
   for (auto& [stream, e] : entries) {
     auto it = claimed.find(key_of(e.ref.batch_id, e.ref.idx));
     if (it == claimed.end() || !it->second.entry_id.empty()) {
@@ -213,7 +214,7 @@ Result<std::vector<Lease>> LeaseClient::claim(
     }
     it->second.entry_id = e.id;
     it->second.stream = stream;
-    it->second.catch_up = stream == catch_up_stream_key(options_.model);
+    it->second.catch_up = stream == catch_up_key;
     out.push_back(it->second);
   }
   // The claims are committed: they are this worker's now, whatever Redis answers. Entries left
