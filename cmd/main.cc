@@ -273,6 +273,8 @@ int main(int argc, char** argv) {
   hr::cli::add(*plan_cmd, "--gpu-memory", plan.gpu_memory, "Each device's memory (80GiB, 141GB)");
   hr::cli::add(*plan_cmd, "--tp", plan.options.tp, "Tensor-parallel ranks per stage");
   hr::cli::add(*plan_cmd, "--pp", plan.options.pp, "Pipeline stages");
+  hr::cli::add(*plan_cmd, "--stage-layers", plan.stage_layers,
+               "Each pipeline stage's layers, first to last (30,34), or even: as even as they go");
   hr::cli::add(*plan_cmd, "--ep", plan.options.ep,
                "Expert parallelism: 1 (each expert sliced over the tp ranks) or --tp (experts "
                "sharded whole)");

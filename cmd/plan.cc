@@ -6,6 +6,8 @@
 #include <cctype>
 #include <cstdio>
 
+#include "engine/backend_factory.h"
+
 namespace hr::cmd {
 
 namespace {
@@ -89,6 +91,16 @@ int run_plan(PlanCommand c) {
                                        std::to_string(c.options.pp),
                                    "devices"));
     }
+  }
+  if (c.stage_layers != "even") {
+    Result<engine::StageLayers> stages = engine::parse_stage_layers(c.stage_layers);
+    if (!stages.is_ok() || stages->layers.empty()) {
+      return fail(
+          invalid_argument("--stage-layers takes even or each stage's layer count (30,34), not \"" +
+                               c.stage_layers + "\"",
+                           "stage-layers"));
+    }
+    c.options.stage_layers = stages->layers;
   }
   Result<engine::MemoryPlan> plan = engine::plan_memory(*shape, c.options);
   if (!plan.is_ok()) return fail(plan.status());

@@ -13,7 +13,8 @@ struct PlanCommand {
   int devices = 0;                   // 0: tp × pp
   std::string gpu_memory = "80GiB";  // each device's
   std::string weights = "bf16";
-  std::string expert_weights = "";  // empty: as --weights
+  std::string expert_weights = "";    // empty: as --weights
+  std::string stage_layers = "even";  // even, or each stage's layer count (30,34)
   bool json = false;
   engine::PlanOptions options;
 };

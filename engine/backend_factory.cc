@@ -2,6 +2,8 @@
 #include "engine/backend_factory.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <type_traits>
 
 #include "base/log.h"
 #include "engine/cpu_backend.h"
@@ -234,7 +236,10 @@ Status check_device(const std::string& device) {
   return Status::ok();
 }
 
-Result<std::vector<int>> parse_device_list(const std::string& text) {
+namespace {
+
+// Numbers of up to three digits separated by commas; empty when the text is not that.
+std::vector<int> number_list(const std::string& text) {
   std::vector<int> out;
   size_t at = 0;
   while (at <= text.size()) {
@@ -242,14 +247,53 @@ Result<std::vector<int>> parse_device_list(const std::string& text) {
     const std::string item = text.substr(at, comma - at);
     if (item.empty() || item.size() > 3 ||
         item.find_first_not_of("0123456789") != std::string::npos) {
-      return invalid_argument(
-          "--devices takes GPU indexes separated by commas (0,1,2,3), not \"" + text + "\"",
-          "devices");
+      return {};
     }
     out.push_back(std::stoi(item));
     at = comma + 1;
   }
   return out;
+}
+
+// "a,b,c" of the values times `scale` (integers as they are, others to two decimals).
+template <typename T>
+std::string joined(const std::vector<T>& values, double scale) {
+  std::string out;
+  for (const T& v : values) {
+    if (!out.empty()) out += ',';
+    if constexpr (std::is_integral_v<T>) {
+      out += std::to_string(v);
+    } else {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.2f", v * scale);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<int>> parse_device_list(const std::string& text) {
+  std::vector<int> out = number_list(text);
+  if (out.empty()) {
+    return invalid_argument(
+        "--devices takes GPU indexes separated by commas (0,1,2,3), not \"" + text + "\"",
+        "devices");
+  }
+  return out;
+}
+
+Result<StageLayers> parse_stage_layers(const std::string& text) {
+  if (text == "auto") return StageLayers{{}, true};
+  if (text == "even") return StageLayers{{}, false};
+  std::vector<int> layers = number_list(text);
+  if (layers.empty() || std::count(layers.begin(), layers.end(), 0) > 0) {
+    return invalid_argument(
+        "--stage-layers takes auto, even or each stage's layer count (30,34), not \"" + text + "\"",
+        "stage-layers");
+  }
+  return StageLayers{std::move(layers), false};
 }
 
 Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
@@ -263,12 +307,21 @@ Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
       HR_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir));
       ParallelCpuOptions o;
       o.degrees = {spec.tensor_parallel, spec.pipeline_parallel,
-                   expert_parallel(spec, config.moe.num_experts)};
+                   expert_parallel(spec, config.moe.num_experts), spec.stage_layers.layers};
       o.block_size = spec.block_size;
       o.kv_cache_bytes = spec.kv_cache_bytes;
       o.thread_nice = spec.cpu_thread_nice;
+      o.balance_stages = spec.stage_layers.balance;
+      o.balance_batch = std::min(spec.max_num_seqs, 16);
       LoadStats load;
       HR_ASSIGN_OR_RETURN(auto many, ParallelCpuBackend::create_from_dir(model_dir, o, &load));
+      if (const StageBalance& b = many->stage_balance(); b.ran) {
+        log::info("backend.stage_balance", {{"layers_before", joined(b.layers_before, 1)},
+                                            {"layers_after", joined(b.layers_after, 1)},
+                                            {"stage_ms_before", joined(b.seconds_before, 1e3)},
+                                            {"stage_ms_predicted", joined(b.predicted_after, 1e3)},
+                                            {"calibration_seconds", b.calibration_seconds}});
+      }
       log::info(
           "backend.parallel",
           {{"tensor_parallel", o.degrees.tp},

@@ -13,6 +13,12 @@
 
 namespace hr::engine {
 
+// How a CPU engine's pipeline stages split the layers.
+struct StageLayers {
+  std::vector<int> layers;  // each stage's, first to last; empty: see balance
+  bool balance = true;      // with no list: balanced by measured stage time, else as even
+};
+
 struct BackendSpec {
   std::string device = "cpu";  // cpu | cuda | cuda:N
   int block_size = 16;
@@ -28,6 +34,8 @@ struct BackendSpec {
   int pipeline_parallel = 1;
   int expert_parallel = 0;
   std::vector<int> devices;
+  // cpu with pipeline stages: each stage's layers (parse_stage_layers).
+  StageLayers stage_layers;
   std::string cuda_options;  // cuda: settings, see parse_cuda_options
 };
 
@@ -59,6 +67,10 @@ std::string describe_cuda_backend_options(const CudaBackendOptions& options);
 [[nodiscard]] Status check_device(const std::string& device);
 // The GPU indexes of a comma-separated list ("0,1,2,3"; --devices); errors name devices.
 [[nodiscard]] Result<std::vector<int>> parse_device_list(const std::string& text);
+// --stage-layers: "auto" (the stages balanced by measured time: empty list, balance true),
+// "even" (as even as they go: empty, false) or each stage's layer count ("30,34"); errors name
+// stage-layers.
+[[nodiscard]] Result<StageLayers> parse_stage_layers(const std::string& text);
 // Loads the Hugging Face folder `model_dir` onto the device: the CPU backend reads fp32 weights,
 // the CUDA backend uploads bf16 straight from the safetensors files.
 [[nodiscard]] Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,

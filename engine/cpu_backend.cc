@@ -2,6 +2,7 @@
 #include "engine/cpu_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -195,6 +196,7 @@ CpuBackend::CpuBackend(std::shared_ptr<const ModelWeights> weights, CpuBackendOp
       static_cast<size_t>(num_blocks_) * options_.block_size * shard_.num_kv_heads * c.head_dim;
   k_cache_.assign(static_cast<size_t>(shard_.num_layers), std::vector<float>(layer_elems, 0.0f));
   v_cache_.assign(static_cast<size_t>(shard_.num_layers), std::vector<float>(layer_elems, 0.0f));
+  reset_part_times();
 }
 
 size_t CpuBackend::kv_cache_bytes() const {
@@ -252,6 +254,11 @@ Status CpuBackend::forward_part(const StepInput& in, float* hidden, float* logit
     return (static_cast<size_t>(block) * bs + pos % bs) * KV;
   };
 
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  Clock::time_point part_start = Clock::now();
   if (!sh.first_stage()) {
     std::memcpy(x_.data(), hidden, sizeof(float) * x_.size());
   } else {
@@ -265,12 +272,14 @@ Status CpuBackend::forward_part(const StepInput& in, float* hidden, float* logit
       }
     }
   }
+  if (sh.first_stage()) part_times_.first += since(part_start);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   // Attention's work: q.k and the weighted v sum over each token's context, for every head.
   double attention_work = 0;
   for (int t = 0; t < T; ++t) attention_work += 2.0 * (in.positions[t] + 1) * nh * hd;
   const int attention_min = attention_work < 4.0 * kMinSplitWork ? T * nh + 1 : 8;
   for (int li = 0; li < sh.num_layers; ++li) {
+    part_start = Clock::now();
     const LayerWeights& L = w.layers[static_cast<size_t>(li)];
     float* kc = k_cache_[static_cast<size_t>(li)].data();
     float* vc = v_cache_[static_cast<size_t>(li)].data();
@@ -325,21 +334,30 @@ Status CpuBackend::forward_part(const StepInput& in, float* hidden, float* logit
     });
     if (c.is_moe_layer(sh.first_layer + li)) {
       HR_RETURN_IF_ERROR(moe(L, sh.first_layer + li, T));
-      continue;
+    } else {
+      matmul(h_.data(), L.w_gate_up.data(), gu_.data(), T, 2 * F, D, false);
+      pool_.parallel_for(T, std::max(2, 65536 / F), [&](int t0, int t1) {
+        for (int t = t0; t < t1; ++t) {
+          silu_mul(&gu_[static_cast<size_t>(t) * 2 * F], F, &act_[static_cast<size_t>(t) * F]);
+        }
+      });
+      HR_RETURN_IF_ERROR(row_parallel(act_.data(), L.w_down.data(), T, F));
     }
-    matmul(h_.data(), L.w_gate_up.data(), gu_.data(), T, 2 * F, D, false);
-    pool_.parallel_for(T, std::max(2, 65536 / F), [&](int t0, int t1) {
-      for (int t = t0; t < t1; ++t) {
-        silu_mul(&gu_[static_cast<size_t>(t) * 2 * F], F, &act_[static_cast<size_t>(t) * F]);
-      }
-    });
-    HR_RETURN_IF_ERROR(row_parallel(act_.data(), L.w_down.data(), T, F));
+    part_times_.layer[static_cast<size_t>(li)] += since(part_start);
   }
   if (!sh.last_stage()) {
     std::memcpy(hidden, x_.data(), sizeof(float) * x_.size());
     return Status::ok();
   }
-  return lm_head(in, logits);
+  part_start = Clock::now();
+  Status st = lm_head(in, logits);
+  part_times_.last += since(part_start);
+  return st;
+}
+
+void CpuBackend::reset_part_times() {
+  part_times_.layer.assign(static_cast<size_t>(shard_.num_layers), 0.0);
+  part_times_.first = part_times_.last = 0;
 }
 
 Status CpuBackend::lm_head(const StepInput& in, float* logits) {

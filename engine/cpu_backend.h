@@ -14,6 +14,7 @@
 #include "engine/backend.h"
 #include "engine/communicator.h"
 #include "engine/host_sampled_backend.h"
+#include "engine/stage_balance.h"
 #include "engine/thread_pool.h"
 #include "engine/weights.h"
 
@@ -62,6 +63,12 @@ class CpuBackend final : public HostSampledBackend {
   using RoutingObserver =
       std::function<void(int layer, int num_tokens, const int32_t* experts, const float* weights)>;
   void set_routing_observer(RoutingObserver f) { routing_observer_ = std::move(f); }
+  // Where forward_part's time went since reset_part_times(), in seconds of wall time: each held
+  // layer's (a tensor-parallel rank's waits in its all-reduces included), the embedding's (first
+  // stage) and the final norm and LM head's (last stage). Read between steps: the parallel
+  // backend balances its pipeline stages by it.
+  const StageCosts& part_times() const { return part_times_; }
+  void reset_part_times();
 
  private:
   CpuBackend(std::shared_ptr<const ModelWeights> weights, CpuBackendOptions options,
@@ -99,6 +106,7 @@ class CpuBackend final : public HostSampledBackend {
   std::vector<int32_t> route_ids_;
   std::vector<std::vector<int32_t>> routed_;
   RoutingObserver routing_observer_;
+  StageCosts part_times_;
 };
 
 // Packs the matrices in place for the CPU backend (ModelWeights::cpu_packed), one at a time (the

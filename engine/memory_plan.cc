@@ -29,6 +29,15 @@ int64_t local_kv_heads(const ModelShape& s, int tp) {
 
 }  // namespace
 
+int stage_first_layer(int num_layers, int pp, const std::vector<int>& stage_layers, int stage) {
+  if (stage_layers.empty()) {
+    return static_cast<int>(static_cast<int64_t>(num_layers) * stage / pp);
+  }
+  int first = 0;
+  for (int i = 0; i < stage; ++i) first += stage_layers[static_cast<size_t>(i)];
+  return first;
+}
+
 Status check_parallel_layout(const ModelShape& s, const PlanOptions& o) {
   if (o.tp < 1 || o.tp > 1024) {
     return invalid_argument("tensor-parallel ranks must be 1 to 1024", "tensor-parallel");
@@ -55,6 +64,19 @@ Status check_parallel_layout(const ModelShape& s, const PlanOptions& o) {
                                 " intermediate rows do not split over " + std::to_string(o.tp) +
                                 " ranks",
                             "tensor-parallel");
+  }
+  if (!o.stage_layers.empty()) {
+    int sum = 0;
+    for (int n : o.stage_layers) {
+      if (n < 1) return invalid_argument("every pipeline stage needs a layer", "stage-layers");
+      sum += n;
+    }
+    if (static_cast<int>(o.stage_layers.size()) != o.pp || sum != s.num_layers) {
+      return invalid_argument("the stages' layer counts must be " + std::to_string(o.pp) +
+                                  " numbers adding up to the model's " +
+                                  std::to_string(s.num_layers) + " layers",
+                              "stage-layers");
+    }
   }
   if (o.ep != 1 && o.ep != o.tp) {
     return invalid_argument("expert parallelism is 1 (experts sliced) or the tensor-parallel size",
@@ -172,9 +194,10 @@ Result<MemoryPlan> plan_memory(const ModelShape& s, const PlanOptions& o) {
   const int64_t D = s.hidden_size, V = s.vocab_size;
   plan.kv_tokens = -1;
   for (int stage = 0; stage < o.pp; ++stage) {
-    // Contiguous layers, as even as they go.
-    const int64_t first = s.num_layers * stage / o.pp;
-    const int64_t last = s.num_layers * (stage + 1) / o.pp;
+    const int64_t first =
+        stage_first_layer(static_cast<int>(s.num_layers), o.pp, o.stage_layers, stage);
+    const int64_t last =
+        stage_first_layer(static_cast<int>(s.num_layers), o.pp, o.stage_layers, stage + 1);
     for (int t = 0; t < o.tp; ++t) {
       RankPlan r;
       r.stage = stage;

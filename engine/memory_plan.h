@@ -29,6 +29,8 @@ struct PlanOptions {
   int tp = 1;  // tensor-parallel ranks per stage
   int pp = 1;  // pipeline stages
   int ep = 1;  // 1: experts sliced across the tp ranks; tp: sharded whole (expert parallelism)
+  // Layers of each stage, first to last (empty: as even as they go); see stage_first_layer.
+  std::vector<int> stage_layers;
   int64_t gpu_memory_bytes = 80'000'000'000;   // each device's memory
   WeightFormat weights = WeightFormat::kBf16;  // dense matrices as held on the device
   WeightFormat experts = WeightFormat::kBf16;  // routed experts' matrices
@@ -75,6 +77,11 @@ struct MemoryPlan {
 // rows, experts over ep, stages over layers (the rules the plan and the engine's shards share).
 // Errors name tensor-parallel, pipeline-parallel or expert-parallel.
 [[nodiscard]] Status check_parallel_layout(const ModelShape& shape, const PlanOptions& options);
+
+// The first layer of pipeline stage `stage` (stage == pp: the model's layer count): with
+// `stage_layers` empty, contiguous layers as even as they go ([L s / pp, L (s + 1) / pp)); else
+// the stages' counts in order (check_parallel_layout checks them).
+int stage_first_layer(int num_layers, int pp, const std::vector<int>& stage_layers, int stage);
 
 // The CUDA backend's step buffers on one rank holding `num_layers` layers, with `options`'
 // sharding of `shape` (what plan_memory counts as activation_bytes).

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "engine/safetensors.h"
+#include "engine/synthetic_step.h"
 
 namespace hr::engine {
 
@@ -19,7 +20,30 @@ Status check_options(const ParallelCpuOptions& options) {
   if (options.micro_batches < 0 || options.micro_batches > 64) {
     return invalid_argument("micro-batches must be 0 (one per stage) to 64", "micro-batches");
   }
+  if (options.balance_batch < 1 || options.balance_batch > 1024) {
+    return invalid_argument("the balancing's batch must be 1 to 1024 sequences", "balance-batch");
+  }
+  if (options.balance_context < 1 || options.balance_context > 65536) {
+    return invalid_argument("the balancing's context must be 1 to 65536 tokens", "balance-context");
+  }
+  if (!(options.balance_prompt_ratio >= 0 && options.balance_prompt_ratio <= 1000)) {
+    return invalid_argument("the balancing's prompt tokens per output token must be 0 to 1000",
+                            "balance-prompt-ratio");
+  }
   return Status::ok();
+}
+
+// Whether create() balances the stages it assembled.
+bool balances(const ParallelCpuOptions& options) {
+  return options.balance_stages && options.degrees.pp > 1 && options.degrees.stage_layers.empty();
+}
+
+// The calibration (measure_parts): decode steps timed, prefill chunks of kChunk tokens for
+// kPrefillSeqs sequences, kPrefillSteps of them timed.
+constexpr int kDecodeSteps = 6, kChunk = 32, kPrefillSteps = 2, kPrefillSeqs = 2;
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 }  // namespace
@@ -37,7 +61,9 @@ Result<std::unique_ptr<ParallelCpuBackend>> ParallelCpuBackend::create(const Mod
       shards.push_back(std::move(shard));
     }
   }
-  return assemble(std::move(shards), options);
+  HR_ASSIGN_OR_RETURN(auto b, assemble(std::move(shards), options));
+  if (balances(options)) return balance(std::move(b));
+  return b;
 }
 
 Result<std::unique_ptr<ParallelCpuBackend>> ParallelCpuBackend::create_from_dir(
@@ -76,7 +102,9 @@ Result<std::unique_ptr<ParallelCpuBackend>> ParallelCpuBackend::create_from_dir(
     stats->shard_bytes = 0;
     for (const ModelWeights& w : shards) stats->shard_bytes += w.num_bytes();
   }
-  return assemble(std::move(shards), options);
+  HR_ASSIGN_OR_RETURN(auto b, assemble(std::move(shards), options));
+  if (balances(options)) return balance(std::move(b));
+  return b;
 }
 
 Result<std::unique_ptr<ParallelCpuBackend>> ParallelCpuBackend::assemble(
@@ -112,8 +140,8 @@ Result<std::unique_ptr<ParallelCpuBackend>> ParallelCpuBackend::assemble(
     rank->tp_rank = i % d.tp;
     rank->pipeline =
         b->pp_groups_[static_cast<size_t>(rank->tp_rank)][static_cast<size_t>(rank->stage)].get();
-    ModelWeights& shard = shards[static_cast<size_t>(i)];
-    pack_for_cpu(&shard);  // in place (a no-op when the loader packed it)
+    rank->weights = std::make_shared<ModelWeights>(std::move(shards[static_cast<size_t>(i)]));
+    pack_for_cpu(rank->weights.get());  // in place (a no-op when the loader packed it)
     CpuBackendOptions o;
     o.block_size = options.block_size;
     o.num_threads = std::max(1, cores / world);
@@ -121,9 +149,7 @@ Result<std::unique_ptr<ParallelCpuBackend>> ParallelCpuBackend::assemble(
     o.num_kv_blocks = num_blocks;
     o.tensor_parallel =
         b->tp_groups_[static_cast<size_t>(rank->stage)][static_cast<size_t>(rank->tp_rank)].get();
-    HR_ASSIGN_OR_RETURN(
-        rank->backend,
-        CpuBackend::create(std::make_shared<const ModelWeights>(std::move(shard)), o));
+    HR_ASSIGN_OR_RETURN(rank->backend, CpuBackend::create(rank->weights, o));
     b->ranks_.push_back(std::move(rank));
   }
   for (auto& rank : b->ranks_) {
@@ -149,6 +175,140 @@ ParallelCpuBackend::~ParallelCpuBackend() {
   for (auto& r : ranks_) {
     if (r->thread.joinable()) r->thread.join();
   }
+}
+
+std::vector<ModelWeights> ParallelCpuBackend::take_shards() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  start_cv_.notify_all();
+  std::vector<ModelWeights> shards;
+  for (auto& r : ranks_) {
+    if (r->thread.joinable()) r->thread.join();
+    r->backend.reset();  // its hold on the shard goes with it
+    shards.push_back(std::move(*r->weights));
+    r->weights.reset();
+  }
+  return shards;
+}
+
+std::vector<int> ParallelCpuBackend::stage_layers() const {
+  std::vector<int> out;
+  for (const auto& r : ranks_) {
+    if (r->tp_rank == 0) out.push_back(r->weights->part.num_layers);
+  }
+  return out;
+}
+
+int ParallelCpuBackend::calibration_blocks_per_seq() const {
+  const int bs = options_.block_size;
+  return std::max(SyntheticStep::blocks_for(options_.balance_context + kDecodeSteps, bs),
+                  SyntheticStep::blocks_for(kChunk * (kPrefillSteps + 1) - 1, bs));
+}
+
+Result<StageCosts> ParallelCpuBackend::measure_parts() {
+  // Decode: B sequences prefilled to `context` tokens, then steps of one token each. Prefill: two
+  // more sequences' prompts in chunks of kChunk tokens. The first step of each kind is not
+  // timed; fewer decode sequences if the cache is small.
+  const int context = options_.balance_context;
+  const int per_seq = calibration_blocks_per_seq();
+  const int B = std::min(options_.balance_batch, num_blocks_ / per_seq - kPrefillSeqs);
+  if (B < 1) {
+    return invalid_argument("the KV cache holds no sequence of the balancing's context",
+                            "balance-context");
+  }
+  std::vector<float> logits(static_cast<size_t>(B) * vocab_size_);
+  auto run = [&](int seqs, int first_pos, int count, int first_block) {
+    const SyntheticStep step(seqs, first_pos, count, per_seq, vocab_size_, first_block);
+    return forward(step.input(), logits.data());
+  };
+  auto reset = [&] {
+    for (auto& r : ranks_) r->backend->reset_part_times();
+  };
+  // Each part's time per token of the timed steps since the last reset.
+  auto parts = [&](double tokens) {
+    StageCosts costs;
+    for (const auto& r : ranks_) {
+      if (r->tp_rank != 0) continue;
+      const StageCosts& t = r->backend->part_times();
+      for (double x : t.layer) costs.layer.push_back(x / tokens);
+      if (r->stage == 0) costs.first = t.first / tokens;
+      if (r->stage == options_.degrees.pp - 1) costs.last = t.last / tokens;
+    }
+    return costs;
+  };
+  HR_RETURN_IF_ERROR(run(B, 0, context, 0));
+  HR_RETURN_IF_ERROR(run(B, context, 1, 0));
+  reset();
+  for (int i = 1; i <= kDecodeSteps; ++i) HR_RETURN_IF_ERROR(run(B, context + i, 1, 0));
+  StageCosts costs = parts(static_cast<double>(B) * kDecodeSteps);
+  const double ratio = options_.balance_prompt_ratio;
+  if (ratio > 0) {
+    HR_RETURN_IF_ERROR(run(kPrefillSeqs, 0, kChunk, B * per_seq));
+    reset();
+    for (int i = 1; i <= kPrefillSteps; ++i) {
+      HR_RETURN_IF_ERROR(run(kPrefillSeqs, i * kChunk, kChunk, B * per_seq));
+    }
+    const StageCosts prefill = parts(static_cast<double>(kPrefillSeqs) * kChunk * kPrefillSteps);
+    for (size_t i = 0; i < costs.layer.size(); ++i) costs.layer[i] += ratio * prefill.layer[i];
+    costs.first += ratio * prefill.first;
+    costs.last += ratio * prefill.last;
+  }
+  return costs;
+}
+
+Result<std::unique_ptr<ParallelCpuBackend>> ParallelCpuBackend::balance(
+    std::unique_ptr<ParallelCpuBackend> b) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int pp = b->options_.degrees.pp;
+  // A cache too small for the calibration's sequences keeps the split as it is.
+  if (b->num_blocks_ < (kPrefillSeqs + 1) * b->calibration_blocks_per_seq()) return b;
+  StageBalance report;
+  report.ran = true;
+  report.layers_before = b->stage_layers();
+  HR_ASSIGN_OR_RETURN(StageCosts costs, b->measure_parts());
+  for (int s = 0; s < pp; ++s) {
+    report.seconds_before.push_back(stage_cost(costs, report.layers_before, s));
+  }
+  // Within 5% of the best the layers stay where they are: closer than the timing's noise.
+  report.layers_after = balance_stages(costs, pp, report.layers_before, 0.05);
+  for (int s = 0; s < pp; ++s) {
+    report.predicted_after.push_back(stage_cost(costs, report.layers_after, s));
+  }
+  if (report.layers_after == report.layers_before) {
+    report.calibration_seconds = seconds_since(t0);
+    b->balance_ = std::move(report);
+    return b;
+  }
+  // Every rank keeps its tensor-parallel index and stage ends (embedding, final norm, LM head);
+  // the layers of each tensor-parallel index move between the stages' shards in order.
+  ParallelCpuOptions options = b->options_;
+  const int tp = options.degrees.tp;
+  std::vector<ModelWeights> shards = b->take_shards();
+  b.reset();
+  for (int t = 0; t < tp; ++t) {
+    std::vector<LayerWeights> layers;
+    for (int s = 0; s < pp; ++s) {
+      auto& held = shards[static_cast<size_t>(s * tp + t)].layers;
+      for (auto& l : held) layers.push_back(std::move(l));
+      held.clear();
+    }
+    for (int s = 0, next = 0; s < pp; ++s) {
+      ModelWeights& shard = shards[static_cast<size_t>(s * tp + t)];
+      const int n = report.layers_after[static_cast<size_t>(s)];
+      shard.part.first_layer = next;
+      shard.part.num_layers = n;
+      for (int i = 0; i < n; ++i)
+        shard.layers.push_back(std::move(layers[static_cast<size_t>(next + i)]));
+      next += n;
+    }
+  }
+  options.degrees.stage_layers = report.layers_after;
+  HR_ASSIGN_OR_RETURN(auto moved, assemble(std::move(shards), options));
+  report.calibration_seconds = seconds_since(t0);
+  moved->balance_ = std::move(report);
+  return moved;
 }
 
 size_t ParallelCpuBackend::weight_bytes() const {

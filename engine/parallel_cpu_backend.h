@@ -19,6 +19,7 @@
 
 #include "engine/cpu_backend.h"
 #include "engine/host_sampled_backend.h"
+#include "engine/stage_balance.h"
 #include "engine/thread_communicator.h"
 #include "engine/weight_shard.h"
 
@@ -32,6 +33,26 @@ struct ParallelCpuOptions {
   int thread_nice = 0;
   bool pipelined = false;  // as CpuBackendOptions::pipelined
   int micro_batches = 0;   // a step's micro-batches with pipeline stages; 0: one per stage
+  // With pipeline stages and no stage_layers in the degrees: before the backend is handed out,
+  // calibration steps time every layer and the ends, and layers move between stages so that the
+  // slowest stage is as fast as it can be (stage_balance.h). A part's cost is its time per
+  // output token of decode steps of `balance_batch` sequences (after `balance_context` tokens
+  // each) plus `balance_prompt_ratio` times its time per prompt token of prefill steps: the
+  // stages balanced for work of that many prompt tokens per output token.
+  bool balance_stages = false;
+  int balance_batch = 8;
+  int balance_context = 16;
+  double balance_prompt_ratio = 1.0;
+};
+
+// What balancing the stages found (ParallelCpuBackend::stage_balance).
+struct StageBalance {
+  bool ran = false;
+  std::vector<int> layers_before, layers_after;  // each stage's layers
+  // Each stage's time per output token (decode plus the prompt ratio's prefill), as measured
+  // before, and as the measured parts add up for the new split.
+  std::vector<double> seconds_before, predicted_after;
+  double calibration_seconds = 0;  // the calibration steps and the move
 };
 
 // What loading took (create_from_dir).
@@ -62,11 +83,21 @@ class ParallelCpuBackend final : public HostSampledBackend {
   [[nodiscard]] Status forward(const StepInput& in, float* logits) override;
   bool pipelined() const override { return options_.pipelined; }
   int num_ranks() const { return static_cast<int>(ranks_.size()); }
+  // Each stage's layers, first to last.
+  std::vector<int> stage_layers() const;
+  const StageBalance& stage_balance() const { return balance_; }
+  // Runs the calibration's steps (the options' balance_*) through the ranks and returns what
+  // each part costs per output token: each layer's time on the stage that holds it (its first
+  // tensor-parallel rank's), the embedding's and the LM head's. The KV cache is written (in
+  // blocks nothing holds yet: call before serving); one too small for the calibration's
+  // sequences fails naming balance-context (create() then leaves the split as it is).
+  [[nodiscard]] Result<StageCosts> measure_parts();
 
  private:
   struct Rank {
     int stage = 0;
     int tp_rank = 0;
+    std::shared_ptr<ModelWeights> weights;  // the shard; its layers move when stages rebalance
     std::unique_ptr<CpuBackend> backend;
     Communicator* pipeline = nullptr;  // its pipeline group (rank index = stage)
     std::vector<float> hidden, logits;
@@ -83,6 +114,14 @@ class ParallelCpuBackend final : public HostSampledBackend {
   // The backend over every rank's shard (rank stage * tp + tp_rank at that index).
   [[nodiscard]] static Result<std::unique_ptr<ParallelCpuBackend>> assemble(
       std::vector<ModelWeights> shards, ParallelCpuOptions options);
+  // Measures the parts, moves layers between stages if that makes the slowest stage faster, and
+  // returns the backend to serve with (this one, or one assembled over the moved layers).
+  [[nodiscard]] static Result<std::unique_ptr<ParallelCpuBackend>> balance(
+      std::unique_ptr<ParallelCpuBackend> b);
+  // Stops the rank threads and hands back every rank's shard (the backend is spent).
+  std::vector<ModelWeights> take_shards();
+  // KV blocks each of the calibration's sequences takes.
+  int calibration_blocks_per_seq() const;
   void split(const StepInput& in);
   void rank_loop(Rank* rank);
   Status run_rank(Rank* rank);
@@ -101,6 +140,7 @@ class ParallelCpuBackend final : public HostSampledBackend {
   int finished_ = 0;   // ranks done with step_ (guarded by mu_)
   bool stop_ = false;  // guarded by mu_
   Status status_;      // the step's first error (guarded by mu_)
+  StageBalance balance_;
 };
 
 }  // namespace hr::engine

@@ -38,6 +38,10 @@ class SafetensorsModel {
   ~SafetensorsModel();
 
   const TensorView* find(const std::string& name) const;
+  // Asks the kernel to start reading the tensor's pages from the disk now (madvise WILLNEED on the
+  // mapping; returns at once), so that a loader converting one tensor has the next ones coming
+  // in meanwhile and a cold load runs at the drive's speed.
+  void prefetch(const TensorView& t) const;
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   // Copies the tensor into fp32 (converting f16/bf16); errors when the shape differs.
   [[nodiscard]] Status read_f32(const std::string& name, const std::vector<int64_t>& shape,

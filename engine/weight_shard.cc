@@ -48,6 +48,7 @@ Status check_degrees(const ModelConfig& c, const ParallelDegrees& d) {
   o.tp = d.tp;
   o.pp = d.pp;
   o.ep = d.ep;
+  o.stage_layers = d.stage_layers;
   return check_parallel_layout(shape_of(c), o);
 }
 
@@ -61,8 +62,8 @@ WeightShard plan_shard(const ModelConfig& c, const ParallelDegrees& d, int stage
   s.pp = d.pp;
   s.stage = stage;
   s.ep = d.ep;
-  s.first_layer = c.num_layers * stage / d.pp;
-  s.num_layers = c.num_layers * (stage + 1) / d.pp - s.first_layer;
+  s.first_layer = stage_first_layer(c.num_layers, d.pp, d.stage_layers, stage);
+  s.num_layers = stage_first_layer(c.num_layers, d.pp, d.stage_layers, stage + 1) - s.first_layer;
   s.num_q_heads = c.num_heads / d.tp;
   s.first_q_head = tp_rank * s.num_q_heads;
   if (c.num_kv_heads >= d.tp) {

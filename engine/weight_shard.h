@@ -6,9 +6,11 @@
 // intermediate rows, experts either sharded whole across the tensor-parallel ranks (expert
 // parallelism, ep = tp) or each sliced like the dense MLP (ep = 1), the router, norms and the
 // embedding replicated, and the LM head split by vocabulary (ceil(V / tp) rows a rank, the last
-// rank's fewer). Pipeline stages hold contiguous layers, as even as they go: the embedding on the
-// first, the final norm and the LM head on the last.
+// rank's fewer). Pipeline stages hold contiguous layers (as even as they go, or as many as the
+// degrees say): the embedding on the first, the final norm and the LM head on the last.
 #pragma once
+
+#include <vector>
 
 #include "base/status.h"
 #include "engine/weights.h"
@@ -18,9 +20,15 @@ namespace hr::engine {
 // The deployment's degrees: tensor-parallel ranks per stage, pipeline stages, and expert
 // parallelism (1: experts sliced; tp: experts whole, a share on each rank).
 struct ParallelDegrees {
+  ParallelDegrees() = default;
+  ParallelDegrees(int tp_ranks, int stages, int experts, std::vector<int> layers = {})
+      : tp(tp_ranks), pp(stages), ep(experts), stage_layers(std::move(layers)) {}
   int tp = 1;
   int pp = 1;
   int ep = 1;
+  // Layers of each stage, first to last; empty: as even as they go (stage_balance.h chooses
+  // them by measured time).
+  std::vector<int> stage_layers;
 };
 
 // Checks the degrees against the model; errors name the option at fault (tensor-parallel,

@@ -2,8 +2,11 @@
 #include "engine/weights.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -189,7 +192,7 @@ std::vector<WeightPiece> weight_pieces(const ModelConfig& c,
 }
 
 Result<ModelWeights> load_weights_part(const SafetensorsModel& st, const ModelConfig& config,
-                                       const WeightPart& part) {
+                                       const WeightPart& part, const LoadOptions& options) {
   if (part.first_layer < 0 || part.num_layers < 0 ||
       part.first_layer + part.num_layers > config.num_layers) {
     return invalid_argument("layers " + std::to_string(part.first_layer) + " + " +
@@ -219,17 +222,60 @@ Result<ModelWeights> load_weights_part(const SafetensorsModel& st, const ModelCo
     size = std::max(size, piece.offset + n);
   }
   for (auto& [slot, size] : slot_sizes) allocate_weight(slot, size);
-  for (const WeightPiece& piece : pieces) {
-    std::vector<float>* dst = &w.slot(piece.slot, piece.layer);
-    HR_RETURN_IF_ERROR(read_into(st, piece.name, piece.shape, dst, piece.offset));
+  // The pieces are converted in order, by `threads` threads taking the next one in turn. Whoever
+  // takes piece i asks the kernel for the pieces [ask[i], ask[i + 1]): those up to
+  // read_ahead_bytes past the start of piece i, each asked for once.
+  const size_t n = pieces.size();
+  std::vector<size_t> bytes(n, 0), ask(n + 1, n);
+  for (size_t i = 0; i < n; ++i) {
+    if (const TensorView* t = st.find(pieces[i].name)) bytes[i] = t->num_bytes;
   }
+  if (options.read_ahead_bytes > 0) {
+    size_t end = 0, window = 0;  // window: bytes of pieces [i, end)
+    ask[0] = 0;
+    for (size_t i = 0; i < n; ++i) {
+      while (end < n && (end <= i || window + bytes[end] <= options.read_ahead_bytes)) {
+        window += bytes[end++];
+      }
+      ask[i + 1] = end;
+      window -= bytes[i];
+    }
+  }
+  std::atomic<size_t> next{0};
+  std::mutex error_mu;
+  Status error;
+  auto convert = [&] {
+    for (size_t i = next++; i < n; i = next++) {
+      for (size_t a = ask[i]; a < ask[i + 1]; ++a) {
+        if (const TensorView* t = st.find(pieces[a].name)) st.prefetch(*t);
+      }
+      const WeightPiece& piece = pieces[i];
+      Status s =
+          read_into(st, piece.name, piece.shape, &w.slot(piece.slot, piece.layer), piece.offset);
+      if (!s.is_ok()) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (error.is_ok()) error = s;
+        next = n;
+      }
+    }
+  };
+  const int threads = options.threads > 0
+                          ? options.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < std::min(threads, static_cast<int>(n)); ++t) helpers.emplace_back(convert);
+  convert();
+  for (auto& t : helpers) t.join();
+  HR_RETURN_IF_ERROR(error);
   return w;
 }
 
 Result<ModelWeights> load_weights(const std::string& dir) {
   HR_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(dir));
   HR_ASSIGN_OR_RETURN(auto st, SafetensorsModel::open_dir(dir));
-  return load_weights_part(*st, config, {0, config.num_layers, true, true});
+  LoadOptions options;
+  options.threads = 0;
+  return load_weights_part(*st, config, {0, config.num_layers, true, true}, options);
 }
 
 }  // namespace hr::engine

@@ -118,8 +118,8 @@ inline bool is_vector_slot(WeightSlot s) {
 // streams every weight; with 4 KiB pages that is a TLB miss per page).
 void allocate_weight(std::vector<float>* v, size_t n);
 
-// Loads config.json and the safetensors weights of a Hugging Face folder, converting to fp32.
-// Errors name the missing or misshapen tensor.
+// Loads config.json and the safetensors weights of a Hugging Face folder, converting to fp32 on
+// every core (LoadOptions). Errors name the missing or misshapen tensor.
 [[nodiscard]] Result<ModelWeights> load_weights(const std::string& dir);
 
 // Which tensors load_weights_part reads: layers [first_layer, first_layer + num_layers) (they
@@ -132,9 +132,18 @@ struct WeightPart {
   bool head = false;
 };
 class SafetensorsModel;
+// How a load reads: while tensors are converted, the kernel reads the next ones from the disk,
+// up to `read_ahead_bytes` ahead (0: each tensor is read as it is converted), and `threads`
+// threads convert tensors side by side (0: one per core), so a cold load runs at the drive's
+// speed rather than one core's conversion rate.
+struct LoadOptions {
+  size_t read_ahead_bytes = 64u << 20;
+  int threads = 1;
+};
 // Those tensors alone, from the checkpoint's memory-mapped files: only their bytes are read.
 [[nodiscard]] Result<ModelWeights> load_weights_part(const SafetensorsModel& st,
                                                      const ModelConfig& config,
-                                                     const WeightPart& part);
+                                                     const WeightPart& part,
+                                                     const LoadOptions& options = {});
 
 }  // namespace hr::engine

@@ -84,6 +84,7 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given,
   spec.tensor_parallel = config.tensor_parallel;
   spec.pipeline_parallel = config.pipeline_parallel;
   spec.expert_parallel = config.expert_parallel;
+  HR_ASSIGN_OR_RETURN(spec.stage_layers, engine::parse_stage_layers(config.stage_layers));
   if (!config.devices.empty()) {
     HR_ASSIGN_OR_RETURN(spec.devices, engine::parse_device_list(config.devices));
   }

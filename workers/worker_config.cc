@@ -66,6 +66,10 @@ void WorkerConfig::bind(CLI::App& app) {
            "own threads");
   cli::add(app, "--pipeline-parallel", pipeline_parallel,
            "Pipeline stages: contiguous layers each, a step's micro-batches in flight");
+  cli::add(app, "--stage-layers", stage_layers,
+           "With --pipeline-parallel: auto balances the stages by measured time before serving "
+           "(layers move off a stage slowed by the LM head), even splits the layers as evenly "
+           "as they go, or give each stage's layer count (8,4)");
   cli::add(app, "--expert-parallel", expert_parallel,
            "Mixture-of-experts layers: 1 slices every expert across the tensor-parallel ranks; "
            "the tensor-parallel size gives each rank a share of the experts whole (0: that, "
@@ -138,6 +142,13 @@ Status WorkerConfig::validate() const {
   }
   if (pipeline_parallel < 1 || pipeline_parallel > 64) {
     return invalid_argument("--pipeline-parallel must be 1..64", "pipeline-parallel");
+  }
+  HR_ASSIGN_OR_RETURN(engine::StageLayers stages, engine::parse_stage_layers(stage_layers));
+  if (!stages.layers.empty() && static_cast<int>(stages.layers.size()) != pipeline_parallel) {
+    return invalid_argument("--stage-layers names " + std::to_string(stages.layers.size()) +
+                                " stages for --pipeline-parallel " +
+                                std::to_string(pipeline_parallel),
+                            "stage-layers");
   }
   if (expert_parallel < 0 || (expert_parallel > 1 && expert_parallel != tensor_parallel)) {
     return invalid_argument("--expert-parallel must be 0 (auto), 1 or the tensor-parallel size",

@@ -8,7 +8,10 @@
 //                             and never ends early (the bundled tokenizer knows 260 of the
 //                             32,000 tokens; the others decode to nothing)
 //                             (with --shape small, a ~2M-parameter Llama of 2 layers of 64 and
-//                             a context of 2,048: the cache-aware dispatch benchmark's)
+//                             a context of 2,048: the cache-aware dispatch benchmark's; with
+//                             --shape wide-vocab, ~110M parameters in 24 layers of 512 and a
+//                             vocabulary of 64,000, whose LM head costs ~10 layers as Qwen3-0.6B's
+//                             does: the pipeline benchmark's)
 //   --model DIR               measures decode tokens/s at batch 1, 8, 32, prefill tokens/s,
 //                             the batch-1 bandwidth fraction and RSS; prints one JSON object.
 //   --model DIR --only-batch N  three decode runs at batch N only (for profiling).
@@ -25,7 +28,6 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <random>
 #include <thread>
 
 #include "engine/cpu_backend.h"
@@ -33,6 +35,7 @@
 #include "engine/engine.h"
 #include "engine/thread_pool.h"
 #include "engine/weights.h"
+#include "tests/bench/engine_run.h"
 #include "tests/testing/random_model.h"
 
 using namespace hr::engine;
@@ -53,10 +56,19 @@ long rss_mb() {
 }
 
 int make_random_model(const std::string& dir, const std::string& tokenizer_dir,
-                      bool printable_output, bool moe, bool small) {
+                      bool printable_output, bool moe, const std::string& shape) {
   hr::testing::RandomLlama spec;
   spec.printable_output = printable_output;
-  if (small) {  // ~2M parameters (mostly the embedding), a context of 2,048: cheap long prompts
+  if (shape == "wide-vocab") {
+    spec.vocab = 64000;
+    spec.hidden = 512;
+    spec.intermediate = 1536;
+    spec.layers = 24;
+    spec.heads = 8;
+    spec.kv_heads = 4;
+  }
+  if (shape ==
+      "small") {  // ~2M parameters (mostly the embedding), a context of 2,048: cheap long prompts
     spec.hidden = 64;
     spec.intermediate = 128;
     spec.layers = 2;
@@ -129,47 +141,16 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-struct DecodeResult {
-  double decode_tok_s = 0;
-  double prefill_tok_s = 0;
-};
+using hr::bench::DecodeResult;
 
-// Runs `batch` requests to completion. `between_steps`, when set, runs after every
-// kStepsPerSample decode steps, outside the timed steps.
+// Runs `batch` requests to completion on a CPU backend over `weights`. `between_steps`, when set,
+// runs after every kStepsPerSample decode steps, outside the timed steps.
 DecodeResult run_batch(std::shared_ptr<const ModelWeights> weights, int batch, int prompt_len,
                        int gen_len, const std::function<void()>& between_steps = nullptr) {
   auto backend = CpuBackend::create(weights, {16, 512ull << 20, 0}).value();
-  EngineOptions o;
-  o.scheduler = {std::max(batch, 1), std::max(2048, batch * prompt_len), 2048};
-  auto engine = Engine::create(std::shared_ptr<Backend>(std::move(backend)), nullptr,
-                               weights->config.max_position_embeddings, o)
-                    .value();
-  std::mt19937 rng(1);
-  for (int b = 0; b < batch; ++b) {
-    GenerationRequest r;
-    for (int i = 0; i < prompt_len; ++i) {
-      r.prompt.push_back(static_cast<int32_t>(rng() % 250));
-    }
-    r.params.max_tokens = gen_len;
-    r.params.ignore_eos = true;
-    if (!engine->add(std::move(r)).is_ok()) std::abort();
-  }
-  double prefill_s = 0, decode_s = 0;
-  long prefill_tokens = 0, decode_tokens = 0, decode_steps = 0;
-  while (engine->has_work()) {
-    auto t0 = Clock::now();
-    auto st = engine->step().value();
-    double s = secs(t0);
-    if (st.num_prefill_tokens > 0) {
-      prefill_s += s;
-      prefill_tokens += st.num_prefill_tokens;
-    } else {
-      decode_s += s;
-      decode_tokens += st.num_decode_tokens;
-      if (between_steps && ++decode_steps % kStepsPerSample == 0) between_steps();
-    }
-  }
-  return {decode_tokens / decode_s, prefill_tokens / prefill_s};
+  return hr::bench::run_requests(std::shared_ptr<Backend>(std::move(backend)),
+                                 weights->config.max_position_embeddings, batch, prompt_len,
+                                 gen_len, between_steps, kStepsPerSample);
 }
 
 }  // namespace
@@ -178,7 +159,7 @@ int main(int argc, char** argv) {
   std::string model, make, tokenizer_dir, output_vocab = "all";
   int only_batch = 0;
   bool moe = false;
-  bool small = false;
+  std::string shape;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k == "--model") model = argv[i + 1];
@@ -187,10 +168,14 @@ int main(int argc, char** argv) {
     if (k == "--output-vocab") output_vocab = argv[i + 1];
     if (k == "--only-batch") only_batch = std::atoi(argv[i + 1]);
     if (k == "--experts") moe = std::string(argv[i + 1]) == "on";
-    if (k == "--shape") small = std::string(argv[i + 1]) == "small";
+    if (k == "--shape") shape = argv[i + 1];
+  }
+  if (!shape.empty() && shape != "small" && shape != "wide-vocab") {
+    std::fprintf(stderr, "--shape is small or wide-vocab\n");
+    return 2;
   }
   if (!make.empty())
-    return make_random_model(make, tokenizer_dir, output_vocab == "printable", moe, small);
+    return make_random_model(make, tokenizer_dir, output_vocab == "printable", moe, shape);
   auto t0 = Clock::now();
   auto w = load_weights(model);
   if (!w.is_ok()) {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 namespace hr::engine {
 namespace {
@@ -75,6 +76,20 @@ TEST(MemoryPlanTest, ARanksWeightsAreItsShards) {
   EXPECT_EQ(two.ranks[1].first_layer, 40);
   EXPECT_EQ(two.ranks[0].weight_bytes + two.ranks[1].weight_bytes, one.ranks[0].weight_bytes);
   EXPECT_EQ(two.ranks[0].weight_bytes - two.ranks[1].weight_bytes, -D * 4);
+  // Stages of the layers given (a balanced split): 44 and 36, the same bytes in all.
+  PlanOptions o;
+  o.pp = 2;
+  o.stage_layers = {44, 36};
+  auto uneven = plan_memory(s, o);
+  ASSERT_TRUE(uneven.is_ok()) << uneven.status().to_string();
+  EXPECT_EQ(uneven->ranks[0].num_layers, 44);
+  EXPECT_EQ(uneven->ranks[1].first_layer, 44);
+  EXPECT_EQ(uneven->ranks[1].num_layers, 36);
+  const int64_t whole_layer =
+      2 * D * 4 + (64 + 16) * 128 * D * 2 + D * 8192 * 2 + 3 * 28672 * D * 2;
+  EXPECT_EQ(uneven->ranks[0].weight_bytes - two.ranks[0].weight_bytes, 4 * whole_layer);
+  EXPECT_EQ(uneven->ranks[0].weight_bytes + uneven->ranks[1].weight_bytes,
+            one.ranks[0].weight_bytes);
 }
 
 TEST(MemoryPlanTest, ExpertsShardWholeOrSliced) {
@@ -156,6 +171,13 @@ TEST(MemoryPlanTest, LayoutsThatDoNotDivideAreRefusedNamingTheOption) {
   o.tp = 8;
   o.ep = 2;
   EXPECT_EQ(plan_memory(qwen, o).status().field(), "expert-parallel");
+  o = PlanOptions{};
+  o.pp = 2;
+  for (const std::vector<int>& bad_split :
+       {std::vector<int>{40, 41}, std::vector<int>{80, 0}, std::vector<int>{80}}) {
+    o.stage_layers = bad_split;
+    EXPECT_EQ(plan_memory(llama, o).status().field(), "stage-layers");
+  }
 }
 
 }  // namespace

@@ -304,6 +304,10 @@ TEST(WeightShardTest, DegreesThatDoNotFitAreRefusedNamingTheOption) {
   EXPECT_EQ(name({4, 1, 4}), "expert-parallel");  // 6 experts over 4
   EXPECT_EQ(name({2, 1, 4}), "expert-parallel");  // ep neither 1 nor tp
   EXPECT_EQ(name({2, 2, 2}), "ok");
+  EXPECT_EQ(name({1, 2, 1, {3, 1}}), "ok");
+  EXPECT_EQ(name({1, 2, 1, {3, 2}}), "stage-layers");     // 5 layers of 4
+  EXPECT_EQ(name({1, 2, 1, {4, 0}}), "stage-layers");     // a stage of none
+  EXPECT_EQ(name({1, 2, 1, {1, 1, 2}}), "stage-layers");  // three counts for two stages
   ParallelCpuOptions o;
   o.degrees = {4, 1, 4};
   auto b = ParallelCpuBackend::create(w, o);
@@ -332,6 +336,87 @@ TEST(ParallelCpuBackendTest, TheKvCacheIsSplitOverTheRanks) {
   auto tp4 = parallel(w, {4, 1, 1});
   ASSERT_TRUE(tp4);
   EXPECT_EQ(tp4->num_kv_blocks(), (*one)->num_kv_blocks() / 2);
+}
+
+}  // namespace
+}  // namespace hr::engine
+
+namespace hr::engine {
+namespace {
+
+// Stages of as many layers as the degrees say hold those layers and compute as one rank does:
+// bitwise with pipeline stages alone (a token's arithmetic is the same), within the tolerance
+// with tensor parallelism and experts too.
+TEST(ParallelCpuBackendTest, StagesOfUnevenLayersEqualOneRank) {
+  const ModelWeights& w = loaded_weights(model_dir("tiny-reverse"));  // 4 layers
+  for (const std::vector<int>& split : {std::vector<int>{3, 1}, std::vector<int>{1, 3}}) {
+    auto many = parallel(w, {1, 2, 1, split});
+    ASSERT_TRUE(many);
+    EXPECT_EQ(many->stage_layers(), split);
+    auto one = one_rank(w, many->num_kv_blocks());
+    EXPECT_EQ(max_abs_diff(three_sequences(*one, 2), three_sequences(*many, 2)), 0.0);
+    EXPECT_EQ(greedy(many, w.config.vocab_size, 8), greedy(one, w.config.vocab_size, 8));
+  }
+  const ModelWeights& moe = loaded_weights(model_dir("qwen3-moe"));  // 4 layers, 8 experts
+  auto many = parallel(moe, {2, 3, 2, {1, 2, 1}});
+  ASSERT_TRUE(many);
+  EXPECT_EQ(many->stage_layers(), (std::vector<int>{1, 2, 1}));
+  auto one = one_rank(moe, many->num_kv_blocks());
+  expect_close(three_sequences(*one, 2), three_sequences(*many, 2));
+}
+
+// A model whose LM head is many times a layer (a vocabulary of 32,000 over layers of 256): with
+// the layers split evenly the last stage is the slowest by the head's time, so the balancing
+// moves layers to the first stage; the moved engine still computes as one rank does.
+TEST(ParallelCpuBackendTest, BalancingMovesLayersOffTheStageThatHoldsALargeLmHead) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("headroom-balance-" + std::to_string(::getpid())))
+          .string();
+  hr::testing::RandomLlama spec;
+  spec.hidden = 256;
+  spec.intermediate = 512;
+  spec.layers = 8;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  hr::testing::write_random_llama(dir, kModels + "tiny-reverse", spec);
+  const ModelWeights& w = loaded_weights(dir);
+  ParallelCpuOptions o;
+  o.degrees = {1, 2, 1};
+  o.kv_cache_bytes = kCacheBytes;
+  o.num_threads = 2;
+  o.balance_stages = true;
+  auto made = ParallelCpuBackend::create(w, o);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  std::shared_ptr<ParallelCpuBackend> many(std::move(made).value());
+  const StageBalance& b = many->stage_balance();
+  ASSERT_TRUE(b.ran);
+  EXPECT_EQ(b.layers_before, (std::vector<int>{4, 4}));
+  ASSERT_EQ(b.layers_after.size(), 2u);
+  EXPECT_GT(b.layers_after[0], 4) << "stage ms before " << b.seconds_before[0] * 1e3 << ", "
+                                  << b.seconds_before[1] * 1e3;
+  EXPECT_EQ(b.layers_after[0] + b.layers_after[1], 8);
+  EXPECT_EQ(many->stage_layers(), b.layers_after);
+  // What the split was chosen for: the slowest stage faster, as its measured parts add up.
+  EXPECT_LT(std::max(b.predicted_after[0], b.predicted_after[1]),
+            std::max(b.seconds_before[0], b.seconds_before[1]));
+  auto one = one_rank(w, many->num_kv_blocks());
+  EXPECT_EQ(max_abs_diff(three_sequences(*one, 2), three_sequences(*many, 2)), 0.0);
+  EXPECT_EQ(greedy(many, w.config.vocab_size, 6), greedy(one, w.config.vocab_size, 6));
+  // Explicit layers are taken as they are.
+  o.degrees = {1, 2, 1, {4, 4}};
+  auto fixed = ParallelCpuBackend::create(w, o);
+  ASSERT_TRUE(fixed.is_ok());
+  EXPECT_FALSE((*fixed)->stage_balance().ran);
+  EXPECT_EQ((*fixed)->stage_layers(), (std::vector<int>{4, 4}));
+  // A KV cache of 10 blocks holds none of the calibration's sequences: the split stays even.
+  o.degrees = {1, 2, 1};
+  o.kv_cache_bytes = 10 * (2 * 8 * 16 * 2 * 64 * sizeof(float));
+  auto small = ParallelCpuBackend::create(w, o);
+  ASSERT_TRUE(small.is_ok()) << small.status().to_string();
+  EXPECT_EQ((*small)->num_kv_blocks(), 10);
+  EXPECT_FALSE((*small)->stage_balance().ran);
+  EXPECT_EQ((*small)->stage_layers(), (std::vector<int>{4, 4}));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -100,6 +100,27 @@ TEST(WorkerConfigTest, RefusesParallelDegreesThatCannotWorkNamingTheFlag) {
             }),
             "expert-parallel");
   EXPECT_EQ(field_of([](WorkerConfig& c) { c.expert_parallel = -1; }), "expert-parallel");
+  for (const char* good : {"auto", "even"}) {
+    EXPECT_EQ(field_of([&](WorkerConfig& c) { c.stage_layers = good; }), "ok") << good;
+  }
+  EXPECT_EQ(field_of([](WorkerConfig& c) {
+              c.pipeline_parallel = 2;
+              c.stage_layers = "3,1";
+            }),
+            "ok");
+  for (const char* bad : {"3,1,0", "three", "3,,1", "", "0"}) {
+    EXPECT_EQ(field_of([&](WorkerConfig& c) {
+                c.pipeline_parallel = 3;
+                c.stage_layers = bad;
+              }),
+              "stage-layers")
+        << bad;
+  }
+  EXPECT_EQ(field_of([](WorkerConfig& c) {
+              c.pipeline_parallel = 3;
+              c.stage_layers = "3,1";  // two counts for three stages
+            }),
+            "stage-layers");
   EXPECT_EQ(field_of([](WorkerConfig& c) {
               c.tensor_parallel = 2;
               c.devices = "0,1";

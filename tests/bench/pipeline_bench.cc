@@ -1,0 +1,284 @@
+// Pipeline-stage benchmark driver (run by scripts/bench_pipeline.sh), on the CPU backend's ranks.
+//   --model DIR [--pp 2] [--tp 1] [--rounds 30]
+//       Step times of three engines: the layers split evenly (the reference) and balanced by
+//       measured time (engine/stage_balance.h), each step cut into a micro-batch per stage, and
+//       the even split with steps never cut; on decode steps of 8 and 32 sequences (after 64
+//       cached tokens each) and a prefill of two 256-token prompts. The engines are built once
+//       and take turns step by step, so drift in the machine's speed falls on all alike; medians
+//       of `rounds` steps each.
+//   --load DIR [--pp 2] [--tp 1] [--rounds 3]
+//       The load's rate against the disk's: the checkpoint's files dropped from the page cache
+//       (posix_fadvise DONTNEED; the fraction still resident is reported) before each cold
+//       figure: the files read whole (the disk's sequential rate), one rank's load as the
+//       loader runs it (read-ahead, a converting thread per core) and serially (neither), the
+//       parallel ranks' (each rank reading its shard from the mapping); then both loads again from
+//       the page cache (the conversion's own rate). Medians of up to 5 rounds, the figures taking
+//       turns in each.
+// The last line of output is one JSON object.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "engine/cpu_backend.h"
+#include "engine/parallel_cpu_backend.h"
+#include "engine/safetensors.h"
+#include "engine/synthetic_step.h"
+#include "engine/weights.h"
+
+using namespace hr::engine;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double secs(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+std::vector<std::string> checkpoint_files(const std::string& dir) {
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Drops the files' pages from the page cache; returns the fraction of their pages still resident.
+double drop_from_page_cache(const std::vector<std::string>& files) {
+  size_t pages = 0, resident = 0;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  for (const std::string& f : files) {
+    const int fd = open(f.c_str(), O_RDONLY);
+    if (fd < 0) continue;
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    const off_t size = lseek(fd, 0, SEEK_END);
+    if (size > 0) {
+      void* map = mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED, fd, 0);
+      if (map != MAP_FAILED) {
+        std::vector<unsigned char> in((static_cast<size_t>(size) + page - 1) / page);
+        if (mincore(map, static_cast<size_t>(size), in.data()) == 0) {
+          pages += in.size();
+          for (unsigned char c : in) resident += c & 1;
+        }
+        munmap(map, static_cast<size_t>(size));
+      }
+    }
+    close(fd);
+  }
+  return pages ? static_cast<double>(resident) / static_cast<double>(pages) : 0.0;
+}
+
+// Reads the files whole, 16 MiB at a time; returns bytes read.
+size_t read_whole(const std::vector<std::string>& files) {
+  std::vector<char> buf(16u << 20);
+  size_t total = 0;
+  for (const std::string& f : files) {
+    const int fd = open(f.c_str(), O_RDONLY);
+    if (fd < 0) continue;
+    for (;;) {
+      const ssize_t n = read(fd, buf.data(), buf.size());
+      if (n <= 0) break;
+      total += static_cast<size_t>(n);
+    }
+    close(fd);
+  }
+  return total;
+}
+
+int load_mode(const std::string& dir, ParallelDegrees degrees, int rounds) {
+  const std::vector<std::string> files = checkpoint_files(dir);
+  json out = {{"model", dir}, {"tensor_parallel", degrees.tp}, {"pipeline_parallel", degrees.pp}};
+  auto config = load_model_config(dir);
+  if (!config.is_ok()) return 1;
+  size_t bytes = 0;
+  {
+    auto st = SafetensorsModel::open_dir(dir);  // closed again: mapped pages stay cached
+    if (!st.is_ok()) return 1;
+    for (const auto& [name, t] : (*st)->tensors()) bytes += t.num_bytes;
+  }
+  // One rank's load as the worker does it (the files mapped, every tensor converted to fp32,
+  // then packed), or with the loader's read-ahead off and one converting thread.
+  auto one_rank = [&](bool read_ahead) {
+    auto t = Clock::now();
+    auto st = SafetensorsModel::open_dir(dir);
+    if (!st.is_ok()) std::abort();
+    LoadOptions lo;
+    lo.threads = read_ahead ? 0 : 1;
+    lo.read_ahead_bytes = read_ahead ? LoadOptions().read_ahead_bytes : 0;
+    auto w = load_weights_part(**st, *config, {0, config->num_layers, true, true}, lo);
+    if (!w.is_ok()) std::abort();
+    ModelWeights loaded = std::move(w).value();
+    pack_for_cpu(&loaded);
+    return secs(t);
+  };
+  ParallelCpuOptions o;
+  o.degrees = degrees;
+  auto ranks = [&] {
+    auto t = Clock::now();
+    auto b = ParallelCpuBackend::create_from_dir(dir, o);
+    if (!b.is_ok()) {
+      std::fprintf(stderr, "%s\n", b.status().to_string().c_str());
+      std::abort();
+    }
+    return secs(t);
+  };
+  // Each figure `rounds` times in turn, the files dropped from the page cache before each cold
+  // one; the medians.
+  std::map<std::string, std::vector<double>> s;
+  std::vector<double> resident;
+  for (int r = 0; r < rounds; ++r) {
+    resident.push_back(drop_from_page_cache(files));
+    auto t0 = Clock::now();
+    s["disk_read"].push_back(read_whole(files) > 0 ? secs(t0) : 0);
+    drop_from_page_cache(files);
+    s["one_rank_cold_serial"].push_back(one_rank(false));
+    drop_from_page_cache(files);
+    s["one_rank_cold"].push_back(one_rank(true));
+    drop_from_page_cache(files);
+    s["ranks_cold"].push_back(ranks());
+    s["one_rank_warm"].push_back(one_rank(true));
+    s["ranks_warm"].push_back(ranks());
+  }
+  out["checkpoint_bytes"] = bytes;
+  out["rounds"] = rounds;
+  out["resident_after_drop"] = resident;
+  const double disk = bytes / median(s["disk_read"]) / 1e9;
+  for (const auto& [name, seconds] : s) {
+    out["seconds"][name] = seconds;
+    out["gbs"][name] = bytes / median(seconds) / 1e9;
+  }
+  out["disk_cold_read_gbs"] = disk;
+  // The goal: a cold load bound by the drive, as fast as reading the files.
+  for (const char* name : {"one_rank_cold", "one_rank_cold_serial", "ranks_cold"}) {
+    out["over_disk"][name] = out["gbs"][name].get<double>() / disk;
+  }
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+struct Config {
+  std::string name;
+  bool balance;
+  int micro_batches;  // 0: one per stage
+};
+
+// A kind of step, made up (engine/synthetic_step.h): `seqs` sequences of `count` new tokens
+// after `context` cached ones.
+struct Workload {
+  std::string name;
+  int seqs, context, count;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model, load;
+  ParallelDegrees d{1, 2, 1};
+  int rounds = 0;  // 0: 30 steps a figure, 3 rounds of loads
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--model") model = argv[i + 1];
+    if (k == "--load") load = argv[i + 1];
+    if (k == "--pp") d.pp = std::atoi(argv[i + 1]);
+    if (k == "--tp") d.tp = std::atoi(argv[i + 1]);
+    if (k == "--rounds") rounds = std::atoi(argv[i + 1]);
+  }
+  if (!load.empty()) return load_mode(load, d, rounds > 0 ? std::min(rounds, 5) : 3);
+  if (rounds <= 0) rounds = 30;
+  auto w = load_weights(model);
+  if (!w.is_ok()) {
+    std::fprintf(stderr, "%s\n", w.status().to_string().c_str());
+    return 1;
+  }
+  const ModelWeights full = std::move(w).value();
+  const int V = full.config.vocab_size;
+  // The first is the reference: the layers split evenly, every step cut into a micro-batch per
+  // stage.
+  const std::vector<Config> configs = {
+      {"even", false, 0}, {"balanced", true, 0}, {"even_one_micro_batch", false, 1}};
+  const std::vector<Workload> workloads = {
+      {"decode_batch8", 8, 64, 1}, {"decode_batch32", 32, 64, 1}, {"prefill_2x256", 2, 0, 256}};
+  std::vector<std::shared_ptr<ParallelCpuBackend>> backends;
+  json layers = json::object(), balance = json::object();
+  for (const Config& c : configs) {
+    ParallelCpuOptions o;
+    o.degrees = d;
+    o.kv_cache_bytes = 512ull << 20;
+    o.micro_batches = c.micro_batches;
+    o.balance_stages = c.balance;
+    auto made = ParallelCpuBackend::create(full, o);
+    if (!made.is_ok()) {
+      std::fprintf(stderr, "%s\n", made.status().to_string().c_str());
+      return 1;
+    }
+    backends.emplace_back(std::move(made).value());
+    const ParallelCpuBackend& b = *backends.back();
+    layers[c.name] = b.stage_layers();
+    if (b.stage_balance().ran) {
+      const StageBalance& s = b.stage_balance();
+      auto ms = [](const std::vector<double>& v) {
+        json a = json::array();
+        for (double x : v) a.push_back(x * 1e3);
+        return a;
+      };
+      balance[c.name] = {{"stage_ms_before", ms(s.seconds_before)},
+                         {"stage_ms_predicted", ms(s.predicted_after)},
+                         {"calibration_seconds", s.calibration_seconds}};
+    }
+  }
+  // Each workload's steps, the configurations taking turns step by step so that drift in the
+  // machine's speed falls on all of them alike.
+  json medians = json::object(), over = json::object();
+  for (const Workload& w : workloads) {
+    const int per_seq = SyntheticStep::blocks_for(w.context + w.count - 1, 16);
+    std::vector<float> logits(static_cast<size_t>(w.seqs) * V);
+    if (w.context > 0) {
+      const SyntheticStep fill(w.seqs, 0, w.context, per_seq, V);
+      for (auto& b : backends) {
+        if (!b->forward(fill.input(), logits.data()).is_ok()) return 1;
+      }
+    }
+    const SyntheticStep step(w.seqs, w.context, w.count, per_seq, V);
+    std::vector<std::vector<double>> ms(backends.size());
+    for (int round = 0; round < rounds + 2; ++round) {
+      for (size_t i = 0; i < backends.size(); ++i) {
+        auto t = Clock::now();
+        if (!backends[i]->forward(step.input(), logits.data()).is_ok()) return 1;
+        if (round >= 2) ms[i].push_back(secs(t) * 1e3);  // two warm-up rounds
+      }
+    }
+    json line = {{"workload", w.name}};
+    for (size_t i = 0; i < backends.size(); ++i) {
+      medians[w.name][configs[i].name] = median(ms[i]);
+      line[configs[i].name + "_ms"] = median(ms[i]);
+    }
+    // Speed-ups: the reference's step time over each other's.
+    for (size_t i = 1; i < backends.size(); ++i) {
+      over[w.name][configs[i].name] = median(ms[0]) / median(ms[i]);
+    }
+    std::printf("%s\n", line.dump().c_str());
+    std::fflush(stdout);
+  }
+  json out = {{"model", model},     {"tensor_parallel", d.tp},  {"pipeline_parallel", d.pp},
+              {"rounds", rounds},   {"stage_layers", layers},   {"balance", balance},
+              {"step_ms", medians}, {"speedup_over_even", over}};
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
