@@ -16,7 +16,7 @@ namespace hr::engine {
 // How a CPU engine's pipeline stages split the layers.
 struct StageLayers {
   std::vector<int> layers;  // each stage's, first to last; empty: see balance
-  bool balance = true;      // with no list: balanced by measured stage time, else as even
+  bool balance = false;     // with no list: balanced by measured stage time, else as even
 };
 
 struct BackendSpec {

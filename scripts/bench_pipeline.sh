@@ -28,9 +28,9 @@ if [ ! -f "$wide/model.safetensors" ]; then
 fi
 rounds=${HEADROOM_PIPELINE_ROUNDS:-20}
 stages_json=$("$build/tests/headroom_pipeline_bench" --model "$big" --pp 2 --rounds "$rounds" |
-  tee /dev/stderr | tail -1)
+  tee >(cat >&2) | tail -1)
 wide_json=$("$build/tests/headroom_pipeline_bench" --model "$wide" --pp 2 --rounds "$rounds" |
-  tee /dev/stderr | tail -1)
+  tee >(cat >&2) | tail -1)
 load_json=$("$build/tests/headroom_pipeline_bench" --load "$big" --pp 2 --rounds 3 | tail -1)
 python3 - "$stages_json" "$wide_json" "$load_json" <<'PY'
 import json, sys

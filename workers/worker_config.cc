@@ -67,9 +67,9 @@ void WorkerConfig::bind(CLI::App& app) {
   cli::add(app, "--pipeline-parallel", pipeline_parallel,
            "Pipeline stages: contiguous layers each, a step's micro-batches in flight");
   cli::add(app, "--stage-layers", stage_layers,
-           "With --pipeline-parallel: auto balances the stages by measured time before serving "
-           "(layers move off a stage slowed by the LM head), even splits the layers as evenly "
-           "as they go, or give each stage's layer count (8,4)");
+           "With --pipeline-parallel: even splits the layers as evenly as they go; auto times "
+           "every layer and the LM head before serving and moves layers so the slowest stage is "
+           "fastest (docs/parallel-engine.md); or give each stage's layer count (8,4)");
   cli::add(app, "--expert-parallel", expert_parallel,
            "Mixture-of-experts layers: 1 slices every expert across the tensor-parallel ranks; "
            "the tensor-parallel size gives each rank a share of the experts whole (0: that, "

@@ -50,8 +50,8 @@ struct WorkerConfig {
   int tensor_parallel = 1;
   int pipeline_parallel = 1;
   int expert_parallel = 0;
-  // With pipeline stages: auto (balanced by measured stage time), even, or each stage's layers.
-  std::string stage_layers = "auto";
+  // With pipeline stages: even, auto (balanced by measured stage time), or each stage's layers.
+  std::string stage_layers = "even";
   std::string device = "cpu";  // cpu | cuda | cuda:N
   // cuda with several tensor-parallel ranks: their GPUs, "0,1,2,3" (empty: the device's index and
   // the ones after it); one index repeated: virtual ranks on that GPU (engine/
