@@ -241,9 +241,12 @@ Result<ModelWeights> load_weights_part(const SafetensorsModel& st, const ModelCo
       window -= bytes[i];
     }
   }
+  // The error reported is the first piece's that fails, as if they were read one by one: every
+  // piece before a failing one was taken (in order) before it, so it is tried too.
   std::atomic<size_t> next{0};
   std::mutex error_mu;
   Status error;
+  size_t error_at = n;
   auto convert = [&] {
     for (size_t i = next++; i < n; i = next++) {
       for (size_t a = ask[i]; a < ask[i + 1]; ++a) {
@@ -254,7 +257,10 @@ Result<ModelWeights> load_weights_part(const SafetensorsModel& st, const ModelCo
           read_into(st, piece.name, piece.shape, &w.slot(piece.slot, piece.layer), piece.offset);
       if (!s.is_ok()) {
         std::lock_guard<std::mutex> lock(error_mu);
-        if (error.is_ok()) error = s;
+        if (i < error_at) {
+          error = s;
+          error_at = i;
+        }
         next = n;
       }
     }

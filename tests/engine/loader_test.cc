@@ -49,6 +49,53 @@ TEST_F(LoaderTest, TheBundledModelLoads) {
   EXPECT_GT(w->num_parameters(), 900000u);
 }
 
+// However many threads convert and however far the loader reads ahead, the weights are the
+// ones a serial load gives, bitwise; and an error names the tensor a serial load would name.
+TEST_F(LoaderTest, ThreadsAndReadAheadChangeNothing) {
+  auto st = SafetensorsModel::open_dir(dir_.string());
+  auto config = load_model_config(dir_.string());
+  ASSERT_TRUE(st.is_ok() && config.is_ok());
+  const WeightPart all{0, config->num_layers, true, true};
+  LoadOptions serial;
+  serial.threads = 1;
+  serial.read_ahead_bytes = 0;
+  auto want = load_weights_part(**st, *config, all, serial);
+  ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+  for (int threads : {2, 4, 8}) {
+    for (size_t ahead : {size_t{1}, size_t{4096}, size_t{64} << 20}) {
+      LoadOptions o;
+      o.threads = threads;
+      o.read_ahead_bytes = ahead;
+      auto got = load_weights_part(**st, *config, all, o);
+      ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+      EXPECT_EQ(got->embed, want->embed);
+      EXPECT_EQ(got->final_norm, want->final_norm);
+      ASSERT_EQ(got->layers.size(), want->layers.size());
+      for (size_t i = 0; i < got->layers.size(); ++i) {
+        const LayerWeights &g = got->layers[i], &w = want->layers[i];
+        EXPECT_TRUE(g.wqkv == w.wqkv && g.wo == w.wo && g.w_gate_up == w.w_gate_up &&
+                    g.w_down == w.w_down && g.input_norm == w.input_norm &&
+                    g.post_norm == w.post_norm)
+            << threads << " threads, " << ahead << " bytes ahead, layer " << i;
+      }
+    }
+  }
+  // Every layer's MLP misshapen: the first (layer 0's gate) is named, whichever thread ran it.
+  std::string cfg = read("config.json");
+  cfg.replace(cfg.find("\"intermediate_size\": 512"), 24, "\"intermediate_size\": 640");
+  write("config.json", cfg);
+  auto wider = load_model_config(dir_.string());
+  ASSERT_TRUE(wider.is_ok());
+  for (int round = 0; round < 20; ++round) {
+    LoadOptions o;
+    o.threads = 8;
+    auto bad = load_weights_part(**st, *wider, all, o);
+    ASSERT_FALSE(bad.is_ok());
+    EXPECT_NE(bad.status().message().find("model.layers.0.mlp.gate_proj.weight"), std::string::npos)
+        << bad.status().message();
+  }
+}
+
 TEST_F(LoaderTest, CorruptHeaderLength) {
   std::string data = read("model.safetensors");
   uint64_t huge = 1ull << 40;
