@@ -196,7 +196,6 @@ CpuBackend::CpuBackend(std::shared_ptr<const ModelWeights> weights, CpuBackendOp
       static_cast<size_t>(num_blocks_) * options_.block_size * shard_.num_kv_heads * c.head_dim;
   k_cache_.assign(static_cast<size_t>(shard_.num_layers), std::vector<float>(layer_elems, 0.0f));
   v_cache_.assign(static_cast<size_t>(shard_.num_layers), std::vector<float>(layer_elems, 0.0f));
-  reset_part_times();
 }
 
 size_t CpuBackend::kv_cache_bytes() const {
@@ -254,11 +253,15 @@ Status CpuBackend::forward_part(const StepInput& in, float* hidden, float* logit
     return (static_cast<size_t>(block) * bs + pos % bs) * KV;
   };
 
+  // Part times, when asked for: `clock()` is the time since the last call.
   using Clock = std::chrono::steady_clock;
-  auto since = [](Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
+  Clock::time_point part_start = time_parts_ ? Clock::now() : Clock::time_point{};
+  auto clock = [&] {
+    const Clock::time_point now = Clock::now();
+    const double s = std::chrono::duration<double>(now - part_start).count();
+    part_start = now;
+    return s;
   };
-  Clock::time_point part_start = Clock::now();
   if (!sh.first_stage()) {
     std::memcpy(x_.data(), hidden, sizeof(float) * x_.size());
   } else {
@@ -272,14 +275,17 @@ Status CpuBackend::forward_part(const StepInput& in, float* hidden, float* logit
       }
     }
   }
-  if (sh.first_stage()) part_times_.first += since(part_start);
+  if (time_parts_) {
+    const double embedding = clock();
+    if (sh.first_stage()) part_times_.first += embedding;
+  }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   // Attention's work: q.k and the weighted v sum over each token's context, for every head.
   double attention_work = 0;
   for (int t = 0; t < T; ++t) attention_work += 2.0 * (in.positions[t] + 1) * nh * hd;
   const int attention_min = attention_work < 4.0 * kMinSplitWork ? T * nh + 1 : 8;
+  if (time_parts_) clock();  // the attention plan above is no layer's
   for (int li = 0; li < sh.num_layers; ++li) {
-    part_start = Clock::now();
     const LayerWeights& L = w.layers[static_cast<size_t>(li)];
     float* kc = k_cache_[static_cast<size_t>(li)].data();
     float* vc = v_cache_[static_cast<size_t>(li)].data();
@@ -343,19 +349,19 @@ Status CpuBackend::forward_part(const StepInput& in, float* hidden, float* logit
       });
       HR_RETURN_IF_ERROR(row_parallel(act_.data(), L.w_down.data(), T, F));
     }
-    part_times_.layer[static_cast<size_t>(li)] += since(part_start);
+    if (time_parts_) part_times_.layer[static_cast<size_t>(li)] += clock();
   }
   if (!sh.last_stage()) {
     std::memcpy(hidden, x_.data(), sizeof(float) * x_.size());
     return Status::ok();
   }
-  part_start = Clock::now();
   Status st = lm_head(in, logits);
-  part_times_.last += since(part_start);
+  if (time_parts_) part_times_.last += clock();
   return st;
 }
 
-void CpuBackend::reset_part_times() {
+void CpuBackend::time_parts(bool on) {
+  time_parts_ = on;
   part_times_.layer.assign(static_cast<size_t>(shard_.num_layers), 0.0);
   part_times_.first = part_times_.last = 0;
 }

@@ -63,12 +63,13 @@ class CpuBackend final : public HostSampledBackend {
   using RoutingObserver =
       std::function<void(int layer, int num_tokens, const int32_t* experts, const float* weights)>;
   void set_routing_observer(RoutingObserver f) { routing_observer_ = std::move(f); }
-  // Where forward_part's time went since reset_part_times(), in seconds of wall time: each held
+  // Where forward_part's time went since time_parts(true), in seconds of wall time: each held
   // layer's (a tensor-parallel rank's waits in its all-reduces included), the embedding's (first
-  // stage) and the final norm and LM head's (last stage). Read between steps: the parallel
-  // backend balances its pipeline stages by it.
+  // stage) and the final norm and LM head's (last stage). Off unless asked for; read between
+  // steps: the parallel backend balances its pipeline stages by it.
   const StageCosts& part_times() const { return part_times_; }
-  void reset_part_times();
+  // Clears the part times and starts (or stops) timing the steps that follow.
+  void time_parts(bool on);
 
  private:
   CpuBackend(std::shared_ptr<const ModelWeights> weights, CpuBackendOptions options,
@@ -107,6 +108,7 @@ class CpuBackend final : public HostSampledBackend {
   std::vector<std::vector<int32_t>> routed_;
   RoutingObserver routing_observer_;
   StageCosts part_times_;
+  bool time_parts_ = false;
 };
 
 // Packs the matrices in place for the CPU backend (ModelWeights::cpu_packed), one at a time (the

@@ -166,7 +166,9 @@ ParallelCpuBackend::ParallelCpuBackend(ParallelCpuOptions options, int vocab_siz
       hidden_size_(hidden_size),
       num_blocks_(num_blocks) {}
 
-ParallelCpuBackend::~ParallelCpuBackend() {
+ParallelCpuBackend::~ParallelCpuBackend() { stop_ranks(); }
+
+void ParallelCpuBackend::stop_ranks() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -178,14 +180,9 @@ ParallelCpuBackend::~ParallelCpuBackend() {
 }
 
 std::vector<ModelWeights> ParallelCpuBackend::take_shards() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  start_cv_.notify_all();
+  stop_ranks();
   std::vector<ModelWeights> shards;
   for (auto& r : ranks_) {
-    if (r->thread.joinable()) r->thread.join();
     r->backend.reset();  // its hold on the shard goes with it
     shards.push_back(std::move(*r->weights));
     r->weights.reset();
@@ -224,7 +221,7 @@ Result<StageCosts> ParallelCpuBackend::measure_parts() {
     return forward(step.input(), logits.data());
   };
   auto reset = [&] {
-    for (auto& r : ranks_) r->backend->reset_part_times();
+    for (auto& r : ranks_) r->backend->time_parts(true);
   };
   // Each part's time per token of the timed steps since the last reset.
   auto parts = [&](double tokens) {
@@ -255,6 +252,7 @@ Result<StageCosts> ParallelCpuBackend::measure_parts() {
     costs.first += ratio * prefill.first;
     costs.last += ratio * prefill.last;
   }
+  for (auto& r : ranks_) r->backend->time_parts(false);
   return costs;
 }
 

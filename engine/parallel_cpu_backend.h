@@ -120,6 +120,8 @@ class ParallelCpuBackend final : public HostSampledBackend {
       std::unique_ptr<ParallelCpuBackend> b);
   // Stops the rank threads and hands back every rank's shard (the backend is spent).
   std::vector<ModelWeights> take_shards();
+  // Ends the rank threads (after the step in progress, if any).
+  void stop_ranks();
   // KV blocks each of the calibration's sequences takes.
   int calibration_blocks_per_seq() const;
   void split(const StepInput& in);

@@ -1,11 +1,12 @@
-// The split of contiguous layers into stages whose slowest stage is fastest: two small dynamic
-// programs over (stage, layers so far), the first for the best slowest-stage cost, the second for
-// the split within tolerance of it that moves the fewest layers.
+// The split of contiguous layers into stages whose slowest stage is fastest: a small dynamic
+// program over (stage, layers so far).
 #include "engine/stage_balance.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
+
+#include "engine/memory_plan.h"
 
 namespace hr::engine {
 namespace {
@@ -33,18 +34,23 @@ double span_cost(const StageCosts& costs, const std::vector<double>& sum, int pp
 std::vector<int> even_stages(int num_layers, int pp) {
   std::vector<int> out;
   for (int s = 0; s < pp; ++s) {
-    out.push_back(static_cast<int>(static_cast<int64_t>(num_layers) * (s + 1) / pp -
-                                   static_cast<int64_t>(num_layers) * s / pp));
+    out.push_back(stage_first_layer(num_layers, pp, {}, s + 1) -
+                  stage_first_layer(num_layers, pp, {}, s));
   }
   return out;
 }
 
 double stage_cost(const StageCosts& costs, const std::vector<int>& stage_layers, int stage) {
-  const std::vector<double> sum = prefix_sums(costs);
-  int a = 0;
-  for (int s = 0; s < stage; ++s) a += stage_layers[static_cast<size_t>(s)];
-  return span_cost(costs, sum, static_cast<int>(stage_layers.size()), stage, a,
-                   a + stage_layers[static_cast<size_t>(stage)]);
+  const int pp = static_cast<int>(stage_layers.size());
+  const int first =
+      stage_first_layer(static_cast<int>(costs.layer.size()), pp, stage_layers, stage);
+  double c = 0;
+  for (int i = first; i < first + stage_layers[static_cast<size_t>(stage)]; ++i) {
+    c += costs.layer[static_cast<size_t>(i)];
+  }
+  if (stage == 0) c += costs.first;
+  if (stage == pp - 1) c += costs.last;
+  return c;
 }
 
 double slowest_stage(const StageCosts& costs, const std::vector<int>& stage_layers) {
@@ -60,47 +66,29 @@ std::vector<int> balance_stages(const StageCosts& costs, int pp, const std::vect
   const int L = static_cast<int>(costs.layer.size());
   const std::vector<double> sum = prefix_sums(costs);
   const size_t width = static_cast<size_t>(L) + 1;
-  // best[s * width + i]: the least slowest-stage cost of stages 0..s holding layers [0, i).
+  // best[s * width + i]: the least slowest-stage cost of stages 0..s holding layers [0, i);
+  // from[s * width + i]: where stage s begins in that split.
   std::vector<double> best(static_cast<size_t>(pp) * width, kInf);
+  std::vector<int> from(static_cast<size_t>(pp) * width, 0);
   for (int i = 1; i <= L; ++i) best[static_cast<size_t>(i)] = span_cost(costs, sum, pp, 0, 0, i);
   for (int s = 1; s < pp; ++s) {
     for (int i = s + 1; i <= L; ++i) {
-      double b = kInf;
       for (int j = s; j < i; ++j) {
-        b = std::min(b, std::max(best[static_cast<size_t>(s - 1) * width + j],
-                                 span_cost(costs, sum, pp, s, j, i)));
-      }
-      best[static_cast<size_t>(s) * width + i] = b;
-    }
-  }
-  const double target = best[static_cast<size_t>(pp - 1) * width + L];
-  const double bound = target * (1 + tolerance) + 1e-12 * std::abs(target);
-  // Among the splits whose every stage is within `bound`, the one whose boundaries lie nearest
-  // the reference's: moved[s * width + i] is the least total boundary shift of stages 0..s
-  // holding layers [0, i), from[...] the boundary before stage s.
-  const std::vector<int> ref =
-      current.size() == static_cast<size_t>(pp) ? current : even_stages(L, pp);
-  std::vector<int> ref_end(static_cast<size_t>(pp));
-  for (int s = 0, end = 0; s < pp; ++s) ref_end[static_cast<size_t>(s)] = end += ref[s];
-  std::vector<double> moved(static_cast<size_t>(pp) * width, kInf);
-  std::vector<int> from(static_cast<size_t>(pp) * width, 0);
-  for (int i = 1; i <= L; ++i) {
-    if (span_cost(costs, sum, pp, 0, 0, i) <= bound) {
-      moved[static_cast<size_t>(i)] = std::abs(i - ref_end[0]);
-    }
-  }
-  for (int s = 1; s < pp; ++s) {
-    for (int i = s + 1; i <= L; ++i) {
-      for (int j = s; j < i; ++j) {
-        const double prev = moved[static_cast<size_t>(s - 1) * width + j];
-        if (prev == kInf || span_cost(costs, sum, pp, s, j, i) > bound) continue;
-        const double m = prev + std::abs(i - ref_end[static_cast<size_t>(s)]);
-        if (m < moved[static_cast<size_t>(s) * width + i]) {
-          moved[static_cast<size_t>(s) * width + i] = m;
+        const double b = std::max(best[static_cast<size_t>(s - 1) * width + j],
+                                  span_cost(costs, sum, pp, s, j, i));
+        if (b < best[static_cast<size_t>(s) * width + i]) {
+          best[static_cast<size_t>(s) * width + i] = b;
           from[static_cast<size_t>(s) * width + i] = j;
         }
       }
     }
+  }
+  // The reference (the current split, else the even one) stays if it is close enough.
+  const std::vector<int> ref =
+      current.size() == static_cast<size_t>(pp) ? current : even_stages(L, pp);
+  const double target = best[static_cast<size_t>(pp - 1) * width + L];
+  if (slowest_stage(costs, ref) <= target * (1 + tolerance) + 1e-12 * std::abs(target)) {
+    return ref;
   }
   std::vector<int> out(static_cast<size_t>(pp));
   for (int s = pp - 1, i = L; s >= 0; --s) {

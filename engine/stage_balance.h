@@ -21,8 +21,8 @@ double stage_cost(const StageCosts& costs, const std::vector<int>& stage_layers,
 double slowest_stage(const StageCosts& costs, const std::vector<int>& stage_layers);
 
 // The layer counts of `pp` contiguous stages (each at least one layer) whose slowest stage is
-// the fastest possible; of the splits within `tolerance` (a fraction) of that best, the one
-// closest to `current` (fewest layers moved), so measurement noise moves nothing. Needs
+// the fastest possible; `current` (empty: the even split) when its slowest stage is within
+// `tolerance` (a fraction) of that best, so measurement noise moves nothing. Needs
 // 1 <= pp <= layers.
 std::vector<int> balance_stages(const StageCosts& costs, int pp,
                                 const std::vector<int>& current = {}, double tolerance = 0);

@@ -226,19 +226,19 @@ Result<ModelWeights> load_weights_part(const SafetensorsModel& st, const ModelCo
   // takes piece i asks the kernel for the pieces [ask[i], ask[i + 1]): those up to
   // read_ahead_bytes past the start of piece i, each asked for once.
   const size_t n = pieces.size();
-  std::vector<size_t> bytes(n, 0), ask(n + 1, n);
-  for (size_t i = 0; i < n; ++i) {
-    if (const TensorView* t = st.find(pieces[i].name)) bytes[i] = t->num_bytes;
-  }
+  std::vector<const TensorView*> views(n);  // null: missing (read_into names it)
+  std::vector<size_t> ask(n + 1, n);
+  for (size_t i = 0; i < n; ++i) views[i] = st.find(pieces[i].name);
+  auto bytes = [&](size_t i) { return views[i] ? views[i]->num_bytes : 0; };
   if (options.read_ahead_bytes > 0) {
     size_t end = 0, window = 0;  // window: bytes of pieces [i, end)
     ask[0] = 0;
     for (size_t i = 0; i < n; ++i) {
-      while (end < n && (end <= i || window + bytes[end] <= options.read_ahead_bytes)) {
-        window += bytes[end++];
+      while (end < n && (end <= i || window + bytes(end) <= options.read_ahead_bytes)) {
+        window += bytes(end++);
       }
       ask[i + 1] = end;
-      window -= bytes[i];
+      window -= bytes(i);
     }
   }
   // The error reported is the first piece's that fails, as if they were read one by one: every
@@ -250,7 +250,7 @@ Result<ModelWeights> load_weights_part(const SafetensorsModel& st, const ModelCo
   auto convert = [&] {
     for (size_t i = next++; i < n; i = next++) {
       for (size_t a = ask[i]; a < ask[i + 1]; ++a) {
-        if (const TensorView* t = st.find(pieces[a].name)) st.prefetch(*t);
+        if (views[a]) st.prefetch(*views[a]);
       }
       const WeightPiece& piece = pieces[i];
       Status s =
