@@ -352,18 +352,29 @@ Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
   HR_ASSIGN_OR_RETURN(CudaSettings settings, parse_cuda_options(spec.cuda_options));
   HR_RETURN_IF_ERROR(apply_cuda_settings(settings, &o));
   log::info("backend.cuda_settings", {{"device", index}, {"settings", describe(o)}});
-  if (spec.tensor_parallel > 1) {
+  const int world = spec.tensor_parallel * spec.pipeline_parallel;
+  if (world > 1) {
+    if (spec.stage_layers.balance) {
+      return invalid_argument(
+          "stages balanced by measured time run on the CPU backend; on cuda give each stage's "
+          "layers (--stage-layers N,N,...) or even",
+          "stage-layers");
+    }
     std::vector<int> devices = spec.devices;
     if (devices.empty()) {
-      for (int r = 0; r < spec.tensor_parallel; ++r) devices.push_back(index + r);
+      for (int r = 0; r < world; ++r) devices.push_back(index + r);
     }
     HR_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir));
     const int ep = expert_parallel(spec, config.moe.num_experts);
-    HR_ASSIGN_OR_RETURN(auto many, ParallelCudaBackend::create_from_dir(model_dir, devices, o, ep));
+    const ParallelDegrees degrees(spec.tensor_parallel, spec.pipeline_parallel, ep,
+                                  spec.stage_layers.layers);
+    HR_ASSIGN_OR_RETURN(auto many,
+                        ParallelCudaBackend::create_from_dir(model_dir, devices, o, degrees));
     std::string named;
     for (int d : devices) named += (named.empty() ? "" : ",") + std::to_string(d);
     log::info("backend.parallel",
               {{"tensor_parallel", spec.tensor_parallel},
+               {"pipeline_parallel", spec.pipeline_parallel},
                {"expert_parallel", ep},
                {"devices", named},
                {"virtual_ranks", many->virtual_ranks()},

@@ -28,13 +28,14 @@ struct BackendSpec {
   int cpu_thread_nice = 0;              // cpu: nice value of the backend's pool threads
   // Ranks (parallel_cpu_backend.h, parallel_cuda_backend.h): tensor-parallel ranks per stage,
   // pipeline stages, expert parallelism (0: tp when the experts split over it on the CPU
-  // backend, else 1). On cuda: tensor parallelism only, experts sliced, rank r on devices[r]
+  // backend, else 1). On cuda: rank (stage s, tensor-parallel index t) on devices[s * tp + t]
   // (empty: the device's index and the ones after it; one index repeated: virtual ranks there).
   int tensor_parallel = 1;
   int pipeline_parallel = 1;
   int expert_parallel = 0;
   std::vector<int> devices;
-  // cpu with pipeline stages: each stage's layers (parse_stage_layers).
+  // With pipeline stages: each stage's layers (parse_stage_layers; balanced by measured time on
+  // the CPU backend only).
   StageLayers stage_layers;
   std::string cuda_options;  // cuda: settings, see parse_cuda_options
 };

@@ -126,7 +126,7 @@ Status CudaBackend::forward(const StepInput& in, float* logits) {
     cudaStreamSynchronize(stream_);  // as in submit()
     return enqueued;
   }
-  if (in.num_logits > 0) {
+  if (in.num_logits > 0 && shard_.last_stage()) {  // (an earlier stage makes no logits)
     const cudaError_t queued = cudaMemcpyAsync(
         logits, logits_, static_cast<size_t>(in.num_logits) * config_.vocab_size * 4,
         cudaMemcpyDeviceToHost, stream_);
@@ -187,15 +187,17 @@ Status CudaBackend::submit_sampling(const SampleSpec* specs) {
   auto check = [&](const char* op, cudaError_t e) {
     return e == cudaSuccess ? Status::ok() : internal::cuda_error(op, e, options_.device);
   };
+  // (An earlier pipeline stage samples nothing: its step is only outstanding.)
+  const bool sampling = L > 0 && shard_.last_stage();
   Status sampled =
-      L == 0 ? Status::ok() : pack_sampling(specs, L, forwarded_.logits_rows.data(), slot, lay);
+      !sampling ? Status::ok() : pack_sampling(specs, L, forwarded_.logits_rows.data(), slot, lay);
   const size_t bytes = static_cast<size_t>(L) * sizeof(kernels::SampleParams);
-  if (sampled.is_ok() && L > 0) {
+  if (sampled.is_ok() && sampling) {
     sampled = check("copying sampling parameters",
                     cudaMemcpyAsync(slot.dev + lay.sample_params, slot.host + lay.sample_params,
                                     bytes, cudaMemcpyHostToDevice, stream_));
   }
-  if (sampled.is_ok() && L > 0) {
+  if (sampled.is_ok() && sampling) {
     // (After a copy: not a programmatic launch.)
     kernels::set_programmatic_launch(false);
     sampled =
@@ -217,12 +219,14 @@ Status CudaBackend::finish_submit(int index, int num_logits, const SampleSpec* s
   Slot& slot = slots_[index];
   cudaError_t queued = cudaSuccess;
   slot.asked.clear();
-  const bool any_logprobs =
-      specs &&
-      std::any_of(specs, specs + num_logits, [](const SampleSpec& sp) { return sp.logprobs >= 0; });
-  for (int i = 0; any_logprobs && i < num_logits; ++i) slot.asked.push_back(specs[i].logprobs);
-  if (num_logits > 0) {
-    queued = cudaMemcpyAsync(slot.host_tokens, tokens_, static_cast<size_t>(num_logits) * 4,
+  // An earlier pipeline stage's step has no tokens to collect (but its rows may be fed).
+  const int sampled = shard_.last_stage() ? num_logits : 0;
+  const bool any_logprobs = specs && std::any_of(specs, specs + sampled, [](const SampleSpec& sp) {
+                              return sp.logprobs >= 0;
+                            });
+  for (int i = 0; any_logprobs && i < sampled; ++i) slot.asked.push_back(specs[i].logprobs);
+  if (sampled > 0) {
+    queued = cudaMemcpyAsync(slot.host_tokens, tokens_, static_cast<size_t>(sampled) * 4,
                              cudaMemcpyDeviceToHost, stream_);
   }
   if (queued == cudaSuccess && !slot.asked.empty()) {
@@ -247,7 +251,7 @@ Status CudaBackend::finish_submit(int index, int num_logits, const SampleSpec* s
     }
     collect_marks();
   }
-  slot.num_logits = num_logits;
+  slot.num_logits = sampled;
   prev_num_logits_ = num_logits;
   outstanding_.push_back(index);
   return Status::ok();

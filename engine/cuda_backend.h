@@ -71,9 +71,13 @@ struct CudaBackendOptions {
 
 class CudaBackend final : public Backend {
  public:
-  // Uploads `weights` (converted to bf16): the whole model, or a tensor-parallel rank's shard
-  // (options.tensor_parallel set; pipeline stages and experts sharded whole are refused naming
-  // pipeline-parallel and expert-parallel). Errors name the option at fault or the CUDA call.
+  // Uploads `weights` (converted to bf16): the whole model, or a rank's shard (weight_shard.h;
+  // options.tensor_parallel set when it has tensor-parallel peers). A pipeline stage's shard
+  // holds its layers only, the embedding on the first stage and the final norm and LM head on the
+  // last: a later stage's step starts from the residual stream the stage before left
+  // (stage_hidden()), an earlier stage's step ends there, and only the last stage samples (its
+  // tokens handed back to the first for fed rows: sampled_tokens()). Errors name the option at
+  // fault or the CUDA call.
   [[nodiscard]] static Result<std::unique_ptr<CudaBackend>> create(const ModelWeights& weights,
                                                                    CudaBackendOptions options);
   // Uploads the Hugging Face folder's safetensors weights straight to the device as bf16 (norms
@@ -116,7 +120,23 @@ class CudaBackend final : public Backend {
   // then multiples of 8 up to 256 and of 16 beyond (capped at max_num_seqs and max_num_tokens).
   int graph_batch_size(int batch) const;
   size_t num_graphs() const { return graphs_.size(); }
-  const ModelConfig& config() const { return config_; }
+  const ModelConfig& config() const { return config_; }  // a stage's: its layers only
+  const WeightShard& shard() const { return shard_; }
+  // A pipeline stage's hand-offs (engine/parallel_cuda_backend.h), device buffers on stream():
+  // the residual stream, [rows, hidden] fp32, which a step of a later stage starts from and a
+  // step of an earlier stage leaves after its last layer; and the [rows] tokens the last stage
+  // sampled, which the first stage's fed rows read.
+  float* stage_hidden() { return x_; }
+  int32_t* sampled_tokens() { return tokens_; }
+  cudaStream_t stream() const { return stream_; }
+  // The rows a step enqueues: its tokens and logits rows, a decode step's padded to the batch
+  // size of its graph.
+  struct StepRows {
+    int tokens = 0, logits = 0;
+  };
+  StepRows step_rows(const StepInput& in) const;
+  // Whether a step would be taken (the checks a submit makes before it enqueues anything).
+  [[nodiscard]] Status check_input(const StepInput& in) const { return check_bounds(in, -1); }
   // For benchmarks: every path of `o` (graphs, GEMV, fused steps, decode attention, programmatic
   // launch, prefetch), effective from the next step; captured graphs are dropped. What was sized
   // and allocated at creation stays.
@@ -186,6 +206,9 @@ class CudaBackend final : public Backend {
   };
 
   CudaBackend(const ModelConfig& config, CudaBackendOptions options);
+  // A pipeline stage's model: its layers alone (layer i is the model's first_layer + i), its
+  // head apart from the embedding.
+  static ModelConfig stage_config(const ModelConfig& c, const WeightShard& s);
   [[nodiscard]] Status check_options() const;
   [[nodiscard]] Status open_device();
   [[nodiscard]] Status allocate_weights();
@@ -209,6 +232,8 @@ class CudaBackend final : public Backend {
   // lay.sample_params (lists and masks into its list buffers, copied at once).
   [[nodiscard]] Status pack_sampling(const SampleSpec* specs, int num_logits,
                                      const int32_t* logits_rows, Slot& slot, const StepLayout& lay);
+  // The step's sizes against the options, and check_step (engine/backend.h).
+  [[nodiscard]] Status check_bounds(const StepInput& in, int real_seqs) const;
   // Validation, attention planning, and the packed inputs' copy to the device. Sequences from
   // `real_seqs` on are padding (graph_batch_size), which alone may use the scratch block.
   [[nodiscard]] Status prepare(const StepInput& in, const SampleSpec* specs, bool graph_shape,

@@ -49,15 +49,22 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   const auto* d_logits_rows = reinterpret_cast<const int32_t*>(d + lay.logits_rows);
 
   const ProgrammaticLaunch pl = options_.programmatic_launch;
-  // (Not by default on a tensor-parallel rank: its collectives enqueue copies, and a
-  // programmatic launch in a captured graph must follow a kernel.)
+  // (Not by default on a rank of a parallel engine: its collectives and hand-offs enqueue
+  // copies, and a programmatic launch in a captured graph must follow a kernel.)
   kernels::set_programmatic_launch(
       pl == ProgrammaticLaunch::kOn ||
-      (pl == ProgrammaticLaunch::kAuto && !lay.fused && shard_.tp == 1));
+      (pl == ProgrammaticLaunch::kAuto && !lay.fused && shard_.whole()));
   mark("start");
-  HR_CUDA("embedding", kernels::embedding_gather(
-                           embed_, d_tokens, reinterpret_cast<const int32_t*>(d + lay.fed_rows),
-                           tokens_, T, config_.vocab_size, D, x_, input_ids_, stream_));
+  // A later pipeline stage's residual stream is the stage before's, already in x_; the last
+  // stage still reads each row's input token for the sampler's penalties.
+  const bool first_stage = shard_.first_stage(), last_stage = shard_.last_stage();
+  if (first_stage || last_stage) {
+    HR_CUDA("embedding",
+            kernels::embedding_gather(first_stage ? embed_ : nullptr, d_tokens,
+                                      reinterpret_cast<const int32_t*>(d + lay.fed_rows), tokens_,
+                                      T, config_.vocab_size, D, first_stage ? x_ : nullptr,
+                                      input_ids_, stream_));
+  }
   mark("embedding");
   kernels::AddRmsNormParams norm;
   norm.x = x_;
@@ -232,6 +239,20 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
     HR_RETURN_IF_ERROR(matmul(act_, W.w_down, delta_, GemmOut::kF32, T, D, F));
     HR_RETURN_IF_ERROR(reduce_partials(delta_, static_cast<size_t>(T) * D));
     mark("down_proj");
+  }
+  if (!last_stage) {
+    // The stage's last residual add, which the next stage's first norm does not make: the
+    // residual stream goes on whole (the fused path, which keeps it in two buffers, is not a
+    // stage's).
+    kernels::AddRmsNormParams add;
+    add.x = x_;
+    add.delta = mlp_out;
+    add.delta_rows = mlp_rows;
+    add.num_rows = T;
+    add.dim = D;
+    HR_CUDA("the stage's residual add", kernels::add_rms_norm(add, stream_));
+    mark("stage_out");
+    return Status::ok();
   }
   if (L == 0) return Status::ok();
   if (fused && !c.is_moe_layer(c.num_layers - 1)) {

@@ -36,6 +36,12 @@ bool CudaBackend::graph_step(const StepInput& in) const {
   return options_.cuda_graphs && !profiling_ && uniform_decode(in);
 }
 
+CudaBackend::StepRows CudaBackend::step_rows(const StepInput& in) const {
+  if (!graph_step(in)) return {in.num_tokens, in.num_logits};
+  const int rows = graph_batch_size(in.num_seqs);
+  return {rows, rows};
+}
+
 void CudaBackend::clear_graphs() {
   for (auto& [key, exec] : graphs_) {
     if (exec) cudaGraphExecDestroy(exec);

@@ -22,6 +22,18 @@ namespace hr::engine {
 static_assert(sizeof(kernels::TokenLogprobs) == kTokenLogprobsBytes,
               "engine/memory_plan.h plans the log-probability buffers with this size");
 
+ModelConfig CudaBackend::stage_config(const ModelConfig& c, const WeightShard& s) {
+  if (s.pp == 1) return c;
+  ModelConfig r = c;
+  r.num_layers = s.num_layers;
+  if (c.is_moe()) {
+    const auto first = c.moe.sparse_layers.begin() + s.first_layer;
+    r.moe.sparse_layers.assign(first, first + s.num_layers);
+  }
+  r.tie_word_embeddings = false;  // the last stage holds the head apart
+  return r;
+}
+
 Status CudaBackend::check_options() const {
   const ModelConfig& c = config_;
   if (options_.block_size < 1) return invalid_argument("block size must be positive", "block-size");
@@ -105,8 +117,11 @@ Status CudaBackend::allocate_weights() {
     weight_bytes_ += n * 4;
     return alloc(reinterpret_cast<void**>(p), n * 4, what);
   };
-  HR_RETURN_IF_ERROR(bf16(&embed_, V * D, "embed_tokens"));
-  if (c.tie_word_embeddings) {
+  // (A pipeline stage: the embedding on the first, the final norm and the LM head on the last.)
+  if (shard_.first_stage()) HR_RETURN_IF_ERROR(bf16(&embed_, V * D, "embed_tokens"));
+  if (!shard_.last_stage()) {
+    // no head
+  } else if (c.tie_word_embeddings) {
     lm_head_ = embed_;
   } else {
     HR_RETURN_IF_ERROR(bf16(&lm_head_, static_cast<size_t>(head_rows()) * D, "lm_head"));
@@ -114,7 +129,7 @@ Status CudaBackend::allocate_weights() {
     HR_CUDA("zeroing the LM head",
             cudaMemset(lm_head_, 0, static_cast<size_t>(head_rows()) * D * 2));
   }
-  HR_RETURN_IF_ERROR(f32(&final_norm_, D, "norm"));
+  if (shard_.last_stage()) HR_RETURN_IF_ERROR(f32(&final_norm_, D, "norm"));
   layers_.resize(static_cast<size_t>(c.num_layers));
   // (A rank of expert parallelism holds its share of the experts; the router scores them all.)
   const size_t E = shard_.tp > 1 ? shard_.num_experts : c.moe.num_experts;
@@ -226,6 +241,8 @@ Status CudaBackend::init_runtime() {
   HR_RETURN_IF_ERROR(act(&inv_freq_, inv_freq.size() * 4, "rope"));
   HR_RETURN_IF_ERROR(upload(inv_freq_, inv_freq, false));
   HR_RETURN_IF_ERROR(act(&x_, T * D * 4, "activations"));
+  // Zero, so that rows no stage before wrote (a later pipeline stage's warm-up) are finite.
+  HR_CUDA("zeroing the residual stream", cudaMemsetAsync(x_, 0, T * D * 4, stream_));
   HR_RETURN_IF_ERROR(act(&delta_, T * D * 4, "activations"));
   HR_RETURN_IF_ERROR(act(&h_, T * D * 2, "activations"));
   HR_RETURN_IF_ERROR(act(&qkv_, T * QKV * 4, "activations"));
@@ -332,10 +349,6 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelWeights& w,
         "weights packed for the CPU backend cannot go to the GPU; load them again", "weights");
   }
   const WeightShard shard = w.shard();
-  if (shard.pp > 1) {
-    return invalid_argument("the CUDA backend runs no pipeline stages yet (the CPU backend does)",
-                            "pipeline-parallel");
-  }
   if ((shard.tp > 1) != (options.tensor_parallel != nullptr) ||
       (options.tensor_parallel && (options.tensor_parallel->size() != shard.tp ||
                                    options.tensor_parallel->rank() != shard.tp_rank))) {
@@ -343,7 +356,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelWeights& w,
                                 std::to_string(shard.tp) + " ranks, and only a shard takes one",
                             "tensor-parallel");
   }
-  const ModelConfig config = rank_config(w.config, shard);
+  const ModelConfig config = stage_config(rank_config(w.config, shard), shard);
   std::unique_ptr<CudaBackend> b(new CudaBackend(config, options));
   b->shard_ = shard;
   HR_RETURN_IF_ERROR(b->check_options());
@@ -352,8 +365,9 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ModelWeights& w,
   for (const WeightPiece& piece : weight_pieces(config)) {
     const std::vector<float>* src = &w.slot(piece.slot, piece.layer);
     if (piece.offset != 0) continue;  // the fused vector goes up whole with its first piece
-    HR_RETURN_IF_ERROR(
-        b->upload(b->slot_data(piece.slot, piece.layer), *src, !is_vector_slot(piece.slot)));
+    void* dst = b->slot_data(piece.slot, piece.layer);
+    if (dst == nullptr) continue;  // another pipeline stage's (the embedding, the head)
+    HR_RETURN_IF_ERROR(b->upload(dst, *src, !is_vector_slot(piece.slot)));
   }
   HR_RETURN_IF_ERROR(b->init_runtime());
   return b;

@@ -24,11 +24,8 @@
 
 namespace hr::engine {
 
-Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool graph_shape,
-                            int slot_index, int real_seqs, StepLayout* out) {
-  const ModelConfig& c = config_;
-  const int T = in.num_tokens, S = in.num_seqs, L = in.num_logits, V = c.vocab_size;
-  const int bs = options_.block_size, nkv = c.num_kv_heads;
+Status CudaBackend::check_bounds(const StepInput& in, int real_seqs) const {
+  const int T = in.num_tokens, S = in.num_seqs, L = in.num_logits;
   if (T <= 0) return invalid_argument("empty step");
   if (T > options_.max_num_tokens) {
     return invalid_argument("step of " + std::to_string(T) + " tokens exceeds the backend's " +
@@ -40,8 +37,17 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
                                 std::to_string(options_.max_num_seqs),
                             "max-num-seqs");
   }
+  return check_step(
+      in, {config_.vocab_size, options_.block_size, num_blocks_, prev_num_logits_, real_seqs});
+}
+
+Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool graph_shape,
+                            int slot_index, int real_seqs, StepLayout* out) {
+  const ModelConfig& c = config_;
+  const int T = in.num_tokens, S = in.num_seqs, L = in.num_logits;
+  const int bs = options_.block_size, nkv = c.num_kv_heads;
+  HR_RETURN_IF_ERROR(check_bounds(in, real_seqs));
   HR_CUDA("selecting the device", cudaSetDevice(options_.device));
-  HR_RETURN_IF_ERROR(check_step(in, {V, bs, num_blocks_, prev_num_logits_, real_seqs}));
   HR_RETURN_IF_ERROR(plan_attention(
       in, {c.num_heads, nkv, num_sms_, max_partials_, graph_shape, options_.decode_attention},
       &plan_));
@@ -61,7 +67,7 @@ Status CudaBackend::prepare(const StepInput& in, const SampleSpec* specs, bool g
   lay.decode_kernel = plan_.decode_kernel;
   lay.num_prefill = static_cast<int>(prefill.size());
   lay.num_combine = static_cast<int>(combine.size());
-  lay.fused = fused_shapes_ && shard_.tp == 1 && options_.small_batch_gemv &&
+  lay.fused = fused_shapes_ && shard_.whole() && options_.small_batch_gemv &&
               options_.fused_small_batch && T <= kGemvRows && T <= kernels::kGemvMaxFusedRows &&
               uniform_decode(in);
   size_t off = 0;

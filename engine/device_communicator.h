@@ -1,8 +1,9 @@
 // Collectives among an engine's GPU ranks over device buffers (docs/parallel-engine.md): the same
-// four as Communicator (engine/communicator.h), fp32, enqueued on a stream (stream-ordered: each
-// call only enqueues work, so it is capturable in a CUDA graph). Every rank calls each collective
-// with the same sizes, in the same order. Implementations: VirtualRankGroup (N ranks on one
-// device, engine/virtual_ranks.h) and NcclCommunicator (engine/nccl_communicator.h).
+// as Communicator (engine/communicator.h), fp32 (point to point: any bytes), enqueued on a stream
+// (stream-ordered: each call only enqueues work, so it is capturable in a CUDA graph). Every rank
+// calls each collective with the same sizes, in the same order. Implementations: VirtualRankGroup
+// (N ranks on one device, engine/virtual_ranks.h) and NcclCommunicator
+// (engine/nccl_communicator.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,6 +29,14 @@ class DeviceCommunicator {
                                               cudaStream_t stream) = 0;
   // data[0..n) becomes rank `root`'s.
   [[nodiscard]] virtual Status broadcast(float* data, size_t n, int root, cudaStream_t stream) = 0;
+  // Point to point, between pipeline stages (any data: `bytes` bytes moved as they are). send()
+  // hands data[0..bytes) to rank `peer` once the stream reaches it; recv() fills data with the
+  // oldest message from `peer` not yet received, which must be `bytes` long. Messages between two
+  // ranks arrive in the order sent. The data may not be written until the stream has passed the
+  // call.
+  [[nodiscard]] virtual Status send(const void* data, size_t bytes, int peer,
+                                    cudaStream_t stream) = 0;
+  [[nodiscard]] virtual Status recv(void* data, size_t bytes, int peer, cudaStream_t stream) = 0;
 };
 
 }  // namespace hr::engine

@@ -167,14 +167,18 @@ int64_t step_buffer_bytes(const ModelShape& s, const PlanOptions& o, int64_t num
   b += T * QKV * 4 + T * Q * 2 * 2;  // qkv, q, attention output
   b += T * 2 * F * 2 + T * F * 2;    // gate_up, activation
   b += S * D * 2 + S * V * 4 + S * 4 + T * 4 + S * kTokenLogprobsBytes;  // final rows, logits
+  // A tensor-parallel rank's LM head slice's logits, and every rank's gathered.
+  if (o.tp > 1) b += (1 + o.tp) * S * ceil_div(V, o.tp) * 4;
   b += kFusedRows * D * 4;
   if (s.num_experts > 0) {
+    // Every rank routes over all the experts and lays the pairs out by expert over all of them
+    // (a rank of expert parallelism skips the tiles of others' experts, in the same layout).
     constexpr int64_t kTile = 64;  // kernels::kMoeTile
-    const int64_t E = s.num_experts, local = E / o.ep, pairs = T * s.top_k;
-    const int64_t capacity = ceil_div(pairs + local * (kTile - 1), kTile) * kTile;
+    const int64_t E = s.num_experts, pairs = T * s.top_k;
+    const int64_t capacity = ceil_div(pairs + E * (kTile - 1), kTile) * kTile;
     const int64_t f = s.expert_intermediate_size / (o.tp / o.ep);
     b += T * E * 4 + pairs * 4 * 2;  // router logits, top k
-    b += local * 4 + (local + 1) * 4 + capacity * 4 + capacity / kTile * 4 + local * 4 + 4;
+    b += E * 4 + (E + 1) * 4 + capacity * 4 + capacity / kTile * 4 + E * 4 + 4;
     b += capacity * f * 2 + pairs * D * 4;  // experts' activations, outputs
   }
   b += 2 * num_layers * kFusedRows * 4;  // norm sums
@@ -207,8 +211,10 @@ Result<MemoryPlan> plan_memory(const ModelShape& s, const PlanOptions& o) {
       if (stage == 0) r.weight_bytes += V * D * 2;  // the embedding, whole (bf16)
       if (stage == o.pp - 1) {
         r.weight_bytes += D * 4;  // the final norm
-        // The LM head's share of the vocabulary; a tied one on a single stage is the embedding.
-        if (!(s.tie_word_embeddings && o.pp == 1)) r.weight_bytes += ceil_div(V, o.tp) * D * 2;
+        // The LM head's share of the vocabulary; a tied one is the embedding only on one rank
+        // that holds the whole model (a rank's slice, or a last stage's head, is apart).
+        if (!(s.tie_word_embeddings && o.pp == 1 && o.tp == 1))
+          r.weight_bytes += ceil_div(V, o.tp) * D * 2;
       }
       for (int64_t l = first; l < last; ++l) r.weight_bytes += layer_bytes(s, o, l);
       r.activation_bytes = step_buffer_bytes(s, o, r.num_layers);

@@ -20,6 +20,8 @@ struct Nccl {
   decltype(&::ncclAllGather) all_gather = nullptr;
   decltype(&::ncclReduceScatter) reduce_scatter = nullptr;
   decltype(&::ncclBroadcast) broadcast = nullptr;
+  decltype(&::ncclSend) send = nullptr;
+  decltype(&::ncclRecv) recv = nullptr;
   decltype(&::ncclGroupStart) group_start = nullptr;
   decltype(&::ncclGroupEnd) group_end = nullptr;
   std::string error;  // why it could not be loaded
@@ -51,6 +53,8 @@ const Nccl& nccl() {
     find(&n.all_gather, "ncclAllGather");
     find(&n.reduce_scatter, "ncclReduceScatter");
     find(&n.broadcast, "ncclBroadcast");
+    find(&n.send, "ncclSend");
+    find(&n.recv, "ncclRecv");
     find(&n.group_start, "ncclGroupStart");
     find(&n.group_end, "ncclGroupEnd");
     if (missing) n.get_version = nullptr;  // loaded, but not usable
@@ -88,6 +92,12 @@ class NcclRank final : public DeviceCommunicator {
   }
   Status broadcast(float* data, size_t n, int root, cudaStream_t stream) override {
     return check(nccl().broadcast(data, data, n, ncclFloat32, root, comm_, stream), "broadcast");
+  }
+  Status send(const void* data, size_t bytes, int peer, cudaStream_t stream) override {
+    return check(nccl().send(data, bytes, ncclUint8, peer, comm_, stream), "send");
+  }
+  Status recv(void* data, size_t bytes, int peer, cudaStream_t stream) override {
+    return check(nccl().recv(data, bytes, ncclUint8, peer, comm_, stream), "recv");
   }
 
  private:

@@ -1,4 +1,5 @@
-// Tensor-parallel ranks of the CUDA backend: shards, communicators, streams, the rank threads.
+// A parallel engine's ranks on the CUDA backend: shards, communicators, streams, the rank threads,
+// and the stages' hand-offs.
 #include "engine/parallel_cuda_backend.h"
 
 #include <algorithm>
@@ -14,9 +15,30 @@
 
 namespace hr::engine {
 
-ParallelCudaBackend::ParallelCudaBackend(const std::vector<int>& devices, bool virtual_ranks)
-    : threads_(static_cast<int>(devices.size()), virtual_ranks,
-               [devices](int r) { cudaSetDevice(devices[static_cast<size_t>(r)]); }) {}
+namespace {
+
+// The ranks' communicators of a kind in rank order, from groups of their members.
+using Comms = std::vector<std::unique_ptr<DeviceCommunicator>>;
+
+}  // namespace
+
+ParallelCudaBackend::ParallelCudaBackend(const std::vector<int>& devices, bool virtual_ranks,
+                                         int tp, int pp)
+    : tp_(tp), pp_(pp), virtual_(virtual_ranks), devices_(devices) {
+  const int world = tp * pp;
+  comms_.resize(static_cast<size_t>(world));
+  pipes_.resize(static_cast<size_t>(world));
+  if (virtual_ranks) {
+    const int device = devices.front();
+    for (int s = 0; s < pp; ++s) {
+      threads_.push_back(
+          std::make_unique<RankThreads>(tp, true, [device](int) { cudaSetDevice(device); }));
+    }
+  } else {
+    threads_.push_back(std::make_unique<RankThreads>(
+        world, false, [devices](int r) { cudaSetDevice(devices[static_cast<size_t>(r)]); }));
+  }
+}
 
 ParallelCudaBackend::~ParallelCudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
@@ -24,14 +46,41 @@ ParallelCudaBackend::~ParallelCudaBackend() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
+void ParallelCudaBackend::make_virtual_pipes() {
+  if (pp_ == 1) return;
+  for (int t = 0; t < tp_; ++t) {
+    Comms group = VirtualRankGroup::create(pp_);
+    for (int s = 0; s < pp_; ++s) {
+      pipes_[static_cast<size_t>(s * tp_ + t)] = std::move(group[static_cast<size_t>(s)]);
+    }
+  }
+}
+
 Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::assemble(
-    const std::vector<int>& devices, CudaBackendOptions options,
-    const std::function<Result<ModelWeights>(int)>& shard) {
-  const int tp = static_cast<int>(devices.size());
-  if (tp < 2 || tp > 8) {
+    const std::vector<int>& devices, CudaBackendOptions options, const ParallelDegrees& degrees,
+    const std::function<Result<ModelWeights>(int, int)>& shard) {
+  const int tp = degrees.tp, pp = degrees.pp, world = tp * pp;
+  if (tp < 1 || tp > 8) {
     return invalid_argument(
-        "a tensor-parallel engine on the CUDA backend has 2 to 8 ranks, not " + std::to_string(tp),
+        "the CUDA backend's tensor-parallel ranks are 1 to 8, not " + std::to_string(tp),
         "tensor-parallel");
+  }
+  if (pp < 1 || pp > 8) {
+    return invalid_argument(
+        "the CUDA backend's pipeline stages are 1 to 8, not " + std::to_string(pp),
+        "pipeline-parallel");
+  }
+  if (world < 2) {
+    return invalid_argument(
+        "a parallel engine has 2 ranks or more (tensor-parallel x "
+        "pipeline-parallel)",
+        "tensor-parallel");
+  }
+  if (static_cast<int>(devices.size()) != world) {
+    return invalid_argument("the devices name " + std::to_string(devices.size()) + " GPUs for " +
+                                std::to_string(world) + " ranks (" + std::to_string(tp) + " x " +
+                                std::to_string(pp) + ")",
+                            "devices");
   }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
@@ -54,9 +103,16 @@ Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::assemble(
         "a rank)",
         "devices");
   }
-  std::unique_ptr<ParallelCudaBackend> b(new ParallelCudaBackend(devices, same));
+  std::unique_ptr<ParallelCudaBackend> b(new ParallelCudaBackend(devices, same, tp, pp));
   if (same) {
-    b->comms_ = VirtualRankGroup::create(tp, &b->threads_);
+    if (tp > 1) {
+      for (int s = 0; s < pp; ++s) {
+        Comms group = VirtualRankGroup::create(tp, b->threads_[static_cast<size_t>(s)].get());
+        for (int t = 0; t < tp; ++t)
+          b->comms_[static_cast<size_t>(s * tp + t)] = std::move(group[static_cast<size_t>(t)]);
+      }
+    }
+    b->make_virtual_pipes();
     if (cudaSetDevice(devices.front()) != cudaSuccess ||
         cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking) != cudaSuccess) {
       return internal_error("creating the ranks' stream on CUDA device " +
@@ -67,29 +123,45 @@ Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::assemble(
 #ifdef HEADROOM_SIMT
     return unavailable("one GPU a rank needs NCCL, which the CPU stand-in does not have");
 #else
-    HR_ASSIGN_OR_RETURN(b->comms_, NcclCommunicator::create_all(devices));
+    // A clique per stage (its tensor-parallel ranks) and per tensor-parallel index (its stages).
+    for (int s = 0; tp > 1 && s < pp; ++s) {
+      const std::vector<int> stage(devices.begin() + s * tp, devices.begin() + (s + 1) * tp);
+      HR_ASSIGN_OR_RETURN(Comms group, NcclCommunicator::create_all(stage));
+      for (int t = 0; t < tp; ++t)
+        b->comms_[static_cast<size_t>(s * tp + t)] = std::move(group[static_cast<size_t>(t)]);
+    }
+    for (int t = 0; pp > 1 && t < tp; ++t) {
+      std::vector<int> column;
+      for (int s = 0; s < pp; ++s) column.push_back(devices[static_cast<size_t>(s * tp + t)]);
+      HR_ASSIGN_OR_RETURN(Comms group, NcclCommunicator::create_all(column));
+      for (int s = 0; s < pp; ++s)
+        b->pipes_[static_cast<size_t>(s * tp + t)] = std::move(group[static_cast<size_t>(s)]);
+    }
 #endif
   }
   const double fraction = options.kv_cache_fraction;
-  for (int r = 0; r < tp; ++r) {
-    HR_ASSIGN_OR_RETURN(ModelWeights w, shard(r));
+  for (int r = 0; r < world; ++r) {
+    const int s = r / tp, t = r % tp;
+    HR_ASSIGN_OR_RETURN(ModelWeights w, shard(s, t));
     CudaBackendOptions o = options;
     o.device = devices[static_cast<size_t>(r)];
     o.tensor_parallel = b->comms_[static_cast<size_t>(r)].get();
+    o.turns = nullptr;
     if (same) {
-      o.turns = &b->threads_;
+      if (tp > 1) o.turns = b->threads_[static_cast<size_t>(s)].get();
       o.stream = b->stream_;
       // One device's cache split evenly: a given budget by the ranks, or each rank its share of
       // what is still free once its weights are in (the ranks after it load theirs into the rest).
       if (options.kv_cache_bytes > 0) {
-        o.kv_cache_bytes = options.kv_cache_bytes / static_cast<size_t>(tp);
+        o.kv_cache_bytes = options.kv_cache_bytes / static_cast<size_t>(world);
       } else {
-        o.kv_cache_fraction = fraction / (tp - r);
+        o.kv_cache_fraction = fraction / (world - r);
       }
     }
     HR_ASSIGN_OR_RETURN(auto rank, CudaBackend::create(w, o));
     b->ranks_.push_back(std::move(rank));
   }
+  b->hidden_size_ = b->ranks_.front()->config().hidden_size;
   b->num_blocks_ = b->ranks_.front()->num_kv_blocks();
   for (const auto& r : b->ranks_) b->num_blocks_ = std::min(b->num_blocks_, r->num_kv_blocks());
   return b;
@@ -97,20 +169,20 @@ Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::assemble(
 
 Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::create(
     const ModelWeights& full, const std::vector<int>& devices, CudaBackendOptions options,
-    int expert_parallel) {
-  const ParallelDegrees d{static_cast<int>(devices.size()), 1, expert_parallel};
-  HR_RETURN_IF_ERROR(check_degrees(full.config, d));
-  return assemble(devices, options, [&](int r) { return shard_weights(full, d, 0, r); });
+    const ParallelDegrees& degrees) {
+  HR_RETURN_IF_ERROR(check_degrees(full.config, degrees));
+  return assemble(devices, options, degrees,
+                  [&](int s, int t) { return shard_weights(full, degrees, s, t); });
 }
 
 Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::create_from_dir(
     const std::string& dir, const std::vector<int>& devices, CudaBackendOptions options,
-    int expert_parallel) {
+    const ParallelDegrees& degrees) {
   HR_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(dir));
-  const ParallelDegrees d{static_cast<int>(devices.size()), 1, expert_parallel};
-  HR_RETURN_IF_ERROR(check_degrees(config, d));
+  HR_RETURN_IF_ERROR(check_degrees(config, degrees));
   HR_ASSIGN_OR_RETURN(auto st, SafetensorsModel::open_dir(dir));
-  return assemble(devices, options, [&](int r) { return load_shard(*st, config, d, 0, r); });
+  return assemble(devices, options, degrees,
+                  [&](int s, int t) { return load_shard(*st, config, degrees, s, t); });
 }
 
 size_t ParallelCudaBackend::weight_bytes() const {
@@ -125,41 +197,125 @@ size_t ParallelCudaBackend::kv_cache_bytes() const {
   return n;
 }
 
-Status ParallelCudaBackend::on_ranks(const std::function<Status(int)>& work) {
-  return threads_.run(work);
+size_t ParallelCudaBackend::num_graphs() const {
+  size_t n = 0;
+  for (const auto& r : ranks_) n += r->num_graphs();
+  return n;
 }
 
-Status ParallelCudaBackend::forward(const StepInput& in, float* logits) {
-  // Every rank ends with the same gathered logits; rank 0's are returned.
-  std::vector<std::vector<float>> others(ranks_.size());
-  return on_ranks([&](int r) {
-    float* out = logits;
-    if (r > 0) {
-      others[static_cast<size_t>(r)].resize(static_cast<size_t>(in.num_logits) * vocab_size());
-      out = others[static_cast<size_t>(r)].data();
-    }
-    return ranks_[static_cast<size_t>(r)]->forward(in, out);
+Status ParallelCudaBackend::on_ranks(const std::function<Status(int)>& work) {
+  if (!virtual_) return threads_.front()->run(work);
+  for (int s = 0; s < pp_; ++s) {
+    HR_RETURN_IF_ERROR(
+        threads_[static_cast<size_t>(s)]->run([&](int t) { return work(s * tp_ + t); }));
+  }
+  return Status::ok();
+}
+
+Status ParallelCudaBackend::check(const StepInput& in) const {
+  return ranks_.front()->check_input(in);
+}
+
+Status ParallelCudaBackend::stage_step(int r, const CudaBackend::StepRows& rows, bool sampled,
+                                       const std::function<Status(CudaBackend&)>& call) {
+  const int s = r / tp_;
+  CudaBackend& b = *ranks_[static_cast<size_t>(r)];
+  DeviceCommunicator* pipe = pipes_[static_cast<size_t>(r)].get();
+  const size_t hidden = static_cast<size_t>(rows.tokens) * hidden_size_ * sizeof(float);
+  if (s > 0) HR_RETURN_IF_ERROR(pipe->recv(b.stage_hidden(), hidden, s - 1, b.stream()));
+  HR_RETURN_IF_ERROR(call(b));
+  if (s < pp_ - 1) return pipe->send(b.stage_hidden(), hidden, s + 1, b.stream());
+  if (sampled && pp_ > 1) {
+    return pipe->send(b.sampled_tokens(), static_cast<size_t>(rows.logits) * sizeof(int32_t), 0,
+                      b.stream());
+  }
+  return Status::ok();
+}
+
+Status ParallelCudaBackend::receive_tokens(const CudaBackend::StepRows& rows) {
+  if (pp_ == 1) return Status::ok();
+  // (The first stage's threads are the first tp of every rank's, or that stage's own.)
+  return threads_.front()->run([&](int r) -> Status {
+    if (r >= tp_) return Status::ok();
+    CudaBackend& b = *ranks_[static_cast<size_t>(r)];
+    return pipes_[static_cast<size_t>(r)]->recv(b.sampled_tokens(),
+                                                static_cast<size_t>(rows.logits) * sizeof(int32_t),
+                                                pp_ - 1, b.stream());
   });
 }
 
+void ParallelCudaBackend::fail_step() {
+  for (auto& r : ranks_) r->discard();
+  if (virtual_) make_virtual_pipes();
+  outstanding_.clear();
+  forwarded_rows_ = -1;
+}
+
+Status ParallelCudaBackend::forward(const StepInput& in, float* logits) {
+  HR_RETURN_IF_ERROR(check(in));
+  const CudaBackend::StepRows rows = ranks_.front()->step_rows(in);
+  // The first rank of the last stage returns the gathered logits; the stage's others write theirs
+  // (the same) apart.
+  const int first_last = (pp_ - 1) * tp_;
+  scratch_logits_.resize(static_cast<size_t>(std::max(0, in.num_logits)) * vocab_size() *
+                         std::max(0, tp_ - 1));
+  const Status st = on_ranks([&](int r) {
+    float* out = logits;
+    if (r > first_last) {
+      out = scratch_logits_.data() +
+            static_cast<size_t>(r - first_last - 1) * std::max(0, in.num_logits) * vocab_size();
+    }
+    return stage_step(r, rows, false, [&](CudaBackend& b) { return b.forward(in, out); });
+  });
+  if (!st.is_ok()) fail_step();
+  return st;
+}
+
 Status ParallelCudaBackend::submit(const StepInput& in, const SampleSpec* specs) {
-  HR_RETURN_IF_ERROR(
-      on_ranks([&](int r) { return ranks_[static_cast<size_t>(r)]->submit(in, specs); }));
+  HR_RETURN_IF_ERROR(check(in));
+  const CudaBackend::StepRows rows = ranks_.front()->step_rows(in);
+  Status st = on_ranks([&](int r) {
+    return stage_step(r, rows, true, [&](CudaBackend& b) { return b.submit(in, specs); });
+  });
+  if (st.is_ok()) st = receive_tokens(rows);
+  if (!st.is_ok()) {
+    fail_step();
+    return st;
+  }
   outstanding_.push_back(in.num_logits);
   return Status::ok();
 }
 
 Status ParallelCudaBackend::submit_forward(const StepInput& in) {
-  HR_RETURN_IF_ERROR(
-      on_ranks([&](int r) { return ranks_[static_cast<size_t>(r)]->submit_forward(in); }));
+  HR_RETURN_IF_ERROR(check(in));
+  const CudaBackend::StepRows rows = ranks_.front()->step_rows(in);
+  const Status st = on_ranks([&](int r) {
+    return stage_step(r, rows, false, [&](CudaBackend& b) { return b.submit_forward(in); });
+  });
+  if (!st.is_ok()) {
+    fail_step();
+    return st;
+  }
   forwarded_rows_ = in.num_logits;
+  forwarded_step_ = rows;
   return Status::ok();
 }
 
 Status ParallelCudaBackend::submit_sampling(const SampleSpec* specs) {
   if (forwarded_rows_ < 0) return internal_error("no forwarded step to sample");
-  HR_RETURN_IF_ERROR(
-      on_ranks([&](int r) { return ranks_[static_cast<size_t>(r)]->submit_sampling(specs); }));
+  const CudaBackend::StepRows rows = forwarded_step_;
+  Status st = on_ranks([&](int r) -> Status {
+    CudaBackend& b = *ranks_[static_cast<size_t>(r)];
+    HR_RETURN_IF_ERROR(b.submit_sampling(specs));
+    if (pp_ == 1 || r / tp_ != pp_ - 1) return Status::ok();
+    return pipes_[static_cast<size_t>(r)]->send(
+        b.sampled_tokens(), static_cast<size_t>(rows.logits) * sizeof(int32_t), 0, b.stream());
+  });
+  if (st.is_ok()) st = receive_tokens(rows);
+  if (!st.is_ok()) {
+    fail_step();
+    return st;
+  }
   outstanding_.push_back(forwarded_rows_);
   forwarded_rows_ = -1;
   return Status::ok();
@@ -169,13 +325,20 @@ Status ParallelCudaBackend::collect(int32_t* tokens, TokenLogprobs* logprobs) {
   if (outstanding_.empty()) return internal_error("no step to collect");
   const int rows = outstanding_.front();
   outstanding_.erase(outstanding_.begin());
-  HR_RETURN_IF_ERROR(ranks_.front()->collect(tokens, logprobs));
-  std::vector<int32_t> theirs(static_cast<size_t>(rows));
-  for (size_t r = 1; r < ranks_.size(); ++r) {
-    HR_RETURN_IF_ERROR(ranks_[r]->collect(theirs.data(), nullptr));
-    if (!std::equal(theirs.begin(), theirs.end(), tokens)) {
-      return internal_error("tensor-parallel rank " + std::to_string(r) +
-                            " sampled other tokens than rank 0");
+  // Every rank's step is collected (an earlier stage's has no tokens); the last stage's first
+  // rank's tokens are the step's, and its peers must have sampled the same.
+  const size_t first_last = static_cast<size_t>((pp_ - 1) * tp_);
+  scratch_tokens_.resize(static_cast<size_t>(std::max(1, rows)));
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (r == first_last) {
+      HR_RETURN_IF_ERROR(ranks_[r]->collect(tokens, logprobs));
+      continue;
+    }
+    HR_RETURN_IF_ERROR(ranks_[r]->collect(scratch_tokens_.data(), nullptr));
+    if (r > first_last &&
+        !std::equal(scratch_tokens_.begin(), scratch_tokens_.begin() + rows, tokens)) {
+      return internal_error("tensor-parallel rank " + std::to_string(r - first_last) +
+                            " of the last stage sampled other tokens than its rank 0");
     }
   }
   return Status::ok();
@@ -183,6 +346,7 @@ Status ParallelCudaBackend::collect(int32_t* tokens, TokenLogprobs* logprobs) {
 
 void ParallelCudaBackend::discard() {
   for (auto& r : ranks_) r->discard();
+  if (virtual_) make_virtual_pipes();
   outstanding_.clear();
   forwarded_rows_ = -1;
 }

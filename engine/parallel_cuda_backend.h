@@ -1,17 +1,26 @@
-// Tensor parallelism on the CUDA backend (docs/parallel-engine.md): one engine of N ranks, each a
-// CudaBackend holding its shard of the weights (weight_shard.h: its heads, MLP and experts' rows
-// and LM head slice) and the KV cache of its KV heads, each driven by a thread of its own
-// (rank_threads.h). Two forms, by the devices named:
-// - one GPU per rank (distinct devices): the ranks' collectives over NCCL (nccl_communicator.h),
-//   each rank on its own stream, running at once, its decode steps captured in CUDA graphs with
-//   the NCCL calls inside;
-// - virtual ranks, all on one device (the same device named N times): the same kernels and
-//   collectives, the peers' buffers being buffers of the same device (virtual_ranks.h), so one GPU,
-//   or the CPU stand-in for the CUDA runtime, checks a tensor-parallel engine against one rank.
-//   The threads take turns on the one stream they share: a rank enqueues its kernels up to a
-//   collective and hands on; the last to arrive enqueues the collective over every rank's
-//   buffers. A decode step is one CUDA graph holding every rank's kernels and the collectives.
-// Every rank samples the same token from the same gathered logits; collect() checks that they did.
+// Tensor, expert and pipeline parallelism on the CUDA backend (docs/parallel-engine.md): one
+// engine of tp x pp ranks, each a CudaBackend holding its shard of the weights (weight_shard.h:
+// its stage's layers, and of those its heads, MLP and experts' rows; the embedding on the first
+// stage, its LM head slice on the last) and the KV cache of its layers' KV heads, each driven by
+// a thread of its own (rank_threads.h). Rank (stage s, tensor-parallel index t) is s * tp + t.
+// The ranks of a stage meet in a DeviceCommunicator for their all-reduces and the gathered
+// logits; rank t of each stage hands the residual stream of its step's rows on to rank t of the
+// next, point to point, and the last stage, which samples, hands the tokens back to the first
+// (whose next step's fed rows read them). Two forms, by the devices named:
+// - one GPU per rank (distinct devices): the collectives and hand-offs over NCCL
+//   (nccl_communicator.h), each rank on its own stream, all running at once, a stage's decode
+//   steps captured in CUDA graphs with the NCCL calls inside;
+// - virtual ranks, all on one device (the same device named for every rank): the same kernels
+//   and collectives, the peers' buffers being buffers of the same device (virtual_ranks.h), so
+//   one GPU, or the CPU stand-in for the CUDA runtime, checks a parallel engine against one rank.
+//   The stages run one after another on the one stream they share; a stage's threads take turns:
+//   a rank enqueues its kernels up to a collective and hands on, and the last to arrive enqueues
+//   the collective over every rank's buffers. A stage's decode step is one CUDA graph holding
+//   every rank's kernels and the collectives; the hand-offs between stages are copies between
+//   the graphs.
+// A step goes through the stages whole (no micro-batches in flight yet: with one GPU per stage,
+// a stage idles while the others run). Every rank of the last stage samples the same token from
+// the same gathered logits; collect() checks that they did.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,19 +39,32 @@ namespace hr::engine {
 
 class ParallelCudaBackend final : public Backend {
  public:
-  // Shards `full` (unpacked) over one rank per entry of `devices` (2 to 8 of them; rank r on
-  // devices[r], options.device ignored). options.kv_cache_bytes, when given, is each GPU's, or
-  // with virtual ranks all ranks' together (each its share); the fraction is of each GPU's free
-  // memory, shared by its ranks. Errors name the option at fault.
-  // Experts: sliced over the ranks (expert_parallel 1), or held whole, a share on each rank
-  // (expert_parallel = the number of ranks).
+  // Shards `full` (unpacked) over the degrees' tp x pp ranks (1 to 8 of each, 2 ranks or more),
+  // one per entry of `devices` (rank r on devices[r], options.device ignored). The degrees' ep:
+  // experts sliced over a stage's ranks (1), or held whole, a share on each (tp); stage_layers
+  // as weight_shard.h (empty: as even as they go). options.kv_cache_bytes, when given, is each
+  // GPU's, or with virtual ranks all ranks' together (each its share); the fraction is of each
+  // GPU's free memory, shared by its ranks. Errors name the option at fault.
   [[nodiscard]] static Result<std::unique_ptr<ParallelCudaBackend>> create(
       const ModelWeights& full, const std::vector<int>& devices, CudaBackendOptions options,
-      int expert_parallel = 1);
+      const ParallelDegrees& degrees);
+  // Tensor parallelism alone: a rank per device.
+  [[nodiscard]] static Result<std::unique_ptr<ParallelCudaBackend>> create(
+      const ModelWeights& full, const std::vector<int>& devices, CudaBackendOptions options,
+      int expert_parallel = 1) {
+    return create(full, devices, options,
+                  ParallelDegrees(static_cast<int>(devices.size()), 1, expert_parallel));
+  }
   // Each rank's shard read from the Hugging Face folder (load_shard: a layer at a time).
   [[nodiscard]] static Result<std::unique_ptr<ParallelCudaBackend>> create_from_dir(
       const std::string& dir, const std::vector<int>& devices, CudaBackendOptions options,
-      int expert_parallel = 1);
+      const ParallelDegrees& degrees);
+  [[nodiscard]] static Result<std::unique_ptr<ParallelCudaBackend>> create_from_dir(
+      const std::string& dir, const std::vector<int>& devices, CudaBackendOptions options,
+      int expert_parallel = 1) {
+    return create_from_dir(dir, devices, options,
+                           ParallelDegrees(static_cast<int>(devices.size()), 1, expert_parallel));
+  }
   ~ParallelCudaBackend() override;
 
   const char* name() const override { return "cuda"; }
@@ -61,27 +83,52 @@ class ParallelCudaBackend final : public Backend {
   [[nodiscard]] Status submit_sampling(const SampleSpec* specs) override;
   [[nodiscard]] Status warm_up(int max_blocks_per_seq) override;
   int num_ranks() const { return static_cast<int>(ranks_.size()); }
-  bool virtual_ranks() const { return threads_.take_turns(); }
-  // The decode graphs captured (each holds every rank's step).
-  size_t num_graphs() const { return ranks_.back()->num_graphs(); }
+  int num_stages() const { return pp_; }
+  bool virtual_ranks() const { return virtual_; }
+  // The decode graphs captured (with virtual ranks, each holds every rank of a stage's step).
+  size_t num_graphs() const;
   CudaBackend& rank(int r) { return *ranks_[static_cast<size_t>(r)]; }
 
  private:
-  ParallelCudaBackend(const std::vector<int>& devices, bool virtual_ranks);
-  // Builds every rank from its shard, given in rank order by `shard(r)`.
+  ParallelCudaBackend(const std::vector<int>& devices, bool virtual_ranks, int tp, int pp);
+  // Builds every rank from its shard, given by `shard(stage, tp_rank)`.
   [[nodiscard]] static Result<std::unique_ptr<ParallelCudaBackend>> assemble(
-      const std::vector<int>& devices, CudaBackendOptions options,
-      const std::function<Result<ModelWeights>(int)>& shard);
-  // Runs work(r) for every rank r on its own thread.
+      const std::vector<int>& devices, CudaBackendOptions options, const ParallelDegrees& degrees,
+      const std::function<Result<ModelWeights>(int, int)>& shard);
+  // The pipeline groups of virtual ranks (again after a failed step: no message left over).
+  void make_virtual_pipes();
+  // Runs work(r) for every rank r on its own thread: virtual ranks a stage after another, the
+  // ranks of one GPU each all at once.
   [[nodiscard]] Status on_ranks(const std::function<Status(int)>& work);
+  // The checks a rank would make before enqueueing, made once, so that no rank stops alone and
+  // leaves its peers waiting in a collective or a hand-off.
+  [[nodiscard]] Status check(const StepInput& in) const;
+  // Rank r's part of a step: the hidden rows from the stage before, `call` (the rank's own
+  // submit, forward...), the rows on to the stage after; `sampled`: the last stage's tokens
+  // back to the first.
+  [[nodiscard]] Status stage_step(int r, const CudaBackend::StepRows& rows, bool sampled,
+                                  const std::function<Status(CudaBackend&)>& call);
+  // The first stage's ranks receive the tokens the last stage sampled (after every stage_step).
+  [[nodiscard]] Status receive_tokens(const CudaBackend::StepRows& rows);
+  // After a step that failed part-way: the ranks' queued work finished, the hand-offs cleared.
+  void fail_step();
 
-  RankThreads threads_;
-  std::vector<std::unique_ptr<DeviceCommunicator>> comms_;
+  const int tp_, pp_;
+  const bool virtual_;
+  const std::vector<int> devices_;
+  // Virtual ranks: a stage's threads each (taking turns); one GPU a rank: every rank's.
+  std::vector<std::unique_ptr<RankThreads>> threads_;
+  std::vector<std::unique_ptr<DeviceCommunicator>> comms_;  // rank r's stage group; none at tp 1
+  std::vector<std::unique_ptr<DeviceCommunicator>> pipes_;  // rank r's pipeline; none at pp 1
   cudaStream_t stream_ = nullptr;  // the virtual ranks' (each GPU's rank has its own)
   std::vector<std::unique_ptr<CudaBackend>> ranks_;
   int num_blocks_ = 0;
-  std::vector<int> outstanding_;  // rows of submitted, uncollected steps, oldest first
-  int forwarded_rows_ = -1;       // a forwarded step's rows until it is sampled
+  int hidden_size_ = 0;
+  std::vector<int> outstanding_;          // rows of submitted, uncollected steps, oldest first
+  int forwarded_rows_ = -1;               // a forwarded step's rows until it is sampled
+  CudaBackend::StepRows forwarded_step_;  // ... and the rows its ranks enqueued
+  std::vector<float> scratch_logits_;     // the other ranks' forward() logits
+  std::vector<int32_t> scratch_tokens_;   // the other ranks' collected tokens
 };
 
 }  // namespace hr::engine

@@ -1,6 +1,8 @@
 // Virtual ranks: the last caller of a collective enqueues it over every rank's buffers.
 #include "engine/virtual_ranks.h"
 
+#include <deque>
+#include <mutex>
 #include <string>
 
 #include "kernels/all_reduce.cuh"
@@ -30,9 +32,20 @@ Status cuda_status(cudaError_t e, Op op) {
   return internal_error(std::string(op_name(op)) + ": " + cudaGetErrorString(e));
 }
 
-// The collective being gathered: each rank's buffers, and the arguments every rank must repeat.
+// A message sent and not yet received: where it is, and how long.
+struct Message {
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// The collective being gathered: each rank's buffers, and the arguments every rank must repeat;
+// and the messages in flight between each pair of ranks (sender * size + receiver).
 struct Group {
-  explicit Group(int n) : size(n), in(static_cast<size_t>(n)), out(static_cast<size_t>(n)) {}
+  explicit Group(int n)
+      : size(n),
+        in(static_cast<size_t>(n)),
+        out(static_cast<size_t>(n)),
+        mail(static_cast<size_t>(n) * n) {}
   const int size;
   Op op = Op::kNone;
   int arrived = 0;
@@ -41,6 +54,8 @@ struct Group {
   cudaStream_t stream = nullptr;
   std::vector<const float*> in;
   std::vector<float*> out;
+  std::mutex mail_mu;  // the ranks' threads send and receive without taking turns
+  std::vector<std::deque<Message>> mail;
 };
 
 class VirtualRank final : public DeviceCommunicator {
@@ -65,6 +80,43 @@ class VirtualRank final : public DeviceCommunicator {
                               "broadcast");
     }
     return arrive(Op::kBroadcast, data, data, n, root, stream);
+  }
+  // A send is recorded; the receive, later, enqueues the copy (the sender's stream and the
+  // receiver's are the one stream the ranks share, so the copy follows what the sender enqueued
+  // before its send).
+  Status send(const void* data, size_t bytes, int peer, cudaStream_t) override {
+    if (peer < 0 || peer >= g_->size || peer == rank_) {
+      return invalid_argument("send: " + std::to_string(peer) + " is no other rank", "send");
+    }
+    std::lock_guard<std::mutex> lock(g_->mail_mu);
+    g_->mail[static_cast<size_t>(rank_ * g_->size + peer)].push_back({data, bytes});
+    return Status::ok();
+  }
+  Status recv(void* data, size_t bytes, int peer, cudaStream_t stream) override {
+    if (peer < 0 || peer >= g_->size || peer == rank_) {
+      return invalid_argument("recv: " + std::to_string(peer) + " is no other rank", "recv");
+    }
+    Message m;
+    {
+      std::lock_guard<std::mutex> lock(g_->mail_mu);
+      auto& q = g_->mail[static_cast<size_t>(peer * g_->size + rank_)];
+      if (q.empty()) {
+        return invalid_argument("recv: rank " + std::to_string(peer) + " sent rank " +
+                                    std::to_string(rank_) + " nothing (virtual ranks send first)",
+                                "recv");
+      }
+      m = q.front();
+      q.pop_front();
+    }
+    if (m.bytes != bytes) {
+      return invalid_argument("recv: rank " + std::to_string(peer) + " sent " +
+                                  std::to_string(m.bytes) + " bytes, not " + std::to_string(bytes),
+                              "recv");
+    }
+    if (bytes == 0) return Status::ok();
+    const cudaError_t e = cudaMemcpyAsync(data, m.data, bytes, cudaMemcpyDeviceToDevice, stream);
+    if (e != cudaSuccess) return internal_error(std::string("recv: ") + cudaGetErrorString(e));
+    return Status::ok();
   }
 
  private:

@@ -9,6 +9,8 @@
 // captured in one CUDA graph. Sums are in rank order: every rank ends bitwise equal. A call out
 // of rank order, or with sizes, root or stream differing from the earlier ranks', is
 // kInvalidArgument naming the collective, and the collective is abandoned (no work enqueued).
+// Point to point (pipeline stages): a send records where its data is; the matching receive,
+// which must come after it (a stage's ranks run after the stage before), enqueues the copy.
 #pragma once
 
 #include <memory>

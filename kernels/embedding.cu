@@ -14,6 +14,7 @@ __global__ void embedding_gather_kernel(const __nv_bfloat16* table, const int32_
   const int fed = fed_rows ? fed_rows[t] : -1;
   int32_t id = fed >= 0 ? fed_tokens[fed] : ids[t];
   if (ids_out && threadIdx.x == 0) ids_out[t] = id;
+  if (!out) return;  // the ids alone
   // A fed token may be the sampler's -1 (a row with no valid logit): read row 0 rather than
   // outside the table; the host ends that sequence when it collects the -1.
   if (id < 0 || id >= vocab) id = 0;
@@ -34,7 +35,7 @@ cudaError_t embedding_gather(const __nv_bfloat16* table, const int32_t* ids,
                              int vocab, int dim, float* out, int32_t* ids_out,
                              cudaStream_t stream) {
   if (num_tokens < 0 || vocab <= 0 || dim <= 0 || dim % 8 != 0 || !ids ||
-      (fed_rows && !fed_tokens)) {
+      (fed_rows && !fed_tokens) || !table != !out || (!out && !ids_out)) {
     return cudaErrorInvalidValue;
   }
   if (!internal::aligned16(table) || !internal::aligned16(out)) return cudaErrorMisalignedAddress;

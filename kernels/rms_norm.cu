@@ -30,6 +30,7 @@ __global__ void add_rms_norm_kernel(AddRmsNormParams p) {
     }
     ss += v * v;
   }
+  if (!p.out) return;  // the add alone (the same for every thread of the block)
   ss = internal::block_sum(ss, scratch);
   const float scale = rsqrtf(ss / static_cast<float>(p.dim) + p.eps);
   __nv_bfloat16* out = p.out + static_cast<size_t>(i) * p.dim;
@@ -41,7 +42,8 @@ __global__ void add_rms_norm_kernel(AddRmsNormParams p) {
 }  // namespace
 
 cudaError_t add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream) {
-  if (p.num_rows < 0 || p.dim <= 0 || p.delta_rows < 1 || !p.x || !p.weight || !p.out)
+  if (p.num_rows < 0 || p.dim <= 0 || p.delta_rows < 1 || !p.x || !p.weight != !p.out ||
+      (!p.out && !p.delta))
     return cudaErrorInvalidValue;
   if (p.num_rows == 0) return cudaSuccess;
   // About four columns a thread: a row is one block, and at decode's few rows the block's

@@ -22,7 +22,9 @@ struct AddRmsNormParams {
   float eps = 1e-5f;
 };
 
-// When rows is given, the add happens only for the listed rows.
+// When rows is given, the add happens only for the listed rows. With weight and out both null,
+// only the add: x[r] += delta[r] (a pipeline stage's last residual add, which the next stage's
+// first norm does not take).
 cudaError_t add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream);
 
 }  // namespace hr::kernels

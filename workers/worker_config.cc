@@ -57,19 +57,21 @@ void WorkerConfig::bind(CLI::App& app) {
       "-1: 64 MiB on the CPU backend, 0 on a GPU)");
   cli::add(app, "--device", device, "Compute device: cpu, cuda or cuda:N");
   cli::add(app, "--devices", devices,
-           "With --device cuda and --tensor-parallel N: the ranks' GPUs, N indexes such as "
-           "0,1,2,3 (default: the device's index and the ones after it); one index N times runs "
-           "N virtual ranks on that GPU");
+           "With --device cuda and --tensor-parallel / --pipeline-parallel: the ranks' GPUs, "
+           "an index per rank such as 0,1,2,3, stage by stage (default: the device's index and "
+           "the ones after it); one index repeated runs virtual ranks on that GPU");
   cli::add(app, "--tensor-parallel", tensor_parallel,
            "Tensor-parallel ranks per pipeline stage (Megatron sharding: attention by heads, "
            "MLPs by rows, the LM head by vocabulary); the CPU backend runs each rank on its "
            "own threads");
   cli::add(app, "--pipeline-parallel", pipeline_parallel,
-           "Pipeline stages: contiguous layers each, a step's micro-batches in flight");
+           "Pipeline stages: contiguous layers each (on the CPU backend a step's micro-batches "
+           "in flight)");
   cli::add(app, "--stage-layers", stage_layers,
            "With --pipeline-parallel: even splits the layers as evenly as they go; auto times "
            "every layer and the LM head before serving and moves layers so the slowest stage is "
-           "fastest (docs/parallel-engine.md); or give each stage's layer count (8,4)");
+           "fastest (CPU backend; docs/parallel-engine.md); or give each stage's layer count "
+           "(8,4)");
   cli::add(app, "--expert-parallel", expert_parallel,
            "Mixture-of-experts layers: 1 slices every expert across the tensor-parallel ranks; "
            "the tensor-parallel size gives each rank a share of the experts whole (0: that, "
@@ -155,23 +157,27 @@ Status WorkerConfig::validate() const {
                             "expert-parallel");
   }
   if (device != "cpu") {
-    if (pipeline_parallel > 1) {
-      return invalid_argument(
-          "pipeline stages run on the CPU backend only so far (--device cpu); the CUDA backend "
-          "takes tensor parallelism",
-          "pipeline-parallel");
+    if (pipeline_parallel > 8) {
+      return invalid_argument("the CUDA backend's pipeline stages are 1 to 8", "pipeline-parallel");
     }
     if (tensor_parallel > 8) {
       return invalid_argument("the CUDA backend's tensor-parallel ranks are 1 to 8",
                               "tensor-parallel");
     }
+    if (stages.balance && pipeline_parallel > 1) {
+      return invalid_argument(
+          "--stage-layers auto (balanced by measured time) runs on the CPU backend; on cuda "
+          "give each stage's layers or even",
+          "stage-layers");
+    }
   }
   if (!devices.empty()) {
     if (device == "cpu") return invalid_argument("--devices needs --device cuda", "devices");
     HR_ASSIGN_OR_RETURN(std::vector<int> list, engine::parse_device_list(devices));
-    if (static_cast<int>(list.size()) != tensor_parallel) {
-      return invalid_argument("--devices names " + std::to_string(list.size()) +
-                                  " GPUs for --tensor-parallel " + std::to_string(tensor_parallel),
+    if (static_cast<int>(list.size()) != tensor_parallel * pipeline_parallel) {
+      return invalid_argument("--devices names " + std::to_string(list.size()) + " GPUs for " +
+                                  std::to_string(tensor_parallel * pipeline_parallel) +
+                                  " ranks (--tensor-parallel x --pipeline-parallel)",
                               "devices");
     }
   }

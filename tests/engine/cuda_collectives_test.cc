@@ -168,6 +168,32 @@ TEST(VirtualRanksErrors, OutOfOrderOrDifferingCallsAreRefusedAndEnqueueNothing) 
   EXPECT_TRUE(VirtualRankGroup::create(9).empty());
 }
 
+// Pipeline stages' hand-offs: messages between two virtual ranks arrive in the order sent, as
+// bytes; a receive with nothing sent, of another length, or from no other rank is refused.
+TEST(VirtualRanksPointToPoint, MessagesArriveInOrderAndMismatchesAreRefused) {
+  SKIP_WITHOUT_GPU();
+  auto ranks = VirtualRankGroup::create(3);
+  DeviceBuffer<float> a(std::vector<float>(8, 1.0f)), b(std::vector<float>(8, 2.0f));
+  DeviceBuffer<int32_t> ids(std::vector<int32_t>{7, -1, 9});
+  DeviceBuffer<float> got(std::vector<float>(8, 0.0f));
+  DeviceBuffer<int32_t> got_ids(std::vector<int32_t>(3, 0));
+  EXPECT_EQ(ranks[2]->recv(got.ptr, 32, 0, nullptr).field(), "recv");  // nothing sent yet
+  ASSERT_TRUE(ranks[0]->send(a.ptr, 32, 2, nullptr).is_ok());
+  ASSERT_TRUE(ranks[0]->send(ids.ptr, 12, 2, nullptr).is_ok());
+  ASSERT_TRUE(ranks[1]->send(b.ptr, 16, 2, nullptr).is_ok());
+  ASSERT_TRUE(ranks[2]->recv(got.ptr, 32, 0, nullptr).is_ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(got.get(), std::vector<float>(8, 1.0f));
+  EXPECT_EQ(ranks[2]->recv(got_ids.ptr, 8, 0, nullptr).field(), "recv");  // 12 bytes were sent
+  ASSERT_TRUE(ranks[2]->recv(got.ptr, 16, 1, nullptr).is_ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto halves = got.get();
+  EXPECT_EQ(std::vector<float>(halves.begin(), halves.begin() + 4), std::vector<float>(4, 2.0f));
+  EXPECT_EQ(std::vector<float>(halves.begin() + 4, halves.end()), std::vector<float>(4, 1.0f));
+  EXPECT_EQ(ranks[0]->send(a.ptr, 32, 0, nullptr).field(), "send");  // to itself
+  EXPECT_EQ(ranks[0]->recv(a.ptr, 32, 5, nullptr).field(), "recv");  // no rank 5
+}
+
 // The layer boundary of a tensor-parallel step: partial sums in rank order added to the residual,
 // then RMSNorm to bf16, on every rank alike.
 TEST(AllReduceAddRmsNormTest, EqualsTheSumThenTheCpuNorm) {

@@ -93,6 +93,22 @@ TEST(CudaKernelsTest, EmbeddingGatherCopiesRows) {
   EXPECT_EQ(kernels::embedding_gather(BF(d_table.ptr), d_ids.ptr, d_fed_rows.ptr, nullptr, T, V, D,
                                       d_out.ptr, nullptr, nullptr),
             cudaErrorInvalidValue);
+  // A later pipeline stage: without the table, only the ids (and out left alone).
+  DeviceBuffer<int32_t> d_ids_only(std::vector<int32_t>(T, 12345));
+  ASSERT_EQ(cudaMemset(d_out.ptr, 0x7F, d_out.n * sizeof(float)), cudaSuccess);
+  const std::vector<float> before = d_out.get();
+  ASSERT_EQ(kernels::embedding_gather(nullptr, d_ids.ptr, d_fed_rows.ptr, d_fed_tokens.ptr, T, V, D,
+                                      nullptr, d_ids_only.ptr, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(d_ids_only.get(), ids_out);
+  EXPECT_EQ(d_out.get(), before);
+  EXPECT_EQ(kernels::embedding_gather(nullptr, d_ids.ptr, nullptr, nullptr, T, V, D, nullptr,
+                                      nullptr, nullptr),
+            cudaErrorInvalidValue);  // nothing to write
+  EXPECT_EQ(kernels::embedding_gather(nullptr, d_ids.ptr, nullptr, nullptr, T, V, D, d_out.ptr,
+                                      d_ids_only.ptr, nullptr),
+            cudaErrorInvalidValue);  // rows without a table
 }
 
 TEST(CudaKernelsTest, AddRmsNormMatchesReference) {
@@ -130,6 +146,30 @@ TEST(CudaKernelsTest, AddRmsNormMatchesReference) {
     }
     // Rows not listed are left alone.
     for (int c = 0; c < D; ++c) ASSERT_EQ(x_after[0 * D + c], x[c]);
+    // The add alone (a pipeline stage's end): every row, two delta rows each, no norm.
+    std::vector<float> two = random_vec(2 * x.size(), rng);
+    DeviceBuffer<float> d_y(x), d_two(two);
+    kernels::AddRmsNormParams a;
+    a.x = d_y.ptr;
+    a.delta = d_two.ptr;
+    a.delta_rows = 2;
+    a.num_rows = R;
+    a.dim = D;
+    ASSERT_EQ(kernels::add_rms_norm(a, nullptr), cudaSuccess);
+    const auto y = d_y.get();
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < D; ++c) {
+        const size_t i = static_cast<size_t>(r) * D + c;
+        ASSERT_EQ(y[i], x[i] + (two[(2 * r) * static_cast<size_t>(D) + c] +
+                                two[(2 * r + 1) * static_cast<size_t>(D) + c]))
+            << r << "," << c;
+      }
+    }
+    a.delta = nullptr;  // nothing to add
+    EXPECT_EQ(kernels::add_rms_norm(a, nullptr), cudaErrorInvalidValue);
+    a.delta = d_two.ptr;
+    a.weight = d_w.ptr;  // a weight and no output
+    EXPECT_EQ(kernels::add_rms_norm(a, nullptr), cudaErrorInvalidValue);
   }
 }
 

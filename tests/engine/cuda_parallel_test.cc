@@ -1,9 +1,11 @@
-// Tensor parallelism on the CUDA backend (engine/parallel_cuda_backend.h): 2, 4 and 8 virtual
-// ranks on one device against one rank of the same backend, on the bundled model, the Qwen3,
-// Mixtral and Qwen3-MoE fixtures (experts sliced over the ranks, or held whole, a share on each)
-// and a random model with 8 query heads. Each case runs a prefill of three sequences and decode
-// steps after it, every logit row within bf16 tolerance of one rank's and the same argmax wherever
-// one rank's top two are apart; then greedy answers through the engine, pipelined, their decode
+// Tensor, expert and pipeline parallelism on the CUDA backend (engine/parallel_cuda_backend.h):
+// 2, 4 and 8 virtual ranks on one device against one rank of the same backend, on the bundled
+// model, the Qwen3, Mixtral and Qwen3-MoE fixtures (experts sliced over the ranks, or held whole,
+// a share on each) and a random model with 8 query heads; pipeline stages alone and with tensor
+// parallelism (TP2 x PP2), evenly and unevenly split. Each case runs a prefill of three sequences
+// and decode steps after it, every logit row within bf16 tolerance of one rank's and the same
+// argmax wherever one rank's top two are apart; then greedy answers through the engine,
+// pipelined (the first stage's fed rows read the tokens the last stage sampled), their decode
 // steps replayed as CUDA graphs that hold every rank's kernels and the collectives between them:
 // equal to one rank's. Also: degrees that do not fit refused naming the option, and the KV cache
 // split over the ranks. Skips without a device; also built against the CPU stand-in for the CUDA
@@ -21,6 +23,8 @@
 #include "engine/backend_factory.h"
 #include "engine/cuda_backend.h"
 #include "engine/engine.h"
+#include "engine/memory_plan.h"
+#include "engine/model_shape.h"
 #include "engine/parallel_cuda_backend.h"
 #include "engine/weight_shard.h"
 #include "engine/weights.h"
@@ -124,8 +128,10 @@ std::vector<std::vector<int32_t>> greedy(std::shared_ptr<Backend> b, int max_tok
   return greedy_answers(std::move(b), prompts, max_tokens, eo, 128);
 }
 
-std::shared_ptr<ParallelCudaBackend> parallel(const ModelWeights& w, int tp, int ep = 1) {
-  auto b = ParallelCudaBackend::create(w, std::vector<int>(tp, 0), options(), ep);
+std::shared_ptr<ParallelCudaBackend> parallel(const ModelWeights& w, int tp, int ep = 1, int pp = 1,
+                                              std::vector<int> stage_layers = {}) {
+  auto b = ParallelCudaBackend::create(w, std::vector<int>(tp * pp, 0), options(),
+                                       ParallelDegrees(tp, pp, ep, std::move(stage_layers)));
   EXPECT_TRUE(b.is_ok()) << b.status().to_string();
   return b.is_ok() ? std::shared_ptr<ParallelCudaBackend>(std::move(b).value()) : nullptr;
 }
@@ -140,10 +146,14 @@ struct Case {
   std::string model;
   int tp;
   int ep = 1;  // experts sliced (1) or held whole, a share on each rank (tp)
+  int pp = 1;
+  std::vector<int> stage_layers = {};  // empty: even
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.model << " over " << c.tp << " ranks" << (c.ep > 1 ? ", experts whole" : "");
+  if (c.pp > 1) *os << " x " << c.pp << " stages";
+  for (int n : c.stage_layers) *os << " " << n;
 }
 
 class CudaParallelTest : public ::testing::TestWithParam<Case> {};
@@ -154,9 +164,10 @@ TEST_P(CudaParallelTest, VirtualRanksEqualOneRank) {
   const std::string dir = c.model == "wide" ? wide_model_dir() : model_dir(c.model);
   const ModelWeights& w = loaded_weights(dir);
   ASSERT_GT(w.layers.size(), 0u);
-  auto many = parallel(w, c.tp, c.ep);
+  auto many = parallel(w, c.tp, c.ep, c.pp, c.stage_layers);
   ASSERT_TRUE(many);
-  EXPECT_EQ(many->num_ranks(), c.tp);
+  EXPECT_EQ(many->num_ranks(), c.tp * c.pp);
+  EXPECT_EQ(many->num_stages(), c.pp);
   auto one = one_rank(w);
   ASSERT_TRUE(one);
   expect_close(three_sequences(*one, 3), three_sequences(*many, 3), w.config.vocab_size);
@@ -175,12 +186,20 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"tiny-reverse", 2}, Case{"tiny-reverse", 4},  // KV heads replicated
                       Case{"wide", 2}, Case{"wide", 4}, Case{"wide", 8}, Case{"qwen3", 2},
                       Case{"qwen3-moe", 2}, Case{"qwen3-moe", 4}, Case{"qwen3-moe", 2, 2},
-                      Case{"qwen3-moe", 4, 4}, Case{"mixtral", 2}, Case{"mixtral", 2, 2}),
+                      Case{"qwen3-moe", 4, 4}, Case{"mixtral", 2}, Case{"mixtral", 2, 2},
+                      // Pipeline stages: alone, uneven, three of them, with tensor parallelism.
+                      Case{"tiny-reverse", 1, 1, 2}, Case{"tiny-reverse", 1, 1, 2, {3, 1}},
+                      Case{"qwen3", 1, 1, 3}, Case{"tiny-reverse", 2, 1, 2},
+                      Case{"qwen3-moe", 2, 2, 2, {1, 3}}, Case{"mixtral", 1, 1, 2}),
     [](const ::testing::TestParamInfo<Case>& info) {
-      std::string m = info.param.model;
+      const Case& c = info.param;
+      std::string m = c.model;
       std::replace(m.begin(), m.end(), '-', '_');
-      return m + "_tp" + std::to_string(info.param.tp) +
-             (info.param.ep > 1 ? "_ep" + std::to_string(info.param.ep) : "");
+      std::string name = m + "_tp" + std::to_string(c.tp) +
+                         (c.ep > 1 ? "_ep" + std::to_string(c.ep) : "") +
+                         (c.pp > 1 ? "_pp" + std::to_string(c.pp) : "");
+      for (int n : c.stage_layers) name += "_" + std::to_string(n);
+      return name;
     });
 
 TEST(CudaParallelBackendTest, ShardsLoadedFromTheCheckpointEqualShardsOfTheWholeModel) {
@@ -209,6 +228,20 @@ TEST(CudaParallelBackendTest, TheWorkersBackendSpecBuildsTheRanks) {
   auto direct = parallel(loaded_weights(dir), 2);
   ASSERT_TRUE(direct);
   EXPECT_EQ(three_sequences(**made, 1), three_sequences(*direct, 1));
+  // Stages as the worker names them (--pipeline-parallel 2 --stage-layers 3,1).
+  BackendSpec staged = spec;
+  staged.tensor_parallel = 1;
+  staged.pipeline_parallel = 2;
+  staged.stage_layers.layers = {3, 1};
+  auto made_staged = make_backend(dir, staged);
+  ASSERT_TRUE(made_staged.is_ok()) << made_staged.status().to_string();
+  auto direct_staged = parallel(loaded_weights(dir), 1, 1, 2, {3, 1});
+  ASSERT_TRUE(direct_staged);
+  EXPECT_EQ(three_sequences(**made_staged, 1), three_sequences(*direct_staged, 1));
+  staged.stage_layers = {{}, true};
+  auto balanced = make_backend(dir, staged);
+  ASSERT_FALSE(balanced.is_ok());
+  EXPECT_EQ(balanced.status().field(), "stage-layers");
   // Without --devices the ranks take the device and the ones after it.
   int count = 0;
   ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
@@ -231,13 +264,20 @@ TEST(CudaParallelBackendTest, DegreesThatDoNotFitAreRefusedNamingTheOption) {
   ASSERT_FALSE(mixed.is_ok());
   EXPECT_NE(mixed.status().to_string().find("device"), std::string::npos)
       << mixed.status().to_string();
-  // Experts held whole by other than every rank; a pipeline stage or a shard without its
-  // communicator (refused by the rank itself).
-  auto stage = shard_weights(w, {1, 2, 1}, 0, 0);
-  ASSERT_TRUE(stage.is_ok());
-  auto staged = CudaBackend::create(*stage, options());
-  ASSERT_FALSE(staged.is_ok());
-  EXPECT_EQ(staged.status().field(), "pipeline-parallel");
+  // Devices for other than tp x pp ranks; more stages than layers; uneven stages that do not
+  // add up.
+  auto short_of = ParallelCudaBackend::create(w, {0, 0}, options(), ParallelDegrees(2, 2, 1));
+  ASSERT_FALSE(short_of.is_ok());
+  EXPECT_EQ(short_of.status().field(), "devices") << short_of.status().to_string();
+  auto five =
+      ParallelCudaBackend::create(w, std::vector<int>(5, 0), options(), ParallelDegrees(1, 5, 1));
+  ASSERT_FALSE(five.is_ok());
+  EXPECT_EQ(five.status().field(), "pipeline-parallel") << five.status().to_string();
+  auto uneven = ParallelCudaBackend::create(w, {0, 0}, options(), ParallelDegrees(1, 2, 1, {3, 2}));
+  ASSERT_FALSE(uneven.is_ok());
+  EXPECT_EQ(uneven.status().field(), "stage-layers") << uneven.status().to_string();
+  // Experts held whole by other than every rank; a shard without its communicator (refused by
+  // the rank itself).
   const ModelWeights& moe = loaded_weights(model_dir("qwen3-moe"));
   auto ep3 = ParallelCudaBackend::create(moe, {0, 0}, options(), 4);
   ASSERT_FALSE(ep3.is_ok());
@@ -261,6 +301,50 @@ TEST(CudaParallelBackendTest, TheKvCacheIsSplitOverTheRanks) {
   EXPECT_LE(two->kv_cache_bytes(), size_t{8} << 20);
   EXPECT_EQ(two->rank(0).num_kv_blocks(), two->rank(1).num_kv_blocks());
   EXPECT_LT(two->rank(0).weight_bytes(), one->weight_bytes());
+  // Two stages: each holds its layers' cache and weights (the embedding on the first, the head
+  // on the last).
+  auto staged = parallel(w, 1, 1, 2);
+  ASSERT_TRUE(staged);
+  EXPECT_EQ(staged->num_kv_blocks(), one->num_kv_blocks());
+  EXPECT_EQ(staged->rank(0).config().num_layers + staged->rank(1).config().num_layers,
+            w.config.num_layers);
+  EXPECT_LT(staged->rank(1).weight_bytes(), one->weight_bytes());
+}
+
+// The memory plan (engine/memory_plan.h), from config.json alone, equals what each rank
+// allocates: its weights (the embedding on the first stage, the head's vocabulary slice on the
+// last, its layers' heads, rows and experts) and its step's buffers.
+TEST(CudaParallelBackendTest, ThePlanEqualsWhatEachRankAllocates) {
+  SKIP_WITHOUT_GPU();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  for (const Case& c : {Case{"tiny-reverse", 2, 1, 2}, Case{"qwen3-moe", 2, 2, 2, {1, 3}},
+                        Case{"mixtral", 1, 1, 2}, Case{"qwen3", 2}}) {
+    SCOPED_TRACE(::testing::PrintToString(c));
+    const std::string dir = model_dir(c.model);
+    auto many = parallel(loaded_weights(dir), c.tp, c.ep, c.pp, c.stage_layers);
+    ASSERT_TRUE(many);
+    auto shape = load_model_shape(dir);
+    ASSERT_TRUE(shape.is_ok()) << shape.status().to_string();
+    PlanOptions p;
+    p.tp = c.tp;
+    p.pp = c.pp;
+    p.ep = c.ep;
+    p.stage_layers = c.stage_layers;
+    p.max_num_tokens = options().max_num_tokens;
+    p.max_num_seqs = options().max_num_seqs;
+    p.block_size = options().block_size;
+    p.num_sms = sms;
+    auto plan = plan_memory(*shape, p);
+    ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+    ASSERT_EQ(plan->ranks.size(), static_cast<size_t>(many->num_ranks()));
+    for (int r = 0; r < many->num_ranks(); ++r) {
+      const RankPlan& want = plan->ranks[static_cast<size_t>(r)];
+      EXPECT_EQ(want.weight_bytes, static_cast<int64_t>(many->rank(r).weight_bytes())) << r;
+      EXPECT_EQ(want.activation_bytes, static_cast<int64_t>(many->rank(r).buffer_bytes())) << r;
+      EXPECT_EQ(want.num_layers, many->rank(r).config().num_layers) << r;
+    }
+  }
 }
 
 }  // namespace

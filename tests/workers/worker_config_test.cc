@@ -142,7 +142,22 @@ TEST(WorkerConfigTest, RefusesParallelDegreesThatCannotWorkNamingTheFlag) {
   EXPECT_EQ(cuda(2, "0,1,2"), "devices");
   EXPECT_EQ(cuda(2, "0,x"), "devices");
   EXPECT_EQ(cuda(2, "0,"), "devices");
-  EXPECT_EQ(cuda(2, "", 2), "pipeline-parallel");
+  EXPECT_EQ(cuda(2, "", 2), "ok");
+  EXPECT_EQ(cuda(2, "0,0,0,0", 2), "ok");
+  EXPECT_EQ(cuda(2, "0,1", 2), "devices");  // 4 ranks
+  EXPECT_EQ(cuda(1, "", 16), "pipeline-parallel");
+  EXPECT_EQ(field_of([](WorkerConfig& c) {
+              c.device = "cuda";
+              c.pipeline_parallel = 2;
+              c.stage_layers = "auto";
+            }),
+            "stage-layers");
+  EXPECT_EQ(field_of([](WorkerConfig& c) {
+              c.device = "cuda";
+              c.pipeline_parallel = 2;
+              c.stage_layers = "3,1";
+            }),
+            "ok");
   EXPECT_EQ(cuda(2, "", 1, 2), "ok");
   EXPECT_EQ(cuda(2, "", 1, 4), "expert-parallel");
   EXPECT_EQ(cuda(2, "", 1, 1), "ok");
