@@ -53,6 +53,7 @@ void for_each_cuda_field(CudaBackendOptions& o, F&& f) {
   f("fused_small_batch", o.fused_small_batch);
   f("fused_rope", o.fused_rope);
   f("fused_combine", o.fused_combine);
+  f("fused_all_reduce", o.fused_all_reduce);
   f("decode_attention", o.decode_attention);
   f("programmatic_launch", o.programmatic_launch);
   f("prefetch_weights", o.prefetch_weights_mb);
@@ -125,6 +126,7 @@ const std::vector<CudaSetting>& cuda_settings() {
       {"fused_small_batch", {"on", "off"}},
       {"fused_rope", {"on", "off"}},
       {"fused_combine", {"on", "off"}},
+      {"fused_all_reduce", {"on", "off"}},
       {"decode_attention", {"tensor_core", "cuda_core", "prefill_tiles"}},
       {"programmatic_launch", {"on", "off", "auto"}},
       {"prefetch_weights", {"8mb", "off", "4mb", "16mb"}},
@@ -368,19 +370,25 @@ Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
     const int ep = expert_parallel(spec, config.moe.num_experts);
     const ParallelDegrees degrees(spec.tensor_parallel, spec.pipeline_parallel, ep,
                                   spec.stage_layers.layers);
-    HR_ASSIGN_OR_RETURN(auto many,
-                        ParallelCudaBackend::create_from_dir(model_dir, devices, o, degrees));
+    LoadStats load;
+    HR_ASSIGN_OR_RETURN(
+        auto many, ParallelCudaBackend::create_from_dir(model_dir, devices, o, degrees, &load));
     std::string named;
     for (int d : devices) named += (named.empty() ? "" : ",") + std::to_string(d);
-    log::info("backend.parallel",
-              {{"tensor_parallel", spec.tensor_parallel},
-               {"pipeline_parallel", spec.pipeline_parallel},
-               {"expert_parallel", ep},
-               {"devices", named},
-               {"virtual_ranks", many->virtual_ranks()},
-               {"weight_bytes", static_cast<int64_t>(many->weight_bytes())},
-               {"kv_cache_bytes", static_cast<int64_t>(many->kv_cache_bytes())},
-               {"kv_tokens", static_cast<int64_t>(many->num_kv_blocks()) * o.block_size}});
+    log::info(
+        "backend.parallel",
+        {{"tensor_parallel", spec.tensor_parallel},
+         {"pipeline_parallel", spec.pipeline_parallel},
+         {"expert_parallel", ep},
+         {"devices", named},
+         {"virtual_ranks", many->virtual_ranks()},
+         {"weight_bytes", static_cast<int64_t>(many->weight_bytes())},
+         {"kv_cache_bytes", static_cast<int64_t>(many->kv_cache_bytes())},
+         {"kv_tokens", static_cast<int64_t>(many->num_kv_blocks()) * o.block_size},
+         {"load_seconds", load.seconds},
+         {"checkpoint_bytes", static_cast<int64_t>(load.checkpoint_bytes)},
+         {"checkpoint_bytes_per_s",
+          load.seconds > 0 ? static_cast<double>(load.checkpoint_bytes) / load.seconds : 0.0}});
     return std::shared_ptr<Backend>(std::move(many));
   }
   log_memory_plan(model_dir, o);

@@ -112,6 +112,11 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   // What the next residual add takes: the last MLP's output, a MoE layer's k rows per token.
   const float* mlp_out = delta_;
   int mlp_rows = 1;
+  // A tensor-parallel rank's layer boundaries in one call (all_reduce_add_rms_norm): the o
+  // product's partial sums with the post-attention norm, and a dense down product's with the next
+  // layer's input norm (`partial_pending`: delta_ holds this rank's down product, not the sum).
+  const bool boundary = shard_.tp > 1 && options_.fused_all_reduce;
+  bool partial_pending = false;
   rope.eps = eps;
   // (A kernel, not a memset: the norm after it may be a programmatic launch, whose dependency in a
   // captured graph must be on a kernel.)
@@ -128,7 +133,12 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
     rope.k_norm = W.k_norm;
     rope.k_cache = k_cache_[static_cast<size_t>(li)];
     rope.v_cache = v_cache_[static_cast<size_t>(li)];
-    if (norm_first) {
+    if (norm_first && partial_pending) {
+      HR_RETURN_IF_ERROR(options_.tensor_parallel->all_reduce_add_rms_norm(
+          delta_, x_, h_, W.input_norm, T, D, eps, stream_));
+      partial_pending = false;
+      mark("norm");
+    } else if (norm_first) {
       norm.x = r_in;
       norm.delta = li == 0 ? nullptr : mlp_out;
       norm.delta_rows = mlp_rows;
@@ -215,12 +225,18 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
       continue;
     }
     HR_RETURN_IF_ERROR(matmul(attn_, W.wo, delta_, GemmOut::kF32, T, D, Q));
-    HR_RETURN_IF_ERROR(reduce_partials(delta_, static_cast<size_t>(T) * D));
-    mark("o_proj");
-    norm.delta = delta_;
-    norm.delta_rows = 1;
-    norm.weight = W.post_norm;
-    HR_CUDA("post-attention norm", kernels::add_rms_norm(norm, stream_));
+    if (boundary) {
+      mark("o_proj");
+      HR_RETURN_IF_ERROR(options_.tensor_parallel->all_reduce_add_rms_norm(
+          delta_, x_, h_, W.post_norm, T, D, eps, stream_));
+    } else {
+      HR_RETURN_IF_ERROR(reduce_partials(delta_, static_cast<size_t>(T) * D));
+      mark("o_proj");
+      norm.delta = delta_;
+      norm.delta_rows = 1;
+      norm.weight = W.post_norm;
+      HR_CUDA("post-attention norm", kernels::add_rms_norm(norm, stream_));
+    }
     mark("norm");
     if (c.is_moe_layer(li)) {
       HR_RETURN_IF_ERROR(moe_layer(W, li, T, x_, nullptr));
@@ -237,7 +253,11 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
     HR_CUDA("silu_mul", kernels::silu_mul(gate_up_, T, F, act_, stream_));
     mark("silu_mul");
     HR_RETURN_IF_ERROR(matmul(act_, W.w_down, delta_, GemmOut::kF32, T, D, F));
-    HR_RETURN_IF_ERROR(reduce_partials(delta_, static_cast<size_t>(T) * D));
+    if (boundary && li + 1 < c.num_layers) {
+      partial_pending = true;  // summed with the next layer's input norm
+    } else {
+      HR_RETURN_IF_ERROR(reduce_partials(delta_, static_cast<size_t>(T) * D));
+    }
     mark("down_proj");
   }
   if (!last_stage) {

@@ -6,6 +6,7 @@
 // (engine/nccl_communicator.h).
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -29,6 +30,15 @@ class DeviceCommunicator {
                                               cudaStream_t stream) = 0;
   // data[0..n) becomes rank `root`'s.
   [[nodiscard]] virtual Status broadcast(float* data, size_t n, int root, cudaStream_t stream) = 0;
+  // The tensor-parallel layer boundary: partial [rows, dim] (this rank's row-parallel products)
+  // summed over the ranks in rank order and added to the residual stream x [rows, dim] (the
+  // same on every rank), then each new row RMS-normalised times weight into out [rows, dim]
+  // (bf16: the next projection's input). Virtual ranks make it one launch
+  // (kernels/all_reduce.cuh); NCCL an all-reduce, then the add and norm (partial then holds the
+  // sum). Either way x and out end as all_reduce followed by kernels::add_rms_norm leave them.
+  [[nodiscard]] virtual Status all_reduce_add_rms_norm(float* partial, float* x, __nv_bfloat16* out,
+                                                       const float* weight, int rows, int dim,
+                                                       float eps, cudaStream_t stream) = 0;
   // Point to point, between pipeline stages (any data: `bytes` bytes moved as they are). send()
   // hands data[0..bytes) to rank `peer` once the stream reaches it; recv() fills data with the
   // oldest message from `peer` not yet received, which must be `bytes` long. Messages between two

@@ -55,13 +55,6 @@ struct StageBalance {
   double calibration_seconds = 0;  // the calibration steps and the move
 };
 
-// What loading took (create_from_dir).
-struct LoadStats {
-  double seconds = 0;           // reading, converting and packing every rank's shard
-  size_t checkpoint_bytes = 0;  // the checkpoint's tensors
-  size_t shard_bytes = 0;       // all ranks' weights as held (fp32)
-};
-
 class ParallelCpuBackend final : public HostSampledBackend {
  public:
   // Shards `full` (unpacked) for every rank; errors name the option at fault.

@@ -3,6 +3,7 @@
 #include "engine/parallel_cuda_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <functional>
 
@@ -140,7 +141,8 @@ Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::assemble(
 #endif
   }
   const double fraction = options.kv_cache_fraction;
-  for (int r = 0; r < world; ++r) {
+  b->ranks_.resize(static_cast<size_t>(world));
+  auto make_rank = [&](int r) -> Status {
     const int s = r / tp, t = r % tp;
     HR_ASSIGN_OR_RETURN(ModelWeights w, shard(s, t));
     CudaBackendOptions o = options;
@@ -158,8 +160,17 @@ Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::assemble(
         o.kv_cache_fraction = fraction / (world - r);
       }
     }
-    HR_ASSIGN_OR_RETURN(auto rank, CudaBackend::create(w, o));
-    b->ranks_.push_back(std::move(rank));
+    HR_ASSIGN_OR_RETURN(b->ranks_[static_cast<size_t>(r)], CudaBackend::create(w, o));
+    return Status::ok();
+  };
+  if (same) {
+    // One after another: each rank's share of the device's free memory is of what the ranks
+    // before it left.
+    for (int r = 0; r < world; ++r) HR_RETURN_IF_ERROR(make_rank(r));
+  } else {
+    // Every GPU's rank reads, converts and uploads its own shard at once (the rank threads have
+    // their devices set).
+    HR_RETURN_IF_ERROR(b->threads_.front()->run(make_rank));
   }
   b->hidden_size_ = b->ranks_.front()->config().hidden_size;
   b->num_blocks_ = b->ranks_.front()->num_kv_blocks();
@@ -177,12 +188,21 @@ Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::create(
 
 Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::create_from_dir(
     const std::string& dir, const std::vector<int>& devices, CudaBackendOptions options,
-    const ParallelDegrees& degrees) {
+    const ParallelDegrees& degrees, LoadStats* stats) {
   HR_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(dir));
   HR_RETURN_IF_ERROR(check_degrees(config, degrees));
   HR_ASSIGN_OR_RETURN(auto st, SafetensorsModel::open_dir(dir));
-  return assemble(devices, options, degrees,
-                  [&](int s, int t) { return load_shard(*st, config, degrees, s, t); });
+  const auto t0 = std::chrono::steady_clock::now();
+  HR_ASSIGN_OR_RETURN(auto b, assemble(devices, options, degrees, [&](int s, int t) {
+                        return load_shard(*st, config, degrees, s, t);
+                      }));
+  if (stats) {
+    stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats->checkpoint_bytes = 0;
+    for (const auto& [name, t] : st->tensors()) stats->checkpoint_bytes += t.num_bytes;
+    stats->shard_bytes = b->weight_bytes();
+  }
+  return b;
 }
 
 size_t ParallelCudaBackend::weight_bytes() const {

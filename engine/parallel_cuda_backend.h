@@ -56,9 +56,10 @@ class ParallelCudaBackend final : public Backend {
                   ParallelDegrees(static_cast<int>(devices.size()), 1, expert_parallel));
   }
   // Each rank's shard read from the Hugging Face folder (load_shard: a layer at a time).
+  // With a GPU a rank, every rank reads and uploads its shard at once, on its own thread.
   [[nodiscard]] static Result<std::unique_ptr<ParallelCudaBackend>> create_from_dir(
       const std::string& dir, const std::vector<int>& devices, CudaBackendOptions options,
-      const ParallelDegrees& degrees);
+      const ParallelDegrees& degrees, LoadStats* stats = nullptr);
   [[nodiscard]] static Result<std::unique_ptr<ParallelCudaBackend>> create_from_dir(
       const std::string& dir, const std::vector<int>& devices, CudaBackendOptions options,
       int expert_parallel = 1) {

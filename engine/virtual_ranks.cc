@@ -10,7 +10,7 @@
 namespace hr::engine {
 namespace {
 
-enum class Op { kNone, kAllReduce, kAllGather, kReduceScatter, kBroadcast };
+enum class Op { kNone, kAllReduce, kAllGather, kReduceScatter, kBroadcast, kAllReduceAddNorm };
 
 const char* op_name(Op op) {
   switch (op) {
@@ -22,6 +22,8 @@ const char* op_name(Op op) {
       return "reduce_scatter";
     case Op::kBroadcast:
       return "broadcast";
+    case Op::kAllReduceAddNorm:
+      return "all_reduce_add_rms_norm";
     default:
       return "collective";
   }
@@ -45,6 +47,8 @@ struct Group {
       : size(n),
         in(static_cast<size_t>(n)),
         out(static_cast<size_t>(n)),
+        x(static_cast<size_t>(n)),
+        normed(static_cast<size_t>(n)),
         mail(static_cast<size_t>(n) * n) {}
   const int size;
   Op op = Op::kNone;
@@ -54,6 +58,13 @@ struct Group {
   cudaStream_t stream = nullptr;
   std::vector<const float*> in;
   std::vector<float*> out;
+  // The layer boundary's (all_reduce_add_rms_norm): each rank's residual stream and normed rows,
+  // rank 0's norm weight (every rank holds the same values), the rows' width and epsilon.
+  std::vector<float*> x;
+  std::vector<__nv_bfloat16*> normed;
+  const float* weight = nullptr;
+  int dim = 0;
+  float eps = 0;
   std::mutex mail_mu;  // the ranks' threads send and receive without taking turns
   std::vector<std::deque<Message>> mail;
 };
@@ -80,6 +91,30 @@ class VirtualRank final : public DeviceCommunicator {
                               "broadcast");
     }
     return arrive(Op::kBroadcast, data, data, n, root, stream);
+  }
+  Status all_reduce_add_rms_norm(float* partial, float* x, __nv_bfloat16* out, const float* weight,
+                                 int rows, int dim, float eps, cudaStream_t stream) override {
+    Group& g = *g_;
+    if (rows < 0 || dim <= 0 || x == nullptr || out == nullptr || weight == nullptr) {
+      g.arrived = 0;
+      return invalid_argument("all_reduce_add_rms_norm: no rows, residual, output or weight",
+                              "all_reduce_add_rms_norm");
+    }
+    if (rank_ == g.arrived) {
+      if (rank_ == 0) {
+        g.weight = weight;
+        g.dim = dim;
+        g.eps = eps;
+      } else if (g.dim != dim || g.eps != eps) {
+        g.arrived = 0;
+        return invalid_argument("all_reduce_add_rms_norm: the ranks' widths or epsilons differ",
+                                "all_reduce_add_rms_norm");
+      }
+      g.x[static_cast<size_t>(rank_)] = x;
+      g.normed[static_cast<size_t>(rank_)] = out;
+    }
+    return arrive(Op::kAllReduceAddNorm, partial, partial, static_cast<size_t>(rows) * dim, 0,
+                  stream);
   }
   // A send is recorded; the receive, later, enqueues the copy (the sender's stream and the
   // receiver's are the one stream the ranks share, so the copy follows what the sender enqueued
@@ -202,6 +237,20 @@ Status VirtualRank::run() {
             g.op));
       }
       return Status::ok();
+    case Op::kAllReduceAddNorm: {
+      kernels::AllReduceAddRmsNormParams p;
+      p.num_ranks = N;
+      for (int r = 0; r < N; ++r) {
+        p.partial[r] = g.in[static_cast<size_t>(r)];
+        p.x[r] = g.x[static_cast<size_t>(r)];
+        p.out[r] = g.normed[static_cast<size_t>(r)];
+      }
+      p.weight = g.weight;
+      p.dim = g.dim;
+      p.num_rows = static_cast<int>(g.n / static_cast<size_t>(g.dim));
+      p.eps = g.eps;
+      return cuda_status(kernels::all_reduce_add_rms_norm(p, g.stream), g.op);
+    }
     default:
       return internal_error("no collective in progress");
   }

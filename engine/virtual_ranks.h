@@ -3,7 +3,8 @@
 // being buffers of the same device. One thread drives the ranks in rank order, all on one stream:
 // for each collective, ranks 0 .. N-1 call it in turn; the earlier calls only record their
 // buffers, and the last one enqueues the work (the one-shot peer_sum kernel of
-// kernels/all_reduce.cuh over every rank's buffer, or device-to-device copies). Everything a rank
+// kernels/all_reduce.cuh over every rank's buffer, the fused all-reduce + residual add + RMSNorm
+// for the layer boundary, or device-to-device copies). Everything a rank
 // enqueued before its call is therefore ordered before the collective, and everything after it
 // after, as with NCCL on a stream per rank; and a whole step, collectives included, can be
 // captured in one CUDA graph. Sums are in rank order: every rank ends bitwise equal. A call out

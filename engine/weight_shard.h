@@ -31,6 +31,13 @@ struct ParallelDegrees {
   std::vector<int> stage_layers;
 };
 
+// What loading every rank's shard took (a parallel backend's create_from_dir).
+struct LoadStats {
+  double seconds = 0;           // reading, converting and placing every rank's shard
+  size_t checkpoint_bytes = 0;  // the checkpoint's tensors
+  size_t shard_bytes = 0;       // all ranks' weights as held (fp32 on the CPU, bf16 on a GPU)
+};
+
 // Checks the degrees against the model; errors name the option at fault (tensor-parallel,
 // pipeline-parallel, expert-parallel).
 [[nodiscard]] Status check_degrees(const ModelConfig& c, const ParallelDegrees& d);

@@ -14,6 +14,7 @@
 #include "engine/cpu_backend.h"
 #include "engine/virtual_ranks.h"
 #include "kernels/all_reduce.cuh"
+#include "kernels/rms_norm.cuh"
 #include "tests/engine/cuda_test_util.h"
 #ifndef HEADROOM_SIMT
 #include "engine/nccl_communicator.h"
@@ -166,6 +167,81 @@ TEST(VirtualRanksErrors, OutOfOrderOrDifferingCallsAreRefusedAndEnqueueNothing) 
   EXPECT_EQ(a.get(), std::vector<float>(8, 7.0f));
   EXPECT_EQ(c.get(), std::vector<float>(8, 7.0f));
   EXPECT_TRUE(VirtualRankGroup::create(9).empty());
+}
+
+// The layer boundary through the communicator: virtual ranks' one launch leaves every rank's
+// residual stream and normed rows bitwise as an all-reduce and then add_rms_norm do.
+TEST(VirtualRanksLayerBoundary, EqualsTheAllReduceThenTheAddAndNorm) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(9);
+  const int n = 3, rows = 4, dim = 264;
+  const size_t len = static_cast<size_t>(rows) * dim;
+  const std::vector<float> residual = random_vec(len, rng, -2.0f, 2.0f);
+  const std::vector<float> weight = random_vec(dim, rng, 0.5f, 1.5f);
+  std::vector<std::vector<float>> partials;
+  for (int r = 0; r < n; ++r) partials.push_back(random_vec(len, rng));
+  // Each way: every rank's residual and normed rows.
+  auto run = [&](bool fused) {
+    auto ranks = VirtualRankGroup::create(n);
+    std::vector<std::unique_ptr<DeviceBuffer<float>>> partial, x, w;
+    std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> out;
+    for (int r = 0; r < n; ++r) {
+      partial.push_back(std::make_unique<DeviceBuffer<float>>(partials[static_cast<size_t>(r)]));
+      x.push_back(std::make_unique<DeviceBuffer<float>>(residual));
+      w.push_back(std::make_unique<DeviceBuffer<float>>(weight));
+      out.push_back(std::make_unique<DeviceBuffer<uint16_t>>(len));
+    }
+    for (int r = 0; r < n; ++r) {
+      auto* o = reinterpret_cast<__nv_bfloat16*>(out[static_cast<size_t>(r)]->ptr);
+      if (fused) {
+        EXPECT_TRUE(ranks[static_cast<size_t>(r)]
+                        ->all_reduce_add_rms_norm(
+                            partial[static_cast<size_t>(r)]->ptr, x[static_cast<size_t>(r)]->ptr, o,
+                            w[static_cast<size_t>(r)]->ptr, rows, dim, 1e-5f, nullptr)
+                        .is_ok());
+      } else {
+        EXPECT_TRUE(ranks[static_cast<size_t>(r)]
+                        ->all_reduce(partial[static_cast<size_t>(r)]->ptr, len, nullptr)
+                        .is_ok());
+      }
+    }
+    for (int r = 0; !fused && r < n; ++r) {
+      kernels::AddRmsNormParams p;
+      p.x = x[static_cast<size_t>(r)]->ptr;
+      p.delta = partial[static_cast<size_t>(r)]->ptr;
+      p.weight = w[static_cast<size_t>(r)]->ptr;
+      p.out = reinterpret_cast<__nv_bfloat16*>(out[static_cast<size_t>(r)]->ptr);
+      p.num_rows = rows;
+      p.dim = dim;
+      p.eps = 1e-5f;
+      EXPECT_EQ(kernels::add_rms_norm(p, nullptr), cudaSuccess);
+    }
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<std::vector<float>> xs;
+    std::vector<std::vector<uint16_t>> outs;
+    for (int r = 0; r < n; ++r) {
+      xs.push_back(x[static_cast<size_t>(r)]->get());
+      outs.push_back(out[static_cast<size_t>(r)]->get());
+    }
+    return std::make_pair(xs, outs);
+  };
+  const auto fused = run(true), apart = run(false);
+  EXPECT_EQ(fused.first, apart.first);
+  EXPECT_EQ(fused.second, apart.second);
+  EXPECT_NE(fused.first[0], residual);  // something was added
+  // Widths that differ between the ranks are refused.
+  auto ranks = VirtualRankGroup::create(2);
+  DeviceBuffer<float> a(len), b(len), wt(weight);
+  DeviceBuffer<uint16_t> o(len);
+  auto* ob = reinterpret_cast<__nv_bfloat16*>(o.ptr);
+  ASSERT_TRUE(ranks[0]
+                  ->all_reduce_add_rms_norm(a.ptr, b.ptr, ob, wt.ptr, rows, dim, 1e-5f, nullptr)
+                  .is_ok());
+  EXPECT_EQ(
+      ranks[1]
+          ->all_reduce_add_rms_norm(a.ptr, b.ptr, ob, wt.ptr, rows * 2, dim / 2, 1e-5f, nullptr)
+          .field(),
+      "all_reduce_add_rms_norm");
 }
 
 // Pipeline stages' hand-offs: messages between two virtual ranks arrive in the order sent, as

@@ -311,6 +311,29 @@ TEST(CudaParallelBackendTest, TheKvCacheIsSplitOverTheRanks) {
   EXPECT_LT(staged->rank(1).weight_bytes(), one->weight_bytes());
 }
 
+// A rank's layer boundaries as one call (all_reduce_add_rms_norm: on virtual ranks one launch
+// of the fused kernel) give bitwise what the all-reduce and the add and norm apart give, through
+// prefill, decode and stages.
+TEST(CudaParallelBackendTest, TheFusedLayerBoundaryEqualsTheCollectivesApart) {
+  SKIP_WITHOUT_GPU();
+  for (const Case& c : {Case{"tiny-reverse", 4}, Case{"qwen3", 2}, Case{"qwen3-moe", 2, 2},
+                        Case{"wide", 2, 1, 2}}) {
+    SCOPED_TRACE(::testing::PrintToString(c));
+    const ModelWeights& w =
+        loaded_weights(c.model == "wide" ? wide_model_dir() : model_dir(c.model));
+    std::vector<std::vector<std::vector<float>>> runs;
+    for (bool fused : {true, false}) {
+      CudaBackendOptions o = options();
+      o.fused_all_reduce = fused;
+      auto b = ParallelCudaBackend::create(w, std::vector<int>(c.tp * c.pp, 0), o,
+                                           ParallelDegrees(c.tp, c.pp, c.ep));
+      ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+      runs.push_back(three_sequences(**b, 3));
+    }
+    EXPECT_EQ(runs[0], runs[1]);
+  }
+}
+
 // The memory plan (engine/memory_plan.h), from config.json alone, equals what each rank
 // allocates: its weights (the embedding on the first stage, the head's vocabulary slice on the
 // last, its layers' heads, rows and experts) and its step's buffers.
