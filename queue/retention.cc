@@ -197,7 +197,17 @@ Result<int> ensure_request_partitions(pqxx::connection& conn, const RetentionOpt
       std::string hi_id = next[5].as<std::string>();
       tx.exec("CREATE TABLE " + q +
               " (LIKE requests INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH (fillfactor = 80)");
-      // Rows the default partition caught for this interval move in before it is attached.
+      // Rows the default partition caught for this interval move in before it is attached. A
+      // reader whose plan listed the partitions before the attach, and whose rows it read after
+      // the move, would find them in neither: while rows move, the table is locked against
+      // readers (they wait, then plan again over the new partition). With none to move (the
+      // partitions made ahead, as usual) nothing waits.
+      const bool caught = tx.exec_params1(
+                                "SELECT EXISTS (SELECT 1 FROM requests_default WHERE batch_id >= "
+                                "$1::uuid AND batch_id < $2::uuid)",
+                                lo_id, hi_id)[0]
+                              .as<bool>();
+      if (caught) tx.exec("LOCK TABLE requests IN ACCESS EXCLUSIVE MODE");
       tx.exec_params(
           "WITH moved AS (DELETE FROM requests_default WHERE batch_id >= $1::uuid AND "
           "batch_id < $2::uuid RETURNING *) INSERT INTO " +

@@ -10,6 +10,7 @@
 #include <pqxx/pqxx>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -387,6 +388,48 @@ TEST(RetentionTest, RowsCaughtByTheDefaultPartitionMoveIntoTheirOwn) {
   auto again = queue::ensure_request_partitions(conn, o);
   ASSERT_TRUE(again.is_ok());
   EXPECT_EQ(*again, 0);
+}
+
+// While rows move out of the default partition into their interval's new one, a reader of the
+// requests table sees every one of them, before the move or after it, never none: a reader that
+// planned the query over the partitions before the attach and read the rows after the move would
+// otherwise find them in neither (the mover locks the table against readers while rows move).
+TEST(RetentionTest, ReadersSeeEveryRowWhileTheDefaultPartitionsRowsMove) {
+  ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  partitions_from_three_hours_ago(h);
+  const int n = 100000;
+  const std::string id = old_batch(h, 2 * 3600, n, 3600);  // caught by the default partition
+  ASSERT_EQ(h.scalar("SELECT count(*) FROM requests_default"), n);
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> reads{0}, wrong{0}, last_wrong{-1};
+  auto reader = [&] {
+    pqxx::connection c(h.database_url());
+    pqxx::nontransaction tx(c);
+    while (!done) {
+      const int64_t seen =
+          tx.exec1("SELECT count(*) FROM requests WHERE batch_id = '" + id + "'")[0].as<int64_t>();
+      ++reads;
+      if (seen != n) {
+        ++wrong;
+        last_wrong = seen;
+      }
+    }
+  };
+  std::thread r1(reader), r2(reader);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  queue::RetentionOptions o;
+  o.partition_seconds = 3600;
+  pqxx::connection conn(h.database_url());
+  auto created = queue::ensure_request_partitions(conn, o);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  done = true;
+  r1.join();
+  r2.join();
+  ASSERT_TRUE(created.is_ok()) << created.status().to_string();
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM requests_default"), 0);
+  EXPECT_GT(reads.load(), 4);
+  EXPECT_EQ(wrong.load(), 0) << "a read saw " << last_wrong.load() << " rows of " << n;
 }
 
 TEST(RetentionTest, APurgeKilledHalfWayLeavesNothingAPollWouldShow) {
