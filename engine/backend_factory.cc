@@ -200,10 +200,17 @@ namespace {
 
 // What the device will hold (engine/memory_plan.h), said before the weights load: a model that
 // will not fit is told at once, and the figures can be held against the backend's own after.
-void log_memory_plan(const std::string& model_dir, const CudaBackendOptions& o) {
+// Each device's plan (engine/memory_plan.h) before loading: one GPU, or a GPU a rank (the
+// degrees; the largest rank's weights and the smallest rank's free bytes).
+void log_memory_plan(const std::string& model_dir, const CudaBackendOptions& o,
+                     const ParallelDegrees& d = {}) {
   Result<ModelShape> shape = load_model_shape(model_dir);
   if (!shape.is_ok()) return;  // the load reports it
   PlanOptions p;
+  p.tp = d.tp;
+  p.pp = d.pp;
+  p.ep = d.ep;
+  p.stage_layers = d.stage_layers;
   p.max_num_tokens = o.max_num_tokens;
   p.max_num_seqs = o.max_num_seqs;
   p.block_size = o.block_size;
@@ -217,11 +224,17 @@ void log_memory_plan(const std::string& model_dir, const CudaBackendOptions& o) 
   }
   Result<MemoryPlan> plan = plan_memory(*shape, p);
   if (!plan.is_ok()) return;
-  const RankPlan& r = plan->ranks.front();
+  int64_t weights = 0, buffers = 0, free_bytes = plan->ranks.front().free_bytes;
+  for (const RankPlan& r : plan->ranks) {
+    weights = std::max(weights, r.weight_bytes);
+    buffers = std::max(buffers, r.activation_bytes);
+    free_bytes = std::min(free_bytes, r.free_bytes);
+  }
   log::info("backend.memory_plan", {{"gpu_memory_bytes", p.gpu_memory_bytes},
-                                    {"weight_bytes", r.weight_bytes},
-                                    {"buffer_bytes", r.activation_bytes},
-                                    {"free_bytes", r.free_bytes},
+                                    {"ranks", static_cast<int64_t>(plan->ranks.size())},
+                                    {"weight_bytes", weights},
+                                    {"buffer_bytes", buffers},
+                                    {"free_bytes", free_bytes},
                                     {"kv_tokens", plan->kv_tokens},
                                     {"fits", plan->fits}});
 }
@@ -370,6 +383,14 @@ Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
     const int ep = expert_parallel(spec, config.moe.num_experts);
     const ParallelDegrees degrees(spec.tensor_parallel, spec.pipeline_parallel, ep,
                                   spec.stage_layers.layers);
+    // (Virtual ranks share one device: the plan, a device a rank, is not theirs.)
+    std::vector<int> sorted = devices;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end()) {
+      CudaBackendOptions first = o;
+      first.device = devices.front();
+      log_memory_plan(model_dir, first, degrees);
+    }
     LoadStats load;
     HR_ASSIGN_OR_RETURN(
         auto many, ParallelCudaBackend::create_from_dir(model_dir, devices, o, degrees, &load));
