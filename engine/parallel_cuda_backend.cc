@@ -233,6 +233,10 @@ Status ParallelCudaBackend::on_ranks(const std::function<Status(int)>& work) {
 }
 
 Status ParallelCudaBackend::check(const StepInput& in) const {
+  // (As each rank would refuse it: the steps outstanding, then the step itself.)
+  if (outstanding_.size() >= 2)
+    return internal_error("two steps are outstanding: collect one first");
+  if (forwarded_rows_ >= 0) return internal_error("a forwarded step waits for its sampling");
   return ranks_.front()->check_input(in);
 }
 
@@ -272,6 +276,7 @@ void ParallelCudaBackend::fail_step() {
 }
 
 Status ParallelCudaBackend::forward(const StepInput& in, float* logits) {
+  if (in.fed_rows) return invalid_argument("forward() takes no fed rows");
   HR_RETURN_IF_ERROR(check(in));
   const CudaBackend::StepRows rows = ranks_.front()->step_rows(in);
   // The first rank of the last stage returns the gathered logits; the stage's others write theirs
@@ -292,6 +297,8 @@ Status ParallelCudaBackend::forward(const StepInput& in, float* logits) {
 }
 
 Status ParallelCudaBackend::submit(const StepInput& in, const SampleSpec* specs) {
+  if (in.num_logits > 0 && specs == nullptr)
+    return invalid_argument("no sampling specs for the logits rows");
   HR_RETURN_IF_ERROR(check(in));
   const CudaBackend::StepRows rows = ranks_.front()->step_rows(in);
   Status st = on_ranks([&](int r) {
@@ -323,6 +330,8 @@ Status ParallelCudaBackend::submit_forward(const StepInput& in) {
 
 Status ParallelCudaBackend::submit_sampling(const SampleSpec* specs) {
   if (forwarded_rows_ < 0) return internal_error("no forwarded step to sample");
+  if (forwarded_rows_ > 0 && specs == nullptr)
+    return invalid_argument("no sampling specs for the logits rows");
   const CudaBackend::StepRows rows = forwarded_step_;
   Status st = on_ranks([&](int r) -> Status {
     CudaBackend& b = *ranks_[static_cast<size_t>(r)];

@@ -311,6 +311,35 @@ TEST(CudaParallelBackendTest, TheKvCacheIsSplitOverTheRanks) {
   EXPECT_LT(staged->rank(1).weight_bytes(), one->weight_bytes());
 }
 
+// A step no rank would take is refused before any rank enqueues anything (no stage left waiting
+// for a hand-off), and the stages go on as before.
+TEST(CudaParallelBackendTest, ABadStepIsRefusedBeforeAnyRankAndTheStagesGoOn) {
+  SKIP_WITHOUT_GPU();
+  const ModelWeights& w = loaded_weights(model_dir("tiny-reverse"));
+  auto staged = parallel(w, 2, 1, 2);
+  ASSERT_TRUE(staged);
+  std::vector<int32_t> ids = {5, 6}, positions = {0, 1}, starts = {0, 2}, rows = {1};
+  std::vector<int32_t> table = {staged->num_kv_blocks()};  // past the cache
+  StepInput in;
+  in.num_tokens = 2;
+  in.num_seqs = 1;
+  in.token_ids = ids.data();
+  in.positions = positions.data();
+  in.seq_start = starts.data();
+  in.block_table = table.data();
+  in.max_blocks_per_seq = 1;
+  in.logits_rows = rows.data();
+  in.num_logits = 1;
+  std::vector<float> logits(static_cast<size_t>(staged->vocab_size()));
+  EXPECT_EQ(staged->forward(in, logits.data()).code(), StatusCode::kInvalidArgument);
+  const SampleSpec greedy;
+  EXPECT_EQ(staged->submit(in, &greedy).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(staged->submit(in, nullptr).code(), StatusCode::kInvalidArgument);  // no specs
+  auto one = one_rank(w);
+  ASSERT_TRUE(one);
+  EXPECT_EQ(three_sequences(*staged, 2), three_sequences(*one, 2));
+}
+
 // A rank's layer boundaries as one call (all_reduce_add_rms_norm: on virtual ranks one launch
 // of the fused kernel) give bitwise what the all-reduce and the add and norm apart give, through
 // prefill, decode and stages.
