@@ -18,14 +18,14 @@ namespace hr::engine {
 
 namespace {
 
-// The ranks' communicators of a kind in rank order, from groups of their members.
+// A group's communicators, its rank r at index r.
 using Comms = std::vector<std::unique_ptr<DeviceCommunicator>>;
 
 }  // namespace
 
 ParallelCudaBackend::ParallelCudaBackend(const std::vector<int>& devices, bool virtual_ranks,
                                          int tp, int pp)
-    : tp_(tp), pp_(pp), virtual_(virtual_ranks), devices_(devices) {
+    : tp_(tp), pp_(pp), virtual_(virtual_ranks) {
   const int world = tp * pp;
   comms_.resize(static_cast<size_t>(world));
   pipes_.resize(static_cast<size_t>(world));

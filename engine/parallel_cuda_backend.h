@@ -116,7 +116,6 @@ class ParallelCudaBackend final : public Backend {
 
   const int tp_, pp_;
   const bool virtual_;
-  const std::vector<int> devices_;
   // Virtual ranks: a stage's threads each (taking turns); one GPU a rank: every rank's.
   std::vector<std::unique_ptr<RankThreads>> threads_;
   std::vector<std::unique_ptr<DeviceCommunicator>> comms_;  // rank r's stage group; none at tp 1
