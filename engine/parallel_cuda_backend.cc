@@ -174,7 +174,13 @@ Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::assemble(
   }
   b->hidden_size_ = b->ranks_.front()->config().hidden_size;
   b->num_blocks_ = b->ranks_.front()->num_kv_blocks();
-  for (const auto& r : b->ranks_) b->num_blocks_ = std::min(b->num_blocks_, r->num_kv_blocks());
+  for (int r = 0; r < world; ++r) {
+    const int blocks = b->ranks_[static_cast<size_t>(r)]->num_kv_blocks();
+    if (blocks < b->num_blocks_) {
+      b->num_blocks_ = blocks;
+      b->check_rank_ = r;
+    }
+  }
   return b;
 }
 
@@ -218,8 +224,12 @@ size_t ParallelCudaBackend::kv_cache_bytes() const {
 }
 
 size_t ParallelCudaBackend::num_graphs() const {
+  // (Virtual ranks: a stage's last rank holds its graphs, the others a placeholder each.)
   size_t n = 0;
-  for (const auto& r : ranks_) n += r->num_graphs();
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (!virtual_ || r % static_cast<size_t>(tp_) == static_cast<size_t>(tp_ - 1))
+      n += ranks_[r]->num_graphs();
+  }
   return n;
 }
 
@@ -237,7 +247,7 @@ Status ParallelCudaBackend::check(const StepInput& in) const {
   if (outstanding_.size() >= 2)
     return internal_error("two steps are outstanding: collect one first");
   if (forwarded_rows_ >= 0) return internal_error("a forwarded step waits for its sampling");
-  return ranks_.front()->check_input(in);
+  return ranks_[static_cast<size_t>(check_rank_)]->check_input(in);
 }
 
 Status ParallelCudaBackend::stage_step(int r, const CudaBackend::StepRows& rows, bool sampled,
@@ -248,21 +258,33 @@ Status ParallelCudaBackend::stage_step(int r, const CudaBackend::StepRows& rows,
   const size_t hidden = static_cast<size_t>(rows.tokens) * hidden_size_ * sizeof(float);
   if (s > 0) HR_RETURN_IF_ERROR(pipe->recv(b.stage_hidden(), hidden, s - 1, b.stream()));
   HR_RETURN_IF_ERROR(call(b));
-  if (s < pp_ - 1) return pipe->send(b.stage_hidden(), hidden, s + 1, b.stream());
-  if (sampled && pp_ > 1) {
-    return pipe->send(b.sampled_tokens(), static_cast<size_t>(rows.logits) * sizeof(int32_t), 0,
-                      b.stream());
+  if (s < pp_ - 1) HR_RETURN_IF_ERROR(pipe->send(b.stage_hidden(), hidden, s + 1, b.stream()));
+  if (sampled) HR_RETURN_IF_ERROR(hand_back_tokens(r, rows));
+  return Status::ok();
+}
+
+Status ParallelCudaBackend::hand_back_tokens(int r, const CudaBackend::StepRows& rows) {
+  const int s = r / tp_;
+  if (pp_ == 1) return Status::ok();
+  CudaBackend& b = *ranks_[static_cast<size_t>(r)];
+  const size_t bytes = static_cast<size_t>(rows.logits) * sizeof(int32_t);
+  if (s == pp_ - 1) {
+    return pipes_[static_cast<size_t>(r)]->send(b.sampled_tokens(), bytes, 0, b.stream());
+  }
+  // Over NCCL the first stage receives in the same run as the last stage sends: the first use
+  // of a direction between two ranks connects them, which blocks each side's thread until the
+  // other calls. (Virtual ranks receive after every stage has run: receive_tokens.)
+  if (s == 0 && !virtual_) {
+    return pipes_[static_cast<size_t>(r)]->recv(b.sampled_tokens(), bytes, pp_ - 1, b.stream());
   }
   return Status::ok();
 }
 
 Status ParallelCudaBackend::receive_tokens(const CudaBackend::StepRows& rows) {
-  if (pp_ == 1) return Status::ok();
-  // (The first stage's threads are the first tp of every rank's, or that stage's own.)
-  return threads_.front()->run([&](int r) -> Status {
-    if (r >= tp_) return Status::ok();
-    CudaBackend& b = *ranks_[static_cast<size_t>(r)];
-    return pipes_[static_cast<size_t>(r)]->recv(b.sampled_tokens(),
+  if (pp_ == 1 || !virtual_) return Status::ok();  // (over NCCL: in hand_back_tokens)
+  return threads_.front()->run([&](int t) -> Status {
+    CudaBackend& b = *ranks_[static_cast<size_t>(t)];
+    return pipes_[static_cast<size_t>(t)]->recv(b.sampled_tokens(),
                                                 static_cast<size_t>(rows.logits) * sizeof(int32_t),
                                                 pp_ - 1, b.stream());
   });
@@ -334,11 +356,8 @@ Status ParallelCudaBackend::submit_sampling(const SampleSpec* specs) {
     return invalid_argument("no sampling specs for the logits rows");
   const CudaBackend::StepRows rows = forwarded_step_;
   Status st = on_ranks([&](int r) -> Status {
-    CudaBackend& b = *ranks_[static_cast<size_t>(r)];
-    HR_RETURN_IF_ERROR(b.submit_sampling(specs));
-    if (pp_ == 1 || r / tp_ != pp_ - 1) return Status::ok();
-    return pipes_[static_cast<size_t>(r)]->send(
-        b.sampled_tokens(), static_cast<size_t>(rows.logits) * sizeof(int32_t), 0, b.stream());
+    HR_RETURN_IF_ERROR(ranks_[static_cast<size_t>(r)]->submit_sampling(specs));
+    return hand_back_tokens(r, rows);
   });
   if (st.is_ok()) st = receive_tokens(rows);
   if (!st.is_ok()) {
@@ -359,15 +378,16 @@ Status ParallelCudaBackend::collect(int32_t* tokens, TokenLogprobs* logprobs) {
   const size_t first_last = static_cast<size_t>((pp_ - 1) * tp_);
   scratch_tokens_.resize(static_cast<size_t>(std::max(1, rows)));
   for (size_t r = 0; r < ranks_.size(); ++r) {
-    if (r == first_last) {
-      HR_RETURN_IF_ERROR(ranks_[r]->collect(tokens, logprobs));
-      continue;
-    }
-    HR_RETURN_IF_ERROR(ranks_[r]->collect(scratch_tokens_.data(), nullptr));
-    if (r > first_last &&
+    Status st = r == first_last ? ranks_[r]->collect(tokens, logprobs)
+                                : ranks_[r]->collect(scratch_tokens_.data(), nullptr);
+    if (st.is_ok() && r > first_last &&
         !std::equal(scratch_tokens_.begin(), scratch_tokens_.begin() + rows, tokens)) {
-      return internal_error("tensor-parallel rank " + std::to_string(r - first_last) +
-                            " of the last stage sampled other tokens than its rank 0");
+      st = internal_error("tensor-parallel rank " + std::to_string(r - first_last) +
+                          " of the last stage sampled other tokens than its rank 0");
+    }
+    if (!st.is_ok()) {
+      fail_step();  // the ranks after this one still hold the step
+      return st;
     }
   }
   return Status::ok();

@@ -109,7 +109,10 @@ class ParallelCudaBackend final : public Backend {
   // back to the first.
   [[nodiscard]] Status stage_step(int r, const CudaBackend::StepRows& rows, bool sampled,
                                   const std::function<Status(CudaBackend&)>& call);
-  // The first stage's ranks receive the tokens the last stage sampled (after every stage_step).
+  // Rank r's part of handing the tokens the last stage sampled back to the first stage (the
+  // last stage sends; over NCCL the first receives here too).
+  [[nodiscard]] Status hand_back_tokens(int r, const CudaBackend::StepRows& rows);
+  // Virtual ranks: the first stage's ranks receive the tokens, after every stage_step.
   [[nodiscard]] Status receive_tokens(const CudaBackend::StepRows& rows);
   // After a step that failed part-way: the ranks' queued work finished, the hand-offs cleared.
   void fail_step();
@@ -123,6 +126,7 @@ class ParallelCudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;  // the virtual ranks' (each GPU's rank has its own)
   std::vector<std::unique_ptr<CudaBackend>> ranks_;
   int num_blocks_ = 0;
+  int check_rank_ = 0;  // a rank of the fewest KV blocks: check() asks it
   int hidden_size_ = 0;
   std::vector<int> outstanding_;          // rows of submitted, uncollected steps, oldest first
   int forwarded_rows_ = -1;               // a forwarded step's rows until it is sampled
