@@ -250,16 +250,19 @@ Status CudaBackend::init_runtime() {
   HR_RETURN_IF_ERROR(act(&attn_, T * Q * 2, "activations"));
   HR_RETURN_IF_ERROR(act(&gate_up_, T * 2 * F * 2, "activations"));
   HR_RETURN_IF_ERROR(act(&act_, T * F * 2, "activations"));
-  HR_RETURN_IF_ERROR(act(&final_, S * D * 2, "activations"));
-  HR_RETURN_IF_ERROR(act(&logits_, S * V * 4, "logits"));
-  if (shard_.tp > 1) {
-    const size_t share = static_cast<size_t>(head_rows());
-    HR_RETURN_IF_ERROR(act(&head_logits_, S * share * 4, "logits"));
-    HR_RETURN_IF_ERROR(act(&gathered_logits_, shard_.tp * S * share * 4, "logits"));
+  // The head's rows, logits and the sampler's log probabilities: the last pipeline stage's.
+  if (shard_.last_stage()) {
+    HR_RETURN_IF_ERROR(act(&final_, S * D * 2, "activations"));
+    HR_RETURN_IF_ERROR(act(&logits_, S * V * 4, "logits"));
+    if (shard_.tp > 1) {
+      const size_t share = static_cast<size_t>(head_rows());
+      HR_RETURN_IF_ERROR(act(&head_logits_, S * share * 4, "logits"));
+      HR_RETURN_IF_ERROR(act(&gathered_logits_, shard_.tp * S * share * 4, "logits"));
+    }
+    HR_RETURN_IF_ERROR(act(&logprobs_, S * sizeof(kernels::TokenLogprobs), "log probabilities"));
   }
   HR_RETURN_IF_ERROR(act(&tokens_, S * 4, "tokens"));
   HR_RETURN_IF_ERROR(act(&input_ids_, T * 4, "tokens"));
-  HR_RETURN_IF_ERROR(act(&logprobs_, S * sizeof(kernels::TokenLogprobs), "log probabilities"));
   HR_RETURN_IF_ERROR(
       act(&x2_, static_cast<size_t>(kernels::kGemvMaxFusedRows) * D * 4, "activations"));
   if (c.is_moe()) {

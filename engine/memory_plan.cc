@@ -153,7 +153,8 @@ int64_t layer_bytes(const ModelShape& s, const PlanOptions& o, int64_t layer) {
 
 }  // namespace
 
-int64_t step_buffer_bytes(const ModelShape& s, const PlanOptions& o, int64_t num_layers) {
+int64_t step_buffer_bytes(const ModelShape& s, const PlanOptions& o, int64_t num_layers,
+                          bool last_stage) {
   const int64_t T = o.max_num_tokens, S = o.max_num_seqs;
   const int64_t D = s.hidden_size, V = s.vocab_size;
   const int64_t F = s.intermediate_size / o.tp;
@@ -166,9 +167,12 @@ int64_t step_buffer_bytes(const ModelShape& s, const PlanOptions& o, int64_t num
   b += T * D * 4 * 2 + T * D * 2;    // residual, delta, normed
   b += T * QKV * 4 + T * Q * 2 * 2;  // qkv, q, attention output
   b += T * 2 * F * 2 + T * F * 2;    // gate_up, activation
-  b += S * D * 2 + S * V * 4 + S * 4 + T * 4 + S * kTokenLogprobsBytes;  // final rows, logits
-  // A tensor-parallel rank's LM head slice's logits, and every rank's gathered.
-  if (o.tp > 1) b += (1 + o.tp) * S * ceil_div(V, o.tp) * 4;
+  b += S * 4 + T * 4;                // sampled tokens, input ids
+  if (last_stage) {
+    b += S * D * 2 + S * V * 4 + S * kTokenLogprobsBytes;  // final rows, logits, log probabilities
+    // A tensor-parallel rank's LM head slice's logits, and every rank's gathered.
+    if (o.tp > 1) b += (1 + o.tp) * S * ceil_div(V, o.tp) * 4;
+  }
   b += kFusedRows * D * 4;
   if (s.num_experts > 0) {
     // Every rank routes over all the experts and lays the pairs out by expert over all of them
@@ -217,7 +221,7 @@ Result<MemoryPlan> plan_memory(const ModelShape& s, const PlanOptions& o) {
           r.weight_bytes += ceil_div(V, o.tp) * D * 2;
       }
       for (int64_t l = first; l < last; ++l) r.weight_bytes += layer_bytes(s, o, l);
-      r.activation_bytes = step_buffer_bytes(s, o, r.num_layers);
+      r.activation_bytes = step_buffer_bytes(s, o, r.num_layers, stage == o.pp - 1);
       r.workspace_bytes = o.workspace_bytes;
       r.graph_bytes = o.graph_bytes;
       r.context_bytes = o.context_bytes;

@@ -84,7 +84,9 @@ struct MemoryPlan {
 int stage_first_layer(int num_layers, int pp, const std::vector<int>& stage_layers, int stage);
 
 // The CUDA backend's step buffers on one rank holding `num_layers` layers, with `options`'
-// sharding of `shape` (what plan_memory counts as activation_bytes).
-int64_t step_buffer_bytes(const ModelShape& shape, const PlanOptions& options, int64_t num_layers);
+// sharding of `shape` (what plan_memory counts as activation_bytes); the logits, the final
+// norm's rows and the sampler's log probabilities only on the last pipeline stage.
+int64_t step_buffer_bytes(const ModelShape& shape, const PlanOptions& options, int64_t num_layers,
+                          bool last_stage = true);
 
 }  // namespace hr::engine
