@@ -53,8 +53,9 @@ struct CudaBackendOptions {
   bool fused_rope = true;         // ... and RoPE with the KV write folded into the q/k/v GEMV
   bool fused_combine = true;      // split decodes merged by their last split, not a combine kernel
   // A tensor-parallel rank's layer boundaries (its o and down products' partial sums, the
-  // residual add and the next norm) as DeviceCommunicator::all_reduce_add_rms_norm: one launch
-  // on virtual ranks; else the all-reduce and the add and norm apart.
+  // residual add and the next norm) as one launch, where its communicator has it
+  // (DeviceCommunicator::fuses_layer_boundary: virtual ranks); else the all-reduce and the add
+  // and norm apart.
   bool fused_all_reduce = true;
   ProgrammaticLaunch programmatic_launch = ProgrammaticLaunch::kAuto;
   // Fused small-batch steps: each GEMV's last wave, as it finishes, pulls the first this-many MiB

@@ -112,10 +112,12 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
   // What the next residual add takes: the last MLP's output, a MoE layer's k rows per token.
   const float* mlp_out = delta_;
   int mlp_rows = 1;
-  // A tensor-parallel rank's layer boundaries in one call (all_reduce_add_rms_norm): the o
-  // product's partial sums with the post-attention norm, and a dense down product's with the next
-  // layer's input norm (`partial_pending`: delta_ holds this rank's down product, not the sum).
-  const bool boundary = shard_.tp > 1 && options_.fused_all_reduce;
+  // A tensor-parallel rank's layer boundaries in one launch where its communicator has them
+  // (all_reduce_add_rms_norm): the o product's partial sums with the post-attention norm, and a
+  // dense down product's with the next layer's input norm (`partial_pending`: delta_ holds this
+  // rank's down product, not the sum).
+  const bool boundary = shard_.tp > 1 && options_.fused_all_reduce &&
+                        options_.tensor_parallel->fuses_layer_boundary();
   bool partial_pending = false;
   rope.eps = eps;
   // (A kernel, not a memset: the norm after it may be a programmatic launch, whose dependency in a

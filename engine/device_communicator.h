@@ -30,15 +30,19 @@ class DeviceCommunicator {
                                               cudaStream_t stream) = 0;
   // data[0..n) becomes rank `root`'s.
   [[nodiscard]] virtual Status broadcast(float* data, size_t n, int root, cudaStream_t stream) = 0;
-  // The tensor-parallel layer boundary: partial [rows, dim] (this rank's row-parallel products)
-  // summed over the ranks in rank order and added to the residual stream x [rows, dim] (the
-  // same on every rank), then each new row RMS-normalised times weight into out [rows, dim]
-  // (bf16: the next projection's input). Virtual ranks make it one launch
-  // (kernels/all_reduce.cuh); NCCL an all-reduce, then the add and norm (partial then holds the
-  // sum). Either way x and out end as all_reduce followed by kernels::add_rms_norm leave them.
-  [[nodiscard]] virtual Status all_reduce_add_rms_norm(float* partial, float* x, __nv_bfloat16* out,
-                                                       const float* weight, int rows, int dim,
-                                                       float eps, cudaStream_t stream) = 0;
+  // Whether this communicator has the tensor-parallel layer boundary below as one launch.
+  virtual bool fuses_layer_boundary() const { return false; }
+  // The layer boundary, where fuses_layer_boundary(): partial [rows, dim] (this rank's
+  // row-parallel products) summed over the ranks in rank order and added to the residual stream
+  // x [rows, dim] (the same on every rank), then each new row RMS-normalised times weight into
+  // out [rows, dim] (bf16: the next projection's input) — x and out as all_reduce followed by
+  // kernels::add_rms_norm leave them. Virtual ranks launch the fused kernel of
+  // kernels/all_reduce.cuh once over every rank's buffers; elsewhere it is refused (the rank
+  // all-reduces, then adds and norms, itself).
+  [[nodiscard]] virtual Status all_reduce_add_rms_norm(float*, float*, __nv_bfloat16*, const float*,
+                                                       int, int, float, cudaStream_t) {
+    return internal_error("this communicator has no fused layer boundary");
+  }
   // Point to point, between pipeline stages (any data: `bytes` bytes moved as they are). send()
   // hands data[0..bytes) to rank `peer` once the stream reaches it; recv() fills data with the
   // oldest message from `peer` not yet received, which must be `bytes` long. Messages between two

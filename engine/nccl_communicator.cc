@@ -8,8 +8,6 @@
 #include <string>
 #include <type_traits>
 
-#include "kernels/rms_norm.cuh"
-
 namespace hr::engine {
 namespace {
 
@@ -94,22 +92,6 @@ class NcclRank final : public DeviceCommunicator {
   }
   Status broadcast(float* data, size_t n, int root, cudaStream_t stream) override {
     return check(nccl().broadcast(data, data, n, ncclFloat32, root, comm_, stream), "broadcast");
-  }
-  Status all_reduce_add_rms_norm(float* partial, float* x, __nv_bfloat16* out, const float* weight,
-                                 int rows, int dim, float eps, cudaStream_t stream) override {
-    HR_RETURN_IF_ERROR(all_reduce(partial, static_cast<size_t>(rows) * dim, stream));
-    kernels::AddRmsNormParams p;
-    p.x = x;
-    p.delta = partial;
-    p.weight = weight;
-    p.out = out;
-    p.num_rows = rows;
-    p.dim = dim;
-    p.eps = eps;
-    const cudaError_t e = kernels::add_rms_norm(p, stream);
-    if (e != cudaSuccess)
-      return internal_error(std::string("add_rms_norm: ") + cudaGetErrorString(e));
-    return Status::ok();
   }
   Status send(const void* data, size_t bytes, int peer, cudaStream_t stream) override {
     return check(nccl().send(data, bytes, ncclUint8, peer, comm_, stream), "send");

@@ -92,6 +92,7 @@ class VirtualRank final : public DeviceCommunicator {
     }
     return arrive(Op::kBroadcast, data, data, n, root, stream);
   }
+  bool fuses_layer_boundary() const override { return true; }
   Status all_reduce_add_rms_norm(float* partial, float* x, __nv_bfloat16* out, const float* weight,
                                  int rows, int dim, float eps, cudaStream_t stream) override {
     Group& g = *g_;

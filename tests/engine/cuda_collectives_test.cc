@@ -225,6 +225,7 @@ TEST(VirtualRanksLayerBoundary, EqualsTheAllReduceThenTheAddAndNorm) {
     }
     return std::make_pair(xs, outs);
   };
+  EXPECT_TRUE(VirtualRankGroup::create(n)[0]->fuses_layer_boundary());
   const auto fused = run(true), apart = run(false);
   EXPECT_EQ(fused.first, apart.first);
   EXPECT_EQ(fused.second, apart.second);
@@ -348,6 +349,8 @@ TEST(NcclCommunicatorTest, WorldSizeOneThroughTheSameInterface) {
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   expect_round(bufs, 0, 0);
   cudaStreamDestroy(stream);
+  // No fused layer boundary over NCCL: a rank keeps the all-reduce and its norm apart.
+  EXPECT_FALSE((*ranks)[0]->fuses_layer_boundary());
 }
 #endif
 

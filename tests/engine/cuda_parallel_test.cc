@@ -312,14 +312,18 @@ TEST(CudaParallelBackendTest, TheKvCacheIsSplitOverTheRanks) {
 }
 
 // A step no rank would take is refused before any rank enqueues anything (no stage left waiting
-// for a hand-off), and the stages go on as before.
+// for a hand-off, no step outstanding dropped), and the stages go on as before. The stages are
+// uneven (1 + 3 layers): the later one holds fewer KV blocks, and the step's block is past its
+// cache but not past the first stage's.
 TEST(CudaParallelBackendTest, ABadStepIsRefusedBeforeAnyRankAndTheStagesGoOn) {
   SKIP_WITHOUT_GPU();
   const ModelWeights& w = loaded_weights(model_dir("tiny-reverse"));
-  auto staged = parallel(w, 2, 1, 2);
+  auto staged = parallel(w, 2, 1, 2, {1, 3});
   ASSERT_TRUE(staged);
+  ASSERT_GT(staged->rank(0).num_kv_blocks(), staged->num_kv_blocks());
   std::vector<int32_t> ids = {5, 6}, positions = {0, 1}, starts = {0, 2}, rows = {1};
-  std::vector<int32_t> table = {staged->num_kv_blocks()};  // past the cache
+  std::vector<int32_t> good_table = {0};
+  std::vector<int32_t> table = {staged->num_kv_blocks()};  // past the last stage's cache
   StepInput in;
   in.num_tokens = 2;
   in.num_seqs = 1;
@@ -331,10 +335,18 @@ TEST(CudaParallelBackendTest, ABadStepIsRefusedBeforeAnyRankAndTheStagesGoOn) {
   in.logits_rows = rows.data();
   in.num_logits = 1;
   std::vector<float> logits(static_cast<size_t>(staged->vocab_size()));
-  EXPECT_EQ(staged->forward(in, logits.data()).code(), StatusCode::kInvalidArgument);
+  // A good step outstanding while the bad ones are refused: still collected afterwards.
+  StepInput good = in;
+  good.block_table = good_table.data();
   const SampleSpec greedy;
+  ASSERT_TRUE(staged->submit(good, &greedy).is_ok());
+  EXPECT_EQ(staged->forward(in, logits.data()).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(staged->submit(in, &greedy).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(staged->submit(in, nullptr).code(), StatusCode::kInvalidArgument);  // no specs
+  int32_t token = -1;
+  const Status collected = staged->collect(&token, nullptr);
+  ASSERT_TRUE(collected.is_ok()) << collected.to_string();
+  EXPECT_GE(token, 0);
   auto one = one_rank(w);
   ASSERT_TRUE(one);
   EXPECT_EQ(three_sequences(*staged, 2), three_sequences(*one, 2));
