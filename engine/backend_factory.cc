@@ -54,6 +54,7 @@ void for_each_cuda_field(CudaBackendOptions& o, F&& f) {
   f("fused_rope", o.fused_rope);
   f("fused_combine", o.fused_combine);
   f("fused_all_reduce", o.fused_all_reduce);
+  f("rank_collectives", o.rank_collectives);
   f("decode_attention", o.decode_attention);
   f("programmatic_launch", o.programmatic_launch);
   f("prefetch_weights", o.prefetch_weights_mb);
@@ -76,6 +77,9 @@ std::vector<std::pair<MoeExperts, const char*>> field_values(MoeExperts) {
   return {{MoeExperts::kAuto, "auto"},
           {MoeExperts::kGemv, "gemv"},
           {MoeExperts::kGroupedGemm, "grouped_gemm"}};
+}
+std::vector<std::pair<RankCollectives, const char*>> field_values(RankCollectives) {
+  return {{RankCollectives::kNccl, "nccl"}, {RankCollectives::kPeer, "peer"}};
 }
 std::vector<std::pair<ProgrammaticLaunch, const char*>> field_values(ProgrammaticLaunch) {
   return {{ProgrammaticLaunch::kOn, "on"},
@@ -127,6 +131,7 @@ const std::vector<CudaSetting>& cuda_settings() {
       {"fused_rope", {"on", "off"}},
       {"fused_combine", {"on", "off"}},
       {"fused_all_reduce", {"on", "off"}},
+      {"rank_collectives", {"nccl", "peer"}},
       {"decode_attention", {"tensor_core", "cuda_core", "prefill_tiles"}},
       {"programmatic_launch", {"on", "off", "auto"}},
       {"prefetch_weights", {"8mb", "off", "4mb", "16mb"}},

@@ -39,6 +39,11 @@ enum class ProgrammaticLaunch { kAuto, kOn, kOff };  // kAuto: on except for fus
 // and the grouped GEMM above.
 enum class MoeExperts { kAuto, kGemv, kGroupedGemm };
 
+// One GPU a rank (engine/parallel_cuda_backend.h): the ranks' collectives and hand-offs over
+// NCCL, or over peer pointers (engine/peer_communicator.h: our kernels, the layer boundary one
+// launch; every device must reach every other's memory).
+enum class RankCollectives { kNccl, kPeer };
+
 struct CudaBackendOptions {
   int device = 0;
   int block_size = 16;
@@ -57,6 +62,7 @@ struct CudaBackendOptions {
   // (DeviceCommunicator::fuses_layer_boundary: virtual ranks); else the all-reduce and the add
   // and norm apart.
   bool fused_all_reduce = true;
+  RankCollectives rank_collectives = RankCollectives::kNccl;
   ProgrammaticLaunch programmatic_launch = ProgrammaticLaunch::kAuto;
   // Fused small-batch steps: each GEMV's last wave, as it finishes, pulls the first this-many MiB
   // of the next GEMV's weights into L2, so that memory stays busy across kernel boundaries (0:

@@ -2,8 +2,8 @@
 // as Communicator (engine/communicator.h), fp32 (point to point: any bytes), enqueued on a stream
 // (stream-ordered: each call only enqueues work, so it is capturable in a CUDA graph). Every rank
 // calls each collective with the same sizes, in the same order. Implementations: VirtualRankGroup
-// (N ranks on one device, engine/virtual_ranks.h) and NcclCommunicator
-// (engine/nccl_communicator.h).
+// (N ranks on one device, engine/virtual_ranks.h), NcclCommunicator (engine/nccl_communicator.h)
+// and PeerCommunicator (one GPU a rank over peer pointers, engine/peer_communicator.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -37,8 +37,8 @@ class DeviceCommunicator {
   // x [rows, dim] (the same on every rank), then each new row RMS-normalised times weight into
   // out [rows, dim] (bf16: the next projection's input) — x and out as all_reduce followed by
   // kernels::add_rms_norm leave them. Virtual ranks launch the fused kernel of
-  // kernels/all_reduce.cuh once over every rank's buffers; elsewhere it is refused (the rank
-  // all-reduces, then adds and norms, itself).
+  // kernels/all_reduce.cuh once over every rank's buffers, peer ranks one launch each over their
+  // peers' memory; NCCL refuses it (the rank all-reduces, then adds and norms, itself).
   [[nodiscard]] virtual Status all_reduce_add_rms_norm(float*, float*, __nv_bfloat16*, const float*,
                                                        int, int, float, cudaStream_t) {
     return internal_error("this communicator has no fused layer boundary");

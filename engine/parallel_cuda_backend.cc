@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "engine/internal/cuda_status.h"
+#include "engine/peer_communicator.h"
 #include "engine/safetensors.h"
 #include "engine/virtual_ranks.h"
 #ifndef HEADROOM_SIMT  // (NCCL is no part of the CPU stand-in for the CUDA runtime)
@@ -20,6 +21,9 @@ namespace {
 
 // A group's communicators, its rank r at index r.
 using Comms = std::vector<std::unique_ptr<DeviceCommunicator>>;
+
+// Over peer pointers, the inbox a stage's hand-offs go through (in pieces of this).
+constexpr size_t kPipeMailboxBytes = size_t{8} << 20;
 
 }  // namespace
 
@@ -121,24 +125,38 @@ Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::assemble(
                             cudaGetErrorString(cudaGetLastError()));
     }
   } else {
+    // A group per stage (its tensor-parallel ranks) and per tensor-parallel index (its stages).
+    const bool peer = options.rank_collectives == RankCollectives::kPeer;
+    auto group = [&](const std::vector<int>& members, bool pipe) -> Result<Comms> {
+      if (peer) {
+        PeerOptions po;
+        if (pipe) {  // (hand-offs only: a stage's rows go in pieces of the mailbox)
+          po.staging_bytes = 16;
+          po.mailbox_bytes = kPipeMailboxBytes;
+        }
+        return PeerCommunicator::create_all(members, po);
+      }
 #ifdef HEADROOM_SIMT
-    return unavailable("one GPU a rank needs NCCL, which the CPU stand-in does not have");
+      return unavailable(
+          "one GPU a rank over NCCL: the CPU stand-in has none (--cuda-options "
+          "rank_collectives=peer)");
 #else
-    // A clique per stage (its tensor-parallel ranks) and per tensor-parallel index (its stages).
+      return NcclCommunicator::create_all(members);
+#endif
+    };
     for (int s = 0; tp > 1 && s < pp; ++s) {
       const std::vector<int> stage(devices.begin() + s * tp, devices.begin() + (s + 1) * tp);
-      HR_ASSIGN_OR_RETURN(Comms group, NcclCommunicator::create_all(stage));
+      HR_ASSIGN_OR_RETURN(Comms g, group(stage, false));
       for (int t = 0; t < tp; ++t)
-        b->comms_[static_cast<size_t>(s * tp + t)] = std::move(group[static_cast<size_t>(t)]);
+        b->comms_[static_cast<size_t>(s * tp + t)] = std::move(g[static_cast<size_t>(t)]);
     }
     for (int t = 0; pp > 1 && t < tp; ++t) {
       std::vector<int> column;
       for (int s = 0; s < pp; ++s) column.push_back(devices[static_cast<size_t>(s * tp + t)]);
-      HR_ASSIGN_OR_RETURN(Comms group, NcclCommunicator::create_all(column));
+      HR_ASSIGN_OR_RETURN(Comms g, group(column, true));
       for (int s = 0; s < pp; ++s)
-        b->pipes_[static_cast<size_t>(s * tp + t)] = std::move(group[static_cast<size_t>(s)]);
+        b->pipes_[static_cast<size_t>(s * tp + t)] = std::move(g[static_cast<size_t>(s)]);
     }
-#endif
   }
   const double fraction = options.kv_cache_fraction;
   b->ranks_.resize(static_cast<size_t>(world));

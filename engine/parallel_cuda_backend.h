@@ -8,8 +8,9 @@
 // next, point to point, and the last stage, which samples, hands the tokens back to the first
 // (whose next step's fed rows read them). Two forms, by the devices named:
 // - one GPU per rank (distinct devices): the collectives and hand-offs over NCCL
-//   (nccl_communicator.h), each rank on its own stream, all running at once, a stage's decode
-//   steps captured in CUDA graphs with the NCCL calls inside;
+//   (nccl_communicator.h) or over peer pointers (peer_communicator.h, options.rank_collectives),
+//   each rank on its own stream, all running at once, a stage's decode steps captured in CUDA
+//   graphs with the collectives inside;
 // - virtual ranks, all on one device (the same device named for every rank): the same kernels
 //   and collectives, the peers' buffers being buffers of the same device (virtual_ranks.h), so
 //   one GPU, or the CPU stand-in for the CUDA runtime, checks a parallel engine against one rank.

@@ -769,17 +769,64 @@ cudaError_t cudaDeviceSynchronize() {
   return hr::simt::sticky_error();
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaDeviceSynchronize(); }
+namespace hr::simt {
+namespace {
+
+std::atomic<int> g_devices{0};  // 0: not yet read from the environment
+thread_local int t_device = 0;
+
+int device_count() {
+  int n = g_devices.load();
+  if (n > 0) return n;
+  const char* e = std::getenv("HEADROOM_SIMT_DEVICES");
+  n = e ? std::atoi(e) : 1;
+  n = n < 1 ? 1 : n > 64 ? 64 : n;
+  int expected = 0;
+  g_devices.compare_exchange_strong(expected, n);
+  return g_devices.load();
+}
+
+bool valid_device(int d) { return d >= 0 && d < device_count(); }
+
+}  // namespace
+
+void set_device_count(int n) { g_devices = n < 1 ? 1 : n > 64 ? 64 : n; }
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void spin_pause() { std::this_thread::yield(); }
+
+}  // namespace hr::simt
+
 cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
+  *device = hr::simt::t_device;
   return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaSetDevice(int device) {
+  if (!hr::simt::valid_device(device)) return cudaErrorInvalidDevice;
+  hr::simt::t_device = device;
+  return cudaSuccess;
+}
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = hr::simt::device_count();
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
+  if (!hr::simt::valid_device(device) || !hr::simt::valid_device(peer))
+    return cudaErrorInvalidDevice;
+  *can = device != peer ? 1 : 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned) {
+  if (!hr::simt::valid_device(peer) || peer == hr::simt::t_device) return cudaErrorInvalidDevice;
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (device != 0) return cudaErrorInvalidDevice;
+  if (!hr::simt::valid_device(device)) return cudaErrorInvalidDevice;
   *prop = cudaDeviceProp{};
   std::strncpy(prop->name, "CPU stand-in (simt/)", sizeof prop->name - 1);
   prop->major = 9;
@@ -944,6 +991,8 @@ constexpr ErrorText kErrors[] = {
     {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
     {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
     {cudaErrorMisalignedAddress, "cudaErrorMisalignedAddress", "misaligned address"},
+    {cudaErrorPeerAccessAlreadyEnabled, "cudaErrorPeerAccessAlreadyEnabled",
+     "peer access is already enabled"},
     {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", nullptr},
     {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
      "operation not permitted when stream is capturing"},

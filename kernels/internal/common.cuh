@@ -107,6 +107,35 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// Flags between GPUs (kernels/peer_collectives.cu): a load that later loads cannot pass and a
+// store that earlier stores cannot pass, at system scope (peers over NVLink or PCIe), and the
+// global nanosecond timer.
+__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
+#if defined(HEADROOM_SIMT)
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#else
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+#endif
+}
+__device__ __forceinline__ void store_release_sys(uint32_t* p, uint32_t v) {
+#if defined(HEADROOM_SIMT)
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+#else
+  asm volatile("st.release.sys.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+#endif
+}
+__device__ __forceinline__ int64_t global_timer_ns() {
+#if defined(HEADROOM_SIMT)
+  return ::hr::simt::now_ns();
+#else
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return static_cast<int64_t>(t);
+#endif
+}
+
 // Pulls the 16-byte-aligned range [p, p + bytes) into L2 (bytes a multiple of 16, under 4 GiB):
 // one bulk prefetch on sm_90, one line of 128 bytes per lane of the warp elsewhere (the whole warp
 // calls it there). On the CPU stand-in (simt/), a range outside every allocation fails.

@@ -13,6 +13,8 @@
 // inside one device allocation (in 16-byte pieces for the bulk one). Races show only where one of
 // the two thread orders (set_reverse_order) exposes them: fibers switch only at barriers and warp
 // operations. Programmatic dependent launch is not emulated (kernels run one after another).
+// Several devices may be simulated (set_device_count), sharing one memory; a kernel runs on the
+// thread that launches it, so kernels launched from several threads run at once.
 // Floating-point intrinsics are the host's IEEE operations (__expf is expf, not the GPU's
 // approximation); mma.sync sums in fp32 in k order. Launch errors are sticky until a synchronise,
 // a synchronous copy or cudaGetLastError reports them (and then cleared, unlike a GPU's).
@@ -32,7 +34,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __noinline__
-#define __shared__ static
+#define __shared__ static thread_local
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __align__(n) alignas(n)
@@ -69,6 +71,7 @@ enum cudaError_t {
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorMisalignedAddress = 716,
+  cudaErrorPeerAccessAlreadyEnabled = 704,
   cudaErrorLaunchFailure = 719,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
@@ -181,6 +184,15 @@ using WarpCollective = void (*)(void* const* lanes);
 void warp_collective(WarpCollective fn, void* mine);
 // Fails the running launch with `what` (the first failure is the one reported).
 void fault(const char* what);
+// A monotonic clock (the GPU's %globaltimer), and a pause for a thread that waits on a flag
+// another host thread (another device's kernel) raises.
+int64_t now_ns();
+void spin_pause();
+// The devices the stand-in has (cudaGetDeviceCount; 1 unless set, or HEADROOM_SIMT_DEVICES):
+// each thread has its current device (cudaSetDevice), all of them share one memory, and every
+// device reaches every other's (peer access). Their kernels run on the threads that launch them,
+// so ranks on threads of their own run at once.
+void set_device_count(int n);
 // The running block's dynamic shared memory.
 void* dynamic_smem();
 // Faults unless [p, p + bytes) lies inside one device allocation.
@@ -304,6 +316,8 @@ cudaError_t cudaFreeHost(void* ptr);
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer);
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
 const char* cudaGetErrorName(cudaError_t err);
 
@@ -314,6 +328,7 @@ inline void __syncwarp(unsigned = 0xffffffffu) {
 }
 inline void __threadfence() {}
 inline void __threadfence_block() {}
+inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 template <typename T>
 T __shfl_sync(unsigned, T v, int src, int = 32) {
   return hr::simt::from_bits<T>(

@@ -26,6 +26,7 @@
 #include "engine/memory_plan.h"
 #include "engine/model_shape.h"
 #include "engine/parallel_cuda_backend.h"
+#include "engine/peer_communicator.h"
 #include "engine/weight_shard.h"
 #include "engine/weights.h"
 #include "tests/engine/cuda_test_util.h"
@@ -201,6 +202,66 @@ INSTANTIATE_TEST_SUITE_P(
       for (int n : c.stage_layers) name += "_" + std::to_string(n);
       return name;
     });
+
+// One GPU a rank over peer pointers (--cuda-options rank_collectives=peer,
+// engine/peer_communicator.h): every rank on a device of its own, its thread running at once with
+// the others', its own stream and decode graphs, the stages' hand-offs through mailboxes. Every
+// logits row bitwise equal to the virtual ranks' on one device (the same kernels, the sums in the
+// same rank order, the layer boundary one launch either way), and the greedy answers through the
+// pipelined engine equal. On the CPU stand-in the devices are simulated; a GPU machine needs as
+// many GPUs with peer access.
+class CudaPeerRanksTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaPeerRanksTest, OneGpuARankOverPeersEqualsVirtualRanks) {
+  SKIP_WITHOUT_GPU();
+  const Case& c = GetParam();
+  const int world = c.tp * c.pp;
+#ifdef HEADROOM_SIMT
+  hr::simt::set_device_count(world);
+  struct Restore {
+    ~Restore() { hr::simt::set_device_count(1); }
+  } restore;
+#endif
+  std::vector<int> devices;
+  for (int r = 0; r < world; ++r) devices.push_back(r);
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count < world ||
+      !PeerCommunicator::all_peers(devices)) {
+    GTEST_SKIP() << world << " GPUs that reach each other's memory are needed";
+  }
+  const std::string dir = c.model == "wide" ? wide_model_dir() : model_dir(c.model);
+  const ModelWeights& w = loaded_weights(dir);
+  CudaBackendOptions o = options();
+  o.rank_collectives = RankCollectives::kPeer;
+  const ParallelDegrees degrees(c.tp, c.pp, c.ep, c.stage_layers);
+  auto built = ParallelCudaBackend::create(w, devices, o, degrees);
+  ASSERT_TRUE(built.is_ok()) << built.status().to_string();
+  std::shared_ptr<ParallelCudaBackend> peers(std::move(built).value());
+  EXPECT_FALSE(peers->virtual_ranks());
+  auto virtual_ranks = parallel(w, c.tp, c.ep, c.pp, c.stage_layers);
+  ASSERT_TRUE(virtual_ranks);
+  EXPECT_EQ(three_sequences(*peers, 3), three_sequences(*virtual_ranks, 3));
+  auto want = greedy(virtual_ranks, 10, true);
+  auto got = greedy(peers, 10, true);
+  EXPECT_GT(peers->num_graphs(), 0u);
+  EXPECT_EQ(got, want);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[2].size(), 10u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaPeerRanksTest,
+                         ::testing::Values(Case{"tiny-reverse", 2}, Case{"wide", 4},
+                                           Case{"qwen3-moe", 2, 2}, Case{"tiny-reverse", 1, 1, 2},
+                                           Case{"tiny-reverse", 2, 1, 2}, Case{"qwen3", 1, 1, 3},
+                                           Case{"qwen3-moe", 2, 2, 2, {1, 3}}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           const Case& c = info.param;
+                           std::string m = c.model;
+                           std::replace(m.begin(), m.end(), '-', '_');
+                           return m + "_tp" + std::to_string(c.tp) +
+                                  (c.ep > 1 ? "_ep" + std::to_string(c.ep) : "") +
+                                  (c.pp > 1 ? "_pp" + std::to_string(c.pp) : "");
+                         });
 
 TEST(CudaParallelBackendTest, ShardsLoadedFromTheCheckpointEqualShardsOfTheWholeModel) {
   SKIP_WITHOUT_GPU();
