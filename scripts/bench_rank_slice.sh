@@ -4,8 +4,9 @@
 # at TP8 since 8/8 = 1; 28672/tp MLP rows; the LM head's 128256/tp vocabulary rows), random bf16
 # weights made on the GPU, through our engine: decode tokens/s and step time at batch 1, 64 and
 # 256 (headroom_gpu_bench with the slice's shape). Then the all-reduce microbenchmark
-# (headroom_allreduce_bench: our one-shot kernel over 2, 4 and 8 virtual ranks on this GPU, NCCL
-# over the visible GPUs), and the projected full-deployment step:
+# (headroom_allreduce_bench: our one-shot kernel over 2, 4 and 8 virtual ranks on this GPU, our
+# peer kernels at 2, 4 and 8 ranks with their flag barriers (a GPU a rank where there are enough,
+# else sharing this one), NCCL over the visible GPUs), and the projected full-deployment step:
 #   step = slice step + 2 x 80 all-reduces of the residual rows (batch x 8192 fp32) + the logits'
 #          all-gather (batch x 128256 fp32, counted as one all-reduce of that size)
 # with each all-reduce's latency taken two ways: our kernel's at that size and rank count on one
