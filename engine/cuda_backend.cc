@@ -26,7 +26,11 @@
 namespace hr::engine {
 
 CudaBackend::CudaBackend(const ModelConfig& config, CudaBackendOptions options)
-    : config_(config), options_(options), shard_(whole_model(config)) {}
+    : config_(config),
+      options_(options),
+      shard_(whole_model(config)),
+      slots_(2 +
+             (options.max_step_parts > 1 ? 2 * static_cast<size_t>(options.max_step_parts) : 0)) {}
 
 int CudaBackend::head_rows() const {
   return shard_.tp > 1 ? (config_.vocab_size + shard_.tp - 1) / shard_.tp : config_.vocab_size;
@@ -119,9 +123,10 @@ void CudaBackend::set_profiling(bool on) {
 
 Status CudaBackend::forward(const StepInput& in, float* logits) {
   if (in.fed_rows) return invalid_argument("forward() takes no fed rows");
-  if (outstanding_.size() >= 2)
+  if (outstanding_.size() >= max_outstanding())
     return internal_error("two steps are outstanding: collect one first");
-  Status enqueued = enqueue(in, nullptr, free_slot());
+  whole_slot_ = free_slot();
+  Status enqueued = enqueue(in, nullptr, whole_slot_);
   if (!enqueued.is_ok()) {
     cudaStreamSynchronize(stream_);  // as in submit()
     return enqueued;
@@ -141,12 +146,12 @@ Status CudaBackend::forward(const StepInput& in, float* logits) {
 }
 
 Status CudaBackend::submit(const StepInput& in, const SampleSpec* specs) {
-  if (outstanding_.size() >= 2)
+  if (outstanding_.size() >= max_outstanding())
     return internal_error("two steps are outstanding: collect one first");
   if (in.num_logits > 0 && specs == nullptr)
     return invalid_argument("no sampling specs for the logits rows");
   if (forwarded_.pending) return internal_error("a forwarded step waits for its sampling");
-  const int index = free_slot();
+  const int index = whole_slot_ = free_slot();
   Status enqueued = enqueue(in, specs, index);
   if (!enqueued.is_ok()) {
     // What did get queued may still read the slot's pinned inputs: let it finish before they are
@@ -157,11 +162,56 @@ Status CudaBackend::submit(const StepInput& in, const SampleSpec* specs) {
   return finish_submit(index, in.num_logits, specs);
 }
 
+Status CudaBackend::submit_part(const StepInput& in, const SampleSpec* specs,
+                                const StepPart& where) {
+  if (where.count <= 1) return submit(in, specs);
+  if (where.count > options_.max_step_parts || where.index < 0 || where.index >= where.count)
+    return internal_error("part " + std::to_string(where.index) + " of " +
+                          std::to_string(where.count) + ": the backend takes steps in up to " +
+                          std::to_string(options_.max_step_parts) + " parts");
+  if (outstanding_.size() >= max_outstanding())
+    return internal_error("two steps are outstanding: collect one first");
+  if (in.num_logits > 0 && specs == nullptr)
+    return invalid_argument("no sampling specs for the logits rows");
+  if (forwarded_.pending) return internal_error("a forwarded step waits for its sampling");
+  // Every part's fed rows name the step before's rows.
+  if (where.index == 0) {
+    part_half_ = 1 - part_half_;
+    part_prev_logits_ = prev_num_logits_;
+  }
+  prev_num_logits_ = part_prev_logits_;
+  const int index = 2 + part_half_ * options_.max_step_parts + where.index;
+  Status enqueued = enqueue(in, specs, index);
+  // The last stage's tokens placed in the step's, and at the last part the step's made the ones
+  // a later step's fed rows read.
+  const bool placing = enqueued.is_ok() && shard_.last_stage();
+  if (placing && in.num_logits > 0) {
+    enqueued = check_cuda(
+        "placing a part's tokens",
+        cudaMemcpyAsync(part_tokens_ + where.first_logit, slots_[static_cast<size_t>(index)].tokens,
+                        static_cast<size_t>(in.num_logits) * 4, cudaMemcpyDeviceToDevice, stream_));
+  }
+  if (placing && enqueued.is_ok() && where.index == where.count - 1 && where.step_logits > 0) {
+    enqueued = check_cuda(
+        "placing a step's tokens",
+        cudaMemcpyAsync(tokens_, part_tokens_, static_cast<size_t>(where.step_logits) * 4,
+                        cudaMemcpyDeviceToDevice, stream_));
+  }
+  if (!enqueued.is_ok()) {
+    cudaStreamSynchronize(stream_);  // as in submit()
+    prev_num_logits_ = 0;
+    return enqueued;
+  }
+  HR_RETURN_IF_ERROR(finish_submit(index, in.num_logits, specs));
+  prev_num_logits_ = where.index == where.count - 1 ? where.step_logits : part_prev_logits_;
+  return Status::ok();
+}
+
 Status CudaBackend::submit_forward(const StepInput& in) {
-  if (outstanding_.size() >= 2)
+  if (outstanding_.size() >= max_outstanding())
     return internal_error("two steps are outstanding: collect one first");
   if (forwarded_.pending) return internal_error("a forwarded step waits for its sampling");
-  const int index = free_slot();
+  const int index = whole_slot_ = free_slot();
   StepLayout lay;
   Status enqueued = enqueue(in, nullptr, index, &lay);
   if (!enqueued.is_ok()) {
@@ -226,8 +276,8 @@ Status CudaBackend::finish_submit(int index, int num_logits, const SampleSpec* s
                             });
   for (int i = 0; any_logprobs && i < sampled; ++i) slot.asked.push_back(specs[i].logprobs);
   if (sampled > 0) {
-    queued = cudaMemcpyAsync(slot.host_tokens, tokens_, static_cast<size_t>(sampled) * 4,
-                             cudaMemcpyDeviceToHost, stream_);
+    queued = cudaMemcpyAsync(slot.host_tokens, sampled_into(index),
+                             static_cast<size_t>(sampled) * 4, cudaMemcpyDeviceToHost, stream_);
   }
   if (queued == cudaSuccess && !slot.asked.empty()) {
     queued = cudaMemcpyAsync(slot.host_logprobs, logprobs_,
@@ -280,6 +330,11 @@ void CudaBackend::discard() {
   outstanding_.clear();
   forwarded_.pending = false;
   prev_num_logits_ = 0;
+  part_prev_logits_ = 0;
+}
+
+Status CudaBackend::check_cuda(const char* op, cudaError_t e) const {
+  return e == cudaSuccess ? Status::ok() : internal::cuda_error(op, e, options_.device);
 }
 
 }  // namespace hr::engine

@@ -63,6 +63,15 @@ struct CudaBackendOptions {
   // and norm apart.
   bool fused_all_reduce = true;
   RankCollectives rank_collectives = RankCollectives::kNccl;
+  // Pipeline stages (engine/parallel_cuda_backend.h): a step of at least micro_batch_tokens
+  // tokens a part is cut into this many micro-batches (0: one per stage with a GPU a rank, none
+  // on virtual ranks), so that while stage s runs one, stage s - 1 runs the next; smaller steps
+  // go whole (a part re-reads the stage's weights, which only pays once its products are bound by
+  // arithmetic, not memory).
+  int micro_batches = 0;
+  int micro_batch_tokens = 128;
+  // The parts a step may be submitted in (submit_part): staging slots for that many per step.
+  int max_step_parts = 1;
   ProgrammaticLaunch programmatic_launch = ProgrammaticLaunch::kAuto;
   // Fused small-batch steps: each GEMV's last wave, as it finishes, pulls the first this-many MiB
   // of the next GEMV's weights into L2, so that memory stays busy across kernel boundaries (0:
@@ -123,6 +132,18 @@ class CudaBackend final : public Backend {
   bool splits_sampling() const override { return true; }
   [[nodiscard]] Status submit_forward(const StepInput& in) override;
   [[nodiscard]] Status submit_sampling(const SampleSpec* specs) override;
+  // A step cut into micro-batches (engine/micro_batches.h) for pipeline stages: part `index` of
+  // `count` (at most options.max_step_parts), submitted in order, each outstanding on its own
+  // (collect() gives each part's tokens) in staging slots of its own. The last stage samples each
+  // part apart and places its tokens at `first_logit` of the step's; the step's fed rows read the
+  // whole step before's tokens, which the last part then replaces (sampled_tokens(), what a
+  // later step's fed rows read). `step_logits`: the whole step's logits rows.
+  struct StepPart {
+    int index = 0, count = 1;
+    int first_logit = 0, step_logits = 0;
+  };
+  [[nodiscard]] Status submit_part(const StepInput& part, const SampleSpec* specs,
+                                   const StepPart& where);
   // Captures the decode graphs of every graph batch size (both staging slots) for block tables up
   // to `max_blocks_per_seq` wide, so that none is captured while serving. A step's narrower tables
   // are copied into the graphs' pitch, its columns alone.
@@ -211,6 +232,9 @@ class CudaBackend final : public Backend {
     size_t list_bytes = 0;
     int32_t* host_tokens = nullptr;                   // pinned [max_num_seqs]
     kernels::TokenLogprobs* host_logprobs = nullptr;  // pinned [max_num_seqs]
+    // A part's slot (submit_part) on the last stage: its sampled tokens on the device [S] (a
+    // whole step's are tokens_).
+    int32_t* tokens = nullptr;
     std::vector<int> asked;  // the step's rows' SampleSpec::logprobs; empty when none asked
     cudaEvent_t done = nullptr;
     int num_logits = 0;
@@ -229,8 +253,10 @@ class CudaBackend final : public Backend {
   [[nodiscard]] Status fill_random(uint64_t seed);
   [[nodiscard]] Status init_runtime();
   [[nodiscard]] Status alloc(void** p, size_t bytes, const char* what);
-  // The slot the next step packs into: one no outstanding step uses.
-  int free_slot() const { return outstanding_.empty() ? 0 : 1 - outstanding_.back(); }
+  // The slot the next whole step packs into: the other of the first two.
+  int free_slot() const { return 1 - whole_slot_; }
+  // Steps (or parts) that may be outstanding at once.
+  size_t max_outstanding() const { return 2 * static_cast<size_t>(options_.max_step_parts); }
   // Validates the step, packs its inputs into `slot`, and enqueues the whole forward pass up to
   // the logits (and the sampled tokens when `specs` is given): replaying a captured graph for
   // decode steps.
@@ -272,8 +298,15 @@ class CudaBackend final : public Backend {
   // The device pitch of a graph step's block tables `cols` wide: the warmed-up width, so that one
   // graph per batch size serves every step, or past it the next power of two.
   int graph_table_width(int cols) const;
-  // Every kernel of the step, reading the packed inputs (capturable: no host synchronisation).
-  [[nodiscard]] Status launch_step(const StepLayout& lay, const char* inputs, bool sample);
+  // Every kernel of the step, reading the packed inputs of `slot` (capturable: no host
+  // synchronisation); the sampled tokens to tokens_, or to a part's slot's own.
+  [[nodiscard]] Status launch_step(const StepLayout& lay, int slot, bool sample);
+  int32_t* sampled_into(int slot) {
+    int32_t* own = slots_[static_cast<size_t>(slot)].tokens;
+    return own ? own : tokens_;
+  }
+  // A CUDA call's error as a Status naming `op` and the device.
+  [[nodiscard]] Status check_cuda(const char* op, cudaError_t e) const;
   // Whether an m x k product runs as the GEMV kernel (else cuBLASLt).
   bool gemv_product(int m, int k) const;
   // Chooses the cuBLASLt algorithms a step of T tokens and L logits rows uses (before a capture).
@@ -378,8 +411,13 @@ class CudaBackend final : public Backend {
   bool recording_routing_ = false;
   int routing_record_tokens_ = 0;  // the last step's
 
-  // Two slots, so that step N+1 is packed while step N reads its own inputs.
-  Slot slots_[2];
+  // Two slots, so that step N+1 is packed while step N reads its own inputs; then the parts'
+  // (submit_part): max_step_parts for each of two steps.
+  std::vector<Slot> slots_;
+  int whole_slot_ = 1;              // the slot of the last whole step
+  int part_half_ = 1;               // the parts' half of their slots the last step took
+  int part_prev_logits_ = 0;        // while a step's parts go in: the step before's logits rows
+  int32_t* part_tokens_ = nullptr;  // the last stage's [S]: a step's parts' tokens, placed
   // A padded decode step's inputs.
   std::vector<int32_t> pad_ids_, pad_positions_, pad_seq_start_, pad_table_, pad_rows_, pad_fed_;
   std::vector<SampleSpec> pad_specs_;

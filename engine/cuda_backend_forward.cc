@@ -37,7 +37,8 @@ kernels::GemvParams gemv_params(const __nv_bfloat16* w, int m, int n, int k) {
 
 }  // namespace
 
-Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sample) {
+Status CudaBackend::launch_step(const StepLayout& lay, int slot, bool sample) {
+  const char* d = slots_[static_cast<size_t>(slot)].dev;
   const ModelConfig& c = config_;
   const int T = lay.num_tokens, L = lay.num_logits;
   const int D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
@@ -301,7 +302,7 @@ Status CudaBackend::launch_step(const StepLayout& lay, const char* d, bool sampl
     HR_CUDA("sampling", kernels::sample_tokens(
                             logits_, L, V,
                             reinterpret_cast<const kernels::SampleParams*>(d + lay.sample_params),
-                            input_ids_, tokens_, logprobs_, stream_));
+                            input_ids_, sampled_into(slot), logprobs_, stream_));
   }
   mark("sampling");
   return Status::ok();

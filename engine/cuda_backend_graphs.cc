@@ -104,7 +104,7 @@ Status CudaBackend::enqueue(const StepInput& given, const SampleSpec* given_spec
   StepLayout lay;
   HR_RETURN_IF_ERROR(prepare(in, specs, graph, slot, given.num_seqs, &lay));
   if (layout) *layout = lay;
-  if (!graph) return launch_step(lay, slots_[slot].dev, specs != nullptr);
+  if (!graph) return launch_step(lay, slot, specs != nullptr);
   return launch_graph(lay, slot, specs != nullptr);
 }
 
@@ -124,8 +124,7 @@ Status CudaBackend::launch_graph(const StepLayout& lay, int slot, bool sample) {
     HR_RETURN_IF_ERROR(plan_gemms(lay.num_tokens, lay.num_logits));
     HR_CUDA("starting a graph capture",
             cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    HR_ASSIGN_OR_RETURN(cudaGraphExec_t exec,
-                        end_capture(launch_step(lay, slots_[slot].dev, sample)));
+    HR_ASSIGN_OR_RETURN(cudaGraphExec_t exec, end_capture(launch_step(lay, slot, sample)));
     it = graphs_.emplace(key, exec).first;
   }
   HR_CUDA("launching a decode graph", cudaGraphLaunch(it->second, stream_));
@@ -167,7 +166,7 @@ Status CudaBackend::launch_shared_graph(const StepLayout& lay, int slot, bool sa
     }
   }
   Status st = turns.pass(rank);
-  if (st.is_ok() && capture) st = launch_step(lay, slots_[slot].dev, sample);
+  if (st.is_ok() && capture) st = launch_step(lay, slot, sample);
   if (!last) {
     if (!st.is_ok()) return st;
     if (capture) graphs_.emplace(key, nullptr);
@@ -209,7 +208,9 @@ Status CudaBackend::warm_up(int max_blocks_per_seq) {
   none.max_blocks_per_seq = warm_table_width_;
   const SampleSpec greedy;
   for (int size = 1; size <= largest; size = graph_batch_size(size + 1)) {
-    for (int slot = 0; slot < 2; ++slot) {
+    for (int slot = 0; slot < static_cast<int>(slots_.size()); ++slot) {
+      // (A part's slots: only for parts of a step cut into micro-batches.)
+      if (slot >= 2 && size < options_.micro_batch_tokens) continue;
       if (graphs_.count(std::make_tuple(size, true, warm_table_width_, slot))) continue;
       const SampleSpec* specs = nullptr;
       StepInput in = pad_decode_step(none, &greedy, size, &specs);
@@ -218,7 +219,7 @@ Status CudaBackend::warm_up(int max_blocks_per_seq) {
       if (slot == 0) {
         // Once eagerly first: every kernel and library call of the step is loaded and set up
         // before any of it is captured.
-        HR_RETURN_IF_ERROR(launch_step(lay, slots_[slot].dev, true));
+        HR_RETURN_IF_ERROR(launch_step(lay, slot, true));
         HR_CUDA("warming up", cudaStreamSynchronize(stream_));
       }
       HR_RETURN_IF_ERROR(launch_graph(lay, slot, true));
@@ -228,6 +229,7 @@ Status CudaBackend::warm_up(int max_blocks_per_seq) {
   }
   HR_CUDA("warming up", cudaStreamSynchronize(stream_));
   prev_num_logits_ = 0;
+  part_prev_logits_ = 0;
   return Status::ok();
 }
 

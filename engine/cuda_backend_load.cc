@@ -48,6 +48,12 @@ Status CudaBackend::check_options() const {
   if (options_.prefetch_weights_mb < 0 || options_.prefetch_weights_mb > 1024) {
     return invalid_argument("weights prefetched ahead must be 0 to 1024 MiB", "cuda-options");
   }
+  if (options_.micro_batches < 0 || options_.micro_batches > 64 || options_.max_step_parts < 1 ||
+      options_.max_step_parts > 64) {
+    return invalid_argument("micro-batches must be 0 (one per stage) to 64", "micro-batches");
+  }
+  if (options_.micro_batch_tokens < 1)
+    return invalid_argument("micro-batches take at least one token each", "micro-batches");
   if (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128) {
     return invalid_argument(
         "the CUDA backend supports head_dim 32, 64 or 128, not " + std::to_string(c.head_dim),
@@ -298,6 +304,13 @@ Status CudaBackend::init_runtime() {
   const size_t counter_bytes = static_cast<size_t>(max_partials_ / 2) * c.num_kv_heads * 4;
   HR_RETURN_IF_ERROR(act(&combine_counters_, counter_bytes, "attention merge counters"));
   HR_CUDA("zeroing merge counters", cudaMemsetAsync(combine_counters_, 0, counter_bytes, stream_));
+  // A step's parts (submit_part): on the last stage, each part slot's sampled tokens and the
+  // step's placed together.
+  if (slots_.size() > 2 && shard_.last_stage()) {
+    for (size_t i = 2; i < slots_.size(); ++i)
+      HR_RETURN_IF_ERROR(act(&slots_[i].tokens, S * 4, "tokens"));
+    HR_RETURN_IF_ERROR(act(&part_tokens_, S * 4, "tokens"));
+  }
   for (Slot& slot : slots_) {
     HR_CUDA("pinned host buffer",
             cudaHostAlloc(reinterpret_cast<void**>(&slot.host_tokens), S * 4, 0));

@@ -19,6 +19,7 @@
 
 #include "engine/cpu_backend.h"
 #include "engine/host_sampled_backend.h"
+#include "engine/micro_batches.h"
 #include "engine/stage_balance.h"
 #include "engine/thread_communicator.h"
 #include "engine/weight_shard.h"
@@ -95,12 +96,6 @@ class ParallelCpuBackend final : public HostSampledBackend {
     Communicator* pipeline = nullptr;  // its pipeline group (rank index = stage)
     std::vector<float> hidden, logits;
     std::thread thread;
-  };
-  // A micro-batch: the step's tokens [first_token, first_token + in.num_tokens), with its own
-  // sequence starts and logits rows; logits_index[i] is the step's logits row of its row i.
-  struct MicroBatch {
-    StepInput in;
-    std::vector<int32_t> seq_start, logits_rows, logits_index;
   };
 
   ParallelCpuBackend(ParallelCpuOptions options, int vocab_size, int hidden_size, int num_blocks);

@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "engine/internal/cuda_status.h"
+#include "engine/micro_batches.h"
 #include "engine/peer_communicator.h"
 #include "engine/safetensors.h"
 #include "engine/virtual_ranks.h"
@@ -130,9 +131,10 @@ Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::assemble(
     auto group = [&](const std::vector<int>& members, bool pipe) -> Result<Comms> {
       if (peer) {
         PeerOptions po;
-        if (pipe) {  // (hand-offs only: a stage's rows go in pieces of the mailbox)
-          po.staging_bytes = 16;
+        if (pipe) {  // (hand-offs only, on to the next stage and back to the first)
+          po.staging_bytes = 16 * static_cast<size_t>(members.size());
           po.mailbox_bytes = kPipeMailboxBytes;
+          po.ring = true;
         }
         return PeerCommunicator::create_all(members, po);
       }
@@ -159,6 +161,15 @@ Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::assemble(
     }
   }
   const double fraction = options.kv_cache_fraction;
+  if (pp > 1) {
+    // (Virtual ranks run their stages one after another on one stream, where micro-batches only
+    // cost: steps go whole there unless asked. Each rank still has the parts' slots of one a
+    // stage, as planned.)
+    const int parts = options.micro_batches > 0 ? options.micro_batches : pp;
+    b->parts_ = same && options.micro_batches == 0 ? 1 : parts;
+    b->part_tokens_ = options.micro_batch_tokens;
+    options.max_step_parts = std::max({options.max_step_parts, parts, pp});
+  }
   b->ranks_.resize(static_cast<size_t>(world));
   auto make_rank = [&](int r) -> Status {
     const int s = r / tp, t = r % tp;
@@ -265,6 +276,10 @@ Status ParallelCudaBackend::check(const StepInput& in) const {
   if (outstanding_.size() >= 2)
     return internal_error("two steps are outstanding: collect one first");
   if (forwarded_rows_ >= 0) return internal_error("a forwarded step waits for its sampling");
+  if (broken_) {
+    return unavailable(
+        "a step failed part-way on one GPU a rank: the ranks are out of step; restart the engine");
+  }
   return ranks_[static_cast<size_t>(check_rank_)]->check_input(in);
 }
 
@@ -309,6 +324,9 @@ Status ParallelCudaBackend::receive_tokens(const CudaBackend::StepRows& rows) {
 }
 
 void ParallelCudaBackend::fail_step() {
+  // With a GPU a rank, peers may still wait in a collective or hand-off the failed rank never
+  // reached (their kernels trap at the timeout, NCCL's hang): no later step is taken.
+  if (!virtual_) broken_ = true;
   for (auto& r : ranks_) r->discard();
   if (virtual_) make_virtual_pipes();
   outstanding_.clear();
@@ -340,6 +358,22 @@ Status ParallelCudaBackend::submit(const StepInput& in, const SampleSpec* specs)
   if (in.num_logits > 0 && specs == nullptr)
     return invalid_argument("no sampling specs for the logits rows");
   HR_RETURN_IF_ERROR(check(in));
+  if (parts_ > 1 && in.num_tokens >= static_cast<int64_t>(parts_) * part_tokens_) {
+    split_step(in, parts_, &micro_);
+    // A part's logits rows must be a run of the step's, its tokens placed at the first (so the
+    // step's logits rows in token order, as the engine makes them; else the step goes whole).
+    int next = 0;
+    bool runs = true;
+    part_specs_.resize(micro_.size());
+    for (size_t m = 0; m < micro_.size(); ++m) {
+      part_specs_[m].clear();
+      for (int i : micro_[m].logits_index) {
+        runs = runs && i == next++;
+        part_specs_[m].push_back(specs[i]);
+      }
+    }
+    if (runs) return submit_parts(in);
+  }
   const CudaBackend::StepRows rows = ranks_.front()->step_rows(in);
   Status st = on_ranks([&](int r) {
     return stage_step(r, rows, true, [&](CudaBackend& b) { return b.submit(in, specs); });
@@ -349,7 +383,50 @@ Status ParallelCudaBackend::submit(const StepInput& in, const SampleSpec* specs)
     fail_step();
     return st;
   }
-  outstanding_.push_back(in.num_logits);
+  outstanding_.push_back({in.num_logits, {}});
+  return Status::ok();
+}
+
+Status ParallelCudaBackend::stage_part(int r, int m, int step_logits) {
+  const MicroBatch& mb = micro_[static_cast<size_t>(m)];
+  CudaBackend::StepPart where;
+  where.index = m;
+  where.count = static_cast<int>(micro_.size());
+  where.first_logit = mb.logits_index.empty() ? 0 : mb.logits_index.front();
+  where.step_logits = step_logits;
+  const std::vector<SampleSpec>& specs = part_specs_[static_cast<size_t>(m)];
+  return stage_step(r, ranks_.front()->step_rows(mb.in), false, [&](CudaBackend& b) {
+    return b.submit_part(mb.in, specs.empty() ? nullptr : specs.data(), where);
+  });
+}
+
+Status ParallelCudaBackend::submit_parts(const StepInput& in) {
+  const CudaBackend::StepRows tokens_back{0, in.num_logits};
+  const int parts = static_cast<int>(micro_.size());
+  Status st = Status::ok();
+  if (virtual_) {
+    // One stream: micro-batch by micro-batch through the stages (a stage's hidden rows are
+    // copied on before it takes the next), then the tokens back.
+    for (int m = 0; m < parts && st.is_ok(); ++m)
+      st = on_ranks([&](int r) { return stage_part(r, m, in.num_logits); });
+    if (st.is_ok()) st = on_ranks([&](int r) { return hand_back_tokens(r, tokens_back); });
+    if (st.is_ok()) st = receive_tokens(tokens_back);
+  } else {
+    // A stream a rank: each rank enqueues its micro-batches in order, each handed on as it is
+    // done, and the stages run them at once.
+    st = on_ranks([&](int r) -> Status {
+      for (int m = 0; m < parts; ++m) HR_RETURN_IF_ERROR(stage_part(r, m, in.num_logits));
+      return hand_back_tokens(r, tokens_back);
+    });
+  }
+  if (!st.is_ok()) {
+    fail_step();
+    return st;
+  }
+  Submitted done{in.num_logits, {}};
+  for (const MicroBatch& mb : micro_) done.parts.push_back(mb.logits_index);
+  outstanding_.push_back(std::move(done));
+  ++steps_cut_;
   return Status::ok();
 }
 
@@ -382,30 +459,50 @@ Status ParallelCudaBackend::submit_sampling(const SampleSpec* specs) {
     fail_step();
     return st;
   }
-  outstanding_.push_back(forwarded_rows_);
+  outstanding_.push_back({forwarded_rows_, {}});
   forwarded_rows_ = -1;
   return Status::ok();
 }
 
 Status ParallelCudaBackend::collect(int32_t* tokens, TokenLogprobs* logprobs) {
   if (outstanding_.empty()) return internal_error("no step to collect");
-  const int rows = outstanding_.front();
+  const Submitted step = std::move(outstanding_.front());
   outstanding_.erase(outstanding_.begin());
-  // Every rank's step is collected (an earlier stage's has no tokens); the last stage's first
-  // rank's tokens are the step's, and its peers must have sampled the same.
+  // Every rank's step (or each of its parts) is collected (an earlier stage's has no tokens);
+  // the last stage's first rank's tokens are the step's, and its peers must have sampled the
+  // same.
   const size_t first_last = static_cast<size_t>((pp_ - 1) * tp_);
-  scratch_tokens_.resize(static_cast<size_t>(std::max(1, rows)));
-  for (size_t r = 0; r < ranks_.size(); ++r) {
-    Status st = r == first_last ? ranks_[r]->collect(tokens, logprobs)
-                                : ranks_[r]->collect(scratch_tokens_.data(), nullptr);
-    if (st.is_ok() && r > first_last &&
-        !std::equal(scratch_tokens_.begin(), scratch_tokens_.begin() + rows, tokens)) {
-      st = internal_error("tensor-parallel rank " + std::to_string(r - first_last) +
-                          " of the last stage sampled other tokens than its rank 0");
+  auto collect_all = [&](int rows, int32_t* out, TokenLogprobs* lp) -> Status {
+    scratch_tokens_.resize(static_cast<size_t>(std::max(1, rows)));
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      Status st = r == first_last ? ranks_[r]->collect(out, lp)
+                                  : ranks_[r]->collect(scratch_tokens_.data(), nullptr);
+      if (st.is_ok() && r > first_last &&
+          !std::equal(scratch_tokens_.begin(), scratch_tokens_.begin() + rows, out)) {
+        st = internal_error("tensor-parallel rank " + std::to_string(r - first_last) +
+                            " of the last stage sampled other tokens than its rank 0");
+      }
+      if (!st.is_ok()) {
+        fail_step();  // the ranks after this one still hold the step
+        return st;
+      }
     }
-    if (!st.is_ok()) {
-      fail_step();  // the ranks after this one still hold the step
-      return st;
+    return Status::ok();
+  };
+  if (step.parts.empty()) return collect_all(step.logits, tokens, logprobs);
+  // A cut step: its parts in order, each part's rows into the step's.
+  for (const std::vector<int>& index : step.parts) {
+    const int rows = static_cast<int>(index.size());
+    part_tokens_out_.resize(static_cast<size_t>(std::max(1, rows)));
+    part_logprobs_.resize(static_cast<size_t>(std::max(1, rows)));
+    for (int i = 0; logprobs && i < rows; ++i)
+      part_logprobs_[static_cast<size_t>(i)] = logprobs[index[static_cast<size_t>(i)]];
+    HR_RETURN_IF_ERROR(
+        collect_all(rows, part_tokens_out_.data(), logprobs ? part_logprobs_.data() : nullptr));
+    for (int i = 0; i < rows; ++i) {
+      tokens[index[static_cast<size_t>(i)]] = part_tokens_out_[static_cast<size_t>(i)];
+      if (logprobs)
+        logprobs[index[static_cast<size_t>(i)]] = part_logprobs_[static_cast<size_t>(i)];
     }
   }
   return Status::ok();

@@ -19,9 +19,12 @@
 //   the collective over every rank's buffers. A stage's decode step is one CUDA graph holding
 //   every rank's kernels and the collectives; the hand-offs between stages are copies between
 //   the graphs.
-// A step goes through the stages whole (no micro-batches in flight yet: with one GPU per stage,
-// a stage idles while the others run). Every rank of the last stage samples the same token from
-// the same gathered logits; collect() checks that they did.
+// A step of enough tokens (options.micro_batch_tokens a part) is cut into micro-batches
+// (micro_batches.h; options.micro_batches, one per stage by default), each rank submitting them in
+// order (CudaBackend::submit_part) and handing each on as it is done, so that with a GPU a stage,
+// stage s runs micro-batch m while stage s - 1 runs m + 1; smaller steps, forward() and the split
+// step go whole. Every rank of the last stage samples the same token from the same gathered
+// logits; collect() checks that they did.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -33,6 +36,7 @@
 
 #include "engine/cuda_backend.h"
 #include "engine/device_communicator.h"
+#include "engine/micro_batches.h"
 #include "engine/rank_threads.h"
 #include "engine/weight_shard.h"
 
@@ -89,6 +93,10 @@ class ParallelCudaBackend final : public Backend {
   bool virtual_ranks() const { return virtual_; }
   // The decode graphs captured (with virtual ranks, each holds every rank of a stage's step).
   size_t num_graphs() const;
+  // The micro-batches a step of enough tokens is cut into (1: every step whole), and how many of
+  // the steps submitted were cut.
+  int micro_batches() const { return parts_; }
+  int64_t steps_cut() const { return steps_cut_; }
   CudaBackend& rank(int r) { return *ranks_[static_cast<size_t>(r)]; }
 
  private:
@@ -117,6 +125,10 @@ class ParallelCudaBackend final : public Backend {
   [[nodiscard]] Status receive_tokens(const CudaBackend::StepRows& rows);
   // After a step that failed part-way: the ranks' queued work finished, the hand-offs cleared.
   void fail_step();
+  // submit() of a step cut into micro_ (split_step), its specs per part in part_specs_.
+  [[nodiscard]] Status submit_parts(const StepInput& in);
+  // Rank r's micro-batch m: its hidden rows from the stage before, its submit, its rows on.
+  [[nodiscard]] Status stage_part(int r, int m, int step_logits);
 
   const int tp_, pp_;
   const bool virtual_;
@@ -127,13 +139,27 @@ class ParallelCudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;  // the virtual ranks' (each GPU's rank has its own)
   std::vector<std::unique_ptr<CudaBackend>> ranks_;
   int num_blocks_ = 0;
-  int check_rank_ = 0;  // a rank of the fewest KV blocks: check() asks it
+  int check_rank_ = 0;   // a rank of the fewest KV blocks: check() asks it
+  bool broken_ = false;  // a GPU a rank, after a step failed part-way
   int hidden_size_ = 0;
-  std::vector<int> outstanding_;          // rows of submitted, uncollected steps, oldest first
-  int forwarded_rows_ = -1;               // a forwarded step's rows until it is sampled
-  CudaBackend::StepRows forwarded_step_;  // ... and the rows its ranks enqueued
-  std::vector<float> scratch_logits_;     // the other ranks' forward() logits
-  std::vector<int32_t> scratch_tokens_;   // the other ranks' collected tokens
+  int parts_ = 1;        // micro-batches a step of enough tokens is cut into
+  int part_tokens_ = 0;  // ... enough: this many a part
+  int64_t steps_cut_ = 0;
+  std::vector<MicroBatch> micro_;                    // the step being cut
+  std::vector<std::vector<SampleSpec>> part_specs_;  // ... each part's specs
+  // A submitted, uncollected step: its logits rows, and when it was cut, each part's rows in the
+  // step's logits (MicroBatch::logits_index).
+  struct Submitted {
+    int logits = 0;
+    std::vector<std::vector<int>> parts;
+  };
+  std::vector<Submitted> outstanding_;        // oldest first
+  int forwarded_rows_ = -1;                   // a forwarded step's rows until it is sampled
+  CudaBackend::StepRows forwarded_step_;      // ... and the rows its ranks enqueued
+  std::vector<float> scratch_logits_;         // the other ranks' forward() logits
+  std::vector<int32_t> scratch_tokens_;       // the other ranks' collected tokens
+  std::vector<int32_t> part_tokens_out_;      // a part's tokens, collected
+  std::vector<TokenLogprobs> part_logprobs_;  // ... and its log probabilities
 };
 
 }  // namespace hr::engine

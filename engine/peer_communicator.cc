@@ -33,13 +33,13 @@ struct PeerGroupMemory {
     cudaSetDevice(current);
   }
 
-  // `bytes` on `device`, zeroed.
-  Result<char*> allocate(int device, size_t bytes, const char* what) {
+  // `bytes` on `device` (`zeroed`: once the device's legacy stream has run).
+  Result<char*> allocate(int device, size_t bytes, const char* what, bool zeroed = false) {
     void* p = nullptr;
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess) e = cudaMalloc(&p, bytes);
     if (e == cudaSuccess) allocations.push_back({device, p});
-    if (e == cudaSuccess) e = cudaMemset(p, 0, bytes);
+    if (e == cudaSuccess && zeroed) e = cudaMemset(p, 0, bytes);
     if (e != cudaSuccess) {
       cudaGetLastError();
       return internal_error(std::string("allocating the peer collectives' ") + what + " on " +
@@ -87,7 +87,8 @@ class PeerRank final : public DeviceCommunicator {
   }
 
   Status reduce_scatter(const float* in, float* out, size_t n, cudaStream_t stream) override {
-    // (Each piece's share of every rank, in whole units of 4 floats.)
+    // (Each piece's share of every rank, in whole units of 4 floats: create_all gives at least
+    // one.)
     const size_t piece = view_.capacity / 16 / static_cast<size_t>(size()) * 4;
     for (size_t at = 0; at < n; at += piece) {
       const size_t m = std::min(piece, n - at);
@@ -165,8 +166,12 @@ class PeerRank final : public DeviceCommunicator {
       return invalid_argument(std::string(what) + ": " + std::to_string(peer) + " is no other rank",
                               what);
     }
-    if (options_.mailbox_bytes == 0) {
-      return invalid_argument(std::string(what) + ": this group has no point-to-point mailboxes",
+    const bool sending = std::string(what) == "send";
+    const int next = (rank() + 1) % size(), before = (rank() + size() - 1) % size();
+    if (options_.mailbox_bytes == 0 || (options_.ring && peer != (sending ? next : before))) {
+      return invalid_argument(std::string(what) + ": no mailbox " +
+                                  (sending ? "to rank " : "from rank ") + std::to_string(peer) +
+                                  " in this group",
                               what);
     }
     return Status::ok();
@@ -215,10 +220,11 @@ Result<std::vector<std::unique_ptr<DeviceCommunicator>>> PeerCommunicator::creat
       std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
     return invalid_argument("peer collectives take distinct devices", "devices");
   sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
-  if (options.staging_bytes < 16 || options.staging_bytes % 16 != 0 ||
+  if (options.staging_bytes < 16 * static_cast<size_t>(n) || options.staging_bytes % 16 != 0 ||
       options.mailbox_bytes % 16 != 0) {
-    return invalid_argument("the peer staging and mailboxes are whole multiples of 16 bytes",
-                            "devices");
+    return invalid_argument(
+        "the peer staging (16 bytes a rank at least) and mailboxes are whole multiples of 16 bytes",
+        "devices");
   }
   int current = 0;
   cudaGetDevice(&current);
@@ -228,6 +234,7 @@ Result<std::vector<std::unique_ptr<DeviceCommunicator>>> PeerCommunicator::creat
       int can = 0;
       if (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || !can) {
         cudaGetLastError();
+        cudaSetDevice(current);
         return unavailable(device_name(a) + " cannot reach " + device_name(b) +
                            "'s memory (no peer access): use NCCL for these ranks");
       }
@@ -250,12 +257,12 @@ Result<std::vector<std::unique_ptr<DeviceCommunicator>>> PeerCommunicator::creat
   std::vector<char*> staging(static_cast<size_t>(n)), inboxes(static_cast<size_t>(n * n));
   auto allocate_rank = [&](int r) -> Status {
     const int d = devices[static_cast<size_t>(r)];
-    HR_ASSIGN_OR_RETURN(char* c, memory->allocate(d, words * 4, "flags"));
+    HR_ASSIGN_OR_RETURN(char* c, memory->allocate(d, words * 4, "flags", true));
     HR_ASSIGN_OR_RETURN(char* s, memory->allocate(d, 2 * options.staging_bytes, "staging"));
     control[static_cast<size_t>(r)] = reinterpret_cast<uint32_t*>(c);
     staging[static_cast<size_t>(r)] = s;
     for (int from = 0; from < n && options.mailbox_bytes > 0; ++from) {
-      if (from == r) continue;
+      if (from == r || (options.ring && (from + 1) % n != r)) continue;
       HR_ASSIGN_OR_RETURN(char* in, memory->allocate(d, options.mailbox_bytes, "mailbox"));
       inboxes[static_cast<size_t>(from * n + r)] = in;
     }
@@ -263,6 +270,17 @@ Result<std::vector<std::unique_ptr<DeviceCommunicator>>> PeerCommunicator::creat
   };
   Status failed = Status::ok();
   for (int r = 0; r < n && failed.is_ok(); ++r) failed = allocate_rank(r);
+  // The zeroed flags in place before any kernel of the group runs (the memsets went on each
+  // device's legacy stream, which the ranks' streams need not wait for).
+  for (int r = 0; r < n && failed.is_ok(); ++r) {
+    const int d = devices[static_cast<size_t>(r)];
+    cudaError_t e = cudaSetDevice(d);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(nullptr);
+    if (e != cudaSuccess) {
+      failed = internal_error("zeroing the peer collectives' flags on " + device_name(d) + ": " +
+                              cudaGetErrorName(e));
+    }
+  }
   cudaSetDevice(current);
   HR_RETURN_IF_ERROR(failed);
   const int64_t timeout_ns = static_cast<int64_t>(options.timeout_seconds * 1e9);
@@ -299,8 +317,8 @@ Result<std::vector<std::unique_ptr<DeviceCommunicator>>> PeerCommunicator::creat
     std::vector<kernels::PeerMailbox> to(static_cast<size_t>(n)), from(static_cast<size_t>(n));
     for (int p = 0; p < n && options.mailbox_bytes > 0; ++p) {
       if (p == r) continue;
-      to[static_cast<size_t>(p)] = mailbox(r, p);
-      from[static_cast<size_t>(p)] = mailbox(p, r);
+      if (!options.ring || (r + 1) % n == p) to[static_cast<size_t>(p)] = mailbox(r, p);
+      if (!options.ring || (p + 1) % n == r) from[static_cast<size_t>(p)] = mailbox(p, r);
     }
     out.push_back(std::make_unique<PeerRank>(memory, options, devices[static_cast<size_t>(r)], view,
                                              std::move(to), std::move(from)));

@@ -7,9 +7,11 @@
 // argmax wherever one rank's top two are apart; then greedy answers through the engine,
 // pipelined (the first stage's fed rows read the tokens the last stage sampled), their decode
 // steps replayed as CUDA graphs that hold every rank's kernels and the collectives between them:
-// equal to one rank's. Also: degrees that do not fit refused naming the option, and the KV cache
-// split over the ranks. Skips without a device; also built against the CPU stand-in for the CUDA
-// runtime (simt/).
+// equal to one rank's; steps cut into micro-batches, each part its own step on every rank, equal
+// too. One GPU a rank over peer pointers (simulated devices on the stand-in, their ranks' threads
+// running at once), whole and in micro-batches, against the virtual ranks. Also: degrees that do
+// not fit refused naming the option, and the KV cache split over the ranks. Skips without a device;
+// also built against the CPU stand-in for the CUDA runtime (simt/).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -129,9 +131,20 @@ std::vector<std::vector<int32_t>> greedy(std::shared_ptr<Backend> b, int max_tok
   return greedy_answers(std::move(b), prompts, max_tokens, eo, 128);
 }
 
+// Options cutting every step of `micro` tokens or more into `micro` micro-batches (0: the
+// defaults, which leave the tests' small steps whole).
+CudaBackendOptions options(int micro) {
+  CudaBackendOptions o = options();
+  if (micro > 0) {
+    o.micro_batches = micro;
+    o.micro_batch_tokens = 1;
+  }
+  return o;
+}
+
 std::shared_ptr<ParallelCudaBackend> parallel(const ModelWeights& w, int tp, int ep = 1, int pp = 1,
-                                              std::vector<int> stage_layers = {}) {
-  auto b = ParallelCudaBackend::create(w, std::vector<int>(tp * pp, 0), options(),
+                                              std::vector<int> stage_layers = {}, int micro = 0) {
+  auto b = ParallelCudaBackend::create(w, std::vector<int>(tp * pp, 0), options(micro),
                                        ParallelDegrees(tp, pp, ep, std::move(stage_layers)));
   EXPECT_TRUE(b.is_ok()) << b.status().to_string();
   return b.is_ok() ? std::shared_ptr<ParallelCudaBackend>(std::move(b).value()) : nullptr;
@@ -149,12 +162,25 @@ struct Case {
   int ep = 1;  // experts sliced (1) or held whole, a share on each rank (tp)
   int pp = 1;
   std::vector<int> stage_layers = {};  // empty: even
+  int micro = 0;  // micro-batches every step of as many tokens is cut into (0: steps whole)
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.model << " over " << c.tp << " ranks" << (c.ep > 1 ? ", experts whole" : "");
   if (c.pp > 1) *os << " x " << c.pp << " stages";
   for (int n : c.stage_layers) *os << " " << n;
+  if (c.micro > 0) *os << ", " << c.micro << " micro-batches";
+}
+
+std::string case_name(const Case& c) {
+  std::string m = c.model;
+  std::replace(m.begin(), m.end(), '-', '_');
+  std::string name = m + "_tp" + std::to_string(c.tp) +
+                     (c.ep > 1 ? "_ep" + std::to_string(c.ep) : "") +
+                     (c.pp > 1 ? "_pp" + std::to_string(c.pp) : "");
+  for (int n : c.stage_layers) name += "_" + std::to_string(n);
+  if (c.micro > 0) name += "_micro" + std::to_string(c.micro);
+  return name;
 }
 
 class CudaParallelTest : public ::testing::TestWithParam<Case> {};
@@ -165,7 +191,7 @@ TEST_P(CudaParallelTest, VirtualRanksEqualOneRank) {
   const std::string dir = c.model == "wide" ? wide_model_dir() : model_dir(c.model);
   const ModelWeights& w = loaded_weights(dir);
   ASSERT_GT(w.layers.size(), 0u);
-  auto many = parallel(w, c.tp, c.ep, c.pp, c.stage_layers);
+  auto many = parallel(w, c.tp, c.ep, c.pp, c.stage_layers, c.micro);
   ASSERT_TRUE(many);
   EXPECT_EQ(many->num_ranks(), c.tp * c.pp);
   EXPECT_EQ(many->num_stages(), c.pp);
@@ -180,6 +206,7 @@ TEST_P(CudaParallelTest, VirtualRanksEqualOneRank) {
   EXPECT_EQ(got, want);
   ASSERT_EQ(got.size(), 3u);
   EXPECT_EQ(got[2].size(), 10u);
+  if (c.micro > 0) EXPECT_GT(many->steps_cut(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -191,17 +218,11 @@ INSTANTIATE_TEST_SUITE_P(
                       // Pipeline stages: alone, uneven, three of them, with tensor parallelism.
                       Case{"tiny-reverse", 1, 1, 2}, Case{"tiny-reverse", 1, 1, 2, {3, 1}},
                       Case{"qwen3", 1, 1, 3}, Case{"tiny-reverse", 2, 1, 2},
-                      Case{"qwen3-moe", 2, 2, 2, {1, 3}}, Case{"mixtral", 1, 1, 2}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      const Case& c = info.param;
-      std::string m = c.model;
-      std::replace(m.begin(), m.end(), '-', '_');
-      std::string name = m + "_tp" + std::to_string(c.tp) +
-                         (c.ep > 1 ? "_ep" + std::to_string(c.ep) : "") +
-                         (c.pp > 1 ? "_pp" + std::to_string(c.pp) : "");
-      for (int n : c.stage_layers) name += "_" + std::to_string(n);
-      return name;
-    });
+                      Case{"qwen3-moe", 2, 2, 2, {1, 3}}, Case{"mixtral", 1, 1, 2},
+                      // Steps cut into micro-batches (more of them than stages, too).
+                      Case{"tiny-reverse", 1, 1, 2, {}, 2}, Case{"qwen3", 1, 1, 2, {}, 3},
+                      Case{"tiny-reverse", 2, 1, 2, {}, 2}),
+    [](const ::testing::TestParamInfo<Case>& info) { return case_name(info.param); });
 
 // One GPU a rank over peer pointers (--cuda-options rank_collectives=peer,
 // engine/peer_communicator.h): every rank on a device of its own, its thread running at once with
@@ -231,14 +252,14 @@ TEST_P(CudaPeerRanksTest, OneGpuARankOverPeersEqualsVirtualRanks) {
   }
   const std::string dir = c.model == "wide" ? wide_model_dir() : model_dir(c.model);
   const ModelWeights& w = loaded_weights(dir);
-  CudaBackendOptions o = options();
+  CudaBackendOptions o = options(c.micro);
   o.rank_collectives = RankCollectives::kPeer;
   const ParallelDegrees degrees(c.tp, c.pp, c.ep, c.stage_layers);
   auto built = ParallelCudaBackend::create(w, devices, o, degrees);
   ASSERT_TRUE(built.is_ok()) << built.status().to_string();
   std::shared_ptr<ParallelCudaBackend> peers(std::move(built).value());
   EXPECT_FALSE(peers->virtual_ranks());
-  auto virtual_ranks = parallel(w, c.tp, c.ep, c.pp, c.stage_layers);
+  auto virtual_ranks = parallel(w, c.tp, c.ep, c.pp, c.stage_layers);  // (steps whole)
   ASSERT_TRUE(virtual_ranks);
   EXPECT_EQ(three_sequences(*peers, 3), three_sequences(*virtual_ranks, 3));
   auto want = greedy(virtual_ranks, 10, true);
@@ -247,21 +268,18 @@ TEST_P(CudaPeerRanksTest, OneGpuARankOverPeersEqualsVirtualRanks) {
   EXPECT_EQ(got, want);
   ASSERT_EQ(got.size(), 3u);
   EXPECT_EQ(got[2].size(), 10u);
+  if (c.micro > 0) EXPECT_GT(peers->steps_cut(), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, CudaPeerRanksTest,
-                         ::testing::Values(Case{"tiny-reverse", 2}, Case{"wide", 4},
-                                           Case{"qwen3-moe", 2, 2}, Case{"tiny-reverse", 1, 1, 2},
-                                           Case{"tiny-reverse", 2, 1, 2}, Case{"qwen3", 1, 1, 3},
-                                           Case{"qwen3-moe", 2, 2, 2, {1, 3}}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           const Case& c = info.param;
-                           std::string m = c.model;
-                           std::replace(m.begin(), m.end(), '-', '_');
-                           return m + "_tp" + std::to_string(c.tp) +
-                                  (c.ep > 1 ? "_ep" + std::to_string(c.ep) : "") +
-                                  (c.pp > 1 ? "_pp" + std::to_string(c.pp) : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, CudaPeerRanksTest,
+    ::testing::Values(Case{"tiny-reverse", 2}, Case{"wide", 4}, Case{"qwen3-moe", 2, 2},
+                      Case{"tiny-reverse", 1, 1, 2}, Case{"tiny-reverse", 2, 1, 2},
+                      Case{"qwen3", 1, 1, 3}, Case{"qwen3-moe", 2, 2, 2, {1, 3}},
+                      // Micro-batches in flight: stage s runs one while stage s - 1 runs the next.
+                      Case{"tiny-reverse", 1, 1, 2, {}, 2}, Case{"qwen3", 1, 1, 3, {}, 4},
+                      Case{"qwen3-moe", 2, 2, 2, {1, 3}, 2}),
+    [](const ::testing::TestParamInfo<Case>& info) { return case_name(info.param); });
 
 TEST(CudaParallelBackendTest, ShardsLoadedFromTheCheckpointEqualShardsOfTheWholeModel) {
   SKIP_WITHOUT_GPU();

@@ -2,8 +2,10 @@
 // ranks, each rank driven by a thread of its own on its own device and stream, all at once: every
 // collective against the serial sums in rank order, bitwise, in one launch and in pieces (staging
 // smaller than the message), one-shot and two-shot, eagerly and replayed from each rank's captured
-// graph over new data; the layer boundary bitwise equal to the virtual ranks' fused kernel, whole
-// and in pieces of rows; point-to-point messages in the order sent, in pieces of the mailbox; and
+// graph over new data, and a message of more than 32 blocks between small ones; the layer
+// boundary bitwise equal to the virtual ranks' fused kernel, whole and in pieces of rows, more
+// rows than blocks; point-to-point messages of 1 to 3 blocks in the order sent, in pieces of the
+// mailbox, and a ring group's mailboxes to the next rank only; and
 // a rank that never arrives failing its peer's kernel at the timeout instead of hanging it. On the
 // CPU stand-in for the CUDA runtime the devices are simulated (each thread its current device,
 // every device reaching the others' memory); on a GPU machine with fewer GPUs than ranks (or
@@ -108,6 +110,8 @@ struct Rank {
     put(*gather_in, values(rank, round + 1000, kLen));
     put(*scatter_in, values(rank, round + 2000, kPiece * ranks));
     put(*bcast, values(rank, round + 3000, kLen));
+    // (The copies go on the legacy stream, which the rank's stream does not wait for.)
+    ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
   }
   Status enqueue(DeviceCommunicator& c, int root) {
     HR_RETURN_IF_ERROR(c.all_reduce(reduce->ptr, kLen, stream));
@@ -142,6 +146,8 @@ void PrintTo(const Shape& s, std::ostream* os) {
 }
 
 class PeerCollectivesTest : public ::testing::TestWithParam<Shape> {};
+
+constexpr size_t kBig = 70001;  // floats: 17,501 units of 4, past 32 blocks of 512 threads
 
 TEST_P(PeerCollectivesTest, EqualTheSerialSumsEagerlyAndInEachRanksGraph) {
   const Shape& shape = GetParam();
@@ -182,6 +188,17 @@ TEST_P(PeerCollectivesTest, EqualTheSerialSumsEagerlyAndInEachRanksGraph) {
     }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
+    // A message of many blocks (more units than a launch has threads, so blocks go round), then
+    // small ones again: every block's barrier counts stay in step whatever the grid.
+    if (shape.staging_bytes >= kBig * 4) {
+      DeviceBuffer<float> big(values(r, 77, kBig));
+      EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+      HR_RETURN_IF_ERROR(c.all_reduce(big.ptr, kBig, rank.stream));
+      rank.fill(r, 20, n);
+      HR_RETURN_IF_ERROR(rank.enqueue(c, 0));
+      rank.expect(r, 20, n, 0);
+      EXPECT_EQ(big.get(), serial_sum(n, 77, kBig)) << "a large all_reduce, rank " << r;
+    }
     cudaStreamDestroy(rank.stream);
     return Status::ok();
   });
@@ -205,7 +222,7 @@ INSTANTIATE_TEST_SUITE_P(
 // kernel (kernels::all_reduce_add_rms_norm, every rank's buffers in one launch) leaves, whole and
 // in pieces of two rows.
 TEST(PeerLayerBoundary, EqualsTheVirtualRanksFusedKernel) {
-  const int n = 3, rows = 5, dim = 264;
+  const int n = 3, rows = 41, dim = 264;  // (more rows than blocks: a block takes several)
   NEED_PEER_DEVICES(peers, n);
   const size_t len = static_cast<size_t>(rows) * dim;
   std::mt19937 rng(9);
@@ -248,12 +265,18 @@ TEST(PeerLayerBoundary, EqualsTheVirtualRanksFusedKernel) {
     EXPECT_TRUE((*group)[0]->fuses_layer_boundary());
     RankThreads threads(n, false, [&](int r) { cudaSetDevice(peers.device(r)); });
     const Status st = threads.run([&](int r) -> Status {
+      // A stream of the rank's own, its buffers filled before any launch (ranks sharing a GPU
+      // must not queue behind each other's waiting kernels).
+      cudaStream_t stream;
+      EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
       DeviceBuffer<float> partial(partials[static_cast<size_t>(r)]), x(residual), w(weight);
       DeviceBuffer<uint16_t> out(len);
+      EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
       HR_RETURN_IF_ERROR((*group)[static_cast<size_t>(r)]->all_reduce_add_rms_norm(
           partial.ptr, x.ptr, reinterpret_cast<__nv_bfloat16*>(out.ptr), w.ptr, rows, dim, 1e-5f,
-          nullptr));
-      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          stream));
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      cudaStreamDestroy(stream);
       EXPECT_EQ(x.get(), want_x) << "rank " << r << ", staging " << staging;
       EXPECT_EQ(out.get(), want_out) << "rank " << r << ", staging " << staging;
       return Status::ok();
@@ -269,11 +292,11 @@ TEST(PeerPointToPoint, MessagesArriveInOrderInPieces) {
   const int n = 3;
   NEED_PEER_DEVICES(peers, n);
   PeerOptions po = peers.options();
-  po.staging_bytes = 64;
-  po.mailbox_bytes = 48;
+  po.mailbox_bytes = 16 << 10;
   auto group = PeerCommunicator::create_all(peers.devices(), po);
   ASSERT_TRUE(group.is_ok()) << group.status().to_string();
-  const std::vector<size_t> lengths = {5, 48, 100, 333};
+  // 1 to 3 blocks a message; the longest in two pieces of the mailbox.
+  const std::vector<size_t> lengths = {5, 100, 9000, 20000};
   auto message = [](int from, int to, size_t k, size_t bytes) {
     std::vector<uint8_t> m(bytes);
     for (size_t i = 0; i < bytes; ++i) m[i] = static_cast<uint8_t>(from * 61 + to * 17 + k * 7 + i);
@@ -297,6 +320,7 @@ TEST(PeerPointToPoint, MessagesArriveInOrderInPieces) {
         }
       }
     }
+    EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
     // Every ordered pair in turn: the sender sends all its messages while the receiver takes
     // them (a message longer than the mailbox goes piece by piece as the receiver reads them).
     for (auto& [pair, mine] : bufs) {
@@ -321,6 +345,14 @@ TEST(PeerPointToPoint, MessagesArriveInOrderInPieces) {
   auto no_mail = PeerCommunicator::create_all(peers.devices(), peers.options());
   ASSERT_TRUE(no_mail.is_ok());
   EXPECT_EQ((*no_mail)[0]->send(nullptr, 4, 1, nullptr).field(), "send");
+  // A ring's mailboxes: each rank sends to the next and receives from the one before, only.
+  PeerOptions ring = po;
+  ring.ring = true;
+  auto pipes = PeerCommunicator::create_all(peers.devices(), ring);
+  ASSERT_TRUE(pipes.is_ok());
+  EXPECT_EQ((*pipes)[0]->send(nullptr, 4, 2, nullptr).field(), "send");
+  EXPECT_EQ((*pipes)[0]->recv(nullptr, 4, 1, nullptr).field(), "recv");
+  EXPECT_EQ((*pipes)[2]->send(nullptr, 4, 1, nullptr).field(), "send");
 }
 
 TEST(PeerCommunicatorErrors, BadGroupsAreRefusedNamingTheDevices) {
@@ -330,6 +362,9 @@ TEST(PeerCommunicatorErrors, BadGroupsAreRefusedNamingTheDevices) {
   PeerOptions odd = peers.options();
   odd.staging_bytes = 100;
   EXPECT_EQ(PeerCommunicator::create_all(peers.devices(), odd).status().field(), "devices");
+  PeerOptions small = peers.options();
+  small.staging_bytes = 16;  // (under 16 bytes a rank: no reduce-scatter piece)
+  EXPECT_EQ(PeerCommunicator::create_all(peers.devices(), small).status().field(), "devices");
 }
 
 // A rank whose peer never calls: its kernel fails at the timeout, with a message that says so,
