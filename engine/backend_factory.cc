@@ -292,6 +292,16 @@ std::string joined(const std::vector<T>& values, double scale) {
   return out;
 }
 
+// What balancing the stages found, when it ran.
+void log_stage_balance(const StageBalance& b) {
+  if (!b.ran) return;
+  log::info("backend.stage_balance", {{"layers_before", joined(b.layers_before, 1)},
+                                      {"layers_after", joined(b.layers_after, 1)},
+                                      {"stage_ms_before", joined(b.seconds_before, 1e3)},
+                                      {"stage_ms_predicted", joined(b.predicted_after, 1e3)},
+                                      {"calibration_seconds", b.calibration_seconds}});
+}
+
 }  // namespace
 
 Result<std::vector<int>> parse_device_list(const std::string& text) {
@@ -335,13 +345,7 @@ Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
       o.balance_batch = std::min(spec.max_num_seqs, 16);
       LoadStats load;
       HR_ASSIGN_OR_RETURN(auto many, ParallelCpuBackend::create_from_dir(model_dir, o, &load));
-      if (const StageBalance& b = many->stage_balance(); b.ran) {
-        log::info("backend.stage_balance", {{"layers_before", joined(b.layers_before, 1)},
-                                            {"layers_after", joined(b.layers_after, 1)},
-                                            {"stage_ms_before", joined(b.seconds_before, 1e3)},
-                                            {"stage_ms_predicted", joined(b.predicted_after, 1e3)},
-                                            {"calibration_seconds", b.calibration_seconds}});
-      }
+      log_stage_balance(many->stage_balance());
       log::info(
           "backend.parallel",
           {{"tensor_parallel", o.degrees.tp},
@@ -374,12 +378,6 @@ Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
   log::info("backend.cuda_settings", {{"device", index}, {"settings", describe(o)}});
   const int world = spec.tensor_parallel * spec.pipeline_parallel;
   if (world > 1) {
-    if (spec.stage_layers.balance) {
-      return invalid_argument(
-          "stages balanced by measured time run on the CPU backend; on cuda give each stage's "
-          "layers (--stage-layers N,N,...) or even",
-          "stage-layers");
-    }
     std::vector<int> devices = spec.devices;
     if (devices.empty()) {
       for (int r = 0; r < world; ++r) devices.push_back(index + r);
@@ -397,8 +395,12 @@ Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
       log_memory_plan(model_dir, first, degrees);
     }
     LoadStats load;
-    HR_ASSIGN_OR_RETURN(
-        auto many, ParallelCudaBackend::create_from_dir(model_dir, devices, o, degrees, &load));
+    StageCalibration calibration;
+    calibration.batch = std::min(spec.max_num_seqs, 16);
+    HR_ASSIGN_OR_RETURN(auto many, ParallelCudaBackend::create_from_dir(
+                                       model_dir, devices, o, degrees, &load,
+                                       spec.stage_layers.balance ? &calibration : nullptr));
+    log_stage_balance(many->stage_balance());
     std::string named;
     for (int d : devices) named += (named.empty() ? "" : ",") + std::to_string(d);
     log::info(

@@ -77,16 +77,42 @@ void CudaBackend::mark(const char* phase) {
 
 void CudaBackend::collect_marks() {
   if (!profiling_ || num_marks_ == 0) return;
-  for (size_t i = 1; i < num_marks_; ++i) {
+  auto elapsed_ms = [&](size_t from, size_t to) {
     float ms = 0;
-    if (cudaEventElapsedTime(&ms, mark_events_[i - 1], mark_events_[i]) == cudaSuccess) {
-      profile_[mark_names_[i]] += ms;
-    } else {
+    if (cudaEventElapsedTime(&ms, mark_events_[from], mark_events_[to]) != cudaSuccess) {
       cudaGetLastError();
+      return 0.0f;
     }
+    return ms;
+  };
+  for (size_t i = 1; i < num_marks_; ++i) {
+    // ("layer" only closes a layer for time_parts; its phase is empty.)
+    if (mark_names_[i] != "layer") profile_[mark_names_[i]] += elapsed_ms(i - 1, i);
+  }
+  if (timing_parts_) {
+    // The parts: up to the embedding's mark, each layer up to its "layer" mark, the rest.
+    size_t from = 0, layer = 0;
+    for (size_t i = 1; i < num_marks_; ++i) {
+      const std::string& name = mark_names_[i];
+      if (name == "embedding" && layer == 0) {
+        part_times_.first += elapsed_ms(from, i) / 1e3;
+        from = i;
+      } else if (name == "layer" && layer < part_times_.layer.size()) {
+        part_times_.layer[layer++] += elapsed_ms(from, i) / 1e3;
+        from = i;
+      }
+    }
+    part_times_.last += elapsed_ms(from, num_marks_ - 1) / 1e3;
   }
   num_marks_ = 0;
   ++profiled_steps_;
+}
+
+void CudaBackend::time_parts(bool on) {
+  set_profiling(on);
+  timing_parts_ = on;
+  part_times_.layer.assign(static_cast<size_t>(config_.num_layers), 0.0);
+  part_times_.first = part_times_.last = 0;
 }
 
 Status CudaBackend::set_routing_record(bool on) {
@@ -123,10 +149,10 @@ void CudaBackend::set_profiling(bool on) {
 
 Status CudaBackend::forward(const StepInput& in, float* logits) {
   if (in.fed_rows) return invalid_argument("forward() takes no fed rows");
-  if (outstanding_.size() >= max_outstanding())
+  if (whole_steps_outstanding() >= 2)
     return internal_error("two steps are outstanding: collect one first");
-  whole_slot_ = free_slot();
-  Status enqueued = enqueue(in, nullptr, whole_slot_);
+  // (The step is done before this returns: a later submit may take its slot.)
+  Status enqueued = enqueue(in, nullptr, free_slot());
   if (!enqueued.is_ok()) {
     cudaStreamSynchronize(stream_);  // as in submit()
     return enqueued;
@@ -146,12 +172,12 @@ Status CudaBackend::forward(const StepInput& in, float* logits) {
 }
 
 Status CudaBackend::submit(const StepInput& in, const SampleSpec* specs) {
-  if (outstanding_.size() >= max_outstanding())
+  if (whole_steps_outstanding() >= 2)
     return internal_error("two steps are outstanding: collect one first");
   if (in.num_logits > 0 && specs == nullptr)
     return invalid_argument("no sampling specs for the logits rows");
   if (forwarded_.pending) return internal_error("a forwarded step waits for its sampling");
-  const int index = whole_slot_ = free_slot();
+  const int index = free_slot();
   Status enqueued = enqueue(in, specs, index);
   if (!enqueued.is_ok()) {
     // What did get queued may still read the slot's pinned inputs: let it finish before they are
@@ -169,7 +195,8 @@ Status CudaBackend::submit_part(const StepInput& in, const SampleSpec* specs,
     return internal_error("part " + std::to_string(where.index) + " of " +
                           std::to_string(where.count) + ": the backend takes steps in up to " +
                           std::to_string(options_.max_step_parts) + " parts");
-  if (outstanding_.size() >= max_outstanding())
+  if (outstanding_.size() - whole_steps_outstanding() >=
+      2 * static_cast<size_t>(options_.max_step_parts))
     return internal_error("two steps are outstanding: collect one first");
   if (in.num_logits > 0 && specs == nullptr)
     return invalid_argument("no sampling specs for the logits rows");
@@ -208,16 +235,17 @@ Status CudaBackend::submit_part(const StepInput& in, const SampleSpec* specs,
 }
 
 Status CudaBackend::submit_forward(const StepInput& in) {
-  if (outstanding_.size() >= max_outstanding())
+  if (whole_steps_outstanding() >= 2)
     return internal_error("two steps are outstanding: collect one first");
   if (forwarded_.pending) return internal_error("a forwarded step waits for its sampling");
-  const int index = whole_slot_ = free_slot();
+  const int index = free_slot();
   StepLayout lay;
   Status enqueued = enqueue(in, nullptr, index, &lay);
   if (!enqueued.is_ok()) {
     cudaStreamSynchronize(stream_);  // as in submit()
     return enqueued;
   }
+  whole_slot_ = index;
   forwarded_.pending = true;
   forwarded_.slot = index;
   forwarded_.num_logits = in.num_logits;  // the real rows (a decode graph's padding is not sampled)
@@ -303,6 +331,7 @@ Status CudaBackend::finish_submit(int index, int num_logits, const SampleSpec* s
   }
   slot.num_logits = sampled;
   prev_num_logits_ = num_logits;
+  if (index < 2) whole_slot_ = index;
   outstanding_.push_back(index);
   return Status::ok();
 }

@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <deque>
 #include <map>
@@ -23,6 +24,7 @@
 #include "engine/cuda_gemm.h"
 #include "engine/device_communicator.h"
 #include "engine/rank_threads.h"
+#include "engine/stage_balance.h"
 #include "engine/weights.h"
 #include "kernels/gemv.cuh"
 #include "kernels/moe.cuh"
@@ -179,6 +181,9 @@ class CudaBackend final : public Backend {
     o.kv_cache_fraction = options_.kv_cache_fraction;
     o.max_num_tokens = options_.max_num_tokens;
     o.max_num_seqs = options_.max_num_seqs;
+    o.max_step_parts = options_.max_step_parts;  // (the slots are sized for it)
+    o.micro_batches = options_.micro_batches;
+    o.micro_batch_tokens = options_.micro_batch_tokens;
     options_ = o;
     clear_graphs();
   }
@@ -192,6 +197,13 @@ class CudaBackend final : public Backend {
   // not used meanwhile), for benchmarks.
   void set_profiling(bool on);
   const std::map<std::string, double>& profile() const { return profile_; }
+  // Where the steps' GPU time went since time_parts(true), in seconds: each held layer's (a
+  // tensor-parallel rank's collectives included), the embedding's and what follows the last layer
+  // (the final norm, LM head and sampling; a stage's last add). Graphs are not used meanwhile;
+  // read between steps: the parallel backend balances its pipeline stages by it.
+  const StageCosts& part_times() const { return part_times_; }
+  // Clears the part times and starts (or stops) timing the steps that follow (and profiling).
+  void time_parts(bool on);
   int profiled_steps() const { return profiled_steps_; }
   const CudaBackendOptions& options() const { return options_; }
   // Device memory free once weights and buffers were in place (what the KV cache was cut from),
@@ -255,8 +267,11 @@ class CudaBackend final : public Backend {
   [[nodiscard]] Status alloc(void** p, size_t bytes, const char* what);
   // The slot the next whole step packs into: the other of the first two.
   int free_slot() const { return 1 - whole_slot_; }
-  // Steps (or parts) that may be outstanding at once.
-  size_t max_outstanding() const { return 2 * static_cast<size_t>(options_.max_step_parts); }
+  // Whole steps outstanding (in the first two slots).
+  size_t whole_steps_outstanding() const {
+    return static_cast<size_t>(
+        std::count_if(outstanding_.begin(), outstanding_.end(), [](int slot) { return slot < 2; }));
+  }
   // Validates the step, packs its inputs into `slot`, and enqueues the whole forward pass up to
   // the logits (and the sampled tokens when `specs` is given): replaying a captured graph for
   // decode steps.
@@ -443,6 +458,8 @@ class CudaBackend final : public Backend {
   size_t num_marks_ = 0;
   std::map<std::string, double> profile_;
   int profiled_steps_ = 0;
+  bool timing_parts_ = false;
+  StageCosts part_times_;
 };
 
 }  // namespace hr::engine

@@ -126,6 +126,7 @@ Status CudaBackend::launch_step(const StepLayout& lay, int slot, bool sample) {
   if (fused)
     HR_CUDA("zeroing norm sums", kernels::fill_f32(sumsq_, sumsq_bytes_ / 4, 0.0f, stream_));
   for (int li = 0; li < c.num_layers; ++li) {
+    if (li > 0) mark("layer");  // (the layer before ends: time_parts)
     const Layer& W = layers_[static_cast<size_t>(li)];
     // After a MoE layer the residual add (its k rows per token) takes the norm kernel, fused or
     // not, and the q/k/v product reads its normalised rows.
@@ -263,6 +264,7 @@ Status CudaBackend::launch_step(const StepLayout& lay, int slot, bool sample) {
     }
     mark("down_proj");
   }
+  mark("layer");
   if (!last_stage) {
     // The stage's last residual add, which the next stage's first norm does not make: the
     // residual stream goes on whole (the fused path, which keeps it in two buffers, is not a

@@ -207,10 +207,19 @@ Status CudaBackend::warm_up(int max_blocks_per_seq) {
   StepInput none;
   none.max_blocks_per_seq = warm_table_width_;
   const SampleSpec greedy;
+  // A cut step's parts (submit_part): a decode step of S sequences is cut when S is at least
+  // micro_batches x micro_batch_tokens, its parts of S / micro_batches sequences each.
+  const int parts = options_.micro_batches;
+  const int largest_part =
+      parts > 1
+          ? graph_batch_size(
+                (std::min(options_.max_num_seqs, options_.max_num_tokens) + parts - 1) / parts)
+          : 0;
   for (int size = 1; size <= largest; size = graph_batch_size(size + 1)) {
     for (int slot = 0; slot < static_cast<int>(slots_.size()); ++slot) {
-      // (A part's slots: only for parts of a step cut into micro-batches.)
-      if (slot >= 2 && size < options_.micro_batch_tokens) continue;
+      if (slot >= 2 && ((slot - 2) % options_.max_step_parts >= parts ||
+                        size < options_.micro_batch_tokens || size > largest_part))
+        continue;
       if (graphs_.count(std::make_tuple(size, true, warm_table_width_, slot))) continue;
       const SampleSpec* specs = nullptr;
       StepInput in = pad_decode_step(none, &greedy, size, &specs);

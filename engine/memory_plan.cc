@@ -172,8 +172,8 @@ int64_t step_buffer_bytes(const ModelShape& s, const PlanOptions& o, int64_t num
     b += S * D * 2 + S * V * 4 + S * kTokenLogprobsBytes;  // final rows, logits, log probabilities
     // A tensor-parallel rank's LM head slice's logits, and every rank's gathered.
     if (o.tp > 1) b += (1 + o.tp) * S * ceil_div(V, o.tp) * 4;
-    // With stages, a step cut into micro-batches (one per stage): each part's sampled tokens, two
-    // steps' worth, and the step's placed together.
+    // With stages, a step cut into micro-batches (one per stage, the default; more take more):
+    // each part's sampled tokens, two steps' worth, and the step's placed together.
     if (o.pp > 1) b += (2 * o.pp + 1) * S * 4;
   }
   b += kFusedRows * D * 4;

@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "engine/safetensors.h"
-#include "engine/synthetic_step.h"
+#include "engine/stage_calibration.h"
 
 namespace hr::engine {
 
@@ -37,10 +37,6 @@ Status check_options(const ParallelCpuOptions& options) {
 bool balances(const ParallelCpuOptions& options) {
   return options.balance_stages && options.degrees.pp > 1 && options.degrees.stage_layers.empty();
 }
-
-// The calibration (measure_parts): decode steps timed, prefill chunks of kChunk tokens for
-// kPrefillSeqs sequences, kPrefillSteps of them timed.
-constexpr int kDecodeSteps = 6, kChunk = 32, kPrefillSteps = 2, kPrefillSeqs = 2;
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -198,62 +194,27 @@ std::vector<int> ParallelCpuBackend::stage_layers() const {
   return out;
 }
 
-int ParallelCpuBackend::calibration_blocks_per_seq() const {
-  const int bs = options_.block_size;
-  return std::max(SyntheticStep::blocks_for(options_.balance_context + kDecodeSteps, bs),
-                  SyntheticStep::blocks_for(kChunk * (kPrefillSteps + 1) - 1, bs));
+StageCalibration ParallelCpuBackend::calibration() const {
+  return {options_.balance_batch, options_.balance_context, options_.balance_prompt_ratio};
 }
 
 Result<StageCosts> ParallelCpuBackend::measure_parts() {
-  // Decode: B sequences prefilled to `context` tokens, then steps of one token each. Prefill: two
-  // more sequences' prompts in chunks of kChunk tokens. The first step of each kind is not
-  // timed; fewer decode sequences if the cache is small.
-  const int context = options_.balance_context;
-  const int per_seq = calibration_blocks_per_seq();
-  const int B = std::min(options_.balance_batch, num_blocks_ / per_seq - kPrefillSeqs);
-  if (B < 1) {
-    return invalid_argument("the KV cache holds no sequence of the balancing's context",
-                            "balance-context");
-  }
-  std::vector<float> logits(static_cast<size_t>(B) * vocab_size_);
-  auto run = [&](int seqs, int first_pos, int count, int first_block) {
-    const SyntheticStep step(seqs, first_pos, count, per_seq, vocab_size_, first_block);
-    return forward(step.input(), logits.data());
+  auto timing = [&](bool on) {
+    for (auto& r : ranks_) r->backend->time_parts(on);
   };
-  auto reset = [&] {
-    for (auto& r : ranks_) r->backend->time_parts(true);
-  };
-  // Each part's time per token of the timed steps since the last reset.
-  auto parts = [&](double tokens) {
+  // Each stage's parts, as its first tensor-parallel rank timed them.
+  auto times = [&] {
     StageCosts costs;
     for (const auto& r : ranks_) {
       if (r->tp_rank != 0) continue;
       const StageCosts& t = r->backend->part_times();
-      for (double x : t.layer) costs.layer.push_back(x / tokens);
-      if (r->stage == 0) costs.first = t.first / tokens;
-      if (r->stage == options_.degrees.pp - 1) costs.last = t.last / tokens;
+      costs.layer.insert(costs.layer.end(), t.layer.begin(), t.layer.end());
+      if (r->stage == 0) costs.first = t.first;
+      if (r->stage == options_.degrees.pp - 1) costs.last = t.last;
     }
     return costs;
   };
-  HR_RETURN_IF_ERROR(run(B, 0, context, 0));
-  HR_RETURN_IF_ERROR(run(B, context, 1, 0));
-  reset();
-  for (int i = 1; i <= kDecodeSteps; ++i) HR_RETURN_IF_ERROR(run(B, context + i, 1, 0));
-  StageCosts costs = parts(static_cast<double>(B) * kDecodeSteps);
-  const double ratio = options_.balance_prompt_ratio;
-  if (ratio > 0) {
-    HR_RETURN_IF_ERROR(run(kPrefillSeqs, 0, kChunk, B * per_seq));
-    reset();
-    for (int i = 1; i <= kPrefillSteps; ++i) {
-      HR_RETURN_IF_ERROR(run(kPrefillSeqs, i * kChunk, kChunk, B * per_seq));
-    }
-    const StageCosts prefill = parts(static_cast<double>(kPrefillSeqs) * kChunk * kPrefillSteps);
-    for (size_t i = 0; i < costs.layer.size(); ++i) costs.layer[i] += ratio * prefill.layer[i];
-    costs.first += ratio * prefill.first;
-    costs.last += ratio * prefill.last;
-  }
-  for (auto& r : ranks_) r->backend->time_parts(false);
-  return costs;
+  return measure_stage_costs(*this, calibration(), timing, times);
 }
 
 Result<std::unique_ptr<ParallelCpuBackend>> ParallelCpuBackend::balance(
@@ -261,7 +222,7 @@ Result<std::unique_ptr<ParallelCpuBackend>> ParallelCpuBackend::balance(
   const auto t0 = std::chrono::steady_clock::now();
   const int pp = b->options_.degrees.pp;
   // A cache too small for the calibration's sequences keeps the split as it is.
-  if (b->num_blocks_ < (kPrefillSeqs + 1) * b->calibration_blocks_per_seq()) return b;
+  if (!calibration_fits(b->calibration(), b->options_.block_size, b->num_blocks_)) return b;
   StageBalance report;
   report.ran = true;
   report.layers_before = b->stage_layers();

@@ -21,6 +21,7 @@
 #include "engine/host_sampled_backend.h"
 #include "engine/micro_batches.h"
 #include "engine/stage_balance.h"
+#include "engine/stage_calibration.h"
 #include "engine/thread_communicator.h"
 #include "engine/weight_shard.h"
 
@@ -44,16 +45,6 @@ struct ParallelCpuOptions {
   int balance_batch = 8;
   int balance_context = 16;
   double balance_prompt_ratio = 1.0;
-};
-
-// What balancing the stages found (ParallelCpuBackend::stage_balance).
-struct StageBalance {
-  bool ran = false;
-  std::vector<int> layers_before, layers_after;  // each stage's layers
-  // Each stage's time per output token (decode plus the prompt ratio's prefill), as measured
-  // before, and as the measured parts add up for the new split.
-  std::vector<double> seconds_before, predicted_after;
-  double calibration_seconds = 0;  // the calibration steps and the move
 };
 
 class ParallelCpuBackend final : public HostSampledBackend {
@@ -110,8 +101,8 @@ class ParallelCpuBackend final : public HostSampledBackend {
   std::vector<ModelWeights> take_shards();
   // Ends the rank threads (after the step in progress, if any).
   void stop_ranks();
-  // KV blocks each of the calibration's sequences takes.
-  int calibration_blocks_per_seq() const;
+  // What measure_parts runs (the options' balance_*).
+  StageCalibration calibration() const;
   void split(const StepInput& in);
   void rank_loop(Rank* rank);
   Status run_rank(Rank* rank);

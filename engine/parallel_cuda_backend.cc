@@ -169,6 +169,7 @@ Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::assemble(
     b->parts_ = same && options.micro_batches == 0 ? 1 : parts;
     b->part_tokens_ = options.micro_batch_tokens;
     options.max_step_parts = std::max({options.max_step_parts, parts, pp});
+    options.micro_batches = b->parts_;  // (each rank warms up the parts' graphs it will replay)
   }
   b->ranks_.resize(static_cast<size_t>(world));
   auto make_rank = [&](int r) -> Status {
@@ -215,29 +216,100 @@ Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::assemble(
 
 Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::create(
     const ModelWeights& full, const std::vector<int>& devices, CudaBackendOptions options,
-    const ParallelDegrees& degrees) {
+    const ParallelDegrees& degrees, const StageCalibration* balance) {
   HR_RETURN_IF_ERROR(check_degrees(full.config, degrees));
-  return assemble(devices, options, degrees,
-                  [&](int s, int t) { return shard_weights(full, degrees, s, t); });
+  const Build build = [&](const ParallelDegrees& d) {
+    return assemble(devices, options, d,
+                    [&](int s, int t) { return shard_weights(full, d, s, t); });
+  };
+  HR_ASSIGN_OR_RETURN(auto b, build(degrees));
+  if (!balance || degrees.pp == 1 || !degrees.stage_layers.empty()) return b;
+  return balanced(std::move(b), *balance, degrees, build);
+}
+
+std::vector<int> ParallelCudaBackend::stage_layers() const {
+  std::vector<int> out;
+  for (int s = 0; s < pp_; ++s)
+    out.push_back(ranks_[static_cast<size_t>(s * tp_)]->config().num_layers);
+  return out;
+}
+
+Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::balanced(
+    std::unique_ptr<ParallelCudaBackend> b, const StageCalibration& c, ParallelDegrees degrees,
+    const Build& build) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  // A cache too small for the calibration's sequences keeps the split as it is.
+  if (!calibration_fits(c, b->block_size(), b->num_kv_blocks())) return b;
+  const int pp = b->pp_, tp = b->tp_;
+  StageBalance report;
+  report.ran = true;
+  report.layers_before = b->stage_layers();
+  // Each stage's parts as its first tensor-parallel rank timed them on its GPU.
+  ParallelCudaBackend& m = *b;
+  auto timing = [&](bool on) {
+    for (auto& r : m.ranks_) r->time_parts(on);
+  };
+  auto times = [&] {
+    StageCosts costs;
+    for (int s = 0; s < pp; ++s) {
+      const StageCosts& t = m.ranks_[static_cast<size_t>(s * tp)]->part_times();
+      costs.layer.insert(costs.layer.end(), t.layer.begin(), t.layer.end());
+      if (s == 0) costs.first = t.first;
+      if (s == pp - 1) costs.last = t.last;
+    }
+    return costs;
+  };
+  HR_ASSIGN_OR_RETURN(StageCosts costs, measure_stage_costs(m, c, timing, times));
+  for (int s = 0; s < pp; ++s)
+    report.seconds_before.push_back(stage_cost(costs, report.layers_before, s));
+  // Within 5% of the best the layers stay where they are: closer than the timing's noise.
+  report.layers_after = balance_stages(costs, pp, report.layers_before, 0.05);
+  for (int s = 0; s < pp; ++s)
+    report.predicted_after.push_back(stage_cost(costs, report.layers_after, s));
+  if (report.layers_after != report.layers_before) {
+    b.reset();  // (its GPU memory first)
+    degrees.stage_layers = report.layers_after;
+    Result<std::unique_ptr<ParallelCudaBackend>> moved = build(degrees);
+    if (!moved.is_ok()) {
+      // (A stage grown past its GPU's memory, say: the split as it was.)
+      degrees.stage_layers = report.layers_before;
+      report.layers_after = report.layers_before;
+      report.predicted_after = report.seconds_before;
+      HR_ASSIGN_OR_RETURN(moved, build(degrees));
+    }
+    b = std::move(moved).value();
+  }
+  report.calibration_seconds = seconds();
+  b->balance_ = std::move(report);
+  return b;
 }
 
 Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::create_from_dir(
     const std::string& dir, const std::vector<int>& devices, CudaBackendOptions options,
-    const ParallelDegrees& degrees, LoadStats* stats) {
+    const ParallelDegrees& degrees, LoadStats* stats, const StageCalibration* balance) {
   HR_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(dir));
   HR_RETURN_IF_ERROR(check_degrees(config, degrees));
   HR_ASSIGN_OR_RETURN(auto st, SafetensorsModel::open_dir(dir));
-  const auto t0 = std::chrono::steady_clock::now();
-  HR_ASSIGN_OR_RETURN(auto b, assemble(devices, options, degrees, [&](int s, int t) {
-                        return load_shard(*st, config, degrees, s, t);
-                      }));
-  if (stats) {
-    stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    stats->checkpoint_bytes = 0;
-    for (const auto& [name, t] : st->tensors()) stats->checkpoint_bytes += t.num_bytes;
-    stats->shard_bytes = b->weight_bytes();
-  }
-  return b;
+  const Build build =
+      [&](const ParallelDegrees& d) -> Result<std::unique_ptr<ParallelCudaBackend>> {
+    const auto t0 = std::chrono::steady_clock::now();
+    HR_ASSIGN_OR_RETURN(auto b, assemble(devices, options, d, [&](int s, int t) {
+                          return load_shard(*st, config, d, s, t);
+                        }));
+    if (stats) {
+      stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      stats->checkpoint_bytes = 0;
+      for (const auto& [name, t] : st->tensors()) stats->checkpoint_bytes += t.num_bytes;
+      stats->shard_bytes = b->weight_bytes();
+    }
+    return b;
+  };
+  HR_ASSIGN_OR_RETURN(auto b, build(degrees));
+  if (!balance || degrees.pp == 1 || !degrees.stage_layers.empty()) return b;
+  return balanced(std::move(b), *balance, degrees, build);
 }
 
 size_t ParallelCudaBackend::weight_bytes() const {

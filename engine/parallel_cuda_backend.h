@@ -38,6 +38,8 @@
 #include "engine/device_communicator.h"
 #include "engine/micro_batches.h"
 #include "engine/rank_threads.h"
+#include "engine/stage_balance.h"
+#include "engine/stage_calibration.h"
 #include "engine/weight_shard.h"
 
 namespace hr::engine {
@@ -50,9 +52,13 @@ class ParallelCudaBackend final : public Backend {
   // as weight_shard.h (empty: as even as they go). options.kv_cache_bytes, when given, is each
   // GPU's, or with virtual ranks all ranks' together (each its share); the fraction is of each
   // GPU's free memory, shared by its ranks. Errors name the option at fault.
+  // With `balance`, pipeline stages and no stage_layers in the degrees: before the backend is
+  // handed out, calibration steps time every layer and the ends on the GPUs
+  // (stage_calibration.h), and when another split makes the slowest stage faster (by over 5%)
+  // the backend is built again over it (stage_balance()).
   [[nodiscard]] static Result<std::unique_ptr<ParallelCudaBackend>> create(
       const ModelWeights& full, const std::vector<int>& devices, CudaBackendOptions options,
-      const ParallelDegrees& degrees);
+      const ParallelDegrees& degrees, const StageCalibration* balance = nullptr);
   // Tensor parallelism alone: a rank per device.
   [[nodiscard]] static Result<std::unique_ptr<ParallelCudaBackend>> create(
       const ModelWeights& full, const std::vector<int>& devices, CudaBackendOptions options,
@@ -62,9 +68,11 @@ class ParallelCudaBackend final : public Backend {
   }
   // Each rank's shard read from the Hugging Face folder (load_shard: a layer at a time).
   // With a GPU a rank, every rank reads and uploads its shard at once, on its own thread.
+  // Balancing (as create()) reads the moved shards again; `stats` are the last load's.
   [[nodiscard]] static Result<std::unique_ptr<ParallelCudaBackend>> create_from_dir(
       const std::string& dir, const std::vector<int>& devices, CudaBackendOptions options,
-      const ParallelDegrees& degrees, LoadStats* stats = nullptr);
+      const ParallelDegrees& degrees, LoadStats* stats = nullptr,
+      const StageCalibration* balance = nullptr);
   [[nodiscard]] static Result<std::unique_ptr<ParallelCudaBackend>> create_from_dir(
       const std::string& dir, const std::vector<int>& devices, CudaBackendOptions options,
       int expert_parallel = 1) {
@@ -96,11 +104,20 @@ class ParallelCudaBackend final : public Backend {
   // The micro-batches a step of enough tokens is cut into (1: every step whole), and how many of
   // the steps submitted were cut.
   int micro_batches() const { return parts_; }
+  // Each stage's layers, and what balancing them found (ran: false when it did not run).
+  std::vector<int> stage_layers() const;
+  const StageBalance& stage_balance() const { return balance_; }
   int64_t steps_cut() const { return steps_cut_; }
   CudaBackend& rank(int r) { return *ranks_[static_cast<size_t>(r)]; }
 
  private:
   ParallelCudaBackend(const std::vector<int>& devices, bool virtual_ranks, int tp, int pp);
+  // `b` measured and, if another split makes its slowest stage faster, built again over it by
+  // `build` (the ranks' memory freed first).
+  using Build = std::function<Result<std::unique_ptr<ParallelCudaBackend>>(const ParallelDegrees&)>;
+  [[nodiscard]] static Result<std::unique_ptr<ParallelCudaBackend>> balanced(
+      std::unique_ptr<ParallelCudaBackend> b, const StageCalibration& c, ParallelDegrees degrees,
+      const Build& build);
   // Builds every rank from its shard, given by `shard(stage, tp_rank)`.
   [[nodiscard]] static Result<std::unique_ptr<ParallelCudaBackend>> assemble(
       const std::vector<int>& devices, CudaBackendOptions options, const ParallelDegrees& degrees,
@@ -141,6 +158,7 @@ class ParallelCudaBackend final : public Backend {
   int num_blocks_ = 0;
   int check_rank_ = 0;   // a rank of the fewest KV blocks: check() asks it
   bool broken_ = false;  // a GPU a rank, after a step failed part-way
+  StageBalance balance_;
   int hidden_size_ = 0;
   int parts_ = 1;        // micro-batches a step of enough tokens is cut into
   int part_tokens_ = 0;  // ... enough: this many a part

@@ -27,6 +27,16 @@ double slowest_stage(const StageCosts& costs, const std::vector<int>& stage_laye
 std::vector<int> balance_stages(const StageCosts& costs, int pp,
                                 const std::vector<int>& current = {}, double tolerance = 0);
 
+// What balancing a backend's stages found (its stage_balance()).
+struct StageBalance {
+  bool ran = false;
+  std::vector<int> layers_before, layers_after;  // each stage's layers
+  // Each stage's time per output token (decode plus the prompt ratio's prefill), as measured
+  // before, and as the measured parts add up for the new split.
+  std::vector<double> seconds_before, predicted_after;
+  double calibration_seconds = 0;  // the calibration steps and the move
+};
+
 // Layers as even as they go ([L s / pp, L (s + 1) / pp)), as counts.
 std::vector<int> even_stages(int num_layers, int pp);
 

@@ -65,13 +65,13 @@ void WorkerConfig::bind(CLI::App& app) {
            "MLPs by rows, the LM head by vocabulary); the CPU backend runs each rank on its "
            "own threads");
   cli::add(app, "--pipeline-parallel", pipeline_parallel,
-           "Pipeline stages: contiguous layers each (on the CPU backend a step's micro-batches "
-           "in flight)");
+           "Pipeline stages: contiguous layers each (a step's micro-batches in flight: on cuda "
+           "with a GPU a stage, for steps of 128 tokens a part or more)");
   cli::add(app, "--stage-layers", stage_layers,
            "With --pipeline-parallel: even splits the layers as evenly as they go; auto times "
            "every layer and the LM head before serving and moves layers so the slowest stage is "
-           "fastest (CPU backend; docs/parallel-engine.md); or give each stage's layer count "
-           "(8,4)");
+           "fastest (on cuda the moved shards are read again; docs/parallel-engine.md); or give "
+           "each stage's layer count (8,4)");
   cli::add(app, "--expert-parallel", expert_parallel,
            "Mixture-of-experts layers: 1 slices every expert across the tensor-parallel ranks; "
            "the tensor-parallel size gives each rank a share of the experts whole (0: that, "
@@ -163,12 +163,6 @@ Status WorkerConfig::validate() const {
     if (tensor_parallel > 8) {
       return invalid_argument("the CUDA backend's tensor-parallel ranks are 1 to 8",
                               "tensor-parallel");
-    }
-    if (stages.balance && pipeline_parallel > 1) {
-      return invalid_argument(
-          "--stage-layers auto (balanced by measured time) runs on the CPU backend; on cuda "
-          "give each stage's layers or even",
-          "stage-layers");
     }
   }
   if (!devices.empty()) {

@@ -29,6 +29,7 @@
 #include "engine/model_shape.h"
 #include "engine/parallel_cuda_backend.h"
 #include "engine/peer_communicator.h"
+#include "engine/stage_calibration.h"
 #include "engine/weight_shard.h"
 #include "engine/weights.h"
 #include "tests/engine/cuda_test_util.h"
@@ -48,24 +49,29 @@ std::string model_dir(const std::string& name) {
   return name == "tiny-reverse" ? models + name : models + "fixtures/" + name;
 }
 
-// A random Llama with 8 query heads over 2 KV heads (replicated past 2 ranks), written once.
+// A random Llama of `layers` layers of `hidden` (a vocabulary of `vocab`) with `heads` query
+// heads of `head_dim` over 2 KV heads, written to a folder named `name`.
+std::string random_model_dir(const std::string& name, int vocab, int hidden, int layers, int heads,
+                             int head_dim) {
+  const std::string d = (std::filesystem::temp_directory_path() /
+                         ("headroom-cuda-" + name + "-" + std::to_string(::getpid())))
+                            .string();
+  hr::testing::RandomLlama spec;
+  spec.vocab = vocab;
+  spec.hidden = hidden;
+  spec.intermediate = 512;
+  spec.layers = layers;
+  spec.heads = heads;
+  spec.kv_heads = 2;
+  spec.head_dim = head_dim;
+  spec.context = 256;
+  hr::testing::write_random_llama(d, model_dir("tiny-reverse"), spec);
+  return d;
+}
+
+// 8 query heads over 2 KV heads (replicated past 2 ranks), written once.
 std::string wide_model_dir() {
-  static const std::string dir = [] {
-    const std::string d = (std::filesystem::temp_directory_path() /
-                           ("headroom-cuda-parallel-" + std::to_string(::getpid())))
-                              .string();
-    hr::testing::RandomLlama spec;
-    spec.vocab = 300;
-    spec.hidden = 128;
-    spec.intermediate = 512;
-    spec.layers = 2;
-    spec.heads = 8;
-    spec.kv_heads = 2;
-    spec.head_dim = 32;
-    spec.context = 256;
-    hr::testing::write_random_llama(d, model_dir("tiny-reverse"), spec);
-    return d;
-  }();
+  static const std::string dir = random_model_dir("parallel", 300, 128, 2, 8, 32);
   return dir;
 }
 
@@ -317,10 +323,16 @@ TEST(CudaParallelBackendTest, TheWorkersBackendSpecBuildsTheRanks) {
   auto direct_staged = parallel(loaded_weights(dir), 1, 1, 2, {3, 1});
   ASSERT_TRUE(direct_staged);
   EXPECT_EQ(three_sequences(**made_staged, 1), three_sequences(*direct_staged, 1));
+  // --stage-layers auto: balanced on the GPUs before serving.
   staged.stage_layers = {{}, true};
   auto balanced = make_backend(dir, staged);
-  ASSERT_FALSE(balanced.is_ok());
-  EXPECT_EQ(balanced.status().field(), "stage-layers");
+  ASSERT_TRUE(balanced.is_ok()) << balanced.status().to_string();
+  auto* measured = dynamic_cast<ParallelCudaBackend*>(balanced->get());
+  ASSERT_NE(measured, nullptr);
+  EXPECT_TRUE(measured->stage_balance().ran);
+  auto direct_balanced = parallel(loaded_weights(dir), 1, 1, 2, measured->stage_layers());
+  ASSERT_TRUE(direct_balanced);
+  EXPECT_EQ(three_sequences(**balanced, 1), three_sequences(*direct_balanced, 1));
   // Without --devices the ranks take the device and the ones after it.
   int count = 0;
   ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
@@ -331,6 +343,47 @@ TEST(CudaParallelBackendTest, TheWorkersBackendSpecBuildsTheRanks) {
     EXPECT_NE(missing.status().to_string().find("no CUDA device 1"), std::string::npos)
         << missing.status().to_string();
   }
+}
+
+// Stages balanced by measured time on the GPUs (--stage-layers auto): a model whose LM head
+// (16,000 rows of 256) costs several of its small layers on the stand-in moves layers off the
+// last stage; the backend built again over the new split equals one rank; explicit layers are
+// taken as they are.
+TEST(CudaParallelBackendTest, BalancingMovesLayersOffTheStageThatHoldsALargeLmHead) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = random_model_dir("balance", 16000, 256, 8, 4, 64);
+  const ModelWeights& w = loaded_weights(dir);
+  StageCalibration calibration;
+  auto made =
+      ParallelCudaBackend::create(w, {0, 0}, options(), ParallelDegrees(1, 2, 1), &calibration);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  std::shared_ptr<ParallelCudaBackend> many(std::move(made).value());
+  const StageBalance& b = many->stage_balance();
+  ASSERT_TRUE(b.ran);
+  EXPECT_EQ(b.layers_before, (std::vector<int>{4, 4}));
+  ASSERT_EQ(b.layers_after.size(), 2u);
+  EXPECT_EQ(b.layers_after[0] + b.layers_after[1], 8);
+  EXPECT_EQ(many->stage_layers(), b.layers_after);
+  std::printf("stage ms before %.3f, %.3f; layers after %d, %d\n", b.seconds_before[0] * 1e3,
+              b.seconds_before[1] * 1e3, b.layers_after[0], b.layers_after[1]);
+  // On the stand-in a step's time is the host's arithmetic, where the head outweighs several
+  // layers; a GPU's small layers are bound by their launches, and the split it chooses is its own.
+  if (kOnSimt) {
+    EXPECT_GT(b.layers_after[0], 4);
+    EXPECT_LT(std::max(b.predicted_after[0], b.predicted_after[1]),
+              std::max(b.seconds_before[0], b.seconds_before[1]));
+  }
+  auto one = one_rank(w);
+  ASSERT_TRUE(one);
+  expect_close(three_sequences(*one, 2), three_sequences(*many, 2), w.config.vocab_size);
+  EXPECT_EQ(greedy(many, 6, true), greedy(one, 6, false));
+  // Explicit layers are taken as they are.
+  auto fixed = ParallelCudaBackend::create(w, {0, 0}, options(), ParallelDegrees(1, 2, 1, {4, 4}),
+                                           &calibration);
+  ASSERT_TRUE(fixed.is_ok());
+  EXPECT_FALSE((*fixed)->stage_balance().ran);
+  EXPECT_EQ((*fixed)->stage_layers(), (std::vector<int>{4, 4}));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CudaParallelBackendTest, DegreesThatDoNotFitAreRefusedNamingTheOption) {
