@@ -345,6 +345,91 @@ TEST(CudaParallelBackendTest, TheWorkersBackendSpecBuildsTheRanks) {
   }
 }
 
+// A step cut into micro-batches samples as the whole step does: the same tokens, greedy and
+// seeded, with penalties, and the log probabilities its rows asked for in the step's rows (a row
+// that asked for none left as it was); then a decode step fed from it on the device, cut too.
+TEST(CudaParallelBackendTest, ACutStepSamplesAsTheWholeStep) {
+  SKIP_WITHOUT_GPU();
+  const ModelWeights& w = loaded_weights(model_dir("qwen3"));
+  auto whole = parallel(w, 1, 1, 2);
+  auto cut = parallel(w, 1, 1, 2, {}, 3);
+  ASSERT_TRUE(whole && cut);
+  const int vocab = w.config.vocab_size;
+  const std::vector<int> lengths = {7, 1, 19};
+  const int S = 3, width = 8;
+  std::vector<int32_t> ids, positions, starts{0}, rows, table, fed;
+  for (int q = 0; q < S; ++q) {
+    for (int i = 0; i < lengths[static_cast<size_t>(q)]; ++i) {
+      ids.push_back((q * 31 + i * 7 + 3) % vocab);
+      positions.push_back(i);
+    }
+    starts.push_back(static_cast<int32_t>(ids.size()));
+    rows.push_back(static_cast<int32_t>(ids.size()) - 1);
+    for (int j = 0; j < width; ++j) table.push_back(q * width + j);
+  }
+  const PenaltyToken seen[] = {{5, 2}, {9, 1}};
+  std::vector<SampleSpec> specs(S);
+  specs[0].logprobs = 3;
+  specs[1].temperature = 0.8f;
+  specs[1].random = 7;
+  specs[2].temperature = 1.0f;
+  specs[2].top_k = 5;
+  specs[2].random = 9;
+  specs[2].logprobs = 2;
+  specs[2].penalties.frequency = 0.5f;
+  specs[2].penalty_tokens = seen;
+  specs[2].num_penalty_tokens = 2;
+  auto run = [&](Backend& b, bool fed_step, std::vector<TokenLogprobs>* lp) {
+    StepInput in;
+    in.num_seqs = S;
+    in.seq_start = starts.data();
+    in.block_table = table.data();
+    in.max_blocks_per_seq = width;
+    in.num_logits = S;
+    std::vector<int32_t> decode_ids(S, 0), decode_pos(S), decode_starts{0, 1, 2, 3},
+        decode_rows{0, 1, 2}, decode_fed{0, 1, 2};
+    if (fed_step) {
+      for (int q = 0; q < S; ++q)
+        decode_pos[static_cast<size_t>(q)] = lengths[static_cast<size_t>(q)];
+      in.num_tokens = S;
+      in.token_ids = decode_ids.data();
+      in.positions = decode_pos.data();
+      in.seq_start = decode_starts.data();
+      in.logits_rows = decode_rows.data();
+      in.fed_rows = decode_fed.data();
+    } else {
+      in.num_tokens = static_cast<int>(ids.size());
+      in.token_ids = ids.data();
+      in.positions = positions.data();
+      in.logits_rows = rows.data();
+    }
+    std::vector<int32_t> tokens(S, -1);
+    lp->assign(S, TokenLogprobs{});
+    for (TokenLogprobs& l : *lp) l.logprob = 42.0f;  // (a row that asks for none keeps it)
+    Status st = b.submit(in, specs.data());
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    st = b.collect(tokens.data(), lp->data());
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    return tokens;
+  };
+  for (bool fed_step : {false, true}) {
+    std::vector<TokenLogprobs> want_lp, got_lp;
+    const auto want = run(*whole, fed_step, &want_lp);
+    const auto got = run(*cut, fed_step, &got_lp);
+    EXPECT_EQ(got, want) << (fed_step ? "decode" : "prefill");
+    for (int q = 0; q < S; ++q) {
+      const TokenLogprobs &a = want_lp[static_cast<size_t>(q)], &b = got_lp[static_cast<size_t>(q)];
+      EXPECT_EQ(b.num_top, a.num_top) << "row " << q;
+      EXPECT_NEAR(b.logprob, a.logprob, 1e-4) << "row " << q;
+      for (int k = 0; k < a.num_top; ++k) EXPECT_EQ(b.top_ids[k], a.top_ids[k]) << "row " << q;
+    }
+    EXPECT_EQ(got_lp[1].logprob, 42.0f);
+    EXPECT_EQ(got_lp[0].num_top, 3);
+  }
+  EXPECT_EQ(cut->steps_cut(), 2);
+  EXPECT_EQ(whole->steps_cut(), 0);
+}
+
 // Stages balanced by measured time on the GPUs (--stage-layers auto): a model whose LM head
 // (16,000 rows of 256) costs several of its small layers on the stand-in moves layers off the
 // last stage; the backend built again over the new split equals one rank; explicit layers are
