@@ -139,7 +139,7 @@ class PeerRank final : public DeviceCommunicator {
   }
 
   Status send(const void* data, size_t bytes, int peer, cudaStream_t stream) override {
-    HR_RETURN_IF_ERROR(check_peer("send", peer));
+    HR_RETURN_IF_ERROR(check_peer(true, peer));
     const kernels::PeerMailbox& m = to_[static_cast<size_t>(peer)];
     const char* p = static_cast<const char*>(data);
     for (size_t at = 0; at < bytes; at += m.capacity) {
@@ -150,7 +150,7 @@ class PeerRank final : public DeviceCommunicator {
   }
 
   Status recv(void* data, size_t bytes, int peer, cudaStream_t stream) override {
-    HR_RETURN_IF_ERROR(check_peer("recv", peer));
+    HR_RETURN_IF_ERROR(check_peer(false, peer));
     const kernels::PeerMailbox& m = from_[static_cast<size_t>(peer)];
     char* p = static_cast<char*>(data);
     for (size_t at = 0; at < bytes; at += m.capacity) {
@@ -161,12 +161,12 @@ class PeerRank final : public DeviceCommunicator {
   }
 
  private:
-  Status check_peer(const char* what, int peer) const {
+  Status check_peer(bool sending, int peer) const {
+    const char* what = sending ? "send" : "recv";
     if (peer < 0 || peer >= size() || peer == rank()) {
       return invalid_argument(std::string(what) + ": " + std::to_string(peer) + " is no other rank",
                               what);
     }
-    const bool sending = std::string(what) == "send";
     const int next = (rank() + 1) % size(), before = (rank() + size() - 1) % size();
     if (options_.mailbox_bytes == 0 || (options_.ring && peer != (sending ? next : before))) {
       return invalid_argument(std::string(what) + ": no mailbox " +

@@ -189,6 +189,19 @@ std::string case_name(const Case& c) {
   return name;
 }
 
+// The greedy answers of `got` (warmed up: its decode graphs captured first) equal `want`'s, with
+// graphs replayed, and with c.micro its steps were cut.
+void expect_same_greedy(std::shared_ptr<Backend> want_backend, bool warm_want,
+                        std::shared_ptr<ParallelCudaBackend> got_backend, const Case& c) {
+  auto want = greedy(want_backend, 10, warm_want);
+  auto got = greedy(got_backend, 10, true);
+  EXPECT_GT(got_backend->num_graphs(), 0u);
+  EXPECT_EQ(got, want);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[2].size(), 10u);
+  if (c.micro > 0) EXPECT_GT(got_backend->steps_cut(), 0);
+}
+
 class CudaParallelTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaParallelTest, VirtualRanksEqualOneRank) {
@@ -206,13 +219,7 @@ TEST_P(CudaParallelTest, VirtualRanksEqualOneRank) {
   expect_close(three_sequences(*one, 3), three_sequences(*many, 3), w.config.vocab_size);
   // Greedy through the engine: decode graphs captured as the steps come (one rank) and at
   // warm-up (the ranks), each replaying every rank's step with its collectives.
-  auto want = greedy(one, 10, false);
-  auto got = greedy(many, 10, true);
-  EXPECT_GT(many->num_graphs(), 0u);
-  EXPECT_EQ(got, want);
-  ASSERT_EQ(got.size(), 3u);
-  EXPECT_EQ(got[2].size(), 10u);
-  if (c.micro > 0) EXPECT_GT(many->steps_cut(), 0);
+  expect_same_greedy(one, false, many, c);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -268,13 +275,7 @@ TEST_P(CudaPeerRanksTest, OneGpuARankOverPeersEqualsVirtualRanks) {
   auto virtual_ranks = parallel(w, c.tp, c.ep, c.pp, c.stage_layers);  // (steps whole)
   ASSERT_TRUE(virtual_ranks);
   EXPECT_EQ(three_sequences(*peers, 3), three_sequences(*virtual_ranks, 3));
-  auto want = greedy(virtual_ranks, 10, true);
-  auto got = greedy(peers, 10, true);
-  EXPECT_GT(peers->num_graphs(), 0u);
-  EXPECT_EQ(got, want);
-  ASSERT_EQ(got.size(), 3u);
-  EXPECT_EQ(got[2].size(), 10u);
-  if (c.micro > 0) EXPECT_GT(peers->steps_cut(), 0);
+  expect_same_greedy(virtual_ranks, true, peers, c);
 }
 
 INSTANTIATE_TEST_SUITE_P(
