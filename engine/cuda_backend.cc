@@ -29,8 +29,15 @@ CudaBackend::CudaBackend(const ModelConfig& config, CudaBackendOptions options)
     : config_(config),
       options_(options),
       shard_(whole_model(config)),
-      slots_(2 +
-             (options.max_step_parts > 1 ? 2 * static_cast<size_t>(options.max_step_parts) : 0)) {}
+      whole_slots_(std::max(2, options.step_groups)),
+      slots_(static_cast<size_t>(whole_slots_) +
+             (options.max_step_parts > 1 ? 2 * static_cast<size_t>(options.max_step_parts) : 0)),
+      whole_slot_(whole_slots_ - 1) {}
+
+Status CudaBackend::check_whole_slot_free() const {
+  if (whole_steps_outstanding() < static_cast<size_t>(whole_slots_)) return Status::ok();
+  return internal_error(std::to_string(whole_slots_) + " steps are outstanding: collect one first");
+}
 
 int CudaBackend::head_rows() const {
   return shard_.tp > 1 ? (config_.vocab_size + shard_.tp - 1) / shard_.tp : config_.vocab_size;
@@ -149,8 +156,7 @@ void CudaBackend::set_profiling(bool on) {
 
 Status CudaBackend::forward(const StepInput& in, float* logits) {
   if (in.fed_rows) return invalid_argument("forward() takes no fed rows");
-  if (whole_steps_outstanding() >= 2)
-    return internal_error("two steps are outstanding: collect one first");
+  HR_RETURN_IF_ERROR(check_whole_slot_free());
   // (The step is done before this returns: a later submit may take its slot.)
   Status enqueued = enqueue(in, nullptr, free_slot());
   if (!enqueued.is_ok()) {
@@ -172,8 +178,7 @@ Status CudaBackend::forward(const StepInput& in, float* logits) {
 }
 
 Status CudaBackend::submit(const StepInput& in, const SampleSpec* specs) {
-  if (whole_steps_outstanding() >= 2)
-    return internal_error("two steps are outstanding: collect one first");
+  HR_RETURN_IF_ERROR(check_whole_slot_free());
   if (in.num_logits > 0 && specs == nullptr)
     return invalid_argument("no sampling specs for the logits rows");
   if (forwarded_.pending) return internal_error("a forwarded step waits for its sampling");
@@ -207,7 +212,7 @@ Status CudaBackend::submit_part(const StepInput& in, const SampleSpec* specs,
     part_prev_logits_ = prev_num_logits_;
   }
   prev_num_logits_ = part_prev_logits_;
-  const int index = 2 + part_half_ * options_.max_step_parts + where.index;
+  const int index = whole_slots_ + part_half_ * options_.max_step_parts + where.index;
   Status enqueued = enqueue(in, specs, index);
   // The last stage's tokens placed in the step's, and at the last part the step's made the ones
   // a later step's fed rows read.
@@ -235,8 +240,7 @@ Status CudaBackend::submit_part(const StepInput& in, const SampleSpec* specs,
 }
 
 Status CudaBackend::submit_forward(const StepInput& in) {
-  if (whole_steps_outstanding() >= 2)
-    return internal_error("two steps are outstanding: collect one first");
+  HR_RETURN_IF_ERROR(check_whole_slot_free());
   if (forwarded_.pending) return internal_error("a forwarded step waits for its sampling");
   const int index = free_slot();
   StepLayout lay;
@@ -331,7 +335,7 @@ Status CudaBackend::finish_submit(int index, int num_logits, const SampleSpec* s
   }
   slot.num_logits = sampled;
   prev_num_logits_ = num_logits;
-  if (index < 2) whole_slot_ = index;
+  if (index < whole_slots_) whole_slot_ = index;
   outstanding_.push_back(index);
   return Status::ok();
 }

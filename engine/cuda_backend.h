@@ -72,6 +72,12 @@ struct CudaBackendOptions {
   // arithmetic, not memory).
   int micro_batches = 0;
   int micro_batch_tokens = 128;
+  // Pipeline stages: steps of disjoint sequences in flight at once (Backend::step_groups), so
+  // that with a GPU a stage every stage has a step to run, whatever the batch; 0: one per stage
+  // with a GPU a rank unless micro_batches is given, else 1 (virtual ranks, whose stages take
+  // turns on one stream). With more than one, steps go whole (not cut into micro-batches), and a
+  // rank keeps staging slots for that many whole steps (two at least).
+  int step_groups = 0;
   // The parts a step may be submitted in (submit_part): staging slots for that many per step.
   int max_step_parts = 1;
   ProgrammaticLaunch programmatic_launch = ProgrammaticLaunch::kAuto;
@@ -184,6 +190,7 @@ class CudaBackend final : public Backend {
     o.max_step_parts = options_.max_step_parts;  // (the slots are sized for it)
     o.micro_batches = options_.micro_batches;
     o.micro_batch_tokens = options_.micro_batch_tokens;
+    o.step_groups = options_.step_groups;  // (so are the whole steps' slots)
     options_ = o;
     clear_graphs();
   }
@@ -265,13 +272,15 @@ class CudaBackend final : public Backend {
   [[nodiscard]] Status fill_random(uint64_t seed);
   [[nodiscard]] Status init_runtime();
   [[nodiscard]] Status alloc(void** p, size_t bytes, const char* what);
-  // The slot the next whole step packs into: the other of the first two.
-  int free_slot() const { return 1 - whole_slot_; }
-  // Whole steps outstanding (in the first two slots).
+  // The slot the next whole step packs into: the one after the last whole step's, in turn.
+  int free_slot() const { return (whole_slot_ + 1) % whole_slots_; }
+  // Whole steps outstanding (in the first whole_slots_ slots).
   size_t whole_steps_outstanding() const {
-    return static_cast<size_t>(
-        std::count_if(outstanding_.begin(), outstanding_.end(), [](int slot) { return slot < 2; }));
+    return static_cast<size_t>(std::count_if(outstanding_.begin(), outstanding_.end(),
+                                             [&](int slot) { return slot < whole_slots_; }));
   }
+  // A whole step may be submitted (else an error saying so).
+  [[nodiscard]] Status check_whole_slot_free() const;
   // Validates the step, packs its inputs into `slot`, and enqueues the whole forward pass up to
   // the logits (and the sampled tokens when `specs` is given): replaying a captured graph for
   // decode steps.
@@ -426,8 +435,9 @@ class CudaBackend final : public Backend {
   bool recording_routing_ = false;
   int routing_record_tokens_ = 0;  // the last step's
 
-  // Two slots, so that step N+1 is packed while step N reads its own inputs; then the parts'
-  // (submit_part): max_step_parts for each of two steps.
+  // Whole steps' slots, so that step N+1 is packed while step N reads its own inputs (two, or
+  // options_.step_groups); then the parts' (submit_part): max_step_parts for each of two steps.
+  int whole_slots_ = 2;
   std::vector<Slot> slots_;
   int whole_slot_ = 1;              // the slot of the last whole step
   int part_half_ = 1;               // the parts' half of their slots the last step took

@@ -217,8 +217,8 @@ Status CudaBackend::warm_up(int max_blocks_per_seq) {
           : 0;
   for (int size = 1; size <= largest; size = graph_batch_size(size + 1)) {
     for (int slot = 0; slot < static_cast<int>(slots_.size()); ++slot) {
-      if (slot >= 2 && ((slot - 2) % options_.max_step_parts >= parts ||
-                        size < options_.micro_batch_tokens || size > largest_part))
+      if (slot >= whole_slots_ && ((slot - whole_slots_) % options_.max_step_parts >= parts ||
+                                   size < options_.micro_batch_tokens || size > largest_part))
         continue;
       if (graphs_.count(std::make_tuple(size, true, warm_table_width_, slot))) continue;
       const SampleSpec* specs = nullptr;

@@ -52,6 +52,8 @@ Status CudaBackend::check_options() const {
       options_.max_step_parts > 64) {
     return invalid_argument("micro-batches must be 0 (one per stage) to 64", "micro-batches");
   }
+  if (options_.step_groups < 0 || options_.step_groups > 64)
+    return invalid_argument("step groups must be 0 (one per stage) to 64", "step-groups");
   if (options_.micro_batch_tokens < 1)
     return invalid_argument("micro-batches take at least one token each", "micro-batches");
   if (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128) {
@@ -306,8 +308,8 @@ Status CudaBackend::init_runtime() {
   HR_CUDA("zeroing merge counters", cudaMemsetAsync(combine_counters_, 0, counter_bytes, stream_));
   // A step's parts (submit_part): on the last stage, each part slot's sampled tokens and the
   // step's placed together.
-  if (slots_.size() > 2 && shard_.last_stage()) {
-    for (size_t i = 2; i < slots_.size(); ++i)
+  if (slots_.size() > static_cast<size_t>(whole_slots_) && shard_.last_stage()) {
+    for (size_t i = static_cast<size_t>(whole_slots_); i < slots_.size(); ++i)
       HR_RETURN_IF_ERROR(act(&slots_[i].tokens, S * 4, "tokens"));
     HR_RETURN_IF_ERROR(act(&part_tokens_, S * 4, "tokens"));
   }

@@ -48,7 +48,10 @@ Engine::Engine(std::shared_ptr<Backend> backend, std::shared_ptr<const Tokenizer
       options_(options),
       blocks_(backend_->num_kv_blocks(), backend_->block_size()),
       scheduler_(options.scheduler, &blocks_),
-      pipeline_(options.pipeline && backend_->pipelined()) {}
+      pipeline_(options.pipeline && backend_->pipelined()),
+      groups_(options.pipeline ? std::max(1, backend_->step_groups()) : 1) {
+  scheduler_.set_step_groups(groups_);
+}
 
 Result<int64_t> Engine::add(GenerationRequest r) {
   if (r.prompt.empty()) return invalid_argument("the prompt is empty", "prompt");
@@ -115,7 +118,7 @@ void Engine::cancel(int64_t id) {
 
 void Engine::fail_all(const std::string& error) {
   backend_->discard();
-  in_flight_.reset();
+  in_flight_.clear();
   for (auto& [id, a] : active_) {
     a.error = error;
     finish(a, FinishReason::kError, -1, "");
@@ -351,8 +354,8 @@ Status Engine::submit_masks() {
 }
 
 bool Engine::constrained_in_flight() const {
-  if (!in_flight_) return false;
-  for (int64_t id : in_flight_->sampled) {
+  if (in_flight_.empty()) return false;
+  for (int64_t id : in_flight_.back().sampled) {
     auto it = active_.find(id);
     if (it != active_.end() && it->second.matcher) return true;
   }
@@ -393,11 +396,12 @@ void Engine::advance_all(const Submitted& sub, StepStats* stats) {
   }
 }
 
-Status Engine::recover(Status failure, std::initializer_list<const Submitted*> steps) {
+Status Engine::recover(Status failure, const Submitted* step) {
   backend_->discard();
-  in_flight_.reset();
+  std::vector<const Submitted*> steps;
+  for (const Submitted& sub : in_flight_) steps.push_back(&sub);
+  if (step) steps.push_back(step);
   for (const Submitted* sub : steps) {
-    if (!sub) continue;
     for (int64_t id : sub->sampled) {
       auto it = active_.find(id);
       if (it == active_.end()) continue;
@@ -410,6 +414,7 @@ Status Engine::recover(Status failure, std::initializer_list<const Submitted*> s
       s.num_computed = std::min(s.num_computed, static_cast<int>(s.tokens.size()) - 1);
     }
   }
+  in_flight_.clear();
   return failure;
 }
 
@@ -422,17 +427,41 @@ Status Engine::collect(const Submitted& sub, StepStats* stats) {
   return collected;
 }
 
-Status Engine::collect_for_constraints(StepStats* stats) {
-  if (!constrained_in_flight()) return Status::ok();
-  Submitted prev = std::move(*in_flight_);
-  in_flight_.reset();
-  Status collected = collect(prev, stats);
-  if (!collected.is_ok()) return recover(collected, {&prev});
-  advance_all(prev, stats);
+Status Engine::collect_oldest(StepStats* stats) {
+  Status collected = collect(in_flight_.front(), stats);
+  if (!collected.is_ok()) return recover(collected);
+  Submitted done = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  advance_all(done, stats);
   return Status::ok();
 }
 
+Status Engine::collect_for_constraints(StepStats* stats) {
+  if (!constrained_in_flight()) return Status::ok();
+  return collect_oldest(stats);
+}
+
+Result<StepStats> Engine::step_in_groups() {
+  StepStats stats;
+  // Every group has a step in flight: the oldest one's sequences wait for its tokens.
+  if (static_cast<int>(in_flight_.size()) >= groups_) HR_RETURN_IF_ERROR(collect_oldest(&stats));
+  // Sequences whose tokens are on the way are left out (Scheduler::set_step_groups): every token
+  // planned is known, constrained rows' masks included.
+  StepPlan plan = scheduler_.schedule();
+  stats.num_preempted = static_cast<int>(plan.preempted.size());
+  if (plan.empty()) {
+    if (!in_flight_.empty()) HR_RETURN_IF_ERROR(collect_oldest(&stats));
+    return stats;
+  }
+  auto submitted = submit(plan, &stats);
+  if (!submitted.is_ok()) return recover(submitted.status());
+  complete(*submitted);
+  in_flight_.push_back(std::move(submitted).value());
+  return stats;
+}
+
 Result<StepStats> Engine::step() {
+  if (groups_ > 1) return step_in_groups();
   StepStats stats;
   // A constrained sequence's mask needs the token the step in flight samples. A backend that
   // splits its steps runs the next forward pass meanwhile and samples it once the masks are
@@ -445,37 +474,34 @@ Result<StepStats> Engine::step() {
   std::optional<Submitted> cur;
   if (!plan.empty()) {
     auto submitted = submit(plan, &stats, masks_later);
-    if (!submitted.is_ok()) {
-      // The step in flight may be what the failed one was to be fed from: drop it too.
-      std::optional<Submitted> prev = std::move(in_flight_);
-      return recover(submitted.status(), {prev ? &*prev : nullptr});
-    }
+    // The step in flight may be what the failed one was to be fed from: drop it too.
+    if (!submitted.is_ok()) return recover(submitted.status());
     cur = std::move(submitted).value();
   }
   if (!pipeline_) {
     if (!cur) return stats;
     Status collected = collect(*cur, &stats);
-    if (!collected.is_ok()) return recover(collected, {&*cur});
+    if (!collected.is_ok()) return recover(collected, &*cur);
     complete(*cur);
     advance_all(*cur, &stats);
     return stats;
   }
   // Pipelined: `cur` runs after the step in flight, whose tokens are collected now; then `cur`'s
   // tokens are all known to the host (fed ones included) and it can be completed.
-  if (in_flight_) {
-    Submitted prev = std::move(*in_flight_);
-    in_flight_.reset();
-    Status collected = collect(prev, &stats);
-    if (!collected.is_ok()) return recover(collected, {&prev, cur ? &*cur : nullptr});
+  if (!in_flight_.empty()) {
+    Status collected = collect(in_flight_.front(), &stats);
+    if (!collected.is_ok()) return recover(collected, cur ? &*cur : nullptr);
+    Submitted prev = std::move(in_flight_.front());
+    in_flight_.pop_front();
     advance_all(prev, &stats);
   }
   if (cur && !late_masks_.empty()) {
     Status sampling = submit_masks();
-    if (!sampling.is_ok()) return recover(sampling, {&*cur});
+    if (!sampling.is_ok()) return recover(sampling, &*cur);
   }
   if (cur) {
     complete(*cur);
-    in_flight_ = std::move(cur);
+    in_flight_.push_back(std::move(*cur));
   }
   return stats;
 }

@@ -4,8 +4,8 @@
 // step loop); the callbacks run on that thread.
 #pragma once
 
+#include <deque>
 #include <functional>
-#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -73,7 +73,8 @@ struct EngineOptions {
   // With a pipelined backend (Backend::pipelined), plan and submit step N+1 before collecting step
   // N, so that the host's work overlaps the device's: sequences sampled in step N are planned with
   // their next token fed on the device. A sequence that finishes at step N has had one more token
-  // computed in step N+1, which is dropped.
+  // computed in step N+1, which is dropped. With a backend that runs steps of disjoint sequences
+  // at once (Backend::step_groups), keep that many in flight instead, none fed from another.
   bool pipeline = true;
   // Prompt beginnings the operator made public (tokens: a shared system prompt as the chat
   // template renders it): a prompt that starts with one shares that prefix's full KV blocks with
@@ -82,9 +83,10 @@ struct EngineOptions {
   std::vector<std::vector<int32_t>> public_prefixes;
 };
 
-// A step() submits one step and, when pipelined, collects the one before: the counts describe the
-// step submitted; num_collected_tokens and num_finished the step collected (the one whose device
-// time the call waited for).
+// A step() submits one step and, when pipelined, collects the one before (with steps of disjoint
+// sequences in flight, the oldest, once as many are in flight as the backend runs at once, or
+// when nothing is left to plan): the counts describe the step submitted; num_collected_tokens and
+// num_finished the step collected (the one whose device time the call waited for).
 struct StepStats {
   int num_seqs = 0;
   int num_tokens = 0;
@@ -116,12 +118,15 @@ class Engine {
   // under way are dropped and every sequence is planned again from the tokens the host has (a
   // token lost with a failed step is computed and sampled again).
   [[nodiscard]] Result<StepStats> step();
-  bool has_work() const { return scheduler_.has_work() || in_flight_.has_value(); }
+  bool has_work() const { return scheduler_.has_work() || !in_flight_.empty(); }
   // Lets the backend prepare for this engine's steps before serving (the CUDA backend captures
   // its decode graphs). Call with no step under way.
   [[nodiscard]] Status warm_up() { return backend_->warm_up(max_blocks_per_seq()); }
   // Whether steps are pipelined (EngineOptions::pipeline and a pipelined backend).
   bool pipelined() const { return pipeline_; }
+  // Steps of disjoint sequences kept in flight (EngineOptions::pipeline and the backend's
+  // step_groups()); 1: one step, or two with the next fed from the first.
+  int step_groups() const { return groups_; }
   Headroom headroom() const { return scheduler_.headroom(); }
   // See Scheduler::set_sync_expected.
   void set_sync_expected(bool expected) { scheduler_.set_sync_expected(expected); }
@@ -166,6 +171,10 @@ class Engine {
   [[nodiscard]] Status submit_masks();
   // Whether the step in flight samples a token that a constrained sequence waits for.
   bool constrained_in_flight() const;
+  // step() with steps of disjoint sequences in flight (groups_ > 1).
+  [[nodiscard]] Result<StepStats> step_in_groups();
+  // Collects the oldest step in flight and advances its sequences (recovering on failure).
+  [[nodiscard]] Status collect_oldest(StepStats* stats);
   // The scheduler's complete() for the step's sequences that are still active.
   void complete(const Submitted& sub);
   // Appends the collected tokens (sampled_) to the sequences still active.
@@ -175,9 +184,9 @@ class Engine {
   // Collects the step in flight (pipelined), when a constrained sequence waits for its token: its
   // next mask depends on it.
   [[nodiscard]] Status collect_for_constraints(StepStats* stats);
-  // After a failed collect: drops the outstanding steps, and plans their sequences from what the
-  // host knows.
-  Status recover(Status failure, std::initializer_list<const Submitted*> steps);
+  // After a failure: drops every step in flight and `step` (not null: one submitted but no longer
+  // in flight), and plans their sequences from what the host knows.
+  Status recover(Status failure, const Submitted* step = nullptr);
   // Appends the sampled token (its log probabilities, when asked for, in `logprobs`); returns
   // true when the request finished.
   bool advance(Active& a, int32_t token, const TokenLogprobs* logprobs);
@@ -195,7 +204,9 @@ class Engine {
   int64_t next_arrival_ = 0;
   // Step buffers, reused.
   bool pipeline_;
-  std::optional<Submitted> in_flight_;  // submitted, not collected (pipelined)
+  int groups_;
+  // Submitted, not collected, oldest first: at most one when pipelined, groups_ with groups.
+  std::deque<Submitted> in_flight_;
   std::vector<int32_t> token_ids_, positions_, seq_start_, block_table_, logits_rows_, fed_rows_;
   std::vector<SampleSpec> specs_;
   std::vector<PenaltyToken> penalty_tokens_;  // the specs' penalty lists, one after another

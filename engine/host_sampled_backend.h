@@ -11,6 +11,28 @@
 
 namespace hr::engine {
 
+// A step's tokens sampled on the host, and their log probabilities where asked for (-1 in
+// `asked`: not).
+struct HostSampled {
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;
+  std::vector<int> asked;
+};
+
+// Samples `rows` logits rows of `vocab` (changed in place: penalties, biases, the token mask)
+// by specs[row], row_inputs[row] being the row's input token (for the penalties).
+HostSampled sample_on_host(float* logits, int vocab, int rows, const SampleSpec* specs,
+                           const int32_t* row_inputs);
+
+// `in`'s token ids with each fed row's token taken from `previous` (the step before's sampled
+// tokens) into `ids`; an error for a fed row that is not one of them.
+[[nodiscard]] Status resolve_fed_tokens(const StepInput& in, const std::vector<int32_t>& previous,
+                                        std::vector<int32_t>* ids);
+
+// Copies a sampled step's tokens (and the log probabilities asked for) out, as collect() gives
+// them.
+void hand_out(const HostSampled& s, int32_t* tokens, TokenLogprobs* logprobs);
+
 class HostSampledBackend : public Backend {
  public:
   [[nodiscard]] Status submit(const StepInput& in, const SampleSpec* specs) override;
@@ -33,13 +55,7 @@ class HostSampledBackend : public Backend {
   std::vector<float> logits_;
   std::vector<int32_t> fed_ids_;
   std::vector<int32_t> last_tokens_;
-  // A submitted step's tokens, and their log probabilities where asked for (-1 in `asked`: not).
-  struct Sampled {
-    std::vector<int32_t> tokens;
-    std::vector<TokenLogprobs> logprobs;
-    std::vector<int> asked;
-  };
-  std::deque<Sampled> outstanding_;
+  std::deque<HostSampled> outstanding_;  // submitted steps' tokens
 };
 
 }  // namespace hr::engine

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "engine/host_sampled_backend.h"
 #include "engine/safetensors.h"
 #include "engine/stage_calibration.h"
 
@@ -16,6 +17,9 @@ Status check_options(const ParallelCpuOptions& options) {
   if (options.block_size < 1) return invalid_argument("block size must be positive", "block-size");
   if (options.num_threads < 0 || options.num_threads > 256) {
     return invalid_argument("thread count must be 0 (one per core) to 256", "threads");
+  }
+  if (options.step_groups < 0 || options.step_groups > 64) {
+    return invalid_argument("step groups must be 0 (one per stage) to 64", "step-groups");
   }
   if (options.micro_batches < 0 || options.micro_batches > 64) {
     return invalid_argument("micro-batches must be 0 (one per stage) to 64", "micro-batches");
@@ -160,11 +164,15 @@ ParallelCpuBackend::ParallelCpuBackend(ParallelCpuOptions options, int vocab_siz
     : options_(options),
       vocab_size_(vocab_size),
       hidden_size_(hidden_size),
-      num_blocks_(num_blocks) {}
+      num_blocks_(num_blocks),
+      groups_(options.degrees.pp == 1
+                  ? 1
+                  : (options.step_groups > 0 ? options.step_groups : options.degrees.pp)) {}
 
 ParallelCpuBackend::~ParallelCpuBackend() { stop_ranks(); }
 
 void ParallelCpuBackend::stop_ranks() {
+  discard();  // every rank through the queued steps first: none waits for a peer that stopped
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -282,49 +290,204 @@ size_t ParallelCpuBackend::kv_cache_bytes() const {
   return n;
 }
 
-void ParallelCpuBackend::split(const StepInput& in) {
-  const int m = options_.degrees.pp == 1
-                    ? 1
-                    : (options_.micro_batches > 0 ? options_.micro_batches : options_.degrees.pp);
-  split_step(in, m, &micro_);
+// A queued step: its inputs (owned: the caller's arrays are reused for the next step), its
+// micro-batches, its logits, and once given, its sampling specs (owned too, with their lists).
+struct ParallelCpuBackend::QueuedStep {
+  std::vector<int32_t> token_ids, positions, seq_start, block_table, logits_rows;
+  StepInput in;
+  std::vector<MicroBatch> micro;
+  std::vector<float> own_logits;
+  float* logits = nullptr;          // [num_logits, vocab]: own_logits, or forward()'s caller's
+  std::vector<int32_t> row_inputs;  // each logits row's input token (the penalties)
+  bool has_specs = false;
+  std::vector<SampleSpec> specs;
+  std::vector<PenaltyToken> penalty_tokens;
+  std::vector<LogitBias> logit_bias;
+  std::vector<uint32_t> masks;
+  int finished = 0;  // ranks done with it (guarded by mu_)
+  Status status;     // its first error (guarded by mu_)
+  bool sampled = false;
+  HostSampled tokens;
+
+  // Keeps copies of the specs and of what they point to.
+  void keep_specs(const SampleSpec* given, int vocab) {
+    const size_t L = static_cast<size_t>(in.num_logits);
+    specs.assign(given, given + L);
+    const size_t words = (static_cast<size_t>(vocab) + 31) / 32;
+    for (const SampleSpec& sp : specs) {
+      penalty_tokens.insert(penalty_tokens.end(), sp.penalty_tokens,
+                            sp.penalty_tokens + std::max(0, sp.num_penalty_tokens));
+      logit_bias.insert(logit_bias.end(), sp.logit_bias,
+                        sp.logit_bias + std::max(0, sp.num_logit_bias));
+      if (sp.allowed) masks.insert(masks.end(), sp.allowed, sp.allowed + words);
+    }
+    size_t p = 0, b = 0, m = 0;  // the pointers once the copies stop moving
+    for (SampleSpec& sp : specs) {
+      sp.penalty_tokens = penalty_tokens.data() + p;
+      p += static_cast<size_t>(std::max(0, sp.num_penalty_tokens));
+      sp.logit_bias = logit_bias.data() + b;
+      b += static_cast<size_t>(std::max(0, sp.num_logit_bias));
+      if (sp.allowed) {
+        sp.allowed = masks.data() + m;
+        m += words;
+      }
+    }
+    has_specs = true;
+  }
+};
+
+Status ParallelCpuBackend::queue(const StepInput& in, float* logits) {
+  auto step = std::make_unique<QueuedStep>();
+  QueuedStep& q = *step;
+  const size_t T = static_cast<size_t>(in.num_tokens), S = static_cast<size_t>(in.num_seqs);
+  q.token_ids.assign(in.token_ids, in.token_ids + T);
+  q.positions.assign(in.positions, in.positions + T);
+  q.seq_start.assign(in.seq_start, in.seq_start + S + 1);
+  q.block_table.assign(in.block_table,
+                       in.block_table + S * static_cast<size_t>(in.max_blocks_per_seq));
+  q.logits_rows.assign(in.logits_rows, in.logits_rows + std::max(0, in.num_logits));
+  q.in = in;
+  q.in.token_ids = q.token_ids.data();
+  q.in.positions = q.positions.data();
+  q.in.seq_start = q.seq_start.data();
+  q.in.block_table = q.block_table.data();
+  q.in.logits_rows = q.logits_rows.data();
+  q.in.fed_rows = nullptr;
+  for (int32_t row : q.logits_rows) q.row_inputs.push_back(q.token_ids[static_cast<size_t>(row)]);
+  if (logits) {
+    q.logits = logits;
+  } else {
+    q.own_logits.resize(static_cast<size_t>(std::max(1, in.num_logits)) * vocab_size_);
+    q.logits = q.own_logits.data();
+  }
+  int parts = options_.degrees.pp == 1
+                  ? 1
+                  : (options_.micro_batches > 0 ? options_.micro_batches : options_.degrees.pp);
+  // With steps of other sequences in flight, a small step goes whole: cut, each part would cost
+  // about what the whole does (the weights are read once a part).
+  if (groups_ > 1) parts = std::max(1, std::min(parts, in.num_tokens / kGroupMicroBatchTokens));
+  split_step(q.in, parts, &q.micro);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    steps_.push_back(std::move(step));
+  }
+  start_cv_.notify_all();
+  return Status::ok();
+}
+
+Status ParallelCpuBackend::wait(QueuedStep* step) {
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return step->finished == static_cast<int>(ranks_.size()); });
+  return step->status;
+}
+
+Status ParallelCpuBackend::sample(QueuedStep* step) {
+  if (step->sampled) return Status::ok();
+  HR_RETURN_IF_ERROR(wait(step));
+  if (!step->has_specs) return internal_error("a forwarded step waits for its sampling");
+  step->tokens = sample_on_host(step->logits, vocab_size_, step->in.num_logits, step->specs.data(),
+                                step->row_inputs.data());
+  step->sampled = true;
+  return Status::ok();
+}
+
+void ParallelCpuBackend::pop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  steps_.pop_front();
+  ++first_index_;
 }
 
 Status ParallelCpuBackend::forward(const StepInput& in, float* logits) {
   if (in.fed_rows) return invalid_argument("forward() takes no fed rows");
+  if (!steps_.empty()) return internal_error("forward() while steps are outstanding");
   // Checked once here, so that no rank stops alone and leaves the others waiting in a collective.
   HR_RETURN_IF_ERROR(check_step(in, {vocab_size_, options_.block_size, num_blocks_}));
-  split(in);
-  logits_ = logits;
-  std::unique_lock<std::mutex> lock(mu_);
-  status_ = Status::ok();
-  finished_ = 0;
-  ++step_;
-  start_cv_.notify_all();
-  done_cv_.wait(lock, [&] { return finished_ == static_cast<int>(ranks_.size()); });
-  return status_;
+  HR_RETURN_IF_ERROR(queue(in, logits));
+  Status st = wait(steps_.back().get());
+  pop();
+  return st;
+}
+
+Status ParallelCpuBackend::submit(const StepInput& in, const SampleSpec* specs) {
+  if (in.num_logits > 0 && specs == nullptr)
+    return invalid_argument("no sampling specs for the logits rows");
+  HR_RETURN_IF_ERROR(submit_forward(in));
+  return submit_sampling(specs);
+}
+
+Status ParallelCpuBackend::submit_forward(const StepInput& in) {
+  if (static_cast<int>(steps_.size()) >= std::max(2, groups_)) {
+    return internal_error(std::to_string(steps_.size()) +
+                          " steps are outstanding: collect one first");
+  }
+  if (forwarded_) return internal_error("a forwarded step waits for its sampling");
+  HR_RETURN_IF_ERROR(check_step(
+      in, {vocab_size_, options_.block_size, num_blocks_, in.fed_rows ? last_num_logits_ : 0}));
+  StepInput resolved = in;
+  if (in.fed_rows) {
+    // The fed tokens are the newest step's: it is sampled first (waiting for it).
+    if (!steps_.empty()) HR_RETURN_IF_ERROR(sample(steps_.back().get()));
+    HR_RETURN_IF_ERROR(resolve_fed_tokens(
+        in, steps_.empty() ? last_tokens_ : steps_.back()->tokens.tokens, &fed_ids_));
+    resolved.token_ids = fed_ids_.data();
+    resolved.fed_rows = nullptr;
+  }
+  HR_RETURN_IF_ERROR(queue(resolved, nullptr));
+  last_num_logits_ = std::max(0, in.num_logits);
+  forwarded_ = true;
+  return Status::ok();
+}
+
+Status ParallelCpuBackend::submit_sampling(const SampleSpec* specs) {
+  if (!forwarded_) return internal_error("no forwarded step to sample");
+  QueuedStep& q = *steps_.back();
+  if (q.in.num_logits > 0 && specs == nullptr)
+    return invalid_argument("no sampling specs for the logits rows");
+  q.keep_specs(specs, vocab_size_);
+  forwarded_ = false;
+  return Status::ok();
+}
+
+Status ParallelCpuBackend::collect(int32_t* tokens, TokenLogprobs* logprobs) {
+  if (steps_.empty() || (forwarded_ && steps_.size() == 1))
+    return internal_error("no step to collect");
+  QueuedStep* oldest = steps_.front().get();
+  HR_RETURN_IF_ERROR(sample(oldest));
+  hand_out(oldest->tokens, tokens, logprobs);
+  last_tokens_ = std::move(oldest->tokens.tokens);
+  pop();
+  return Status::ok();
+}
+
+void ParallelCpuBackend::discard() {
+  for (auto& step : steps_) (void)wait(step.get());  // the ranks may still read them
+  std::lock_guard<std::mutex> lock(mu_);
+  first_index_ += steps_.size();
+  steps_.clear();
+  forwarded_ = false;
 }
 
 void ParallelCpuBackend::rank_loop(Rank* rank) {
-  uint64_t seen = 0;
-  for (;;) {
+  for (uint64_t next = 0;; ++next) {
+    QueuedStep* step = nullptr;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_ || step_ != seen; });
+      start_cv_.wait(lock, [&] { return stop_ || next < first_index_ + steps_.size(); });
       if (stop_) return;
-      seen = step_;
+      step = steps_[static_cast<size_t>(next - first_index_)].get();
     }
-    Status st = run_rank(rank);
+    Status st = run_rank(rank, step);
     std::lock_guard<std::mutex> lock(mu_);
-    if (!st.is_ok() && status_.is_ok()) status_ = st;
-    if (++finished_ == static_cast<int>(ranks_.size())) done_cv_.notify_all();
+    if (!st.is_ok() && step->status.is_ok()) step->status = st;
+    if (++step->finished == static_cast<int>(ranks_.size())) done_cv_.notify_all();
   }
 }
 
-Status ParallelCpuBackend::run_rank(Rank* rank) {
+Status ParallelCpuBackend::run_rank(Rank* rank, QueuedStep* step) {
   const int pp = options_.degrees.pp, D = hidden_size_, V = vocab_size_;
   const bool first = rank->stage == 0, last = rank->stage == pp - 1;
   Status result;
-  for (const MicroBatch& mb : micro_) {
+  for (const MicroBatch& mb : step->micro) {
     const size_t n = static_cast<size_t>(mb.in.num_tokens) * D;
     rank->hidden.resize(std::max<size_t>(1, n));
     rank->logits.resize(static_cast<size_t>(std::max(1, mb.in.num_logits)) * V);
@@ -342,8 +505,8 @@ Status ParallelCpuBackend::run_rank(Rank* rank) {
       if (!st.is_ok() && result.is_ok()) result = st;
     } else if (rank->tp_rank == 0 && result.is_ok()) {
       for (size_t i = 0; i < mb.logits_index.size(); ++i) {
-        std::memcpy(logits_ + static_cast<size_t>(mb.logits_index[i]) * V, &rank->logits[i * V],
-                    sizeof(float) * V);
+        std::memcpy(step->logits + static_cast<size_t>(mb.logits_index[i]) * V,
+                    &rank->logits[i * V], sizeof(float) * V);
       }
     }
   }

@@ -4,13 +4,17 @@
 // ThreadCommunicator (all-reduces of the o and down projections' partial sums, the gathered
 // logits); the stages hand their hidden rows on point to point. A step is cut into micro-batches
 // (contiguous token ranges, a sequence's later tokens after its earlier ones), so that while
-// stage s runs micro-batch m, stage s - 1 runs m + 1 and no stage waits for the whole step. The
-// first tensor-parallel rank of the last stage writes the logits; sampling is on the host, once
-// (every rank would sample the same token from the same gathered logits). This is the reference
-// the GPU ranks are checked against, and the CPU worker's --tensor-parallel / --pipeline-parallel.
+// stage s runs micro-batch m, stage s - 1 runs m + 1 and no stage waits for the whole step. Steps
+// queue: submit() hands a step to the ranks and returns, each rank taking the queued steps in
+// order, so with a step of other sequences for each stage in flight (step_groups) every stage
+// has work while the host samples. The first tensor-parallel rank of the last stage writes the
+// logits; sampling is on the host, once (every rank would sample the same token from the same
+// gathered logits), when the step is collected. This is the reference the GPU ranks are checked
+// against, and the CPU worker's --tensor-parallel / --pipeline-parallel.
 #pragma once
 
 #include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -18,7 +22,6 @@
 #include <vector>
 
 #include "engine/cpu_backend.h"
-#include "engine/host_sampled_backend.h"
 #include "engine/micro_batches.h"
 #include "engine/stage_balance.h"
 #include "engine/stage_calibration.h"
@@ -35,6 +38,11 @@ struct ParallelCpuOptions {
   int thread_nice = 0;
   bool pipelined = false;  // as CpuBackendOptions::pipelined
   int micro_batches = 0;   // a step's micro-batches with pipeline stages; 0: one per stage
+  // Steps of disjoint sequences in flight (Backend::step_groups); 0: one per stage. With more
+  // than one, a step is cut into micro-batches only where each has at least
+  // kGroupMicroBatchTokens tokens (a decode step of one group goes whole: the other groups'
+  // steps fill the stages).
+  int step_groups = 0;
   // With pipeline stages and no stage_layers in the degrees: before the backend is handed out,
   // calibration steps time every layer and the ends, and layers move between stages so that the
   // slowest stage is as fast as it can be (stage_balance.h). A part's cost is its time per
@@ -47,8 +55,9 @@ struct ParallelCpuOptions {
   double balance_prompt_ratio = 1.0;
 };
 
-class ParallelCpuBackend final : public HostSampledBackend {
+class ParallelCpuBackend final : public Backend {
  public:
+  static constexpr int kGroupMicroBatchTokens = 32;
   // Shards `full` (unpacked) for every rank; errors name the option at fault.
   [[nodiscard]] static Result<std::unique_ptr<ParallelCpuBackend>> create(
       const ModelWeights& full, ParallelCpuOptions options);
@@ -65,8 +74,16 @@ class ParallelCpuBackend final : public HostSampledBackend {
   int num_kv_blocks() const override { return num_blocks_; }
   size_t weight_bytes() const override;    // all ranks'
   size_t kv_cache_bytes() const override;  // all ranks'
+  // Only with no step outstanding.
   [[nodiscard]] Status forward(const StepInput& in, float* logits) override;
+  [[nodiscard]] Status submit(const StepInput& in, const SampleSpec* specs) override;
+  bool splits_sampling() const override { return true; }
+  [[nodiscard]] Status submit_forward(const StepInput& in) override;
+  [[nodiscard]] Status submit_sampling(const SampleSpec* specs) override;
+  [[nodiscard]] Status collect(int32_t* tokens, TokenLogprobs* logprobs) override;
+  void discard() override;
   bool pipelined() const override { return options_.pipelined; }
+  int step_groups() const override { return groups_; }
   int num_ranks() const { return static_cast<int>(ranks_.size()); }
   // Each stage's layers, first to last.
   std::vector<int> stage_layers() const;
@@ -103,24 +120,36 @@ class ParallelCpuBackend final : public HostSampledBackend {
   void stop_ranks();
   // What measure_parts runs (the options' balance_*).
   StageCalibration calibration() const;
-  void split(const StepInput& in);
+  struct QueuedStep;
+  // Queues a step for the ranks (its inputs copied; fed tokens already resolved); `logits` null:
+  // into the step's own buffer.
+  [[nodiscard]] Status queue(const StepInput& in, float* logits);
+  // Waits until every rank is done with `step`; its first error.
+  Status wait(QueuedStep* step);
+  // Waits for the step and samples it (once).
+  Status sample(QueuedStep* step);
+  // Drops the oldest queued step.
+  void pop();
   void rank_loop(Rank* rank);
-  Status run_rank(Rank* rank);
+  Status run_rank(Rank* rank, QueuedStep* step);
 
   ParallelCpuOptions options_;
-  int vocab_size_, hidden_size_, num_blocks_;
+  int vocab_size_, hidden_size_, num_blocks_, groups_;
   std::vector<std::vector<std::unique_ptr<ThreadCommunicator>>> tp_groups_, pp_groups_;
   std::vector<std::unique_ptr<Rank>> ranks_;
 
-  // The step in progress: written before step_ is raised, read by the rank threads.
-  std::vector<MicroBatch> micro_;
-  float* logits_ = nullptr;
+  // Queued steps, oldest first; steps_[i] is step first_index_ + i. Pushed and popped by the
+  // caller's thread under mu_; a rank reads a step's inputs (and the last stage writes its
+  // logits) between taking it and counting itself finished.
+  std::deque<std::unique_ptr<QueuedStep>> steps_;
+  uint64_t first_index_ = 0;  // guarded by mu_
   std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;
-  uint64_t step_ = 0;  // guarded by mu_
-  int finished_ = 0;   // ranks done with step_ (guarded by mu_)
-  bool stop_ = false;  // guarded by mu_
-  Status status_;      // the step's first error (guarded by mu_)
+  bool stop_ = false;                 // guarded by mu_
+  bool forwarded_ = false;            // the newest step waits for its sampling specs
+  int last_num_logits_ = 0;           // the newest submitted step's, for its successor's fed rows
+  std::vector<int32_t> last_tokens_;  // the newest collected step's tokens
+  std::vector<int32_t> fed_ids_;
   StageBalance balance_;
 };
 

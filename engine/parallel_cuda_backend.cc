@@ -162,11 +162,16 @@ Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::assemble(
   }
   const double fraction = options.kv_cache_fraction;
   if (pp > 1) {
-    // (Virtual ranks run their stages one after another on one stream, where micro-batches only
-    // cost: steps go whole there unless asked. Each rank still has the parts' slots of one a
-    // stage, as planned.)
+    // With a GPU a rank, a step of other sequences for each stage in flight, unless micro-batches
+    // were asked for. (Virtual ranks run their stages one after another on one stream, where
+    // neither pays: steps go one at a time and whole there unless asked. Each rank still has the
+    // parts' slots of one a stage, as planned.)
+    b->groups_ = options.step_groups > 0             ? options.step_groups
+                 : same || options.micro_batches > 0 ? 1
+                                                     : pp;
+    options.step_groups = b->groups_;
     const int parts = options.micro_batches > 0 ? options.micro_batches : pp;
-    b->parts_ = same && options.micro_batches == 0 ? 1 : parts;
+    b->parts_ = b->groups_ > 1 || (same && options.micro_batches == 0) ? 1 : parts;
     b->part_tokens_ = options.micro_batch_tokens;
     options.max_step_parts = std::max({options.max_step_parts, parts, pp});
     options.micro_batches = b->parts_;  // (each rank warms up the parts' graphs it will replay)
@@ -345,9 +350,13 @@ Status ParallelCudaBackend::on_ranks(const std::function<Status(int)>& work) {
 
 Status ParallelCudaBackend::check(const StepInput& in) const {
   // (As each rank would refuse it: the steps outstanding, then the step itself.)
-  if (outstanding_.size() >= 2)
-    return internal_error("two steps are outstanding: collect one first");
+  const size_t most = static_cast<size_t>(std::max(2, groups_));
+  if (outstanding_.size() >= most)
+    return internal_error(std::to_string(most) + " steps are outstanding: collect one first");
   if (forwarded_rows_ >= 0) return internal_error("a forwarded step waits for its sampling");
+  // Steps in groups go through the stages one after another, none waiting for the tokens of
+  // another: the last stage's tokens do not go back to the first.
+  if (groups_ > 1 && in.fed_rows) return invalid_argument("steps in groups take no fed rows");
   if (broken_) {
     return unavailable(
         "a step failed part-way on one GPU a rank: the ranks are out of step; restart the engine");
@@ -370,7 +379,8 @@ Status ParallelCudaBackend::stage_step(int r, const CudaBackend::StepRows& rows,
 
 Status ParallelCudaBackend::hand_back_tokens(int r, const CudaBackend::StepRows& rows) {
   const int s = r / tp_;
-  if (pp_ == 1) return Status::ok();
+  // (In groups no step is fed: the first stage would wait for the tokens before its next step.)
+  if (pp_ == 1 || groups_ > 1) return Status::ok();
   CudaBackend& b = *ranks_[static_cast<size_t>(r)];
   const size_t bytes = static_cast<size_t>(rows.logits) * sizeof(int32_t);
   if (s == pp_ - 1) {
@@ -386,7 +396,8 @@ Status ParallelCudaBackend::hand_back_tokens(int r, const CudaBackend::StepRows&
 }
 
 Status ParallelCudaBackend::receive_tokens(const CudaBackend::StepRows& rows) {
-  if (pp_ == 1 || !virtual_) return Status::ok();  // (over NCCL: in hand_back_tokens)
+  // (Over NCCL: in hand_back_tokens; in groups: none.)
+  if (pp_ == 1 || !virtual_ || groups_ > 1) return Status::ok();
   return threads_.front()->run([&](int t) -> Status {
     CudaBackend& b = *ranks_[static_cast<size_t>(t)];
     return pipes_[static_cast<size_t>(t)]->recv(b.sampled_tokens(),

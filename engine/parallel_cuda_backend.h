@@ -19,7 +19,11 @@
 //   the collective over every rank's buffers. A stage's decode step is one CUDA graph holding
 //   every rank's kernels and the collectives; the hand-offs between stages are copies between
 //   the graphs.
-// A step of enough tokens (options.micro_batch_tokens a part) is cut into micro-batches
+// With a GPU a rank and pipeline stages, the engine keeps a step of other sequences in flight
+// for each stage (step_groups(); options.step_groups): each rank's stream takes the steps in
+// order, so stage s runs one group's step while stage s - 1 runs the next group's, and the last
+// stage's tokens stay there (no step is fed from another). Or, when options.micro_batches asks,
+// a step of enough tokens (options.micro_batch_tokens a part) is cut into micro-batches
 // (micro_batches.h; options.micro_batches, one per stage by default), each rank submitting them in
 // order (CudaBackend::submit_part) and handing each on as it is done, so that with a GPU a stage,
 // stage s runs micro-batch m while stage s - 1 runs m + 1; smaller steps, forward() and the split
@@ -92,6 +96,7 @@ class ParallelCudaBackend final : public Backend {
   [[nodiscard]] Status collect(int32_t* tokens, TokenLogprobs* logprobs) override;
   void discard() override;
   bool pipelined() const override { return true; }
+  int step_groups() const override { return groups_; }
   bool splits_sampling() const override { return true; }
   [[nodiscard]] Status submit_forward(const StepInput& in) override;
   [[nodiscard]] Status submit_sampling(const SampleSpec* specs) override;
@@ -160,6 +165,7 @@ class ParallelCudaBackend final : public Backend {
   bool broken_ = false;  // a GPU a rank, after a step failed part-way
   StageBalance balance_;
   int hidden_size_ = 0;
+  int groups_ = 1;       // steps of disjoint sequences in flight (step_groups())
   int parts_ = 1;        // micro-batches a step of enough tokens is cut into
   int part_tokens_ = 0;  // ... enough: this many a part
   int64_t steps_cut_ = 0;

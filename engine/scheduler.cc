@@ -102,8 +102,19 @@ StepPlan Scheduler::schedule() {
       preempt(running_.back(), &plan, &budget);
     }
   }
+  // With steps of disjoint sequences in flight: this step's share of the sequences.
+  int max_seqs = config_.max_num_seqs;
+  if (step_groups_ > 1) {
+    const int candidates = std::min<int>(
+        config_.max_num_seqs,
+        static_cast<int>(running_.size() + waiting_sync_.size() + waiting_async_.size()));
+    max_seqs = std::max(1, (candidates + step_groups_ - 1) / step_groups_);
+  }
   auto plan_seq = [&](Sequence* seq, bool was_running) -> bool {
     if (seq->ends_with_pending()) return false;
+    if (step_groups_ > 1 &&
+        (seq->num_pending > 0 || static_cast<int>(plan.seqs.size()) >= max_seqs))
+      return false;
     int remaining = seq->length() - seq->num_computed;
     int n = std::min({remaining, budget, config_.max_prefill_chunk});
     if (n <= 0) return false;
@@ -115,6 +126,8 @@ StepPlan Scheduler::schedule() {
     return true;
   };
   auto admit = [&](Sequence* seq) -> bool {
+    // This step's share taken (a full step of one group makes no room for another's sequence).
+    if (step_groups_ > 1 && static_cast<int>(plan.seqs.size()) >= max_seqs) return false;
     if (static_cast<int>(running_.size()) >= config_.max_num_seqs) {
       Sequence* victim = pick_victim(seq, false);
       if (victim == nullptr) return false;

@@ -6,6 +6,7 @@
 // the engine's thread.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -130,6 +131,11 @@ class Scheduler {
   // Async tokens per step at most `tokens`, sync traffic or not (0: no cap): bounds the step that a
   // sync request arriving after a quiet spell waits behind (the caller sizes it from step times).
   void set_async_step_cap(int tokens) { async_step_cap_ = tokens; }
+  // Steps of disjoint sequences in flight at once (Backend::step_groups): above 1, a sequence
+  // whose token a step in flight samples is left out of the plan (not fed), and a step takes at
+  // most its share of the sequences, 1/groups of those running and waiting (rounded up), so
+  // that the groups come out about even.
+  void set_step_groups(int groups) { step_groups_ = std::max(1, groups); }
 
  private:
   bool grow(Sequence* seq, int num_new_tokens, bool allow_self, StepPlan* plan, int* budget);
@@ -139,6 +145,7 @@ class Scheduler {
   SchedulerConfig config_;
   bool sync_expected_ = false;
   int async_step_cap_ = 0;
+  int step_groups_ = 1;
   BlockManager* blocks_;
   std::vector<Sequence*> running_;
   std::deque<Sequence*> waiting_sync_;

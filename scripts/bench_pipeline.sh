@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Pipeline stages on the CPU backend (docs/parallel-engine.md "Balancing the stages"): decode and
 # prefill step times of two stages split evenly or balanced by measured stage time, with steps
-# cut into a micro-batch per stage or never, on the
+# cut into a micro-batch per stage or never, and whole answers through the engine with a step of
+# other sequences for each stage in flight against one group of cut steps, on the
 # ~100M-parameter random Llama (.headroom/bench-model-100m) and on a ~110M one whose LM head costs
 # ~10 layers, as Qwen3-0.6B's does (.headroom/bench-model-wide-vocab; both written on the fly, not
 # committed); then the load's rate against the disk's cold read rate. HEADROOM_BENCH_BUILD=DIR
@@ -38,6 +39,7 @@ stages, wide, load = (json.loads(a) for a in sys.argv[1:4])
 print(json.dumps({
     "speedup_over_even": stages["speedup_over_even"],
     "wide_vocab_speedup_over_even": wide["speedup_over_even"],
+    "groups_over_one_group": stages["groups_over_one_group"],
     "stage_layers": stages["stage_layers"],
     "wide_vocab_stage_layers": wide["stage_layers"],
     "disk_cold_read_gbs": load["disk_cold_read_gbs"],

@@ -5,7 +5,10 @@
 //       the even split with steps never cut; on decode steps of 8 and 32 sequences (after 64
 //       cached tokens each) and a prefill of two 256-token prompts. The engines are built once
 //       and take turns step by step, so drift in the machine's speed falls on all alike; medians
-//       of `rounds` steps each.
+//       of `rounds` steps each. Then whole answers through the engine (the even split), tokens
+//       per second: one group of sequences (each step cut into a micro-batch per stage) against
+//       a group per stage in flight (engine/parallel_cpu_backend.h), for 8 and 32 sequences of a
+//       32-token prompt and 32 answer tokens; medians of 3 rounds, the two taking turns.
 //   --load DIR [--pp 2] [--tp 1] [--rounds 3]
 //       The load's rate against the disk's: the checkpoint's files dropped from the page cache
 //       (posix_fadvise DONTNEED; the fraction still resident is reported) before each cold
@@ -31,6 +34,7 @@
 #include <unistd.h>
 
 #include "engine/cpu_backend.h"
+#include "engine/engine.h"
 #include "engine/parallel_cpu_backend.h"
 #include "engine/safetensors.h"
 #include "engine/synthetic_step.h"
@@ -173,6 +177,31 @@ int load_mode(const std::string& dir, ParallelDegrees degrees, int rounds) {
   return 0;
 }
 
+// Answers for `seqs` prompts of 32 tokens, 32 tokens each, through an engine on `b`; tokens per
+// second of the whole run (prefill included).
+double engine_tokens_per_s(std::shared_ptr<Backend> b, int seqs) {
+  EngineOptions eo;
+  eo.scheduler.max_num_seqs = seqs;
+  eo.scheduler.max_batched_tokens = 2048;
+  auto engine = Engine::create(std::move(b), nullptr, 256, eo);
+  if (!engine.is_ok()) std::abort();
+  const int V = (*engine)->backend().vocab_size();
+  int generated = 0;
+  for (int i = 0; i < seqs; ++i) {
+    GenerationRequest r;
+    for (int k = 0; k < 32; ++k) r.prompt.push_back((i * 131 + k * 71 + 5) % V);
+    r.params.max_tokens = 32;
+    r.params.ignore_eos = true;
+    r.on_event = [&generated](const TokenEvent& ev) { generated += ev.token >= 0; };
+    if (!(*engine)->add(std::move(r)).is_ok()) std::abort();
+  }
+  const auto t = Clock::now();
+  while ((*engine)->has_work()) {
+    if (!(*engine)->step().is_ok()) std::abort();
+  }
+  return generated / secs(t);
+}
+
 struct Config {
   std::string name;
   bool balance;
@@ -276,9 +305,39 @@ int main(int argc, char** argv) {
     std::printf("%s\n", line.dump().c_str());
     std::fflush(stdout);
   }
-  json out = {{"model", model},     {"tensor_parallel", d.tp},  {"pipeline_parallel", d.pp},
-              {"rounds", rounds},   {"stage_layers", layers},   {"balance", balance},
-              {"step_ms", medians}, {"speedup_over_even", over}};
+  // Whole answers through the engine: one group against a group per stage.
+  json engine_tok_s = json::object(), groups_over_one = json::object();
+  for (int seqs : {8, 32}) {
+    std::map<int, std::vector<double>> tok_s;  // groups -> rounds
+    for (int round = 0; round < 3; ++round) {
+      for (int groups : {1, d.pp}) {
+        ParallelCpuOptions o;
+        o.degrees = d;
+        o.kv_cache_bytes = 512ull << 20;
+        o.step_groups = groups;
+        auto made = ParallelCpuBackend::create(full, o);
+        if (!made.is_ok()) return 1;
+        tok_s[groups].push_back(
+            engine_tokens_per_s(std::shared_ptr<Backend>(std::move(made).value()), seqs));
+      }
+    }
+    const std::string name = "batch" + std::to_string(seqs);
+    engine_tok_s[name] = {{"one_group", median(tok_s[1])},
+                          {"group_per_stage", median(tok_s[d.pp])}};
+    groups_over_one[name] = median(tok_s[d.pp]) / median(tok_s[1]);
+    std::printf("%s\n", json({{"engine", name}, {"tok_s", engine_tok_s[name]}}).dump().c_str());
+    std::fflush(stdout);
+  }
+  json out = {{"model", model},
+              {"tensor_parallel", d.tp},
+              {"pipeline_parallel", d.pp},
+              {"rounds", rounds},
+              {"stage_layers", layers},
+              {"balance", balance},
+              {"step_ms", medians},
+              {"speedup_over_even", over},
+              {"engine_tok_s", engine_tok_s},
+              {"groups_over_one_group", groups_over_one}};
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }

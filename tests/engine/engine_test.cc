@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -111,7 +112,10 @@ std::vector<Outcome> run_all(Engine& e, const std::vector<std::vector<int32_t>>&
     };
     EXPECT_TRUE(e.add(std::move(r)).is_ok());
   }
-  for (int guard = 0; e.has_work() && guard < 10000; ++guard) EXPECT_TRUE(e.step().is_ok());
+  for (int guard = 0; e.has_work() && guard < 10000; ++guard) {
+    auto st = e.step();
+    EXPECT_TRUE(st.is_ok()) << st.status().to_string();
+  }
   return out;
 }
 
@@ -416,6 +420,142 @@ TEST(EngineTest, PipelinedConstrainedStepsSampleAfterTheStepBeforeIsCollected) {
   EXPECT_EQ(counted->collected_between, counted->halves);
 }
 
+// A backend that runs steps of disjoint sequences at once (as pipeline stages do), made of the
+// CPU backend: each step is computed when submitted and its tokens are held until collected.
+// It refuses what the engine must not do with it (fed rows, more steps than groups, a sequence
+// sampled by two steps in flight: the block its sampled token's row is written to is in both)
+// and counts how many steps were in flight.
+class GroupedBackend final : public Backend {
+ public:
+  GroupedBackend(std::shared_ptr<Backend> b, int groups) : b_(std::move(b)), groups_(groups) {}
+  const char* name() const override { return b_->name(); }
+  int vocab_size() const override { return b_->vocab_size(); }
+  int block_size() const override { return b_->block_size(); }
+  int num_kv_blocks() const override { return b_->num_kv_blocks(); }
+  size_t weight_bytes() const override { return b_->weight_bytes(); }
+  size_t kv_cache_bytes() const override { return b_->kv_cache_bytes(); }
+  Status forward(const StepInput& in, float* logits) override { return b_->forward(in, logits); }
+  int step_groups() const override { return groups_; }
+  Status submit(const StepInput& in, const SampleSpec* specs) override {
+    if (in.fed_rows) return internal_error("a step fed from another");
+    if (static_cast<int>(held_.size()) >= groups_) return internal_error("too many steps");
+    // The blocks of the rows this step samples: none may be a step in flight's.
+    std::set<int32_t> writes;
+    for (int r = 0; r < in.num_logits; ++r) {
+      const int t = in.logits_rows[r];
+      int s = 0;
+      while (in.seq_start[s + 1] <= t) ++s;
+      writes.insert(in.block_table[s * in.max_blocks_per_seq + in.positions[t] / block_size()]);
+    }
+    for (const Held& h : held_) {
+      for (int32_t blk : writes) {
+        if (h.writes.count(blk)) return internal_error("two steps in flight sample one sequence");
+      }
+    }
+    Held h;
+    h.writes = std::move(writes);
+    h.tokens.resize(static_cast<size_t>(in.num_logits));
+    h.logprobs.resize(static_cast<size_t>(in.num_logits));
+    HR_RETURN_IF_ERROR(b_->submit(in, specs));
+    HR_RETURN_IF_ERROR(b_->collect(h.tokens.data(), h.logprobs.data()));
+    held_.push_back(std::move(h));
+    most_in_flight = std::max(most_in_flight, static_cast<int>(held_.size()));
+    rows.push_back(in.num_logits);
+    return Status::ok();
+  }
+  Status collect(int32_t* tokens, TokenLogprobs* logprobs) override {
+    if (held_.empty()) return internal_error("no step to collect");
+    const Held& h = held_.front();
+    std::copy(h.tokens.begin(), h.tokens.end(), tokens);
+    if (logprobs) std::copy(h.logprobs.begin(), h.logprobs.end(), logprobs);
+    held_.pop_front();
+    return Status::ok();
+  }
+  void discard() override { held_.clear(); }
+  int most_in_flight = 0;
+  std::vector<int> rows;  // each step's logits rows
+
+ private:
+  struct Held {
+    std::set<int32_t> writes;
+    std::vector<int32_t> tokens;
+    std::vector<TokenLogprobs> logprobs;
+  };
+  std::shared_ptr<Backend> b_;
+  int groups_;
+  std::deque<Held> held_;
+};
+
+// Steps of disjoint sequences in flight (as many as the backend's groups, none fed from another)
+// give exactly what plain steps give: greedy answers, chunked prefill, seeded sampling with log
+// probabilities, length limits and stop strings; the groups fill (as many steps in flight as
+// groups) and share the sequences out evenly.
+TEST(EngineTest, StepsOfDisjointSequencesInFlightEqualPlainSteps) {
+  auto& f = Fixture::get();
+  for (int groups : {2, 3}) {
+    auto grouped = std::make_shared<GroupedBackend>(f.backend(16, 8 << 20, false), groups);
+    auto e = f.engine(grouped, {64, 512, 512});
+    ASSERT_EQ(e->step_groups(), groups);
+    auto together = run_all(*e, prompts(32));
+    for (int i = 0; i < 32; ++i)
+      EXPECT_EQ(together[static_cast<size_t>(i)].tokens, expected(i)) << groups << " " << i;
+    EXPECT_EQ(grouped->most_in_flight, groups);
+    // 32 sequences: each step samples at most its share (the first ones, all prefills, too).
+    const int share = (32 + groups - 1) / groups;
+    EXPECT_LE(*std::max_element(grouped->rows.begin(), grouped->rows.end()), share);
+    EXPECT_EQ(grouped->rows.front(), share);
+    EXPECT_EQ(e->blocks().num_available(), e->blocks().num_blocks());
+
+    auto chunked = std::make_shared<GroupedBackend>(f.backend(16, 8 << 20, false), groups);
+    expect_same_outcomes(run_all(*f.engine(chunked, {8, 8, 3}), prompts(12, 40)),
+                         run_all(*f.engine({8, 8, 3}), prompts(12, 40)));
+
+    SamplingParams seeded;
+    seeded.temperature = 1.2f;
+    seeded.top_k = 20;
+    seeded.top_p = 0.95f;
+    seeded.seed = 7;
+    seeded.logprobs = 2;
+    seeded.penalties.frequency = 0.5f;
+    auto sampled = std::make_shared<GroupedBackend>(f.backend(16, 8 << 20, false), groups);
+    const auto a =
+        run_all(*f.engine(sampled, {8, 512, 512}), prompts(6, 60), RequestClass::kAsync, seeded);
+    const auto b = run_all(*f.engine({8, 512, 512}), prompts(6, 60), RequestClass::kAsync, seeded);
+    expect_same_outcomes(a, b);
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].logprobs.size(), b[i].logprobs.size());
+      for (size_t t = 0; t < a[i].logprobs.size(); ++t)
+        EXPECT_EQ(a[i].logprobs[t].logprob, b[i].logprobs[t].logprob) << i << " " << t;
+    }
+
+    SamplingParams limits;
+    limits.max_tokens = 3;
+    limits.stop = {"e", "a"};
+    auto limited = std::make_shared<GroupedBackend>(f.backend(16, 8 << 20, false), groups);
+    expect_same_outcomes(
+        run_all(*f.engine(limited, {4, 64, 16}), prompts(10, 80), RequestClass::kSync, limits),
+        run_all(*f.engine({4, 64, 16}), prompts(10, 80), RequestClass::kSync, limits));
+  }
+}
+
+// Constrained answers with steps of disjoint sequences in flight: a sequence is planned only
+// once its token is known, so its mask is filled before its step is submitted (never in halves);
+// the answers equal plain steps' and are valid documents.
+TEST(EngineTest, ConstrainedStepsInGroupsEqualPlainSteps) {
+  auto& f = Fixture::get();
+  const int n = 12;
+  auto grouped = std::make_shared<GroupedBackend>(f.backend(16, 8 << 20, false), 2);
+  const auto in_groups =
+      constrained_answers(nlohmann::json{{"cases", f.cases}}, grouped, true, n, true);
+  const auto plain = constrained_answers(nlohmann::json{{"cases", f.cases}},
+                                         f.backend(16, 8 << 20, false), false, n, true);
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(in_groups.tokens[i], plain.tokens[i]) << "answer " << i;
+    if (i % 2) expect_valid_document(in_groups.text[i], "answer " + std::to_string(i));
+  }
+  EXPECT_EQ(grouped->most_in_flight, 2);
+}
+
 TEST(EngineTest, PipelinedPrefixCacheHitEqualsMiss) {
   auto& f = Fixture::get();
   auto e = f.engine({8, 512, 512}, /*block_size=*/4, 8 << 20, true);
@@ -493,6 +633,7 @@ class FailingBackend final : public Backend {
   void return_invalid_token(int at, int row, int32_t token) { injected_[at] = {row, token}; }
   void discard() override { inner_->discard(); }
   bool pipelined() const override { return inner_->pipelined(); }
+  int step_groups() const override { return inner_->step_groups(); }
   int submits() const { return submits_; }
   // The block-table width of each step submitted.
   const std::vector<int>& table_widths() const { return table_widths_; }
@@ -538,6 +679,39 @@ TEST(EngineTest, AFailedStepLosesNoTokens) {
       }
       EXPECT_EQ(e->blocks().num_available(), e->blocks().num_blocks());
     }
+  }
+}
+
+// A failed collect or submit with steps of disjoint sequences in flight drops every one of them
+// and plans their sequences again: no token is lost, and no block.
+TEST(EngineTest, AFailedStepInGroupsLosesNoTokens) {
+  auto& f = Fixture::get();
+  for (int fail_at : {1, 3, 6, -2, -5}) {
+    auto grouped = std::make_shared<GroupedBackend>(f.backend(16, 8 << 20, false), 2);
+    auto failing = fail_at > 0 ? std::make_shared<FailingBackend>(grouped, fail_at)
+                               : std::make_shared<FailingBackend>(grouped, 0, -fail_at);
+    auto e = f.engine(failing, {8, 512, 512});
+    ASSERT_EQ(e->step_groups(), 2);
+    std::vector<Outcome> out(4);
+    for (int i = 0; i < 4; ++i) {
+      GenerationRequest r;
+      r.prompt = prompts(1, 50 + i)[0];
+      r.params.max_tokens = 40;
+      r.on_event = [&out, i](const TokenEvent& ev) {
+        if (ev.token >= 0) out[static_cast<size_t>(i)].tokens.push_back(ev.token);
+        if (ev.finished) out[static_cast<size_t>(i)].reason = ev.finish_reason;
+      };
+      ASSERT_TRUE(e->add(std::move(r)).is_ok());
+    }
+    int failures = 0;
+    for (int guard = 0; e->has_work() && guard < 10000; ++guard)
+      failures += e->step().is_ok() ? 0 : 1;
+    EXPECT_EQ(failures, 1) << fail_at;
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(out[static_cast<size_t>(i)].tokens, expected(50 + i)) << fail_at << " " << i;
+      EXPECT_EQ(out[static_cast<size_t>(i)].reason, FinishReason::kStop);
+    }
+    EXPECT_EQ(e->blocks().num_available(), e->blocks().num_blocks());
   }
 }
 

@@ -49,6 +49,49 @@ int tokens_of(const StepPlan& p, const Sequence* s) {
   return 0;
 }
 
+// With two step groups: a step takes half of the sequences (rounded up), a sync one first;
+// sequences whose token a step in flight samples are left out, so the next step takes the
+// others; once the first step's tokens are in, its sequences are planned again.
+TEST(SchedulerTest, StepGroupsShareTheSequencesAndSkipThoseInFlight) {
+  Harness h(64, 4, {8, 64, 64});
+  h.sched.set_step_groups(2);
+  std::vector<Sequence*> async;
+  for (int i = 0; i < 4; ++i) async.push_back(h.add(RequestClass::kAsync, 3));
+  Sequence* sync = h.add(RequestClass::kSync, 3);
+  auto in_flight = [](const StepPlan& p) {
+    for (const auto& x : p.seqs) {
+      if (x.sample) ++x.seq->num_pending;
+    }
+  };
+  auto arrive = [](const StepPlan& p) {
+    for (const auto& x : p.seqs) {
+      if (!x.sample) continue;
+      --x.seq->num_pending;
+      x.seq->tokens.push_back(7);
+    }
+  };
+  StepPlan a = h.sched.schedule();
+  h.sched.complete(a);
+  in_flight(a);
+  ASSERT_EQ(a.seqs.size(), 3u);  // ceil(5 / 2)
+  EXPECT_EQ(tokens_of(a, sync), 3);
+  EXPECT_EQ(tokens_of(a, async[0]), 3);
+  EXPECT_EQ(tokens_of(a, async[1]), 3);
+  StepPlan b = h.sched.schedule();
+  h.sched.complete(b);
+  in_flight(b);
+  ASSERT_EQ(b.seqs.size(), 2u);
+  EXPECT_EQ(tokens_of(b, async[2]), 3);
+  EXPECT_EQ(tokens_of(b, async[3]), 3);
+  EXPECT_TRUE(h.sched.schedule().empty());  // every sequence's token is on the way
+  arrive(a);
+  StepPlan c = h.sched.schedule();
+  ASSERT_EQ(c.seqs.size(), 3u);
+  EXPECT_EQ(tokens_of(c, sync), 1);
+  EXPECT_EQ(tokens_of(c, async[0]), 1);
+  EXPECT_EQ(tokens_of(c, async[1]), 1);
+}
+
 TEST(SchedulerTest, SyncIsAdmittedBeforeEarlierAsync) {
   Harness h(64, 4, {8, 10, 10});
   Sequence* a = h.add(RequestClass::kAsync, 8);
