@@ -64,8 +64,10 @@ class Backend {
   // The step as forward(), then one token per logits row sampled by specs[row] (on the device
   // where there is one, so that only token ids come back). The step may still be running when
   // this returns; collect() gives its tokens. Steps complete in submission order, and at most two
-  // are outstanding (or step_groups(), where that is more): submit a third only after collecting
-  // the first. A failed submit leaves nothing outstanding that was not before.
+  // are outstanding (or step_groups(), where that is more): submit one more only after
+  // collecting the oldest. Steps run in submission order on every stage, so a step may read the
+  // K/V that one still outstanding writes (a prompt's next chunk after the chunk before). A
+  // failed submit leaves nothing outstanding that was not before.
   [[nodiscard]] virtual Status submit(const StepInput& in, const SampleSpec* specs) = 0;
   // Waits for the oldest outstanding step and writes its num_logits tokens to `tokens` (host),
   // and, when `logprobs` is not null, to logprobs[row] the log probabilities of each row whose
@@ -76,11 +78,13 @@ class Backend {
   // True when submit() returns before the step's work is done, so that the engine can plan the
   // next step meanwhile.
   virtual bool pipelined() const { return false; }
-  // How many steps of disjoint sequences the backend runs at once (its pipeline's stages: while
-  // one step is in stage s, the next is in stage s - 1). Above 1, an engine that pipelines keeps
-  // that many outstanding (more than two, then, may be), each of sequences whose tokens the host
-  // knows (no fed rows), and plans a sequence again only once the step it is in was collected.
-  // 1: one step after another, the next fed from the one before (pipelined()).
+  // How many steps the backend runs at once (its pipeline's stages: while one step is in stage
+  // s, the next is in stage s - 1). Above 1, an engine that pipelines keeps that many
+  // outstanding (more than two, then, may be), each sampling other sequences than the others in
+  // flight, whose tokens the host knows (no fed rows): a sequence that samples is planned again
+  // only once its step was collected (a long prompt's next chunk, which samples nothing, may go
+  // in the next step at once). 1: one step after another, the next fed from the one before
+  // (pipelined()).
   virtual int step_groups() const { return 1; }
   // A step submitted in two halves (structured output's overlap, docs/structured-output.md): its
   // forward pass at once, its sampling once the host knows the specs, which may need the tokens

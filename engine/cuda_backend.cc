@@ -34,6 +34,16 @@ CudaBackend::CudaBackend(const ModelConfig& config, CudaBackendOptions options)
              (options.max_step_parts > 1 ? 2 * static_cast<size_t>(options.max_step_parts) : 0)),
       whole_slot_(whole_slots_ - 1) {}
 
+int CudaBackend::free_slot() const {
+  for (int k = 1; k <= whole_slots_; ++k) {
+    const int slot = (whole_slot_ + k) % whole_slots_;
+    if (forwarded_.pending && forwarded_.slot == slot) continue;
+    if (std::find(outstanding_.begin(), outstanding_.end(), slot) == outstanding_.end())
+      return slot;
+  }
+  return (whole_slot_ + 1) % whole_slots_;  // (none free: check_whole_slot_free refuses first)
+}
+
 Status CudaBackend::check_whole_slot_free() const {
   if (whole_steps_outstanding() < static_cast<size_t>(whole_slots_)) return Status::ok();
   return internal_error(std::to_string(whole_slots_) + " steps are outstanding: collect one first");

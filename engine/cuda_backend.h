@@ -272,8 +272,9 @@ class CudaBackend final : public Backend {
   [[nodiscard]] Status fill_random(uint64_t seed);
   [[nodiscard]] Status init_runtime();
   [[nodiscard]] Status alloc(void** p, size_t bytes, const char* what);
-  // The slot the next whole step packs into: the one after the last whole step's, in turn.
-  int free_slot() const { return (whole_slot_ + 1) % whole_slots_; }
+  // The slot the next whole step packs into: the first after the last whole step's, in turn,
+  // that no outstanding or forwarded step holds.
+  int free_slot() const;
   // Whole steps outstanding (in the first whole_slots_ slots).
   size_t whole_steps_outstanding() const {
     return static_cast<size_t>(std::count_if(outstanding_.begin(), outstanding_.end(),

@@ -371,7 +371,7 @@ void Engine::complete(const Submitted& sub) {
 }
 
 void Engine::advance_all(const Submitted& sub, StepStats* stats) {
-  stats->num_collected_tokens = sub.num_tokens;
+  stats->num_collected_tokens += sub.num_tokens;
   for (size_t row = 0; row < sub.sampled.size(); ++row) {
     auto it = active_.find(sub.sampled[row]);
     if (it == active_.end()) continue;  // finished at the step before, or cancelled

@@ -86,7 +86,7 @@ struct EngineOptions {
 // A step() submits one step and, when pipelined, collects the one before (with steps of disjoint
 // sequences in flight, the oldest, once as many are in flight as the backend runs at once, or
 // when nothing is left to plan): the counts describe the step submitted; num_collected_tokens and
-// num_finished the step collected (the one whose device time the call waited for).
+// num_finished the steps collected (those whose device time the call waited for).
 struct StepStats {
   int num_seqs = 0;
   int num_tokens = 0;

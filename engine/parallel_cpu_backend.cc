@@ -363,9 +363,11 @@ Status ParallelCpuBackend::queue(const StepInput& in, float* logits) {
   int parts = options_.degrees.pp == 1
                   ? 1
                   : (options_.micro_batches > 0 ? options_.micro_batches : options_.degrees.pp);
-  // With steps of other sequences in flight, a small step goes whole: cut, each part would cost
-  // about what the whole does (the weights are read once a part).
-  if (groups_ > 1) parts = std::max(1, std::min(parts, in.num_tokens / kGroupMicroBatchTokens));
+  // With steps of other sequences in flight (in groups), they fill the stages: a small step goes
+  // whole (cut, each part would cost about what the whole does: the weights are read once a
+  // part). Alone, it is cut as ever.
+  if (groups_ > 1 && !steps_.empty())
+    parts = std::max(1, std::min(parts, in.num_tokens / kGroupMicroBatchTokens));
   split_step(q.in, parts, &q.micro);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -465,6 +467,8 @@ void ParallelCpuBackend::discard() {
   first_index_ += steps_.size();
   steps_.clear();
   forwarded_ = false;
+  last_num_logits_ = 0;  // no step to be fed from
+  last_tokens_.clear();
 }
 
 void ParallelCpuBackend::rank_loop(Rank* rank) {

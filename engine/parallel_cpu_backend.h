@@ -38,10 +38,10 @@ struct ParallelCpuOptions {
   int thread_nice = 0;
   bool pipelined = false;  // as CpuBackendOptions::pipelined
   int micro_batches = 0;   // a step's micro-batches with pipeline stages; 0: one per stage
-  // Steps of disjoint sequences in flight (Backend::step_groups); 0: one per stage. With more
-  // than one, a step is cut into micro-batches only where each has at least
+  // Steps of disjoint sequences in flight (Backend::step_groups); 0: one per stage. A step
+  // submitted while others are in flight is cut into micro-batches only where each has at least
   // kGroupMicroBatchTokens tokens (a decode step of one group goes whole: the other groups'
-  // steps fill the stages).
+  // steps fill the stages); one alone is cut as micro_batches says.
   int step_groups = 0;
   // With pipeline stages and no stage_layers in the degrees: before the backend is handed out,
   // calibration steps time every layer and the ends, and layers move between stages so that the

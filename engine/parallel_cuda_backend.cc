@@ -161,17 +161,16 @@ Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::assemble(
     }
   }
   const double fraction = options.kv_cache_fraction;
+  if (pp == 1) options.step_groups = 1;  // (no stages: one step's slots suffice)
   if (pp > 1) {
-    // With a GPU a rank, a step of other sequences for each stage in flight, unless micro-batches
-    // were asked for. (Virtual ranks run their stages one after another on one stream, where
+    // With a GPU a rank, a step of other sequences for each stage in flight, and one alone cut
+    // into micro-batches. (Virtual ranks run their stages one after another on one stream, where
     // neither pays: steps go one at a time and whole there unless asked. Each rank still has the
     // parts' slots of one a stage, as planned.)
-    b->groups_ = options.step_groups > 0             ? options.step_groups
-                 : same || options.micro_batches > 0 ? 1
-                                                     : pp;
+    b->groups_ = options.step_groups > 0 ? options.step_groups : same ? 1 : pp;
     options.step_groups = b->groups_;
     const int parts = options.micro_batches > 0 ? options.micro_batches : pp;
-    b->parts_ = b->groups_ > 1 || (same && options.micro_batches == 0) ? 1 : parts;
+    b->parts_ = same && options.micro_batches == 0 ? 1 : parts;
     b->part_tokens_ = options.micro_batch_tokens;
     options.max_step_parts = std::max({options.max_step_parts, parts, pp});
     options.micro_batches = b->parts_;  // (each rank warms up the parts' graphs it will replay)
@@ -441,7 +440,9 @@ Status ParallelCudaBackend::submit(const StepInput& in, const SampleSpec* specs)
   if (in.num_logits > 0 && specs == nullptr)
     return invalid_argument("no sampling specs for the logits rows");
   HR_RETURN_IF_ERROR(check(in));
-  if (parts_ > 1 && in.num_tokens >= static_cast<int64_t>(parts_) * part_tokens_) {
+  // In groups, cut only when no other step is in flight: else the others fill the stages.
+  if (parts_ > 1 && in.num_tokens >= static_cast<int64_t>(parts_) * part_tokens_ &&
+      (groups_ == 1 || outstanding_.empty())) {
     split_step(in, parts_, &micro_);
     // A part's logits rows must be a run of the step's, its tokens placed at the first (so the
     // step's logits rows in token order, as the engine makes them; else the step goes whole).

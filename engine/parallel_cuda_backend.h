@@ -22,8 +22,8 @@
 // With a GPU a rank and pipeline stages, the engine keeps a step of other sequences in flight
 // for each stage (step_groups(); options.step_groups): each rank's stream takes the steps in
 // order, so stage s runs one group's step while stage s - 1 runs the next group's, and the last
-// stage's tokens stay there (no step is fed from another). Or, when options.micro_batches asks,
-// a step of enough tokens (options.micro_batch_tokens a part) is cut into micro-batches
+// stage's tokens stay there (no step is fed from another). A step submitted with no other in
+// flight and of enough tokens (options.micro_batch_tokens a part) is cut into micro-batches
 // (micro_batches.h; options.micro_batches, one per stage by default), each rank submitting them in
 // order (CudaBackend::submit_part) and handing each on as it is done, so that with a GPU a stage,
 // stage s runs micro-batch m while stage s - 1 runs m + 1; smaller steps, forward() and the split

@@ -65,8 +65,9 @@ void WorkerConfig::bind(CLI::App& app) {
            "MLPs by rows, the LM head by vocabulary); the CPU backend runs each rank on its "
            "own threads");
   cli::add(app, "--pipeline-parallel", pipeline_parallel,
-           "Pipeline stages: contiguous layers each (a step's micro-batches in flight: on cuda "
-           "with a GPU a stage, for steps of 128 tokens a part or more)");
+           "Pipeline stages: contiguous layers each; the engine keeps a step of other sequences "
+           "in flight for each stage (on cuda with a GPU a stage), and a step with none beside "
+           "it is cut into micro-batches");
   cli::add(app, "--stage-layers", stage_layers,
            "With --pipeline-parallel: even splits the layers as evenly as they go; auto times "
            "every layer and the LM head before serving and moves layers so the slowest stage is "

@@ -6,9 +6,10 @@
 //       cached tokens each) and a prefill of two 256-token prompts. The engines are built once
 //       and take turns step by step, so drift in the machine's speed falls on all alike; medians
 //       of `rounds` steps each. Then whole answers through the engine (the even split), tokens
-//       per second: one group of sequences (each step cut into a micro-batch per stage) against
-//       a group per stage in flight (engine/parallel_cpu_backend.h), for 8 and 32 sequences of a
-//       32-token prompt and 32 answer tokens; medians of 3 rounds, the two taking turns.
+//       per second: one group of sequences (each step cut into a micro-batch per stage, the next
+//       planned while one runs) against a group per stage in flight
+//       (engine/parallel_cpu_backend.h), for 8 and 32 sequences of a 32-token prompt and 32 answer
+//       tokens; medians of 3 rounds, the two taking turns.
 //   --load DIR [--pp 2] [--tp 1] [--rounds 3]
 //       The load's rate against the disk's: the checkpoint's files dropped from the page cache
 //       (posix_fadvise DONTNEED; the fraction still resident is reported) before each cold
@@ -315,6 +316,7 @@ int main(int argc, char** argv) {
         o.degrees = d;
         o.kv_cache_bytes = 512ull << 20;
         o.step_groups = groups;
+        o.pipelined = groups == 1;  // (one group: the next step planned while one runs)
         auto made = ParallelCpuBackend::create(full, o);
         if (!made.is_ok()) return 1;
         tok_s[groups].push_back(

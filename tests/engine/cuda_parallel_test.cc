@@ -168,7 +168,8 @@ struct Case {
   int ep = 1;  // experts sliced (1) or held whole, a share on each rank (tp)
   int pp = 1;
   std::vector<int> stage_layers = {};  // empty: even
-  int micro = 0;  // micro-batches every step of as many tokens is cut into (0: steps whole)
+  int micro = 0;   // micro-batches every step of as many tokens is cut into (0: steps whole)
+  int groups = 0;  // steps in flight (0: the default, one per stage with a GPU a rank)
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -186,12 +187,14 @@ std::string case_name(const Case& c) {
                      (c.pp > 1 ? "_pp" + std::to_string(c.pp) : "");
   for (int n : c.stage_layers) name += "_" + std::to_string(n);
   if (c.micro > 0) name += "_micro" + std::to_string(c.micro);
+  if (c.groups > 0) name += "_groups" + std::to_string(c.groups);
   return name;
 }
 
 // The greedy answers of `got` (warmed up: its decode graphs captured first) equal `want`'s, with
-// graphs replayed; with c.micro its steps were cut, else with a GPU a rank and stages the engine
-// kept a step of other sequences in flight for each stage.
+// graphs replayed; with a GPU a rank and stages the engine kept a step of other sequences in
+// flight for each stage (unless c.groups says otherwise), and with c.micro steps were cut (in
+// groups, those submitted alone).
 void expect_same_greedy(std::shared_ptr<Backend> want_backend, bool warm_want,
                         std::shared_ptr<ParallelCudaBackend> got_backend, const Case& c) {
   auto want = greedy(want_backend, 10, warm_want);
@@ -200,12 +203,11 @@ void expect_same_greedy(std::shared_ptr<Backend> want_backend, bool warm_want,
   EXPECT_EQ(got, want);
   ASSERT_EQ(got.size(), 3u);
   EXPECT_EQ(got[2].size(), 10u);
+  const int groups = c.groups > 0 ? c.groups : c.pp > 1 && !got_backend->virtual_ranks() ? c.pp : 1;
+  EXPECT_EQ(got_backend->step_groups(), groups);
   if (c.micro > 0) {
     EXPECT_GT(got_backend->steps_cut(), 0);
-    EXPECT_EQ(got_backend->step_groups(), 1);
   } else {
-    const bool groups = c.pp > 1 && !got_backend->virtual_ranks();
-    EXPECT_EQ(got_backend->step_groups(), groups ? c.pp : 1);
     EXPECT_EQ(got_backend->steps_cut(), 0);
   }
 }
@@ -275,6 +277,7 @@ TEST_P(CudaPeerRanksTest, OneGpuARankOverPeersEqualsVirtualRanks) {
   const ModelWeights& w = loaded_weights(dir);
   CudaBackendOptions o = options(c.micro);
   o.rank_collectives = RankCollectives::kPeer;
+  o.step_groups = c.groups;
   const ParallelDegrees degrees(c.tp, c.pp, c.ep, c.stage_layers);
   auto built = ParallelCudaBackend::create(w, devices, o, degrees);
   ASSERT_TRUE(built.is_ok()) << built.status().to_string();
@@ -291,9 +294,12 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"tiny-reverse", 2}, Case{"wide", 4}, Case{"qwen3-moe", 2, 2},
                       Case{"tiny-reverse", 1, 1, 2}, Case{"tiny-reverse", 2, 1, 2},
                       Case{"qwen3", 1, 1, 3}, Case{"qwen3-moe", 2, 2, 2, {1, 3}},
-                      // Micro-batches in flight: stage s runs one while stage s - 1 runs the next.
+                      // Micro-batches in flight: stage s runs one while stage s - 1 runs the next
+                      // (in groups, of the steps submitted alone; one group: every step, the
+                      // tokens handed back to the first stage).
                       Case{"tiny-reverse", 1, 1, 2, {}, 2}, Case{"qwen3", 1, 1, 3, {}, 4},
-                      Case{"qwen3-moe", 2, 2, 2, {1, 3}, 2}),
+                      Case{"qwen3-moe", 2, 2, 2, {1, 3}, 2},
+                      Case{"tiny-reverse", 1, 1, 2, {}, 2, 1}, Case{"qwen3", 1, 1, 3, {}, 3, 1}),
     [](const ::testing::TestParamInfo<Case>& info) { return case_name(info.param); });
 
 TEST(CudaParallelBackendTest, ShardsLoadedFromTheCheckpointEqualShardsOfTheWholeModel) {
