@@ -28,7 +28,10 @@ class Api {
   // The config's server options, plus a check of each request's API key before its body is read
   // (a request without a valid key is answered 401 unread). The server must not outlive this.
   http::HttpServerOptions server_options() const;
-  // Where sync requests run (the in-process worker in `serve`); none: sync calls answer 429.
+  // Where sync requests run (the in-process worker in `serve`); none: sync calls answer 429. The
+  // operator view's sampling thread asks it for its workers while it is set: it must outlive
+  // this Api, or be unset (nullptr) before it goes; once this returns, no call to the one before
+  // is under way.
   void set_sync_inference(SyncInference* sync);
 
   struct Impl;  // api/internal/api_impl.h

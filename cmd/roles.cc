@@ -303,8 +303,9 @@ int run_serve(const ServeConfig& config) {
   api_config.models = {config.worker.model_name + ":" +
                        std::to_string((*worker)->context_length())};
   api_config.refused_webhook_services = webhooks.refused_services;
-  api::Api async_api(api_config, config.store);
+  // (The sync side first: it outlives the API, whose operator view asks it for its workers.)
   WorkerSync sync(**worker);
+  api::Api async_api(api_config, config.store);
   async_api.set_sync_inference(&sync);
   http::HttpServer server(async_api.server_options(),
                           http::StreamingHandler([&](const http::HttpRequest& r) {

@@ -2,9 +2,12 @@
 // beside the API (/dashboard, /docs), over HTTP with real Postgres and Redis.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <thread>
 
+#include "api/sync_inference.h"
 #include "base/clock.h"
 #include "base/metrics.h"
 #include "queue/accounts.h"
@@ -66,6 +69,39 @@ TEST(OperatorStatsTest, OnlyOperatorsSeeTheDeploymentsLoad) {
 
   make_operator(h, "alice", false);
   EXPECT_EQ(h.get("/v1/operator/stats", h.key_a()).status, 403);
+}
+
+// The sampling thread asks the sync side for its local workers while it is set, and never once
+// set_sync_inference(nullptr) has returned (so that the sync side may go before the API).
+TEST(OperatorStatsTest, TheSyncSideIsNotAskedOnceUnset) {
+  struct Counting : SyncInference {
+    Result<std::unique_ptr<wire::AnswerStream>> start_stream(const wire::ChatRequest&,
+                                                             const SyncCall&) override {
+      return unavailable("none");
+    }
+    Result<SyncAnswer> run(const wire::ChatRequest&, const SyncCall&) override {
+      return unavailable("none");
+    }
+    std::vector<queue::WorkerInfo> local_workers() const override {
+      ++asked;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // (an unset waits it out)
+      return {};
+    }
+    mutable std::atomic<int> asked{0};
+  };
+  ApiHarness h([](ApiConfig& c) { c.stats_interval_ms = 20; });
+  ASSERT_TRUE(h.ok());
+  auto sync = std::make_unique<Counting>();
+  h.api().set_sync_inference(sync.get());
+  for (int i = 0; i < 200 && sync->asked.load() < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_GE(sync->asked.load(), 3);
+  h.api().set_sync_inference(nullptr);
+  const int asked = sync->asked.load();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // ten intervals
+  EXPECT_EQ(sync->asked.load(), asked);
+  sync.reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
 }
 
 TEST(OperatorStatsTest, SamplesAnnouncedWorkersAndTheQueue) {

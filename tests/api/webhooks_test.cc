@@ -584,7 +584,7 @@ TEST(WebhooksTest, TheProductsOwnPortsAreNeverTargets) {
     c.refused_webhook_services = {own};
   });
   ASSERT_TRUE(h.ok());
-  for (const std::string url :
+  for (const std::string& url :
        {service.url(), "http://localhost:" + std::to_string(service.port()) + "/x",
         "http://[::ffff:127.0.0.1]:" + std::to_string(service.port())}) {
     json body = {{"webhook_url", url}, {"requests", {reversal("a")}}};

@@ -53,7 +53,7 @@ struct StackWithBatch {
     NewBatch b;
     b.account_id = account;
     b.model = model;
-    for (int i = 0; i < n; ++i) b.requests.push_back({std::nullopt, "{}"});
+    for (int i = 0; i < n; ++i) b.requests.push_back({std::nullopt, "{}", 0, std::nullopt});
     return submit_batch(*conn, b).value().batch_id;
   }
   int64_t scalar(const std::string& sql) {

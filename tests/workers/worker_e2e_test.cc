@@ -77,6 +77,11 @@ struct ServedHarness {
     h.api().set_sync_inference(sync.get());
     started = w->start().is_ok();
   }
+  // The API's operator view asks the sync side for its workers from a thread of its own: unset
+  // before the sync side and the worker go.
+  ~ServedHarness() {
+    if (sync) h.api().set_sync_inference(nullptr);
+  }
   bool ok() const { return started; }
   testing::ApiHarness h;
   DispatcherThread d;
