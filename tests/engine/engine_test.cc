@@ -327,6 +327,16 @@ void expect_same_outcomes(const std::vector<Outcome>& a, const std::vector<Outco
   }
 }
 
+// Sampled with a seed: the same tokens whenever the logits are the same.
+SamplingParams seeded_sampling() {
+  SamplingParams p;
+  p.temperature = 1.2f;
+  p.top_k = 20;
+  p.top_p = 0.95f;
+  p.seed = 7;
+  return p;
+}
+
 // Pipelined steps (step N+1 planned and submitted before step N's tokens are collected, its
 // decode tokens fed from step N's rows) give exactly what plain steps give: greedy answers,
 // chunked prefill, seeded sampling, length limits and stop strings, with requests finishing at
@@ -342,11 +352,7 @@ TEST(EngineTest, PipelinedStepsEqualPlainSteps) {
   expect_same_outcomes(run_all(*f.engine({8, 8, 3}, 16, 8 << 20, true), prompts(12, 40)),
                        run_all(*f.engine({8, 8, 3}), prompts(12, 40)));
 
-  SamplingParams seeded;
-  seeded.temperature = 1.2f;
-  seeded.top_k = 20;
-  seeded.top_p = 0.95f;
-  seeded.seed = 7;
+  const SamplingParams seeded = seeded_sampling();
   expect_same_outcomes(
       run_all(*f.engine({8, 512, 512}, 16, 8 << 20, true), prompts(6, 60), RequestClass::kAsync,
               seeded),
@@ -361,10 +367,10 @@ TEST(EngineTest, PipelinedStepsEqualPlainSteps) {
       run_all(*f.engine({4, 64, 16}), prompts(10, 80), RequestClass::kSync, limits));
 }
 
-// The CPU backend, counting the steps submitted whole and in halves (forward, then sampling).
-class CountingBackend final : public Backend {
+// A backend passing every call on to another (the test backends below change a few).
+class WrappingBackend : public Backend {
  public:
-  explicit CountingBackend(std::shared_ptr<Backend> b) : b_(std::move(b)) {}
+  explicit WrappingBackend(std::shared_ptr<Backend> b) : b_(std::move(b)) {}
   const char* name() const override { return b_->name(); }
   int vocab_size() const override { return b_->vocab_size(); }
   int block_size() const override { return b_->block_size(); }
@@ -373,6 +379,24 @@ class CountingBackend final : public Backend {
   size_t kv_cache_bytes() const override { return b_->kv_cache_bytes(); }
   Status forward(const StepInput& in, float* logits) override { return b_->forward(in, logits); }
   Status submit(const StepInput& in, const SampleSpec* specs) override {
+    return b_->submit(in, specs);
+  }
+  Status collect(int32_t* tokens, TokenLogprobs* logprobs) override {
+    return b_->collect(tokens, logprobs);
+  }
+  void discard() override { b_->discard(); }
+  bool pipelined() const override { return b_->pipelined(); }
+  int step_groups() const override { return b_->step_groups(); }
+
+ protected:
+  std::shared_ptr<Backend> b_;
+};
+
+// The CPU backend, counting the steps submitted whole and in halves (forward, then sampling).
+class CountingBackend final : public WrappingBackend {
+ public:
+  using WrappingBackend::WrappingBackend;
+  Status submit(const StepInput& in, const SampleSpec* specs) override {
     ++whole;
     return b_->submit(in, specs);
   }
@@ -380,8 +404,6 @@ class CountingBackend final : public Backend {
     if (forwarded) ++collected_between;  // the step before collected while this one ran
     return b_->collect(tokens, logprobs);
   }
-  void discard() override { b_->discard(); }
-  bool pipelined() const override { return b_->pipelined(); }
   bool splits_sampling() const override { return b_->splits_sampling(); }
   Status submit_forward(const StepInput& in) override {
     ++halves;
@@ -394,9 +416,6 @@ class CountingBackend final : public Backend {
   }
   int whole = 0, halves = 0, collected_between = 0;
   bool forwarded = false;
-
- private:
-  std::shared_ptr<Backend> b_;
 };
 
 // Constrained answers with pipelined steps: each step's forward pass is submitted before the
@@ -425,16 +444,10 @@ TEST(EngineTest, PipelinedConstrainedStepsSampleAfterTheStepBeforeIsCollected) {
 // It refuses what the engine must not do with it (fed rows, more steps than groups, a sequence
 // sampled by two steps in flight: the block its sampled token's row is written to is in both)
 // and counts how many steps were in flight.
-class GroupedBackend final : public Backend {
+class GroupedBackend final : public WrappingBackend {
  public:
-  GroupedBackend(std::shared_ptr<Backend> b, int groups) : b_(std::move(b)), groups_(groups) {}
-  const char* name() const override { return b_->name(); }
-  int vocab_size() const override { return b_->vocab_size(); }
-  int block_size() const override { return b_->block_size(); }
-  int num_kv_blocks() const override { return b_->num_kv_blocks(); }
-  size_t weight_bytes() const override { return b_->weight_bytes(); }
-  size_t kv_cache_bytes() const override { return b_->kv_cache_bytes(); }
-  Status forward(const StepInput& in, float* logits) override { return b_->forward(in, logits); }
+  GroupedBackend(std::shared_ptr<Backend> b, int groups)
+      : WrappingBackend(std::move(b)), groups_(groups) {}
   int step_groups() const override { return groups_; }
   Status submit(const StepInput& in, const SampleSpec* specs) override {
     if (in.fed_rows) return internal_error("a step fed from another");
@@ -481,7 +494,6 @@ class GroupedBackend final : public Backend {
     std::vector<int32_t> tokens;
     std::vector<TokenLogprobs> logprobs;
   };
-  std::shared_ptr<Backend> b_;
   int groups_;
   std::deque<Held> held_;
 };
@@ -510,11 +522,7 @@ TEST(EngineTest, StepsOfDisjointSequencesInFlightEqualPlainSteps) {
     expect_same_outcomes(run_all(*f.engine(chunked, {8, 8, 3}), prompts(12, 40)),
                          run_all(*f.engine({8, 8, 3}), prompts(12, 40)));
 
-    SamplingParams seeded;
-    seeded.temperature = 1.2f;
-    seeded.top_k = 20;
-    seeded.top_p = 0.95f;
-    seeded.seed = 7;
+    SamplingParams seeded = seeded_sampling();
     seeded.logprobs = 2;
     seeded.penalties.frequency = 0.5f;
     auto sampled = std::make_shared<GroupedBackend>(f.backend(16, 8 << 20, false), groups);
@@ -603,26 +611,20 @@ TEST(EngineTest, PipelinedCancelWhileATokenIsOnTheWay) {
 
 // A backend whose collect() fails once, after the wrapped step ran (its tokens are lost), or whose
 // submit() fails once (nothing queued).
-class FailingBackend final : public Backend {
+class FailingBackend final : public WrappingBackend {
  public:
   FailingBackend(std::shared_ptr<Backend> inner, int fail_collect_at, int fail_submit_at = 0)
-      : inner_(std::move(inner)), fail_at_(fail_collect_at), fail_submit_at_(fail_submit_at) {}
+      : WrappingBackend(std::move(inner)),
+        fail_at_(fail_collect_at),
+        fail_submit_at_(fail_submit_at) {}
   const char* name() const override { return "failing"; }
-  int vocab_size() const override { return inner_->vocab_size(); }
-  int block_size() const override { return inner_->block_size(); }
-  int num_kv_blocks() const override { return inner_->num_kv_blocks(); }
-  size_t weight_bytes() const override { return inner_->weight_bytes(); }
-  size_t kv_cache_bytes() const override { return inner_->kv_cache_bytes(); }
-  Status forward(const StepInput& in, float* logits) override {
-    return inner_->forward(in, logits);
-  }
   Status submit(const StepInput& in, const SampleSpec* specs) override {
     table_widths_.push_back(in.max_blocks_per_seq);
     if (++submits_ == fail_submit_at_) return internal_error("could not queue the step");
-    return inner_->submit(in, specs);
+    return b_->submit(in, specs);
   }
   Status collect(int32_t* tokens, TokenLogprobs* logprobs) override {
-    HR_RETURN_IF_ERROR(inner_->collect(tokens, logprobs));
+    HR_RETURN_IF_ERROR(b_->collect(tokens, logprobs));
     if (++collects_ == fail_at_) return internal_error("lost the step's tokens");
     if (auto it = injected_.find(collects_); it != injected_.end())
       tokens[it->second.first] = it->second.second;
@@ -631,16 +633,12 @@ class FailingBackend final : public Backend {
   // Collect `at` returns `token` in row `row`: not a vocabulary id, as a device sampler does for a
   // row of NaN logits, or a token of the test's choosing.
   void return_invalid_token(int at, int row, int32_t token) { injected_[at] = {row, token}; }
-  void discard() override { inner_->discard(); }
-  bool pipelined() const override { return inner_->pipelined(); }
-  int step_groups() const override { return inner_->step_groups(); }
   int submits() const { return submits_; }
   // The block-table width of each step submitted.
   const std::vector<int>& table_widths() const { return table_widths_; }
 
  private:
   std::vector<int> table_widths_;
-  std::shared_ptr<Backend> inner_;
   int fail_at_;
   int fail_submit_at_;
   int collects_ = 0;
@@ -648,36 +646,46 @@ class FailingBackend final : public Backend {
   std::map<int, std::pair<int, int32_t>> injected_;  // collect → (row, token)
 };
 
+// Four requests through an engine on `failing`, whose one failure (a collect or a submit) the
+// engine recovers from: every answer is whole and right, and every block went back.
+void expect_a_failure_loses_nothing(std::shared_ptr<FailingBackend> failing,
+                                    const std::string& what) {
+  auto e = Fixture::get().engine(std::move(failing), {8, 512, 512});
+  std::vector<Outcome> out(4);
+  for (int i = 0; i < 4; ++i) {
+    GenerationRequest r;
+    r.prompt = prompts(1, 50 + i)[0];
+    r.params.max_tokens = 40;
+    r.on_event = [&out, i](const TokenEvent& ev) {
+      if (ev.token >= 0) out[static_cast<size_t>(i)].tokens.push_back(ev.token);
+      if (ev.finished) out[static_cast<size_t>(i)].reason = ev.finish_reason;
+    };
+    ASSERT_TRUE(e->add(std::move(r)).is_ok());
+  }
+  int failures = 0;
+  for (int guard = 0; e->has_work() && guard < 10000; ++guard)
+    failures += e->step().is_ok() ? 0 : 1;
+  EXPECT_EQ(failures, 1) << what;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(out[static_cast<size_t>(i)].tokens, expected(50 + i)) << what << " " << i;
+    EXPECT_EQ(out[static_cast<size_t>(i)].reason, FinishReason::kStop) << what << " " << i;
+  }
+  EXPECT_EQ(e->blocks().num_available(), e->blocks().num_blocks()) << what;
+}
+
+// fail_at > 0: collect fail_at fails; else submit -fail_at does.
+std::shared_ptr<FailingBackend> failing_at(std::shared_ptr<Backend> inner, int fail_at) {
+  return fail_at > 0 ? std::make_shared<FailingBackend>(std::move(inner), fail_at)
+                     : std::make_shared<FailingBackend>(std::move(inner), 0, -fail_at);
+}
+
 TEST(EngineTest, AFailedStepLosesNoTokens) {
   auto& f = Fixture::get();
   for (bool pipelined : {false, true}) {
     // Collects 1, 3 and 6 fail, then submits 1, 2 and 5 (the second one while a step is in flight).
     for (int fail_at : {1, 3, 6, -1, -2, -5}) {
-      auto backend = f.backend(16, 8 << 20, pipelined);
-      auto failing = fail_at > 0 ? std::make_shared<FailingBackend>(backend, fail_at)
-                                 : std::make_shared<FailingBackend>(backend, 0, -fail_at);
-      auto e = f.engine(failing, {8, 512, 512});
-      std::vector<Outcome> out(4);
-      for (int i = 0; i < 4; ++i) {
-        GenerationRequest r;
-        r.prompt = prompts(1, 50 + i)[0];
-        r.params.max_tokens = 40;
-        r.on_event = [&out, i](const TokenEvent& ev) {
-          if (ev.token >= 0) out[static_cast<size_t>(i)].tokens.push_back(ev.token);
-          if (ev.finished) out[static_cast<size_t>(i)].reason = ev.finish_reason;
-        };
-        ASSERT_TRUE(e->add(std::move(r)).is_ok());
-      }
-      int failures = 0;
-      for (int guard = 0; e->has_work() && guard < 10000; ++guard)
-        failures += e->step().is_ok() ? 0 : 1;
-      EXPECT_EQ(failures, 1) << pipelined << " " << fail_at;
-      for (int i = 0; i < 4; ++i) {
-        EXPECT_EQ(out[static_cast<size_t>(i)].tokens, expected(50 + i))
-            << pipelined << " " << fail_at << " " << i;
-        EXPECT_EQ(out[static_cast<size_t>(i)].reason, FinishReason::kStop);
-      }
-      EXPECT_EQ(e->blocks().num_available(), e->blocks().num_blocks());
+      expect_a_failure_loses_nothing(failing_at(f.backend(16, 8 << 20, pipelined), fail_at),
+                                     std::to_string(pipelined) + " " + std::to_string(fail_at));
     }
   }
 }
@@ -687,31 +695,10 @@ TEST(EngineTest, AFailedStepLosesNoTokens) {
 TEST(EngineTest, AFailedStepInGroupsLosesNoTokens) {
   auto& f = Fixture::get();
   for (int fail_at : {1, 3, 6, -2, -5}) {
-    auto grouped = std::make_shared<GroupedBackend>(f.backend(16, 8 << 20, false), 2);
-    auto failing = fail_at > 0 ? std::make_shared<FailingBackend>(grouped, fail_at)
-                               : std::make_shared<FailingBackend>(grouped, 0, -fail_at);
-    auto e = f.engine(failing, {8, 512, 512});
-    ASSERT_EQ(e->step_groups(), 2);
-    std::vector<Outcome> out(4);
-    for (int i = 0; i < 4; ++i) {
-      GenerationRequest r;
-      r.prompt = prompts(1, 50 + i)[0];
-      r.params.max_tokens = 40;
-      r.on_event = [&out, i](const TokenEvent& ev) {
-        if (ev.token >= 0) out[static_cast<size_t>(i)].tokens.push_back(ev.token);
-        if (ev.finished) out[static_cast<size_t>(i)].reason = ev.finish_reason;
-      };
-      ASSERT_TRUE(e->add(std::move(r)).is_ok());
-    }
-    int failures = 0;
-    for (int guard = 0; e->has_work() && guard < 10000; ++guard)
-      failures += e->step().is_ok() ? 0 : 1;
-    EXPECT_EQ(failures, 1) << fail_at;
-    for (int i = 0; i < 4; ++i) {
-      EXPECT_EQ(out[static_cast<size_t>(i)].tokens, expected(50 + i)) << fail_at << " " << i;
-      EXPECT_EQ(out[static_cast<size_t>(i)].reason, FinishReason::kStop);
-    }
-    EXPECT_EQ(e->blocks().num_available(), e->blocks().num_blocks());
+    auto failing =
+        failing_at(std::make_shared<GroupedBackend>(f.backend(16, 8 << 20, false), 2), fail_at);
+    EXPECT_EQ(failing->step_groups(), 2);
+    expect_a_failure_loses_nothing(failing, "groups " + std::to_string(fail_at));
   }
 }
 

@@ -405,11 +405,7 @@ Sampled sampled_answers(std::shared_ptr<Backend> b, int groups_expected) {
     };
     EXPECT_TRUE((*engine)->add(std::move(r)).is_ok());
   }
-  while ((*engine)->has_work()) {
-    auto st = (*engine)->step();
-    EXPECT_TRUE(st.is_ok()) << st.status().to_string();
-    if (!st.is_ok()) break;
-  }
+  run_to_end(**engine);
   return out;
 }
 

@@ -100,6 +100,16 @@ inline std::vector<std::vector<float>> three_sequences(Backend& b, int decodes) 
   return out;
 }
 
+// Steps the engine until it has no work, each step required to succeed (the first failure ends
+// the run).
+inline void run_to_end(Engine& engine) {
+  while (engine.has_work()) {
+    auto st = engine.step();
+    EXPECT_TRUE(st.is_ok()) << st.status().to_string();
+    if (!st.is_ok()) break;
+  }
+}
+
 // Greedy answers through an engine of `options` over `b`, all prompts in one batch, max_tokens
 // each (end-of-sequence ignored).
 inline std::vector<std::vector<int32_t>> greedy_answers(
@@ -119,11 +129,7 @@ inline std::vector<std::vector<int32_t>> greedy_answers(
     };
     EXPECT_TRUE((*engine)->add(std::move(r)).is_ok());
   }
-  while ((*engine)->has_work()) {
-    auto st = (*engine)->step();
-    EXPECT_TRUE(st.is_ok()) << st.status().to_string();
-    if (!st.is_ok()) break;
-  }
+  run_to_end(**engine);
   return out;
 }
 
