@@ -54,6 +54,13 @@ Status check_step(const StepInput& in, const StepBounds& b) {
   return Status::ok();
 }
 
+Status Backend::submit(const StepInput& in, const SampleSpec* specs) {
+  if (in.num_logits > 0 && specs == nullptr)
+    return invalid_argument("no sampling specs for the logits rows");
+  HR_RETURN_IF_ERROR(submit_forward(in));
+  return submit_sampling(specs);
+}
+
 Status Backend::submit_forward(const StepInput&) {
   return internal_error(std::string("the ") + name() + " backend does not split its steps");
 }

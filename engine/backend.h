@@ -67,8 +67,9 @@ class Backend {
   // are outstanding (or step_groups(), where that is more): submit one more only after
   // collecting the oldest. Steps run in submission order on every stage, so a step may read the
   // K/V that one still outstanding writes (a prompt's next chunk after the chunk before). A
-  // failed submit leaves nothing outstanding that was not before.
-  [[nodiscard]] virtual Status submit(const StepInput& in, const SampleSpec* specs) = 0;
+  // failed submit leaves nothing outstanding that was not before. By default the step goes in
+  // its two halves, submit_forward(in) then submit_sampling(specs) (backends that split, below).
+  [[nodiscard]] virtual Status submit(const StepInput& in, const SampleSpec* specs);
   // Waits for the oldest outstanding step and writes its num_logits tokens to `tokens` (host),
   // and, when `logprobs` is not null, to logprobs[row] the log probabilities of each row whose
   // spec asked for them (SampleSpec::logprobs >= 0; other rows are left as they are).

@@ -47,13 +47,6 @@ void hand_out(const HostSampled& s, int32_t* tokens, TokenLogprobs* logprobs) {
   }
 }
 
-Status HostSampledBackend::submit(const StepInput& in, const SampleSpec* specs) {
-  if (in.num_logits > 0 && specs == nullptr)
-    return invalid_argument("no sampling specs for the logits rows");
-  HR_RETURN_IF_ERROR(submit_forward(in));
-  return submit_sampling(specs);
-}
-
 Status HostSampledBackend::submit_forward(const StepInput& in) {
   if (outstanding_.size() >= 2)
     return internal_error("two steps are outstanding: collect one first");

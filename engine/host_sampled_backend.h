@@ -35,7 +35,6 @@ void hand_out(const HostSampled& s, int32_t* tokens, TokenLogprobs* logprobs);
 
 class HostSampledBackend : public Backend {
  public:
-  [[nodiscard]] Status submit(const StepInput& in, const SampleSpec* specs) override;
   // The split step: the forward pass into the logits kept here, then their sampling.
   bool splits_sampling() const override { return true; }
   [[nodiscard]] Status submit_forward(const StepInput& in) override;

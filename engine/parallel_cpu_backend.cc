@@ -410,13 +410,6 @@ Status ParallelCpuBackend::forward(const StepInput& in, float* logits) {
   return st;
 }
 
-Status ParallelCpuBackend::submit(const StepInput& in, const SampleSpec* specs) {
-  if (in.num_logits > 0 && specs == nullptr)
-    return invalid_argument("no sampling specs for the logits rows");
-  HR_RETURN_IF_ERROR(submit_forward(in));
-  return submit_sampling(specs);
-}
-
 Status ParallelCpuBackend::submit_forward(const StepInput& in) {
   if (static_cast<int>(steps_.size()) >= std::max(2, groups_)) {
     return internal_error(std::to_string(steps_.size()) +

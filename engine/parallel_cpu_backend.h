@@ -76,7 +76,6 @@ class ParallelCpuBackend final : public Backend {
   size_t kv_cache_bytes() const override;  // all ranks'
   // Only with no step outstanding.
   [[nodiscard]] Status forward(const StepInput& in, float* logits) override;
-  [[nodiscard]] Status submit(const StepInput& in, const SampleSpec* specs) override;
   bool splits_sampling() const override { return true; }
   [[nodiscard]] Status submit_forward(const StepInput& in) override;
   [[nodiscard]] Status submit_sampling(const SampleSpec* specs) override;
