@@ -446,7 +446,10 @@ Result<StepStats> Engine::step_in_groups() {
   // Every group has a step in flight: the oldest one's sequences wait for its tokens.
   if (static_cast<int>(in_flight_.size()) >= groups_) HR_RETURN_IF_ERROR(collect_oldest(&stats));
   // Sequences whose tokens are on the way are left out (Scheduler::set_step_groups): every token
-  // planned is known, constrained rows' masks included.
+  // planned is known, constrained rows' masks included. The step takes its share of the tokens.
+  int tokens_in_flight = 0;
+  for (const Submitted& s : in_flight_) tokens_in_flight += s.num_tokens;
+  scheduler_.set_tokens_in_flight(tokens_in_flight);
   StepPlan plan = scheduler_.schedule();
   stats.num_preempted = static_cast<int>(plan.preempted.size());
   if (plan.empty()) {

@@ -102,19 +102,16 @@ StepPlan Scheduler::schedule() {
       preempt(running_.back(), &plan, &budget);
     }
   }
-  // With steps of disjoint sequences in flight: this step's share of the sequences.
-  int max_seqs = config_.max_num_seqs;
+  // With steps of disjoint sequences in flight: this step's share of the tokens (the rest of the
+  // budget is not this step's, but still counts as headroom).
+  int not_this_steps = 0;
   if (step_groups_ > 1) {
-    const int candidates = std::min<int>(
-        config_.max_num_seqs,
-        static_cast<int>(running_.size() + waiting_sync_.size() + waiting_async_.size()));
-    max_seqs = std::max(1, (candidates + step_groups_ - 1) / step_groups_);
+    not_this_steps = std::max(0, budget - group_token_share());
+    budget -= not_this_steps;
   }
   auto plan_seq = [&](Sequence* seq, bool was_running) -> bool {
     if (seq->ends_with_pending()) return false;
-    if (step_groups_ > 1 &&
-        (seq->num_pending > 0 || static_cast<int>(plan.seqs.size()) >= max_seqs))
-      return false;
+    if (step_groups_ > 1 && seq->num_pending > 0) return false;
     int remaining = seq->length() - seq->num_computed;
     int n = std::min({remaining, budget, config_.max_prefill_chunk});
     if (n <= 0) return false;
@@ -126,8 +123,6 @@ StepPlan Scheduler::schedule() {
     return true;
   };
   auto admit = [&](Sequence* seq) -> bool {
-    // This step's share taken (a full step of one group makes no room for another's sequence).
-    if (step_groups_ > 1 && static_cast<int>(plan.seqs.size()) >= max_seqs) return false;
     if (static_cast<int>(running_.size()) >= config_.max_num_seqs) {
       Sequence* victim = pick_victim(seq, false);
       if (victim == nullptr) return false;
@@ -205,8 +200,34 @@ StepPlan Scheduler::schedule() {
       }
     }
   }
-  last_budget_left_ = budget + held_back;
+  last_budget_left_ = budget + held_back + not_this_steps;
   return plan;
+}
+
+int Scheduler::group_token_share() const {
+  // What is left to plan: a token for each sequence whose token is on the way, the rest of each
+  // other's (a prompt counted up to a chunk for each group, so that a long one goes in full
+  // chunks), and the prompts of those waiting that the free slots would take.
+  const int64_t per_seq = static_cast<int64_t>(step_groups_) * config_.max_prefill_chunk;
+  auto next_tokens = [&](const Sequence* s) -> int64_t {
+    if (s->num_pending > 0) return 1;
+    return std::clamp<int64_t>(s->length() - s->num_computed, 0, per_seq);
+  };
+  int64_t wanted = 0;
+  for (const Sequence* s : running_) wanted += next_tokens(s);
+  int slots = config_.max_num_seqs - static_cast<int>(running_.size());
+  for (const Sequence* s : waiting_sync_) {
+    if (slots-- <= 0) break;
+    wanted += next_tokens(s);
+  }
+  for (const Sequence* s : waiting_async_) {
+    if (slots-- <= 0) break;
+    wanted += next_tokens(s);
+  }
+  // With the steps in flight, the groups' window: each step's share of it.
+  const int64_t window = tokens_in_flight_ + wanted;
+  const int64_t share = (window + step_groups_ - 1) / step_groups_;
+  return static_cast<int>(std::clamp<int64_t>(share, 1, config_.max_batched_tokens));
 }
 
 void Scheduler::complete(const StepPlan& plan) {

@@ -133,11 +133,16 @@ class Scheduler {
   void set_async_step_cap(int tokens) { async_step_cap_ = tokens; }
   // Steps of disjoint sequences in flight at once (Backend::step_groups): above 1, a sequence
   // whose token a step in flight samples is left out of the plan (not fed), and a step takes at
-  // most its share of the sequences, 1/groups of those running and waiting (rounded up), so
-  // that the groups come out about even.
+  // most its share of the tokens: 1/groups of the steps in flight and what is left to plan for
+  // the sequences running and waiting (rounded up), so that the stages' work comes out about
+  // even: decoding sequences share out by count, a long prompt goes in chunks into the steps
+  // beside them.
   void set_step_groups(int groups) { step_groups_ = std::max(1, groups); }
+  // The tokens of the steps in flight (with step groups), before each schedule().
+  void set_tokens_in_flight(int tokens) { tokens_in_flight_ = std::max(0, tokens); }
 
  private:
+  int group_token_share() const;
   bool grow(Sequence* seq, int num_new_tokens, bool allow_self, StepPlan* plan, int* budget);
   Sequence* pick_victim(const Sequence* for_seq, bool allow_self) const;
   void preempt(Sequence* victim, StepPlan* plan, int* budget);
@@ -146,6 +151,7 @@ class Scheduler {
   bool sync_expected_ = false;
   int async_step_cap_ = 0;
   int step_groups_ = 1;
+  int tokens_in_flight_ = 0;
   BlockManager* blocks_;
   std::vector<Sequence*> running_;
   std::deque<Sequence*> waiting_sync_;

@@ -178,29 +178,42 @@ int load_mode(const std::string& dir, ParallelDegrees degrees, int rounds) {
   return 0;
 }
 
-// Answers for `seqs` prompts of 32 tokens, 32 tokens each, through an engine on `b`; tokens per
-// second of the whole run (prefill included).
-double engine_tokens_per_s(std::shared_ptr<Backend> b, int seqs) {
+// Requests through an engine, some arriving later: `arrive_every` steps apart.
+struct EngineWork {
+  int seqs = 0, prompt = 0, answer = 0;
+  int late = 0, late_prompt = 0, late_answer = 0, arrive_every = 0;
+};
+
+// Tokens per second (prompts' and answers') of the whole run of `w` through an engine on `b`.
+double engine_tokens_per_s(std::shared_ptr<Backend> b, const EngineWork& w) {
   EngineOptions eo;
-  eo.scheduler.max_num_seqs = seqs;
+  eo.scheduler.max_num_seqs = w.seqs + w.late;
   eo.scheduler.max_batched_tokens = 2048;
-  auto engine = Engine::create(std::move(b), nullptr, 256, eo);
+  auto engine = Engine::create(std::move(b), nullptr, 1024, eo);
   if (!engine.is_ok()) std::abort();
   const int V = (*engine)->backend().vocab_size();
-  int generated = 0;
-  for (int i = 0; i < seqs; ++i) {
+  int64_t tokens = 0, added = 0;
+  auto add = [&](int prompt, int answer) {
     GenerationRequest r;
-    for (int k = 0; k < 32; ++k) r.prompt.push_back((i * 131 + k * 71 + 5) % V);
-    r.params.max_tokens = 32;
+    for (int k = 0; k < prompt; ++k) r.prompt.push_back((added * 131 + k * 71 + 5) % V);
+    r.params.max_tokens = answer;
     r.params.ignore_eos = true;
-    r.on_event = [&generated](const TokenEvent& ev) { generated += ev.token >= 0; };
+    r.on_event = [&tokens](const TokenEvent& ev) { tokens += ev.token >= 0; };
     if (!(*engine)->add(std::move(r)).is_ok()) std::abort();
-  }
+    tokens += prompt;
+    ++added;
+  };
+  for (int i = 0; i < w.seqs; ++i) add(w.prompt, w.answer);
   const auto t = Clock::now();
-  while ((*engine)->has_work()) {
+  int late = 0;
+  for (int64_t step = 1; (*engine)->has_work() || late < w.late; ++step) {
+    if (late < w.late && step % w.arrive_every == 0) {
+      add(w.late_prompt, w.late_answer);
+      ++late;
+    }
     if (!(*engine)->step().is_ok()) std::abort();
   }
-  return generated / secs(t);
+  return static_cast<double>(tokens) / secs(t);
 }
 
 struct Config {
@@ -308,7 +321,13 @@ int main(int argc, char** argv) {
   }
   // Whole answers through the engine: one group against a group per stage.
   json engine_tok_s = json::object(), groups_over_one = json::object();
-  for (int seqs : {8, 32}) {
+  // Answers of 32 tokens after prompts of 32, for 8 and 32 sequences; and long prompts (384
+  // tokens, answers of 8) arriving one at a time among 16 answers of 96 tokens.
+  const std::vector<std::pair<std::string, EngineWork>> works = {
+      {"batch8", {8, 32, 32}},
+      {"batch32", {32, 32, 32}},
+      {"long_prompts", {16, 32, 96, 8, 384, 8, 12}}};
+  for (const auto& [name, work] : works) {
     std::map<int, std::vector<double>> tok_s;  // groups -> rounds
     for (int round = 0; round < 3; ++round) {
       for (int groups : {1, d.pp}) {
@@ -320,10 +339,9 @@ int main(int argc, char** argv) {
         auto made = ParallelCpuBackend::create(full, o);
         if (!made.is_ok()) return 1;
         tok_s[groups].push_back(
-            engine_tokens_per_s(std::shared_ptr<Backend>(std::move(made).value()), seqs));
+            engine_tokens_per_s(std::shared_ptr<Backend>(std::move(made).value()), work));
       }
     }
-    const std::string name = "batch" + std::to_string(seqs);
     engine_tok_s[name] = {{"one_group", median(tok_s[1])},
                           {"group_per_stage", median(tok_s[d.pp])}};
     groups_over_one[name] = median(tok_s[d.pp]) / median(tok_s[1]);

@@ -474,6 +474,7 @@ class GroupedBackend final : public WrappingBackend {
     held_.push_back(std::move(h));
     most_in_flight = std::max(most_in_flight, static_cast<int>(held_.size()));
     rows.push_back(in.num_logits);
+    tokens.push_back(in.num_tokens);
     return Status::ok();
   }
   Status collect(int32_t* tokens, TokenLogprobs* logprobs) override {
@@ -486,7 +487,8 @@ class GroupedBackend final : public WrappingBackend {
   }
   void discard() override { held_.clear(); }
   int most_in_flight = 0;
-  std::vector<int> rows;  // each step's logits rows
+  std::vector<int> rows;    // each step's logits rows
+  std::vector<int> tokens;  // and tokens
 
  private:
   struct Held {
@@ -501,7 +503,7 @@ class GroupedBackend final : public WrappingBackend {
 // Steps of disjoint sequences in flight (as many as the backend's groups, none fed from another)
 // give exactly what plain steps give: greedy answers, chunked prefill, seeded sampling with log
 // probabilities, length limits and stop strings; the groups fill (as many steps in flight as
-// groups) and share the sequences out evenly.
+// groups) and share the tokens out evenly.
 TEST(EngineTest, StepsOfDisjointSequencesInFlightEqualPlainSteps) {
   auto& f = Fixture::get();
   for (int groups : {2, 3}) {
@@ -512,10 +514,18 @@ TEST(EngineTest, StepsOfDisjointSequencesInFlightEqualPlainSteps) {
     for (int i = 0; i < 32; ++i)
       EXPECT_EQ(together[static_cast<size_t>(i)].tokens, expected(i)) << groups << " " << i;
     EXPECT_EQ(grouped->most_in_flight, groups);
-    // 32 sequences: each step samples at most its share (the first ones, all prefills, too).
-    const int share = (32 + groups - 1) / groups;
-    EXPECT_LE(*std::max_element(grouped->rows.begin(), grouped->rows.end()), share);
-    EXPECT_EQ(grouped->rows.front(), share);
+    // The prompts go out in the first `groups` steps, each about its share of their tokens (a
+    // prompt cut where a step's share ends), and every step samples at most its share of the 32.
+    int prompt_tokens = 0, first_steps = 0;
+    for (const auto& p : prompts(32)) prompt_tokens += static_cast<int>(p.size());
+    for (int k = 0; k < groups; ++k) {
+      const int t = grouped->tokens[static_cast<size_t>(k)];
+      first_steps += t;
+      EXPECT_NEAR(t, prompt_tokens / groups, prompt_tokens / groups / 20) << groups << " " << k;
+    }
+    EXPECT_EQ(first_steps, prompt_tokens);
+    EXPECT_LE(*std::max_element(grouped->rows.begin(), grouped->rows.end()),
+              (32 + groups - 1) / groups);
     EXPECT_EQ(e->blocks().num_available(), e->blocks().num_blocks());
 
     auto chunked = std::make_shared<GroupedBackend>(f.backend(16, 8 << 20, false), groups);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <deque>
 
 namespace hr::engine {
 namespace {
@@ -49,10 +50,11 @@ int tokens_of(const StepPlan& p, const Sequence* s) {
   return 0;
 }
 
-// With two step groups: a step takes half of the sequences (rounded up), a sync one first;
-// sequences whose token a step in flight samples are left out, so the next step takes the
-// others; once the first step's tokens are in, its sequences are planned again.
-TEST(SchedulerTest, StepGroupsShareTheSequencesAndSkipThoseInFlight) {
+// With two step groups: a step takes half of the tokens left to plan and in flight (rounded up),
+// a sync sequence first, a prompt cut to fit; sequences whose token a step in flight samples are
+// left out, so the next step takes the others; once the first step's tokens are in, its
+// sequences are planned again.
+TEST(SchedulerTest, StepGroupsShareTheTokensAndSkipThoseInFlight) {
   Harness h(64, 4, {8, 64, 64});
   h.sched.set_step_groups(2);
   std::vector<Sequence*> async;
@@ -73,23 +75,69 @@ TEST(SchedulerTest, StepGroupsShareTheSequencesAndSkipThoseInFlight) {
   StepPlan a = h.sched.schedule();
   h.sched.complete(a);
   in_flight(a);
-  ASSERT_EQ(a.seqs.size(), 3u);  // ceil(5 / 2)
+  EXPECT_EQ(a.num_tokens, 8);  // ceil(15 / 2)
+  ASSERT_EQ(a.seqs.size(), 3u);
   EXPECT_EQ(tokens_of(a, sync), 3);
   EXPECT_EQ(tokens_of(a, async[0]), 3);
-  EXPECT_EQ(tokens_of(a, async[1]), 3);
+  EXPECT_EQ(tokens_of(a, async[1]), 2);
+  EXPECT_FALSE(a.seqs[2].sample);
+  h.sched.set_tokens_in_flight(a.num_tokens);
   StepPlan b = h.sched.schedule();
   h.sched.complete(b);
   in_flight(b);
-  ASSERT_EQ(b.seqs.size(), 2u);
+  ASSERT_EQ(b.seqs.size(), 3u);  // all that is left: 7 of a share of ceil((8 + 9) / 2)
+  EXPECT_EQ(tokens_of(b, async[1]), 1);
   EXPECT_EQ(tokens_of(b, async[2]), 3);
   EXPECT_EQ(tokens_of(b, async[3]), 3);
+  h.sched.set_tokens_in_flight(a.num_tokens + b.num_tokens);
   EXPECT_TRUE(h.sched.schedule().empty());  // every sequence's token is on the way
   arrive(a);
+  h.sched.set_tokens_in_flight(b.num_tokens);
   StepPlan c = h.sched.schedule();
-  ASSERT_EQ(c.seqs.size(), 3u);
+  ASSERT_EQ(c.seqs.size(), 2u);
   EXPECT_EQ(tokens_of(c, sync), 1);
   EXPECT_EQ(tokens_of(c, async[0]), 1);
-  EXPECT_EQ(tokens_of(c, async[1]), 1);
+}
+
+// A long prompt arriving among decoding sequences goes in chunks into both groups' steps, which
+// come out about even, rather than into one step that would hold the other stage up.
+TEST(SchedulerTest, StepGroupsSpreadALongPromptOverTheSteps) {
+  Harness h(256, 4, {16, 512, 512});
+  h.sched.set_step_groups(2);
+  std::deque<StepPlan> flying;
+  // As the engine drives it: the oldest step collected once both groups have one in flight.
+  auto next = [&] {
+    if (flying.size() >= 2) {
+      for (const auto& x : flying.front().seqs) {
+        if (!x.sample) continue;
+        --x.seq->num_pending;
+        x.seq->tokens.push_back(7);
+      }
+      flying.pop_front();
+    }
+    int tokens = 0;
+    for (const StepPlan& p : flying) tokens += p.num_tokens;
+    h.sched.set_tokens_in_flight(tokens);
+    StepPlan p = h.sched.schedule();
+    h.sched.complete(p);
+    for (const auto& x : p.seqs) {
+      if (x.sample) ++x.seq->num_pending;
+    }
+    flying.push_back(p);
+    return p;
+  };
+  for (int i = 0; i < 6; ++i) h.add(RequestClass::kAsync, 1);
+  EXPECT_EQ(next().num_tokens, 3);  // half of the six first tokens
+  EXPECT_EQ(next().num_tokens, 3);  // the other half
+  Sequence* prompt = h.add(RequestClass::kAsync, 300);
+  const StepPlan c = next();
+  const StepPlan d = next();
+  EXPECT_GT(tokens_of(c, prompt), 0);
+  EXPECT_GT(tokens_of(d, prompt), 0);
+  EXPECT_EQ(tokens_of(c, prompt) + tokens_of(d, prompt), 300);
+  EXPECT_TRUE(d.seqs.back().sample);
+  EXPECT_EQ(c.num_tokens, 155);  // ceil((3 in flight + 6 decoding + 300) / 2)
+  EXPECT_EQ(d.num_tokens, 151);  // the prompt's rest beside the other three
 }
 
 TEST(SchedulerTest, SyncIsAdmittedBeforeEarlierAsync) {
