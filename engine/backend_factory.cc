@@ -220,6 +220,7 @@ void log_memory_plan(const std::string& model_dir, const CudaBackendOptions& o,
   p.max_num_seqs = o.max_num_seqs;
   p.block_size = o.block_size;
   p.kv_cache_fraction = o.kv_cache_fraction;
+  p.step_groups = o.step_groups;
   for (const GpuInfo& gpu : list_gpus()) {
     if (gpu.index == o.device) p.gpu_memory_bytes = static_cast<int64_t>(gpu.total_memory_bytes);
   }

@@ -204,6 +204,7 @@ Result<MemoryPlan> plan_memory(const ModelShape& s, const PlanOptions& o) {
   plan.fits = true;
   const int64_t D = s.hidden_size, V = s.vocab_size;
   plan.kv_tokens = -1;
+  const int groups = o.pp == 1 ? 1 : o.step_groups > 0 ? o.step_groups : o.pp;
   for (int stage = 0; stage < o.pp; ++stage) {
     const int64_t first =
         stage_first_layer(static_cast<int>(s.num_layers), o.pp, o.stage_layers, stage);
@@ -226,7 +227,7 @@ Result<MemoryPlan> plan_memory(const ModelShape& s, const PlanOptions& o) {
       for (int64_t l = first; l < last; ++l) r.weight_bytes += layer_bytes(s, o, l);
       r.activation_bytes = step_buffer_bytes(s, o, r.num_layers, stage == o.pp - 1);
       r.workspace_bytes = o.workspace_bytes;
-      r.graph_bytes = o.graph_bytes;
+      r.graph_bytes = o.graph_bytes * std::max(2, groups) / 2;
       r.context_bytes = o.context_bytes;
       r.free_bytes = o.gpu_memory_bytes - r.context_bytes - r.weight_bytes - r.activation_bytes -
                      r.workspace_bytes;

@@ -40,8 +40,11 @@ struct PlanOptions {
   int num_sms = 132;                           // the device's (attention partials; H100 SXM)
   double kv_cache_fraction = 0.9;              // of what is free once the rest is in place
   int64_t context_bytes = 512ll << 20;         // CUDA context and driver, outside allocations
-  int64_t graph_bytes = 256ll << 20;           // captured decode graphs (an allowance)
-  int64_t workspace_bytes = 32ll << 20;        // cuBLASLt's workspace
+  int64_t graph_bytes = 256ll << 20;           // captured decode graphs of two steps' slots
+  // Steps in flight at once with stages (CudaBackendOptions::step_groups; 0: one per stage): each
+  // slot beyond two captures its own decode graphs, another half of graph_bytes.
+  int step_groups = 0;
+  int64_t workspace_bytes = 32ll << 20;  // cuBLASLt's workspace
 };
 
 struct RankPlan {

@@ -156,6 +156,32 @@ TEST(MemoryPlanTest, TheDocumentedFiguresArePinned) {
   }
 }
 
+// Each whole-step slot beyond two (a step in flight for each stage) captures decode graphs of its
+// own: the allowance grows with the groups, and what is left for the KV cache shrinks.
+TEST(MemoryPlanTest, TheGraphAllowanceCountsEachGroupsSlot) {
+  const ModelShape llama = shape("llama-3.3-70b-instruct");
+  PlanOptions o;
+  o.tp = 2;
+  o.pp = 4;
+  o.gpu_memory_bytes = 80ll << 30;
+  auto first = plan_memory(llama, o);
+  ASSERT_TRUE(first.is_ok());
+  // 8 GiB free once the rest is in place: the graphs' room, not the fraction, bounds the cache.
+  o.gpu_memory_bytes += (8ll << 30) - first->ranks[0].free_bytes;
+  o.kv_cache_fraction = 0.98;
+  auto four = plan_memory(llama, o);
+  o.step_groups = 1;
+  auto one = plan_memory(llama, o);
+  o.pp = 2;
+  o.step_groups = 0;
+  auto two = plan_memory(llama, o);
+  ASSERT_TRUE(four.is_ok() && one.is_ok() && two.is_ok());
+  EXPECT_EQ(four->ranks[0].graph_bytes, 2 * o.graph_bytes);
+  EXPECT_EQ(one->ranks[0].graph_bytes, o.graph_bytes);
+  EXPECT_EQ(two->ranks[0].graph_bytes, o.graph_bytes);
+  EXPECT_EQ(one->ranks[0].kv_bytes - four->ranks[0].kv_bytes, o.graph_bytes);
+}
+
 TEST(MemoryPlanTest, LayoutsThatDoNotDivideAreRefusedNamingTheOption) {
   const ModelShape llama = shape("llama-3.3-70b-instruct");
   PlanOptions o;
