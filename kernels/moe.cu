@@ -245,10 +245,17 @@ __global__ void __launch_bounds__(kRouteThreads) moe_logits_kernel(MoeRouteParam
     for (int t = 0; t < kRouteTokens; ++t) {
       if (t >= nt) break;
       const float* row = p.resid + static_cast<size_t>(t0 + t) * D;
-#pragma unroll 4
-      for (int i = threadIdx.x * 4; i < D; i += kRouteThreads * 4) {
-        const float4 v = *reinterpret_cast<const float4*>(row + i);
-        ss[t] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      // kRouteUnroll loads issued (predicated, not branched around) before their squares.
+      for (int i0 = threadIdx.x * 4; i0 < D; i0 += kRouteThreads * 4 * kRouteUnroll) {
+        float4 v[kRouteUnroll];
+#pragma unroll
+        for (int u = 0; u < kRouteUnroll; ++u) {
+          const int i = i0 + u * kRouteThreads * 4;
+          v[u] = i < D ? *reinterpret_cast<const float4*>(row + i) : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kRouteUnroll; ++u)
+          ss[t] += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
       }
     }
 #pragma unroll
@@ -284,35 +291,49 @@ __global__ void __launch_bounds__(kRouteThreads) moe_logits_kernel(MoeRouteParam
     float acc[kRouteTokens] = {};
     const float* w = p.router + static_cast<size_t>(e) * D;
     const int stride = 128 * W;
+    // Every load of a round issued before the arithmetic that waits for it: the router's and
+    // the norm weight's pieces, then each token's (predicated, not branched around; a piece past
+    // the row reads as zeros).
+    const float4 zero = make_float4(0, 0, 0, 0);
     for (int i0 = (slice * 32 + lane) * 4; i0 < D; i0 += stride * kRouteUnroll) {
-      float4 wv[kRouteUnroll];
+      float4 wv[kRouteUnroll], g[kRouteUnroll];
 #pragma unroll
       for (int u = 0; u < kRouteUnroll; ++u) {
         const int i = i0 + u * stride;
-        if (i < D) wv[u] = __ldg(reinterpret_cast<const float4*>(w + i));
+        wv[u] = i < D ? __ldg(reinterpret_cast<const float4*>(w + i)) : zero;
+        if (p.resid)
+          g[u] = i < D ? __ldg(reinterpret_cast<const float4*>(p.norm_weight + i)) : zero;
+      }
+      if (p.resid) {
+#pragma unroll
+        for (int u = 0; u < kRouteUnroll; ++u) {
+          wv[u] =
+              make_float4(wv[u].x * g[u].x, wv[u].y * g[u].y, wv[u].z * g[u].z, wv[u].w * g[u].w);
+        }
       }
 #pragma unroll
-      for (int u = 0; u < kRouteUnroll; ++u) {
-        const int i = i0 + u * stride;
-        if (i >= D) break;
-        if (p.resid) {
-          const float4 g = __ldg(reinterpret_cast<const float4*>(p.norm_weight + i));
-          wv[u] = make_float4(wv[u].x * g.x, wv[u].y * g.y, wv[u].z * g.z, wv[u].w * g.w);
+      for (int t = 0; t < kRouteTokens; ++t) {
+        if (t >= nt) break;
+        float4 xv[kRouteUnroll];
+#pragma unroll
+        for (int u = 0; u < kRouteUnroll; ++u) {
+          const int i = i0 + u * stride;
+          if (p.resid) {
+            xv[u] = i < D ? *reinterpret_cast<const float4*>(p.resid +
+                                                             static_cast<size_t>(t0 + t) * D + i)
+                          : zero;
+          } else {
+            uint2 h = {0u, 0u};
+            if (i < D)
+              h = *reinterpret_cast<const uint2*>(p.x + static_cast<size_t>(t0 + t) * D + i);
+            const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&h.x));
+            const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&h.y));
+            xv[u] = make_float4(a.x, a.y, b.x, b.y);
+          }
         }
 #pragma unroll
-        for (int t = 0; t < kRouteTokens; ++t) {
-          if (t >= nt) break;
-          float4 xv;
-          if (p.resid) {
-            xv = *reinterpret_cast<const float4*>(p.resid + static_cast<size_t>(t0 + t) * D + i);
-          } else {
-            const __nv_bfloat162* h =
-                reinterpret_cast<const __nv_bfloat162*>(p.x + static_cast<size_t>(t0 + t) * D + i);
-            const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-            xv = make_float4(a.x, a.y, b.x, b.y);
-          }
-          acc[t] += xv.x * wv[u].x + xv.y * wv[u].y + xv.z * wv[u].z + xv.w * wv[u].w;
-        }
+        for (int u = 0; u < kRouteUnroll; ++u)
+          acc[t] += xv[u].x * wv[u].x + xv[u].y * wv[u].y + xv[u].z * wv[u].z + xv[u].w * wv[u].w;
       }
     }
 #pragma unroll
@@ -393,9 +414,13 @@ __device__ __forceinline__ int held_expert(const MoeExpertsParams& p, int e) {
   return i >= 0 && i < p.num_local_experts ? i : -1;
 }
 
-// kStream: the weights read evict-first and gate/up prefetching the down weights.
-template <bool kGateUp, bool kStream>
+// kStream: the weights read evict-first and gate/up prefetching the down weights. kRows: output
+// rows per warp (down's short rows: one row's few 16-byte pieces a lane leave memory idle between
+// a warp's round trips, so a warp takes several rows' pieces at once; gate/up takes one, its gate
+// and up rows).
+template <bool kGateUp, bool kStream, int kRows>
 __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_kernel(MoeExpertsParams p) {
+  static_assert(!kGateUp || kRows == 1, "gate/up takes a gate row and its up row a warp");
   internal::pdl_launch_dependents();
   internal::pdl_wait();
   const int e = p.layout.active_experts[blockIdx.y];
@@ -403,7 +428,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_kernel(MoeExpertsPar
   const int held = held_expert(p, e);  // the expert's weights
   if (held < 0) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row = blockIdx.x * kGemvWarps + warp;
+  const int row0 = (blockIdx.x * kGemvWarps + warp) * kRows;
   const int F = p.ffn, D = p.dim;
   const int n_out = kGateUp ? F : D, k = kGateUp ? D : F;
   if (kGateUp && kStream && warp == 0) {
@@ -418,10 +443,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_kernel(MoeExpertsPar
           min(share, bytes - begin), lane);
     }
   }
-  if (row >= n_out) return;
-  const __nv_bfloat16* w0 = kGateUp ? p.w_gate_up + (static_cast<size_t>(held) * 2 * F + row) * D
-                                    : p.w_down + (static_cast<size_t>(held) * D + row) * F;
-  const __nv_bfloat16* w1 = kGateUp ? w0 + static_cast<size_t>(F) * D : nullptr;
+  if (row0 >= n_out) return;
+  // The warp's rows (a row past the last reads the last again, and is not written).
+  const __nv_bfloat16* w[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int row = min(row0 + r, n_out - 1);
+    w[r] = kGateUp ? p.w_gate_up + (static_cast<size_t>(held) * 2 * F + row) * D
+                   : p.w_down + (static_cast<size_t>(held) * D + row) * F;
+  }
+  const __nv_bfloat16* w1 = kGateUp ? w[0] + static_cast<size_t>(F) * D : nullptr;
   const int start = p.layout.offsets[e], n = p.layout.counts[e];
   for (int g0 = 0; g0 < n; g0 += kGemvGroup) {
     const int ng = min(kGemvGroup, n - g0);
@@ -434,18 +465,21 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_kernel(MoeExpertsPar
               : kGateUp ? p.x + static_cast<size_t>(pair[j] / p.top_k) * D
                         : p.act + static_cast<size_t>(start + g0 + j) * F;
     }
-    float a0[kGemvGroup] = {}, a1[kGemvGroup] = {};
+    float a0[kRows][kGemvGroup] = {}, a1[kGemvGroup] = {};
     // kGemvUnroll 16-byte pieces of each weight row in flight per lane before any arithmetic:
     // the weights stream once, so what keeps memory busy is how many loads are outstanding.
     for (int i0 = lane * 8; i0 < k; i0 += 256 * kGemvUnroll) {
-      uint4 wa[kGemvUnroll], wb[kGemvUnroll];
+      uint4 wa[kRows][kGemvUnroll], wb[kGemvUnroll];
 #pragma unroll
       for (int u = 0; u < kGemvUnroll; ++u) {
         const int i = i0 + u * 256;
         if (i >= k) break;
-        // (Streamed: read once, and kept from pushing the prefetched weights out.)
-        wa[u] = kStream ? __ldcs(reinterpret_cast<const uint4*>(w0 + i))
-                        : __ldg(reinterpret_cast<const uint4*>(w0 + i));
+          // (Streamed: read once, and kept from pushing the prefetched weights out.)
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          wa[r][u] = kStream ? __ldcs(reinterpret_cast<const uint4*>(w[r] + i))
+                             : __ldg(reinterpret_cast<const uint4*>(w[r] + i));
+        }
         if (kGateUp)
           wb[u] = kStream ? __ldcs(reinterpret_cast<const uint4*>(w1 + i))
                           : __ldg(reinterpret_cast<const uint4*>(w1 + i));
@@ -454,8 +488,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_kernel(MoeExpertsPar
       for (int u = 0; u < kGemvUnroll; ++u) {
         const int i = i0 + u * 256;
         if (i >= k) break;
-        float fa[8], fb[8], xv[8];
-        bf16x8_to_float(wa[u], fa);
+        float fa[kRows][8], fb[8], xv[8];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) bf16x8_to_float(wa[r][u], fa[r]);
         if (kGateUp) bf16x8_to_float(wb[u], fb);
 #pragma unroll
         for (int j = 0; j < kGemvGroup; ++j) {
@@ -463,7 +498,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_kernel(MoeExpertsPar
           bf16x8_to_float(*reinterpret_cast<const uint4*>(in[j] + i), xv);
 #pragma unroll
           for (int c = 0; c < 8; ++c) {
-            a0[j] += fa[c] * xv[c];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) a0[r][j] += fa[r][c] * xv[c];
             if (kGateUp) a1[j] += fb[c] * xv[c];
           }
         }
@@ -472,15 +508,40 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_kernel(MoeExpertsPar
 #pragma unroll
     for (int j = 0; j < kGemvGroup; ++j) {
       if (j >= ng) break;
-      const float s0 = warp_sum(a0[j]);
-      if (kGateUp) {
-        const float s1 = warp_sum(a1[j]);
-        if (lane == 0)
-          p.act[static_cast<size_t>(start + g0 + j) * F + row] = __float2bfloat16_rn(silu(s0) * s1);
-      } else if (lane == 0) {
-        p.out[static_cast<size_t>(pair[j]) * D + row] = s0 * p.topk_weights[pair[j]];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int row = row0 + r;
+        const float s0 = warp_sum(a0[r][j]);
+        if (kGateUp) {
+          const float s1 = warp_sum(a1[j]);
+          if (lane == 0)
+            p.act[static_cast<size_t>(start + g0 + j) * F + row] =
+                __float2bfloat16_rn(silu(s0) * s1);
+        } else if (lane == 0 && row < n_out) {
+          p.out[static_cast<size_t>(pair[j]) * D + row] = s0 * p.topk_weights[pair[j]];
+        }
       }
     }
+  }
+}
+
+// Down's rows per warp for rows of `k` weights: enough that a lane has about 8-16 pieces in
+// flight.
+int down_rows_per_warp(int k) { return k <= 1024 ? 4 : k <= 2048 ? 2 : 1; }
+
+template <bool kStream>
+cudaError_t launch_down_gemv(const MoeExpertsParams& p, int active, cudaStream_t stream) {
+  const dim3 block(kGemvWarps * 32);
+  auto grid = [&](int rows) {
+    return dim3((p.dim + kGemvWarps * rows - 1) / (kGemvWarps * rows), active);
+  };
+  switch (down_rows_per_warp(p.ffn)) {
+    case 4:
+      return internal::launch(moe_gemv_kernel<false, kStream, 4>, grid(4), block, 0, stream, p);
+    case 2:
+      return internal::launch(moe_gemv_kernel<false, kStream, 2>, grid(2), block, 0, stream, p);
+    default:
+      return internal::launch(moe_gemv_kernel<false, kStream, 1>, grid(1), block, 0, stream, p);
   }
 }
 
@@ -707,15 +768,14 @@ cudaError_t moe_experts(const MoeExpertsParams& p, MoeKernel kernel, cudaStream_
     const bool stream_weights =
         static_cast<size_t>(active) * p.dim * p.ffn * sizeof(__nv_bfloat16) <= p.prefetch_limit;
     const dim3 gate_up_grid((p.ffn + kGemvWarps - 1) / kGemvWarps, active);
-    const dim3 down_grid((p.dim + kGemvWarps - 1) / kGemvWarps, active);
     const dim3 block(kGemvWarps * 32);
-    err = stream_weights
-              ? internal::launch(moe_gemv_kernel<true, true>, gate_up_grid, block, 0, stream, p)
-              : internal::launch(moe_gemv_kernel<true, false>, gate_up_grid, block, 0, stream, p);
+    err =
+        stream_weights
+            ? internal::launch(moe_gemv_kernel<true, true, 1>, gate_up_grid, block, 0, stream, p)
+            : internal::launch(moe_gemv_kernel<true, false, 1>, gate_up_grid, block, 0, stream, p);
     if (err != cudaSuccess) return err;
-    return stream_weights
-               ? internal::launch(moe_gemv_kernel<false, true>, down_grid, block, 0, stream, p)
-               : internal::launch(moe_gemv_kernel<false, false>, down_grid, block, 0, stream, p);
+    return stream_weights ? launch_down_gemv<true>(p, active, stream)
+                          : launch_down_gemv<false>(p, active, stream);
   }
   const int tiles = p.capacity / kMoeTile;
   if ((err = gemm_smem_once<true>()) != cudaSuccess ||
