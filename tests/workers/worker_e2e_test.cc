@@ -282,7 +282,10 @@ TEST(WorkerE2eTest, ANewcomersRequestsStartAtOnceOnABusyWorker) {
       "SELECT count(*) FROM requests WHERE status = 'completed' AND batch_id = '" + a + "'::uuid");
   check_answers(result_b, texts_b);
   EXPECT_LT(a_ended, 250) << "B waited for most of A's backlog";
-  EXPECT_EQ(s.w->stats().caught_up.load(), 3);
+  // How many of B's go by the catch-up stream depends on A's work in flight at the relay's pass
+  // (the pieces that bring B up to half of it, or all three when it is still below): at least one.
+  EXPECT_GE(s.w->stats().caught_up.load(), 1);
+  EXPECT_LE(s.w->stats().caught_up.load(), 3);
   // A's, preempted or not, all answered as they would have been alone.
   check_answers(wait_done(h, a, 120), texts_a);
   s.w->stop();
