@@ -10,14 +10,23 @@
 # to .headroom/bench-model-100m-text on first use). Charts go to
 # .headroom/bench-flex/<label>.png. The last line of output is one JSON object.
 #
-# Knobs: HEADROOM_BENCH_PHASE_SECONDS (30), HEADROOM_FLEX_MODELS ("tiny model_100m"),
+# On a GPU, model llama8b: a random-weight Llama on Llama 3 8B's shape (16 GB of bf16 written to
+# .headroom/bench-model-llama3-8b-text on first use, its LM head writing printable bytes only)
+# served with --device cuda; its own goals (sync p99 TTFT ratio <= 1.05, async tokens >= 0.8 of
+# what sync leaves, by tokens) are in the JSON's "gpu". scripts/gpu_check.sh's flex stage runs it
+# with the binaries of scripts/gpu_prepare.sh (HEADROOM_BENCH_BUILD, HEADROOM_PORTABLE).
+#
+# Knobs: HEADROOM_BENCH_PHASE_SECONDS (30), HEADROOM_FLEX_MODELS ("tiny model_100m"; llama8b),
 # HEADROOM_FLEX_MAX_TOKENS (32), HEADROOM_FLEX_SERVE_ARGS (extra `serve` options); arguments go
 # to headroom_flex_bench (e.g. --sync-fraction 0.3).
 set -euo pipefail
 bench_targets="headroom_flex_bench headroom_engine_bench"
 # shellcheck source=scripts/bench_lib.sh
 source "$(dirname "$0")/bench_lib.sh"
-bench=build-release/tests/headroom_flex_bench
+# (A folder of binaries alone holds them flat; a build folder under tests/.)
+tool() { if [ -x "$build/tests/$1" ]; then echo "$build/tests/$1"; else echo "$build/$1"; fi; }
+bench=$(tool headroom_flex_bench)
+engine_bench=$(tool headroom_engine_bench)
 phase_seconds=${HEADROOM_BENCH_PHASE_SECONDS:-30}
 max_tokens=${HEADROOM_FLEX_MAX_TOKENS:-32}
 out_dir=$root/.headroom/bench-flex
@@ -28,8 +37,9 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# run_model LABEL MODEL_DIR MODEL_NAME [ARGS]: one serve process, the three phases, serve
-# stopped; the driver's JSON line goes to $out_dir/LABEL.json.
+# run_model LABEL MODEL_DIR MODEL_NAME [ARGS]: one serve process (with $serve_extra), the three
+# phases, serve stopped; the driver's JSON line goes to $out_dir/LABEL.json.
+serve_extra=
 run_model() {
   local label=$1 dir=$2 name=$3 serve_port serve_pid
   shift 3
@@ -37,7 +47,7 @@ run_model() {
   serve_port=$(free_port)
   # shellcheck disable=SC2086
   HEADROOM_API_KEY=$key $bin --log-level warn serve --port "$serve_port" --model "$dir" \
-    --name "$name" --no-webhooks ${HEADROOM_FLEX_SERVE_ARGS:-} >"$out_dir/$label-serve.log" 2>&1 &
+    --name "$name" --no-webhooks $serve_extra ${HEADROOM_FLEX_SERVE_ARGS:-} >"$out_dir/$label-serve.log" 2>&1 &
   serve_pid=$!
   pids+=("$serve_pid")
   # Serve listens once the model is loaded; larger models take a while.
@@ -74,13 +84,23 @@ for model in ${HEADROOM_FLEX_MODELS:-tiny model_100m}; do
       # stream content to time) and never ending before max_tokens.
       big=$root/.headroom/bench-model-100m-text
       if [ ! -f "$big/model.safetensors" ]; then
-        build-release/tests/headroom_engine_bench --make-random-model "$big" \
+        "$engine_bench" --make-random-model "$big" \
           --tokenizer-from models/tiny-reverse --output-vocab printable >&2
       fi
       run_model model_100m "$big" @hr/bench-100m "$@"
       ;;
+    llama8b)
+      big=$root/.headroom/bench-model-llama3-8b-text
+      if [ ! -f "$big/model.safetensors" ]; then
+        "$engine_bench" --make-random-model "$big" --shape llama3-8b \
+          --tokenizer-from models/tiny-reverse --output-vocab printable >&2
+      fi
+      serve_extra="--device cuda"
+      run_model llama8b "$big" @hr/bench-llama3-8b "$@"
+      serve_extra=
+      ;;
     *)
-      echo "unknown model '$model' in HEADROOM_FLEX_MODELS (tiny, model_100m)" >&2
+      echo "unknown model '$model' in HEADROOM_FLEX_MODELS (tiny, model_100m, llama8b)" >&2
       exit 2
       ;;
   esac
@@ -98,10 +118,16 @@ for label in sys.argv[2:]:
     except ValueError:
         runs[label] = {"error": "unparsable output: " + text[:200]}
 tiny = runs.get("tiny", {})
+gpu = runs.get("llama8b")
 print(json.dumps({
     "sync_p99_ttft_ratio": tiny.get("sync_p99_ttft_ratio"),
     "async_fill_ratio": tiny.get("async_fill_ratio"),
     "goals": {"sync_p99_ttft_ratio": "<= 1.10", "async_fill_ratio": ">= 0.8", "errors": "0"},
+    **({"gpu": {
+        "sync_p99_ttft_ratio": gpu.get("sync_p99_ttft_ratio"),
+        "async_fill_ratio_by_tokens": gpu.get("async_fill_ratio_by_tokens"),
+        "goals": {"sync_p99_ttft_ratio": "<= 1.05", "async_fill_ratio_by_tokens": ">= 0.8"}}}
+       if gpu is not None else {}),
     "errors": sum(r.get("errors", 1) for r in runs.values()),
     **runs,
     "charts": [r["chart"] for r in runs.values() if "chart" in r]}))

@@ -4,20 +4,28 @@
 # and $port (a free port). Helpers: bench_key ACCOUNT, bench_wait_ready PORT.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-scripts/setup.sh >/dev/null
 # HEADROOM_BENCH_BUILD=DIR: an existing build folder instead, built as it is configured, or a
 # folder of binaries alone (headroom, tests/...) used as they are: comparisons of two versions.
+# HEADROOM_PORTABLE=FILE (scripts/pack_portable.sh): headroom, Postgres and Redis from the pack,
+# nothing installed or built (a GPU machine without the project's packages; the benchmark's own
+# binaries then come from HEADROOM_BENCH_BUILD).
 build=${HEADROOM_BENCH_BUILD:-build-release}
-if [ -z "${HEADROOM_BENCH_BUILD:-}" ]; then
-  cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-fi
-if [ -f "$build/build.ninja" ]; then
-  # shellcheck disable=SC2086
-  cmake --build "$build" -j "${HEADROOM_JOBS:-2}" --target headroom $bench_targets >/dev/null
-fi
-
 svc=$(mktemp -d /tmp/headroom-bench.XXXXXX)
 chmod 755 "$svc"
+if [ -n "${HEADROOM_PORTABLE:-}" ]; then
+  # shellcheck source=scripts/portable_lib.sh
+  source scripts/portable_lib.sh
+  portable_unpack "$HEADROOM_PORTABLE" "$svc/portable"
+else
+  scripts/setup.sh >/dev/null
+  if [ -z "${HEADROOM_BENCH_BUILD:-}" ]; then
+    cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  fi
+  if [ -f "$build/build.ninja" ]; then
+    # shellcheck disable=SC2086
+    cmake --build "$build" -j "${HEADROOM_JOBS:-2}" --target headroom $bench_targets >/dev/null
+  fi
+fi
 pids=()
 bench_cleanup() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
@@ -29,7 +37,7 @@ trap bench_cleanup EXIT
 scripts/services.sh start "$svc" >/dev/null
 # shellcheck disable=SC1091
 source "$svc/env"
-bin=$build/headroom
+bin=${portable_headroom:-$build/headroom}
 # HEADROOM_BENCH_MIGRATIONS: a folder of migrations to apply instead of the built-in ones (the
 # schema of an earlier version, to compare with).
 $bin --log-level warn migrate ${HEADROOM_BENCH_MIGRATIONS:+--migrations-dir "$HEADROOM_BENCH_MIGRATIONS"}

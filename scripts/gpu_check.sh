@@ -21,6 +21,10 @@
 #   slice     (only when named) scripts/bench_rank_slice.sh: a Llama-3.3-70B TP4 and TP8 rank's
 #             decode steps, the all-reduce microbenchmark, the projected deployment step
 #             (slice.json beside the logs)
+#   flex      (only when named) scripts/bench_flex.sh on the Llama-3-8B shape (random weights written
+#             on first use, served with --device cuda): sync p99 TTFT with an async backlog over
+#             without, and async tokens against what sync leaves (flex.json beside the logs);
+#             HEADROOM_FLEX_PHASE_SECONDS each phase (20); needs Postgres and Redis as serve does
 #   profile   (only when named) Nsight Compute over the GEMV kernel at every decode shape, one and
 #             two rows: duration, DRAM throughput and the bandwidth it reached, per launch; and over
 #             batch-1 decode steps of the Qwen3-30B-A3B shape cut to 4 layers (graphs replayed,
@@ -45,8 +49,8 @@ logs=${HEADROOM_GPU_CHECK_LOGS:-/tmp/headroom-gpu-check}
 mkdir -p "$logs"
 
 for stage in ${stages//,/ }; do
-  case $stage in fixtures | tests | bench | slice | serve | sanitize | profile) ;;
-    *) echo "gpu_check: unknown stage '$stage' in HEADROOM_GPU_CHECK_STAGES (fixtures, tests, bench, slice, serve, sanitize, profile)" >&2
+  case $stage in fixtures | tests | bench | slice | serve | flex | sanitize | profile) ;;
+    *) echo "gpu_check: unknown stage '$stage' in HEADROOM_GPU_CHECK_STAGES (fixtures, tests, bench, slice, serve, flex, sanitize, profile)" >&2
        exit 2 ;;
   esac
 done
@@ -246,6 +250,25 @@ if wants serve; then
     done
   else
     note "serve_check                      skipped: no Postgres/Redis here (HEADROOM_PORTABLE: scripts/pack_portable.sh)"
+  fi
+fi
+
+if wants flex; then
+  if [ -n "${HEADROOM_PORTABLE:-}" ] || { [ -z "${HEADROOM_PREBUILT:-}" ] && [ -x /usr/lib/postgresql/15/bin/postgres ]; }; then
+    run_stage flex "$logs/flex.log" 540 env HEADROOM_FLEX_MODELS=llama8b \
+      HEADROOM_BENCH_PHASE_SECONDS="${HEADROOM_FLEX_PHASE_SECONDS:-20}" \
+      ${HEADROOM_PREBUILT:+HEADROOM_BENCH_BUILD="$HEADROOM_PREBUILT"} scripts/bench_flex.sh
+    flex_json=$(grep '^{' "$logs/flex.log" | tail -1)
+    [ -n "$flex_json" ] && echo "$flex_json" >"$logs/flex.json"
+    [ "$stage_rc" -eq 0 ] || failed=1
+    note "$(printf '%-32s %s %ss %s' flex "$(outcome "$stage_rc")" "$stage_s" "$(python3 -c '
+import json, sys
+try:
+    print(json.dumps(json.loads(sys.argv[1]).get("gpu")))
+except Exception as e:
+    print("no JSON:", e)' "$flex_json")")"
+  else
+    note "flex                             skipped: no Postgres/Redis here (HEADROOM_PORTABLE: scripts/pack_portable.sh)"
   fi
 fi
 

@@ -16,33 +16,10 @@ work=$(mktemp -d /tmp/headroom-serve-check.XXXXXX)
 chmod 755 "$work"
 
 if [ -n "${HEADROOM_PORTABLE:-}" ]; then
-  # Unpacked where the Postgres user can reach it (Python unpacks it where there is no xz).
-  portable=$work/portable
-  mkdir -p "$portable"
-  if command -v xz >/dev/null; then
-    tar -C "$portable" -xJf "$HEADROOM_PORTABLE"
-  else
-    # (trusted: the pack's own links, some absolute, are kept as they are)
-    python3 -c 'import sys, tarfile
-kw = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
-tarfile.open(sys.argv[1]).extractall(sys.argv[2], **kw)' "$HEADROOM_PORTABLE" "$portable"
-  fi
-  chmod -R a+rX "$portable"
-  # Its libraries are for its programs only: each runs through a wrapper that puts them on its
-  # library path, so that this machine's own programs (runuser, useradd, python3) keep theirs.
-  wrap=$work/bin
-  mkdir -p "$wrap"
-  chmod 755 "$wrap"
-  for prog in "$portable"/usr/lib/postgresql/15/bin/* "$portable"/usr/bin/* "$portable"/bin/*; do
-    [ -f "$prog" ] || continue
-    printf '#!/bin/sh\nexport LD_LIBRARY_PATH=%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}\nexec %s "$@"\n' \
-      "$portable/lib" "$prog" >"$wrap/${prog##*/}"
-    chmod 755 "$wrap/${prog##*/}"
-  done
-  headroom=$wrap/headroom
-  export PG_BIN=$wrap
-  export PATH=$wrap:$PATH
-  export TZ=GMT
+  # shellcheck source=scripts/portable_lib.sh
+  source scripts/portable_lib.sh
+  portable_unpack "$HEADROOM_PORTABLE" "$work/portable"
+  headroom=$portable_headroom
 else
   scripts/setup.sh >/dev/null
   cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null

@@ -11,7 +11,9 @@
 //                             a context of 2,048: the cache-aware dispatch benchmark's; with
 //                             --shape wide-vocab, ~110M parameters in 24 layers of 512 and a
 //                             vocabulary of 64,000, whose LM head costs ~10 layers as Qwen3-0.6B's
-//                             does: the pipeline benchmark's)
+//                             does: the pipeline benchmark's; with --shape llama3-8b, Llama 3
+//                             8B's shape, 16 GB of bf16 written in seconds: the GPU flex
+//                             benchmark's)
 //   --model DIR               measures decode tokens/s at batch 1, 8, 32, prefill tokens/s,
 //                             the batch-1 bandwidth fraction and RSS; prints one JSON object.
 //   --model DIR --only-batch N  three decode runs at batch N only (for profiling).
@@ -75,6 +77,19 @@ int make_random_model(const std::string& dir, const std::string& tokenizer_dir,
     spec.heads = 4;
     spec.kv_heads = 2;
     spec.head_dim = 16;
+  }
+  if (shape == "llama3-8b") {  // Llama 3 8B's shape (8.0B parameters, an LM head of its own),
+                               // written as fast as the disk takes it: the GPU flex benchmark's
+    spec.vocab = 128256;
+    spec.hidden = 4096;
+    spec.intermediate = 14336;
+    spec.layers = 32;
+    spec.heads = 32;
+    spec.kv_heads = 8;
+    spec.head_dim = 128;
+    spec.context = 8192;
+    spec.tie = false;
+    spec.fast_fill = true;
   }
   if (moe) {  // ~0.5B parameters, ~0.1B of them read per token: 32 experts of 512, top 4
     spec.experts = 32;
@@ -170,8 +185,8 @@ int main(int argc, char** argv) {
     if (k == "--experts") moe = std::string(argv[i + 1]) == "on";
     if (k == "--shape") shape = argv[i + 1];
   }
-  if (!shape.empty() && shape != "small" && shape != "wide-vocab") {
-    std::fprintf(stderr, "--shape is small or wide-vocab\n");
+  if (!shape.empty() && shape != "small" && shape != "wide-vocab" && shape != "llama3-8b") {
+    std::fprintf(stderr, "--shape is small, wide-vocab or llama3-8b\n");
     return 2;
   }
   if (!make.empty())

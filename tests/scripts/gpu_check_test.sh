@@ -176,6 +176,12 @@ expect "the profile is summed up a launch a line" \
 expect "the first launch too" has '^  0 +gemv_kernel.* +20\.2 us .* 2495 GB/s'
 expect "the MoE decode steps are summed up per step" has '^  kernels per step: 2 launches, 26\.0 us'
 
+# 4b. The flex stage (only when named) needs Postgres and Redis: with prebuilt binaries and no
+# portable pack it is reported skipped, and runs nothing.
+run 300 flex
+expect "the flex stage is taken (rc $rc)" test "$rc" -eq 0
+expect "without the services it says so" has '^flex +skipped: no Postgres/Redis'
+
 # 5. An unknown stage is refused before anything runs.
 run 300 tests,benchmark
 expect "an unknown stage is refused with 2 (rc $rc)" test "$rc" -eq 2

@@ -21,6 +21,12 @@ struct RandomLlama {
   // A mixture of experts when experts > 0: every layer's MLP is `experts` SwiGLU experts of
   // expert_intermediate, top_k per token (qwen3_moe, q/k norms included).
   int experts = 0, top_k = 2, expert_intermediate = 512;
+  // An LM head of its own (lm_head.weight) rather than the embedding's, as Llama 3 8B's.
+  bool tie = true;
+  // Each value from a hash of its place rather than one generator's stream, made on every core and
+  // written as it is made: a model of billions of parameters in seconds, not minutes (other values
+  // than the default fill's).
+  bool fast_fill = false;
 };
 
 // Writes the model to `dir` (created), copying tokenizer.json and tokenizer_config.json from
