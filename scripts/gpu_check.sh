@@ -255,7 +255,7 @@ fi
 
 if wants flex; then
   if [ -n "${HEADROOM_PORTABLE:-}" ] || { [ -z "${HEADROOM_PREBUILT:-}" ] && [ -x /usr/lib/postgresql/15/bin/postgres ]; }; then
-    run_stage flex "$logs/flex.log" 540 env HEADROOM_FLEX_MODELS=llama8b \
+    run_stage flex "$logs/flex.log" 540 env HEADROOM_FLEX_MODELS=llama8b HEADROOM_JOBS="${HEADROOM_JOBS:-$(nproc)}" \
       HEADROOM_BENCH_PHASE_SECONDS="${HEADROOM_FLEX_PHASE_SECONDS:-20}" \
       ${HEADROOM_PREBUILT:+HEADROOM_BENCH_BUILD="$HEADROOM_PREBUILT"} scripts/bench_flex.sh
     flex_json=$(grep '^{' "$logs/flex.log" | tail -1)
