@@ -205,12 +205,13 @@ StepPlan Scheduler::schedule() {
 }
 
 int Scheduler::group_token_share() const {
-  // What is left to plan: a token for each sequence whose token is on the way, the rest of each
-  // other's (a prompt counted up to a chunk for each group, so that a long one goes in full
-  // chunks), and the prompts of those waiting that the free slots would take.
+  // What is left to plan now: the rest of each sequence's tokens but those whose token is on the
+  // way (their work is the steps in flight's; a prompt counted up to a chunk for each group, so
+  // that a long one goes in full chunks), and the prompts of those waiting that the free slots
+  // would take.
   const int64_t per_seq = static_cast<int64_t>(step_groups_) * config_.max_prefill_chunk;
   auto next_tokens = [&](const Sequence* s) -> int64_t {
-    if (s->num_pending > 0) return 1;
+    if (s->num_pending > 0) return 0;
     return std::clamp<int64_t>(s->length() - s->num_computed, 0, per_seq);
   };
   int64_t wanted = 0;

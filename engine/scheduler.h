@@ -135,8 +135,8 @@ class Scheduler {
   // whose token a step in flight samples is left out of the plan (not fed), and a step takes at
   // most its share of the tokens: 1/groups of the steps in flight and what is left to plan for
   // the sequences running and waiting (rounded up), so that the stages' work comes out about
-  // even: decoding sequences share out by count, a long prompt goes in chunks into the steps
-  // beside them.
+  // even: decoding sequences share out by count (groups of unequal size even out), a long prompt
+  // goes in chunks into the steps beside them.
   void set_step_groups(int groups) { step_groups_ = std::max(1, groups); }
   // The tokens of the steps in flight (with step groups), before each schedule().
   void set_tokens_in_flight(int tokens) { tokens_in_flight_ = std::max(0, tokens); }

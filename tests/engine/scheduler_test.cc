@@ -85,7 +85,7 @@ TEST(SchedulerTest, StepGroupsShareTheTokensAndSkipThoseInFlight) {
   StepPlan b = h.sched.schedule();
   h.sched.complete(b);
   in_flight(b);
-  ASSERT_EQ(b.seqs.size(), 3u);  // all that is left: 7 of a share of ceil((8 + 9) / 2)
+  ASSERT_EQ(b.seqs.size(), 3u);  // all that is left: 7 of a share of ceil((8 + 7) / 2)
   EXPECT_EQ(tokens_of(b, async[1]), 1);
   EXPECT_EQ(tokens_of(b, async[2]), 3);
   EXPECT_EQ(tokens_of(b, async[3]), 3);
@@ -136,8 +136,35 @@ TEST(SchedulerTest, StepGroupsSpreadALongPromptOverTheSteps) {
   EXPECT_GT(tokens_of(d, prompt), 0);
   EXPECT_EQ(tokens_of(c, prompt) + tokens_of(d, prompt), 300);
   EXPECT_TRUE(d.seqs.back().sample);
-  EXPECT_EQ(c.num_tokens, 155);  // ceil((3 in flight + 6 decoding + 300) / 2)
-  EXPECT_EQ(d.num_tokens, 151);  // the prompt's rest beside the other three
+  EXPECT_EQ(c.num_tokens, 153);  // ceil((3 in flight + 3 decoding + 300) / 2)
+  EXPECT_EQ(d.num_tokens, 153);  // the prompt's rest beside the other three
+}
+
+// Groups of unequal size (sequences ended in one of them) even out: the next steps take half of
+// the sequences each.
+TEST(SchedulerTest, StepGroupsOfUnequalSizeEvenOut) {
+  Harness h(256, 4, {32, 512, 512});
+  std::vector<Sequence*> seqs;
+  for (int i = 0; i < 24; ++i) seqs.push_back(h.add(RequestClass::kAsync, 1));
+  EXPECT_EQ(h.step().seqs.size(), 24u);  // (one group: every prompt, a token each)
+  h.sched.set_step_groups(2);
+  // A step of 16 of them in flight (a group that was larger), 8 to plan.
+  for (int i = 0; i < 16; ++i) {
+    ++seqs[static_cast<size_t>(i)]->num_computed;
+    seqs[static_cast<size_t>(i)]->num_pending = 1;
+  }
+  h.sched.set_tokens_in_flight(16);
+  StepPlan a = h.sched.schedule();
+  EXPECT_EQ(a.seqs.size(), 8u);
+  h.sched.complete(a);
+  for (const auto& x : a.seqs) ++x.seq->num_pending;
+  // The 16 arrive: the next step takes 12 of them, half of the 24, not all 16.
+  for (int i = 0; i < 16; ++i) {
+    seqs[static_cast<size_t>(i)]->num_pending = 0;
+    seqs[static_cast<size_t>(i)]->tokens.push_back(7);
+  }
+  h.sched.set_tokens_in_flight(8);
+  EXPECT_EQ(h.sched.schedule().seqs.size(), 12u);
 }
 
 TEST(SchedulerTest, SyncIsAdmittedBeforeEarlierAsync) {
