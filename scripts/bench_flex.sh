@@ -23,8 +23,31 @@ set -euo pipefail
 bench_targets="headroom_flex_bench headroom_engine_bench"
 # shellcheck source=scripts/bench_lib.sh
 source "$(dirname "$0")/bench_lib.sh"
-# (A folder of binaries alone holds them flat; a build folder under tests/.)
-tool() { if [ -x "$build/tests/$1" ]; then echo "$build/tests/$1"; else echo "$build/$1"; fi; }
+# The benchmark's own binaries: the build folder's (under tests/), a folder of binaries' (flat),
+# else this checkout's release build.
+tool() {
+  local t
+  for t in "$build/tests/$1" "$build/$1" "build-release/tests/$1"; do
+    if [ -x "$t" ]; then
+      echo "$t"
+      return
+    fi
+  done
+  echo "bench_flex: no $1 in $build or build-release/tests" >&2
+  exit 1
+}
+# make_model DIR ARGS...: a random model written (to a side folder, moved into place when whole,
+# so that a run stopped part-way leaves none half-written).
+make_model() {
+  local dir=$1
+  shift
+  if [ ! -f "$dir/model.safetensors" ]; then
+    rm -rf "$dir.partial"
+    "$engine_bench" --make-random-model "$dir.partial" --tokenizer-from models/tiny-reverse \
+      --output-vocab printable "$@" >&2
+    mv "$dir.partial" "$dir"
+  fi
+}
 bench=$(tool headroom_flex_bench)
 engine_bench=$(tool headroom_engine_bench)
 phase_seconds=${HEADROOM_BENCH_PHASE_SECONDS:-30}
@@ -83,18 +106,12 @@ for model in ${HEADROOM_FLEX_MODELS:-tiny model_100m}; do
       # The engine benchmark's random model, writing only printable text (so that answers
       # stream content to time) and never ending before max_tokens.
       big=$root/.headroom/bench-model-100m-text
-      if [ ! -f "$big/model.safetensors" ]; then
-        "$engine_bench" --make-random-model "$big" \
-          --tokenizer-from models/tiny-reverse --output-vocab printable >&2
-      fi
+      make_model "$big"
       run_model model_100m "$big" @hr/bench-100m "$@"
       ;;
     llama8b)
       big=$root/.headroom/bench-model-llama3-8b-text
-      if [ ! -f "$big/model.safetensors" ]; then
-        "$engine_bench" --make-random-model "$big" --shape llama3-8b \
-          --tokenizer-from models/tiny-reverse --output-vocab printable >&2
-      fi
+      make_model "$big" --shape llama3-8b
       serve_extra="--device cuda"
       run_model llama8b "$big" @hr/bench-llama3-8b "$@"
       serve_extra=

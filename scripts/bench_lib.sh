@@ -12,6 +12,14 @@ cd "$root"
 build=${HEADROOM_BENCH_BUILD:-build-release}
 svc=$(mktemp -d /tmp/headroom-bench.XXXXXX)
 chmod 755 "$svc"
+pids=()
+bench_cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  scripts/services.sh stop "$svc" >/dev/null 2>&1 || true
+  rm -rf "$svc"
+}
+trap bench_cleanup EXIT
 if [ -n "${HEADROOM_PORTABLE:-}" ]; then
   # shellcheck source=scripts/portable_lib.sh
   source scripts/portable_lib.sh
@@ -26,14 +34,6 @@ else
     cmake --build "$build" -j "${HEADROOM_JOBS:-2}" --target headroom $bench_targets >/dev/null
   fi
 fi
-pids=()
-bench_cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  scripts/services.sh stop "$svc" >/dev/null 2>&1 || true
-  rm -rf "$svc"
-}
-trap bench_cleanup EXIT
 scripts/services.sh start "$svc" >/dev/null
 # shellcheck disable=SC1091
 source "$svc/env"

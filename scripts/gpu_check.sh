@@ -254,10 +254,17 @@ if wants serve; then
 fi
 
 if wants flex; then
-  if [ -n "${HEADROOM_PORTABLE:-}" ] || { [ -z "${HEADROOM_PREBUILT:-}" ] && [ -x /usr/lib/postgresql/15/bin/postgres ]; }; then
+  # The prepared binaries with the portable pack, or this machine's packages and build-gpu (the
+  # benchmark's targets built on top of the tests').
+  flex_env=()
+  if [ -n "${HEADROOM_PREBUILT:-}" ] && [ -n "${HEADROOM_PORTABLE:-}" ]; then
+    flex_env=(HEADROOM_BENCH_BUILD="$HEADROOM_PREBUILT")
+  elif [ -z "${HEADROOM_PREBUILT:-}" ] && [ -x /usr/lib/postgresql/15/bin/postgres ]; then
+    flex_env=(HEADROOM_BENCH_BUILD="$root/build-gpu" HEADROOM_PORTABLE=)
+  fi
+  if [ ${#flex_env[@]} -gt 0 ]; then
     run_stage flex "$logs/flex.log" 540 env HEADROOM_FLEX_MODELS=llama8b HEADROOM_JOBS="${HEADROOM_JOBS:-$(nproc)}" \
-      HEADROOM_BENCH_PHASE_SECONDS="${HEADROOM_FLEX_PHASE_SECONDS:-20}" \
-      ${HEADROOM_PREBUILT:+HEADROOM_BENCH_BUILD="$HEADROOM_PREBUILT"} scripts/bench_flex.sh
+      HEADROOM_BENCH_PHASE_SECONDS="${HEADROOM_FLEX_PHASE_SECONDS:-20}" "${flex_env[@]}" scripts/bench_flex.sh
     flex_json=$(grep '^{' "$logs/flex.log" | tail -1)
     [ -n "$flex_json" ] && echo "$flex_json" >"$logs/flex.json"
     [ "$stage_rc" -eq 0 ] || failed=1
@@ -268,7 +275,7 @@ try:
 except Exception as e:
     print("no JSON:", e)' "$flex_json")")"
   else
-    note "flex                             skipped: no Postgres/Redis here (HEADROOM_PORTABLE: scripts/pack_portable.sh)"
+    note "flex                             skipped: no Postgres/Redis here (HEADROOM_PREBUILT and HEADROOM_PORTABLE: scripts/gpu_prepare.sh)"
   fi
 fi
 

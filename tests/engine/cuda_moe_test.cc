@@ -352,8 +352,8 @@ TEST(CudaMoeTest, ExpertsMatchTheHost) {
     }
     check_experts(52, 2, 8, 128, 96, ids, rng);
   }
-  // Longer expert rows: down's GEMV takes two rows a warp, then one (its rows' pieces in
-  // flight, the last block's rows past the end not written).
+  // Longer expert rows: down's GEMV takes two rows a warp, then one (a last block whose warps
+  // run past the rows).
   check_experts(3, 2, 4, 72, 1040, {0, 3, 1, 3, 2, 0}, rng);
   check_experts(2, 2, 4, 40, 2056, {1, 2, 2, 3}, rng);
   // Every token on one expert, across tiles (and GEMV groups of 8).

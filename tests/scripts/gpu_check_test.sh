@@ -178,7 +178,7 @@ expect "the MoE decode steps are summed up per step" has '^  kernels per step: 2
 
 # 4b. The flex stage (only when named) needs Postgres and Redis: with prebuilt binaries and no
 # portable pack it is reported skipped, and runs nothing.
-run 300 flex
+HEADROOM_PORTABLE= run 300 flex
 expect "the flex stage is taken (rc $rc)" test "$rc" -eq 0
 expect "without the services it says so" has '^flex +skipped: no Postgres/Redis'
 
