@@ -24,6 +24,7 @@ namespace {
 
 using nlohmann::json;
 using testing::ApiHarness;
+using testing::ScopedSyncSide;
 
 json reversal(const std::string& text) {
   return {{"messages", {{{"role", "user"}, {"content", "reverse: " + text}}}}, {"max_tokens", 40}};
@@ -74,7 +75,7 @@ TEST(ApiTest, ToolCallsGoOutInEveryShape) {
   ApiHarness h;
   ASSERT_TRUE(h.ok());
   ToolCallingSync sync;
-  h.api().set_sync_inference(&sync);
+  ScopedSyncSide sync_side(h.api(), &sync);
   const json tools = {{{"type", "function"}, {"function", {{"name", "get_weather"}}}},
                       {{"type", "function"}, {"function", {{"name", "get_time"}}}}};
   json body = {{"model", h.model()},
@@ -133,7 +134,6 @@ TEST(ApiTest, ToolCallsGoOutInEveryShape) {
       json::parse(run_stream.body.substr(last + 6, run_stream.body.find("\n", last) - last - 6));
   EXPECT_EQ(final_event["finish_reason"], "tool_calls");
   EXPECT_EQ(final_event["tool_calls"][1]["name"], "get_time");
-  h.api().set_sync_inference(nullptr);
 }
 
 TEST(ApiTest, HealthNeedsNoKey) {

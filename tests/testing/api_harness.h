@@ -66,4 +66,19 @@ class ApiHarness {
   bool ok_ = false;
 };
 
+// The API's sync side for a scope: set when made, unset when the scope ends (also when an ASSERT
+// returns early), so that a sync side declared before it outlives the API's use of it.
+class ScopedSyncSide {
+ public:
+  ScopedSyncSide(api::Api& api, api::SyncInference* sync) : api_(api) {
+    api_.set_sync_inference(sync);
+  }
+  ~ScopedSyncSide() { api_.set_sync_inference(nullptr); }
+  ScopedSyncSide(const ScopedSyncSide&) = delete;
+  ScopedSyncSide& operator=(const ScopedSyncSide&) = delete;
+
+ private:
+  api::Api& api_;
+};
+
 }  // namespace hr::testing

@@ -299,7 +299,7 @@ TEST(WorkerE2eTest, RequestsWithToolsAreAnsweredByTheModelsTemplate) {
   auto w = make_worker(h, "w");
   ASSERT_TRUE(w);
   cmd::WorkerSync worker_sync(*w);
-  h.api().set_sync_inference(&worker_sync);
+  testing::ScopedSyncSide sync_side(h.api(), &worker_sync);
   ASSERT_TRUE(w->start().is_ok());
   const json tools = {{{"type", "function"},
                        {"function", {{"name", "lookup"}, {"parameters", {{"type", "object"}}}}}}};
@@ -342,7 +342,6 @@ TEST(WorkerE2eTest, RequestsWithToolsAreAnsweredByTheModelsTemplate) {
   }
   EXPECT_EQ(streamed, "olleh");
   EXPECT_NE(s.body.find("\"finish_reason\":\"stop\""), std::string::npos) << s.body;
-  h.api().set_sync_inference(nullptr);
   w->stop();
 }
 
@@ -1005,7 +1004,7 @@ TEST(WorkerE2eTest, AWorkerWhoseEngineKeepsFailingHandsItsWorkBackAndStops) {
   std::atomic<int> failures{0};
   w->set_on_failure([&] { ++failures; });
   cmd::WorkerSync worker_sync(*w);
-  h.api().set_sync_inference(&worker_sync);
+  testing::ScopedSyncSide sync_side(h.api(), &worker_sync);
   ASSERT_TRUE(w->start().is_ok());
   std::vector<std::string> texts;
   const std::string id = submit_under_way(h, *w, 400, 9, &texts);
@@ -1024,7 +1023,6 @@ TEST(WorkerE2eTest, AWorkerWhoseEngineKeepsFailingHandsItsWorkBackAndStops) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_TRUE(w->failed());
   w->stop();  // the loop has ended already: returns at once
-  h.api().set_sync_inference(nullptr);
   EXPECT_EQ(failures.load(), 1);
   // Nothing stays leased to the failed worker: what it ran went back to the queue.
   EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE status = 'running'"), 0);
