@@ -2,7 +2,8 @@
 # Pipeline stages on the CPU backend (docs/parallel-engine.md "Balancing the stages"): decode and
 # prefill step times of two stages split evenly or balanced by measured stage time, with steps
 # cut into a micro-batch per stage or never, and whole answers through the engine with a step of
-# other sequences for each stage in flight against one group of cut steps, on the
+# other sequences for each stage in flight against one group of cut steps (long prompts arriving
+# among answers too), on the
 # ~100M-parameter random Llama (.headroom/bench-model-100m) and on a ~110M one whose LM head costs
 # ~10 layers, as Qwen3-0.6B's does (.headroom/bench-model-wide-vocab; both written on the fly, not
 # committed); then the load's rate against the disk's cold read rate. HEADROOM_BENCH_BUILD=DIR

@@ -6,10 +6,11 @@
 //       cached tokens each) and a prefill of two 256-token prompts. The engines are built once
 //       and take turns step by step, so drift in the machine's speed falls on all alike; medians
 //       of `rounds` steps each. Then whole answers through the engine (the even split), tokens
-//       per second: one group of sequences (each step cut into a micro-batch per stage, the next
-//       planned while one runs) against a group per stage in flight
-//       (engine/parallel_cpu_backend.h), for 8 and 32 sequences of a 32-token prompt and 32 answer
-//       tokens; medians of 3 rounds, the two taking turns.
+//       per second (prompts' and answers'): one group of sequences (each step cut into a
+//       micro-batch per stage, the next planned while one runs) against a group per stage in
+//       flight (engine/parallel_cpu_backend.h), for 8 and 32 sequences of a 32-token prompt and 32
+//       answer tokens, and for 8 prompts of 384 tokens arriving one every 12 steps among 16
+//       answers of 96; medians of 3 rounds, the two taking turns.
 //   --load DIR [--pp 2] [--tp 1] [--rounds 3]
 //       The load's rate against the disk's: the checkpoint's files dropped from the page cache
 //       (posix_fadvise DONTNEED; the fraction still resident is reported) before each cold
