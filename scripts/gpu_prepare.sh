@@ -6,7 +6,7 @@
 # (scripts/pack_portable.sh: headroom, Postgres 15, Redis and their libraries). Then, on the GPU
 # machine, in a copy of this checkout with DIR beside it:
 #   HEADROOM_PREBUILT=$PWD/DIR HEADROOM_PORTABLE=$PWD/DIR/portable.tar.xz scripts/gpu_check.sh
-# The last line says how large DIR is.
+# The last line says how large DIR is, and DIR.tar.xz (the same, compressed: what to carry).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -24,4 +24,7 @@ cmake --build build-release -j "${HEADROOM_JOBS:-2}" --target headroom "${target
 mkdir -p "$dir"
 for t in "${targets[@]}"; do strip -o "$dir/$t" "build-release/tests/$t"; done
 scripts/pack_portable.sh "$dir/portable.tar.xz"
-echo "gpu_prepare: $(du -sh "$dir" | cut -f1) in $dir"
+# The folder as one xz file too: the binaries shrink about fourfold, so that all of them fit what a
+# device call carries (unpack there with tar -xJf, or Python's tarfile where there is no xz).
+tar -C "$(dirname "$dir")" -cJf "$dir.tar.xz" "$(basename "$dir")"
+echo "gpu_prepare: $(du -sh "$dir" | cut -f1) in $dir, $(du -sh "$dir.tar.xz" | cut -f1) in $dir.tar.xz"
