@@ -89,7 +89,6 @@ int make_random_model(const std::string& dir, const std::string& tokenizer_dir,
     spec.head_dim = 128;
     spec.context = 8192;
     spec.tie = false;
-    spec.fast_fill = true;
   }
   if (moe) {  // ~0.5B parameters, ~0.1B of them read per token: 32 experts of 512, top 4
     spec.experts = 32;

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -150,40 +149,13 @@ size_t write_random_llama(const std::string& dir, const std::string& tokenizer_d
   uint64_t len = h.size();
   out.write(reinterpret_cast<const char*>(&len), 8);
   out << h;
-  // Token rows that stay zero in the embedding and the LM head (printable_output).
-  auto silent_row = [&](const std::string& name, size_t row) {
-    return s.printable_output &&
-           (name == "model.embed_tokens.weight" || name == "lm_head.weight") &&
-           (row < 32 || row > 126);
-  };
-  if (s.fast_fill) {
-    for (size_t t = 0; t < tensors.size(); ++t)
-      write_hashed(tensors[t], t, width, silent_row(tensors[t].first, 0), D, out);
-    return offset;
-  }
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  std::vector<float> values;
-  std::vector<uint16_t> halves;
-  for (const auto& [name, shape] : tensors) {
-    size_t n = 1;
-    for (int64_t d : shape) n *= static_cast<size_t>(d);
-    values.resize(n);
-    bool norm = name.find("norm") != std::string::npos;
-    for (float& v : values) v = norm ? 1.0f : normal(rng);
-    if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
-      for (size_t row = 0; row < static_cast<size_t>(V); ++row) {
-        if (silent_row(name, row))
-          std::fill_n(values.begin() + static_cast<std::ptrdiff_t>(row * D), D, 0.0f);
-      }
-    }
-    if (s.bf16) {
-      halves.resize(n);
-      for (size_t i = 0; i < n; ++i) halves[i] = engine::f32_to_bf16(values[i]);
-      out.write(reinterpret_cast<const char*>(halves.data()), static_cast<std::streamsize>(2 * n));
-    } else {
-      out.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(4 * n));
-    }
+  // With printable_output, the embedding's and the LM head's rows but the printable bytes' are
+  // zero.
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const std::string& name = tensors[t].first;
+    const bool printable_rows =
+        s.printable_output && (name == "model.embed_tokens.weight" || name == "lm_head.weight");
+    write_hashed(tensors[t], t, width, printable_rows, D, out);
   }
   return offset;
 }

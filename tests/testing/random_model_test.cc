@@ -1,5 +1,5 @@
 // The random-weight models that benchmarks and tests write (tests/testing/random_model.h), read
-// back by the real loader: the fast fill (a model of billions of parameters in seconds) with an
+// back by the real loader: the hashed fill (a model of billions of parameters in seconds) with an
 // LM head of its own, as the GPU flex benchmark's Llama 3 8B shape writes it.
 #include "tests/testing/random_model.h"
 
@@ -28,7 +28,7 @@ std::string read_all(const std::string& path) {
 // Written twice (on every core) the same; loaded, its head apart from the embedding, the rows of
 // every token but the printable bytes zero in both, the other values of about N(0, 0.02); and
 // greedy answers through the engine to prompts of printable bytes are printable bytes only.
-TEST(RandomModelTest, TheFastFillWithAHeadOfItsOwnLoadsAndWritesText) {
+TEST(RandomModelTest, TheFillWithAHeadOfItsOwnLoadsAndWritesText) {
   const auto tmp = std::filesystem::temp_directory_path() /
                    ("headroom-random-model-" + std::to_string(::getpid()));
   hr::testing::RandomLlama spec;
@@ -40,7 +40,6 @@ TEST(RandomModelTest, TheFastFillWithAHeadOfItsOwnLoadsAndWritesText) {
   spec.kv_heads = 2;
   spec.head_dim = 32;
   spec.tie = false;
-  spec.fast_fill = true;
   spec.printable_output = true;
   const std::string a = (tmp / "a").string(), b = (tmp / "b").string();
   const size_t bytes = hr::testing::write_random_llama(
