@@ -101,6 +101,14 @@ class Backend {
   // backend's decode graphs), before serving. Only with no step outstanding.
   [[nodiscard]] virtual Status warm_up(int max_blocks_per_seq) { return Status::ok(); }
 
+  // From any thread, while a step may be blocked in this backend (a rank waiting in a collective
+  // for a peer that never comes, docs/parallel-engine.md "When a rank stops"): ends the ranks'
+  // waits (their communicators aborted: NCCL's ncclCommAbort), so that the blocked call returns
+  // an error. The backend is lost: every later step fails with kInternal naming `reason`. False
+  // when it cannot end a blocked wait (one device: nothing waits on a peer; or communicators that
+  // end their own waits, as peer kernels do at their timeout): then it is left as it is.
+  virtual bool abort(const std::string& reason) { return false; }
+
   // submit() then collect().
   [[nodiscard]] Status forward_sample(const StepInput& in, const SampleSpec* specs,
                                       int32_t* tokens) {

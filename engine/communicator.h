@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "base/status.h"
 
@@ -31,6 +32,11 @@ class Communicator {
   // received, which must hold n values. Messages between two ranks arrive in the order sent.
   [[nodiscard]] virtual Status send(const float* data, size_t n, int peer) = 0;
   [[nodiscard]] virtual Status recv(float* data, size_t n, int peer) = 0;
+  // From any thread, while ranks may wait in a collective for a peer that never comes (a stuck
+  // step, docs/parallel-engine.md "When a rank stops"): ends every rank's waits, now and later,
+  // with kInternal naming `reason`. The group is spent: what a collective under way leaves in
+  // its buffers is unspecified. False when this implementation cannot end a wait.
+  virtual bool abort(const std::string& reason) { return false; }
 };
 
 }  // namespace hr::engine

@@ -134,6 +134,8 @@ class Engine {
   void set_async_step_cap(int tokens) { scheduler_.set_async_step_cap(tokens); }
   const BlockManager& blocks() const { return blocks_; }
   const Backend& backend() const { return *backend_; }
+  // From any thread, while a step may be blocked: Backend::abort (the engine is lost after it).
+  bool abort_backend(const std::string& reason) { return backend_->abort(reason); }
   int num_active() const { return static_cast<int>(active_.size()); }
   // The longest sequence, prompt and answer, in tokens.
   int context_length() const { return max_model_len_; }

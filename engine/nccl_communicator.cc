@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -16,6 +17,7 @@ struct Nccl {
   decltype(&::ncclGetErrorString) error_string = nullptr;
   decltype(&::ncclCommInitAll) init_all = nullptr;
   decltype(&::ncclCommDestroy) destroy = nullptr;
+  decltype(&::ncclCommAbort) abort = nullptr;
   decltype(&::ncclAllReduce) all_reduce = nullptr;
   decltype(&::ncclAllGather) all_gather = nullptr;
   decltype(&::ncclReduceScatter) reduce_scatter = nullptr;
@@ -49,6 +51,7 @@ const Nccl& nccl() {
     find(&n.error_string, "ncclGetErrorString");
     find(&n.init_all, "ncclCommInitAll");
     find(&n.destroy, "ncclCommDestroy");
+    find(&n.abort, "ncclCommAbort");
     find(&n.all_reduce, "ncclAllReduce");
     find(&n.all_gather, "ncclAllGather");
     find(&n.reduce_scatter, "ncclReduceScatter");
@@ -76,33 +79,63 @@ Status check(ncclResult_t r, const char* what) {
 class NcclRank final : public DeviceCommunicator {
  public:
   NcclRank(ncclComm_t comm, int rank, int size) : comm_(comm), rank_(rank), size_(size) {}
-  ~NcclRank() override { nccl().destroy(comm_); }
+  ~NcclRank() override {
+    if (!aborted_) nccl().destroy(comm_);  // (an aborted one is freed already)
+  }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  // ncclCommAbort: the kernels of this rank's operations under way return, whatever their peers
+  // do, and the communicator's resources are freed.
+  bool abort(const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (aborted_) return true;
+    reason_ = reason;
+    ncclResult_t r = nccl().abort(comm_);
+    if (r != ncclSuccess) abort_error_ = nccl().error_string(r);
+    aborted_ = true;
+    return true;
+  }
   Status all_reduce(float* data, size_t n, cudaStream_t stream) override {
+    HR_RETURN_IF_ERROR(usable());
     return check(nccl().all_reduce(data, data, n, ncclFloat32, ncclSum, comm_, stream),
                  "all_reduce");
   }
   Status all_gather(const float* in, float* out, size_t n, cudaStream_t stream) override {
+    HR_RETURN_IF_ERROR(usable());
     return check(nccl().all_gather(in, out, n, ncclFloat32, comm_, stream), "all_gather");
   }
   Status reduce_scatter(const float* in, float* out, size_t n, cudaStream_t stream) override {
+    HR_RETURN_IF_ERROR(usable());
     return check(nccl().reduce_scatter(in, out, n, ncclFloat32, ncclSum, comm_, stream),
                  "reduce_scatter");
   }
   Status broadcast(float* data, size_t n, int root, cudaStream_t stream) override {
+    HR_RETURN_IF_ERROR(usable());
     return check(nccl().broadcast(data, data, n, ncclFloat32, root, comm_, stream), "broadcast");
   }
   Status send(const void* data, size_t bytes, int peer, cudaStream_t stream) override {
+    HR_RETURN_IF_ERROR(usable());
     return check(nccl().send(data, bytes, ncclUint8, peer, comm_, stream), "send");
   }
   Status recv(void* data, size_t bytes, int peer, cudaStream_t stream) override {
+    HR_RETURN_IF_ERROR(usable());
     return check(nccl().recv(data, bytes, ncclUint8, peer, comm_, stream), "recv");
   }
 
  private:
+  Status usable() const {
+    if (!aborted_) return Status::ok();
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    std::string message = "NCCL rank " + std::to_string(rank_) + " was aborted: " + reason_;
+    if (!abort_error_.empty()) message += " (ncclCommAbort: " + abort_error_ + ")";
+    return internal_error(message);
+  }
+
   ncclComm_t comm_;
   int rank_, size_;
+  mutable std::mutex abort_mu_;
+  std::atomic<bool> aborted_{false};  // set last by abort(), under abort_mu_
+  std::string reason_, abort_error_;  // guarded by abort_mu_
 };
 
 }  // namespace

@@ -371,6 +371,7 @@ Status ParallelCpuBackend::queue(const StepInput& in, float* logits) {
   split_step(q.in, parts, &q.micro);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!aborted_.empty()) return internal_error("the ranks were aborted: " + aborted_);
     steps_.push_back(std::move(step));
   }
   start_cv_.notify_all();
@@ -452,6 +453,21 @@ Status ParallelCpuBackend::collect(int32_t* tokens, TokenLogprobs* logprobs) {
   last_tokens_ = std::move(oldest->tokens.tokens);
   pop();
   return Status::ok();
+}
+
+bool ParallelCpuBackend::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!aborted_.empty()) return true;
+    aborted_ = reason.empty() ? "no reason given" : reason;
+  }
+  // (The groups are made before the backend is handed out and never change after.)
+  for (auto* groups : {&tp_groups_, &pp_groups_}) {
+    for (auto& group : *groups) {
+      for (auto& comm : group) comm->abort(reason);
+    }
+  }
+  return true;
 }
 
 void ParallelCpuBackend::discard() {

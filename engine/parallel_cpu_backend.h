@@ -83,6 +83,9 @@ class ParallelCpuBackend final : public Backend {
   void discard() override;
   bool pipelined() const override { return options_.pipelined; }
   int step_groups() const override { return groups_; }
+  // Aborts the ranks' communicators: a step whose ranks wait on one another returns its error;
+  // every later step fails with kInternal naming `reason`.
+  bool abort(const std::string& reason) override;
   int num_ranks() const { return static_cast<int>(ranks_.size()); }
   // Each stage's layers, first to last.
   std::vector<int> stage_layers() const;
@@ -145,6 +148,7 @@ class ParallelCpuBackend final : public Backend {
   std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;
   bool stop_ = false;                 // guarded by mu_
+  std::string aborted_;               // abort()'s reason (guarded by mu_); empty: none
   bool forwarded_ = false;            // the newest step waits for its sampling specs
   int last_num_logits_ = 0;           // the newest submitted step's, for its successor's fed rows
   std::vector<int32_t> last_tokens_;  // the newest collected step's tokens

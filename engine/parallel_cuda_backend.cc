@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 
+#include "base/log.h"
 #include "engine/internal/cuda_status.h"
 #include "engine/micro_batches.h"
 #include "engine/peer_communicator.h"
@@ -356,11 +357,22 @@ Status ParallelCudaBackend::check(const StepInput& in) const {
   // Steps in groups go through the stages one after another, none waiting for the tokens of
   // another: the last stage's tokens do not go back to the first.
   if (groups_ > 1 && in.fed_rows) return invalid_argument("steps in groups take no fed rows");
+  HR_RETURN_IF_ERROR(lost());
+  return ranks_[static_cast<size_t>(check_rank_)]->check_input(in);
+}
+
+Status ParallelCudaBackend::lost() const {
+  // (kInternal: the worker takes the engine as lost and stops, so that a fresh process starts
+  // clean; an error it took for the work would leave it serving from ranks that cannot step.)
+  if (aborted_) {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    return internal_error("the ranks' communicators were aborted: " + abort_reason_);
+  }
   if (broken_) {
-    return unavailable(
+    return internal_error(
         "a step failed part-way on one GPU a rank: the ranks are out of step; restart the engine");
   }
-  return ranks_[static_cast<size_t>(check_rank_)]->check_input(in);
+  return Status::ok();
 }
 
 Status ParallelCudaBackend::stage_step(int r, const CudaBackend::StepRows& rows, bool sampled,
@@ -561,6 +573,7 @@ Status ParallelCudaBackend::collect(int32_t* tokens, TokenLogprobs* logprobs) {
     for (size_t r = 0; r < ranks_.size(); ++r) {
       Status st = r == first_last ? ranks_[r]->collect(out, lp)
                                   : ranks_[r]->collect(scratch_tokens_.data(), nullptr);
+      if (st.is_ok()) st = lost();  // (aborted: the step's kernels were ended part-way)
       if (st.is_ok() && r > first_last &&
           !std::equal(scratch_tokens_.begin(), scratch_tokens_.begin() + rows, out)) {
         st = internal_error("tensor-parallel rank " + std::to_string(r - first_last) +
@@ -590,6 +603,23 @@ Status ParallelCudaBackend::collect(int32_t* tokens, TokenLogprobs* logprobs) {
     }
   }
   return Status::ok();
+}
+
+bool ParallelCudaBackend::abort(const std::string& reason) {
+  bool any = false;
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (aborted_) return true;
+    abort_reason_ = reason;
+    for (auto* group : {&comms_, &pipes_}) {
+      for (auto& c : *group) {
+        if (c && c->abort(reason)) any = true;
+      }
+    }
+    aborted_ = any;
+  }
+  if (any) log::error("engine.ranks_aborted", {{"reason", reason}});
+  return any;
 }
 
 void ParallelCudaBackend::discard() {

@@ -33,8 +33,10 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -101,6 +103,10 @@ class ParallelCudaBackend final : public Backend {
   [[nodiscard]] Status submit_forward(const StepInput& in) override;
   [[nodiscard]] Status submit_sampling(const SampleSpec* specs) override;
   [[nodiscard]] Status warm_up(int max_blocks_per_seq) override;
+  // Aborts every rank's communicators that can be (NCCL's), so that a step waiting on a peer
+  // that never comes returns; the backend is lost afterwards (kInternal). False when none could
+  // (virtual ranks; peer ranks, whose kernels trap at their own timeout).
+  bool abort(const std::string& reason) override;
   int num_ranks() const { return static_cast<int>(ranks_.size()); }
   int num_stages() const { return pp_; }
   bool virtual_ranks() const { return virtual_; }
@@ -135,6 +141,9 @@ class ParallelCudaBackend final : public Backend {
   // The checks a rank would make before enqueueing, made once, so that no rank stops alone and
   // leaves its peers waiting in a collective or a hand-off.
   [[nodiscard]] Status check(const StepInput& in) const;
+  // kInternal once the ranks cannot step together any more (aborted, or a step failed part-way
+  // on one GPU a rank).
+  [[nodiscard]] Status lost() const;
   // Rank r's part of a step: the hidden rows from the stage before, `call` (the rank's own
   // submit, forward...), the rows on to the stage after; `sampled`: the last stage's tokens
   // back to the first.
@@ -163,6 +172,10 @@ class ParallelCudaBackend final : public Backend {
   int num_blocks_ = 0;
   int check_rank_ = 0;   // a rank of the fewest KV blocks: check() asks it
   bool broken_ = false;  // a GPU a rank, after a step failed part-way
+  // abort()'s: set last, under abort_mu_, from any thread.
+  mutable std::mutex abort_mu_;
+  std::atomic<bool> aborted_{false};
+  std::string abort_reason_;  // guarded by abort_mu_
   StageBalance balance_;
   int hidden_size_ = 0;
   int groups_ = 1;       // steps of disjoint sequences in flight (step_groups())

@@ -28,6 +28,7 @@ struct ThreadCommunicator::Shared {
   std::vector<int> roots;
   // Point-to-point messages not yet received, [from * size + to] (guarded by mu).
   std::vector<std::deque<std::vector<float>>> mailboxes;
+  std::string aborted;  // why the group was aborted; empty: it was not (guarded by mu)
 };
 
 std::vector<std::unique_ptr<ThreadCommunicator>> ThreadCommunicator::create_group(int size) {
@@ -39,37 +40,58 @@ std::vector<std::unique_ptr<ThreadCommunicator>> ThreadCommunicator::create_grou
 
 int ThreadCommunicator::size() const { return shared_->size; }
 
-void ThreadCommunicator::barrier() {
+namespace {
+
+Status aborted_error(const std::string& reason) {
+  return internal_error("the ranks' collectives were aborted: " + reason);
+}
+
+}  // namespace
+
+Status ThreadCommunicator::barrier() {
   std::unique_lock<std::mutex> lock(shared_->mu);
+  if (!shared_->aborted.empty()) return aborted_error(shared_->aborted);
   const uint64_t gen = shared_->generation;
   if (++shared_->arrived == shared_->size) {
     shared_->arrived = 0;
     ++shared_->generation;
     shared_->cv.notify_all();
-    return;
+    return Status::ok();
   }
-  shared_->cv.wait(lock, [&] { return shared_->generation != gen; });
+  shared_->cv.wait(lock, [&] { return shared_->generation != gen || !shared_->aborted.empty(); });
+  if (shared_->generation != gen) return Status::ok();
+  return aborted_error(shared_->aborted);
 }
 
-bool ThreadCommunicator::meet(const float* in, float* out, size_t n, int root) {
+Status ThreadCommunicator::meet(const float* in, float* out, size_t n, int root, const char* what) {
   const auto r = static_cast<size_t>(rank_);
   shared_->ins[r] = in;
   shared_->outs[r] = out;
   shared_->counts[r] = n;
   shared_->roots[r] = root;
-  barrier();  // every rank's arguments are in place (the barrier's mutex orders the writes)
+  // Every rank's arguments are in place (the barrier's mutex orders the writes).
+  HR_RETURN_IF_ERROR(barrier());
   for (int i = 0; i < shared_->size; ++i) {
     const auto k = static_cast<size_t>(i);
-    if (shared_->counts[k] != n || shared_->roots[k] != root) return false;
+    if (shared_->counts[k] != n || shared_->roots[k] != root) {
+      HR_RETURN_IF_ERROR(barrier());  // no rank publishes again while another still compares
+      return invalid_argument(std::string(what) + ": the ranks' sizes or roots differ", what);
+    }
   }
+  return Status::ok();
+}
+
+bool ThreadCommunicator::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    if (shared_->aborted.empty()) shared_->aborted = reason.empty() ? "no reason given" : reason;
+  }
+  shared_->cv.notify_all();
   return true;
 }
 
 Status ThreadCommunicator::all_reduce(float* data, size_t n) {
-  if (!meet(data, data, n, 0)) {
-    barrier();
-    return invalid_argument("all_reduce: the ranks' sizes differ", "all_reduce");
-  }
+  HR_RETURN_IF_ERROR(meet(data, data, n, 0, "all_reduce"));
   // Each rank sums every rank's values in rank order into its own copy, then all wait before
   // anyone writes its buffer (another rank may still be reading it).
   std::vector<float>& sum = scratch_;
@@ -78,30 +100,22 @@ Status ThreadCommunicator::all_reduce(float* data, size_t n) {
     const float* src = shared_->ins[static_cast<size_t>(i)];
     for (size_t j = 0; j < n; ++j) sum[j] += src[j];
   }
-  barrier();
+  HR_RETURN_IF_ERROR(barrier());
   std::memcpy(data, sum.data(), n * sizeof(float));
-  barrier();  // no rank starts the next collective while another still writes
-  return Status::ok();
+  return barrier();  // no rank starts the next collective while another still writes
 }
 
 Status ThreadCommunicator::all_gather(const float* in, float* out, size_t n) {
-  if (!meet(in, out, n, 0)) {
-    barrier();
-    return invalid_argument("all_gather: the ranks' sizes differ", "all_gather");
-  }
+  HR_RETURN_IF_ERROR(meet(in, out, n, 0, "all_gather"));
   for (int i = 0; i < shared_->size; ++i) {
     std::memcpy(out + static_cast<size_t>(i) * n, shared_->ins[static_cast<size_t>(i)],
                 n * sizeof(float));
   }
-  barrier();
-  return Status::ok();
+  return barrier();
 }
 
 Status ThreadCommunicator::reduce_scatter(const float* in, float* out, size_t n) {
-  if (!meet(in, out, n, 0)) {
-    barrier();
-    return invalid_argument("reduce_scatter: the ranks' sizes differ", "reduce_scatter");
-  }
+  HR_RETURN_IF_ERROR(meet(in, out, n, 0, "reduce_scatter"));
   std::vector<float>& sum = scratch_;
   sum.assign(n, 0.0f);
   const size_t offset = static_cast<size_t>(rank_) * n;
@@ -109,28 +123,23 @@ Status ThreadCommunicator::reduce_scatter(const float* in, float* out, size_t n)
     const float* src = shared_->ins[static_cast<size_t>(i)] + offset;
     for (size_t j = 0; j < n; ++j) sum[j] += src[j];
   }
-  barrier();  // a rank's `out` may be its own `in`, which the others are reading
+  HR_RETURN_IF_ERROR(barrier());  // a rank's `out` may be its own `in`, which the others read
   std::memcpy(out, sum.data(), n * sizeof(float));
-  barrier();
-  return Status::ok();
+  return barrier();
 }
 
 Status ThreadCommunicator::broadcast(float* data, size_t n, int root) {
   // Checked after meeting: every rank answers the same, and none is left waiting.
-  if (!meet(data, data, n, root)) {
-    barrier();
-    return invalid_argument("broadcast: the ranks' sizes or roots differ", "broadcast");
-  }
+  HR_RETURN_IF_ERROR(meet(data, data, n, root, "broadcast"));
   if (root < 0 || root >= shared_->size) {
-    barrier();
+    HR_RETURN_IF_ERROR(barrier());
     return invalid_argument("broadcast: root " + std::to_string(root) + " is not a rank",
                             "broadcast");
   }
   if (rank_ != root) {
     std::memcpy(data, shared_->ins[static_cast<size_t>(root)], n * sizeof(float));
   }
-  barrier();
-  return Status::ok();
+  return barrier();
 }
 
 Status ThreadCommunicator::send(const float* data, size_t n, int peer) {
@@ -139,6 +148,7 @@ Status ThreadCommunicator::send(const float* data, size_t n, int peer) {
   }
   std::vector<float> message(data, data + n);
   std::lock_guard<std::mutex> lock(shared_->mu);
+  if (!shared_->aborted.empty()) return aborted_error(shared_->aborted);
   shared_->mailboxes[static_cast<size_t>(rank_ * shared_->size + peer)].push_back(
       std::move(message));
   shared_->cv.notify_all();
@@ -151,7 +161,8 @@ Status ThreadCommunicator::recv(float* data, size_t n, int peer) {
   }
   std::unique_lock<std::mutex> lock(shared_->mu);
   auto& box = shared_->mailboxes[static_cast<size_t>(peer * shared_->size + rank_)];
-  shared_->cv.wait(lock, [&] { return !box.empty(); });
+  shared_->cv.wait(lock, [&] { return !box.empty() || !shared_->aborted.empty(); });
+  if (!shared_->aborted.empty()) return aborted_error(shared_->aborted);
   std::vector<float> message = std::move(box.front());
   box.pop_front();
   if (message.size() != n) {

@@ -3,7 +3,7 @@
 // buffers in place (no copies through a shared buffer), and meet again before any returns, so
 // no rank writes a buffer another still reads. A collective called with sizes that differ
 // between ranks is an error on every rank (kInvalidArgument naming the collective). Thread-safe
-// across ranks; one thread per rank.
+// across ranks; one thread per rank. abort() from any thread ends every rank's waits.
 #pragma once
 
 #include <condition_variable>
@@ -31,17 +31,19 @@ class ThreadCommunicator final : public Communicator {
   // send() copies the message into the receiver's mailbox and returns at once.
   Status send(const float* data, size_t n, int peer) override;
   Status recv(float* data, size_t n, int peer) override;
+  // The group's: every rank's waits end, and every later call fails at once.
+  bool abort(const std::string& reason) override;
 
   struct Shared;  // the group's meeting point
 
  private:
   ThreadCommunicator(std::shared_ptr<Shared> shared, int rank)
       : shared_(std::move(shared)), rank_(rank) {}
-  // Publishes this rank's pointers and size and waits for every rank; false when the ranks'
-  // sizes differ (every rank sees it).
-  bool meet(const float* in, float* out, size_t n, int root);
-  // Waits until every rank has passed this point.
-  void barrier();
+  // Publishes this rank's pointers and size and waits for every rank; kInvalidArgument naming
+  // `what` when the ranks' sizes or roots differ (every rank sees it).
+  Status meet(const float* in, float* out, size_t n, int root, const char* what);
+  // Waits until every rank has passed this point; an error once the group is aborted.
+  Status barrier();
 
   std::shared_ptr<Shared> shared_;
   int rank_;

@@ -21,6 +21,7 @@ void QueueIo::start() {
 }
 
 void QueueIo::stop(const std::vector<queue::Lease>& unfinished) {
+  std::lock_guard<std::mutex> stopping(stop_mu_);
   if (!thread_.joinable()) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -29,6 +30,18 @@ void QueueIo::stop(const std::vector<queue::Lease>& unfinished) {
   }
   cv_.notify_all();
   thread_.join();
+}
+
+void QueueIo::abandon(const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, lease] : held_)
+      failed_.push_back({lease, "inference_error", message, true});
+    held_.clear();
+    want_ = 0;
+    want_catch_up_ = 0;
+  }
+  stop({});  // (the pulled ones nobody took are released as it stops)
 }
 
 void QueueIo::want(int n) {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -36,6 +37,11 @@ class QueueIo {
   // Records every queued result, releases `unfinished` and the pulled leases nobody took, then
   // stops the thread.
   void stop(const std::vector<queue::Lease>& unfinished);
+  // The step loop is stuck (workers/step_watchdog.h), from another thread: every held lease is
+  // recorded as a retryable failure saying `message`, the pulled leases nobody took are handed
+  // back, and the thread stops, so that the queue gives the work to other workers at once.
+  // Returns once the thread has stopped. Results queued later are not written.
+  void abandon(const std::string& message);
 
   // The step loop has room for `n` more requests (the latest call wins; 0: none).
   void want(int n);
@@ -64,6 +70,7 @@ class QueueIo {
   queue::StoreConfig store_;
   WorkerStats& stats_;
   std::function<void()> wake_;
+  std::mutex stop_mu_;  // stop() from the step loop and abandon() from the watchdog: one joins
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;                               // guarded by mu_

@@ -12,6 +12,7 @@ namespace hr::workers {
 void SyncJob::fail(const Status& st) {
   {
     std::lock_guard<std::mutex> lock(mu);
+    if (finished) return;  // it ended already: the first end stands
     finished = true;
     status = st;
     cv.notify_one();
@@ -118,6 +119,7 @@ void on_event(SyncJob& job, TokenBytes& bytes, const engine::TokenEvent& ev) {
   if (ev.finished && !job.streaming) answer.logprobs = job.logprobs.answer();
   if (job.streaming) {
     std::lock_guard<std::mutex> lock(job.mu);
+    if (job.finished) return;  // failed meanwhile from another thread (a stuck step's watchdog)
     if (!piece.empty() || (piece_logprobs && !piece_logprobs->empty()) || !calls.empty()) {
       job.pieces.push_back({std::move(piece), std::move(piece_logprobs), std::move(calls)});
     }
@@ -129,6 +131,7 @@ void on_event(SyncJob& job, TokenBytes& bytes, const engine::TokenEvent& ev) {
   } else if (ev.finished) {
     {
       std::lock_guard<std::mutex> lock(job.mu);
+      if (job.finished) return;  // (as above)
       job.finished = true;
     }
     job.done.set_value(answer);

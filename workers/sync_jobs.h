@@ -66,7 +66,8 @@ struct SyncJob {
   std::unique_ptr<engine::ToolCallStream> call_stream;
   std::vector<std::string> call_ids;
 
-  // Ends the job with an error (for the handler waiting on it).
+  // Ends the job with an error (for the handler waiting on it), unless it ended already. From
+  // the step loop, or from the step watchdog's thread while the loop is stuck.
   void fail(const Status& st);
 };
 

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <future>
@@ -20,6 +21,7 @@
 #include "workers/headroom_policy.h"
 #include "workers/loaded_model.h"
 #include "workers/queue_io.h"
+#include "workers/step_watchdog.h"
 #include "workers/sync_jobs.h"
 #include "workers/utilization.h"
 #include "workers/worker_metrics.h"
@@ -202,6 +204,11 @@ Status Worker::hand_to_step_loop(const std::shared_ptr<SyncJob>& job) {
       return Status(StatusCode::kResourceExhausted, "Out of capacity: the worker is stopping");
     }
     inbox_.push_back(job);
+    if (handed_in_.size() >= prune_handed_in_at_) {
+      std::erase_if(handed_in_, [](const std::weak_ptr<SyncJob>& j) { return j.expired(); });
+      prune_handed_in_at_ = std::max<size_t>(64, 2 * handed_in_.size());
+    }
+    handed_in_.push_back(job);
   }
   inbox_cv_.notify_one();
   return Status::ok();
@@ -246,7 +253,36 @@ Status Worker::start() {
 void Worker::stop() {
   if (!thread_.joinable()) return;
   stopping_ = true;
+  if (stuck_) {
+    // A stuck loop may never come back (a wedged device): wait a while, then leave its thread.
+    std::unique_lock<std::mutex> lock(loop_mu_);
+    if (!loop_cv_.wait_for(lock, std::chrono::seconds(5), [&] { return loop_ended_; })) {
+      log::error("worker.loop_abandoned",
+                 {{"note", "the stuck step never returned; the process must exit"}});
+      loop_abandoned_ = true;
+      thread_.detach();
+      return;
+    }
+  }
   thread_.join();
+}
+
+void Worker::fail_sync_calls(const Status& st) {
+  std::vector<std::shared_ptr<SyncJob>> jobs;
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    inbox_closed_ = true;
+    inbox_.clear();
+    for (const auto& weak : handed_in_) {
+      if (auto job = weak.lock()) jobs.push_back(std::move(job));
+    }
+    handed_in_.clear();
+  }
+  for (auto& job : jobs) job->fail(st);  // (those answered already stay answered)
+}
+
+void Worker::report_failure() {
+  if (!failure_reported_.exchange(true) && on_failure_) on_failure_();
 }
 
 std::vector<std::shared_ptr<SyncJob>> Worker::take_inbox() {
@@ -341,6 +377,9 @@ struct Worker::Loop {
   StepOutcome step_or_wait(bool stopping);
   // Fails the sync jobs still waiting and hands back every lease held.
   void finish();
+  // From the watchdog's thread, the step under way having run `step_ns`: the calls and leases
+  // handed back, the engine's ranks aborted, the worker failed (Worker::stuck()).
+  void on_stuck(int64_t step_ns);
 
   Worker& w;
   engine::Engine& eng;
@@ -354,6 +393,7 @@ struct Worker::Loop {
   Pacing pacing;
   std::vector<queue::Lease> unstarted;  // pulled while stopping: handed back
   int64_t drain_deadline = 0;
+  StepWatchdog watchdog;  // last: its thread, which uses the members above, ends first
 };
 
 Worker::Loop::Loop(Worker& worker)
@@ -371,7 +411,9 @@ Worker::Loop::Loop(Worker& worker)
       sizes(eng.backend().block_size()),
       async(eng, io, *worker.model_, sizes),
       brake(open_brake(eng, worker.config_)),
-      policy{worker.config_.max_num_seqs, worker.config_.reserve_slots, worker.config_.max_pull} {}
+      policy{worker.config_.max_num_seqs, worker.config_.reserve_slots, worker.config_.max_pull},
+      watchdog(static_cast<int64_t>(worker.config_.step_timeout_seconds * 1e9),
+               [this](int64_t step_ns) { on_stuck(step_ns); }) {}
 
 void Worker::Loop::admit(bool stopping) {
   sync.admit(w.take_inbox());
@@ -430,7 +472,12 @@ void Worker::Loop::grant(bool stopping) {
 }
 
 StepOutcome Worker::Loop::step_or_wait(bool stopping) {
-  if (eng.has_work()) return run_step(eng, pacing, metrics, w.stats_);
+  if (eng.has_work()) {
+    watchdog.begin_step();
+    const StepOutcome outcome = run_step(eng, pacing, metrics, w.stats_);
+    watchdog.end_step();
+    return outcome;
+  }
   w.wait_for_work(stopping ? 1 : w.config_.idle_poll_ms);
   return StepOutcome::kRan;
 }
@@ -448,6 +495,27 @@ void Worker::Loop::finish() {
   io.stop(unstarted);
 }
 
+void Worker::Loop::on_stuck(int64_t step_ns) {
+  const double seconds = static_cast<double>(step_ns) / 1e9;
+  char why[160];
+  std::snprintf(why, sizeof why,
+                "the worker's engine is stuck: a step has run %.1f s (--step-timeout-seconds %g)",
+                seconds, w.config_.step_timeout_seconds);
+  log::error("worker.step_stuck",
+             {{"seconds", seconds}, {"limit_seconds", w.config_.step_timeout_seconds}});
+  w.stuck_ = true;
+  w.failed_ = true;
+  w.stopping_ = true;
+  // What clients wait on first: sync calls get an error their router may take elsewhere, and
+  // every lease goes back to the queue for other workers (nothing acknowledged waits on a stuck
+  // engine), before anything that may itself hang.
+  w.fail_sync_calls(unavailable(why));
+  io.abandon(why);
+  const bool aborted = eng.abort_backend(why);
+  log::error("worker.engine_abandoned", {{"ranks_aborted", aborted}});
+  w.report_failure();
+}
+
 void Worker::loop() {
   Loop l(*this);
   l.io.start();
@@ -460,6 +528,7 @@ void Worker::loop() {
     l.admit(stopping);
     l.grant(stopping);
     const StepOutcome outcome = l.step_or_wait(stopping);
+    if (stuck_) break;  // the watchdog ended everything this loop held
     if (outcome == StepOutcome::kDeviceLost) {
       failed_ = true;
       stopping_ = true;
@@ -471,7 +540,12 @@ void Worker::loop() {
   l.finish();
   log::info("worker.stopped",
             {{"completed", stats_.completed.load()}, {"released", stats_.released.load()}});
-  if (failed_ && on_failure_) on_failure_();
+  if (failed_) report_failure();
+  {
+    std::lock_guard<std::mutex> lock(loop_mu_);
+    loop_ended_ = true;
+  }
+  loop_cv_.notify_all();
 }
 
 }  // namespace hr::workers

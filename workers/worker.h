@@ -106,11 +106,19 @@ class Worker final {
   int context_length() const;
   const WorkerConfig& config() const { return config_; }
   WorkerLoad load() const;
-  // Called once, from the step loop, when the engine gave up (see kMaxFailedSteps): the process
-  // should exit, so that whatever supervises it starts a fresh one. Set before start().
+  // Called once when the engine gave up (see kMaxFailedSteps), from the step loop, or when a step
+  // ran past config.step_timeout_seconds, from the step watchdog's thread (the work handed back
+  // first; see stuck()): the process should exit, so that whatever supervises it starts a fresh
+  // one. Set before start().
   void set_on_failure(std::function<void()> f) { on_failure_ = std::move(f); }
-  // Whether the engine gave up.
+  // Whether the engine gave up (or got stuck).
   bool failed() const { return failed_.load(); }
+  // Whether a step ran past config.step_timeout_seconds (workers/step_watchdog.h): its sync calls
+  // were failed, its leases handed back as retryable failures and the engine's ranks aborted.
+  bool stuck() const { return stuck_.load(); }
+  // After stop(): the step loop was still stuck, and its thread was left running (the process
+  // should exit without destroying the worker: the thread still uses it).
+  bool loop_abandoned() const { return loop_abandoned_; }
 
  private:
   Worker(WorkerConfig config, queue::StoreConfig store);
@@ -120,6 +128,10 @@ class Worker final {
   std::vector<std::shared_ptr<SyncJob>> take_inbox();
   // Waits for a sync arrival or for news from the queue I/O thread, at most `ms`.
   void wait_for_work(int ms);
+  // Ends every sync call handed in and not yet answered with `st`, and takes no more.
+  void fail_sync_calls(const Status& st);
+  // Runs on_failure_, once.
+  void report_failure();
 
   WorkerConfig config_;
   queue::StoreConfig store_;
@@ -140,16 +152,26 @@ class Worker final {
   std::condition_variable inbox_cv_;             // signalled when inbox_ gains a job
   bool io_ready_ = false;                        // guarded by inbox_mu_: queue I/O has news
   bool inbox_closed_ = false;                    // guarded by inbox_mu_: the step loop has ended
-  std::atomic<int> sync_active_{0};              // sync requests between admit and their end
-  std::atomic<int> flex_active_{0};              // flex calls between admit and their end
-  std::atomic<int> async_running_{0};            // as of the last step
+  // Every sync job handed in (finished ones expire), so that a stuck loop's can be failed
+  // from elsewhere. Guarded by inbox_mu_; expired entries pruned as it grows.
+  std::vector<std::weak_ptr<SyncJob>> handed_in_;
+  size_t prune_handed_in_at_ = 64;
+  std::atomic<int> sync_active_{0};    // sync requests between admit and their end
+  std::atomic<int> flex_active_{0};    // flex calls between admit and their end
+  std::atomic<int> async_running_{0};  // as of the last step
   std::atomic<int> free_kv_blocks_{0};
   std::atomic<int> total_kv_blocks_{0};
   std::atomic<double> utilization_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> draining_{false};  // begin_drain(): no new work, running work goes on
   std::atomic<bool> failed_{false};
+  std::atomic<bool> stuck_{false};
+  std::atomic<bool> failure_reported_{false};
   std::function<void()> on_failure_;
+  std::mutex loop_mu_;
+  std::condition_variable loop_cv_;
+  bool loop_ended_ = false;  // guarded by loop_mu_
+  bool loop_abandoned_ = false;
   std::thread thread_;
   WorkerStats stats_;
 };

@@ -20,6 +20,9 @@ void WorkerConfig::bind(CLI::App& app) {
            "Stop pulling async work while the device is busier than this fraction (engine "
            "steps, or NVML utilization on a GPU, over ~1 s); 1 never brakes");
   cli::add(app, "--drain-seconds", drain_seconds, "On SIGTERM, time to finish or release leases");
+  cli::add(app, "--step-timeout-seconds", step_timeout_seconds,
+           "An engine step running longer is taken as stuck: its work goes back to the queue, the "
+           "ranks are aborted and the worker exits (0: never)");
   cli::add(app, "--max-num-seqs", max_num_seqs,
            "Sequences the engine runs at once (-1: 32 on the CPU backend, 256 on a GPU)");
   cli::add(app, "--max-batched-tokens", max_batched_tokens,
@@ -101,6 +104,9 @@ Status WorkerConfig::validate() const {
     return invalid_argument("--max-utilization must be in (0, 1]", "max-utilization");
   }
   if (drain_seconds < 0) return invalid_argument("--drain-seconds must be >= 0", "drain-seconds");
+  if (step_timeout_seconds < 0) {
+    return invalid_argument("--step-timeout-seconds must be >= 0", "step-timeout-seconds");
+  }
   if (catch_up_alone < -1 || catch_up_alone > 1) {
     return invalid_argument("--catch-up-alone must be -1 (by device), 0 or 1", "catch-up-alone");
   }

@@ -22,12 +22,16 @@ struct WorkerConfig {
   int reserve_slots = 2;         // sequence slots always kept free for sync bursts
   double max_utilization = 1.0;  // stop pulling above this busy fraction (1: never)
   int drain_seconds = 30;        // SIGTERM: time to finish or release leases
-  int max_num_seqs = -1;         // sequences the engine runs at once (-1: 32 on CPU, 256 on a GPU)
-  int max_batched_tokens = -1;   // tokens per engine step (-1: 512 on CPU, 2048 on a GPU)
-  int max_model_len = 0;         // longest sequence, prompt and answer (0: the model's own)
-  int max_pull = 64;             // most requests taken from the queue at once
-  int idle_poll_ms = 20;         // an idle worker looks at the queue this often
-  int catch_up_poll_ms = 5;      // and at the catch-up stream (queue/stream.h), idle or not
+  // A step running longer is stuck (a rank waiting for a peer that never comes): the worker hands
+  // its work back, aborts the engine's ranks and fails (workers/step_watchdog.h); 0: never.
+  // Far above any step's time: a step is bounded by its token budget.
+  double step_timeout_seconds = 300;
+  int max_num_seqs = -1;        // sequences the engine runs at once (-1: 32 on CPU, 256 on a GPU)
+  int max_batched_tokens = -1;  // tokens per engine step (-1: 512 on CPU, 2048 on a GPU)
+  int max_model_len = 0;        // longest sequence, prompt and answer (0: the model's own)
+  int max_pull = 64;            // most requests taken from the queue at once
+  int idle_poll_ms = 20;        // an idle worker looks at the queue this often
+  int catch_up_poll_ms = 5;     // and at the catch-up stream (queue/stream.h), idle or not
   // Async tokens per step while sync requests run: 0 no cap, -1 auto (8 on the CPU backend, whose
   // step time grows with the tokens in it; no cap on a GPU).
   int async_tokens_with_sync = -1;

@@ -9,11 +9,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
+#include <thread>
 
 #include <unistd.h>
 
@@ -338,6 +342,37 @@ TEST(ParallelCpuBackendTest, TheKvCacheIsSplitOverTheRanks) {
   auto tp4 = parallel(w, {4, 1, 1});
   ASSERT_TRUE(tp4);
   EXPECT_EQ(tp4->num_kv_blocks(), (*one)->num_kv_blocks() / 2);
+}
+
+// abort() from another thread while steps run (docs/parallel-engine.md "When a rank stops"): the
+// step under way returns, with kInternal naming the reason, as does every step after it, and the
+// backend's threads end (no rank is left waiting for a peer).
+TEST(ParallelCpuBackendTest, AbortEndsTheStepsAndLosesTheBackend) {
+  const ModelWeights& w = loaded_weights(model_dir("tiny-reverse"));
+  auto b = parallel(w, {2, 2, 1});
+  ASSERT_TRUE(b);
+  std::vector<int32_t> ids(20);
+  for (int i = 0; i < 20; ++i) ids[static_cast<size_t>(i)] = (i * 37 + 11) % w.config.vocab_size;
+  std::vector<float> logits;
+  ASSERT_TRUE(forward_one_sequence(*b, ids, 0, 20, &logits).is_ok());
+  std::atomic<int> steps{0};
+  auto stepping = std::async(std::launch::async, [&] {
+    for (;;) {
+      Status st = forward_one_sequence(*b, ids, 0, 20, &logits);
+      if (!st.is_ok()) return st;
+      ++steps;
+    }
+  });
+  while (steps.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(b->abort("a step ran 300 s"));
+  ASSERT_EQ(stepping.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  const Status st = stepping.get();
+  EXPECT_EQ(st.code(), StatusCode::kInternal);
+  EXPECT_NE(st.message().find("a step ran 300 s"), std::string::npos) << st.message();
+  const Status after = forward_one_sequence(*b, ids, 0, 20, &logits);
+  EXPECT_EQ(after.code(), StatusCode::kInternal);
+  EXPECT_NE(after.message().find("a step ran 300 s"), std::string::npos) << after.message();
+  b.reset();  // joins the rank threads: none waits for a peer
 }
 
 }  // namespace

@@ -1,12 +1,14 @@
 // ThreadCommunicator (engine/thread_communicator.h): N ranks as threads. Every collective against
 // a serial computation in rank order, bitwise equal on every rank, at 1, 2, 3, 4 and 8 ranks,
 // many rounds in a row (a missing barrier shows as a wrong sum); sizes that differ between ranks
-// are an error on every rank, not a hang.
+// are an error on every rank, not a hang; abort() ends the waits of ranks whose peer never comes.
 #include "engine/thread_communicator.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
+#include <future>
 #include <random>
 #include <thread>
 #include <vector>
@@ -129,6 +131,35 @@ TEST(ThreadCommunicatorPointToPoint, MessagesArriveInOrderBetweenEachPair) {
     std::vector<float> two(2);
     EXPECT_EQ(comm.recv(two.data(), 2, prev).field(), "recv");  // one value sent, two asked
   });
+}
+
+// A rank that never comes (a stuck step): its peers wait in a collective, or for a message, until
+// another thread aborts the group; then each wait ends with kInternal naming the reason, and every
+// later call fails at once, on every rank.
+TEST(ThreadCommunicatorAbort, EndsTheWaitsOfRanksWhosePeerNeverComes) {
+  auto group = ThreadCommunicator::create_group(3);
+  std::vector<float> a(8, 1.0f), b(8, 2.0f), m(4);
+  // Rank 0 and rank 1 meet in an all-reduce that rank 2 never joins; rank 2 waits for a message
+  // rank 0 never sends.
+  auto reduce0 = std::async(std::launch::async, [&] { return group[0]->all_reduce(a.data(), 8); });
+  auto reduce1 = std::async(std::launch::async, [&] { return group[1]->all_reduce(b.data(), 8); });
+  auto receive2 = std::async(std::launch::async, [&] { return group[2]->recv(m.data(), 4, 0); });
+  using namespace std::chrono_literals;
+  EXPECT_EQ(reduce0.wait_for(200ms), std::future_status::timeout);  // waiting, as it should
+  EXPECT_EQ(receive2.wait_for(1ms), std::future_status::timeout);
+  EXPECT_TRUE(group[1]->abort("step stuck for 300 s"));
+  for (auto* f : {&reduce0, &reduce1, &receive2}) {
+    ASSERT_EQ(f->wait_for(10s), std::future_status::ready);
+    const Status st = f->get();
+    EXPECT_EQ(st.code(), StatusCode::kInternal);
+    EXPECT_NE(st.message().find("step stuck for 300 s"), std::string::npos) << st.message();
+  }
+  // Spent: every later call of every rank fails at once (no rank is left to meet).
+  for (auto& comm : group) {
+    EXPECT_EQ(comm->all_reduce(a.data(), 8).code(), StatusCode::kInternal);
+    EXPECT_EQ(comm->send(m.data(), 4, (comm->rank() + 1) % 3).code(), StatusCode::kInternal);
+    EXPECT_EQ(comm->recv(m.data(), 4, (comm->rank() + 1) % 3).code(), StatusCode::kInternal);
+  }
 }
 
 }  // namespace

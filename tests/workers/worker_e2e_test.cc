@@ -6,9 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "cmd/worker_sync.h"
@@ -863,18 +867,56 @@ class BreakableBackend final : public engine::Backend {
   }
   Status submit(const engine::StepInput& in, const engine::SampleSpec* specs) override {
     if (broken) return failure;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!aborted_.empty()) return internal_error("the ranks were aborted: " + aborted_);
+    }
     return inner_->submit(in, specs);
   }
   Status collect(int32_t* tokens, engine::TokenLogprobs* logprobs) override {
+    if (hang) {
+      // A step that never completes (a rank waiting for a peer that never comes), until abort()
+      // ends the wait (when abortable) or the test releases it.
+      std::unique_lock<std::mutex> lock(mu_);
+      hanging = true;
+      cv_.wait(lock, [&] { return !aborted_.empty() || released_; });
+      hanging = false;
+      if (!aborted_.empty()) return internal_error("the ranks were aborted: " + aborted_);
+    }
     return inner_->collect(tokens, logprobs);
   }
   void discard() override { inner_->discard(); }
+  bool abort(const std::string& reason) override {
+    ++aborts;
+    if (!abortable) return false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      aborted_ = reason;
+    }
+    cv_.notify_all();
+    return true;
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      released_ = true;
+    }
+    cv_.notify_all();
+  }
   std::atomic<bool> broken{false};
   Status failure =
       internal_error("an illegal memory access was encountered");  // set before breaking
+  std::atomic<bool> hang{false};
+  std::atomic<bool> hanging{false};  // a collect() waits in the hang
+  bool abortable = true;             // set before hanging
+  std::atomic<int> aborts{0};
 
  private:
   std::shared_ptr<engine::Backend> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string aborted_;  // guarded by mu_
+  bool released_ = false;
 };
 
 std::shared_ptr<BreakableBackend> breakable_backend() {
@@ -1066,6 +1108,114 @@ TEST(WorkerE2eTest, AWorkerWhoseStepsFailForTheWorkGoesOnWithACleanEngine) {
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE status = 'failed'"), 0);
   w->stop();
+}
+
+// A step that never returns (a rank of a parallel engine waiting for a peer that never comes):
+// past --step-timeout-seconds the watchdog hands everything back without the stuck step loop.
+// The sync call waiting in the inbox gets an error at once rather than after its own deadline,
+// the running requests go back to the queue as retryable failures, the backend's ranks are
+// aborted (which here ends the step), the worker fails once and stops, and a healthy worker
+// finishes the whole batch.
+TEST(WorkerE2eTest, AStuckStepHandsTheWorkBackAndTheAbortEndsIt) {
+  testing::ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  DispatcherThread d(h.database_url(), h.redis_url());
+  auto backend = breakable_backend();
+  auto w =
+      make_worker(h, "stuck", 1.0, 5, backend, [](WorkerConfig& c) { c.step_timeout_seconds = 1; });
+  ASSERT_TRUE(w);
+  std::atomic<int> failures{0};
+  w->set_on_failure([&] { ++failures; });
+  cmd::WorkerSync worker_sync(*w);
+  testing::ScopedSyncSide sync_side(h.api(), &worker_sync);
+  ASSERT_TRUE(w->start().is_ok());
+  std::vector<std::string> texts;
+  const std::string id = submit_under_way(h, *w, 300, 13, &texts);
+  ASSERT_FALSE(id.empty());
+  backend->hang = true;
+  for (int i = 0; i < 500 && !backend->hanging; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(backend->hanging);
+  const auto posted = std::chrono::steady_clock::now();
+  auto sync = h.post(
+      "/v1/chat/completions",
+      json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: abc"}}}}}
+          .dump(),
+      h.key_a());
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - posted).count();
+  EXPECT_TRUE(sync.status >= 500 || sync.status == 429) << sync.status << " " << sync.body;
+  EXPECT_LT(waited, 10.0);  // the watchdog's limit and a look, not the call's own two minutes
+  for (int i = 0; i < 500 && failures.load() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(failures.load(), 1);
+  EXPECT_TRUE(w->stuck());
+  EXPECT_EQ(backend->aborts.load(), 1);
+  // The leases were handed back before the failure was reported.
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE status = 'running'"), 0);
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE status = 'failed'"), 0);
+  EXPECT_GT(h.scalar("SELECT count(*) FROM requests WHERE status = 'queued' AND num_failures >= 1"),
+            0);
+  w->stop();  // the abort ended the step: the loop has ended
+  EXPECT_FALSE(w->loop_abandoned());
+  EXPECT_EQ(failures.load(), 1);
+  auto healthy = make_worker(h, "healthy");
+  ASSERT_TRUE(healthy);
+  ASSERT_TRUE(healthy->start().is_ok());
+  check_answers(wait_done(h, id, 180), texts);
+  healthy->stop();
+}
+
+// A stuck step that no abort can end (one device wedged): the work goes back all the same, a sync
+// call waiting in the inbox is answered from the watchdog's thread, and the worker reports its
+// failure while its loop is still stuck, so that the process can exit.
+TEST(WorkerE2eTest, AStepThatStaysStuckStillHandsTheWorkBack) {
+  testing::ApiHarness h;
+  ASSERT_TRUE(h.ok());
+  DispatcherThread d(h.database_url(), h.redis_url());
+  auto backend = breakable_backend();
+  backend->abortable = false;
+  auto w = make_worker(h, "wedged", 1.0, 5, backend,
+                       [](WorkerConfig& c) { c.step_timeout_seconds = 1; });
+  ASSERT_TRUE(w);
+  std::atomic<int> failures{0};
+  w->set_on_failure([&] { ++failures; });
+  cmd::WorkerSync worker_sync(*w);
+  testing::ScopedSyncSide sync_side(h.api(), &worker_sync);
+  ASSERT_TRUE(w->start().is_ok());
+  std::vector<std::string> texts;
+  const std::string id = submit_under_way(h, *w, 300, 17, &texts);
+  ASSERT_FALSE(id.empty());
+  backend->hang = true;
+  for (int i = 0; i < 500 && !backend->hanging; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(backend->hanging);
+  const auto posted = std::chrono::steady_clock::now();
+  auto sync = h.post(
+      "/v1/chat/completions",
+      json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: abc"}}}}}
+          .dump(),
+      h.key_a());
+  EXPECT_TRUE(sync.status >= 500 || sync.status == 429) << sync.status << " " << sync.body;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - posted).count(), 10.0);
+  for (int i = 0; i < 800 && failures.load() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(failures.load(), 1);
+  EXPECT_TRUE(backend->hanging);  // still stuck
+  EXPECT_TRUE(w->failed());
+  EXPECT_EQ(backend->aborts.load(), 1);
+  EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE status = 'running'"), 0);
+  EXPECT_GT(h.scalar("SELECT count(*) FROM requests WHERE status = 'queued' AND num_failures >= 1"),
+            0);
+  // Nothing new goes to it: sync calls are refused at once.
+  const wire::ChatRequest request =
+      wire::chat_request_from_json({{"messages", {{{"role", "user"}, {"content", "reverse: x"}}}}})
+          .value();
+  EXPECT_FALSE(w->run(request, SyncOptions{}).is_ok());
+  backend->release();  // (so that the test can end the loop's thread)
+  w->stop();
+  EXPECT_FALSE(w->loop_abandoned());
+  EXPECT_EQ(failures.load(), 1);
 }
 
 }  // namespace
