@@ -10,6 +10,7 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <string>
 
 #include "engine/cpu_backend.h"
 #include "engine/virtual_ranks.h"
@@ -351,6 +352,34 @@ TEST(NcclCommunicatorTest, WorldSizeOneThroughTheSameInterface) {
   cudaStreamDestroy(stream);
   // No fused layer boundary over NCCL: a rank keeps the all-reduce and its norm apart.
   EXPECT_FALSE((*ranks)[0]->fuses_layer_boundary());
+}
+
+// ncclCommAbort through DeviceCommunicator::abort (docs/parallel-engine.md "When a rank stops"):
+// the communicator is freed, and every later call fails naming the reason, enqueuing nothing.
+TEST(NcclCommunicatorTest, AnAbortedRankRefusesEveryLaterCall) {
+  SKIP_WITHOUT_GPU();
+  auto version = NcclCommunicator::version();
+  if (!version.is_ok()) GTEST_SKIP() << version.status().to_string();
+  auto ranks = NcclCommunicator::create_all({0});
+  ASSERT_TRUE(ranks.is_ok()) << ranks.status().to_string();
+  DeviceCommunicator& rank = *(*ranks)[0];
+  float* data = nullptr;
+  ASSERT_EQ(cudaMalloc(&data, 64 * sizeof(float)), cudaSuccess);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  ASSERT_TRUE(rank.all_reduce(data, 64, stream).is_ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_TRUE(rank.abort("a step ran 300 s"));
+  EXPECT_TRUE(rank.abort("again"));  // once is enough; the first reason stands
+  for (const Status& st : {rank.all_reduce(data, 64, stream), rank.broadcast(data, 64, 0, stream),
+                           rank.send(data, 16, 0, stream)}) {
+    EXPECT_EQ(st.code(), StatusCode::kInternal);
+    EXPECT_NE(st.message().find("a step ran 300 s"), std::string::npos) << st.message();
+  }
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ranks->clear();  // (an aborted communicator is not destroyed again)
+  cudaStreamDestroy(stream);
+  cudaFree(data);
 }
 #endif
 
