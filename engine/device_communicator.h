@@ -52,9 +52,10 @@ class DeviceCommunicator {
   [[nodiscard]] virtual Status send(const void* data, size_t bytes, int peer,
                                     cudaStream_t stream) = 0;
   [[nodiscard]] virtual Status recv(void* data, size_t bytes, int peer, cudaStream_t stream) = 0;
-  // As Communicator::abort (engine/communicator.h), from any thread: the kernels of this rank's
-  // collectives under way return (NCCL's ncclCommAbort), and every later call fails. No other
-  // call of this rank may be under way on another thread meanwhile but a wait for its stream.
+  // As Communicator::abort (engine/communicator.h), from another thread: the kernels of this
+  // rank's collectives under way return (NCCL's ncclCommAbort), and every later call fails. For
+  // a rank whose thread waits for its stream; one inside a call of this communicator meanwhile
+  // races with it (engine/nccl_communicator.cc).
   // False when this implementation cannot (virtual ranks: no wait crosses threads; peer ranks:
   // their kernels trap at their own timeout).
   virtual bool abort(const std::string& reason) { return false; }

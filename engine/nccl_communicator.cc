@@ -85,14 +85,18 @@ class NcclRank final : public DeviceCommunicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   // ncclCommAbort: the kernels of this rank's operations under way return, whatever their peers
-  // do, and the communicator's resources are freed.
+  // do, and the communicator's resources are freed. Meant for a rank whose thread waits for its
+  // stream (a stuck step's collect): a thread inside an NCCL call on this communicator meanwhile
+  // (a first send still connecting, say) races with it, NCCL allowing one thread a communicator;
+  // aborted_ is set first, so that calls from then on do not reach NCCL. (Non-blocking
+  // communicators, whose calls return at once, would close that window: not done.)
   bool abort(const std::string& reason) override {
     std::lock_guard<std::mutex> lock(abort_mu_);
     if (aborted_) return true;
     reason_ = reason;
+    aborted_ = true;
     ncclResult_t r = nccl().abort(comm_);
     if (r != ncclSuccess) abort_error_ = nccl().error_string(r);
-    aborted_ = true;
     return true;
   }
   Status all_reduce(float* data, size_t n, cudaStream_t stream) override {
@@ -134,7 +138,7 @@ class NcclRank final : public DeviceCommunicator {
   ncclComm_t comm_;
   int rank_, size_;
   mutable std::mutex abort_mu_;
-  std::atomic<bool> aborted_{false};  // set last by abort(), under abort_mu_
+  std::atomic<bool> aborted_{false};  // set by abort(), under abort_mu_
   std::string reason_, abort_error_;  // guarded by abort_mu_
 };
 

@@ -606,6 +606,9 @@ Status ParallelCudaBackend::collect(int32_t* tokens, TokenLogprobs* logprobs) {
 }
 
 bool ParallelCudaBackend::abort(const std::string& reason) {
+  // Virtual ranks' communicators end no wait (no wait crosses threads), and a failed step
+  // rebuilds their pipes on the step's thread: nothing to walk here.
+  if (virtual_) return false;
   bool any = false;
   {
     std::lock_guard<std::mutex> lock(abort_mu_);

@@ -29,6 +29,10 @@ struct ThreadCommunicator::Shared {
   // Point-to-point messages not yet received, [from * size + to] (guarded by mu).
   std::vector<std::deque<std::vector<float>>> mailboxes;
   std::string aborted;  // why the group was aborted; empty: it was not (guarded by mu)
+  // Ranks between the barrier that starts a collective's reading of the others' buffers and the
+  // one that ends it (guarded by mu). After an abort no rank returns while any reads: its caller
+  // may write the buffers a peer still reads.
+  int reading = 0;
 };
 
 std::vector<std::unique_ptr<ThreadCommunicator>> ThreadCommunicator::create_group(int size) {
@@ -48,19 +52,26 @@ Status aborted_error(const std::string& reason) {
 
 }  // namespace
 
-Status ThreadCommunicator::barrier() {
+Status ThreadCommunicator::barrier(Reading reading) {
   std::unique_lock<std::mutex> lock(shared_->mu);
-  if (!shared_->aborted.empty()) return aborted_error(shared_->aborted);
+  if (reading == Reading::kEnds && --shared_->reading == 0) shared_->cv.notify_all();
+  auto aborted = [&] {
+    // (Readers reach their next barrier, which ends their reading, whatever happens.)
+    shared_->cv.wait(lock, [&] { return shared_->reading == 0; });
+    return aborted_error(shared_->aborted);
+  };
+  if (!shared_->aborted.empty()) return aborted();
   const uint64_t gen = shared_->generation;
   if (++shared_->arrived == shared_->size) {
     shared_->arrived = 0;
     ++shared_->generation;
     shared_->cv.notify_all();
-    return Status::ok();
+  } else {
+    shared_->cv.wait(lock, [&] { return shared_->generation != gen || !shared_->aborted.empty(); });
+    if (shared_->generation == gen) return aborted();
   }
-  shared_->cv.wait(lock, [&] { return shared_->generation != gen || !shared_->aborted.empty(); });
-  if (shared_->generation != gen) return Status::ok();
-  return aborted_error(shared_->aborted);
+  if (reading == Reading::kStarts) ++shared_->reading;
+  return Status::ok();
 }
 
 Status ThreadCommunicator::meet(const float* in, float* out, size_t n, int root, const char* what) {
@@ -70,11 +81,12 @@ Status ThreadCommunicator::meet(const float* in, float* out, size_t n, int root,
   shared_->counts[r] = n;
   shared_->roots[r] = root;
   // Every rank's arguments are in place (the barrier's mutex orders the writes).
-  HR_RETURN_IF_ERROR(barrier());
+  HR_RETURN_IF_ERROR(barrier(Reading::kStarts));
   for (int i = 0; i < shared_->size; ++i) {
     const auto k = static_cast<size_t>(i);
     if (shared_->counts[k] != n || shared_->roots[k] != root) {
-      HR_RETURN_IF_ERROR(barrier());  // no rank publishes again while another still compares
+      // No rank publishes again while another still compares.
+      HR_RETURN_IF_ERROR(barrier(Reading::kEnds));
       return invalid_argument(std::string(what) + ": the ranks' sizes or roots differ", what);
     }
   }
@@ -100,7 +112,7 @@ Status ThreadCommunicator::all_reduce(float* data, size_t n) {
     const float* src = shared_->ins[static_cast<size_t>(i)];
     for (size_t j = 0; j < n; ++j) sum[j] += src[j];
   }
-  HR_RETURN_IF_ERROR(barrier());
+  HR_RETURN_IF_ERROR(barrier(Reading::kEnds));
   std::memcpy(data, sum.data(), n * sizeof(float));
   return barrier();  // no rank starts the next collective while another still writes
 }
@@ -111,7 +123,7 @@ Status ThreadCommunicator::all_gather(const float* in, float* out, size_t n) {
     std::memcpy(out + static_cast<size_t>(i) * n, shared_->ins[static_cast<size_t>(i)],
                 n * sizeof(float));
   }
-  return barrier();
+  return barrier(Reading::kEnds);
 }
 
 Status ThreadCommunicator::reduce_scatter(const float* in, float* out, size_t n) {
@@ -123,7 +135,8 @@ Status ThreadCommunicator::reduce_scatter(const float* in, float* out, size_t n)
     const float* src = shared_->ins[static_cast<size_t>(i)] + offset;
     for (size_t j = 0; j < n; ++j) sum[j] += src[j];
   }
-  HR_RETURN_IF_ERROR(barrier());  // a rank's `out` may be its own `in`, which the others read
+  // A rank's `out` may be its own `in`, which the others read.
+  HR_RETURN_IF_ERROR(barrier(Reading::kEnds));
   std::memcpy(out, sum.data(), n * sizeof(float));
   return barrier();
 }
@@ -132,14 +145,14 @@ Status ThreadCommunicator::broadcast(float* data, size_t n, int root) {
   // Checked after meeting: every rank answers the same, and none is left waiting.
   HR_RETURN_IF_ERROR(meet(data, data, n, root, "broadcast"));
   if (root < 0 || root >= shared_->size) {
-    HR_RETURN_IF_ERROR(barrier());
+    HR_RETURN_IF_ERROR(barrier(Reading::kEnds));
     return invalid_argument("broadcast: root " + std::to_string(root) + " is not a rank",
                             "broadcast");
   }
   if (rank_ != root) {
     std::memcpy(data, shared_->ins[static_cast<size_t>(root)], n * sizeof(float));
   }
-  return barrier();
+  return barrier(Reading::kEnds);
 }
 
 Status ThreadCommunicator::send(const float* data, size_t n, int peer) {

@@ -42,8 +42,11 @@ class ThreadCommunicator final : public Communicator {
   // Publishes this rank's pointers and size and waits for every rank; kInvalidArgument naming
   // `what` when the ranks' sizes or roots differ (every rank sees it).
   Status meet(const float* in, float* out, size_t n, int root, const char* what);
-  // Waits until every rank has passed this point; an error once the group is aborted.
-  Status barrier();
+  // Whether a barrier starts this rank's reading of the others' buffers, or ends it.
+  enum class Reading { kNeither, kStarts, kEnds };
+  // Waits until every rank has passed this point; an error once the group is aborted (returned
+  // only when no rank reads the others' buffers any more).
+  Status barrier(Reading reading = Reading::kNeither);
 
   std::shared_ptr<Shared> shared_;
   int rank_;

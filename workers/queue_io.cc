@@ -32,20 +32,25 @@ void QueueIo::stop(const std::vector<queue::Lease>& unfinished) {
   thread_.join();
 }
 
-void QueueIo::abandon(const std::string& message) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [id, lease] : held_)
-      failed_.push_back({lease, "inference_error", message, true});
-    held_.clear();
-    want_ = 0;
-    want_catch_up_ = 0;
-  }
-  stop({});  // (the pulled ones nobody took are released as it stops)
+void QueueIo::abandon(const std::string& message, int wait_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (const auto& [id, lease] : held_)
+    failed_.push_back({lease, "inference_error", message, true});
+  held_.clear();
+  to_release_.insert(to_release_.end(), pulled_.begin(), pulled_.end());
+  pulled_.clear();
+  want_ = 0;
+  want_catch_up_ = 0;
+  abandoned_ = true;
+  next_flush_ns_ = 0;
+  cv_.notify_all();
+  handed_back_cv_.wait_for(lock, std::chrono::milliseconds(wait_ms),
+                           [&] { return handed_back_ || exited_; });
 }
 
 void QueueIo::want(int n) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (abandoned_) return;
   if (n == want_) return;
   want_ = n;
   if (n > 0) cv_.notify_all();
@@ -53,6 +58,7 @@ void QueueIo::want(int n) {
 
 void QueueIo::want_catch_up(int n) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (abandoned_) return;
   if (n == want_catch_up_) return;
   want_catch_up_ = n;
   if (n > 0) cv_.notify_all();
@@ -190,6 +196,19 @@ void QueueIo::loop() {
     }
     flush(*leases, lock);
     if (stop_) break;
+    if (abandoned_ && !to_release_.empty()) {
+      std::vector<queue::Lease> rest;
+      rest.swap(to_release_);
+      lock.unlock();
+      auto released = leases->release(rest);
+      lock.lock();
+      // (Not released: their leases expire, and the requests run elsewhere then.)
+      if (released.is_ok()) stats_.released += static_cast<int64_t>(rest.size());
+    }
+    if (abandoned_ && !handed_back_ && failed_.empty() && to_release_.empty()) {
+      handed_back_ = true;
+      handed_back_cv_.notify_all();
+    }
     bool woke_step_loop = false;
     int64_t now = steady_now_ns();
     // Catch-up first: it is started at once, the rest only into headroom.
@@ -217,9 +236,11 @@ void QueueIo::loop() {
         next_pull = 0;
         stats_.pulled += static_cast<int64_t>(got->size());
         if (catch_up) stats_.caught_up += static_cast<int64_t>(got->size());
-        pulled_.insert(pulled_.end(), std::make_move_iterator(got->begin()),
-                       std::make_move_iterator(got->end()));
-        woke_step_loop = true;
+        // (Pulled for a step loop since found stuck: handed back at once.)
+        auto& into = abandoned_ ? to_release_ : pulled_;
+        into.insert(into.end(), std::make_move_iterator(got->begin()),
+                    std::make_move_iterator(got->end()));
+        woke_step_loop = !abandoned_;
       }
     }
     // The renewal's schedule runs whether or not a lease is held: with none, a renewal left due
@@ -267,7 +288,8 @@ void QueueIo::loop() {
     until = std::min(until, now + poll_ns);
     cv_.wait_for(lock, std::chrono::nanoseconds(std::max<int64_t>(0, until - now)), [&] {
       const int64_t t = steady_now_ns();
-      return stop_ || ((!done_.empty() || !failed_.empty()) && t >= next_flush_ns_) ||
+      return stop_ || (abandoned_ && !to_release_.empty()) ||
+             ((!done_.empty() || !failed_.empty()) && t >= next_flush_ns_) ||
              (want_ > 0 && t >= next_pull_ns_) ||
              (want_catch_up_ > 0 && t >= next_catch_up_pull_ns_);
     });
@@ -290,7 +312,10 @@ void QueueIo::loop() {
     if (!rest.empty() && leases->release(rest).is_ok()) {
       stats_.released += static_cast<int64_t>(rest.size());
     }
+    lock.lock();
   }
+  exited_ = true;
+  handed_back_cv_.notify_all();
 }
 
 }  // namespace hr::workers

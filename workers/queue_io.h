@@ -39,9 +39,10 @@ class QueueIo {
   void stop(const std::vector<queue::Lease>& unfinished);
   // The step loop is stuck (workers/step_watchdog.h), from another thread: every held lease is
   // recorded as a retryable failure saying `message`, the pulled leases nobody took are handed
-  // back, and the thread stops, so that the queue gives the work to other workers at once.
-  // Returns once the thread has stopped. Results queued later are not written.
-  void abandon(const std::string& message);
+  // back, and no more are pulled, so that the queue gives the work to other workers at once.
+  // Returns once the I/O thread has written them, or after `wait_ms` (Postgres failing: their
+  // leases expire instead). stop() still hands back what it is given.
+  void abandon(const std::string& message, int wait_ms);
 
   // The step loop has room for `n` more requests (the latest call wins; 0: none).
   void want(int n);
@@ -85,6 +86,10 @@ class QueueIo {
   std::unordered_map<int64_t, queue::Lease> held_;  // guarded by mu_
   std::vector<int64_t> lost_;                       // guarded by mu_
   std::vector<queue::Lease> to_release_;            // guarded by mu_
+  bool abandoned_ = false;                          // guarded by mu_: abandon() was called
+  bool handed_back_ = false;  // guarded by mu_: ... and what it queued is written
+  bool exited_ = false;       // guarded by mu_: the thread's loop has ended
+  std::condition_variable handed_back_cv_;
   // While Postgres or Redis fail: each kind of call backs off on its own (only the I/O thread
   // uses these), and results are written again no sooner than next_flush_ns_.
   RetryPacer connect_pacer_, write_pacer_, pull_pacer_, renew_pacer_;

@@ -24,7 +24,7 @@ StepWatchdog::~StepWatchdog() {
 
 void StepWatchdog::begin_step() { step_start_ns_ = steady_now_ns(); }
 
-void StepWatchdog::end_step() { step_start_ns_ = 0; }
+bool StepWatchdog::end_step() { return step_start_ns_.exchange(0) == kClaimed; }
 
 void StepWatchdog::loop() {
   // A stuck step is seen within a quarter of the limit (at most a second) of passing it.
@@ -33,10 +33,12 @@ void StepWatchdog::loop() {
   while (!stop_) {
     cv_.wait_for(lock, std::chrono::nanoseconds(look_ns), [&] { return stop_; });
     if (stop_) return;
-    const int64_t start = step_start_ns_.load();
-    if (start == 0) continue;
+    int64_t start = step_start_ns_.load();
+    if (start <= 0) continue;
     const int64_t ran = steady_now_ns() - start;
     if (ran <= limit_ns_) continue;
+    // Claimed, unless the step ended (or another began) meanwhile: the step loop then knows.
+    if (!step_start_ns_.compare_exchange_strong(start, kClaimed)) continue;
     fired_ = true;
     lock.unlock();
     on_stuck_(ran);

@@ -24,7 +24,9 @@ class StepWatchdog {
   StepWatchdog& operator=(const StepWatchdog&) = delete;
 
   void begin_step();
-  void end_step();
+  // True when the watchdog took this step as stuck (on_stuck runs, or ran, for it): the step
+  // loop ends, whenever the step came back.
+  bool end_step();
   // Whether on_stuck has run (or is running).
   bool fired() const { return fired_.load(); }
 
@@ -33,7 +35,9 @@ class StepWatchdog {
 
   const int64_t limit_ns_;
   std::function<void(int64_t)> on_stuck_;
-  std::atomic<int64_t> step_start_ns_{0};  // 0: no step under way
+  // When the step under way began; 0: none; kClaimed: taken as stuck.
+  static constexpr int64_t kClaimed = -1;
+  std::atomic<int64_t> step_start_ns_{0};
   std::atomic<bool> fired_{false};
   std::mutex mu_;
   std::condition_variable cv_;

@@ -241,7 +241,14 @@ Result<wire::Answer> Worker::run(const wire::ChatRequest& request, const SyncOpt
 Worker::Worker(WorkerConfig config, queue::StoreConfig store)
     : config_(std::move(config)), store_(std::move(store)) {}
 
-Worker::~Worker() { stop(); }
+Worker::~Worker() {
+  stop();
+  if (loop_abandoned_) {
+    // Its thread still uses this worker and its engine: nothing here can be freed safely.
+    log::error("worker.exiting", {{"reason", "destroyed while its step loop is stuck"}});
+    std::_Exit(1);
+  }
+}
 
 int Worker::context_length() const { return model_->engine->context_length(); }
 
@@ -253,17 +260,19 @@ Status Worker::start() {
 void Worker::stop() {
   if (!thread_.joinable()) return;
   stopping_ = true;
-  if (stuck_) {
-    // A stuck loop may never come back (a wedged device): wait a while, then leave its thread.
-    std::unique_lock<std::mutex> lock(loop_mu_);
-    if (!loop_cv_.wait_for(lock, std::chrono::seconds(5), [&] { return loop_ended_; })) {
-      log::error("worker.loop_abandoned",
-                 {{"note", "the stuck step never returned; the process must exit"}});
-      loop_abandoned_ = true;
-      thread_.detach();
-      return;
-    }
+  std::unique_lock<std::mutex> lock(loop_mu_);
+  // The loop ends (draining), or a step of it gets stuck meanwhile and the watchdog hands its
+  // work back (bounded by kHandBackWaitMs).
+  loop_cv_.wait(lock, [&] { return loop_ended_ || stuck_handled_; });
+  // A stuck loop may never come back (a wedged device): a while more, then its thread is left.
+  if (!loop_cv_.wait_for(lock, std::chrono::seconds(5), [&] { return loop_ended_; })) {
+    log::error("worker.loop_abandoned",
+               {{"note", "the stuck step never returned; the process must exit"}});
+    loop_abandoned_ = true;
+    thread_.detach();
+    return;
   }
+  lock.unlock();
   thread_.join();
 }
 
@@ -325,7 +334,7 @@ struct Pacing {
   int64_t mark_ns = steady_now_ns();
 };
 
-enum class StepOutcome { kRan, kFailed, kGaveUp, kDeviceLost };
+enum class StepOutcome { kRan, kFailed, kGaveUp, kDeviceLost, kStuck };
 
 // One engine step. After Worker::kMaxFailedSteps failures in a row the engine ends everything it
 // holds (kGaveUp), and when the failure is the device's (kInternal) the worker must stop
@@ -475,8 +484,8 @@ StepOutcome Worker::Loop::step_or_wait(bool stopping) {
   if (eng.has_work()) {
     watchdog.begin_step();
     const StepOutcome outcome = run_step(eng, pacing, metrics, w.stats_);
-    watchdog.end_step();
-    return outcome;
+    // (Taken as stuck: the watchdog hands everything back, whatever the step did after.)
+    return watchdog.end_step() ? StepOutcome::kStuck : outcome;
   }
   w.wait_for_work(stopping ? 1 : w.config_.idle_poll_ms);
   return StepOutcome::kRan;
@@ -510,9 +519,14 @@ void Worker::Loop::on_stuck(int64_t step_ns) {
   // every lease goes back to the queue for other workers (nothing acknowledged waits on a stuck
   // engine), before anything that may itself hang.
   w.fail_sync_calls(unavailable(why));
-  io.abandon(why);
+  io.abandon(why, kHandBackWaitMs);
   const bool aborted = eng.abort_backend(why);
   log::error("worker.engine_abandoned", {{"ranks_aborted", aborted}});
+  {
+    std::lock_guard<std::mutex> lock(w.loop_mu_);
+    w.stuck_handled_ = true;
+  }
+  w.loop_cv_.notify_all();
   w.report_failure();
 }
 
@@ -528,7 +542,7 @@ void Worker::loop() {
     l.admit(stopping);
     l.grant(stopping);
     const StepOutcome outcome = l.step_or_wait(stopping);
-    if (stuck_) break;  // the watchdog ended everything this loop held
+    if (outcome == StepOutcome::kStuck) break;  // the watchdog ends everything this loop held
     if (outcome == StepOutcome::kDeviceLost) {
       failed_ = true;
       stopping_ = true;

@@ -85,6 +85,8 @@ class Worker final {
   // queue as a retryable failure). When the failure is the device's (kInternal: a CUDA error,
   // say) it also stops, and `on_failure` runs; otherwise it goes on with a clean engine.
   static constexpr int kMaxFailedSteps = 3;
+  // How long the watchdog waits for the queue I/O thread to write a stuck loop's leases back.
+  static constexpr int kHandBackWaitMs = 10000;
   ~Worker();
 
   [[nodiscard]] Status start();
@@ -117,7 +119,8 @@ class Worker final {
   // were failed, its leases handed back as retryable failures and the engine's ranks aborted.
   bool stuck() const { return stuck_.load(); }
   // After stop(): the step loop was still stuck, and its thread was left running (the process
-  // should exit without destroying the worker: the thread still uses it).
+  // should exit without destroying the worker: the thread still uses it; the destructor exits
+  // the process rather than free what it uses).
   bool loop_abandoned() const { return loop_abandoned_; }
 
  private:
@@ -170,7 +173,8 @@ class Worker final {
   std::function<void()> on_failure_;
   std::mutex loop_mu_;
   std::condition_variable loop_cv_;
-  bool loop_ended_ = false;  // guarded by loop_mu_
+  bool loop_ended_ = false;     // guarded by loop_mu_
+  bool stuck_handled_ = false;  // guarded by loop_mu_: the watchdog handed the work back
   bool loop_abandoned_ = false;
   std::thread thread_;
   WorkerStats stats_;

@@ -104,8 +104,9 @@ Status WorkerConfig::validate() const {
     return invalid_argument("--max-utilization must be in (0, 1]", "max-utilization");
   }
   if (drain_seconds < 0) return invalid_argument("--drain-seconds must be >= 0", "drain-seconds");
-  if (step_timeout_seconds < 0) {
-    return invalid_argument("--step-timeout-seconds must be >= 0", "step-timeout-seconds");
+  if (!(step_timeout_seconds >= 0 && step_timeout_seconds <= 86400)) {
+    return invalid_argument("--step-timeout-seconds must be between 0 and 86400",
+                            "step-timeout-seconds");
   }
   if (catch_up_alone < -1 || catch_up_alone > 1) {
     return invalid_argument("--catch-up-alone must be -1 (by device), 0 or 1", "catch-up-alone");
