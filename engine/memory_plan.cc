@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "engine/micro_batches.h"
+
 namespace hr::engine {
 
 namespace {
@@ -204,7 +206,7 @@ Result<MemoryPlan> plan_memory(const ModelShape& s, const PlanOptions& o) {
   plan.fits = true;
   const int64_t D = s.hidden_size, V = s.vocab_size;
   plan.kv_tokens = -1;
-  const int groups = o.pp == 1 ? 1 : o.step_groups > 0 ? o.step_groups : o.pp;
+  const int groups = step_groups_for(o.step_groups, o.pp);
   for (int stage = 0; stage < o.pp; ++stage) {
     const int64_t first =
         stage_first_layer(static_cast<int>(s.num_layers), o.pp, o.stage_layers, stage);

@@ -165,9 +165,7 @@ ParallelCpuBackend::ParallelCpuBackend(ParallelCpuOptions options, int vocab_siz
       vocab_size_(vocab_size),
       hidden_size_(hidden_size),
       num_blocks_(num_blocks),
-      groups_(options.degrees.pp == 1
-                  ? 1
-                  : (options.step_groups > 0 ? options.step_groups : options.degrees.pp)) {}
+      groups_(step_groups_for(options.step_groups, options.degrees.pp)) {}
 
 ParallelCpuBackend::~ParallelCpuBackend() { stop_ranks(); }
 

@@ -168,7 +168,7 @@ Result<std::unique_ptr<ParallelCudaBackend>> ParallelCudaBackend::assemble(
     // into micro-batches. (Virtual ranks run their stages one after another on one stream, where
     // neither pays: steps go one at a time and whole there unless asked. Each rank still has the
     // parts' slots of one a stage, as planned.)
-    b->groups_ = options.step_groups > 0 ? options.step_groups : same ? 1 : pp;
+    b->groups_ = same && options.step_groups <= 0 ? 1 : step_groups_for(options.step_groups, pp);
     options.step_groups = b->groups_;
     const int parts = options.micro_batches > 0 ? options.micro_batches : pp;
     b->parts_ = same && options.micro_batches == 0 ? 1 : parts;
