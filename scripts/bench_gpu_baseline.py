@@ -6,7 +6,8 @@ the engine benchmark measures: decode tokens/s at several batch sizes after 512-
 prefill tokens/s for 2,048-token prompts, and batch-1 memory-bandwidth utilisation against a
 device-to-device copy timed in the same run. Eager by default; with --compile, decoding takes
 PyTorch's strongest form here, as gpt-fast does: a static KV cache and the decode step through
-torch.compile with CUDA graphs (mode reduce-overhead). A JSON line after each phase (the figures
+torch.compile with CUDA graphs (mode reduce-overhead); of a mixture of experts, with --experts
+batched_mm, the experts backend of static shapes that compiles. A JSON line after each phase (the figures
 so far); the last line is the whole."""
 import argparse
 import json
@@ -153,6 +154,9 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--moe", default="", help="qwen3-30b-a3b: that mixture of experts' shape")
     p.add_argument("--compile", action="store_true", help="static cache + torch.compile decoding")
+    p.add_argument("--experts", default="",
+                   help="a mixture of experts' experts backend (transformers 5's "
+                        "experts_implementation: eager, batched_mm, grouped_mm); default the model's")
     p.add_argument("--layers", type=int, default=0)
     p.add_argument("--vocab", type=int, default=0)
     p.add_argument("--batches", default="1,16,64,256")
@@ -175,6 +179,18 @@ def main():
         expert_bytes = cfg.num_hidden_layers * experts * 3 * cfg.moe_intermediate_size * cfg.hidden_size * 2
         decode_weight_bytes -= expert_bytes - expert_bytes // experts * cfg.num_experts_per_tok
     form = "static cache, torch.compile reduce-overhead" if args.compile else "eager"
+    errors = {}
+    if args.moe and args.experts:
+        # The experts' loop over the experts a step hit has data-dependent shapes, which
+        # torch.compile breaks its graph at, expert after expert (the 48-layer model did not
+        # compile in 100 s); batched_mm gathers each token's top-k experts' weights and runs one
+        # batched product of static shapes, the form transformers documents as fastest for small
+        # inputs under compilation.
+        try:
+            model.set_experts_implementation(args.experts)
+            form += f", experts {args.experts}"
+        except Exception as e:  # an older transformers: the model's own experts
+            errors["experts"] = f"{type(e).__name__}: {e}"[:300]
     result = {
         "impl": f"transformers {transformers.__version__} / torch {torch.__version__} ({form}, sdpa)",
         "device": torch.cuda.get_device_name(),
@@ -182,7 +198,7 @@ def main():
         "decode_weight_bytes": decode_weight_bytes,
         "copy_bytes_per_s": bw,
         "decode_tok_s": {},
-        "errors": {},
+        "errors": errors,
     }
     step = torch.compile(model.forward, mode="reduce-overhead", fullgraph=False) if args.compile else None
     first = str(int(args.batches.split(",")[0]))
