@@ -22,7 +22,8 @@ void WorkerConfig::bind(CLI::App& app) {
   cli::add(app, "--drain-seconds", drain_seconds, "On SIGTERM, time to finish or release leases");
   cli::add(app, "--step-timeout-seconds", step_timeout_seconds,
            "An engine step running longer is taken as stuck: its work goes back to the queue, the "
-           "ranks are aborted and the worker exits (0: never)");
+           "ranks are aborted and the worker exits (0: never; -1: 300 on a GPU, never on the CPU "
+           "backend)");
   cli::add(app, "--max-num-seqs", max_num_seqs,
            "Sequences the engine runs at once (-1: 32 on the CPU backend, 256 on a GPU)");
   cli::add(app, "--max-batched-tokens", max_batched_tokens,
@@ -104,8 +105,9 @@ Status WorkerConfig::validate() const {
     return invalid_argument("--max-utilization must be in (0, 1]", "max-utilization");
   }
   if (drain_seconds < 0) return invalid_argument("--drain-seconds must be >= 0", "drain-seconds");
-  if (!(step_timeout_seconds >= 0 && step_timeout_seconds <= 86400)) {
-    return invalid_argument("--step-timeout-seconds must be between 0 and 86400",
+  if (!(step_timeout_seconds == -1 ||
+        (step_timeout_seconds >= 0 && step_timeout_seconds <= 86400))) {
+    return invalid_argument("--step-timeout-seconds must be -1 (by device) or between 0 and 86400",
                             "step-timeout-seconds");
   }
   if (catch_up_alone < -1 || catch_up_alone > 1) {
@@ -198,6 +200,7 @@ WorkerConfig WorkerConfig::resolved() const {
   r.max_num_seqs = by_device(max_num_seqs, 32, 256);
   r.max_batched_tokens = by_device(max_batched_tokens, 512, 2048);
   r.kv_cache_bytes = by_device<int64_t>(kv_cache_bytes, 64ll << 20, 0);
+  r.step_timeout_seconds = by_device(step_timeout_seconds, 0.0, 300.0);
   return r;
 }
 

@@ -22,10 +22,12 @@ struct WorkerConfig {
   int reserve_slots = 2;         // sequence slots always kept free for sync bursts
   double max_utilization = 1.0;  // stop pulling above this busy fraction (1: never)
   int drain_seconds = 30;        // SIGTERM: time to finish or release leases
-  // A step running longer is stuck (a rank waiting for a peer that never comes): the worker hands
-  // its work back, aborts the engine's ranks and fails (workers/step_watchdog.h); 0: never.
-  // Far above any step's time: a step is bounded by its token budget.
-  double step_timeout_seconds = 300;
+  // A step running longer is stuck (a rank waiting for a peer that never comes, a wedged GPU):
+  // the worker hands its work back, aborts the engine's ranks and fails (workers/
+  // step_watchdog.h); 0: never; -1: 300 s on a GPU (far above any step's time: a step is bounded
+  // by its token budget), never on the CPU backend (nothing there waits on a device, and a large
+  // model's step on few cores may take minutes).
+  double step_timeout_seconds = -1;
   int max_num_seqs = -1;        // sequences the engine runs at once (-1: 32 on CPU, 256 on a GPU)
   int max_batched_tokens = -1;  // tokens per engine step (-1: 512 on CPU, 2048 on a GPU)
   int max_model_len = 0;        // longest sequence, prompt and answer (0: the model's own)

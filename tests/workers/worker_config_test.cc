@@ -165,5 +165,21 @@ TEST(WorkerConfigTest, RefusesParallelDegreesThatCannotWorkNamingTheFlag) {
 #endif
 }
 
+// A stuck step is watched for on a GPU (a wedged device, a rank waiting for a peer), not on the
+// CPU backend, where a large model's step may take minutes and nothing waits on a device.
+TEST(WorkerConfigTest, StepsAreWatchedOnAGpuNotOnTheCpu) {
+  WorkerConfig cpu;
+  EXPECT_EQ(cpu.resolved().step_timeout_seconds, 0.0);
+  WorkerConfig gpu;
+  gpu.device = "cuda";
+  EXPECT_EQ(gpu.resolved().step_timeout_seconds, 300.0);
+  cpu.step_timeout_seconds = 30;
+  EXPECT_EQ(cpu.resolved().step_timeout_seconds, 30.0);  // given outright: kept
+  EXPECT_EQ(field_of([](WorkerConfig& c) { c.step_timeout_seconds = -2; }), "step-timeout-seconds");
+  EXPECT_EQ(field_of([](WorkerConfig& c) { c.step_timeout_seconds = 1e12; }),
+            "step-timeout-seconds");
+  EXPECT_EQ(field_of([](WorkerConfig& c) { c.step_timeout_seconds = 0; }), "ok");
+}
+
 }  // namespace
 }  // namespace hr::workers
