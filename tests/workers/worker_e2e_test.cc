@@ -1110,6 +1110,59 @@ TEST(WorkerE2eTest, AWorkerWhoseStepsFailForTheWorkGoesOnWithACleanEngine) {
   w->stop();
 }
 
+// A worker whose step gets stuck (BreakableBackend::hang) past a 1 s --step-timeout-seconds, with
+// a batch under way and the API's sync side on it: after get_stuck(), the watchdog has fired, and
+// a sync call posted while the step hung has been answered (an error: the watchdog's, not the
+// call's own two-minute deadline).
+struct StuckWorker {
+  explicit StuckWorker(bool abortable, int seed) : d(h.database_url(), h.redis_url()) {
+    backend->abortable = abortable;
+    w = make_worker(h, abortable ? "stuck" : "wedged", 1.0, 5, backend,
+                    [](WorkerConfig& c) { c.step_timeout_seconds = 1; });
+    if (!w) return;
+    w->set_on_failure([this] { ++failures; });
+    worker_sync = std::make_unique<cmd::WorkerSync>(*w);
+    sync_side = std::make_unique<testing::ScopedSyncSide>(h.api(), worker_sync.get());
+    if (w->start().is_ok()) id = submit_under_way(h, *w, 300, seed, &texts);
+  }
+  void get_stuck() {
+    ASSERT_FALSE(id.empty());
+    backend->hang = true;
+    for (int i = 0; i < 500 && !backend->hanging; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_TRUE(backend->hanging);
+    const auto posted = std::chrono::steady_clock::now();
+    auto sync = h.post(
+        "/v1/chat/completions",
+        json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: abc"}}}}}
+            .dump(),
+        h.key_a());
+    EXPECT_TRUE(sync.status >= 500 || sync.status == 429) << sync.status << " " << sync.body;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - posted).count(),
+              10.0);
+    for (int i = 0; i < 800 && failures.load() == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(failures.load(), 1);
+    EXPECT_TRUE(w->stuck());
+    EXPECT_EQ(backend->aborts.load(), 1);
+    // The leases were handed back before the failure was reported.
+    EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE status = 'running'"), 0);
+    EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE status = 'failed'"), 0);
+    EXPECT_GT(
+        h.scalar("SELECT count(*) FROM requests WHERE status = 'queued' AND num_failures >= 1"), 0);
+  }
+
+  testing::ApiHarness h;
+  DispatcherThread d;
+  std::shared_ptr<BreakableBackend> backend = breakable_backend();
+  std::atomic<int> failures{0};  // (outlives the worker, whose failure counts here)
+  std::unique_ptr<Worker> w;
+  std::unique_ptr<cmd::WorkerSync> worker_sync;
+  std::unique_ptr<testing::ScopedSyncSide> sync_side;
+  std::vector<std::string> texts;
+  std::string id;
+};
+
 // A step that never returns (a rank of a parallel engine waiting for a peer that never comes):
 // past --step-timeout-seconds the watchdog hands everything back without the stuck step loop.
 // The sync call waiting in the inbox gets an error at once rather than after its own deadline,
@@ -1117,52 +1170,16 @@ TEST(WorkerE2eTest, AWorkerWhoseStepsFailForTheWorkGoesOnWithACleanEngine) {
 // aborted (which here ends the step), the worker fails once and stops, and a healthy worker
 // finishes the whole batch.
 TEST(WorkerE2eTest, AStuckStepHandsTheWorkBackAndTheAbortEndsIt) {
-  testing::ApiHarness h;
-  ASSERT_TRUE(h.ok());
-  DispatcherThread d(h.database_url(), h.redis_url());
-  auto backend = breakable_backend();
-  auto w =
-      make_worker(h, "stuck", 1.0, 5, backend, [](WorkerConfig& c) { c.step_timeout_seconds = 1; });
-  ASSERT_TRUE(w);
-  std::atomic<int> failures{0};
-  w->set_on_failure([&] { ++failures; });
-  cmd::WorkerSync worker_sync(*w);
-  testing::ScopedSyncSide sync_side(h.api(), &worker_sync);
-  ASSERT_TRUE(w->start().is_ok());
-  std::vector<std::string> texts;
-  const std::string id = submit_under_way(h, *w, 300, 13, &texts);
-  ASSERT_FALSE(id.empty());
-  backend->hang = true;
-  for (int i = 0; i < 500 && !backend->hanging; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_TRUE(backend->hanging);
-  const auto posted = std::chrono::steady_clock::now();
-  auto sync = h.post(
-      "/v1/chat/completions",
-      json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: abc"}}}}}
-          .dump(),
-      h.key_a());
-  const double waited =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - posted).count();
-  EXPECT_TRUE(sync.status >= 500 || sync.status == 429) << sync.status << " " << sync.body;
-  EXPECT_LT(waited, 10.0);  // the watchdog's limit and a look, not the call's own two minutes
-  for (int i = 0; i < 500 && failures.load() == 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  EXPECT_EQ(failures.load(), 1);
-  EXPECT_TRUE(w->stuck());
-  EXPECT_EQ(backend->aborts.load(), 1);
-  // The leases were handed back before the failure was reported.
-  EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE status = 'running'"), 0);
-  EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE status = 'failed'"), 0);
-  EXPECT_GT(h.scalar("SELECT count(*) FROM requests WHERE status = 'queued' AND num_failures >= 1"),
-            0);
-  w->stop();  // the abort ended the step: the loop has ended
-  EXPECT_FALSE(w->loop_abandoned());
-  EXPECT_EQ(failures.load(), 1);
-  auto healthy = make_worker(h, "healthy");
+  StuckWorker s(/*abortable=*/true, 13);
+  ASSERT_TRUE(s.h.ok() && s.w);
+  s.get_stuck();
+  s.w->stop();  // the abort ended the step: the loop has ended
+  EXPECT_FALSE(s.w->loop_abandoned());
+  EXPECT_EQ(s.failures.load(), 1);
+  auto healthy = make_worker(s.h, "healthy");
   ASSERT_TRUE(healthy);
   ASSERT_TRUE(healthy->start().is_ok());
-  check_answers(wait_done(h, id, 180), texts);
+  check_answers(wait_done(s.h, s.id, 180), s.texts);
   healthy->stop();
 }
 
@@ -1171,59 +1188,26 @@ TEST(WorkerE2eTest, AStuckStepHandsTheWorkBackAndTheAbortEndsIt) {
 // failure while its loop is still stuck, and stop() returns, leaving the loop's thread, so that
 // the process can exit.
 TEST(WorkerE2eTest, AStepThatStaysStuckStillHandsTheWorkBack) {
-  testing::ApiHarness h;
-  ASSERT_TRUE(h.ok());
-  DispatcherThread d(h.database_url(), h.redis_url());
-  auto backend = breakable_backend();
-  backend->abortable = false;
-  auto w = make_worker(h, "wedged", 1.0, 5, backend,
-                       [](WorkerConfig& c) { c.step_timeout_seconds = 1; });
-  ASSERT_TRUE(w);
-  std::atomic<int> failures{0};
-  w->set_on_failure([&] { ++failures; });
-  cmd::WorkerSync worker_sync(*w);
-  testing::ScopedSyncSide sync_side(h.api(), &worker_sync);
-  ASSERT_TRUE(w->start().is_ok());
-  std::vector<std::string> texts;
-  const std::string id = submit_under_way(h, *w, 300, 17, &texts);
-  ASSERT_FALSE(id.empty());
-  backend->hang = true;
-  for (int i = 0; i < 500 && !backend->hanging; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_TRUE(backend->hanging);
-  const auto posted = std::chrono::steady_clock::now();
-  auto sync = h.post(
-      "/v1/chat/completions",
-      json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: abc"}}}}}
-          .dump(),
-      h.key_a());
-  EXPECT_TRUE(sync.status >= 500 || sync.status == 429) << sync.status << " " << sync.body;
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - posted).count(), 10.0);
-  for (int i = 0; i < 800 && failures.load() == 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  EXPECT_EQ(failures.load(), 1);
-  EXPECT_TRUE(backend->hanging);  // still stuck
-  EXPECT_TRUE(w->failed());
-  EXPECT_EQ(backend->aborts.load(), 1);
-  EXPECT_EQ(h.scalar("SELECT count(*) FROM requests WHERE status = 'running'"), 0);
-  EXPECT_GT(h.scalar("SELECT count(*) FROM requests WHERE status = 'queued' AND num_failures >= 1"),
-            0);
+  StuckWorker s(/*abortable=*/false, 17);
+  ASSERT_TRUE(s.h.ok() && s.w);
+  s.get_stuck();
+  EXPECT_TRUE(s.backend->hanging);  // still stuck
   // Nothing new goes to it: sync calls are refused at once.
   const wire::ChatRequest request =
       wire::chat_request_from_json({{"messages", {{{"role", "user"}, {"content", "reverse: x"}}}}})
           .value();
-  EXPECT_FALSE(w->run(request, SyncOptions{}).is_ok());
+  EXPECT_FALSE(s.w->run(request, SyncOptions{}).is_ok());
   // Stopping leaves the stuck loop's thread after a grace, rather than wait for ever.
   const auto stopping = std::chrono::steady_clock::now();
-  w->stop();
+  s.w->stop();
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - stopping).count(),
             20.0);
-  EXPECT_TRUE(w->loop_abandoned());
-  EXPECT_EQ(failures.load(), 1);
+  EXPECT_TRUE(s.w->loop_abandoned());
+  EXPECT_EQ(s.failures.load(), 1);
   // Its thread still uses the worker (whose destructor would end the process): the worker is
   // kept, and the step released so that the thread ends.
-  backend->release();
-  (void)w.release();
+  s.backend->release();
+  (void)s.w.release();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
 }
 
