@@ -852,6 +852,15 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   w.stop();
 }
 
+// A sync call through the API (account A): "reverse: " + text.
+auto sync_reverse(testing::ApiHarness& h, const std::string& text) {
+  return h.post("/v1/chat/completions",
+                json{{"model", h.model()},
+                     {"messages", {{{"role", "user"}, {"content", "reverse: " + text}}}}}
+                    .dump(),
+                h.key_a());
+}
+
 // The CPU backend, until told to break: then every step fails, as on a GPU whose context is lost.
 class BreakableBackend final : public engine::Backend {
  public:
@@ -1055,11 +1064,7 @@ TEST(WorkerE2eTest, AWorkerWhoseEngineKeepsFailingHandsItsWorkBackAndStops) {
   backend->broken = true;
   // A sync call now gets an error (it ended in the failing engine, or the worker is stopping),
   // not a wait.
-  auto sync = h.post(
-      "/v1/chat/completions",
-      json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: abc"}}}}}
-          .dump(),
-      h.key_a());
+  auto sync = sync_reverse(h, "abc");
   EXPECT_TRUE(sync.status >= 500 || sync.status == 429) << sync.status << " " << sync.body;
   for (int i = 0; i < 500 && !w->failed(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -1132,11 +1137,7 @@ struct StuckWorker {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     ASSERT_TRUE(backend->hanging);
     const auto posted = std::chrono::steady_clock::now();
-    auto sync = h.post(
-        "/v1/chat/completions",
-        json{{"model", h.model()}, {"messages", {{{"role", "user"}, {"content", "reverse: abc"}}}}}
-            .dump(),
-        h.key_a());
+    auto sync = sync_reverse(h, "abc");
     EXPECT_TRUE(sync.status >= 500 || sync.status == 429) << sync.status << " " << sync.body;
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - posted).count(),
               10.0);
