@@ -59,6 +59,7 @@ void for_each_cuda_field(CudaBackendOptions& o, F&& f) {
   f("programmatic_launch", o.programmatic_launch);
   f("prefetch_weights", o.prefetch_weights_mb);
   f("moe_experts", o.moe_experts);
+  f("moe_router_tiles", o.moe_router_tiles);
 }
 
 // A field's values and their setting texts.
@@ -136,6 +137,7 @@ const std::vector<CudaSetting>& cuda_settings() {
       {"programmatic_launch", {"on", "off", "auto"}},
       {"prefetch_weights", {"8mb", "off", "4mb", "16mb"}},
       {"moe_experts", {"auto", "gemv", "grouped_gemm"}},
+      {"moe_router_tiles", {"on", "off"}},
   };
   return settings;
 }

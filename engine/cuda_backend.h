@@ -86,6 +86,9 @@ struct CudaBackendOptions {
   // off).
   int prefetch_weights_mb = 0;
   MoeExperts moe_experts = MoeExperts::kAuto;
+  // Steps of more than kMoeFusedRouteTokens tokens (prefill) take the router's logits as a tiled
+  // product (kernels/moe.cuh, MoeRouteParams::tiled); off: the row kernel decode uses.
+  bool moe_router_tiles = true;
   // A tensor-parallel rank (engine/parallel_cuda_backend.h), built from a shard of the weights
   // (weight_shard.h): the ranks' collectives (all-reduces of the o and down products' partial
   // sums and of the experts' outputs, the LM head's vocabulary slices gathered); with virtual

@@ -362,6 +362,7 @@ Status CudaBackend::moe_layer(const Layer& W, int li, int T, const float* resid,
   r.layout = moe_.layout;
   r.capacity = capacity;
   r.counter = moe_.route_counter;
+  r.tiled = options_.moe_router_tiles;
   HR_CUDA("MoE routing", kernels::moe_route(r, stream_));
   if (recording_routing_) {
     const size_t per_layer = static_cast<size_t>(options_.max_num_tokens) * m.top_k;

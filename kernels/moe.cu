@@ -376,6 +376,125 @@ __global__ void __launch_bounds__(kRouteThreads) moe_logits_kernel(MoeRouteParam
   }
 }
 
+// Router logits of many tokens (prefill) as a tiled product: a block per (kTileTokens tokens,
+// kTileExperts experts), the rows' and the router's kTileK-column slices staged in shared memory
+// (transposed: a thread reads its 4 tokens' and 8 experts' values of a column as float4s), each
+// thread 4 tokens by 8 experts. Every row is read once per tile of experts (once in all for up to
+// 128 experts), where the row kernel read it once per 4 experts and summed its squares as often.
+// Of the residual-stream form the staged values are resid * norm_weight, each token's sum of
+// squares is taken from the same slices, and the 1/rms scales the logits at the end; the blocks
+// of the first expert tile write the normalised bf16 rows when asked.
+constexpr int kTileTokens = 64;
+constexpr int kTileExperts = 128;
+constexpr int kTileK = 32;
+constexpr int kTileThreads = 256;
+
+__global__ void __launch_bounds__(kTileThreads) moe_logits_tiled_kernel(MoeRouteParams p) {
+  internal::pdl_launch_dependents();
+  internal::pdl_wait();
+  __align__(16) __shared__ float a_s[kTileK][kTileTokens + 4];
+  __align__(16) __shared__ float b_s[kTileK][kTileExperts + 4];
+  __shared__ float inv_s[kTileTokens];
+  const int T = p.num_tokens, E = p.routing.num_experts, D = p.dim;
+  const int t0 = blockIdx.x * kTileTokens, e0 = blockIdx.y * kTileExperts;
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const float4 zero = make_float4(0, 0, 0, 0);
+  float acc[4][8] = {};
+  float ss[2] = {0, 0};  // of tokens tid / 8 and tid / 8 + 32: a quarter of each slice's columns
+  for (int k0 = 0; k0 < D; k0 += kTileK) {
+    // The rows' slice: 64 x 32 values, 2 float4s a thread; the router's: 128 x 32, 4 a thread.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int f = tid + i * kTileThreads, t = f / 8, c = (f % 8) * 4, col = k0 + c;
+      float4 v = zero;
+      if (t0 + t < T && col < D) {
+        const size_t at = static_cast<size_t>(t0 + t) * D + col;
+        if (p.resid) {
+          v = *reinterpret_cast<const float4*>(p.resid + at);
+          ss[i] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+          const float4 g = __ldg(reinterpret_cast<const float4*>(p.norm_weight + col));
+          v = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
+        } else {
+          const uint2 h = *reinterpret_cast<const uint2*>(p.x + at);
+          const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&h.x));
+          const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&h.y));
+          v = make_float4(a.x, a.y, b.x, b.y);
+        }
+      }
+      a_s[c][t] = v.x;
+      a_s[c + 1][t] = v.y;
+      a_s[c + 2][t] = v.z;
+      a_s[c + 3][t] = v.w;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int f = tid + i * kTileThreads, e = f / 8, c = (f % 8) * 4, col = k0 + c;
+      float4 w = zero;
+      if (e0 + e < E && col < D)
+        w = __ldg(
+            reinterpret_cast<const float4*>(p.router + static_cast<size_t>(e0 + e) * D + col));
+      b_s[c][e] = w.x;
+      b_s[c + 1][e] = w.y;
+      b_s[c + 2][e] = w.z;
+      b_s[c + 3][e] = w.w;
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int k = 0; k < kTileK; ++k) {
+      const float4 a = *reinterpret_cast<const float4*>(&a_s[k][ty * 4]);
+      const float4 b0 = *reinterpret_cast<const float4*>(&b_s[k][tx * 8]);
+      const float4 b1 = *reinterpret_cast<const float4*>(&b_s[k][tx * 8 + 4]);
+      const float av[4] = {a.x, a.y, a.z, a.w};
+      const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] += av[i] * bv[j];
+      }
+    }
+    __syncthreads();
+  }
+  // Each token's 1/rms: its 8 threads' sums (lanes next to one another) added in a fixed order.
+  if (p.resid) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float s = ss[i];
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      s += __shfl_xor_sync(0xffffffffu, s, 4);
+      if (tid % 8 == 0) inv_s[tid / 8 + i * 32] = rsqrtf(s / static_cast<float>(D) + p.eps);
+    }
+  } else if (tid < kTileTokens) {
+    inv_s[tid] = 1.0f;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int t = t0 + ty * 4 + i;
+    if (t >= T) break;
+    const float inv = inv_s[ty * 4 + i];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int e = e0 + tx * 8 + j;
+      if (e < E) p.logits[static_cast<size_t>(t) * E + e] = acc[i][j] * inv;
+    }
+  }
+  if (p.normed_out && blockIdx.y == 0) {
+    const int nt = min(kTileTokens, T - t0);
+    for (int x = tid * 4; x < nt * D; x += kTileThreads * 4) {
+      const int t = x / D, i = x % D;  // (D a multiple of 4: a float4 stays in its row)
+      const float inv = inv_s[t];
+      const float4 v =
+          *reinterpret_cast<const float4*>(p.resid + static_cast<size_t>(t0 + t) * D + i);
+      const float4 g = __ldg(reinterpret_cast<const float4*>(p.norm_weight + i));
+      __nv_bfloat162* out =
+          reinterpret_cast<__nv_bfloat162*>(p.normed_out + static_cast<size_t>(t0 + t) * D + i);
+      out[0] = __floats2bfloat162_rn(v.x * inv * g.x, v.y * inv * g.y);
+      out[1] = __floats2bfloat162_rn(v.z * inv * g.z, v.w * inv * g.w);
+    }
+  }
+}
+
 // Scores and the top k: a warp per token.
 __global__ void __launch_bounds__(kTopkThreads) moe_topk_kernel(MoeRouteParams p) {
   internal::pdl_launch_dependents();
@@ -727,8 +846,14 @@ cudaError_t moe_route(const MoeRouteParams& p, cudaStream_t stream) {
   const dim3 grid((r.num_experts + per_block - 1) / per_block, token_blocks);
   if (sorting && token_blocks == 1)
     return internal::launch(moe_logits_kernel<true>, grid, dim3(kRouteThreads), 0, stream, p);
-  cudaError_t err =
-      internal::launch(moe_logits_kernel<false>, grid, dim3(kRouteThreads), 0, stream, p);
+  cudaError_t err;
+  if (p.tiled && p.num_tokens > kRouteTokens) {
+    const dim3 tiles((p.num_tokens + kTileTokens - 1) / kTileTokens,
+                     (r.num_experts + kTileExperts - 1) / kTileExperts);
+    err = internal::launch(moe_logits_tiled_kernel, tiles, dim3(kTileThreads), 0, stream, p);
+  } else {
+    err = internal::launch(moe_logits_kernel<false>, grid, dim3(kRouteThreads), 0, stream, p);
+  }
   if (err != cudaSuccess) return err;
   err = internal::launch(moe_topk_kernel,
                          dim3((p.num_tokens + kTopkThreads / 32 - 1) / (kTopkThreads / 32)),

@@ -72,6 +72,10 @@ struct MoeRouteParams {
   MoeLayout layout;
   int capacity = 0;
   int32_t* counter = nullptr;
+  // More than kMoeFusedRouteTokens tokens (prefill): the logits as a tiled product (64 tokens by
+  // 128 experts a block, each row read once a tile of experts); false: a block per 8 tokens and
+  // 4 experts, as decode's few tokens take them.
+  bool tiled = true;
 };
 
 // Tokens up to which moe_route with a layout is one launch.

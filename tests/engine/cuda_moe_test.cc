@@ -100,7 +100,7 @@ void expect_layout(const std::vector<int32_t>& ids, int E, const LayoutBuffers& 
 // twice over the same counter (it must be left at zero), and the layout is checked against the
 // choices it made.
 void check_route(const MoeConfig& m, int T, int D, bool tie, bool with_bias, std::mt19937& rng,
-                 bool sort = false) {
+                 bool sort = false, bool tiled = true) {
   const int E = m.num_experts, K = m.top_k;
   std::vector<float> x = random_vec(static_cast<size_t>(T) * D, rng);
   std::vector<float> router = random_vec(static_cast<size_t>(E) * D, rng, -0.3f, 0.3f);
@@ -120,6 +120,7 @@ void check_route(const MoeConfig& m, int T, int D, bool tie, bool with_bias, std
   p.routing = device_routing(m);
   p.topk_ids = d_ids.ptr;
   p.topk_weights = d_w.ptr;
+  p.tiled = tiled;
   LayoutBuffers b(T * K, E);
   DeviceBuffer<int32_t> counter(std::vector<int32_t>{0});
   if (sort) {
@@ -180,12 +181,68 @@ void check_route(const MoeConfig& m, int T, int D, bool tie, bool with_bias, std
   EXPECT_GT(compared, T / 2);
 }
 
+// More than kMoeFusedRouteTokens tokens: the tiled product (64 tokens by 128 experts a block;
+// here tiles cut by the tokens, the experts and the columns) and the row kernel alike.
 TEST(CudaMoeTest, RouteMatchesTheHost) {
   SKIP_WITHOUT_GPU();
-  std::mt19937 rng(7);
-  check_route(softmax_moe(128, 8, true), 37, 64, false, false, rng);
-  check_route(softmax_moe(8, 2, false), 19, 136, false, false, rng);
-  check_route(sigmoid_grouped_moe(64, 6, 8, 3, 2.5f), 21, 96, false, true, rng);
+  for (bool tiled : {true, false}) {
+    std::mt19937 rng(7);
+    check_route(softmax_moe(128, 8, true), 37, 64, false, false, rng, false, tiled);
+    check_route(softmax_moe(8, 2, false), 19, 136, false, false, rng, false, tiled);
+    check_route(sigmoid_grouped_moe(64, 6, 8, 3, 2.5f), 21, 96, false, true, rng, false, tiled);
+    check_route(softmax_moe(160, 4, true), 130, 100, false, false, rng, false, tiled);
+  }
+}
+
+// The residual-stream form, as the backend routes: each row normalised in fp32 (times the norm
+// weight) before the router's product, and written out in bf16 for the experts; more than one
+// tile of tokens, tiled and by rows.
+TEST(CudaMoeTest, RouteFromTheResidualStreamMatchesTheHost) {
+  SKIP_WITHOUT_GPU();
+  for (bool tiled : {true, false}) {
+    std::mt19937 rng(11);
+    const MoeConfig m = softmax_moe(128, 8, true);
+    const int T = 70, D = 136, E = m.num_experts, K = m.top_k;
+    std::vector<float> resid = random_vec(static_cast<size_t>(T) * D, rng, -2.0f, 2.0f);
+    std::vector<float> norm = random_vec(static_cast<size_t>(D), rng, 0.5f, 1.5f);
+    std::vector<float> router = random_vec(static_cast<size_t>(E) * D, rng, -0.3f, 0.3f);
+    DeviceBuffer<float> d_resid(resid), d_norm(norm), d_router(router);
+    DeviceBuffer<int32_t> d_ids(static_cast<size_t>(T) * K);
+    DeviceBuffer<float> d_w(static_cast<size_t>(T) * K), d_logits(static_cast<size_t>(T) * E);
+    DeviceBuffer<uint16_t> d_normed(static_cast<size_t>(T) * D);
+    kernels::MoeRouteParams p;
+    p.resid = d_resid.ptr;
+    p.norm_weight = d_norm.ptr;
+    p.eps = 1e-6f;
+    p.normed_out = BF(d_normed.ptr);
+    p.router = d_router.ptr;
+    p.num_tokens = T;
+    p.dim = D;
+    p.routing = device_routing(m);
+    p.logits = d_logits.ptr;
+    p.topk_ids = d_ids.ptr;
+    p.topk_weights = d_w.ptr;
+    p.tiled = tiled;
+    ASSERT_EQ(kernels::moe_route(p, nullptr), cudaSuccess);
+    const auto logits = d_logits.get();
+    const auto normed = d_normed.get();
+    for (int t = 0; t < T; ++t) {
+      double ss = 0;
+      for (int i = 0; i < D; ++i) ss += static_cast<double>(resid[t * D + i]) * resid[t * D + i];
+      const double inv = 1.0 / std::sqrt(ss / D + 1e-6);
+      for (int i = 0; i < D; ++i) {
+        const double want = resid[t * D + i] * inv * norm[i];
+        EXPECT_NEAR(bf16_to_f32(normed[t * D + i]), want, 1e-2 * std::max(1.0, std::abs(want)))
+            << (tiled ? "tiled " : "rows ") << t << "," << i;
+      }
+      for (int e = 0; e < E; ++e) {
+        double s = 0;
+        for (int i = 0; i < D; ++i) s += resid[t * D + i] * inv * norm[i] * router[e * D + i];
+        EXPECT_NEAR(logits[t * E + e], s, 1e-4 * std::max(1.0, std::abs(s)))
+            << (tiled ? "tiled " : "rows ") << t << "," << e;
+      }
+    }
+  }
 }
 
 // Routing with the sort: decode's few tokens in one launch (the last block takes the top k and

@@ -267,8 +267,9 @@ TEST(BackendSpecTest, CudaOptionsParseAndRefuseClearly) {
   EXPECT_EQ(*defaults,
             "graphs=on,small_batch_gemv=on,fused_small_batch=on,fused_rope=on,fused_combine=on,"
             "fused_all_reduce=on,rank_collectives=nccl,decode_attention=tensor_core,"
-            "programmatic_launch=auto,prefetch_weights=off,moe_experts=auto");
-  ASSERT_EQ(cuda_settings().size(), 11u);
+            "programmatic_launch=auto,prefetch_weights=off,moe_experts=auto,"
+            "moe_router_tiles=on");
+  ASSERT_EQ(cuda_settings().size(), 12u);
   for (const auto& [name, values] : cuda_settings()) {
     for (const auto& value : values) {
       auto d = describe_cuda_options(name + "=" + value);
