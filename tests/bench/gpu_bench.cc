@@ -429,6 +429,19 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
     backend->set_profiling(false);
     out["prefill_profile_ms_per_step"] = phases;
     if (!profiled.is_ok()) errors["prefill profile"] = profiled.status().to_string();
+    // The router's logits by the row kernel decode uses, against the tiled product (default).
+    CudaBackendOptions rows = backend->options();
+    const CudaBackendOptions tiles = rows;
+    rows.moe_router_tiles = false;
+    backend->set_paths(rows);
+    auto by_rows = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
+    backend->set_paths(tiles);
+    if (by_rows.is_ok()) {
+      out["prefill_tok_s_router_rows"] = std::round(*by_rows);
+      std::printf("moe prefill, router logits by rows: %.0f tok/s\n", *by_rows);
+    } else {
+      errors["prefill, router by rows"] = by_rows.status().to_string();
+    }
   } else {
     errors["prefill"] = prefill.status().to_string();
   }
