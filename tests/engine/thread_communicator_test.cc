@@ -9,6 +9,7 @@
 #include <chrono>
 #include <functional>
 #include <future>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
@@ -137,28 +138,41 @@ TEST(ThreadCommunicatorPointToPoint, MessagesArriveInOrderBetweenEachPair) {
 // another thread aborts the group; then each wait ends with kInternal naming the reason, and every
 // later call fails at once, on every rank.
 TEST(ThreadCommunicatorAbort, EndsTheWaitsOfRanksWhosePeerNeverComes) {
-  auto group = ThreadCommunicator::create_group(3);
-  std::vector<float> a(8, 1.0f), b(8, 2.0f), m(4);
+  // Shared with the ranks' threads, which are left behind (still waiting) should the abort fail
+  // to end their waits: the test then fails rather than hangs.
+  struct Ranks {
+    std::vector<std::unique_ptr<ThreadCommunicator>> group = ThreadCommunicator::create_group(3);
+    std::vector<float> a = std::vector<float>(8, 1.0f), b = std::vector<float>(8, 2.0f),
+                       m = std::vector<float>(4);
+  };
+  auto r = std::make_shared<Ranks>();
+  auto on_thread = [r](std::function<Status(Ranks&)> call) {
+    auto done = std::make_shared<std::promise<Status>>();
+    std::future<Status> f = done->get_future();
+    std::thread([r, call, done] { done->set_value(call(*r)); }).detach();
+    return f;
+  };
   // Rank 0 and rank 1 meet in an all-reduce that rank 2 never joins; rank 2 waits for a message
   // rank 0 never sends.
-  auto reduce0 = std::async(std::launch::async, [&] { return group[0]->all_reduce(a.data(), 8); });
-  auto reduce1 = std::async(std::launch::async, [&] { return group[1]->all_reduce(b.data(), 8); });
-  auto receive2 = std::async(std::launch::async, [&] { return group[2]->recv(m.data(), 4, 0); });
+  std::future<Status> waits[] = {
+      on_thread([](Ranks& x) { return x.group[0]->all_reduce(x.a.data(), 8); }),
+      on_thread([](Ranks& x) { return x.group[1]->all_reduce(x.b.data(), 8); }),
+      on_thread([](Ranks& x) { return x.group[2]->recv(x.m.data(), 4, 0); })};
   using namespace std::chrono_literals;
-  EXPECT_EQ(reduce0.wait_for(200ms), std::future_status::timeout);  // waiting, as it should
-  EXPECT_EQ(receive2.wait_for(1ms), std::future_status::timeout);
-  EXPECT_TRUE(group[1]->abort("step stuck for 300 s"));
-  for (auto* f : {&reduce0, &reduce1, &receive2}) {
-    ASSERT_EQ(f->wait_for(10s), std::future_status::ready);
-    const Status st = f->get();
+  EXPECT_EQ(waits[0].wait_for(200ms), std::future_status::timeout);  // waiting, as it should
+  EXPECT_EQ(waits[2].wait_for(1ms), std::future_status::timeout);
+  EXPECT_TRUE(r->group[1]->abort("step stuck for 300 s"));
+  for (auto& f : waits) {
+    ASSERT_EQ(f.wait_for(10s), std::future_status::ready);
+    const Status st = f.get();
     EXPECT_EQ(st.code(), StatusCode::kInternal);
     EXPECT_NE(st.message().find("step stuck for 300 s"), std::string::npos) << st.message();
   }
   // Spent: every later call of every rank fails at once (no rank is left to meet).
-  for (auto& comm : group) {
-    EXPECT_EQ(comm->all_reduce(a.data(), 8).code(), StatusCode::kInternal);
-    EXPECT_EQ(comm->send(m.data(), 4, (comm->rank() + 1) % 3).code(), StatusCode::kInternal);
-    EXPECT_EQ(comm->recv(m.data(), 4, (comm->rank() + 1) % 3).code(), StatusCode::kInternal);
+  for (auto& comm : r->group) {
+    EXPECT_EQ(comm->all_reduce(r->a.data(), 8).code(), StatusCode::kInternal);
+    EXPECT_EQ(comm->send(r->m.data(), 4, (comm->rank() + 1) % 3).code(), StatusCode::kInternal);
+    EXPECT_EQ(comm->recv(r->m.data(), 4, (comm->rank() + 1) % 3).code(), StatusCode::kInternal);
   }
 }
 
