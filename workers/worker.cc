@@ -346,6 +346,7 @@ StepOutcome run_step(engine::Engine& eng, Pacing& p, LoopMetrics& metrics, Worke
   p.busy_ns += step_ns;
   ++stats.steps;
   metrics.steps.add();
+  metrics.step_seconds.observe(static_cast<double>(step_ns) / 1e9);
   if (st.is_ok()) {
     p.failed_steps = 0;
     metrics.preemptions.add(st->num_preempted);

@@ -96,6 +96,8 @@ LoopMetrics::LoopMetrics()
       pulled(
           metrics::counter("headroom_async_pulled_total", "Async requests pulled from the queue")),
       steps(metrics::counter("headroom_engine_steps_total", "Engine steps run")),
+      step_seconds(metrics::histogram("headroom_engine_step_seconds",
+                                      "Time of each engine step, planning to its tokens")),
       preemptions(
           metrics::counter("headroom_preemptions_total",
                            "Async sequences preempted to make room for sync or catch-up ones")),

@@ -44,6 +44,7 @@ struct LoopMetrics {
   metrics::Counter& credits_granted;
   metrics::Counter& pulled;
   metrics::Counter& steps;
+  metrics::Histogram& step_seconds;  // each step's time: what --step-timeout-seconds is set from
   metrics::Counter& preemptions;
   metrics::Counter& prefix_queries;
   metrics::Counter& prefix_hits;

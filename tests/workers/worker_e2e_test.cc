@@ -841,6 +841,8 @@ TEST(WorkerE2eTest, SyncRequestsAnswerWhileAnAsyncBacklogRuns) {
   EXPECT_GT(value("headroom_inter_token_latency_seconds_count{class=\"sync\"}"), 0);
   EXPECT_GT(value("headroom_generation_tokens_total{class=\"sync\"}"), 0);
   EXPECT_GT(value("headroom_async_pulled_total"), 0);
+  EXPECT_GT(value("headroom_engine_step_seconds_count"), 0);
+  EXPECT_GT(value("headroom_engine_step_seconds_sum"), 0);
   EXPECT_GT(value("headroom_async_credits_granted_total"), 0);
   EXPECT_GT(value("headroom_queue_time_seconds_count{class=\"async\"}"), 0);
   EXPECT_GT(value("headroom_kv_cache_blocks_total"), 0);
