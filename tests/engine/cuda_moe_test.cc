@@ -196,12 +196,13 @@ TEST(CudaMoeTest, RouteMatchesTheHost) {
 
 // The residual-stream form, as the backend routes: each row normalised in fp32 (times the norm
 // weight) before the router's product, and written out in bf16 for the experts; more than one
-// tile of tokens, tiled and by rows.
+// tile of tokens (and of experts), tiled and by rows.
 TEST(CudaMoeTest, RouteFromTheResidualStreamMatchesTheHost) {
   SKIP_WITHOUT_GPU();
-  for (bool tiled : {true, false}) {
+  for (auto [tiled, experts] :
+       {std::pair{true, 128}, std::pair{true, 160}, std::pair{false, 128}}) {
     std::mt19937 rng(11);
-    const MoeConfig m = softmax_moe(128, 8, true);
+    const MoeConfig m = softmax_moe(experts, 8, true);  // (160: two tiles of experts)
     const int T = 70, D = 136, E = m.num_experts, K = m.top_k;
     std::vector<float> resid = random_vec(static_cast<size_t>(T) * D, rng, -2.0f, 2.0f);
     std::vector<float> norm = random_vec(static_cast<size_t>(D), rng, 0.5f, 1.5f);
