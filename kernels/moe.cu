@@ -378,12 +378,13 @@ __global__ void __launch_bounds__(kRouteThreads) moe_logits_kernel(MoeRouteParam
 
 // Router logits of many tokens (prefill) as a tiled product: a block per (kTileTokens tokens,
 // kTileExperts experts), the rows' and the router's kTileK-column slices staged in shared memory
-// (transposed: a thread reads its 4 tokens' and 8 experts' values of a column as float4s), each
-// thread 4 tokens by 8 experts. Every row is read once per tile of experts (once in all for up to
-// 128 experts), where the row kernel read it once per 4 experts and summed its squares as often.
-// Of the residual-stream form the staged values are resid * norm_weight, each token's sum of
-// squares is taken from the same slices, and the 1/rms scales the logits at the end; the blocks
-// of the first expert tile write the normalised bf16 rows when asked.
+// (transposed: a thread reads its 4 tokens' and 8 experts' values of a column as float4s; stores
+// and reads free of bank conflicts), each thread 4 tokens by 8 experts. Every row is read once per
+// tile of experts (once in all for up to 128 experts), where the row kernel read it once per 4
+// experts and summed its squares as often. Of the residual-stream form the staged values are resid
+// * norm_weight, each token's sum of squares is taken from the same slices, and the 1/rms scales
+// the logits at the end; the blocks of the first expert tile write the normalised bf16 rows when
+// asked.
 constexpr int kTileTokens = 64;
 constexpr int kTileExperts = 128;
 constexpr int kTileK = 32;
@@ -394,24 +395,30 @@ __global__ void __launch_bounds__(kTileThreads) moe_logits_tiled_kernel(MoeRoute
   internal::pdl_wait();
   __align__(16) __shared__ float a_s[kTileK][kTileTokens + 4];
   __align__(16) __shared__ float b_s[kTileK][kTileExperts + 4];
+  __shared__ float half_s[2][kTileTokens];  // each token's sums of squares, by half of its columns
   __shared__ float inv_s[kTileTokens];
   const int T = p.num_tokens, E = p.routing.num_experts, D = p.dim;
   const int t0 = blockIdx.x * kTileTokens, e0 = blockIdx.y * kTileExperts;
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const float4 zero = make_float4(0, 0, 0, 0);
   float acc[4][8] = {};
-  float ss[2] = {0, 0};  // of tokens tid / 8 and tid / 8 + 32: a quarter of each slice's columns
+  // The staging: a warp takes 16 rows by 2 column groups (16 bytes each) of a slice, so that a
+  // row's 32 bytes are one sector and the transposed stores fall on 32 banks. A thread stages one
+  // token (the same in every slice) and keeps that token's sum of squares over its columns.
+  const int warp = tid / 32, lane = tid % 32;
+  const int a_row = (warp % 4) * 16 + lane / 2;
+  float ss = 0;
   for (int k0 = 0; k0 < D; k0 += kTileK) {
     // The rows' slice: 64 x 32 values, 2 float4s a thread; the router's: 128 x 32, 4 a thread.
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int f = tid + i * kTileThreads, t = f / 8, c = (f % 8) * 4, col = k0 + c;
+      const int t = a_row, c = ((warp / 4 + 2 * i) * 2 + lane % 2) * 4, col = k0 + c;
       float4 v = zero;
       if (t0 + t < T && col < D) {
         const size_t at = static_cast<size_t>(t0 + t) * D + col;
         if (p.resid) {
           v = *reinterpret_cast<const float4*>(p.resid + at);
-          ss[i] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+          ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
           const float4 g = __ldg(reinterpret_cast<const float4*>(p.norm_weight + col));
           v = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
         } else {
@@ -428,7 +435,7 @@ __global__ void __launch_bounds__(kTileThreads) moe_logits_tiled_kernel(MoeRoute
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int f = tid + i * kTileThreads, e = f / 8, c = (f % 8) * 4, col = k0 + c;
+      const int e = warp * 16 + lane / 2, c = (i * 2 + lane % 2) * 4, col = k0 + c;
       float4 w = zero;
       if (e0 + e < E && col < D)
         w = __ldg(
@@ -441,9 +448,11 @@ __global__ void __launch_bounds__(kTileThreads) moe_logits_tiled_kernel(MoeRoute
     __syncthreads();
 #pragma unroll 8
     for (int k = 0; k < kTileK; ++k) {
+      // (A thread's 8 experts: tx * 4 + 0..3 and 64 + tx * 4 + 0..3, so that a quarter warp's
+      // float4s are 128 contiguous bytes.)
       const float4 a = *reinterpret_cast<const float4*>(&a_s[k][ty * 4]);
-      const float4 b0 = *reinterpret_cast<const float4*>(&b_s[k][tx * 8]);
-      const float4 b1 = *reinterpret_cast<const float4*>(&b_s[k][tx * 8 + 4]);
+      const float4 b0 = *reinterpret_cast<const float4*>(&b_s[k][tx * 4]);
+      const float4 b1 = *reinterpret_cast<const float4*>(&b_s[k][64 + tx * 4]);
       const float av[4] = {a.x, a.y, a.z, a.w};
       const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
@@ -454,16 +463,14 @@ __global__ void __launch_bounds__(kTileThreads) moe_logits_tiled_kernel(MoeRoute
     }
     __syncthreads();
   }
-  // Each token's 1/rms: its 8 threads' sums (lanes next to one another) added in a fixed order.
+  // Each token's 1/rms: its 4 threads' sums (two neighbouring lanes, in warps w and w + 4) added
+  // in a fixed order.
   if (p.resid) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float s = ss[i];
-      s += __shfl_xor_sync(0xffffffffu, s, 1);
-      s += __shfl_xor_sync(0xffffffffu, s, 2);
-      s += __shfl_xor_sync(0xffffffffu, s, 4);
-      if (tid % 8 == 0) inv_s[tid / 8 + i * 32] = rsqrtf(s / static_cast<float>(D) + p.eps);
-    }
+    const float pair = ss + __shfl_xor_sync(0xffffffffu, ss, 1);
+    if (lane % 2 == 0) half_s[warp / 4][a_row] = pair;
+    __syncthreads();
+    if (tid < kTileTokens)
+      inv_s[tid] = rsqrtf((half_s[0][tid] + half_s[1][tid]) / static_cast<float>(D) + p.eps);
   } else if (tid < kTileTokens) {
     inv_s[tid] = 1.0f;
   }
@@ -475,7 +482,7 @@ __global__ void __launch_bounds__(kTileThreads) moe_logits_tiled_kernel(MoeRoute
     const float inv = inv_s[ty * 4 + i];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const int e = e0 + tx * 8 + j;
+      const int e = e0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + j - 4);
       if (e < E) p.logits[static_cast<size_t>(t) * E + e] = acc[i][j] * inv;
     }
   }
