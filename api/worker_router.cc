@@ -220,11 +220,11 @@ Result<T> WorkerRouter::forward(const SyncCall& call, const std::string& body, O
     }
     Result<std::string> text = wc->read_all();
     Status err = wire::status_from_protocol_error(wc->status(), text.is_ok() ? *text : "");
-    // A worker that is stopping hands the call on; so does a full one when the call may wait for
-    // room. A flex call waits in the worker, not for room: its refusal is the answer.
-    if (err.code() == StatusCode::kResourceExhausted &&
-        ((text.is_ok() && wire::protocol_retry_elsewhere(*text)) ||
-         (!call.reject_if_busy && !call.flex))) {
+    // A worker that says another may take the call (it is stopping, or its engine failed before
+    // the call's answer began) hands it on; so does a full one when the call may wait for room. A
+    // flex call waits in the worker, not for room: its refusal is the answer.
+    if ((text.is_ok() && wire::protocol_retry_elsewhere(*text)) ||
+        (err.code() == StatusCode::kResourceExhausted && !call.reject_if_busy && !call.flex)) {
       skip.push_back(a->worker_id);
       last = err;
       continue;

@@ -47,8 +47,9 @@ std::string protocol_delta_line(const std::string& delta, const Logprobs& logpro
 [[nodiscard]] Result<std::vector<ToolCallDelta>> delta_tool_calls_from_protocol(
     const nlohmann::json& line);
 
-// {"error": {"code", "message", "field"?, "retry_elsewhere"?}}; retry_elsewhere: the call never
-// started here, and another worker may take it.
+// {"error": {"code", "message", "field"?, "retry_elsewhere"?}}; retry_elsewhere: nothing of the
+// call's answer left here (it never started, or the worker's engine failed before it answered),
+// and another worker may take it.
 nlohmann::json protocol_error(const Status& status, bool retry_elsewhere = false);
 // The Status an error body carries, or kInternal naming the HTTP status when it carries none.
 Status status_from_protocol_error(int http_status, const std::string& body);

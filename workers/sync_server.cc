@@ -131,9 +131,13 @@ http::Reply SyncServer::handle(const http::HttpRequest& req) {
   options.flex_timeout_ms = call->flex_timeout_ms;
   // The router closes its connection for a client gone.
   options.client_gone = http::current_client_gone;
-  // A refusal for lack of room from a worker that is stopping: any other worker will do.
+  // A refusal for lack of room from a worker that is stopping, or a call its failed engine ended
+  // (it gave up, or a step got stuck) before any of the answer left: any other worker will do.
   auto refusal = [&](const Status& st) {
-    return error_reply(st, st.code() == StatusCode::kResourceExhausted && worker_.load().stopping);
+    const bool elsewhere =
+        (st.code() == StatusCode::kResourceExhausted && worker_.load().stopping) ||
+        (st.code() == StatusCode::kUnavailable && worker_.failed());
+    return error_reply(st, elsewhere);
   };
   if (!call->stream) {
     Result<wire::Answer> a = worker_.run(call->request, options);

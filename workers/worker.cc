@@ -338,8 +338,9 @@ enum class StepOutcome { kRan, kFailed, kGaveUp, kDeviceLost, kStuck };
 
 // One engine step. After Worker::kMaxFailedSteps failures in a row the engine ends everything it
 // holds (kGaveUp), and when the failure is the device's (kInternal) the worker must stop
-// (kDeviceLost).
-StepOutcome run_step(engine::Engine& eng, Pacing& p, LoopMetrics& metrics, WorkerStats& stats) {
+// (kDeviceLost; `failed` set first).
+StepOutcome run_step(engine::Engine& eng, Pacing& p, LoopMetrics& metrics, WorkerStats& stats,
+                     std::atomic<bool>& failed) {
   int64_t step_start = steady_now_ns();
   auto st = eng.step();
   int64_t step_ns = steady_now_ns() - step_start;
@@ -364,6 +365,8 @@ StepOutcome run_step(engine::Engine& eng, Pacing& p, LoopMetrics& metrics, Worke
   const bool device = st.status().code() == StatusCode::kInternal;
   log::error("worker.engine_failed",
              {{"error", st.status()}, {"failed_steps", p.failed_steps}, {"stopping", device}});
+  // (Before the calls end: their refusals then tell the router that another worker may answer.)
+  if (device) failed = true;
   eng.fail_all("the worker's engine failed " + std::to_string(p.failed_steps) +
                " steps in a row: " + st.status().message());
   metrics.publish(eng);
@@ -484,7 +487,7 @@ void Worker::Loop::grant(bool stopping) {
 StepOutcome Worker::Loop::step_or_wait(bool stopping) {
   if (eng.has_work()) {
     watchdog.begin_step();
-    const StepOutcome outcome = run_step(eng, pacing, metrics, w.stats_);
+    const StepOutcome outcome = run_step(eng, pacing, metrics, w.stats_, w.failed_);
     // (Taken as stuck: the watchdog hands everything back, whatever the step did after.)
     return watchdog.end_step() ? StepOutcome::kStuck : outcome;
   }

@@ -594,6 +594,71 @@ TEST_F(Routing, RejectIfBusyPassesOverAWorkerThatIsStopping) {
   }
 }
 
+// A worker whose engine failed (gave up, or a step got stuck) before a call's answer began says
+// another worker may take the call: the router passes it over; without that word its 503 is the
+// call's answer. Two stand-in workers: one answers, the other fails every call.
+TEST_F(Routing, ACallAFailedWorkerEndedGoesToAnotherWorker) {
+  for (bool elsewhere : {true, false}) {
+    std::atomic<int> failed{0};
+    http::HttpServerOptions so;
+    so.port = 0;
+    json error = {{"code", "unavailable"},
+                  {"message", "the worker's engine is stuck: a step has run 300.0 s"}};
+    if (elsewhere) error["retry_elsewhere"] = true;
+    const std::string refusal = json{{"error", error}}.dump();
+    http::HttpServer failing(so, http::Handler([&](const http::HttpRequest&) {
+                               ++failed;
+                               return http::json_response(503, refusal);
+                             }));
+    http::HttpServer answering(
+        so, http::Handler([](const http::HttpRequest&) {
+          return http::json_response(
+              200,
+              R"({"text":"ok","finish_reason":"stop","prompt_tokens":1,"completion_tokens":1})");
+        }));
+    ASSERT_TRUE(failing.start().is_ok() && answering.start().is_ok());
+    for (auto [id, server] : {std::pair<std::string, http::HttpServer*>{"failing", &failing},
+                              {"answering", &answering}}) {
+      queue::WorkerInfo w;
+      w.id = id;
+      w.model = h_->model();
+      w.url = "http://127.0.0.1:" + std::to_string(server->port());
+      w.capacity = 4;
+      ASSERT_TRUE(registry_->announce(w, 60000).is_ok());
+    }
+    ASSERT_TRUE(wait_live({"failing", "answering"}));
+    api::RouterOptions o;
+    o.redis_url = h_->redis_url();
+    api::WorkerRouter router(o);
+    api::SyncCall call;
+    call.model = h_->model();
+    const wire::ChatRequest request =
+        wire::chat_request_from_json({{"messages", {{{"role", "user"}, {"content", "hi"}}}}})
+            .value();
+    int answered = 0, unavailable = 0;
+    for (int i = 0; i < 24; ++i) {
+      auto r = router.run(request, call);
+      if (r.is_ok()) {
+        ++answered;
+      } else {
+        EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().to_string();
+        ++unavailable;
+      }
+    }
+    EXPECT_GT(failed.load(), 0) << "the failing worker was never tried first";
+    if (elsewhere) {
+      EXPECT_EQ(answered, 24);
+    } else {
+      EXPECT_EQ(unavailable, failed.load());  // each call it failed ends there, with 503
+    }
+    for (const char* id : {"failing", "answering"})
+      ASSERT_TRUE(registry_->withdraw(h_->model(), id).is_ok());
+    ASSERT_TRUE(wait_live({}));
+    failing.stop();
+    answering.stop();
+  }
+}
+
 // A worker of an earlier release ignores logprobs: its answers, plain or streamed, must not pass
 // for answers with log probabilities. A stand-in answers in that release's shape.
 TEST_F(Routing, AnswersWithoutTheLogprobsAskedForAreRefused) {

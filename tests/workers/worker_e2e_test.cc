@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <random>
@@ -1119,8 +1120,9 @@ TEST(WorkerE2eTest, AWorkerWhoseStepsFailForTheWorkGoesOnWithACleanEngine) {
 
 // A worker whose step gets stuck (BreakableBackend::hang) past a 1 s --step-timeout-seconds, with
 // a batch under way and the API's sync side on it: after get_stuck(), the watchdog has fired, and
-// a sync call posted while the step hung has been answered (an error: the watchdog's, not the
-// call's own two-minute deadline).
+// the sync calls posted while the step hung (through the API, and to the worker's sync port) have
+// been answered (an error: the watchdog's, not the call's own two-minute deadline; over the sync
+// port one that lets the router try another worker).
 struct StuckWorker {
   explicit StuckWorker(bool abortable, int seed) : d(h.database_url(), h.redis_url()) {
     backend->abortable = abortable;
@@ -1139,10 +1141,24 @@ struct StuckWorker {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     ASSERT_TRUE(backend->hanging);
     const auto posted = std::chrono::steady_clock::now();
+    // One call through the API, one straight to the worker's sync port (as the API's router of a
+    // standalone worker sends it), both waiting in the stuck worker.
+    auto direct = std::async(std::launch::async, [this] {
+      SyncServer server(*w, {});
+      if (!server.start().is_ok()) return testing::HttpResult{};
+      const int port = std::stoi(server.url().substr(server.url().rfind(':') + 1));
+      const json body = {
+          {"request", {{"messages", {{{"role", "user"}, {"content", "reverse: xyz"}}}}}}};
+      return testing::http_call("POST", port, "/internal/sync", body.dump());
+    });
     auto sync = sync_reverse(h, "abc");
     EXPECT_TRUE(sync.status >= 500 || sync.status == 429) << sync.status << " " << sync.body;
+    const testing::HttpResult refused = direct.get();
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - posted).count(),
               10.0);
+    // The router may take it to another worker: nothing of its answer left this one.
+    EXPECT_GE(refused.status, 429) << refused.body;
+    EXPECT_EQ(refused.json()["error"]["retry_elsewhere"], true) << refused.body;
     for (int i = 0; i < 800 && failures.load() == 0; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     EXPECT_EQ(failures.load(), 1);
