@@ -218,6 +218,17 @@ __device__ void align_block(const int32_t* ids, int num_pairs, int E, int capaci
   }
 }
 
+// Four values of a normalised row into p.normed_out (bf16): resid[at .. at + 4) times the row's
+// 1/rms and norm_weight[i .. i + 4) (`at` a multiple of 4: one float4).
+__device__ __forceinline__ void store_normed4(const MoeRouteParams& p, size_t at, int i,
+                                              float inv) {
+  const float4 v = *reinterpret_cast<const float4*>(p.resid + at);
+  const float4 g = __ldg(reinterpret_cast<const float4*>(p.norm_weight + i));
+  __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(p.normed_out + at);
+  out[0] = __floats2bfloat162_rn(v.x * inv * g.x, v.y * inv * g.y);
+  out[1] = __floats2bfloat162_rn(v.z * inv * g.z, v.w * inv * g.w);
+}
+
 // Router logits: a block per (kRouteWarps / W experts, kRouteTokens tokens), W warps per expert
 // (route_warps_per_expert) for all the block's tokens, the router row read once for them with
 // kRouteUnroll loads in flight per lane. Of the residual-stream form, the dot with
@@ -276,14 +287,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_logits_kernel(MoeRouteParam
       for (int x = threadIdx.x * 4; x < nt * per; x += kRouteThreads * 4) {
         const int t = x / per, i = c0 + x % per;
         if (i >= c1) continue;
-        const float inv = inv_rms_s[t];
-        const float4 v =
-            *reinterpret_cast<const float4*>(p.resid + static_cast<size_t>(t0 + t) * D + i);
-        const float4 g = __ldg(reinterpret_cast<const float4*>(p.norm_weight + i));
-        __nv_bfloat162* out =
-            reinterpret_cast<__nv_bfloat162*>(p.normed_out + static_cast<size_t>(t0 + t) * D + i);
-        out[0] = __floats2bfloat162_rn(v.x * inv * g.x, v.y * inv * g.y);
-        out[1] = __floats2bfloat162_rn(v.z * inv * g.z, v.w * inv * g.w);
+        store_normed4(p, static_cast<size_t>(t0 + t) * D + i, i, inv_rms_s[t]);
       }
     }
   }
@@ -490,14 +494,7 @@ __global__ void __launch_bounds__(kTileThreads) moe_logits_tiled_kernel(MoeRoute
     const int nt = min(kTileTokens, T - t0);
     for (int x = tid * 4; x < nt * D; x += kTileThreads * 4) {
       const int t = x / D, i = x % D;  // (D a multiple of 4: a float4 stays in its row)
-      const float inv = inv_s[t];
-      const float4 v =
-          *reinterpret_cast<const float4*>(p.resid + static_cast<size_t>(t0 + t) * D + i);
-      const float4 g = __ldg(reinterpret_cast<const float4*>(p.norm_weight + i));
-      __nv_bfloat162* out =
-          reinterpret_cast<__nv_bfloat162*>(p.normed_out + static_cast<size_t>(t0 + t) * D + i);
-      out[0] = __floats2bfloat162_rn(v.x * inv * g.x, v.y * inv * g.y);
-      out[1] = __floats2bfloat162_rn(v.z * inv * g.z, v.w * inv * g.w);
+      store_normed4(p, static_cast<size_t>(t0 + t) * D + i, i, inv_s[t]);
     }
   }
 }

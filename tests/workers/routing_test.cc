@@ -108,6 +108,62 @@ class Routing : public ::testing::Test {
     }
     return false;
   }
+  // 24 calls like `call` through a router over two stand-in workers: "refusing" answers every
+  // call it gets with `status` and `body`, "answering" answers "ok". The calls answered, the
+  // codes of those that were not, and how many calls the refusing worker got.
+  struct StandInRun {
+    int answered = 0, refused = 0;
+    std::vector<StatusCode> errors;
+  };
+  StandInRun beside_a_refusing_worker(unsigned status, const std::string& body,
+                                      const api::SyncCall& call) {
+    StandInRun run;
+    std::atomic<int> refused{0};
+    http::HttpServerOptions so;
+    so.port = 0;
+    http::HttpServer refusing(so, http::Handler([&](const http::HttpRequest&) {
+                                ++refused;
+                                return http::json_response(status, body);
+                              }));
+    http::HttpServer answering(
+        so, http::Handler([](const http::HttpRequest&) {
+          return http::json_response(
+              200,
+              R"({"text":"ok","finish_reason":"stop","prompt_tokens":1,"completion_tokens":1})");
+        }));
+    EXPECT_TRUE(refusing.start().is_ok() && answering.start().is_ok());
+    for (auto [id, server] : {std::pair<std::string, http::HttpServer*>{"refusing", &refusing},
+                              {"answering", &answering}}) {
+      queue::WorkerInfo w;
+      w.id = id;
+      w.model = h_->model();
+      w.url = "http://127.0.0.1:" + std::to_string(server->port());
+      w.capacity = 4;
+      EXPECT_TRUE(registry_->announce(w, 60000).is_ok());
+    }
+    EXPECT_TRUE(wait_live({"refusing", "answering"}));
+    api::RouterOptions o;
+    o.redis_url = h_->redis_url();
+    api::WorkerRouter router(o);
+    const wire::ChatRequest request =
+        wire::chat_request_from_json({{"messages", {{{"role", "user"}, {"content", "hi"}}}}})
+            .value();
+    for (int i = 0; i < 24; ++i) {
+      auto r = router.run(request, call);
+      if (r.is_ok()) {
+        ++run.answered;
+      } else {
+        run.errors.push_back(r.status().code());
+      }
+    }
+    for (const char* id : {"refusing", "answering"})
+      EXPECT_TRUE(registry_->withdraw(h_->model(), id).is_ok());
+    EXPECT_TRUE(wait_live({}));
+    refusing.stop();
+    answering.stop();
+    run.refused = refused.load();
+    return run;
+  }
   void stop_worker(const std::string& name, int sig) {
     kill(workers_[name], sig);
     waitpid(workers_[name], nullptr, 0);
@@ -528,69 +584,20 @@ TEST_F(Routing, ASilentWorkerIsNotSentTheRequestTwice) {
 // answers, the other refuses every call.
 TEST_F(Routing, RejectIfBusyPassesOverAWorkerThatIsStopping) {
   for (bool stopping : {true, false}) {
-    std::atomic<int> refused{0};
-    http::HttpServerOptions so;
-    so.port = 0;
-    const std::string refusal = json{{"error",
-                                      {{"code", "resource_exhausted"},
-                                       {"message", "Out of capacity: the worker is stopping"}}}}
-                                    .dump();
-    const std::string elsewhere = json{
-        {"error",
-         {{"code", "resource_exhausted"},
-          {"message", "Out of capacity: the worker is stopping"},
-          {"retry_elsewhere", true}}}}.dump();
-    http::HttpServer refusing(so, http::Handler([&](const http::HttpRequest&) {
-                                ++refused;
-                                return http::json_response(429, stopping ? elsewhere : refusal);
-                              }));
-    http::HttpServer answering(
-        so, http::Handler([](const http::HttpRequest&) {
-          return http::json_response(
-              200,
-              R"({"text":"ok","finish_reason":"stop","prompt_tokens":1,"completion_tokens":1})");
-        }));
-    ASSERT_TRUE(refusing.start().is_ok() && answering.start().is_ok());
-    for (auto [id, server] : {std::pair<std::string, http::HttpServer*>{"refusing", &refusing},
-                              {"answering", &answering}}) {
-      queue::WorkerInfo w;
-      w.id = id;
-      w.model = h_->model();
-      w.url = "http://127.0.0.1:" + std::to_string(server->port());
-      w.capacity = 4;
-      ASSERT_TRUE(registry_->announce(w, 60000).is_ok());
-    }
-    ASSERT_TRUE(wait_live({"refusing", "answering"}));
-    api::RouterOptions o;
-    o.redis_url = h_->redis_url();
-    api::WorkerRouter router(o);
+    json error = {{"code", "resource_exhausted"},
+                  {"message", "Out of capacity: the worker is stopping"}};
+    if (stopping) error["retry_elsewhere"] = true;
     api::SyncCall call;
     call.model = h_->model();
     call.reject_if_busy = true;
-    const wire::ChatRequest request =
-        wire::chat_request_from_json({{"messages", {{{"role", "user"}, {"content", "hi"}}}}})
-            .value();
-    int answered = 0, busy = 0;
-    for (int i = 0; i < 24; ++i) {
-      auto r = router.run(request, call);
-      if (r.is_ok()) {
-        ++answered;
-      } else {
-        EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().to_string();
-        ++busy;
-      }
-    }
-    EXPECT_GT(refused.load(), 0) << "the refusing worker was never tried first";
+    const StandInRun run = beside_a_refusing_worker(429, json{{"error", error}}.dump(), call);
+    EXPECT_GT(run.refused, 0) << "the refusing worker was never tried first";
+    for (StatusCode code : run.errors) EXPECT_EQ(code, StatusCode::kResourceExhausted);
     if (stopping) {
-      EXPECT_EQ(answered, 24);
+      EXPECT_EQ(run.answered, 24);
     } else {
-      EXPECT_EQ(busy, refused.load());  // each call it refused ends there, with 429
+      EXPECT_EQ(static_cast<int>(run.errors.size()), run.refused);  // each ends there, with 429
     }
-    for (const char* id : {"refusing", "answering"})
-      ASSERT_TRUE(registry_->withdraw(h_->model(), id).is_ok());
-    ASSERT_TRUE(wait_live({}));
-    refusing.stop();
-    answering.stop();
   }
 }
 
@@ -599,63 +606,19 @@ TEST_F(Routing, RejectIfBusyPassesOverAWorkerThatIsStopping) {
 // call's answer. Two stand-in workers: one answers, the other fails every call.
 TEST_F(Routing, ACallAFailedWorkerEndedGoesToAnotherWorker) {
   for (bool elsewhere : {true, false}) {
-    std::atomic<int> failed{0};
-    http::HttpServerOptions so;
-    so.port = 0;
     json error = {{"code", "unavailable"},
                   {"message", "the worker's engine is stuck: a step has run 300.0 s"}};
     if (elsewhere) error["retry_elsewhere"] = true;
-    const std::string refusal = json{{"error", error}}.dump();
-    http::HttpServer failing(so, http::Handler([&](const http::HttpRequest&) {
-                               ++failed;
-                               return http::json_response(503, refusal);
-                             }));
-    http::HttpServer answering(
-        so, http::Handler([](const http::HttpRequest&) {
-          return http::json_response(
-              200,
-              R"({"text":"ok","finish_reason":"stop","prompt_tokens":1,"completion_tokens":1})");
-        }));
-    ASSERT_TRUE(failing.start().is_ok() && answering.start().is_ok());
-    for (auto [id, server] : {std::pair<std::string, http::HttpServer*>{"failing", &failing},
-                              {"answering", &answering}}) {
-      queue::WorkerInfo w;
-      w.id = id;
-      w.model = h_->model();
-      w.url = "http://127.0.0.1:" + std::to_string(server->port());
-      w.capacity = 4;
-      ASSERT_TRUE(registry_->announce(w, 60000).is_ok());
-    }
-    ASSERT_TRUE(wait_live({"failing", "answering"}));
-    api::RouterOptions o;
-    o.redis_url = h_->redis_url();
-    api::WorkerRouter router(o);
     api::SyncCall call;
     call.model = h_->model();
-    const wire::ChatRequest request =
-        wire::chat_request_from_json({{"messages", {{{"role", "user"}, {"content", "hi"}}}}})
-            .value();
-    int answered = 0, unavailable = 0;
-    for (int i = 0; i < 24; ++i) {
-      auto r = router.run(request, call);
-      if (r.is_ok()) {
-        ++answered;
-      } else {
-        EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().to_string();
-        ++unavailable;
-      }
-    }
-    EXPECT_GT(failed.load(), 0) << "the failing worker was never tried first";
+    const StandInRun run = beside_a_refusing_worker(503, json{{"error", error}}.dump(), call);
+    EXPECT_GT(run.refused, 0) << "the failing worker was never tried first";
+    for (StatusCode code : run.errors) EXPECT_EQ(code, StatusCode::kUnavailable);
     if (elsewhere) {
-      EXPECT_EQ(answered, 24);
+      EXPECT_EQ(run.answered, 24);
     } else {
-      EXPECT_EQ(unavailable, failed.load());  // each call it failed ends there, with 503
+      EXPECT_EQ(static_cast<int>(run.errors.size()), run.refused);  // each ends there, with 503
     }
-    for (const char* id : {"failing", "answering"})
-      ASSERT_TRUE(registry_->withdraw(h_->model(), id).is_ok());
-    ASSERT_TRUE(wait_live({}));
-    failing.stop();
-    answering.stop();
   }
 }
 
