@@ -7,7 +7,6 @@
 
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <thread>
 
 #include "api/worker_router.h"
@@ -49,14 +48,6 @@ sigset_t block_stop_signals() {
 // process stops as on a signal and exits with 1.
 void stop_process_on_failure(workers::Worker& worker) {
   worker.set_on_failure([] { kill(getpid(), SIGTERM); });
-}
-
-// After Worker::stop(): a step loop left stuck still uses the worker and its engine, so the
-// process ends here, without the destructors (every lease was handed back when it got stuck).
-void exit_if_loop_abandoned(const workers::Worker& worker, const char* event) {
-  if (!worker.loop_abandoned()) return;
-  log::error(event, {{"reason", "a step is stuck on the device; a fresh process starts clean"}});
-  std::_Exit(1);
 }
 
 int wait_for_stop_signal(const sigset_t& set) {
@@ -194,7 +185,6 @@ int run_worker(const workers::WorkerConfig& config, const queue::StoreConfig& st
   (*worker)->begin_drain();
   sync_server.stop();
   (*worker)->stop();
-  exit_if_loop_abandoned(**worker, "worker.exiting");
   if ((*worker)->failed()) {
     log::error("worker.exiting", {{"reason", "the engine failed; a fresh process starts clean"}});
     return 1;
@@ -338,7 +328,6 @@ int run_serve(const ServeConfig& config) {
   (*worker)->stop();
   stop_background();
   dispatcher.join();
-  exit_if_loop_abandoned(**worker, "serve.exiting");
   log::info("serve.stopped");
   if ((*worker)->failed()) {
     log::error("serve.exiting", {{"reason", "the engine failed; a fresh process starts clean"}});

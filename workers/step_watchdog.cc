@@ -39,7 +39,6 @@ void StepWatchdog::loop() {
     if (ran <= limit_ns_) continue;
     // Claimed, unless the step ended (or another began) meanwhile: the step loop then knows.
     if (!step_start_ns_.compare_exchange_strong(start, kClaimed)) continue;
-    fired_ = true;
     lock.unlock();
     on_stuck_(ran);
     return;  // once: a stuck engine is not trusted again

@@ -27,8 +27,6 @@ class StepWatchdog {
   // True when the watchdog took this step as stuck (on_stuck runs, or ran, for it): the step
   // loop ends, whenever the step came back.
   bool end_step();
-  // Whether on_stuck has run (or is running).
-  bool fired() const { return fired_.load(); }
 
  private:
   void loop();
@@ -38,7 +36,6 @@ class StepWatchdog {
   // When the step under way began; 0: none; kClaimed: taken as stuck.
   static constexpr int64_t kClaimed = -1;
   std::atomic<int64_t> step_start_ns_{0};
-  std::atomic<bool> fired_{false};
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;  // guarded by mu_

@@ -118,9 +118,9 @@ class Worker final {
   // Whether a step ran past config.step_timeout_seconds (workers/step_watchdog.h): its sync calls
   // were failed, its leases handed back as retryable failures and the engine's ranks aborted.
   bool stuck() const { return stuck_.load(); }
-  // After stop(): the step loop was still stuck, and its thread was left running (the process
-  // should exit without destroying the worker: the thread still uses it; the destructor exits
-  // the process rather than free what it uses).
+  // After stop(): the step loop was still stuck, and its thread was left running. The thread
+  // still uses the worker, so its destructor then ends the process (exit status 1) rather than
+  // free what the thread uses; every lease was handed back when the step got stuck.
   bool loop_abandoned() const { return loop_abandoned_; }
 
  private:
