@@ -106,7 +106,7 @@ StepPlan Scheduler::schedule() {
   // budget is not this step's, but still counts as headroom).
   int not_this_steps = 0;
   if (step_groups_ > 1) {
-    not_this_steps = std::max(0, budget - group_token_share());
+    not_this_steps = std::max(0, budget - group_token_share(top));
     budget -= not_this_steps;
   }
   auto plan_seq = [&](Sequence* seq, bool was_running) -> bool {
@@ -204,26 +204,52 @@ StepPlan Scheduler::schedule() {
   return plan;
 }
 
-int Scheduler::group_token_share() const {
+int Scheduler::group_token_share(int top) const {
   // What is left to plan now: the rest of each sequence's tokens but those whose token is on the
   // way (their work is the steps in flight's; a prompt counted up to a chunk for each group, so
-  // that a long one goes in full chunks), and the prompts of those waiting that the free slots
-  // would take.
+  // that a long one goes in full chunks), and the prompts of those waiting that admission would
+  // take: in its order, stopping where it stops (a sequence whose token is on the way, an async
+  // one below `top`, async ones while sync ones still wait), as far as the free slots and the
+  // free cache blocks go. (Those it would not take would otherwise swell this step's share.)
   const int64_t per_seq = static_cast<int64_t>(step_groups_) * config_.max_prefill_chunk;
   auto next_tokens = [&](const Sequence* s) -> int64_t {
     if (s->num_pending > 0) return 0;
     return std::clamp<int64_t>(s->length() - s->num_computed, 0, per_seq);
   };
+  const int64_t bs = blocks_->block_size();
+  int64_t free_blocks = blocks_->num_available();
   int64_t wanted = 0;
-  for (const Sequence* s : running_) wanted += next_tokens(s);
+  for (const Sequence* s : running_) {
+    const int64_t n = next_tokens(s);
+    wanted += n;
+    // (The blocks its tokens take first: running sequences are planned before waiting ones.)
+    free_blocks -= std::max<int64_t>(
+        0, (s->num_computed + n + bs - 1) / bs - static_cast<int64_t>(s->blocks.size()));
+  }
   int slots = config_.max_num_seqs - static_cast<int>(running_.size());
+  // Counts `s` as admitted; false where admission stops at it. A sync sequence may take the
+  // blocks of running async ones (preempted), an async one only the free blocks.
+  auto admitted = [&](const Sequence* s, bool free_blocks_only) -> bool {
+    if (slots <= 0 || s->num_pending > 0) return false;
+    int64_t n = next_tokens(s);
+    if (free_blocks_only) {
+      if (free_blocks <= 0) return false;
+      n = std::min(n, free_blocks * bs);
+    }
+    --slots;
+    wanted += n;
+    free_blocks -= (n + bs - 1) / bs;
+    return true;
+  };
+  bool sync_all_in = true;
   for (const Sequence* s : waiting_sync_) {
-    if (slots-- <= 0) break;
-    wanted += next_tokens(s);
+    if (!admitted(s, false)) {
+      sync_all_in = false;
+      break;
+    }
   }
   for (const Sequence* s : waiting_async_) {
-    if (slots-- <= 0) break;
-    wanted += next_tokens(s);
+    if (!sync_all_in || s->priority < top || !admitted(s, true)) break;
   }
   // With the steps in flight, the groups' window: each step's share of it.
   const int64_t window = tokens_in_flight_ + wanted;

@@ -167,6 +167,48 @@ TEST(SchedulerTest, StepGroupsOfUnequalSizeEvenOut) {
   EXPECT_EQ(h.sched.schedule().seqs.size(), 12u);
 }
 
+// The share counts only the waiting prompts that admission would take: one whose blocks the cache
+// cannot give leaves the decoding sequences' share as it was, rather than cutting this step's
+// tokens short for a prompt that cannot start.
+TEST(SchedulerTest, StepGroupsShareLeavesOutWaitingPromptsThatCannotStart) {
+  auto share_with_prompt_waiting = [](int num_blocks) {
+    Harness h(num_blocks, 4, {16, 64, 64});
+    std::vector<Sequence*> decoding;
+    for (int i = 0; i < 8; ++i) decoding.push_back(h.add(RequestClass::kAsync, 2));
+    h.step();  // their prompts: 8 blocks
+    h.sched.set_step_groups(2);
+    h.add(RequestClass::kAsync, 40);  // needs 10 blocks
+    return h.sched.schedule().num_tokens;
+  };
+  // Room for the prompt: half of the 8 decode tokens and the 40 (ceil(48 / 2)).
+  EXPECT_EQ(share_with_prompt_waiting(64), 24);
+  // A full cache (8 blocks, all held): the prompt cannot start; half of the 8 decode tokens.
+  EXPECT_EQ(share_with_prompt_waiting(8), 4);
+  // Room for 2 of its 10 blocks: 8 of its tokens counted; ceil((8 + 8) / 2).
+  EXPECT_EQ(share_with_prompt_waiting(10), 8);
+}
+
+// Nor a waiting async prompt of a lower priority than the work about (priority_runs_alone), nor
+// an async one while a sync one still waits for a slot.
+TEST(SchedulerTest, StepGroupsShareLeavesOutWaitingPromptsAdmissionSkips) {
+  SchedulerConfig c{4, 64, 64};
+  c.priority_runs_alone = true;
+  Harness h(64, 4, c);
+  for (int i = 0; i < 3; ++i) h.add(RequestClass::kAsync, 2, /*priority=*/1);
+  h.step();
+  h.sched.set_step_groups(2);
+  h.add(RequestClass::kAsync, 40, /*priority=*/0);
+  EXPECT_EQ(h.sched.schedule().num_tokens, 2);  // ceil(3 / 2): the low prompt waits
+  Harness g(64, 4, {8, 64, 64});
+  for (int i = 0; i < 3; ++i) g.add(RequestClass::kAsync, 2);
+  g.step();
+  g.sched.set_step_groups(2);
+  Sequence* sync = g.add(RequestClass::kSync, 6, 0, 100);
+  ++sync->num_pending;  // (preempted while its token was on the way: admission stops there)
+  g.add(RequestClass::kAsync, 40);
+  EXPECT_EQ(g.sched.schedule().num_tokens, 2);
+}
+
 TEST(SchedulerTest, SyncIsAdmittedBeforeEarlierAsync) {
   Harness h(64, 4, {8, 10, 10});
   Sequence* a = h.add(RequestClass::kAsync, 8);
