@@ -102,11 +102,24 @@ StepPlan Scheduler::schedule() {
       preempt(running_.back(), &plan, &budget);
     }
   }
+  bool sync_present = sync_expected_ || !waiting_sync_.empty();
+  bool sync_prefill = !waiting_sync_.empty();
+  for (const Sequence* seq : running_) {
+    if (seq->cls != RequestClass::kSync) continue;
+    sync_present = true;
+    if (seq->num_computed < seq->num_prompt) sync_prefill = true;
+  }
+  // The most async tokens a step takes (-1: no cap).
+  int async_cap = -1;
+  if (sync_present && config_.max_async_tokens_with_sync > 0)
+    async_cap = config_.max_async_tokens_with_sync;
+  if (async_step_cap_ > 0)
+    async_cap = async_cap < 0 ? async_step_cap_ : std::min(async_cap, async_step_cap_);
   // With steps of disjoint sequences in flight: this step's share of the tokens (the rest of the
   // budget is not this step's, but still counts as headroom).
   int not_this_steps = 0;
   if (step_groups_ > 1) {
-    not_this_steps = std::max(0, budget - group_token_share(top));
+    not_this_steps = std::max(0, budget - group_token_share(top, async_cap));
     budget -= not_this_steps;
   }
   auto plan_seq = [&](Sequence* seq, bool was_running) -> bool {
@@ -149,23 +162,13 @@ StepPlan Scheduler::schedule() {
     }
     return true;
   };
-  bool sync_present = sync_expected_ || !waiting_sync_.empty();
-  bool sync_prefill = !waiting_sync_.empty();
-  for (const Sequence* seq : running_) {
-    if (seq->cls != RequestClass::kSync) continue;
-    sync_present = true;
-    if (seq->num_computed < seq->num_prompt) sync_prefill = true;
-  }
   int held_back = 0;  // budget kept from async work this step
   for (RequestClass cls : {RequestClass::kSync, RequestClass::kAsync}) {
     if (cls == RequestClass::kAsync) {
       int async_budget = budget;
       // (Only when the sync part planned something: an idle step would make no progress.)
       if (sync_prefill && config_.sync_prefill_alone && !plan.seqs.empty()) async_budget = 0;
-      if (sync_present && config_.max_async_tokens_with_sync > 0) {
-        async_budget = std::min(async_budget, config_.max_async_tokens_with_sync);
-      }
-      if (async_step_cap_ > 0) async_budget = std::min(async_budget, async_step_cap_);
+      if (async_cap >= 0) async_budget = std::min(async_budget, async_cap);
       held_back = budget - async_budget;
       budget = async_budget;
     }
@@ -204,13 +207,15 @@ StepPlan Scheduler::schedule() {
   return plan;
 }
 
-int Scheduler::group_token_share(int top) const {
-  // What is left to plan now: the rest of each sequence's tokens but those whose token is on the
-  // way (their work is the steps in flight's; a prompt counted up to a chunk for each group, so
-  // that a long one goes in full chunks), and the prompts of those waiting that admission would
-  // take: in its order, stopping where it stops (a sequence whose token is on the way, an async
-  // one below `top`, async ones while sync ones still wait), as far as the free slots and the
-  // free cache blocks go. (Those it would not take would otherwise swell this step's share.)
+int Scheduler::group_token_share(int top, int async_cap) const {
+  // What is left to plan over the groups' next steps: the rest of each running sequence's tokens
+  // but those whose token is on the way (their work is the steps in flight's; a prompt counted up
+  // to a chunk for each group, so that a long one goes in full chunks), and the prompts of the
+  // waiting sequences that admission would take: in its order, stopping where it stops (a
+  // sequence whose token is on the way, an async one below `top`, async ones while sync ones
+  // still wait), as far as the slots and the cache blocks go, free ones or those of running
+  // sequences ranked below it (admission preempts them). Async tokens count up to `async_cap` a
+  // step (-1: no cap). (Prompts that cannot start would otherwise swell this step's share.)
   const int64_t per_seq = static_cast<int64_t>(step_groups_) * config_.max_prefill_chunk;
   auto next_tokens = [&](const Sequence* s) -> int64_t {
     if (s->num_pending > 0) return 0;
@@ -218,39 +223,58 @@ int Scheduler::group_token_share(int top) const {
   };
   const int64_t bs = blocks_->block_size();
   int64_t free_blocks = blocks_->num_available();
-  int64_t wanted = 0;
+  int64_t sync_tokens = 0, async_tokens = 0;
   for (const Sequence* s : running_) {
     const int64_t n = next_tokens(s);
-    wanted += n;
+    (s->cls == RequestClass::kSync ? sync_tokens : async_tokens) += n;
     // (The blocks its tokens take first: running sequences are planned before waiting ones.)
     free_blocks -= std::max<int64_t>(
         0, (s->num_computed + n + bs - 1) / bs - static_cast<int64_t>(s->blocks.size()));
   }
-  int slots = config_.max_num_seqs - static_cast<int>(running_.size());
-  // Counts `s` as admitted; false where admission stops at it. A sync sequence may take the
-  // blocks of running async ones (preempted), an async one only the free blocks.
-  auto admitted = [&](const Sequence* s, bool free_blocks_only) -> bool {
-    if (slots <= 0 || s->num_pending > 0) return false;
-    int64_t n = next_tokens(s);
-    if (free_blocks_only) {
-      if (free_blocks <= 0) return false;
-      n = std::min(n, free_blocks * bs);
+  // running_ is sorted (runs_before): those a waiting sequence may preempt are a suffix of it.
+  const size_t R = running_.size();
+  std::vector<int64_t> suffix_blocks(R + 1, 0);
+  for (size_t i = R; i-- > 0;)
+    suffix_blocks[i] = suffix_blocks[i + 1] + static_cast<int64_t>(running_[i]->blocks.size());
+  int64_t slots = config_.max_num_seqs - static_cast<int64_t>(R);
+  int64_t preempted_seqs = 0, preempted_blocks = 0;  // taken by the waiting counted so far
+  // Counts `s` as admitted; false where admission stops at it.
+  auto admitted = [&](const Sequence* s) -> bool {
+    if (s->num_pending > 0) return false;
+    const size_t first = static_cast<size_t>(
+        std::partition_point(running_.begin(), running_.end(),
+                             [&](const Sequence* r) { return !runs_before(s, r); }) -
+        running_.begin());
+    const int64_t victims = static_cast<int64_t>(R - first) - preempted_seqs;
+    const int64_t blocks = std::max<int64_t>(0, free_blocks) +
+                           std::max<int64_t>(0, suffix_blocks[first] - preempted_blocks);
+    if (slots + std::max<int64_t>(0, victims) <= 0 || blocks <= 0) return false;
+    const int64_t n = std::min(next_tokens(s), blocks * bs);
+    const int64_t need = (n + bs - 1) / bs,
+                  from_free = std::min(need, std::max<int64_t>(0, free_blocks));
+    free_blocks -= from_free;
+    preempted_blocks += need - from_free;
+    if (slots > 0) {
+      --slots;
+    } else {
+      ++preempted_seqs;
     }
-    --slots;
-    wanted += n;
-    free_blocks -= (n + bs - 1) / bs;
+    (s->cls == RequestClass::kSync ? sync_tokens : async_tokens) += n;
     return true;
   };
   bool sync_all_in = true;
   for (const Sequence* s : waiting_sync_) {
-    if (!admitted(s, false)) {
+    if (!admitted(s)) {
       sync_all_in = false;
       break;
     }
   }
   for (const Sequence* s : waiting_async_) {
-    if (!sync_all_in || s->priority < top || !admitted(s, true)) break;
+    if (!sync_all_in || s->priority < top || !admitted(s)) break;
   }
+  if (async_cap >= 0)
+    async_tokens = std::min<int64_t>(async_tokens, int64_t{step_groups_} * async_cap);
+  const int64_t wanted = sync_tokens + async_tokens;
   // With the steps in flight, the groups' window: each step's share of it.
   const int64_t window = tokens_in_flight_ + wanted;
   const int64_t share = (window + step_groups_ - 1) / step_groups_;

@@ -142,7 +142,7 @@ class Scheduler {
   void set_tokens_in_flight(int tokens) { tokens_in_flight_ = std::max(0, tokens); }
 
  private:
-  int group_token_share(int top) const;
+  int group_token_share(int top, int async_cap) const;
   bool grow(Sequence* seq, int num_new_tokens, bool allow_self, StepPlan* plan, int* budget);
   Sequence* pick_victim(const Sequence* for_seq, bool allow_self) const;
   void preempt(Sequence* victim, StepPlan* plan, int* budget);

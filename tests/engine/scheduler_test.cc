@@ -167,29 +167,55 @@ TEST(SchedulerTest, StepGroupsOfUnequalSizeEvenOut) {
   EXPECT_EQ(h.sched.schedule().seqs.size(), 12u);
 }
 
+// Simulates the engine's steps in flight: a planned step's sampling sequences have their token on
+// the way until it arrives.
+void mark_in_flight(const StepPlan& p) {
+  for (const auto& x : p.seqs) {
+    if (x.sample) ++x.seq->num_pending;
+  }
+}
+
 // The share counts only the waiting prompts that admission would take: one whose blocks the cache
-// cannot give leaves the decoding sequences' share as it was, rather than cutting this step's
-// tokens short for a prompt that cannot start.
+// cannot give (free, or held by sequences ranked below it) leaves the decoding sequences' share as
+// it was, rather than cutting this step's tokens short for a prompt that cannot start.
 TEST(SchedulerTest, StepGroupsShareLeavesOutWaitingPromptsThatCannotStart) {
-  auto share_with_prompt_waiting = [](int num_blocks) {
+  auto first_step = [](int num_blocks) {
     Harness h(num_blocks, 4, {16, 64, 64});
-    std::vector<Sequence*> decoding;
-    for (int i = 0; i < 8; ++i) decoding.push_back(h.add(RequestClass::kAsync, 2));
+    for (int i = 0; i < 8; ++i) h.add(RequestClass::kAsync, 2);
     h.step();  // their prompts: 8 blocks
     h.sched.set_step_groups(2);
-    h.add(RequestClass::kAsync, 40);  // needs 10 blocks
-    return h.sched.schedule().num_tokens;
+    Sequence* prompt = h.add(RequestClass::kAsync, 40);  // needs 10 blocks, ranks last
+    const StepPlan p = h.sched.schedule();
+    return std::make_pair(p.num_tokens, tokens_of(p, prompt));
   };
-  // Room for the prompt: half of the 8 decode tokens and the 40 (ceil(48 / 2)).
-  EXPECT_EQ(share_with_prompt_waiting(64), 24);
-  // A full cache (8 blocks, all held): the prompt cannot start; half of the 8 decode tokens.
-  EXPECT_EQ(share_with_prompt_waiting(8), 4);
-  // Room for 2 of its 10 blocks: 8 of its tokens counted; ceil((8 + 8) / 2).
-  EXPECT_EQ(share_with_prompt_waiting(10), 8);
+  // Room for the prompt: half of the 8 decode tokens and the 40 (ceil(48 / 2)), 16 of them its.
+  EXPECT_EQ(first_step(64), std::make_pair(24, 16));
+  // A full cache (8 blocks, all held by sequences ranked above it): the prompt cannot start;
+  // half of the 8 decode tokens.
+  EXPECT_EQ(first_step(8), std::make_pair(4, 0));
+}
+
+// A waiting prompt that ranks above running sequences counts with their blocks (admission preempts
+// them): it starts within the groups' next two steps even with the cache full.
+TEST(SchedulerTest, StepGroupsShareCountsAPromptThatPreemptsItsWayIn) {
+  Harness h(8, 4, {16, 64, 64});
+  std::vector<Sequence*> low;
+  for (int i = 0; i < 8; ++i) low.push_back(h.add(RequestClass::kAsync, 2, /*priority=*/0));
+  h.step();  // the cache is full
+  h.sched.set_step_groups(2);
+  Sequence* high = h.add(RequestClass::kAsync, 6, /*priority=*/1);
+  StepPlan a = h.sched.schedule();
+  h.sched.complete(a);
+  mark_in_flight(a);
+  h.sched.set_tokens_in_flight(a.num_tokens);
+  StepPlan b = h.sched.schedule();
+  EXPECT_EQ(a.num_tokens, 7);  // ceil((8 + 6) / 2)
+  EXPECT_EQ(tokens_of(a, high) + tokens_of(b, high), 6);
+  EXPECT_FALSE(b.preempted.empty());
 }
 
 // Nor a waiting async prompt of a lower priority than the work about (priority_runs_alone), nor
-// an async one while a sync one still waits for a slot.
+// an async one behind a sync one that admission stops at (its token on the way).
 TEST(SchedulerTest, StepGroupsShareLeavesOutWaitingPromptsAdmissionSkips) {
   SchedulerConfig c{4, 64, 64};
   c.priority_runs_alone = true;
@@ -204,7 +230,7 @@ TEST(SchedulerTest, StepGroupsShareLeavesOutWaitingPromptsAdmissionSkips) {
   g.step();
   g.sched.set_step_groups(2);
   Sequence* sync = g.add(RequestClass::kSync, 6, 0, 100);
-  ++sync->num_pending;  // (preempted while its token was on the way: admission stops there)
+  ++sync->num_pending;  // (preempted while its token was on the way)
   g.add(RequestClass::kAsync, 40);
   EXPECT_EQ(g.sched.schedule().num_tokens, 2);
 }
