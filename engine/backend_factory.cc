@@ -60,6 +60,7 @@ void for_each_cuda_field(CudaBackendOptions& o, F&& f) {
   f("prefetch_weights", o.prefetch_weights_mb);
   f("moe_experts", o.moe_experts);
   f("moe_router_tiles", o.moe_router_tiles);
+  f("moe_combine", o.moe_combine);
 }
 
 // A field's values and their setting texts.
@@ -138,6 +139,7 @@ const std::vector<CudaSetting>& cuda_settings() {
       {"prefetch_weights", {"8mb", "off", "4mb", "16mb"}},
       {"moe_experts", {"auto", "gemv", "grouped_gemm"}},
       {"moe_router_tiles", {"on", "off"}},
+      {"moe_combine", {"on", "off"}},
   };
   return settings;
 }

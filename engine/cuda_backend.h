@@ -89,6 +89,10 @@ struct CudaBackendOptions {
   // Steps of more than kMoeFusedRouteTokens tokens (prefill) take the router's logits as a tiled
   // product (kernels/moe.cuh, MoeRouteParams::tiled); off: the row kernel decode uses.
   bool moe_router_tiles = true;
+  // Fused small steps: a MoE layer's down product adds its k rows per token into the residual
+  // stream (kernels/moe.cuh, MoeExpertsParams::resid_out), so that the next layer's input norm
+  // folds into its q/k/v product; off: the rows go to the norm kernel, which adds them.
+  bool moe_combine = true;
   // A tensor-parallel rank (engine/parallel_cuda_backend.h), built from a shard of the weights
   // (weight_shard.h): the ranks' collectives (all-reduces of the o and down products' partial
   // sums and of the experts' outputs, the LM head's vocabulary slices gathered); with virtual
@@ -433,8 +437,15 @@ class CudaBackend final : public Backend {
   // Layer li's routing from the residual rows `resid` (normalised in fp32 by the post-attention
   // norm), and its experts on the normalised rows h_: written here into `normed_out` when given,
   // else already there. Its outputs go to moe_.out.
+  // With `add.out` set (a fused step's), the experts' down product writes the residual update
+  // add.out = add.in + the k rows (MoeExpertsParams::resid_out) rather than moe_.out's rows.
+  struct MoeResidual {
+    const float* in = nullptr;
+    float* out = nullptr;
+    float* sumsq = nullptr;
+  };
   [[nodiscard]] Status moe_layer(const Layer& W, int li, int T, const float* resid,
-                                 __nv_bfloat16* normed_out);
+                                 __nv_bfloat16* normed_out, const MoeResidual& add);
   int32_t* routing_record_ = nullptr;  // [layers, max_num_tokens, top_k], once asked for
   bool recording_routing_ = false;
   int routing_record_tokens_ = 0;  // the last step's

@@ -106,6 +106,10 @@ Status CudaBackend::launch_step(const StepLayout& lay, int slot, bool sample) {
   // the activation folded in; the residual stream then alternates between x_ and x2_, and each
   // residual write accumulates its rows' sums of squares into sumsq_ for the next norm.
   const bool fused = lay.fused;
+  // In those, a MoE layer's down product adds its k rows per token into the residual itself
+  // (the experts' GEMV form; their grouped GEMM writes the rows).
+  const bool moe_combine =
+      fused && options_.moe_combine && options_.moe_experts != MoeExperts::kGroupedGemm;
   float* r_in = x_;
   float* r_alt = x2_;
   const float* s_in = nullptr;
@@ -128,9 +132,10 @@ Status CudaBackend::launch_step(const StepLayout& lay, int slot, bool sample) {
   for (int li = 0; li < c.num_layers; ++li) {
     if (li > 0) mark("layer");  // (the layer before ends: time_parts)
     const Layer& W = layers_[static_cast<size_t>(li)];
-    // After a MoE layer the residual add (its k rows per token) takes the norm kernel, fused or
-    // not, and the q/k/v product reads its normalised rows.
-    const bool after_moe = li > 0 && c.is_moe_layer(li - 1);
+    // After a MoE layer whose down product did not make the residual add (its k rows per
+    // token), the norm kernel makes it, fused or not, and the q/k/v product reads its normalised
+    // rows.
+    const bool after_moe = li > 0 && c.is_moe_layer(li - 1) && !moe_combine;
     const bool norm_first = !fused || li == 0 || after_moe;
     rope.bias = W.bqkv;
     rope.q_norm = W.q_norm;
@@ -205,10 +210,18 @@ Status CudaBackend::launch_step(const StepLayout& lay, int slot, bool sample) {
       HR_RETURN_IF_ERROR(gemv_residual(attn_, W.wo, r_in, r_alt, sums, T, D, Q,
                                        moe ? Ahead{} : ahead(W.w_gate_up, 2 * F, D, true)));
       mark("o_proj");
+      if (moe && moe_combine) {
+        // The routing normalises those rows for the experts (h_); the down product adds their
+        // k rows per token into the residual, as the dense down product adds its row.
+        float* next_sums = sums + kernels::kGemvMaxFusedRows;
+        HR_RETURN_IF_ERROR(moe_layer(W, li, T, r_alt, h_, MoeResidual{r_alt, r_in, next_sums}));
+        s_in = next_sums;
+        continue;
+      }
       if (moe) {
         // The routing normalises those rows for the experts (h_), whose k rows per token the
         // next norm adds; the buffers swap.
-        HR_RETURN_IF_ERROR(moe_layer(W, li, T, r_alt, h_));
+        HR_RETURN_IF_ERROR(moe_layer(W, li, T, r_alt, h_, {}));
         std::swap(r_in, r_alt);
         mlp_out = moe_.out;
         mlp_rows = c.moe.top_k;
@@ -243,7 +256,7 @@ Status CudaBackend::launch_step(const StepLayout& lay, int slot, bool sample) {
     }
     mark("norm");
     if (c.is_moe_layer(li)) {
-      HR_RETURN_IF_ERROR(moe_layer(W, li, T, x_, nullptr));
+      HR_RETURN_IF_ERROR(moe_layer(W, li, T, x_, nullptr, {}));
       HR_RETURN_IF_ERROR(
           reduce_partials(moe_.out, static_cast<size_t>(T) * c.moe.top_k * c.hidden_size));
       mlp_out = moe_.out;
@@ -280,7 +293,7 @@ Status CudaBackend::launch_step(const StepLayout& lay, int slot, bool sample) {
     return Status::ok();
   }
   if (L == 0) return Status::ok();
-  if (fused && !c.is_moe_layer(c.num_layers - 1)) {
+  if (fused && (moe_combine || !c.is_moe_layer(c.num_layers - 1))) {
     HR_RETURN_IF_ERROR(
         gemv_normed(r_in, s_in, final_norm_, eps, lm_head_, logits_, false, L, V, D));
   } else {
@@ -334,7 +347,7 @@ Status CudaBackend::gather_logits(int num_logits) {
 }
 
 Status CudaBackend::moe_layer(const Layer& W, int li, int T, const float* resid,
-                              __nv_bfloat16* normed_out) {
+                              __nv_bfloat16* normed_out, const MoeResidual& add) {
   const ModelConfig& c = config_;
   const MoeConfig& m = c.moe;
   kernels::MoeRouteParams r;
@@ -387,6 +400,10 @@ Status CudaBackend::moe_layer(const Layer& W, int li, int T, const float* resid,
   e.capacity = capacity;
   e.act = moe_.act;
   e.out = moe_.out;
+  e.topk_ids = moe_.topk_ids;
+  e.resid_in = add.in;
+  e.resid_out = add.out;
+  e.out_sumsq = add.sumsq;
   if (shard_.ep > 1) {
     // Experts held whole, a share on each rank: a pair's row is this rank's to write only when
     // its expert is here; the others stay zero for the all-reduce.

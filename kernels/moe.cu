@@ -668,6 +668,103 @@ cudaError_t launch_down_gemv(const MoeExpertsParams& p, int active, cudaStream_t
   }
 }
 
+// ---- Down with the combine (MoeExpertsParams::resid_out): a warp per output row, for each token
+// in turn its k experts' rows of that output (kCombineExperts of them with their pieces in flight
+// at once: a token's 8 experts in Qwen3-30B-A3B are 24 16-byte pieces a lane), each expert's dot
+// product summed as the separate down GEMV sums it, then weighted and added in choice order as
+// add_rms_norm adds the k rows: the residual comes out as the two kernels leave it, with no `out`
+// rows written and read again and no norm kernel of its own.
+constexpr int kCombineExperts = 4;
+
+template <bool kStream>
+__global__ void __launch_bounds__(kGemvWarps * 32) moe_down_combine_kernel(MoeExpertsParams p) {
+  internal::pdl_launch_dependents();
+  internal::pdl_wait();
+  __shared__ int row_s[kMoeCombineTokens * kMoeMaxTopK];  // each pair's row of act
+  __shared__ float squares_s[kMoeCombineTokens][kGemvWarps];
+  const int T = p.num_tokens, K = p.top_k, D = p.dim, F = p.ffn;
+  // A pair's row: its place among its expert's rows (decode: one or a few).
+  for (int pr = threadIdx.x; pr < T * K; pr += blockDim.x) {
+    const int e = p.topk_ids[pr], start = p.layout.offsets[e], n = p.layout.counts[e];
+    int row = start;
+    for (int j = 0; j < n; ++j) {
+      if (p.layout.sorted_pairs[start + j] == pr) {
+        row = start + j;
+        break;
+      }
+    }
+    row_s[pr] = row;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int d = blockIdx.x * kGemvWarps + warp;  // the output row
+  const bool active = d < D;                     // warp-uniform
+  for (int t = 0; t < T; ++t) {
+    float sum = 0.0f;  // (lane 0's)
+    for (int k0 = 0; active && k0 < K; k0 += kCombineExperts) {
+      const __nv_bfloat16* w[kCombineExperts];
+      const __nv_bfloat16* a[kCombineExperts];
+#pragma unroll
+      for (int c = 0; c < kCombineExperts; ++c) {
+        const int pr = t * K + min(k0 + c, K - 1);  // (past the last: read again, not counted)
+        w[c] = p.w_down + (static_cast<size_t>(p.topk_ids[pr]) * D + d) * F;
+        a[c] = p.act + static_cast<size_t>(row_s[pr]) * F;
+      }
+      float acc[kCombineExperts] = {};
+      for (int i0 = lane * 8; i0 < F; i0 += 256 * kGemvUnroll) {
+        uint4 wv[kCombineExperts][kGemvUnroll];
+#pragma unroll
+        for (int u = 0; u < kGemvUnroll; ++u) {
+          const int i = i0 + u * 256;
+          if (i >= F) break;
+#pragma unroll
+          for (int c = 0; c < kCombineExperts; ++c) {
+            wv[c][u] = kStream ? __ldcs(reinterpret_cast<const uint4*>(w[c] + i))
+                               : __ldg(reinterpret_cast<const uint4*>(w[c] + i));
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kGemvUnroll; ++u) {
+          const int i = i0 + u * 256;
+          if (i >= F) break;
+#pragma unroll
+          for (int c = 0; c < kCombineExperts; ++c) {
+            float fw[8], xv[8];
+            bf16x8_to_float(wv[c][u], fw);
+            bf16x8_to_float(*reinterpret_cast<const uint4*>(a[c] + i), xv);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[c] += fw[j] * xv[j];
+          }
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < kCombineExperts; ++c) {
+        const float s = warp_sum(acc[c]);
+        if (k0 + c >= K) break;
+        // (Rounded as the separate kernel stores it, then summed as add_rms_norm sums the rows.)
+        const float out = __fmul_rn(s, p.topk_weights[t * K + k0 + c]);
+        sum = k0 + c == 0 ? out : sum + out;
+      }
+    }
+    if (lane == 0) {
+      float r = 0.0f;
+      if (active) {
+        const size_t at = static_cast<size_t>(t) * D + d;
+        r = p.resid_in[at] + sum;
+        p.resid_out[at] = r;
+      }
+      squares_s[t][warp] = r * r;
+    }
+  }
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < T) {
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kGemvWarps; ++w) total += squares_s[threadIdx.x][w];
+    atomicAdd(p.out_sumsq + threadIdx.x, total);
+  }
+}
+
 // ---- The grouped-GEMM form: a block per (tile of kMoeTile sorted rows, kGemmN output columns),
 // eight warps of 32 x 32 (two down the tile, four across), mma.sync m16n8k16 over k-slices of 32
 // staged by cp.async three deep (two slices in flight while one is multiplied), A's rows gathered
@@ -880,9 +977,14 @@ cudaError_t moe_align(const int32_t* topk_ids, int num_pairs, int num_experts, i
 cudaError_t moe_experts(const MoeExpertsParams& p, MoeKernel kernel, cudaStream_t stream) {
   if (p.num_tokens < 0 || p.top_k < 1 || p.num_experts < 1 || p.dim <= 0 || p.ffn <= 0 ||
       p.dim % 8 != 0 || p.ffn % 8 != 0 || !p.x || !p.w_gate_up || !p.w_down || !p.topk_weights ||
-      !p.act || !p.out || p.capacity < moe_capacity(p.num_tokens * p.top_k, p.num_experts) ||
-      p.first_expert < 0 || p.num_local_experts < 0 ||
-      p.first_expert + p.num_local_experts > p.num_experts) {
+      !p.act || (!p.out && !p.resid_out) ||
+      p.capacity < moe_capacity(p.num_tokens * p.top_k, p.num_experts) || p.first_expert < 0 ||
+      p.num_local_experts < 0 || p.first_expert + p.num_local_experts > p.num_experts) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.resid_out && (kernel != MoeKernel::kGemv || p.num_tokens > kMoeCombineTokens ||
+                      p.top_k > kMoeMaxTopK || p.num_local_experts != 0 || !p.topk_ids ||
+                      !p.resid_in || !p.out_sumsq || p.resid_in == p.resid_out)) {
     return cudaErrorInvalidValue;
   }
   if (!internal::aligned16(p.x) || !internal::aligned16(p.w_gate_up) ||
@@ -903,6 +1005,12 @@ cudaError_t moe_experts(const MoeExpertsParams& p, MoeKernel kernel, cudaStream_
             ? internal::launch(moe_gemv_kernel<true, true, 1>, gate_up_grid, block, 0, stream, p)
             : internal::launch(moe_gemv_kernel<true, false, 1>, gate_up_grid, block, 0, stream, p);
     if (err != cudaSuccess) return err;
+    if (p.resid_out) {
+      const dim3 rows((p.dim + kGemvWarps - 1) / kGemvWarps);
+      return stream_weights
+                 ? internal::launch(moe_down_combine_kernel<true>, rows, block, 0, stream, p)
+                 : internal::launch(moe_down_combine_kernel<false>, rows, block, 0, stream, p);
+    }
     return stream_weights ? launch_down_gemv<true>(p, active, stream)
                           : launch_down_gemv<false>(p, active, stream);
   }

@@ -11,7 +11,8 @@
 //                all its rows (few pairs: decode), or a grouped GEMM on tensor cores over the
 //                sorted tiles (prefill);
 // and the weighted sum over a token's k outputs is taken by the next residual add
-// (AddRmsNormParams::delta_rows), in choice order, so the result does not depend on the order the
+// (AddRmsNormParams::delta_rows), or at decode's few tokens by the down product itself
+// (MoeExpertsParams::resid_out), in choice order, so the result does not depend on the order the
 // pairs were sorted in. Every size the launches depend on comes from the host (the step's token
 // count): the kernels are capturable in CUDA graphs. The CPU reference: engine/moe_routing.h and
 // the CPU backend's experts.
@@ -108,6 +109,17 @@ struct MoeExpertsParams {
   int capacity = 0;              // moe_capacity(num_tokens * top_k, num_experts)
   __nv_bfloat16* act = nullptr;  // [capacity, ffn] SwiGLU's activations, in sorted rows
   float* out = nullptr;          // [num_tokens * top_k, dim] each pair's output times its weight
+  // ... or, when resid_out is set (the GEMV form, at most kMoeCombineTokens tokens, the experts
+  // held whole), the residual update resid_out[t] = resid_in[t] + the sum of token t's k outputs
+  // times their weights, in choice order (as add_rms_norm's delta_rows sums `out`), with each new
+  // row's sum of squares added into out_sumsq [num_tokens] (zeroed by the caller), and `out`
+  // unused: a decode step's next norm is then folded into the next product's input (GemvInput::
+  // kRmsNorm) instead of a kernel of its own. topk_ids finds each pair's experts. resid_out !=
+  // resid_in.
+  const int32_t* topk_ids = nullptr;  // [num_tokens * top_k]
+  const float* resid_in = nullptr;    // [num_tokens, dim]
+  float* resid_out = nullptr;         // [num_tokens, dim]
+  float* out_sumsq = nullptr;         // [num_tokens]
   // Expert parallelism: w_gate_up and w_down hold experts [first_expert, first_expert +
   // num_local_experts) only (0: all of them). Pairs routed to other experts are skipped and their
   // rows of `out` left as they were (a rank zeroes them; the ranks' all-reduce fills them in).
@@ -119,6 +131,9 @@ struct MoeExpertsParams {
   // would thrash it (measured 9% slower at batch 16).
   size_t prefetch_limit = size_t{32} << 20;
 };
+
+// Tokens up to which the experts' down product may write the residual update (resid_out).
+constexpr int kMoeCombineTokens = 8;
 
 enum class MoeKernel {
   kGemv,         // per active expert, its weights streamed once for all its rows (decode)

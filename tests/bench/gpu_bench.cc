@@ -394,6 +394,23 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
     emit(true);
     return errors.empty() ? 0 : 1;
   }
+  {
+    // Batch 1 with the experts' down product writing their rows for the next norm kernel to add
+    // (moe_combine off) against the default, where it adds them into the residual itself.
+    CudaBackendOptions changed = backend->options();
+    const CudaBackendOptions before = changed;
+    changed.moe_combine = false;
+    backend->set_paths(changed);
+    auto rr = decode_rate(backend, 1, prompt, steps, max_tokens, rng);
+    backend->set_paths(before);
+    if (rr.is_ok()) {
+      out["decode_tok_s_b1_moe_combine_off"] = std::round(rr->tok_s * 10) / 10;
+      std::printf("moe decode batch 1, combine off: %.1f tok/s\n", rr->tok_s);
+    } else {
+      errors["decode batch 1, combine off"] = rr.status().to_string();
+    }
+    emit(false);
+  }
   // The experts' two forms against each other where auto picks the grouped GEMM (and at 16).
   for (auto [key, how] :
        {std::pair{"decode_tok_s_experts_gemv", MoeExperts::kGemv},

@@ -382,6 +382,76 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
                                                           : "grouped GEMM, held experts")
                                           << " T=" << T;
   }
+  if (T > kernels::kMoeCombineTokens) return;
+  // Down writing the residual update: each token's k outputs added in choice order, and the new
+  // rows' sums of squares; streamed (the weights evict-first) and not.
+  std::vector<float> resid = random_vec(static_cast<size_t>(T) * D, rng);
+  for (int form = 0; form < 2; ++form) {
+    DeviceBuffer<uint16_t> d_act(static_cast<size_t>(capacity) * F);
+    DeviceBuffer<float> d_in(resid), d_out(static_cast<size_t>(T) * D);
+    DeviceBuffer<float> d_sumsq(std::vector<float>(static_cast<size_t>(T), 0.0f));
+    kernels::MoeExpertsParams p;
+    p.x = BF(d_x.ptr);
+    p.w_gate_up = BF(d_gu.ptr);
+    p.w_down = BF(d_down.ptr);
+    p.topk_weights = d_w.ptr;
+    p.topk_ids = d_ids.ptr;
+    p.layout = l;
+    p.num_tokens = T;
+    p.top_k = K;
+    p.num_experts = E;
+    p.dim = D;
+    p.ffn = F;
+    p.capacity = capacity;
+    p.act = BF(d_act.ptr);
+    p.resid_in = d_in.ptr;
+    p.resid_out = d_out.ptr;
+    p.out_sumsq = d_sumsq.ptr;
+    if (form == 1) p.prefetch_limit = 0;
+    ASSERT_EQ(kernels::moe_experts(p, kernels::MoeKernel::kGemv, nullptr), cudaSuccess);
+    const auto got = d_out.get();
+    const auto sumsq = d_sumsq.get();
+    double num = 0, den = 0;
+    for (int t = 0; t < T; ++t) {
+      double want_sq = 0;
+      for (int d = 0; d < D; ++d) {
+        double sum = 0;
+        for (int k = 0; k < K; ++k) sum += want[static_cast<size_t>(t * K + k) * D + d];
+        const float g = got[static_cast<size_t>(t) * D + d];
+        ASSERT_TRUE(std::isfinite(g));
+        num += (g - resid[t * D + d] - sum) * (g - resid[t * D + d] - sum);
+        den += sum * sum;
+        want_sq += static_cast<double>(g) * g;
+      }
+      EXPECT_NEAR(sumsq[t], want_sq, 1e-4 * want_sq) << "T=" << T << " token " << t;
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-2) << "combined down, form " << form << " T=" << T;
+  }
+  // Refused: more tokens than the form takes, the grouped GEMM, a share of the experts.
+  kernels::MoeExpertsParams bad;
+  bad.x = BF(d_x.ptr);
+  bad.w_gate_up = BF(d_gu.ptr);
+  bad.w_down = BF(d_down.ptr);
+  bad.topk_weights = d_w.ptr;
+  bad.topk_ids = d_ids.ptr;
+  bad.layout = l;
+  bad.top_k = K;
+  bad.num_experts = E;
+  bad.dim = D;
+  bad.ffn = F;
+  bad.capacity = kernels::moe_capacity((kernels::kMoeCombineTokens + 1) * K, E);
+  bad.act = BF(d_x.ptr);
+  DeviceBuffer<float> d_r(static_cast<size_t>(kernels::kMoeCombineTokens + 1) * D);
+  bad.resid_in = d_r.ptr;
+  bad.resid_out = d_r.ptr + D;
+  bad.out_sumsq = d_r.ptr;
+  bad.num_tokens = kernels::kMoeCombineTokens + 1;
+  EXPECT_EQ(kernels::moe_experts(bad, kernels::MoeKernel::kGemv, nullptr), cudaErrorInvalidValue);
+  bad.num_tokens = 1;
+  EXPECT_EQ(kernels::moe_experts(bad, kernels::MoeKernel::kGroupedGemm, nullptr),
+            cudaErrorInvalidValue);
+  bad.num_local_experts = E / 2;
+  EXPECT_EQ(kernels::moe_experts(bad, kernels::MoeKernel::kGemv, nullptr), cudaErrorInvalidValue);
 }
 
 TEST(CudaMoeTest, ExpertsMatchTheHost) {
@@ -389,6 +459,10 @@ TEST(CudaMoeTest, ExpertsMatchTheHost) {
   std::mt19937 rng(10);
   // Decode: one token, its k experts.
   check_experts(1, 4, 16, 64, 48, {3, 9, 0, 15}, rng);
+  // Qwen3's top 8 (two runs of the combined down's experts in flight), and a top 6 (a run cut
+  // short) over two tokens sharing experts.
+  check_experts(1, 8, 16, 64, 48, {3, 9, 0, 15, 1, 2, 7, 11}, rng);
+  check_experts(2, 6, 12, 40, 72, {4, 0, 11, 5, 2, 9, 9, 4, 1, 0, 7, 3}, rng);
   // A small batch: some experts without tokens, the weights' columns not a multiple of the tile.
   {
     const int T = 13, K = 2, E = 8;
