@@ -5,8 +5,10 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <type_traits>
 
 namespace hr::engine {
@@ -86,47 +88,72 @@ class NcclRank final : public DeviceCommunicator {
   int size() const override { return size_; }
   // ncclCommAbort: the kernels of this rank's operations under way return, whatever their peers
   // do, and the communicator's resources are freed. Meant for a rank whose thread waits for its
-  // stream (a stuck step's collect): a thread inside an NCCL call on this communicator meanwhile
-  // (a first send still connecting, say) races with it, NCCL allowing one thread a communicator;
-  // aborted_ is set first, so that calls from then on do not reach NCCL. (Non-blocking
-  // communicators, whose calls return at once, would close that window: not done.)
+  // stream (a stuck step's collect). aborted_ is set first, so that calls from then on do not
+  // reach NCCL, and calls already past that check are waited for (kCallWaitMs at most) before
+  // the communicator is freed; a call still inside NCCL after that (a first send still
+  // connecting, say) races with the abort, NCCL allowing one thread a communicator.
+  // (Non-blocking communicators, whose calls return at once, would close that window: not
+  // done.)
   bool abort(const std::string& reason) override {
-    std::lock_guard<std::mutex> lock(abort_mu_);
-    if (aborted_) return true;
-    reason_ = reason;
-    aborted_ = true;
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      if (aborted_) return true;
+      reason_ = reason;
+      aborted_ = true;
+    }
+    // (Not under abort_mu_: a call that sees the abort takes it for the reason.)
+    for (int waited = 0; calls_.load() > 0 && waited < kCallWaitMs; ++waited)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     ncclResult_t r = nccl().abort(comm_);
-    if (r != ncclSuccess) abort_error_ = nccl().error_string(r);
+    if (r != ncclSuccess) {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      abort_error_ = nccl().error_string(r);
+    }
     return true;
   }
   Status all_reduce(float* data, size_t n, cudaStream_t stream) override {
+    const Call call(*this);
     HR_RETURN_IF_ERROR(usable());
     return check(nccl().all_reduce(data, data, n, ncclFloat32, ncclSum, comm_, stream),
                  "all_reduce");
   }
   Status all_gather(const float* in, float* out, size_t n, cudaStream_t stream) override {
+    const Call call(*this);
     HR_RETURN_IF_ERROR(usable());
     return check(nccl().all_gather(in, out, n, ncclFloat32, comm_, stream), "all_gather");
   }
   Status reduce_scatter(const float* in, float* out, size_t n, cudaStream_t stream) override {
+    const Call call(*this);
     HR_RETURN_IF_ERROR(usable());
     return check(nccl().reduce_scatter(in, out, n, ncclFloat32, ncclSum, comm_, stream),
                  "reduce_scatter");
   }
   Status broadcast(float* data, size_t n, int root, cudaStream_t stream) override {
+    const Call call(*this);
     HR_RETURN_IF_ERROR(usable());
     return check(nccl().broadcast(data, data, n, ncclFloat32, root, comm_, stream), "broadcast");
   }
   Status send(const void* data, size_t bytes, int peer, cudaStream_t stream) override {
+    const Call call(*this);
     HR_RETURN_IF_ERROR(usable());
     return check(nccl().send(data, bytes, ncclUint8, peer, comm_, stream), "send");
   }
   Status recv(void* data, size_t bytes, int peer, cudaStream_t stream) override {
+    const Call call(*this);
     HR_RETURN_IF_ERROR(usable());
     return check(nccl().recv(data, bytes, ncclUint8, peer, comm_, stream), "recv");
   }
 
  private:
+  static constexpr int kCallWaitMs = 2000;
+  // A call under way, counted before it checks aborted_ (both sequentially consistent: either
+  // the call sees the abort, or the abort sees the call and waits for it).
+  struct Call {
+    explicit Call(const NcclRank& r) : rank(r) { rank.calls_.fetch_add(1); }
+    ~Call() { rank.calls_.fetch_sub(1); }
+    const NcclRank& rank;
+  };
+
   Status usable() const {
     if (!aborted_) return Status::ok();
     std::lock_guard<std::mutex> lock(abort_mu_);
@@ -139,6 +166,7 @@ class NcclRank final : public DeviceCommunicator {
   int rank_, size_;
   mutable std::mutex abort_mu_;
   std::atomic<bool> aborted_{false};  // set by abort(), under abort_mu_
+  mutable std::atomic<int> calls_{0};
   std::string reason_, abort_error_;  // guarded by abort_mu_
 };
 

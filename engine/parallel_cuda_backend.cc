@@ -365,7 +365,7 @@ Status ParallelCudaBackend::lost() const {
   // (kInternal: the worker takes the engine as lost and stops, so that a fresh process starts
   // clean; an error it took for the work would leave it serving from ranks that cannot step.)
   if (aborted_) {
-    std::lock_guard<std::mutex> lock(abort_mu_);
+    std::lock_guard<std::mutex> lock(reason_mu_);
     return internal_error("the ranks' communicators were aborted: " + abort_reason_);
   }
   if (broken_) {
@@ -613,13 +613,19 @@ bool ParallelCudaBackend::abort(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(abort_mu_);
     if (aborted_) return true;
-    abort_reason_ = reason;
+    {
+      std::lock_guard<std::mutex> said(reason_mu_);
+      abort_reason_ = reason;
+    }
+    // Lost before the first communicator is aborted: a rank whose step that abort ends
+    // part-way must not be collected as a good one while the others are still being aborted.
+    aborted_ = true;
     for (auto* group : {&comms_, &pipes_}) {
       for (auto& c : *group) {
         if (c && c->abort(reason)) any = true;
       }
     }
-    aborted_ = any;
+    if (!any) aborted_ = false;  // (none could be: the step goes on as it may)
   }
   if (any) log::error("engine.ranks_aborted", {{"reason", reason}});
   return any;

@@ -172,10 +172,13 @@ class ParallelCudaBackend final : public Backend {
   int num_blocks_ = 0;
   int check_rank_ = 0;   // a rank of the fewest KV blocks: check() asks it
   bool broken_ = false;  // a GPU a rank, after a step failed part-way
-  // abort()'s: set last, under abort_mu_, from any thread.
-  mutable std::mutex abort_mu_;
+  // abort()'s, from any thread: aborts one at a time (abort_mu_); aborted_ set before the
+  // communicators are walked, the reason before it (reason_mu_, which lost() takes: not held
+  // while an abort may hang).
+  std::mutex abort_mu_;
+  mutable std::mutex reason_mu_;
   std::atomic<bool> aborted_{false};
-  std::string abort_reason_;  // guarded by abort_mu_
+  std::string abort_reason_;  // guarded by reason_mu_
   StageBalance balance_;
   int hidden_size_ = 0;
   int groups_ = 1;       // steps of disjoint sequences in flight (step_groups())

@@ -65,12 +65,14 @@ Status ThreadCommunicator::barrier(Reading reading) {
   if (++shared_->arrived == shared_->size) {
     shared_->arrived = 0;
     ++shared_->generation;
+    // Every rank reads from here, counted as the barrier opens: a rank woken late (an abort
+    // meanwhile) still counts before any peer can see the count fall to zero and return.
+    if (reading == Reading::kStarts) shared_->reading += shared_->size;
     shared_->cv.notify_all();
   } else {
     shared_->cv.wait(lock, [&] { return shared_->generation != gen || !shared_->aborted.empty(); });
     if (shared_->generation == gen) return aborted();
   }
-  if (reading == Reading::kStarts) ++shared_->reading;
   return Status::ok();
 }
 

@@ -87,7 +87,20 @@ std::vector<queue::Lease> QueueIo::take_pulled() {
 void QueueIo::complete(queue::Completion c) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // (Abandoned: every lease held went back as a failure, and a step the abort ended part-way
+    // may still answer; its answer is not written.)
+    if (abandoned_) return;
     done_.push_back(std::move(c));
+  }
+  cv_.notify_all();
+}
+
+void QueueIo::release(std::vector<queue::Lease> leases) {
+  if (leases.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    to_release_.insert(to_release_.end(), std::make_move_iterator(leases.begin()),
+                       std::make_move_iterator(leases.end()));
   }
   cv_.notify_all();
 }
@@ -196,7 +209,7 @@ void QueueIo::loop() {
     }
     flush(*leases, lock);
     if (stop_) break;
-    if (abandoned_ && !to_release_.empty()) {
+    if (!to_release_.empty()) {
       std::vector<queue::Lease> rest;
       rest.swap(to_release_);
       lock.unlock();
@@ -288,7 +301,7 @@ void QueueIo::loop() {
     until = std::min(until, now + poll_ns);
     cv_.wait_for(lock, std::chrono::nanoseconds(std::max<int64_t>(0, until - now)), [&] {
       const int64_t t = steady_now_ns();
-      return stop_ || (abandoned_ && !to_release_.empty()) ||
+      return stop_ || !to_release_.empty() ||
              ((!done_.empty() || !failed_.empty()) && t >= next_flush_ns_) ||
              (want_ > 0 && t >= next_pull_ns_) ||
              (want_catch_up_ > 0 && t >= next_catch_up_pull_ns_);

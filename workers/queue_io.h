@@ -54,6 +54,10 @@ class QueueIo {
   int in_transit() const;
   int catch_up_in_transit() const;
   std::vector<queue::Lease> take_pulled();
+  // Leases the step loop will not start (it is stopping): handed back to the queue at once.
+  void release(std::vector<queue::Lease> leases);
+  // A request's result, written with the next flush (dropped once abandoned: its lease went
+  // back as a failure).
   void complete(queue::Completion c);
   void fail(queue::Failure f);
   // Leases to keep renewed while their requests run, keyed by engine id.
@@ -71,7 +75,7 @@ class QueueIo {
   queue::StoreConfig store_;
   WorkerStats& stats_;
   std::function<void()> wake_;
-  std::mutex stop_mu_;  // stop() from the step loop and abandon() from the watchdog: one joins
+  std::mutex stop_mu_;  // stop() may be called twice (the step loop, the destructor): one joins
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;                               // guarded by mu_

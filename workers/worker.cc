@@ -262,8 +262,21 @@ void Worker::stop() {
   stopping_ = true;
   std::unique_lock<std::mutex> lock(loop_mu_);
   // The loop ends (draining), or a step of it gets stuck meanwhile and the watchdog hands its
-  // work back (bounded by kHandBackWaitMs).
-  loop_cv_.wait(lock, [&] { return loop_ended_ || stuck_handled_; });
+  // work back (bounded by kHandBackWaitMs). Without a watchdog (or should it never fire), a
+  // drain that runs past its time and a step's worth more is taken as stuck: the leases it
+  // holds expire and run elsewhere.
+  const double step_s = config_.step_timeout_seconds > 0 ? config_.step_timeout_seconds : 300.0;
+  const auto limit = std::chrono::milliseconds(static_cast<int64_t>(
+      (config_.drain_seconds + step_s) * 1000.0 + kHandBackWaitMs + kStopMarginMs));
+  if (!loop_cv_.wait_for(lock, limit, [&] { return loop_ended_ || stuck_handled_; })) {
+    log::error("worker.loop_abandoned",
+               {{"note",
+                 "the loop did not end within its drain and a step's time; the "
+                 "process must exit"}});
+    loop_abandoned_ = true;
+    thread_.detach();
+    return;
+  }
   // A stuck loop may never come back (a wedged device): a while more, then its thread is left.
   if (!loop_cv_.wait_for(lock, std::chrono::seconds(5), [&] { return loop_ended_; })) {
     log::error("worker.loop_abandoned",
@@ -404,7 +417,6 @@ struct Worker::Loop {
   UtilizationBrake brake;
   const HeadroomPolicyConfig policy;
   Pacing pacing;
-  std::vector<queue::Lease> unstarted;  // pulled while stopping: handed back
   int64_t drain_deadline = 0;
   StepWatchdog watchdog;  // last: its thread, which uses the members above, ends first
 };
@@ -437,7 +449,7 @@ void Worker::Loop::admit(bool stopping) {
   async.drop_lost(io.take_lost());
   std::vector<queue::Lease> arrived = io.take_pulled();
   if (stopping) {
-    unstarted.insert(unstarted.end(), arrived.begin(), arrived.end());
+    io.release(std::move(arrived));  // (at once: a drain step that gets stuck holds none)
   } else if (!arrived.empty()) {
     metrics.pulled.add(static_cast<double>(arrived.size()));
     async.admit(arrived);
@@ -502,10 +514,9 @@ void Worker::Loop::finish() {
     w.inbox_.clear();
     w.inbox_closed_ = true;
   }
-  // Hand back what did not finish in time, and what was pulled but never started.
-  std::vector<queue::Lease> unfinished = async.take_unfinished();
-  unstarted.insert(unstarted.end(), unfinished.begin(), unfinished.end());
-  io.stop(unstarted);
+  // Hand back what did not finish in time (what was pulled but never started went back as it
+  // arrived, or goes with the pulled leases nobody took).
+  io.stop(async.take_unfinished());
 }
 
 void Worker::Loop::on_stuck(int64_t step_ns) {
@@ -524,14 +535,16 @@ void Worker::Loop::on_stuck(int64_t step_ns) {
   // engine), before anything that may itself hang.
   w.fail_sync_calls(unavailable(why));
   io.abandon(why, kHandBackWaitMs);
-  const bool aborted = eng.abort_backend(why);
-  log::error("worker.engine_abandoned", {{"ranks_aborted", aborted}});
+  // The work is back: the roles may stop now, whatever the abort below does (an NCCL abort may
+  // itself hang on a wedged device).
   {
     std::lock_guard<std::mutex> lock(w.loop_mu_);
     w.stuck_handled_ = true;
   }
   w.loop_cv_.notify_all();
   w.report_failure();
+  const bool aborted = eng.abort_backend(why);
+  log::error("worker.engine_abandoned", {{"ranks_aborted", aborted}});
 }
 
 void Worker::loop() {

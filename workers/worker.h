@@ -87,6 +87,8 @@ class Worker final {
   static constexpr int kMaxFailedSteps = 3;
   // How long the watchdog waits for the queue I/O thread to write a stuck loop's leases back.
   static constexpr int kHandBackWaitMs = 10000;
+  // stop()'s allowance past the drain, a step's time and that hand-back.
+  static constexpr int kStopMarginMs = 5000;
   ~Worker();
 
   [[nodiscard]] Status start();

@@ -900,6 +900,12 @@ class BreakableBackend final : public engine::Backend {
   void discard() override { inner_->discard(); }
   bool abort(const std::string& reason) override {
     ++aborts;
+    if (abort_hangs) {
+      // An abort that itself never returns (ncclCommAbort on a wedged device), until released.
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return released_; });
+      return false;
+    }
     if (!abortable) return false;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -921,6 +927,7 @@ class BreakableBackend final : public engine::Backend {
   std::atomic<bool> hang{false};
   std::atomic<bool> hanging{false};  // a collect() waits in the hang
   bool abortable = true;             // set before hanging
+  bool abort_hangs = false;          // ... and this
   std::atomic<int> aborts{0};
 
  private:
@@ -1124,8 +1131,10 @@ TEST(WorkerE2eTest, AWorkerWhoseStepsFailForTheWorkGoesOnWithACleanEngine) {
 // been answered (an error: the watchdog's, not the call's own two-minute deadline; over the sync
 // port one that lets the router try another worker).
 struct StuckWorker {
-  explicit StuckWorker(bool abortable, int seed) : d(h.database_url(), h.redis_url()) {
+  explicit StuckWorker(bool abortable, int seed, bool abort_hangs = false)
+      : d(h.database_url(), h.redis_url()) {
     backend->abortable = abortable;
+    backend->abort_hangs = abort_hangs;
     w = make_worker(h, abortable ? "stuck" : "wedged", 1.0, 5, backend,
                     [](WorkerConfig& c) { c.step_timeout_seconds = 1; });
     if (!w) return;
@@ -1159,7 +1168,8 @@ struct StuckWorker {
     // The router may take it to another worker: nothing of its answer left this one.
     EXPECT_GE(refused.status, 429) << refused.body;
     EXPECT_EQ(refused.json()["error"]["retry_elsewhere"], true) << refused.body;
-    for (int i = 0; i < 800 && failures.load() == 0; ++i)
+    // (The failure is reported, then the ranks aborted.)
+    for (int i = 0; i < 800 && (failures.load() == 0 || backend->aborts.load() == 0); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     EXPECT_EQ(failures.load(), 1);
     EXPECT_TRUE(w->stuck());
@@ -1226,6 +1236,23 @@ TEST(WorkerE2eTest, AStepThatStaysStuckStillHandsTheWorkBack) {
   // Its thread still uses the worker (whose destructor would end the process): the worker is
   // kept, and the step released so that the thread ends.
   s.backend->release();
+  (void)s.w.release();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+}
+
+// An abort that itself hangs (ncclCommAbort on a wedged device) holds nothing up: the work has
+// gone back and the failure is reported before it, and stop() leaves the stuck loop's thread.
+TEST(WorkerE2eTest, AnAbortThatHangsStillReportsTheFailure) {
+  StuckWorker s(/*abortable=*/true, 19, /*abort_hangs=*/true);
+  ASSERT_TRUE(s.h.ok() && s.w);
+  s.get_stuck();
+  const auto stopping = std::chrono::steady_clock::now();
+  s.w->stop();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - stopping).count(),
+            20.0);
+  EXPECT_TRUE(s.w->loop_abandoned());
+  EXPECT_EQ(s.failures.load(), 1);
+  s.backend->release();  // (the abort and the step return; the worker is kept, as above)
   (void)s.w.release();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
 }
