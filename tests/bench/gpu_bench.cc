@@ -394,20 +394,29 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
     emit(true);
     return errors.empty() ? 0 : 1;
   }
+  // Batch 1 other ways: the experts' down product writing their rows for the next norm kernel
+  // to add (moe_combine off) where by default it adds them into the residual itself; and the
+  // fused steps' kernels launched with programmatic dependence (off by default in those).
   {
-    // Batch 1 with the experts' down product writing their rows for the next norm kernel to add
-    // (moe_combine off) against the default, where it adds them into the residual itself.
-    CudaBackendOptions changed = backend->options();
-    const CudaBackendOptions before = changed;
-    changed.moe_combine = false;
-    backend->set_paths(changed);
-    auto rr = decode_rate(backend, 1, prompt, steps, max_tokens, rng);
-    backend->set_paths(before);
-    if (rr.is_ok()) {
-      out["decode_tok_s_b1_moe_combine_off"] = std::round(rr->tok_s * 10) / 10;
-      std::printf("moe decode batch 1, combine off: %.1f tok/s\n", rr->tok_s);
-    } else {
-      errors["decode batch 1, combine off"] = rr.status().to_string();
+    using Tweak = void (*)(CudaBackendOptions&);
+    const std::pair<const char*, Tweak> variants[] = {
+        {"decode_tok_s_b1_moe_combine_off", [](CudaBackendOptions& o) { o.moe_combine = false; }},
+        {"decode_tok_s_b1_programmatic_launch_on",
+         [](CudaBackendOptions& o) { o.programmatic_launch = ProgrammaticLaunch::kOn; }},
+    };
+    for (const auto& [key, tweak] : variants) {
+      CudaBackendOptions changed = backend->options();
+      const CudaBackendOptions before = changed;
+      tweak(changed);
+      backend->set_paths(changed);
+      auto rr = decode_rate(backend, 1, prompt, steps, max_tokens, rng);
+      backend->set_paths(before);
+      if (rr.is_ok()) {
+        out[key] = std::round(rr->tok_s * 10) / 10;
+        std::printf("moe %s: %.1f tok/s\n", key, rr->tok_s);
+      } else {
+        errors[key] = rr.status().to_string();
+      }
     }
     emit(false);
   }
