@@ -406,6 +406,7 @@ class CudaBackend final : public Backend {
   float* x_ = nullptr;      // [T, D] residual stream
   float* x2_ = nullptr;     // [kGemvMaxFusedRows, D] its other half in the fused path
   float* sumsq_ = nullptr;  // [2 layers, kGemvMaxFusedRows] residual rows' sums of squares
+  int32_t* head_counters_ = nullptr;  // [heads + kv heads] the fused q/k/v GEMV's (GemvRope)
   size_t sumsq_bytes_ = 0;
   float* delta_ = nullptr;            // [T, D] o_proj / down_proj output
   __nv_bfloat16* h_ = nullptr;        // [T, D] normalised

@@ -155,8 +155,9 @@ Status CudaBackend::launch_step(const StepLayout& lay, int slot, bool sample) {
       HR_CUDA("input norm", kernels::add_rms_norm(norm, stream_));
       mark("norm");
     }
-    if (fused && options_.fused_rope && !c.qk_norm) {
-      // One GEMV: q/k/v, RoPE and the KV write (Qwen3's q/k norms take the RoPE kernel).
+    if (fused && options_.fused_rope && (!c.qk_norm || (c.head_dim / 2) % 8 == 0)) {
+      // One GEMV: q/k/v, Qwen3's q/k norms, RoPE and the KV write (a head's norm by the last
+      // block to finish its rows).
       kernels::GemvParams qp = gemv_params(W.wqkv, T, QKV, D);
       if (norm_first) {
         qp.x = h_;
@@ -169,6 +170,13 @@ Status CudaBackend::launch_step(const StepLayout& lay, int slot, bool sample) {
       }
       qp.rope = {q_,      rope.k_cache, rope.v_cache, rope.bias, d_positions,
                  d_slots, inv_freq_,    c.num_heads,  nkv,       c.head_dim};
+      if (c.qk_norm) {
+        qp.rope.q_norm = W.q_norm;
+        qp.rope.k_norm = W.k_norm;
+        qp.rope.eps = eps;
+        qp.rope.scratch = qkv_;
+        qp.rope.head_counters = head_counters_;
+      }
       const Ahead next = ahead(W.wo, D, Q);
       std::copy(next.begin(), next.end(), qp.prefetch);
       HR_CUDA("qkv, rope and KV write", kernels::gemv(qp, stream_));

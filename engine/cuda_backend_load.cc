@@ -295,6 +295,9 @@ Status CudaBackend::init_runtime() {
   }
   sumsq_bytes_ = static_cast<size_t>(2 * c.num_layers) * kernels::kGemvMaxFusedRows * 4;
   HR_RETURN_IF_ERROR(act(&sumsq_, sumsq_bytes_, "norm sums"));
+  const size_t heads = static_cast<size_t>(c.num_heads + c.num_kv_heads);
+  HR_RETURN_IF_ERROR(act(&head_counters_, heads * 4, "head counters"));
+  HR_CUDA("zeroing the head counters", cudaMemsetAsync(head_counters_, 0, heads * 4, stream_));
   max_partials_ = std::max(8 * num_sms_, 64);
   HR_RETURN_IF_ERROR(act(&partial_out_,
                          static_cast<size_t>(max_partials_) * c.num_heads * c.head_dim * 4,

@@ -191,6 +191,7 @@ int64_t step_buffer_bytes(const ModelShape& s, const PlanOptions& o, int64_t num
     b += capacity * f * 2 + pairs * D * 4;  // experts' activations, outputs
   }
   b += 2 * num_layers * kFusedRows * 4;  // norm sums
+  b += (heads + kv_heads) * 4;           // the fused q/k/v GEMV's head counters
   const int64_t partials = std::max<int64_t>(8 * o.num_sms, 64);
   b += partials * heads * hd * 4 + partials * heads * 2 * 4 + (partials / 2) * kv_heads * 4;
   return b;

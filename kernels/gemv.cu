@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "kernels/internal/common.cuh"
+#include "kernels/internal/norm_rope_head.cuh"
 
 namespace hr::kernels {
 namespace {
@@ -164,6 +165,54 @@ __device__ __forceinline__ void rope_store(const GemvParams& p, int i, int col, 
   dst[half] = __float2bfloat16_rn(b);
 }
 
+// With the q/k norms: a query or key head's pair goes to the scratch rows as computed (the head's
+// last block normalises and rotates it: rope_heads_tail), a value head's pair straight to the
+// cache.
+__device__ __forceinline__ void rope_stage(const GemvParams& p, int i, int col, float a, float b) {
+  const int half = p.rope.head_dim / 2, h = col / half;
+  if (h >= p.rope.num_heads + p.rope.num_kv_heads) {
+    rope_store(p, i, col, a, b);
+    return;
+  }
+  float* row = p.rope.scratch + static_cast<size_t>(i) * p.n + h * p.rope.head_dim + col % half;
+  row[0] = a;
+  row[half] = b;
+}
+
+// The block's head (its warps' pairs are all of one head): once the head's every block has
+// staged its rows, the last one normalises and rotates it for each of the m tokens (a warp each),
+// as rope_write_kv would from the same rows. Called by every thread of the block.
+__device__ __forceinline__ void rope_heads_tail(const GemvParams& p, int m) {
+  const GemvRope& r = p.rope;
+  const int hd = r.head_dim, half = hd / 2;
+  const int h = blockIdx.x * kWarpsPerBlock / half;
+  if (h >= r.num_heads + r.num_kv_heads) return;  // (a value head: stored; block-uniform)
+  __shared__ int last;
+  __threadfence();  // this block's rows, before the count that publishes them
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(r.head_counters + h, 1) == half / kWarpsPerBlock - 1;
+    if (last) {
+      atomicExch(r.head_counters + h, 0);
+      __threadfence();  // the other blocks' rows, counted before ours, are read after
+    }
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int i = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (i >= m) return;
+  const int q_size = r.num_heads * hd, kv_size = r.num_kv_heads * hd, base = h * hd;
+  const float* row = r.scratch + static_cast<size_t>(i) * p.n + base;
+  __nv_bfloat16* out =
+      h < r.num_heads
+          ? r.q_out + static_cast<size_t>(i) * q_size + base
+          : r.k_cache + static_cast<size_t>(r.slot_mapping[i]) * kv_size + (base - q_size);
+  internal::norm_rope_head([&](int c) { return __ldcg(row + c); }, r.bias ? r.bias + base : nullptr,
+                           h < r.num_heads ? r.q_norm : r.k_norm, hd, r.eps,
+                           static_cast<float>(r.positions[i]), r.inv_freq, out, lane);
+}
+
 template <int M, GemvInput IN, GemvOut OUT>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_kernel(GemvParams p, int prefetch_first_block) {
@@ -228,12 +277,20 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       atomicAdd(p.out_sumsq + threadIdx.x, sum);
     }
   } else if constexpr (OUT == GemvOut::kRopeKv) {
+    const bool normed = p.rope.q_norm != nullptr;
 #pragma unroll
     for (int i = 0; i < M; ++i) {
       const float a = internal::warp_sum(acc[0][i]);
       const float b = internal::warp_sum(acc[1][i]);
-      if (lane == 0 && active) rope_store(p, i, col, a, b);
+      if (lane == 0 && active) {
+        if (normed) {
+          rope_stage(p, i, col, a, b);
+        } else {
+          rope_store(p, i, col, a, b);
+        }
+      }
     }
+    if (normed) rope_heads_tail(p, M);
   } else {
 #pragma unroll
     for (int i = 0; i < M; ++i) {
@@ -306,9 +363,14 @@ cudaError_t launch_fused(const GemvParams& p, cudaStream_t stream) {
 
 bool valid_rope(const GemvParams& p) {
   const GemvRope& r = p.rope;
+  if (r.q_norm &&
+      (!r.k_norm || !r.scratch || !r.head_counters || (r.head_dim / 2) % kWarpsPerBlock != 0)) {
+    return false;
+  }
   return r.head_dim > 0 && r.head_dim % 2 == 0 && r.num_heads > 0 && r.num_kv_heads > 0 &&
          p.n == (r.num_heads + 2 * r.num_kv_heads) * r.head_dim && r.k_cache && r.v_cache &&
-         r.positions && r.slot_mapping && r.inv_freq && !p.resid_out && !p.swiglu;
+         r.positions && r.slot_mapping && r.inv_freq && !r.k_norm == !r.q_norm && !p.resid_out &&
+         !p.swiglu;
 }
 
 template <int M, GemvInput IN>

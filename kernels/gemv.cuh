@@ -28,6 +28,17 @@ struct GemvRope {
   const int32_t* slot_mapping = nullptr;
   const float* inv_freq = nullptr;
   int num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  // Qwen3's q/k norms (set both): each query and key head RMS-normalised with its own weights
+  // before the rotation, which needs the head's every row. The warps write their rows (fp32,
+  // before the bias) into scratch [m, n], and the last block to finish a head's rows (counted in
+  // head_counters [num_heads + num_kv_heads], zero between launches, left at zero) normalises,
+  // rotates and stores the head for every token, as rope_write_kv does (the same bits). head_dim
+  // / 2 a multiple of 8 (a block's warps within one head).
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  float eps = 1e-6f;
+  float* scratch = nullptr;
+  int32_t* head_counters = nullptr;
 };
 
 // A range of device memory to pull into L2: 16-byte aligned, bytes a multiple of 16 (0: none).
@@ -64,9 +75,9 @@ struct GemvParams {
   float* out_sumsq = nullptr;
   // ... or, when rope.q_out is set, w is an attention layer's fused q/k/v matrix (n = (num_heads +
   // 2 num_kv_heads) head_dim rows) and the output goes where rope_write_kv (rope_kv.cuh) puts it:
-  // bias added (when given), query and key heads rotated at positions[i] (rotate-half, inv_freq),
-  // queries to q_out [m, num_heads head_dim] bf16, keys and values into k_cache and v_cache
-  // [slots, num_kv_heads head_dim] at slot_mapping[i].
+  // bias added (when given), query and key heads normalised (when rope.q_norm is set) and rotated
+  // at positions[i] (rotate-half, inv_freq), queries to q_out [m, num_heads head_dim] bf16, keys
+  // and values into k_cache and v_cache [slots, num_kv_heads head_dim] at slot_mapping[i].
   GemvRope rope;
   // Weights of the kernels that follow (the start of the next matrices): the warps of this
   // kernel's last wave of blocks, once their own weight loads are done, pull these into L2 between

@@ -1,6 +1,7 @@
 // RoPE + KV cache write: blocks per token (grid.y shares its heads out, so that a decode step
 // of one token is several blocks); each thread rotates (head, pair) elements.
 #include "kernels/internal/common.cuh"
+#include "kernels/internal/norm_rope_head.cuh"
 #include "kernels/rope_kv.cuh"
 
 namespace hr::kernels {
@@ -22,29 +23,11 @@ __global__ void rope_write_kv_kernel(RopeKvParams p) {
     for (int h = blockIdx.y * warps + warp; h < p.num_heads + p.num_kv_heads;
          h += warps * gridDim.y) {
       const int base = h * hd;
-      const float* w = h < p.num_heads ? p.q_norm : p.k_norm;
-      float ss = 0.0f;
-      for (int i = lane; i < hd; i += 32) {
-        const float v = row[base + i] + (p.bias ? p.bias[base + i] : 0.0f);
-        ss += v * v;
-      }
-      const float scale = rsqrtf(internal::warp_sum(ss) / static_cast<float>(hd) + p.eps);
-      for (int i = lane; i < half; i += 32) {
-        float a = row[base + i], b = row[base + i + half];
-        if (p.bias) {
-          a += p.bias[base + i];
-          b += p.bias[base + i + half];
-        }
-        a *= scale * w[i];
-        b *= scale * w[i + half];
-        float s, c;
-        sincosf(pos * p.inv_freq[i], &s, &c);
-        const float ra = a * c - b * s, rb = b * c + a * s;
-        __nv_bfloat16* out = h < p.num_heads ? p.q_out + static_cast<size_t>(t) * q_size + base
-                                             : p.k_cache + slot + (base - q_size);
-        out[i] = __float2bfloat16_rn(ra);
-        out[i + half] = __float2bfloat16_rn(rb);
-      }
+      __nv_bfloat16* out = h < p.num_heads ? p.q_out + static_cast<size_t>(t) * q_size + base
+                                           : p.k_cache + slot + (base - q_size);
+      internal::norm_rope_head(
+          [&](int i) { return row[base + i]; }, p.bias ? p.bias + base : nullptr,
+          h < p.num_heads ? p.q_norm : p.k_norm, hd, p.eps, pos, p.inv_freq, out, lane);
     }
   }
   // Rotations: query heads, then key heads.

@@ -816,6 +816,120 @@ TEST(CudaKernelsTest, FusedGemvRopeMatchesReference) {
   }
 }
 
+// Qwen3's q/k norms in the fused q/k/v GEMV (each head normalised by the last block to finish its
+// rows) give the same bits as the plain GEMV followed by rope_write_kv: one and two tokens, the
+// input as bf16 rows and normalised from the residual stream, with and without a bias, twice in a
+// row over the same head counters (left at zero).
+void check_fused_gemv_qk_norm(int nh, int nkv, int hd, int k, std::mt19937& rng) {
+  const int Q = nh * hd, KV = nkv * hd, n = Q + 2 * KV, slots = 8;
+  std::vector<float> inv_freq(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) inv_freq[i] = std::pow(1000000.0f, -2.0f * i / hd);
+  std::vector<float> w = random_vec(static_cast<size_t>(n) * k, rng);
+  DeviceBuffer<uint16_t> d_w(to_bf16(w));
+  DeviceBuffer<float> d_bias(random_vec(n, rng, -0.1f, 0.1f)), d_inv(inv_freq);
+  DeviceBuffer<float> d_qn(random_vec(hd, rng, 0.5f, 1.5f)), d_kn(random_vec(hd, rng, 0.5f, 1.5f));
+  DeviceBuffer<int32_t> d_pos(std::vector<int32_t>{9, 2077}), d_slot(std::vector<int32_t>{6, 1});
+  DeviceBuffer<int32_t> d_counters(std::vector<int32_t>(static_cast<size_t>(nh + nkv), 0));
+  for (int m = 1; m <= kernels::kGemvMaxFusedRows; ++m) {
+    for (bool normed : {false, true}) {
+      for (bool with_bias : {false, true}) {
+        std::vector<float> x = random_vec(static_cast<size_t>(m) * k, rng, -2.0f, 2.0f), sumsq(m);
+        for (int i = 0; i < m; ++i) {
+          for (int c = 0; c < k; ++c) sumsq[i] += x[i * k + c] * x[i * k + c];
+        }
+        DeviceBuffer<uint16_t> d_xb(to_bf16(x));
+        DeviceBuffer<float> d_x(x), d_nw(random_vec(k, rng, 0.5f, 1.5f)), d_sumsq(sumsq);
+        kernels::GemvParams gp = plain_gemv(d_w.ptr, normed ? nullptr : d_xb.ptr, nullptr, m, n, k);
+        if (normed) {
+          gp.input = kernels::GemvInput::kRmsNorm;
+          gp.resid = d_x.ptr;
+          gp.resid_sumsq = d_sumsq.ptr;
+          gp.norm_weight = d_nw.ptr;
+        }
+        // The reference: the q/k/v rows, then the RoPE kernel with the norms.
+        DeviceBuffer<float> d_rows(static_cast<size_t>(m) * n);
+        DeviceBuffer<uint16_t> d_q0(static_cast<size_t>(m) * Q), d_k0(slots * KV), d_v0(slots * KV);
+        kernels::GemvParams plain = gp;
+        plain.y = d_rows.ptr;
+        ASSERT_EQ(kernels::gemv(plain, nullptr), cudaSuccess);
+        kernels::RopeKvParams rp;
+        rp.qkv = d_rows.ptr;
+        rp.bias = with_bias ? d_bias.ptr : nullptr;
+        rp.positions = d_pos.ptr;
+        rp.slot_mapping = d_slot.ptr;
+        rp.inv_freq = d_inv.ptr;
+        rp.q_norm = d_qn.ptr;
+        rp.k_norm = d_kn.ptr;
+        rp.eps = 1e-6f;
+        rp.q_out = BF(d_q0.ptr);
+        rp.k_cache = BF(d_k0.ptr);
+        rp.v_cache = BF(d_v0.ptr);
+        rp.num_tokens = m;
+        rp.num_heads = nh;
+        rp.num_kv_heads = nkv;
+        rp.head_dim = hd;
+        ASSERT_EQ(kernels::rope_write_kv(rp, nullptr), cudaSuccess);
+        const std::string what = "heads " + std::to_string(nh) + "/" + std::to_string(nkv) +
+                                 " hd=" + std::to_string(hd) + " k=" + std::to_string(k) +
+                                 " m=" + std::to_string(m) + " normed=" + std::to_string(normed) +
+                                 " bias=" + std::to_string(with_bias);
+        for (int run = 0; run < 2; ++run) {
+          DeviceBuffer<float> d_scratch(static_cast<size_t>(m) * n);
+          DeviceBuffer<uint16_t> d_q(static_cast<size_t>(m) * Q), d_k(slots * KV), d_v(slots * KV);
+          kernels::GemvParams fused = gp;
+          fused.rope = {BF(d_q.ptr), BF(d_k.ptr), BF(d_v.ptr), with_bias ? d_bias.ptr : nullptr,
+                        d_pos.ptr,   d_slot.ptr,  d_inv.ptr,   nh,
+                        nkv,         hd};
+          fused.rope.q_norm = d_qn.ptr;
+          fused.rope.k_norm = d_kn.ptr;
+          fused.rope.eps = 1e-6f;
+          fused.rope.scratch = d_scratch.ptr;
+          fused.rope.head_counters = d_counters.ptr;
+          ASSERT_EQ(kernels::gemv(fused, nullptr), cudaSuccess);
+          // (Within a bf16 step of each other: the same sums and the same head code, though a
+          // compiler may contract the two kernels' arithmetic differently.)
+          auto same = [&](const std::vector<uint16_t>& got, const std::vector<uint16_t>& want,
+                          const char* which) {
+            ASSERT_EQ(got.size(), want.size());
+            int far = 0;
+            for (size_t j = 0; j < got.size(); ++j) {
+              const float a = bf16_to_f32(got[j]), b = bf16_to_f32(want[j]);
+              if (std::fabs(a - b) > std::ldexp(std::max(std::fabs(a), std::fabs(b)), -7)) ++far;
+            }
+            EXPECT_EQ(far, 0) << which << ", " << what << " run " << run;
+          };
+          same(d_q.get(), d_q0.get(), "queries");
+          same(d_k.get(), d_k0.get(), "keys");
+          same(d_v.get(), d_v0.get(), "values");
+          EXPECT_EQ(d_counters.get(), std::vector<int32_t>(static_cast<size_t>(nh + nkv), 0));
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaKernelsTest, FusedGemvWithQkNormsEqualsTheRopeKernel) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(16);
+  check_fused_gemv_qk_norm(4, 2, 128, 264, rng);
+  check_fused_gemv_qk_norm(8, 4, 64, 136, rng);
+  // Refused: a head whose half is not a multiple of a block's warps, and norms without counters.
+  DeviceBuffer<uint16_t> d_w(static_cast<size_t>(8) * 24 * 64), d_x(64), d_out(8 * 24 * 8);
+  DeviceBuffer<float> d_f(8 * 24 * 2);
+  DeviceBuffer<int32_t> d_i(8);
+  kernels::GemvParams bad = plain_gemv(d_w.ptr, d_x.ptr, nullptr, 1, 8 * 24, 64);
+  bad.rope = {
+      BF(d_out.ptr), BF(d_out.ptr), BF(d_out.ptr), nullptr, d_i.ptr, d_i.ptr, d_f.ptr, 4, 2, 24};
+  bad.rope.q_norm = bad.rope.k_norm = d_f.ptr;
+  bad.rope.scratch = d_f.ptr;
+  bad.rope.head_counters = d_i.ptr;
+  EXPECT_EQ(kernels::gemv(bad, nullptr), cudaErrorInvalidValue);  // hd 24: 12 pairs a head
+  bad.n = 8 * 32;
+  bad.rope.head_dim = 32;
+  bad.rope.head_counters = nullptr;
+  EXPECT_EQ(kernels::gemv(bad, nullptr), cudaErrorInvalidValue);
+}
+
 // A decode layer's MLP as the backend runs it, three GEMVs in a row on one stream with no sync
 // between them, programmatic launch on and off: o_proj's residual update (which sums the new rows'
 // squares), the normalised gate/up GEMV with SwiGLU output reading those sums, and down_proj's
