@@ -702,11 +702,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_down_combine_kernel(MoeEx
   for (int t = 0; t < T; ++t) {
     float sum = 0.0f;  // (lane 0's)
     for (int k0 = 0; active && k0 < K; k0 += kCombineExperts) {
+      const int nc = min(kCombineExperts, K - k0);  // (warp-uniform: Mixtral's top 2 is one run)
       const __nv_bfloat16* w[kCombineExperts];
       const __nv_bfloat16* a[kCombineExperts];
 #pragma unroll
       for (int c = 0; c < kCombineExperts; ++c) {
-        const int pr = t * K + min(k0 + c, K - 1);  // (past the last: read again, not counted)
+        const int pr = t * K + min(k0 + c, K - 1);  // (past the last: not read)
         w[c] = p.w_down + (static_cast<size_t>(p.topk_ids[pr]) * D + d) * F;
         a[c] = p.act + static_cast<size_t>(row_s[pr]) * F;
       }
@@ -719,6 +720,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_down_combine_kernel(MoeEx
           if (i >= F) break;
 #pragma unroll
           for (int c = 0; c < kCombineExperts; ++c) {
+            if (c >= nc) break;
             wv[c][u] = kStream ? __ldcs(reinterpret_cast<const uint4*>(w[c] + i))
                                : __ldg(reinterpret_cast<const uint4*>(w[c] + i));
           }
@@ -729,6 +731,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_down_combine_kernel(MoeEx
           if (i >= F) break;
 #pragma unroll
           for (int c = 0; c < kCombineExperts; ++c) {
+            if (c >= nc) break;
             float fw[8], xv[8];
             bf16x8_to_float(wv[c][u], fw);
             bf16x8_to_float(*reinterpret_cast<const uint4*>(a[c] + i), xv);
@@ -739,8 +742,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_down_combine_kernel(MoeEx
       }
 #pragma unroll
       for (int c = 0; c < kCombineExperts; ++c) {
+        if (c >= nc) break;
         const float s = warp_sum(acc[c]);
-        if (k0 + c >= K) break;
         // (Rounded as the separate kernel stores it, then summed as add_rms_norm sums the rows.)
         const float out = __fmul_rn(s, p.topk_weights[t * K + k0 + c]);
         sum = k0 + c == 0 ? out : sum + out;

@@ -418,6 +418,7 @@ struct Worker::Loop {
   const HeadroomPolicyConfig policy;
   Pacing pacing;
   int64_t drain_deadline = 0;
+  bool stuck = false;     // the watchdog took the GPU's utilisation read as stuck
   StepWatchdog watchdog;  // last: its thread, which uses the members above, ends first
 };
 
@@ -471,7 +472,14 @@ void Worker::Loop::grant(bool stopping) {
   if (w.config_.async_step_ms > 0) {
     eng.set_async_step_cap(pacing.step_cost.tokens_within(w.config_.async_step_ms));
   }
+  // (Watched like a step: the GPU's utilisation is read through NVML, which a wedged device
+  // may hold up as it holds a step.)
+  watchdog.begin_step();
   brake.record(pacing.busy_ns, now_ns - pacing.mark_ns, now_ns);
+  if (watchdog.end_step()) {
+    stuck = true;
+    return;
+  }
   pacing.mark_ns = now_ns;
   pacing.busy_ns = 0;
   metrics.utilization.set(brake.utilization());
@@ -523,7 +531,8 @@ void Worker::Loop::on_stuck(int64_t step_ns) {
   const double seconds = static_cast<double>(step_ns) / 1e9;
   char why[160];
   std::snprintf(why, sizeof why,
-                "the worker's engine is stuck: a step has run %.1f s (--step-timeout-seconds %g)",
+                "the worker's engine is stuck: a step (or a read of the GPU's utilisation) has "
+                "run %.1f s (--step-timeout-seconds %g)",
                 seconds, w.config_.step_timeout_seconds);
   log::error("worker.step_stuck",
              {{"seconds", seconds}, {"limit_seconds", w.config_.step_timeout_seconds}});
@@ -558,6 +567,7 @@ void Worker::loop() {
     const bool stopping = stopping_.load();
     l.admit(stopping);
     l.grant(stopping);
+    if (l.stuck) break;  // (the watchdog ends everything this loop held)
     const StepOutcome outcome = l.step_or_wait(stopping);
     if (outcome == StepOutcome::kStuck) break;  // the watchdog ends everything this loop held
     if (outcome == StepOutcome::kDeviceLost) {
