@@ -405,7 +405,7 @@ class CudaBackend final : public Backend {
   // Activations, sized for max_num_tokens (T) and max_num_seqs (S) rows.
   float* x_ = nullptr;      // [T, D] residual stream
   float* x2_ = nullptr;     // [kGemvMaxFusedRows, D] its other half in the fused path
-  float* sumsq_ = nullptr;  // [2 layers, kGemvMaxFusedRows] residual rows' sums of squares
+  float* sumsq_ = nullptr;  // [2 layers, kGemvMaxFusedRows] residual rows' sums of squares, then
   int32_t* head_counters_ = nullptr;  // [heads + kv heads] the fused q/k/v GEMV's (GemvRope)
   size_t sumsq_bytes_ = 0;
   float* delta_ = nullptr;            // [T, D] o_proj / down_proj output

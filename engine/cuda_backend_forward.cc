@@ -155,7 +155,7 @@ Status CudaBackend::launch_step(const StepLayout& lay, int slot, bool sample) {
       HR_CUDA("input norm", kernels::add_rms_norm(norm, stream_));
       mark("norm");
     }
-    if (fused && options_.fused_rope && (!c.qk_norm || (c.head_dim / 2) % 8 == 0)) {
+    if (fused && options_.fused_rope && (!c.qk_norm || kernels::gemv_fuses_qk_norm(c.head_dim))) {
       // One GEMV: q/k/v, Qwen3's q/k norms, RoPE and the KV write (a head's norm by the last
       // block to finish its rows).
       kernels::GemvParams qp = gemv_params(W.wqkv, T, QKV, D);

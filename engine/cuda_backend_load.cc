@@ -293,11 +293,13 @@ Status CudaBackend::init_runtime() {
         act(&moe_.act, capacity * c.moe.expert_intermediate_size * 2, "MoE activations"));
     HR_RETURN_IF_ERROR(act(&moe_.out, pairs * D * 4, "MoE outputs"));
   }
-  sumsq_bytes_ = static_cast<size_t>(2 * c.num_layers) * kernels::kGemvMaxFusedRows * 4;
+  // The fused steps' norm sums and, after them, the q/k/v GEMV's head counters: zeroed together
+  // at the start of every fused step (the counters are left at zero by their kernels as well).
+  const size_t sums = static_cast<size_t>(2 * c.num_layers) * kernels::kGemvMaxFusedRows;
+  sumsq_bytes_ = (sums + static_cast<size_t>(c.num_heads + c.num_kv_heads)) * 4;
   HR_RETURN_IF_ERROR(act(&sumsq_, sumsq_bytes_, "norm sums"));
-  const size_t heads = static_cast<size_t>(c.num_heads + c.num_kv_heads);
-  HR_RETURN_IF_ERROR(act(&head_counters_, heads * 4, "head counters"));
-  HR_CUDA("zeroing the head counters", cudaMemsetAsync(head_counters_, 0, heads * 4, stream_));
+  head_counters_ = reinterpret_cast<int32_t*>(sumsq_ + sums);
+  HR_CUDA("zeroing the norm sums", cudaMemsetAsync(sumsq_, 0, sumsq_bytes_, stream_));
   max_partials_ = std::max(8 * num_sms_, 64);
   HR_RETURN_IF_ERROR(act(&partial_out_,
                          static_cast<size_t>(max_partials_) * c.num_heads * c.head_dim * 4,

@@ -364,7 +364,7 @@ cudaError_t launch_fused(const GemvParams& p, cudaStream_t stream) {
 bool valid_rope(const GemvParams& p) {
   const GemvRope& r = p.rope;
   if (r.q_norm &&
-      (!r.k_norm || !r.scratch || !r.head_counters || (r.head_dim / 2) % kWarpsPerBlock != 0)) {
+      (!r.k_norm || !r.scratch || !r.head_counters || !gemv_fuses_qk_norm(r.head_dim))) {
     return false;
   }
   return r.head_dim > 0 && r.head_dim % 2 == 0 && r.num_heads > 0 && r.num_kv_heads > 0 &&
@@ -405,6 +405,10 @@ cudaError_t gemv_prepare() {
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
+}
+
+bool gemv_fuses_qk_norm(int head_dim) {
+  return head_dim > 0 && head_dim % 2 == 0 && (head_dim / 2) % kWarpsPerBlock == 0;
 }
 
 cudaError_t gemv(const GemvParams& p, cudaStream_t stream) {

@@ -88,6 +88,10 @@ struct GemvParams {
 
 cudaError_t gemv(const GemvParams& p, cudaStream_t stream);
 
+// Whether the RoPE output mode takes the q/k norms (GemvRope::q_norm) for heads of `head_dim`: a
+// block's warps (pairs) must fall within one head.
+bool gemv_fuses_qk_norm(int head_dim);
+
 // Reads, for the current device, how many blocks of each GEMV kernel fit at once (what the weight
 // prefetch's last wave is found from), so that no launch has to ask: asking loads the kernel,
 // which must not happen inside a graph capture. Call once per device before capturing.

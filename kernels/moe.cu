@@ -678,7 +678,6 @@ constexpr int kCombineExperts = 4;
 
 template <bool kStream>
 __global__ void __launch_bounds__(kGemvWarps * 32) moe_down_combine_kernel(MoeExpertsParams p) {
-  internal::pdl_launch_dependents();
   internal::pdl_wait();
   __shared__ int row_s[kMoeCombineTokens * kMoeMaxTopK];  // each pair's row of act
   __shared__ float squares_s[kMoeCombineTokens][kGemvWarps];
@@ -759,6 +758,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_down_combine_kernel(MoeEx
       squares_s[t][warp] = r * r;
     }
   }
+  // (The next kernel let in only now: it would otherwise prefetch into this one's stream.)
+  internal::pdl_launch_dependents();
   __syncthreads();
   if (static_cast<int>(threadIdx.x) < T) {
     float total = 0.0f;

@@ -930,6 +930,115 @@ TEST(CudaKernelsTest, FusedGemvWithQkNormsEqualsTheRopeKernel) {
   EXPECT_EQ(kernels::gemv(bad, nullptr), cudaErrorInvalidValue);
 }
 
+// A Qwen3-30B-A3B-shaped attention input as fused steps run it, on one stream with no sync between,
+// programmatic launch on and off: the o product's residual update (summing the new rows'
+// squares), then the q/k/v GEMV normalising those rows with those sums, with the q/k norms (32
+// query and 4 key heads of 128: 40 heads' last blocks racing the others) and RoPE. It must equal
+// the same product run kernel by kernel with the RoPE kernel after it, within a bf16 step.
+TEST(CudaKernelsTest, ChainedQkNormGemvWaitsForTheResidualUpdate) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(17);
+  const int nh = 32, nkv = 4, hd = 128, D = 2048, Q = nh * hd, KV = nkv * hd, N = Q + 2 * KV;
+  std::vector<float> wo = random_vec(static_cast<size_t>(D) * Q, rng);
+  std::vector<float> wqkv = random_vec(static_cast<size_t>(N) * D, rng);
+  DeviceBuffer<uint16_t> d_wo(to_bf16(wo)), d_wqkv(to_bf16(wqkv));
+  std::vector<float> inv_freq(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) inv_freq[i] = std::pow(1000000.0f, -2.0f * i / hd);
+  DeviceBuffer<float> d_inv(inv_freq), d_nw(random_vec(D, rng, 0.5f, 1.5f));
+  DeviceBuffer<float> d_qn(random_vec(hd, rng, 0.5f, 1.5f)), d_kn(random_vec(hd, rng, 0.5f, 1.5f));
+  DeviceBuffer<int32_t> d_pos(std::vector<int32_t>{40, 41}), d_slot(std::vector<int32_t>{3, 7});
+  DeviceBuffer<int32_t> d_counters(std::vector<int32_t>(nh + nkv, 0));
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  struct Restore {
+    cudaStream_t stream;
+    ~Restore() {
+      kernels::set_programmatic_launch(true);
+      cudaStreamDestroy(stream);
+    }
+  } restore{stream};
+  const int slots = 8;
+  for (int m = 1; m <= kernels::kGemvMaxFusedRows; ++m) {
+    std::vector<float> attn = random_vec(static_cast<size_t>(m) * Q, rng);
+    DeviceBuffer<uint16_t> d_attn(to_bf16(attn));
+    DeviceBuffer<float> d_r0(random_vec(static_cast<size_t>(m) * D, rng, -2.0f, 2.0f));
+    // Kernel by kernel: the residual, its rows' sums, the plain normalised product, RoPE.
+    DeviceBuffer<float> d_r1(static_cast<size_t>(m) * D), d_rows(static_cast<size_t>(m) * N);
+    DeviceBuffer<float> d_sums(std::vector<float>(m, 0.0f));
+    DeviceBuffer<uint16_t> d_q0(static_cast<size_t>(m) * Q), d_k0(slots * KV), d_v0(slots * KV);
+    kernels::GemvParams o = plain_gemv(d_wo.ptr, d_attn.ptr, nullptr, m, D, Q);
+    o.resid_in = d_r0.ptr;
+    o.resid_out = d_r1.ptr;
+    o.out_sumsq = d_sums.ptr;
+    kernels::GemvParams qkv = plain_gemv(d_wqkv.ptr, nullptr, nullptr, m, N, D);
+    qkv.input = kernels::GemvInput::kRmsNorm;
+    qkv.resid = d_r1.ptr;
+    qkv.resid_sumsq = d_sums.ptr;
+    qkv.norm_weight = d_nw.ptr;
+    kernels::set_programmatic_launch(false);
+    ASSERT_EQ(kernels::gemv(o, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    kernels::GemvParams plain = qkv;
+    plain.y = d_rows.ptr;
+    ASSERT_EQ(kernels::gemv(plain, nullptr), cudaSuccess);
+    kernels::RopeKvParams rp;
+    rp.qkv = d_rows.ptr;
+    rp.positions = d_pos.ptr;
+    rp.slot_mapping = d_slot.ptr;
+    rp.inv_freq = d_inv.ptr;
+    rp.q_norm = d_qn.ptr;
+    rp.k_norm = d_kn.ptr;
+    rp.q_out = BF(d_q0.ptr);
+    rp.k_cache = BF(d_k0.ptr);
+    rp.v_cache = BF(d_v0.ptr);
+    rp.num_tokens = m;
+    rp.num_heads = nh;
+    rp.num_kv_heads = nkv;
+    rp.head_dim = hd;
+    ASSERT_EQ(kernels::rope_write_kv(rp, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto want_q = d_q0.get(), want_k = d_k0.get(), want_v = d_v0.get();
+    for (bool programmatic : {true, false}) {
+      kernels::set_programmatic_launch(programmatic);
+      DeviceBuffer<float> d_r1b(static_cast<size_t>(m) * D), d_scratch(static_cast<size_t>(m) * N);
+      DeviceBuffer<float> d_sumsb(std::vector<float>(m, 0.0f));
+      DeviceBuffer<uint16_t> d_q(static_cast<size_t>(m) * Q), d_k(slots * KV), d_v(slots * KV);
+      kernels::GemvParams o2 = o;
+      o2.resid_out = d_r1b.ptr;
+      o2.out_sumsq = d_sumsb.ptr;
+      kernels::GemvParams fused = qkv;
+      fused.resid = d_r1b.ptr;
+      fused.resid_sumsq = d_sumsb.ptr;
+      fused.rope = {BF(d_q.ptr), BF(d_k.ptr), BF(d_v.ptr), nullptr, d_pos.ptr,
+                    d_slot.ptr,  d_inv.ptr,   nh,          nkv,     hd};
+      fused.rope.q_norm = d_qn.ptr;
+      fused.rope.k_norm = d_kn.ptr;
+      fused.rope.scratch = d_scratch.ptr;
+      fused.rope.head_counters = d_counters.ptr;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the buffers above are filled
+      ASSERT_EQ(kernels::gemv(o2, stream), cudaSuccess);
+      ASSERT_EQ(kernels::gemv(fused, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      const std::string what =
+          "m=" + std::to_string(m) + " programmatic=" + std::to_string(programmatic);
+      auto near = [&](const std::vector<uint16_t>& got, const std::vector<uint16_t>& want,
+                      const char* which) {
+        int far = 0;
+        for (size_t j = 0; j < got.size(); ++j) {
+          const float a = bf16_to_f32(got[j]), b = bf16_to_f32(want[j]);
+          // (The sums of squares are atomics: their order, and so their last bits, may differ.)
+          if (std::fabs(a - b) > std::ldexp(std::max(std::fabs(a), std::fabs(b)), -6)) ++far;
+        }
+        EXPECT_EQ(far, 0) << which << ", " << what;
+      };
+      near(d_q.get(), want_q, "queries");
+      near(d_k.get(), want_k, "keys");
+      near(d_v.get(), want_v, "values");
+      EXPECT_EQ(d_counters.get(), std::vector<int32_t>(nh + nkv, 0)) << what;
+    }
+  }
+}
+
 // A decode layer's MLP as the backend runs it, three GEMVs in a row on one stream with no sync
 // between them, programmatic launch on and off: o_proj's residual update (which sums the new rows'
 // squares), the normalised gate/up GEMV with SwiGLU output reading those sums, and down_proj's

@@ -463,6 +463,12 @@ TEST(CudaMoeTest, ExpertsMatchTheHost) {
   // short) over two tokens sharing experts.
   check_experts(1, 8, 16, 64, 48, {3, 9, 0, 15, 1, 2, 7, 11}, rng);
   check_experts(2, 6, 12, 40, 72, {4, 0, 11, 5, 2, 9, 9, 4, 1, 0, 7, 3}, rng);
+  // The largest top k the kernels take (16: four runs of the combined down's experts).
+  {
+    std::vector<int32_t> ids(32);
+    for (int i = 0; i < 32; ++i) ids[static_cast<size_t>(i)] = (i * 7 + i / 16) % 20;
+    check_experts(2, 16, 20, 32, 40, ids, rng);
+  }
   // A small batch: some experts without tokens, the weights' columns not a multiple of the tile.
   {
     const int T = 13, K = 2, E = 8;
