@@ -327,29 +327,14 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
       want[static_cast<size_t>(pr) * D + d] = static_cast<float>(s * w[pr]);
     }
   }
-  // The upper half of the experts, as a rank of expert parallelism holds them.
-  const int first = E / 2, held = E - E / 2;
-  std::vector<float> gu_held(gu.begin() + static_cast<size_t>(first) * 2 * F * D, gu.end());
-  std::vector<float> down_held(down.begin() + static_cast<size_t>(first) * D * F, down.end());
-  DeviceBuffer<uint16_t> d_gu_held(to_bf16(gu_held)), d_down_held(to_bf16(down_held));
-  // The GEMV with and without the down weights' prefetch (a limit of 0: never), and the GEMM;
-  // then the GEMV and the GEMM over the held experts alone.
-  for (int form = 0; form < 5; ++form) {
-    const bool part = form >= 3;
-    const auto kernel =
-        form < 2 || form == 3 ? kernels::MoeKernel::kGemv : kernels::MoeKernel::kGroupedGemm;
-    DeviceBuffer<uint16_t> d_act(static_cast<size_t>(capacity) * F);
-    DeviceBuffer<float> d_out(static_cast<size_t>(pairs) * D);
-    if (part) cudaMemset(d_out.ptr, 0, static_cast<size_t>(pairs) * D * 4);
+  // The step's parameters, but for the outputs (and the weights, where a share is held).
+  auto params = [&](uint16_t* act) {
     kernels::MoeExpertsParams p;
     p.x = BF(d_x.ptr);
-    p.w_gate_up = BF(part ? d_gu_held.ptr : d_gu.ptr);
-    p.w_down = BF(part ? d_down_held.ptr : d_down.ptr);
-    if (part) {
-      p.first_expert = first;
-      p.num_local_experts = held;
-    }
+    p.w_gate_up = BF(d_gu.ptr);
+    p.w_down = BF(d_down.ptr);
     p.topk_weights = d_w.ptr;
+    p.topk_ids = d_ids.ptr;
     p.layout = l;
     p.num_tokens = T;
     p.top_k = K;
@@ -357,11 +342,36 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
     p.dim = D;
     p.ffn = F;
     p.capacity = capacity;
-    p.act = BF(d_act.ptr);
+    p.act = BF(act);
+    return p;
+  };
+  // The upper half of the experts, as a rank of expert parallelism holds them.
+  const int first = E / 2, held = E - E / 2;
+  std::vector<float> gu_held(gu.begin() + static_cast<size_t>(first) * 2 * F * D, gu.end());
+  std::vector<float> down_held(down.begin() + static_cast<size_t>(first) * D * F, down.end());
+  DeviceBuffer<uint16_t> d_gu_held(to_bf16(gu_held)), d_down_held(to_bf16(down_held));
+  // The GEMV with and without the down weights' prefetch (a limit of 0: never), and the GEMM;
+  // then the GEMV and the GEMM over the held experts alone.
+  std::vector<float> gemv_rows;  // the GEMV's k rows per token
+  for (int form = 0; form < 5; ++form) {
+    const bool part = form >= 3;
+    const auto kernel =
+        form < 2 || form == 3 ? kernels::MoeKernel::kGemv : kernels::MoeKernel::kGroupedGemm;
+    DeviceBuffer<uint16_t> d_act(static_cast<size_t>(capacity) * F);
+    DeviceBuffer<float> d_out(static_cast<size_t>(pairs) * D);
+    if (part) cudaMemset(d_out.ptr, 0, static_cast<size_t>(pairs) * D * 4);
+    kernels::MoeExpertsParams p = params(d_act.ptr);
+    if (part) {
+      p.w_gate_up = BF(d_gu_held.ptr);
+      p.w_down = BF(d_down_held.ptr);
+      p.first_expert = first;
+      p.num_local_experts = held;
+    }
     p.out = d_out.ptr;
     if (form == 1) p.prefetch_limit = 0;
     ASSERT_EQ(kernels::moe_experts(p, kernel, nullptr), cudaSuccess);
     const auto out = d_out.get();
+    if (form == 0) gemv_rows = out;
     double num = 0, den = 0;
     for (size_t i = 0; i < out.size(); ++i) {
       ASSERT_TRUE(std::isfinite(out[i])) << i;
@@ -390,20 +400,7 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
     DeviceBuffer<uint16_t> d_act(static_cast<size_t>(capacity) * F);
     DeviceBuffer<float> d_in(resid), d_out(static_cast<size_t>(T) * D);
     DeviceBuffer<float> d_sumsq(std::vector<float>(static_cast<size_t>(T), 0.0f));
-    kernels::MoeExpertsParams p;
-    p.x = BF(d_x.ptr);
-    p.w_gate_up = BF(d_gu.ptr);
-    p.w_down = BF(d_down.ptr);
-    p.topk_weights = d_w.ptr;
-    p.topk_ids = d_ids.ptr;
-    p.layout = l;
-    p.num_tokens = T;
-    p.top_k = K;
-    p.num_experts = E;
-    p.dim = D;
-    p.ffn = F;
-    p.capacity = capacity;
-    p.act = BF(d_act.ptr);
+    kernels::MoeExpertsParams p = params(d_act.ptr);
     p.resid_in = d_in.ptr;
     p.resid_out = d_out.ptr;
     p.out_sumsq = d_sumsq.ptr;
@@ -412,6 +409,7 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
     const auto got = d_out.get();
     const auto sumsq = d_sumsq.get();
     double num = 0, den = 0;
+    int unequal = 0;
     for (int t = 0; t < T; ++t) {
       double want_sq = 0;
       for (int d = 0; d < D; ++d) {
@@ -419,6 +417,10 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
         for (int k = 0; k < K; ++k) sum += want[static_cast<size_t>(t * K + k) * D + d];
         const float g = got[static_cast<size_t>(t) * D + d];
         ASSERT_TRUE(std::isfinite(g));
+        // The same bits as the GEMV's rows added as the norm kernel adds them (in choice order).
+        float rows = gemv_rows[static_cast<size_t>(t * K) * D + d];
+        for (int k = 1; k < K; ++k) rows += gemv_rows[static_cast<size_t>(t * K + k) * D + d];
+        if (g != resid[t * D + d] + rows) ++unequal;
         num += (g - resid[t * D + d] - sum) * (g - resid[t * D + d] - sum);
         den += sum * sum;
         want_sq += static_cast<double>(g) * g;
@@ -426,21 +428,11 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
       EXPECT_NEAR(sumsq[t], want_sq, 1e-4 * want_sq) << "T=" << T << " token " << t;
     }
     EXPECT_LT(std::sqrt(num / den), 1e-2) << "combined down, form " << form << " T=" << T;
+    EXPECT_EQ(unequal, 0) << "combined down against the rows' sum, form " << form << " T=" << T;
   }
   // Refused: more tokens than the form takes, the grouped GEMM, a share of the experts.
-  kernels::MoeExpertsParams bad;
-  bad.x = BF(d_x.ptr);
-  bad.w_gate_up = BF(d_gu.ptr);
-  bad.w_down = BF(d_down.ptr);
-  bad.topk_weights = d_w.ptr;
-  bad.topk_ids = d_ids.ptr;
-  bad.layout = l;
-  bad.top_k = K;
-  bad.num_experts = E;
-  bad.dim = D;
-  bad.ffn = F;
+  kernels::MoeExpertsParams bad = params(d_x.ptr);
   bad.capacity = kernels::moe_capacity((kernels::kMoeCombineTokens + 1) * K, E);
-  bad.act = BF(d_x.ptr);
   DeviceBuffer<float> d_r(static_cast<size_t>(kernels::kMoeCombineTokens + 1) * D);
   bad.resid_in = d_r.ptr;
   bad.resid_out = d_r.ptr + D;

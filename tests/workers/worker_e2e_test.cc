@@ -1143,6 +1143,20 @@ struct StuckWorker {
     sync_side = std::make_unique<testing::ScopedSyncSide>(h.api(), worker_sync.get());
     if (w->start().is_ok()) id = submit_under_way(h, *w, 300, seed, &texts);
   }
+  // Stopping leaves the stuck loop's thread after a grace, rather than wait for ever; the loop's
+  // thread still uses the worker (whose destructor would end the process): the worker is kept,
+  // and the step released so that the thread ends.
+  void stop_leaving_the_loop() {
+    const auto stopping = std::chrono::steady_clock::now();
+    w->stop();
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - stopping).count(),
+              20.0);
+    EXPECT_TRUE(w->loop_abandoned());
+    EXPECT_EQ(failures.load(), 1);
+    backend->release();
+    (void)w.release();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
   void get_stuck() {
     ASSERT_FALSE(id.empty());
     backend->hang = true;
@@ -1226,18 +1240,7 @@ TEST(WorkerE2eTest, AStepThatStaysStuckStillHandsTheWorkBack) {
       wire::chat_request_from_json({{"messages", {{{"role", "user"}, {"content", "reverse: x"}}}}})
           .value();
   EXPECT_FALSE(s.w->run(request, SyncOptions{}).is_ok());
-  // Stopping leaves the stuck loop's thread after a grace, rather than wait for ever.
-  const auto stopping = std::chrono::steady_clock::now();
-  s.w->stop();
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - stopping).count(),
-            20.0);
-  EXPECT_TRUE(s.w->loop_abandoned());
-  EXPECT_EQ(s.failures.load(), 1);
-  // Its thread still uses the worker (whose destructor would end the process): the worker is
-  // kept, and the step released so that the thread ends.
-  s.backend->release();
-  (void)s.w.release();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  s.stop_leaving_the_loop();
 }
 
 // An abort that itself hangs (ncclCommAbort on a wedged device) holds nothing up: the work has
@@ -1246,15 +1249,7 @@ TEST(WorkerE2eTest, AnAbortThatHangsStillReportsTheFailure) {
   StuckWorker s(/*abortable=*/true, 19, /*abort_hangs=*/true);
   ASSERT_TRUE(s.h.ok() && s.w);
   s.get_stuck();
-  const auto stopping = std::chrono::steady_clock::now();
-  s.w->stop();
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - stopping).count(),
-            20.0);
-  EXPECT_TRUE(s.w->loop_abandoned());
-  EXPECT_EQ(s.failures.load(), 1);
-  s.backend->release();  // (the abort and the step return; the worker is kept, as above)
-  (void)s.w.release();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  s.stop_leaving_the_loop();  // (released: the abort, then the step, return)
 }
 
 }  // namespace
