@@ -412,25 +412,48 @@ __global__ void __launch_bounds__(kTileThreads) moe_logits_tiled_kernel(MoeRoute
   const int warp = tid / 32, lane = tid % 32;
   const int a_row = (warp % 4) * 16 + lane / 2;
   float ss = 0;
-  for (int k0 = 0; k0 < D; k0 += kTileK) {
-    // The rows' slice: 64 x 32 values, 2 float4s a thread; the router's: 128 x 32, 4 a thread.
+  // A slice's values in registers: each thread's 2 row pieces (and their norm weights) and 4
+  // router pieces, loaded a slice ahead so that their latency passes while the slice before is
+  // multiplied.
+  float4 a_reg[2], g_reg[2], b_reg[4];
+  auto load_slice = [&](int k0) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int t = a_row, c = ((warp / 4 + 2 * i) * 2 + lane % 2) * 4, col = k0 + c;
-      float4 v = zero;
+      const int t = a_row, col = k0 + ((warp / 4 + 2 * i) * 2 + lane % 2) * 4;
+      a_reg[i] = g_reg[i] = zero;
       if (t0 + t < T && col < D) {
         const size_t at = static_cast<size_t>(t0 + t) * D + col;
         if (p.resid) {
-          v = *reinterpret_cast<const float4*>(p.resid + at);
-          ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-          const float4 g = __ldg(reinterpret_cast<const float4*>(p.norm_weight + col));
-          v = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
+          a_reg[i] = *reinterpret_cast<const float4*>(p.resid + at);
+          g_reg[i] = __ldg(reinterpret_cast<const float4*>(p.norm_weight + col));
         } else {
           const uint2 h = *reinterpret_cast<const uint2*>(p.x + at);
           const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&h.x));
           const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&h.y));
-          v = make_float4(a.x, a.y, b.x, b.y);
+          a_reg[i] = make_float4(a.x, a.y, b.x, b.y);
         }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int e = warp * 16 + lane / 2, col = k0 + (i * 2 + lane % 2) * 4;
+      b_reg[i] = zero;
+      if (e0 + e < E && col < D)
+        b_reg[i] = __ldg(
+            reinterpret_cast<const float4*>(p.router + static_cast<size_t>(e0 + e) * D + col));
+    }
+  };
+  load_slice(0);
+  for (int k0 = 0; k0 < D; k0 += kTileK) {
+    // The rows' slice: 64 x 32 values, 2 float4s a thread; the router's: 128 x 32, 4 a thread.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int t = a_row, c = ((warp / 4 + 2 * i) * 2 + lane % 2) * 4;
+      float4 v = a_reg[i];
+      if (p.resid) {
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        const float4 g = g_reg[i];
+        v = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
       }
       a_s[c][t] = v.x;
       a_s[c + 1][t] = v.y;
@@ -439,17 +462,15 @@ __global__ void __launch_bounds__(kTileThreads) moe_logits_tiled_kernel(MoeRoute
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int e = warp * 16 + lane / 2, c = (i * 2 + lane % 2) * 4, col = k0 + c;
-      float4 w = zero;
-      if (e0 + e < E && col < D)
-        w = __ldg(
-            reinterpret_cast<const float4*>(p.router + static_cast<size_t>(e0 + e) * D + col));
+      const int e = warp * 16 + lane / 2, c = (i * 2 + lane % 2) * 4;
+      const float4 w = b_reg[i];
       b_s[c][e] = w.x;
       b_s[c + 1][e] = w.y;
       b_s[c + 2][e] = w.z;
       b_s[c + 3][e] = w.w;
     }
     __syncthreads();
+    if (k0 + kTileK < D) load_slice(k0 + kTileK);  // (in flight during the products below)
 #pragma unroll 8
     for (int k = 0; k < kTileK; ++k) {
       // (A thread's 8 experts: tx * 4 + 0..3 and 64 + tx * 4 + 0..3, so that a quarter warp's
