@@ -238,12 +238,18 @@ __device__ __forceinline__ void store_normed4(const MoeRouteParams& p, size_t at
 template <bool kFused>
 __global__ void __launch_bounds__(kRouteThreads) moe_logits_kernel(MoeRouteParams p) {
   internal::pdl_launch_dependents();
-  internal::pdl_wait();
   __shared__ float part_s[kRouteWarps][kRouteTokens];
   const int E = p.routing.num_experts, D = p.dim;
   const int W = route_warps_per_expert(E, p.num_tokens), per_block = kRouteWarps / W;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int e = blockIdx.x * per_block + warp / W, slice = warp % W;
+  // The router is constant: this warp's pieces of its row pulled into L2 while the kernel before
+  // ends (launched programmatically; otherwise just ahead of the loads).
+  if (e < E) {
+    for (int i = (slice * 32 + lane) * 4; i < D; i += 128 * W)
+      internal::prefetch_l2(p.router + static_cast<size_t>(e) * D + i);
+  }
+  internal::pdl_wait();
   const int t0 = blockIdx.y * kRouteTokens;
   const int nt = min(kRouteTokens, p.num_tokens - t0);
   // Of the residual-stream form, each token's 1/rms (every block the same sums, in the same
