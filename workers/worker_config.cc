@@ -22,8 +22,8 @@ void WorkerConfig::bind(CLI::App& app) {
   cli::add(app, "--drain-seconds", drain_seconds, "On SIGTERM, time to finish or release leases");
   cli::add(app, "--step-timeout-seconds", step_timeout_seconds,
            "An engine step running longer is taken as stuck: its work goes back to the queue, the "
-           "ranks are aborted and the worker exits (0: never; -1: 300 on a GPU, never on the CPU "
-           "backend)");
+           "ranks are aborted and the worker exits (0: never; -1: 300 on a GPU, 1800 on the CPU "
+           "backend, where a large model's step on few cores may take minutes)");
   cli::add(app, "--max-num-seqs", max_num_seqs,
            "Sequences the engine runs at once (-1: 32 on the CPU backend, 256 on a GPU)");
   cli::add(app, "--max-batched-tokens", max_batched_tokens,
@@ -200,7 +200,7 @@ WorkerConfig WorkerConfig::resolved() const {
   r.max_num_seqs = by_device(max_num_seqs, 32, 256);
   r.max_batched_tokens = by_device(max_batched_tokens, 512, 2048);
   r.kv_cache_bytes = by_device<int64_t>(kv_cache_bytes, 64ll << 20, 0);
-  r.step_timeout_seconds = by_device(step_timeout_seconds, 0.0, 300.0);
+  r.step_timeout_seconds = by_device(step_timeout_seconds, 1800.0, 300.0);
   return r;
 }
 
