@@ -170,6 +170,38 @@ TEST_P(CudaFixtureTest, LogitsAndGreedyMatchTheCpuAndTransformers) {
   CudaBackendOptions defaults = cuda->options();
   defaults.moe_experts = MoeExperts::kAuto;
   cuda->set_paths(defaults);
+  // A fused decode step (its kernels launched without programmatic dependence by default) with
+  // it on, and with the MoE down product and RoPE run as kernels of their own: every kernel still
+  // waits for the one before, and the results agree (the norms' sums are atomics: not to the
+  // bit).
+  {
+    std::vector<int32_t> ids = prompts[0];
+    const auto greedy = ref["prompts"][0]["greedy"].get<std::vector<int32_t>>();
+    ids.insert(ids.end(), greedy.begin(), greedy.end());
+    const int n = static_cast<int>(ids.size());
+    step(*g, ids, 0, n - 1);
+    const auto base = step(*g, ids, n - 1, n);
+    for (int variant = 0; variant < 2; ++variant) {
+      CudaBackendOptions other = defaults;
+      if (variant == 0) {
+        other.programmatic_launch = ProgrammaticLaunch::kOn;
+      } else {
+        other.moe_combine = false;
+        other.fused_rope = false;
+      }
+      cuda->set_paths(other);
+      step(*g, ids, 0, n - 1);
+      const auto got = step(*g, ids, n - 1, n);
+      cuda->set_paths(defaults);
+      ASSERT_EQ(got.size(), base.size());
+      // (Unfused, the next norm's input is rounded to bf16 before its product: bf16's error.)
+      const double err = row_error(got.data(), base.data(), V);
+      std::printf("%s decode, %s: logits within %.3g of the default's\n", name.c_str(),
+                  variant == 0 ? "programmatic launch on" : "unfused down and RoPE", err);
+      EXPECT_LT(err, variant == 0 ? 1e-4 : 1e-2)
+          << name << (variant == 0 ? ": programmatic launch on" : ": unfused down and RoPE");
+    }
+  }
   std::string margins;
   for (double m : flip_margins) margins += " " + std::to_string(m);
   std::printf(
