@@ -287,6 +287,7 @@ Status CudaBackend::init_runtime() {
     HR_RETURN_IF_ERROR(
         act(&moe_.layout.tile_experts, capacity / kernels::kMoeTile * 4, "MoE routing"));
     HR_RETURN_IF_ERROR(act(&moe_.layout.active_experts, E * 4, "MoE routing"));
+    HR_RETURN_IF_ERROR(act(&moe_.layout.pair_rows, pairs * 4, "MoE routing"));
     HR_RETURN_IF_ERROR(act(&moe_.route_counter, 4, "MoE routing"));
     HR_CUDA("zeroing the routing counter", cudaMemsetAsync(moe_.route_counter, 0, 4, stream_));
     HR_RETURN_IF_ERROR(

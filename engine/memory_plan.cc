@@ -186,7 +186,7 @@ int64_t step_buffer_bytes(const ModelShape& s, const PlanOptions& o, int64_t num
     const int64_t E = s.num_experts, pairs = T * s.top_k;
     const int64_t capacity = ceil_div(pairs + E * (kTile - 1), kTile) * kTile;
     const int64_t f = s.expert_intermediate_size / (o.tp / o.ep);
-    b += T * E * 4 + pairs * 4 * 2;  // router logits, top k
+    b += T * E * 4 + pairs * 4 * 3;  // router logits, top k, each pair's sorted row
     b += E * 4 + (E + 1) * 4 + capacity * 4 + capacity / kTile * 4 + E * 4 + 4;
     b += capacity * f * 2 + pairs * D * 4;  // experts' activations, outputs
   }

@@ -214,7 +214,9 @@ __device__ void align_block(const int32_t* ids, int num_pairs, int E, int capaci
   __syncthreads();  // the padding's -1 lands before the pairs
   for (int i = tid; i < num_pairs; i += nthreads) {
     const int x = __ldcg(ids + i);
-    l.sorted_pairs[offset_s[x] + atomicAdd(&cursor_s[x], 1)] = i;
+    const int row = offset_s[x] + atomicAdd(&cursor_s[x], 1);
+    l.sorted_pairs[row] = i;
+    l.pair_rows[i] = row;
   }
 }
 
@@ -706,22 +708,8 @@ constexpr int kCombineExperts = 4;
 template <bool kStream>
 __global__ void __launch_bounds__(kGemvWarps * 32) moe_down_combine_kernel(MoeExpertsParams p) {
   internal::pdl_wait();
-  __shared__ int row_s[kMoeCombineTokens * kMoeMaxTopK];  // each pair's row of act
   __shared__ float squares_s[kMoeCombineTokens][kGemvWarps];
   const int T = p.num_tokens, K = p.top_k, D = p.dim, F = p.ffn;
-  // A pair's row: its place among its expert's rows (decode: one or a few).
-  for (int pr = threadIdx.x; pr < T * K; pr += blockDim.x) {
-    const int e = p.topk_ids[pr], start = p.layout.offsets[e], n = p.layout.counts[e];
-    int row = start;
-    for (int j = 0; j < n; ++j) {
-      if (p.layout.sorted_pairs[start + j] == pr) {
-        row = start + j;
-        break;
-      }
-    }
-    row_s[pr] = row;
-  }
-  __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int d = blockIdx.x * kGemvWarps + warp;  // the output row
   const bool active = d < D;                     // warp-uniform
@@ -735,7 +723,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_down_combine_kernel(MoeEx
       for (int c = 0; c < kCombineExperts; ++c) {
         const int pr = t * K + min(k0 + c, K - 1);  // (past the last: not read)
         w[c] = p.w_down + (static_cast<size_t>(p.topk_ids[pr]) * D + d) * F;
-        a[c] = p.act + static_cast<size_t>(row_s[pr]) * F;
+        a[c] = p.act + static_cast<size_t>(p.layout.pair_rows[pr]) * F;
       }
       float acc[kCombineExperts] = {};
       for (int i0 = lane * 8; i0 < F; i0 += 256 * kGemvUnroll) {
@@ -966,7 +954,7 @@ cudaError_t moe_route(const MoeRouteParams& p, cudaStream_t stream) {
   const bool sorting = p.layout.counts != nullptr;
   if (sorting && (!p.counter || p.capacity < moe_capacity(p.num_tokens * r.top_k, r.num_experts) ||
                   p.capacity % kMoeTile != 0 || !p.layout.offsets || !p.layout.sorted_pairs ||
-                  !p.layout.tile_experts || !p.layout.active_experts)) {
+                  !p.layout.pair_rows || !p.layout.tile_experts || !p.layout.active_experts)) {
     return cudaErrorInvalidValue;
   }
   if (p.num_tokens == 0) {
@@ -998,7 +986,8 @@ cudaError_t moe_align(const int32_t* topk_ids, int num_pairs, int num_experts, i
                       const MoeLayout& l, cudaStream_t stream) {
   if (num_pairs < 0 || num_experts < 1 || num_experts > kMoeMaxExperts ||
       capacity < moe_capacity(num_pairs, num_experts) || capacity % kMoeTile != 0 || !topk_ids ||
-      !l.counts || !l.offsets || !l.sorted_pairs || !l.tile_experts || !l.active_experts) {
+      !l.counts || !l.offsets || !l.sorted_pairs || !l.tile_experts || !l.active_experts ||
+      !l.pair_rows) {
     return cudaErrorInvalidValue;
   }
   return internal::launch(moe_align_kernel, dim3(1), dim3(kAlignThreads), 0, stream, topk_ids,
@@ -1013,9 +1002,10 @@ cudaError_t moe_experts(const MoeExpertsParams& p, MoeKernel kernel, cudaStream_
       p.num_local_experts < 0 || p.first_expert + p.num_local_experts > p.num_experts) {
     return cudaErrorInvalidValue;
   }
-  if (p.resid_out && (kernel != MoeKernel::kGemv || p.num_tokens > kMoeCombineTokens ||
-                      p.top_k > kMoeMaxTopK || p.num_local_experts != 0 || !p.topk_ids ||
-                      !p.resid_in || !p.out_sumsq || p.resid_in == p.resid_out)) {
+  if (p.resid_out &&
+      (kernel != MoeKernel::kGemv || p.num_tokens > kMoeCombineTokens || p.top_k > kMoeMaxTopK ||
+       p.num_local_experts != 0 || !p.topk_ids || !p.layout.pair_rows || !p.resid_in ||
+       !p.out_sumsq || p.resid_in == p.resid_out)) {
     return cudaErrorInvalidValue;
   }
   if (!internal::aligned16(p.x) || !internal::aligned16(p.w_gate_up) ||

@@ -49,6 +49,7 @@ struct MoeLayout {
   int32_t* sorted_pairs = nullptr;    // [capacity] each row's pair; -1: padding
   int32_t* tile_experts = nullptr;    // [capacity / kMoeTile] each tile's expert; -1: unused
   int32_t* active_experts = nullptr;  // [num_experts] experts with pairs, in id order, then -1
+  int32_t* pair_rows = nullptr;       // [num_pairs] each pair's row (sorted_pairs' inverse)
 };
 
 struct MoeRouteParams {
@@ -114,8 +115,8 @@ struct MoeExpertsParams {
   // times their weights, in choice order (as add_rms_norm's delta_rows sums `out`), with each new
   // row's sum of squares added into out_sumsq [num_tokens] (zeroed by the caller), and `out`
   // unused: a decode step's next norm is then folded into the next product's input (GemvInput::
-  // kRmsNorm) instead of a kernel of its own. topk_ids finds each pair's experts. resid_out !=
-  // resid_in.
+  // kRmsNorm) instead of a kernel of its own. topk_ids and layout.pair_rows find each pair's expert
+  // and row. resid_out != resid_in.
   const int32_t* topk_ids = nullptr;  // [num_tokens * top_k]
   const float* resid_in = nullptr;    // [num_tokens, dim]
   float* resid_out = nullptr;         // [num_tokens, dim]

@@ -268,21 +268,19 @@ void Worker::stop() {
   const double step_s = config_.step_timeout_seconds > 0 ? config_.step_timeout_seconds : 300.0;
   const auto limit = std::chrono::milliseconds(static_cast<int64_t>(
       (config_.drain_seconds + step_s) * 1000.0 + kHandBackWaitMs + kStopMarginMs));
-  if (!loop_cv_.wait_for(lock, limit, [&] { return loop_ended_ || stuck_handled_; })) {
-    log::error("worker.loop_abandoned",
-               {{"note",
-                 "the loop did not end within its drain and a step's time; the "
-                 "process must exit"}});
+  // (Its thread is left, still using this worker: the process must exit; ~Worker makes sure.)
+  auto leave = [&](const char* why) {
+    log::error("worker.loop_abandoned", {{"note", why}});
     loop_abandoned_ = true;
     thread_.detach();
+  };
+  if (!loop_cv_.wait_for(lock, limit, [&] { return loop_ended_ || stuck_handled_; })) {
+    leave("the loop did not end within its drain and a step's time");
     return;
   }
   // A stuck loop may never come back (a wedged device): a while more, then its thread is left.
   if (!loop_cv_.wait_for(lock, std::chrono::seconds(5), [&] { return loop_ended_; })) {
-    log::error("worker.loop_abandoned",
-               {{"note", "the stuck step never returned; the process must exit"}});
-    loop_abandoned_ = true;
-    thread_.detach();
+    leave("the stuck step never returned");
     return;
   }
   lock.unlock();

@@ -47,19 +47,23 @@ struct LayoutBuffers {
         offsets(E + 1),
         sorted(capacity),
         tiles(capacity / kernels::kMoeTile),
-        active(E) {}
+        active(E),
+        pair_rows(pairs) {}
   kernels::MoeLayout layout() const {
-    return {counts.ptr, offsets.ptr, sorted.ptr, tiles.ptr, active.ptr};
+    return {counts.ptr, offsets.ptr, sorted.ptr, tiles.ptr, active.ptr, pair_rows.ptr};
   }
   int capacity;
-  DeviceBuffer<int32_t> counts, offsets, sorted, tiles, active;
+  DeviceBuffer<int32_t> counts, offsets, sorted, tiles, active, pair_rows;
 };
 
 // The layout for `ids` (pairs' experts), checked against a count on the host.
 void expect_layout(const std::vector<int32_t>& ids, int E, const LayoutBuffers& b) {
   const int capacity = b.capacity;
   const auto c = b.counts.get(), o = b.offsets.get(), s = b.sorted.get(), tl = b.tiles.get(),
-             a = b.active.get();
+             a = b.active.get(), pr = b.pair_rows.get();
+  // Each pair's row holds that pair.
+  for (size_t i = 0; i < ids.size(); ++i)
+    EXPECT_EQ(s[static_cast<size_t>(pr[i])], static_cast<int>(i)) << i;
   std::vector<int> want(E);
   for (int e : ids) ++want[e];
   int next_active = 0;
