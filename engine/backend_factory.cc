@@ -59,6 +59,7 @@ void for_each_cuda_field(CudaBackendOptions& o, F&& f) {
   f("programmatic_launch", o.programmatic_launch);
   f("prefetch_weights", o.prefetch_weights_mb);
   f("moe_experts", o.moe_experts);
+  f("moe_gemm_warps", o.moe_gemm_warps);
   f("moe_router_tiles", o.moe_router_tiles);
   f("moe_combine", o.moe_combine);
 }
@@ -79,6 +80,9 @@ std::vector<std::pair<MoeExperts, const char*>> field_values(MoeExperts) {
   return {{MoeExperts::kAuto, "auto"},
           {MoeExperts::kGemv, "gemv"},
           {MoeExperts::kGroupedGemm, "grouped_gemm"}};
+}
+std::vector<std::pair<MoeGemmWarps, const char*>> field_values(MoeGemmWarps) {
+  return {{MoeGemmWarps::k32x32, "32x32"}, {MoeGemmWarps::k64x64, "64x64"}};
 }
 std::vector<std::pair<RankCollectives, const char*>> field_values(RankCollectives) {
   return {{RankCollectives::kNccl, "nccl"}, {RankCollectives::kPeer, "peer"}};
@@ -138,6 +142,7 @@ const std::vector<CudaSetting>& cuda_settings() {
       {"programmatic_launch", {"on", "off", "auto"}},
       {"prefetch_weights", {"8mb", "off", "4mb", "16mb"}},
       {"moe_experts", {"auto", "gemv", "grouped_gemm"}},
+      {"moe_gemm_warps", {"32x32", "64x64"}},
       {"moe_router_tiles", {"on", "off"}},
       {"moe_combine", {"on", "off"}},
   };

@@ -40,6 +40,9 @@ enum class ProgrammaticLaunch { kAuto, kOn, kOff };  // kAuto: on except for fus
 // How a MoE layer's experts run (kernels/moe.cuh): kAuto takes GEMVs for steps of up to 16 tokens
 // and the grouped GEMM above.
 enum class MoeExperts { kAuto, kGemv, kGroupedGemm };
+// The grouped GEMM's warp tiles (kernels/moe.cuh, MoeKernel): 32 rows x 32 columns, eight warps a
+// block; or all 64 rows x 64 weight columns, four a block.
+enum class MoeGemmWarps { k32x32, k64x64 };
 
 // One GPU a rank (engine/parallel_cuda_backend.h): the ranks' collectives and hand-offs over
 // NCCL, or over peer pointers (engine/peer_communicator.h: our kernels, the layer boundary one
@@ -86,6 +89,7 @@ struct CudaBackendOptions {
   // off).
   int prefetch_weights_mb = 0;
   MoeExperts moe_experts = MoeExperts::kAuto;
+  MoeGemmWarps moe_gemm_warps = MoeGemmWarps::k32x32;
   // Steps of more than kMoeFusedRouteTokens tokens (prefill) take the router's logits as a tiled
   // product (kernels/moe.cuh, MoeRouteParams::tiled); off: the row kernel decode uses.
   bool moe_router_tiles = true;

@@ -424,6 +424,8 @@ Status CudaBackend::moe_layer(const Layer& W, int li, int T, const float* resid,
   const MoeExperts how = options_.moe_experts;
   const auto kernel = how == MoeExperts::kGemv || (how == MoeExperts::kAuto && T <= kMoeGemvTokens)
                           ? kernels::MoeKernel::kGemv
+                      : options_.moe_gemm_warps == MoeGemmWarps::k64x64
+                          ? kernels::MoeKernel::kGroupedGemmWide
                           : kernels::MoeKernel::kGroupedGemm;
   HR_CUDA("MoE experts", kernels::moe_experts(e, kernel, stream_));
   mark("moe_experts");

@@ -784,34 +784,49 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_down_combine_kernel(MoeEx
   }
 }
 
-// ---- The grouped-GEMM form: a block per (tile of kMoeTile sorted rows, kGemmN output columns),
-// eight warps of 32 x 32 (two down the tile, four across), mma.sync m16n8k16 over k-slices of 32
-// staged by cp.async three deep (two slices in flight while one is multiplied), A's rows gathered
-// from their tokens as they load, both operands' fragments through ldmatrix. gate/up keeps two
-// accumulators (the gate columns and their up columns) and writes SwiGLU's activation; down
-// writes each row's output times its pair's weight.
-constexpr int kGemmN = 128;
+// ---- The grouped-GEMM form: a block per (tile of kMoeTile sorted rows, a shape's kN output
+// columns), its warps laid over the tile kWarpsM down and kWarpsN across, mma.sync m16n8k16 over
+// k-slices of kGemmK staged by cp.async kStages deep (all but one slice in flight while one is
+// multiplied), A's rows gathered from their tokens as they load, both operands' fragments
+// through ldmatrix. gate/up keeps two accumulators (the gate columns and their up columns) and
+// writes SwiGLU's activation; down writes each row's output times its pair's weight.
+//
+// Two shapes (MoeKernel): warps of 32 rows x 32 columns of each weight tile (eight a block, 128
+// columns, three stages), and warps of all 64 rows x 64 weight columns (gate/up: 32 gate and
+// their 32 up; four a block, four stages), which load fewer fragments per product (four
+// ldmatrix for 32 mma.sync against two for eight at down's 32 x 32) and wait at fewer barriers
+// per product.
 constexpr int kGemmK = 32;
 constexpr int kGemmLd = kGemmK + 8;  // bf16 row stride: 16-byte rows, conflict-free ldmatrix
-constexpr int kGemmThreads = 256;
-constexpr int kGemmStages = 3;
 
-constexpr size_t gemm_stage_elems(bool gate_up) {
-  return static_cast<size_t>(kMoeTile + (gate_up ? 2 : 1) * kGemmN) * kGemmLd;
-}
-constexpr size_t gemm_smem_bytes(bool gate_up) {
-  return sizeof(__nv_bfloat16) * kGemmStages * gemm_stage_elems(gate_up);
-}
+template <bool kGateUp, bool kWide>
+struct GemmShape {
+  static constexpr int kB = kGateUp ? 2 : 1;  // weight tiles a stage: gate and up, or down
+  static constexpr int kWarpRows = kWide ? kMoeTile : 32;
+  static constexpr int kWarpCols = kWide ? 64 / kB : 32;  // a warp's columns of each weight tile
+  static constexpr int kWarpsM = kMoeTile / kWarpRows;
+  static constexpr int kWarpsN = 4;
+  static constexpr int kThreads = kWarpsM * kWarpsN * 32;
+  static constexpr int kN = kWarpsN * kWarpCols;  // output columns a block
+  static constexpr int kStages = kWide ? 4 : 3;
+  static constexpr int kMt = kWarpRows / 16;  // a warp's 16-row fragments
+  static constexpr int kNt = kWarpCols / 8;   // ... and 8-column ones of each weight tile
+  static constexpr size_t kStageElems = static_cast<size_t>(kMoeTile + kB * kN) * kGemmLd;
+  static constexpr size_t kSmemBytes = sizeof(__nv_bfloat16) * kStages * kStageElems;
+};
 
-template <bool kGateUp>
-__global__ void __launch_bounds__(kGemmThreads) moe_gemm_kernel(MoeExpertsParams p) {
+template <bool kGateUp, bool kWide>
+__global__ void __launch_bounds__((GemmShape<kGateUp, kWide>::kThreads))
+    moe_gemm_kernel(MoeExpertsParams p) {
+  using S = GemmShape<kGateUp, kWide>;
   internal::pdl_launch_dependents();
   internal::pdl_wait();
-  constexpr int kB = kGateUp ? 2 : 1;  // weight tiles per stage
+  constexpr int kB = S::kB;
   constexpr int kChunks = kGemmK / 8;  // 16-byte pieces per row of a slice
-  // Stage s at smem + s * gemm_stage_elems: its A tile, then its weight tiles.
+  // Stage s at smem + s * kStageElems: its A tile, then its weight tiles.
   HR_DYNAMIC_SMEM(__nv_bfloat16, smem, 128);
-  __shared__ int pair_s[kMoeTile];
+  // Each row's pair (-1: padding) and, for gate/up, its token (its row of x).
+  __shared__ int pair_s[kMoeTile], token_s[kMoeTile];
   const int tile = blockIdx.y;
   const int e = p.layout.tile_experts[tile];
   if (e < 0) return;
@@ -819,34 +834,37 @@ __global__ void __launch_bounds__(kGemmThreads) moe_gemm_kernel(MoeExpertsParams
   if (held < 0) return;
   const int F = p.ffn, D = p.dim;
   const int N = kGateUp ? F : D, K = kGateUp ? D : F;
-  const int row0 = tile * kMoeTile, n0 = blockIdx.x * kGemmN;
+  const int row0 = tile * kMoeTile, n0 = blockIdx.x * S::kN;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wm = (warp / 4) * 32, wn = (warp % 4) * 32;
-  for (int r = threadIdx.x; r < kMoeTile; r += kGemmThreads)
-    pair_s[r] = p.layout.sorted_pairs[row0 + r];
+  const int wm = (warp / S::kWarpsN) * S::kWarpRows, wn = (warp % S::kWarpsN) * S::kWarpCols;
+  for (int r = threadIdx.x; r < kMoeTile; r += S::kThreads) {
+    const int pair = p.layout.sorted_pairs[row0 + r];
+    pair_s[r] = pair;
+    if (kGateUp) token_s[r] = pair < 0 ? -1 : pair / p.top_k;
+  }
   __syncthreads();
   const __nv_bfloat16* wbase = kGateUp ? p.w_gate_up + static_cast<size_t>(held) * 2 * F * D
                                        : p.w_down + static_cast<size_t>(held) * D * F;
-  auto a_tile = [&](int s) { return smem + s * gemm_stage_elems(kGateUp); };
+  const __nv_bfloat16* abase = kGateUp ? p.x : p.act;
+  auto a_tile = [&](int s) { return smem + s * S::kStageElems; };
   auto b_tile = [&](int s, int b) {
-    return smem + s * gemm_stage_elems(kGateUp) + (kMoeTile + b * kGemmN) * kGemmLd;
+    return smem + s * S::kStageElems + (kMoeTile + b * S::kN) * kGemmLd;
   };
 
   // One k-slice into stage s, as one copy group (empty past the last slice).
   auto load = [&](int s, int k0) {
     if (k0 < K) {
-      for (int c = threadIdx.x; c < kMoeTile * kChunks; c += kGemmThreads) {
+      for (int c = threadIdx.x; c < kMoeTile * kChunks; c += S::kThreads) {
         const int r = c / kChunks, kc = k0 + (c % kChunks) * 8;
-        const int pair = pair_s[r];
-        const bool valid = pair >= 0 && kc < K;
-        const __nv_bfloat16* src = !valid    ? wbase
-                                   : kGateUp ? p.x + static_cast<size_t>(pair / p.top_k) * D + kc
-                                             : p.act + static_cast<size_t>(row0 + r) * F + kc;
-        internal::cp_async16(a_tile(s) + r * kGemmLd + (c % kChunks) * 8, src, valid);
+        // A's row: its token's row of x, or its own row of act (-1: padding).
+        const int src = kGateUp ? token_s[r] : pair_s[r] < 0 ? -1 : row0 + r;
+        const bool valid = src >= 0 && kc < K;
+        internal::cp_async16(a_tile(s) + r * kGemmLd + (c % kChunks) * 8,
+                             valid ? abase + static_cast<size_t>(src) * K + kc : wbase, valid);
       }
 #pragma unroll
       for (int b = 0; b < kB; ++b) {
-        for (int c = threadIdx.x; c < kGemmN * kChunks; c += kGemmThreads) {
+        for (int c = threadIdx.x; c < S::kN * kChunks; c += S::kThreads) {
           const int n = n0 + c / kChunks, kc = k0 + (c % kChunks) * 8;
           const bool valid = n < N && kc < K;
           const __nv_bfloat16* src =
@@ -859,19 +877,19 @@ __global__ void __launch_bounds__(kGemmThreads) moe_gemm_kernel(MoeExpertsParams
     internal::cp_async_commit();
   };
 
-  float acc[kB][2][4][4] = {};
+  float acc[kB][S::kMt][S::kNt][4] = {};
   const int slices = (K + kGemmK - 1) / kGemmK;
-  for (int s = 0; s < kGemmStages - 1; ++s) load(s, s * kGemmK);
+  for (int s = 0; s < S::kStages - 1; ++s) load(s, s * kGemmK);
   for (int ks = 0; ks < slices; ++ks) {
-    internal::cp_async_wait<kGemmStages - 2>();  // slice ks has landed
+    internal::cp_async_wait<S::kStages - 2>();  // slice ks has landed
     __syncthreads();  // ... for every thread; and the stage loaded next was read by all
-    load((ks + kGemmStages - 1) % kGemmStages, (ks + kGemmStages - 1) * kGemmK);
-    const int s = ks % kGemmStages;
+    load((ks + S::kStages - 1) % S::kStages, (ks + S::kStages - 1) * kGemmK);
+    const int s = ks % S::kStages;
 #pragma unroll
     for (int kk = 0; kk < kGemmK; kk += 16) {
-      uint32_t a[2][4];
+      uint32_t a[S::kMt][4];
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
+      for (int m = 0; m < S::kMt; ++m) {
         internal::ldmatrix_x4(
             a[m], a_tile(s) + (wm + m * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kGemmLd + kk +
                       (lane / 16) * 8);
@@ -879,14 +897,14 @@ __global__ void __launch_bounds__(kGemmThreads) moe_gemm_kernel(MoeExpertsParams
 #pragma unroll
       for (int b = 0; b < kB; ++b) {
 #pragma unroll
-        for (int np = 0; np < 2; ++np) {
+        for (int np = 0; np < S::kNt / 2; ++np) {
           // Two 8-column tiles: b0, b1 of the first, then of the second.
           uint32_t bf[4];
           internal::ldmatrix_x4(bf, b_tile(s, b) +
                                         (wn + np * 16 + (lane % 8) + (lane / 16) * 8) * kGemmLd +
                                         kk + ((lane / 8) % 2) * 8);
 #pragma unroll
-          for (int m = 0; m < 2; ++m) {
+          for (int m = 0; m < S::kMt; ++m) {
             internal::mma16816(acc[b][m][2 * np], a[m], bf[0], bf[1]);
             internal::mma16816(acc[b][m][2 * np + 1], a[m], bf[2], bf[3]);
           }
@@ -897,27 +915,27 @@ __global__ void __launch_bounds__(kGemmThreads) moe_gemm_kernel(MoeExpertsParams
   internal::cp_async_wait<0>();  // (only empty groups are left)
 
   // Each lane holds rows lane / 4 and lane / 4 + 8 of each 16-row tile, columns (lane % 4) * 2
-  // and + 1 of each 8-wide tile.
+  // and + 1 of each 8-wide tile: a pair of columns stored at once (N is even, as is col).
 #pragma unroll
-  for (int m = 0; m < 2; ++m) {
+  for (int m = 0; m < S::kMt; ++m) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = wm + m * 16 + lane / 4 + half * 8;
       const int pair = pair_s[r];
       if (pair < 0) continue;
+      const float weight = kGateUp ? 0.0f : p.topk_weights[pair];
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
+      for (int n = 0; n < S::kNt; ++n) {
         const int col = n0 + wn + n * 8 + (lane % 4) * 2;
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          if (col + c >= N) continue;
-          const float v = acc[0][m][n][half * 2 + c];
-          if (kGateUp) {
-            const float u = acc[kB - 1][m][n][half * 2 + c];
-            p.act[static_cast<size_t>(row0 + r) * F + col + c] = __float2bfloat16_rn(silu(v) * u);
-          } else {
-            p.out[static_cast<size_t>(pair) * D + col + c] = v * p.topk_weights[pair];
-          }
+        if (col >= N) continue;
+        const float v0 = acc[0][m][n][half * 2], v1 = acc[0][m][n][half * 2 + 1];
+        if (kGateUp) {
+          const float u0 = acc[kB - 1][m][n][half * 2], u1 = acc[kB - 1][m][n][half * 2 + 1];
+          *reinterpret_cast<__nv_bfloat162*>(p.act + static_cast<size_t>(row0 + r) * F + col) =
+              __floats2bfloat162_rn(silu(v0) * u0, silu(v1) * u1);
+        } else {
+          *reinterpret_cast<float2*>(p.out + static_cast<size_t>(pair) * D + col) =
+              make_float2(v0 * weight, v1 * weight);
         }
       }
     }
@@ -925,15 +943,34 @@ __global__ void __launch_bounds__(kGemmThreads) moe_gemm_kernel(MoeExpertsParams
 }
 
 // Shared memory past 48 KiB is asked for once per process (the kernels run on one device each).
-template <bool kGateUp>
+template <bool kGateUp, bool kWide>
 cudaError_t gemm_smem_once() {
   static std::atomic<int> done{0};
   if (done.load(std::memory_order_acquire)) return cudaSuccess;
-  const cudaError_t err =
-      cudaFuncSetAttribute(moe_gemm_kernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(gemm_smem_bytes(kGateUp)));
+  const cudaError_t err = cudaFuncSetAttribute(
+      moe_gemm_kernel<kGateUp, kWide>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      static_cast<int>(GemmShape<kGateUp, kWide>::kSmemBytes));
   if (err == cudaSuccess) done.store(1, std::memory_order_release);
   return err;
+}
+
+// gate/up, then down, over the sorted tiles.
+template <bool kWide>
+cudaError_t launch_grouped_gemm(const MoeExpertsParams& p, cudaStream_t stream) {
+  using GateUp = GemmShape<true, kWide>;
+  using Down = GemmShape<false, kWide>;
+  const int tiles = p.capacity / kMoeTile;
+  cudaError_t err;
+  if ((err = gemm_smem_once<true, kWide>()) != cudaSuccess ||
+      (err = gemm_smem_once<false, kWide>()) != cudaSuccess)
+    return err;
+  err = internal::launch(moe_gemm_kernel<true, kWide>,
+                         dim3((p.ffn + GateUp::kN - 1) / GateUp::kN, tiles), dim3(GateUp::kThreads),
+                         GateUp::kSmemBytes, stream, p);
+  if (err != cudaSuccess) return err;
+  return internal::launch(moe_gemm_kernel<false, kWide>,
+                          dim3((p.dim + Down::kN - 1) / Down::kN, tiles), dim3(Down::kThreads),
+                          Down::kSmemBytes, stream, p);
 }
 
 }  // namespace
@@ -1035,15 +1072,8 @@ cudaError_t moe_experts(const MoeExpertsParams& p, MoeKernel kernel, cudaStream_
     return stream_weights ? launch_down_gemv<true>(p, active, stream)
                           : launch_down_gemv<false>(p, active, stream);
   }
-  const int tiles = p.capacity / kMoeTile;
-  if ((err = gemm_smem_once<true>()) != cudaSuccess ||
-      (err = gemm_smem_once<false>()) != cudaSuccess)
-    return err;
-  err = internal::launch(moe_gemm_kernel<true>, dim3((p.ffn + kGemmN - 1) / kGemmN, tiles),
-                         dim3(kGemmThreads), gemm_smem_bytes(true), stream, p);
-  if (err != cudaSuccess) return err;
-  return internal::launch(moe_gemm_kernel<false>, dim3((p.dim + kGemmN - 1) / kGemmN, tiles),
-                          dim3(kGemmThreads), gemm_smem_bytes(false), stream, p);
+  return kernel == MoeKernel::kGroupedGemmWide ? launch_grouped_gemm<true>(p, stream)
+                                               : launch_grouped_gemm<false>(p, stream);
 }
 
 }  // namespace hr::kernels

@@ -138,7 +138,9 @@ constexpr int kMoeCombineTokens = 8;
 
 enum class MoeKernel {
   kGemv,         // per active expert, its weights streamed once for all its rows (decode)
-  kGroupedGemm,  // tensor-core tiles of kMoeTile sorted rows (prefill)
+  kGroupedGemm,  // tensor-core tiles of kMoeTile sorted rows (prefill), warps of 32 x 32
+  // ... warps of all kMoeTile rows x 64 weight columns: more products per fragment loaded
+  kGroupedGemmWide,
 };
 
 cudaError_t moe_experts(const MoeExpertsParams& p, MoeKernel kernel, cudaStream_t stream);

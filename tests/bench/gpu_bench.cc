@@ -420,20 +420,31 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
     }
     emit(false);
   }
-  // The experts' two forms against each other where auto picks the grouped GEMM (and at 16).
-  for (auto [key, how] :
-       {std::pair{"decode_tok_s_experts_gemv", MoeExperts::kGemv},
-        std::pair{"decode_tok_s_experts_grouped_gemm", MoeExperts::kGroupedGemm}}) {
+  // The experts' forms against each other where auto picks the grouped GEMM (and at 16): GEMVs,
+  // the grouped GEMM, and the grouped GEMM of 64 x 64 warps.
+  struct ExpertsForm {
+    const char* key;
+    MoeExperts how;
+    MoeGemmWarps warps;
+  };
+  for (const ExpertsForm& form :
+       {ExpertsForm{"decode_tok_s_experts_gemv", MoeExperts::kGemv, MoeGemmWarps::k32x32},
+        ExpertsForm{"decode_tok_s_experts_grouped_gemm", MoeExperts::kGroupedGemm,
+                    MoeGemmWarps::k32x32},
+        ExpertsForm{"decode_tok_s_experts_grouped_gemm_64x64", MoeExperts::kGroupedGemm,
+                    MoeGemmWarps::k64x64}}) {
+    const std::string key = form.key;
     CudaBackendOptions changed = backend->options();
     const CudaBackendOptions before = changed;
-    changed.moe_experts = how;
+    changed.moe_experts = form.how;
+    changed.moe_gemm_warps = form.warps;
     backend->set_paths(changed);
     json v = json::object();
     for (int b : parse_list(batches)) {
       if (b < 16) continue;
       auto rr = decode_rate(backend, b, prompt, steps, max_tokens, rng);
       if (!rr.is_ok()) {
-        errors[std::string(key) + " batch " + std::to_string(b)] = rr.status().to_string();
+        errors[key + " batch " + std::to_string(b)] = rr.status().to_string();
         continue;
       }
       v[std::to_string(b)] = std::round(rr->tok_s * 10) / 10;
@@ -467,6 +478,26 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
       std::printf("moe prefill, router logits by rows: %.0f tok/s\n", *by_rows);
     } else {
       errors["prefill, router by rows"] = by_rows.status().to_string();
+    }
+    // The grouped GEMM of 64 x 64 warps, with its own share of the step.
+    CudaBackendOptions wide = tiles;
+    wide.moe_gemm_warps = MoeGemmWarps::k64x64;
+    backend->set_paths(wide);
+    auto by_wide = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
+    backend->set_profiling(true);
+    auto wide_profiled = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
+    json wide_phases = json::object();
+    for (const auto& [phase, ms] : backend->profile())
+      wide_phases[phase] = std::round(ms / std::max(1, backend->profiled_steps()) * 1000) / 1000;
+    backend->set_profiling(false);
+    backend->set_paths(tiles);
+    if (by_wide.is_ok() && wide_profiled.is_ok()) {
+      out["prefill_tok_s_gemm_warps_64x64"] = std::round(*by_wide);
+      out["prefill_profile_ms_per_step_gemm_warps_64x64"] = wide_phases;
+      std::printf("moe prefill, grouped GEMM of 64x64 warps: %.0f tok/s\n", *by_wide);
+    } else {
+      errors["prefill, 64x64 warps"] =
+          (by_wide.is_ok() ? wide_profiled.status() : by_wide.status()).to_string();
     }
   } else {
     errors["prefill"] = prefill.status().to_string();

@@ -108,15 +108,21 @@ TEST_P(CudaFixtureTest, LogitsAndGreedyMatchTheCpuAndTransformers) {
   int checked = 0, positions = 0;
   std::vector<double> flip_margins;
   std::vector<std::vector<int32_t>> prompts;
-  // A MoE model's experts both ways: as GEMVs and as the grouped GEMM (by default the prefill
-  // steps of 12 tokens take GEMVs, the longer ones the GEMM; decode steps GEMVs).
-  const std::vector<MoeExperts> forms =
-      c.is_moe() ? std::vector<MoeExperts>{MoeExperts::kGemv, MoeExperts::kGroupedGemm}
-                 : std::vector<MoeExperts>{MoeExperts::kAuto};
+  // A MoE model's experts every way: as GEMVs and as the grouped GEMM of either warp tile (by
+  // default the prefill steps of 12 tokens take GEMVs, the longer ones the GEMM; decode steps
+  // GEMVs).
+  using Form = std::pair<MoeExperts, MoeGemmWarps>;
+  const std::vector<Form> forms =
+      c.is_moe() ? std::vector<Form>{{MoeExperts::kGemv, MoeGemmWarps::k32x32},
+                                     {MoeExperts::kGroupedGemm, MoeGemmWarps::k32x32},
+                                     {MoeExperts::kGroupedGemm, MoeGemmWarps::k64x64}}
+                 : std::vector<Form>{{MoeExperts::kAuto, MoeGemmWarps::k32x32}};
   for (size_t pi = 0; pi < ref["prompts"].size() * forms.size(); ++pi) {
     const auto& p = ref["prompts"][pi % ref["prompts"].size()];
     CudaBackendOptions paths = cuda->options();
-    paths.moe_experts = forms[pi / ref["prompts"].size()];
+    const Form form = forms[pi / ref["prompts"].size()];
+    paths.moe_experts = form.first;
+    paths.moe_gemm_warps = form.second;
     cuda->set_paths(paths);
     std::vector<int32_t> ids = p["prompt"].get<std::vector<int32_t>>();
     if (pi < ref["prompts"].size()) prompts.push_back(ids);
@@ -160,8 +166,10 @@ TEST_P(CudaFixtureTest, LogitsAndGreedyMatchTheCpuAndTransformers) {
       const double err = row_error(got, &want[static_cast<size_t>(t) * V], V);
       worst = std::max(worst, err);
       EXPECT_LT(err, 3e-2) << name << " position " << t << (t < n - 1 ? " (prefill)" : " (decode)")
-                           << (forms.size() > 1 && pi >= ref["prompts"].size() ? ", grouped GEMM"
-                                                                               : "");
+                           << (form.first != MoeExperts::kGroupedGemm ? ""
+                               : form.second == MoeGemmWarps::k32x32
+                                   ? ", grouped GEMM"
+                                   : ", grouped GEMM of 64x64 warps");
     }
   }
   if (c.is_moe()) {
@@ -169,6 +177,7 @@ TEST_P(CudaFixtureTest, LogitsAndGreedyMatchTheCpuAndTransformers) {
   }
   CudaBackendOptions defaults = cuda->options();
   defaults.moe_experts = MoeExperts::kAuto;
+  defaults.moe_gemm_warps = MoeGemmWarps::k32x32;
   cuda->set_paths(defaults);
   // A fused decode step (its kernels launched without programmatic dependence by default) with
   // it on, and with the MoE down product and RoPE run as kernels of their own: every kernel still

@@ -355,12 +355,14 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
   std::vector<float> down_held(down.begin() + static_cast<size_t>(first) * D * F, down.end());
   DeviceBuffer<uint16_t> d_gu_held(to_bf16(gu_held)), d_down_held(to_bf16(down_held));
   // The GEMV with and without the down weights' prefetch (a limit of 0: never), and the GEMM;
-  // then the GEMV and the GEMM over the held experts alone.
+  // then the GEMV and the GEMM over the held experts alone; then the GEMM of wide warps, over all
+  // the experts and over the held ones.
   std::vector<float> gemv_rows;  // the GEMV's k rows per token
-  for (int form = 0; form < 5; ++form) {
-    const bool part = form >= 3;
-    const auto kernel =
-        form < 2 || form == 3 ? kernels::MoeKernel::kGemv : kernels::MoeKernel::kGroupedGemm;
+  for (int form = 0; form < 7; ++form) {
+    const bool part = form == 3 || form == 4 || form == 6;
+    const auto kernel = form < 2 || form == 3 ? kernels::MoeKernel::kGemv
+                        : form < 5            ? kernels::MoeKernel::kGroupedGemm
+                                              : kernels::MoeKernel::kGroupedGemmWide;
     DeviceBuffer<uint16_t> d_act(static_cast<size_t>(capacity) * F);
     DeviceBuffer<float> d_out(static_cast<size_t>(pairs) * D);
     if (part) cudaMemset(d_out.ptr, 0, static_cast<size_t>(pairs) * D * 4);
@@ -389,12 +391,14 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
       den += static_cast<double>(want[i]) * want[i];
     }
     if (den == 0) continue;  // no pair on the held experts
-    EXPECT_LT(std::sqrt(num / den), 1e-2) << (form == 0   ? "GEMV"
-                                              : form == 1 ? "GEMV without prefetch"
-                                              : form == 2 ? "grouped GEMM"
-                                              : form == 3 ? "GEMV, held experts"
-                                                          : "grouped GEMM, held experts")
-                                          << " T=" << T;
+    static const char* const kForms[] = {"GEMV",
+                                         "GEMV without prefetch",
+                                         "grouped GEMM",
+                                         "GEMV, held experts",
+                                         "grouped GEMM, held experts",
+                                         "grouped GEMM of wide warps",
+                                         "grouped GEMM of wide warps, held experts"};
+    EXPECT_LT(std::sqrt(num / den), 1e-2) << kForms[form] << " T=" << T;
   }
   if (T > kernels::kMoeCombineTokens) return;
   // Down writing the residual update: each token's k outputs added in choice order, and the new
@@ -446,6 +450,8 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
   bad.num_tokens = 1;
   EXPECT_EQ(kernels::moe_experts(bad, kernels::MoeKernel::kGroupedGemm, nullptr),
             cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::moe_experts(bad, kernels::MoeKernel::kGroupedGemmWide, nullptr),
+            cudaErrorInvalidValue);
   bad.num_local_experts = E / 2;
   EXPECT_EQ(kernels::moe_experts(bad, kernels::MoeKernel::kGemv, nullptr), cudaErrorInvalidValue);
 }
@@ -485,6 +491,16 @@ TEST(CudaMoeTest, ExpertsMatchTheHost) {
       ids.push_back((a + 1 + static_cast<int>(rng() % 7)) % 8);
     }
     check_experts(52, 2, 8, 128, 96, ids, rng);
+  }
+  // More output columns than a block of either GEMM takes (gate/up's 128, the wide down's 256),
+  // the last block's mostly past the end, and a k not a multiple of the GEMMs' slice.
+  {
+    std::vector<int32_t> ids;
+    for (int t = 0; t < 40; ++t) {
+      ids.push_back(t % 3);
+      ids.push_back(3);
+    }
+    check_experts(40, 2, 4, 264, 136, ids, rng);
   }
   // Longer expert rows: down's GEMV takes two rows a warp, then one (a last block whose warps
   // run past the rows).
