@@ -942,27 +942,18 @@ __global__ void __launch_bounds__((GemmShape<kGateUp, kWide>::kThreads))
   }
 }
 
-// Shared memory past 48 KiB is asked for once per process (the kernels run on one device each).
-template <bool kGateUp, bool kWide>
-cudaError_t gemm_smem_once() {
-  static std::atomic<int> done{0};
-  if (done.load(std::memory_order_acquire)) return cudaSuccess;
-  const cudaError_t err = cudaFuncSetAttribute(
-      moe_gemm_kernel<kGateUp, kWide>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      static_cast<int>(GemmShape<kGateUp, kWide>::kSmemBytes));
-  if (err == cudaSuccess) done.store(1, std::memory_order_release);
-  return err;
-}
-
 // gate/up, then down, over the sorted tiles.
 template <bool kWide>
 cudaError_t launch_grouped_gemm(const MoeExpertsParams& p, cudaStream_t stream) {
   using GateUp = GemmShape<true, kWide>;
   using Down = GemmShape<false, kWide>;
   const int tiles = p.capacity / kMoeTile;
+  // Shared memory past 48 KiB, asked for on each device (one GPU a rank: a process has several).
   cudaError_t err;
-  if ((err = gemm_smem_once<true, kWide>()) != cudaSuccess ||
-      (err = gemm_smem_once<false, kWide>()) != cudaSuccess)
+  if ((err = internal::allow_dynamic_smem<moe_gemm_kernel<true, kWide>>(GateUp::kSmemBytes)) !=
+          cudaSuccess ||
+      (err = internal::allow_dynamic_smem<moe_gemm_kernel<false, kWide>>(Down::kSmemBytes)) !=
+          cudaSuccess)
     return err;
   err = internal::launch(moe_gemm_kernel<true, kWide>,
                          dim3((p.ffn + GateUp::kN - 1) / GateUp::kN, tiles), dim3(GateUp::kThreads),

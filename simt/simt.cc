@@ -625,9 +625,12 @@ std::set<cudaStream_t>& non_blocking_streams() {
   return s;
 }
 
-// Dynamic shared memory limits raised per kernel (guarded by state_mutex()).
-std::map<const void*, int>& smem_limits() {
-  static std::map<const void*, int> m;
+thread_local int t_device = 0;  // the calling thread's current device (cudaSetDevice)
+
+// Dynamic shared memory limits raised per kernel and device (guarded by state_mutex()): a
+// limit is raised on the current device only, as on a GPU.
+std::map<std::pair<const void*, int>, int>& smem_limits() {
+  static std::map<std::pair<const void*, int>, int> m;
   return m;
 }
 
@@ -682,12 +685,12 @@ cudaError_t enqueue(cudaStream_t stream, Work work) {
 
 void set_dynamic_smem_limit(const void* kernel, int bytes) {
   std::lock_guard<std::mutex> lock(state_mutex());
-  smem_limits()[kernel] = bytes;
+  smem_limits()[{kernel, t_device}] = bytes;
 }
 
 int dynamic_smem_limit(const void* kernel) {
   std::lock_guard<std::mutex> lock(state_mutex());
-  auto it = smem_limits().find(kernel);
+  auto it = smem_limits().find({kernel, t_device});
   return it == smem_limits().end() ? kDefaultDynamicSmem
                                    : std::max(kDefaultDynamicSmem, it->second);
 }
@@ -773,7 +776,6 @@ namespace hr::simt {
 namespace {
 
 std::atomic<int> g_devices{0};  // 0: not yet read from the environment
-thread_local int t_device = 0;
 
 int device_count() {
   int n = g_devices.load();

@@ -510,6 +510,32 @@ TEST(CudaMoeTest, ExpertsMatchTheHost) {
   check_experts(kOnSimt ? 70 : 150, 1, 4, 64, 64, std::vector<int32_t>(kOnSimt ? 70 : 150, 2), rng);
 }
 
+// The grouped GEMM's shared memory (past 48 KiB) is raised on each device it runs on: one GPU a
+// rank puts several devices in one process. (On the CPU stand-in, two simulated devices.)
+TEST(CudaMoeTest, ExpertsRunOnEveryDevice) {
+  SKIP_WITHOUT_GPU();
+#ifdef HEADROOM_SIMT
+  hr::simt::set_device_count(2);
+  struct Restore {
+    ~Restore() { hr::simt::set_device_count(1); }
+  } restore;
+#endif
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  if (count < 2) GTEST_SKIP() << "two GPUs are needed";
+  std::mt19937 rng(12);
+  std::vector<int32_t> ids;
+  for (int t = 0; t < 20; ++t) {
+    ids.push_back(t % 4);
+    ids.push_back(4 + t % 3);
+  }
+  for (int device : {0, 1, 0}) {
+    SCOPED_TRACE("device " + std::to_string(device));
+    ASSERT_EQ(cudaSetDevice(device), cudaSuccess);
+    check_experts(20, 2, 8, 64, 48, ids, rng);
+  }
+}
+
 // A MoE layer's k weighted outputs per token summed into the residual stream by the next norm.
 TEST(CudaMoeTest, AddRmsNormSumsEachTokensOutputs) {
   SKIP_WITHOUT_GPU();
