@@ -455,17 +455,23 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
   emit(false);
   auto prefill = prefill_rate(backend, 1, prefill_len, max_tokens, rng);  // warm-up
   if (prefill.is_ok()) prefill = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
+  // A prefill's milliseconds per step in each phase (kernels launched one by one).
+  auto prefill_profile = [&](json* phases) -> hr::Status {
+    backend->set_profiling(true);
+    auto profiled = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
+    *phases = json::object();
+    for (const auto& [phase, ms] : backend->profile())
+      (*phases)[phase] = std::round(ms / std::max(1, backend->profiled_steps()) * 1000) / 1000;
+    backend->set_profiling(false);
+    return profiled.status();
+  };
   if (prefill.is_ok()) {
     out["prefill_tok_s"] = std::round(*prefill);
     std::printf("moe prefill: %.0f tok/s\n", *prefill);
-    backend->set_profiling(true);
-    auto profiled = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
-    json phases = json::object();
-    for (const auto& [phase, ms] : backend->profile())
-      phases[phase] = std::round(ms / std::max(1, backend->profiled_steps()) * 1000) / 1000;
-    backend->set_profiling(false);
+    json phases;
+    const hr::Status profiled = prefill_profile(&phases);
     out["prefill_profile_ms_per_step"] = phases;
-    if (!profiled.is_ok()) errors["prefill profile"] = profiled.status().to_string();
+    if (!profiled.is_ok()) errors["prefill profile"] = profiled.to_string();
     // The router's logits by the row kernel decode uses, against the tiled product (default).
     CudaBackendOptions rows = backend->options();
     const CudaBackendOptions tiles = rows;
@@ -484,12 +490,9 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
     wide.moe_gemm_warps = MoeGemmWarps::k64x64;
     backend->set_paths(wide);
     auto by_wide = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
-    backend->set_profiling(true);
-    auto wide_profiled = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
-    json wide_phases = json::object();
-    for (const auto& [phase, ms] : backend->profile())
-      wide_phases[phase] = std::round(ms / std::max(1, backend->profiled_steps()) * 1000) / 1000;
-    backend->set_profiling(false);
+    json wide_phases;
+    const hr::Status wide_profiled =
+        by_wide.is_ok() ? prefill_profile(&wide_phases) : hr::Status::ok();
     backend->set_paths(tiles);
     if (by_wide.is_ok() && wide_profiled.is_ok()) {
       out["prefill_tok_s_gemm_warps_64x64"] = std::round(*by_wide);
@@ -497,7 +500,7 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
       std::printf("moe prefill, grouped GEMM of 64x64 warps: %.0f tok/s\n", *by_wide);
     } else {
       errors["prefill, 64x64 warps"] =
-          (by_wide.is_ok() ? wide_profiled.status() : by_wide.status()).to_string();
+          (by_wide.is_ok() ? wide_profiled : by_wide.status()).to_string();
     }
   } else {
     errors["prefill"] = prefill.status().to_string();
