@@ -82,7 +82,9 @@ std::vector<std::pair<MoeExperts, const char*>> field_values(MoeExperts) {
           {MoeExperts::kGroupedGemm, "grouped_gemm"}};
 }
 std::vector<std::pair<MoeGemmWarps, const char*>> field_values(MoeGemmWarps) {
-  return {{MoeGemmWarps::k32x32, "32x32"}, {MoeGemmWarps::k64x64, "64x64"}};
+  return {{MoeGemmWarps::k32x32, "32x32"},
+          {MoeGemmWarps::k64x64, "64x64"},
+          {MoeGemmWarps::kWarpgroup, "warpgroup"}};
 }
 std::vector<std::pair<RankCollectives, const char*>> field_values(RankCollectives) {
   return {{RankCollectives::kNccl, "nccl"}, {RankCollectives::kPeer, "peer"}};
@@ -142,7 +144,7 @@ const std::vector<CudaSetting>& cuda_settings() {
       {"programmatic_launch", {"on", "off", "auto"}},
       {"prefetch_weights", {"8mb", "off", "4mb", "16mb"}},
       {"moe_experts", {"auto", "gemv", "grouped_gemm"}},
-      {"moe_gemm_warps", {"32x32", "64x64"}},
+      {"moe_gemm_warps", {"32x32", "64x64", "warpgroup"}},
       {"moe_router_tiles", {"on", "off"}},
       {"moe_combine", {"on", "off"}},
   };
@@ -336,6 +338,27 @@ Result<StageLayers> parse_stage_layers(const std::string& text) {
   return StageLayers{std::move(layers), false};
 }
 
+#ifdef HEADROOM_HAVE_CUDA
+namespace {
+// Settings a device cannot run, refused before anything loads: the grouped GEMM on warpgroups is
+// Hopper's (wgmma).
+Status check_settings_fit_devices(const CudaBackendOptions& o, const std::vector<int>& devices) {
+  if (o.moe_gemm_warps != MoeGemmWarps::kWarpgroup) return Status::ok();
+  for (const GpuInfo& g : list_gpus()) {
+    if (std::find(devices.begin(), devices.end(), g.index) == devices.end() || g.compute_major == 9)
+      continue;
+    return invalid_argument(
+        "--cuda-options: moe_gemm_warps=warpgroup needs a Hopper GPU (compute "
+        "capability 9.x); device " +
+            std::to_string(g.index) + " is " + std::to_string(g.compute_major) + "." +
+            std::to_string(g.compute_minor),
+        "cuda-options");
+  }
+  return Status::ok();
+}
+}  // namespace
+#endif
+
 Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
                                               const BackendSpec& spec) {
   HR_RETURN_IF_ERROR(check_device(spec.device));
@@ -387,6 +410,8 @@ Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
   HR_RETURN_IF_ERROR(apply_cuda_settings(settings, &o));
   log::info("backend.cuda_settings", {{"device", index}, {"settings", describe(o)}});
   const int world = spec.tensor_parallel * spec.pipeline_parallel;
+  HR_RETURN_IF_ERROR(check_settings_fit_devices(
+      o, world > 1 && !spec.devices.empty() ? spec.devices : std::vector<int>{index}));
   if (world > 1) {
     std::vector<int> devices = spec.devices;
     if (devices.empty()) {

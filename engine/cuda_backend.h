@@ -41,8 +41,9 @@ enum class ProgrammaticLaunch { kAuto, kOn, kOff };  // kAuto: on except for fus
 // and the grouped GEMM above.
 enum class MoeExperts { kAuto, kGemv, kGroupedGemm };
 // The grouped GEMM's warp tiles (kernels/moe.cuh, MoeKernel): 32 rows x 32 columns, eight warps a
-// block; or all 64 rows x 64 weight columns, four a block.
-enum class MoeGemmWarps { k32x32, k64x64 };
+// block; or all 64 rows x 64 weight columns, four a block; or a warpgroup a tile with Hopper's
+// wgmma (refused on other GPUs).
+enum class MoeGemmWarps { k32x32, k64x64, kWarpgroup };
 
 // One GPU a rank (engine/parallel_cuda_backend.h): the ranks' collectives and hand-offs over
 // NCCL, or over peer pointers (engine/peer_communicator.h: our kernels, the layer boundary one

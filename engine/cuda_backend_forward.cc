@@ -426,6 +426,8 @@ Status CudaBackend::moe_layer(const Layer& W, int li, int T, const float* resid,
                           ? kernels::MoeKernel::kGemv
                       : options_.moe_gemm_warps == MoeGemmWarps::k64x64
                           ? kernels::MoeKernel::kGroupedGemmWide
+                      : options_.moe_gemm_warps == MoeGemmWarps::kWarpgroup
+                          ? kernels::MoeKernel::kGroupedGemmWarpgroup
                           : kernels::MoeKernel::kGroupedGemm;
   HR_CUDA("MoE experts", kernels::moe_experts(e, kernel, stream_));
   mark("moe_experts");

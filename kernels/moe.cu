@@ -4,12 +4,17 @@
 
 #include "kernels/internal/common.cuh"
 #include "kernels/internal/mma.cuh"
+#include "kernels/internal/moe_experts.cuh"
 #include "kernels/moe.cuh"
 
 namespace hr::kernels {
 namespace {
 
 using internal::bf16x8_to_float;
+using internal::expert_weights;
+using internal::held_expert;
+using internal::silu;
+using internal::stage_tile_rows;
 using internal::warp_max;
 using internal::warp_sum;
 
@@ -557,15 +562,6 @@ constexpr int kGemvWarps = 4;
 constexpr int kGemvGroup = 8;
 constexpr int kGemvUnroll = 4;
 
-__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
-
-// Expert e's index among the weights held (expert parallelism), or -1 when they do not hold it.
-__device__ __forceinline__ int held_expert(const MoeExpertsParams& p, int e) {
-  if (p.num_local_experts == 0) return e;
-  const int i = e - p.first_expert;
-  return i >= 0 && i < p.num_local_experts ? i : -1;
-}
-
 // kStream: the weights read evict-first and gate/up prefetching the down weights. kRows: output
 // rows per warp (down's short rows: one row's few 16-byte pieces a lane leave memory idle between
 // a warp's round trips, so a warp takes several rows' pieces at once; gate/up takes one, its gate
@@ -837,14 +833,8 @@ __global__ void __launch_bounds__((GemmShape<kGateUp, kWide>::kThreads))
   const int row0 = tile * kMoeTile, n0 = blockIdx.x * S::kN;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = (warp / S::kWarpsN) * S::kWarpRows, wn = (warp % S::kWarpsN) * S::kWarpCols;
-  for (int r = threadIdx.x; r < kMoeTile; r += S::kThreads) {
-    const int pair = p.layout.sorted_pairs[row0 + r];
-    pair_s[r] = pair;
-    if (kGateUp) token_s[r] = pair < 0 ? -1 : pair / p.top_k;
-  }
-  __syncthreads();
-  const __nv_bfloat16* wbase = kGateUp ? p.w_gate_up + static_cast<size_t>(held) * 2 * F * D
-                                       : p.w_down + static_cast<size_t>(held) * D * F;
+  stage_tile_rows<kGateUp>(p, row0, pair_s, token_s);
+  const __nv_bfloat16* wbase = expert_weights<kGateUp>(p, held);
   const __nv_bfloat16* abase = kGateUp ? p.x : p.act;
   auto a_tile = [&](int s) { return smem + s * S::kStageElems; };
   auto b_tile = [&](int s, int b) {
@@ -1063,6 +1053,8 @@ cudaError_t moe_experts(const MoeExpertsParams& p, MoeKernel kernel, cudaStream_
     return stream_weights ? launch_down_gemv<true>(p, active, stream)
                           : launch_down_gemv<false>(p, active, stream);
   }
+  if (kernel == MoeKernel::kGroupedGemmWarpgroup)
+    return internal::moe_grouped_gemm_wgmma(p, stream);
   return kernel == MoeKernel::kGroupedGemmWide ? launch_grouped_gemm<true>(p, stream)
                                                : launch_grouped_gemm<false>(p, stream);
 }

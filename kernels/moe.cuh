@@ -141,6 +141,8 @@ enum class MoeKernel {
   kGroupedGemm,  // tensor-core tiles of kMoeTile sorted rows (prefill), warps of 32 x 32
   // ... warps of all kMoeTile rows x 64 weight columns: more products per fragment loaded
   kGroupedGemmWide,
+  // ... a warpgroup a tile, Hopper's wgmma (sm_90a only: cudaErrorNotSupported elsewhere)
+  kGroupedGemmWarpgroup,
 };
 
 cudaError_t moe_experts(const MoeExpertsParams& p, MoeKernel kernel, cudaStream_t stream);

@@ -556,6 +556,44 @@ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
   warp_collective(&mma_all, &mine);
 }
 
+// wgmma.mma_async.m64nNk16.f32.bf16.bf16 with both operands K-major in shared memory, 128-byte
+// swizzled (the one layout the kernels use: kernels/internal/wgmma.cuh), run at issue: thread t
+// of the warpgroup holds, of each 8 columns j, rows 16 (t / 32) + (t % 32) / 4 (d[4j], d[4j + 1])
+// and that + 8 (d[4j + 2], d[4j + 3]), at columns 8j + 2 (t % 4) and + 1.
+void wgmma_bf16(float* d, int n, uint64_t desc_a, uint64_t desc_b) {
+  const char* smem = static_cast<const char*>(dynamic_smem());
+  // Element (row, k) of a K-major operand: row's 128 bytes in its 8-row group of `stride` bytes,
+  // the 16-byte chunk swizzled by the address's row bits (the tile is 1 KiB-aligned).
+  auto element = [&](uint64_t desc, int row, int k) {
+    if ((desc >> 62) != 1) {
+      fault("wgmma: only the 128-byte swizzle is emulated");
+      return 0.0f;
+    }
+    const uint32_t start = static_cast<uint32_t>(desc & 0x3FFF) << 4;
+    const uint32_t stride = static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4;
+    uint32_t addr = start + static_cast<uint32_t>(row / 8) * stride +
+                    static_cast<uint32_t>(row % 8) * 128 + static_cast<uint32_t>(k) * 2;
+    addr ^= ((addr >> 7) & 7u) << 4;
+    if (!in_dynamic_smem(smem + addr, 2)) {
+      fault("wgmma operand outside the block's dynamic shared memory");
+      return 0.0f;
+    }
+    uint16_t bits;
+    std::memcpy(&bits, smem + addr, sizeof bits);
+    return bf16_bits_to_float(bits);
+  };
+  const int t = static_cast<int>(threadIdx.x % 128), warp = t / 32, lane = t % 32;
+  for (int j = 0; j < n / 8; ++j) {
+    for (int e = 0; e < 4; ++e) {
+      const int row = warp * 16 + lane / 4 + (e >= 2 ? 8 : 0);
+      const int col = j * 8 + (lane % 4) * 2 + (e & 1);
+      float acc = d[4 * j + e];
+      for (int k = 0; k < 16; ++k) acc += element(desc_a, row, k) * element(desc_b, col, k);
+      d[4 * j + e] = acc;
+    }
+  }
+}
+
 }  // namespace hr::simt
 
 namespace hr::simt {
@@ -842,6 +880,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
     case cudaDevAttrMultiProcessorCount:
       *value = hr::simt::kMultiprocessors;
       return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 9;  // (as cudaGetDeviceProperties: the kernels' Hopper code)
+      return cudaSuccess;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin:
       *value = hr::simt::kMaxSharedMemoryPerBlock;
       return cudaSuccess;
@@ -995,6 +1036,7 @@ constexpr ErrorText kErrors[] = {
     {cudaErrorMisalignedAddress, "cudaErrorMisalignedAddress", "misaligned address"},
     {cudaErrorPeerAccessAlreadyEnabled, "cudaErrorPeerAccessAlreadyEnabled",
      "peer access is already enabled"},
+    {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
     {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", nullptr},
     {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
      "operation not permitted when stream is capturing"},

@@ -72,6 +72,7 @@ enum cudaError_t {
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorMisalignedAddress = 716,
   cudaErrorPeerAccessAlreadyEnabled = 704,
+  cudaErrorNotSupported = 801,
   cudaErrorLaunchFailure = 719,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
@@ -121,6 +122,7 @@ struct cudaLaunchConfig_t {
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 enum cudaDeviceAttr {
   cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrComputeCapabilityMajor = 75,
   cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
 };
 struct cudaDeviceProp {
@@ -203,6 +205,9 @@ void cp_async_commit();
 void cp_async_wait(int pending);
 void ldmatrix_x4(uint32_t* r, const void* p, bool trans);
 void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1);
+// wgmma.mma_async.m64nNk16 (bf16, fp32 accumulators) over shared-memory descriptors: this
+// thread's share of d (n / 2 values) (kernels/internal/wgmma.cuh).
+void wgmma_bf16(float* d, int n, uint64_t desc_a, uint64_t desc_b);
 
 template <typename T>
 uint64_t to_bits(T v) {

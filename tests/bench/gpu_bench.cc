@@ -432,7 +432,9 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
         ExpertsForm{"decode_tok_s_experts_grouped_gemm", MoeExperts::kGroupedGemm,
                     MoeGemmWarps::k32x32},
         ExpertsForm{"decode_tok_s_experts_grouped_gemm_64x64", MoeExperts::kGroupedGemm,
-                    MoeGemmWarps::k64x64}}) {
+                    MoeGemmWarps::k64x64},
+        ExpertsForm{"decode_tok_s_experts_grouped_gemm_warpgroup", MoeExperts::kGroupedGemm,
+                    MoeGemmWarps::kWarpgroup}}) {
     const std::string key = form.key;
     CudaBackendOptions changed = backend->options();
     const CudaBackendOptions before = changed;
@@ -485,22 +487,25 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
     } else {
       errors["prefill, router by rows"] = by_rows.status().to_string();
     }
-    // The grouped GEMM of 64 x 64 warps, with its own share of the step.
-    CudaBackendOptions wide = tiles;
-    wide.moe_gemm_warps = MoeGemmWarps::k64x64;
-    backend->set_paths(wide);
-    auto by_wide = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
-    json wide_phases;
-    const hr::Status wide_profiled =
-        by_wide.is_ok() ? prefill_profile(&wide_phases) : hr::Status::ok();
-    backend->set_paths(tiles);
-    if (by_wide.is_ok() && wide_profiled.is_ok()) {
-      out["prefill_tok_s_gemm_warps_64x64"] = std::round(*by_wide);
-      out["prefill_profile_ms_per_step_gemm_warps_64x64"] = wide_phases;
-      std::printf("moe prefill, grouped GEMM of 64x64 warps: %.0f tok/s\n", *by_wide);
-    } else {
-      errors["prefill, 64x64 warps"] =
-          (by_wide.is_ok() ? wide_profiled : by_wide.status()).to_string();
+    // The grouped GEMM's other shapes, each with its own share of the step.
+    for (const auto& [warps, name] : {std::pair{MoeGemmWarps::k64x64, "64x64"},
+                                      std::pair{MoeGemmWarps::kWarpgroup, "warpgroup"}}) {
+      CudaBackendOptions other = tiles;
+      other.moe_gemm_warps = warps;
+      backend->set_paths(other);
+      auto rate = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
+      json other_phases;
+      const hr::Status other_profiled =
+          rate.is_ok() ? prefill_profile(&other_phases) : hr::Status::ok();
+      backend->set_paths(tiles);
+      const std::string key = std::string("gemm_warps_") + name;
+      if (rate.is_ok() && other_profiled.is_ok()) {
+        out["prefill_tok_s_" + key] = std::round(*rate);
+        out["prefill_profile_ms_per_step_" + key] = other_phases;
+        std::printf("moe prefill, grouped GEMM %s: %.0f tok/s\n", name, *rate);
+      } else {
+        errors["prefill, " + key] = (rate.is_ok() ? other_profiled : rate.status()).to_string();
+      }
     }
   } else {
     errors["prefill"] = prefill.status().to_string();

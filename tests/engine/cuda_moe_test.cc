@@ -27,6 +27,15 @@ namespace {
 
 #define BF(p) reinterpret_cast<__nv_bfloat16*>(p)
 
+// Whether the device runs Hopper's wgmma (the CPU stand-in, which says it is one, runs it as the
+// PTX manual has it).
+bool hopper() {
+  int dev = 0, major = 0;
+  return cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+         major == 9;
+}
+
 kernels::MoeRouting device_routing(const MoeConfig& m) {
   kernels::MoeRouting r;
   r.num_experts = m.num_experts;
@@ -355,14 +364,16 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
   std::vector<float> down_held(down.begin() + static_cast<size_t>(first) * D * F, down.end());
   DeviceBuffer<uint16_t> d_gu_held(to_bf16(gu_held)), d_down_held(to_bf16(down_held));
   // The GEMV with and without the down weights' prefetch (a limit of 0: never), and the GEMM;
-  // then the GEMV and the GEMM over the held experts alone; then the GEMM of wide warps, over all
-  // the experts and over the held ones.
+  // then the GEMV and the GEMM over the held experts alone; then the GEMM of wide warps and the
+  // GEMM on warpgroups (wgmma: Hopper only), each over all the experts and over the held ones.
   std::vector<float> gemv_rows;  // the GEMV's k rows per token
-  for (int form = 0; form < 7; ++form) {
-    const bool part = form == 3 || form == 4 || form == 6;
+  for (int form = 0; form < 9; ++form) {
+    const bool part = form == 3 || form == 4 || form == 6 || form == 8;
     const auto kernel = form < 2 || form == 3 ? kernels::MoeKernel::kGemv
                         : form < 5            ? kernels::MoeKernel::kGroupedGemm
-                                              : kernels::MoeKernel::kGroupedGemmWide;
+                        : form < 7            ? kernels::MoeKernel::kGroupedGemmWide
+                                              : kernels::MoeKernel::kGroupedGemmWarpgroup;
+
     DeviceBuffer<uint16_t> d_act(static_cast<size_t>(capacity) * F);
     DeviceBuffer<float> d_out(static_cast<size_t>(pairs) * D);
     if (part) cudaMemset(d_out.ptr, 0, static_cast<size_t>(pairs) * D * 4);
@@ -375,6 +386,10 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
     }
     p.out = d_out.ptr;
     if (form == 1) p.prefetch_limit = 0;
+    if (kernel == kernels::MoeKernel::kGroupedGemmWarpgroup && !hopper()) {
+      EXPECT_EQ(kernels::moe_experts(p, kernel, nullptr), cudaErrorNotSupported);
+      continue;
+    }
     ASSERT_EQ(kernels::moe_experts(p, kernel, nullptr), cudaSuccess);
     const auto out = d_out.get();
     if (form == 0) gemv_rows = out;
@@ -397,7 +412,9 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
                                          "GEMV, held experts",
                                          "grouped GEMM, held experts",
                                          "grouped GEMM of wide warps",
-                                         "grouped GEMM of wide warps, held experts"};
+                                         "grouped GEMM of wide warps, held experts",
+                                         "grouped GEMM on warpgroups",
+                                         "grouped GEMM on warpgroups, held experts"};
     EXPECT_LT(std::sqrt(num / den), 1e-2) << kForms[form] << " T=" << T;
   }
   if (T > kernels::kMoeCombineTokens) return;
@@ -451,6 +468,8 @@ void check_experts(int T, int K, int E, int D, int F, const std::vector<int32_t>
   EXPECT_EQ(kernels::moe_experts(bad, kernels::MoeKernel::kGroupedGemm, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(kernels::moe_experts(bad, kernels::MoeKernel::kGroupedGemmWide, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::moe_experts(bad, kernels::MoeKernel::kGroupedGemmWarpgroup, nullptr),
             cudaErrorInvalidValue);
   bad.num_local_experts = E / 2;
   EXPECT_EQ(kernels::moe_experts(bad, kernels::MoeKernel::kGemv, nullptr), cudaErrorInvalidValue);
