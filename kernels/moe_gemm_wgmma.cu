@@ -92,6 +92,7 @@ __global__ void __launch_bounds__(kWgThreads) moe_gemm_wgmma_kernel(MoeExpertsPa
     load((ks + kWgStages - 1) % kWgStages, (ks + kWgStages - 1) * kWgK);
     const int s = ks % kWgStages;
     const uint32_t a = shared_addr(a_tile(s)), b = shared_addr(b_tile(s));
+    wgmma_fence_operands(acc, S::kAccs);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kWgK / 16; ++kk) {
@@ -135,8 +136,12 @@ __global__ void __launch_bounds__(kWgThreads) moe_gemm_wgmma_kernel(MoeExpertsPa
   }
 }
 
-// Whether the current device runs sm_90a code (Hopper), asked once per device.
+// Whether the current device runs this build's wgmma: a Hopper GPU, and sm_90a code built (else
+// the kernel is the compute_80 stub that traps), asked once per device.
 bool hopper() {
+#if !defined(HEADROOM_SIMT) && !defined(HEADROOM_KERNELS_SM90A)
+  return false;
+#else
   constexpr int kMaxDevices = 64;
   static std::atomic<int> known[kMaxDevices];  // 0: not asked yet, 1: yes, 2: no
   int dev = 0;
@@ -148,6 +153,7 @@ bool hopper() {
       major == 9;
   if (dev < kMaxDevices) known[dev].store(yes ? 1 : 2);
   return yes;
+#endif
 }
 
 }  // namespace
