@@ -457,13 +457,23 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
   emit(false);
   auto prefill = prefill_rate(backend, 1, prefill_len, max_tokens, rng);  // warm-up
   if (prefill.is_ok()) prefill = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
-  // A prefill's milliseconds per step in each phase (kernels launched one by one).
-  auto prefill_profile = [&](json* phases) -> hr::Status {
+  // A prefill's milliseconds per step in each phase (kernels launched one by one), and the
+  // experts' useful TFLOP/s: 2 x 3 products of dim x ffn for each of a token's top k, over their
+  // time (the tiles' padding rows not counted).
+  auto prefill_profile = [&](json* phases, double* experts_tflops) -> hr::Status {
     backend->set_profiling(true);
     auto profiled = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
     *phases = json::object();
-    for (const auto& [phase, ms] : backend->profile())
-      (*phases)[phase] = std::round(ms / std::max(1, backend->profiled_steps()) * 1000) / 1000;
+    *experts_tflops = 0;
+    const int steps = std::max(1, backend->profiled_steps());
+    for (const auto& [phase, ms] : backend->profile()) {
+      (*phases)[phase] = std::round(ms / steps * 1000) / 1000;
+      if (phase == "moe_experts" && ms > 0) {
+        const double flops = 6.0 * prefill_count * prefill_len * c.moe.top_k * c.hidden_size *
+                             c.moe.expert_intermediate_size;
+        *experts_tflops = flops / (ms * 1e-3) / 1e12;
+      }
+    }
     backend->set_profiling(false);
     return profiled.status();
   };
@@ -471,8 +481,10 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
     out["prefill_tok_s"] = std::round(*prefill);
     std::printf("moe prefill: %.0f tok/s\n", *prefill);
     json phases;
-    const hr::Status profiled = prefill_profile(&phases);
+    double tflops = 0;
+    const hr::Status profiled = prefill_profile(&phases, &tflops);
     out["prefill_profile_ms_per_step"] = phases;
+    out["prefill_experts_tflops"] = tflops;
     if (!profiled.is_ok()) errors["prefill profile"] = profiled.to_string();
     // The router's logits by the row kernel decode uses, against the tiled product (default).
     CudaBackendOptions rows = backend->options();
@@ -495,13 +507,15 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
       backend->set_paths(other);
       auto rate = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
       json other_phases;
+      double other_tflops = 0;
       const hr::Status other_profiled =
-          rate.is_ok() ? prefill_profile(&other_phases) : hr::Status::ok();
+          rate.is_ok() ? prefill_profile(&other_phases, &other_tflops) : hr::Status::ok();
       backend->set_paths(tiles);
       const std::string key = std::string("gemm_warps_") + name;
       if (rate.is_ok() && other_profiled.is_ok()) {
         out["prefill_tok_s_" + key] = std::round(*rate);
         out["prefill_profile_ms_per_step_" + key] = other_phases;
+        out["prefill_experts_tflops_" + key] = other_tflops;
         std::printf("moe prefill, grouped GEMM %s: %.0f tok/s\n", name, *rate);
       } else {
         errors["prefill, " + key] = (rate.is_ok() ? other_profiled : rate.status()).to_string();
