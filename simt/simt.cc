@@ -832,6 +832,10 @@ bool valid_device(int d) { return d >= 0 && d < device_count(); }
 
 void set_device_count(int n) { g_devices = n < 1 ? 1 : n > 64 ? 64 : n; }
 
+std::atomic<int> g_compute_major{9};
+
+void set_compute_major(int major) { g_compute_major = major; }
+
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -869,7 +873,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (!hr::simt::valid_device(device)) return cudaErrorInvalidDevice;
   *prop = cudaDeviceProp{};
   std::strncpy(prop->name, "CPU stand-in (simt/)", sizeof prop->name - 1);
-  prop->major = 9;
+  prop->major = hr::simt::g_compute_major.load();
   prop->minor = 0;
   prop->totalGlobalMem = hr::simt::kDeviceMemoryBytes;
   prop->multiProcessorCount = hr::simt::kMultiprocessors;
@@ -881,7 +885,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
       *value = hr::simt::kMultiprocessors;
       return cudaSuccess;
     case cudaDevAttrComputeCapabilityMajor:
-      *value = 9;  // (as cudaGetDeviceProperties: the kernels' Hopper code)
+      *value = hr::simt::g_compute_major.load();
       return cudaSuccess;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin:
       *value = hr::simt::kMaxSharedMemoryPerBlock;

@@ -195,6 +195,9 @@ void spin_pause();
 // device reaches every other's (peer access). Their kernels run on the threads that launch them,
 // so ranks on threads of their own run at once.
 void set_device_count(int n);
+// The compute capability's major number every device reports (9: Hopper, whose code the kernels
+// are built as; another, to see what a build does on other GPUs).
+void set_compute_major(int major);
 // The running block's dynamic shared memory.
 void* dynamic_smem();
 // Faults unless [p, p + bytes) lies inside one device allocation.

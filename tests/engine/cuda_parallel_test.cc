@@ -360,6 +360,44 @@ TEST(CudaParallelBackendTest, TheWorkersBackendSpecBuildsTheRanks) {
   }
 }
 
+// The grouped GEMM on warpgroups (Hopper's wgmma) is refused by name before anything loads on a
+// GPU of another generation (on the CPU stand-in, made to report compute capability 8), and
+// taken on Hopper's.
+TEST(CudaParallelBackendTest, TheWarpgroupGemmNeedsAHopperGpu) {
+  SKIP_WITHOUT_GPU();
+  BackendSpec spec;
+  spec.device = "cuda";
+  spec.kv_cache_bytes = 8 << 20;
+  spec.max_num_tokens = 256;
+  spec.max_num_seqs = 8;
+  spec.cuda_options = "moe_gemm_warps=warpgroup";
+  const std::string dir = model_dir("qwen3-moe");
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+#ifdef HEADROOM_SIMT
+  hr::simt::set_compute_major(8);
+  struct Restore {
+    ~Restore() { hr::simt::set_compute_major(9); }
+  } restore;
+  auto refused = make_backend(dir, spec);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().field(), "cuda-options");
+  EXPECT_NE(refused.status().message().find("moe_gemm_warps=warpgroup needs a Hopper GPU"),
+            std::string::npos)
+      << refused.status().to_string();
+  hr::simt::set_compute_major(9);
+#else
+  if (major != 9) {
+    auto refused = make_backend(dir, spec);
+    ASSERT_FALSE(refused.is_ok());
+    EXPECT_EQ(refused.status().field(), "cuda-options");
+    return;
+  }
+#endif
+  auto taken = make_backend(dir, spec);
+  ASSERT_TRUE(taken.is_ok()) << taken.status().to_string();
+}
+
 // A step cut into micro-batches samples as the whole step does: the same tokens, greedy and
 // seeded, with penalties, and the log probabilities its rows asked for in the step's rows (a row
 // that asked for none left as it was); then a decode step fed from it on the device, cut too.
