@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <pqxx/pqxx>
 #include <thread>
 
@@ -170,7 +171,16 @@ TEST(ApiTest, ProbesWithoutAKeyShareOneDatabaseConnection) {
       "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
       "AND pid <> pg_backend_pid() AND backend_type = 'client backend'";  // (not autovacuum)
   ASSERT_EQ(testing::http_call("GET", h.port(), "/readyz").status, 200);
-  const int64_t before = h.scalar(connections);
+  // The API's own connections settled first: the load sampler's thread opens one as it starts,
+  // which under load can come after the first count (3 against 2). The count is read until two
+  // reads 300 ms apart agree.
+  int64_t before = h.scalar(connections);
+  for (int i = 0; i < 20; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const int64_t now = h.scalar(connections);
+    if (now == before) break;
+    before = now;
+  }
   std::vector<std::thread> probes;
   std::atomic<int> answered{0};
   for (int t = 0; t < 12; ++t) {
