@@ -13,6 +13,7 @@
 #include "engine/device.h"
 #include "engine/memory_plan.h"
 #include "engine/parallel_cuda_backend.h"
+#include "kernels/device.cuh"
 #endif
 
 namespace hr::engine {
@@ -344,14 +345,15 @@ namespace {
 // Hopper's (wgmma).
 Status check_settings_fit_devices(const CudaBackendOptions& o, const std::vector<int>& devices) {
   if (o.moe_gemm_warps != MoeGemmWarps::kWarpgroup) return Status::ok();
-  for (const GpuInfo& g : list_gpus()) {
-    if (std::find(devices.begin(), devices.end(), g.index) == devices.end() || g.compute_major == 9)
-      continue;
+  for (int d : devices) {
+    kernels::DeviceInfo info;
+    // (A device that cannot be read is left to the load, which names it.)
+    if (kernels::device_info(d, &info) != cudaSuccess || info.compute_major == 9) continue;
     return invalid_argument(
         "--cuda-options: moe_gemm_warps=warpgroup needs a Hopper GPU (compute "
         "capability 9.x); device " +
-            std::to_string(g.index) + " is " + std::to_string(g.compute_major) + "." +
-            std::to_string(g.compute_minor),
+            std::to_string(d) + " is " + std::to_string(info.compute_major) + "." +
+            std::to_string(info.compute_minor),
         "cuda-options");
   }
   return Status::ok();
@@ -410,13 +412,13 @@ Result<std::shared_ptr<Backend>> make_backend(const std::string& model_dir,
   HR_RETURN_IF_ERROR(apply_cuda_settings(settings, &o));
   log::info("backend.cuda_settings", {{"device", index}, {"settings", describe(o)}});
   const int world = spec.tensor_parallel * spec.pipeline_parallel;
-  HR_RETURN_IF_ERROR(check_settings_fit_devices(
-      o, world > 1 && !spec.devices.empty() ? spec.devices : std::vector<int>{index}));
+  // The ranks' devices: as --devices names them, else the device and the ones after it.
+  std::vector<int> devices = world > 1 ? spec.devices : std::vector<int>{};
+  if (devices.empty()) {
+    for (int r = 0; r < world; ++r) devices.push_back(index + r);
+  }
+  HR_RETURN_IF_ERROR(check_settings_fit_devices(o, devices));
   if (world > 1) {
-    std::vector<int> devices = spec.devices;
-    if (devices.empty()) {
-      for (int r = 0; r < world; ++r) devices.push_back(index + r);
-    }
     HR_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir));
     const int ep = expert_parallel(spec, config.moe.num_experts);
     const ParallelDegrees degrees(spec.tensor_parallel, spec.pipeline_parallel, ep,

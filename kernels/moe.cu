@@ -15,6 +15,8 @@ using internal::expert_weights;
 using internal::held_expert;
 using internal::silu;
 using internal::stage_tile_rows;
+using internal::store_column_pair;
+using internal::tile_a_row;
 using internal::warp_max;
 using internal::warp_sum;
 
@@ -846,8 +848,7 @@ __global__ void __launch_bounds__((GemmShape<kGateUp, kWide>::kThreads))
     if (k0 < K) {
       for (int c = threadIdx.x; c < kMoeTile * kChunks; c += S::kThreads) {
         const int r = c / kChunks, kc = k0 + (c % kChunks) * 8;
-        // A's row: its token's row of x, or its own row of act (-1: padding).
-        const int src = kGateUp ? token_s[r] : pair_s[r] < 0 ? -1 : row0 + r;
+        const int src = tile_a_row<kGateUp>(pair_s, token_s, row0, r);
         const bool valid = src >= 0 && kc < K;
         internal::cp_async16(a_tile(s) + r * kGemmLd + (c % kChunks) * 8,
                              valid ? abase + static_cast<size_t>(src) * K + kc : wbase, valid);
@@ -918,15 +919,9 @@ __global__ void __launch_bounds__((GemmShape<kGateUp, kWide>::kThreads))
       for (int n = 0; n < S::kNt; ++n) {
         const int col = n0 + wn + n * 8 + (lane % 4) * 2;
         if (col >= N) continue;
-        const float v0 = acc[0][m][n][half * 2], v1 = acc[0][m][n][half * 2 + 1];
-        if (kGateUp) {
-          const float u0 = acc[kB - 1][m][n][half * 2], u1 = acc[kB - 1][m][n][half * 2 + 1];
-          *reinterpret_cast<__nv_bfloat162*>(p.act + static_cast<size_t>(row0 + r) * F + col) =
-              __floats2bfloat162_rn(silu(v0) * u0, silu(v1) * u1);
-        } else {
-          *reinterpret_cast<float2*>(p.out + static_cast<size_t>(pair) * D + col) =
-              make_float2(v0 * weight, v1 * weight);
-        }
+        store_column_pair<kGateUp>(p, row0 + r, pair, weight, col, acc[0][m][n][half * 2],
+                                   acc[0][m][n][half * 2 + 1], acc[kB - 1][m][n][half * 2],
+                                   acc[kB - 1][m][n][half * 2 + 1]);
       }
     }
   }
@@ -937,21 +932,10 @@ template <bool kWide>
 cudaError_t launch_grouped_gemm(const MoeExpertsParams& p, cudaStream_t stream) {
   using GateUp = GemmShape<true, kWide>;
   using Down = GemmShape<false, kWide>;
-  const int tiles = p.capacity / kMoeTile;
-  // Shared memory past 48 KiB, asked for on each device (one GPU a rank: a process has several).
-  cudaError_t err;
-  if ((err = internal::allow_dynamic_smem<moe_gemm_kernel<true, kWide>>(GateUp::kSmemBytes)) !=
-          cudaSuccess ||
-      (err = internal::allow_dynamic_smem<moe_gemm_kernel<false, kWide>>(Down::kSmemBytes)) !=
-          cudaSuccess)
-    return err;
-  err = internal::launch(moe_gemm_kernel<true, kWide>,
-                         dim3((p.ffn + GateUp::kN - 1) / GateUp::kN, tiles), dim3(GateUp::kThreads),
-                         GateUp::kSmemBytes, stream, p);
-  if (err != cudaSuccess) return err;
-  return internal::launch(moe_gemm_kernel<false, kWide>,
-                          dim3((p.dim + Down::kN - 1) / Down::kN, tiles), dim3(Down::kThreads),
-                          Down::kSmemBytes, stream, p);
+  return internal::launch_gate_up_then_down<moe_gemm_kernel<true, kWide>,
+                                            moe_gemm_kernel<false, kWide>>(
+      p, {GateUp::kN, GateUp::kThreads, GateUp::kSmemBytes},
+      {Down::kN, Down::kThreads, Down::kSmemBytes}, stream);
 }
 
 }  // namespace

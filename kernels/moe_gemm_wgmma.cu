@@ -5,9 +5,6 @@
 // m64n128 (gate and up apart, A shared) or m64n256, issued asynchronously while the next slice
 // loads. The epilogue is the other grouped GEMM's: SwiGLU into act, or each row's output times
 // its pair's weight into out.
-#include <algorithm>
-#include <atomic>
-
 #include "kernels/internal/common.cuh"
 #include "kernels/internal/mma.cuh"
 #include "kernels/internal/moe_experts.cuh"
@@ -61,7 +58,7 @@ __global__ void __launch_bounds__(kWgThreads) moe_gemm_wgmma_kernel(MoeExpertsPa
     if (k0 < K) {
       for (int c = threadIdx.x; c < kMoeTile * 8; c += kWgThreads) {
         const int r = c / 8, chunk = c % 8, kc = k0 + chunk * 8;
-        const int src = kGateUp ? token_s[r] : pair_s[r] < 0 ? -1 : row0 + r;
+        const int src = tile_a_row<kGateUp>(pair_s, token_s, row0, r);
         const bool valid = src >= 0 && kc < K;
         cp_async16(a_tile(s) + sw128_offset(r, chunk),
                    valid ? abase + static_cast<size_t>(src) * K + kc : wbase, valid);
@@ -122,16 +119,11 @@ __global__ void __launch_bounds__(kWgThreads) moe_gemm_wgmma_kernel(MoeExpertsPa
     for (int j = 0; j < S::kN / 8; ++j) {
       const int col = n0 + j * 8 + (lane % 4) * 2;
       if (col >= N) continue;
-      const float v0 = acc[4 * j + 2 * half], v1 = acc[4 * j + 2 * half + 1];
-      if (kGateUp) {
-        const float u0 = acc[S::kN / 2 + 4 * j + 2 * half];
-        const float u1 = acc[S::kN / 2 + 4 * j + 2 * half + 1];
-        *reinterpret_cast<__nv_bfloat162*>(p.act + static_cast<size_t>(row0 + r) * F + col) =
-            __floats2bfloat162_rn(silu(v0) * u0, silu(v1) * u1);
-      } else {
-        *reinterpret_cast<float2*>(p.out + static_cast<size_t>(pair) * D + col) =
-            make_float2(v0 * weight, v1 * weight);
-      }
+      // (gate/up: the up accumulators follow the gate ones; down has none.)
+      const int u = kGateUp ? S::kN / 2 : 0;
+      store_column_pair<kGateUp>(p, row0 + r, pair, weight, col, acc[4 * j + 2 * half],
+                                 acc[4 * j + 2 * half + 1], acc[u + 4 * j + 2 * half],
+                                 acc[u + 4 * j + 2 * half + 1]);
     }
   }
 }
@@ -142,17 +134,12 @@ bool hopper() {
 #if !defined(HEADROOM_SIMT) && !defined(HEADROOM_KERNELS_SM90A)
   return false;
 #else
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> known[kMaxDevices];  // 0: not asked yet, 1: yes, 2: no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (dev < kMaxDevices && known[dev].load() != 0) return known[dev].load() == 1;
-  int major = 0;
-  const bool yes =
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-      major == 9;
-  if (dev < kMaxDevices) known[dev].store(yes ? 1 : 2);
-  return yes;
+  return once_per_device([](int device) {
+    int major = 0;
+    return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
+               cudaSuccess &&
+           major == 9;
+  });
 #endif
 }
 
@@ -162,16 +149,9 @@ cudaError_t moe_grouped_gemm_wgmma(const MoeExpertsParams& p, cudaStream_t strea
   using GateUp = WgShape<true>;
   using Down = WgShape<false>;
   if (!hopper()) return cudaErrorNotSupported;
-  cudaError_t err;
-  if ((err = allow_dynamic_smem<moe_gemm_wgmma_kernel<true>>(GateUp::kSmemBytes)) != cudaSuccess ||
-      (err = allow_dynamic_smem<moe_gemm_wgmma_kernel<false>>(Down::kSmemBytes)) != cudaSuccess)
-    return err;
-  const int tiles = p.capacity / kMoeTile;
-  err = launch(moe_gemm_wgmma_kernel<true>, dim3((p.ffn + GateUp::kN - 1) / GateUp::kN, tiles),
-               dim3(kWgThreads), GateUp::kSmemBytes, stream, p);
-  if (err != cudaSuccess) return err;
-  return launch(moe_gemm_wgmma_kernel<false>, dim3((p.dim + Down::kN - 1) / Down::kN, tiles),
-                dim3(kWgThreads), Down::kSmemBytes, stream, p);
+  return launch_gate_up_then_down<moe_gemm_wgmma_kernel<true>, moe_gemm_wgmma_kernel<false>>(
+      p, {GateUp::kN, kWgThreads, GateUp::kSmemBytes}, {Down::kN, kWgThreads, Down::kSmemBytes},
+      stream);
 }
 
 }  // namespace hr::kernels::internal

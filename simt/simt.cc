@@ -562,20 +562,28 @@ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
 // and that + 8 (d[4j + 2], d[4j + 3]), at columns 8j + 2 (t % 4) and + 1.
 void wgmma_bf16(float* d, int n, uint64_t desc_a, uint64_t desc_b) {
   const char* smem = static_cast<const char*>(dynamic_smem());
-  // Element (row, k) of a K-major operand: row's 128 bytes in its 8-row group of `stride` bytes,
-  // the 16-byte chunk swizzled by the address's row bits (the tile is 1 KiB-aligned).
-  auto element = [&](uint64_t desc, int row, int k) {
-    if ((desc >> 62) != 1) {
-      fault("wgmma: only the 128-byte swizzle is emulated");
-      return 0.0f;
-    }
-    const uint32_t start = static_cast<uint32_t>(desc & 0x3FFF) << 4;
-    const uint32_t stride = static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4;
-    uint32_t addr = start + static_cast<uint32_t>(row / 8) * stride +
+  // An operand's start and 8-row stride, read from its descriptor once.
+  struct Operand {
+    uint32_t start, stride;
+  };
+  auto operand = [](uint64_t desc) {
+    return Operand{static_cast<uint32_t>(desc & 0x3FFF) << 4,
+                   static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4};
+  };
+  if ((desc_a >> 62) != 1 || (desc_b >> 62) != 1) {
+    fault("wgmma: only the 128-byte swizzle is emulated");
+    return;
+  }
+  const Operand a = operand(desc_a), b = operand(desc_b);
+  // Element (row, k): row's 128 bytes in its 8-row group, the 16-byte chunk swizzled by the
+  // address's row bits (the tile is 1 KiB-aligned).
+  bool outside = false;
+  auto element = [&](const Operand& o, int row, int k) {
+    uint32_t addr = o.start + static_cast<uint32_t>(row / 8) * o.stride +
                     static_cast<uint32_t>(row % 8) * 128 + static_cast<uint32_t>(k) * 2;
     addr ^= ((addr >> 7) & 7u) << 4;
     if (!in_dynamic_smem(smem + addr, 2)) {
-      fault("wgmma operand outside the block's dynamic shared memory");
+      outside = true;
       return 0.0f;
     }
     uint16_t bits;
@@ -588,10 +596,11 @@ void wgmma_bf16(float* d, int n, uint64_t desc_a, uint64_t desc_b) {
       const int row = warp * 16 + lane / 4 + (e >= 2 ? 8 : 0);
       const int col = j * 8 + (lane % 4) * 2 + (e & 1);
       float acc = d[4 * j + e];
-      for (int k = 0; k < 16; ++k) acc += element(desc_a, row, k) * element(desc_b, col, k);
+      for (int k = 0; k < 16; ++k) acc += element(a, row, k) * element(b, col, k);
       d[4 * j + e] = acc;
     }
   }
+  if (outside) fault("wgmma operand outside the block's dynamic shared memory");
 }
 
 }  // namespace hr::simt

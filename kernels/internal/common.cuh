@@ -184,6 +184,23 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
+// What ask(device) says (yes or no) of the current device, asked once per device and kept; false
+// when the current device cannot be read. Each call site's lambda keeps answers of its own.
+template <typename Ask>
+bool once_per_device(Ask ask) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices];  // 0: not asked yet, 1: yes, 2: no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  const bool kept = device >= 0 && device < kMaxDevices;
+  if (kept) {
+    if (int k = known[device].load(std::memory_order_relaxed); k != 0) return k == 1;
+  }
+  const bool yes = ask(device);
+  if (kept) known[device].store(yes ? 1 : 2, std::memory_order_relaxed);
+  return yes;
+}
+
 // Raises `Kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per device.
 template <auto Kernel>
 cudaError_t allow_dynamic_smem(size_t bytes) {
