@@ -14,7 +14,8 @@
 # The dense model's baseline too runs eager (under "baseline") and compiled ("baseline_compiled",
 # batch 1 and 64).
 # HEADROOM_PREBUILT=DIR uses a headroom_gpu_bench already built in DIR instead of building;
-# HEADROOM_BENCH_BASELINE=0 leaves the baselines out; HEADROOM_BENCH_BASELINE_TIMEOUT_S bounds
+# HEADROOM_BENCH_BASELINE=0 leaves the baselines out, or names those to run (a comma list of
+# dense, dense_compiled, moe_eager, moe_compiled); HEADROOM_BENCH_BASELINE_TIMEOUT_S bounds
 # each (default 240), HEADROOM_BENCH_COMPILED_TIMEOUT_S each compiled one (default 150: compiling
 # the 48-layer MoE with transformers' own experts loop took longer than 100 s on an H200; it now
 # compiles the batched_mm experts backend, at batch 1; a baseline out of time is reported as null);
@@ -41,10 +42,17 @@ have_baseline() {
   [ "${HEADROOM_BENCH_BASELINE:-1}" != 0 ] &&
     python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null
 }
-# baseline ARGS...: the baseline's last JSON line, or null (a failed or overlong baseline loses only
-# the baseline: our figures are reported all the same).
+# baseline NAME ARGS...: the baseline's last JSON line, or null (a failed or overlong baseline loses
+# only the baseline: our figures are reported all the same).
 baseline() {
-  local limit=${HEADROOM_BENCH_BASELINE_TIMEOUT_S:-240}
+  local name=$1 limit=${HEADROOM_BENCH_BASELINE_TIMEOUT_S:-240}
+  shift
+  local wanted=${HEADROOM_BENCH_BASELINE:-1}
+  if [ "$wanted" != 0 ] && [ "$wanted" != 1 ] && [[ ",$wanted," != *",$name,"* ]]; then
+    echo "bench_gpu: baseline $name skipped (HEADROOM_BENCH_BASELINE=$wanted)" >&2
+    echo null
+    return
+  fi
   if [[ " $* " == *" --compile "* ]]; then
     limit=${HEADROOM_BENCH_COMPILED_TIMEOUT_S:-150}
     if [ "${HEADROOM_BENCH_COMPILED:-1}" = 0 ]; then
@@ -82,8 +90,8 @@ if [ "${HEADROOM_BENCH_DENSE:-1}" != 0 ]; then
     echo "bench_gpu: the engine benchmark printed no figures (exit $rc)" >&2
     exit 1
   fi
-  base=$(baseline)
-  base_compiled=$(baseline --compile --batches 1,64 --steps 16 --prefill-batch 1)
+  base=$(baseline dense)
+  base_compiled=$(baseline dense_compiled --compile --batches 1,64 --steps 16 --prefill-batch 1)
 fi
 moe=null
 moe_eager=null
@@ -94,14 +102,14 @@ if [ -n "$moe_model" ]; then
   moe=$(grep '^{' "$log" | tail -1 || true)
   [ -n "$moe" ] || moe='{"moe": null}'
   if [ "$moe_model" = qwen3-30b-a3b ]; then
-    moe_eager=$(baseline --moe "$moe_model" --batches 1,16,64 --steps 8)
+    moe_eager=$(baseline moe_eager --moe "$moe_model" --batches 1,16,64 --steps 8)
     # (batched_mm copies each token's k experts' weights: batch 1 only, where it is the fastest.)
-    moe_compiled=$(baseline --moe "$moe_model" --compile --experts batched_mm --batches 1 --steps 16)
+    moe_compiled=$(baseline moe_compiled --moe "$moe_model" --compile --experts batched_mm --batches 1 --steps 16)
   fi
 fi
 mixtral=null
 gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 || true)
-if [ "${HEADROOM_BENCH_MIXTRAL:-1}" != 0 ] && [ -n "$moe_model" ]; then
+if [ "${HEADROOM_BENCH_MIXTRAL:-1}" != 0 ]; then
   if [ "${gpu_mib:-0}" -ge $((120 * 1024)) ] 2>/dev/null; then
     "$bench" --moe mixtral-8x7b --batches 1,16 --max-seqs 16 --moe-decode-only 1 \
       --kv-cache-mb 8192 | tee "$log" >&2 || rc=$?
