@@ -12,6 +12,7 @@
 // without peer access) the ranks share device 0, each on a stream of its own.
 #include <gtest/gtest.h>
 
+#include <barrier>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -160,6 +161,11 @@ TEST_P(PeerCollectivesTest, EqualTheSerialSumsEagerlyAndInEachRanksGraph) {
   ASSERT_TRUE(group.is_ok()) << group.status().to_string();
   ASSERT_EQ(group->size(), static_cast<size_t>(n));
   std::vector<Rank> ranks(static_cast<size_t>(n));
+  // Allocating memory and instantiating a graph wait for the whole device, which on a GPU shared
+  // by the ranks would wait for a peer's kernel that waits for this rank: every rank's buffers
+  // are made before any rank's first launch, and its graph before any rank's first replay. (A
+  // rank that fails in between leaves the barrier, so that the others do not wait for it there.)
+  std::barrier ready(n);
   RankThreads threads(n, false, [&](int r) { cudaSetDevice(peers.device(r)); });
   const Status st = threads.run([&](int r) -> Status {
     Rank& rank = ranks[static_cast<size_t>(r)];
@@ -167,10 +173,18 @@ TEST_P(PeerCollectivesTest, EqualTheSerialSumsEagerlyAndInEachRanksGraph) {
     EXPECT_EQ(c.rank(), r);
     EXPECT_EQ(c.size(), n);
     rank.make(n);
+    std::unique_ptr<DeviceBuffer<float>> big;
+    if (shape.staging_bytes >= kBig * 4)
+      big = std::make_unique<DeviceBuffer<float>>(values(r, 77, kBig));
+    EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+    ready.arrive_and_wait();
     // Eagerly, twice (the flags are ready for the next call).
     for (int round = 0; round < 2; ++round) {
       rank.fill(r, round, n);
-      HR_RETURN_IF_ERROR(rank.enqueue(c, round % n));
+      if (Status s = rank.enqueue(c, round % n); !s.is_ok()) {
+        ready.arrive_and_drop();
+        return s;
+      }
       rank.expect(r, round, n, round % n);
     }
     // Captured once by each rank on its own stream, replayed over new data twice.
@@ -179,26 +193,28 @@ TEST_P(PeerCollectivesTest, EqualTheSerialSumsEagerlyAndInEachRanksGraph) {
     EXPECT_EQ(cudaStreamBeginCapture(rank.stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
     const Status recorded = rank.enqueue(c, n - 1);
     EXPECT_EQ(cudaStreamEndCapture(rank.stream, &graph), cudaSuccess);
-    HR_RETURN_IF_ERROR(recorded);
+    if (!recorded.is_ok()) {
+      ready.arrive_and_drop();
+      return recorded;
+    }
     EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    ready.arrive_and_wait();
     for (int round = 10; round < 12; ++round) {
       rank.fill(r, round, n);
       EXPECT_EQ(cudaGraphLaunch(exec, rank.stream), cudaSuccess);
       rank.expect(r, round, n, n - 1);
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
     // A message of many blocks (more units than a launch has threads, so blocks go round), then
     // small ones again: every block's barrier counts stay in step whatever the grid.
-    if (shape.staging_bytes >= kBig * 4) {
-      DeviceBuffer<float> big(values(r, 77, kBig));
-      EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
-      HR_RETURN_IF_ERROR(c.all_reduce(big.ptr, kBig, rank.stream));
+    if (big) {
+      HR_RETURN_IF_ERROR(c.all_reduce(big->ptr, kBig, rank.stream));
       rank.fill(r, 20, n);
       HR_RETURN_IF_ERROR(rank.enqueue(c, 0));
       rank.expect(r, 20, n, 0);
-      EXPECT_EQ(big.get(), serial_sum(n, 77, kBig)) << "a large all_reduce, rank " << r;
+      EXPECT_EQ(big->get(), serial_sum(n, 77, kBig)) << "a large all_reduce, rank " << r;
     }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
     cudaStreamDestroy(rank.stream);
     return Status::ok();
   });
@@ -302,13 +318,15 @@ TEST(PeerPointToPoint, MessagesArriveInOrderInPieces) {
     for (size_t i = 0; i < bytes; ++i) m[i] = static_cast<uint8_t>(from * 61 + to * 17 + k * 7 + i);
     return m;
   };
+  std::barrier ready(n);
   RankThreads threads(n, false, [&](int r) { cudaSetDevice(peers.device(r)); });
   const Status st = threads.run([&](int r) -> Status {
     DeviceCommunicator& c = *(*group)[static_cast<size_t>(r)];
     cudaStream_t stream;
     EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-    // Every buffer first: freeing memory waits for the whole device, which on a GPU shared by
-    // the ranks would wait for a peer's kernel that waits for this rank.
+    // Every rank's buffers before any rank's first launch: allocating memory waits for the whole
+    // device, which on a GPU shared by the ranks would wait for a peer's kernel that waits for
+    // this rank (seen on an H200: the first sender's kernel met its timeout).
     std::map<std::pair<int, int>, std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>>> bufs;
     for (int from = 0; from < n; ++from) {
       for (int to = 0; to < n; ++to) {
@@ -321,6 +339,7 @@ TEST(PeerPointToPoint, MessagesArriveInOrderInPieces) {
       }
     }
     EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+    ready.arrive_and_wait();
     // Every ordered pair in turn: the sender sends all its messages while the receiver takes
     // them (a message longer than the mailbox goes piece by piece as the receiver reads them).
     for (auto& [pair, mine] : bufs) {
