@@ -83,7 +83,8 @@ std::vector<std::pair<MoeExperts, const char*>> field_values(MoeExperts) {
           {MoeExperts::kGroupedGemm, "grouped_gemm"}};
 }
 std::vector<std::pair<MoeGemmWarps, const char*>> field_values(MoeGemmWarps) {
-  return {{MoeGemmWarps::k32x32, "32x32"},
+  return {{MoeGemmWarps::kAuto, "auto"},
+          {MoeGemmWarps::k32x32, "32x32"},
           {MoeGemmWarps::k64x64, "64x64"},
           {MoeGemmWarps::kWarpgroup, "warpgroup"}};
 }
@@ -145,7 +146,7 @@ const std::vector<CudaSetting>& cuda_settings() {
       {"programmatic_launch", {"on", "off", "auto"}},
       {"prefetch_weights", {"8mb", "off", "4mb", "16mb"}},
       {"moe_experts", {"auto", "gemv", "grouped_gemm"}},
-      {"moe_gemm_warps", {"32x32", "64x64", "warpgroup"}},
+      {"moe_gemm_warps", {"auto", "32x32", "64x64", "warpgroup"}},
       {"moe_router_tiles", {"on", "off"}},
       {"moe_combine", {"on", "off"}},
   };

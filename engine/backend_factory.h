@@ -45,8 +45,8 @@ struct BackendSpec {
 // fused_combine and fused_all_reduce take on or off; rank_collectives takes nccl or peer;
 // decode_attention takes tensor_core, cuda_core or prefill_tiles; programmatic_launch takes on, off
 // or auto; prefetch_weights takes 8mb, off, 4mb or 16mb; moe_experts takes auto, gemv or
-// grouped_gemm; moe_gemm_warps takes 32x32, 64x64 or warpgroup; moe_router_tiles and moe_combine
-// take on or off. Errors name the setting at fault.
+// grouped_gemm; moe_gemm_warps takes auto, 32x32, 64x64 or warpgroup; moe_router_tiles and
+// moe_combine take on or off. Errors name the setting at fault.
 using CudaSettings = std::vector<std::pair<std::string, std::string>>;
 // Every setting and the values it takes (the first: what a bare name means), and the flag's help.
 struct CudaSetting {

@@ -38,12 +38,15 @@ namespace hr::engine {
 enum class ProgrammaticLaunch { kAuto, kOn, kOff };  // kAuto: on except for fused small steps
 
 // How a MoE layer's experts run (kernels/moe.cuh): kAuto takes GEMVs for steps of up to 16 tokens
-// and the grouped GEMM above.
+// (8 where the grouped GEMM is on warpgroups) and the grouped GEMM above.
 enum class MoeExperts { kAuto, kGemv, kGroupedGemm };
 // The grouped GEMM's warp tiles (kernels/moe.cuh, MoeKernel): 32 rows x 32 columns, eight warps a
 // block; or all 64 rows x 64 weight columns, four a block; or a warpgroup a tile with Hopper's
-// wgmma (refused on other GPUs).
-enum class MoeGemmWarps { k32x32, k64x64, kWarpgroup };
+// wgmma (refused on other GPUs). kAuto: the warpgroup where the device runs it (a Hopper GPU and
+// a build with sm_90a code), else 32x32. On an H200, Qwen3-30B-A3B's 8,192-token prefill steps
+// ran 12% faster on warpgroups than with 32x32 warps, and its decode 17-22% faster at batch
+// 64 and 256 (64x64: within 1% of 32x32; docs/gpu-performance.md).
+enum class MoeGemmWarps { kAuto, k32x32, k64x64, kWarpgroup };
 
 // One GPU a rank (engine/parallel_cuda_backend.h): the ranks' collectives and hand-offs over
 // NCCL, or over peer pointers (engine/peer_communicator.h: our kernels, the layer boundary one
@@ -90,9 +93,9 @@ struct CudaBackendOptions {
   // off).
   int prefetch_weights_mb = 0;
   MoeExperts moe_experts = MoeExperts::kAuto;
-  MoeGemmWarps moe_gemm_warps = MoeGemmWarps::k32x32;
-  // Steps of more than kMoeFusedRouteTokens tokens (prefill) take the router's logits as a tiled
-  // product (kernels/moe.cuh, MoeRouteParams::tiled); off: the row kernel decode uses.
+  MoeGemmWarps moe_gemm_warps = MoeGemmWarps::kAuto;
+  // Steps of kMoeTiledRouteTokens tokens or more (long prefill) take the router's logits as a
+  // tiled product (kernels/moe.cuh, MoeRouteParams::tiled); off: the row kernel smaller steps use.
   bool moe_router_tiles = true;
   // Fused small steps: a MoE layer's down product adds its k rows per token into the residual
   // stream (kernels/moe.cuh, MoeExpertsParams::resid_out), so that the next layer's input norm
@@ -393,6 +396,7 @@ class CudaBackend final : public Backend {
   size_t free_before_kv_ = 0;
   size_t free_after_init_ = 0;
   int num_sms_ = 0;
+  bool warpgroup_gemm_ = false;  // the device runs the warpgroup grouped GEMM (moe_gemm_warps=auto)
   // The fused small-batch GEMVs (and their prefetch ranges) need hidden, query and MLP sizes that
   // are multiples of 8; other models take the unfused path.
   bool fused_shapes_ = false;

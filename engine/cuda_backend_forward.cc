@@ -383,7 +383,7 @@ Status CudaBackend::moe_layer(const Layer& W, int li, int T, const float* resid,
   r.layout = moe_.layout;
   r.capacity = capacity;
   r.counter = moe_.route_counter;
-  r.tiled = options_.moe_router_tiles;
+  r.tiled = options_.moe_router_tiles && T >= kMoeTiledRouteTokens;
   HR_CUDA("MoE routing", kernels::moe_route(r, stream_));
   if (recording_routing_) {
     const size_t per_layer = static_cast<size_t>(options_.max_num_tokens) * m.top_k;
@@ -422,11 +422,16 @@ Status CudaBackend::moe_layer(const Layer& W, int li, int T, const float* resid,
                               stream_));
   }
   const MoeExperts how = options_.moe_experts;
-  const auto kernel = how == MoeExperts::kGemv || (how == MoeExperts::kAuto && T <= kMoeGemvTokens)
+  const MoeGemmWarps warps = options_.moe_gemm_warps != MoeGemmWarps::kAuto
+                                 ? options_.moe_gemm_warps
+                             : warpgroup_gemm_ ? MoeGemmWarps::kWarpgroup
+                                               : MoeGemmWarps::k32x32;
+  const int gemv_tokens =
+      warps == MoeGemmWarps::kWarpgroup ? kMoeGemvTokensWarpgroup : kMoeGemvTokens;
+  const auto kernel = how == MoeExperts::kGemv || (how == MoeExperts::kAuto && T <= gemv_tokens)
                           ? kernels::MoeKernel::kGemv
-                      : options_.moe_gemm_warps == MoeGemmWarps::k64x64
-                          ? kernels::MoeKernel::kGroupedGemmWide
-                      : options_.moe_gemm_warps == MoeGemmWarps::kWarpgroup
+                      : warps == MoeGemmWarps::k64x64 ? kernels::MoeKernel::kGroupedGemmWide
+                      : warps == MoeGemmWarps::kWarpgroup
                           ? kernels::MoeKernel::kGroupedGemmWarpgroup
                           : kernels::MoeKernel::kGroupedGemm;
   HR_CUDA("MoE experts", kernels::moe_experts(e, kernel, stream_));

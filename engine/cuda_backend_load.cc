@@ -228,6 +228,7 @@ Status CudaBackend::init_runtime() {
           cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                  options_.device));
   kernels::programmatic_launch_supported();  // asked now, outside any graph capture
+  warpgroup_gemm_ = kernels::moe_warpgroup_gemm_runs();
   HR_CUDA("reading the GEMV kernels' occupancy", kernels::gemv_prepare());
   fused_shapes_ = D % 8 == 0 && Q % 8 == 0 && F % 8 == 0;
   const size_t smem_needed = kernels::paged_attention_smem_bytes(c.head_dim);

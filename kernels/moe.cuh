@@ -147,4 +147,8 @@ enum class MoeKernel {
 
 cudaError_t moe_experts(const MoeExpertsParams& p, MoeKernel kernel, cudaStream_t stream);
 
+// Whether the current device runs kGroupedGemmWarpgroup: a Hopper GPU, and this build's sm_90a
+// code (asked once per device).
+bool moe_warpgroup_gemm_runs();
+
 }  // namespace hr::kernels

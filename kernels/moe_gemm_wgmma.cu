@@ -155,3 +155,9 @@ cudaError_t moe_grouped_gemm_wgmma(const MoeExpertsParams& p, cudaStream_t strea
 }
 
 }  // namespace hr::kernels::internal
+
+namespace hr::kernels {
+
+bool moe_warpgroup_gemm_runs() { return internal::hopper(); }
+
+}  // namespace hr::kernels

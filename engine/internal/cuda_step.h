@@ -20,6 +20,18 @@ constexpr int kGemvRows = 2;
 // Steps of up to this many tokens run a MoE layer's experts as GEMVs (each active expert's
 // weights streamed once for all its rows), larger ones as the grouped GEMM on tensor cores.
 constexpr int kMoeGemvTokens = 16;
+// ... up to this many where the grouped GEMM runs on warpgroups: on an H200 it took Qwen3-30B-A3B's
+// batch-16 decode to 706 tok/s against the GEMVs' 631 (32x32 warps: 601).
+constexpr int kMoeGemvTokensWarpgroup = 8;
+
+// Steps of at least this many tokens take the router's logits as the tiled product
+// (moe_router_tiles); smaller ones, the row kernel. The tiled product has a block per 64 tokens
+// (one tile of experts up to 128), each a serial pass over the hidden size: it runs about as long
+// for 16 tokens as for 8,192 (on an H200, Qwen3-30B-A3B's routing took 164-180 us a layer at
+// batch 16-256, a third of the batch-16 step, and 242 us at 8,192 tokens). The row kernel's time
+// grows with the tokens (~0.1 us each there: 0.6 ms a layer more than the tiles at 8,192), so
+// the two cross near 1,600 tokens.
+constexpr int kMoeTiledRouteTokens = 1536;
 
 // Byte offsets of one step's inputs inside the staging buffers (each 16-byte aligned).
 struct CudaBackend::StepLayout {

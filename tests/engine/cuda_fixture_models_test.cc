@@ -184,7 +184,7 @@ TEST_P(CudaFixtureTest, LogitsAndGreedyMatchTheCpuAndTransformers) {
   }
   CudaBackendOptions defaults = cuda->options();
   defaults.moe_experts = MoeExperts::kAuto;
-  defaults.moe_gemm_warps = MoeGemmWarps::k32x32;
+  defaults.moe_gemm_warps = MoeGemmWarps::kAuto;
   cuda->set_paths(defaults);
   // A fused decode step (its kernels launched without programmatic dependence by default) with
   // it on, and with the MoE down product and RoPE run as kernels of their own: every kernel still

@@ -268,7 +268,7 @@ TEST(BackendSpecTest, CudaOptionsParseAndRefuseClearly) {
             "graphs=on,small_batch_gemv=on,fused_small_batch=on,fused_rope=on,fused_combine=on,"
             "fused_all_reduce=on,rank_collectives=nccl,decode_attention=tensor_core,"
             "programmatic_launch=auto,prefetch_weights=off,moe_experts=auto,"
-            "moe_gemm_warps=32x32,moe_router_tiles=on,moe_combine=on");
+            "moe_gemm_warps=auto,moe_router_tiles=on,moe_combine=on");
   ASSERT_EQ(cuda_settings().size(), 14u);
   for (const auto& [name, values] : cuda_settings()) {
     for (const auto& value : values) {
