@@ -458,8 +458,8 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
   auto prefill = prefill_rate(backend, 1, prefill_len, max_tokens, rng);  // warm-up
   if (prefill.is_ok()) prefill = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
   // A prefill's milliseconds per step in each phase (kernels launched one by one), and the
-  // experts' useful TFLOP/s: 2 x 3 products of dim x ffn for each of a token's top k, over their
-  // time (the tiles' padding rows not counted).
+  // experts' useful TFLOP/s: 2 x 3 products of dim x ffn for each of a token's top k in every
+  // layer, over their time (the tiles' padding rows not counted).
   auto prefill_profile = [&](json* phases, double* experts_tflops) -> hr::Status {
     backend->set_profiling(true);
     auto profiled = prefill_rate(backend, prefill_count, prefill_len, max_tokens, rng);
@@ -470,7 +470,7 @@ int moe_run(const std::string& name, ModelConfig c, const std::string& batches, 
       (*phases)[phase] = std::round(ms / steps * 1000) / 1000;
       if (phase == "moe_experts" && ms > 0) {
         const double flops = 6.0 * prefill_count * prefill_len * c.moe.top_k * c.hidden_size *
-                             c.moe.expert_intermediate_size;
+                             c.moe.expert_intermediate_size * c.num_layers;
         *experts_tflops = flops / (ms * 1e-3) / 1e12;
       }
     }
