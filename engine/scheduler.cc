@@ -122,14 +122,22 @@ StepPlan Scheduler::schedule() {
     not_this_steps = std::max(0, budget - group_token_share(top, async_cap));
     budget -= not_this_steps;
   }
+  // The async prompt tokens this step may still take (-1: no cap).
+  int async_prefill_left = sync_present && config_.max_async_prefill_with_sync > 0
+                               ? config_.max_async_prefill_with_sync
+                               : -1;
   auto plan_seq = [&](Sequence* seq, bool was_running) -> bool {
     if (seq->ends_with_pending()) return false;
     if (step_groups_ > 1 && seq->num_pending > 0) return false;
     int remaining = seq->length() - seq->num_computed;
     int n = std::min({remaining, budget, config_.max_prefill_chunk});
+    const bool capped_prefill = seq->cls == RequestClass::kAsync && async_prefill_left >= 0 &&
+                                seq->num_computed < seq->num_prompt;
+    if (capped_prefill) n = std::min(n, async_prefill_left);
     if (n <= 0) return false;
     if (!grow(seq, n, was_running, &plan, &budget)) return false;
     n = std::min(n, budget);  // preemption may not refund, but never overdraw
+    if (capped_prefill) async_prefill_left -= n;
     plan.seqs.push_back({seq, n, seq->num_computed + n == seq->length()});
     plan.num_tokens += n;
     budget -= n;

@@ -75,6 +75,12 @@ struct SchedulerConfig {
   // per step (0: no cap), so the steps that carry sync tokens stay short. Where step time grows
   // with the tokens in it (compute-bound CPUs), this is what keeps sync latency flat.
   int max_async_tokens_with_sync = 0;
+  // While sync requests are present or expected, the async prompt tokens a step computes come to
+  // at most this many (0: no cap); async decode tokens are not counted. Where a step's time is
+  // its weights' read until it holds many tokens (a GPU), decoding rows ride along almost free,
+  // but a chunk of queued prompts makes the step that an arriving sync request waits behind
+  // several times longer.
+  int max_async_prefill_with_sync = 0;
   // A step that computes a sync prompt carries no async tokens: the new request's first token
   // comes after one short step.
   bool sync_prefill_alone = false;

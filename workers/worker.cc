@@ -105,6 +105,7 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerConfig& given,
   eo.scheduler.max_batched_tokens = config.max_batched_tokens;
   eo.scheduler.max_prefill_chunk = config.max_batched_tokens;
   eo.scheduler.max_async_tokens_with_sync = config.async_tokens_with_sync;
+  eo.scheduler.max_async_prefill_with_sync = config.async_prefill_with_sync;
   eo.scheduler.sync_prefill_alone = config.sync_prefill_alone;
   eo.scheduler.priority_runs_alone = config.catch_up_alone == 1;
   HR_ASSIGN_OR_RETURN(m->engine, engine::Engine::create(std::move(backend), m->tokenizer,

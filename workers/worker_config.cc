@@ -38,6 +38,11 @@ void WorkerConfig::bind(CLI::App& app) {
            "many tokens per engine "
            "step: keeps those steps short where step time grows with batch size (0: no cap; "
            "-1: 8 on the CPU backend, no cap on a GPU)");
+  cli::add(app, "--async-prefill-with-sync", async_prefill_with_sync,
+           "While sync requests run (or ran in the last 3 s), async prompts take at most this "
+           "many tokens per engine step, decode tokens not counted: keeps the step an arriving "
+           "sync request waits behind short (0: no cap; -1: 128 on a GPU, no cap on the CPU "
+           "backend)");
   cli::add(app, "--sync-prefill-alone", sync_prefill_alone,
            "Engine steps that compute a sync prompt carry no async tokens (true or false)");
   cli::add(app, "--catch-up-alone", catch_up_alone,
@@ -115,6 +120,9 @@ Status WorkerConfig::validate() const {
   }
   if (async_tokens_with_sync < -1) {
     return invalid_argument("--async-tokens-with-sync must be >= -1", "async-tokens-with-sync");
+  }
+  if (async_prefill_with_sync < -1) {
+    return invalid_argument("--async-prefill-with-sync must be >= -1", "async-prefill-with-sync");
   }
   if (async_step_ms < 0 && async_step_ms != -1) {
     return invalid_argument("--async-step-ms must be -1 (auto), 0 (no cap) or positive",
@@ -194,6 +202,7 @@ Status WorkerConfig::validate() const {
 WorkerConfig WorkerConfig::resolved() const {
   WorkerConfig r = *this;
   r.async_tokens_with_sync = by_device(async_tokens_with_sync, 8, 0);
+  r.async_prefill_with_sync = by_device(async_prefill_with_sync, 0, 128);
   r.async_step_ms = by_device(async_step_ms, 100.0, 0.0);
   r.engine_nice = by_device(engine_nice, 5, 0);
   r.catch_up_alone = by_device(catch_up_alone, 1, 0);

@@ -37,6 +37,11 @@ struct WorkerConfig {
   // Async tokens per step while sync requests run: 0 no cap, -1 auto (8 on the CPU backend, whose
   // step time grows with the tokens in it; no cap on a GPU).
   int async_tokens_with_sync = -1;
+  // Async prompt tokens per step while sync requests run (decode tokens not counted): 0 no cap, -1
+  // auto (128 on a GPU, where a chunk of queued prompts made the step an arriving sync request
+  // waits behind ten times longer than a decode step; no cap on the CPU backend, whose
+  // async_tokens_with_sync already holds every async token to 8).
+  int async_prefill_with_sync = -1;
   bool sync_prefill_alone = true;  // steps computing a sync prompt carry no async tokens
   // While catch-up requests (queue/stream.h) run, the rest of the queued work waits rather than
   // runs beside them: 1 yes, 0 no, -1 auto (yes on the CPU backend, whose step time grows with

@@ -275,6 +275,41 @@ TEST(SchedulerTest, AsyncTokensAreCappedOnlyWhileSyncIsPresent) {
   EXPECT_EQ(h.step().num_tokens, 6);
 }
 
+// The async prompt tokens of a step are capped while sync is about (in pieces over several steps
+// for a prompt longer than the cap, several short prompts sharing it); decoding async sequences
+// are not held back, and without sync the prompts go in whole.
+TEST(SchedulerTest, AsyncPromptTokensAreCappedWhileSyncIsPresent) {
+  SchedulerConfig c{16, 64, 64};
+  c.max_async_prefill_with_sync = 6;
+  Harness h(256, 4, c);
+  Sequence* d = h.add(RequestClass::kAsync, 3, 0, 100);  // distinct prompts: no prefix hits
+  h.step();                                              // d decodes from here
+  Sequence* s = h.add(RequestClass::kSync, 5, 0, 200);
+  Sequence* a = h.add(RequestClass::kAsync, 10, 0, 300);
+  Sequence* b = h.add(RequestClass::kAsync, 3, 0, 400);
+  StepPlan p = h.step();
+  EXPECT_EQ(tokens_of(p, s), 5);  // sync prompts are never capped
+  EXPECT_EQ(tokens_of(p, d), 1);  // nor async decodes
+  EXPECT_EQ(tokens_of(p, a), 6);  // the cap, all of it to the first prompt
+  EXPECT_EQ(tokens_of(p, b), 0);
+  p = h.step();
+  EXPECT_EQ(tokens_of(p, a), 4);  // the rest of a's prompt
+  EXPECT_EQ(tokens_of(p, b), 2);  // and what is left of the cap
+  EXPECT_EQ(tokens_of(p, d), 1);
+  EXPECT_EQ(tokens_of(p, s), 1);
+  // Without sync (nor any expected), a long prompt goes in whole.
+  s->finished = true;
+  h.sched.remove(s);
+  Sequence* e = h.add(RequestClass::kAsync, 20, 0, 500);
+  p = h.step();
+  EXPECT_EQ(tokens_of(p, e), 20);
+  EXPECT_EQ(tokens_of(p, b), 1);
+  // Expected sync traffic caps them too.
+  h.sched.set_sync_expected(true);
+  Sequence* f = h.add(RequestClass::kAsync, 20, 0, 600);
+  EXPECT_EQ(tokens_of(h.step(), f), 6);
+}
+
 TEST(SchedulerTest, AsyncStepCapHoldsWithOrWithoutSync) {
   SchedulerConfig c{16, 64, 64};
   c.max_async_tokens_with_sync = 5;

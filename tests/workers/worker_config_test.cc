@@ -11,22 +11,24 @@ namespace hr::workers {
 namespace {
 
 // The engine sizes a resolved configuration ends with: max_num_seqs, max_batched_tokens,
-// kv_cache_bytes, max_model_len, async_tokens_with_sync, async_step_ms, engine_nice.
-using Sizes = std::tuple<int, int, int64_t, int, int, double, int>;
+// kv_cache_bytes, max_model_len, async_tokens_with_sync, async_prefill_with_sync, async_step_ms,
+// engine_nice.
+using Sizes = std::tuple<int, int, int64_t, int, int, int, double, int>;
 Sizes sizes(const WorkerConfig& c) {
-  return {c.max_num_seqs,           c.max_batched_tokens, c.kv_cache_bytes, c.max_model_len,
-          c.async_tokens_with_sync, c.async_step_ms,      c.engine_nice};
+  return {c.max_num_seqs,           c.max_batched_tokens,      c.kv_cache_bytes, c.max_model_len,
+          c.async_tokens_with_sync, c.async_prefill_with_sync, c.async_step_ms,  c.engine_nice};
 }
 
 TEST(WorkerConfigTest, SizesTheEngineByDevice) {
   WorkerConfig cpu;
-  EXPECT_EQ(sizes(cpu.resolved()), Sizes(32, 512, 64ll << 20, 0, 8, 100.0, 5));
+  EXPECT_EQ(sizes(cpu.resolved()), Sizes(32, 512, 64ll << 20, 0, 8, 0, 100.0, 5));
 
   for (const char* device : {"cuda", "cuda:1"}) {
     WorkerConfig gpu;
     gpu.device = device;
-    // KV cache 0: a fraction of the memory left after loading; async tokens and step time: no cap.
-    EXPECT_EQ(sizes(gpu.resolved()), Sizes(256, 2048, 0, 0, 0, 0.0, 0)) << device;
+    // KV cache 0: a fraction of the memory left after loading; async tokens and step time: no
+    // cap, but async prompts 128 tokens a step while sync requests run.
+    EXPECT_EQ(sizes(gpu.resolved()), Sizes(256, 2048, 0, 0, 0, 128, 0.0, 0)) << device;
   }
 
   WorkerConfig given;
@@ -36,9 +38,10 @@ TEST(WorkerConfigTest, SizesTheEngineByDevice) {
   given.kv_cache_bytes = 1ll << 30;
   given.max_model_len = 4096;
   given.async_tokens_with_sync = 3;
+  given.async_prefill_with_sync = 0;
   given.engine_nice = 7;
   const WorkerConfig kept = given.resolved();
-  EXPECT_EQ(sizes(kept), Sizes(8, 100, 1ll << 30, 4096, 3, 0.0, 7));
+  EXPECT_EQ(sizes(kept), Sizes(8, 100, 1ll << 30, 4096, 3, 0, 0.0, 7));
   EXPECT_EQ(sizes(kept.resolved()), sizes(kept));  // resolving twice changes nothing
 }
 
@@ -68,6 +71,9 @@ TEST(WorkerConfigTest, RefusesSizesThatCannotWorkNamingTheFlag) {
   EXPECT_EQ(field_of([](WorkerConfig& c) { c.max_batched_tokens = 0; }), "max-batched-tokens");
   EXPECT_EQ(field_of([](WorkerConfig& c) { c.max_pull = 0; }), "max-pull");
   EXPECT_EQ(field_of([](WorkerConfig& c) { c.catch_up_alone = 2; }), "catch-up-alone");
+  EXPECT_EQ(field_of([](WorkerConfig& c) { c.async_prefill_with_sync = -2; }),
+            "async-prefill-with-sync");
+  EXPECT_EQ(field_of([](WorkerConfig& c) { c.async_prefill_with_sync = 64; }), "ok");
   EXPECT_EQ(field_of([](WorkerConfig& c) { c.catch_up_alone = 0; }), "ok");
   EXPECT_EQ(field_of([](WorkerConfig& c) { c.catch_up_poll_ms = 0; }), "catch-up-poll-ms");
   EXPECT_EQ(field_of([](WorkerConfig& c) { c.max_model_len = -1; }), "max-model-len");
