@@ -26,6 +26,10 @@
 #             on first use, served with --device cuda): sync p99 TTFT with an async backlog over
 #             without, and async tokens against what sync leaves (flex.json beside the logs);
 #             HEADROOM_FLEX_PHASE_SECONDS each phase (20); needs Postgres and Redis as serve does
+#   load      (only when named) headroom_cuda_load_bench on the Llama-3-8B shape's random checkpoint
+#             (16 GB, written as the flex stage writes it when missing; HEADROOM_LOAD_MODEL names
+#             another folder): its cold load to the GPU by one rank and by 2 and 4 virtual ranks
+#             against reading the files (load.json)
 #   profile   (only when named) Nsight Compute over the GEMV kernel at every decode shape, one and
 #             two rows: duration, DRAM throughput and the bandwidth it reached, per launch; and over
 #             batch-1 decode steps of the Qwen3-30B-A3B shape cut to 4 layers (graphs replayed,
@@ -50,8 +54,8 @@ logs=${HEADROOM_GPU_CHECK_LOGS:-/tmp/headroom-gpu-check}
 mkdir -p "$logs"
 
 for stage in ${stages//,/ }; do
-  case $stage in fixtures | tests | bench | slice | serve | flex | sanitize | profile) ;;
-    *) echo "gpu_check: unknown stage '$stage' in HEADROOM_GPU_CHECK_STAGES (fixtures, tests, bench, slice, serve, flex, sanitize, profile)" >&2
+  case $stage in fixtures | tests | bench | slice | serve | flex | load | sanitize | profile) ;;
+    *) echo "gpu_check: unknown stage '$stage' in HEADROOM_GPU_CHECK_STAGES (fixtures, tests, bench, slice, serve, flex, load, sanitize, profile)" >&2
        exit 2 ;;
   esac
 done
@@ -65,7 +69,7 @@ else
   cmake --build build-gpu -j "${HEADROOM_JOBS:-$(nproc)}" \
     --target kernels_device_test cuda_kernels_test cuda_moe_test cuda_sampling_test cuda_backend_test \
     cuda_fixture_models_test cuda_collectives_test cuda_peer_collectives_test cuda_parallel_test \
-    headroom_gpu_bench headroom_allreduce_bench || exit 1
+    headroom_gpu_bench headroom_allreduce_bench headroom_cuda_load_bench headroom_engine_bench || exit 1
   bin=$root/build-gpu/tests
 fi
 # The binaries (and the packed headroom) load the CUDA runtime and cuBLASLt from where the build
@@ -279,6 +283,30 @@ except Exception as e:
   else
     note "flex                             skipped: no Postgres/Redis here (HEADROOM_PREBUILT and HEADROOM_PORTABLE: scripts/gpu_prepare.sh)"
   fi
+fi
+
+if wants load; then
+  model=${HEADROOM_LOAD_MODEL:-$root/.headroom/bench-model-llama3-8b-text}
+  if [ ! -f "$model/model.safetensors" ]; then
+    # (Written to a side folder, moved into place when whole, as bench_flex.sh does.)
+    run_stage load_model "$logs/load_model.log" 240 bash -c 'rm -rf "$1.partial" &&
+      "$2" --make-random-model "$1.partial" --tokenizer-from models/tiny-reverse \
+        --output-vocab printable --shape llama3-8b && mv "$1.partial" "$1"' _ "$model" \
+      "$bin/headroom_engine_bench"
+    [ "$stage_rc" -eq 0 ] || failed=1
+    note "$(printf '%-32s %s %ss' load_model "$(outcome "$stage_rc")" "$stage_s")"
+  fi
+  run_stage load "$logs/load.log" 300 "$bin/headroom_cuda_load_bench" --model "$model" --rounds 2
+  load_json=$(grep '^{' "$logs/load.log" | tail -1)
+  [ -n "$load_json" ] && echo "$load_json" >"$logs/load.json"
+  [ "$stage_rc" -eq 0 ] || failed=1
+  note "$(printf '%-32s %s %ss %s' load "$(outcome "$stage_rc")" "$stage_s" "$(python3 -c '
+import json, sys
+try:
+    j = json.loads(sys.argv[1])
+    print("disk %.2f GB/s; over disk: %s" % (j["disk_cold_read_gbs"], json.dumps({k: round(v, 2) for k, v in j.get("over_disk", {}).items()})))
+except Exception as e:
+    print("no JSON:", e)' "$load_json")")"
 fi
 
 if wants sanitize; then

@@ -15,7 +15,7 @@ case $dir in /*) ;; *) dir=$root/$dir ;; esac
 targets=(kernels_device_test cuda_kernels_test cuda_moe_test cuda_sampling_test cuda_backend_test
          cuda_fixture_models_test cuda_collectives_test cuda_peer_collectives_test
          cuda_parallel_test headroom_gpu_bench headroom_allreduce_bench headroom_flex_bench
-         headroom_engine_bench)
+         headroom_engine_bench headroom_cuda_load_bench)
 
 scripts/setup.sh >/dev/null
 # One Release build with CUDA for both: the test binaries and the packed headroom.

@@ -187,6 +187,20 @@ HEADROOM_PORTABLE= run 300 flex
 expect "the flex stage is taken (rc $rc)" test "$rc" -eq 0
 expect "without the services it says so" has '^flex +skipped: no Postgres/Redis'
 
+# 4c. The load stage (only when named) writes the checkpoint when it is missing, then sums up the
+# load benchmark's figures against the disk's.
+gtest headroom_engine_bench 'mkdir -p "$2" && echo weights >"$2/model.safetensors"'
+gtest headroom_cuda_load_bench 'echo "{\"disk_cold_read_gbs\": 2.5, \"over_disk\": {\"one_rank_cold\": 0.8}}"'
+chmod +x "$work"/bin/*
+export HEADROOM_LOAD_MODEL=$work/model
+run 300 load
+expect "the load stage passes (rc $rc)" test "$rc" -eq 0
+expect "the checkpoint was written and moved into place" test -f "$work/model/model.safetensors"
+expect "the checkpoint's writing is summed up" has '^load_model +ok'
+expect "the load figures are summed up" has '^load +ok .*disk 2.50 GB/s; over disk: \{"one_rank_cold": 0.8\}'
+expect "load.json is kept" grep -q over_disk "$work/logs/load.json"
+unset HEADROOM_LOAD_MODEL
+
 # 5. An unknown stage is refused before anything runs.
 run 300 tests,benchmark
 expect "an unknown stage is refused with 2 (rc $rc)" test "$rc" -eq 2
