@@ -617,9 +617,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_kernel(MoeExpertsPar
     }
     float a0[kRows][kGemvGroup] = {}, a1[kGemvGroup] = {};
     // kGemvUnroll 16-byte pieces of each weight row in flight per lane before any arithmetic:
-    // the weights stream once, so what keeps memory busy is how many loads are outstanding.
+    // the weights stream once, so what keeps memory busy is how many loads are outstanding. The
+    // group's first row of inputs is loaded with them (the only one at batch 1): loaded in the
+    // arithmetic below, each piece would be a round trip to L2 after the weights' arrive. (Not in
+    // down's one-row form, whose 72 registers would become 96: 5 blocks an SM instead of 7.)
+    constexpr bool kInputAhead = kGateUp || kRows > 1;
     for (int i0 = lane * 8; i0 < k; i0 += 256 * kGemvUnroll) {
-      uint4 wa[kRows][kGemvUnroll], wb[kGemvUnroll];
+      uint4 wa[kRows][kGemvUnroll], wb[kGemvUnroll], x0[kGemvUnroll];
 #pragma unroll
       for (int u = 0; u < kGemvUnroll; ++u) {
         const int i = i0 + u * 256;
@@ -633,6 +637,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_kernel(MoeExpertsPar
         if (kGateUp)
           wb[u] = kStream ? __ldcs(reinterpret_cast<const uint4*>(w1 + i))
                           : __ldg(reinterpret_cast<const uint4*>(w1 + i));
+        if constexpr (kInputAhead) x0[u] = *reinterpret_cast<const uint4*>(in[0] + i);
       }
 #pragma unroll
       for (int u = 0; u < kGemvUnroll; ++u) {
@@ -645,7 +650,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_kernel(MoeExpertsPar
 #pragma unroll
         for (int j = 0; j < kGemvGroup; ++j) {
           if (j >= ng) break;
-          bf16x8_to_float(*reinterpret_cast<const uint4*>(in[j] + i), xv);
+          bf16x8_to_float(
+              kInputAhead && j == 0 ? x0[u] : *reinterpret_cast<const uint4*>(in[j] + i), xv);
 #pragma unroll
           for (int c = 0; c < 8; ++c) {
 #pragma unroll
