@@ -25,7 +25,8 @@
 #   flex      (only when named) scripts/bench_flex.sh on the Llama-3-8B shape (random weights written
 #             on first use, served with --device cuda): sync p99 TTFT with an async backlog over
 #             without, and async tokens against what sync leaves (flex.json beside the logs);
-#             HEADROOM_FLEX_PHASE_SECONDS each phase (20); needs Postgres and Redis as serve does
+#             HEADROOM_FLEX_PHASE_SECONDS each phase (20); needs Postgres and Redis as serve does;
+#             the server's log and the chart are copied beside the logs
 #   load      (only when named) headroom_cuda_load_bench on the Llama-3-8B shape's random checkpoint
 #             (16 GB, written as the flex stage writes it when missing; HEADROOM_LOAD_MODEL names
 #             another folder): its cold load to the GPU by one rank and by 2 and 4 virtual ranks
@@ -273,6 +274,9 @@ if wants flex; then
       HEADROOM_BENCH_PHASE_SECONDS="${HEADROOM_FLEX_PHASE_SECONDS:-20}" "${flex_env[@]}" scripts/bench_flex.sh
     flex_json=$(grep '^{' "$logs/flex.log" | tail -1)
     [ -n "$flex_json" ] && echo "$flex_json" >"$logs/flex.json"
+    # The server's own log (its steps and the worker's pulls) and the chart, beside the others.
+    cp "$root/.headroom/bench-flex/llama8b-serve.log" "$root/.headroom/bench-flex/llama8b.png" \
+      "$logs/" 2>/dev/null
     [ "$stage_rc" -eq 0 ] || failed=1
     note "$(printf '%-32s %s %ss %s' flex "$(outcome "$stage_rc")" "$stage_s" "$(python3 -c '
 import json, sys
