@@ -131,8 +131,9 @@ StepPlan Scheduler::schedule() {
     if (step_groups_ > 1 && seq->num_pending > 0) return false;
     int remaining = seq->length() - seq->num_computed;
     int n = std::min({remaining, budget, config_.max_prefill_chunk});
+    // (Anything but one decode token: a prompt, or a sequence recomputed after preemption.)
     const bool capped_prefill = seq->cls == RequestClass::kAsync && async_prefill_left >= 0 &&
-                                seq->num_computed < seq->num_prompt;
+                                (remaining > 1 || seq->num_computed < seq->num_prompt);
     if (capped_prefill) n = std::min(n, async_prefill_left);
     if (n <= 0) return false;
     if (!grow(seq, n, was_running, &plan, &budget)) return false;
@@ -199,7 +200,10 @@ StepPlan Scheduler::schedule() {
       }
     } else {
       std::stable_sort(waiting_async_.begin(), waiting_async_.end(), runs_before);
-      while (!waiting_async_.empty() && budget > 0 && waiting_sync_.empty()) {
+      // (A waiting sequence always has prompt tokens to compute: none starts once the cap is
+      // spent, so that none is preempted for it.)
+      while (!waiting_async_.empty() && budget > 0 && waiting_sync_.empty() &&
+             async_prefill_left != 0) {
         Sequence* seq = waiting_async_.front();
         if (seq->num_pending > 0) break;  // preempted while its token is on the way
         if (seq->priority < top) break;   // priority_runs_alone: not while higher work is about

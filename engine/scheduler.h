@@ -75,8 +75,9 @@ struct SchedulerConfig {
   // per step (0: no cap), so the steps that carry sync tokens stay short. Where step time grows
   // with the tokens in it (compute-bound CPUs), this is what keeps sync latency flat.
   int max_async_tokens_with_sync = 0;
-  // While sync requests are present or expected, the async prompt tokens a step computes come to
-  // at most this many (0: no cap); async decode tokens are not counted. Where a step's time is
+  // While sync requests are present or expected, the async prompt tokens a step computes (and
+  // those of sequences recomputed after preemption) come to at most this many (0: no cap); async
+  // decode tokens are not counted. Where a step's time is
   // its weights' read until it holds many tokens (a GPU), decoding rows ride along almost free,
   // but a chunk of queued prompts makes the step that an arriving sync request waits behind
   // several times longer.

@@ -28,8 +28,8 @@
 #             HEADROOM_FLEX_PHASE_SECONDS each phase (20); needs Postgres and Redis as serve does;
 #             the server's log and the chart are copied beside the logs
 #   load      (only when named) headroom_cuda_load_bench on the Llama-3-8B shape's random checkpoint
-#             (16 GB, written as the flex stage writes it when missing; HEADROOM_LOAD_MODEL names
-#             another folder): its cold load to the GPU by one rank and by 2 and 4 virtual ranks
+#             (16 GB, written as the flex stage writes it when the folder is missing;
+#             HEADROOM_LOAD_MODEL names another): its cold load to the GPU by one rank and by 2 and 4 virtual ranks
 #             against reading the files (load.json)
 #   profile   (only when named) Nsight Compute over the GEMV kernel at every decode shape, one and
 #             two rows: duration, DRAM throughput and the bandwidth it reached, per launch; and over
@@ -270,6 +270,7 @@ if wants flex; then
     flex_env=(HEADROOM_BENCH_BUILD="$root/build-gpu" HEADROOM_PORTABLE=)
   fi
   if [ ${#flex_env[@]} -gt 0 ]; then
+    rm -f "$root/.headroom/bench-flex/llama8b-serve.log" "$root/.headroom/bench-flex/llama8b.png"
     run_stage flex "$logs/flex.log" 540 env HEADROOM_FLEX_MODELS=llama8b HEADROOM_JOBS="${HEADROOM_JOBS:-$(nproc)}" \
       HEADROOM_BENCH_PHASE_SECONDS="${HEADROOM_FLEX_PHASE_SECONDS:-20}" "${flex_env[@]}" scripts/bench_flex.sh
     flex_json=$(grep '^{' "$logs/flex.log" | tail -1)
@@ -291,8 +292,9 @@ fi
 
 if wants load; then
   model=${HEADROOM_LOAD_MODEL:-$root/.headroom/bench-model-llama3-8b-text}
-  if [ ! -f "$model/model.safetensors" ]; then
-    # (Written to a side folder, moved into place when whole, as bench_flex.sh does.)
+  if [ ! -e "$model" ]; then
+    # (Written to a side folder, moved into place when whole, as bench_flex.sh does; a folder
+    # that is there is never written into.)
     run_stage load_model "$logs/load_model.log" 240 bash -c 'rm -rf "$1.partial" &&
       "$2" --make-random-model "$1.partial" --tokenizer-from models/tiny-reverse \
         --output-vocab printable --shape llama3-8b && mv "$1.partial" "$1"' _ "$model" \

@@ -310,6 +310,51 @@ TEST(SchedulerTest, AsyncPromptTokensAreCappedWhileSyncIsPresent) {
   EXPECT_EQ(tokens_of(h.step(), f), 6);
 }
 
+// A sequence recomputed after preemption (its prompt and what it had generated) is held to the cap
+// as a prompt is, past its prompt too; and no waiting async sequence starts (preempting another
+// for its slot) once the cap is spent.
+TEST(SchedulerTest, AsyncRecomputeAfterPreemptionIsCappedWhileSyncIsPresent) {
+  SchedulerConfig c{2, 64, 64};
+  c.max_async_prefill_with_sync = 4;
+  Harness h(64, 64, c);  // blocks of 64 tokens: no full block for the prefix cache to give back
+  Sequence* a = h.add(RequestClass::kAsync, 4, 0, 100);
+  for (int i = 0; i < 8; ++i) h.step();
+  ASSERT_EQ(a->tokens.size(), 12u);  // 4 of prompt, 8 generated
+  h.sched.set_sync_expected(true);
+  h.add(RequestClass::kSync, 3, 0, 200);
+  Sequence* s2 = h.add(RequestClass::kSync, 3, 0, 300);
+  StepPlan p = h.step();
+  ASSERT_EQ(p.preempted.size(), 1u);
+  EXPECT_EQ(p.preempted[0], a);  // the second sync request took its slot
+  s2->finished = true;
+  h.sched.remove(s2);
+  EXPECT_EQ(tokens_of(h.step(), a), 4);  // recomputed within the cap
+  EXPECT_EQ(tokens_of(h.step(), a), 4);  // past its prompt, still within it
+  p = h.step();
+  EXPECT_EQ(tokens_of(p, a), 4);  // the last four, and a token sampled
+  EXPECT_TRUE(p.seqs.back().sample);
+}
+
+// With every slot taken and the cap spent by a running sequence's prompt, a waiting async
+// sequence of a higher priority does not preempt one for a start the cap would refuse it.
+TEST(SchedulerTest, NoAsyncSequenceIsPreemptedForAStartTheCapForbids) {
+  SchedulerConfig c{2, 64, 64};
+  c.max_async_prefill_with_sync = 4;
+  Harness h(64, 64, c);
+  Sequence* b = h.add(RequestClass::kAsync, 2, 0, 100);
+  h.step();  // b decodes from here
+  h.sched.set_sync_expected(true);
+  Sequence* a = h.add(RequestClass::kAsync, 10, 0, 200);
+  EXPECT_EQ(tokens_of(h.step(), a), 4);  // both slots taken, a's prompt within the cap
+  Sequence* high = h.add(RequestClass::kAsync, 3, /*priority=*/1, 300);
+  const StepPlan p = h.step();
+  EXPECT_EQ(tokens_of(p, a), 4);  // the cap, spent
+  EXPECT_EQ(tokens_of(p, b), 1);
+  EXPECT_TRUE(p.preempted.empty());
+  EXPECT_FALSE(high->running);
+  EXPECT_TRUE(a->running && b->running);
+}
+
 TEST(SchedulerTest, AsyncStepCapHoldsWithOrWithoutSync) {
   SchedulerConfig c{16, 64, 64};
   c.max_async_tokens_with_sync = 5;

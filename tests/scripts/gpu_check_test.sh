@@ -199,6 +199,13 @@ expect "the checkpoint was written and moved into place" test -f "$work/model/mo
 expect "the checkpoint's writing is summed up" has '^load_model +ok'
 expect "the load figures are summed up" has '^load +ok .*disk 2.50 GB/s; over disk: \{"one_rank_cold": 0.8\}'
 expect "load.json is kept" grep -q over_disk "$work/logs/load.json"
+# A folder that is there (a sharded checkpoint, say) is loaded as it is, never written into.
+mkdir -p "$work/sharded"
+touch "$work/sharded/model-00001-of-00002.safetensors"
+export HEADROOM_LOAD_MODEL=$work/sharded
+run 300 load
+expect "an existing folder is not written into" test ! -e "$work/sharded/model.safetensors"
+expect "no checkpoint is written for it" bash -c "! grep -q '^load_model' '$work/summary'"
 unset HEADROOM_LOAD_MODEL
 
 # 5. An unknown stage is refused before anything runs.
