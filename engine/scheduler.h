@@ -77,10 +77,9 @@ struct SchedulerConfig {
   int max_async_tokens_with_sync = 0;
   // While sync requests are present or expected, the async prompt tokens a step computes (and
   // those of sequences recomputed after preemption) come to at most this many (0: no cap); async
-  // decode tokens are not counted. Where a step's time is
-  // its weights' read until it holds many tokens (a GPU), decoding rows ride along almost free,
-  // but a chunk of queued prompts makes the step that an arriving sync request waits behind
-  // several times longer.
+  // decode tokens are not counted. Where a step's time is its weights' read until it holds many
+  // tokens (a GPU), decoding rows ride along almost free, but a chunk of queued prompts makes the
+  // step that an arriving sync request waits behind several times longer.
   int max_async_prefill_with_sync = 0;
   // A step that computes a sync prompt carries no async tokens: the new request's first token
   // comes after one short step.

@@ -279,15 +279,17 @@ TEST(PeerLayerBoundary, EqualsTheVirtualRanksFusedKernel) {
     auto group = PeerCommunicator::create_all(peers.devices(), po);
     ASSERT_TRUE(group.is_ok()) << group.status().to_string();
     EXPECT_TRUE((*group)[0]->fuses_layer_boundary());
+    std::barrier ready(n);
     RankThreads threads(n, false, [&](int r) { cudaSetDevice(peers.device(r)); });
     const Status st = threads.run([&](int r) -> Status {
-      // A stream of the rank's own, its buffers filled before any launch (ranks sharing a GPU
-      // must not queue behind each other's waiting kernels).
+      // A stream of the rank's own, every rank's buffers filled before any rank's launch (ranks
+      // sharing a GPU must not allocate behind each other's waiting kernels).
       cudaStream_t stream;
       EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
       DeviceBuffer<float> partial(partials[static_cast<size_t>(r)]), x(residual), w(weight);
       DeviceBuffer<uint16_t> out(len);
       EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+      ready.arrive_and_wait();
       HR_RETURN_IF_ERROR((*group)[static_cast<size_t>(r)]->all_reduce_add_rms_norm(
           partial.ptr, x.ptr, reinterpret_cast<__nv_bfloat16*>(out.ptr), w.ptr, rows, dim, 1e-5f,
           stream));
